@@ -1,0 +1,51 @@
+"""multihead: multi-head attention from the equations to models you train, inspect, prune and run fast.
+
+Layout (the architecture at a glance):
+
+* :mod:`multihead.attention` -- the kernel seam: ``attention(q, k, v, ...)`` over registered backends, and the mask
+  convention (bool, True = may attend).
+* :mod:`multihead.modules` -- ``MultiHeadAttention``, positional encodings, ``FeedForward``, ``EncoderBlock``,
+  ``TransformerEncoder``; hook points for analysis.
+* :mod:`multihead.models` -- ``TransformerClassifier`` and its dataclass config.
+* :mod:`multihead.bench` -- one harness timing our backends and PyTorch peers in the same run.
+* :mod:`multihead.cli` -- the ``multihead`` command; everything it does is callable from Python.
+"""
+from .attention import attention, attention_weights, explain, list_backends, masks, register_backend
+from .models import ClassifierConfig, TransformerClassifier
+from .modules import (
+    EncoderBlock,
+    EncoderConfig,
+    FeedForward,
+    HookPoint,
+    LearnedPositionalEncoding,
+    MultiHeadAttention,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    TransformerEncoder,
+    hook_points,
+)
+
+PositionalEncoding = SinusoidalPositionalEncoding  # the tutorial's name
+
+__version__ = "0.1.0"
+__all__ = [
+    "ClassifierConfig",
+    "EncoderBlock",
+    "EncoderConfig",
+    "FeedForward",
+    "HookPoint",
+    "LearnedPositionalEncoding",
+    "MultiHeadAttention",
+    "PositionalEncoding",
+    "RotaryEmbedding",
+    "SinusoidalPositionalEncoding",
+    "TransformerClassifier",
+    "TransformerEncoder",
+    "attention",
+    "attention_weights",
+    "explain",
+    "hook_points",
+    "list_backends",
+    "masks",
+    "register_backend",
+]

@@ -1,0 +1,58 @@
+"""``reference``: the tutorial's explicit ``softmax(q k^T / sqrt(d)) v``, the correctness baseline.
+
+Materialises the ``(B, H, Lq, Lk)`` scores; the only core backend that returns weights. Softmax runs in fp32 for
+low-precision inputs; masked scores are filled with ``-finfo(float32).max`` (never ``-1e9``, which overflows fp16).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..registry import Capabilities, register_backend
+
+
+def expand_kv(x: Tensor, num_heads: int) -> Tensor:
+    """Repeat key/value heads for grouped-query attention: ``(b, g, j, d) -> (b, h, j, d)``."""
+    b, g, j, d = x.shape
+    if g == num_heads:
+        return x
+    return x[:, :, None].expand(b, g, num_heads // g, j, d).reshape(b, num_heads, j, d)  # (b, h, j, d)
+
+
+def probabilities(q: Tensor, k: Tensor, mask: Tensor | None, scale: float, is_causal: bool = False) -> Tensor:
+    """Softmax weights ``(b, h, i, j)`` in q's dtype; rows with no allowed key are zero."""
+    k = expand_kv(k, q.shape[1])
+    scores = torch.matmul(q, k.transpose(-2, -1)).float() * scale  # (b, h, i, j), fp32
+    neg = -torch.finfo(torch.float32).max
+    row_ok = None
+    if is_causal:
+        lq, lk = q.shape[2], k.shape[2]
+        i = torch.arange(lq, device=q.device)[:, None]
+        j = torch.arange(lk, device=q.device)[None, :]
+        scores = scores.masked_fill(j > i + (lk - lq), neg)
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, neg)
+            row_ok = mask.any(dim=-1, keepdim=True)
+        else:
+            # -inf entries become -max: no NaN in softmax, and clamp's gradient is zero there.
+            scores = (scores + mask.float()).clamp_min(neg)
+            row_ok = (scores > neg).any(dim=-1, keepdim=True)
+    weights = torch.softmax(scores, dim=-1)
+    if row_ok is not None:
+        weights = weights.masked_fill(~row_ok, 0.0)
+    return weights.to(q.dtype)
+
+
+@register_backend(
+    "reference",
+    Capabilities(returns_weights=True),
+    priority=0,
+    description="explicit softmax(QK^T/sqrt(d))V; materialises Lq x Lk; returns weights",
+)
+def reference_attention(q, k, v, *, mask, is_causal, dropout_p, scale, need_weights):
+    weights = probabilities(q, k, mask, scale, is_causal)  # (b, h, i, j)
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    out = torch.matmul(dropped, expand_kv(v, q.shape[1]))  # (b, h, i, d)
+    return out, (weights if need_weights else None)

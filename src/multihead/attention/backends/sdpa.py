@@ -1,0 +1,27 @@
+"""``sdpa``: PyTorch's fused ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels).
+
+Never materialises ``Lq x Lk`` on its fused kernels and returns no weights. On CPU, PyTorch silently falls back to
+its slower MATH kernel when ``dropout_p > 0`` or when the mask requires grad: keep attention dropout at 0 for speed.
+"""
+from __future__ import annotations
+
+import torch.nn.functional as F
+
+from ..registry import Capabilities, register_backend
+from .reference import expand_kv
+
+
+@register_backend(
+    "sdpa",
+    Capabilities(returns_weights=False),
+    priority=10,
+    description="torch.nn.functional.scaled_dot_product_attention (fused; no weights)",
+)
+def sdpa_attention(q, k, v, *, mask, is_causal, dropout_p, scale, need_weights):
+    h = q.shape[1]
+    if k.shape[1] != h:  # grouped-query: expand views (CPU kernels do not take enable_gqa on every path)
+        k, v = expand_kv(k, h), expand_kv(v, h)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+    )  # (b, h, i, d)
+    return out, None

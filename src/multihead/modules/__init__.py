@@ -1,0 +1,19 @@
+"""Modules: they own parameters and reshapes and call the kernel seam; ``(B, H, L, D)`` inside."""
+from .attention import MultiHeadAttention
+from .encoder import EncoderBlock, EncoderConfig, TransformerEncoder
+from .feedforward import FeedForward
+from .hooks import HookPoint, hook_points
+from .positional import LearnedPositionalEncoding, RotaryEmbedding, SinusoidalPositionalEncoding
+
+__all__ = [
+    "EncoderBlock",
+    "EncoderConfig",
+    "FeedForward",
+    "HookPoint",
+    "LearnedPositionalEncoding",
+    "MultiHeadAttention",
+    "RotaryEmbedding",
+    "SinusoidalPositionalEncoding",
+    "TransformerEncoder",
+    "hook_points",
+]

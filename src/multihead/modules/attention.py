@@ -1,0 +1,325 @@
+"""Multi-head attention module: owns the projections and reshapes, calls the kernel seam.
+
+Shape legend: ``B`` batch, ``Lq``/``Lk`` query/key length, ``E`` d_model, ``H`` query heads, ``G`` key/value heads,
+``D`` head dim (``E // H``).
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor, nn
+
+from ..attention import masks as _masks
+from ..attention.registry import attention, attention_weights, check_backend_name, get_backend
+from ..attention.backends.reference import expand_kv
+from .hooks import HookPoint
+
+
+class MultiHeadAttention(nn.Module):
+    r"""Multi-head attention: ``Concat(head_1..head_H) W_o`` with ``head_i = Attention(Q W_q^i, K W_k^i, V W_v^i)``.
+
+    Args:
+        d_model: model width ``E``; must be divisible by ``num_heads``.
+        num_heads: query heads ``H``; each head has ``D = E // H`` dims.
+        num_kv_heads: key/value heads ``G`` (``H % G == 0``); default ``H`` (MHA), ``1`` is multi-query attention.
+        dropout: dropout on the attention weights during training. 0 keeps PyTorch's fast fused CPU kernel (it
+            falls back to a slower one with dropout > 0); models keep residual/FFN dropout instead.
+        bias: add biases to the projections.
+        kdim, vdim: input widths of key and value (cross-attention from another model), default ``E``.
+        backend: attention backend name or ``"auto"`` (see :func:`multihead.attention.list_backends`).
+        need_weights: default for :meth:`forward`'s ``need_weights``. **True** by default so that a standalone
+            call returns per-head weights as in the tutorial (``o, w = mha(x)``); the library's blocks build their
+            attention with ``need_weights=False`` and so never pay for weights unless asked (PyTorch's
+            ``need_weights=True`` default silently slows every model that forgets to pass False,
+            pytorch/pytorch#34537).
+        rotary: optional :class:`multihead.RotaryEmbedding` applied to q and k.
+
+    Hook points (read or edit with forward hooks; see :mod:`multihead.modules.hooks`):
+        ``hook_q`` ``(B, H, Lq, D)``, ``hook_k``/``hook_v`` ``(B, G, Lk, D)`` (after rotary),
+        ``hook_pattern`` ``(B, H, Lq, Lk)`` weights after softmax (editing them changes the output),
+        ``hook_z`` ``(B, H, Lq, D)`` per-head outputs before ``head_mask`` and the output projection.
+        When no hook on ``hook_pattern`` is attached and no weights are requested, nothing ``Lq x Lk`` is built
+        on a fused backend.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        backend: str = "auto",
+        need_weights: bool = True,
+        rotary: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        if num_heads <= 0 or d_model <= 0:
+            raise ValueError(f"d_model ({d_model}) and num_heads ({num_heads}) must be positive")
+        if d_model % num_heads != 0:
+            ok = [h for h in range(1, min(d_model, 64) + 1) if d_model % h == 0]
+            raise ValueError(
+                f"d_model={d_model} is not divisible by num_heads={num_heads}; pick num_heads from {ok} "
+                f"or a d_model that is a multiple of {num_heads}"
+            )
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_kv_heads <= 0 or num_heads % num_kv_heads != 0:
+            ok = [g for g in range(1, num_heads + 1) if num_heads % g == 0]
+            raise ValueError(
+                f"num_heads={num_heads} is not divisible by num_kv_heads={num_kv_heads}; pick num_kv_heads from {ok}"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = d_model // num_heads
+        self.kdim = d_model if kdim is None else kdim
+        self.vdim = d_model if vdim is None else vdim
+        self.dropout = dropout
+        self.backend = check_backend_name(backend)
+        self.need_weights = need_weights
+        self.rotary = rotary
+        kv_width = num_kv_heads * self.head_dim
+        self.w_q = nn.Linear(d_model, d_model, bias=bias)
+        self.w_k = nn.Linear(self.kdim, kv_width, bias=bias)
+        self.w_v = nn.Linear(self.vdim, kv_width, bias=bias)
+        self.w_o = nn.Linear(d_model, d_model, bias=bias)
+        self.hook_q = HookPoint()
+        self.hook_k = HookPoint()
+        self.hook_v = HookPoint()
+        self.hook_pattern = HookPoint()
+        self.hook_z = HookPoint()
+        self.pruned_heads: list[int] = []
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
+            f"head_dim={self.head_dim}, dropout={self.dropout}, backend={self.backend!r}"
+        )
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        mask: Tensor | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        is_causal: bool = False,
+        head_mask: Tensor | None = None,
+        need_weights: bool | None = None,
+        average_attn_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``query`` to ``key``/``value`` (self-attention when they are omitted).
+
+        Args:
+            query: ``(B, Lq, E)``. key: ``(B, Lk, kdim)``, default ``query``. value: ``(B, Lk, vdim)``, default ``key``.
+            mask: True = may attend (or a float bias). ``(Lq, Lk)``, ``(B, Lq, Lk)`` (shared by heads, as in the
+                annotated transformer) or ``(B, H, Lq, Lk)``; any size-1 axis broadcasts.
+            key_padding_mask: ``(B, Lk)``, **True = real token** (may be attended), False = padding. This is the
+                opposite of ``nn.MultiheadAttention``; convert with ``multihead.masks.from_torch_key_padding_mask``.
+            is_causal: causal self-attention (bottom-right aligned when ``Lq != Lk``).
+            head_mask: ``(H,)`` or ``(B, H)``: a scale on each head's output (0 removes the head, 1 keeps it);
+                differentiable, which is what head-importance scoring uses.
+            need_weights: return per-head weights; default: the constructor's ``need_weights``.
+            average_attn_weights: average the returned weights over heads ``(B, Lq, Lk)``.
+
+        Returns:
+            ``(out, weights)``: ``out`` ``(B, Lq, E)``; ``weights`` ``(B, H, Lq, Lk)`` or None.
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+        self._check_inputs(query, key, value)
+        need_weights = self.need_weights if need_weights is None else need_weights
+        b, lq, _ = query.shape
+        lk = key.shape[1]
+        h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if h == 0:  # every head pruned: only the output projection's bias remains
+            out = self.w_o(query.new_zeros(b, lq, 0))  # (B, Lq, E)
+            return out, (query.new_zeros(b, lq, lk) if average_attn_weights else query.new_zeros(b, 0, lq, lk)) \
+                if need_weights else None
+
+        q = self.w_q(query).view(b, lq, h, d).transpose(1, 2)  # (B, H, Lq, D)
+        k = self.w_k(key).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
+        v = self.w_v(value).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
+        if self.rotary is not None:
+            q, k = self.rotary(q, k)
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+
+        attn_mask = self._combine_masks(mask, key_padding_mask, b, lq, lk)
+        p = self.dropout if self.training else 0.0
+        if self.hook_pattern.active:
+            # A hook may read or edit the weights: compute them explicitly and apply the (edited) result.
+            weights = attention_weights(q, k, mask=attn_mask, is_causal=is_causal)  # (B, H, Lq, Lk)
+            weights = self.hook_pattern(weights)
+            dropped = nn.functional.dropout(weights, p=p) if p > 0 else weights
+            z = torch.matmul(dropped, expand_kv(v, h))  # (B, H, Lq, D)
+        else:
+            backend = self.backend
+            if need_weights and not (backend != "auto" and get_backend(backend).capabilities.returns_weights):
+                backend = "auto"  # the fused backends return no weights: auto picks one that does
+            z, weights = attention(
+                q, k, v, mask=attn_mask, is_causal=is_causal, dropout_p=p, need_weights=need_weights, backend=backend
+            )
+        z = self.hook_z(z)  # (B, H, Lq, D)
+        if head_mask is not None:
+            z = z * self._head_scale(head_mask, b, z.dtype)  # (B, H, Lq, D) * (B|1, H, 1, 1)
+        out = self.w_o(z.transpose(1, 2).reshape(b, lq, h * d))  # (B, H, Lq, D) -> (B, Lq, E) -> (B, Lq, E)
+        if not need_weights:
+            return out, None
+        if average_attn_weights:
+            weights = weights.mean(dim=1)  # (B, Lq, Lk)
+        return out, weights
+
+    # ------------------------------------------------------------------ helpers
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+        for name, t, width in (("query", query, self.d_model), ("key", key, self.kdim), ("value", value, self.vdim)):
+            if t.dim() != 3:
+                hint = f" (add a batch axis: {name}.unsqueeze(0))" if t.dim() == 2 else ""
+                raise ValueError(f"{name} must be (B, L, {width}), got shape {tuple(t.shape)}{hint}")
+            if t.shape[-1] != width:
+                fix = "kdim=" if name == "key" else "vdim=" if name == "value" else "d_model="
+                raise ValueError(
+                    f"{name} has width {t.shape[-1]} but the module expects {width}; "
+                    f"build it with {fix}{t.shape[-1]}"
+                )
+        if key.shape[:2] != value.shape[:2]:
+            raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must share (B, Lk)")
+        if query.shape[0] != key.shape[0]:
+            raise ValueError(f"query batch {query.shape[0]} != key batch {key.shape[0]}")
+
+    def _combine_masks(self, mask, key_padding_mask, b: int, lq: int, lk: int) -> Tensor | None:
+        if mask is not None:
+            if mask.dim() == 3:
+                mask = mask.unsqueeze(1)  # (B, Lq|1, Lk) -> (B, 1, Lq|1, Lk): shared by heads
+            elif mask.dim() not in (2, 4):
+                raise ValueError(
+                    f"mask must be (Lq, Lk), (B, Lq, Lk) or (B, H, Lq, Lk), got shape {tuple(mask.shape)}"
+                )
+            _masks.check_mask(mask, (b, self.num_heads, lq, lk))
+        if key_padding_mask is not None:
+            if key_padding_mask.shape != (b, lk):
+                raise ValueError(
+                    f"key_padding_mask must be (B, Lk)=({b}, {lk}) with True = real token, "
+                    f"got shape {tuple(key_padding_mask.shape)}"
+                )
+            _masks.check_mask(key_padding_mask, (b, lk, 1, 1), name="key_padding_mask")
+            _masks.warn_if_inverted_padding(key_padding_mask)
+            mask = _masks.merge_masks(mask, key_padding_mask[:, None, None, :])  # (B, 1, 1, Lk)
+        return mask
+
+    def _head_scale(self, head_mask: Tensor, b: int, dtype) -> Tensor:
+        h = self.num_heads
+        if head_mask.shape == (h,):
+            return head_mask.to(dtype).view(1, h, 1, 1)
+        if head_mask.shape == (b, h):
+            return head_mask.to(dtype).view(b, h, 1, 1)
+        raise ValueError(f"head_mask must be ({h},) or ({b}, {h}) (one scale per head), got {tuple(head_mask.shape)}")
+
+    # ------------------------------------------------------------------ pruning
+    def prune_heads(self, heads) -> None:
+        """Remove query heads (indices into the *current* heads) physically from the projections.
+
+        Q rows and output-projection columns of the removed heads go. With grouped-query attention a key/value head
+        is removed only when every query head sharing it is removed. Removing every head leaves a module whose
+        output is the output projection's bias (zeros without bias).
+        """
+        heads = sorted(set(int(x) for x in heads))
+        if not heads:
+            return
+        h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if min(heads) < 0 or max(heads) >= h:
+            raise ValueError(f"head indices must be in [0, {h}), got {heads}")
+        group = h // g
+        keep = [i for i in range(h) if i not in heads]
+        kv_keep = sorted({i // group for i in keep})
+        if keep and any(len([i for i in keep if i // group == kv]) != len(keep) // len(kv_keep) for kv in kv_keep):
+            raise ValueError(
+                "after pruning, every remaining key/value head must serve the same number of query heads; "
+                f"prune whole groups of {group} heads or an equal number from each group"
+            )
+        q_idx = torch.tensor([i * d + c for i in keep for c in range(d)], dtype=torch.long)
+        kv_idx = torch.tensor([i * d + c for i in kv_keep for c in range(d)], dtype=torch.long)
+        self.w_q = _select_linear(self.w_q, q_idx, dim=0)
+        self.w_k = _select_linear(self.w_k, kv_idx, dim=0)
+        self.w_v = _select_linear(self.w_v, kv_idx, dim=0)
+        self.w_o = _select_linear(self.w_o, q_idx, dim=1)
+        original = [i for i in range(h + len(self.pruned_heads)) if i not in self.pruned_heads]
+        self.pruned_heads = sorted(self.pruned_heads + [original[i] for i in heads])
+        self.num_heads = len(keep)
+        self.num_kv_heads = len(kv_keep)
+
+    # ------------------------------------------------------------------ interop
+    @classmethod
+    def from_torch(cls, mha: nn.MultiheadAttention, *, backend: str = "auto") -> "MultiHeadAttention":
+        """Build from ``nn.MultiheadAttention``, copying its weights (output is batch-first)."""
+        if mha.bias_k is not None or mha.add_zero_attn:
+            raise ValueError(
+                "nn.MultiheadAttention with add_bias_kv / add_zero_attn has no multihead equivalent; "
+                "build it without those options"
+            )
+        bias = mha.in_proj_bias is not None
+        new = cls(mha.embed_dim, mha.num_heads, dropout=mha.dropout, bias=bias, kdim=mha.kdim, vdim=mha.vdim,
+                  backend=backend)
+        e = mha.embed_dim
+        with torch.no_grad():
+            if mha._qkv_same_embed_dim:
+                wq, wk, wv = mha.in_proj_weight.split(e, dim=0)
+            else:
+                wq, wk, wv = mha.q_proj_weight, mha.k_proj_weight, mha.v_proj_weight
+            for lin, w in ((new.w_q, wq), (new.w_k, wk), (new.w_v, wv)):
+                lin.weight.copy_(w)
+            if bias:
+                bq, bk, bv = mha.in_proj_bias.split(e)
+                new.w_q.bias.copy_(bq)
+                new.w_k.bias.copy_(bk)
+                new.w_v.bias.copy_(bv)
+            new.w_o.weight.copy_(mha.out_proj.weight)
+            if mha.out_proj.bias is not None and new.w_o.bias is not None:
+                new.w_o.bias.copy_(mha.out_proj.bias)
+        return new.to(mha.out_proj.weight.device, mha.out_proj.weight.dtype)
+
+    def to_torch(self) -> nn.MultiheadAttention:
+        """An ``nn.MultiheadAttention(batch_first=True)`` with the same weights (plain MHA only)."""
+        if self.num_kv_heads != self.num_heads:
+            raise ValueError("nn.MultiheadAttention has no grouped-query attention; build with num_kv_heads=None")
+        if self.rotary is not None:
+            raise ValueError("nn.MultiheadAttention has no rotary embeddings; build without rotary=")
+        if self.pruned_heads:
+            raise ValueError("a pruned module has fewer heads than d_model allows; nn.MultiheadAttention cannot hold it")
+        bias = self.w_q.bias is not None
+        w = self.w_q.weight
+        mha = nn.MultiheadAttention(self.d_model, self.num_heads, dropout=self.dropout, bias=bias, kdim=self.kdim,
+                                    vdim=self.vdim, batch_first=True, device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            if mha._qkv_same_embed_dim:
+                mha.in_proj_weight.copy_(torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight]))
+            else:
+                mha.q_proj_weight.copy_(self.w_q.weight)
+                mha.k_proj_weight.copy_(self.w_k.weight)
+                mha.v_proj_weight.copy_(self.w_v.weight)
+            if bias:
+                mha.in_proj_bias.copy_(torch.cat([self.w_q.bias, self.w_k.bias, self.w_v.bias]))
+                mha.out_proj.bias.copy_(self.w_o.bias)
+            mha.out_proj.weight.copy_(self.w_o.weight)
+        return mha
+
+
+def _select_linear(layer: nn.Linear, index: Tensor, dim: int) -> nn.Linear:
+    """A new Linear keeping rows (dim=0, outputs) or columns (dim=1, inputs) ``index`` of ``layer``."""
+    w = layer.weight.index_select(dim, index.to(layer.weight.device)).detach().clone()
+    has_bias = layer.bias is not None
+    out_f, in_f = w.shape
+    new = nn.Linear(in_f, out_f, bias=has_bias, device=w.device, dtype=w.dtype)
+    with torch.no_grad():
+        new.weight.copy_(w)
+        if has_bias:
+            b = layer.bias if dim == 1 else layer.bias.index_select(0, index.to(layer.bias.device))
+            new.bias.copy_(b.detach())
+    new.weight.requires_grad_(layer.weight.requires_grad)
+    return new

@@ -1,0 +1,139 @@
+"""Encoder block and stack: x -> MHA -> residual + LayerNorm -> FFN -> residual + LayerNorm (post-LN, the tutorial's),
+or the pre-LN variant with ``norm_first=True``."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from torch import Tensor, nn
+
+from .attention import MultiHeadAttention
+from .feedforward import FeedForward
+from .hooks import HookPoint
+from .positional import RotaryEmbedding
+
+
+@dataclass
+class EncoderConfig:
+    """Everything that defines an encoder stack; saved as JSON beside each checkpoint."""
+
+    d_model: int = 512
+    num_heads: int = 8
+    num_layers: int = 2
+    d_ff: int | None = None  # default 4 * d_model
+    num_kv_heads: int | None = None  # default num_heads (MHA); 1 = MQA
+    dropout: float = 0.1  # residual and FFN dropout
+    attn_dropout: float = 0.0  # dropout on attention weights; >0 costs the fused CPU kernel
+    activation: str = "relu"
+    norm_first: bool = False  # False: post-LN (tutorial, BERT); True: pre-LN
+    layer_norm_eps: float = 1e-5
+    bias: bool = True
+    rotary: bool = False  # rotary position embedding inside attention
+    backend: str = "auto"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EncoderConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} fields {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**d)
+
+
+class EncoderBlock(nn.Module):
+    """One Transformer encoder layer over ``(B, L, E)``.
+
+    Post-LN (default, as the tutorial and BERT): ``x = LN(x + Drop(MHA(x)))``; ``x = LN(x + Drop(FFN(x)))``.
+    Pre-LN (``norm_first=True``): ``x = x + Drop(MHA(LN(x)))``; ``x = x + Drop(FFN(LN(x)))``.
+
+    Hook points: ``hook_attn_out`` ``(B, L, E)`` (attention output before the residual), ``hook_mlp_out``,
+    ``hook_resid_post``; and the attention's own under ``attn.``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int | None = None,
+        dropout: float = 0.1,
+        *,
+        attn_dropout: float = 0.0,
+        activation: str = "relu",
+        norm_first: bool = False,
+        num_kv_heads: int | None = None,
+        layer_norm_eps: float = 1e-5,
+        bias: bool = True,
+        backend: str = "auto",
+        rotary: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.attn = MultiHeadAttention(d_model, num_heads, num_kv_heads=num_kv_heads, dropout=attn_dropout,
+                                       bias=bias, backend=backend, need_weights=False, rotary=rotary)
+        self.ffn = FeedForward(d_model, d_ff, dropout, activation, bias)
+        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.hook_attn_out = HookPoint()
+        self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, key_padding_mask: Tensor | None = None,
+                is_causal: bool = False, head_mask: Tensor | None = None) -> Tensor:
+        """``x`` ``(B, L, E)``; masks as in :meth:`MultiHeadAttention.forward` (True = may attend / real token)."""
+
+        def attend(h: Tensor) -> Tensor:
+            out, _ = self.attn(h, mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
+                               head_mask=head_mask, need_weights=False)
+            return self.hook_attn_out(out)
+
+        if self.norm_first:
+            x = x + self.dropout1(attend(self.norm1(x)))
+            x = x + self.dropout2(self.hook_mlp_out(self.ffn(self.norm2(x))))
+        else:
+            x = self.norm1(x + self.dropout1(attend(x)))
+            x = self.norm2(x + self.dropout2(self.hook_mlp_out(self.ffn(x))))
+        return self.hook_resid_post(x)
+
+
+class TransformerEncoder(nn.Module):
+    """A stack of :class:`EncoderBlock` over embeddings ``(B, L, E)`` (positions are added by the caller, except
+    rotary ones, which live inside attention). Pre-LN stacks end with a final LayerNorm."""
+
+    def __init__(self, config: EncoderConfig | None = None, **overrides) -> None:
+        super().__init__()
+        config = EncoderConfig(**overrides) if config is None else config
+        self.config = config
+        rotary = RotaryEmbedding(config.d_model // config.num_heads) if config.rotary else None
+        self.layers = nn.ModuleList(
+            EncoderBlock(config.d_model, config.num_heads, config.d_ff, config.dropout,
+                         attn_dropout=config.attn_dropout, activation=config.activation,
+                         norm_first=config.norm_first, num_kv_heads=config.num_kv_heads,
+                         layer_norm_eps=config.layer_norm_eps, bias=config.bias, backend=config.backend,
+                         rotary=rotary)
+            for _ in range(config.num_layers)
+        )
+        self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, key_padding_mask: Tensor | None = None,
+                is_causal: bool = False, head_mask: Tensor | None = None) -> Tensor:
+        """``x`` ``(B, L, E)``; ``head_mask`` ``(num_layers, H)`` or None: one scale per layer and head."""
+        if head_mask is not None and head_mask.shape[0] != len(self.layers):
+            raise ValueError(
+                f"head_mask must have one row per layer ({len(self.layers)}), got shape {tuple(head_mask.shape)}"
+            )
+        for i, layer in enumerate(self.layers):
+            x = layer(x, mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
+                      head_mask=None if head_mask is None else head_mask[i])
+        return x if self.final_norm is None else self.final_norm(x)
+
+    @property
+    def num_heads(self) -> list[int]:
+        """Heads per layer (differs between layers after pruning)."""
+        return [layer.attn.num_heads for layer in self.layers]
+
+
+__all__ = ["EncoderBlock", "EncoderConfig", "TransformerEncoder"]

@@ -1,0 +1,95 @@
+"""Positional encodings: sinusoidal (the tutorial's), learned, and rotary (RoPE)."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Vaswani et al.'s fixed encoding added to ``(B, L, E)`` embeddings: ``PE[p, 2i] = sin(p / 10000^(2i/E))``."""
+
+    def __init__(self, d_model: int, max_len: int = 5000, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.max_len = max_len
+        position = torch.arange(max_len).unsqueeze(1)  # (L, 1)
+        div = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))  # (ceil(E/2),)
+        pe = torch.zeros(max_len, d_model)
+        pe[:, 0::2] = torch.sin(position * div)
+        pe[:, 1::2] = torch.cos(position * div[: d_model // 2])
+        self.register_buffer("pe", pe, persistent=False)  # (L, E); recomputed, never saved
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        l = x.shape[1]
+        if offset + l > self.max_len:
+            raise ValueError(f"sequence of length {offset + l} exceeds max_len={self.max_len}; raise max_len")
+        return self.dropout(x + self.pe[offset : offset + l].to(x.dtype))  # (B, L, E) + (L, E)
+
+
+class LearnedPositionalEncoding(nn.Module):
+    """A trained embedding per position (BERT style), added to ``(B, L, E)``."""
+
+    def __init__(self, d_model: int, max_len: int = 512, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.embedding = nn.Embedding(max_len, d_model)
+        nn.init.normal_(self.embedding.weight, std=0.02)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        l = x.shape[1]
+        if offset + l > self.max_len:
+            raise ValueError(f"sequence of length {offset + l} exceeds max_len={self.max_len}; raise max_len")
+        pos = torch.arange(offset, offset + l, device=x.device)
+        return self.dropout(x + self.embedding(pos))  # (B, L, E) + (L, E)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (Su et al. 2021), applied to q and k inside attention.
+
+    Rotates pairs ``(x[..., i], x[..., i + D/2])`` by angle ``p * base^(-2i/D)`` (the "rotate half" layout used by
+    GPT-NeoX and HF LLaMA), so ``q_p . k_r`` depends only on ``p - r``. ``head_dim`` must be even.
+    ``forward(q, k)`` takes ``(B, H, Lq, D)`` and ``(B, G, Lk, D)``; with ``Lq < Lk`` the queries are taken to be the
+    last ``Lq`` positions (as with a KV cache).
+    """
+
+    def __init__(self, head_dim: int, base: float = 10000.0, max_len: int = 4096) -> None:
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"rotary embeddings need an even head_dim, got {head_dim}; change d_model or num_heads")
+        self.head_dim = head_dim
+        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (D/2,)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def _cos_sin(self, length: int, offset: int, device, dtype):
+        pos = torch.arange(offset, offset + length, device=device, dtype=torch.float32)
+        angles = torch.outer(pos, self.inv_freq.to(device))  # (L, D/2)
+        angles = torch.cat([angles, angles], dim=-1)  # (L, D)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    @staticmethod
+    def _rotate_half(x: Tensor) -> Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([-x2, x1], dim=-1)
+
+    def rotate(self, x: Tensor, offset: int = 0) -> Tensor:
+        """Rotate ``(..., L, D)`` as positions ``offset .. offset + L - 1``."""
+        cos, sin = self._cos_sin(x.shape[-2], offset, x.device, x.dtype)
+        return x * cos + self._rotate_half(x) * sin
+
+    def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        lq, lk = q.shape[-2], k.shape[-2]
+        return self.rotate(q, offset=max(lk - lq, 0)), self.rotate(k)
+
+
+def build_positional(kind: str, d_model: int, max_len: int, dropout: float = 0.0) -> nn.Module | None:
+    """The additive encoding named ``kind`` (``sinusoidal``/``learned``), or None for ``rope``/``none``."""
+    if kind == "sinusoidal":
+        return SinusoidalPositionalEncoding(d_model, max_len, dropout)
+    if kind == "learned":
+        return LearnedPositionalEncoding(d_model, max_len, dropout)
+    if kind in ("rope", "none"):
+        return None
+    raise ValueError(f"unknown positional encoding {kind!r}; choose sinusoidal, learned, rope or none")
