@@ -208,7 +208,7 @@ class MultiHeadAttention(nn.Module):
                     f"key_padding_mask must be (B, Lk)=({b}, {lk}) with True = real token, "
                     f"got shape {tuple(key_padding_mask.shape)}"
                 )
-            _masks.check_mask(key_padding_mask, (b, lk, 1, 1), name="key_padding_mask")
+            _masks.check_mask(key_padding_mask[:, None, None, :], (b, self.num_heads, lq, lk), name="key_padding_mask")
             _masks.warn_if_inverted_padding(key_padding_mask)
             mask = _masks.merge_masks(mask, key_padding_mask[:, None, None, :])  # (B, 1, 1, Lk)
         return mask
