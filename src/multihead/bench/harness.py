@@ -1,0 +1,110 @@
+"""The bench seam: every case runs in a fresh Python process (so peak memory is the case's own), peers and our
+backends in the same run, results as JSON with the machine's facts (threads, torch version) beside them.
+
+A suite module provides ``build(case) -> step`` (a zero-argument callable doing one timed iteration) and
+``flops(case) -> float``. The worker measures:
+
+* ``peak_mb``: the process's peak resident memory during the first call above what it held before it (Linux
+  ``VmHWM`` reset through ``/proc/self/clear_refs``), in MiB;
+* ``seconds`` / ``seconds_min``: the median and the fastest of repeated calls after that warm-up (at least
+  ``min_repeats``, until ``min_time``); GFLOP/s and ratios use the fastest (interference only adds time).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+
+def _vm(field: str) -> int:
+    """A /proc/self/status field in KiB (0 when unavailable, e.g. not Linux)."""
+    try:
+        m = re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text())
+        return int(m.group(1)) if m else 0
+    except OSError:
+        return 0
+
+
+def _reset_peak() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def measure(step: Callable[[], None], *, min_repeats: int = 3, min_time: float = 1.0, max_repeats: int = 50) -> dict:
+    before = _vm("VmRSS")
+    can_reset = _reset_peak()
+    step()  # warm-up, and the memory measurement
+    peak = _vm("VmHWM") if can_reset else 0
+    times = []
+    start = time.perf_counter()
+    while len(times) < min_repeats or (time.perf_counter() - start < min_time and len(times) < max_repeats):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return {
+        "seconds": statistics.median(times),
+        "seconds_min": min(times),
+        "repeats": len(times),
+        "peak_mb": max(0.0, (peak - before) / 1024) if can_reset else None,
+    }
+
+
+def run_worker(spec: dict) -> dict:
+    """Inside the fresh process: build and measure one case."""
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))
+    import importlib
+
+    suite = importlib.import_module(spec["suite"])
+    case = spec["case"]
+    torch.manual_seed(0)
+    step = suite.build(case)
+    result = measure(step, min_repeats=spec.get("min_repeats", 3), min_time=spec.get("min_time", 1.0))
+    flops = suite.flops(case)
+    result["gflops"] = flops / result["seconds_min"] / 1e9 if flops else None
+    result["threads"] = torch.get_num_threads()
+    return result
+
+
+def run_case(suite: str, case: dict, *, threads: int | None = None, timeout: float = 600, **opts) -> dict:
+    """Run one case in a fresh process; a failure (e.g. out of memory) is recorded, not raised."""
+    spec = {"suite": suite, "case": case, "threads": threads, **opts}
+    proc = subprocess.run(
+        [sys.executable, "-m", "multihead.bench.worker", json.dumps(spec)],
+        capture_output=True, text=True, timeout=timeout,
+    )
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        return {**case, "error": f"exit {proc.returncode}: {tail[0]}"}
+    return {**case, **json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
+def machine_info(threads: int | None) -> dict:
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "threads": threads or torch.get_num_threads(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def write_json(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2))
+    os.replace(tmp, path)

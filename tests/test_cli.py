@@ -1,0 +1,47 @@
+"""The command line end to end (small and fast: timings belong to `multihead bench`, not to tests)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from multihead.cli import main
+
+
+def test_demo_writes_a_run_folder(tmp_path, capsys):
+    assert main(["demo", "--out", str(tmp_path / "demo")]) == 0
+    summary = json.loads((tmp_path / "demo" / "demo.json").read_text())
+    assert summary["tutorial_shapes"] == {"output": [2, 5, 512], "weights": [2, 8, 5, 5]}
+    assert summary["fully_masked"] == {"torch_nan": True, "multihead_nan": False}
+    assert summary["torch_parity_max_abs"] < 1e-5
+    assert (tmp_path / "demo" / "cat_sat_heads.png").stat().st_size > 10_000
+    assert "the cat sat on the mat" in " ".join(summary["cat_sat"]["tokens"])
+
+
+def test_backends_lists_capabilities(capsys):
+    assert main(["backends"]) == 0
+    out = capsys.readouterr().out
+    assert "reference" in out and "weights=True" in out and "sdpa" in out
+
+
+def test_bench_attention_small_run_writes_json(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "multihead.cli", "bench", "attention", "--lengths", "16", "--modes", "forward",
+         "--impls", "torch_mha,multihead", "--min-time", "0", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    payload = json.loads(out.read_text())
+    assert payload["matmul_gflops"] > 0 and payload["machine"]["threads"] >= 1
+    impls = {r["impl"]: r for r in payload["results"]}
+    assert set(impls) == {"torch_mha", "multihead"}
+    assert impls["torch_mha"]["time_vs_torch_mha"] == pytest.approx(1.0)
+    assert impls["multihead"]["seconds"] > 0 and impls["multihead"]["peak_mb"] is not None
+    assert out.with_suffix(".png").exists()
+    assert "x torch_mha" in proc.stdout
+
+
+def test_bench_rejects_unknown_impl(capsys):
+    assert main(["bench", "attention", "--impls", "nope"]) == 2
+    assert "unknown implementation" in capsys.readouterr().err
