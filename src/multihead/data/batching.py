@@ -1,0 +1,36 @@
+"""Length-bucketed batches with dynamic padding: each batch is padded only to its own longest sequence."""
+from __future__ import annotations
+
+import random
+
+import torch
+
+
+def bucketed_batches(lengths: list[int], batch_size: int, *, seed: int, epoch: int, shuffle: bool = True,
+                     bucket_factor: int = 50) -> list[list[int]]:
+    """Batches of indices: shuffle, cut into pools of ``batch_size * bucket_factor``, sort each pool by length,
+    batch it, shuffle the batches. Deterministic in ``(seed, epoch)``, so an interrupted epoch can be replayed."""
+    idx = list(range(len(lengths)))
+    if not shuffle:
+        idx.sort(key=lambda i: lengths[i])
+        return [idx[i:i + batch_size] for i in range(0, len(idx), batch_size)]
+    rng = random.Random(seed * 1_000_003 + epoch)
+    rng.shuffle(idx)
+    pool = batch_size * bucket_factor
+    batches = []
+    for start in range(0, len(idx), pool):
+        chunk = sorted(idx[start:start + pool], key=lambda i: lengths[i])
+        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(ids: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B, L)`` token ids padded with ``pad_id`` and the bool mask ``(B, L)``, True = real token."""
+    width = max(len(x) for x in ids)
+    batch = torch.full((len(ids), width), pad_id, dtype=torch.long)
+    for row, x in enumerate(ids):
+        batch[row, : len(x)] = torch.tensor(x, dtype=torch.long)
+    lengths = torch.tensor([len(x) for x in ids])
+    mask = torch.arange(width)[None, :] < lengths[:, None]  # (B, L)
+    return batch, mask

@@ -1,0 +1,49 @@
+"""WordPiece tokenizer trained on the training split only, with HF ``tokenizers``; saved as ``tokenizer.json``."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
+from tokenizers.models import WordPiece
+from tokenizers.trainers import WordPieceTrainer
+
+PAD, UNK, CLS, SEP = "[PAD]", "[UNK]", "[CLS]", "[SEP]"
+SPECIALS = [PAD, UNK, CLS, SEP]  # PAD is id 0: the classifier's pad_id
+
+
+def train_tokenizer(texts: list[str], vocab_size: int = 10000, min_frequency: int = 2) -> Tokenizer:
+    """A BERT-style WordPiece vocabulary (lower-cased, accents stripped, CJK split per character)."""
+    tok = Tokenizer(WordPiece(unk_token=UNK, max_input_chars_per_word=100))
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    trainer = WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIALS,
+                               show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def load_tokenizer(path: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(path))
+
+
+@dataclass
+class Encoded:
+    ids: list[list[int]]
+    truncated: int  # how many texts were longer than max_len and were cut
+
+
+def encode(tok: Tokenizer, texts: list[str], max_len: int) -> Encoded:
+    """``[CLS] tokens [SEP]`` per text, cut to ``max_len`` (the cut is counted, never silent)."""
+    if max_len < 3:
+        raise ValueError(f"max_len must be at least 3 ([CLS], one token, [SEP]), got {max_len}")
+    cls_id, sep_id = tok.token_to_id(CLS), tok.token_to_id(SEP)
+    out, truncated = [], 0
+    for enc in tok.encode_batch(texts, add_special_tokens=False):
+        ids = enc.ids
+        if len(ids) > max_len - 2:
+            truncated += 1
+            ids = ids[: max_len - 2]
+        out.append([cls_id, *ids, sep_id])
+    return Encoded(out, truncated)

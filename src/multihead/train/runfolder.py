@@ -1,0 +1,132 @@
+"""The run folder: atomic writes, safetensors + JSON only (nothing is ever unpickled), checksums that catch a
+truncated or tampered checkpoint with a clear message.
+
+::
+
+    RUN/config.json        TrainConfig (data, model, optim, run) + checksums of the weight files
+    RUN/model.safetensors  best weights (by validation accuracy)
+    RUN/tokenizer.json     HF tokenizers file
+    RUN/labels.json        class names in output order
+    RUN/splits.json        the fixed split (indices into the de-duplicated data)
+    RUN/metrics.jsonl      one JSON object per evaluation / log event
+    RUN/results.json       final test metrics, baseline, timings
+    RUN/curves.png, RUN/confusion.png
+    RUN/checkpoint/        state to --resume an interrupted run (weights, optimizer, RNG, position)
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+
+class CheckpointError(RuntimeError):
+    """A run folder or checkpoint that cannot be loaded; the message says why and what to do."""
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: Path, obj) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
+
+
+def atomic_save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> str:
+    """Save tensors with safetensors through a temp file + rename; returns the file's sha256."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp, metadata=metadata)
+        digest = sha256(Path(tmp))
+        os.replace(tmp, path)
+        return digest
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_tensors(path: Path, expected_sha256: str | None = None) -> dict[str, torch.Tensor]:
+    """Load a safetensors file, checking it against the recorded checksum first."""
+    if not path.exists():
+        raise CheckpointError(f"{path} is missing; the run folder is incomplete (was training interrupted before "
+                              "the first checkpoint?). Re-run training, or train with --resume")
+    if expected_sha256 is not None and sha256(path) != expected_sha256:
+        raise CheckpointError(f"{path} does not match the checksum recorded in config.json: the file was truncated "
+                              "or modified after it was written. Restore it or retrain; it was not loaded")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is not a readable safetensors file ({exc}); it is truncated or corrupt. "
+                              "Restore it or retrain") from None
+
+
+def read_json(path: Path) -> dict:
+    if not path.exists():
+        raise CheckpointError(f"{path} is missing; {path.parent} is not a complete multihead run folder")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); it is corrupt") from None
+
+
+def _content_digest(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().cpu()
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def save_checked(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    """Atomic safetensors write whose metadata carries a digest of the tensors, verified by :func:`load_checked`."""
+    meta = dict(metadata or {})
+    meta["content_sha256"] = _content_digest(tensors)
+    atomic_save_tensors(path, tensors, meta)
+
+
+def load_checked(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Load a file written by :func:`save_checked`; a truncated or modified file raises :class:`CheckpointError`."""
+    from safetensors import safe_open
+
+    tensors = load_tensors(path)
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata() or {}
+    expected = meta.get("content_sha256")
+    if expected is None:
+        raise CheckpointError(f"{path} has no content digest: it was not written by multihead; refusing to load it "
+                              "as a run checkpoint")
+    if _content_digest(tensors) != expected:
+        raise CheckpointError(f"{path}: the tensors do not match the digest stored with them: the file was modified "
+                              "after it was written. Restore it or retrain; it was not loaded")
+    return tensors, meta

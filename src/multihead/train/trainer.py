@@ -1,0 +1,356 @@
+"""Train a :class:`~multihead.TransformerClassifier` on a text dataset, read top to bottom.
+
+``train(config, out)`` does: data -> fixed split -> tokenizer (train split only) -> model -> AdamW with warm-up and
+linear decay -> epochs over length-bucketed batches (validation every epoch, best checkpoint, early stopping,
+resumable checkpoints) -> test metrics, baseline, plots. It runs unchanged under ``torchrun`` (DDP).
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import data as D
+from ..models.classifier import ClassifierConfig, TransformerClassifier
+from . import distributed
+from .config import TrainConfig
+from .metrics import plot_confusion, plot_curves, scores
+from .runfolder import (
+    CheckpointError,
+    atomic_write_bytes,
+    atomic_write_json,
+    load_checked,
+    read_json,
+    save_checked,
+)
+
+
+class RunExistsError(FileExistsError):
+    pass
+
+
+@dataclass
+class Prepared:
+    splits: D.Splits
+    tokenizer: object
+    encoded: dict  # split name -> D.Encoded
+    labels: list[str]
+
+
+def _device(config: TrainConfig) -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() and config.run.device != "cpu" else "cpu") \
+        if config.run.device in ("auto", "cpu") else torch.device(config.run.device)
+
+
+def prepare(config: TrainConfig, out: Path | None = None, *, resume: bool = False) -> Prepared:
+    """Data, split and tokenizer; on resume the recorded split and tokenizer are reused."""
+    dc = config.data
+    dataset = D.load(dc.name, text_column=dc.text_column, label_column=dc.label_column)
+    if resume and out is not None and (out / "splits.json").exists():
+        splits = D.apply_split(dataset, read_json(out / "splits.json"))
+    else:
+        splits = D.split(dataset, seed=dc.split_seed, validation=dc.validation, test=dc.test)
+    if dc.limit:
+        import random
+
+        rng = random.Random(dc.split_seed)  # a seeded random subset keeps every class represented
+        splits = D.Splits(*(s.subset(sorted(rng.sample(range(len(s)), min(dc.limit, len(s))))) for s in splits),
+                          record=splits.record)
+    if resume and out is not None and (out / "tokenizer.json").exists():
+        tok = D.load_tokenizer(out / "tokenizer.json")
+    else:
+        tok = D.train_tokenizer(splits.train.texts, dc.vocab_size, dc.min_frequency)
+    encoded = {name: D.encode(tok, s.texts, dc.max_len) for name, s in zip(("train", "validation", "test"), splits)}
+    return Prepared(splits, tok, encoded, dataset.label_names)
+
+
+def build_model(config: TrainConfig, prepared: Prepared) -> TransformerClassifier:
+    mc = ClassifierConfig.from_dict({**config.model.to_dict(), "vocab_size": prepared.tokenizer.get_vocab_size(),
+                                     "num_classes": len(prepared.labels), "max_len": config.data.max_len,
+                                     "pad_id": 0})
+    config.model = mc
+    return TransformerClassifier.from_config(mc)
+
+
+def _optimizer(model: nn.Module, oc) -> torch.optim.Optimizer:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.dim() < 2 or "norm" in name else decay).append(p)
+    return torch.optim.AdamW([{"params": decay, "weight_decay": oc.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=oc.lr)
+
+
+def _schedule(opt, total_steps: int, warmup: float):
+    warm = max(1, int(total_steps * warmup))
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        return max(0.0, (total_steps - step) / max(1, total_steps - warm))
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+@torch.no_grad()
+def predict_ids(model: nn.Module, ids: list[list[int]], device, batch_size: int = 128) -> tuple[torch.Tensor, float]:
+    """Class probabilities ``(N, C)`` in input order, and the summed token count."""
+    model.eval()
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    probs = [None] * len(ids)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        x, mask = D.collate([ids[i] for i in chunk])
+        p = torch.softmax(model(x.to(device), mask.to(device)).float(), dim=-1).cpu()
+        for row, i in enumerate(chunk):
+            probs[i] = p[row]
+    return torch.stack(probs), float(sum(len(x) for x in ids))
+
+
+def evaluate_ids(model, ids, labels: list[int], num_classes: int, device) -> dict:
+    probs, _ = predict_ids(model, ids, device)
+    y = torch.tensor(labels)
+    loss = F.nll_loss(torch.log(probs.clamp_min(1e-12)), y).item()
+    out = scores(labels, probs.argmax(-1).tolist(), num_classes)
+    out["loss"] = loss
+    return out
+
+
+def _state_tensors(model, opt) -> dict[str, torch.Tensor]:
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for i, p in enumerate(params):
+        st = opt.state.get(p, {})
+        for key, val in st.items():
+            tensors[f"optim.{i}.{key}"] = val if torch.is_tensor(val) else torch.tensor(val)
+    tensors["rng.torch"] = torch.get_rng_state()
+    return tensors
+
+
+def _restore_state(model, opt, tensors: dict[str, torch.Tensor]) -> None:
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for i, p in enumerate(params):
+        st = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"optim.{i}.")}
+        if st:
+            opt.state[p] = {k: v.to(p.device) if k != "step" else v for k, v in st.items()}
+    torch.set_rng_state(tensors["rng.torch"])
+
+
+def _save_checkpoint(out: Path, model, opt, sched, position: dict) -> None:
+    ckpt = out / "checkpoint"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    name = f"state-{position['step']:08d}.safetensors"
+    save_checked(ckpt / name, _state_tensors(model, opt))
+    atomic_write_json(ckpt / "state.json", {**position, "file": name, "scheduler": sched.state_dict()})
+    for old in ckpt.glob("state-*.safetensors"):
+        if old.name != name:
+            old.unlink()
+
+
+def _log(out: Path | None, event: dict) -> None:
+    if out is None:
+        return
+    with (out / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps(event) + "\n")
+
+
+def _unwrap(model):
+    model = getattr(model, "module", model)  # DDP
+    return getattr(model, "_orig_mod", model)  # torch.compile
+
+
+def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False) -> dict:
+    """Train, evaluate and save a run folder; returns the results dict (also written to ``results.json``)."""
+    from tqdm import tqdm
+
+    out = Path(out)
+    device = _device(config)
+    dist_info = distributed.setup(device)
+    main = dist_info.is_main
+    if config.run.threads:
+        torch.set_num_threads(config.run.threads)
+    if (out / "config.json").exists() and not resume and not overwrite:
+        raise RunExistsError(f"{out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
+                             "or choose another --out")
+    if resume and not (out / "checkpoint" / "state.json").exists():
+        raise CheckpointError(f"nothing to resume in {out}: no checkpoint/state.json. Train without --resume")
+    if resume:  # the run's own config wins over the command line
+        config = TrainConfig.from_dict(read_json(out / "config.json")["train"])
+    torch.manual_seed(config.run.seed)
+
+    prepared = prepare(config, out, resume=resume)
+    model = build_model(config, prepared).to(device)
+    labels_train = prepared.splits.train.label_ids()
+    labels_val = prepared.splits.validation.label_ids()
+    num_classes = len(prepared.labels)
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            for f in ("metrics.jsonl", "results.json"):
+                (out / f).unlink(missing_ok=True)
+            atomic_write_json(out / "config.json", {"train": config.to_dict()})
+            atomic_write_bytes(out / "tokenizer.json", prepared.tokenizer.to_str().encode())
+            atomic_write_json(out / "labels.json", prepared.labels)
+            atomic_write_json(out / "splits.json", prepared.splits.record)
+        for name, enc in prepared.encoded.items():
+            if enc.truncated:
+                print(f"note: {enc.truncated} of {len(enc.ids)} {name} texts were longer than max_len="
+                      f"{config.data.max_len} tokens and were truncated")
+
+    oc = config.optim
+    opt = _optimizer(model, oc)
+    train_ids = prepared.encoded["train"].ids
+    lengths = [len(x) for x in train_ids]
+    world = dist_info.world_size
+    n_batches = len(D.bucketed_batches(lengths, oc.batch_size, seed=config.run.seed, epoch=0))
+    sched = _schedule(opt, oc.epochs * n_batches, oc.warmup)
+
+    position = {"epoch": 0, "batch": 0, "step": 0, "best_accuracy": -1.0, "best_epoch": -1, "bad_epochs": 0,
+                "metrics_lines": 0, "running": {"loss": 0.0, "correct": 0, "seen": 0, "tokens": 0}}
+    if resume:
+        state = read_json(out / "checkpoint" / "state.json")
+        tensors, _ = load_checked(out / "checkpoint" / state["file"])
+        _restore_state(model, opt, tensors)
+        sched.load_state_dict(state["scheduler"])
+        position = {k: state[k] for k in position}
+        if main and (out / "metrics.jsonl").exists():  # drop events logged after the checkpoint
+            lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)[: position["metrics_lines"]]
+            atomic_write_bytes(out / "metrics.jsonl", "".join(lines).encode())
+        if main:
+            print(f"resuming {out} at epoch {position['epoch'] + 1}, batch {position['batch']}")
+    if config.run.compile:
+        model = torch.compile(model)
+    if dist_info.enabled:
+        model = nn.parallel.DistributedDataParallel(model)
+    log_out = out if main else None
+
+    def count_lines() -> int:
+        return len((out / "metrics.jsonl").read_text().splitlines()) if (out / "metrics.jsonl").exists() else 0
+
+    t_start = time.perf_counter()
+    stopped_early = False
+    for epoch in range(position["epoch"], oc.epochs):
+        batches = D.bucketed_batches(lengths, oc.batch_size, seed=config.run.seed, epoch=epoch)
+        if world > 1:
+            batches = [b for b in batches if len(b) >= world]  # every rank needs at least one example
+        model.train()
+        run = position["running"]
+        bar = tqdm(total=len(batches), initial=position["batch"], desc=f"epoch {epoch + 1}/{oc.epochs}",
+                   disable=not (main and config.run.progress), leave=False)
+        t_epoch = time.perf_counter()
+        tokens_epoch = 0
+        for bi in range(position["batch"], len(batches)):
+            batch = batches[bi]
+            local = batch[dist_info.rank::world]
+            x, mask = D.collate([train_ids[i] for i in local])
+            y = torch.tensor([labels_train[i] for i in local])
+            x, mask, y = x.to(device), mask.to(device), y.to(device)
+            logits = model(x, mask)
+            # sum / global batch * world: DDP's gradient average then equals the global-batch mean exactly
+            loss = F.cross_entropy(logits.float(), y, reduction="sum", label_smoothing=oc.label_smoothing)
+            (loss * world / len(batch)).backward()
+            if oc.clip > 0:
+                nn.utils.clip_grad_norm_(model.parameters(), oc.clip)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            position["step"] += 1
+            run["loss"] += loss.item()
+            run["correct"] += int((logits.argmax(-1) == y).sum())
+            run["seen"] += len(local)
+            ntok = int(mask.sum())
+            run["tokens"] += ntok
+            tokens_epoch += ntok
+            elapsed = time.perf_counter() - t_epoch
+            bar.update(1)
+            bar.set_postfix(loss=f"{run['loss'] / run['seen']:.3f}", acc=f"{run['correct'] / run['seen']:.3f}",
+                            tok_s=f"{tokens_epoch * world / max(elapsed, 1e-9):.0f}")
+            if position["step"] % 50 == 0:
+                _log(log_out, {"event": "train", "epoch": epoch + 1, "step": position["step"],
+                               "loss": run["loss"] / run["seen"], "accuracy": run["correct"] / run["seen"],
+                               "lr": sched.get_last_lr()[0]})
+            position["batch"] = bi + 1
+            if config.run.save_every and position["step"] % config.run.save_every == 0 and bi + 1 < len(batches):
+                if main:
+                    position["metrics_lines"] = count_lines()
+                    _save_checkpoint(out, _unwrap(model), opt, sched, position)
+        bar.close()
+        epoch_time = time.perf_counter() - t_epoch
+        val = evaluate_ids(_unwrap(model), prepared.encoded["validation"].ids, labels_val, num_classes, device)
+        improved = val["accuracy"] > position["best_accuracy"]
+        if improved:
+            position["best_accuracy"], position["best_epoch"], position["bad_epochs"] = val["accuracy"], epoch + 1, 0
+            if main:
+                save_checked(out / "model.safetensors", _unwrap(model).state_dict(),
+                             {"format": "multihead.TransformerClassifier", "epoch": str(epoch + 1)})
+        else:
+            position["bad_epochs"] += 1
+        event = {"event": "eval", "epoch": epoch + 1, "step": position["step"],
+                 "train_loss": run["loss"] / max(run["seen"], 1), "train_accuracy": run["correct"] / max(run["seen"], 1),
+                 "val_loss": val["loss"], "val_accuracy": val["accuracy"], "val_macro_f1": val["macro_f1"],
+                 "epoch_seconds": epoch_time, "tokens_per_second": tokens_epoch * world / max(epoch_time, 1e-9),
+                 "threads": torch.get_num_threads(), "best": improved}
+        _log(log_out, event)
+        if main and config.run.progress:
+            print(f"epoch {epoch + 1}: train loss {event['train_loss']:.4f} acc {event['train_accuracy']:.4f} | "
+                  f"val loss {val['loss']:.4f} acc {val['accuracy']:.4f}{' *' if improved else ''} | "
+                  f"{epoch_time:.1f}s, {event['tokens_per_second']:.0f} tok/s")
+        position.update(epoch=epoch + 1, batch=0, running={"loss": 0.0, "correct": 0, "seen": 0, "tokens": 0})
+        stop = oc.patience and position["bad_epochs"] >= oc.patience
+        if main:
+            position["metrics_lines"] = count_lines()
+            _save_checkpoint(out, _unwrap(model), opt, sched, {**position, "stopped": bool(stop)})
+        if stop:
+            stopped_early = True
+            break
+    train_seconds = time.perf_counter() - t_start
+    distributed.barrier(dist_info)
+
+    results = {}
+    if main:
+        results = finish(out, config, prepared, device, train_seconds=train_seconds, stopped_early=stopped_early)
+    distributed.teardown(dist_info)
+    return results
+
+
+def finish(out: Path, config: TrainConfig, prepared: Prepared, device, *, train_seconds: float,
+           stopped_early: bool) -> dict:
+    """Best weights -> test metrics, baseline, plots, results.json."""
+    tensors, meta = load_checked(out / "model.safetensors")
+    model = TransformerClassifier.from_config(config.model).to(device)
+    model.load_state_dict(tensors)
+    num_classes = len(prepared.labels)
+    test = evaluate_ids(model, prepared.encoded["test"].ids, prepared.splits.test.label_ids(), num_classes, device)
+    val = evaluate_ids(model, prepared.encoded["validation"].ids, prepared.splits.validation.label_ids(),
+                       num_classes, device)
+    from .baseline import tfidf_baseline
+
+    try:
+        baseline = tfidf_baseline(prepared.splits)
+    except ImportError as exc:  # scikit-learn is a declared dependency; keep training results if it is missing
+        baseline = {"error": str(exc)}
+    results = {
+        "dataset": config.data.name,
+        "test": {k: test[k] for k in ("accuracy", "macro_f1", "per_class_f1", "loss", "n", "confusion")},
+        "validation": {k: val[k] for k in ("accuracy", "macro_f1", "loss", "n")},
+        "best_epoch": int(meta.get("epoch", 0)),
+        "stopped_early": stopped_early,
+        "train_seconds": train_seconds,
+        "threads": torch.get_num_threads(),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "truncated": {k: v.truncated for k, v in prepared.encoded.items()},
+        "labels": prepared.labels,
+        "baseline_tfidf_logreg": baseline,
+    }
+    atomic_write_json(out / "results.json", results)
+    plot_confusion(test["confusion"], prepared.labels, out / "confusion.png",
+                   f"{config.data.name} test: accuracy {test['accuracy']:.3f}")
+    if (out / "metrics.jsonl").exists():
+        plot_curves(out / "metrics.jsonl", out / "curves.png")
+    return results
