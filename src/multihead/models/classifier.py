@@ -24,6 +24,7 @@ class ClassifierConfig:
     positional: str = "sinusoidal"  # sinusoidal | learned | rope | none
     pooling: str = "mean"  # mean over real tokens | cls (first token)
     pad_id: int | None = 0  # token id treated as padding when no attention_mask is given (None: no padding)
+    embed_init_std: float | None = None  # None: PyTorch's N(0, 1) (the tutorial's nn.Embedding)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
 
     def __post_init__(self) -> None:
@@ -80,6 +81,11 @@ class TransformerClassifier(nn.Module):
         self.config = config
         e = config.encoder.d_model
         self.embed = nn.Embedding(config.vocab_size, e, padding_idx=config.pad_id)
+        if config.embed_init_std is not None:
+            nn.init.normal_(self.embed.weight, std=config.embed_init_std)
+            if config.pad_id is not None:
+                with torch.no_grad():
+                    self.embed.weight[config.pad_id].zero_()
         self.pe = build_positional(config.positional, e, config.max_len, config.encoder.dropout)
         self.encoder = TransformerEncoder(config.encoder)
         self.fc = nn.Linear(e, config.num_classes)
