@@ -54,6 +54,150 @@ def cmd_bench(args) -> int:
     return 2
 
 
+# ------------------------------------------------------------------------------------------------ text classification
+TRAIN_FLAGS = {  # flag -> (config path, type, help)
+    "epochs": ("optim.epochs", int, "training epochs"),
+    "batch_size": ("optim.batch_size", int, "global batch size"),
+    "lr": ("optim.lr", float, "peak learning rate (AdamW)"),
+    "weight_decay": ("optim.weight_decay", float, "AdamW weight decay"),
+    "warmup": ("optim.warmup", float, "fraction of steps with linear warm-up"),
+    "clip": ("optim.clip", float, "max gradient norm (0: off)"),
+    "patience": ("optim.patience", int, "early stopping patience in epochs (0: off)"),
+    "d_model": ("model.encoder.d_model", int, "model width"),
+    "heads": ("model.encoder.num_heads", int, "attention heads"),
+    "num_kv_heads": ("model.encoder.num_kv_heads", int, "key/value heads (GQA/MQA)"),
+    "layers": ("model.encoder.num_layers", int, "encoder blocks"),
+    "d_ff": ("model.encoder.d_ff", int, "feed-forward width"),
+    "dropout": ("model.encoder.dropout", float, "residual/FFN/embedding dropout"),
+    "backend": ("model.encoder.backend", str, "attention backend (auto, sdpa, reference, ...)"),
+    "norm_first": ("model.encoder.norm_first", lambda s: s.lower() in ("1", "true", "yes"), "pre-LN (true/false)"),
+    "positional": ("model.positional", str, "sinusoidal | learned | rope | none"),
+    "pooling": ("model.pooling", str, "mean | cls"),
+    "max_len": ("data.max_len", int, "tokens per text ([CLS]/[SEP] included)"),
+    "vocab_size": ("data.vocab_size", int, "WordPiece vocabulary size"),
+    "text_column": ("data.text_column", str, "text column of a user file"),
+    "label_column": ("data.label_column", str, "label column of a user file"),
+    "limit": ("data.limit", int, "use N examples per split (smoke tests)"),
+    "seed": ("run.seed", int, "training seed"),
+    "threads": ("run.threads", int, "torch threads (default: torch's choice)"),
+    "device": ("run.device", str, "auto | cpu | cuda"),
+    "save_every": ("run.save_every", int, "steps between resumable checkpoints"),
+}
+
+
+def _set_path(d: dict, dotted: str, value) -> None:
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        d = d.setdefault(k, {})
+    d[keys[-1]] = value
+
+
+def _parse_value(text: str):
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def train_config_from_args(args):
+    from .train.config import TrainConfig, load_toml, merge
+
+    base = TrainConfig().to_dict()
+    if args.config:
+        base = merge(base, load_toml(args.config))
+    over: dict = {}
+    if args.data:
+        _set_path(over, "data.name", args.data)
+    for flag, (path, _, _) in TRAIN_FLAGS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            _set_path(over, path, value)
+    if args.compile:
+        _set_path(over, "run.compile", True)
+    if args.no_progress:
+        _set_path(over, "run.progress", False)
+    for item in args.set or []:
+        if "=" not in item:
+            raise ValueError(f"--set expects section.key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        _set_path(over, key, _parse_value(value))
+    return TrainConfig.from_dict(merge(base, over))
+
+
+def cmd_train(args) -> int:
+    from .train import train
+
+    config = train_config_from_args(args)
+    results = train(config, Path(args.out), resume=args.resume, overwrite=args.overwrite)
+    if results:
+        t, b = results["test"], results["baseline_tfidf_logreg"]
+        print(f"test accuracy {t['accuracy']:.4f}, macro-F1 {t['macro_f1']:.4f} (n={t['n']}, best epoch "
+              f"{results['best_epoch']}, {results['train_seconds']:.0f}s on {results['threads']} threads)")
+        if "test_accuracy" in b:
+            print(f"baseline TF-IDF + logistic regression on the same split: {b['test_accuracy']:.4f}")
+        print(f"run folder: {args.out}")
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    import json
+
+    from .train import evaluate, load_run
+
+    run = load_run(args.run)
+    r = evaluate(run, args.data, split=args.split, text_column=args.text_column, label_column=args.label_column)
+    if args.json:
+        print(json.dumps({k: r[k] for k in ("dataset", "split", "accuracy", "macro_f1", "loss", "n", "confusion",
+                                            "labels", "truncated")}))
+    else:
+        print(f"{r['dataset']} [{r['split']}]: accuracy {r['accuracy']:.4f}, macro-F1 {r['macro_f1']:.4f}, "
+              f"loss {r['loss']:.4f}, n={r['n']}")
+        print("confusion (rows true, columns predicted): " + ", ".join(r["labels"]))
+        for name, row in zip(r["labels"], r["confusion"]):
+            print(f"  {name:<16} " + " ".join(f"{v:>6}" for v in row))
+    return 0
+
+
+def cmd_predict(args) -> int:
+    import json
+
+    from .train import load_run, predict
+
+    texts = list(args.texts)
+    if args.file:
+        path = Path(args.file)
+        if not path.exists():
+            raise FileNotFoundError(f"--file {str(path)!r} does not exist")
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            if path.suffix.lower() == ".jsonl":
+                obj = json.loads(line)
+                if "text" not in obj:
+                    raise ValueError(f"{path}: every JSON line needs a 'text' field")
+                texts.append(str(obj["text"]))
+            else:
+                texts.append(line)
+    if not texts:
+        raise ValueError("nothing to predict: pass texts as arguments or --file FILE (one text per line, or .jsonl)")
+    for row in predict(load_run(args.run), texts):
+        print(json.dumps(row, ensure_ascii=False))
+    return 0
+
+
+def cmd_data(args) -> int:
+    import json
+
+    from . import data as D
+
+    ds = D.load(args.name, text_column=args.text_column, label_column=args.label_column)
+    info = D.card(ds, D.split(ds, seed=args.seed))
+    print(json.dumps(info, indent=2) if args.json else D.format_card(info))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="multihead", description="Multi-head attention: train, inspect, prune, run fast.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -75,12 +219,56 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--min-time", type=float, default=1.0, help="seconds of timed repeats per case")
     bench.add_argument("--out", default=None, help="JSON path (default bench/results/attention-<time>.json)")
     bench.set_defaults(fn=cmd_bench)
+
+    t = sub.add_parser("train", help="train a Transformer text classifier; writes a run folder")
+    t.add_argument("--data", default=None, help="built-in dataset (rotten_tomatoes, imdb, bbc_news, bbc_headlines) "
+                                                "or a .csv/.tsv/.jsonl file (default rotten_tomatoes)")
+    t.add_argument("--out", required=True, help="run folder")
+    t.add_argument("--config", default=None, help="TOML file with [data], [model], [model.encoder], [optim], [run]")
+    for flag, (_, typ, help_) in TRAIN_FLAGS.items():
+        t.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, default=None, help=help_)
+    t.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="any other config field")
+    t.add_argument("--compile", action="store_true", help="torch.compile the model")
+    t.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    t.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
+    t.add_argument("--no-progress", action="store_true", help="no progress bars")
+    t.set_defaults(fn=cmd_train)
+
+    e = sub.add_parser("evaluate", help="evaluate a run on a dataset split")
+    e.add_argument("run")
+    e.add_argument("--data", default=None, help="dataset (default: the run's own)")
+    e.add_argument("--split", default="test", help="train | validation | test (the run's recorded split) | all")
+    e.add_argument("--text-column", default=None)
+    e.add_argument("--label-column", default=None)
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(fn=cmd_evaluate)
+
+    pr = sub.add_parser("predict", help="classify texts; prints JSON lines with label and probabilities")
+    pr.add_argument("run")
+    pr.add_argument("texts", nargs="*")
+    pr.add_argument("--file", default=None, help="one text per line, or .jsonl with a 'text' field")
+    pr.set_defaults(fn=cmd_predict)
+
+    dd = sub.add_parser("data", help="print a dataset card: sizes, classes, length percentiles")
+    dd.add_argument("name", help="built-in name or a .csv/.tsv/.jsonl file")
+    dd.add_argument("--text-column", default="text")
+    dd.add_argument("--label-column", default="label")
+    dd.add_argument("--seed", type=int, default=0, help="split seed")
+    dd.add_argument("--json", action="store_true")
+    dd.set_defaults(fn=cmd_data)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .data import DataError
+    from .train import CheckpointError, RunExistsError
+
     args = build_parser().parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except (DataError, CheckpointError, RunExistsError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

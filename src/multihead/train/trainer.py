@@ -218,6 +218,8 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
         tensors, _ = load_checked(out / "checkpoint" / state["file"])
         _restore_state(model, opt, tensors)
         sched.load_state_dict(state["scheduler"])
+        for group, lr in zip(opt.param_groups, sched.get_last_lr()):  # load_state_dict leaves the groups' lr stale
+            group["lr"] = lr
         position = {k: state[k] for k in position}
         if main and (out / "metrics.jsonl").exists():  # drop events logged after the checkpoint
             lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)[: position["metrics_lines"]]

@@ -1,0 +1,90 @@
+"""Load a run folder and use it: predict texts, evaluate on a dataset. Nothing is unpickled."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+from .. import data as D
+from ..models.classifier import TransformerClassifier
+from .config import TrainConfig
+from .runfolder import CheckpointError, load_checked, read_json
+from .trainer import evaluate_ids, predict_ids
+
+
+@dataclass
+class Run:
+    path: Path
+    config: TrainConfig
+    model: TransformerClassifier
+    tokenizer: object
+    labels: list[str]
+
+    def encode(self, texts: list[str]) -> D.tokenizer.Encoded:
+        return D.encode(self.tokenizer, texts, self.config.data.max_len)
+
+
+def load_run(path: str | Path, device: str = "cpu") -> Run:
+    """Rebuild the model from ``config.json`` and load ``model.safetensors`` (digest-checked)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"run folder {str(path)!r} does not exist; pass the --out folder of a training run")
+    config = TrainConfig.from_dict(read_json(path / "config.json")["train"])
+    labels = read_json(path / "labels.json")
+    if not (path / "tokenizer.json").exists():
+        raise CheckpointError(f"{path / 'tokenizer.json'} is missing; the run folder is incomplete")
+    tokenizer = D.load_tokenizer(path / "tokenizer.json")
+    tensors, _ = load_checked(path / "model.safetensors")
+    model = TransformerClassifier.from_config(config.model)
+    try:
+        model.load_state_dict(tensors)
+    except RuntimeError as exc:
+        raise CheckpointError(f"{path / 'model.safetensors'} does not fit the model in config.json: "
+                              f"{str(exc).splitlines()[0]}") from None
+    if len(labels) != config.model.num_classes:
+        raise CheckpointError(f"labels.json has {len(labels)} classes but the model has {config.model.num_classes}")
+    return Run(path, config, model.to(device).eval(), tokenizer, labels)
+
+
+def predict(run: Run, texts: list[str]) -> list[dict]:
+    """One dict per text: the predicted label and every class's probability."""
+    enc = run.encode(texts)
+    probs, _ = predict_ids(run.model, enc.ids, next(run.model.parameters()).device)
+    out = []
+    for text, p in zip(texts, probs.tolist()):
+        best = max(range(len(p)), key=p.__getitem__)
+        out.append({"text": text, "label": run.labels[best],
+                    "probabilities": {name: round(v, 6) for name, v in zip(run.labels, p)}})
+    return out
+
+
+def evaluate(run: Run, data: str | None = None, *, split: str = "test", text_column: str | None = None,
+             label_column: str | None = None) -> dict:
+    """Accuracy, macro-F1 and confusion on ``split`` (train/validation/test: the run's recorded split; all: every
+    row) of ``data`` (default: the dataset the run was trained on)."""
+    dc = run.config.data
+    name = data or dc.name
+    ds = D.load(name, text_column=text_column or dc.text_column, label_column=label_column or dc.label_column)
+    unknown = sorted(set(ds.labels) - set(run.labels))
+    if unknown:
+        raise D.DataError(f"labels {unknown} in {name!r} are not among the model's classes {run.labels}; evaluate on "
+                          "data with the same label set (or map the labels first)")
+    if split == "all":
+        part = ds
+    elif split in ("train", "validation", "test"):
+        if name != dc.name:
+            raise D.DataError(f"{name!r} is not the dataset this run was trained on ({dc.name!r}), so it has no "
+                              "recorded split; use --split all")
+        record = read_json(run.path / "splits.json")
+        part = dict(zip(("train", "validation", "test"), D.apply_split(ds, record)))[split]
+    else:
+        raise D.DataError(f"unknown split {split!r}; choose train, validation, test or all")
+    index = {n: i for i, n in enumerate(run.labels)}
+    enc = run.encode(part.texts)
+    result = evaluate_ids(run.model, enc.ids, [index[y] for y in part.labels], len(run.labels),
+                          next(run.model.parameters()).device)
+    result.update(dataset=name, split=split, truncated=enc.truncated, labels=run.labels)
+    return result
+
+
+__all__ = ["Run", "evaluate", "load_run", "predict"]
