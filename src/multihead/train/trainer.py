@@ -182,6 +182,7 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
         raise CheckpointError(f"nothing to resume in {out}: no checkpoint/state.json. Train without --resume")
     if resume:  # the run's own config wins over the command line
         config = TrainConfig.from_dict(read_json(out / "config.json")["train"])
+    distributed.barrier(dist_info)  # every rank has checked the folder before rank 0 writes to it
     torch.manual_seed(config.run.seed)
 
     prepared = prepare(config, out, resume=resume)
@@ -312,11 +313,21 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
             stopped_early = True
             break
     train_seconds = time.perf_counter() - t_start
+    ddp_check = None
+    if dist_info.enabled:  # DDP keeps replicas in sync; verify it rather than assume it
+        flat = torch.cat([p.detach().reshape(-1).float().cpu() for p in _unwrap(model).parameters()])
+        gathered = [torch.empty_like(flat) for _ in range(world)]
+        torch.distributed.all_gather(gathered, flat)
+        ddp_check = {"world_size": world, "backend": torch.distributed.get_backend(),
+                     "max_param_diff_across_ranks": max((g - gathered[0]).abs().max().item() for g in gathered)}
     distributed.barrier(dist_info)
 
     results = {}
     if main:
         results = finish(out, config, prepared, device, train_seconds=train_seconds, stopped_early=stopped_early)
+        if ddp_check:
+            results["distributed"] = ddp_check
+            atomic_write_json(out / "results.json", results)
     distributed.teardown(dist_info)
     return results
 
