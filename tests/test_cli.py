@@ -8,8 +8,16 @@ import pytest
 from multihead.cli import main
 
 
-def test_demo_writes_a_run_folder(tmp_path, capsys):
-    assert main(["demo", "--out", str(tmp_path / "demo")]) == 0
+def test_demo_trains_and_walks_through(tmp_path, capsys):
+    assert main(["demo", "--out", str(tmp_path / "run"), "--limit", "200", "--epochs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "test accuracy" in out and "TF-IDF" in out
+    assert (tmp_path / "run" / "model.safetensors").exists()
+    assert (tmp_path / "run" / "walkthrough" / "demo.json").exists()
+
+
+def test_walkthrough_writes_a_summary(tmp_path, capsys):
+    assert main(["demo", "--walkthrough-only", "--out", str(tmp_path / "demo")]) == 0
     summary = json.loads((tmp_path / "demo" / "demo.json").read_text())
     assert summary["tutorial_shapes"] == {"output": [2, 5, 512], "weights": [2, 8, 5, 5]}
     assert summary["fully_masked"] == {"torch_nan": True, "multihead_nan": False}
@@ -45,3 +53,15 @@ def test_bench_attention_small_run_writes_json(tmp_path):
 def test_bench_rejects_unknown_impl(capsys):
     assert main(["bench", "attention", "--impls", "nope"]) == 2
     assert "unknown implementation" in capsys.readouterr().err
+
+
+def test_bench_train_suite_builds_both_models():
+    """The two models in `bench train` have the same parameter count and both train a step (timings: bench only)."""
+    from multihead.bench import train as suite
+
+    torch_model, ours = suite._model("torch_encoder"), suite._model("multihead")
+    count = lambda m: sum(p.numel() for p in m.parameters())
+    assert count(torch_model) == count(ours)
+    for impl in suite.IMPLS:
+        for mode in suite.MODES:
+            suite.build({"impl": impl, "mode": mode, "padded": True, "tokens": 1})()

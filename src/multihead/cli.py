@@ -18,9 +18,12 @@ def _words(text: str) -> list[str]:
 
 
 def cmd_demo(args) -> int:
-    from .demo import walkthrough
+    from .demo import run_demo, walkthrough
 
-    walkthrough(Path(args.out), seed=args.seed)
+    if args.walkthrough_only:
+        walkthrough(Path(args.out), seed=args.seed)
+    else:
+        run_demo(Path(args.out), seed=args.seed, limit=args.limit, epochs=args.epochs)
     return 0
 
 
@@ -50,7 +53,15 @@ def cmd_bench(args) -> int:
         print(suite.format_table(payload))
         print(f"wrote {out} and {out.with_suffix('.png')}")
         return 0
-    print(f"error: unknown bench suite {args.suite!r}; choose: attention", file=sys.stderr)
+    if args.suite == "train":
+        from .bench import train as suite
+
+        out = Path(args.out) if args.out else suite.default_out()
+        payload = suite.run(threads=args.threads, out=out, min_time=args.min_time)
+        print(suite.format_table(payload))
+        print(f"wrote {out}")
+        return 0
+    print(f"error: unknown bench suite {args.suite!r}; choose: attention, train", file=sys.stderr)
     return 2
 
 
@@ -205,13 +216,16 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the tutorial's walk-through, run for real")
     d.add_argument("--out", default="runs/demo", help="run folder (default runs/demo)")
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--limit", type=int, default=None, help="examples per split (a quick smoke run)")
+    d.add_argument("--epochs", type=int, default=None, help="override the training epochs")
+    d.add_argument("--walkthrough-only", action="store_true", help="skip training; only the attention walk-through")
     d.set_defaults(fn=cmd_demo)
 
     b = sub.add_parser("backends", help="list the registered attention backends and their capabilities")
     b.set_defaults(fn=cmd_backends)
 
     bench = sub.add_parser("bench", help="benchmarks: ours and peers in one run, JSON + PNG")
-    bench.add_argument("suite", choices=["attention"], help="which benchmark")
+    bench.add_argument("suite", choices=["attention", "train"], help="which benchmark")
     bench.add_argument("--lengths", type=_ints, default=None, help="comma-separated sequence lengths")
     bench.add_argument("--modes", type=_words, default=None, help="forward,train")
     bench.add_argument("--impls", type=_words, default=None, help="comma-separated implementations")

@@ -27,7 +27,7 @@ def test_padding_does_not_change_logits():
 
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned", "rope", "none"])
-@pytest.mark.parametrize("pooling", ["mean", "cls"])
+@pytest.mark.parametrize("pooling", ["mean", "cls", "max"])
 def test_variants_train_a_step(positional, pooling):
     model = mh.TransformerClassifier(vocab_size=30, d_model=16, heads=2, num_layers=1, num_classes=2,
                                      positional=positional, pooling=pooling, norm_first=positional == "rope")
@@ -54,7 +54,7 @@ def test_config_errors_name_the_fix():
     with pytest.raises(ValueError, match="unknown ClassifierConfig fields"):
         mh.ClassifierConfig.from_dict({"vocab": 3})
     with pytest.raises(ValueError, match="choose one of"):
-        mh.TransformerClassifier(pooling="max")
+        mh.TransformerClassifier(pooling="attention")
     model = mh.TransformerClassifier(vocab_size=20, d_model=8, heads=2, num_layers=1, num_classes=2, max_len=8)
     with pytest.raises(ValueError, match="truncate"):
         model(torch.ones(1, 9, dtype=torch.long))

@@ -1,17 +1,18 @@
 """Subword tokenizer trained on the training split only, with HF ``tokenizers``; saved as ``tokenizer.json``.
 
 BERT-style normalisation and pre-tokenisation (lower-cased, accents stripped, punctuation split, CJK split per
-character) with a **BPE** vocabulary. Not WordPiece: ``tokenizers``' WordPiece trainer creates its ``##`` tokens in
+character), then a SentencePiece-style word-start marker ``▁`` and a **BPE** vocabulary: ``▁the ▁cat ▁sat``,
+``▁unbeliev ably``. Not WordPiece: ``tokenizers``' WordPiece trainer creates its ``##`` continuation tokens in
 hash-map order, so the same texts give a different vocabulary in every process (huggingface/tokenizers#1794; we
-measured ~40 of 10,000 tokens differing on Rotten Tomatoes), which would make a seeded run irreproducible. BPE
-without a continuing-subword prefix is deterministic (checked by a test that trains in two processes).
+measured ~40 of 10,000 tokens differing on Rotten Tomatoes), which would make a seeded run irreproducible. With the
+marker inside the alphabet, BPE training is deterministic (a test trains in two processes and compares).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import Tokenizer, normalizers, pre_tokenizers
+from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
@@ -25,11 +26,18 @@ def train_tokenizer(texts: list[str], vocab_size: int = 10000, min_frequency: in
         raise ValueError(f"vocab_size must be at least {len(SPECIALS) + 1}, got {vocab_size}")
     tok = Tokenizer(BPE(unk_token=UNK))
     tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.BertPreTokenizer(),
+                                                 pre_tokenizers.Metaspace(prepend_scheme="always")])
+    tok.decoder = decoders.Metaspace(prepend_scheme="always")
     trainer = BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIALS,
                          show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
+
+
+def display_tokens(tok: Tokenizer, ids: list[int]) -> list[str]:
+    """Tokens for people: the word-start marker dropped (``▁cat`` -> ``cat``), specials kept."""
+    return [t[1:] if t.startswith("▁") and len(t) > 1 else t for t in (tok.id_to_token(i) for i in ids)]
 
 
 def load_tokenizer(path: Path) -> Tokenizer:

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from ..modules.encoder import EncoderConfig, TransformerEncoder
 from ..modules.positional import build_positional
 
-POOLINGS = ("mean", "cls")
+POOLINGS = ("mean", "cls", "max")
 POSITIONALS = ("sinusoidal", "learned", "rope", "none")
 
 
@@ -22,7 +22,7 @@ class ClassifierConfig:
     num_classes: int = 10
     max_len: int = 512
     positional: str = "sinusoidal"  # sinusoidal | learned | rope | none
-    pooling: str = "mean"  # mean over real tokens | cls (first token)
+    pooling: str = "mean"  # mean over real tokens | cls (first token) | max over real tokens
     pad_id: int | None = 0  # token id treated as padding when no attention_mask is given (None: no padding)
     embed_init_std: float | None = None  # None: PyTorch's N(0, 1) (the tutorial's nn.Embedding)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
@@ -125,9 +125,11 @@ class TransformerClassifier(nn.Module):
         return x, keep
 
     def pool(self, x: Tensor, keep: Tensor) -> Tensor:
-        """``(B, L, E)`` -> ``(B, E)``: mean over real tokens, or the first token."""
+        """``(B, L, E)`` -> ``(B, E)``: mean or max over real tokens, or the first token."""
         if self.config.pooling == "cls":
             return x[:, 0]
+        if self.config.pooling == "max":
+            return x.masked_fill(~keep.unsqueeze(-1), torch.finfo(x.dtype).min).amax(dim=1)  # (B, E)
         w = keep.to(x.dtype).unsqueeze(-1)  # (B, L, 1)
         return (x * w).sum(1) / w.sum(1).clamp_min(1.0)  # (B, E)
 

@@ -33,6 +33,8 @@ class OptimConfig:
     clip: float = 1.0  # max gradient norm (0: off)
     patience: int = 3  # stop after this many epochs without a better validation accuracy (0: off)
     label_smoothing: float = 0.0
+    token_dropout: float = 0.0  # training only: replace this fraction of word tokens by [UNK] (word dropout)
+    ema_decay: float = 0.0  # >0: evaluate and save an exponential moving average of the weights (e.g. 0.99)
 
 
 @dataclass

@@ -121,8 +121,30 @@ def evaluate_ids(model, ids, labels: list[int], num_classes: int, device) -> dic
     return out
 
 
-def _state_tensors(model, opt) -> dict[str, torch.Tensor]:
+class EMA:
+    """Exponential moving average of the parameters: ``avg = decay * avg + (1 - decay) * param`` after each step.
+    Small data sets overfit within a few epochs; the average is a smoother, better-generalising model."""
+
+    def __init__(self, model: nn.Module, decay: float):
+        self.decay = decay
+        self.shadow = {k: v.detach().clone().float() for k, v in model.state_dict().items()}
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        for k, v in model.state_dict().items():
+            if v.is_floating_point():
+                self.shadow[k].mul_(self.decay).add_(v.float(), alpha=1 - self.decay)
+            else:
+                self.shadow[k].copy_(v)
+
+    def copy_to(self, model: nn.Module) -> None:
+        model.load_state_dict({k: v.to(model.state_dict()[k].dtype) for k, v in self.shadow.items()})
+
+
+def _state_tensors(model, opt, ema: "EMA | None" = None) -> dict[str, torch.Tensor]:
     tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    if ema is not None:
+        tensors.update({f"ema.{k}": v for k, v in ema.shadow.items()})
     params = [p for g in opt.param_groups for p in g["params"]]
     for i, p in enumerate(params):
         st = opt.state.get(p, {})
@@ -132,8 +154,10 @@ def _state_tensors(model, opt) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _restore_state(model, opt, tensors: dict[str, torch.Tensor]) -> None:
+def _restore_state(model, opt, tensors: dict[str, torch.Tensor], ema: "EMA | None" = None) -> None:
     model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    if ema is not None:
+        ema.shadow = {k[4:]: v.clone() for k, v in tensors.items() if k.startswith("ema.")}
     params = [p for g in opt.param_groups for p in g["params"]]
     for i, p in enumerate(params):
         st = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"optim.{i}.")}
@@ -142,11 +166,11 @@ def _restore_state(model, opt, tensors: dict[str, torch.Tensor]) -> None:
     torch.set_rng_state(tensors["rng.torch"])
 
 
-def _save_checkpoint(out: Path, model, opt, sched, position: dict) -> None:
+def _save_checkpoint(out: Path, model, opt, sched, position: dict, ema: "EMA | None" = None) -> None:
     ckpt = out / "checkpoint"
     ckpt.mkdir(parents=True, exist_ok=True)
     name = f"state-{position['step']:08d}.safetensors"
-    save_checked(ckpt / name, _state_tensors(model, opt))
+    save_checked(ckpt / name, _state_tensors(model, opt, ema))
     atomic_write_json(ckpt / "state.json", {**position, "file": name, "scheduler": sched.state_dict()})
     for old in ckpt.glob("state-*.safetensors"):
         if old.name != name:
@@ -211,13 +235,15 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
     world = dist_info.world_size
     n_batches = len(D.bucketed_batches(lengths, oc.batch_size, seed=config.run.seed, epoch=0))
     sched = _schedule(opt, oc.epochs * n_batches, oc.warmup)
+    ema = EMA(model, oc.ema_decay) if oc.ema_decay > 0 else None
+    eval_model = TransformerClassifier.from_config(config.model).to(device) if ema is not None else None
 
     position = {"epoch": 0, "batch": 0, "step": 0, "best_accuracy": -1.0, "best_epoch": -1, "bad_epochs": 0,
                 "metrics_lines": 0, "running": {"loss": 0.0, "correct": 0, "seen": 0, "tokens": 0}}
     if resume:
         state = read_json(out / "checkpoint" / "state.json")
         tensors, _ = load_checked(out / "checkpoint" / state["file"])
-        _restore_state(model, opt, tensors)
+        _restore_state(model, opt, tensors, ema)
         sched.load_state_dict(state["scheduler"])
         for group, lr in zip(opt.param_groups, sched.get_last_lr()):  # load_state_dict leaves the groups' lr stale
             group["lr"] = lr
@@ -253,6 +279,9 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
             local = batch[dist_info.rank::world]
             x, mask = D.collate([train_ids[i] for i in local])
             y = torch.tensor([labels_train[i] for i in local])
+            if oc.token_dropout > 0:  # word dropout: the model cannot lean on any single token
+                drop = (torch.rand(x.shape) < oc.token_dropout) & mask & (x >= len(D.tokenizer.SPECIALS))
+                x = x.masked_fill(drop, prepared.tokenizer.token_to_id(D.tokenizer.UNK))
             x, mask, y = x.to(device), mask.to(device), y.to(device)
             logits = model(x, mask)
             # sum / global batch * world: DDP's gradient average then equals the global-batch mean exactly
@@ -263,6 +292,8 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
+            if ema is not None:
+                ema.update(_unwrap(model))
             position["step"] += 1
             run["loss"] += loss.item()
             run["correct"] += int((logits.argmax(-1) == y).sum())
@@ -282,15 +313,19 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
             if config.run.save_every and position["step"] % config.run.save_every == 0 and bi + 1 < len(batches):
                 if main:
                     position["metrics_lines"] = count_lines()
-                    _save_checkpoint(out, _unwrap(model), opt, sched, position)
+                    _save_checkpoint(out, _unwrap(model), opt, sched, position, ema)
         bar.close()
         epoch_time = time.perf_counter() - t_epoch
-        val = evaluate_ids(_unwrap(model), prepared.encoded["validation"].ids, labels_val, num_classes, device)
+        scored = _unwrap(model)
+        if ema is not None:  # validation, and the saved best model, use the averaged weights
+            ema.copy_to(eval_model)
+            scored = eval_model
+        val = evaluate_ids(scored, prepared.encoded["validation"].ids, labels_val, num_classes, device)
         improved = val["accuracy"] > position["best_accuracy"]
         if improved:
             position["best_accuracy"], position["best_epoch"], position["bad_epochs"] = val["accuracy"], epoch + 1, 0
             if main:
-                save_checked(out / "model.safetensors", _unwrap(model).state_dict(),
+                save_checked(out / "model.safetensors", scored.state_dict(),
                              {"format": "multihead.TransformerClassifier", "epoch": str(epoch + 1)})
         else:
             position["bad_epochs"] += 1
@@ -308,7 +343,7 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
         stop = oc.patience and position["bad_epochs"] >= oc.patience
         if main:
             position["metrics_lines"] = count_lines()
-            _save_checkpoint(out, _unwrap(model), opt, sched, {**position, "stopped": bool(stop)})
+            _save_checkpoint(out, _unwrap(model), opt, sched, {**position, "stopped": bool(stop)}, ema)
         if stop:
             stopped_early = True
             break
