@@ -117,3 +117,37 @@ def test_encoder_with_rotary_and_gqa():
 def test_feedforward_activation_error():
     with pytest.raises(ValueError, match="choose one of"):
         mh.FeedForward(8, activation="swish9")
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_unpadded_path_equals_padded_path(norm_first):
+    """Packing real tokens (no work on padding) gives the padded computation's values on real tokens, and grads."""
+    torch.manual_seed(0)
+    packed = mh.TransformerEncoder(d_model=32, num_heads=4, num_layers=2, dropout=0.0, norm_first=norm_first,
+                                   num_kv_heads=2, rotary=True)
+    padded = mh.TransformerEncoder(packed.config.__class__(**{**packed.config.to_dict(), "unpad": False}))
+    padded.load_state_dict(packed.state_dict())
+    x = torch.randn(3, 7, 32)
+    keep = torch.ones(3, 7, dtype=torch.bool)
+    keep[0, 5:] = False
+    keep[2, 1:] = False
+    hm = torch.rand(2, 4)
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    a = packed(xa, key_padding_mask=keep, head_mask=hm)
+    b = padded(xb, key_padding_mask=keep, head_mask=hm)
+    torch.testing.assert_close(a[keep], b[keep], rtol=1e-5, atol=1e-5)
+    assert (a[~keep] == 0).all()
+    a[keep].sum().backward()
+    b[keep].sum().backward()
+    torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-4, atol=1e-5)
+    for (name, pa), pb in zip(packed.named_parameters(), padded.parameters()):
+        torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_block_hooks_fall_back_to_padded_layout():
+    enc = mh.TransformerEncoder(d_model=16, num_heads=2, num_layers=1, dropout=0.0)
+    seen = []
+    enc.layers[0].hook_resid_post.add_hook(lambda t, hook: seen.append(t.shape))
+    keep = torch.tensor([[True, True, False]])
+    enc(torch.randn(1, 3, 16), key_padding_mask=keep)
+    assert seen == [(1, 3, 16)]

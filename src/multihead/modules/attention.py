@@ -147,18 +147,52 @@ class MultiHeadAttention(nn.Module):
         q = self.w_q(query).view(b, lq, h, d).transpose(1, 2)  # (B, H, Lq, D)
         k = self.w_k(key).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
         v = self.w_v(value).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
+        attn_mask = self._combine_masks(mask, key_padding_mask, b, lq, lk)
+        z, weights = self._attend(q, k, v, attn_mask, is_causal, head_mask, need_weights)
+        out = self.w_o(z.transpose(1, 2).reshape(b, lq, h * d))  # (B, H, Lq, D) -> (B, Lq, E) -> (B, Lq, E)
+        if not need_weights:
+            return out, None
+        if average_attn_weights:
+            weights = weights.mean(dim=1)  # (B, Lq, Lk)
+        return out, weights
+
+    def forward_packed(self, x: Tensor, index: Tensor, keep: Tensor, *, head_mask: Tensor | None = None) -> Tensor:
+        """Self-attention over *packed* tokens: padding is never projected.
+
+        Args:
+            x: ``(N, E)`` the real tokens of a ``(B, L)`` batch, in row-major order.
+            index: ``(N,)`` their flat positions in ``B * L`` (``keep.flatten().nonzero()``).
+            keep: ``(B, L)`` bool, True = real token.
+        Returns ``(N, E)``. Projections run on ``N`` rows only; q, k, v are scattered to ``(B, H, L, D)`` for the
+        kernel (so hook points see the usual shapes) and the per-head outputs gathered back.
+        """
+        b, l = keep.shape
+        h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if h == 0:
+            return self.w_o(x.new_zeros(x.shape[0], 0))
+
+        def pad(t: Tensor, heads: int) -> Tensor:  # (N, heads * D) -> (B, heads, L, D)
+            full = t.new_zeros(b * l, t.shape[-1]).index_copy(0, index, t)  # (B*L, heads*D)
+            return full.view(b, l, heads, d).transpose(1, 2)
+
+        q, k, v = pad(self.w_q(x), h), pad(self.w_k(x), g), pad(self.w_v(x), g)
+        z, _ = self._attend(q, k, v, keep[:, None, None, :], False, head_mask, False)  # (B, H, L, D)
+        z = z.transpose(1, 2).reshape(b * l, h * d).index_select(0, index)  # (B*L, E) -> (N, E)
+        return self.w_o(z)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, attn_mask, is_causal: bool, head_mask, need_weights: bool):
+        """Rotary, hooks, the kernel and the head mask on split heads: returns ``z`` ``(B, H, Lq, D)``, weights."""
         if self.rotary is not None:
             q, k = self.rotary(q, k)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
-
-        attn_mask = self._combine_masks(mask, key_padding_mask, b, lq, lk)
         p = self.dropout if self.training else 0.0
+        weights = None
         if self.hook_pattern.active:
             # A hook may read or edit the weights: compute them explicitly and apply the (edited) result.
             weights = attention_weights(q, k, mask=attn_mask, is_causal=is_causal)  # (B, H, Lq, Lk)
             weights = self.hook_pattern(weights)
             dropped = nn.functional.dropout(weights, p=p) if p > 0 else weights
-            z = torch.matmul(dropped, expand_kv(v, h))  # (B, H, Lq, D)
+            z = torch.matmul(dropped, expand_kv(v, self.num_heads))  # (B, H, Lq, D)
         else:
             backend = self.backend
             if need_weights and not (backend != "auto" and get_backend(backend).capabilities.returns_weights):
@@ -168,13 +202,8 @@ class MultiHeadAttention(nn.Module):
             )
         z = self.hook_z(z)  # (B, H, Lq, D)
         if head_mask is not None:
-            z = z * self._head_scale(head_mask, b, z.dtype)  # (B, H, Lq, D) * (B|1, H, 1, 1)
-        out = self.w_o(z.transpose(1, 2).reshape(b, lq, h * d))  # (B, H, Lq, D) -> (B, Lq, E) -> (B, Lq, E)
-        if not need_weights:
-            return out, None
-        if average_attn_weights:
-            weights = weights.mean(dim=1)  # (B, Lq, Lk)
-        return out, weights
+            z = z * self._head_scale(head_mask, q.shape[0], z.dtype)  # (B, H, Lq, D) * (B|1, H, 1, 1)
+        return z, weights
 
     # ------------------------------------------------------------------ helpers
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
+ACTIVATIONS = {"relu": lambda: nn.ReLU(inplace=True), "gelu": nn.GELU}  # in place: no extra (B, L, F) buffer
 
 
 def make_activation(name: str) -> nn.Module:
