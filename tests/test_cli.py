@@ -65,3 +65,12 @@ def test_bench_train_suite_builds_both_models():
     for impl in suite.IMPLS:
         for mode in suite.MODES:
             suite.build({"impl": impl, "mode": mode, "padded": True, "tokens": 1})()
+
+
+def test_data_card_cli(capsys):
+    assert main(["data", "bbc_headlines"]) == 0
+    out = capsys.readouterr().out
+    assert "splits: train" in out and "business" in out and "length in words" in out
+    assert main(["data", "bbc_headlines", "--json"]) == 0
+    card = json.loads(capsys.readouterr().out)
+    assert sum(card["splits"].values()) == card["examples"] and len(card["classes"]) == 5
