@@ -8,6 +8,7 @@ import torch.nn as nn
 import multihead as mh
 from multihead.attention import masks
 from multihead.attention.backends import reference as reference_backend
+from multihead.tutorial import TutorialMultiHeadAttention
 
 
 def test_tutorial_snippet_shapes():
@@ -21,29 +22,7 @@ def test_tutorial_snippet_shapes():
 def test_tutorial_module_equals_ours():
     """The tutorial's hand-written MHA (section 4.1) and ours give the same output and weights."""
 
-    class TutorialMHA(nn.Module):
-        def __init__(self, d_model=512, num_heads=8):
-            super().__init__()
-            self.d_k = d_model // num_heads
-            self.h = num_heads
-            self.w_q = nn.Linear(d_model, d_model)
-            self.w_k = nn.Linear(d_model, d_model)
-            self.w_v = nn.Linear(d_model, d_model)
-            self.w_o = nn.Linear(d_model, d_model)
-
-        def forward(self, x, mask=None):
-            B, L, D = x.size()
-            q = self.w_q(x).view(B, L, self.h, self.d_k).transpose(1, 2)
-            k = self.w_k(x).view(B, L, self.h, self.d_k).transpose(1, 2)
-            v = self.w_v(x).view(B, L, self.h, self.d_k).transpose(1, 2)
-            scores = torch.matmul(q, k.transpose(-2, -1)) / (self.d_k**0.5)
-            if mask is not None:
-                scores = scores.masked_fill(mask == 0, -1e9)
-            weights = torch.softmax(scores, dim=-1)
-            context = torch.matmul(weights, v).transpose(1, 2).contiguous().view(B, L, D)
-            return self.w_o(context), weights
-
-    tut = TutorialMHA()
+    tut = TutorialMultiHeadAttention()  # section 4.1 of the tutorial, verbatim in spirit
     ours = mh.MultiHeadAttention(512, 8)
     ours.load_state_dict(tut.state_dict())  # same parameter names: w_q, w_k, w_v, w_o
     x = torch.rand(2, 5, 512)
