@@ -31,7 +31,8 @@ class OptimConfig:
     weight_decay: float = 0.01
     warmup: float = 0.1  # fraction of all steps with linear warm-up, then linear decay to 0
     clip: float = 1.0  # max gradient norm (0: off)
-    patience: int = 3  # stop after this many epochs without a better validation accuracy (0: off)
+    patience: int = 3  # stop after this many epochs without a better validation score (0: off)
+    select: str = "accuracy"  # the validation score for the best checkpoint and early stopping: accuracy | loss
     label_smoothing: float = 0.0
     token_dropout: float = 0.0  # training only: replace this fraction of word tokens by [UNK] (word dropout)
     ema_decay: float = 0.0  # >0: evaluate and save an exponential moving average of the weights (e.g. 0.99)
@@ -67,12 +68,19 @@ class TrainConfig:
         unknown = set(d) - {"data", "model", "optim", "run"}
         if unknown:
             raise ValueError(f"unknown config sections {sorted(unknown)}; use data, model, optim, run")
-        return cls(
+        config = cls(
             data=_build(DataConfig, d.get("data", {})),
             model=ClassifierConfig.from_dict(d["model"]) if "model" in d else cls().model,
             optim=_build(OptimConfig, d.get("optim", {})),
             run=_build(RunConfig, d.get("run", {})),
         )
+        _check(config)
+        return config
+
+
+def _check(config: "TrainConfig") -> None:
+    if config.optim.select not in ("accuracy", "loss"):
+        raise ValueError(f"optim.select must be 'accuracy' or 'loss', got {config.optim.select!r}")
 
 
 def _build(kind, values: dict):

@@ -238,7 +238,7 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
     ema = EMA(model, oc.ema_decay) if oc.ema_decay > 0 else None
     eval_model = TransformerClassifier.from_config(config.model).to(device) if ema is not None else None
 
-    position = {"epoch": 0, "batch": 0, "step": 0, "best_accuracy": -1.0, "best_epoch": -1, "bad_epochs": 0,
+    position = {"epoch": 0, "batch": 0, "step": 0, "best_score": -math.inf, "best_epoch": -1, "bad_epochs": 0,
                 "metrics_lines": 0, "running": {"loss": 0.0, "correct": 0, "seen": 0, "tokens": 0}}
     if resume:
         state = read_json(out / "checkpoint" / "state.json")
@@ -321,9 +321,10 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
             ema.copy_to(eval_model)
             scored = eval_model
         val = evaluate_ids(scored, prepared.encoded["validation"].ids, labels_val, num_classes, device)
-        improved = val["accuracy"] > position["best_accuracy"]
+        score = val["accuracy"] if oc.select == "accuracy" else -val["loss"]
+        improved = score > position["best_score"]
         if improved:
-            position["best_accuracy"], position["best_epoch"], position["bad_epochs"] = val["accuracy"], epoch + 1, 0
+            position["best_score"], position["best_epoch"], position["bad_epochs"] = score, epoch + 1, 0
             if main:
                 save_checked(out / "model.safetensors", scored.state_dict(),
                              {"format": "multihead.TransformerClassifier", "epoch": str(epoch + 1)})
