@@ -158,3 +158,19 @@ def test_resume_after_sigkill_matches_uninterrupted(tmp_path, sentiment_csv):
 def test_resume_without_checkpoint_says_so(tmp_path, sentiment_csv, capsys):
     assert main(["train", "--data", str(sentiment_csv), "--out", str(tmp_path / "none"), "--resume", *SMALL]) == 2
     assert "nothing to resume" in capsys.readouterr().err
+
+
+def test_svd_embeddings_are_deterministic_unit_rows():
+    from multihead.train.trainer import svd_embeddings
+
+    ids = [[2, 5, 6, 3], [2, 5, 7, 3], [2, 8, 9, 6, 3], [2, 7, 8, 3]] * 5
+    a = svd_embeddings(ids, vocab_size=12, dim=4, seed=0)
+    b = svd_embeddings(ids, vocab_size=12, dim=4, seed=0)
+    assert torch.equal(a, b) and a.shape == (12, 4)
+    norms = a.norm(dim=1)
+    used = torch.tensor([i in {2, 3, 5, 6, 7, 8, 9} for i in range(12)])
+    torch.testing.assert_close(norms[used], torch.ones(int(used.sum())))
+    assert (norms[~used] == 0).all()  # never-seen tokens keep their random init (the caller skips zero rows)
+    # tokens that always occur together get the same direction
+    together = svd_embeddings([[4, 5], [4, 5], [6, 7], [6, 7, 8]], vocab_size=9, dim=2, seed=0)
+    torch.testing.assert_close(together[4], together[5])
