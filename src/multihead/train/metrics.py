@@ -61,7 +61,7 @@ def plot_curves(metrics_path: Path, path: Path) -> None:
     evals = [e for e in events if e.get("event") == "eval"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     if steps:
-        a.plot([e["step"] for e in steps], [e["loss"] for e in steps], label="train loss (running)")
+        a.plot([e["step"] for e in steps], [e["loss"] for e in steps], label="train loss (last 50 steps)")
     if evals:
         a.plot([e["step"] for e in evals], [e["val_loss"] for e in evals], marker="o", label="validation loss")
         b.plot([e["epoch"] for e in evals], [e["val_accuracy"] for e in evals], marker="o", label="validation")

@@ -276,7 +276,8 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
     eval_model = TransformerClassifier.from_config(config.model).to(device) if ema is not None else None
 
     position = {"epoch": 0, "batch": 0, "step": 0, "best_score": -math.inf, "best_epoch": -1, "bad_epochs": 0,
-                "metrics_lines": 0, "running": {"loss": 0.0, "correct": 0, "seen": 0, "tokens": 0}}
+                "metrics_lines": 0, "running": {"loss": 0.0, "correct": 0, "seen": 0, "tokens": 0},
+                "window": {"loss": 0.0, "correct": 0, "seen": 0}}
     if resume:
         state = read_json(out / "checkpoint" / "state.json")
         tensors, _ = load_checked(out / "checkpoint" / state["file"])
@@ -332,9 +333,11 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
             if ema is not None:
                 ema.update(_unwrap(model))
             position["step"] += 1
-            run["loss"] += loss.item()
-            run["correct"] += int((logits.argmax(-1) == y).sum())
-            run["seen"] += len(local)
+            correct = int((logits.argmax(-1) == y).sum())
+            for acc in (run, position["window"]):  # epoch-running and since-last-log statistics
+                acc["loss"] += loss.item()
+                acc["correct"] += correct
+                acc["seen"] += len(local)
             ntok = int(mask.sum())
             run["tokens"] += ntok
             tokens_epoch += ntok
@@ -343,9 +346,11 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
             bar.set_postfix(loss=f"{run['loss'] / run['seen']:.3f}", acc=f"{run['correct'] / run['seen']:.3f}",
                             tok_s=f"{tokens_epoch * world / max(elapsed, 1e-9):.0f}")
             if position["step"] % 50 == 0:
+                win = position["window"]
                 _log(log_out, {"event": "train", "epoch": epoch + 1, "step": position["step"],
-                               "loss": run["loss"] / run["seen"], "accuracy": run["correct"] / run["seen"],
+                               "loss": win["loss"] / win["seen"], "accuracy": win["correct"] / win["seen"],
                                "lr": sched.get_last_lr()[0]})
+                position["window"] = {"loss": 0.0, "correct": 0, "seen": 0}
             position["batch"] = bi + 1
             if config.run.save_every and position["step"] % config.run.save_every == 0 and bi + 1 < len(batches):
                 if main:
