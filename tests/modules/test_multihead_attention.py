@@ -262,3 +262,23 @@ def test_bad_forward_inputs():
         mha(torch.randn(1, 5, 32), mask=torch.ones(5, 5, dtype=torch.int64))
     with pytest.raises(ValueError, match=r"key_padding_mask must be \(B, Lk\)"):
         mha(torch.randn(1, 5, 32), key_padding_mask=torch.ones(5, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("kv", [None, 2])
+def test_prune_heads_equals_masking_them(kv):
+    """The pruning seam: removing heads physically gives the head-masked output (GQA-aware), all heads included."""
+    mha = mh.MultiHeadAttention(32, 4, num_kv_heads=kv).eval()
+    x = torch.randn(2, 5, 32)
+    drop = [0, 1] if kv else [1, 3]
+    hm = torch.ones(4)
+    hm[drop] = 0
+    expected, _ = mha(x, head_mask=hm, need_weights=False)
+    mha.prune_heads(drop)
+    got, w = mha(x)
+    assert mha.num_heads == 2 and mha.pruned_heads == drop and w.shape == (2, 2, 5, 5)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    if kv:
+        assert mha.num_kv_heads == 1 and mha.w_k.weight.shape == (8, 32)
+    mha.prune_heads([0, 1])  # every head gone: only the output bias remains
+    out, _ = mha(x)
+    assert mha.pruned_heads == [0, 1, 2, 3] and torch.allclose(out, mha.w_o.bias.expand(2, 5, 32))
