@@ -344,7 +344,9 @@ def _select_linear(layer: nn.Linear, index: Tensor, dim: int) -> nn.Linear:
     w = layer.weight.index_select(dim, index.to(layer.weight.device)).detach().clone()
     has_bias = layer.bias is not None
     out_f, in_f = w.shape
-    new = torch.nn.utils.skip_init(nn.Linear, in_f, out_f, bias=has_bias, device=w.device, dtype=w.dtype)
+    with warnings.catch_warnings():  # a fully pruned layer has zero-size weights: nothing to initialise
+        warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
+        new = torch.nn.utils.skip_init(nn.Linear, in_f, out_f, bias=has_bias, device=w.device, dtype=w.dtype)
     with torch.no_grad():
         new.weight.copy_(w)
         if has_bias:
