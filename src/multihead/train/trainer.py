@@ -156,18 +156,21 @@ def evaluate_ids(model, ids, labels: list[int], num_classes: int, device) -> dic
 
 
 class EMA:
-    """Exponential moving average of the parameters: ``avg = decay * avg + (1 - decay) * param`` after each step.
-    Small data sets overfit within a few epochs; the average is a smoother, better-generalising model."""
+    """Exponential moving average of the parameters: ``avg = d * avg + (1 - d) * param`` after each step, with
+    ``d = min(decay, (1 + step) / (10 + step))`` so that short runs are not dominated by the initial weights (the
+    warm-up of TensorFlow's ExponentialMovingAverage). Small data sets overfit within a few epochs; the average is a
+    smoother, better-generalising model."""
 
     def __init__(self, model: nn.Module, decay: float):
         self.decay = decay
         self.shadow = {k: v.detach().clone().float() for k, v in model.state_dict().items()}
 
     @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
+    def update(self, model: nn.Module, step: int) -> None:
+        decay = min(self.decay, (1 + step) / (10 + step))
         for k, v in model.state_dict().items():
             if v.is_floating_point():
-                self.shadow[k].mul_(self.decay).add_(v.float(), alpha=1 - self.decay)
+                self.shadow[k].mul_(decay).add_(v.float(), alpha=1 - decay)
             else:
                 self.shadow[k].copy_(v)
 
@@ -331,7 +334,7 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
             sched.step()
             opt.zero_grad(set_to_none=True)
             if ema is not None:
-                ema.update(_unwrap(model))
+                ema.update(_unwrap(model), position["step"])
             position["step"] += 1
             correct = int((logits.argmax(-1) == y).sum())
             for acc in (run, position["window"]):  # epoch-running and since-last-log statistics
