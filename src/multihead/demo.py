@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .attention import explain, list_backends, masks
+from .attention import explain, list_backends
 from .models import TransformerClassifier
 from .modules import MultiHeadAttention
 

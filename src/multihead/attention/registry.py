@@ -175,7 +175,7 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
                 "split heads first, e.g. x.view(B, L, H, D).transpose(1, 2)"
             )
     b, h, _, d = q.shape
-    if k.shape != v.shape[:3] + (k.shape[3],) or k.shape[:3] != v.shape[:3]:
+    if k.shape[:3] != v.shape[:3]:
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree on (B, H_kv, Lk)")
     if k.shape[0] != b or v.shape[0] != b:
         raise ValueError(f"batch sizes differ: q {b}, k {k.shape[0]}, v {v.shape[0]}")

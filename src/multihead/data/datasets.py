@@ -123,7 +123,7 @@ def _read_user_file(path: Path, text_column: str, label_column: str | None) -> t
                     try:
                         rows.append(json.loads(line))
                     except json.JSONDecodeError as exc:
-                        raise DataError(f"{path}:{n}: not valid JSON ({exc.msg}); each line must be one JSON object")
+                        raise DataError(f"{path}:{n}: not valid JSON ({exc.msg}); each line must be one JSON object") from None
         columns = sorted({k for r in rows for k in r}) if rows else []
     else:
         raise DataError(f"unsupported data file type {suffix!r} for {path}; use .csv, .tsv or .jsonl")

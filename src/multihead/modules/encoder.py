@@ -88,27 +88,24 @@ class EncoderBlock(nn.Module):
                 is_causal: bool = False, head_mask: Tensor | None = None) -> Tensor:
         """``x`` ``(B, L, E)``; masks as in :meth:`MultiHeadAttention.forward` (True = may attend / real token)."""
 
-        def attend(h: Tensor) -> Tensor:
-            out, _ = self.attn(h, mask=mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
-                               head_mask=head_mask, need_weights=False)
-            return self.hook_attn_out(out)
-
-        if self.norm_first:
-            x = x + self.dropout1(attend(self.norm1(x)))
-            x = x + self.dropout2(self.hook_mlp_out(self.ffn(self.norm2(x))))
-        else:
-            x = self.norm1(x + self.dropout1(attend(x)))
-            x = self.norm2(x + self.dropout2(self.hook_mlp_out(self.ffn(x))))
-        return self.hook_resid_post(x)
+        return self._residuals(x, lambda h: self.attn(h, mask=mask, key_padding_mask=key_padding_mask,
+                                                      is_causal=is_causal, head_mask=head_mask,
+                                                      need_weights=False)[0])
 
     def forward_packed(self, x: Tensor, index: Tensor, keep: Tensor, *, head_mask: Tensor | None = None) -> Tensor:
-        """The same block on packed real tokens ``x`` ``(N, E)`` (see :meth:`MultiHeadAttention.forward_packed`)."""
-        attend = lambda h: self.attn.forward_packed(h, index, keep, head_mask=head_mask)  # noqa: E731
+        """The same block on packed real tokens ``x`` ``(N, E)`` (see :meth:`MultiHeadAttention.forward_packed`).
+        The encoder takes this path only while no block-level hook is attached."""
+        return self._residuals(x, lambda h: self.attn.forward_packed(h, index, keep, head_mask=head_mask))
+
+    def _residuals(self, x: Tensor, attend) -> Tensor:
+        """Attention and FFN sub-layers with residuals and LayerNorm, post-LN or pre-LN; ``attend(h) -> (.., E)``."""
         if self.norm_first:
-            x = x + self.dropout1(attend(self.norm1(x)))
-            return x + self.dropout2(self.ffn(self.norm2(x)))
-        x = self.norm1(x + self.dropout1(attend(x)))
-        return self.norm2(x + self.dropout2(self.ffn(x)))
+            x = x + self.dropout1(self.hook_attn_out(attend(self.norm1(x))))
+            x = x + self.dropout2(self.hook_mlp_out(self.ffn(self.norm2(x))))
+        else:
+            x = self.norm1(x + self.dropout1(self.hook_attn_out(attend(x))))
+            x = self.norm2(x + self.dropout2(self.hook_mlp_out(self.ffn(x))))
+        return self.hook_resid_post(x)
 
     @property
     def block_hooks_active(self) -> bool:

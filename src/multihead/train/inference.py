@@ -49,7 +49,7 @@ def load_run(path: str | Path, device: str = "cpu") -> Run:
 def predict(run: Run, texts: list[str]) -> list[dict]:
     """One dict per text: the predicted label and every class's probability."""
     enc = run.encode(texts)
-    probs, _ = predict_ids(run.model, enc.ids, next(run.model.parameters()).device)
+    probs = predict_ids(run.model, enc.ids, next(run.model.parameters()).device)
     out = []
     for text, p in zip(texts, probs.tolist()):
         best = max(range(len(p)), key=p.__getitem__)

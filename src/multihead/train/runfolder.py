@@ -3,8 +3,8 @@ truncated or tampered checkpoint with a clear message.
 
 ::
 
-    RUN/config.json        TrainConfig (data, model, optim, run) + checksums of the weight files
-    RUN/model.safetensors  best weights (by validation accuracy)
+    RUN/config.json        TrainConfig (data, model, optim, run)
+    RUN/model.safetensors  best weights (by validation score), with a digest of its tensors in the metadata
     RUN/tokenizer.json     HF tokenizers file
     RUN/labels.json        class names in output order
     RUN/splits.json        the fixed split (indices into the de-duplicated data)
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 
 class CheckpointError(RuntimeError):
@@ -49,38 +49,11 @@ def atomic_write_json(path: Path, obj) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
-def atomic_save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> str:
-    """Save tensors with safetensors through a temp file + rename; returns the file's sha256."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp, metadata=metadata)
-        digest = sha256(Path(tmp))
-        os.replace(tmp, path)
-        return digest
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def load_tensors(path: Path, expected_sha256: str | None = None) -> dict[str, torch.Tensor]:
-    """Load a safetensors file, checking it against the recorded checksum first."""
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Load a safetensors file; a missing or unreadable one raises :class:`CheckpointError`."""
     if not path.exists():
         raise CheckpointError(f"{path} is missing; the run folder is incomplete (was training interrupted before "
                               "the first checkpoint?). Re-run training, or train with --resume")
-    if expected_sha256 is not None and sha256(path) != expected_sha256:
-        raise CheckpointError(f"{path} does not match the checksum recorded in config.json: the file was truncated "
-                              "or modified after it was written. Restore it or retrain; it was not loaded")
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
@@ -112,7 +85,8 @@ def save_checked(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[st
     """Atomic safetensors write whose metadata carries a digest of the tensors, verified by :func:`load_checked`."""
     meta = dict(metadata or {})
     meta["content_sha256"] = _content_digest(tensors)
-    atomic_save_tensors(path, tensors, meta)
+    data = save({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, metadata=meta)
+    atomic_write_bytes(path, data)  # temp file + fsync + rename
 
 
 def load_checked(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,8 +45,9 @@ class Prepared:
 
 
 def _device(config: TrainConfig) -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() and config.run.device != "cpu" else "cpu") \
-        if config.run.device in ("auto", "cpu") else torch.device(config.run.device)
+    if config.run.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(config.run.device)
 
 
 def prepare(config: TrainConfig, out: Path | None = None, *, resume: bool = False) -> Prepared:
@@ -57,8 +59,6 @@ def prepare(config: TrainConfig, out: Path | None = None, *, resume: bool = Fals
     else:
         splits = D.split(dataset, seed=dc.split_seed, validation=dc.validation, test=dc.test)
     if dc.limit:
-        import random
-
         rng = random.Random(dc.split_seed)  # a seeded random subset keeps every class represented
         splits = D.Splits(*(s.subset(sorted(rng.sample(range(len(s)), min(dc.limit, len(s))))) for s in splits),
                           record=splits.record)
@@ -132,8 +132,8 @@ def _schedule(opt, total_steps: int, warmup: float):
 
 
 @torch.no_grad()
-def predict_ids(model: nn.Module, ids: list[list[int]], device, batch_size: int = 128) -> tuple[torch.Tensor, float]:
-    """Class probabilities ``(N, C)`` in input order, and the summed token count."""
+def predict_ids(model: nn.Module, ids: list[list[int]], device, batch_size: int = 128) -> torch.Tensor:
+    """Class probabilities ``(N, C)`` in input order."""
     model.eval()
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     probs = [None] * len(ids)
@@ -143,11 +143,11 @@ def predict_ids(model: nn.Module, ids: list[list[int]], device, batch_size: int 
         p = torch.softmax(model(x.to(device), mask.to(device)).float(), dim=-1).cpu()
         for row, i in enumerate(chunk):
             probs[i] = p[row]
-    return torch.stack(probs), float(sum(len(x) for x in ids))
+    return torch.stack(probs)
 
 
 def evaluate_ids(model, ids, labels: list[int], num_classes: int, device) -> dict:
-    probs, _ = predict_ids(model, ids, device)
+    probs = predict_ids(model, ids, device)
     y = torch.tensor(labels)
     loss = F.nll_loss(torch.log(probs.clamp_min(1e-12)), y).item()
     out = scores(labels, probs.argmax(-1).tolist(), num_classes)
@@ -212,13 +212,6 @@ def _save_checkpoint(out: Path, model, opt, sched, position: dict, ema: "EMA | N
     for old in ckpt.glob("state-*.safetensors"):
         if old.name != name:
             old.unlink()
-
-
-def _log(out: Path | None, event: dict) -> None:
-    if out is None:
-        return
-    with (out / "metrics.jsonl").open("a") as f:
-        f.write(json.dumps(event) + "\n")
 
 
 def _unwrap(model):
@@ -298,10 +291,13 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
         model = torch.compile(model)
     if dist_info.enabled:
         model = nn.parallel.DistributedDataParallel(model)
-    log_out = out if main else None
 
-    def count_lines() -> int:
-        return len((out / "metrics.jsonl").read_text().splitlines()) if (out / "metrics.jsonl").exists() else 0
+    def log(event: dict) -> None:
+        """Append to metrics.jsonl (rank 0); the count lets a resume drop events logged after its checkpoint."""
+        if main:
+            with (out / "metrics.jsonl").open("a") as f:
+                f.write(json.dumps(event) + "\n")
+            position["metrics_lines"] += 1
 
     t_start = time.perf_counter()
     stopped_early = False
@@ -350,14 +346,13 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
                             tok_s=f"{tokens_epoch * world / max(elapsed, 1e-9):.0f}")
             if position["step"] % 50 == 0:
                 win = position["window"]
-                _log(log_out, {"event": "train", "epoch": epoch + 1, "step": position["step"],
-                               "loss": win["loss"] / win["seen"], "accuracy": win["correct"] / win["seen"],
-                               "lr": sched.get_last_lr()[0]})
+                log({"event": "train", "epoch": epoch + 1, "step": position["step"],
+                     "loss": win["loss"] / win["seen"], "accuracy": win["correct"] / win["seen"],
+                     "lr": sched.get_last_lr()[0]})
                 position["window"] = {"loss": 0.0, "correct": 0, "seen": 0}
             position["batch"] = bi + 1
             if config.run.save_every and position["step"] % config.run.save_every == 0 and bi + 1 < len(batches):
                 if main:
-                    position["metrics_lines"] = count_lines()
                     _save_checkpoint(out, _unwrap(model), opt, sched, position, ema)
         bar.close()
         epoch_time = time.perf_counter() - t_epoch
@@ -380,7 +375,7 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
                  "val_loss": val["loss"], "val_accuracy": val["accuracy"], "val_macro_f1": val["macro_f1"],
                  "epoch_seconds": epoch_time, "tokens_per_second": tokens_epoch * world / max(epoch_time, 1e-9),
                  "threads": torch.get_num_threads(), "best": improved}
-        _log(log_out, event)
+        log(event)
         if main and config.run.progress:
             print(f"epoch {epoch + 1}: train loss {event['train_loss']:.4f} acc {event['train_accuracy']:.4f} | "
                   f"val loss {val['loss']:.4f} acc {val['accuracy']:.4f}{' *' if improved else ''} | "
@@ -388,7 +383,6 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
         position.update(epoch=epoch + 1, batch=0, running={"loss": 0.0, "correct": 0, "seen": 0, "tokens": 0})
         stop = oc.patience and position["bad_epochs"] >= oc.patience
         if main:
-            position["metrics_lines"] = count_lines()
             _save_checkpoint(out, _unwrap(model), opt, sched, {**position, "stopped": bool(stop)}, ema)
         if stop:
             stopped_early = True
