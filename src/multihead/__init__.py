@@ -6,7 +6,8 @@ Layout (the architecture at a glance):
   convention (bool, True = may attend).
 * :mod:`multihead.modules` -- ``MultiHeadAttention``, positional encodings, ``FeedForward``, ``EncoderBlock``,
   ``TransformerEncoder``; hook points for analysis.
-* :mod:`multihead.models` -- ``TransformerClassifier`` and its dataclass config.
+* :mod:`multihead.models` -- ``TextEncoder`` (BERT-like backbone) and ``TransformerClassifier`` on it, dataclass configs.
+* :mod:`multihead.pretrained` -- BERT-family weights (``minilm``) loaded into those modules, and exported back.
 * :mod:`multihead.bench` -- one harness timing our backends and PyTorch peers in the same run.
 * :mod:`multihead.cli` -- the ``multihead`` command; everything it does is callable from Python.
 """

