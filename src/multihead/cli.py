@@ -85,7 +85,7 @@ TRAIN_FLAGS = {  # flag -> (config path, type, help)
     "positional": ("model.positional", str, "sinusoidal | learned | rope | none"),
     "pooling": ("model.pooling", str, "mean | cls"),
     "max_len": ("data.max_len", int, "tokens per text ([CLS]/[SEP] included)"),
-    "vocab_size": ("data.vocab_size", int, "WordPiece vocabulary size"),
+    "vocab_size": ("data.vocab_size", int, "subword vocabulary size (from-scratch runs)"),
     "text_column": ("data.text_column", str, "text column of a user file"),
     "label_column": ("data.label_column", str, "label column of a user file"),
     "limit": ("data.limit", int, "use N examples per split (smoke tests)"),
@@ -93,6 +93,9 @@ TRAIN_FLAGS = {  # flag -> (config path, type, help)
     "threads": ("run.threads", int, "torch threads (default: torch's choice)"),
     "device": ("run.device", str, "auto | cpu | cuda"),
     "save_every": ("run.save_every", int, "steps between resumable checkpoints"),
+    "init": ("pretrained.name", str, "fine-tune a pretrained encoder: minilm or a BERT-family folder (sets "
+                                     "fine-tuning defaults: lr 1e-4, 3 epochs; flags still win)"),
+    "layer_decay": ("pretrained.layer_decay", float, "layer-wise lr decay when fine-tuning (1 = off)"),
 }
 
 
@@ -113,11 +116,13 @@ def _parse_value(text: str):
 
 
 def train_config_from_args(args):
-    from .train.config import TrainConfig, load_toml, merge
+    from .train.config import FINETUNE_DEFAULTS, TrainConfig, load_toml, merge
 
     base = TrainConfig().to_dict()
-    if args.config:
-        base = merge(base, load_toml(args.config))
+    toml = load_toml(args.config) if args.config else {}
+    if args.init or toml.get("pretrained", {}).get("name"):
+        base = merge(base, FINETUNE_DEFAULTS)
+    base = merge(base, toml)
     over: dict = {}
     if args.data:
         _set_path(over, "data.name", args.data)
@@ -238,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--data", default=None, help="built-in dataset (rotten_tomatoes, imdb, bbc_news, bbc_headlines) "
                                                 "or a .csv/.tsv/.jsonl file (default rotten_tomatoes)")
     t.add_argument("--out", required=True, help="run folder")
-    t.add_argument("--config", default=None, help="TOML file with [data], [model], [model.encoder], [optim], [run]")
+    t.add_argument("--config", default=None,
+                   help="TOML file with [data], [model], [model.encoder], [optim], [run], [pretrained]")
     for flag, (_, typ, help_) in TRAIN_FLAGS.items():
         t.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, default=None, help=help_)
     t.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="any other config field")

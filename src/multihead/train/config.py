@@ -53,6 +53,22 @@ class RunConfig:
 
 
 @dataclass
+class PretrainedConfig:
+    # "minilm" or a BERT-family folder: fine-tune its encoder with a fresh classification head. The architecture
+    # and tokenizer then come from the checkpoint; model.pooling, model.encoder.backend/unpad still apply.
+    name: str | None = None
+    layer_decay: float = 1.0  # layer-wise lr: block i of N gets lr * decay^(N - i), embeddings lr * decay^(N + 1)
+
+
+# What `--init` changes besides the weights (applied before a config file and flags, which still win).
+# Chosen on rotten_tomatoes' validation split; see README "Pretrained heads".
+FINETUNE_DEFAULTS = {
+    "optim": {"lr": 1e-4, "epochs": 3, "batch_size": 32, "warmup": 0.1, "weight_decay": 0.01, "patience": 2,
+              "embed_init": "model", "ema_decay": 0.0},
+}
+
+
+@dataclass
 class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     # A small model suits a 2-core CPU and 7k-sentence data sets; measured on rotten_tomatoes (3 seeds): learned
@@ -62,6 +78,7 @@ class TrainConfig:
         encoder=EncoderConfig(d_model=64, num_heads=4, num_layers=1, d_ff=128, dropout=0.3)))
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -69,22 +86,31 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
         d = dict(d)
-        unknown = set(d) - {"data", "model", "optim", "run"}
+        unknown = set(d) - {"data", "model", "optim", "run", "pretrained"}
         if unknown:
-            raise ValueError(f"unknown config sections {sorted(unknown)}; use data, model, optim, run")
+            raise ValueError(f"unknown config sections {sorted(unknown)}; use data, model, optim, run, pretrained")
         config = cls(
             data=_build(DataConfig, d.get("data", {})),
             model=ClassifierConfig.from_dict(d["model"]) if "model" in d else cls().model,
             optim=_build(OptimConfig, d.get("optim", {})),
             run=_build(RunConfig, d.get("run", {})),
+            pretrained=_build(PretrainedConfig, d.get("pretrained", {})),
         )
         _check(config)
         return config
 
 
+def finetune_config(name: str, overrides: dict | None = None) -> "TrainConfig":
+    """A config that fine-tunes pretrained encoder ``name`` (``FINETUNE_DEFAULTS``, then ``overrides``)."""
+    base = merge(merge(TrainConfig().to_dict(), FINETUNE_DEFAULTS), {"pretrained": {"name": name}})
+    return TrainConfig.from_dict(merge(base, overrides or {}))
+
+
 def _check(config: "TrainConfig") -> None:
     if config.optim.embed_init not in ("svd", "model"):
         raise ValueError(f"optim.embed_init must be 'svd' or 'model', got {config.optim.embed_init!r}")
+    if not 0.0 < config.pretrained.layer_decay <= 1.0:
+        raise ValueError(f"pretrained.layer_decay must be in (0, 1], got {config.pretrained.layer_decay}")
     if config.optim.select not in ("accuracy", "loss"):
         raise ValueError(f"optim.select must be 'accuracy' or 'loss', got {config.optim.select!r}")
 

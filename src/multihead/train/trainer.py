@@ -64,6 +64,10 @@ def prepare(config: TrainConfig, out: Path | None = None, *, resume: bool = Fals
                           record=splits.record)
     if resume and out is not None and (out / "tokenizer.json").exists():
         tok = D.load_tokenizer(out / "tokenizer.json")
+    elif config.pretrained.name:
+        from .. import pretrained
+
+        tok = pretrained.load_tokenizer(pretrained.resolve(config.pretrained.name))
     else:
         tok = D.train_tokenizer(splits.train.texts, dc.vocab_size, dc.min_frequency)
     encoded = {name: D.encode(tok, s.texts, dc.max_len) for name, s in zip(("train", "validation", "test"), splits)}
@@ -71,9 +75,23 @@ def prepare(config: TrainConfig, out: Path | None = None, *, resume: bool = Fals
 
 
 def build_model(config: TrainConfig, prepared: Prepared) -> TransformerClassifier:
-    mc = ClassifierConfig.from_dict({**config.model.to_dict(), "vocab_size": prepared.tokenizer.get_vocab_size(),
-                                     "num_classes": len(prepared.labels), "max_len": config.data.max_len,
-                                     "pad_id": 0})
+    """The classifier for ``config`` (its ``model`` section is completed and stored back). With
+    ``pretrained.name`` the architecture comes from the checkpoint; its weights are loaded by :func:`train`."""
+    if config.pretrained.name:
+        from .. import pretrained
+
+        hf = pretrained.read_hf_config(pretrained.resolve(config.pretrained.name))
+        enc = pretrained.encoder_config(hf, backend=config.model.encoder.backend)
+        enc.encoder.unpad = config.model.encoder.unpad
+        if config.data.max_len > enc.max_len:
+            raise ValueError(f"data.max_len={config.data.max_len} exceeds the pretrained model's "
+                             f"{enc.max_len} positions; pass --max-len {enc.max_len} or less")
+        mc = ClassifierConfig.from_dict({**enc.to_dict(), "pooling": config.model.pooling,
+                                         "num_classes": len(prepared.labels)})
+    else:
+        mc = ClassifierConfig.from_dict({**config.model.to_dict(), "vocab_size": prepared.tokenizer.get_vocab_size(),
+                                         "num_classes": len(prepared.labels), "max_len": config.data.max_len,
+                                         "pad_id": 0})
     config.model = mc
     return TransformerClassifier.from_config(mc)
 
@@ -112,12 +130,27 @@ def init_embeddings(model: TransformerClassifier, prepared: "Prepared", seed: in
             model.embed.weight[model.config.pad_id].zero_()
 
 
-def _optimizer(model: nn.Module, oc) -> torch.optim.Optimizer:
-    decay, no_decay = [], []
+def _lr_scale(name: str, num_layers: int, layer_decay: float) -> float:
+    """Layer-wise learning-rate factor: the head 1, block i ``decay^(N - i)``, embeddings ``decay^(N + 1)``."""
+    if layer_decay == 1.0 or name.startswith("fc."):
+        return 1.0
+    if name.startswith("encoder.layers."):
+        return layer_decay ** (num_layers - int(name.split(".")[2]))
+    if name.startswith("encoder."):  # a pre-LN stack's final norm sits with the last block
+        return 1.0
+    return layer_decay ** (num_layers + 1)
+
+
+def _optimizer(model: nn.Module, oc, layer_decay: float = 1.0) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on biases and norms; optional layer-wise learning rates (one group per scale)."""
+    num_layers = len(model.encoder.layers)
+    groups: dict[tuple[float, bool], list] = {}
     for name, p in model.named_parameters():
-        (no_decay if p.dim() < 2 or "norm" in name else decay).append(p)
-    return torch.optim.AdamW([{"params": decay, "weight_decay": oc.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=oc.lr)
+        no_decay = p.dim() < 2 or "norm" in name
+        groups.setdefault((_lr_scale(name, num_layers, layer_decay), no_decay), []).append(p)
+    return torch.optim.AdamW([{"params": ps, "lr": oc.lr * scale, "weight_decay": 0.0 if nd else oc.weight_decay}
+                              for (scale, nd), ps in sorted(groups.items(), key=lambda kv: (-kv[0][0], kv[0][1]))],
+                             lr=oc.lr)
 
 
 def _schedule(opt, total_steps: int, warmup: float):
@@ -241,7 +274,11 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
 
     prepared = prepare(config, out, resume=resume)
     model = build_model(config, prepared)
-    if config.optim.embed_init == "svd" and not resume:
+    if config.pretrained.name and not resume:
+        from .. import pretrained
+
+        pretrained.load_weights_into(model, pretrained.resolve(config.pretrained.name))
+    elif config.optim.embed_init == "svd" and not resume:
         init_embeddings(model, prepared, config.run.seed)
     model = model.to(device)
     labels_train = prepared.splits.train.label_ids()
@@ -262,7 +299,7 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
                       f"{config.data.max_len} tokens and were truncated")
 
     oc = config.optim
-    opt = _optimizer(model, oc)
+    opt = _optimizer(model, oc, config.pretrained.layer_decay)
     train_ids = prepared.encoded["train"].ids
     lengths = [len(x) for x in train_ids]
     world = dist_info.world_size
@@ -299,6 +336,8 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
                 f.write(json.dumps(event) + "\n")
             position["metrics_lines"] += 1
 
+    special_ids = torch.tensor([i for i in (prepared.tokenizer.token_to_id(t) for t in D.tokenizer.SPECIALS)
+                                if i is not None])
     t_start = time.perf_counter()
     stopped_early = False
     for epoch in range(position["epoch"], oc.epochs):
@@ -317,7 +356,7 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
             x, mask = D.collate([train_ids[i] for i in local])
             y = torch.tensor([labels_train[i] for i in local])
             if oc.token_dropout > 0:  # word dropout: the model cannot lean on any single token
-                drop = (torch.rand(x.shape) < oc.token_dropout) & mask & (x >= len(D.tokenizer.SPECIALS))
+                drop = (torch.rand(x.shape) < oc.token_dropout) & mask & ~torch.isin(x, special_ids)
                 x = x.masked_fill(drop, prepared.tokenizer.token_to_id(D.tokenizer.UNK))
             x, mask, y = x.to(device), mask.to(device), y.to(device)
             logits = model(x, mask)
