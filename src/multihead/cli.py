@@ -181,21 +181,7 @@ def cmd_predict(args) -> int:
 
     from .train import load_run, predict
 
-    texts = list(args.texts)
-    if args.file:
-        path = Path(args.file)
-        if not path.exists():
-            raise FileNotFoundError(f"--file {str(path)!r} does not exist")
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if not line.strip():
-                continue
-            if path.suffix.lower() == ".jsonl":
-                obj = json.loads(line)
-                if "text" not in obj:
-                    raise ValueError(f"{path}: every JSON line needs a 'text' field")
-                texts.append(str(obj["text"]))
-            else:
-                texts.append(line)
+    texts = _read_texts(args.texts, args.file)
     if not texts:
         raise ValueError("nothing to predict: pass texts as arguments or --file FILE (one text per line, or .jsonl)")
     for row in predict(load_run(args.run), texts):
@@ -211,6 +197,87 @@ def cmd_data(args) -> int:
     ds = D.load(args.name, text_column=args.text_column, label_column=args.label_column)
     info = D.card(ds, D.split(ds, seed=args.seed))
     print(json.dumps(info, indent=2) if args.json else D.format_card(info))
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ pretrained encoders
+def _encoder_source(source: str):
+    """(model, tokenizer, max_len) from a run folder (its classifier's encoder) or a pretrained name/folder."""
+    from . import pretrained
+
+    path = Path(source)
+    if path.is_dir() and (path / "config.json").exists() and "train" in _read_json(path / "config.json"):
+        from .train import load_run
+
+        run = load_run(path)
+        return run.model, run.tokenizer, run.config.data.max_len
+    p = pretrained.load(source)
+    return p.model, p.tokenizer, p.max_seq_length
+
+
+def _read_json(path: Path) -> dict:
+    import json
+
+    return json.loads(path.read_text())
+
+
+def _read_texts(texts: list[str], file: str | None) -> list[str]:
+    import json
+
+    texts = list(texts)
+    if file:
+        path = Path(file)
+        if not path.exists():
+            raise FileNotFoundError(f"--file {str(path)!r} does not exist")
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            if path.suffix.lower() == ".jsonl":
+                obj = json.loads(line)
+                if "text" not in obj:
+                    raise ValueError(f"{path}: every JSON line needs a 'text' field")
+                texts.append(str(obj["text"]))
+            else:
+                texts.append(line)
+    return texts
+
+
+def cmd_embed(args) -> int:
+    import json
+
+    from .pretrained import embed_texts
+
+    texts = _read_texts(args.texts, args.file)
+    if not texts:
+        raise ValueError("nothing to embed: pass texts as arguments or --file FILE (one text per line, or .jsonl)")
+    model, tok, max_len = _encoder_source(args.model)
+    vectors = embed_texts(model, tok, texts, max_len, batch_size=args.batch_size,
+                          progress=len(texts) > 4 * args.batch_size)
+    if args.out:
+        from .train.runfolder import atomic_write_bytes
+
+        lines = "".join(json.dumps({"text": t, "embedding": [round(x, 7) for x in v]}, ensure_ascii=False) + "\n"
+                        for t, v in zip(texts, vectors.tolist()))
+        atomic_write_bytes(Path(args.out), lines.encode())
+        print(f"wrote {len(texts)} embeddings of dimension {vectors.shape[1]} to {args.out}")
+    else:
+        print(f"{len(texts)} embeddings of dimension {vectors.shape[1]} (mean pooling, L2-normalised)")
+    if len(texts) <= 12:
+        sims = vectors @ vectors.T  # (N, N) cosine similarities of unit vectors
+        width = max(len(t[:40]) for t in texts)
+        print("cosine similarity:")
+        for i, t in enumerate(texts):
+            print(f"  [{i}] {t[:40]:<{width}} " + " ".join(f"{v:6.3f}" for v in sims[i].tolist()))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from . import pretrained
+
+    model, tok, _ = _encoder_source(args.source)
+    out = pretrained.export(model, tok, args.out)
+    print(f"wrote an HF BertModel folder to {out} (config.json, model.safetensors, tokenizer.json, vocab.txt); "
+          "load it with transformers.BertModel.from_pretrained")
     return 0
 
 
@@ -269,6 +336,19 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--file", default=None, help="one text per line, or .jsonl with a 'text' field")
     pr.set_defaults(fn=cmd_predict)
 
+    em = sub.add_parser("embed", help="sentence embeddings from a pretrained encoder (or a run's encoder)")
+    em.add_argument("model", help="minilm, a BERT-family folder, or a run folder")
+    em.add_argument("texts", nargs="*")
+    em.add_argument("--file", default=None, help="one text per line, or .jsonl with a 'text' field")
+    em.add_argument("--out", default=None, help="write JSON lines {text, embedding} here")
+    em.add_argument("--batch-size", type=int, default=32)
+    em.set_defaults(fn=cmd_embed)
+
+    ex = sub.add_parser("export", help="write an encoder (pretrained or a run's) as an HF BertModel folder")
+    ex.add_argument("source", help="minilm, a BERT-family folder, or a run folder")
+    ex.add_argument("--out", required=True, help="folder to write")
+    ex.set_defaults(fn=cmd_export)
+
     dd = sub.add_parser("data", help="print a dataset card: sizes, classes, length percentiles")
     dd.add_argument("name", help="built-in name or a .csv/.tsv/.jsonl file")
     dd.add_argument("--text-column", default="text")
@@ -281,12 +361,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from .data import DataError
+    from .pretrained import PretrainedError
     from .train import CheckpointError, RunExistsError
 
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (DataError, CheckpointError, RunExistsError, FileNotFoundError, ValueError) as exc:
+    except (DataError, CheckpointError, RunExistsError, PretrainedError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -144,9 +144,11 @@ def read_weights(folder: Path) -> dict[str, Tensor]:
     if binary.exists():
         try:
             return torch.load(binary, map_location="cpu", weights_only=True)
-        except Exception as exc:  # an unpicklable-without-code file is refused, never executed
-            raise PretrainedError(f"{binary} could not be read as plain tensors ({type(exc).__name__}: {exc}); "
-                                  "convert it to model.safetensors") from None
+        except Exception as exc:  # a file that needs pickled code is refused, never executed
+            found = re.search(r"Unsupported global: GLOBAL [\w.]+", str(exc))
+            detail = found.group(0) if found else f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            raise PretrainedError(f"{binary} could not be read as plain tensors ({detail}); multihead never runs "
+                                  "pickled code: convert it to model.safetensors with a tool you trust") from None
     if list(folder.glob("*.safetensors.index.json")) or list(folder.glob("pytorch_model.bin.index.json")):
         raise PretrainedError(f"{folder} holds a sharded checkpoint; sharded weights are not supported yet")
     raise PretrainedError(f"{folder} has no model.safetensors or pytorch_model.bin")
@@ -266,26 +268,34 @@ class Pretrained:
         ids, _ = self.encode([text])
         return [self.tokenizer.id_to_token(i) for i in ids[0].tolist()]
 
-    @torch.no_grad()
     def embed(self, texts: list[str], batch_size: int = 32, *, normalize: bool = True,
               progress: bool = False) -> Tensor:
         """Sentence embeddings ``(N, E)`` (mean pooling over real tokens, L2-normalised), in input order."""
-        from tqdm import tqdm
+        return embed_texts(self.model, self.tokenizer, texts, self.max_seq_length, batch_size=batch_size,
+                           normalize=normalize, progress=progress)
 
-        from .data import collate, encode
 
-        self.model.eval()
-        enc = encode(self.tokenizer, list(texts), self.max_seq_length)
-        order = sorted(range(len(texts)), key=lambda i: len(enc.ids[i]))  # similar lengths share a batch
-        device = next(self.model.parameters()).device
-        out = torch.empty(len(texts), self.model.config.encoder.d_model)
-        pad = self.tokenizer.token_to_id("[PAD]")
-        for start in tqdm(range(0, len(order), batch_size), disable=not progress, desc="embed"):
-            chunk = order[start:start + batch_size]
-            ids, mask = collate([enc.ids[i] for i in chunk], pad_id=pad)
-            vec = self.model.sentence_embeddings(ids.to(device), mask.to(device), normalize=normalize)
-            out[chunk] = vec.float().cpu()
-        return out
+@torch.no_grad()
+def embed_texts(model: TextEncoder, tokenizer, texts: list[str], max_len: int, *, batch_size: int = 32,
+                normalize: bool = True, progress: bool = False) -> Tensor:
+    """Sentence embeddings ``(N, E)`` from any :class:`TextEncoder` (a classifier's too): texts cut to ``max_len``
+    tokens, batched by length, pooled with ``model.config.pooling``, L2-normalised by default; input order."""
+    from tqdm import tqdm
+
+    from .data import collate, encode
+
+    model.eval()
+    enc = encode(tokenizer, list(texts), max_len)
+    order = sorted(range(len(texts)), key=lambda i: len(enc.ids[i]))  # similar lengths share a batch
+    device = next(model.parameters()).device
+    out = torch.empty(len(texts), model.config.encoder.d_model)
+    pad = tokenizer.token_to_id("[PAD]")
+    for start in tqdm(range(0, len(order), batch_size), disable=not progress, desc="embed"):
+        chunk = order[start:start + batch_size]
+        ids, mask = collate([enc.ids[i] for i in chunk], pad_id=pad)
+        vec = model.sentence_embeddings(ids.to(device), mask.to(device), normalize=normalize)
+        out[chunk] = vec.float().cpu()
+    return out
 
 
 def load(name_or_path: str | Path = "minilm", *, backend: str = "auto", device: str = "cpu") -> Pretrained:
@@ -370,5 +380,5 @@ def export(model: TextEncoder, tokenizer, folder: str | Path, *, extra_config: d
     return folder
 
 
-__all__ = ["Pretrained", "PretrainedError", "SHORT_NAMES", "encoder_config", "export", "load", "load_tokenizer",
+__all__ = ["Pretrained", "PretrainedError", "SHORT_NAMES", "embed_texts", "encoder_config", "export", "load", "load_tokenizer",
            "load_weights_into", "read_weights", "resolve"]
