@@ -12,7 +12,7 @@ Layout (the architecture at a glance):
 * :mod:`multihead.cli` -- the ``multihead`` command; everything it does is callable from Python.
 """
 from .attention import attention, attention_weights, explain, list_backends, masks, register_backend
-from .models import ClassifierConfig, TransformerClassifier
+from .models import ClassifierConfig, TextEncoder, TextEncoderConfig, TransformerClassifier
 from .modules import (
     EncoderBlock,
     EncoderConfig,
@@ -40,6 +40,8 @@ __all__ = [
     "PositionalEncoding",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
+    "TextEncoder",
+    "TextEncoderConfig",
     "TransformerClassifier",
     "TransformerEncoder",
     "attention",

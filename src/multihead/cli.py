@@ -61,7 +61,16 @@ def cmd_bench(args) -> int:
         print(suite.format_table(payload))
         print(f"wrote {out}")
         return 0
-    print(f"error: unknown bench suite {args.suite!r}; choose: attention, train", file=sys.stderr)
+    if args.suite == "pretrained":
+        from .bench import pretrained as suite
+
+        out = Path(args.out) if args.out else suite.default_out()
+        payload = suite.run(modes=args.modes, impls=args.impls, threads=args.threads, out=out,
+                            min_time=args.min_time)
+        print(suite.format_table(payload))
+        print(f"wrote {out}")
+        return 0
+    print(f"error: unknown bench suite {args.suite!r}; choose: attention, train, pretrained", file=sys.stderr)
     return 2
 
 
@@ -297,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(fn=cmd_backends)
 
     bench = sub.add_parser("bench", help="benchmarks: ours and peers in one run, JSON + PNG")
-    bench.add_argument("suite", choices=["attention", "train"], help="which benchmark")
+    bench.add_argument("suite", choices=["attention", "train", "pretrained"], help="which benchmark")
     bench.add_argument("--lengths", type=_ints, default=None, help="comma-separated sequence lengths")
     bench.add_argument("--modes", type=_words, default=None, help="forward,train")
     bench.add_argument("--impls", type=_words, default=None, help="comma-separated implementations")
