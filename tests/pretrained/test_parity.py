@@ -108,3 +108,20 @@ def test_gradients_flow_into_pretrained_weights():
     grads = {n: q.grad for n, q in p.model.named_parameters()}
     assert all(torch.isfinite(g).all() for g in grads.values() if g is not None)
     assert grads["encoder.layers.0.attn.w_q.weight"].abs().sum() > 0
+
+
+def test_bench_pretrained_compares_like_with_like():
+    """`bench pretrained` times the same computation in each implementation (timings: bench only)."""
+    from multihead.bench import pretrained as suite
+
+    ids, keep = suite._batch(padded=True)
+    ids, keep = ids[:4, :48], keep[:4, :48]
+    outs = {}
+    for impl in suite.IMPLS:
+        model, fwd = suite._forward(impl)
+        model.eval()
+        with torch.no_grad():
+            outs[impl] = fwd(ids, keep)
+    for impl in suite.IMPLS:
+        assert ((outs[impl] - outs["multihead"]).abs() * keep[..., None]).max().item() <= 1e-5, impl
+    suite.build({"impl": "multihead", "mode": "train", "padded": True, "tokens": 1})()
