@@ -1,0 +1,100 @@
+"""Record what every attention layer does, through the hook points of :class:`~multihead.MultiHeadAttention`.
+
+::
+
+    with capture(model) as cache:            # per-head weights of every layer
+        model(input_ids, attention_mask)
+    cache.pattern(0)                         # (B, H, Lq, Lk) of the first attention module
+    cache["encoder.layers.3.attn.hook_z"]    # any captured hook point by name
+
+    logits, cache = run_with_cache(model, input_ids, attention_mask, what=("pattern", "q", "k", "v", "z"))
+
+Nothing is attached outside the ``with`` block, so an un-captured model pays nothing. While ``pattern`` is captured,
+each attention module computes its weights explicitly (``softmax(q k^T / sqrt(d) + mask)`` in fp32, the reference
+backend's formula) and applies them, whatever backend it is set to: fused backends return no weights, and this is
+how weights are obtained from them. Outputs agree with the un-captured run to rounding (tested).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterable, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from ..modules.attention import MultiHeadAttention
+
+WHAT = {"pattern": "hook_pattern", "q": "hook_q", "k": "hook_k", "v": "hook_v", "z": "hook_z"}
+
+
+class Cache(dict):
+    """Captured activations by hook-point name (``encoder.layers.0.attn.hook_pattern``), detached, in call order.
+    ``attention_modules`` lists the names of the model's attention modules in layer order."""
+
+    def __init__(self, attention_modules: list[str]):
+        super().__init__()
+        self.attention_modules = attention_modules
+
+    def get_layer(self, what: str, layer: int) -> Tensor:
+        name = f"{self.attention_modules[layer]}.{WHAT[what]}"
+        if name not in self:
+            raise KeyError(f"{name} was not captured; capture with what=({what!r}, ...) and run the model inside the "
+                           "with-block")
+        return self[name]
+
+    def pattern(self, layer: int) -> Tensor:
+        """Per-head weights ``(B, H, Lq, Lk)`` of attention module ``layer``."""
+        return self.get_layer("pattern", layer)
+
+    def patterns(self) -> list[Tensor]:
+        """Every layer's ``(B, H, Lq, Lk)`` weights, in layer order."""
+        return [self.pattern(i) for i in range(len(self.attention_modules))]
+
+
+def attention_modules(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
+    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, MultiHeadAttention)]
+    if not mods:
+        raise ValueError(f"{type(model).__name__} has no multihead MultiHeadAttention modules to capture; pass a "
+                         "multihead model (TransformerClassifier, TextEncoder, pretrained.load(...).model)")
+    return mods
+
+
+@contextmanager
+def capture(model: nn.Module, what: Iterable[str] = ("pattern",), *, layers: Iterable[int] | None = None,
+            to_cpu: bool = True) -> Iterator[Cache]:
+    """Record ``what`` (any of ``pattern``, ``q``, ``k``, ``v``, ``z``) of every attention module (or those in
+    ``layers``, indices in layer order) during the forward passes run inside the block. A second forward pass
+    overwrites the first one's entries."""
+    what = list(what)
+    bad = [w for w in what if w not in WHAT]
+    if bad:
+        raise ValueError(f"cannot capture {bad}; choose from {sorted(WHAT)}")
+    mods = attention_modules(model)
+    cache = Cache([n for n, _ in mods])
+    chosen = range(len(mods)) if layers is None else list(layers)
+    handles = []
+    try:
+        for i in chosen:
+            name, mod = mods[i]
+            for w in what:
+                key = f"{name}.{WHAT[w]}"
+
+                def record(t: Tensor, hook, key=key) -> None:
+                    t = t.detach()
+                    cache[key] = t.cpu() if to_cpu else t
+
+                handles.append(getattr(mod, WHAT[w]).add_hook(record))
+        yield cache
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def run_with_cache(model: nn.Module, *args, what: Iterable[str] = ("pattern",), **kwargs):
+    """``(model(*args, **kwargs), cache)`` with ``what`` captured (TransformerLens' ``run_with_cache``)."""
+    with capture(model, what) as cache, torch.no_grad():
+        out = model(*args, **kwargs)
+    return out, cache
+
+
+__all__ = ["Cache", "attention_modules", "capture", "run_with_cache"]

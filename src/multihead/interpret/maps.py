@@ -1,0 +1,107 @@
+"""Attention maps of one text: tokens and every layer's per-head weights, from a pretrained encoder or a run."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from .capture import capture
+
+SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]")
+
+
+@dataclass
+class AttentionMaps:
+    """``layers[l]`` is ``(H_l, L, L)`` for the ``L`` real tokens of ``text`` (rows: queries, columns: keys; each
+    row sums to 1). Heads per layer may differ after pruning."""
+
+    text: str
+    tokens: list[str]
+    layers: list[Tensor]
+    model: str = ""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def heads(self) -> list[int]:
+        return [w.shape[0] for w in self.layers]
+
+    def head(self, layer: int, head: int) -> Tensor:
+        return self.layers[layer][head]
+
+    def to_dict(self, digits: int = 4) -> dict:
+        return {"text": self.text, "tokens": self.tokens, "model": self.model,
+                "layers": [[[[round(v, digits) for v in row] for row in h] for h in w.tolist()] for w in self.layers]}
+
+
+@dataclass
+class Subject:
+    """A model to look inside, with the tokenizer that feeds it."""
+
+    name: str
+    model: nn.Module
+    tokenizer: object
+    max_len: int
+
+    def encode(self, texts: list[str]) -> tuple[Tensor, Tensor]:
+        from ..data import collate, encode
+
+        enc = encode(self.tokenizer, list(texts), self.max_len)
+        return collate(enc.ids, pad_id=self.tokenizer.token_to_id("[PAD]") or 0)
+
+    def display(self, ids: list[int]) -> list[str]:
+        """Tokens for people: BPE's word-start marker dropped (``▁cat`` -> ``cat``); WordPiece's ``##`` kept."""
+        toks = [self.tokenizer.id_to_token(i) for i in ids]
+        return [t[1:] if t.startswith("▁") and len(t) > 1 else t for t in toks]
+
+    @torch.no_grad()
+    def maps(self, texts: list[str] | str, batch_size: int = 32) -> list[AttentionMaps] | AttentionMaps:
+        """Attention maps of each text (one :class:`AttentionMaps` for a single string)."""
+        single = isinstance(texts, str)
+        texts = [texts] if single else list(texts)
+        self.model.eval()
+        out = []
+        for start in range(0, len(texts), batch_size):
+            chunk = texts[start:start + batch_size]
+            ids, keep = self.encode(chunk)
+            with capture(self.model) as cache:
+                self.model(ids, keep)
+            patterns = cache.patterns()  # each (B, H, L, L)
+            for row, text in enumerate(chunk):
+                n = int(keep[row].sum())
+                out.append(AttentionMaps(text, self.display(ids[row, :n].tolist()),
+                                         [p[row, :, :n, :n].float() for p in patterns], self.name))
+        return out[0] if single else out
+
+
+def load_subject(source: str | Path) -> Subject:
+    """A run folder (its trained classifier) or a pretrained name / BERT-family folder."""
+    from .. import pretrained
+
+    path = Path(str(source))
+    if (path / "config.json").is_file() and (path / "model.safetensors").is_file() and \
+            (path / "labels.json").is_file():
+        from ..train import load_run
+
+        run = load_run(path)
+        return Subject(str(source), run.model, run.tokenizer, run.config.data.max_len)
+    p = pretrained.load(source)
+    return Subject(str(source), p.model, p.tokenizer, p.max_seq_length)
+
+
+def is_special(token: str) -> bool:
+    return token in SPECIAL_TOKENS
+
+
+def is_punctuation(token: str) -> bool:
+    import unicodedata
+
+    t = token[2:] if token.startswith("##") else token
+    return bool(t) and not is_special(token) and all(unicodedata.category(c).startswith("P") for c in t)
+
+
+__all__ = ["AttentionMaps", "Subject", "is_punctuation", "is_special", "load_subject"]

@@ -1,0 +1,153 @@
+"""Pictures of attention (matplotlib; each figure is written as PNG and SVG).
+
+* :func:`plot_grid` -- layers x heads heatmaps with token labels;
+* :func:`plot_head` -- one head at full size;
+* :func:`plot_layer_mean` -- each layer's average over heads;
+* :func:`plot_rollout` -- attention rollout (Abnar & Zuidema 2020), see :func:`rollout`.
+
+Long inputs stay legible: tick labels are thinned to at most ``max_labels`` evenly spaced tokens, and figures grow
+with the input up to a cap (a 512-token head is 24 inches, 150 labels).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .maps import AttentionMaps
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, stem: Path) -> list[Path]:
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_suffix(".png"), stem.with_suffix(".svg")]
+    for p in paths:
+        fig.savefig(p, dpi=110, bbox_inches="tight")
+    _plt().close(fig)
+    return paths
+
+
+def _ticks(tokens: list[str], max_labels: int) -> tuple[list[int], list[str]]:
+    step = max(1, math.ceil(len(tokens) / max_labels))
+    pos = list(range(0, len(tokens), step))
+    return pos, [tokens[i] if len(tokens[i]) <= 14 else tokens[i][:13] + "…" for i in pos]
+
+
+def _label(ax, tokens: list[str], max_labels: int, fontsize: float, x: bool = True, y: bool = True) -> None:
+    pos, names = _ticks(tokens, max_labels)
+    if x:
+        ax.set_xticks(pos, names, rotation=90, fontsize=fontsize)
+    else:
+        ax.set_xticks([])
+    if y:
+        ax.set_yticks(pos, names, fontsize=fontsize)
+    else:
+        ax.set_yticks([])
+
+
+def rollout(maps: AttentionMaps, residual: float = 0.5) -> Tensor:
+    """Attention rollout ``(L, L)``: per layer ``A = residual * I + (1 - residual) * mean_heads(W)`` (rows
+    re-normalised), multiplied from the first layer up; row ``i`` says how much each input token flows into
+    position ``i`` at the top (Abnar & Zuidema 2020)."""
+    n = len(maps.tokens)
+    eye = torch.eye(n)
+    out = eye.clone()
+    for w in maps.layers:
+        a = residual * eye + (1 - residual) * (w.mean(0) if w.shape[0] else torch.zeros(n, n))
+        a = a / a.sum(-1, keepdim=True)
+        out = a @ out  # (L, L)
+    return out
+
+
+def plot_grid(maps: AttentionMaps, stem: Path, *, max_labels: int = 24, highlight: dict | None = None) -> list[Path]:
+    """Every layer (rows) x head (columns). ``highlight`` maps ``(layer, head)`` to a caption drawn in red."""
+    plt = _plt()
+    rows, cols = maps.num_layers, max(maps.heads + [1])
+    n = len(maps.tokens)
+    cell = 1.5 if n <= 32 else 1.8
+    fig, axes = plt.subplots(rows, cols, figsize=(cell * cols + 1, cell * rows + 1), squeeze=False)
+    labels_each = n <= 12  # short inputs: token labels on the left column and bottom row
+    fs = 5 if n <= 12 else 4
+    for l in range(rows):
+        for h in range(cols):
+            ax = axes[l][h]
+            if h >= maps.heads[l]:
+                ax.axis("off")
+                continue
+            ax.imshow(maps.head(l, h).numpy(), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+            cap = (highlight or {}).get((l, h))
+            ax.set_title(f"L{l} H{h}" + (f"\n{cap}" if cap else ""), fontsize=6, color="red" if cap else "black")
+            _label(ax, maps.tokens, max_labels if labels_each else 8, fs, x=(l == rows - 1), y=(h == 0))
+            if cap:
+                for side in ax.spines.values():
+                    side.set_edgecolor("red")
+                    side.set_linewidth(2)
+    fig.suptitle(f"{maps.model}: attention per layer (rows) and head (columns); query rows, key columns\n"
+                 f"{_short(maps.text)}", fontsize=9)
+    return _save(fig, stem)
+
+
+def plot_head(maps: AttentionMaps, layer: int, head: int, stem: Path, *, max_labels: int = 150,
+              caption: str = "") -> list[Path]:
+    plt = _plt()
+    n = len(maps.tokens)
+    size = min(24.0, max(5.0, 0.28 * n))
+    fig, ax = plt.subplots(figsize=(size + 1.2, size))
+    im = ax.imshow(maps.head(layer, head).numpy(), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+    fs = max(5.0, min(10.0, 400 / max(1, min(n, max_labels))))
+    _label(ax, maps.tokens, max_labels, fs)
+    ax.set_xlabel("key (attended to)")
+    ax.set_ylabel("query (attending)")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_title(f"{maps.model} layer {layer} head {head}" + (f": {caption}" if caption else "") +
+                 f"\n{_short(maps.text)}", fontsize=10)
+    return _save(fig, stem)
+
+
+def plot_layer_mean(maps: AttentionMaps, stem: Path, *, max_labels: int = 40) -> list[Path]:
+    plt = _plt()
+    cols = min(maps.num_layers, 4)
+    rows = math.ceil(maps.num_layers / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.6 * rows), squeeze=False)
+    for i in range(rows * cols):
+        ax = axes[i // cols][i % cols]
+        if i >= maps.num_layers:
+            ax.axis("off")
+            continue
+        w = maps.layers[i]
+        mean = w.mean(0) if w.shape[0] else torch.zeros(len(maps.tokens), len(maps.tokens))
+        ax.imshow(mean.numpy(), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+        ax.set_title(f"layer {i}: mean of {w.shape[0]} heads", fontsize=8)
+        _label(ax, maps.tokens, max_labels, 6)
+    fig.suptitle(f"{maps.model}: average attention per layer\n{_short(maps.text)}", fontsize=9)
+    return _save(fig, stem)
+
+
+def plot_rollout(maps: AttentionMaps, stem: Path, *, max_labels: int = 60) -> list[Path]:
+    plt = _plt()
+    n = len(maps.tokens)
+    size = min(16.0, max(5.0, 0.25 * n))
+    fig, ax = plt.subplots(figsize=(size + 1.2, size))
+    im = ax.imshow(rollout(maps).numpy(), cmap="magma", interpolation="nearest")
+    _label(ax, maps.tokens, max_labels, max(5.0, min(10.0, 400 / max(1, min(n, max_labels)))))
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_title(f"{maps.model}: attention rollout over {maps.num_layers} layers (Abnar & Zuidema 2020)\n"
+                 f"{_short(maps.text)}", fontsize=10)
+    return _save(fig, stem)
+
+
+def _short(text: str, n: int = 90) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+__all__ = ["plot_grid", "plot_head", "plot_layer_mean", "plot_rollout", "rollout"]
