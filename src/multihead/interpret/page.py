@@ -1,0 +1,193 @@
+"""One self-contained HTML file to explore attention: no CDN, no network, opens from disk.
+
+* **Head view** -- the tokens in two columns (queries left, keys right); a line per link, its opacity the weight;
+  heads toggled by colour; hover a token to see only its links.
+* **Model view** -- a thumbnail of every layer x head; click one to open it in the head view.
+
+Weights travel as 8-bit quantised, base64-encoded matrices inside a ``<script type="application/json">`` block
+(``<``, ``>`` and ``&`` are escaped as ``\\u003c`` ... so no token can close the block), and the script only ever
+inserts tokens with ``textContent``: text such as ``<img src=x onerror=alert(1)>`` shows as text and runs nothing.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import torch
+
+from .maps import AttentionMaps
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 16px; color: #222; }
+h1 { font-size: 18px; margin: 0 0 4px; } #text { color: #555; margin: 0 0 10px; white-space: pre-wrap; }
+nav { display: flex; gap: 10px; align-items: center; flex-wrap: wrap; margin-bottom: 8px; }
+button.tab { padding: 4px 10px; border: 1px solid #999; background: #f4f4f4; cursor: pointer; }
+button.tab.active { background: #333; color: #fff; }
+#heads { display: flex; flex-wrap: wrap; gap: 4px; margin: 6px 0; }
+#heads label { padding: 2px 6px; border-radius: 3px; color: #fff; cursor: pointer; font-size: 12px; user-select: none; }
+#heads label.off { opacity: 0.25; }
+#lines text { font-size: 13px; cursor: default; } #lines text.focus { font-weight: bold; }
+#grid { display: grid; gap: 6px; } .cell { text-align: center; font-size: 10px; cursor: pointer; }
+.cell canvas { width: 72px; height: 72px; image-rendering: pixelated; border: 1px solid #ccc; display: block; }
+.cell.hl canvas { border: 2px solid #d62728; } #found button { margin: 2px; }
+"""
+
+SCRIPT = r"""
+(function () {
+  "use strict";
+  const D = JSON.parse(document.getElementById("data").textContent);
+  const N = D.tokens.length, ROW = 20, cache = {};
+  let layer = 0, selected = new Set(), focus = null;
+  function weights(l, h) {  // Float32Array N*N, row-major: query rows, key columns
+    const key = l + ":" + h;
+    if (!cache[key]) {
+      const bin = atob(D.weights[l][h]), out = new Float32Array(bin.length);
+      for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i) / 255;
+      cache[key] = out;
+    }
+    return cache[key];
+  }
+  function colour(h, n) { return "hsl(" + Math.round(360 * h / Math.max(1, n)) + ",70%,45%)"; }
+  function el(tag, attrs, text) {
+    const e = tag === "svg" || tag === "line" || tag === "text" || tag === "g"
+      ? document.createElementNS("http://www.w3.org/2000/svg", tag) : document.createElement(tag);
+    for (const k in attrs || {}) e.setAttribute(k, attrs[k]);
+    if (text !== undefined) e.textContent = text;  // never innerHTML: tokens stay text
+    return e;
+  }
+  function setLayer(l) {
+    layer = l;
+    document.getElementById("layer").value = String(l);
+    selected = new Set([...Array(D.heads[l]).keys()]);
+    drawHeads(); drawLines();
+  }
+  function showHead(l, h) {
+    setLayer(l); selected = new Set([h]); drawHeads(); drawLines(); tab("head");
+  }
+  function drawHeads() {
+    const box = document.getElementById("heads"); box.replaceChildren();
+    for (let h = 0; h < D.heads[layer]; h++) {
+      const lab = el("label", {"data-head": h, "class": selected.has(h) ? "" : "off"}, "head " + h);
+      lab.style.background = colour(h, D.heads[layer]);
+      lab.addEventListener("click", () => { selected.has(h) ? selected.delete(h) : selected.add(h); drawHeads(); drawLines(); });
+      box.appendChild(lab);
+    }
+    const sel = [...selected].sort((a, b) => a - b);
+    document.getElementById("current").textContent =
+      "layer " + layer + ", " + (sel.length === 1 ? "head " + sel[0] : sel.length + " heads");
+  }
+  function drawLines() {
+    const svg = document.getElementById("lines"); svg.replaceChildren();
+    const width = 520, left = 200, right = 320;
+    svg.setAttribute("width", width); svg.setAttribute("height", ROW * N + 10);
+    const g = el("g");
+    svg.appendChild(g);
+    const topK = N > 64 ? 3 : N;
+    for (const h of selected) {
+      const w = weights(layer, h), c = colour(h, D.heads[layer]);
+      for (let i = 0; i < N; i++) {
+        if (focus && focus.side === "q" && focus.i !== i) continue;
+        const row = Array.from(w.subarray(i * N, (i + 1) * N));
+        const order = row.map((v, j) => j).sort((a, b) => row[b] - row[a]).slice(0, focus ? N : topK);
+        for (const j of order) {
+          if (focus && focus.side === "k" && focus.i !== j) continue;
+          if (row[j] < (focus ? 0.01 : 0.05)) continue;
+          g.appendChild(el("line", {x1: left + 5, y1: ROW * i + 14, x2: right - 5, y2: ROW * j + 14, stroke: c,
+            "stroke-width": 2, "stroke-opacity": row[j].toFixed(3)}));
+        }
+      }
+    }
+    for (const side of ["q", "k"]) {
+      for (let i = 0; i < N; i++) {
+        const t = el("text", {x: side === "q" ? left : right, y: ROW * i + 18, "text-anchor": side === "q" ? "end" : "start",
+          "class": focus && focus.side === side && focus.i === i ? "focus" : ""}, D.tokens[i]);
+        t.addEventListener("mouseenter", () => { focus = {side: side, i: i}; drawLines(); });
+        t.addEventListener("mouseleave", () => { focus = null; drawLines(); });
+        svg.appendChild(t);
+      }
+    }
+  }
+  function drawGrid() {
+    const grid = document.getElementById("grid"); grid.replaceChildren();
+    const cols = Math.max(...D.heads);
+    grid.style.gridTemplateColumns = "repeat(" + cols + ", 80px)";
+    const hl = new Set(D.highlights.map(x => x.layer + ":" + x.head));
+    for (let l = 0; l < D.heads.length; l++) {
+      for (let h = 0; h < cols; h++) {
+        if (h >= D.heads[l]) { grid.appendChild(el("div")); continue; }
+        const cell = el("div", {"class": "cell thumb" + (hl.has(l + ":" + h) ? " hl" : ""), "data-layer": l, "data-head": h});
+        const canvas = el("canvas", {width: N, height: N});
+        const ctx = canvas.getContext("2d"), img = ctx.createImageData(N, N), w = weights(l, h);
+        for (let p = 0; p < N * N; p++) {  // white -> dark blue
+          const v = w[p];
+          img.data[4 * p] = Math.round(255 * (1 - v)); img.data[4 * p + 1] = Math.round(255 * (1 - 0.8 * v));
+          img.data[4 * p + 2] = Math.round(255 - 100 * v); img.data[4 * p + 3] = 255;
+        }
+        ctx.putImageData(img, 0, 0);
+        cell.appendChild(canvas);
+        cell.appendChild(el("span", {}, "L" + l + " H" + h));
+        cell.addEventListener("click", () => showHead(l, h));
+        grid.appendChild(cell);
+      }
+    }
+  }
+  function tab(name) {
+    document.getElementById("head-view").hidden = name !== "head";
+    document.getElementById("model-view").hidden = name !== "model";
+    document.getElementById("tab-head").classList.toggle("active", name === "head");
+    document.getElementById("tab-model").classList.toggle("active", name === "model");
+  }
+  document.getElementById("title").textContent = D.model + ": attention, " + D.heads.length + " layers";
+  document.getElementById("text").textContent = D.text;
+  const sel = document.getElementById("layer");
+  for (let l = 0; l < D.heads.length; l++) sel.appendChild(el("option", {value: l}, "layer " + l));
+  sel.addEventListener("change", () => setLayer(Number(sel.value)));
+  document.getElementById("tab-head").addEventListener("click", () => tab("head"));
+  document.getElementById("tab-model").addEventListener("click", () => tab("model"));
+  const found = document.getElementById("found");
+  if (D.highlights.length) found.appendChild(el("p", {}, "Heads found by the case study:"));
+  for (const f of D.highlights) {
+    const b = el("button", {"data-layer": f.layer, "data-head": f.head}, "layer " + f.layer + " head " + f.head + ": " + f.caption);
+    b.addEventListener("click", () => showHead(f.layer, f.head));
+    found.appendChild(b);
+  }
+  setLayer(0); drawGrid(); tab("head");
+  document.body.setAttribute("data-ready", "1");
+})();
+"""
+
+
+def _json_for_script(obj) -> str:
+    """JSON that cannot end the surrounding ``<script>`` element or open a comment."""
+    return json.dumps(obj, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def page_data(maps: AttentionMaps, highlights: dict | None = None) -> dict:
+    enc = [[base64.b64encode((w[h].clamp(0, 1) * 255).round().to(torch.uint8).numpy().tobytes()).decode()
+            for h in range(w.shape[0])] for w in maps.layers]
+    return {"model": maps.model, "text": maps.text, "tokens": maps.tokens, "heads": maps.heads, "weights": enc,
+            "highlights": [{"layer": l, "head": h, "caption": c} for (l, h), c in sorted((highlights or {}).items())]}
+
+
+def write_page(maps: AttentionMaps, path: Path, *, highlights: dict | None = None) -> Path:
+    """Write the page for ``maps`` to ``path``; ``highlights`` maps ``(layer, head)`` to a caption."""
+    html = ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            "<title>multihead attention</title>"
+            f"<style>{STYLE}</style></head><body>\n"
+            "<header><h1 id=\"title\"></h1><p id=\"text\"></p></header>\n"
+            "<nav><button class=\"tab active\" id=\"tab-head\">Head view</button>"
+            "<button class=\"tab\" id=\"tab-model\">Model view</button>"
+            "<label>Layer <select id=\"layer\"></select></label><span id=\"current\"></span></nav>\n"
+            "<section id=\"head-view\"><div id=\"heads\"></div><svg id=\"lines\"></svg></section>\n"
+            "<section id=\"model-view\" hidden><div id=\"grid\"></div></section>\n"
+            "<section id=\"found\"></section>\n"
+            f"<script type=\"application/json\" id=\"data\">{_json_for_script(page_data(maps, highlights))}</script>\n"
+            f"<script>{SCRIPT}</script>\n</body></html>\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(html, encoding="utf-8")
+    return path
+
+
+__all__ = ["page_data", "write_page"]

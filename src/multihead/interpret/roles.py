@@ -1,0 +1,179 @@
+"""Per-head statistics over a corpus sample, and role labels from stated rules.
+
+For every head, averaged over all real query positions of all texts (row ``i`` of a text with ``n`` tokens):
+
+* ``entropy`` -- ``-sum_j p_ij log p_ij`` in nats; ``entropy_norm`` divides by ``log n`` (1 = uniform);
+* ``distance`` -- mean attention distance ``sum_j p_ij |i - j|`` in tokens;
+* ``to_prev``, ``to_next``, ``to_self``, ``to_cls``, ``to_sep``, ``to_punct`` -- attention mass on the previous /
+  next token, itself, [CLS], [SEP], punctuation;
+* ``argmax_prev``, ``argmax_next``, ``argmax_self`` -- how often the row's top weight lies there.
+
+Role rules, checked in this order (the first that holds names the head):
+
+1. ``previous token`` / ``next token`` -- positional (Voita et al. 2019): the top weight is on that adjacent token
+   for >= 90% of query positions;
+2. ``self`` -- the top weight is on the query itself for >= 90% of positions;
+3. ``delimiter sink`` (Clark et al. 2019): >= 50% of the mass goes to [CLS] and [SEP];
+4. ``punctuation`` -- >= 50% of the mass goes to punctuation tokens;
+5. ``broad`` (Clark et al. 2019) -- mean normalised entropy >= 0.75 (close to uniform over the text);
+6. ``mixed`` -- none of the above.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from .maps import AttentionMaps, is_punctuation
+
+POSITIONAL = 0.9
+SINK = 0.5
+BROAD = 0.75
+ROLES = ["previous token", "next token", "self", "delimiter sink", "punctuation", "broad", "mixed"]
+STATS = ["entropy", "entropy_norm", "distance", "to_prev", "to_next", "to_self", "to_cls", "to_sep", "to_punct",
+         "argmax_prev", "argmax_next", "argmax_self"]
+
+
+def head_stats(corpus: list[AttentionMaps]) -> list[list[dict]]:
+    """``stats[layer][head]`` -> dict of :data:`STATS` averaged over every real query position of ``corpus``."""
+    if not corpus:
+        raise ValueError("head statistics need at least one text")
+    heads = corpus[0].heads
+    sums = [[{k: 0.0 for k in STATS} | {"_rows": 0, "_rows_prev": 0, "_rows_next": 0} for _ in range(h)]
+            for h in heads]
+    for maps in corpus:
+        n = len(maps.tokens)
+        if n < 2:
+            continue
+        idx = torch.arange(n)
+        dist = (idx[:, None] - idx[None, :]).abs().float()  # (L, L)
+        cls = torch.tensor([t == "[CLS]" for t in maps.tokens])
+        sep = torch.tensor([t == "[SEP]" for t in maps.tokens])
+        punct = torch.tensor([is_punctuation(t) for t in maps.tokens])
+        for l, w in enumerate(maps.layers):  # (H, L, L)
+            p = w.float().clamp_min(0)
+            ent = -(p * p.clamp_min(1e-12).log()).sum(-1)  # (H, L)
+            top = p.argmax(-1)  # (H, L)
+            prev = torch.diagonal(p, offset=-1, dim1=1, dim2=2)  # (H, L-1): row i -> key i-1
+            nxt = torch.diagonal(p, offset=1, dim1=1, dim2=2)  # (H, L-1): row i -> key i+1
+            per = {
+                "entropy": ent.sum(-1), "entropy_norm": ent.sum(-1) / math.log(n),
+                "distance": (p * dist).sum(-1).sum(-1), "to_prev": prev.sum(-1), "to_next": nxt.sum(-1),
+                "to_self": torch.diagonal(p, dim1=1, dim2=2).sum(-1),
+                "to_cls": p[..., cls].sum((-1, -2)), "to_sep": p[..., sep].sum((-1, -2)),
+                "to_punct": p[..., punct].sum((-1, -2)),
+                "argmax_prev": (top[:, 1:] == idx[1:] - 1).float().sum(-1),
+                "argmax_next": (top[:, :-1] == idx[:-1] + 1).float().sum(-1),
+                "argmax_self": (top == idx).float().sum(-1),
+            }
+            for h in range(w.shape[0]):
+                s = sums[l][h]
+                for k, v in per.items():
+                    s[k] += float(v[h])
+                s["_rows"] += n
+                s["_rows_prev"] += n - 1
+                s["_rows_next"] += n - 1
+    out = []
+    for layer in sums:
+        row = []
+        for s in layer:
+            d = {}
+            for k in STATS:
+                denom = s["_rows_prev"] if k == "argmax_prev" else s["_rows_next"] if k == "argmax_next" \
+                    else s["_rows"]
+                d[k] = s[k] / max(1, denom)
+            row.append(d)
+        out.append(row)
+    return out
+
+
+def role(s: dict) -> str:
+    """The role of one head from its statistics; rules in the module docstring."""
+    if s["argmax_prev"] >= POSITIONAL:
+        return "previous token"
+    if s["argmax_next"] >= POSITIONAL:
+        return "next token"
+    if s["argmax_self"] >= POSITIONAL:
+        return "self"
+    if s["to_cls"] + s["to_sep"] >= SINK:
+        return "delimiter sink"
+    if s["to_punct"] >= SINK:
+        return "punctuation"
+    if s["entropy_norm"] >= BROAD:
+        return "broad"
+    return "mixed"
+
+
+def analyse(corpus: list[AttentionMaps]) -> dict:
+    stats = head_stats(corpus)
+    heads = [{"layer": l, "head": h, "role": role(s), **{k: round(v, 4) for k, v in s.items()}}
+             for l, layer in enumerate(stats) for h, s in enumerate(layer)]
+    counts = {r: sum(1 for x in heads if x["role"] == r) for r in ROLES}
+    return {"model": corpus[0].model, "texts": len(corpus), "tokens": sum(len(m.tokens) for m in corpus),
+            "rules": {"positional": POSITIONAL, "sink": SINK, "broad": BROAD}, "counts": counts, "heads": heads}
+
+
+def format_table(result: dict) -> str:
+    lines = [f"{result['model']}: {result['texts']} texts, {result['tokens']} tokens; roles: " +
+             ", ".join(f"{r} {c}" for r, c in result["counts"].items() if c),
+             f"{'layer':>5} {'head':>4}  {'role':<15}{'entropy':>8}{'norm':>6}{'dist':>6}{'prev':>6}{'next':>6}"
+             f"{'self':>6}{'cls':>6}{'sep':>6}{'punct':>6}{'top=prev':>9}{'top=next':>9}"]
+    for x in result["heads"]:
+        lines.append(f"{x['layer']:>5} {x['head']:>4}  {x['role']:<15}{x['entropy']:>8.2f}{x['entropy_norm']:>6.2f}"
+                     f"{x['distance']:>6.2f}{x['to_prev']:>6.2f}{x['to_next']:>6.2f}{x['to_self']:>6.2f}"
+                     f"{x['to_cls']:>6.2f}{x['to_sep']:>6.2f}{x['to_punct']:>6.2f}{x['argmax_prev']:>9.2f}"
+                     f"{x['argmax_next']:>9.2f}")
+    return "\n".join(lines)
+
+
+def plot_roles(result: dict, stem: Path) -> list[Path]:
+    """Layers x heads: role colours with the role written in, beside mean normalised entropy and distance."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    from .plots import _save
+
+    layers = 1 + max(x["layer"] for x in result["heads"])
+    cols = 1 + max(x["head"] for x in result["heads"])
+    grid = torch.full((layers, cols), float("nan"))
+    ent = torch.full((layers, cols), float("nan"))
+    dist = torch.full((layers, cols), float("nan"))
+    for x in result["heads"]:
+        grid[x["layer"], x["head"]] = ROLES.index(x["role"])
+        ent[x["layer"], x["head"]] = x["entropy_norm"]
+        dist[x["layer"], x["head"]] = x["distance"]
+    colours = ["#1f77b4", "#17becf", "#9467bd", "#d62728", "#ff7f0e", "#2ca02c", "#c7c7c7"]
+    fig, axes = plt.subplots(1, 3, figsize=(3 * max(4, 0.6 * cols) + 2, 0.7 * layers + 2.5),
+                             gridspec_kw={"width_ratios": [1.4, 1, 1]})
+    axes[0].imshow(grid.numpy(), cmap=ListedColormap(colours), vmin=-0.5, vmax=len(ROLES) - 0.5, aspect="auto")
+    for x in result["heads"]:
+        short = {"previous token": "prev", "next token": "next", "delimiter sink": "sink", "punctuation": "punct"}
+        axes[0].text(x["head"], x["layer"], short.get(x["role"], x["role"]), ha="center", va="center", fontsize=6)
+    axes[0].set_title("role (rules in multihead.interpret.roles)", fontsize=9)
+    for ax, data, title, cmap in ((axes[1], ent, "mean normalised entropy", "viridis"),
+                                  (axes[2], dist, "mean attention distance (tokens)", "magma")):
+        im = ax.imshow(data.numpy(), cmap=cmap, aspect="auto")
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        ax.set_title(title, fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_xticks(range(cols))
+        ax.set_yticks(range(layers))
+    fig.suptitle(f"{result['model']}: {result['texts']} texts, {result['tokens']} tokens", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, stem)
+
+
+def write(result: dict, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "heads.json").write_text(json.dumps(result, indent=2))
+    return [out / "heads.json", *plot_roles(result, out / "heads")]
+
+
+__all__ = ["ROLES", "STATS", "analyse", "format_table", "head_stats", "plot_roles", "role", "write"]
