@@ -1,3 +1,6 @@
+import csv
+import random
+
 import pytest
 import torch
 
@@ -14,3 +17,25 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+
+def make_sentiment_csv(path, n=600, seed=0):
+    """A small learnable task: the label is which of two word lists dominates the text."""
+    rng = random.Random(seed)
+    pos, neg = ["good", "great", "fine", "lovely", "superb"], ["bad", "awful", "poor", "dull", "weak"]
+    filler = ["the", "film", "was", "a", "plot", "actor", "scene", "and", "very", "quite", "story", "music"]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["sentence", "sentiment"])
+        for i in range(n):
+            label = i % 2
+            words = rng.choices(filler, k=rng.randint(4, 14)) + rng.choices(pos if label else neg, k=2)
+            rng.shuffle(words)
+            w.writerow([" ".join(words) + f" {i}", "positive" if label else "negative"])
+    return path
+
+
+@pytest.fixture(scope="session")
+def sentiment_csv(tmp_path_factory):
+    return make_sentiment_csv(tmp_path_factory.mktemp("data") / "sentiment.csv")

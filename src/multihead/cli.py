@@ -290,6 +290,53 @@ def cmd_export(args) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------------ seeing inside
+def _head_list(text: str) -> list[tuple[int, int]]:
+    out = []
+    for item in _words(text):
+        try:
+            l, h = item.split(":")
+            out.append((int(l), int(h)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected LAYER:HEAD pairs like 1:8,5:3, got {item!r}") from None
+    return out
+
+
+def cmd_show(args) -> int:
+    from .interpret import load_subject
+    from .interpret.show import show
+
+    subject = load_subject(args.model)
+    summary = show(subject, args.text, Path(args.out), heads=args.heads, rollout=not args.no_rollout)
+    print(f"{len(summary['tokens'])} tokens: {' '.join(summary['tokens'][:40])}"
+          f"{' ...' if len(summary['tokens']) > 40 else ''}")
+    print(f"wrote {len(summary['files'])} files to {args.out} in {summary['seconds']['total']:.1f}s; open "
+          f"{Path(args.out) / 'attention.html'} in a browser (works offline)")
+    return 0
+
+
+def cmd_heads(args) -> int:
+    import json
+
+    from . import data as D
+    from .interpret import load_subject, roles
+
+    subject = load_subject(args.model)
+    ds = D.load(args.data, text_column=args.text_column, label_column=args.label_column)
+    texts = D.split(ds, seed=0).test.texts[: args.n] if args.split == "test" else ds.texts[: args.n]
+    corpus = subject.maps(texts)
+    result = roles.analyse(corpus)
+    result["data"] = {"name": args.data, "split": args.split, "n": len(texts)}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(roles.format_table(result))
+    if args.out:
+        files = roles.write(result, Path(args.out))
+        print(f"wrote {', '.join(str(f) for f in files)}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="multihead", description="Multi-head attention: train, inspect, prune, run fast.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -357,6 +404,25 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("source", help="minilm, a BERT-family folder, or a run folder")
     ex.add_argument("--out", required=True, help="folder to write")
     ex.set_defaults(fn=cmd_export)
+
+    sh = sub.add_parser("show", help="pictures (PNG+SVG) and an offline web page of every head for one text")
+    sh.add_argument("model", help="a run folder, minilm, or a BERT-family folder")
+    sh.add_argument("text")
+    sh.add_argument("--out", required=True, help="folder to write")
+    sh.add_argument("--heads", type=_head_list, default=None, help="heads to draw at full size, e.g. 1:8,5:3")
+    sh.add_argument("--no-rollout", action="store_true", help="skip the attention-rollout picture")
+    sh.set_defaults(fn=cmd_show)
+
+    hd = sub.add_parser("heads", help="per-head statistics and role labels over a corpus sample")
+    hd.add_argument("model", help="a run folder, minilm, or a BERT-family folder")
+    hd.add_argument("--data", default="rotten_tomatoes", help="built-in dataset or a .csv/.tsv/.jsonl file")
+    hd.add_argument("--n", type=int, default=200, help="texts to use (default 200)")
+    hd.add_argument("--split", default="test", choices=["test", "all"], help="the fixed test split, or all rows")
+    hd.add_argument("--text-column", default="text")
+    hd.add_argument("--label-column", default="label")
+    hd.add_argument("--out", default=None, help="write heads.json and heads.png/.svg here")
+    hd.add_argument("--json", action="store_true")
+    hd.set_defaults(fn=cmd_heads)
 
     dd = sub.add_parser("data", help="print a dataset card: sizes, classes, length percentiles")
     dd.add_argument("name", help="built-in name or a .csv/.tsv/.jsonl file")

@@ -146,7 +146,34 @@ def run_demo(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
     summary = walkthrough(out / "walkthrough", seed=seed)
     print(f"== 3. Real pretrained heads: MiniLM-L6 (6 layers x 12 heads) in our modules -> {out / 'pretrained'}")
     real = pretrained_step(out / "pretrained")
-    return {"train": results, "walkthrough": summary, "pretrained": real}
+    print(f'== 4. Seeing inside: "{SENTENCE}" in the trained classifier and in MiniLM')
+    seen = show_step(out, pretrained_ok="skipped" not in real)
+    return {"train": results, "walkthrough": summary, "pretrained": real, "show": seen}
+
+
+def show_step(out: Path, *, pretrained_ok: bool = True) -> dict:
+    """``multihead show`` on the demo run and on MiniLM (case study: which heads link the->cat, sat->on, cat->mat),
+    and MiniLM's head roles over 200 Rotten Tomatoes test sentences."""
+    from . import data as D
+    from .interpret import load_subject, roles
+    from .interpret.show import show
+
+    done = {}
+    targets = [(out, out / "show")] + ([("minilm", out / "pretrained" / "show")] if pretrained_ok else [])
+    for source, folder in targets:
+        summary = show(load_subject(source), SENTENCE, folder, log=lambda text: print("   " + text.replace("\n", "\n   ")))
+        print(f"   {source}: {len(summary['files'])} files in {folder} ({summary['seconds']['total']:.1f}s); "
+              f"open {folder / 'attention.html'}")
+        done[str(source)] = {k: summary[k] for k in ("tokens", "heads", "seconds")}
+    if pretrained_ok:
+        texts = D.split(D.load("rotten_tomatoes"), seed=0).test.texts[:200]
+        result = roles.analyse(load_subject("minilm").maps(texts))
+        roles.write(result, out / "pretrained" / "heads")
+        print(f"   MiniLM head roles on 200 rotten_tomatoes test sentences: " +
+              ", ".join(f"{r} {c}" for r, c in result["counts"].items() if c) +
+              f" -> {out / 'pretrained' / 'heads' / 'heads.png'}")
+        done["roles"] = result["counts"]
+    return done
 
 
 SIMILARITY_TEXTS = ["The cat sat on the mat.", "A cat was sitting on a rug.", "The film was a joy to watch.",

@@ -1,7 +1,8 @@
 """The tutorial's case study, "The cat sat on the mat.", answered by searching every head.
 
 A link ``query -> key`` holds in a head when the key is the query's strongest link among word tokens ([CLS], [SEP]
-and padding excluded: most BERT heads park spare attention on them, Clark et al. 2019). For each kind of link, every
+and padding excluded: most BERT heads park spare attention on them, Clark et al. 2019). A word split into sub-tokens
+is represented by its first sub-token. For each kind of link, every
 head where *all* its pairs hold is reported with the mean weight of those pairs, strongest first; when no head
 qualifies, the closest head (highest mean weight) is reported as such.
 """
@@ -23,24 +24,21 @@ LINKS = {
 }
 
 
-def word_positions(tokens: list[str], words: list[str]) -> list[int] | None:
+def word_positions(maps: AttentionMaps, words: list[str]) -> list[int] | None:
     """Token index of the first sub-token of each word, or None when the tokens do not spell ``words``."""
-    out, i = [], 0
-    clean = [t[2:] if t.startswith("##") else t for t in tokens]
-    for w in words:
-        while i < len(tokens) and is_special(tokens[i]):
-            i += 1
-        if i >= len(tokens) or not w.startswith(clean[i].lower()):
-            return None
-        out.append(i)
-        spelled = clean[i].lower()
-        i += 1
-        while spelled != w and i < len(tokens) and tokens[i].startswith("##"):  # WordPiece continuations
-            spelled += clean[i].lower()
-            i += 1
-        if spelled != w:
-            return None
-    return out
+    starts = maps.word_starts()
+    spelled: list[tuple[int, str]] = []  # (first token, the word it spells)
+    for i, (tok, start) in enumerate(zip(maps.tokens, starts)):
+        if is_special(tok):
+            continue
+        piece = tok[2:] if tok.startswith("##") else tok
+        if start or not spelled:
+            spelled.append((i, piece.lower()))
+        else:
+            spelled[-1] = (spelled[-1][0], spelled[-1][1] + piece.lower())
+    if [w for _, w in spelled] != words:
+        return None
+    return [i for i, _ in spelled]
 
 
 def search(maps: AttentionMaps, pairs: list[tuple[int, int]]) -> list[dict]:
@@ -65,14 +63,14 @@ def closest(maps: AttentionMaps, pairs: list[tuple[int, int]]) -> dict:
 def run(maps: AttentionMaps) -> dict:
     """Results per link kind: ``{"pairs": [...tokens...], "heads": [...], "closest": {...}}``; or ``{"skipped"}``
     when the text is not the case-study sentence as these tokens spell it."""
-    pos = word_positions(maps.tokens, WORDS)
+    pos = word_positions(maps, WORDS)
     if pos is None:
         return {"skipped": f"the tokens {maps.tokens} do not spell {WORDS}"}
     out = {}
     for kind, links in LINKS.items():
         pairs = [(pos[q], pos[k]) for q, k in links]
         heads = search(maps, pairs)
-        out[kind] = {"pairs": [f"{maps.tokens[q]}({q}) -> {maps.tokens[k]}({k})" for q, k in pairs],
+        out[kind] = {"pairs": [f"{WORDS[a]}({pos[a]}) -> {WORDS[b]}({pos[b]})" for a, b in links],
                      "heads": heads, "closest": None if heads else closest(maps, pairs),
                      # every pair is also "the next token": a positional head matches it without any grammar
                      "adjacent": all(k - q == 1 for q, k in pairs)}

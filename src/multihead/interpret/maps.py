@@ -21,6 +21,10 @@ class AttentionMaps:
     tokens: list[str]
     layers: list[Tensor]
     model: str = ""
+    starts: list[bool] | None = None  # True where a token starts a word (None: WordPiece's "##" marks the rest)
+
+    def word_starts(self) -> list[bool]:
+        return self.starts if self.starts is not None else [not t.startswith("##") for t in self.tokens]
 
     @property
     def num_layers(self) -> int:
@@ -53,10 +57,14 @@ class Subject:
         enc = encode(self.tokenizer, list(texts), self.max_len)
         return collate(enc.ids, pad_id=self.tokenizer.token_to_id("[PAD]") or 0)
 
-    def display(self, ids: list[int]) -> list[str]:
-        """Tokens for people: BPE's word-start marker dropped (``▁cat`` -> ``cat``); WordPiece's ``##`` kept."""
+    def display(self, ids: list[int]) -> tuple[list[str], list[bool] | None]:
+        """Tokens for people and word starts: BPE's word-start marker dropped (``▁cat`` -> ``cat``, a start;
+        ``at`` without it continues a word); WordPiece's ``##`` kept (starts: None, the ``##`` says it)."""
         toks = [self.tokenizer.id_to_token(i) for i in ids]
-        return [t[1:] if t.startswith("▁") and len(t) > 1 else t for t in toks]
+        if not any(t.startswith("▁") for t in toks):
+            return toks, None
+        starts = [t.startswith("▁") or is_special(t) for t in toks]
+        return [t[1:] if t.startswith("▁") and len(t) > 1 else t for t in toks], starts
 
     @torch.no_grad()
     def maps(self, texts: list[str] | str, batch_size: int = 32) -> list[AttentionMaps] | AttentionMaps:
@@ -73,8 +81,9 @@ class Subject:
             patterns = cache.patterns()  # each (B, H, L, L)
             for row, text in enumerate(chunk):
                 n = int(keep[row].sum())
-                out.append(AttentionMaps(text, self.display(ids[row, :n].tolist()),
-                                         [p[row, :, :n, :n].float() for p in patterns], self.name))
+                tokens, starts = self.display(ids[row, :n].tolist())
+                out.append(AttentionMaps(text, tokens, [p[row, :, :n, :n].float() for p in patterns], self.name,
+                                         starts))
         return out[0] if single else out
 
 
@@ -90,7 +99,7 @@ def load_subject(source: str | Path) -> Subject:
         run = load_run(path)
         return Subject(str(source), run.model, run.tokenizer, run.config.data.max_len)
     p = pretrained.load(source)
-    return Subject(str(source), p.model, p.tokenizer, p.max_seq_length)
+    return Subject(str(source), p.model, p.tokenizer, p.model.config.max_len)  # all positions, not ST's 256
 
 
 def is_special(token: str) -> bool:

@@ -27,7 +27,7 @@ button.tab.active { background: #333; color: #fff; }
 #heads { display: flex; flex-wrap: wrap; gap: 4px; margin: 6px 0; }
 #heads label { padding: 2px 6px; border-radius: 3px; color: #fff; cursor: pointer; font-size: 12px; user-select: none; }
 #heads label.off { opacity: 0.25; }
-#lines text { font-size: 13px; cursor: default; } #lines text.focus { font-weight: bold; }
+#lines text { font-size: 13px; cursor: default; } #links { pointer-events: none; } #lines text.focus { font-weight: bold; }
 #grid { display: grid; gap: 6px; } .cell { text-align: center; font-size: 10px; cursor: pointer; }
 .cell canvas { width: 72px; height: 72px; image-rendering: pixelated; border: 1px solid #ccc; display: block; }
 .cell.hl canvas { border: 2px solid #d62728; } #found button { margin: 2px; }
@@ -77,12 +77,23 @@ SCRIPT = r"""
     document.getElementById("current").textContent =
       "layer " + layer + ", " + (sel.length === 1 ? "head " + sel[0] : sel.length + " heads");
   }
-  function drawLines() {
+  const LEFT = 200, RIGHT = 320;
+  function drawTokens() {  // once: the tokens never change; hovering only redraws the lines
     const svg = document.getElementById("lines"); svg.replaceChildren();
-    const width = 520, left = 200, right = 320;
-    svg.setAttribute("width", width); svg.setAttribute("height", ROW * N + 10);
-    const g = el("g");
-    svg.appendChild(g);
+    svg.setAttribute("width", 520); svg.setAttribute("height", ROW * N + 10);
+    svg.appendChild(el("g", {id: "links"}));
+    for (const side of ["q", "k"]) {
+      for (let i = 0; i < N; i++) {
+        const t = el("text", {x: side === "q" ? LEFT : RIGHT, y: ROW * i + 18, "text-anchor": side === "q" ? "end" : "start",
+          "data-side": side, "data-index": i}, D.tokens[i]);
+        t.addEventListener("mouseenter", () => { focus = {side: side, i: i}; drawLines(); });
+        t.addEventListener("mouseleave", () => { focus = null; drawLines(); });
+        svg.appendChild(t);
+      }
+    }
+  }
+  function drawLines() {
+    const g = document.getElementById("links"); g.replaceChildren();
     const topK = N > 64 ? 3 : N;
     for (const h of selected) {
       const w = weights(layer, h), c = colour(h, D.heads[layer]);
@@ -93,19 +104,14 @@ SCRIPT = r"""
         for (const j of order) {
           if (focus && focus.side === "k" && focus.i !== j) continue;
           if (row[j] < (focus ? 0.01 : 0.05)) continue;
-          g.appendChild(el("line", {x1: left + 5, y1: ROW * i + 14, x2: right - 5, y2: ROW * j + 14, stroke: c,
+          g.appendChild(el("line", {x1: LEFT + 5, y1: ROW * i + 14, x2: RIGHT - 5, y2: ROW * j + 14, stroke: c,
             "stroke-width": 2, "stroke-opacity": row[j].toFixed(3)}));
         }
       }
     }
-    for (const side of ["q", "k"]) {
-      for (let i = 0; i < N; i++) {
-        const t = el("text", {x: side === "q" ? left : right, y: ROW * i + 18, "text-anchor": side === "q" ? "end" : "start",
-          "class": focus && focus.side === side && focus.i === i ? "focus" : ""}, D.tokens[i]);
-        t.addEventListener("mouseenter", () => { focus = {side: side, i: i}; drawLines(); });
-        t.addEventListener("mouseleave", () => { focus = null; drawLines(); });
-        svg.appendChild(t);
-      }
+    for (const t of document.querySelectorAll("#lines text")) {
+      const on = focus && focus.side === t.getAttribute("data-side") && focus.i === Number(t.getAttribute("data-index"));
+      t.classList.toggle("focus", Boolean(on));
     }
   }
   function drawGrid() {
@@ -152,7 +158,7 @@ SCRIPT = r"""
     b.addEventListener("click", () => showHead(f.layer, f.head));
     found.appendChild(b);
   }
-  setLayer(0); drawGrid(); tab("head");
+  drawTokens(); setLayer(0); drawGrid(); tab("head");
   document.body.setAttribute("data-ready", "1");
 })();
 """

@@ -138,7 +138,10 @@ def plot_rollout(maps: AttentionMaps, stem: Path, *, max_labels: int = 60) -> li
     n = len(maps.tokens)
     size = min(16.0, max(5.0, 0.25 * n))
     fig, ax = plt.subplots(figsize=(size + 1.2, size))
-    im = ax.imshow(rollout(maps).numpy(), cmap="magma", interpolation="nearest")
+    from matplotlib.colors import PowerNorm
+
+    # Rollout mass piles onto [CLS]; a square-root colour scale keeps the rest visible.
+    im = ax.imshow(rollout(maps).numpy(), cmap="magma", norm=PowerNorm(0.5), interpolation="nearest")
     _label(ax, maps.tokens, max_labels, max(5.0, min(10.0, 400 / max(1, min(n, max_labels)))))
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     ax.set_title(f"{maps.model}: attention rollout over {maps.num_layers} layers (Abnar & Zuidema 2020)\n"
