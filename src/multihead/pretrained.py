@@ -122,7 +122,8 @@ def encoder_config(hf: dict, *, backend: str = "auto") -> TextEncoderConfig:
         # Attention-weight dropout (BERT's attention_probs_dropout_prob) is off: it forces PyTorch's slow CPU
         # kernel. Inference is unaffected; fine-tuning keeps residual/FFN/embedding dropout.
         attn_dropout=0.0, activation=_ACTIVATIONS[act], norm_first=False,
-        layer_norm_eps=hf.get("layer_norm_eps", 1e-12), bias=True, backend=backend)
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-12), bias=True, backend=backend,
+        pruned_heads=_pruned_heads(hf) or None)
     return TextEncoderConfig(
         vocab_size=hf["vocab_size"], max_len=hf["max_position_embeddings"], positional="learned", pooling="mean",
         pad_id=hf.get("pad_token_id", 0), embed_init_std=hf.get("initializer_range", 0.02),
@@ -303,9 +304,7 @@ def load(name_or_path: str | Path = "minilm", *, backend: str = "auto", device: 
     folder = resolve(name_or_path)
     hf = read_hf_config(folder)
     config = encoder_config(hf, backend=backend)
-    model = TextEncoder(config)
-    for layer, heads in _pruned_heads(hf).items():
-        model.encoder.layers[layer].attn.prune_heads(heads)
+    model = TextEncoder(config)  # config.encoder.pruned_heads (from config.json) shapes the pruned layers
     ignored = load_weights_into(model, folder, hf)
     tokenizer = load_tokenizer(folder)
     if tokenizer.get_vocab_size() > config.vocab_size:

@@ -32,6 +32,11 @@ class EncoderConfig:
     rotary: bool = False  # rotary position embedding inside attention
     backend: str = "auto"
     unpad: bool = True  # with padding, run projections, FFN and norms on real tokens only (same result, less work)
+    pruned_heads: dict[int, list[int]] | None = None  # layer -> removed heads (original numbering); see prune_heads
+
+    def __post_init__(self) -> None:
+        if self.pruned_heads:  # JSON turns the layer keys into strings
+            self.pruned_heads = {int(k): sorted(int(h) for h in v) for k, v in self.pruned_heads.items()}
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -130,13 +135,36 @@ class TransformerEncoder(nn.Module):
             for _ in range(config.num_layers)
         )
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
+        recorded, config.pruned_heads = config.pruned_heads, None
+        if recorded:  # a pruned model rebuilt from its config: same shapes as the saved weights
+            self.prune_heads(recorded)
+
+    def prune_heads(self, heads: dict[int, list[int]]) -> None:
+        """Remove heads physically: ``{layer: [head, ...]}`` in the *original* numbering (as HF's ``prune_heads``;
+        heads already gone are ignored). Q/K/V/output projections shrink (GQA-aware, see
+        :meth:`MultiHeadAttention.prune_heads`); a layer may lose every head. ``config.pruned_heads`` records the
+        result, so the config saved beside a checkpoint rebuilds the same shapes."""
+        for layer, hs in heads.items():
+            layer = int(layer)
+            if not 0 <= layer < len(self.layers):
+                raise ValueError(f"layer {layer} does not exist; the encoder has {len(self.layers)} layers")
+            attn = self.layers[layer].attn
+            total = attn.num_heads + len(attn.pruned_heads)
+            bad = [h for h in hs if not 0 <= int(h) < total]
+            if bad:
+                raise ValueError(f"layer {layer} has heads 0..{total - 1} (original numbering); got {bad}")
+            current = [h for h in range(total) if h not in attn.pruned_heads]  # original index of each current head
+            attn.prune_heads([current.index(int(h)) for h in hs if int(h) in current])
+        done = {i: list(layer.attn.pruned_heads) for i, layer in enumerate(self.layers) if layer.attn.pruned_heads}
+        self.config.pruned_heads = done or None
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, key_padding_mask: Tensor | None = None,
                 is_causal: bool = False, head_mask: Tensor | None = None) -> Tensor:
-        """``x`` ``(B, L, E)``; ``head_mask`` ``(num_layers, H)`` or None: one scale per layer and head."""
-        if head_mask is not None and head_mask.shape[0] != len(self.layers):
+        """``x`` ``(B, L, E)``; ``head_mask`` ``(num_layers, H)``, or a list of per-layer ``(H_l,)`` when pruning left
+        layers with different head counts, or None: one scale per layer and head."""
+        if head_mask is not None and len(head_mask) != len(self.layers):
             raise ValueError(
-                f"head_mask must have one row per layer ({len(self.layers)}), got shape {tuple(head_mask.shape)}"
+                f"head_mask must have one row per layer ({len(self.layers)}), got {len(head_mask)} rows"
             )
         if (self.config.unpad and key_padding_mask is not None and mask is None and not is_causal
                 and key_padding_mask.dtype == torch.bool and key_padding_mask.dim() == 2

@@ -58,10 +58,10 @@ def predict(run: Run, texts: list[str]) -> list[dict]:
     return out
 
 
-def evaluate(run: Run, data: str | None = None, *, split: str = "test", text_column: str | None = None,
-             label_column: str | None = None) -> dict:
-    """Accuracy, macro-F1 and confusion on ``split`` (train/validation/test: the run's recorded split; all: every
-    row) of ``data`` (default: the dataset the run was trained on)."""
+def examples(run: Run, data: str | None = None, *, split: str = "test", text_column: str | None = None,
+             label_column: str | None = None) -> tuple[str, list[list[int]], list[int], int]:
+    """``(dataset name, token ids, label indices, texts truncated)`` of ``split`` (train/validation/test: the run's
+    recorded split; all: every row) of ``data`` (default: the dataset the run was trained on)."""
     dc = run.config.data
     name = data or dc.name
     ds = D.load(name, text_column=text_column or dc.text_column, label_column=label_column or dc.label_column)
@@ -81,10 +81,17 @@ def evaluate(run: Run, data: str | None = None, *, split: str = "test", text_col
         raise D.DataError(f"unknown split {split!r}; choose train, validation, test or all")
     index = {n: i for i, n in enumerate(run.labels)}
     enc = run.encode(part.texts)
-    result = evaluate_ids(run.model, enc.ids, [index[y] for y in part.labels], len(run.labels),
-                          next(run.model.parameters()).device)
-    result.update(dataset=name, split=split, truncated=enc.truncated, labels=run.labels)
+    return name, enc.ids, [index[y] for y in part.labels], enc.truncated
+
+
+def evaluate(run: Run, data: str | None = None, *, split: str = "test", text_column: str | None = None,
+             label_column: str | None = None) -> dict:
+    """Accuracy, macro-F1 and confusion on ``split`` of ``data`` (see :func:`examples`)."""
+    name, ids, labels, truncated = examples(run, data, split=split, text_column=text_column,
+                                            label_column=label_column)
+    result = evaluate_ids(run.model, ids, labels, len(run.labels), next(run.model.parameters()).device)
+    result.update(dataset=name, split=split, truncated=truncated, labels=run.labels)
     return result
 
 
-__all__ = ["Run", "evaluate", "load_run", "predict"]
+__all__ = ["Run", "evaluate", "examples", "load_run", "predict"]

@@ -1,0 +1,155 @@
+"""Which heads matter: importance scores ``(layers, heads)`` for a classifier on labelled data.
+
+* ``michel`` -- Michel et al. 2019: ``I_h = sum_x |d loss(x) / d m_h|`` for a per-head mask ``m`` (all ones, or the
+  current pruning mask), accumulated over the data, then L2-normalised within each layer.
+* ``confidence`` -- Voita et al. 2019: the mean over real query tokens of the head's largest attention weight.
+* ``entropy`` -- minus the mean attention entropy (focused heads score higher).
+* ``loo`` -- leave one out, exact: the loss increase when the head alone is masked (one pass per head).
+
+Higher = more important for all four. Already-masked heads (``mask == 0``) get ``nan``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..data import collate
+
+METHODS = ("michel", "confidence", "entropy", "loo")
+
+
+def _batches(ids: list[list[int]], labels: list[int], batch_size: int):
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        x, keep = collate([ids[i] for i in chunk])
+        yield x, keep, torch.tensor([labels[i] for i in chunk])
+
+
+def head_shape(model: nn.Module) -> tuple[int, int]:
+    heads = model.encoder.num_heads
+    if len(set(heads)) != 1:
+        raise ValueError(f"scoring needs the same number of heads in every layer, got {heads}; score the model "
+                         "before physical pruning (mask heads instead)")
+    return len(heads), heads[0]
+
+
+def michel(model: nn.Module, ids, labels, mask: Tensor | None = None, batch_size: int = 32) -> Tensor:
+    layers, heads = head_shape(model)
+    mask = torch.ones(layers, heads) if mask is None else mask.clone().float()
+    device = next(model.parameters()).device
+    head_mask = mask.to(device).requires_grad_(True)
+    total = torch.zeros(layers, heads)
+    model.eval()  # no dropout: the score is about the trained function
+    for x, keep, y in _batches(ids, labels, batch_size):
+        loss = F.cross_entropy(model(x.to(device), keep.to(device), head_mask=head_mask), y.to(device),
+                               reduction="sum")
+        (grad,) = torch.autograd.grad(loss, head_mask)
+        total += grad.detach().abs().cpu()
+    total = total / total.norm(dim=1, keepdim=True).clamp_min(1e-12)  # L2 per layer (Michel et al. 2019)
+    return total.masked_fill(mask == 0, float("nan"))
+
+
+@torch.no_grad()
+def attention_focus(model: nn.Module, ids, labels, mask: Tensor | None = None, batch_size: int = 32
+                    ) -> tuple[Tensor, Tensor]:
+    """Mean max weight (confidence) and mean entropy per head, over real query tokens."""
+    from ..interpret.capture import capture
+
+    layers, heads = head_shape(model)
+    device = next(model.parameters()).device
+    conf, ent, rows = torch.zeros(layers, heads), torch.zeros(layers, heads), 0
+    model.eval()
+    for x, keep, _ in _batches(ids, labels, batch_size):
+        hm = None if mask is None else mask.to(device)
+        with capture(model) as cache:
+            model(x.to(device), keep.to(device), head_mask=hm)
+        real = keep[:, None, :, None].float()  # (B, 1, L, 1): real query rows
+        for l, p in enumerate(cache.patterns()):  # (B, H, L, L)
+            conf[l] += (p.amax(-1, keepdim=True) * real).sum((0, 2, 3))
+            ent[l] += (-(p * p.clamp_min(1e-12).log()).sum(-1, keepdim=True) * real).sum((0, 2, 3))
+        rows += int(keep.sum())
+    return conf / rows, ent / rows
+
+
+@torch.no_grad()
+def loss_with(model: nn.Module, ids, labels, mask: Tensor, batch_size: int = 64) -> tuple[float, float]:
+    """Mean loss and accuracy of ``model`` with ``mask`` applied."""
+    device = next(model.parameters()).device
+    total, correct = 0.0, 0
+    model.eval()
+    for x, keep, y in _batches(ids, labels, batch_size):
+        logits = model(x.to(device), keep.to(device), head_mask=mask.to(device))
+        total += F.cross_entropy(logits, y.to(device), reduction="sum").item()
+        correct += int((logits.argmax(-1).cpu() == y).sum())
+    return total / len(ids), correct / len(ids)
+
+
+def leave_one_out(model: nn.Module, ids, labels, mask: Tensor | None = None, progress: bool = False) -> Tensor:
+    from tqdm import tqdm
+
+    layers, heads = head_shape(model)
+    mask = torch.ones(layers, heads) if mask is None else mask.clone().float()
+    base, _ = loss_with(model, ids, labels, mask)
+    out = torch.full((layers, heads), float("nan"))
+    alive = [(l, h) for l in range(layers) for h in range(heads) if mask[l, h] != 0]
+    for l, h in tqdm(alive, disable=not progress, desc="leave one out"):
+        m = mask.clone()
+        m[l, h] = 0
+        out[l, h] = loss_with(model, ids, labels, m)[0] - base
+    return out
+
+
+def importance(model: nn.Module, ids, labels, method: str = "michel", mask: Tensor | None = None,
+               progress: bool = False) -> Tensor:
+    """``(layers, heads)`` scores by ``method`` (see the module docstring); higher = more important."""
+    if method == "michel":
+        return michel(model, ids, labels, mask)
+    if method in ("confidence", "entropy"):
+        conf, ent = attention_focus(model, ids, labels, mask)
+        score = conf if method == "confidence" else -ent
+        return score if mask is None else score.masked_fill(mask == 0, float("nan"))
+    if method == "loo":
+        return leave_one_out(model, ids, labels, mask, progress)
+    raise ValueError(f"unknown importance method {method!r}; choose from {METHODS}")
+
+
+def format_table(scores: Tensor, title: str = "") -> str:
+    layers, heads = scores.shape
+    lines = ([title] if title else []) + ["layer " + "".join(f"{'H' + str(h):>8}" for h in range(heads))]
+    for l in range(layers):
+        lines.append(f"{l:>5} " + "".join(f"{'-':>8}" if math.isnan(v) else f"{v:>8.3f}"
+                                          for v in scores[l].tolist()))
+    return "\n".join(lines)
+
+
+def plot(scores: Tensor, stem, title: str) -> list:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..interpret.plots import _save
+
+    layers, heads = scores.shape
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * heads + 2), max(2.5, 0.5 * layers + 1.5)))
+    im = ax.imshow(scores.numpy(), cmap="viridis", aspect="auto")
+    for l in range(layers):
+        for h in range(heads):
+            v = float(scores[l, h])
+            if not math.isnan(v):
+                ax.text(h, l, f"{v:.2f}", ha="center", va="center", fontsize=6, color="white")
+    ax.set_xticks(range(heads))
+    ax.set_yticks(range(layers))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_title(title, fontsize=9)
+    return _save(fig, stem)
+
+
+__all__ = ["METHODS", "attention_focus", "format_table", "importance", "leave_one_out", "loss_with", "michel",
+           "plot"]

@@ -1,0 +1,144 @@
+"""Iterative head pruning (Michel et al. 2019), then physical pruning into a new run folder.
+
+Each round masks the least important ``step`` fraction of the remaining heads (at least one), re-scoring with the
+current mask, and evaluates on the validation split (and, for the report, on the test split). Rounds continue while
+validation accuracy stays within ``max_drop`` of the unpruned model; the last mask within it is kept and the model is
+pruned physically (``encoder.prune_heads``), saved with ``pruned_heads`` in its config, and reloaded to check.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from .importance import head_shape, importance, loss_with
+
+
+def prune_curve(model, val, test=None, *, method: str = "michel", step: float = 0.1, max_drop: float = 0.01,
+                score_data=None, until: float = 0.0, log=print) -> dict:
+    """Rounds of masking. ``val``/``test``/``score_data``: ``(ids, labels)``; scores come from ``score_data``
+    (default ``val``). The curve continues past ``max_drop`` until ``until`` of the heads are pruned (1.0: all);
+    the chosen mask always respects ``max_drop``. Returns ``{"rounds": [...], "mask": chosen mask, ...}``; each
+    round also records its ``mask``."""
+    layers, heads = head_shape(model)
+    total = layers * heads
+    mask = torch.ones(layers, heads)
+    score_ids, score_labels = score_data or val
+    _, base_val = loss_with(model, *val, mask)
+    base_test = loss_with(model, *test, mask)[1] if test else None
+    rounds = [{"pruned": 0, "fraction": 0.0, "val_accuracy": base_val, "test_accuracy": base_test,
+               "heads_pruned": [], "mask": mask.int().tolist()}]
+    best = mask.clone()
+    log(f"round 0: {total} heads, validation accuracy {base_val:.4f}" +
+        (f", test {base_test:.4f}" if test else ""))
+    within = True
+    while mask.sum() > 0:
+        scores = importance(model, score_ids, score_labels, method, mask)
+        alive = int(mask.sum())
+        k = max(1, math.ceil(step * alive))
+        flat = scores.flatten().nan_to_num(float("inf"))
+        drop = flat.argsort()[:k].tolist()
+        for idx in drop:
+            mask[idx // heads, idx % heads] = 0
+        _, acc = loss_with(model, *val, mask)
+        test_acc = loss_with(model, *test, mask)[1] if test else None
+        pruned = total - int(mask.sum())
+        rounds.append({"pruned": pruned, "fraction": pruned / total, "val_accuracy": acc, "test_accuracy": test_acc,
+                       "heads_pruned": [[i // heads, i % heads] for i in drop], "mask": mask.int().tolist()})
+        ok = acc >= base_val - max_drop
+        log(f"round {len(rounds) - 1}: pruned {pruned}/{total} ({pruned / total:.0%}), validation accuracy "
+            f"{acc:.4f}" + (f", test {test_acc:.4f}" if test else "") + ("" if ok else "  (beyond max-drop)"))
+        if ok and within:
+            best = mask.clone()
+        else:
+            within = False
+            if pruned / total >= until:
+                break
+    chosen = total - int(best.sum())
+    return {"method": method, "step": step, "max_drop": max_drop, "heads": total, "rounds": rounds,
+            "mask": best.int().tolist(), "pruned": chosen, "fraction": chosen / total,
+            "base_val_accuracy": base_val, "base_test_accuracy": base_test}
+
+
+def mask_to_heads(mask) -> dict[int, list[int]]:
+    return {l: [h for h, v in enumerate(row) if not v] for l, row in enumerate(mask) if not all(row)}
+
+
+def plot_curve(result: dict, stem: Path, title: str) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..interpret.plots import _save
+
+    r = result["rounds"]
+    x = [100 * e["fraction"] for e in r]
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax.plot(x, [e["val_accuracy"] for e in r], "o-", label="validation")
+    if r[0]["test_accuracy"] is not None:
+        ax.plot(x, [e["test_accuracy"] for e in r], "s-", label="test")
+    ax.axhline(result["base_val_accuracy"] - result["max_drop"], color="grey", ls="--", lw=1,
+               label=f"validation - {result['max_drop']:g} (stop)")
+    ax.axvline(100 * result["fraction"], color="red", ls=":", lw=1, label=f"chosen: {100 * result['fraction']:.0f}%")
+    ax.set_xlabel("heads pruned (%)")
+    ax.set_ylabel("accuracy")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, stem)
+
+
+def write_pruned_run(run, heads: dict[int, list[int]], out: Path, extra: dict) -> Path:
+    """Copy ``run``'s folder to ``out`` with the model physically pruned (config records ``pruned_heads``)."""
+    from ..train.runfolder import atomic_write_json, read_json, save_checked
+
+    out = Path(out)
+    if out.resolve() == Path(run.path).resolve():
+        raise ValueError("--out must differ from the run folder: the unpruned run is kept")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "labels.json", "splits.json"):
+        shutil.copy2(Path(run.path) / name, out / name)
+    run.model.encoder.prune_heads(heads)
+    cfg = read_json(Path(run.path) / "config.json")
+    cfg["train"]["model"] = run.config.model.to_dict()  # now with encoder.pruned_heads
+    cfg["pruned_from"] = {"run": str(run.path), **extra}
+    save_checked(out / "model.safetensors", {k: v.detach().cpu().contiguous()
+                                             for k, v in run.model.state_dict().items()})
+    atomic_write_json(out / "config.json", cfg)
+    return out
+
+
+def time_inference(models: dict, ids: list[list[int]], *, batch_size: int = 32, min_time: float = 3.0) -> dict:
+    """Seconds per pass over ``ids`` for each model, interleaved round by round (best of several rounds)."""
+    from ..data import collate
+
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    batches = [collate([ids[i] for i in order[s:s + batch_size]]) for s in range(0, len(order), batch_size)]
+    best = {k: math.inf for k in models}
+    start = time.perf_counter()
+    rounds = 0
+    with torch.no_grad():
+        for m in models.values():  # warm-up
+            m.eval()
+            m(*batches[0])
+        while rounds < 3 or time.perf_counter() - start < min_time * len(models):
+            for name, m in models.items():
+                t0 = time.perf_counter()
+                for x, keep in batches:
+                    m(x, keep)
+                best[name] = min(best[name], time.perf_counter() - t0)
+            rounds += 1
+    return {"seconds": best, "rounds": rounds, "batch_size": batch_size, "texts": len(ids),
+            "threads": torch.get_num_threads()}
+
+
+def report(result: dict, path: Path) -> None:
+    path.write_text(json.dumps(result, indent=2))
+
+
+__all__ = ["mask_to_heads", "plot_curve", "prune_curve", "time_inference", "write_pruned_run"]
