@@ -341,7 +341,7 @@ def cmd_heads(args) -> int:
 def cmd_importance(args) -> int:
     import json
 
-    from .heads import importance as imp
+    from .heads import scores as imp
     from .train import load_run
     from .train.inference import examples
 
@@ -368,7 +368,7 @@ def cmd_prune(args) -> int:
     import torch
 
     from .heads import prune as P
-    from .heads.importance import head_shape
+    from .heads.scores import head_shape
     from .train import load_run
     from .train.inference import examples
 

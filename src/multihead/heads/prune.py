@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .importance import head_shape, importance, loss_with
+from .scores import head_shape, importance, loss_with
 
 
 def prune_curve(model, val, test=None, *, method: str = "michel", step: float = 0.1, max_drop: float = 0.01,
