@@ -338,6 +338,20 @@ def cmd_heads(args) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ heads, measured
+def cmd_sweep(args) -> int:
+    from .heads import sweep as S
+
+    flags = argparse.Namespace(**vars(args))
+    flags.heads = flags.init = flags.layer_decay = None  # the sweep sets the heads; it trains from scratch
+    config = train_config_from_args(flags)
+    config.run.progress = False
+    summary = S.sweep(config, Path(args.out), heads=args.heads if args.kv_heads is None else None,
+                      kv_heads=args.kv_heads, seeds=args.seeds, min_time=args.min_time)
+    print(S.format_table(summary))
+    print(f"wrote {Path(args.out) / 'sweep.json'} and sweep.png")
+    return 0
+
+
 def cmd_importance(args) -> int:
     import json
 
@@ -515,6 +529,21 @@ def build_parser() -> argparse.ArgumentParser:
     im.add_argument("--n", type=int, default=None, help="use the first N texts")
     im.add_argument("--out", default=None, help="folder for JSON + PNG (default RUN/importance)")
     im.set_defaults(fn=cmd_importance)
+
+    sw = sub.add_parser("sweep", help="train one model per head count (fixed d_model) and seed; table, JSON, PNG")
+    sw.add_argument("--data", default=None, help="dataset (default rotten_tomatoes)")
+    sw.add_argument("--out", required=True, help="folder for the runs and sweep.json")
+    sw.add_argument("--heads", type=_ints, default=[1, 2, 4, 8, 16], help="head counts (default 1,2,4,8,16)")
+    sw.add_argument("--kv-heads", type=_ints, default=None,
+                    help="sweep key/value heads instead, at --set model.encoder.num_heads=H (MHA/GQA/MQA)")
+    sw.add_argument("--seeds", type=int, default=3)
+    sw.add_argument("--min-time", type=float, default=2.0, help="seconds of inference timing per model")
+    sw.add_argument("--config", default=None, help="TOML train config (as for train)")
+    for flag, (_, typ, help_) in TRAIN_FLAGS.items():
+        if flag not in ("heads", "init", "layer_decay", "seed"):
+            sw.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, default=None, help=help_)
+    sw.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="any other config field")
+    sw.set_defaults(fn=cmd_sweep, compile=False, no_progress=True, seed=None)
 
     pu = sub.add_parser("prune", help="iterative head pruning on validation, then a physically pruned run folder")
     pu.add_argument("run")

@@ -128,3 +128,21 @@ def test_prune_and_importance_cli_on_a_trained_run(tmp_path, sentiment_csv, caps
     assert main(["evaluate", str(out), "--json"]) == 0  # the pruned run loads and evaluates like any run
     assert json.loads(capsys.readouterr().out)["accuracy"] == pytest.approx(result["test_accuracy_pruned"])
     assert main(["prune", str(run), "--out", str(run)]) == 2
+
+
+def test_sweep_cli_heads_and_kv_heads(tmp_path, sentiment_csv, capsys):
+    common = ["--data", str(sentiment_csv), "--seeds", "2", "--epochs", "1", "--d-model", "16", "--d-ff", "32",
+              "--vocab-size", "100", "--max-len", "24", "--limit", "60", "--min-time", "0.05",
+              "--text-column", "sentence", "--label-column", "sentiment"]
+    assert main(["sweep", "--heads", "1,4", "--out", str(tmp_path / "h"), *common]) == 0
+    s = json.loads((tmp_path / "h" / "sweep.json").read_text())
+    assert [r["heads"] for r in s["rows"]] == [1, 4] and [r["d_k"] for r in s["rows"]] == [16, 4]
+    assert all(len(r["runs"]) == 2 and r["inference_seconds"] > 0 for r in s["rows"])
+    assert len({u["seed"] for u in s["rows"][0]["runs"]}) == 2
+    assert (tmp_path / "h" / "sweep.png").exists() and "curve shape" in capsys.readouterr().out
+    assert main(["sweep", "--kv-heads", "4,1", "--set", "model.encoder.num_heads=4", "--out", str(tmp_path / "kv"),
+                 *common]) == 0
+    kv = json.loads((tmp_path / "kv" / "sweep.json").read_text())
+    assert [r["kv_heads"] for r in kv["rows"]] == [4, 1]
+    assert kv["rows"][1]["parameters"] < kv["rows"][0]["parameters"]  # MQA: one K/V projection of width d_k
+    assert main(["sweep", "--heads", "3", "--out", str(tmp_path / "bad"), *common]) == 2

@@ -1,0 +1,121 @@
+"""How many heads: train one model per head count (and seed) at a fixed ``d_model``, so ``d_k = d_model / h``
+shrinks as ``h`` grows (the tutorial's trade-off), and measure accuracy, time and size.
+
+Vaswani et al. 2017, Table 3 (A), is the published reference: 1 head 24.9 BLEU, 4: 25.5, 8: 25.8, 16: 25.8,
+32: 25.4 -- a rise and a fall. ``num_kv_heads`` can be swept instead (MHA vs GQA vs MQA at a fixed ``h``).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from ..train import TrainConfig, load_run, train
+from ..train.inference import examples
+from .prune import time_inference
+
+
+def sweep(base: TrainConfig, out: Path, *, heads: list[int] | None = None, kv_heads: list[int] | None = None,
+          seeds: int = 3, min_time: float = 2.0, log=print) -> dict:
+    """Train ``base`` once per value and seed into ``out/<value>/seed<k>``; returns (and writes) the summary."""
+    out = Path(out)
+    e = base.model.encoder
+    if (heads is None) == (kv_heads is None):
+        raise ValueError("sweep either heads (h at fixed d_model) or kv_heads (key/value heads at fixed h)")
+    axis, values = ("heads", heads) if heads is not None else ("kv_heads", kv_heads)
+    for v in values:
+        h = v if axis == "heads" else e.num_heads
+        if e.d_model % h:
+            raise ValueError(f"d_model={e.d_model} is not divisible by {h} heads; choose head counts dividing it")
+        if axis == "kv_heads" and h % v:
+            raise ValueError(f"num_heads={h} is not divisible by num_kv_heads={v}")
+    rows = []
+    for v in values:
+        runs = []
+        for seed in range(seeds):
+            config = copy.deepcopy(base)
+            if axis == "heads":
+                config.model.encoder.num_heads = v
+                config.model.encoder.num_kv_heads = None
+            else:
+                config.model.encoder.num_kv_heads = v
+            config.run.seed = base.run.seed + seed
+            folder = out / f"{axis}{v}" / f"seed{seed}"
+            r = train(config, folder, overwrite=True)
+            runs.append({"seed": config.run.seed, "folder": str(folder), "test_accuracy": r["test"]["accuracy"],
+                         "validation_accuracy": r["validation"]["accuracy"], "train_seconds": r["train_seconds"],
+                         "parameters": r["parameters"], "best_epoch": r["best_epoch"]})
+            log(f"{axis}={v} seed {seed}: test accuracy {r['test']['accuracy']:.4f}, {r['train_seconds']:.0f}s")
+        acc = [x["test_accuracy"] for x in runs]
+        h = v if axis == "heads" else e.num_heads
+        rows.append({axis: v, "num_heads": h, "d_k": e.d_model // h, "parameters": runs[0]["parameters"],
+                     "test_accuracy_mean": statistics.mean(acc),
+                     "test_accuracy_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
+                     "train_seconds_mean": statistics.mean(x["train_seconds"] for x in runs), "runs": runs})
+    # Inference, side by side: each value's first-seed model over the test split, batch 32, interleaved.
+    models, test_ids = {}, None
+    for row in rows:
+        run = load_run(row["runs"][0]["folder"])
+        models[str(row[axis])] = run.model
+        if test_ids is None:
+            test_ids = examples(run, split="test")[1]
+    speed = time_inference(models, test_ids, batch_size=32, min_time=min_time)
+    for row in rows:
+        row["inference_seconds"] = speed["seconds"][str(row[axis])]
+    best = max(rows, key=lambda r: r["test_accuracy_mean"])
+    shape = ("rise and fall" if rows[0] is not best and rows[-1] is not best else
+             "highest at the smallest value" if rows[0] is best else "highest at the largest value")
+    summary = {"axis": axis, "values": values, "seeds": seeds, "d_model": e.d_model, "data": base.data.name,
+               "rows": rows, "best": best[axis], "shape": shape, "threads": speed["threads"],
+               "vaswani_2017_table3a_bleu": {"1": 24.9, "4": 25.5, "8": 25.8, "16": 25.8, "32": 25.4}}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(summary, indent=2))
+    plot(summary, out / "sweep")
+    return summary
+
+
+def format_table(s: dict) -> str:
+    axis = s["axis"]
+    lines = [f"{s['data']}, d_model {s['d_model']}, {s['seeds']} seeds per value; inference = one pass over the test "
+             f"split, batch 32, {s['threads']} threads, measured side by side",
+             f"{axis:>9}{'d_k':>5}{'params':>10}{'test acc':>10}{'± std':>8}{'train s':>9}{'infer s':>9}"]
+    for r in s["rows"]:
+        lines.append(f"{r[axis]:>9}{r['d_k']:>5}{r['parameters']:>10}{r['test_accuracy_mean']:>10.4f}"
+                     f"{r['test_accuracy_std']:>8.4f}{r['train_seconds_mean']:>9.1f}{r['inference_seconds']:>9.3f}")
+    lines.append(f"best: {axis}={s['best']}; curve shape: {s['shape']} (Vaswani et al. 2017 Table 3A, BLEU: h=1 24.9, "
+                 "8 25.8, 16 25.8, 32 25.4: rise and fall)")
+    return "\n".join(lines)
+
+
+def plot(s: dict, stem: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..interpret.plots import _save
+
+    axis = s["axis"]
+    x = [str(r[axis]) for r in s["rows"]]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    a1.errorbar(x, [r["test_accuracy_mean"] for r in s["rows"]], yerr=[r["test_accuracy_std"] for r in s["rows"]],
+                fmt="o-", capsize=4)
+    for r in s["rows"]:
+        a1.scatter([str(r[axis])] * len(r["runs"]), [u["test_accuracy"] for u in r["runs"]], s=10, color="grey")
+    a1.set_xlabel(axis)
+    a1.set_ylabel("test accuracy (mean ± std over seeds)")
+    a1.set_title(f"{s['data']}, d_model {s['d_model']}", fontsize=9)
+    a2.plot(x, [r["train_seconds_mean"] for r in s["rows"]], "o-", label="training (s)")
+    a2.plot(x, [r["inference_seconds"] * 10 for r in s["rows"]], "s-", label="inference x10 (s)")
+    a2.set_xlabel(axis)
+    a2.legend(fontsize=8)
+    a2.set_title("time", fontsize=9)
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+    return _save(fig, stem)
+
+
+__all__ = ["format_table", "plot", "sweep"]
