@@ -46,6 +46,8 @@ class Capabilities:
     exact: bool = True
     devices: tuple[str, ...] = ("cpu", "cuda")
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+    patterns: tuple[str, ...] = ()  # SparsePattern kinds run natively (others get the pattern's dense mask)
+    requires_pattern: bool = False  # runs only SparsePattern masks (sparse backends)
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,9 @@ class Backend:
             return f"does not support {call.dtype}"
         if call.exact and not c.exact:
             return "is approximate and the call requires exact attention"
+        if c.requires_pattern and call.pattern not in c.patterns:
+            return (f"runs only SparsePattern masks of kind {'/'.join(c.patterns)}; pass mask=SparsePattern(...)"
+                    if call.pattern is None else f"does not run {call.pattern} patterns")
         return None
 
 
@@ -89,6 +94,7 @@ class CallInfo:
     dropout_p: float
     gqa: bool
     exact: bool = True
+    pattern: Optional[str] = None  # the SparsePattern kind, when the mask is one
 
 
 _REGISTRY: dict[str, Backend] = {}
@@ -134,6 +140,8 @@ def check_backend_name(name: str) -> str:
 
 
 def _call_info(q: Tensor, k: Tensor, mask, dropout_p: float, need_weights: bool, exact: bool) -> CallInfo:
+    from .patterns import SparsePattern
+
     return CallInfo(
         device=q.device.type,
         dtype=q.dtype,
@@ -142,6 +150,7 @@ def _call_info(q: Tensor, k: Tensor, mask, dropout_p: float, need_weights: bool,
         dropout_p=dropout_p,
         gqa=q.shape[1] != k.shape[1],
         exact=exact,
+        pattern=mask.kind if isinstance(mask, SparsePattern) else None,
     )
 
 
@@ -208,7 +217,9 @@ def attention(
         q: ``(B, H, Lq, D)`` queries.
         k: ``(B, Hkv, Lk, D)`` keys; ``H % Hkv == 0`` (``Hkv < H``: grouped-query / multi-query attention).
         v: ``(B, Hkv, Lk, Dv)`` values.
-        mask: bool (True = may attend) or float (added to the scores), broadcastable to ``(B, H, Lq, Lk)``.
+        mask: bool (True = may attend) or float (added to the scores), broadcastable to ``(B, H, Lq, Lk)``; or a
+            :class:`~multihead.attention.patterns.SparsePattern` (self-attention): sparse backends run it without
+            building ``Lq x Lk``, every other backend gets its dense mask.
         is_causal: forbid keys after each query, aligned to the bottom right when ``Lq != Lk``
             (see :func:`multihead.masks.causal_mask`). Combined with ``mask`` when both are given.
         dropout_p: dropout on the attention weights (pass 0 in eval).
@@ -220,12 +231,27 @@ def attention(
         ``(out, weights)``: ``out`` is ``(B, H, Lq, Dv)``; ``weights`` is None unless ``need_weights``.
         Query rows with no allowed key give zeros in both.
     """
+    from .patterns import SparsePattern
+
     _check_qkv(q, k, v)
     b, h, lq, d = q.shape
     lk = k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if isinstance(mask, SparsePattern):
+        if lq != lk:
+            raise ValueError(f"SparsePattern masks describe self-attention (Lq == Lk); got Lq={lq}, Lk={lk}")
+        if mask.key_padding is not None and mask.key_padding.shape != (b, lk):
+            raise ValueError(f"the pattern's key_padding must be (B, L)=({b}, {lk}), got "
+                             f"{tuple(mask.key_padding.shape)}")
+        pattern = mask.with_causal(is_causal)
+        chosen = resolve(backend, _call_info(q, k, pattern, dropout_p, need_weights, exact=True))
+        if pattern.kind in chosen.capabilities.patterns:
+            out, _ = chosen.fn(q, k, v, mask=pattern, is_causal=False, dropout_p=dropout_p, scale=scale,
+                               need_weights=False)
+            return out, None
+        mask, is_causal, backend = pattern.dense(lq, device=q.device), False, chosen.name  # dense equivalent
     if mask is not None:
         _masks.check_mask(mask, (b, h, lq, lk))
         if mask.device != q.device:
@@ -267,10 +293,15 @@ def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None, is_ca
     """
     from .backends.reference import probabilities
 
+    from .patterns import SparsePattern
+
     _check_qkv(q, k, k)
     b, h, lq, d = q.shape
     lk = k.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if isinstance(mask, SparsePattern):
+        mask = mask.with_causal(is_causal).dense(lq, device=q.device)
+        is_causal = False
     if mask is not None:
         _masks.check_mask(mask, (b, h, lq, lk))
     if is_causal:

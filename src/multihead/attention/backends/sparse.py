@@ -1,0 +1,208 @@
+"""Sparse backends that skip work: ``window`` (Longformer: sliding window, dilation, global tokens) and
+``block_sparse`` (BigBird: window + global + random blocks). Both take a :class:`~multihead.attention.patterns.
+SparsePattern` as ``mask`` and never build ``L x L``:
+
+* ``window``: queries are cut into chunks of ``c`` (>= w); chunk ``n`` scores only the ``c + 2w`` keys around it,
+  taken as a strided *view* of the padded keys (``unfold``, no copy): ``O(L (c + 2w))`` time and memory. Dilation
+  ``d`` splits the sequence into its ``d`` residue classes, each an undilated window. Global tokens add ``G``
+  key columns to every row and ``G`` dense rows.
+* ``block_sparse``: per query block, the key blocks of the layout are gathered (``K`` blocks of ``b``):
+  ``O(L K b)``; blocks outside the layout are never touched; global blocks' rows are dense.
+
+Each equals the reference backend under ``pattern.dense(L)`` (tests). Arithmetic in fp32 for half types.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..patterns import SparsePattern
+from ..registry import Capabilities, register_backend
+from .reference import expand_kv
+
+NEG = -math.inf
+
+
+def _softmax_rows(scores: Tensor, allowed: Tensor) -> Tensor:
+    """Softmax over the last axis with ``allowed`` (broadcastable bool); rows with nothing allowed give zeros."""
+    s = scores.masked_fill(~allowed, NEG)
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    p = torch.exp(s - m)
+    return p / p.sum(-1, keepdim=True).clamp_min(1e-30)
+
+
+def _dense_rows(q_rows: Tensor, rows: Tensor, k: Tensor, v: Tensor, key_ok: Tensor | None, causal: bool,
+                scale: float) -> Tensor:
+    """Full attention for selected query ``rows`` (global tokens): ``(b, h, len(rows), d)``."""
+    s = torch.matmul(q_rows * scale, k.transpose(-2, -1))  # (b, h, r, L)
+    allowed = torch.ones_like(s, dtype=torch.bool)
+    if key_ok is not None:
+        allowed = allowed & key_ok[:, :, None, :]
+    if causal:
+        allowed = allowed & (torch.arange(k.shape[2], device=k.device)[None, :] <= rows[:, None])
+    return torch.matmul(_softmax_rows(s, allowed), v)
+
+
+def _window(q, k, v, w: int, causal: bool, key_ok: Tensor | None, globals_: list[int], scale: float) -> Tensor:
+    """Undilated sliding window over ``(b, h, L, d)``; ``key_ok`` ``(b, 1|h, L)``."""
+    b, h, length, d = q.shape
+    c = max(w, 32)  # query chunk
+    lp = -(-length // c) * c
+    nb = lp // c
+    span = c + 2 * w
+    q_blk = F.pad(q, (0, 0, 0, lp - length)).view(b, h, nb, c, d)  # (b, h, nb, c, d)
+    k_pad = F.pad(k, (0, 0, w, lp - length + w))  # (b, h, lp + 2w, d)
+    v_pad = F.pad(v, (0, 0, w, lp - length + w))
+    k_win = k_pad.unfold(2, span, c)  # (b, h, nb, d, span): a view
+    v_win = v_pad.unfold(2, span, c)  # (b, h, nb, dv, span)
+    s = torch.matmul(q_blk * scale, k_win)  # (b, h, nb, c, span)
+    qpos = torch.arange(lp, device=q.device).view(nb, c, 1)  # absolute query positions
+    kpos = (torch.arange(nb, device=q.device) * c).view(nb, 1, 1) - w + torch.arange(span, device=q.device)
+    diff = qpos - kpos  # (nb, c, span)
+    allowed = (diff.abs() <= w) & (kpos >= 0) & (kpos < length)
+    if causal:
+        allowed = allowed & (diff >= 0)
+    g = torch.tensor(globals_, dtype=torch.long, device=q.device)
+    if len(globals_):
+        is_g = torch.zeros(length + 2 * w + lp, dtype=torch.bool, device=q.device)
+        is_g[g] = True
+        allowed = allowed & ~is_g[kpos.clamp_min(0)]  # global keys are counted once, in their own columns
+    allowed = allowed[None, None]  # (1, 1, nb, c, span)
+    if key_ok is not None:
+        ok = F.pad(key_ok, (w, lp - length + w)).unfold(2, span, c)  # (b, 1|h, nb, span)
+        allowed = allowed & ok[:, :, :, None, :]
+    if len(globals_):
+        sg = torch.matmul(q_blk * scale, k[:, :, g].transpose(-2, -1)[:, :, None])  # (b, h, nb, c, G)
+        allowed_g = torch.ones(1, 1, nb, c, len(globals_), dtype=torch.bool, device=q.device)
+        if causal:
+            allowed_g = allowed_g & (g.view(1, 1, 1, 1, -1) <= qpos.view(1, 1, nb, c, 1))
+        if key_ok is not None:
+            allowed_g = allowed_g & key_ok[:, :, g][:, :, None, None, :]
+        lead = b if key_ok is not None else 1
+        both = torch.cat([allowed.expand(lead, -1, -1, -1, -1), allowed_g.expand(lead, -1, -1, -1, -1)], -1)
+        p = _softmax_rows(torch.cat([s, sg], -1), both)  # one softmax over window and global keys
+        out = torch.matmul(p[..., :span], v_win.transpose(-2, -1)) + torch.matmul(p[..., span:],
+                                                                               v[:, :, g][:, :, None])
+    else:
+        out = torch.matmul(_softmax_rows(s, allowed), v_win.transpose(-2, -1))  # (b, h, nb, c, dv)
+    out = out.reshape(b, h, lp, -1)[:, :, :length]
+    if len(globals_):
+        out[:, :, g] = _dense_rows(q[:, :, g], g, k, v, key_ok, causal, scale)
+    return out
+
+
+def window_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePattern, scale: float | None = None) -> Tensor:
+    """Sliding-window attention ``(b, h, L, d)`` for ``pattern`` (``window``, ``dilation``, ``global_tokens``,
+    ``causal``, ``key_padding``); see the module docstring."""
+    if pattern.kind != "window":
+        raise ValueError("window_attention needs SparsePattern(window=...); use block_sparse for block patterns")
+    b, h, length, d = q.shape
+    scale = d ** -0.5 if scale is None else scale
+    dtype = q.dtype
+    work = torch.promote_types(dtype, torch.float32)
+    q, k, v = q.to(work), expand_kv(k, h).to(work), expand_kv(v, h).to(work)
+    key_ok = None if pattern.key_padding is None else pattern.key_padding[:, None, :].to(q.device)  # (b, 1, L)
+    globals_ = sorted(t for t in set(pattern.global_tokens) if 0 <= t < length)
+    dil = pattern.dilation
+    if dil == 1:
+        return _window(q, k, v, pattern.window, pattern.causal, key_ok, globals_, scale).to(dtype)
+    if globals_:
+        raise ValueError("global tokens with dilation > 1 are not supported; use dilation=1 or no global tokens")
+    lp = -(-length // dil) * dil  # residue classes: position p -> class p % dil, index p // dil
+
+    def split(t):  # (b, h, L, x) -> (b, h * dil, lp / dil, x)
+        t = F.pad(t, (0, 0, 0, lp - length))
+        return t.view(b, h, lp // dil, dil, -1).transpose(2, 3).reshape(b, h * dil, lp // dil, -1)
+
+    ok = torch.ones(b, 1, length, dtype=torch.bool, device=q.device) if key_ok is None else key_ok
+    ok = F.pad(ok, (0, lp - length)).view(b, 1, lp // dil, dil).transpose(2, 3)  # (b, 1, dil, lp/dil)
+    ok = ok.expand(b, h, dil, lp // dil).reshape(b, h * dil, lp // dil)
+    out = _window(split(q), split(k), split(v), pattern.window, pattern.causal, ok, [], scale)
+    out = out.view(b, h, dil, lp // dil, -1).transpose(2, 3).reshape(b, h, lp, -1)[:, :, :length]
+    return out.to(dtype)
+
+
+def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePattern,
+                           scale: float | None = None) -> Tensor:
+    """BigBird-style block-sparse attention ``(b, h, L, d)``; only the layout's key blocks are computed."""
+    if pattern.kind != "block":
+        raise ValueError("block_sparse_attention needs SparsePattern(block=...)")
+    b, h, length, d = q.shape
+    scale = d ** -0.5 if scale is None else scale
+    dtype = q.dtype
+    work = torch.promote_types(dtype, torch.float32)
+    q, k, v = q.to(work), expand_kv(k, h).to(work), expand_kv(v, h).to(work)
+    bs = pattern.block
+    nb = -(-length // bs)
+    lp = nb * bs
+    layout = pattern.block_layout(nb).to(q.device)  # (nb, nb)
+    g = min(pattern.global_blocks, nb)
+    counts = layout.sum(-1)
+    kmax = int(counts[g:].max()) if nb > g else 1
+    idx = torch.zeros(nb, kmax, dtype=torch.long, device=q.device)
+    valid = torch.zeros(nb, kmax, dtype=torch.bool, device=q.device)
+    for i in range(g, nb):
+        cols = layout[i].nonzero().flatten()
+        idx[i, : len(cols)] = cols
+        valid[i, : len(cols)] = True
+    key_ok = torch.ones(b, length, dtype=torch.bool, device=q.device) if pattern.key_padding is None \
+        else pattern.key_padding.to(q.device)
+    key_ok = F.pad(key_ok, (0, lp - length)).view(b, 1, nb, bs)  # (b, 1, nb, bs)
+    q_blk = F.pad(q, (0, 0, 0, lp - length)).view(b, h, nb, bs, d)
+    k_blk = F.pad(k, (0, 0, 0, lp - length)).view(b, h, nb, bs, d)
+    v_blk = F.pad(v, (0, 0, 0, lp - length)).view(b, h, nb, bs, -1)
+    rows = torch.arange(g, nb, device=q.device)
+    sel = idx[rows]  # (nr, K)
+    k_sel = k_blk[:, :, sel].reshape(b, h, len(rows), kmax * bs, d)  # (b, h, nr, K*bs, d): gathered blocks
+    v_sel = v_blk[:, :, sel].reshape(b, h, len(rows), kmax * bs, -1)
+    s = torch.matmul(q_blk[:, :, rows] * scale, k_sel.transpose(-2, -1))  # (b, h, nr, bs, K*bs)
+    kpos = (sel[:, :, None] * bs + torch.arange(bs, device=q.device)).reshape(len(rows), kmax * bs)
+    qpos = rows[:, None] * bs + torch.arange(bs, device=q.device)  # (nr, bs)
+    allowed = valid[rows].repeat_interleave(bs, dim=1)[:, None, :].expand(-1, bs, -1)  # (nr, bs, K*bs)
+    if pattern.causal:
+        allowed = allowed & (kpos[:, None, :] <= qpos[:, :, None])
+    ok = key_ok[:, :, sel].reshape(b, 1, len(rows), kmax * bs)
+    allowed = allowed[None, None] & ok[:, :, :, None, :]
+    out = torch.zeros(b, h, lp, v.shape[-1], dtype=work, device=q.device)
+    body = torch.matmul(_softmax_rows(s, allowed), v_sel)  # (b, h, nr, bs, dv)
+    out[:, :, g * bs:] = body.reshape(b, h, -1, v.shape[-1])
+    if g:
+        grow = torch.arange(min(g * bs, length), device=q.device)
+        out[:, :, : len(grow)] = _dense_rows(q[:, :, grow], grow, k, v, key_ok.view(b, 1, lp)[..., :length],
+                                             pattern.causal, scale)
+    return out[:, :, :length].to(dtype)
+
+
+def _check_pattern(mask):
+    if not isinstance(mask, SparsePattern):
+        raise ValueError("this backend runs sparse patterns only: pass mask=SparsePattern(...)")
+    return mask
+
+
+@register_backend(
+    "window",
+    Capabilities(returns_weights=False, supports_dropout=False, patterns=("window",), requires_pattern=True),
+    priority=20,
+    description="sliding window (+ dilation, global tokens), O(L w) time and memory; SparsePattern masks",
+)
+def window_backend(q, k, v, *, mask, is_causal, dropout_p, scale, need_weights):
+    pattern = _check_pattern(mask).with_causal(is_causal)
+    return window_attention(q, k, v, pattern, scale), None
+
+
+@register_backend(
+    "block_sparse",
+    Capabilities(returns_weights=False, supports_dropout=False, patterns=("block",), requires_pattern=True),
+    priority=20,
+    description="BigBird block-sparse (window + global + random blocks), skips empty blocks; SparsePattern masks",
+)
+def block_sparse_backend(q, k, v, *, mask, is_causal, dropout_p, scale, need_weights):
+    pattern = _check_pattern(mask).with_causal(is_causal)
+    return block_sparse_attention(q, k, v, pattern, scale), None
+
+
+__all__ = ["block_sparse_attention", "window_attention"]
