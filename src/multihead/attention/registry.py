@@ -48,6 +48,7 @@ class Capabilities:
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
     patterns: tuple[str, ...] = ()  # SparsePattern kinds run natively (others get the pattern's dense mask)
     requires_pattern: bool = False  # runs only SparsePattern masks (sparse backends)
+    backward_devices: tuple[str, ...] = ("cpu", "cuda")  # where gradients flow through it
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,8 @@ class Backend:
             return "does not support grouped-query attention"
         if call.device not in c.devices:
             return f"does not run on {call.device}"
+        if call.needs_grad and call.device not in c.backward_devices:
+            return f"has no backward on {call.device} (inputs require grad)"
         if call.dtype not in c.dtypes:
             return f"does not support {call.dtype}"
         if call.exact and not c.exact:
@@ -95,6 +98,7 @@ class CallInfo:
     gqa: bool
     exact: bool = True
     pattern: Optional[str] = None  # the SparsePattern kind, when the mask is one
+    needs_grad: bool = False  # grad mode is on and an input requires grad
 
 
 _REGISTRY: dict[str, Backend] = {}
@@ -151,6 +155,7 @@ def _call_info(q: Tensor, k: Tensor, mask, dropout_p: float, need_weights: bool,
         gqa=q.shape[1] != k.shape[1],
         exact=exact,
         pattern=mask.kind if isinstance(mask, SparsePattern) else None,
+        needs_grad=torch.is_grad_enabled() and any(t.requires_grad for t in (q, k)),
     )
 
 

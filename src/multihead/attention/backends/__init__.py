@@ -1,2 +1,2 @@
 """Registered attention backends. Importing this package registers them all."""
-from . import linear, memory_efficient, reference, sdpa, sparse  # noqa: F401
+from . import flex, linear, memory_efficient, reference, sdpa, sparse  # noqa: F401

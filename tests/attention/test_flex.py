@@ -1,0 +1,35 @@
+"""FlexAttention backend: equals the reference under our masks, where torch.compile works (slow first compile)."""
+import pytest
+import torch
+
+import multihead as mh
+from multihead.attention.patterns import SparsePattern
+
+flex = mh.list_backends()["flex"]
+pytestmark = pytest.mark.skipif(flex.available() is not None, reason=f"flex unavailable: {flex.available()}")
+
+
+def test_flex_equals_reference_for_masks_and_patterns():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 128, 16, generator=gen) for _ in range(3))
+    keep = torch.arange(128)[None, :] < torch.tensor([128, 77])[:, None]
+    cases = [
+        (None, True),
+        (keep[:, None, None, :], False),
+        (SparsePattern(window=9, global_tokens=(0,)).pad(keep), False),
+        (SparsePattern(block=16, random_blocks=1, causal=True), False),
+    ]
+    with torch.no_grad():
+        for mask, causal in cases:
+            dense = mask.dense(128) if isinstance(mask, SparsePattern) else mask
+            out, _ = mh.attention(q, k, v, mask=mask, is_causal=causal, backend="flex")
+            ref, _ = mh.attention(q, k, v, mask=dense, is_causal=causal, backend="reference")
+            assert (out - ref).abs().max().item() < 1e-5, (mask if not torch.is_tensor(mask) else "tensor", causal)
+
+
+def test_flex_is_skipped_when_gradients_are_needed_on_cpu():
+    q = torch.randn(1, 2, 64, 8, requires_grad=True)
+    reason = dict(mh.explain(q, q))["flex"]
+    assert reason == "has no backward on cpu (inputs require grad)"
+    with pytest.raises(ValueError, match="no backward on cpu"):
+        mh.attention(q, q, q, backend="flex")
