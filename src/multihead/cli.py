@@ -61,6 +61,15 @@ def cmd_bench(args) -> int:
         print(suite.format_table(payload))
         print(f"wrote {out}")
         return 0
+    if args.suite == "long":
+        from .bench import long as suite
+
+        out = Path(args.out) if args.out else suite.default_out()
+        payload = suite.run(lengths=args.lengths, modes=args.modes, impls=args.impls, threads=args.threads,
+                            out=out, min_time=args.min_time)
+        print(suite.format_table(payload))
+        print(f"wrote {out} and {out.with_suffix('.png')}")
+        return 0
     if args.suite == "pretrained":
         from .bench import pretrained as suite
 
@@ -70,7 +79,7 @@ def cmd_bench(args) -> int:
         print(suite.format_table(payload))
         print(f"wrote {out}")
         return 0
-    print(f"error: unknown bench suite {args.suite!r}; choose: attention, train, pretrained", file=sys.stderr)
+    print(f"error: unknown bench suite {args.suite!r}; choose: attention, train, pretrained, long", file=sys.stderr)
     return 2
 
 
@@ -450,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(fn=cmd_backends)
 
     bench = sub.add_parser("bench", help="benchmarks: ours and peers in one run, JSON + PNG")
-    bench.add_argument("suite", choices=["attention", "train", "pretrained"], help="which benchmark")
+    bench.add_argument("suite", choices=["attention", "train", "pretrained", "long"], help="which benchmark")
     bench.add_argument("--lengths", type=_ints, default=None, help="comma-separated sequence lengths")
     bench.add_argument("--modes", type=_words, default=None, help="forward,train")
     bench.add_argument("--impls", type=_words, default=None, help="comma-separated implementations")

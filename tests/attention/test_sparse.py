@@ -82,9 +82,9 @@ def test_window_work_is_linear_in_length():
     seen = []
     real = sparse._softmax_rows
 
-    def spy(scores, allowed):
+    def spy(scores, allowed, **kw):
         seen.append(scores.numel())
-        return real(scores, allowed)
+        return real(scores, allowed, **kw)
 
     q = torch.randn(1, 1, 4096, 8)
     try:
@@ -93,3 +93,22 @@ def test_window_work_is_linear_in_length():
     finally:
         sparse._softmax_rows = real
     assert max(seen) <= 4096 * (32 + 2 * 16)  # vs 4096 * 4096 dense
+
+
+def test_a_model_with_a_window_pattern_equals_its_dense_mask():
+    torch.manual_seed(0)
+    model = mh.TransformerClassifier(50, 32, 4, 2, 2, dropout=0.0, pattern={"window": 3}).eval()
+    ids = torch.randint(4, 50, (3, 40))
+    keep = torch.arange(40)[None, :] < torch.tensor([40, 25, 7])[:, None]
+    ids = ids.masked_fill(~keep, 0)
+    with torch.no_grad():
+        sparse_out = model(ids, keep)  # window backend (auto), key padding bound to the pattern
+        for layer in model.encoder.layers:  # the same weights with the dense equivalent mask
+            layer.attn.pattern = None
+        dense = SparsePattern(window=3).dense(40)
+        full = model.embeddings(ids)
+        for layer in model.encoder.layers:
+            full = layer(full, mask=dense[None] & keep[:, None, :])
+        ref = model.fc(model.pool(full, keep))
+    assert (sparse_out - ref).abs().max().item() < 1e-5
+    assert "pattern=window" in repr(mh.TransformerClassifier(50, 32, 4, 1, 2, pattern={"window": 2}))

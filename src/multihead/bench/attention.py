@@ -35,8 +35,9 @@ def batch_for(length: int) -> int:
 def implementations() -> list[str]:
     from ..attention import list_backends
 
-    return ["tutorial", "torch_mha", "torch_mha_default", "multihead"] + [f"multihead[{n}]" for n in
-                                                                          sorted(list_backends())]
+    dense = sorted(n for n, b in list_backends().items()  # dense exact kernels; sparse/linear: bench long
+                   if b.capabilities.exact and not b.capabilities.requires_pattern and n != "flex")
+    return ["tutorial", "torch_mha", "torch_mha_default", "multihead"] + [f"multihead[{n}]" for n in dense]
 
 
 def flops(case: dict) -> float:

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import masks as _masks
+from ..attention import patterns as _patterns
 from ..attention.registry import attention, attention_weights, check_backend_name, get_backend
 from ..attention.backends.reference import expand_kv
 from .hooks import HookPoint
@@ -34,6 +35,9 @@ class MultiHeadAttention(nn.Module):
             ``need_weights=True`` default silently slows every model that forgets to pass False,
             pytorch/pytorch#34537).
         rotary: optional :class:`multihead.RotaryEmbedding` applied to q and k.
+        pattern: optional :class:`~multihead.attention.patterns.SparsePattern` (or its dict) for self-attention:
+            each query sees only the pattern's keys (sliding window, global tokens, BigBird blocks); with
+            ``backend="auto"`` a sparse backend runs it without building ``L x L``.
 
     Hook points (read or edit with forward hooks; see :mod:`multihead.modules.hooks`):
         ``hook_q`` ``(B, H, Lq, D)``, ``hook_k``/``hook_v`` ``(B, G, Lk, D)`` (after rotary),
@@ -56,6 +60,7 @@ class MultiHeadAttention(nn.Module):
         backend: str = "auto",
         need_weights: bool = True,
         rotary: nn.Module | None = None,
+        pattern=None,
     ) -> None:
         super().__init__()
         if num_heads <= 0 or d_model <= 0:
@@ -84,6 +89,7 @@ class MultiHeadAttention(nn.Module):
         self.backend = check_backend_name(backend)
         self.need_weights = need_weights
         self.rotary = rotary
+        self.pattern = _patterns.as_pattern(pattern)
         kv_width = num_kv_heads * self.head_dim
         self.w_q = nn.Linear(d_model, d_model, bias=bias)
         self.w_k = nn.Linear(self.kdim, kv_width, bias=bias)
@@ -100,6 +106,7 @@ class MultiHeadAttention(nn.Module):
         return (
             f"d_model={self.d_model}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
             f"head_dim={self.head_dim}, dropout={self.dropout}, backend={self.backend!r}"
+            + (f", pattern={self.pattern.kind}" if self.pattern is not None else "")
         )
 
     def forward(
@@ -185,6 +192,8 @@ class MultiHeadAttention(nn.Module):
         if self.rotary is not None:
             q, k = self.rotary(q, k)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        if self.pattern is not None:
+            attn_mask, is_causal = self._with_pattern(attn_mask, is_causal, q.shape[2], k.shape[2]), False
         p = self.dropout if self.training else 0.0
         weights = None
         if self.hook_pattern.active:
@@ -206,6 +215,19 @@ class MultiHeadAttention(nn.Module):
         return z, weights
 
     # ------------------------------------------------------------------ helpers
+    def _with_pattern(self, attn_mask, is_causal: bool, lq: int, lk: int):
+        """The module's sparse pattern combined with the call's mask: key padding is bound to the pattern (it stays
+        sparse); any other mask falls back to the pattern's dense mask merged with it."""
+        if lq != lk:
+            raise ValueError("a sparse attention pattern needs self-attention (Lq == Lk); build cross-attention "
+                             "modules without pattern=")
+        pattern = self.pattern.with_causal(is_causal)
+        if attn_mask is None:
+            return pattern
+        if attn_mask.dtype == torch.bool and attn_mask.dim() == 4 and attn_mask.shape[1:3] == (1, 1):
+            return pattern.pad(attn_mask[:, 0, 0, :].expand(-1, lk))  # (B, Lk) key padding
+        return _masks.merge_masks(attn_mask, pattern.dense(lq, device=attn_mask.device))
+
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, t, width in (("query", query, self.d_model), ("key", key, self.kdim), ("value", value, self.vdim)):
             if t.dim() != 3:

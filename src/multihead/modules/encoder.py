@@ -33,6 +33,7 @@ class EncoderConfig:
     backend: str = "auto"
     unpad: bool = True  # with padding, run projections, FFN and norms on real tokens only (same result, less work)
     pruned_heads: dict[int, list[int]] | None = None  # layer -> removed heads (original numbering); see prune_heads
+    pattern: dict | None = None  # sparse attention, e.g. {"window": 128} or {"block": 64, "random_blocks": 2}
 
     def __post_init__(self) -> None:
         if self.pruned_heads:  # JSON turns the layer keys into strings
@@ -75,11 +76,13 @@ class EncoderBlock(nn.Module):
         bias: bool = True,
         backend: str = "auto",
         rotary: nn.Module | None = None,
+        pattern=None,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
         self.attn = MultiHeadAttention(d_model, num_heads, num_kv_heads=num_kv_heads, dropout=attn_dropout,
-                                       bias=bias, backend=backend, need_weights=False, rotary=rotary)
+                                       bias=bias, backend=backend, need_weights=False, rotary=rotary,
+                                       pattern=pattern)
         self.ffn = FeedForward(d_model, d_ff, dropout, activation, bias)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
@@ -131,7 +134,7 @@ class TransformerEncoder(nn.Module):
                          attn_dropout=config.attn_dropout, activation=config.activation,
                          norm_first=config.norm_first, num_kv_heads=config.num_kv_heads,
                          layer_norm_eps=config.layer_norm_eps, bias=config.bias, backend=config.backend,
-                         rotary=rotary)
+                         rotary=rotary, pattern=config.pattern)
             for _ in range(config.num_layers)
         )
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None

@@ -26,13 +26,15 @@ from .reference import expand_kv
 NEG = -math.inf
 
 
-def _softmax_rows(scores: Tensor, allowed: Tensor) -> Tensor:
-    """Softmax over the last axis with ``allowed`` (broadcastable bool); rows with nothing allowed give zeros."""
-    s = scores.masked_fill(~allowed, NEG)
-    m = s.amax(-1, keepdim=True)
-    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    p = torch.exp(s - m)
-    return p / p.sum(-1, keepdim=True).clamp_min(1e-30)
+def _softmax_rows(scores: Tensor, allowed: Tensor, check_empty: bool = True) -> Tensor:
+    """Softmax over the last axis with ``allowed`` (broadcastable bool), in place on ``scores``; rows with nothing
+    allowed give zeros (``check_empty=False``: the caller knows every row allows its own key)."""
+    scores.masked_fill_(~allowed, torch.finfo(scores.dtype).min)  # finite: an all-masked row stays NaN-free
+    p = torch.softmax(scores, dim=-1)
+    if not check_empty:
+        return p
+    row_ok = allowed.any(-1, keepdim=True)
+    return p if bool(row_ok.all()) else p * row_ok
 
 
 def _dense_rows(q_rows: Tensor, rows: Tensor, k: Tensor, v: Tensor, key_ok: Tensor | None, causal: bool,
@@ -50,47 +52,45 @@ def _dense_rows(q_rows: Tensor, rows: Tensor, k: Tensor, v: Tensor, key_ok: Tens
 def _window(q, k, v, w: int, causal: bool, key_ok: Tensor | None, globals_: list[int], scale: float) -> Tensor:
     """Undilated sliding window over ``(b, h, L, d)``; ``key_ok`` ``(b, 1|h, L)``."""
     b, h, length, d = q.shape
-    c = max(w, 32)  # query chunk
+    c = max(w, 32)  # query chunk: its c + 2w keys hold the exact 2w + 1 band (c = w: 3x copies of K, V, not more)
     lp = -(-length // c) * c
     nb = lp // c
     span = c + 2 * w
-    q_blk = F.pad(q, (0, 0, 0, lp - length)).view(b, h, nb, c, d)  # (b, h, nb, c, d)
+    q_blk = F.pad(q * scale, (0, 0, 0, lp - length)).view(b, h, nb, c, d)  # (b, h, nb, c, d)
     k_pad = F.pad(k, (0, 0, w, lp - length + w))  # (b, h, lp + 2w, d)
     v_pad = F.pad(v, (0, 0, w, lp - length + w))
-    k_win = k_pad.unfold(2, span, c)  # (b, h, nb, d, span): a view
-    v_win = v_pad.unfold(2, span, c)  # (b, h, nb, dv, span)
-    s = torch.matmul(q_blk * scale, k_win)  # (b, h, nb, c, span)
-    qpos = torch.arange(lp, device=q.device).view(nb, c, 1)  # absolute query positions
-    kpos = (torch.arange(nb, device=q.device) * c).view(nb, 1, 1) - w + torch.arange(span, device=q.device)
-    diff = qpos - kpos  # (nb, c, span)
-    allowed = (diff.abs() <= w) & (kpos >= 0) & (kpos < length)
-    if causal:
-        allowed = allowed & (diff >= 0)
+    k_win = k_pad.unfold(2, span, c)  # (b, h, nb, d, span): a strided view
+    v_win = v_pad.unfold(2, span, c).transpose(-2, -1)  # (b, h, nb, span, dv)
+    s = torch.matmul(q_blk, k_win)  # (b, h, nb, c, span)
+    # The band is the same for every chunk: query r of a chunk sits at offset w + r of its keys.
+    r = torch.arange(c, device=q.device)[:, None]
+    t = torch.arange(span, device=q.device)[None, :]
+    diff = r + w - t  # (c, span): query position - key position
+    band = (diff.abs() <= w) & ((diff >= 0) if causal else True)  # (c, span)
+    ok = torch.ones(1, 1, length, dtype=torch.bool, device=q.device) if key_ok is None else key_ok
+    if globals_:
+        ok = ok.clone()
+        ok[..., globals_] = False  # global keys are counted once, in their own columns
+    ok = F.pad(ok, (w, lp - length + w)).unfold(2, span, c)  # (b|1, 1|h, nb, span): in range, real, not global
+    allowed = band & ok[:, :, :, None, :]  # (b|1, 1|h, nb, c, span)
     g = torch.tensor(globals_, dtype=torch.long, device=q.device)
-    if len(globals_):
-        is_g = torch.zeros(length + 2 * w + lp, dtype=torch.bool, device=q.device)
-        is_g[g] = True
-        allowed = allowed & ~is_g[kpos.clamp_min(0)]  # global keys are counted once, in their own columns
-    allowed = allowed[None, None]  # (1, 1, nb, c, span)
-    if key_ok is not None:
-        ok = F.pad(key_ok, (w, lp - length + w)).unfold(2, span, c)  # (b, 1|h, nb, span)
-        allowed = allowed & ok[:, :, :, None, :]
-    if len(globals_):
-        sg = torch.matmul(q_blk * scale, k[:, :, g].transpose(-2, -1)[:, :, None])  # (b, h, nb, c, G)
+    if globals_:
+        qpos = torch.arange(lp, device=q.device).view(1, 1, nb, c, 1)
+        sg = torch.matmul(q_blk, k[:, :, g].transpose(-2, -1)[:, :, None])  # (b, h, nb, c, G)
         allowed_g = torch.ones(1, 1, nb, c, len(globals_), dtype=torch.bool, device=q.device)
         if causal:
-            allowed_g = allowed_g & (g.view(1, 1, 1, 1, -1) <= qpos.view(1, 1, nb, c, 1))
+            allowed_g = allowed_g & (g.view(1, 1, 1, 1, -1) <= qpos)
         if key_ok is not None:
             allowed_g = allowed_g & key_ok[:, :, g][:, :, None, None, :]
-        lead = b if key_ok is not None else 1
+        lead = max(allowed.shape[0], allowed_g.shape[0])
         both = torch.cat([allowed.expand(lead, -1, -1, -1, -1), allowed_g.expand(lead, -1, -1, -1, -1)], -1)
         p = _softmax_rows(torch.cat([s, sg], -1), both)  # one softmax over window and global keys
-        out = torch.matmul(p[..., :span], v_win.transpose(-2, -1)) + torch.matmul(p[..., span:],
-                                                                               v[:, :, g][:, :, None])
+        out = torch.matmul(p[..., :span], v_win) + torch.matmul(p[..., span:], v[:, :, g][:, :, None])
     else:
-        out = torch.matmul(_softmax_rows(s, allowed), v_win.transpose(-2, -1))  # (b, h, nb, c, dv)
+        # without padding every real query row allows at least itself; padded query rows are cut off below
+        out = torch.matmul(_softmax_rows(s, allowed, check_empty=key_ok is not None), v_win)  # (b, h, nb, c, dv)
     out = out.reshape(b, h, lp, -1)[:, :, :length]
-    if len(globals_):
+    if globals_:
         out[:, :, g] = _dense_rows(q[:, :, g], g, k, v, key_ok, causal, scale)
     return out
 
