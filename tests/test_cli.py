@@ -74,3 +74,28 @@ def test_data_card_cli(capsys):
     assert main(["data", "bbc_headlines", "--json"]) == 0
     card = json.loads(capsys.readouterr().out)
     assert sum(card["splits"].values()) == card["examples"] and len(card["classes"]) == 5
+
+
+def test_bench_long_builds_every_case_and_fits_exponents():
+    """Every `bench long` implementation runs forward and backward at a small length (timings: bench only)."""
+    from multihead.bench import long as suite
+
+    for impl in suite.IMPLS:
+        if impl == "flex_window":
+            continue  # compiled; covered by tests/attention/test_flex.py
+        for mode in suite.MODES:
+            suite.build({"impl": impl, "mode": mode, "length": 300})()
+    assert suite.estimate_gb("tutorial", "train", 16384) > suite.MEMORY_BUDGET_GB  # skipped, with the reason
+    fits = suite.fit_exponents([{"impl": "x", "mode": "train", "length": n, "peak_mb": n / 10, "seconds_min": n * n}
+                                for n in (1024, 2048, 4096)])
+    assert fits["x/train"]["memory"] == 1.0 and fits["x/train"]["time"] == 2.0
+
+
+def test_bench_lra_table_formats_rows():
+    from multihead.bench import lra
+
+    text = lra.format_table({"data": "imdb", "max_len": 1024, "epochs": 3, "limit": None,
+                             "rows": [{"variant": "dense", "test_accuracy": 0.85, "seconds_per_epoch": 100.0,
+                                       "peak_rss_mb": 900.0}, {"variant": "window", "error": ["boom"]}]})
+    assert "dense" in text and "0.8500" in text and "boom" in text
+    assert set(lra.VARIANTS) == {"dense", "window", "block_sparse", "performer", "linear_elu"}

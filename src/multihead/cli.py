@@ -61,6 +61,19 @@ def cmd_bench(args) -> int:
         print(suite.format_table(payload))
         print(f"wrote {out}")
         return 0
+    if args.suite == "lra":
+        import json
+
+        from .bench import lra as suite
+
+        out = Path(args.out) if args.out else Path("bench/results/lra.json")
+        payload = suite.run(Path(args.runs), max_len=args.max_len, epochs=args.epochs, limit=args.limit,
+                            variants=args.impls, threads=args.threads)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(payload, indent=2))
+        print(suite.format_table(payload))
+        print(f"wrote {out}")
+        return 0
     if args.suite == "long":
         from .bench import long as suite
 
@@ -79,7 +92,7 @@ def cmd_bench(args) -> int:
         print(suite.format_table(payload))
         print(f"wrote {out}")
         return 0
-    print(f"error: unknown bench suite {args.suite!r}; choose: attention, train, pretrained, long", file=sys.stderr)
+    print(f"error: unknown bench suite {args.suite!r}; choose: attention, train, pretrained, long, lra", file=sys.stderr)
     return 2
 
 
@@ -459,13 +472,17 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(fn=cmd_backends)
 
     bench = sub.add_parser("bench", help="benchmarks: ours and peers in one run, JSON + PNG")
-    bench.add_argument("suite", choices=["attention", "train", "pretrained", "long"], help="which benchmark")
+    bench.add_argument("suite", choices=["attention", "train", "pretrained", "long", "lra"], help="which benchmark")
     bench.add_argument("--lengths", type=_ints, default=None, help="comma-separated sequence lengths")
     bench.add_argument("--modes", type=_words, default=None, help="forward,train")
     bench.add_argument("--impls", type=_words, default=None, help="comma-separated implementations")
     bench.add_argument("--threads", type=int, default=None, help="torch threads (default: what torch picks)")
     bench.add_argument("--min-time", type=float, default=1.0, help="seconds of timed repeats per case")
-    bench.add_argument("--out", default=None, help="JSON path (default bench/results/attention-<time>.json)")
+    bench.add_argument("--out", default=None, help="JSON path (default bench/results/<suite>-<time>.json)")
+    bench.add_argument("--runs", default="runs/lra", help="lra: folder for the training runs")
+    bench.add_argument("--max-len", type=int, default=1024, help="lra: tokens per review")
+    bench.add_argument("--epochs", type=int, default=3, help="lra: epochs per variant")
+    bench.add_argument("--limit", type=int, default=None, help="lra: examples per split")
     bench.set_defaults(fn=cmd_bench)
 
     t = sub.add_parser("train", help="train a Transformer text classifier; writes a run folder")

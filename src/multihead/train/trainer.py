@@ -446,6 +446,17 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
     return results
 
 
+def _peak_rss_mb() -> float | None:
+    """This process's peak resident memory (Linux VmHWM), MiB; None elsewhere."""
+    import re
+
+    try:
+        m = re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text())
+    except OSError:
+        return None
+    return int(m.group(1)) / 1024 if m else None
+
+
 def finish(out: Path, config: TrainConfig, prepared: Prepared, device, *, train_seconds: float,
            stopped_early: bool) -> dict:
     """Best weights -> test metrics, baseline, plots, results.json."""
@@ -470,6 +481,7 @@ def finish(out: Path, config: TrainConfig, prepared: Prepared, device, *, train_
         "stopped_early": stopped_early,
         "train_seconds": train_seconds,
         "threads": torch.get_num_threads(),
+        "peak_rss_mb": _peak_rss_mb(),
         "parameters": sum(p.numel() for p in model.parameters()),
         "truncated": {k: v.truncated for k, v in prepared.encoded.items()},
         "labels": prepared.labels,
