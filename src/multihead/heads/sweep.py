@@ -65,16 +65,26 @@ def sweep(base: TrainConfig, out: Path, *, heads: list[int] | None = None, kv_he
     speed = time_inference(models, test_ids, batch_size=32, min_time=min_time)
     for row in rows:
         row["inference_seconds"] = speed["seconds"][str(row[axis])]
-    best = max(rows, key=lambda r: r["test_accuracy_mean"])
-    shape = ("rise and fall" if rows[0] is not best and rows[-1] is not best else
-             "highest at the smallest value" if rows[0] is best else "highest at the largest value")
     summary = {"axis": axis, "values": values, "seeds": seeds, "d_model": e.d_model, "data": base.data.name,
-               "rows": rows, "best": best[axis], "shape": shape, "threads": speed["threads"],
+               "rows": rows, **curve_shape(rows, axis), "threads": speed["threads"],
                "vaswani_2017_table3a_bleu": {"1": 24.9, "4": 25.5, "8": 25.8, "16": 25.8, "32": 25.4}}
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(summary, indent=2))
     plot(summary, out / "sweep")
     return summary
+
+
+def curve_shape(rows: list[dict], axis: str) -> dict:
+    """Best value by mean accuracy, the curve's shape, and whether it is flat within seed noise (the range of the
+    means is below twice the average seed standard deviation)."""
+    means = [r["test_accuracy_mean"] for r in rows]
+    best = rows[means.index(max(means))]
+    shape = ("rise and fall" if rows[0] is not best and rows[-1] is not best else
+             "highest at the smallest value" if rows[0] is best else "highest at the largest value")
+    spread = max(means) - min(means)
+    noise = 2 * sum(r["test_accuracy_std"] for r in rows) / len(rows)
+    return {"best": best[axis], "shape": shape, "range_of_means": spread, "twice_mean_seed_std": noise,
+            "flat_within_noise": spread < noise}
 
 
 def format_table(s: dict) -> str:
@@ -85,8 +95,12 @@ def format_table(s: dict) -> str:
     for r in s["rows"]:
         lines.append(f"{r[axis]:>9}{r['d_k']:>5}{r['parameters']:>10}{r['test_accuracy_mean']:>10.4f}"
                      f"{r['test_accuracy_std']:>8.4f}{r['train_seconds_mean']:>9.1f}{r['inference_seconds']:>9.3f}")
-    lines.append(f"best: {axis}={s['best']}; curve shape: {s['shape']} (Vaswani et al. 2017 Table 3A, BLEU: h=1 24.9, "
-                 "8 25.8, 16 25.8, 32 25.4: rise and fall)")
+    verdict = (f"flat within seed noise (range of means {100 * s['range_of_means']:.1f} points < twice the mean seed "
+               f"std {100 * s['twice_mean_seed_std']:.1f})" if s["flat_within_noise"] else
+               f"{s['shape']} (range of means {100 * s['range_of_means']:.1f} points, twice the mean seed std "
+               f"{100 * s['twice_mean_seed_std']:.1f})")
+    lines.append(f"best by mean: {axis}={s['best']}; curve: {verdict}. Vaswani et al. 2017 Table 3A (BLEU): h=1 24.9, "
+                 "8 25.8, 16 25.8, 32 25.4, a rise and fall")
     return "\n".join(lines)
 
 
