@@ -375,84 +375,32 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_importance(args) -> int:
-    import json
-
     from .heads import scores as imp
-    from .train import load_run
-    from .train.inference import examples
 
-    run = load_run(args.run)
-    name, ids, labels, _ = examples(run, args.data, split=args.split)
-    if args.n:
-        ids, labels = ids[: args.n], labels[: args.n]
-    scores = imp.importance(run.model, ids, labels, args.method, progress=True)
-    title = f"{args.run}: {args.method} head importance on {name} [{args.split}], {len(ids)} texts"
-    print(imp.format_table(scores, title))
-    out = Path(args.out) if args.out else Path(args.run) / "importance"
-    out.mkdir(parents=True, exist_ok=True)
-    payload = {"run": str(args.run), "method": args.method, "data": name, "split": args.split, "n": len(ids),
-               "scores": [[None if v != v else round(v, 6) for v in row] for row in scores.tolist()]}
-    (out / f"importance-{args.method}.json").write_text(json.dumps(payload, indent=2))
-    files = imp.plot(scores, out / f"importance-{args.method}", title)
-    print(f"wrote {out / f'importance-{args.method}.json'} and {files[0]}")
+    result = imp.score_run(args.run, args.method, data=args.data, split=args.split, n=args.n,
+                           out=Path(args.out) if args.out else None)
+    print(imp.format_table(result["tensor"], result["title"]))
+    print(f"wrote {result['json']} and {result['files'][0]}")
     return 0
 
 
 def cmd_prune(args) -> int:
-    import json
-
     import torch
 
     from .heads import prune as P
-    from .heads.scores import head_shape
-    from .train import load_run
-    from .train.inference import examples
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    run = load_run(args.run)
-    _, val_ids, val_y, _ = examples(run, args.data, split="validation")
-    _, test_ids, test_y, _ = examples(run, args.data, split="test")
-    layers, heads = head_shape(run.model)
-    curve = P.prune_curve(run.model, (val_ids, val_y), (test_ids, test_y), method=args.method, step=args.step,
-                          max_drop=args.max_drop, until=max(args.speed_at or 0.0, args.until))
-    out = Path(args.out)
-    chosen = P.mask_to_heads(curve["mask"])
-    masked = torch.tensor(curve["mask"], dtype=torch.float32)
-    unpruned = load_run(args.run).model
-    P.write_pruned_run(run, chosen, out, {"method": args.method, "max_drop": args.max_drop, "step": args.step})
-    pruned = load_run(out)  # reloaded from the new folder: shapes come from config.json
-    from .data import collate
-
-    x, keep = collate(test_ids[:64])
-    with torch.no_grad():
-        diff = (pruned.model(x, keep) - unpruned(x, keep, head_mask=masked)).abs().max().item()
-    from .train.trainer import evaluate_ids
-
-    acc = evaluate_ids(pruned.model, test_ids, test_y, len(run.labels), "cpu")["accuracy"]
-    curve.update(run=str(args.run), out=str(out), pruned_heads=chosen, test_accuracy_pruned=acc,
-                 max_abs_diff_pruned_vs_masked=diff,
-                 parameters={"unpruned": sum(p.numel() for p in unpruned.parameters()),
-                             "pruned": sum(p.numel() for p in pruned.model.parameters())})
-    models = {"unpruned": unpruned, "pruned": pruned.model}
-    if args.speed_at:
-        target = min(curve["rounds"], key=lambda r: abs(r["fraction"] - args.speed_at))
-        at = load_run(args.run).model
-        at.encoder.prune_heads(P.mask_to_heads(target["mask"]))
-        models[f"pruned_{100 * target['fraction']:.0f}pct"] = at
-        curve["speed_at"] = {"fraction": target["fraction"], "test_accuracy": target["test_accuracy"]}
-    speed = P.time_inference(models, test_ids, batch_size=32, min_time=args.min_time)
-    speed["speedup_vs_unpruned"] = {k: speed["seconds"]["unpruned"] / v for k, v in speed["seconds"].items()}
-    curve["inference"] = speed
-    (out / "pruning.json").write_text(json.dumps(curve, indent=2))
-    P.plot_curve(curve, out / "pruning", f"{args.run}: iterative pruning ({args.method}, {args.step:.0%} per round)")
-    base = curve["base_test_accuracy"]
-    print(f"chosen: {curve['pruned']}/{layers * heads} heads pruned ({curve['fraction']:.0%}); test accuracy "
-          f"{acc:.4f} vs {base:.4f} unpruned; |pruned - masked| = {diff:.1e}")
+    r = P.prune_run(args.run, Path(args.out), data=args.data, method=args.method, step=args.step,
+                    max_drop=args.max_drop, until=args.until, speed_at=args.speed_at, min_time=args.min_time)
+    speed = r["inference"]
+    print(f"chosen: {r['pruned']}/{r['heads']} heads pruned ({r['fraction']:.0%}); test accuracy "
+          f"{r['test_accuracy_pruned']:.4f} vs {r['base_test_accuracy']:.4f} unpruned; "
+          f"|pruned - masked| = {r['max_abs_diff_pruned_vs_masked']:.1e}")
     for name, sec in speed["seconds"].items():
         print(f"  inference {name:<14} {sec:7.3f}s per test pass ({speed['speedup_vs_unpruned'][name]:.2f}x), "
               f"batch 32, {speed['threads']} threads")
-    print(f"pruned run: {out} (pruning.json, pruning.png)")
+    print(f"pruned run: {args.out} (pruning.json, pruning.png)")
     return 0
 
 

@@ -148,7 +148,25 @@ def run_demo(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
     real = pretrained_step(out / "pretrained")
     print(f'== 4. Seeing inside: "{SENTENCE}" in the trained classifier and in MiniLM')
     seen = show_step(out, pretrained_ok="skipped" not in real)
-    return {"train": results, "walkthrough": summary, "pretrained": real, "show": seen}
+    print("== 5. Heads, measured: which heads of the demo classifier matter, and pruning them")
+    measured = heads_step(out)
+    return {"train": results, "walkthrough": summary, "pretrained": real, "show": seen, "heads": measured}
+
+
+def heads_step(out: Path) -> dict:
+    """Michel importance of the demo run's heads, then iterative pruning into ``out/pruned`` (curve + timing)."""
+    from .heads import prune as P
+    from .heads import scores
+
+    imp = scores.score_run(out, "michel", progress=False)
+    print("   " + scores.format_table(imp["tensor"], imp["title"]).replace("\n", "\n   "))
+    curve = P.prune_run(out, out / "pruned", max_drop=0.01, until=1.0, min_time=1.0,
+                        log=lambda text: print("   " + text))
+    sp = curve["inference"]["speedup_vs_unpruned"]["pruned"]
+    print(f"   kept within 1 validation point: {curve['pruned']}/{curve['heads']} heads pruned; test accuracy "
+          f"{curve['test_accuracy_pruned']:.4f} (unpruned {curve['base_test_accuracy']:.4f}); inference "
+          f"{sp:.2f}x -> {out / 'pruned'} (pruning.png); for MiniLM: multihead prune RUN --out RUN-pruned")
+    return {"importance": imp["scores"], "pruned": curve["pruned"], "test_accuracy": curve["test_accuracy_pruned"]}
 
 
 def show_step(out: Path, *, pretrained_ok: bool = True) -> dict:

@@ -137,8 +137,48 @@ def time_inference(models: dict, ids: list[list[int]], *, batch_size: int = 32, 
             "threads": torch.get_num_threads()}
 
 
-def report(result: dict, path: Path) -> None:
-    path.write_text(json.dumps(result, indent=2))
+def prune_run(run_path, out: Path, *, data: str | None = None, method: str = "michel", step: float = 0.1,
+              max_drop: float = 0.01, until: float = 0.0, speed_at: float | None = None, min_time: float = 3.0,
+              log=print) -> dict:
+    """The whole ``multihead prune``: curve on validation (test recorded), physically pruned run folder in ``out``
+    (reloaded and checked against the masked model), inference timed side by side; ``out/pruning.{json,png}``."""
+    from ..data import collate
+    from ..train import load_run
+    from ..train.inference import examples
+    from ..train.trainer import evaluate_ids
+
+    run = load_run(run_path)
+    _, val_ids, val_y, _ = examples(run, data, split="validation")
+    _, test_ids, test_y, _ = examples(run, data, split="test")
+    layers, heads = head_shape(run.model)
+    curve = prune_curve(run.model, (val_ids, val_y), (test_ids, test_y), method=method, step=step,
+                        max_drop=max_drop, until=max(speed_at or 0.0, until), log=log)
+    chosen = mask_to_heads(curve["mask"])
+    masked = torch.tensor(curve["mask"], dtype=torch.float32)
+    unpruned = load_run(run_path).model
+    write_pruned_run(run, chosen, out, {"method": method, "max_drop": max_drop, "step": step})
+    pruned = load_run(out)  # reloaded from the new folder: shapes come from config.json
+    x, keep = collate(test_ids[:64])
+    with torch.no_grad():
+        diff = (pruned.model(x, keep) - unpruned(x, keep, head_mask=masked)).abs().max().item()
+    acc = evaluate_ids(pruned.model, test_ids, test_y, len(run.labels), "cpu")["accuracy"]
+    curve.update(run=str(run_path), out=str(out), pruned_heads=chosen, test_accuracy_pruned=acc,
+                 max_abs_diff_pruned_vs_masked=diff,
+                 parameters={"unpruned": sum(p.numel() for p in unpruned.parameters()),
+                             "pruned": sum(p.numel() for p in pruned.model.parameters())})
+    models = {"unpruned": unpruned, "pruned": pruned.model}
+    if speed_at:
+        target = min(curve["rounds"], key=lambda r: abs(r["fraction"] - speed_at))
+        at = load_run(run_path).model
+        at.encoder.prune_heads(mask_to_heads(target["mask"]))
+        models[f"pruned_{100 * target['fraction']:.0f}pct"] = at
+        curve["speed_at"] = {"fraction": target["fraction"], "test_accuracy": target["test_accuracy"]}
+    speed = time_inference(models, test_ids, batch_size=32, min_time=min_time)
+    speed["speedup_vs_unpruned"] = {k: speed["seconds"]["unpruned"] / v for k, v in speed["seconds"].items()}
+    curve["inference"] = speed
+    (Path(out) / "pruning.json").write_text(json.dumps(curve, indent=2))
+    plot_curve(curve, Path(out) / "pruning", f"{run_path}: iterative pruning ({method}, {step:.0%} per round)")
+    return curve
 
 
-__all__ = ["mask_to_heads", "plot_curve", "prune_curve", "time_inference", "write_pruned_run"]
+__all__ = ["mask_to_heads", "plot_curve", "prune_curve", "prune_run", "time_inference", "write_pruned_run"]

@@ -151,5 +151,30 @@ def plot(scores: Tensor, stem, title: str) -> list:
     return _save(fig, stem)
 
 
+def score_run(run_path, method: str = "michel", *, data: str | None = None, split: str = "validation",
+              n: int | None = None, out=None, progress: bool = True) -> dict:
+    """Score a run folder's heads on ``split`` of ``data``; writes ``importance-<method>.json`` and a heatmap to
+    ``out`` (default ``RUN/importance``)."""
+    import json
+    from pathlib import Path
+
+    from ..train import load_run
+    from ..train.inference import examples
+
+    run = load_run(run_path)
+    name, ids, labels, _ = examples(run, data, split=split)
+    if n:
+        ids, labels = ids[:n], labels[:n]
+    scores = importance(run.model, ids, labels, method, progress=progress)
+    title = f"{run_path}: {method} head importance on {name} [{split}], {len(ids)} texts"
+    out = Path(out) if out else Path(run_path) / "importance"
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"run": str(run_path), "method": method, "data": name, "split": split, "n": len(ids),
+               "scores": [[None if v != v else round(v, 6) for v in row] for row in scores.tolist()]}
+    (out / f"importance-{method}.json").write_text(json.dumps(payload, indent=2))
+    files = plot(scores, out / f"importance-{method}", title)
+    return {**payload, "tensor": scores, "title": title, "json": out / f"importance-{method}.json", "files": files}
+
+
 __all__ = ["METHODS", "attention_focus", "format_table", "importance", "leave_one_out", "loss_with", "michel",
-           "plot"]
+           "plot", "score_run"]
