@@ -32,8 +32,11 @@ def cmd_backends(args) -> int:
 
     for name, b in sorted(list_backends().items(), key=lambda kv: -kv[1].priority):
         c = b.capabilities
-        print(f"{name:<12} priority {b.priority:>3}  weights={c.returns_weights} masks={c.supports_mask} "
-              f"dropout={c.supports_dropout} gqa={c.supports_gqa} exact={c.exact}  {b.description}")
+        why = b.available()
+        print(f"{name:<17} priority {b.priority:>3}  weights={c.returns_weights} dropout={c.supports_dropout} "
+              f"gqa={c.supports_gqa} exact={c.exact} patterns={','.join(c.patterns) or '-'}"
+              f"{' (only)' if c.requires_pattern else ''}  {b.description}"
+              + (f"  [unavailable: {why}]" if why else ""))
     return 0
 
 

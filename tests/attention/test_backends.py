@@ -13,7 +13,9 @@ import multihead as mh
 from multihead.attention import masks
 
 # exact backends that take dense masks (sparse-pattern and approximate backends have their own tests)
-BACKENDS = sorted(n for n, b in mh.list_backends().items() if b.capabilities.exact and not b.capabilities.requires_pattern)
+# (flex has no CPU backward: tests/attention/test_flex.py covers its forward)
+BACKENDS = sorted(n for n, b in mh.list_backends().items() if b.capabilities.exact and not b.capabilities.requires_pattern
+                  and "cpu" in b.capabilities.backward_devices)
 DTYPES = [torch.float32, torch.bfloat16]
 HEAD_DIMS = [16, 59]
 LENGTHS = [1, 7, 97, 256]

@@ -7,7 +7,8 @@ from multihead.attention import registry
 from multihead.interpret import capture, run_with_cache
 
 BACKENDS = sorted(n for n, b in mh.list_backends().items()
-                  if b.capabilities.exact and not b.capabilities.requires_pattern and b.available() is None)
+                  if b.capabilities.exact and not b.capabilities.requires_pattern
+                  and "cpu" in b.capabilities.backward_devices and b.available() is None)
 
 
 def _model(backend):
