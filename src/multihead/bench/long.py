@@ -163,14 +163,16 @@ def plot(payload: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 9))
+    colour = {impl: f"C{i}" for i, impl in enumerate(IMPLS)}  # one colour per implementation in every panel
     for col, mode in enumerate(MODES):
         for impl in IMPLS:
             pts = sorted((r["length"], r["seconds_min"], r["peak_mb"]) for r in payload["results"]
                          if r["impl"] == impl and r["mode"] == mode and "error" not in r)
             if not pts:
                 continue
-            axes[0][col].plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=impl)
-            axes[1][col].plot([p[0] for p in pts], [max(p[2] or 0, 0.1) for p in pts], "o-", label=impl)
+            axes[0][col].plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=impl, color=colour[impl])
+            axes[1][col].plot([p[0] for p in pts], [max(p[2] or 0, 0.1) for p in pts], "o-", label=impl,
+                              color=colour[impl])
         axes[0][col].set_title(f"{mode}: time (s)", fontsize=10)
         axes[1][col].set_title(f"{mode}: peak memory above baseline (MiB)", fontsize=10)
         for ax in (axes[0][col], axes[1][col]):
@@ -178,7 +180,8 @@ def plot(payload: dict, path: Path) -> None:
             ax.set_yscale("log")
             ax.set_xlabel("sequence length L")
             ax.grid(alpha=0.3, which="both")
-            ax.legend(fontsize=7)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
     fig.suptitle(f"one MHA layer, d_model {D_MODEL}, {HEADS} heads, batch 1, fp32, "
                  f"{payload['machine']['threads']} threads", fontsize=10)
     fig.tight_layout()
