@@ -139,7 +139,7 @@ def test_sweep_cli_heads_and_kv_heads(tmp_path, sentiment_csv, capsys):
     assert [r["heads"] for r in s["rows"]] == [1, 4] and [r["d_k"] for r in s["rows"]] == [16, 4]
     assert all(len(r["runs"]) == 2 and r["inference_seconds"] > 0 for r in s["rows"])
     assert len({u["seed"] for u in s["rows"][0]["runs"]}) == 2
-    assert (tmp_path / "h" / "sweep.png").exists() and "curve shape" in capsys.readouterr().out
+    assert (tmp_path / "h" / "sweep.png").exists() and "best by mean: heads=" in capsys.readouterr().out
     assert main(["sweep", "--kv-heads", "4,1", "--set", "model.encoder.num_heads=4", "--out", str(tmp_path / "kv"),
                  *common]) == 0
     kv = json.loads((tmp_path / "kv" / "sweep.json").read_text())
