@@ -2,12 +2,15 @@
 
 Layout (the architecture at a glance):
 
-* :mod:`multihead.attention` -- the kernel seam: ``attention(q, k, v, ...)`` over registered backends, and the mask
-  convention (bool, True = may attend).
+* :mod:`multihead.attention` -- the kernel seam: ``attention(q, k, v, ...)`` over registered backends (exact,
+  memory-efficient, sparse, linear, FlexAttention), the mask convention (bool, True = may attend) and sparse
+  patterns.
 * :mod:`multihead.modules` -- ``MultiHeadAttention``, positional encodings, ``FeedForward``, ``EncoderBlock``,
   ``TransformerEncoder``; hook points for analysis.
 * :mod:`multihead.models` -- ``TextEncoder`` (BERT-like backbone) and ``TransformerClassifier`` on it, dataclass configs.
 * :mod:`multihead.pretrained` -- BERT-family weights (``minilm``) loaded into those modules, and exported back.
+* :mod:`multihead.interpret` -- capture attention through hook points, pictures, an offline page, head roles.
+* :mod:`multihead.heads` -- head importance, iterative and physical pruning, the head-count sweep.
 * :mod:`multihead.bench` -- one harness timing our backends and PyTorch peers in the same run.
 * :mod:`multihead.cli` -- the ``multihead`` command; everything it does is callable from Python.
 """
