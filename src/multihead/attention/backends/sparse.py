@@ -49,8 +49,43 @@ def _dense_rows(q_rows: Tensor, rows: Tensor, k: Tensor, v: Tensor, key_ok: Tens
     return torch.matmul(_softmax_rows(s, allowed), v)
 
 
+def _window_fused(q, k, v, w: int, causal: bool, key_ok: Tensor | None, scale: float) -> Tensor:
+    """Undilated window without global tokens, each query chunk attended by PyTorch's fused SDPA kernel: chunks go
+    to the batch axis ``(b * nb, h, c, d)`` against their ``c + 2w`` keys, with one ``(c, span)`` band mask per
+    chunk (edges and padding), so no softmax pass is written out in Python."""
+    b, h, length, d = q.shape
+    c = max(w, 32)
+    lp = -(-length // c) * c
+    nb = lp // c
+    span = c + 2 * w
+
+    def windows(t):  # (b, h, L, x) -> (b * nb, h, span, x): each chunk's keys (one copy)
+        t = F.pad(t, (0, 0, w, lp - length + w)).unfold(2, span, c)  # (b, h, nb, x, span)
+        return t.permute(0, 2, 1, 4, 3).reshape(b * nb, h, span, -1)
+
+    qc = F.pad(q, (0, 0, 0, lp - length)).view(b, h, nb, c, d).transpose(1, 2).reshape(b * nb, h, c, d)
+    r = torch.arange(c, device=q.device)[:, None]
+    t = torch.arange(span, device=q.device)[None, :]
+    diff = r + w - t  # (c, span): query position - key position
+    band = (diff.abs() <= w) & ((diff >= 0) if causal else True)
+    ok = torch.ones(1, 1, length, dtype=torch.bool, device=q.device) if key_ok is None else key_ok[:, :1]
+    ok = F.pad(ok, (w, lp - length + w)).unfold(2, span, c)  # (b|1, 1, nb, span)
+    allowed = (band & ok[:, 0, :, None, :])  # (b|1, nb, c, span)
+    allowed = allowed.expand(b, nb, c, span).reshape(b * nb, 1, c, span)
+    row_ok = allowed.any(-1, keepdim=True)  # padded queries far from any real key see nothing
+    empty = not bool(row_ok.all())
+    if empty:
+        allowed = allowed | ~row_ok  # open them for the kernel, zero them below
+    out = F.scaled_dot_product_attention(qc, windows(k), windows(v), attn_mask=allowed, scale=scale)
+    if empty:
+        out = out * row_ok
+    return out.view(b, nb, h, c, -1).transpose(1, 2).reshape(b, h, lp, -1)[:, :, :length]
+
+
 def _window(q, k, v, w: int, causal: bool, key_ok: Tensor | None, globals_: list[int], scale: float) -> Tensor:
     """Undilated sliding window over ``(b, h, L, d)``; ``key_ok`` ``(b, 1|h, L)``."""
+    if not globals_ and (key_ok is None or key_ok.shape[1] == 1):
+        return _window_fused(q, k, v, w, causal, key_ok, scale)
     b, h, length, d = q.shape
     c = max(w, 32)  # query chunk: its c + 2w keys hold the exact 2w + 1 band (c = w: 3x copies of K, V, not more)
     lp = -(-length // c) * c
