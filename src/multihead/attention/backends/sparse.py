@@ -192,18 +192,29 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePatte
     v_blk = F.pad(v, (0, 0, 0, lp - length)).view(b, h, nb, bs, -1)
     rows = torch.arange(g, nb, device=q.device)
     sel = idx[rows]  # (nr, K)
-    k_sel = k_blk[:, :, sel].reshape(b, h, len(rows), kmax * bs, d)  # (b, h, nr, K*bs, d): gathered blocks
-    v_sel = v_blk[:, :, sel].reshape(b, h, len(rows), kmax * bs, -1)
-    s = torch.matmul(q_blk[:, :, rows] * scale, k_sel.transpose(-2, -1))  # (b, h, nr, bs, K*bs)
-    kpos = (sel[:, :, None] * bs + torch.arange(bs, device=q.device)).reshape(len(rows), kmax * bs)
+    nr = len(rows)
+
+    def gather(t):  # (b, h, nb, bs, x) -> (b * nr, h, K * bs, x): each row block's key blocks, gathered once
+        return t[:, :, sel].reshape(b, h, nr, kmax * bs, -1).transpose(1, 2).reshape(b * nr, h, kmax * bs, -1)
+
+    kpos = (sel[:, :, None] * bs + torch.arange(bs, device=q.device)).reshape(nr, kmax * bs)
     qpos = rows[:, None] * bs + torch.arange(bs, device=q.device)  # (nr, bs)
     allowed = valid[rows].repeat_interleave(bs, dim=1)[:, None, :].expand(-1, bs, -1)  # (nr, bs, K*bs)
     if pattern.causal:
         allowed = allowed & (kpos[:, None, :] <= qpos[:, :, None])
-    ok = key_ok[:, :, sel].reshape(b, 1, len(rows), kmax * bs)
-    allowed = allowed[None, None] & ok[:, :, :, None, :]
+    ok = key_ok[:, 0, sel].reshape(b, nr, 1, kmax * bs)
+    allowed = (allowed[None] & ok).reshape(b * nr, 1, bs, kmax * bs)
+    row_ok = allowed.any(-1, keepdim=True)
+    empty = not bool(row_ok.all())
+    if empty:
+        allowed = allowed | ~row_ok  # open rows with no allowed key for the kernel, zero them below
+    qr = q_blk[:, :, rows].transpose(1, 2).reshape(b * nr, h, bs, d)
+    # The row blocks go on the batch axis of PyTorch's fused kernel: no Python-level softmax.
+    body = F.scaled_dot_product_attention(qr, gather(k_blk), gather(v_blk), attn_mask=allowed, scale=scale)
+    if empty:
+        body = body * row_ok
+    body = body.view(b, nr, h, bs, -1).transpose(1, 2)  # (b, h, nr, bs, dv)
     out = torch.zeros(b, h, lp, v.shape[-1], dtype=work, device=q.device)
-    body = torch.matmul(_softmax_rows(s, allowed), v_sel)  # (b, h, nr, bs, dv)
     out[:, :, g * bs:] = body.reshape(b, h, -1, v.shape[-1])
     if g:
         grow = torch.arange(min(g * bs, length), device=q.device)
