@@ -235,26 +235,6 @@ def cmd_data(args) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ pretrained encoders
-def _encoder_source(source: str):
-    """(model, tokenizer, max_len) from a run folder (its classifier's encoder) or a pretrained name/folder."""
-    from . import pretrained
-
-    path = Path(source)
-    if path.is_dir() and (path / "config.json").exists() and "train" in _read_json(path / "config.json"):
-        from .train import load_run
-
-        run = load_run(path)
-        return run.model, run.tokenizer, run.config.data.max_len
-    p = pretrained.load(source)
-    return p.model, p.tokenizer, p.max_seq_length
-
-
-def _read_json(path: Path) -> dict:
-    import json
-
-    return json.loads(path.read_text())
-
-
 def _read_texts(texts: list[str], file: str | None) -> list[str]:
     import json
 
@@ -279,13 +259,14 @@ def _read_texts(texts: list[str], file: str | None) -> list[str]:
 def cmd_embed(args) -> int:
     import json
 
+    from .interpret import load_subject
     from .pretrained import embed_texts
 
     texts = _read_texts(args.texts, args.file)
     if not texts:
         raise ValueError("nothing to embed: pass texts as arguments or --file FILE (one text per line, or .jsonl)")
-    model, tok, max_len = _encoder_source(args.model)
-    vectors = embed_texts(model, tok, texts, max_len, batch_size=args.batch_size,
+    s = load_subject(args.model, sentence_embeddings=True)
+    vectors = embed_texts(s.model, s.tokenizer, texts, s.max_len, batch_size=args.batch_size,
                           progress=len(texts) > 4 * args.batch_size)
     if args.out:
         from .train.runfolder import atomic_write_bytes
@@ -307,9 +288,10 @@ def cmd_embed(args) -> int:
 
 def cmd_export(args) -> int:
     from . import pretrained
+    from .interpret import load_subject
 
-    model, tok, _ = _encoder_source(args.source)
-    out = pretrained.export(model, tok, args.out)
+    s = load_subject(args.source)
+    out = pretrained.export(s.model, s.tokenizer, args.out)
     print(f"wrote an HF BertModel folder to {out} (config.json, model.safetensors, tokenizer.json, vocab.txt); "
           "load it with transformers.BertModel.from_pretrained")
     return 0

@@ -177,17 +177,20 @@ def show_step(out: Path, *, pretrained_ok: bool = True) -> dict:
     from .interpret.show import show
 
     done = {}
-    targets = [(out, out / "show")] + ([("minilm", out / "pretrained" / "show")] if pretrained_ok else [])
-    for source, folder in targets:
-        summary = show(load_subject(source), SENTENCE, folder, log=lambda text: print("   " + text.replace("\n", "\n   ")))
+    targets = [(str(out), load_subject(out), out / "show")]
+    minilm = load_subject("minilm") if pretrained_ok else None  # loaded once, for the pictures and the roles
+    if minilm is not None:
+        targets.append(("minilm", minilm, out / "pretrained" / "show"))
+    for source, subject, folder in targets:
+        summary = show(subject, SENTENCE, folder, log=lambda text: print("   " + text.replace("\n", "\n   ")))
         print(f"   {source}: {len(summary['files'])} files in {folder} ({summary['seconds']['total']:.1f}s); "
               f"open {folder / 'attention.html'}")
         done[str(source)] = {k: summary[k] for k in ("tokens", "heads", "seconds")}
-    if pretrained_ok:
+    if minilm is not None:
         texts = D.split(D.load("rotten_tomatoes"), seed=0).test.texts[:200]
-        result = roles.analyse(load_subject("minilm").maps(texts))
+        result = roles.analyse(minilm.maps(texts))
         roles.write(result, out / "pretrained" / "heads")
-        print(f"   MiniLM head roles on 200 rotten_tomatoes test sentences: " +
+        print("   MiniLM head roles on 200 rotten_tomatoes test sentences: " +
               ", ".join(f"{r} {c}" for r, c in result["counts"].items() if c) +
               f" -> {out / 'pretrained' / 'heads' / 'heads.png'}")
         done["roles"] = result["counts"]

@@ -155,18 +155,20 @@ def read_weights(folder: Path) -> dict[str, Tensor]:
     raise PretrainedError(f"{folder} has no model.safetensors or pytorch_model.bin")
 
 
+def _names(num_layers: int) -> dict[str, str]:
+    """HF parameter name -> ours, for an encoder of ``num_layers`` layers (the table in the module docstring)."""
+    table = list(_EMBED_MAP) + [(f"encoder.layer.{i}.{hf}", f"encoder.layers.{i}.{ours}")
+                                for i in range(num_layers) for hf, ours in _LAYER_MAP]
+    return {f"{hf}.{p}": f"{ours}.{p}" for hf, ours in table for p in ("weight", "bias")}
+
+
 def hf_to_ours(tensors: dict[str, Tensor], num_layers: int) -> tuple[dict[str, Tensor], list[str]]:
     """Rename HF tensors to our parameter names; returns (state dict, names of HF tensors ignored)."""
-    renamed = {}
+    lookup = _names(num_layers)
+    out, ignored = {}, []
     for name, t in tensors.items():
         name = name[5:] if name.startswith("bert.") else name  # BertFor* checkpoints nest the model under bert.
         name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
-        renamed[name] = t
-    out, ignored = {}, []
-    table = list(_EMBED_MAP) + [(f"encoder.layer.{i}.{hf}", f"encoder.layers.{i}.{ours}")
-                                for i in range(num_layers) for hf, ours in _LAYER_MAP]
-    lookup = {f"{hf}.{p}": f"{ours}.{p}" for hf, ours in table for p in ("weight", "bias")}
-    for name, t in renamed.items():
         if name in lookup:
             out[lookup[name]] = t
         elif _IGNORED.match(name):
@@ -178,9 +180,7 @@ def hf_to_ours(tensors: dict[str, Tensor], num_layers: int) -> tuple[dict[str, T
 
 
 def ours_to_hf(state: dict[str, Tensor], num_layers: int) -> dict[str, Tensor]:
-    table = list(_EMBED_MAP) + [(f"encoder.layer.{i}.{hf}", f"encoder.layers.{i}.{ours}")
-                                for i in range(num_layers) for hf, ours in _LAYER_MAP]
-    back = {f"{ours}.{p}": f"{hf}.{p}" for hf, ours in table for p in ("weight", "bias")}
+    back = {ours: hf for hf, ours in _names(num_layers).items()}
     return {back[k]: v for k, v in state.items() if k in back}
 
 
@@ -212,9 +212,7 @@ def load_weights_into(model: TextEncoder, folder: Path, hf: dict | None = None) 
 
 
 def _hf_name(ours: str, num_layers: int) -> str:
-    for k, v in ours_to_hf({ours: torch.empty(0)}, num_layers).items():
-        return k
-    return ours
+    return {o: h for h, o in _names(num_layers).items()}.get(ours, ours)
 
 
 # ---------------------------------------------------------------------------------------------------- tokenizer

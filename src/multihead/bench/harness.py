@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -24,14 +23,7 @@ from typing import Callable
 
 import torch
 
-
-def _vm(field: str) -> int:
-    """A /proc/self/status field in KiB (0 when unavailable, e.g. not Linux)."""
-    try:
-        m = re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text())
-        return int(m.group(1)) if m else 0
-    except OSError:
-        return 0
+from .._proc import status_kib
 
 
 def _reset_peak() -> bool:
@@ -43,10 +35,10 @@ def _reset_peak() -> bool:
 
 
 def measure(step: Callable[[], None], *, min_repeats: int = 3, min_time: float = 1.0, max_repeats: int = 50) -> dict:
-    before = _vm("VmRSS")
+    before = status_kib("VmRSS")
     can_reset = _reset_peak()
     step()  # warm-up, and the memory measurement
-    peak = _vm("VmHWM") if can_reset else 0
+    peak = status_kib("VmHWM") if can_reset else 0
     times = []
     start = time.perf_counter()
     while len(times) < min_repeats or (time.perf_counter() - start < min_time and len(times) < max_repeats):
@@ -59,6 +51,31 @@ def measure(step: Callable[[], None], *, min_repeats: int = 3, min_time: float =
         "repeats": len(times),
         "peak_mb": max(0.0, (peak - before) / 1024) if can_reset else None,
     }
+
+
+def make_step(model: torch.nn.Module, forward: Callable[[], torch.Tensor], *, train: bool,
+              loss: Callable[[torch.Tensor], torch.Tensor] | None = None, lr: float | None = None):
+    """One timed iteration of ``forward()``: eval + no_grad, or (``train``) ``loss(forward()).backward()`` after
+    zeroing the gradients, plus an AdamW step when ``lr`` is given."""
+    if not train:
+        model.eval()
+
+        def step():
+            with torch.no_grad():
+                forward()
+
+        return step
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr) if lr else None
+    loss = loss or (lambda out: out.sum())
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        loss(forward()).backward()
+        if opt is not None:
+            opt.step()
+
+    return step
 
 
 def run_worker(spec: dict) -> dict:

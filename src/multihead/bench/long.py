@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .harness import machine_info, run_case, write_json
+from .harness import machine_info, make_step, run_case, write_json
 
 SUITE = "multihead.bench.long"
 D_MODEL, HEADS, WINDOW = 256, 4, 256
@@ -85,18 +85,9 @@ def flops(case: dict) -> float:
 
 def build(case: dict):
     layer, fwd = _layer(case["impl"])
-    x = torch.randn(1, case["length"], D_MODEL)
-    if case["mode"] == "forward":
-        layer.eval()
-
-        def step():
-            with torch.no_grad():
-                fwd(x)
-    else:
-        x.requires_grad_(True)
-
-        def step():
-            fwd(x).sum().backward()
+    train = case["mode"] == "train"
+    x = torch.randn(1, case["length"], D_MODEL, requires_grad=train)  # training: gradients w.r.t. input and weights
+    step = make_step(layer, lambda: fwd(x), train=train)
     if case["impl"] == "flex_window":
         step()  # compile outside the measurement (the first call would count compile time and memory)
     return step

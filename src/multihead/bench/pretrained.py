@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .harness import machine_info, run_case, write_json
+from .harness import machine_info, make_step, run_case, write_json
 
 SUITE = "multihead.bench.pretrained"
 BATCH, LENGTH = 32, 128
@@ -57,25 +57,12 @@ def flops(case: dict) -> float:
 def build(case: dict):
     model, fwd = _forward(case["impl"])
     ids, keep = _batch(case["padded"])
-    if case["mode"] == "inference":
-        model.eval()
-
-        def step():
-            with torch.no_grad():
-                fwd(ids, keep)
-
-        return step
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     w = keep.unsqueeze(-1).float()
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        x = fwd(ids, keep)
-        ((x * w).sum(1) / w.sum(1)).pow(2).mean().backward()  # a loss through mean pooling of real tokens
-        opt.step()
+    def pooled_loss(x):  # a loss through mean pooling of real tokens
+        return ((x * w).sum(1) / w.sum(1)).pow(2).mean()
 
-    return step
+    return make_step(model, lambda: fwd(ids, keep), train=case["mode"] == "train", loss=pooled_loss, lr=1e-5)
 
 
 def run(*, modes=None, impls=None, threads=None, out: Path | None = None, min_time: float = 2.0,

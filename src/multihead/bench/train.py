@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .harness import machine_info, run_case, write_json
+from .harness import machine_info, make_step, run_case, write_json
 
 SUITE = "multihead.bench.train"
 D_MODEL, HEADS, LAYERS, D_FF, VOCAB, BATCH, LENGTH = 256, 4, 2, 1024, 10000, 32, 128
@@ -68,24 +68,9 @@ def _batch(padded: bool):
 def build(case: dict):
     model = _model(case["impl"])
     ids, keep = _batch(case["padded"])
-    if case["mode"] == "inference":
-        model.eval()
-
-        def step():
-            with torch.no_grad():
-                model(ids, keep)
-
-        return step
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     y = torch.randint(0, 2, (BATCH,))
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        nn.functional.cross_entropy(model(ids, keep), y).backward()
-        opt.step()
-
-    return step
+    return make_step(model, lambda: model(ids, keep), train=case["mode"] == "train",
+                     loss=lambda logits: nn.functional.cross_entropy(logits, y), lr=1e-4)
 
 
 def run(*, threads=None, out: Path | None = None, min_time: float = 2.0, progress=True) -> dict:

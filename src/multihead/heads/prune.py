@@ -7,6 +7,7 @@ pruned physically (``encoder.prune_heads``), saved with ``pruned_heads`` in its 
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import shutil
@@ -148,14 +149,13 @@ def prune_run(run_path, out: Path, *, data: str | None = None, method: str = "mi
     from ..train.trainer import evaluate_ids
 
     run = load_run(run_path)
-    _, val_ids, val_y, _ = examples(run, data, split="validation")
-    _, test_ids, test_y, _ = examples(run, data, split="test")
-    layers, heads = head_shape(run.model)
+    _, parts = examples(run, data, splits=("validation", "test"))  # one read of the data
+    (val_ids, val_y, _), (test_ids, test_y, _) = parts["validation"], parts["test"]
     curve = prune_curve(run.model, (val_ids, val_y), (test_ids, test_y), method=method, step=step,
                         max_drop=max_drop, until=max(speed_at or 0.0, until), log=log)
     chosen = mask_to_heads(curve["mask"])
     masked = torch.tensor(curve["mask"], dtype=torch.float32)
-    unpruned = load_run(run_path).model
+    unpruned = copy.deepcopy(run.model)  # write_pruned_run prunes run.model in place
     write_pruned_run(run, chosen, out, {"method": method, "max_drop": max_drop, "step": step})
     pruned = load_run(out)  # reloaded from the new folder: shapes come from config.json
     x, keep = collate(test_ids[:64])
@@ -169,7 +169,7 @@ def prune_run(run_path, out: Path, *, data: str | None = None, method: str = "mi
     models = {"unpruned": unpruned, "pruned": pruned.model}
     if speed_at:
         target = min(curve["rounds"], key=lambda r: abs(r["fraction"] - speed_at))
-        at = load_run(run_path).model
+        at = copy.deepcopy(unpruned)
         at.encoder.prune_heads(mask_to_heads(target["mask"]))
         models[f"pruned_{100 * target['fraction']:.0f}pct"] = at
         curve["speed_at"] = {"fraction": target["fraction"], "test_accuracy": target["test_accuracy"]}

@@ -75,17 +75,12 @@ def attention_focus(model: nn.Module, ids, labels, mask: Tensor | None = None, b
     return conf / rows, ent / rows
 
 
-@torch.no_grad()
-def loss_with(model: nn.Module, ids, labels, mask: Tensor, batch_size: int = 64) -> tuple[float, float]:
-    """Mean loss and accuracy of ``model`` with ``mask`` applied."""
-    device = next(model.parameters()).device
-    total, correct = 0.0, 0
-    model.eval()
-    for x, keep, y in _batches(ids, labels, batch_size):
-        logits = model(x.to(device), keep.to(device), head_mask=mask.to(device))
-        total += F.cross_entropy(logits, y.to(device), reduction="sum").item()
-        correct += int((logits.argmax(-1).cpu() == y).sum())
-    return total / len(ids), correct / len(ids)
+def loss_with(model: nn.Module, ids, labels, mask: Tensor) -> tuple[float, float]:
+    """Mean loss and accuracy of ``model`` with ``mask`` applied (the trainer's evaluation)."""
+    from ..train.trainer import evaluate_ids
+
+    r = evaluate_ids(model, ids, labels, model.fc.out_features, next(model.parameters()).device, head_mask=mask)
+    return r["loss"], r["accuracy"]
 
 
 def leave_one_out(model: nn.Module, ids, labels, mask: Tensor | None = None, progress: bool = False) -> Tensor:
@@ -162,7 +157,8 @@ def score_run(run_path, method: str = "michel", *, data: str | None = None, spli
     from ..train.inference import examples
 
     run = load_run(run_path)
-    name, ids, labels, _ = examples(run, data, split=split)
+    name, parts = examples(run, data, splits=(split,))
+    ids, labels, _ = parts[split]
     if n:
         ids, labels = ids[:n], labels[:n]
     scores = importance(run.model, ids, labels, method, progress=progress)

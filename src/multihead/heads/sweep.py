@@ -11,7 +11,6 @@ import json
 import statistics
 from pathlib import Path
 
-import torch
 
 from ..train import TrainConfig, load_run, train
 from ..train.inference import examples
@@ -61,7 +60,7 @@ def sweep(base: TrainConfig, out: Path, *, heads: list[int] | None = None, kv_he
         run = load_run(row["runs"][0]["folder"])
         models[str(row[axis])] = run.model
         if test_ids is None:
-            test_ids = examples(run, split="test")[1]
+            test_ids = examples(run)[1]["test"][0]
     speed = time_inference(models, test_ids, batch_size=32, min_time=min_time)
     for row in rows:
         row["inference_seconds"] = speed["seconds"][str(row[axis])]

@@ -87,19 +87,21 @@ class Subject:
         return out[0] if single else out
 
 
-def load_subject(source: str | Path) -> Subject:
-    """A run folder (its trained classifier) or a pretrained name / BERT-family folder."""
+def load_subject(source: str | Path, *, sentence_embeddings: bool = False) -> Subject:
+    """A run folder (its trained classifier) or a pretrained name / BERT-family folder. A pretrained model reads up
+    to all its positions, or with ``sentence_embeddings`` up to sentence-transformers' ``max_seq_length`` (256 for
+    MiniLM), as its embeddings were trained; a run reads up to its ``data.max_len``."""
     from .. import pretrained
 
     path = Path(str(source))
-    if (path / "config.json").is_file() and (path / "model.safetensors").is_file() and \
-            (path / "labels.json").is_file():
+    if (path / "config.json").is_file() and (path / "labels.json").is_file():
         from ..train import load_run
 
         run = load_run(path)
         return Subject(str(source), run.model, run.tokenizer, run.config.data.max_len)
     p = pretrained.load(source)
-    return Subject(str(source), p.model, p.tokenizer, p.model.config.max_len)  # all positions, not ST's 256
+    return Subject(str(source), p.model, p.tokenizer, p.max_seq_length if sentence_embeddings
+                   else p.model.config.max_len)
 
 
 def is_special(token: str) -> bool:

@@ -8,11 +8,13 @@ names, so a pretrained encoder's weights load into it directly.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .._config import from_fields
 
 from ..modules.encoder import EncoderConfig, TransformerEncoder
 from ..modules.hooks import HookPoint
@@ -56,11 +58,7 @@ class TextEncoderConfig:
 
     @classmethod
     def from_dict(cls, d: dict):
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown {cls.__name__} fields {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**d)
+        return from_fields(cls, d)
 
     @classmethod
     def from_json(cls, text: str):

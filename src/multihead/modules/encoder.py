@@ -2,11 +2,13 @@
 or the pre-LN variant with ``norm_first=True``."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 
 from torch import Tensor, nn
+
+from .._config import from_fields
 
 from .attention import MultiHeadAttention
 from .feedforward import FeedForward
@@ -44,11 +46,7 @@ class EncoderConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "EncoderConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown {cls.__name__} fields {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**d)
+        return from_fields(cls, d)
 
 
 class EncoderBlock(nn.Module):

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .._config import from_fields
 from ..models.classifier import ClassifierConfig
 from ..modules.encoder import EncoderConfig
 
@@ -90,11 +91,11 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown config sections {sorted(unknown)}; use data, model, optim, run, pretrained")
         config = cls(
-            data=_build(DataConfig, d.get("data", {})),
+            data=from_fields(DataConfig, d.get("data", {})),
             model=ClassifierConfig.from_dict(d["model"]) if "model" in d else cls().model,
-            optim=_build(OptimConfig, d.get("optim", {})),
-            run=_build(RunConfig, d.get("run", {})),
-            pretrained=_build(PretrainedConfig, d.get("pretrained", {})),
+            optim=from_fields(OptimConfig, d.get("optim", {})),
+            run=from_fields(RunConfig, d.get("run", {})),
+            pretrained=from_fields(PretrainedConfig, d.get("pretrained", {})),
         )
         _check(config)
         return config
@@ -113,14 +114,6 @@ def _check(config: "TrainConfig") -> None:
         raise ValueError(f"pretrained.layer_decay must be in (0, 1], got {config.pretrained.layer_decay}")
     if config.optim.select not in ("accuracy", "loss"):
         raise ValueError(f"optim.select must be 'accuracy' or 'loss', got {config.optim.select!r}")
-
-
-def _build(kind, values: dict):
-    known = {f.name for f in fields(kind)}
-    unknown = set(values) - known
-    if unknown:
-        raise ValueError(f"unknown {kind.__name__} fields {sorted(unknown)}; known: {sorted(known)}")
-    return kind(**values)
 
 
 def load_toml(path: str | Path) -> dict:

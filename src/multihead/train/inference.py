@@ -58,10 +58,11 @@ def predict(run: Run, texts: list[str]) -> list[dict]:
     return out
 
 
-def examples(run: Run, data: str | None = None, *, split: str = "test", text_column: str | None = None,
-             label_column: str | None = None) -> tuple[str, list[list[int]], list[int], int]:
-    """``(dataset name, token ids, label indices, texts truncated)`` of ``split`` (train/validation/test: the run's
-    recorded split; all: every row) of ``data`` (default: the dataset the run was trained on)."""
+def examples(run: Run, data: str | None = None, *, splits: tuple[str, ...] = ("test",),
+             text_column: str | None = None, label_column: str | None = None) -> tuple[str, dict]:
+    """``(dataset name, {split: (token ids, label indices, texts truncated)})`` for ``splits`` (train/validation/
+    test: the run's recorded split; all: every row) of ``data`` (default: the dataset the run was trained on),
+    from one read of the data."""
     dc = run.config.data
     name = data or dc.name
     ds = D.load(name, text_column=text_column or dc.text_column, label_column=label_column or dc.label_column)
@@ -69,26 +70,34 @@ def examples(run: Run, data: str | None = None, *, split: str = "test", text_col
     if unknown:
         raise D.DataError(f"labels {unknown} in {name!r} are not among the model's classes {run.labels}; evaluate on "
                           "data with the same label set (or map the labels first)")
-    if split == "all":
-        part = ds
-    elif split in ("train", "validation", "test"):
-        if name != dc.name:
-            raise D.DataError(f"{name!r} is not the dataset this run was trained on ({dc.name!r}), so it has no "
-                              "recorded split; use --split all")
-        record = read_json(run.path / "splits.json")
-        part = dict(zip(("train", "validation", "test"), D.apply_split(ds, record)))[split]
-    else:
-        raise D.DataError(f"unknown split {split!r}; choose train, validation, test or all")
+    parts = {}
+    recorded = None
+    for one in splits:
+        if one == "all":
+            parts[one] = ds
+        elif one in ("train", "validation", "test"):
+            if name != dc.name:
+                raise D.DataError(f"{name!r} is not the dataset this run was trained on ({dc.name!r}), so it has "
+                                  "no recorded split; use --split all")
+            if recorded is None:
+                recorded = dict(zip(("train", "validation", "test"),
+                                    D.apply_split(ds, read_json(run.path / "splits.json"))))
+            parts[one] = recorded[one]
+        else:
+            raise D.DataError(f"unknown split {one!r}; choose train, validation, test or all")
     index = {n: i for i, n in enumerate(run.labels)}
-    enc = run.encode(part.texts)
-    return name, enc.ids, [index[y] for y in part.labels], enc.truncated
+    out = {}
+    for one, part in parts.items():
+        enc = run.encode(part.texts)
+        out[one] = (enc.ids, [index[y] for y in part.labels], enc.truncated)
+    return name, out
 
 
 def evaluate(run: Run, data: str | None = None, *, split: str = "test", text_column: str | None = None,
              label_column: str | None = None) -> dict:
     """Accuracy, macro-F1 and confusion on ``split`` of ``data`` (see :func:`examples`)."""
-    name, ids, labels, truncated = examples(run, data, split=split, text_column=text_column,
-                                            label_column=label_column)
+    name, parts = examples(run, data, splits=(split,), text_column=text_column, label_column=label_column)
+    ids, labels, truncated = parts[split]
     result = evaluate_ids(run.model, ids, labels, len(run.labels), next(run.model.parameters()).device)
     result.update(dataset=name, split=split, truncated=truncated, labels=run.labels)
     return result

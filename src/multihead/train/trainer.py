@@ -19,6 +19,7 @@ from torch import nn
 
 from .. import data as D
 from ..models.classifier import ClassifierConfig, TransformerClassifier
+from .._proc import status_kib
 from . import distributed
 from .config import TrainConfig
 from .metrics import plot_confusion, plot_curves, scores
@@ -165,22 +166,25 @@ def _schedule(opt, total_steps: int, warmup: float):
 
 
 @torch.no_grad()
-def predict_ids(model: nn.Module, ids: list[list[int]], device, batch_size: int = 128) -> torch.Tensor:
-    """Class probabilities ``(N, C)`` in input order."""
+def predict_ids(model: nn.Module, ids: list[list[int]], device, batch_size: int = 128,
+                head_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Class probabilities ``(N, C)`` in input order (``head_mask`` ``(layers, H)``: heads scaled/masked)."""
     model.eval()
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     probs = [None] * len(ids)
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
         x, mask = D.collate([ids[i] for i in chunk])
-        p = torch.softmax(model(x.to(device), mask.to(device)).float(), dim=-1).cpu()
+        hm = None if head_mask is None else head_mask.to(device)
+        p = torch.softmax(model(x.to(device), mask.to(device), head_mask=hm).float(), dim=-1).cpu()
         for row, i in enumerate(chunk):
             probs[i] = p[row]
     return torch.stack(probs)
 
 
-def evaluate_ids(model, ids, labels: list[int], num_classes: int, device) -> dict:
-    probs = predict_ids(model, ids, device)
+def evaluate_ids(model, ids, labels: list[int], num_classes: int, device,
+                 head_mask: torch.Tensor | None = None) -> dict:
+    probs = predict_ids(model, ids, device, head_mask=head_mask)
     y = torch.tensor(labels)
     loss = F.nll_loss(torch.log(probs.clamp_min(1e-12)), y).item()
     out = scores(labels, probs.argmax(-1).tolist(), num_classes)
@@ -446,17 +450,6 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
     return results
 
 
-def _peak_rss_mb() -> float | None:
-    """This process's peak resident memory (Linux VmHWM), MiB; None elsewhere."""
-    import re
-
-    try:
-        m = re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text())
-    except OSError:
-        return None
-    return int(m.group(1)) / 1024 if m else None
-
-
 def finish(out: Path, config: TrainConfig, prepared: Prepared, device, *, train_seconds: float,
            stopped_early: bool) -> dict:
     """Best weights -> test metrics, baseline, plots, results.json."""
@@ -481,7 +474,7 @@ def finish(out: Path, config: TrainConfig, prepared: Prepared, device, *, train_
         "stopped_early": stopped_early,
         "train_seconds": train_seconds,
         "threads": torch.get_num_threads(),
-        "peak_rss_mb": _peak_rss_mb(),
+        "peak_rss_mb": status_kib("VmHWM") / 1024 or None,  # this process's peak resident memory (Linux)
         "parameters": sum(p.numel() for p in model.parameters()),
         "truncated": {k: v.truncated for k, v in prepared.encoded.items()},
         "labels": prepared.labels,

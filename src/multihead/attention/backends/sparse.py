@@ -2,9 +2,10 @@
 ``block_sparse`` (BigBird: window + global + random blocks). Both take a :class:`~multihead.attention.patterns.
 SparsePattern` as ``mask`` and never build ``L x L``:
 
-* ``window``: queries are cut into chunks of ``c`` (>= w); chunk ``n`` scores only the ``c + 2w`` keys around it,
-  taken as a strided *view* of the padded keys (``unfold``, no copy): ``O(L (c + 2w))`` time and memory. Dilation
-  ``d`` splits the sequence into its ``d`` residue classes, each an undilated window. Global tokens add ``G``
+* ``window``: queries are cut into chunks of ``c`` (>= w); chunk ``n`` attends only the ``c + 2w`` keys around it
+  (``unfold`` windows of the padded keys), the chunks on the batch axis of PyTorch's fused SDPA kernel with one
+  band mask: ``O(L (c + 2w))`` time and memory. Dilation ``d`` splits the sequence into its ``d`` residue classes,
+  each an undilated window. Global tokens (explicit softmax path) add ``G``
   key columns to every row and ``G`` dense rows.
 * ``block_sparse``: per query block, the key blocks of the layout are gathered (``K`` blocks of ``b``):
   ``O(L K b)``; blocks outside the layout are never touched; global blocks' rows are dense.
@@ -26,15 +27,23 @@ from .reference import expand_kv
 NEG = -math.inf
 
 
-def _softmax_rows(scores: Tensor, allowed: Tensor, check_empty: bool = True) -> Tensor:
+def _softmax_rows(scores: Tensor, allowed: Tensor) -> Tensor:
     """Softmax over the last axis with ``allowed`` (broadcastable bool), in place on ``scores``; rows with nothing
-    allowed give zeros (``check_empty=False``: the caller knows every row allows its own key)."""
+    allowed give zeros."""
     scores.masked_fill_(~allowed, torch.finfo(scores.dtype).min)  # finite: an all-masked row stays NaN-free
     p = torch.softmax(scores, dim=-1)
-    if not check_empty:
-        return p
     row_ok = allowed.any(-1, keepdim=True)
     return p if bool(row_ok.all()) else p * row_ok
+
+
+def _fused(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float) -> Tensor:
+    """PyTorch's fused SDPA kernel under bool ``allowed``; query rows with no allowed key are opened for the kernel
+    and zeroed after (as the entry point does for dense masks), so they give zeros, not NaN."""
+    row_ok = allowed.any(-1, keepdim=True)
+    if bool(row_ok.all()):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~row_ok, scale=scale)
+    return out * row_ok
 
 
 def _dense_rows(q_rows: Tensor, rows: Tensor, k: Tensor, v: Tensor, key_ok: Tensor | None, causal: bool,
@@ -49,84 +58,63 @@ def _dense_rows(q_rows: Tensor, rows: Tensor, k: Tensor, v: Tensor, key_ok: Tens
     return torch.matmul(_softmax_rows(s, allowed), v)
 
 
-def _window_fused(q, k, v, w: int, causal: bool, key_ok: Tensor | None, scale: float) -> Tensor:
-    """Undilated window without global tokens, each query chunk attended by PyTorch's fused SDPA kernel: chunks go
-    to the batch axis ``(b * nb, h, c, d)`` against their ``c + 2w`` keys, with one ``(c, span)`` band mask per
-    chunk (edges and padding), so no softmax pass is written out in Python."""
-    b, h, length, d = q.shape
+def _window_allowed(length: int, w: int, causal: bool, key_ok: Tensor | None, device):
+    """Chunk geometry ``(c, nb, lp, span)`` and the allowed keys per chunk ``(b|1, 1|h, nb, c, span)``: chunks of
+    ``c = max(w, 32)`` queries (their ``c + 2w`` keys hold the exact band; c = w keeps the K/V window copies at 3x),
+    the ``(c, span)`` band shared by every chunk (query ``r`` sits at key offset ``w + r``), and the keys that are
+    in range and real."""
     c = max(w, 32)
     lp = -(-length // c) * c
-    nb = lp // c
-    span = c + 2 * w
+    nb, span = lp // c, c + 2 * w
+    diff = torch.arange(c, device=device)[:, None] + w - torch.arange(span, device=device)[None, :]  # q - k position
+    band = (diff.abs() <= w) & ((diff >= 0) if causal else True)  # (c, span)
+    ok = torch.ones(1, 1, length, dtype=torch.bool, device=device) if key_ok is None else key_ok
+    ok = F.pad(ok, (w, lp - length + w)).unfold(2, span, c)  # (b|1, 1|h, nb, span)
+    return (c, nb, lp, span), band & ok[:, :, :, None, :]
+
+
+def _window_fused(q, k, v, w: int, causal: bool, key_ok: Tensor | None, scale: float) -> Tensor:
+    """Undilated window without global tokens, each query chunk attended by PyTorch's fused SDPA kernel: chunks go
+    to the batch axis ``(b * nb, h, c, d)`` against their ``c + 2w`` keys, with the chunk's band mask (edges and
+    padding), so no softmax pass is written out in Python. ``key_ok`` ``(b, 1|h, L)``."""
+    b, h, length, d = q.shape
+    (c, nb, lp, span), allowed = _window_allowed(length, w, causal, key_ok, q.device)
 
     def windows(t):  # (b, h, L, x) -> (b * nb, h, span, x): each chunk's keys (one copy)
         t = F.pad(t, (0, 0, w, lp - length + w)).unfold(2, span, c)  # (b, h, nb, x, span)
         return t.permute(0, 2, 1, 4, 3).reshape(b * nb, h, span, -1)
 
     qc = F.pad(q, (0, 0, 0, lp - length)).view(b, h, nb, c, d).transpose(1, 2).reshape(b * nb, h, c, d)
-    r = torch.arange(c, device=q.device)[:, None]
-    t = torch.arange(span, device=q.device)[None, :]
-    diff = r + w - t  # (c, span): query position - key position
-    band = (diff.abs() <= w) & ((diff >= 0) if causal else True)
-    ok = torch.ones(1, 1, length, dtype=torch.bool, device=q.device) if key_ok is None else key_ok[:, :1]
-    ok = F.pad(ok, (w, lp - length + w)).unfold(2, span, c)  # (b|1, 1, nb, span)
-    allowed = (band & ok[:, 0, :, None, :])  # (b|1, nb, c, span)
-    allowed = allowed.expand(b, nb, c, span).reshape(b * nb, 1, c, span)
-    row_ok = allowed.any(-1, keepdim=True)  # padded queries far from any real key see nothing
-    empty = not bool(row_ok.all())
-    if empty:
-        allowed = allowed | ~row_ok  # open them for the kernel, zero them below
-    out = F.scaled_dot_product_attention(qc, windows(k), windows(v), attn_mask=allowed, scale=scale)
-    if empty:
-        out = out * row_ok
+    hm = allowed.shape[1]  # 1, or h when the key mask differs per head (dilation's residue classes)
+    allowed = allowed.expand(b, hm, nb, c, span).transpose(1, 2).reshape(b * nb, hm, c, span)
+    out = _fused(qc, windows(k), windows(v), allowed, scale)  # padded queries far from real keys see nothing
     return out.view(b, nb, h, c, -1).transpose(1, 2).reshape(b, h, lp, -1)[:, :, :length]
 
 
-def _window(q, k, v, w: int, causal: bool, key_ok: Tensor | None, globals_: list[int], scale: float) -> Tensor:
-    """Undilated sliding window over ``(b, h, L, d)``; ``key_ok`` ``(b, 1|h, L)``."""
-    if not globals_ and (key_ok is None or key_ok.shape[1] == 1):
-        return _window_fused(q, k, v, w, causal, key_ok, scale)
+def _window_global(q, k, v, w: int, causal: bool, key_ok: Tensor | None, globals_: list[int], scale: float):
+    """Undilated window plus global tokens: window keys and the ``G`` global keys share one softmax (global keys are
+    masked out of the window part so they count once); global queries get dense rows. ``key_ok`` ``(b, 1, L)``."""
     b, h, length, d = q.shape
-    c = max(w, 32)  # query chunk: its c + 2w keys hold the exact 2w + 1 band (c = w: 3x copies of K, V, not more)
-    lp = -(-length // c) * c
-    nb = lp // c
-    span = c + 2 * w
+    ok = torch.ones(1, 1, length, dtype=torch.bool, device=q.device) if key_ok is None else key_ok.clone()
+    ok[..., globals_] = False
+    (c, nb, lp, span), allowed = _window_allowed(length, w, causal, ok, q.device)  # (b|1, 1, nb, c, span)
     q_blk = F.pad(q * scale, (0, 0, 0, lp - length)).view(b, h, nb, c, d)  # (b, h, nb, c, d)
-    k_pad = F.pad(k, (0, 0, w, lp - length + w))  # (b, h, lp + 2w, d)
-    v_pad = F.pad(v, (0, 0, w, lp - length + w))
-    k_win = k_pad.unfold(2, span, c)  # (b, h, nb, d, span): a strided view
-    v_win = v_pad.unfold(2, span, c).transpose(-2, -1)  # (b, h, nb, span, dv)
-    s = torch.matmul(q_blk, k_win)  # (b, h, nb, c, span)
-    # The band is the same for every chunk: query r of a chunk sits at offset w + r of its keys.
-    r = torch.arange(c, device=q.device)[:, None]
-    t = torch.arange(span, device=q.device)[None, :]
-    diff = r + w - t  # (c, span): query position - key position
-    band = (diff.abs() <= w) & ((diff >= 0) if causal else True)  # (c, span)
-    ok = torch.ones(1, 1, length, dtype=torch.bool, device=q.device) if key_ok is None else key_ok
-    if globals_:
-        ok = ok.clone()
-        ok[..., globals_] = False  # global keys are counted once, in their own columns
-    ok = F.pad(ok, (w, lp - length + w)).unfold(2, span, c)  # (b|1, 1|h, nb, span): in range, real, not global
-    allowed = band & ok[:, :, :, None, :]  # (b|1, 1|h, nb, c, span)
+    k_win = F.pad(k, (0, 0, w, lp - length + w)).unfold(2, span, c)  # (b, h, nb, d, span): a strided view
+    v_win = F.pad(v, (0, 0, w, lp - length + w)).unfold(2, span, c).transpose(-2, -1)  # (b, h, nb, span, dv)
     g = torch.tensor(globals_, dtype=torch.long, device=q.device)
-    if globals_:
-        qpos = torch.arange(lp, device=q.device).view(1, 1, nb, c, 1)
-        sg = torch.matmul(q_blk, k[:, :, g].transpose(-2, -1)[:, :, None])  # (b, h, nb, c, G)
-        allowed_g = torch.ones(1, 1, nb, c, len(globals_), dtype=torch.bool, device=q.device)
-        if causal:
-            allowed_g = allowed_g & (g.view(1, 1, 1, 1, -1) <= qpos)
-        if key_ok is not None:
-            allowed_g = allowed_g & key_ok[:, :, g][:, :, None, None, :]
-        lead = max(allowed.shape[0], allowed_g.shape[0])
-        both = torch.cat([allowed.expand(lead, -1, -1, -1, -1), allowed_g.expand(lead, -1, -1, -1, -1)], -1)
-        p = _softmax_rows(torch.cat([s, sg], -1), both)  # one softmax over window and global keys
-        out = torch.matmul(p[..., :span], v_win) + torch.matmul(p[..., span:], v[:, :, g][:, :, None])
-    else:
-        # without padding every real query row allows at least itself; padded query rows are cut off below
-        out = torch.matmul(_softmax_rows(s, allowed, check_empty=key_ok is not None), v_win)  # (b, h, nb, c, dv)
+    s = torch.matmul(q_blk, k_win)  # (b, h, nb, c, span)
+    sg = torch.matmul(q_blk, k[:, :, g].transpose(-2, -1)[:, :, None])  # (b, h, nb, c, G)
+    allowed_g = torch.ones(1, 1, nb, c, len(globals_), dtype=torch.bool, device=q.device)
+    if causal:
+        allowed_g = allowed_g & (g.view(1, 1, 1, 1, -1) <= torch.arange(lp, device=q.device).view(1, 1, nb, c, 1))
+    if key_ok is not None:
+        allowed_g = allowed_g & key_ok[:, :, g][:, :, None, None, :]
+    lead = max(allowed.shape[0], allowed_g.shape[0])
+    both = torch.cat([allowed.expand(lead, -1, -1, -1, -1), allowed_g.expand(lead, -1, -1, -1, -1)], -1)
+    p = _softmax_rows(torch.cat([s, sg], -1), both)  # one softmax over window and global keys
+    out = torch.matmul(p[..., :span], v_win) + torch.matmul(p[..., span:], v[:, :, g][:, :, None])
     out = out.reshape(b, h, lp, -1)[:, :, :length]
-    if globals_:
-        out[:, :, g] = _dense_rows(q[:, :, g], g, k, v, key_ok, causal, scale)
+    out[:, :, g] = _dense_rows(q[:, :, g], g, k, v, key_ok, causal, scale)
     return out
 
 
@@ -143,8 +131,10 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePattern, sc
     key_ok = None if pattern.key_padding is None else pattern.key_padding[:, None, :].to(q.device)  # (b, 1, L)
     globals_ = sorted(t for t in set(pattern.global_tokens) if 0 <= t < length)
     dil = pattern.dilation
+    if dil == 1 and globals_:
+        return _window_global(q, k, v, pattern.window, pattern.causal, key_ok, globals_, scale).to(dtype)
     if dil == 1:
-        return _window(q, k, v, pattern.window, pattern.causal, key_ok, globals_, scale).to(dtype)
+        return _window_fused(q, k, v, pattern.window, pattern.causal, key_ok, scale).to(dtype)
     if globals_:
         raise ValueError("global tokens with dilation > 1 are not supported; use dilation=1 or no global tokens")
     lp = -(-length // dil) * dil  # residue classes: position p -> class p % dil, index p // dil
@@ -156,7 +146,7 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePattern, sc
     ok = torch.ones(b, 1, length, dtype=torch.bool, device=q.device) if key_ok is None else key_ok
     ok = F.pad(ok, (0, lp - length)).view(b, 1, lp // dil, dil).transpose(2, 3)  # (b, 1, dil, lp/dil)
     ok = ok.expand(b, h, dil, lp // dil).reshape(b, h * dil, lp // dil)
-    out = _window(split(q), split(k), split(v), pattern.window, pattern.causal, ok, [], scale)
+    out = _window_fused(split(q), split(k), split(v), pattern.window, pattern.causal, ok, scale)
     out = out.view(b, h, dil, lp // dil, -1).transpose(2, 3).reshape(b, h, lp, -1)[:, :, :length]
     return out.to(dtype)
 
@@ -204,15 +194,9 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePatte
         allowed = allowed & (kpos[:, None, :] <= qpos[:, :, None])
     ok = key_ok[:, 0, sel].reshape(b, nr, 1, kmax * bs)
     allowed = (allowed[None] & ok).reshape(b * nr, 1, bs, kmax * bs)
-    row_ok = allowed.any(-1, keepdim=True)
-    empty = not bool(row_ok.all())
-    if empty:
-        allowed = allowed | ~row_ok  # open rows with no allowed key for the kernel, zero them below
     qr = q_blk[:, :, rows].transpose(1, 2).reshape(b * nr, h, bs, d)
     # The row blocks go on the batch axis of PyTorch's fused kernel: no Python-level softmax.
-    body = F.scaled_dot_product_attention(qr, gather(k_blk), gather(v_blk), attn_mask=allowed, scale=scale)
-    if empty:
-        body = body * row_ok
+    body = _fused(qr, gather(k_blk), gather(v_blk), allowed, scale)
     body = body.view(b, nr, h, bs, -1).transpose(1, 2)  # (b, h, nr, bs, dv)
     out = torch.zeros(b, h, lp, v.shape[-1], dtype=work, device=q.device)
     out[:, :, g * bs:] = body.reshape(b, h, -1, v.shape[-1])
