@@ -1,6 +1,8 @@
 """The ``multihead`` command. It parses arguments and calls library functions; everything is callable from Python."""
 from __future__ import annotations
 
+from ._io import atomic_write_json
+
 import argparse
 import sys
 from pathlib import Path
@@ -65,7 +67,6 @@ def cmd_bench(args) -> int:
         print(f"wrote {out}")
         return 0
     if args.suite == "lra":
-        import json
 
         from .bench import lra as suite
 
@@ -73,7 +74,7 @@ def cmd_bench(args) -> int:
         payload = suite.run(Path(args.runs), max_len=args.max_len, epochs=args.epochs, limit=args.limit,
                             variants=args.impls, threads=args.threads)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(payload, indent=2))
+        atomic_write_json(out, payload)
         print(suite.format_table(payload))
         print(f"wrote {out}")
         return 0

@@ -2,7 +2,8 @@
 PyTorch, the fully-masked-row fix, and the classifier. Writes a PNG and a JSON summary to the run folder."""
 from __future__ import annotations
 
-import json
+from ._io import atomic_save_figure, atomic_write_json
+
 import re
 import time
 from pathlib import Path
@@ -93,7 +94,7 @@ def walkthrough(out: Path, seed: int = 0) -> dict:
     for name, t in timings.items():
         print(f"   {name:<20} {1e3 * t:8.1f} ms  ({t / timings['multihead']:.2f}x multihead)")
     summary["forward_ms_L1024"] = {k: 1e3 * v for k, v in timings.items()}
-    (out / "demo.json").write_text(json.dumps(summary, indent=2))
+    atomic_write_json(out / "demo.json", summary)
     print(f"summary: {out / 'demo.json'}")
     return summary
 
@@ -119,7 +120,7 @@ def _plot_heads(weights: torch.Tensor, tokens: list[str], path: Path) -> None:
         ax.set_yticks(range(len(tokens)), tokens, fontsize=7)
     fig.suptitle("layer 0 attention weights (query rows, key columns)")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    atomic_save_figure(fig, path, dpi=100)
     plt.close(fig)
 
 
@@ -223,7 +224,7 @@ def pretrained_step(out: Path) -> dict:
     print("   fine-tune it: multihead train --init minilm --data rotten_tomatoes --out runs/minilm-rt")
     summary = {"path": str(p.path), "parameters": n_params, "tokens": tokens, "texts": SIMILARITY_TEXTS,
                "cosine": [[round(v, 4) for v in row] for row in sims.tolist()]}
-    (out / "pretrained.json").write_text(json.dumps(summary, indent=2))
+    atomic_write_json(out / "pretrained.json", summary)
     return summary
 
 

@@ -13,6 +13,8 @@ FLOPs counted: projections ``8 B L E^2`` + scores and weighted sum ``4 B L^2 E``
 """
 from __future__ import annotations
 
+from .._io import atomic_save_figure
+
 import time
 from pathlib import Path
 
@@ -191,7 +193,7 @@ def plot(payload: dict, path: Path) -> None:
             ax.grid(True, which="both", alpha=0.3)
         axes[0][col].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -11,6 +11,8 @@ A suite module provides ``build(case) -> step`` (a zero-argument callable doing 
 """
 from __future__ import annotations
 
+from .._io import atomic_write_json
+
 import json
 import os
 import platform
@@ -121,7 +123,4 @@ def machine_info(threads: int | None) -> dict:
 
 
 def write_json(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2))
-    os.replace(tmp, path)
+    atomic_write_json(path, payload)

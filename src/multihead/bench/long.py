@@ -15,6 +15,8 @@ Cases the machine cannot hold are skipped before they run (the estimate is state
 """
 from __future__ import annotations
 
+from .._io import atomic_save_figure
+
 import math
 import time
 from pathlib import Path
@@ -176,7 +178,7 @@ def plot(payload: dict, path: Path) -> None:
     fig.suptitle(f"one MHA layer, d_model {D_MODEL}, {HEADS} heads, batch 1, fp32, "
                  f"{payload['machine']['threads']} threads", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    atomic_save_figure(fig, path, dpi=100)
     plt.close(fig)
 
 

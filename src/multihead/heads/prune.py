@@ -7,8 +7,9 @@ pruned physically (``encoder.prune_heads``), saved with ``pruned_heads`` in its 
 """
 from __future__ import annotations
 
+from .._io import atomic_write_json
+
 import copy
-import json
 import math
 import shutil
 import time
@@ -176,7 +177,7 @@ def prune_run(run_path, out: Path, *, data: str | None = None, method: str = "mi
     speed = time_inference(models, test_ids, batch_size=32, min_time=min_time)
     speed["speedup_vs_unpruned"] = {k: speed["seconds"]["unpruned"] / v for k, v in speed["seconds"].items()}
     curve["inference"] = speed
-    (Path(out) / "pruning.json").write_text(json.dumps(curve, indent=2))
+    atomic_write_json(Path(out) / "pruning.json", curve)
     plot_curve(curve, Path(out) / "pruning", f"{run_path}: iterative pruning ({method}, {step:.0%} per round)")
     return curve
 

@@ -10,6 +10,8 @@ Higher = more important for all four. Already-masked heads (``mask == 0``) get `
 """
 from __future__ import annotations
 
+from .._io import atomic_write_json
+
 import math
 
 import torch
@@ -150,7 +152,6 @@ def score_run(run_path, method: str = "michel", *, data: str | None = None, spli
               n: int | None = None, out=None, progress: bool = True) -> dict:
     """Score a run folder's heads on ``split`` of ``data``; writes ``importance-<method>.json`` and a heatmap to
     ``out`` (default ``RUN/importance``)."""
-    import json
     from pathlib import Path
 
     from ..train import load_run
@@ -167,7 +168,7 @@ def score_run(run_path, method: str = "michel", *, data: str | None = None, spli
     out.mkdir(parents=True, exist_ok=True)
     payload = {"run": str(run_path), "method": method, "data": name, "split": split, "n": len(ids),
                "scores": [[None if v != v else round(v, 6) for v in row] for row in scores.tolist()]}
-    (out / f"importance-{method}.json").write_text(json.dumps(payload, indent=2))
+    atomic_write_json(out / f"importance-{method}.json", payload)
     files = plot(scores, out / f"importance-{method}", title)
     return {**payload, "tensor": scores, "title": title, "json": out / f"importance-{method}.json", "files": files}
 

@@ -6,8 +6,9 @@ Vaswani et al. 2017, Table 3 (A), is the published reference: 1 head 24.9 BLEU, 
 """
 from __future__ import annotations
 
+from .._io import atomic_write_json
+
 import copy
-import json
 import statistics
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def sweep(base: TrainConfig, out: Path, *, heads: list[int] | None = None, kv_he
                "rows": rows, **curve_shape(rows, axis), "threads": speed["threads"],
                "vaswani_2017_table3a_bleu": {"1": 24.9, "4": 25.5, "8": 25.8, "16": 25.8, "32": 25.4}}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "sweep.json").write_text(json.dumps(summary, indent=2))
+    atomic_write_json(out / "sweep.json", summary)
     plot(summary, out / "sweep")
     return summary
 

@@ -10,6 +10,8 @@ inserts tokens with ``textContent``: text such as ``<img src=x onerror=alert(1)>
 """
 from __future__ import annotations
 
+from .._io import atomic_write_text
+
 import base64
 import json
 from pathlib import Path
@@ -192,7 +194,7 @@ def write_page(maps: AttentionMaps, path: Path, *, highlights: dict | None = Non
             f"<script type=\"application/json\" id=\"data\">{_json_for_script(page_data(maps, highlights))}</script>\n"
             f"<script>{SCRIPT}</script>\n</body></html>\n")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(html, encoding="utf-8")
+    atomic_write_text(path, html)
     return path
 
 

@@ -10,6 +10,8 @@ with the input up to a cap (a 512-token head is 24 inches, 150 labels).
 """
 from __future__ import annotations
 
+from .._io import atomic_save_figure
+
 import math
 from pathlib import Path
 
@@ -32,7 +34,7 @@ def _save(fig, stem: Path) -> list[Path]:
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".png"), stem.with_suffix(".svg")]
     for p in paths:
-        fig.savefig(p, dpi=110, bbox_inches="tight")
+        atomic_save_figure(fig, p, dpi=110, bbox_inches="tight")
     _plt().close(fig)
     return paths
 

@@ -20,7 +20,8 @@ Role rules, checked in this order (the first that holds names the head):
 """
 from __future__ import annotations
 
-import json
+from .._io import atomic_write_json
+
 import math
 from pathlib import Path
 
@@ -172,7 +173,7 @@ def plot_roles(result: dict, stem: Path) -> list[Path]:
 
 def write(result: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "heads.json").write_text(json.dumps(result, indent=2))
+    atomic_write_json(out / "heads.json", result)
     return [out / "heads.json", *plot_roles(result, out / "heads")]
 
 

@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+from .._io import atomic_write_json, atomic_write_text
+
 import json
 import time
 from pathlib import Path
@@ -33,7 +35,7 @@ def show(subject: Subject, text: str, out: Path, *, heads: list[tuple[int, int]]
     if case_study.is_case_sentence(text):
         results = case_study.run(maps)
         highlights = case_study.highlights(results)
-        (out / "case_study.json").write_text(json.dumps(results, indent=2))
+        atomic_write_json(out / "case_study.json", results)
         summary["case_study"] = results
         log(case_study.format_results(results))
     chosen = list(heads or []) + [k for k in highlights if k not in (heads or [])]
@@ -48,7 +50,7 @@ def show(subject: Subject, text: str, out: Path, *, heads: list[tuple[int, int]]
         files += plots.plot_head(maps, l, h, out / f"head_L{l}_H{h}", caption=highlights.get((l, h), ""))
     files.append(write_page(maps, out / "attention.html", highlights=highlights))
     save_file({f"layer_{l}": w.contiguous() for l, w in enumerate(maps.layers)}, str(out / "attention.safetensors"))
-    (out / "tokens.json").write_text(json.dumps(maps.tokens, ensure_ascii=False))
+    atomic_write_text(out / "tokens.json", json.dumps(maps.tokens, ensure_ascii=False))
     summary.update(files=[str(f) for f in files], seconds={"model": round(t_model, 3),
                                                            "total": round(time.perf_counter() - t0, 3)})
     return summary

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._config import from_fields
+from .._config import check_size, from_fields
 
 from ..modules.encoder import EncoderConfig, TransformerEncoder
 from ..modules.hooks import HookPoint
@@ -50,6 +50,15 @@ class TextEncoderConfig:
         if self.positional == "rope":
             self.encoder.rotary = True
 
+    def parameter_estimate(self) -> int:
+        """About how many parameters this config builds (embeddings and blocks; exact up to norms and biases):
+        checked against the ``MULTIHEAD_MAX_PARAMETERS`` ceiling before any tensor is allocated."""
+        e, enc = self.encoder.d_model, self.encoder
+        d_ff = enc.d_ff or 4 * e
+        positions = self.max_len * e if self.positional == "learned" else 0
+        per_layer = 4 * e * e + 2 * e * d_ff + 4 * e + d_ff
+        return (self.vocab_size + self.type_vocab_size) * e + positions + enc.num_layers * per_layer
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -57,8 +66,8 @@ class TextEncoderConfig:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_dict(cls, d: dict):
-        return from_fields(cls, d)
+    def from_dict(cls, d: dict, where: str = ""):
+        return from_fields(cls, d, where)
 
     @classmethod
     def from_json(cls, text: str):
@@ -74,6 +83,7 @@ class TextEncoder(nn.Module):
 
     def __init__(self, config: TextEncoderConfig) -> None:
         super().__init__()
+        check_size(config.parameter_estimate(), "the model")  # before anything is allocated
         self.config = config
         e = config.encoder.d_model
         self.embed = nn.Embedding(config.vocab_size, e, padding_idx=config.pad_id)

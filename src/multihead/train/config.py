@@ -5,7 +5,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .._config import from_fields
+from .._config import ConfigError, from_fields
 from ..models.classifier import ClassifierConfig
 from ..modules.encoder import EncoderConfig
 
@@ -86,16 +86,20 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
+        if not isinstance(d, dict):
+            raise ConfigError(f"invalid config: a train config is a table with sections data, model, optim, run, "
+                              f"pretrained; got {type(d).__name__}")
         d = dict(d)
         unknown = set(d) - {"data", "model", "optim", "run", "pretrained"}
         if unknown:
-            raise ValueError(f"unknown config sections {sorted(unknown)}; use data, model, optim, run, pretrained")
+            raise ConfigError(f"invalid config: unknown sections {sorted(map(str, unknown))}; use data, model, optim, "
+                              "run, pretrained")
         config = cls(
-            data=from_fields(DataConfig, d.get("data", {})),
-            model=ClassifierConfig.from_dict(d["model"]) if "model" in d else cls().model,
-            optim=from_fields(OptimConfig, d.get("optim", {})),
-            run=from_fields(RunConfig, d.get("run", {})),
-            pretrained=from_fields(PretrainedConfig, d.get("pretrained", {})),
+            data=from_fields(DataConfig, d.get("data", {}), "data"),
+            model=from_fields(ClassifierConfig, d["model"], "model") if "model" in d else cls().model,
+            optim=from_fields(OptimConfig, d.get("optim", {}), "optim"),
+            run=from_fields(RunConfig, d.get("run", {}), "run"),
+            pretrained=from_fields(PretrainedConfig, d.get("pretrained", {}), "pretrained"),
         )
         _check(config)
         return config
@@ -109,11 +113,9 @@ def finetune_config(name: str, overrides: dict | None = None) -> "TrainConfig":
 
 def _check(config: "TrainConfig") -> None:
     if config.optim.embed_init not in ("svd", "model"):
-        raise ValueError(f"optim.embed_init must be 'svd' or 'model', got {config.optim.embed_init!r}")
-    if not 0.0 < config.pretrained.layer_decay <= 1.0:
-        raise ValueError(f"pretrained.layer_decay must be in (0, 1], got {config.pretrained.layer_decay}")
+        raise ConfigError(f"optim.embed_init must be 'svd' or 'model', got {config.optim.embed_init!r}")
     if config.optim.select not in ("accuracy", "loss"):
-        raise ValueError(f"optim.select must be 'accuracy' or 'loss', got {config.optim.select!r}")
+        raise ConfigError(f"optim.select must be 'accuracy' or 'loss', got {config.optim.select!r}")
 
 
 def load_toml(path: str | Path) -> dict:
@@ -123,10 +125,14 @@ def load_toml(path: str | Path) -> dict:
     else:  # pragma: no cover
         import tomli as tomllib
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"config file {str(path)!r} does not exist")
-    with path.open("rb") as f:
-        return tomllib.load(f)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} " + ("is a folder" if path.is_dir() else "does not exist"))
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML ({exc}); see the README for an example") \
+            from None
 
 
 def merge(base: dict, overrides: dict) -> dict:

@@ -1,6 +1,8 @@
 """Classification metrics and plots."""
 from __future__ import annotations
 
+from .._io import atomic_save_figure
+
 import json
 from pathlib import Path
 
@@ -46,7 +48,7 @@ def plot_confusion(matrix: list[list[int]], labels: list[str], path: Path, title
     ax.set_ylabel("true")
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -75,5 +77,5 @@ def plot_curves(metrics_path: Path, path: Path) -> None:
     for ax in (a, b):
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_save_figure(fig, path, dpi=110)
     plt.close(fig)

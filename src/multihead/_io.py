@@ -1,0 +1,300 @@
+"""Writing files and folders so that nothing is lost: the ground floor every writer in multihead stands on.
+
+* **Atomic files** -- :func:`atomic_write_bytes` / :func:`atomic_write_json`: a temp file in the same folder,
+  fsync, then one ``os.replace``; a reader sees the old file or the new one, never half of one.
+* **Locked folders** -- :func:`folder_lock`: an exclusive ``flock`` on a sibling ``.NAME.lock`` file, held while a
+  folder is written (train, resume, prune, export, show, ...). A second writer is refused at once with the holder's
+  pid. The lock dies with its process, so a killed writer never leaves a stale lock.
+* **Folder transactions** -- :class:`Publish`: a new folder is built in a sibling ``.NAME.new`` and swapped in by
+  one rename when complete (``renameat2(RENAME_EXCHANGE)`` on Linux: the old and the new folder trade places
+  atomically). Until then the old folder is untouched; killed at any point, the target holds the old folder or the
+  new one, never a mix. Leftovers of a killed writer are cleaned (or the old folder restored) by the next writer.
+* **Kinds** -- :func:`folder_kind` recognises what a folder holds (a run, an HF export, a ``show`` page, ...); a
+  writer refuses a non-empty target of another kind unless told ``overwrite``, and never writes into a run folder
+  it reads from.
+
+::
+
+    parent/
+      NAME/          the published folder (old, until the swap)
+      .NAME.new/     the folder being built (the writer's own)
+      .NAME.lock     flock'ed by the writer; holds its pid
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+
+class FolderError(RuntimeError):
+    """A folder that cannot be written (busy, of another kind, a file, unwritable); the message says what to do."""
+
+
+# ---------------------------------------------------------------------------------------------------- files
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file + fsync + rename: the old file stays until the new is whole."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | Path, obj, *, indent: int | None = 2) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=indent) + "\n").encode("utf-8"))
+
+
+def atomic_save_figure(fig, path: str | Path, **kwargs) -> Path:
+    """``fig.savefig`` through a temp file in the same folder (matplotlib writes in several steps)."""
+    import io
+
+    path = Path(path)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=path.suffix.lstrip(".") or "png", **kwargs)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------- kinds
+def folder_kind(path: str | Path) -> str:
+    """``missing``, ``file``, ``empty``, ``run`` (a training run), ``hf`` (an HF model folder), ``show``,
+    ``heads``, ``importance``, ``sweep``, or ``other``."""
+    path = Path(path)
+    if not path.exists():
+        return "missing"
+    if not path.is_dir():
+        return "file"
+    names = {p.name for p in path.iterdir()}
+    if not names:
+        return "empty"
+    if "config.json" in names:
+        try:
+            cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return "other"
+        if isinstance(cfg, dict) and "train" in cfg:
+            return "run"
+        if isinstance(cfg, dict) and "model_type" in cfg:
+            return "hf"
+        return "other"
+    for kind, marker in (("show", "attention.html"), ("heads", "heads.json"), ("sweep", "sweep.json")):
+        if marker in names:
+            return kind
+    if any(n.startswith("importance-") and n.endswith(".json") for n in names):
+        return "importance"
+    return "other"
+
+
+def check_target(out: str | Path, kind: str, *, overwrite: bool = False, sources: tuple = ()) -> Path:
+    """Refuse to write a ``kind`` folder at ``out`` when that would lose something: ``out`` is a file, one of the
+    folders being read (``sources``), or a non-empty folder of another kind (or of the same kind, for runs and
+    exports) without ``overwrite``. Also checks the parent is writable -- before any work is done."""
+    out = Path(out)
+    for src in sources:
+        if src is not None and Path(src).exists() and out.resolve() == Path(src).resolve():
+            raise FolderError(f"--out {str(out)!r} is the folder being read; write to another folder (the source "
+                              "is never modified)")
+    found = folder_kind(out)
+    if found == "file":
+        raise FolderError(f"--out {str(out)!r} is a file, not a folder; choose a folder path")
+    replaceable = found in ("missing", "empty") or (found == kind and kind not in ("run", "hf"))
+    if not replaceable and not overwrite:
+        what = {"run": "a training run", "hf": "an HF model folder", "other": "other files"}.get(found, f"{found} output")
+        raise FolderError(f"--out {str(out)!r} already holds {what}; pass --overwrite to replace it, or choose "
+                          "another folder")
+    parent = out.resolve().parent
+    probe = parent
+    while not probe.exists():  # the nearest existing ancestor must let us create the folder
+        probe = probe.parent
+    if not probe.is_dir():
+        raise FolderError(f"cannot create {str(out)!r}: {str(probe)!r} is a file")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise FolderError(f"cannot write {str(out)!r}: no write permission in {str(probe)!r}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- locks
+def _sibling(out: Path, suffix: str) -> Path:
+    out = Path(os.path.abspath(out))
+    return out.parent / f".{out.name}.{suffix}"
+
+
+class folder_lock:
+    """Exclusive lock on writing folder ``out`` (``with folder_lock(out): ...``). Refuses at once, naming the
+    holder's pid, when another process holds it. Re-entrant within one process."""
+
+    _held: dict[str, int] = {}
+
+    def __init__(self, out: str | Path):
+        self.path = _sibling(Path(out), "lock")
+        self.fd: int | None = None
+
+    def __enter__(self) -> "folder_lock":
+        key = str(self.path)
+        if key in self._held:
+            self._held[key] += 1
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                target = self.path.name[1:-len(".lock")]
+                raise FolderError(f"{target!r} is being written by another multihead process (pid {holder}); wait "
+                                  "for it to finish, or stop it, then retry") from None
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd = fd
+        self._held[key] = 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        key = str(self.path)
+        if key not in self._held:
+            return
+        self._held[key] -= 1
+        if self._held[key] == 0:
+            del self._held[key]
+            if self.fd is not None:
+                os.close(self.fd)  # closing releases the flock
+                self.fd = None
+
+
+# ---------------------------------------------------------------------------------------------------- swaps
+def _renameat2_exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    AT_FDCWD, RENAME_EXCHANGE = -100, 2
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    rc = fn(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def recover(out: str | Path) -> None:
+    """Undo what a killed writer of ``out`` left (call with the lock held): a half-built ``.NAME.new`` is removed;
+    a ``.NAME.old`` from an interrupted two-step swap is put back when ``out`` is missing, else removed."""
+    out = Path(os.path.abspath(out))
+    new, old = _sibling(out, "new"), _sibling(out, "old")
+    if old.exists():
+        if not out.exists():
+            os.rename(old, out)
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+    if new.exists():
+        shutil.rmtree(new, ignore_errors=True)
+
+
+def swap_in(staged: Path, out: Path) -> None:
+    """Publish folder ``staged`` at ``out`` in one step; the previous ``out`` (if any) is removed afterwards."""
+    staged, out = Path(os.path.abspath(staged)), Path(os.path.abspath(out))
+    if not out.exists():
+        os.rename(staged, out)
+    elif _renameat2_exchange(staged, out):
+        shutil.rmtree(staged, ignore_errors=True)  # now holds the old folder
+    else:  # two renames; recover() puts the old folder back if we die between them
+        old = _sibling(out, "old")
+        os.rename(out, old)
+        os.rename(staged, out)
+        shutil.rmtree(old, ignore_errors=True)
+    _fsync_dir(out.parent)
+
+
+class Publish:
+    """Build a folder of ``kind`` off to the side and publish it at ``out`` in one step::
+
+        with Publish(out, "show", overwrite=args.overwrite) as folder:   # checks the target, takes the lock
+            ...write files into folder...                                 # folder == parent/.NAME.new
+        # on a clean exit the folder is swapped in; on an error (or a kill) ``out`` is untouched
+
+    ``commit()`` may be called inside the block to publish early (the trainer does, once its run is resumable);
+    later writes then go to ``out`` itself, still under the lock.
+    """
+
+    def __init__(self, out: str | Path, kind: str, *, overwrite: bool = False, sources: tuple = (),
+                 check: bool = True):
+        self.out = Path(out)
+        self.kind = kind
+        self.overwrite = overwrite
+        self.sources = sources
+        self.check = check
+        self._lock = folder_lock(self.out)
+        self.staged = _sibling(self.out, "new")
+        self.path = self.staged
+        self.committed = False
+
+    def __enter__(self) -> Path:
+        if self.check:
+            check_target(self.out, self.kind, overwrite=self.overwrite, sources=self.sources)
+        self._lock.__enter__()
+        try:
+            recover(self.out)
+            self.staged.mkdir(parents=True)
+        except BaseException:
+            self._lock.__exit__(None, None, None)
+            raise
+        return self.staged
+
+    def commit(self) -> Path:
+        if not self.committed:
+            swap_in(self.staged, self.out)
+            self.committed = True
+            self.path = self.out
+        return self.out
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                self.commit()
+            elif not self.committed:
+                shutil.rmtree(self.staged, ignore_errors=True)
+        finally:
+            self._lock.__exit__(None, None, None)
+
+
+__all__ = ["FolderError", "Publish", "atomic_save_figure", "atomic_write_bytes", "atomic_write_json",
+           "atomic_write_text", "check_target", "folder_kind", "folder_lock", "recover", "swap_in"]
