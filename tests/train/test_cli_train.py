@@ -111,7 +111,7 @@ def test_toml_config_and_overrides(tmp_path, sentiment_csv):
     assert (c.model.encoder.d_model, c.model.encoder.num_heads, c.data.name) == (48, 6, str(sentiment_csv))
     toml.write_text("[optim]\nepochz = 3\n")
     args = build_parser().parse_args(["train", "--out", "x", "--config", str(toml)])
-    with pytest.raises(ValueError, match="unknown OptimConfig fields"):
+    with pytest.raises(ValueError, match="unknown optim fields"):
         train_config_from_args(args)
 
 

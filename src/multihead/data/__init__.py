@@ -1,7 +1,8 @@
 """Data: datasets and splits, the tokenizer, length-bucketed batching."""
 from .batching import bucketed_batches, collate
-from .datasets import BUILTIN, DataError, Splits, TextDataset, apply_split, card, format_card, load, split
+from .datasets import (BUILTIN, DataError, Splits, TextDataset, apply_split, canonical_name, card, format_card, load,
+                       split)
 from .tokenizer import encode, load_tokenizer, train_tokenizer
 
-__all__ = ["BUILTIN", "DataError", "Splits", "TextDataset", "apply_split", "bucketed_batches", "card", "collate",
+__all__ = ["BUILTIN", "DataError", "Splits", "TextDataset", "apply_split", "bucketed_batches", "canonical_name", "card", "collate",
            "encode", "format_card", "load", "load_tokenizer", "split", "train_tokenizer"]

@@ -136,6 +136,13 @@ def _read_user_file(path: Path, text_column: str, label_column: str | None) -> t
     return texts, labels
 
 
+def canonical_name(name_or_path: str) -> str:
+    """A built-in name as is; a user file as its absolute path (so a run can be evaluated from anywhere)."""
+    if name_or_path in BUILTIN:
+        return name_or_path
+    return str(Path(name_or_path).expanduser().resolve())
+
+
 def load(name_or_path: str, *, text_column: str = "text", label_column: str = "label") -> TextDataset:
     """A built-in dataset by name, or a user file (.csv/.tsv/.jsonl) with the given columns; de-duplicated."""
     if name_or_path in BUILTIN:

@@ -64,7 +64,7 @@ def examples(run: Run, data: str | None = None, *, splits: tuple[str, ...] = ("t
     test: the run's recorded split; all: every row) of ``data`` (default: the dataset the run was trained on),
     from one read of the data."""
     dc = run.config.data
-    name = data or dc.name
+    name = D.canonical_name(data) if data else dc.name
     ds = D.load(name, text_column=text_column or dc.text_column, label_column=label_column or dc.label_column)
     unknown = sorted(set(ds.labels) - set(run.labels))
     if unknown:
@@ -76,7 +76,7 @@ def examples(run: Run, data: str | None = None, *, splits: tuple[str, ...] = ("t
         if one == "all":
             parts[one] = ds
         elif one in ("train", "validation", "test"):
-            if name != dc.name:
+            if name != D.canonical_name(dc.name):
                 raise D.DataError(f"{name!r} is not the dataset this run was trained on ({dc.name!r}), so it has "
                                   "no recorded split; use --split all")
             if recorded is None:

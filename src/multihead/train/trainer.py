@@ -10,8 +10,10 @@ import json
 import math
 import random
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +21,8 @@ from torch import nn
 
 from .. import data as D
 from ..models.classifier import ClassifierConfig, TransformerClassifier
+from .._config import ConfigError
+from .._io import Publish, folder_kind, folder_lock
 from .._proc import status_kib
 from . import distributed
 from .config import TrainConfig
@@ -46,9 +50,40 @@ class Prepared:
 
 
 def _device(config: TrainConfig) -> torch.device:
-    if config.run.device == "auto":
+    """The configured device, checked to exist (a clear message instead of a CUDA error deep inside torch)."""
+    name = config.run.device
+    if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(config.run.device)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"invalid config: run.device {name!r} is not a device; use auto, cpu, cuda or cuda:N") \
+            from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"invalid config: run.device {name!r}: multihead trains on cpu or cuda")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {name}: CUDA is not available on this machine; use --device cpu (or auto)")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+@contextmanager
+def _run_folder(out: Path, *, resume: bool, overwrite: bool, main: bool):
+    """Where this run writes, as a :class:`multihead._io.Publish`-like object with ``path`` and ``commit()``.
+    A new (or overwritten) run is built in ``.NAME.new`` beside ``out`` and swapped in once it is resumable (the
+    old run stays whole until then); a resumed run is written in place. Rank 0 holds the folder's lock throughout;
+    other ranks write nothing."""
+    if not main:
+        yield SimpleNamespace(path=out, commit=lambda: out)
+    elif resume:
+        with folder_lock(out):
+            yield SimpleNamespace(path=out, commit=lambda: out)
+    else:
+        tx = Publish(out, "run", overwrite=overwrite)
+        with tx:
+            yield tx
 
 
 def prepare(config: TrainConfig, out: Path | None = None, *, resume: bool = False) -> Prepared:
@@ -258,22 +293,34 @@ def _unwrap(model):
 
 def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False) -> dict:
     """Train, evaluate and save a run folder; returns the results dict (also written to ``results.json``)."""
-    from tqdm import tqdm
-
     out = Path(out)
     device = _device(config)
     dist_info = distributed.setup(device)
     main = dist_info.is_main
-    if config.run.threads:
-        torch.set_num_threads(config.run.threads)
-    if (out / "config.json").exists() and not resume and not overwrite:
+    if resume:
+        if not (out / "checkpoint" / "state.json").exists():
+            raise CheckpointError(f"nothing to resume in {out}: it holds no checkpoint/state.json (not a multihead "
+                                  "run folder, or one written before checkpoints existed). Start a new run: drop "
+                                  "--resume (add --overwrite to replace what is there)")
+        config = TrainConfig.from_dict(read_json(out / "config.json")["train"])  # the run's own config wins
+    elif folder_kind(out) == "run" and not overwrite:
         raise RunExistsError(f"{out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
                              "or choose another --out")
-    if resume and not (out / "checkpoint" / "state.json").exists():
-        raise CheckpointError(f"nothing to resume in {out}: no checkpoint/state.json. Train without --resume")
-    if resume:  # the run's own config wins over the command line
-        config = TrainConfig.from_dict(read_json(out / "config.json")["train"])
+    if config.run.threads:  # a resumed run gets the thread count it was started with: same reduction order
+        torch.set_num_threads(config.run.threads)
+    else:
+        config.run.threads = torch.get_num_threads()
+    config.data.name = D.canonical_name(config.data.name)  # a user file by absolute path: evaluate works anywhere
     distributed.barrier(dist_info)  # every rank has checked the folder before rank 0 writes to it
+    with _run_folder(out, resume=resume, overwrite=overwrite, main=main) as folder:
+        return _train(config, folder, device, dist_info, resume=resume)
+
+
+def _train(config: TrainConfig, folder, device, dist_info, *, resume: bool) -> dict:
+    from tqdm import tqdm
+
+    out = folder.path  # the staged folder until the run is resumable, then the run folder itself
+    main = dist_info.is_main
     torch.manual_seed(config.run.seed)
 
     prepared = prepare(config, out, resume=resume)
@@ -289,10 +336,7 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
     labels_val = prepared.splits.validation.label_ids()
     num_classes = len(prepared.labels)
     if main:
-        out.mkdir(parents=True, exist_ok=True)
         if not resume:
-            for f in ("metrics.jsonl", "results.json"):
-                (out / f).unlink(missing_ok=True)
             atomic_write_json(out / "config.json", {"train": config.to_dict()})
             atomic_write_bytes(out / "tokenizer.json", prepared.tokenizer.to_str().encode())
             atomic_write_json(out / "labels.json", prepared.labels)
@@ -328,6 +372,9 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
             atomic_write_bytes(out / "metrics.jsonl", "".join(lines).encode())
         if main:
             print(f"resuming {out} at epoch {position['epoch'] + 1}, batch {position['batch']}")
+    elif main:  # a new run's first resumable state; only now does it replace what was at --out
+        _save_checkpoint(out, model, opt, sched, position, ema)
+    out = folder.commit()
     if config.run.compile:
         model = torch.compile(model)
     if dist_info.enabled:
