@@ -10,9 +10,43 @@ from pathlib import Path
 
 def _ints(text: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x]
+        values = [int(x) for x in text.split(",") if x]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+def _count(text: str) -> int:
+    """A positive integer flag (batch sizes, thread counts, N): refused at parse time, before any work."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (a number > 0), got {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds (a number > 0), got {value}")
+    return value
 
 
 def _words(text: str) -> list[str]:
@@ -150,14 +184,11 @@ def _parse_value(text: str):
         return text
 
 
-def train_config_from_args(args):
-    from .train.config import FINETUNE_DEFAULTS, TrainConfig, load_toml, merge
+def train_overrides(args) -> dict:
+    """What the command line asks for explicitly: the TOML file, then flags, then ``--set`` (later wins)."""
+    from .train.config import load_toml, merge
 
-    base = TrainConfig().to_dict()
     toml = load_toml(args.config) if args.config else {}
-    if args.init or toml.get("pretrained", {}).get("name"):
-        base = merge(base, FINETUNE_DEFAULTS)
-    base = merge(base, toml)
     over: dict = {}
     if args.data:
         _set_path(over, "data.name", args.data)
@@ -170,17 +201,39 @@ def train_config_from_args(args):
     if args.no_progress:
         _set_path(over, "run.progress", False)
     for item in args.set or []:
-        if "=" not in item:
-            raise ValueError(f"--set expects section.key=value, got {item!r}")
+        if "=" not in item or not item.split("=", 1)[0].strip():
+            raise ValueError(f"--set expects section.key=value, e.g. --set optim.lr=3e-4; got {item!r}")
         key, value = item.split("=", 1)
-        _set_path(over, key, _parse_value(value))
-    return TrainConfig.from_dict(merge(base, over))
+        _set_path(over, key.strip(), _parse_value(value))
+    return merge(toml, over)
+
+
+def train_config_from_args(args):
+    """Config layering: defaults < fine-tuning defaults (``--init``) < TOML < flags < ``--set``."""
+    from .train.config import FINETUNE_DEFAULTS, TrainConfig, merge
+
+    base = TrainConfig().to_dict()
+    explicit = train_overrides(args)
+    if isinstance(explicit.get("pretrained"), dict) and explicit["pretrained"].get("name"):
+        base = merge(base, FINETUNE_DEFAULTS)
+    return TrainConfig.from_dict(merge(base, explicit))
 
 
 def cmd_train(args) -> int:
     from .train import train
+    from .train.config import resume_conflicts
+    from .train.runfolder import read_json
 
-    config = train_config_from_args(args)
+    config = train_config_from_args(args)  # validated before anything is read or written
+    if args.resume and args.overwrite:
+        raise ValueError("--resume continues the run in --out and --overwrite replaces it; pass one of them")
+    if args.resume and (Path(args.out) / "config.json").is_file():
+        recorded = read_json(Path(args.out) / "config.json").get("train", {})
+        conflicts = resume_conflicts(recorded, train_overrides(args))
+        if conflicts:
+            raise ValueError(f"--resume continues {args.out} exactly as it was started; these options differ from "
+                             f"the recorded run: {'; '.join(conflicts)}. Drop them to resume, or start a new run "
+                             "(another --out, or --overwrite)")
     results = train(config, Path(args.out), resume=args.resume, overwrite=args.overwrite)
     if results:
         t, b = results["test"], results["baseline_tfidf_logreg"]
@@ -237,24 +290,9 @@ def cmd_data(args) -> int:
 
 # ------------------------------------------------------------------------------------------------ pretrained encoders
 def _read_texts(texts: list[str], file: str | None) -> list[str]:
-    import json
+    from .data import read_texts
 
-    texts = list(texts)
-    if file:
-        path = Path(file)
-        if not path.exists():
-            raise FileNotFoundError(f"--file {str(path)!r} does not exist")
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if not line.strip():
-                continue
-            if path.suffix.lower() == ".jsonl":
-                obj = json.loads(line)
-                if "text" not in obj:
-                    raise ValueError(f"{path}: every JSON line needs a 'text' field")
-                texts.append(str(obj["text"]))
-            else:
-                texts.append(line)
-    return texts
+    return list(texts) + (read_texts(file) if file else [])
 
 
 def cmd_embed(args) -> int:
@@ -291,8 +329,11 @@ def cmd_export(args) -> int:
     from . import pretrained
     from .interpret import load_subject
 
+    from ._io import check_target
+
+    check_target(args.out, "hf", overwrite=args.overwrite, sources=(args.source,))  # before loading anything
     s = load_subject(args.source)
-    out = pretrained.export(s.model, s.tokenizer, args.out)
+    out = pretrained.export(s.model, s.tokenizer, args.out, overwrite=args.overwrite, sources=(args.source,))
     print(f"wrote an HF BertModel folder to {out} (config.json, model.safetensors, tokenizer.json, vocab.txt); "
           "load it with transformers.BertModel.from_pretrained")
     return 0
@@ -314,8 +355,14 @@ def cmd_show(args) -> int:
     from .interpret import load_subject
     from .interpret.show import show
 
+    from ._io import check_target
+
+    check_target(args.out, "show", overwrite=args.overwrite, sources=(args.model,))
+    if not args.text.strip():
+        raise ValueError("the text to show is empty; pass a sentence, e.g. \"The cat sat on the mat.\"")
     subject = load_subject(args.model)
-    summary = show(subject, args.text, Path(args.out), heads=args.heads, rollout=not args.no_rollout)
+    summary = show(subject, args.text, Path(args.out), heads=args.heads, rollout=not args.no_rollout,
+                   overwrite=args.overwrite)
     print(f"{len(summary['tokens'])} tokens: {' '.join(summary['tokens'][:40])}"
           f"{' ...' if len(summary['tokens']) > 40 else ''}")
     print(f"wrote {len(summary['files'])} files to {args.out} in {summary['seconds']['total']:.1f}s; open "
@@ -329,6 +376,10 @@ def cmd_heads(args) -> int:
     from . import data as D
     from .interpret import load_subject, roles
 
+    if args.out:
+        from ._io import check_target
+
+        check_target(args.out, "heads", overwrite=args.overwrite, sources=(args.model,))
     subject = load_subject(args.model)
     ds = D.load(args.data, text_column=args.text_column, label_column=args.label_column)
     texts = D.split(ds, seed=0).test.texts[: args.n] if args.split == "test" else ds.texts[: args.n]
@@ -340,7 +391,7 @@ def cmd_heads(args) -> int:
     else:
         print(roles.format_table(result))
     if args.out:
-        files = roles.write(result, Path(args.out))
+        files = roles.write(result, Path(args.out), overwrite=args.overwrite)
         print(f"wrote {', '.join(str(f) for f in files)}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
@@ -377,7 +428,7 @@ def cmd_prune(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    r = P.prune_run(args.run, Path(args.out), data=args.data, method=args.method, step=args.step,
+    r = P.prune_run(args.run, Path(args.out), overwrite=args.overwrite, data=args.data, method=args.method, step=args.step,
                     max_drop=args.max_drop, until=args.until, speed_at=args.speed_at, min_time=args.min_time)
     speed = r["inference"]
     print(f"chosen: {r['pruned']}/{r['heads']} heads pruned ({r['fraction']:.0%}); test accuracy "
@@ -397,8 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the tutorial's walk-through, run for real")
     d.add_argument("--out", default="runs/demo", help="run folder (default runs/demo)")
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--limit", type=int, default=None, help="examples per split (a quick smoke run)")
-    d.add_argument("--epochs", type=int, default=None, help="override the training epochs")
+    d.add_argument("--limit", type=_count, default=None, help="examples per split (a quick smoke run)")
+    d.add_argument("--epochs", type=_count, default=None, help="override the training epochs")
     d.add_argument("--walkthrough-only", action="store_true", help="skip training; only the attention walk-through")
     d.set_defaults(fn=cmd_demo)
 
@@ -410,13 +461,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--lengths", type=_ints, default=None, help="comma-separated sequence lengths")
     bench.add_argument("--modes", type=_words, default=None, help="forward,train")
     bench.add_argument("--impls", type=_words, default=None, help="comma-separated implementations")
-    bench.add_argument("--threads", type=int, default=None, help="torch threads (default: what torch picks)")
-    bench.add_argument("--min-time", type=float, default=1.0, help="seconds of timed repeats per case")
+    bench.add_argument("--threads", type=_count, default=None, help="torch threads (default: what torch picks)")
+    bench.add_argument("--min-time", type=_seconds, default=1.0, help="seconds of timed repeats per case")
     bench.add_argument("--out", default=None, help="JSON path (default bench/results/<suite>-<time>.json)")
     bench.add_argument("--runs", default="runs/lra", help="lra: folder for the training runs")
-    bench.add_argument("--max-len", type=int, default=1024, help="lra: tokens per review")
-    bench.add_argument("--epochs", type=int, default=3, help="lra: epochs per variant")
-    bench.add_argument("--limit", type=int, default=None, help="lra: examples per split")
+    bench.add_argument("--max-len", type=_count, default=1024, help="lra: tokens per review")
+    bench.add_argument("--epochs", type=_count, default=3, help="lra: epochs per variant")
+    bench.add_argument("--limit", type=_count, default=None, help="lra: examples per split")
     bench.set_defaults(fn=cmd_bench)
 
     t = sub.add_parser("train", help="train a Transformer text classifier; writes a run folder")
@@ -454,12 +505,13 @@ def build_parser() -> argparse.ArgumentParser:
     em.add_argument("texts", nargs="*")
     em.add_argument("--file", default=None, help="one text per line, or .jsonl with a 'text' field")
     em.add_argument("--out", default=None, help="write JSON lines {text, embedding} here")
-    em.add_argument("--batch-size", type=int, default=32)
+    em.add_argument("--batch-size", type=_count, default=32)
     em.set_defaults(fn=cmd_embed)
 
     ex = sub.add_parser("export", help="write an encoder (pretrained or a run's) as an HF BertModel folder")
     ex.add_argument("source", help="minilm, a BERT-family folder, or a run folder")
     ex.add_argument("--out", required=True, help="folder to write")
+    ex.add_argument("--overwrite", action="store_true", help="replace an existing folder at --out")
     ex.set_defaults(fn=cmd_export)
 
     sh = sub.add_parser("show", help="pictures (PNG+SVG) and an offline web page of every head for one text")
@@ -468,17 +520,19 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--out", required=True, help="folder to write")
     sh.add_argument("--heads", type=_head_list, default=None, help="heads to draw at full size, e.g. 1:8,5:3")
     sh.add_argument("--no-rollout", action="store_true", help="skip the attention-rollout picture")
+    sh.add_argument("--overwrite", action="store_true", help="replace a folder of other files at --out")
     sh.set_defaults(fn=cmd_show)
 
     hd = sub.add_parser("heads", help="per-head statistics and role labels over a corpus sample")
     hd.add_argument("model", help="a run folder, minilm, or a BERT-family folder")
     hd.add_argument("--data", default="rotten_tomatoes", help="built-in dataset or a .csv/.tsv/.jsonl file")
-    hd.add_argument("--n", type=int, default=200, help="texts to use (default 200)")
+    hd.add_argument("--n", type=_count, default=200, help="texts to use (default 200)")
     hd.add_argument("--split", default="test", choices=["test", "all"], help="the fixed test split, or all rows")
     hd.add_argument("--text-column", default="text")
     hd.add_argument("--label-column", default="label")
     hd.add_argument("--out", default=None, help="write heads.json and heads.png/.svg here")
     hd.add_argument("--json", action="store_true")
+    hd.add_argument("--overwrite", action="store_true", help="replace a folder of other files at --out")
     hd.set_defaults(fn=cmd_heads)
 
     im = sub.add_parser("importance", help="per-head importance of a trained run (layers x heads table + heatmap)")
@@ -486,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     im.add_argument("--data", default=None, help="dataset (default: the run's own)")
     im.add_argument("--split", default="validation", help="train | validation | test | all")
     im.add_argument("--method", default="michel", choices=["michel", "confidence", "entropy", "loo"])
-    im.add_argument("--n", type=int, default=None, help="use the first N texts")
+    im.add_argument("--n", type=_count, default=None, help="use the first N texts")
     im.add_argument("--out", default=None, help="folder for JSON + PNG (default RUN/importance)")
     im.set_defaults(fn=cmd_importance)
 
@@ -496,8 +550,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--heads", type=_ints, default=[1, 2, 4, 8, 16], help="head counts (default 1,2,4,8,16)")
     sw.add_argument("--kv-heads", type=_ints, default=None,
                     help="sweep key/value heads instead, at --set model.encoder.num_heads=H (MHA/GQA/MQA)")
-    sw.add_argument("--seeds", type=int, default=3)
-    sw.add_argument("--min-time", type=float, default=2.0, help="seconds of inference timing per model")
+    sw.add_argument("--seeds", type=_count, default=3)
+    sw.add_argument("--min-time", type=_seconds, default=2.0, help="seconds of inference timing per model")
     sw.add_argument("--config", default=None, help="TOML train config (as for train)")
     for flag, (_, typ, help_) in TRAIN_FLAGS.items():
         if flag not in ("heads", "init", "layer_decay", "seed"):
@@ -510,13 +564,14 @@ def build_parser() -> argparse.ArgumentParser:
     pu.add_argument("--data", default=None, help="dataset (default: the run's own)")
     pu.add_argument("--out", required=True, help="folder for the pruned run")
     pu.add_argument("--method", default="michel", choices=["michel", "confidence", "entropy", "loo"])
-    pu.add_argument("--step", type=float, default=0.1, help="fraction of remaining heads masked per round")
-    pu.add_argument("--max-drop", type=float, default=0.01, help="largest validation accuracy loss accepted")
-    pu.add_argument("--until", type=float, default=0.0, help="continue the curve until this fraction is pruned")
-    pu.add_argument("--speed-at", type=float, default=None,
+    pu.add_argument("--step", type=_fraction, default=0.1, help="fraction of remaining heads masked per round")
+    pu.add_argument("--max-drop", type=_fraction, default=0.01, help="largest validation accuracy loss accepted")
+    pu.add_argument("--until", type=_fraction, default=0.0, help="continue the curve until this fraction is pruned")
+    pu.add_argument("--speed-at", type=_fraction, default=None,
                     help="also time a model pruned to this fraction (e.g. 0.5), from the curve")
-    pu.add_argument("--min-time", type=float, default=3.0, help="seconds of timing per model")
-    pu.add_argument("--threads", type=int, default=None)
+    pu.add_argument("--min-time", type=_seconds, default=3.0, help="seconds of timing per model")
+    pu.add_argument("--threads", type=_count, default=None)
+    pu.add_argument("--overwrite", action="store_true", help="replace an existing run at --out")
     pu.set_defaults(fn=cmd_prune)
 
     dd = sub.add_parser("data", help="print a dataset card: sizes, classes, length percentiles")
@@ -529,17 +584,58 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+BUG_REPORT = "the project's issue tracker"
+
+
+def _check_argv(argv: list[str]) -> None:
+    """Arguments arrive as text; bytes that are not UTF-8 (decoded by Python as surrogates) would fail deep inside a
+    tokenizer or a file name, so they are refused here with their position."""
+    for i, arg in enumerate(argv, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            raise ValueError(f"argument {i} ({shown!r}) is not valid UTF-8 text; pass UTF-8 (e.g. convert it with "
+                             "iconv -t UTF-8)") from None
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run a command. Bad input ends with ``error: ...`` on stderr and exit status 2, never a traceback; a bug
+    ends with ``internal error`` and exit 70 (``MULTIHEAD_DEBUG=1`` shows the traceback)."""
+    import os
+
+    from ._io import FolderError
     from .data import DataError
     from .pretrained import PretrainedError
     from .train import CheckpointError, RunExistsError
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        _check_argv(argv)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (DataError, CheckpointError, RunExistsError, PretrainedError, FileNotFoundError, ValueError) as exc:
+    except (DataError, CheckpointError, RunExistsError, PretrainedError, FolderError, FileNotFoundError,
+            ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # permissions, a full disk, a folder where a file was expected
+        where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+        print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; files written so far are complete (every write is atomic)", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug, not bad input: say so, without a traceback unless asked
+        if os.environ.get("MULTIHEAD_DEBUG"):
+            raise
+        print(f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}\n"
+              f"This is a bug in multihead, not in your input. Please report it at {BUG_REPORT} with the command you "
+              "ran (MULTIHEAD_DEBUG=1 shows the traceback).", file=sys.stderr)
+        return 70
 
 
 if __name__ == "__main__":

@@ -316,13 +316,16 @@ def load(name_or_path: str | Path = "minilm", *, backend: str = "auto", device: 
 
 
 # ---------------------------------------------------------------------------------------------------- export
-def export(model: TextEncoder, tokenizer, folder: str | Path, *, extra_config: dict | None = None) -> Path:
+def export(model: TextEncoder, tokenizer, folder: str | Path, *, extra_config: dict | None = None,
+           overwrite: bool = False, sources: tuple = ()) -> Path:
     """Write ``model``'s encoder (a classifier's head is left out) as an HF ``BertModel`` folder: ``config.json``
     (with ``pruned_heads`` when heads were pruned), ``model.safetensors``, ``tokenizer.json`` and ``vocab.txt``.
-    Only BERT-layout encoders can be exported: learned positions, embedding LayerNorm, post-LN, no GQA/rotary."""
-    from safetensors.torch import save_file
+    Only BERT-layout encoders can be exported: learned positions, embedding LayerNorm, post-LN, no GQA/rotary.
+    The folder is built aside and swapped in whole; an existing folder that is not an HF model is refused unless
+    ``overwrite``, and a folder being read (``sources``) always is."""
+    from safetensors.torch import save
 
-    from .train.runfolder import atomic_write_bytes, atomic_write_json
+    from ._io import Publish, atomic_write_bytes, atomic_write_json
 
     c = model.config
     e = c.encoder
@@ -360,21 +363,26 @@ def export(model: TextEncoder, tokenizer, folder: str | Path, *, extra_config: d
         "initializer_range": c.embed_init_std or 0.02, "position_embedding_type": "absolute",
         "pruned_heads": pruned, **(extra_config or {}),
     }
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / ".model.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    tmp.replace(folder / "model.safetensors")
-    atomic_write_json(folder / "config.json", config)
+    target = folder
+    with Publish(target, "hf", overwrite=overwrite, sources=sources) as folder:
+        atomic_write_bytes(folder / "model.safetensors", save(tensors, metadata={"format": "pt"}))
+        atomic_write_json(folder / "config.json", config)
+        _write_tokenizer(folder, tokenizer, c.max_len)
+    return target
+
+
+def _write_tokenizer(folder: Path, tokenizer, max_len: int) -> None:
+    from ._io import atomic_write_bytes, atomic_write_json
+
     if tokenizer is not None:
         atomic_write_bytes(folder / "tokenizer.json", tokenizer.to_str().encode())
         vocab = sorted(tokenizer.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
         if [i for _, i in vocab] == list(range(len(vocab))):
             atomic_write_bytes(folder / "vocab.txt", "".join(t + "\n" for t, _ in vocab).encode())
         atomic_write_json(folder / "tokenizer_config.json", {
-            "tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": c.max_len,
+            "tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": max_len,
             "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
             "mask_token": "[MASK]"})
-    return folder
 
 
 __all__ = ["Pretrained", "PretrainedError", "SHORT_NAMES", "embed_texts", "encoder_config", "export", "load", "load_tokenizer",

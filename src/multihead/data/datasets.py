@@ -103,37 +103,124 @@ def _bbc(headlines_only: bool) -> tuple[list[str], list[str]]:
     return texts, labels
 
 
+def _decode(path: Path) -> str:
+    """The file's text: UTF-8 (a byte-order mark is dropped); anything else is refused naming the line and the fix."""
+    if path.is_dir():
+        raise DataError(f"{str(path)!r} is a folder, not a data file; give a .csv, .tsv or .jsonl file")
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise DataError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); save "
+                        f"the file as UTF-8, e.g. iconv -f latin1 -t utf-8 {path} > fixed{path.suffix}") from None
+
+
+def _csv_rows(path: Path, text: str, delimiter: str) -> tuple[list[str], list[tuple[int, dict]]]:
+    """Header and ``(line, row)`` pairs; malformed quoting or a row with the wrong number of cells is refused with
+    its line (Python's csv module in strict mode, plus a count of cells per row)."""
+    import io
+
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+    try:
+        header = next(reader, None)
+        if header is None:
+            return [], []
+        rows = []
+        start = reader.line_num + 1  # the line where the record being read begins
+        for cells in reader:
+            line, start = start, reader.line_num + 1
+            if not cells:
+                continue
+            if len(cells) != len(header):
+                raise DataError(f"{path}:{line}: {len(cells)} cells but the header has {len(header)} "
+                                f"({header}); check the quoting and separators on that line")
+            rows.append((line, dict(zip(header, cells))))
+    except csv.Error as exc:
+        raise DataError(f"{path}:{start}: malformed {'TSV' if delimiter == chr(9) else 'CSV'} ({exc}) in the row "
+                        f"starting on line {start}; a quote is probably left open: check the quotes there") from None
+    return header, rows
+
+
+def _jsonl_rows(path: Path, text: str) -> tuple[list[str], list[tuple[int, dict]]]:
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{n}: not valid JSON ({exc.msg}); each line must be one JSON object") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}:{n}: a JSON {type(obj).__name__}, not an object; each line must be an object "
+                            'such as {"text": "...", "label": "..."}')
+        rows.append((n, obj))
+    return sorted({k for _, r in rows for k in r}), rows
+
+
+def _cell(path: Path, line: int, row: dict, column: str, what: str) -> str:
+    value = row.get(column)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise DataError(f"{path}:{line}: the {what} ({column!r}) is {'missing' if value is None else 'empty'}; "
+                        f"fill it in or remove the row")
+    if isinstance(value, (dict, list)):
+        raise DataError(f"{path}:{line}: the {what} ({column!r}) is a JSON {type(value).__name__}; it must be a "
+                        "string" + (" or a number" if what == "label" else ""))
+    if what == "text" and not isinstance(value, str):
+        raise DataError(f"{path}:{line}: the text ({column!r}) is {value!r}, not a string")
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _numeric_twins(labels: list[str]) -> list[list[str]]:
+    """Groups of distinct label strings that name the same number (``1``, ``1.0``, ``01``)."""
+    groups: dict[float, set[str]] = {}
+    for y in set(labels):
+        try:
+            groups.setdefault(float(y), set()).add(y)
+        except ValueError:
+            pass
+    return [sorted(g) for g in groups.values() if len(g) > 1]
+
+
 def _read_user_file(path: Path, text_column: str, label_column: str | None) -> tuple[list[str], list[str] | None]:
     if not path.exists():
         raise DataError(f"data file {str(path)!r} does not exist; give a path to a .csv, .tsv or .jsonl file, "
                         f"or a built-in dataset: {', '.join(BUILTIN)}")
     suffix = path.suffix.lower()
-    rows: list[dict]
+    if suffix not in (".csv", ".tsv", ".jsonl", ".json"):
+        raise DataError(f"unsupported data file type {suffix!r} for {path}; use .csv, .tsv or .jsonl")
+    text = _decode(path)
     if suffix in (".csv", ".tsv"):
         csv.field_size_limit(1 << 30)
-        with path.open(newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ",")
-            columns = reader.fieldnames or []
-            rows = list(reader)
-    elif suffix in (".jsonl", ".json"):
-        rows = []
-        with path.open(encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as exc:
-                        raise DataError(f"{path}:{n}: not valid JSON ({exc.msg}); each line must be one JSON object") from None
-        columns = sorted({k for r in rows for k in r}) if rows else []
+        columns, rows = _csv_rows(path, text, "\t" if suffix == ".tsv" else ",")
     else:
-        raise DataError(f"unsupported data file type {suffix!r} for {path}; use .csv, .tsv or .jsonl")
+        columns, rows = _jsonl_rows(path, text)
     for col in (text_column, label_column):
         if col is not None and rows and col not in columns:
             raise DataError(f"{path} has no column {col!r}; its columns are {columns}. "
                             "Choose with --text-column / --label-column")
-    texts = ["" if r.get(text_column) is None else str(r[text_column]) for r in rows]
-    labels = None if label_column is None else [str(r.get(label_column)) for r in rows]
+    texts = [_cell(path, line, r, text_column, "text") for line, r in rows]
+    labels = None if label_column is None else [_cell(path, line, r, label_column, "label") for line, r in rows]
+    twins = _numeric_twins(labels or [])
+    if twins:
+        import sys
+
+        print(f"warning: {path}: labels {twins} are different strings for the same number; they are kept as "
+              "separate classes, exactly as written. Write each label one way if they mean one class",
+              file=sys.stderr)
     return texts, labels
+
+
+def read_texts(path: str | Path) -> list[str]:
+    """Texts to predict or embed: one per line of a text file, or the ``text`` field of each JSONL object."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"--file {str(path)!r} does not exist")
+    content = _decode(path)
+    if path.suffix.lower() == ".jsonl":
+        _, rows = _jsonl_rows(path, content)
+        return [_cell(path, line, r, "text", "text") for line, r in rows]
+    return [line for line in content.splitlines() if line.strip()]
 
 
 def canonical_name(name_or_path: str) -> str:

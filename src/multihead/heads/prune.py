@@ -11,7 +11,6 @@ from .._io import atomic_write_json
 
 import copy
 import math
-import shutil
 import time
 from pathlib import Path
 
@@ -96,15 +95,17 @@ def plot_curve(result: dict, stem: Path, title: str) -> list[Path]:
 
 
 def write_pruned_run(run, heads: dict[int, list[int]], out: Path, extra: dict) -> Path:
-    """Copy ``run``'s folder to ``out`` with the model physically pruned (config records ``pruned_heads``)."""
-    from ..train.runfolder import atomic_write_json, read_json, save_checked
+    """Write ``run``'s folder to ``out`` (a folder the caller owns: :func:`prune_run` builds it aside and swaps it
+    in) with the model physically pruned (config records ``pruned_heads``)."""
+    from .._io import atomic_write_bytes
+    from ..train.runfolder import read_json, save_checked
 
     out = Path(out)
     if out.resolve() == Path(run.path).resolve():
         raise ValueError("--out must differ from the run folder: the unpruned run is kept")
     out.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "labels.json", "splits.json"):
-        shutil.copy2(Path(run.path) / name, out / name)
+        atomic_write_bytes(out / name, (Path(run.path) / name).read_bytes())
     run.model.encoder.prune_heads(heads)
     cfg = read_json(Path(run.path) / "config.json")
     cfg["train"]["model"] = run.config.model.to_dict()  # now with encoder.pruned_heads
@@ -141,9 +142,21 @@ def time_inference(models: dict, ids: list[list[int]], *, batch_size: int = 32, 
 
 def prune_run(run_path, out: Path, *, data: str | None = None, method: str = "michel", step: float = 0.1,
               max_drop: float = 0.01, until: float = 0.0, speed_at: float | None = None, min_time: float = 3.0,
-              log=print) -> dict:
+              overwrite: bool = False, log=print) -> dict:
     """The whole ``multihead prune``: curve on validation (test recorded), physically pruned run folder in ``out``
-    (reloaded and checked against the masked model), inference timed side by side; ``out/pruning.{json,png}``."""
+    (reloaded and checked against the masked model), inference timed side by side; ``out/pruning.{json,png}``.
+    The new run is built beside ``out`` and swapped in when complete; an existing run at ``out`` is replaced only
+    with ``overwrite``, and the source run never."""
+    from .._io import Publish, check_target
+
+    check_target(out, "run", overwrite=overwrite, sources=(run_path,))  # before the (slow) curve
+    with Publish(out, "run", overwrite=overwrite, sources=(run_path,)) as folder:
+        result = _prune_into(run_path, folder, data=data, method=method, step=step, max_drop=max_drop, until=until,
+                             speed_at=speed_at, min_time=min_time, log=log, target=out)
+    return result
+
+
+def _prune_into(run_path, out: Path, *, data, method, step, max_drop, until, speed_at, min_time, log, target) -> dict:
     from ..data import collate
     from ..train import load_run
     from ..train.inference import examples
@@ -163,7 +176,7 @@ def prune_run(run_path, out: Path, *, data: str | None = None, method: str = "mi
     with torch.no_grad():
         diff = (pruned.model(x, keep) - unpruned(x, keep, head_mask=masked)).abs().max().item()
     acc = evaluate_ids(pruned.model, test_ids, test_y, len(run.labels), "cpu")["accuracy"]
-    curve.update(run=str(run_path), out=str(out), pruned_heads=chosen, test_accuracy_pruned=acc,
+    curve.update(run=str(run_path), out=str(target), pruned_heads=chosen, test_accuracy_pruned=acc,
                  max_abs_diff_pruned_vs_masked=diff,
                  parameters={"unpruned": sum(p.numel() for p in unpruned.parameters()),
                              "pruned": sum(p.numel() for p in pruned.model.parameters())})

@@ -157,6 +157,10 @@ def score_run(run_path, method: str = "michel", *, data: str | None = None, spli
     from ..train import load_run
     from ..train.inference import examples
 
+    from .._io import check_target, folder_lock
+
+    out = Path(out) if out else Path(run_path) / "importance"
+    check_target(out, "importance", sources=(run_path,))  # before the (slow) scoring
     run = load_run(run_path)
     name, parts = examples(run, data, splits=(split,))
     ids, labels, _ = parts[split]
@@ -164,12 +168,11 @@ def score_run(run_path, method: str = "michel", *, data: str | None = None, spli
         ids, labels = ids[:n], labels[:n]
     scores = importance(run.model, ids, labels, method, progress=progress)
     title = f"{run_path}: {method} head importance on {name} [{split}], {len(ids)} texts"
-    out = Path(out) if out else Path(run_path) / "importance"
-    out.mkdir(parents=True, exist_ok=True)
     payload = {"run": str(run_path), "method": method, "data": name, "split": split, "n": len(ids),
                "scores": [[None if v != v else round(v, 6) for v in row] for row in scores.tolist()]}
-    atomic_write_json(out / f"importance-{method}.json", payload)
-    files = plot(scores, out / f"importance-{method}", title)
+    with folder_lock(out):  # other methods' files in the folder are kept; each file is replaced atomically
+        atomic_write_json(out / f"importance-{method}.json", payload)
+        files = plot(scores, out / f"importance-{method}", title)
     return {**payload, "tensor": scores, "title": title, "json": out / f"importance-{method}.json", "files": files}
 
 

@@ -22,6 +22,7 @@ class AttentionMaps:
     layers: list[Tensor]
     model: str = ""
     starts: list[bool] | None = None  # True where a token starts a word (None: WordPiece's "##" marks the rest)
+    truncated: int = 0  # tokens of the text beyond the model's limit (not shown)
 
     def word_starts(self) -> list[bool]:
         return self.starts if self.starts is not None else [not t.startswith("##") for t in self.tokens]
@@ -82,8 +83,9 @@ class Subject:
             for row, text in enumerate(chunk):
                 n = int(keep[row].sum())
                 tokens, starts = self.display(ids[row, :n].tolist())
+                cut = max(0, len(self.tokenizer.encode(text, add_special_tokens=False).ids) + 2 - n)
                 out.append(AttentionMaps(text, tokens, [p[row, :, :n, :n].float() for p in patterns], self.name,
-                                         starts))
+                                         starts, cut))
         return out[0] if single else out
 
 

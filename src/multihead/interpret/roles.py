@@ -20,7 +20,7 @@ Role rules, checked in this order (the first that holds names the head):
 """
 from __future__ import annotations
 
-from .._io import atomic_write_json
+from .._io import Publish, atomic_write_json
 
 import math
 from pathlib import Path
@@ -171,10 +171,13 @@ def plot_roles(result: dict, stem: Path) -> list[Path]:
     return _save(fig, stem)
 
 
-def write(result: dict, out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "heads.json", result)
-    return [out / "heads.json", *plot_roles(result, out / "heads")]
+def write(result: dict, out: Path, *, overwrite: bool = False) -> list[Path]:
+    """``heads.json`` and ``heads.{png,svg}`` in ``out``, built aside and swapped in whole."""
+    target = Path(out)
+    with Publish(target, "heads", overwrite=overwrite) as folder:
+        atomic_write_json(folder / "heads.json", result)
+        files = [folder / "heads.json", *plot_roles(result, folder / "heads")]
+    return [target / f.name for f in files]
 
 
 __all__ = ["ROLES", "STATS", "analyse", "format_table", "head_stats", "plot_roles", "role", "write"]

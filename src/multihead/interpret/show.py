@@ -10,13 +10,13 @@
 """
 from __future__ import annotations
 
-from .._io import atomic_write_json, atomic_write_text
-
 import json
 import time
 from pathlib import Path
 
-from safetensors.torch import save_file
+from safetensors.torch import save
+
+from .._io import Publish, atomic_write_bytes, atomic_write_json, atomic_write_text
 
 from . import case_study, plots
 from .maps import AttentionMaps, Subject
@@ -24,11 +24,24 @@ from .page import write_page
 
 
 def show(subject: Subject, text: str, out: Path, *, heads: list[tuple[int, int]] | None = None,
-         rollout: bool = True, log=print) -> dict:
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+         rollout: bool = True, overwrite: bool = False, log=print) -> dict:
+    """Write every picture and the page for ``text`` to ``out``, built aside and swapped in whole (a folder of
+    another kind is refused unless ``overwrite``)."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("the text to show is empty; pass a sentence, e.g. \"The cat sat on the mat.\"")
+    target = Path(out)
+    with Publish(target, "show", overwrite=overwrite, sources=(subject.name,)) as out:
+        summary = _show(subject, text, out, heads=heads, rollout=rollout, log=log)
+    summary["files"] = [str(target / Path(f).name) for f in summary["files"]]
+    return summary
+
+
+def _show(subject: Subject, text: str, out: Path, *, heads, rollout: bool, log) -> dict:
     t0 = time.perf_counter()
     maps: AttentionMaps = subject.maps(text)
+    if getattr(maps, "truncated", 0):
+        log(f"note: the text has {maps.truncated} more tokens than the model's {len(maps.tokens)}-token limit; "
+            "only the first part is shown")
     t_model = time.perf_counter() - t0
     highlights: dict = {}
     summary: dict = {"model": subject.name, "text": text, "tokens": maps.tokens, "heads": maps.heads}
@@ -49,9 +62,10 @@ def show(subject: Subject, text: str, out: Path, *, heads: list[tuple[int, int]]
     for l, h in chosen:
         files += plots.plot_head(maps, l, h, out / f"head_L{l}_H{h}", caption=highlights.get((l, h), ""))
     files.append(write_page(maps, out / "attention.html", highlights=highlights))
-    save_file({f"layer_{l}": w.contiguous() for l, w in enumerate(maps.layers)}, str(out / "attention.safetensors"))
+    atomic_write_bytes(out / "attention.safetensors",
+                       save({f"layer_{l}": w.contiguous() for l, w in enumerate(maps.layers)}))
     atomic_write_text(out / "tokens.json", json.dumps(maps.tokens, ensure_ascii=False))
-    summary.update(files=[str(f) for f in files], seconds={"model": round(t_model, 3),
+    summary.update(truncated=getattr(maps, "truncated", 0), files=[str(f) for f in files], seconds={"model": round(t_model, 3),
                                                            "total": round(time.perf_counter() - t0, 3)})
     return summary
 
