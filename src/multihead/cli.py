@@ -43,9 +43,9 @@ def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds (a number > 0), got {text!r}") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds (a number > 0), got {value}")
+        raise argparse.ArgumentTypeError(f"expected seconds (a number >= 0), got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds (a finite number >= 0), got {value}")
     return value
 
 

@@ -59,6 +59,7 @@ class Backend:
     priority: int = 0  # higher is tried first by ``auto``
     description: str = ""
     available: Callable[[], Optional[str]] = field(default=lambda: None)  # returns a reason when unavailable
+    check: Callable[["CallInfo"], Optional[str]] = field(default=lambda call: None)  # per-call reason, or None
 
     def why_not(self, call: "CallInfo") -> Optional[str]:
         """None when this backend can honour ``call``, else the reason it cannot."""
@@ -85,7 +86,7 @@ class Backend:
         if c.requires_pattern and call.pattern not in c.patterns:
             return (f"runs only SparsePattern masks of kind {'/'.join(c.patterns)}; pass mask=SparsePattern(...)"
                     if call.pattern is None else f"does not run {call.pattern} patterns")
-        return None
+        return self.check(call)
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class CallInfo:
     exact: bool = True
     pattern: Optional[str] = None  # the SparsePattern kind, when the mask is one
     needs_grad: bool = False  # grad mode is on and an input requires grad
+    sizes: tuple = ()  # (Lq, Lk, D): for backends whose correctness depends on the shape (see flex)
 
 
 _REGISTRY: dict[str, Backend] = {}
@@ -111,13 +113,15 @@ def register_backend(
     priority: int = 0,
     description: str = "",
     available: Callable[[], Optional[str]] | None = None,
+    check: Callable[[CallInfo], Optional[str]] | None = None,
 ) -> Callable[[BackendFn], BackendFn]:
     """Decorator registering ``fn`` as attention backend ``name`` (see the module docstring for the signature)."""
 
     def deco(fn: BackendFn) -> BackendFn:
         if name in _REGISTRY:
             raise ValueError(f"attention backend {name!r} is already registered")
-        _REGISTRY[name] = Backend(name, fn, capabilities, priority, description, available or (lambda: None))
+        _REGISTRY[name] = Backend(name, fn, capabilities, priority, description, available or (lambda: None),
+                                  check or (lambda call: None))
         return fn
 
     return deco
@@ -156,6 +160,7 @@ def _call_info(q: Tensor, k: Tensor, mask, dropout_p: float, need_weights: bool,
         exact=exact,
         pattern=mask.kind if isinstance(mask, SparsePattern) else None,
         needs_grad=torch.is_grad_enabled() and any(t.requires_grad for t in (q, k)),
+        sizes=(q.shape[2], k.shape[2], q.shape[3]),
     )
 
 

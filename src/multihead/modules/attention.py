@@ -254,6 +254,12 @@ class MultiHeadAttention(nn.Module):
                 )
             _masks.check_mask(mask, (b, self.num_heads, lq, lk))
         if key_padding_mask is not None:
+            if key_padding_mask.dtype != torch.bool:  # a 0/1 float mask would be added to the scores as a bias
+                raise TypeError(
+                    f"key_padding_mask must be bool (True = real token), got {key_padding_mask.dtype}. An HF-style "
+                    "0/1 attention_mask converts with `key_padding_mask=attention_mask.bool()`; PyTorch's "
+                    "True = padding with `~mask`; an additive float bias goes in `mask=`"
+                )
             if key_padding_mask.shape != (b, lk):
                 raise ValueError(
                     f"key_padding_mask must be (B, Lk)=({b}, {lk}) with True = real token, "
