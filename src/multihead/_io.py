@@ -38,12 +38,17 @@ class FolderError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------------------------------- files
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temp file + fsync + rename: the old file stays until the new is whole."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; keep the mode a plain open() would give
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -100,10 +100,9 @@ def walkthrough(out: Path, seed: int = 0) -> dict:
 
 
 def _plot_heads(weights: torch.Tensor, tokens: list[str], path: Path) -> None:
-    import matplotlib
+    from .plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     h = weights.shape[0]
     cols = 4

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ._config import check_ranges
 from .models.text_encoder import TextEncoder, TextEncoderConfig
 from .modules.encoder import EncoderConfig
 
@@ -94,7 +95,13 @@ def read_hf_config(folder: Path) -> dict:
     if not path.exists():
         raise PretrainedError(f"{folder} has no config.json; a BERT-family folder needs config.json, "
                               "model.safetensors (or pytorch_model.bin) and tokenizer.json (or vocab.txt)")
-    return json.loads(path.read_text())
+    try:
+        hf = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PretrainedError(f"{path} is not valid JSON ({exc}); the folder's config is corrupt") from None
+    if not isinstance(hf, dict):
+        raise PretrainedError(f"{path} holds a JSON {type(hf).__name__}, not an object; it is not an HF config")
+    return hf
 
 
 def encoder_config(hf: dict, *, backend: str = "auto") -> TextEncoderConfig:
@@ -104,10 +111,14 @@ def encoder_config(hf: dict, *, backend: str = "auto") -> TextEncoderConfig:
         why = _WHY_NOT.get(kind, "only BERT-family encoders are imported")
         raise PretrainedError(f"model_type {kind!r} is not supported: {why}. multihead imports BERT-layout encoders "
                               "(model_type 'bert': BERT, MiniLM, all-MiniLM-L6-v2, ...)")
-    missing = [k for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
-                           "vocab_size", "max_position_embeddings") if k not in hf]
+    sizes = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
+             "max_position_embeddings")
+    missing = [k for k in sizes if k not in hf]
     if missing:
         raise PretrainedError(f"config.json lacks {missing}; it is not a complete BERT config")
+    wrong = [f"{k}={hf[k]!r}" for k in sizes if isinstance(hf[k], bool) or not isinstance(hf[k], int) or hf[k] < 1]
+    if wrong:
+        raise PretrainedError(f"config.json: {', '.join(wrong)}; these sizes must be positive integers")
     if hf.get("position_embedding_type", "absolute") != "absolute":
         raise PretrainedError(f"position_embedding_type {hf['position_embedding_type']!r} is not supported; "
                               "only 'absolute' (learned positions) is")
@@ -124,10 +135,16 @@ def encoder_config(hf: dict, *, backend: str = "auto") -> TextEncoderConfig:
         attn_dropout=0.0, activation=_ACTIVATIONS[act], norm_first=False,
         layer_norm_eps=hf.get("layer_norm_eps", 1e-12), bias=True, backend=backend,
         pruned_heads=_pruned_heads(hf) or None)
-    return TextEncoderConfig(
-        vocab_size=hf["vocab_size"], max_len=hf["max_position_embeddings"], positional="learned", pooling="mean",
-        pad_id=hf.get("pad_token_id", 0), embed_init_std=hf.get("initializer_range", 0.02),
-        type_vocab_size=hf.get("type_vocab_size", 2), embed_norm=True, encoder=enc)
+    try:
+        config = TextEncoderConfig(
+            vocab_size=hf["vocab_size"], max_len=hf["max_position_embeddings"], positional="learned",
+            pooling="mean", pad_id=hf.get("pad_token_id", 0), embed_init_std=hf.get("initializer_range", 0.02),
+            type_vocab_size=hf.get("type_vocab_size", 2), embed_norm=True, encoder=enc)
+        check_ranges(config.encoder, "config.json encoder")
+        check_ranges(config, "config.json")  # sizes within the ceilings before anything is allocated
+    except (ValueError, TypeError) as exc:
+        raise PretrainedError(f"config.json: {exc}") from None
+    return config
 
 
 def _pruned_heads(hf: dict) -> dict[int, list[int]]:
@@ -139,15 +156,23 @@ def read_weights(folder: Path) -> dict[str, Tensor]:
     """HF tensors from ``model.safetensors`` or ``pytorch_model.bin`` (``weights_only=True``: no code runs)."""
     st, binary = folder / "model.safetensors", folder / "pytorch_model.bin"
     if st.exists():
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return load_file(st)
+        try:
+            return load_file(st)
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise PretrainedError(f"{st} is not a readable safetensors file ({exc}); it is truncated or corrupt: "
+                                  "download or export it again") from None
     if binary.exists():
         try:
-            return torch.load(binary, map_location="cpu", weights_only=True)
+            return torch.load(binary, map_location="cpu", weights_only=True, mmap=True)
         except Exception as exc:  # a file that needs pickled code is refused, never executed
             found = re.search(r"Unsupported global: GLOBAL [\w.]+", str(exc))
-            detail = found.group(0) if found else f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            first = str(exc).splitlines()[0][:200] if str(exc) else ""
+            # torch's own message suggests retrying with weights_only=False: never repeat that advice
+            detail = found.group(0) if found else ("it needs pickled code to load" if "weights_only" in str(exc)
+                                                   else f"{type(exc).__name__}: {first}")
             raise PretrainedError(f"{binary} could not be read as plain tensors ({detail}); multihead never runs "
                                   "pickled code: convert it to model.safetensors with a tool you trust") from None
     if list(folder.glob("*.safetensors.index.json")) or list(folder.glob("pytorch_model.bin.index.json")):
@@ -223,7 +248,11 @@ def load_tokenizer(folder: Path):
     from tokenizers.models import WordPiece
 
     if (folder / "tokenizer.json").exists():
-        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        try:
+            tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        except Exception as exc:  # the tokenizers library raises plain Exception for a malformed file
+            raise PretrainedError(f"{folder / 'tokenizer.json'} is not a readable tokenizer file "
+                                  f"({str(exc).splitlines()[0][:200]}); it is corrupt") from None
     elif (folder / "vocab.txt").exists():
         lower = True
         if (folder / "tokenizer_config.json").exists():
@@ -297,11 +326,58 @@ def embed_texts(model: TextEncoder, tokenizer, texts: list[str], max_len: int, *
     return out
 
 
+def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]] | None:
+    """Our parameter names -> shapes from ``model.safetensors``'s header (nothing read or allocated); None for a
+    ``.bin`` file (its shapes are checked after the memory-mapped load)."""
+    st = folder / "model.safetensors"
+    if not st.exists():
+        return None
+    from .train.runfolder import CheckpointError, header_shapes
+
+    try:
+        return header_shapes(st)
+    except CheckpointError as exc:
+        raise PretrainedError(str(exc)) from None
+
+
+def _check_weight_shapes(config: TextEncoderConfig, folder: Path) -> None:
+    """The safetensors header against the model config.json describes, before the model is built."""
+    found = weight_shapes(folder)
+    if found is None:
+        return
+    from .train.runfolder import meta_shapes
+
+    layers = config.encoder.num_layers
+    lookup = _names(layers)
+    renamed = {}
+    for name, shape in found.items():
+        n = name[5:] if name.startswith("bert.") else name
+        n = n.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+        if n in lookup:
+            renamed[lookup[n]] = shape
+        elif not _IGNORED.match(n):
+            raise PretrainedError(f"unexpected tensor {name!r} {shape}: not part of a BERT encoder with {layers} "
+                                  "layers; config.json and the weights disagree")
+    expected = meta_shapes(lambda: TextEncoder(config))
+    missing = [k for k in expected if k not in renamed and k != "token_type.weight"]
+    if missing:
+        raise PretrainedError(f"{folder}: weights missing for {len(missing)} parameters, e.g. "
+                              f"{[_hf_name(k, layers) for k in missing[:4]]}; the checkpoint does not match "
+                              "config.json (or is not a BERT encoder)")
+    bad = [(k, renamed[k], want) for k, want in expected.items() if k in renamed and renamed[k] != want]
+    if bad:
+        k, got, want = bad[0]
+        raise PretrainedError(f"{folder}: {len(bad)} tensors have the wrong shape, e.g. {_hf_name(k, layers)} is "
+                              f"{got} but config.json implies {want}; config.json and the weights disagree")
+
+
 def load(name_or_path: str | Path = "minilm", *, backend: str = "auto", device: str = "cpu") -> Pretrained:
-    """Build our encoder from a BERT-family folder or short name; see the module docstring."""
+    """Build our encoder from a BERT-family folder or short name; see the module docstring. Sizes are checked
+    against the ceilings and the weight file's header before the model is built."""
     folder = resolve(name_or_path)
     hf = read_hf_config(folder)
     config = encoder_config(hf, backend=backend)
+    _check_weight_shapes(config, folder)
     model = TextEncoder(config)  # config.encoder.pruned_heads (from config.json) shapes the pruned layers
     ignored = load_weights_into(model, folder, hf)
     tokenizer = load_tokenizer(folder)

@@ -169,10 +169,9 @@ def format_table(payload: dict) -> str:
 
 
 def plot(payload: dict, path: Path) -> None:
-    import matplotlib
+    from ..plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     modes = sorted({r["mode"] for r in payload["results"]})
     fig, axes = plt.subplots(2, len(modes), figsize=(6 * len(modes), 8), squeeze=False)

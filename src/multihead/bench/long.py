@@ -150,10 +150,9 @@ def _slope(xs, ys) -> float:
 
 
 def plot(payload: dict, path: Path) -> None:
-    import matplotlib
+    from ..plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 9))
     colour = {impl: f"C{i}" for i, impl in enumerate(IMPLS)}  # one colour per implementation in every panel

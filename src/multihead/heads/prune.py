@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .scores import head_shape, importance, loss_with
+from .scores import head_shape, importance, loss_with, model_mask, present
 
 
 def prune_curve(model, val, test=None, *, method: str = "michel", step: float = 0.1, max_drop: float = 0.01,
@@ -26,8 +26,8 @@ def prune_curve(model, val, test=None, *, method: str = "michel", step: float = 
     the chosen mask always respects ``max_drop``. Returns ``{"rounds": [...], "mask": chosen mask, ...}``; each
     round also records its ``mask``."""
     layers, heads = head_shape(model)
-    total = layers * heads
-    mask = torch.ones(layers, heads)
+    mask = present(model)  # heads already pruned away physically count as gone from the start
+    total = int(mask.sum())
     score_ids, score_labels = score_data or val
     _, base_val = loss_with(model, *val, mask)
     base_test = loss_with(model, *test, mask)[1] if test else None
@@ -70,12 +70,11 @@ def mask_to_heads(mask) -> dict[int, list[int]]:
 
 
 def plot_curve(result: dict, stem: Path, title: str) -> list[Path]:
-    import matplotlib
+    from ..plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
-    from ..interpret.plots import _save
+    from ..plotting import plain, save as _save
 
     r = result["rounds"]
     x = [100 * e["fraction"] for e in r]
@@ -88,7 +87,7 @@ def plot_curve(result: dict, stem: Path, title: str) -> list[Path]:
     ax.axvline(100 * result["fraction"], color="red", ls=":", lw=1, label=f"chosen: {100 * result['fraction']:.0f}%")
     ax.set_xlabel("heads pruned (%)")
     ax.set_ylabel("accuracy")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(plain(title), fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return _save(fig, stem)
@@ -174,7 +173,7 @@ def _prune_into(run_path, out: Path, *, data, method, step, max_drop, until, spe
     pruned = load_run(out)  # reloaded from the new folder: shapes come from config.json
     x, keep = collate(test_ids[:64])
     with torch.no_grad():
-        diff = (pruned.model(x, keep) - unpruned(x, keep, head_mask=masked)).abs().max().item()
+        diff = (pruned.model(x, keep) - unpruned(x, keep, head_mask=model_mask(unpruned, masked))).abs().max().item()
     acc = evaluate_ids(pruned.model, test_ids, test_y, len(run.labels), "cpu")["accuracy"]
     curve.update(run=str(run_path), out=str(target), pruned_heads=chosen, test_accuracy_pruned=acc,
                  max_abs_diff_pruned_vs_masked=diff,

@@ -7,6 +7,10 @@
 * ``loo`` -- leave one out, exact: the loss increase when the head alone is masked (one pass per head).
 
 Higher = more important for all four. Already-masked heads (``mask == 0``) get ``nan``.
+
+Scores and masks live on the *original* head grid ``(layers, H)``: on a physically pruned model (``prune_heads``)
+the heads that are gone -- a whole layer, possibly -- score ``nan`` ("nothing"), and the others keep their original
+numbers, so a score table reads the same before and after pruning.
 """
 from __future__ import annotations
 
@@ -31,28 +35,53 @@ def _batches(ids: list[list[int]], labels: list[int], batch_size: int):
         yield x, keep, torch.tensor([labels[i] for i in chunk])
 
 
+def alive_heads(model: nn.Module) -> list[list[int]]:
+    """Per layer, the original numbers of the heads still present (all of them before any physical pruning)."""
+    out = []
+    for layer in model.encoder.layers:
+        attn = layer.attn
+        total = attn.num_heads + len(attn.pruned_heads)
+        out.append([h for h in range(total) if h not in attn.pruned_heads])
+    return out
+
+
 def head_shape(model: nn.Module) -> tuple[int, int]:
-    heads = model.encoder.num_heads
-    if len(set(heads)) != 1:
-        raise ValueError(f"scoring needs the same number of heads in every layer, got {heads}; score the model "
-                         "before physical pruning (mask heads instead)")
-    return len(heads), heads[0]
+    """``(layers, H)`` of the original head grid (``H``: the most heads a layer had before pruning)."""
+    layers = model.encoder.layers
+    return len(layers), max((l.attn.num_heads + len(l.attn.pruned_heads) for l in layers), default=0)
+
+
+def present(model: nn.Module) -> Tensor:
+    """``(layers, H)`` float, 1 where a head exists, 0 where it was pruned away."""
+    out = torch.zeros(head_shape(model))
+    for l, hs in enumerate(alive_heads(model)):
+        out[l, hs] = 1.0
+    return out
+
+
+def model_mask(model: nn.Module, grid: Tensor):
+    """A ``(layers, H)`` grid mask as the model takes it: the grid itself before pruning, else one ``(H_l,)``
+    tensor per layer holding the entries of the heads still present (differentiable either way)."""
+    alive = alive_heads(model)
+    if all(len(hs) == grid.shape[1] for hs in alive):
+        return grid
+    return [grid[l, torch.tensor(hs, dtype=torch.long)] for l, hs in enumerate(alive)]
 
 
 def michel(model: nn.Module, ids, labels, mask: Tensor | None = None, batch_size: int = 32) -> Tensor:
     layers, heads = head_shape(model)
-    mask = torch.ones(layers, heads) if mask is None else mask.clone().float()
+    mask = present(model) if mask is None else mask.clone().float() * present(model)
     device = next(model.parameters()).device
     head_mask = mask.to(device).requires_grad_(True)
     total = torch.zeros(layers, heads)
     model.eval()  # no dropout: the score is about the trained function
     for x, keep, y in _batches(ids, labels, batch_size):
-        loss = F.cross_entropy(model(x.to(device), keep.to(device), head_mask=head_mask), y.to(device),
-                               reduction="sum")
+        loss = F.cross_entropy(model(x.to(device), keep.to(device), head_mask=model_mask(model, head_mask)),
+                               y.to(device), reduction="sum")
         (grad,) = torch.autograd.grad(loss, head_mask)
         total += grad.detach().abs().cpu()
     total = total / total.norm(dim=1, keepdim=True).clamp_min(1e-12)  # L2 per layer (Michel et al. 2019)
-    return total.masked_fill(mask == 0, float("nan"))
+    return total.masked_fill(mask == 0, float("nan"))  # masked and pruned-away heads score nothing
 
 
 @torch.no_grad()
@@ -62,34 +91,38 @@ def attention_focus(model: nn.Module, ids, labels, mask: Tensor | None = None, b
     from ..interpret.capture import capture
 
     layers, heads = head_shape(model)
+    alive = alive_heads(model)
     device = next(model.parameters()).device
     conf, ent, rows = torch.zeros(layers, heads), torch.zeros(layers, heads), 0
     model.eval()
     for x, keep, _ in _batches(ids, labels, batch_size):
-        hm = None if mask is None else mask.to(device)
+        hm = None if mask is None else model_mask(model, mask.to(device))
         with capture(model) as cache:
             model(x.to(device), keep.to(device), head_mask=hm)
         real = keep[:, None, :, None].float()  # (B, 1, L, 1): real query rows
-        for l, p in enumerate(cache.patterns()):  # (B, H, L, L)
-            conf[l] += (p.amax(-1, keepdim=True) * real).sum((0, 2, 3))
-            ent[l] += (-(p * p.clamp_min(1e-12).log()).sum(-1, keepdim=True) * real).sum((0, 2, 3))
+        for l, p in enumerate(cache.patterns()):  # (B, H_l, L, L); H_l = 0 for a layer pruned away
+            if alive[l]:
+                conf[l, alive[l]] += (p.amax(-1, keepdim=True) * real).sum((0, 2, 3))
+                ent[l, alive[l]] += (-(p * p.clamp_min(1e-12).log()).sum(-1, keepdim=True) * real).sum((0, 2, 3))
         rows += int(keep.sum())
-    return conf / rows, ent / rows
+    gone = present(model) == 0
+    return (conf / rows).masked_fill(gone, float("nan")), (ent / rows).masked_fill(gone, float("nan"))
 
 
 def loss_with(model: nn.Module, ids, labels, mask: Tensor) -> tuple[float, float]:
     """Mean loss and accuracy of ``model`` with ``mask`` applied (the trainer's evaluation)."""
     from ..train.trainer import evaluate_ids
 
-    r = evaluate_ids(model, ids, labels, model.fc.out_features, next(model.parameters()).device, head_mask=mask)
+    r = evaluate_ids(model, ids, labels, model.fc.out_features, next(model.parameters()).device,
+                     head_mask=model_mask(model, mask))
     return r["loss"], r["accuracy"]
 
 
 def leave_one_out(model: nn.Module, ids, labels, mask: Tensor | None = None, progress: bool = False) -> Tensor:
     from tqdm import tqdm
 
-    layers, heads = head_shape(model)
-    mask = torch.ones(layers, heads) if mask is None else mask.clone().float()
+    mask = present(model) if mask is None else mask.clone().float() * present(model)
+    layers, heads = mask.shape
     base, _ = loss_with(model, ids, labels, mask)
     out = torch.full((layers, heads), float("nan"))
     alive = [(l, h) for l in range(layers) for h in range(heads) if mask[l, h] != 0]
@@ -124,12 +157,11 @@ def format_table(scores: Tensor, title: str = "") -> str:
 
 
 def plot(scores: Tensor, stem, title: str) -> list:
-    import matplotlib
+    from ..plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
-    from ..interpret.plots import _save
+    from ..plotting import plain, save as _save
 
     layers, heads = scores.shape
     fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * heads + 2), max(2.5, 0.5 * layers + 1.5)))
@@ -144,7 +176,7 @@ def plot(scores: Tensor, stem, title: str) -> list:
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    ax.set_title(title, fontsize=9)
+    ax.set_title(plain(title), fontsize=9)
     return _save(fig, stem)
 
 

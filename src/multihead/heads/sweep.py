@@ -105,10 +105,9 @@ def format_table(s: dict) -> str:
 
 
 def plot(s: dict, stem: Path) -> list[Path]:
-    import matplotlib
+    from ..plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     from ..interpret.plots import _save
 

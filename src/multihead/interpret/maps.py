@@ -95,8 +95,10 @@ def load_subject(source: str | Path, *, sentence_embeddings: bool = False) -> Su
     MiniLM), as its embeddings were trained; a run reads up to its ``data.max_len``."""
     from .. import pretrained
 
+    from .._io import folder_kind
+
     path = Path(str(source))
-    if (path / "config.json").is_file() and (path / "labels.json").is_file():
+    if folder_kind(path) == "run":
         from ..train import load_run
 
         run = load_run(path)

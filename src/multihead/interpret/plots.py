@@ -10,7 +10,7 @@ with the input up to a cap (a 512-token head is 24 inches, 150 labels).
 """
 from __future__ import annotations
 
-from .._io import atomic_save_figure
+from ..plotting import plain, pyplot, save
 
 import math
 from pathlib import Path
@@ -21,28 +21,14 @@ from torch import Tensor
 from .maps import AttentionMaps
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, stem: Path) -> list[Path]:
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = [stem.with_suffix(".png"), stem.with_suffix(".svg")]
-    for p in paths:
-        atomic_save_figure(fig, p, dpi=110, bbox_inches="tight")
-    _plt().close(fig)
-    return paths
+_plt = pyplot
+_save = save
 
 
 def _ticks(tokens: list[str], max_labels: int) -> tuple[list[int], list[str]]:
     step = max(1, math.ceil(len(tokens) / max_labels))
     pos = list(range(0, len(tokens), step))
-    return pos, [tokens[i] if len(tokens[i]) <= 14 else tokens[i][:13] + "…" for i in pos]
+    return pos, [plain(tokens[i] if len(tokens[i]) <= 14 else tokens[i][:13] + "…") for i in pos]
 
 
 def _label(ax, tokens: list[str], max_labels: int, fontsize: float, x: bool = True, y: bool = True) -> None:
@@ -85,6 +71,9 @@ def plot_grid(maps: AttentionMaps, stem: Path, *, max_labels: int = 24, highligh
             ax = axes[l][h]
             if h >= maps.heads[l]:
                 ax.axis("off")
+                if h == 0:  # a layer whose heads were all pruned: say so rather than leave a blank row
+                    ax.text(0.5, 0.5, f"L{l}: every head pruned", ha="center", va="center", fontsize=7,
+                            color="grey", transform=ax.transAxes)
                 continue
             ax.imshow(maps.head(l, h).numpy(), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
             cap = (highlight or {}).get((l, h))
@@ -94,7 +83,7 @@ def plot_grid(maps: AttentionMaps, stem: Path, *, max_labels: int = 24, highligh
                 for side in ax.spines.values():
                     side.set_edgecolor("red")
                     side.set_linewidth(2)
-    fig.suptitle(f"{maps.model}: attention per layer (rows) and head (columns); query rows, key columns\n"
+    fig.suptitle(f"{plain(maps.model)}: attention per layer (rows) and head (columns); query rows, key columns\n"
                  f"{_short(maps.text)}", fontsize=9)
     return _save(fig, stem)
 
@@ -111,7 +100,7 @@ def plot_head(maps: AttentionMaps, layer: int, head: int, stem: Path, *, max_lab
     ax.set_xlabel("key (attended to)")
     ax.set_ylabel("query (attending)")
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    ax.set_title(f"{maps.model} layer {layer} head {head}" + (f": {caption}" if caption else "") +
+    ax.set_title(f"{plain(maps.model)} layer {layer} head {head}" + (f": {caption}" if caption else "") +
                  f"\n{_short(maps.text)}", fontsize=10)
     return _save(fig, stem)
 
@@ -131,7 +120,7 @@ def plot_layer_mean(maps: AttentionMaps, stem: Path, *, max_labels: int = 40) ->
         ax.imshow(mean.numpy(), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
         ax.set_title(f"layer {i}: mean of {w.shape[0]} heads", fontsize=8)
         _label(ax, maps.tokens, max_labels, 6)
-    fig.suptitle(f"{maps.model}: average attention per layer\n{_short(maps.text)}", fontsize=9)
+    fig.suptitle(f"{plain(maps.model)}: average attention per layer\n{_short(maps.text)}", fontsize=9)
     return _save(fig, stem)
 
 
@@ -146,13 +135,13 @@ def plot_rollout(maps: AttentionMaps, stem: Path, *, max_labels: int = 60) -> li
     im = ax.imshow(rollout(maps).numpy(), cmap="magma", norm=PowerNorm(0.5), interpolation="nearest")
     _label(ax, maps.tokens, max_labels, max(5.0, min(10.0, 400 / max(1, min(n, max_labels)))))
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    ax.set_title(f"{maps.model}: attention rollout over {maps.num_layers} layers (Abnar & Zuidema 2020)\n"
+    ax.set_title(f"{plain(maps.model)}: attention rollout over {maps.num_layers} layers (Abnar & Zuidema 2020)\n"
                  f"{_short(maps.text)}", fontsize=10)
     return _save(fig, stem)
 
 
 def _short(text: str, n: int = 90) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
+    return plain(text if len(text) <= n else text[: n - 1] + "…")
 
 
 __all__ = ["plot_grid", "plot_head", "plot_layer_mean", "plot_rollout", "rollout"]

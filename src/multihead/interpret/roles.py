@@ -131,13 +131,12 @@ def format_table(result: dict) -> str:
 
 def plot_roles(result: dict, stem: Path) -> list[Path]:
     """Layers x heads: role colours with the role written in, beside mean normalised entropy and distance."""
-    import matplotlib
+    from ..plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.colors import ListedColormap
 
-    from .plots import _save
+    from ..plotting import plain, save as _save
 
     layers = 1 + max(x["layer"] for x in result["heads"])
     cols = 1 + max(x["head"] for x in result["heads"])
@@ -166,7 +165,7 @@ def plot_roles(result: dict, stem: Path) -> list[Path]:
         ax.set_ylabel("layer")
         ax.set_xticks(range(cols))
         ax.set_yticks(range(layers))
-    fig.suptitle(f"{result['model']}: {result['texts']} texts, {result['tokens']} tokens", fontsize=10)
+    fig.suptitle(f"{plain(result['model'])}: {result['texts']} texts, {result['tokens']} tokens", fontsize=10)
     fig.tight_layout()
     return _save(fig, stem)
 

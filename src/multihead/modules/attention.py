@@ -147,6 +147,8 @@ class MultiHeadAttention(nn.Module):
         lk = key.shape[1]
         h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
         if h == 0:  # every head pruned: only the output projection's bias remains
+            if self.hook_pattern.active:  # analysis sees an empty layer, (B, 0, Lq, Lk)
+                self.hook_pattern(query.new_zeros(b, 0, lq, lk))
             out = self.w_o(query.new_zeros(b, lq, 0))  # (B, Lq, E)
             return out, (query.new_zeros(b, lq, lk) if average_attn_weights else query.new_zeros(b, 0, lq, lk)) \
                 if need_weights else None
@@ -176,6 +178,8 @@ class MultiHeadAttention(nn.Module):
         b, l = keep.shape
         h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
         if h == 0:
+            if self.hook_pattern.active:  # analysis sees an empty layer, (B, 0, L, L)
+                self.hook_pattern(x.new_zeros(b, 0, l, l))
             return self.w_o(x.new_zeros(x.shape[0], 0))
 
         def pad(t: Tensor, heads: int) -> Tensor:  # (N, heads * D) -> (B, heads, L, D)

@@ -8,7 +8,7 @@ from pathlib import Path
 from .. import data as D
 from ..models.classifier import TransformerClassifier
 from .config import TrainConfig
-from .runfolder import CheckpointError, load_checked, read_json
+from .runfolder import CheckpointError, check_shapes, header_shapes, load_checked, meta_shapes, read_json
 from .trainer import evaluate_ids, predict_ids
 
 
@@ -29,11 +29,30 @@ def load_run(path: str | Path, device: str = "cpu") -> Run:
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"run folder {str(path)!r} does not exist; pass the --out folder of a training run")
-    config = TrainConfig.from_dict(read_json(path / "config.json")["train"])
-    labels = read_json(path / "labels.json")
+    recorded = read_json(path / "config.json", dict)
+    if not isinstance(recorded.get("train"), dict):
+        raise CheckpointError(f"{path / 'config.json'} has no 'train' section: {path} is not a multihead run folder"
+                              + (" (it looks like an HF model folder: load it by its path as a pretrained model)"
+                                 if "model_type" in recorded else ""))
+    try:
+        config = TrainConfig.from_dict(recorded["train"])  # types, ranges and size ceilings
+    except ValueError as exc:
+        raise CheckpointError(f"{path / 'config.json'}: {exc}") from None
+    labels = read_json(path / "labels.json", list)
+    if not labels or not all(isinstance(x, str) for x in labels) or len(set(labels)) != len(labels):
+        raise CheckpointError(f"{path / 'labels.json'} must be a list of distinct class names (strings), one per "
+                              "model output; it is corrupt")
+    if len(labels) != config.model.num_classes:
+        raise CheckpointError(f"labels.json has {len(labels)} classes but the model has {config.model.num_classes}")
+    check_shapes(meta_shapes(lambda: TransformerClassifier.from_config(config.model)),
+                 header_shapes(path / "model.safetensors"), path / "model.safetensors")  # before allocating
     if not (path / "tokenizer.json").exists():
         raise CheckpointError(f"{path / 'tokenizer.json'} is missing; the run folder is incomplete")
-    tokenizer = D.load_tokenizer(path / "tokenizer.json")
+    try:
+        tokenizer = D.load_tokenizer(path / "tokenizer.json")
+    except Exception as exc:  # the tokenizers library raises plain Exception for a malformed file
+        raise CheckpointError(f"{path / 'tokenizer.json'} is not a readable tokenizer file "
+                              f"({str(exc).splitlines()[0][:200]}); it is corrupt") from None
     tensors, _ = load_checked(path / "model.safetensors")
     model = TransformerClassifier.from_config(config.model)
     try:
@@ -41,8 +60,6 @@ def load_run(path: str | Path, device: str = "cpu") -> Run:
     except RuntimeError as exc:
         raise CheckpointError(f"{path / 'model.safetensors'} does not fit the model in config.json: "
                               f"{str(exc).splitlines()[0]}") from None
-    if len(labels) != config.model.num_classes:
-        raise CheckpointError(f"labels.json has {len(labels)} classes but the model has {config.model.num_classes}")
     return Run(path, config, model.to(device).eval(), tokenizer, labels)
 
 

@@ -33,8 +33,8 @@ class CheckpointError(RuntimeError):
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """Load a safetensors file; a missing or unreadable one raises :class:`CheckpointError`."""
     if not path.exists():
-        raise CheckpointError(f"{path} is missing; the run folder is incomplete (was training interrupted before "
-                              "the first checkpoint?). Re-run training, or train with --resume")
+        raise CheckpointError(f"{path} is missing: training in {path.parent} stopped before its first evaluation. "
+                              f"Continue it with: multihead train --out {path.parent} --resume")
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
@@ -42,13 +42,59 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
                               "Restore it or retrain") from None
 
 
-def read_json(path: Path) -> dict:
-    if not path.exists():
+def read_json(path: Path, kind: type | None = None):
+    """A JSON file of the run folder; ``kind`` (dict or list) is checked, so a hand-edited file gets a message."""
+    if not path.is_file():
         raise CheckpointError(f"{path} is missing; {path.parent} is not a complete multihead run folder")
     try:
-        return json.loads(path.read_text())
+        value = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); it is corrupt") from None
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path} is not UTF-8 text; it is corrupt") from None
+    if kind is not None and not isinstance(value, kind):
+        raise CheckpointError(f"{path} holds a JSON {type(value).__name__}, expected "
+                              f"{'an object' if kind is dict else 'a list'}; it is corrupt or not a multihead file")
+    return value
+
+
+def header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes from a safetensors header, without reading (or allocating) any tensor."""
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing; the run folder is incomplete")
+    try:
+        with safe_open(str(path), "pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is not a readable safetensors file ({exc}); it is truncated or corrupt. "
+                              "Restore it or retrain") from None
+
+
+def check_shapes(expected: dict[str, tuple], found: dict[str, tuple], path: Path, *, names=None) -> None:
+    """Refuse weights that do not fit the model a config describes -- checked on shapes alone, before building it.
+    ``names`` maps our parameter names to the file's, for messages."""
+    missing = [k for k in expected if k not in found]
+    extra = [k for k in found if k not in expected]
+    if missing or extra:
+        show = (lambda k: names(k)) if names else (lambda k: k)
+        raise CheckpointError(f"{path} does not fit the model its config describes: "
+                              + (f"missing {[show(k) for k in missing[:4]]}" if missing else "")
+                              + ("; " if missing and extra else "") + (f"unexpected {extra[:4]}" if extra else "")
+                              + f" ({len(missing)} missing, {len(extra)} unexpected); config and weights disagree")
+    bad = [(k, found[k], expected[k]) for k in expected if tuple(found[k]) != tuple(expected[k])]
+    if bad:
+        k, got, want = bad[0]
+        raise CheckpointError(f"{path}: {len(bad)} tensors have the wrong shape, e.g. {k} is {got} but the config "
+                              f"implies {want}; config and weights disagree")
+
+
+def meta_shapes(build) -> dict[str, tuple[int, ...]]:
+    """Parameter shapes of the module ``build()`` makes, built on the meta device (no memory allocated)."""
+    with torch.device("meta"):
+        module = build()
+    return {k: tuple(v.shape) for k, v in module.state_dict().items()}
 
 
 def _content_digest(tensors: dict[str, torch.Tensor]) -> str:

@@ -210,7 +210,8 @@ def predict_ids(model: nn.Module, ids: list[list[int]], device, batch_size: int 
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
         x, mask = D.collate([ids[i] for i in chunk])
-        hm = None if head_mask is None else head_mask.to(device)
+        hm = (None if head_mask is None else [m.to(device) for m in head_mask] if isinstance(head_mask, list)
+              else head_mask.to(device))  # (layers, H), or per-layer (H_l,) after physical pruning
         p = torch.softmax(model(x.to(device), mask.to(device), head_mask=hm).float(), dim=-1).cpu()
         for row, i in enumerate(chunk):
             probs[i] = p[row]
