@@ -249,6 +249,9 @@ def attention(
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if lq == 0 or lk == 0:  # nothing to attend (or no query): zeros, as for fully masked rows, on every backend
+        out = (q[..., :1] * 0).expand(b, h, lq, v.shape[-1]) + v.sum() * 0  # keeps q and v in the graph
+        return out, (q.new_zeros(b, h, lq, lk) if need_weights else None)
     if isinstance(mask, SparsePattern):
         if lq != lk:
             raise ValueError(f"SparsePattern masks describe self-attention (Lq == Lk); got Lq={lq}, Lk={lk}")

@@ -30,11 +30,17 @@ class CheckpointError(RuntimeError):
     """A run folder or checkpoint that cannot be loaded; the message says why and what to do."""
 
 
+def _missing(path: Path) -> CheckpointError:
+    if (path.parent / "checkpoint" / "state.json").is_file():
+        return CheckpointError(f"{path} is missing: training in {path.parent} stopped before its first evaluation. "
+                               f"Continue it with: multihead train --out {path.parent} --resume")
+    return CheckpointError(f"{path} is missing; {path.parent} is not a complete run folder")
+
+
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """Load a safetensors file; a missing or unreadable one raises :class:`CheckpointError`."""
     if not path.exists():
-        raise CheckpointError(f"{path} is missing: training in {path.parent} stopped before its first evaluation. "
-                              f"Continue it with: multihead train --out {path.parent} --resume")
+        raise _missing(path)
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
@@ -63,7 +69,7 @@ def header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     from safetensors import safe_open
 
     if not path.is_file():
-        raise CheckpointError(f"{path} is missing; the run folder is incomplete")
+        raise _missing(path)
     try:
         with safe_open(str(path), "pt") as f:
             return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
