@@ -102,6 +102,14 @@ def _hints(cls) -> dict:
     return typing.get_type_hints(cls)
 
 
+def _allows_bool(hint) -> bool:
+    return hint is bool or bool in typing.get_args(hint) or hint is typing.Any
+
+
+def _type_name(hint) -> str:
+    return " or ".join(getattr(t, "__name__", str(t)) for t in (typing.get_args(hint) or (hint,)))
+
+
 def _format(exc, where: str) -> str:
     lines = []
     for err in exc.errors():
@@ -136,6 +144,9 @@ def from_fields(cls, values, where: str = ""):
         sub = hints.get(name)
         if isinstance(sub, type) and dataclasses.is_dataclass(sub) and isinstance(value, dict):
             values[name] = from_fields(sub, value, f"{where}.{name}" if where else name)
+        elif isinstance(value, bool) and sub is not None and not _allows_bool(sub):  # lax mode would take True as 1
+            raise ConfigError(f"invalid config: {where + '.' if where else ''}{name}: expected {_type_name(sub)}, got "
+                              f"{str(value).lower()}")
     try:
         obj = _adapter(cls).validate_python(values)
     except ValidationError as exc:

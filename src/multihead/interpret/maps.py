@@ -98,7 +98,7 @@ def load_subject(source: str | Path, *, sentence_embeddings: bool = False) -> Su
     from .._io import folder_kind
 
     path = Path(str(source))
-    if folder_kind(path) == "run":
+    if folder_kind(path) == "run" or (path / "labels.json").is_file():  # a run folder, even a damaged one
         from ..train import load_run
 
         run = load_run(path)
