@@ -26,7 +26,7 @@ def pyplot():
 
 def plain(text) -> str:
     """``text`` as literal characters for a matplotlib label or title (``$`` escaped, so no mathtext)."""
-    return str(text).replace("\\", "\\\\").replace("$", r"\$") if "$" in str(text) else str(text)
+    return str(text).replace("$", r"\$")  # matplotlib draws an escaped dollar as a plain "$"
 
 
 def save(fig, stem: str | Path, *, formats: tuple[str, ...] = ("png", "svg"), dpi: int = 110) -> list[Path]:
