@@ -405,7 +405,7 @@ def cmd_sweep(args) -> int:
     config = train_config_from_args(flags)
     config.run.progress = False
     summary = S.sweep(config, Path(args.out), heads=args.heads if args.kv_heads is None else None,
-                      kv_heads=args.kv_heads, seeds=args.seeds, min_time=args.min_time)
+                      kv_heads=args.kv_heads, seeds=args.seeds, min_time=args.min_time, overwrite=args.overwrite)
     print(S.format_table(summary))
     print(f"wrote {Path(args.out) / 'sweep.json'} and sweep.png")
     return 0
@@ -557,6 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
         if flag not in ("heads", "init", "layer_decay", "seed"):
             sw.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, default=None, help=help_)
     sw.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="any other config field")
+    sw.add_argument("--overwrite", action="store_true", help="write into a folder of other files at --out")
     sw.set_defaults(fn=cmd_sweep, compile=False, no_progress=True, seed=None)
 
     pu = sub.add_parser("prune", help="iterative head pruning on validation, then a physically pruned run folder")

@@ -126,9 +126,13 @@ def _plot_heads(weights: torch.Tensor, tokens: list[str], path: Path) -> None:
 def run_demo(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int | None = None) -> dict:
     """``make demo``: train the default classifier on rotten_tomatoes into ``out`` (test accuracy beside the TF-IDF
     baseline), then the attention walk-through into ``out/walkthrough``. Later steps add to the same run folder."""
+    from ._io import FolderError, folder_kind
     from .train import TrainConfig, train
 
     out = Path(out)
+    if folder_kind(out) not in ("missing", "empty", "run"):  # the demo replaces a run, never other files
+        raise FolderError(f"--out {str(out)!r} holds files that are not a multihead run; the demo writes (and "
+                          "replaces) a run folder there: choose another --out")
     config = TrainConfig()
     config.run.seed = seed
     config.data.limit = limit

@@ -19,7 +19,7 @@ from .prune import time_inference
 
 
 def sweep(base: TrainConfig, out: Path, *, heads: list[int] | None = None, kv_heads: list[int] | None = None,
-          seeds: int = 3, min_time: float = 2.0, log=print) -> dict:
+          seeds: int = 3, min_time: float = 2.0, overwrite: bool = False, log=print) -> dict:
     """Train ``base`` once per value and seed into ``out/<value>/seed<k>``; returns (and writes) the summary."""
     out = Path(out)
     e = base.model.encoder
@@ -32,6 +32,16 @@ def sweep(base: TrainConfig, out: Path, *, heads: list[int] | None = None, kv_he
             raise ValueError(f"d_model={e.d_model} is not divisible by {h} heads; choose head counts dividing it")
         if axis == "kv_heads" and h % v:
             raise ValueError(f"num_heads={h} is not divisible by num_kv_heads={v}")
+    from .._io import check_target, folder_lock
+
+    check_target(out, "sweep", overwrite=overwrite)  # a folder of other files is never trained over
+    with folder_lock(out):
+        atomic_write_json(out / "sweep.json", {"axis": axis, "values": values, "status": "running"})  # marks its kind
+        return _sweep(base, out, axis, values, seeds=seeds, min_time=min_time, log=log)
+
+
+def _sweep(base: TrainConfig, out: Path, axis: str, values: list[int], *, seeds: int, min_time: float, log) -> dict:
+    e = base.model.encoder
     rows = []
     for v in values:
         runs = []
