@@ -12,6 +12,11 @@ truncated or tampered checkpoint with a clear message.
     RUN/results.json       final test metrics, baseline, timings
     RUN/curves.png, RUN/confusion.png
     RUN/checkpoint/        state to --resume an interrupted run (weights, optimizer, RNG, position)
+
+How it is written (see :mod:`multihead._io`): a new run (or ``--overwrite``) is built in ``.RUN.new`` beside it and
+swapped in by one rename once it is resumable (config, tokenizer, labels, split and a step-0 checkpoint); from then
+on files are replaced one by one, atomically, while ``.RUN.lock`` is held. Before a model is built from the folder,
+``config.json`` is validated and the shapes it implies are compared with ``model.safetensors``'s header.
 """
 from __future__ import annotations
 
