@@ -18,35 +18,24 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-def _count(text: str) -> int:
-    """A positive integer flag (batch sizes, thread counts, N): refused at parse time, before any work."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _number(kind: type, lo: float, hi: float, what: str):
+    """An argparse type for a number in ``[lo, hi]``: bad values are refused at parse time, before any work."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not lo <= value <= hi:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+
+    return parse
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds (a number >= 0), got {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds (a finite number >= 0), got {value}")
-    return value
+_count = _number(int, 1, float("inf"), "a positive integer")  # batch sizes, thread counts, N, epochs
+_fraction = _number(float, 0.0, 1.0, "a number in [0, 1]")
+_seconds = _number(float, 0.0, 1e9, "seconds (a finite number >= 0)")
 
 
 def _words(text: str) -> list[str]:

@@ -17,7 +17,7 @@ def data_csv(sentiment_csv) -> Path:
 def trained_run(tmp_path_factory, data_csv) -> Path:
     """A small finished run folder (2 layers x 2 heads), made once; tests copy it before changing anything."""
     out = tmp_path_factory.mktemp("robust-run") / "run"
-    proc = run_cli(*tiny_train_args(data_csv, out))
+    proc = run_cli(*tiny_train_args(data_csv, out), subprocess_=True)
     assert proc.returncode == 0, proc.stderr
     return out
 

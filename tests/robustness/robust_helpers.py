@@ -10,14 +10,57 @@ from pathlib import Path
 
 
 
-def run_cli(*args, cwd=None, env=None, timeout=600, check_no_traceback=True) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    full_env.pop("MULTIHEAD_DEBUG", None)
-    proc = subprocess.run([sys.executable, "-m", "multihead.cli", *map(str, args)], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout, errors="replace")
+def run_cli(*args, cwd=None, env=None, timeout=600, check_no_traceback=True, subprocess_=False):
+    """Run ``multihead ARGS``. In-process by default (``cli.main``, the same entry point the console script calls:
+    output captured, process state restored); ``subprocess_=True`` runs the real command in a fresh interpreter.
+    Either way the result has ``returncode``, ``stdout`` and ``stderr``; an exception escaping ``main`` is recorded as
+    a traceback in ``stderr`` (and fails the no-traceback check)."""
+    if subprocess_:
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        full_env.pop("MULTIHEAD_DEBUG", None)
+        proc = subprocess.run([sys.executable, "-m", "multihead.cli", *map(str, args)], cwd=cwd, env=full_env,
+                              capture_output=True, text=True, timeout=timeout, errors="replace")
+    else:
+        proc = _in_process([str(a) for a in args], cwd=cwd, env=env)
     if check_no_traceback:
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     return proc
+
+
+def _in_process(argv: list[str], *, cwd=None, env=None) -> subprocess.CompletedProcess:
+    import contextlib
+    import io
+    import traceback
+
+    import torch
+
+    from multihead import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    threads, old_cwd = torch.get_num_threads(), os.getcwd()
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    os.environ.pop("MULTIHEAD_DEBUG", None)
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(argv)
+            except SystemExit as exc:  # argparse
+                code = exc.code if isinstance(exc.code, int) else 2
+            except BaseException:  # what a user would have seen: a traceback
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.chdir(old_cwd)
+        torch.set_num_threads(threads)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return subprocess.CompletedProcess(["multihead", *argv], code, out.getvalue(), err.getvalue())
 
 
 def refused(proc: subprocess.CompletedProcess, *fragments: str) -> str:

@@ -91,7 +91,7 @@ def test_jsonl_lines_that_are_not_objects_are_refused(tmp_path, content, fragmen
 
 def test_latin1_file_names_the_file_line_and_fix(tmp_path):
     f = _csv(tmp_path / "d.csv", "text,label\nok,a\ncafé,b\n", encoding="latin-1")
-    refused(run_cli("data", f), "d.csv:3", "not UTF-8", "iconv")
+    refused(run_cli("data", f, subprocess_=True), "d.csv:3", "not UTF-8", "iconv")
 
 
 def test_directory_named_like_a_csv_is_refused(tmp_path):
@@ -148,7 +148,7 @@ def test_device_cuda_without_cuda_is_refused(tmp_path, data_csv):
 
 
 def test_non_utf8_argument_is_refused():
-    proc = run_cli("predict", "runs/x", b"caf\xe9".decode("utf-8", "surrogateescape"))
+    proc = run_cli("predict", "runs/x", b"caf\xe9".decode("utf-8", "surrogateescape"), subprocess_=True)
     refused(proc, "argument 3", "not valid UTF-8")
 
 
@@ -202,7 +202,7 @@ def test_malicious_pickle_message_never_suggests_weights_only_false(tmp_path):
             return (print, ("pwned",))
 
     (folder / "pytorch_model.bin").write_bytes(pickle.dumps({"x": Evil()}))
-    proc = run_cli("embed", folder, "hello")
+    proc = run_cli("embed", folder, "hello", subprocess_=True)
     err = refused(proc, "never runs pickled code")
     assert "weights_only=False" not in err and "pwned" not in proc.stdout
 

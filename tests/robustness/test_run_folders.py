@@ -46,7 +46,7 @@ def _is_complete_run(folder: Path) -> bool:
 # ---------------------------------------------------------------------------------------------------- 1. overwrite
 def test_overwrite_with_a_bad_value_leaves_the_old_run_intact(run_copy, data_csv):
     before = snapshot(run_copy)
-    proc = run_cli(*tiny_train_args(data_csv, run_copy, "--overwrite", "--set", "optim.lr=abc"))
+    proc = run_cli(*tiny_train_args(data_csv, run_copy, "--overwrite", "--set", "optim.lr=abc"), subprocess_=True)
     refused(proc, "optim.lr", "valid number", "'abc'")
     assert snapshot(run_copy) == before
 
