@@ -1,7 +1,8 @@
 """``reference``: the tutorial's explicit ``softmax(q k^T / sqrt(d)) v``, the correctness baseline.
 
 Materialises the ``(B, H, Lq, Lk)`` scores; the only core backend that returns weights. Softmax runs in fp32 for
-low-precision inputs; masked scores are filled with ``-finfo(float32).max`` (never ``-1e9``, which overflows fp16).
+low-precision inputs (fp64 stays fp64); masked scores are filled with ``-finfo(dtype).max`` of the softmax's dtype
+(never ``-1e9``, which overflows fp16).
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ def expand_kv(x: Tensor, num_heads: int) -> Tensor:
 def probabilities(q: Tensor, k: Tensor, mask: Tensor | None, scale: float, is_causal: bool = False) -> Tensor:
     """Softmax weights ``(b, h, i, j)`` in q's dtype; rows with no allowed key are zero."""
     k = expand_kv(k, q.shape[1])
-    scores = torch.matmul(q, k.transpose(-2, -1)).float() * scale  # (b, h, i, j), fp32
-    neg = -torch.finfo(torch.float32).max
+    acc = torch.promote_types(q.dtype, torch.float32)  # fp32 for half types; fp64 stays fp64 (no silent rounding)
+    scores = torch.matmul(q, k.transpose(-2, -1)).to(acc) * scale  # (b, h, i, j)
+    neg = -torch.finfo(acc).max
     row_ok = None
     if is_causal:
         lq, lk = q.shape[2], k.shape[2]
@@ -37,7 +39,7 @@ def probabilities(q: Tensor, k: Tensor, mask: Tensor | None, scale: float, is_ca
             row_ok = mask.any(dim=-1, keepdim=True)
         else:
             # -inf entries become -max: no NaN in softmax, and clamp's gradient is zero there.
-            scores = (scores + mask.float()).clamp_min(neg)
+            scores = (scores + mask.to(acc)).clamp_min(neg)
             row_ok = (scores > neg).any(dim=-1, keepdim=True)
     weights = torch.softmax(scores, dim=-1)
     if row_ok is not None:
