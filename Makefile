@@ -21,6 +21,7 @@ demo: $(STAMP)
 	$(VENV)/bin/multihead demo --out runs/demo
 
 test: $(STAMP)
+	$(VENV)/bin/lint-imports   # the layering in pyproject.toml: no module imports a layer above its own
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

@@ -8,11 +8,18 @@ Layout (the architecture at a glance):
 * :mod:`multihead.modules` -- ``MultiHeadAttention``, positional encodings, ``FeedForward``, ``EncoderBlock``,
   ``TransformerEncoder``; hook points for analysis.
 * :mod:`multihead.models` -- ``TextEncoder`` (BERT-like backbone) and ``TransformerClassifier`` on it, dataclass configs.
+* :mod:`multihead.data` -- datasets and readers (validated, read as written), splits, tokenizer, batching.
 * :mod:`multihead.pretrained` -- BERT-family weights (``minilm``) loaded into those modules, and exported back.
+* :mod:`multihead.train` -- configs and their layering, the trainer, evaluation, checkpoints, run folders.
+* :mod:`multihead.loading` -- ``load(source)``: a run folder, a pretrained name or an HF folder.
 * :mod:`multihead.interpret` -- capture attention through hook points, pictures, an offline page, head roles.
 * :mod:`multihead.heads` -- head importance, iterative and physical pruning, the head-count sweep.
 * :mod:`multihead.bench` -- one harness timing our backends and PyTorch peers in the same run.
 * :mod:`multihead.cli` -- the ``multihead`` command; everything it does is callable from Python.
+* Ground floor, under everything: :mod:`multihead._io` (atomic files, locks, folder swaps), :mod:`multihead._config`
+  (config validation and size ceilings), :mod:`multihead._weights` (checked safetensors), :mod:`multihead.plotting`.
+
+The layers are checked by ``lint-imports`` (``pyproject.toml``); README "Architecture" says where new code goes.
 """
 from .attention import attention, attention_weights, explain, list_backends, masks, register_backend
 from .models import ClassifierConfig, TextEncoder, TextEncoderConfig, TransformerClassifier

@@ -1,8 +1,6 @@
 """The ``multihead`` command. It parses arguments and calls library functions; everything is callable from Python."""
 from __future__ import annotations
 
-from ._io import atomic_write_json
-
 import argparse
 import sys
 from pathlib import Path
@@ -66,61 +64,15 @@ def cmd_backends(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    if args.suite == "attention":
-        from .bench import attention as suite
+    from .bench import suite as bench_suite
 
-        if args.impls:
-            known = suite.implementations()
-            bad = [i for i in args.impls if i not in known]
-            if bad:
-                print(f"error: unknown implementation(s) {bad}; choose from {known}", file=sys.stderr)
-                return 2
-        out = Path(args.out) if args.out else suite.default_out()
-        payload = suite.run(args.lengths, args.modes, args.impls, threads=args.threads, out=out,
-                            min_time=args.min_time)
-        print(suite.format_table(payload))
-        print(f"wrote {out} and {out.with_suffix('.png')}")
-        return 0
-    if args.suite == "train":
-        from .bench import train as suite
-
-        out = Path(args.out) if args.out else suite.default_out()
-        payload = suite.run(threads=args.threads, out=out, min_time=args.min_time)
-        print(suite.format_table(payload))
-        print(f"wrote {out}")
-        return 0
-    if args.suite == "lra":
-
-        from .bench import lra as suite
-
-        out = Path(args.out) if args.out else Path("bench/results/lra.json")
-        payload = suite.run(Path(args.runs), max_len=args.max_len, epochs=args.epochs, limit=args.limit,
-                            variants=args.impls, threads=args.threads)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(out, payload)
-        print(suite.format_table(payload))
-        print(f"wrote {out}")
-        return 0
-    if args.suite == "long":
-        from .bench import long as suite
-
-        out = Path(args.out) if args.out else suite.default_out()
-        payload = suite.run(lengths=args.lengths, modes=args.modes, impls=args.impls, threads=args.threads,
-                            out=out, min_time=args.min_time)
-        print(suite.format_table(payload))
-        print(f"wrote {out} and {out.with_suffix('.png')}")
-        return 0
-    if args.suite == "pretrained":
-        from .bench import pretrained as suite
-
-        out = Path(args.out) if args.out else suite.default_out()
-        payload = suite.run(modes=args.modes, impls=args.impls, threads=args.threads, out=out,
-                            min_time=args.min_time)
-        print(suite.format_table(payload))
-        print(f"wrote {out}")
-        return 0
-    print(f"error: unknown bench suite {args.suite!r}; choose: attention, train, pretrained, long, lra", file=sys.stderr)
-    return 2
+    suite = bench_suite(args.suite)
+    out = Path(args.out) if args.out else suite.default_out()
+    payload = suite.from_args(args, out)
+    print(suite.format_table(payload))
+    png = out.with_suffix(".png")
+    print(f"wrote {out}" + (f" and {png}" if png.exists() else ""))
+    return 0
 
 
 # ------------------------------------------------------------------------------------------------ text classification
@@ -198,14 +150,10 @@ def train_overrides(args) -> dict:
 
 
 def train_config_from_args(args):
-    """Config layering: defaults < fine-tuning defaults (``--init``) < TOML < flags < ``--set``."""
-    from .train.config import FINETUNE_DEFAULTS, TrainConfig, merge
+    """The command line's config: :func:`multihead.train.config.layered` over what it asks for explicitly."""
+    from .train.config import layered
 
-    base = TrainConfig().to_dict()
-    explicit = train_overrides(args)
-    if isinstance(explicit.get("pretrained"), dict) and explicit["pretrained"].get("name"):
-        base = merge(base, FINETUNE_DEFAULTS)
-    return TrainConfig.from_dict(merge(base, explicit))
+    return layered(train_overrides(args))
 
 
 def cmd_train(args) -> int:
@@ -287,14 +235,14 @@ def _read_texts(texts: list[str], file: str | None) -> list[str]:
 def cmd_embed(args) -> int:
     import json
 
-    from .interpret import load_subject
+    from .loading import load
     from .pretrained import embed_texts
 
     texts = _read_texts(args.texts, args.file)
     if not texts:
         raise ValueError("nothing to embed: pass texts as arguments or --file FILE (one text per line, or .jsonl)")
-    s = load_subject(args.model, sentence_embeddings=True)
-    vectors = embed_texts(s.model, s.tokenizer, texts, s.max_len, batch_size=args.batch_size,
+    s = load(args.model)
+    vectors = embed_texts(s.model, s.tokenizer, texts, s.sentence_max_len, batch_size=args.batch_size,
                           progress=len(texts) > 4 * args.batch_size)
     if args.out:
         from .train.runfolder import atomic_write_bytes
@@ -316,12 +264,12 @@ def cmd_embed(args) -> int:
 
 def cmd_export(args) -> int:
     from . import pretrained
-    from .interpret import load_subject
+    from .loading import load
 
     from ._io import check_target
 
     check_target(args.out, "hf", overwrite=args.overwrite, sources=(args.source,))  # before loading anything
-    s = load_subject(args.source)
+    s = load(args.source)
     out = pretrained.export(s.model, s.tokenizer, args.out, overwrite=args.overwrite, sources=(args.source,))
     print(f"wrote an HF BertModel folder to {out} (config.json, model.safetensors, tokenizer.json, vocab.txt); "
           "load it with transformers.BertModel.from_pretrained")
@@ -431,6 +379,8 @@ def cmd_prune(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .bench import SUITES
+    from .heads.scores import METHODS
     p = argparse.ArgumentParser(prog="multihead", description="Multi-head attention: train, inspect, prune, run fast.")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -446,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(fn=cmd_backends)
 
     bench = sub.add_parser("bench", help="benchmarks: ours and peers in one run, JSON + PNG")
-    bench.add_argument("suite", choices=["attention", "train", "pretrained", "long", "lra"], help="which benchmark")
+    bench.add_argument("suite", choices=list(SUITES), help="which benchmark")
     bench.add_argument("--lengths", type=_ints, default=None, help="comma-separated sequence lengths")
     bench.add_argument("--modes", type=_words, default=None, help="forward,train")
     bench.add_argument("--impls", type=_words, default=None, help="comma-separated implementations")
@@ -528,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     im.add_argument("run")
     im.add_argument("--data", default=None, help="dataset (default: the run's own)")
     im.add_argument("--split", default="validation", help="train | validation | test | all")
-    im.add_argument("--method", default="michel", choices=["michel", "confidence", "entropy", "loo"])
+    im.add_argument("--method", default="michel", choices=list(METHODS))
     im.add_argument("--n", type=_count, default=None, help="use the first N texts")
     im.add_argument("--out", default=None, help="folder for JSON + PNG (default RUN/importance)")
     im.set_defaults(fn=cmd_importance)
@@ -553,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     pu.add_argument("run")
     pu.add_argument("--data", default=None, help="dataset (default: the run's own)")
     pu.add_argument("--out", required=True, help="folder for the pruned run")
-    pu.add_argument("--method", default="michel", choices=["michel", "confidence", "entropy", "loo"])
+    pu.add_argument("--method", default="michel", choices=list(METHODS))
     pu.add_argument("--step", type=_fraction, default=0.1, help="fraction of remaining heads masked per round")
     pu.add_argument("--max-drop", type=_fraction, default=0.01, help="largest validation accuracy loss accepted")
     pu.add_argument("--until", type=_fraction, default=0.0, help="continue the curve until this fraction is pruned")

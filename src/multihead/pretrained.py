@@ -310,17 +310,14 @@ def embed_texts(model: TextEncoder, tokenizer, texts: list[str], max_len: int, *
     tokens, batched by length, pooled with ``model.config.pooling``, L2-normalised by default; input order."""
     from tqdm import tqdm
 
-    from .data import collate, encode
+    from .data import encode, length_sorted
 
     model.eval()
     enc = encode(tokenizer, list(texts), max_len)
-    order = sorted(range(len(texts)), key=lambda i: len(enc.ids[i]))  # similar lengths share a batch
     device = next(model.parameters()).device
     out = torch.empty(len(texts), model.config.encoder.d_model)
-    pad = tokenizer.token_to_id("[PAD]")
-    for start in tqdm(range(0, len(order), batch_size), disable=not progress, desc="embed"):
-        chunk = order[start:start + batch_size]
-        ids, mask = collate([enc.ids[i] for i in chunk], pad_id=pad)
+    batches = length_sorted(enc.ids, batch_size, pad_id=tokenizer.token_to_id("[PAD]"))  # similar lengths
+    for chunk, ids, mask in tqdm(batches, total=-(-len(texts) // batch_size), disable=not progress, desc="embed"):
         vec = model.sentence_embeddings(ids.to(device), mask.to(device), normalize=normalize)
         out[chunk] = vec.float().cpu()
     return out
@@ -332,7 +329,7 @@ def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]] | None:
     st = folder / "model.safetensors"
     if not st.exists():
         return None
-    from .train.runfolder import CheckpointError, header_shapes
+    from ._weights import CheckpointError, header_shapes
 
     try:
         return header_shapes(st)
@@ -345,7 +342,7 @@ def _check_weight_shapes(config: TextEncoderConfig, folder: Path) -> None:
     found = weight_shapes(folder)
     if found is None:
         return
-    from .train.runfolder import meta_shapes
+    from ._weights import meta_shapes
 
     layers = config.encoder.num_layers
     lookup = _names(layers)

@@ -186,3 +186,15 @@ def test_folder_kinds(tmp_path, setup, kind):
     p = tmp_path / "x"
     setup(p)
     assert _io.folder_kind(p) == kind
+
+
+@needs_flex
+def test_flex_sees_in_place_edits_of_a_reused_mask_buffer():
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 128, 16, generator=gen) for _ in range(3))
+    mask = torch.ones(1, 1, 128, 128, dtype=torch.bool)
+    with torch.no_grad():
+        mh.attention(q, k, v, mask=mask, backend="flex")
+        mask[..., 64:] = False  # the same buffer, edited in place
+        out, _ = mh.attention(q, k, v, mask=mask, backend="flex")
+    assert (out.double() - _formula(q, k, v, mask.expand(1, 2, 128, 128))).abs().max() < 1e-5

@@ -198,3 +198,12 @@ def plot(payload: dict, path: Path) -> None:
 
 def default_out() -> Path:
     return Path("bench/results") / f"attention-{time.strftime('%Y%m%d-%H%M%S')}.json"
+
+
+def from_args(args, out: Path) -> dict:
+    """``multihead bench attention`` (the suite protocol in :mod:`multihead.bench`)."""
+    if args.impls:
+        bad = [i for i in args.impls if i not in implementations()]
+        if bad:
+            raise ValueError(f"unknown implementation(s) {bad}; choose from {implementations()}")
+    return run(args.lengths, args.modes, args.impls, threads=args.threads, out=out, min_time=args.min_time)

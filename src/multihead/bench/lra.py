@@ -66,3 +66,17 @@ def format_table(payload: dict) -> str:
             lines.append(f"{r['variant']:<14}{r['test_accuracy']:>9.4f}{r['seconds_per_epoch']:>9.0f}"
                          f"{r['peak_rss_mb']:>10.0f}")
     return "\n".join(lines)
+
+
+def default_out() -> Path:
+    return Path("bench/results/lra.json")
+
+
+def from_args(args, out: Path) -> dict:
+    """``multihead bench lra`` (the suite protocol in :mod:`multihead.bench`): trains into ``--runs``."""
+    from .._io import atomic_write_json
+
+    payload = run(Path(args.runs), max_len=args.max_len, epochs=args.epochs, limit=args.limit, variants=args.impls,
+                  threads=args.threads)
+    atomic_write_json(out, payload)
+    return payload

@@ -111,3 +111,8 @@ def format_table(payload: dict) -> str:
 
 def default_out() -> Path:
     return Path("bench/results") / f"pretrained-{time.strftime('%Y%m%d-%H%M%S')}.json"
+
+
+def from_args(args, out: Path) -> dict:
+    """``multihead bench pretrained`` (the suite protocol in :mod:`multihead.bench`)."""
+    return run(modes=args.modes, impls=args.impls, threads=args.threads, out=out, min_time=args.min_time)

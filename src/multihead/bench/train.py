@@ -113,3 +113,8 @@ def format_table(payload: dict) -> str:
 
 def default_out() -> Path:
     return Path("bench/results") / f"train-{time.strftime('%Y%m%d-%H%M%S')}.json"
+
+
+def from_args(args, out: Path) -> dict:
+    """``multihead bench train`` (the suite protocol in :mod:`multihead.bench`)."""
+    return run(threads=args.threads, out=out, min_time=args.min_time)

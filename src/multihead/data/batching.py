@@ -25,6 +25,16 @@ def bucketed_batches(lengths: list[int], batch_size: int, *, seed: int, epoch: i
     return batches
 
 
+def length_sorted(ids: list[list[int]], batch_size: int, *, pad_id: int = 0):
+    """Inference batches over sequences of similar length (little padding): yields ``(indices, input_ids (B, L),
+    mask (B, L))`` with ``indices`` the positions in ``ids``; every index appears once, shortest batches first."""
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        x, mask = collate([ids[i] for i in chunk], pad_id=pad_id)
+        yield chunk, x, mask
+
+
 def collate(ids: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(B, L)`` token ids padded with ``pad_id`` and the bool mask ``(B, L)``, True = real token."""
     width = max(len(x) for x in ids)

@@ -117,10 +117,9 @@ def write_pruned_run(run, heads: dict[int, list[int]], out: Path, extra: dict) -
 
 def time_inference(models: dict, ids: list[list[int]], *, batch_size: int = 32, min_time: float = 3.0) -> dict:
     """Seconds per pass over ``ids`` for each model, interleaved round by round (best of several rounds)."""
-    from ..data import collate
+    from ..data import length_sorted
 
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    batches = [collate([ids[i] for i in order[s:s + batch_size]]) for s in range(0, len(order), batch_size)]
+    batches = [(x, keep) for _, x, keep in length_sorted(ids, batch_size)]
     best = {k: math.inf for k in models}
     start = time.perf_counter()
     rounds = 0
@@ -159,7 +158,7 @@ def _prune_into(run_path, out: Path, *, data, method, step, max_drop, until, spe
     from ..data import collate
     from ..train import load_run
     from ..train.inference import examples
-    from ..train.trainer import evaluate_ids
+    from ..train.evaluation import evaluate_ids
 
     run = load_run(run_path)
     _, parts = examples(run, data, splits=("validation", "test"))  # one read of the data

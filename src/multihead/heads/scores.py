@@ -22,16 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data import collate
+from ..data import length_sorted
 
-METHODS = ("michel", "confidence", "entropy", "loo")
 
 
 def _batches(ids: list[list[int]], labels: list[int], batch_size: int):
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        x, keep = collate([ids[i] for i in chunk])
+    for chunk, x, keep in length_sorted(ids, batch_size):
         yield x, keep, torch.tensor([labels[i] for i in chunk])
 
 
@@ -88,7 +84,7 @@ def michel(model: nn.Module, ids, labels, mask: Tensor | None = None, batch_size
 def attention_focus(model: nn.Module, ids, labels, mask: Tensor | None = None, batch_size: int = 32
                     ) -> tuple[Tensor, Tensor]:
     """Mean max weight (confidence) and mean entropy per head, over real query tokens."""
-    from ..interpret.capture import capture
+    from ..modules.capture import capture
 
     layers, heads = head_shape(model)
     alive = alive_heads(model)
@@ -111,7 +107,7 @@ def attention_focus(model: nn.Module, ids, labels, mask: Tensor | None = None, b
 
 def loss_with(model: nn.Module, ids, labels, mask: Tensor) -> tuple[float, float]:
     """Mean loss and accuracy of ``model`` with ``mask`` applied (the trainer's evaluation)."""
-    from ..train.trainer import evaluate_ids
+    from ..train.evaluation import evaluate_ids
 
     r = evaluate_ids(model, ids, labels, model.fc.out_features, next(model.parameters()).device,
                      head_mask=model_mask(model, mask))
@@ -136,15 +132,27 @@ def leave_one_out(model: nn.Module, ids, labels, mask: Tensor | None = None, pro
 def importance(model: nn.Module, ids, labels, method: str = "michel", mask: Tensor | None = None,
                progress: bool = False) -> Tensor:
     """``(layers, heads)`` scores by ``method`` (see the module docstring); higher = more important."""
-    if method == "michel":
-        return michel(model, ids, labels, mask)
-    if method in ("confidence", "entropy"):
+    if method not in METHODS:
+        raise ValueError(f"unknown importance method {method!r}; choose from {list(METHODS)}")
+    return METHODS[method](model, ids, labels, mask, progress)
+
+
+def _focus(which: str):
+    def score(model, ids, labels, mask, progress=False) -> Tensor:
         conf, ent = attention_focus(model, ids, labels, mask)
-        score = conf if method == "confidence" else -ent
-        return score if mask is None else score.masked_fill(mask == 0, float("nan"))
-    if method == "loo":
-        return leave_one_out(model, ids, labels, mask, progress)
-    raise ValueError(f"unknown importance method {method!r}; choose from {METHODS}")
+        out = conf if which == "confidence" else -ent
+        return out if mask is None else out.masked_fill(mask == 0, float("nan"))
+
+    return score
+
+
+# Importance methods by name (the CLI's --method choices come from here): fn(model, ids, labels, mask, progress).
+METHODS = {
+    "michel": lambda model, ids, labels, mask, progress=False: michel(model, ids, labels, mask),
+    "confidence": _focus("confidence"),
+    "entropy": _focus("entropy"),
+    "loo": leave_one_out,
+}
 
 
 def format_table(scores: Tensor, title: str = "") -> str:

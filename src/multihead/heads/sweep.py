@@ -119,7 +119,7 @@ def plot(s: dict, stem: Path) -> list[Path]:
 
     plt = pyplot()
 
-    from ..interpret.plots import _save
+    from ..plotting import save as _save
 
     axis = s["axis"]
     x = [str(r[axis]) for r in s["rows"]]

@@ -7,7 +7,7 @@
 * :mod:`.roles` -- per-head statistics over a corpus and rule-based role labels;
 * :mod:`.case_study` -- the tutorial's "The cat sat on the mat." links, searched over all heads.
 """
-from .capture import Cache, capture, run_with_cache
+from ..modules.capture import Cache, capture, run_with_cache
 from .maps import AttentionMaps, Subject, load_subject
 
 __all__ = ["AttentionMaps", "Cache", "Subject", "capture", "load_subject", "run_with_cache"]

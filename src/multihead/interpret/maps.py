@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .capture import capture
+from ..modules.capture import capture
 
 SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]")
 
@@ -93,19 +93,11 @@ def load_subject(source: str | Path, *, sentence_embeddings: bool = False) -> Su
     """A run folder (its trained classifier) or a pretrained name / BERT-family folder. A pretrained model reads up
     to all its positions, or with ``sentence_embeddings`` up to sentence-transformers' ``max_seq_length`` (256 for
     MiniLM), as its embeddings were trained; a run reads up to its ``data.max_len``."""
-    from .. import pretrained
+    from ..loading import load
 
-    from .._io import folder_kind
-
-    path = Path(str(source))
-    if folder_kind(path) == "run" or (path / "labels.json").is_file():  # a run folder, even a damaged one
-        from ..train import load_run
-
-        run = load_run(path)
-        return Subject(str(source), run.model, run.tokenizer, run.config.data.max_len)
-    p = pretrained.load(source)
-    return Subject(str(source), p.model, p.tokenizer, p.max_seq_length if sentence_embeddings
-                   else p.model.config.max_len)
+    loaded = load(source)
+    return Subject(loaded.source, loaded.model, loaded.tokenizer,
+                   loaded.sentence_max_len if sentence_embeddings else loaded.max_len)
 
 
 def is_special(token: str) -> bool:

@@ -105,6 +105,17 @@ class TrainConfig:
         return config
 
 
+def layered(explicit: dict | None = None) -> "TrainConfig":
+    """Config layering, one place: defaults < fine-tuning defaults (when ``explicit`` names a pretrained encoder, as
+    ``--init`` does) < ``explicit`` (a TOML file < flags < ``--set``, merged in that order by the caller).
+    Validated (types, ranges, ceilings) before it is returned."""
+    explicit = explicit or {}
+    base = TrainConfig().to_dict()
+    if isinstance(explicit.get("pretrained"), dict) and explicit["pretrained"].get("name"):
+        base = merge(base, FINETUNE_DEFAULTS)
+    return TrainConfig.from_dict(merge(base, explicit))
+
+
 def finetune_config(name: str, overrides: dict | None = None) -> "TrainConfig":
     """A config that fine-tunes pretrained encoder ``name`` (``FINETUNE_DEFAULTS``, then ``overrides``)."""
     base = merge(merge(TrainConfig().to_dict(), FINETUNE_DEFAULTS), {"pretrained": {"name": name}})

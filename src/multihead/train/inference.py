@@ -9,7 +9,7 @@ from .. import data as D
 from ..models.classifier import TransformerClassifier
 from .config import TrainConfig
 from .runfolder import CheckpointError, check_shapes, header_shapes, load_checked, meta_shapes, read_json
-from .trainer import evaluate_ids, predict_ids
+from .evaluation import evaluate_ids, predict_ids
 
 
 @dataclass

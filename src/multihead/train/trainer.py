@@ -26,7 +26,10 @@ from .._io import Publish, folder_kind, folder_lock
 from .._proc import status_kib
 from . import distributed
 from .config import TrainConfig
-from .metrics import plot_confusion, plot_curves, scores
+from .checkpoint import EMA, restore_state, save_checkpoint
+from .embed_init import init_embeddings, svd_embeddings  # noqa: F401  (re-exported)
+from .evaluation import evaluate_ids, predict_ids  # noqa: F401  (re-exported)
+from .metrics import plot_confusion, plot_curves
 from .runfolder import (
     CheckpointError,
     atomic_write_bytes,
@@ -132,40 +135,6 @@ def build_model(config: TrainConfig, prepared: Prepared) -> TransformerClassifie
     return TransformerClassifier.from_config(mc)
 
 
-def svd_embeddings(ids: list[list[int]], vocab_size: int, dim: int, seed: int = 0) -> torch.Tensor:
-    """``(vocab_size, dim)`` unit-norm token vectors from a truncated SVD of the token-document matrix of ``ids``
-    (binary occurrence, down-weighted by log document frequency), i.e. latent semantic analysis. Tokens that never
-    occur get zero rows (the caller keeps their random init)."""
-    import numpy as np
-    from scipy.sparse import csr_matrix
-    from sklearn.decomposition import TruncatedSVD
-
-    rows, cols = [], []
-    for doc, seq in enumerate(ids):
-        uniq = sorted(set(seq))
-        rows += uniq
-        cols += [doc] * len(uniq)
-    m = csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(vocab_size, len(ids)))  # (V, docs)
-    df = np.asarray(m.sum(axis=1)).ravel()
-    m = csr_matrix(m.multiply(1.0 / np.log(2.0 + df)[:, None]))
-    k = min(dim, min(m.shape) - 1)
-    u = TruncatedSVD(k, random_state=seed).fit_transform(m)  # (V, k)
-    if k < dim:
-        u = np.pad(u, ((0, 0), (0, dim - k)))
-    norms = np.linalg.norm(u, axis=1, keepdims=True)
-    return torch.tensor(np.where(norms > 1e-8, u / np.maximum(norms, 1e-8), 0.0), dtype=torch.float32)
-
-
-def init_embeddings(model: TransformerClassifier, prepared: "Prepared", seed: int) -> None:
-    vectors = svd_embeddings(prepared.encoded["train"].ids, model.embed.num_embeddings, model.embed.embedding_dim,
-                             seed)
-    used = vectors.norm(dim=1) > 0
-    with torch.no_grad():
-        model.embed.weight[used] = vectors[used].to(model.embed.weight.dtype)
-        if model.config.pad_id is not None:
-            model.embed.weight[model.config.pad_id].zero_()
-
-
 def _lr_scale(name: str, num_layers: int, layer_decay: float) -> float:
     """Layer-wise learning-rate factor: the head 1, block i ``decay^(N - i)``, embeddings ``decay^(N + 1)``."""
     if layer_decay == 1.0 or name.startswith("fc."):
@@ -198,93 +167,6 @@ def _schedule(opt, total_steps: int, warmup: float):
         return max(0.0, (total_steps - step) / max(1, total_steps - warm))
 
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
-
-
-@torch.no_grad()
-def predict_ids(model: nn.Module, ids: list[list[int]], device, batch_size: int = 128,
-                head_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Class probabilities ``(N, C)`` in input order (``head_mask`` ``(layers, H)``: heads scaled/masked)."""
-    model.eval()
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    probs = [None] * len(ids)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        x, mask = D.collate([ids[i] for i in chunk])
-        hm = (None if head_mask is None else [m.to(device) for m in head_mask] if isinstance(head_mask, list)
-              else head_mask.to(device))  # (layers, H), or per-layer (H_l,) after physical pruning
-        p = torch.softmax(model(x.to(device), mask.to(device), head_mask=hm).float(), dim=-1).cpu()
-        for row, i in enumerate(chunk):
-            probs[i] = p[row]
-    return torch.stack(probs)
-
-
-def evaluate_ids(model, ids, labels: list[int], num_classes: int, device,
-                 head_mask: torch.Tensor | None = None) -> dict:
-    probs = predict_ids(model, ids, device, head_mask=head_mask)
-    y = torch.tensor(labels)
-    loss = F.nll_loss(torch.log(probs.clamp_min(1e-12)), y).item()
-    out = scores(labels, probs.argmax(-1).tolist(), num_classes)
-    out["loss"] = loss
-    return out
-
-
-class EMA:
-    """Exponential moving average of the parameters: ``avg = d * avg + (1 - d) * param`` after each step, with
-    ``d = min(decay, (1 + step) / (10 + step))`` so that short runs are not dominated by the initial weights (the
-    warm-up of TensorFlow's ExponentialMovingAverage). Small data sets overfit within a few epochs; the average is a
-    smoother, better-generalising model."""
-
-    def __init__(self, model: nn.Module, decay: float):
-        self.decay = decay
-        self.shadow = {k: v.detach().clone().float() for k, v in model.state_dict().items()}
-
-    @torch.no_grad()
-    def update(self, model: nn.Module, step: int) -> None:
-        decay = min(self.decay, (1 + step) / (10 + step))
-        for k, v in model.state_dict().items():
-            if v.is_floating_point():
-                self.shadow[k].mul_(decay).add_(v.float(), alpha=1 - decay)
-            else:
-                self.shadow[k].copy_(v)
-
-    def copy_to(self, model: nn.Module) -> None:
-        model.load_state_dict({k: v.to(model.state_dict()[k].dtype) for k, v in self.shadow.items()})
-
-
-def _state_tensors(model, opt, ema: "EMA | None" = None) -> dict[str, torch.Tensor]:
-    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
-    if ema is not None:
-        tensors.update({f"ema.{k}": v for k, v in ema.shadow.items()})
-    params = [p for g in opt.param_groups for p in g["params"]]
-    for i, p in enumerate(params):
-        st = opt.state.get(p, {})
-        for key, val in st.items():
-            tensors[f"optim.{i}.{key}"] = val if torch.is_tensor(val) else torch.tensor(val)
-    tensors["rng.torch"] = torch.get_rng_state()
-    return tensors
-
-
-def _restore_state(model, opt, tensors: dict[str, torch.Tensor], ema: "EMA | None" = None) -> None:
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-    if ema is not None:
-        ema.shadow = {k[4:]: v.clone() for k, v in tensors.items() if k.startswith("ema.")}
-    params = [p for g in opt.param_groups for p in g["params"]]
-    for i, p in enumerate(params):
-        st = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"optim.{i}.")}
-        if st:
-            opt.state[p] = {k: v.to(p.device) if k != "step" else v for k, v in st.items()}
-    torch.set_rng_state(tensors["rng.torch"])
-
-
-def _save_checkpoint(out: Path, model, opt, sched, position: dict, ema: "EMA | None" = None) -> None:
-    ckpt = out / "checkpoint"
-    ckpt.mkdir(parents=True, exist_ok=True)
-    name = f"state-{position['step']:08d}.safetensors"
-    save_checked(ckpt / name, _state_tensors(model, opt, ema))
-    atomic_write_json(ckpt / "state.json", {**position, "file": name, "scheduler": sched.state_dict()})
-    for old in ckpt.glob("state-*.safetensors"):
-        if old.name != name:
-            old.unlink()
 
 
 def _unwrap(model):
@@ -363,7 +245,7 @@ def _train(config: TrainConfig, folder, device, dist_info, *, resume: bool) -> d
     if resume:
         state = read_json(out / "checkpoint" / "state.json")
         tensors, _ = load_checked(out / "checkpoint" / state["file"])
-        _restore_state(model, opt, tensors, ema)
+        restore_state(model, opt, tensors, ema)
         sched.load_state_dict(state["scheduler"])
         for group, lr in zip(opt.param_groups, sched.get_last_lr()):  # load_state_dict leaves the groups' lr stale
             group["lr"] = lr
@@ -374,7 +256,7 @@ def _train(config: TrainConfig, folder, device, dist_info, *, resume: bool) -> d
         if main:
             print(f"resuming {out} at epoch {position['epoch'] + 1}, batch {position['batch']}")
     elif main:  # a new run's first resumable state; only now does it replace what was at --out
-        _save_checkpoint(out, model, opt, sched, position, ema)
+        save_checkpoint(out, model, opt, sched, position, ema)
     out = folder.commit()
     if config.run.compile:
         model = torch.compile(model)
@@ -444,7 +326,7 @@ def _train(config: TrainConfig, folder, device, dist_info, *, resume: bool) -> d
             position["batch"] = bi + 1
             if config.run.save_every and position["step"] % config.run.save_every == 0 and bi + 1 < len(batches):
                 if main:
-                    _save_checkpoint(out, _unwrap(model), opt, sched, position, ema)
+                    save_checkpoint(out, _unwrap(model), opt, sched, position, ema)
         bar.close()
         epoch_time = time.perf_counter() - t_epoch
         scored = _unwrap(model)
@@ -474,7 +356,7 @@ def _train(config: TrainConfig, folder, device, dist_info, *, resume: bool) -> d
         position.update(epoch=epoch + 1, batch=0, running={"loss": 0.0, "correct": 0, "seen": 0, "tokens": 0})
         stop = oc.patience and position["bad_epochs"] >= oc.patience
         if main:
-            _save_checkpoint(out, _unwrap(model), opt, sched, {**position, "stopped": bool(stop)}, ema)
+            save_checkpoint(out, _unwrap(model), opt, sched, {**position, "stopped": bool(stop)}, ema)
         if stop:
             stopped_early = True
             break

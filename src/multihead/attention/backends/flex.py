@@ -72,6 +72,12 @@ def pattern_mask_mod(p: SparsePattern, length: int, device):
 _BLOCK_MASKS: dict = {}
 
 
+def _identity(t: torch.Tensor) -> tuple:
+    """A cache key that changes when the tensor's contents may have: storage, layout and PyTorch's version counter
+    (bumped by every in-place write), so an edited, reused mask buffer never gets a stale block mask."""
+    return (t.data_ptr(), tuple(t.shape), t.stride(), str(t.dtype), t._version)
+
+
 def _block_mask(key, mask_mod, b, h, lq, lk, device):
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -163,7 +169,7 @@ def flex_backend(q, k, v, *, mask, is_causal, dropout_p, scale, need_weights):
         mm = pattern_mask_mod(p, lq, q.device)
         key = ("pattern", p.window, p.dilation, p.global_tokens, p.causal, p.block, p.window_blocks,
                p.global_blocks, p.random_blocks, p.seed, None if p.key_padding is None else
-               (p.key_padding.data_ptr(), tuple(p.key_padding.shape)), lq, str(q.device))
+               _identity(p.key_padding), lq, str(q.device))
         block_mask = _block_mask(key, mm, b if p.key_padding is not None else None, None, lq, lk, q.device)
     elif mask is not None and mask.dtype == torch.bool:
         m4 = _as_4d(mask)  # masks may come 2-D or 3-D (broadcastable to (b, h, i, j))
@@ -173,7 +179,7 @@ def flex_backend(q, k, v, *, mask, is_causal, dropout_p, scale, need_weights):
         def mm(bi, hi, qi, kj):
             return m[bi if mb > 1 else 0, hi if mh > 1 else 0, qi, kj]
 
-        block_mask = _block_mask(("dense", m.data_ptr(), tuple(m.shape), m.stride()), mm, mb if mb > 1 else None,
+        block_mask = _block_mask(("dense", _identity(mask)), mm, mb if mb > 1 else None,
                                  mh if mh > 1 else None, lq, lk, q.device)
     elif mask is not None:  # float bias
         b4 = _as_4d(mask)

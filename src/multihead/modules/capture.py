@@ -22,7 +22,7 @@ from typing import Iterable, Iterator
 import torch
 from torch import Tensor, nn
 
-from ..modules.attention import MultiHeadAttention
+from .attention import MultiHeadAttention
 
 WHAT = {"pattern": "hook_pattern", "q": "hook_q", "k": "hook_k", "v": "hook_v", "z": "hook_z"}
 

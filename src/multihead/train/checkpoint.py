@@ -1,0 +1,72 @@
+"""What ``--resume`` needs: the weights' moving average (EMA) and the full training state (model, EMA, optimizer,
+RNG, scheduler, position) saved as one digest-checked safetensors file plus ``state.json`` in ``RUN/checkpoint/``."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .runfolder import atomic_write_json, save_checked
+
+
+class EMA:
+    """Exponential moving average of the parameters: ``avg = d * avg + (1 - d) * param`` after each step, with
+    ``d = min(decay, (1 + step) / (10 + step))`` so that short runs are not dominated by the initial weights (the
+    warm-up of TensorFlow's ExponentialMovingAverage). Small data sets overfit within a few epochs; the average is a
+    smoother, better-generalising model."""
+
+    def __init__(self, model: nn.Module, decay: float):
+        self.decay = decay
+        self.shadow = {k: v.detach().clone().float() for k, v in model.state_dict().items()}
+
+    @torch.no_grad()
+    def update(self, model: nn.Module, step: int) -> None:
+        decay = min(self.decay, (1 + step) / (10 + step))
+        for k, v in model.state_dict().items():
+            if v.is_floating_point():
+                self.shadow[k].mul_(decay).add_(v.float(), alpha=1 - decay)
+            else:
+                self.shadow[k].copy_(v)
+
+    def copy_to(self, model: nn.Module) -> None:
+        model.load_state_dict({k: v.to(model.state_dict()[k].dtype) for k, v in self.shadow.items()})
+
+
+def state_tensors(model, opt, ema: "EMA | None" = None) -> dict[str, torch.Tensor]:
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    if ema is not None:
+        tensors.update({f"ema.{k}": v for k, v in ema.shadow.items()})
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for i, p in enumerate(params):
+        st = opt.state.get(p, {})
+        for key, val in st.items():
+            tensors[f"optim.{i}.{key}"] = val if torch.is_tensor(val) else torch.tensor(val)
+    tensors["rng.torch"] = torch.get_rng_state()
+    return tensors
+
+
+def restore_state(model, opt, tensors: dict[str, torch.Tensor], ema: "EMA | None" = None) -> None:
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    if ema is not None:
+        ema.shadow = {k[4:]: v.clone() for k, v in tensors.items() if k.startswith("ema.")}
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for i, p in enumerate(params):
+        st = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"optim.{i}.")}
+        if st:
+            opt.state[p] = {k: v.to(p.device) if k != "step" else v for k, v in st.items()}
+    torch.set_rng_state(tensors["rng.torch"])
+
+
+def save_checkpoint(out: Path, model, opt, sched, position: dict, ema: "EMA | None" = None) -> None:
+    ckpt = out / "checkpoint"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    name = f"state-{position['step']:08d}.safetensors"
+    save_checked(ckpt / name, state_tensors(model, opt, ema))
+    atomic_write_json(ckpt / "state.json", {**position, "file": name, "scheduler": sched.state_dict()})
+    for old in ckpt.glob("state-*.safetensors"):
+        if old.name != name:
+            old.unlink()
+
+
+__all__ = ["EMA", "restore_state", "save_checkpoint", "state_tensors"]
