@@ -4,7 +4,7 @@ import torch
 
 from multihead.attention import masks
 from multihead.attention.backends.memory_efficient import memory_efficient_attention, weights_for
-from multihead.attention.backends.reference import expand_kv
+from multihead.attention.ops import expand_kv
 
 
 def _ref(q, k, v, mask, is_causal):

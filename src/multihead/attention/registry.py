@@ -304,7 +304,7 @@ def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None, is_ca
 
     The same masking rules as :func:`attention`; used by analysis code that edits weights through hooks.
     """
-    from .backends.reference import probabilities
+    from .ops import probabilities
 
     from .patterns import SparsePattern
 

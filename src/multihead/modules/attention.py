@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from ..attention import masks as _masks
 from ..attention import patterns as _patterns
 from ..attention.registry import attention, attention_weights, check_backend_name, get_backend
-from ..attention.backends.reference import expand_kv
+from ..attention.ops import expand_kv
 from .hooks import HookPoint
 
 

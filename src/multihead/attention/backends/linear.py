@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..registry import Capabilities, register_backend
-from .reference import expand_kv
+from ..ops import expand_kv
 
 CHUNK = 256
 _FEATURES: dict = {}

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ..registry import Capabilities, register_backend
-from .reference import expand_kv
+from ..ops import expand_kv
 
 BLOCK_Q = 512
 BLOCK_K = 512

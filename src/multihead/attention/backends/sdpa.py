@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from ..registry import Capabilities, register_backend
-from .reference import expand_kv
+from ..ops import expand_kv
 
 
 @register_backend(

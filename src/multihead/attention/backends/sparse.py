@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..patterns import SparsePattern
 from ..registry import Capabilities, register_backend
-from .reference import expand_kv
+from ..ops import expand_kv
 
 NEG = -math.inf
 
