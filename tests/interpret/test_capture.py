@@ -70,7 +70,9 @@ def test_capture_costs_nothing_outside_the_block(monkeypatch):
     def explicit(*a, **k):
         raise AssertionError("weights were computed although nobody asked")
 
-    monkeypatch.setattr("multihead.modules.attention.attention_weights", explicit)
+    from multihead.attention import ops
+
+    monkeypatch.setattr(ops, "probabilities", explicit)  # the explicit-weights formula
     monkeypatch.setattr(registry, "attention_weights", explicit)
     with torch.no_grad():
         model(ids, keep)

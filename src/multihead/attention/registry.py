@@ -209,6 +209,38 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise TypeError(f"q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype}); cast them to one dtype")
 
 
+def _prepare_mask(q: Tensor, k: Tensor, mask, is_causal: bool):
+    """The one preparation step shared by :func:`attention` and :func:`attention_weights`: validate ``mask`` once
+    (shape, dtype, device), turn a :class:`SparsePattern` into its dense mask, and fold ``is_causal`` into the mask
+    when a mask is also given or ``Lq != Lk`` (bottom-right alignment). Returns ``(mask, is_causal)``; backends only
+    ever see ``is_causal=True`` for square, mask-free calls."""
+    from .patterns import SparsePattern
+
+    b, h, lq, _ = q.shape
+    lk = k.shape[2]
+    if isinstance(mask, SparsePattern):
+        _check_pattern(mask, b, lq, lk)
+        mask, is_causal = mask.with_causal(is_causal).dense(lq, device=q.device), False
+    if mask is not None:
+        _masks.check_mask(mask, (b, h, lq, lk))
+        if mask.device != q.device:
+            raise ValueError(f"mask is on {mask.device} but q is on {q.device}; move it with mask.to(q.device)")
+        if mask.is_floating_point() and mask.dtype != q.dtype:
+            mask = mask.to(q.dtype)
+    if is_causal and (mask is not None or lq != lk):
+        mask = _masks.merge_masks(mask, _masks.causal_mask(lq, lk, device=q.device))
+        is_causal = False
+    return mask, is_causal
+
+
+def _check_pattern(pattern, b: int, lq: int, lk: int) -> None:
+    if lq != lk:
+        raise ValueError(f"SparsePattern masks describe self-attention (Lq == Lk); got Lq={lq}, Lk={lk}")
+    if pattern.key_padding is not None and pattern.key_padding.shape != (b, lk):
+        raise ValueError(f"the pattern's key_padding must be (B, L)=({b}, {lk}), got "
+                         f"{tuple(pattern.key_padding.shape)}")
+
+
 def attention(
     q: Tensor,
     k: Tensor,
@@ -220,6 +252,7 @@ def attention(
     scale: float | None = None,
     need_weights: bool = False,
     backend: str = "auto",
+    weights_hook: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Scaled dot-product attention, ``softmax(q k^T * scale + mask) v``, over registered backends.
 
@@ -236,11 +269,15 @@ def attention(
         scale: score scale, default ``1 / sqrt(D)``.
         need_weights: also return the per-head weights ``(B, H, Lq, Lk)`` (before dropout).
         backend: a registered backend name, or ``"auto"``.
+        weights_hook: ``fn(weights) -> weights``: the weights ``(B, H, Lq, Lk)`` are computed explicitly (the
+            reference formula), passed through ``fn`` (which may read or edit them; a module's ``hook_pattern``),
+            then dropout and the values are applied here -- the one place the hooked path lives.
 
     Returns:
         ``(out, weights)``: ``out`` is ``(B, H, Lq, Dv)``; ``weights`` is None unless ``need_weights``.
         Query rows with no allowed key give zeros in both.
     """
+    from .ops import expand_kv, probabilities
     from .patterns import SparsePattern
 
     _check_qkv(q, k, v)
@@ -252,28 +289,21 @@ def attention(
     if lq == 0 or lk == 0:  # nothing to attend (or no query): zeros, as for fully masked rows, on every backend
         out = (q[..., :1] * 0).expand(b, h, lq, v.shape[-1]) + v.sum() * 0  # keeps q and v in the graph
         return out, (q.new_zeros(b, h, lq, lk) if need_weights else None)
-    if isinstance(mask, SparsePattern):
-        if lq != lk:
-            raise ValueError(f"SparsePattern masks describe self-attention (Lq == Lk); got Lq={lq}, Lk={lk}")
-        if mask.key_padding is not None and mask.key_padding.shape != (b, lk):
-            raise ValueError(f"the pattern's key_padding must be (B, L)=({b}, {lk}), got "
-                             f"{tuple(mask.key_padding.shape)}")
+    if isinstance(mask, SparsePattern) and weights_hook is None:
+        _check_pattern(mask, b, lq, lk)
         pattern = mask.with_causal(is_causal)
         chosen = resolve(backend, _call_info(q, k, pattern, dropout_p, need_weights, exact=True))
         if pattern.kind in chosen.capabilities.patterns:
             out, _ = chosen.fn(q, k, v, mask=pattern, is_causal=False, dropout_p=dropout_p, scale=scale,
                                need_weights=False)
             return out, None
-        mask, is_causal, backend = pattern.dense(lq, device=q.device), False, chosen.name  # dense equivalent
-    if mask is not None:
-        _masks.check_mask(mask, (b, h, lq, lk))
-        if mask.device != q.device:
-            raise ValueError(f"mask is on {mask.device} but q is on {q.device}; move it with mask.to(q.device)")
-        if mask.is_floating_point() and mask.dtype != q.dtype:
-            mask = mask.to(q.dtype)
-    if is_causal and (mask is not None or lq != lk):
-        mask = _masks.merge_masks(mask, _masks.causal_mask(lq, lk, device=q.device))
-        is_causal = False
+        mask, is_causal, backend = pattern, False, chosen.name  # the chosen backend gets the dense equivalent
+    mask, is_causal = _prepare_mask(q, k, mask, is_causal)
+
+    if weights_hook is not None:  # explicit weights, edited by the hook; rows with no key are zero in them
+        weights = weights_hook(probabilities(q, k, mask, scale, is_causal))  # (b, h, i, j)
+        dropped = torch.nn.functional.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+        return torch.matmul(dropped, expand_kv(v, h)), (weights if need_weights else None)  # (b, h, i, d)
 
     # Fully masked query rows: open them for the backend, zero them afterwards (no NaN, zero grads).
     row_ok = None
@@ -300,23 +330,11 @@ def attention(
 
 def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None, is_causal: bool = False,
                       scale: float | None = None) -> Tensor:
-    """Per-head weights ``softmax(q k^T * scale + mask)`` ``(B, H, Lq, Lk)``, fully masked rows zero.
-
-    The same masking rules as :func:`attention`; used by analysis code that edits weights through hooks.
-    """
+    """Per-head weights ``softmax(q k^T * scale + mask)`` ``(B, H, Lq, Lk)``, fully masked rows zero: the same
+    preparation as :func:`attention` (one validation, one causal merge), then the reference formula."""
     from .ops import probabilities
 
-    from .patterns import SparsePattern
-
     _check_qkv(q, k, k)
-    b, h, lq, d = q.shape
-    lk = k.shape[2]
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    if isinstance(mask, SparsePattern):
-        mask = mask.with_causal(is_causal).dense(lq, device=q.device)
-        is_causal = False
-    if mask is not None:
-        _masks.check_mask(mask, (b, h, lq, lk))
-    if is_causal:
-        mask = _masks.merge_masks(mask, _masks.causal_mask(lq, lk, device=q.device))
-    return probabilities(q, k, mask, scale)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    mask, is_causal = _prepare_mask(q, k, mask, is_causal)
+    return probabilities(q, k, mask, scale, is_causal)

@@ -12,8 +12,7 @@ from torch import Tensor, nn
 
 from ..attention import masks as _masks
 from ..attention import patterns as _patterns
-from ..attention.registry import attention, attention_weights, check_backend_name, get_backend
-from ..attention.ops import expand_kv
+from ..attention.registry import attention, check_backend_name, get_backend
 from .hooks import HookPoint
 
 
@@ -199,20 +198,15 @@ class MultiHeadAttention(nn.Module):
         if self.pattern is not None:
             attn_mask, is_causal = self._with_pattern(attn_mask, is_causal, q.shape[2], k.shape[2]), False
         p = self.dropout if self.training else 0.0
-        weights = None
-        if self.hook_pattern.active:
-            # A hook may read or edit the weights: compute them explicitly and apply the (edited) result.
-            weights = attention_weights(q, k, mask=attn_mask, is_causal=is_causal)  # (B, H, Lq, Lk)
-            weights = self.hook_pattern(weights)
-            dropped = nn.functional.dropout(weights, p=p) if p > 0 else weights
-            z = torch.matmul(dropped, expand_kv(v, self.num_heads))  # (B, H, Lq, D)
-        else:
-            backend = self.backend
-            if need_weights and not (backend != "auto" and get_backend(backend).capabilities.returns_weights):
-                backend = "auto"  # the fused backends return no weights: auto picks one that does
-            z, weights = attention(
-                q, k, v, mask=attn_mask, is_causal=is_causal, dropout_p=p, need_weights=need_weights, backend=backend
-            )
+        backend = self.backend
+        if need_weights and not (backend != "auto" and get_backend(backend).capabilities.returns_weights):
+            backend = "auto"  # the fused backends return no weights: auto picks one that does
+        # With a pattern hook attached, the entry point computes the weights explicitly and passes them through the
+        # hook (which may read or edit them) before dropout and the values: the same path as every other call.
+        z, weights = attention(
+            q, k, v, mask=attn_mask, is_causal=is_causal, dropout_p=p, need_weights=need_weights, backend=backend,
+            weights_hook=self.hook_pattern if self.hook_pattern.active else None,
+        )  # (B, H, Lq, D)
         z = self.hook_z(z)  # (B, H, Lq, D)
         if head_mask is not None:
             z = z * self._head_scale(head_mask, q.shape[0], z.dtype)  # (B, H, Lq, D) * (B|1, H, 1, 1)
