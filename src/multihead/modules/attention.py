@@ -155,8 +155,8 @@ class MultiHeadAttention(nn.Module):
         q = self.w_q(query).view(b, lq, h, d).transpose(1, 2)  # (B, H, Lq, D)
         k = self.w_k(key).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
         v = self.w_v(value).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
-        attn_mask = self._combine_masks(mask, key_padding_mask, b, lq, lk)
-        z, weights = self._attend(q, k, v, attn_mask, is_causal, head_mask, need_weights)
+        mask, key_padding_mask = self._check_masks(mask, key_padding_mask, b, lq, lk)
+        z, weights = self._attend(q, k, v, mask, key_padding_mask, is_causal, head_mask, need_weights)
         out = self.w_o(z.transpose(1, 2).reshape(b, lq, h * d))  # (B, H, Lq, D) -> (B, Lq, E) -> (B, Lq, E)
         if not need_weights:
             return out, None
@@ -186,17 +186,24 @@ class MultiHeadAttention(nn.Module):
             return full.view(b, l, heads, d).transpose(1, 2)
 
         q, k, v = pad(self.w_q(x), h), pad(self.w_k(x), g), pad(self.w_v(x), g)
-        z, _ = self._attend(q, k, v, keep[:, None, None, :], False, head_mask, False)  # (B, H, L, D)
+        z, _ = self._attend(q, k, v, None, keep, False, head_mask, False)  # (B, H, L, D)
         z = z.transpose(1, 2).reshape(b * l, h * d).index_select(0, index)  # (B*L, E) -> (N, E)
         return self.w_o(z)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, attn_mask, is_causal: bool, head_mask, need_weights: bool):
-        """Rotary, hooks, the kernel and the head mask on split heads: returns ``z`` ``(B, H, Lq, D)``, weights."""
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask, key_padding, is_causal: bool, head_mask,
+                need_weights: bool):
+        """Rotary, hooks, the kernel and the head mask on split heads: returns ``z`` ``(B, H, Lq, D)``, weights.
+        ``mask`` (checked, broadcastable to ``(B, H, Lq, Lk)``) and ``key_padding`` (``(B, Lk)`` bool) arrive
+        separately, so a sparse pattern takes the padding as it is (never re-derived from a tensor's shape)."""
         if self.rotary is not None:
             q, k = self.rotary(q, k)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         if self.pattern is not None:
-            attn_mask, is_causal = self._with_pattern(attn_mask, is_causal, q.shape[2], k.shape[2]), False
+            attn_mask, is_causal = self._with_pattern(mask, key_padding, is_causal, q.shape[2], k.shape[2]), False
+        elif key_padding is not None:
+            attn_mask = _masks.merge_masks(mask, key_padding[:, None, None, :])  # (B, 1, 1, Lk)
+        else:
+            attn_mask = mask
         p = self.dropout if self.training else 0.0
         backend = self.backend
         if need_weights and not (backend != "auto" and get_backend(backend).capabilities.returns_weights):
@@ -213,18 +220,16 @@ class MultiHeadAttention(nn.Module):
         return z, weights
 
     # ------------------------------------------------------------------ helpers
-    def _with_pattern(self, attn_mask, is_causal: bool, lq: int, lk: int):
-        """The module's sparse pattern combined with the call's mask: key padding is bound to the pattern (it stays
-        sparse); any other mask falls back to the pattern's dense mask merged with it."""
+    def _with_pattern(self, mask, key_padding, is_causal: bool, lq: int, lk: int):
+        """The module's sparse pattern with the call's key padding bound to it (it stays sparse); any other mask
+        falls back to the pattern's dense mask merged with it."""
         if lq != lk:
             raise ValueError("a sparse attention pattern needs self-attention (Lq == Lk); build cross-attention "
                              "modules without pattern=")
-        pattern = self.pattern.with_causal(is_causal)
-        if attn_mask is None:
+        pattern = self.pattern.with_causal(is_causal).pad(key_padding)
+        if mask is None:
             return pattern
-        if attn_mask.dtype == torch.bool and attn_mask.dim() == 4 and attn_mask.shape[1:3] == (1, 1):
-            return pattern.pad(attn_mask[:, 0, 0, :].expand(-1, lk))  # (B, Lk) key padding
-        return _masks.merge_masks(attn_mask, pattern.dense(lq, device=attn_mask.device))
+        return _masks.merge_masks(mask, pattern.dense(lq, device=mask.device))
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, t, width in (("query", query, self.d_model), ("key", key, self.kdim), ("value", value, self.vdim)):
@@ -242,7 +247,8 @@ class MultiHeadAttention(nn.Module):
         if query.shape[0] != key.shape[0]:
             raise ValueError(f"query batch {query.shape[0]} != key batch {key.shape[0]}")
 
-    def _combine_masks(self, mask, key_padding_mask, b: int, lq: int, lk: int) -> Tensor | None:
+    def _check_masks(self, mask, key_padding_mask, b: int, lq: int, lk: int) -> tuple[Tensor | None, Tensor | None]:
+        """The call's masks, checked: ``mask`` made 4-D-broadcastable, ``key_padding_mask`` ``(B, Lk)`` bool."""
         if mask is not None:
             if mask.dim() == 3:
                 mask = mask.unsqueeze(1)  # (B, Lq|1, Lk) -> (B, 1, Lq|1, Lk): shared by heads
@@ -265,8 +271,7 @@ class MultiHeadAttention(nn.Module):
                 )
             _masks.check_mask(key_padding_mask[:, None, None, :], (b, self.num_heads, lq, lk), name="key_padding_mask")
             _masks.warn_if_inverted_padding(key_padding_mask)
-            mask = _masks.merge_masks(mask, key_padding_mask[:, None, None, :])  # (B, 1, 1, Lk)
-        return mask
+        return mask, key_padding_mask
 
     def _head_scale(self, head_mask: Tensor, b: int, dtype) -> Tensor:
         h = self.num_heads
