@@ -145,7 +145,8 @@ def _sibling(out: Path, suffix: str) -> Path:
 
 class folder_lock:
     """Exclusive lock on writing folder ``out`` (``with folder_lock(out): ...``). Refuses at once, naming the
-    holder's pid, when another process holds it. Re-entrant within one process."""
+    holder's pid, when another process holds it. Re-entrant within one process. On acquiring it, what a killed
+    writer left is cleaned up (:func:`recover`)."""
 
     _held: dict[str, int] = {}
 
@@ -174,6 +175,11 @@ class folder_lock:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self.fd = fd
         self._held[key] = 1
+        try:  # whoever takes the lock first cleans what a killed writer left (a resume too, not only a new build)
+            recover(self.path.parent / self.path.name[1:-len(".lock")])
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
@@ -275,9 +281,8 @@ class Publish:
     def __enter__(self) -> Path:
         if self.check:
             check_target(self.out, self.kind, overwrite=self.overwrite, sources=self.sources)
-        self._lock.__enter__()
+        self._lock.__enter__()  # also recovers from a writer killed mid-swap
         try:
-            recover(self.out)
             self.staged.mkdir(parents=True)
         except BaseException:
             self._lock.__exit__(None, None, None)

@@ -68,7 +68,7 @@ def refused(proc: subprocess.CompletedProcess, *fragments: str) -> str:
     assert proc.returncode == 2, (proc.returncode, proc.stdout[-1500:], proc.stderr[-1500:])
     assert "Traceback" not in proc.stderr
     assert "internal error" not in proc.stderr, proc.stderr
-    assert proc.stderr.startswith("error:") or "\nerror:" in proc.stderr or "error:" in proc.stderr, proc.stderr
+    assert "error:" in proc.stderr, proc.stderr
     for f in fragments:
         assert f.lower() in proc.stderr.lower(), (f, proc.stderr)
     return proc.stderr

@@ -3,12 +3,11 @@ and 9 of the reliability issue)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from robust_helpers import refused, run_cli, snapshot, tiny_train_args
+from robust_helpers import refused, run_cli, tiny_train_args
 
 
 def _csv(path: Path, text: str, encoding: str = "utf-8") -> Path:
@@ -219,7 +218,3 @@ def test_cli_prints_internal_errors_without_traceback(monkeypatch, capsys):
     assert cli.main(["backends"]) == 70
     err = capsys.readouterr().err
     assert "internal error: RuntimeError: deliberate" in err and "bug" in err and "Traceback" not in err
-
-
-def test_python_version_is_supported():
-    assert sys.version_info >= (3, 10)

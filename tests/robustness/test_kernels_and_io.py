@@ -198,3 +198,16 @@ def test_flex_sees_in_place_edits_of_a_reused_mask_buffer():
         mask[..., 64:] = False  # the same buffer, edited in place
         out, _ = mh.attention(q, k, v, mask=mask, backend="flex")
     assert (out.double() - _formula(q, k, v, mask.expand(1, 2, 128, 128))).abs().max() < 1e-5
+
+
+def test_any_writer_taking_the_lock_cleans_a_killed_swap(tmp_path):
+    """Killed after the exchange but before removing the old folder: the next lock holder (a resume too) removes it."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "new").write_text("new")
+    leftover = tmp_path / ".run.new"
+    leftover.mkdir()
+    (leftover / "old").write_text("old")
+    with _io.folder_lock(out):
+        pass
+    assert not leftover.exists() and (out / "new").read_text() == "new"

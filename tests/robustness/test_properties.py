@@ -6,7 +6,6 @@ import csv
 import json
 import math
 
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
