@@ -187,13 +187,19 @@ def _names(num_layers: int) -> dict[str, str]:
     return {f"{hf}.{p}": f"{ours}.{p}" for hf, ours in table for p in ("weight", "bias")}
 
 
+def _hf_key(name: str) -> str:
+    """An HF tensor name in BertModel's spelling: ``bert.`` dropped (BertFor* checkpoints nest the model under it),
+    old TF-style ``LayerNorm.gamma/beta`` as ``weight/bias``."""
+    name = name[5:] if name.startswith("bert.") else name
+    return name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+
+
 def hf_to_ours(tensors: dict[str, Tensor], num_layers: int) -> tuple[dict[str, Tensor], list[str]]:
     """Rename HF tensors to our parameter names; returns (state dict, names of HF tensors ignored)."""
     lookup = _names(num_layers)
     out, ignored = {}, []
     for name, t in tensors.items():
-        name = name[5:] if name.startswith("bert.") else name  # BertFor* checkpoints nest the model under bert.
-        name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+        name = _hf_key(name)
         if name in lookup:
             out[lookup[name]] = t
         elif _IGNORED.match(name):
@@ -348,8 +354,7 @@ def _check_weight_shapes(config: TextEncoderConfig, folder: Path) -> None:
     lookup = _names(layers)
     renamed = {}
     for name, shape in found.items():
-        n = name[5:] if name.startswith("bert.") else name
-        n = n.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+        n = _hf_key(name)
         if n in lookup:
             renamed[lookup[n]] = shape
         elif not _IGNORED.match(n):

@@ -140,16 +140,19 @@ def test_publish_swaps_whole_folders_and_cleans_up_on_error(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [".show.lock", "show"]
 
 
+def _folder_with(path, name: str):
+    """A folder holding one file ``name`` whose text is ``name``."""
+    path.mkdir()
+    (path / name).write_text(name)
+    return path
+
+
 @pytest.mark.parametrize("exchange", [True, False])
 def test_swap_and_recovery_without_renameat2(tmp_path, monkeypatch, exchange):
     if not exchange:
         monkeypatch.setattr(_io, "_renameat2_exchange", lambda a, b: False)
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / "old").write_text("old")
-    staged = tmp_path / ".run.new"
-    staged.mkdir()
-    (staged / "new").write_text("new")
+    out = _folder_with(tmp_path / "run", "old")
+    staged = _folder_with(tmp_path / ".run.new", "new")
     _io.swap_in(staged, out)
     assert [p.name for p in out.iterdir()] == ["new"] and not staged.exists()
     # a writer killed between the two renames of the fallback: out is gone, .run.old holds it
@@ -202,12 +205,8 @@ def test_flex_sees_in_place_edits_of_a_reused_mask_buffer():
 
 def test_any_writer_taking_the_lock_cleans_a_killed_swap(tmp_path):
     """Killed after the exchange but before removing the old folder: the next lock holder (a resume too) removes it."""
-    out = tmp_path / "run"
-    out.mkdir()
-    (out / "new").write_text("new")
-    leftover = tmp_path / ".run.new"
-    leftover.mkdir()
-    (leftover / "old").write_text("old")
+    out = _folder_with(tmp_path / "run", "new")
+    leftover = _folder_with(tmp_path / ".run.new", "old")
     with _io.folder_lock(out):
         pass
     assert not leftover.exists() and (out / "new").read_text() == "new"

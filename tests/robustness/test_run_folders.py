@@ -108,7 +108,7 @@ def test_an_interrupted_run_gives_one_consistent_advice(tmp_path, data_csv):
     assert run_cli("predict", out, "good film").returncode == 0
 
 
-def test_resume_reapplies_the_recorded_thread_count(trained_run):
+def test_the_thread_count_is_recorded_for_resume(trained_run):
     config = json.loads((trained_run / "config.json").read_text())
     assert config["train"]["run"]["threads"] == 1  # recorded, so a resume uses the same reduction order
 
