@@ -21,7 +21,7 @@ Layout (the architecture at a glance):
 
 The layers are checked by ``lint-imports`` (``pyproject.toml``); README "Architecture" says where new code goes.
 """
-from .attention import attention, attention_weights, explain, list_backends, masks, register_backend
+from .attention import AttnMask, attention, attention_weights, explain, list_backends, masks, register_backend
 from .models import ClassifierConfig, TextEncoder, TextEncoderConfig, TransformerClassifier
 from .modules import (
     EncoderBlock,
@@ -40,6 +40,7 @@ PositionalEncoding = SinusoidalPositionalEncoding  # the tutorial's name
 
 __version__ = "0.1.0"
 __all__ = [
+    "AttnMask",
     "ClassifierConfig",
     "EncoderBlock",
     "EncoderConfig",

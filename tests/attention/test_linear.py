@@ -30,7 +30,7 @@ def test_elu_matches_its_quadratic_form_with_padding_and_causal():
         if causal:
             a = a.tril()
         ref = (a @ v) / a.sum(-1, keepdim=True)
-        out = elu_attention(q, k, v, mask=keep[:, None, None, :], is_causal=causal)
+        out = elu_attention(q, k, v, key_padding=keep, is_causal=causal)
         assert (out - ref).abs().max().item() < 1e-10, causal
 
 
@@ -52,7 +52,7 @@ def test_performer_causal_and_padding_follow_softmax():
     keep = torch.arange(96)[None, :] < torch.tensor([96, 50])[:, None]
     for causal in (False, True):
         exact = _softmax_attention(q, k, v, keep, causal)
-        approx = performer_attention(q, k, v, num_features=1024, mask=keep[:, None, None, :], is_causal=causal)
+        approx = performer_attention(q, k, v, num_features=1024, key_padding=keep, is_causal=causal)
         assert (approx - exact)[0].abs().mean().item() < 0.03 and (approx - exact)[1, :, :50].abs().mean() < 0.03
 
 

@@ -38,10 +38,9 @@ def test_register_a_new_backend_and_auto_uses_it():
     calls = []
 
     @register_backend("test_spy", Capabilities(returns_weights=False), priority=1000)
-    def spy(q, k, v, *, mask, is_causal, dropout_p, scale, need_weights):
+    def spy(q, k, v, *, mask, dropout_p, scale, need_weights):
         calls.append(scale)
-        return _REGISTRY["sdpa"].fn(q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale,
-                                    need_weights=need_weights)
+        return _REGISTRY["sdpa"].fn(q, k, v, mask=mask, dropout_p=dropout_p, scale=scale, need_weights=need_weights)
 
     try:
         q, k, v = qkv()

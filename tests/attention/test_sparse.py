@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import multihead as mh
+from multihead.attention import AttnMask
 from multihead.attention.patterns import SparsePattern
 
 PATTERNS = {
@@ -39,12 +40,11 @@ def test_sparse_backend_equals_reference_under_dense_mask(name, padded, gqa):
     q = torch.randn(b, h, length, d, generator=gen, dtype=torch.float64)
     k = torch.randn(b, g, length, d, generator=gen, dtype=torch.float64)
     v = torch.randn(b, g, length, d, generator=gen, dtype=torch.float64)
-    if padded:
-        keep = torch.arange(length)[None, :] < torch.tensor([length, 40])[:, None]
-        pattern = pattern.pad(keep)
+    keep = torch.arange(length)[None, :] < torch.tensor([length, 40])[:, None] if padded else None
     backend = "window" if pattern.kind == "window" else "block_sparse"
-    dense = pattern.dense(length)
-    assert dense.float().mean() < 1 or name == "window-wide"  # a real sparsity pattern (wide: w > L)
+    assert pattern.dense(length).float().mean() < 1 or name == "window-wide"  # a real pattern (wide: w > L)
+    mask = AttnMask(pattern=pattern, key_padding=keep)
+    dense = mask.dense(length, length)
 
     def run(fn):
         ts = [t.clone().requires_grad_(True) for t in (q, k, v)]
@@ -52,7 +52,7 @@ def test_sparse_backend_equals_reference_under_dense_mask(name, padded, gqa):
         out.backward(torch.ones_like(out) * torch.linspace(-1, 1, d, dtype=out.dtype))
         return out.detach(), [t.grad for t in ts]
 
-    out, grads = run(lambda a, bb, c: mh.attention(a, bb, c, mask=pattern, backend=backend)[0])
+    out, grads = run(lambda a, bb, c: mh.attention(a, bb, c, mask=mask, backend=backend)[0])
     ref, ref_grads = run(lambda a, bb, c: explicit(a, bb, c, dense))
     assert (out - ref).abs().max().item() < 1e-10
     for x, y in zip(grads, ref_grads):

@@ -1,5 +1,6 @@
 """Attention kernels behind one entry point, and the mask convention. See :mod:`.registry`."""
 from . import masks
+from .attn_mask import AttnMask
 from .registry import (
     Backend,
     Capabilities,
@@ -14,6 +15,7 @@ from .registry import (
 from . import backends as _backends  # noqa: F401  (registers reference, sdpa)
 
 __all__ = [
+    "AttnMask",
     "Backend",
     "Capabilities",
     "attention",

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "causal_allowed",
     "causal_mask",
     "key_padding_mask",
     "from_torch_mask",
@@ -35,8 +36,14 @@ __all__ = [
 ]
 
 
-def causal_mask(q_len: int, k_len: int | None = None, *, device=None) -> Tensor:
-    """Bool causal mask ``(Lq, Lk)``, True = may attend, aligned to the **bottom right**.
+def causal_allowed(i: Tensor, j: Tensor, offset: int) -> Tensor:
+    """The causal rule, written once: query ``i`` (at absolute position ``i + offset``) may attend key ``j`` iff
+    ``j <= i + offset``. Every causal mask, tile and ``mask_mod`` in multihead evaluates this on its own indices."""
+    return j <= i + offset
+
+
+def causal_mask(q_len: int, k_len: int | None = None, *, offset: int | None = None, device=None) -> Tensor:
+    """Bool causal mask ``(Lq, Lk)``, True = may attend, aligned to the **bottom right** by default.
 
     Query ``i`` sits at absolute position ``i + (Lk - Lq)`` and may attend to keys ``j <= i + (Lk - Lq)``. With
     ``Lq == Lk`` this is the usual lower triangle. With a KV cache (``Lq < Lk``: new queries after cached keys)
@@ -51,11 +58,15 @@ def causal_mask(q_len: int, k_len: int | None = None, *, device=None) -> Tensor:
 
     This is FlashAttention's alignment (>= 2.1). Note that ``F.scaled_dot_product_attention(is_causal=True)`` aligns
     to the top left instead; multihead never relies on that for ``Lq != Lk``.
+
+    ``offset`` overrides the alignment: query ``i`` sits at absolute position ``i + offset`` (a KV cache whose buffer
+    holds ``Lk`` slots of which the first ``offset`` are filled: the empty slots lie in every query's future).
     """
     k_len = q_len if k_len is None else k_len
+    offset = k_len - q_len if offset is None else offset
     i = torch.arange(q_len, device=device).unsqueeze(1)  # (i, 1)
     j = torch.arange(k_len, device=device).unsqueeze(0)  # (1, j)
-    return j <= i + (k_len - q_len)  # (i, j)
+    return causal_allowed(i, j, offset)  # (i, j)
 
 
 def key_padding_mask(lengths: Tensor | list[int], max_len: int | None = None, *, device=None) -> Tensor:

@@ -4,8 +4,15 @@ another backend; they all import from here.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
+
+from . import masks as _masks
+
+if TYPE_CHECKING:
+    from .attn_mask import AttnMask
 
 
 def expand_kv(x: Tensor, num_heads: int) -> Tensor:
@@ -16,30 +23,41 @@ def expand_kv(x: Tensor, num_heads: int) -> Tensor:
     return x[:, :, None].expand(b, g, num_heads // g, j, d).reshape(b, num_heads, j, d)  # (b, h, j, d)
 
 
-def probabilities(q: Tensor, k: Tensor, mask: Tensor | None, scale: float, is_causal: bool = False) -> Tensor:
-    """Softmax weights ``(b, h, i, j)`` in q's dtype; rows with no allowed key are zero."""
+def probabilities(q: Tensor, k: Tensor, mask: "AttnMask | None", scale: float) -> Tensor:
+    """Softmax weights ``(b, h, i, j)`` in q's dtype under a structured ``mask`` (every part applied through its
+    dense form); rows with no allowed key are zero."""
     k = expand_kv(k, q.shape[1])
     acc = torch.promote_types(q.dtype, torch.float32)  # fp32 for half types; fp64 stays fp64 (no silent rounding)
     scores = torch.matmul(q, k.transpose(-2, -1)).to(acc) * scale  # (b, h, i, j)
+    dense = None if mask is None else mask.dense(q.shape[2], k.shape[2], q.device)
+    if dense is None:
+        return torch.softmax(scores, dim=-1).to(q.dtype)
     neg = -torch.finfo(acc).max
-    row_ok = None
-    if is_causal:
-        lq, lk = q.shape[2], k.shape[2]
-        i = torch.arange(lq, device=q.device)[:, None]
-        j = torch.arange(lk, device=q.device)[None, :]
-        scores = scores.masked_fill(j > i + (lk - lq), neg)
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, neg)
-            row_ok = mask.any(dim=-1, keepdim=True)
-        else:
-            # -inf entries become -max: no NaN in softmax, and clamp's gradient is zero there.
-            scores = (scores + mask.to(acc)).clamp_min(neg)
-            row_ok = (scores > neg).any(dim=-1, keepdim=True)
-    weights = torch.softmax(scores, dim=-1)
-    if row_ok is not None:
-        weights = weights.masked_fill(~row_ok, 0.0)
-    return weights.to(q.dtype)
+    if dense.dtype == torch.bool:
+        scores = scores.masked_fill(~dense, neg)
+        row_ok = dense.any(dim=-1, keepdim=True)
+    else:
+        # -inf entries become -max: no NaN in softmax, and clamp's gradient is zero there.
+        scores = (scores + dense.to(acc)).clamp_min(neg)
+        row_ok = (scores > neg).any(dim=-1, keepdim=True)
+    return zero_rows(torch.softmax(scores, dim=-1), row_ok).to(q.dtype)
 
 
-__all__ = ["expand_kv", "probabilities"]
+def open_empty_rows(mask: Tensor) -> tuple[Tensor, Tensor | None]:
+    """Fully masked query rows, written once for every kernel that cannot take them (fused kernels return NaN
+    there): ``(mask with those rows opened, row_ok)``, ``row_ok`` ``(b?, h?, i?, 1)`` bool or None when every row has
+    a key. Run the kernel on the opened mask, then :func:`zero_rows` its output (and weights) with ``row_ok``: the
+    rows come out exactly zero, with zero gradients."""
+    allowed = mask if mask.dtype == torch.bool else ~_masks.is_masked(mask)
+    row_ok = allowed.any(dim=-1, keepdim=True)
+    if bool(row_ok.all()):
+        return mask, None
+    return (mask | ~row_ok if mask.dtype == torch.bool else mask.masked_fill(~row_ok, 0.0)), row_ok
+
+
+def zero_rows(x: Tensor, row_ok: Tensor | None) -> Tensor:
+    """``x`` with the rows where ``row_ok`` is False set to zero (see :func:`open_empty_rows`)."""
+    return x if row_ok is None else x.masked_fill(~row_ok, 0.0)
+
+
+__all__ = ["expand_kv", "open_empty_rows", "probabilities", "zero_rows"]

@@ -8,8 +8,12 @@ build the equivalent dense mask (so every sparse backend is tested against the r
   ``window_blocks`` neighbours on each side, the first ``global_blocks`` blocks, and ``random_blocks`` other blocks
   drawn with ``seed``; the global blocks attend to everything.
 
-``key_padding`` (``(B, L)`` bool, True = real token) can be bound to a pattern with :meth:`SparsePattern.pad`.
-Patterns describe square self-attention (``Lq == Lk``).
+A pattern is geometry only: key padding travels beside it in :class:`~multihead.attention.attn_mask.AttnMask`
+(``AttnMask(pattern=p, key_padding=keep)``). Patterns describe square self-attention (``Lq == Lk``).
+
+Each rule is written once, as a function of query and key *positions* (:meth:`SparsePattern.rule`, and
+:func:`window_band` for the band itself): the dense mask, FlexAttention's ``mask_mod`` and the sparse kernels' tiles
+all evaluate it on their own index tensors.
 """
 from __future__ import annotations
 
@@ -17,6 +21,14 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
+
+from .masks import causal_allowed
+
+
+def window_band(d: Tensor, window: int, dilation: int = 1) -> Tensor:
+    """The sliding-window rule on query-minus-key distances ``d``: ``|d| <= window * dilation`` and ``d`` a
+    multiple of ``dilation`` (Longformer)."""
+    return (d.abs() <= window * dilation) & (d % dilation == 0)
 
 
 @dataclass(frozen=True)
@@ -30,7 +42,6 @@ class SparsePattern:
     global_blocks: int = 1
     random_blocks: int = 0
     seed: int = 0
-    key_padding: Tensor | None = None  # (B, L) bool, True = real token
 
     def __post_init__(self) -> None:
         if (self.window is None) == (self.block is None):
@@ -45,10 +56,6 @@ class SparsePattern:
     @property
     def kind(self) -> str:
         return "window" if self.window is not None else "block"
-
-    def pad(self, key_padding: Tensor | None) -> "SparsePattern":
-        """This pattern restricted to real keys (``(B, L)`` bool, True = real token)."""
-        return replace(self, key_padding=key_padding)
 
     def with_causal(self, causal: bool = True) -> "SparsePattern":
         return replace(self, causal=self.causal or causal)
@@ -72,29 +79,34 @@ class SparsePattern:
             lay &= idx[:, None] >= idx[None, :]
         return lay
 
-    def dense(self, length: int, device=None) -> Tensor:
-        """The equivalent dense mask: ``(L, L)`` bool, or ``(B, 1, L, L)`` with ``key_padding``."""
-        i = torch.arange(length, device=device)[:, None]
-        j = torch.arange(length, device=device)[None, :]
+    def rule(self, length: int, device=None):
+        """``allowed(i, j) -> bool tensor`` for query positions ``i`` and key positions ``j`` (any broadcastable
+        index tensors) of a length-``length`` sequence: the one definition of this pattern."""
         if self.kind == "window":
-            d = i - j
-            m = (d.abs() <= self.window * self.dilation) & (d % self.dilation == 0)
-            if self.global_tokens:
-                g = torch.zeros(length, dtype=torch.bool, device=device)
-                g[[t for t in self.global_tokens if t < length]] = True
-                m = m | g[:, None] | g[None, :]
+            g = torch.zeros(length, dtype=torch.bool, device=device)
+            g[[t for t in self.global_tokens if 0 <= t < length]] = True
+            w, dil = self.window, self.dilation
+
+            def allowed(i, j):
+                ok = window_band(i - j, w, dil)
+                return (ok | g[i] | g[j]) if self.global_tokens else ok
         else:
-            nb = -(-length // self.block)
-            lay = self.block_layout(nb).to(device)
-            m = lay[i // self.block, j // self.block]
-        if self.causal:
-            m = m & (j <= i)
-        if self.key_padding is not None:
-            m = m[None, None] & self.key_padding[:, None, None, :].to(device)
-        return m
+            layout, bs = self.block_layout(-(-length // self.block)).to(device), self.block
+
+            def allowed(i, j):
+                return layout[i // bs, j // bs]
+
+        if not self.causal:
+            return allowed
+        return lambda i, j: allowed(i, j) & causal_allowed(i, j, 0)
+
+    def dense(self, length: int, device=None) -> Tensor:
+        """The equivalent dense mask ``(L, L)`` bool (True = may attend)."""
+        i = torch.arange(length, device=device)
+        return self.rule(length, device)(i[:, None], i[None, :])
 
     def density(self, length: int) -> float:
-        return float(self.pad(None).dense(length).float().mean())
+        return float(self.dense(length).float().mean())
 
 
 def as_pattern(spec: dict | SparsePattern | None) -> SparsePattern | None:

@@ -5,18 +5,21 @@ Shape legend: ``b`` batch, ``h`` query heads, ``g`` key/value heads (``h % g == 
 
 A backend is a plain function with one signature::
 
-    fn(q, k, v, *, mask, is_causal, dropout_p, scale, need_weights) -> (out, weights | None)
+    fn(q, k, v, *, mask, dropout_p, scale, need_weights) -> (out, weights | None)
 
-    q: (b, h, i, d)   k, v: (b, g, j, d)   mask: None | bool/float broadcastable to (b, h, i, j)
+    q: (b, h, i, d)   k, v: (b, g, j, d)   mask: None | AttnMask holding only the parts the backend declared
     out: (b, h, i, d)  weights: (b, h, i, j) (only when need_weights and the backend declares it can)
 
 The entry point does everything shared, once, so that backends stay small and all agree:
 
-* validates shapes and masks (errors name the fix);
-* resolves ``is_causal`` into the mask when a mask is also given or ``Lq != Lk`` (bottom-right alignment, see
-  :func:`multihead.masks.causal_mask`), so backends only see ``is_causal=True`` for square, mask-free calls;
-* makes fully masked query rows safe: they are opened before the backend runs and zeroed after, so their output,
-  weights and gradients are exactly zero on every backend and dtype (PyTorch's MHA returns NaN there).
+* converts what the caller passed (a tensor, ``is_causal=``, a ``SparsePattern``, an ``AttnMask``) into one
+  :class:`~multihead.attention.attn_mask.AttnMask` and validates it once (errors name the fix);
+* hands the chosen backend the parts it declared native (``Capabilities.mask_parts``, ``.patterns``) and densifies
+  the rest into the mask's tensor part, once (:meth:`AttnMask.for_backend`);
+* makes fully masked query rows of that tensor part safe: opened before the backend runs and zeroed after
+  (:func:`~multihead.attention.ops.open_empty_rows`), so their output, weights and gradients are exactly zero on every
+  backend and dtype (PyTorch's MHA returns NaN there). Backends that take parts natively zero such rows themselves
+  (a contract the backend test matrix checks).
 
 Modules pick a backend by name once; they never branch on it. ``backend="auto"`` takes the highest-priority
 backend whose declared capabilities cover the call; :func:`explain` says why the others were skipped.
@@ -30,7 +33,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from . import masks as _masks
+from .attn_mask import AttnMask, describe, split_parts
 
 BackendFn = Callable[..., "tuple[Tensor, Optional[Tensor]]"]
 
@@ -46,6 +49,7 @@ class Capabilities:
     exact: bool = True
     devices: tuple[str, ...] = ("cpu", "cuda")
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+    mask_parts: tuple[str, ...] = ("tensor", "causal_alone")  # AttnMask parts run natively (see attn_mask.PARTS)
     patterns: tuple[str, ...] = ()  # SparsePattern kinds run natively (others get the pattern's dense mask)
     requires_pattern: bool = False  # runs only SparsePattern masks (sparse backends)
     backward_devices: tuple[str, ...] = ("cpu", "cuda")  # where gradients flow through it
@@ -69,7 +73,7 @@ class Backend:
         c = self.capabilities
         if call.need_weights and not c.returns_weights:
             return "does not return attention weights (need_weights=True)"
-        if call.has_mask and not c.supports_mask:
+        if call.mask_parts and not c.supports_mask:
             return "does not support masks"
         if call.dropout_p > 0 and not c.supports_dropout:
             return "does not support attention dropout"
@@ -86,6 +90,10 @@ class Backend:
         if c.requires_pattern and call.pattern not in c.patterns:
             return (f"runs only SparsePattern masks of kind {'/'.join(c.patterns)}; pass mask=SparsePattern(...)"
                     if call.pattern is None else f"does not run {call.pattern} patterns")
+        natives = c.mask_parts + c.patterns
+        _, rest = split_parts(natives, call.mask_parts, call.square_causal)
+        if rest and "tensor" not in natives:
+            return f"takes only {describe(natives)}, not {describe(rest, call.square_causal)}"
         return self.check(call)
 
 
@@ -94,11 +102,12 @@ class CallInfo:
     device: str
     dtype: torch.dtype
     need_weights: bool
-    has_mask: bool
+    mask_parts: frozenset  # the AttnMask's parts (attn_mask.PARTS names, "causal", the pattern's kind)
     dropout_p: float
     gqa: bool
     exact: bool = True
-    pattern: Optional[str] = None  # the SparsePattern kind, when the mask is one
+    pattern: Optional[str] = None  # the SparsePattern kind, when the mask has one
+    square_causal: bool = False  # the causal part has Lq == Lk and offset 0
     needs_grad: bool = False  # grad mode is on and an input requires grad
     sizes: tuple = ()  # (Lq, Lk, D): for backends whose correctness depends on the shape (see flex)
 
@@ -147,20 +156,21 @@ def check_backend_name(name: str) -> str:
     return name
 
 
-def _call_info(q: Tensor, k: Tensor, mask, dropout_p: float, need_weights: bool, exact: bool) -> CallInfo:
-    from .patterns import SparsePattern
-
+def _call_info(q: Tensor, k: Tensor, mask: AttnMask | None, dropout_p: float, need_weights: bool,
+               exact: bool) -> CallInfo:
+    lq, lk = q.shape[2], k.shape[2]
     return CallInfo(
         device=q.device.type,
         dtype=q.dtype,
         need_weights=need_weights,
-        has_mask=mask is not None,
+        mask_parts=frozenset() if mask is None else mask.parts,
         dropout_p=dropout_p,
         gqa=q.shape[1] != k.shape[1],
         exact=exact,
-        pattern=mask.kind if isinstance(mask, SparsePattern) else None,
+        pattern=None if mask is None or mask.pattern is None else mask.pattern.kind,
+        square_causal=mask is not None and mask.square_causal(lq, lk),
         needs_grad=torch.is_grad_enabled() and any(t.requires_grad for t in (q, k)),
-        sizes=(q.shape[2], k.shape[2], q.shape[3]),
+        sizes=(lq, lk, q.shape[3]),
     )
 
 
@@ -182,7 +192,7 @@ def resolve(name: str, call: CallInfo) -> Backend:
 def explain(q: Tensor, k: Tensor, *, mask=None, dropout_p: float = 0.0, need_weights: bool = False,
             exact: bool = True) -> list[tuple[str, Optional[str]]]:
     """For each backend in ``auto``'s order: ``(name, None)`` if capable, else ``(name, reason it was skipped)``."""
-    call = _call_info(q, k, mask, dropout_p, need_weights, exact)
+    call = _call_info(q, k, AttnMask.of(mask), dropout_p, need_weights, exact)
     return [(b.name, b.why_not(call)) for b in sorted(_REGISTRY.values(), key=lambda b: -b.priority)]
 
 
@@ -209,36 +219,15 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise TypeError(f"q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype}); cast them to one dtype")
 
 
-def _prepare_mask(q: Tensor, k: Tensor, mask, is_causal: bool):
-    """The one preparation step shared by :func:`attention` and :func:`attention_weights`: validate ``mask`` once
-    (shape, dtype, device), turn a :class:`SparsePattern` into its dense mask, and fold ``is_causal`` into the mask
-    when a mask is also given or ``Lq != Lk`` (bottom-right alignment). Returns ``(mask, is_causal)``; backends only
-    ever see ``is_causal=True`` for square, mask-free calls."""
-    from .patterns import SparsePattern
-
-    b, h, lq, _ = q.shape
-    lk = k.shape[2]
-    if isinstance(mask, SparsePattern):
-        _check_pattern(mask, b, lq, lk)
-        mask, is_causal = mask.with_causal(is_causal).dense(lq, device=q.device), False
-    if mask is not None:
-        _masks.check_mask(mask, (b, h, lq, lk))
-        if mask.device != q.device:
-            raise ValueError(f"mask is on {mask.device} but q is on {q.device}; move it with mask.to(q.device)")
-        if mask.is_floating_point() and mask.dtype != q.dtype:
-            mask = mask.to(q.dtype)
-    if is_causal and (mask is not None or lq != lk):
-        mask = _masks.merge_masks(mask, _masks.causal_mask(lq, lk, device=q.device))
-        is_causal = False
-    return mask, is_causal
-
-
-def _check_pattern(pattern, b: int, lq: int, lk: int) -> None:
-    if lq != lk:
-        raise ValueError(f"SparsePattern masks describe self-attention (Lq == Lk); got Lq={lq}, Lk={lk}")
-    if pattern.key_padding is not None and pattern.key_padding.shape != (b, lk):
-        raise ValueError(f"the pattern's key_padding must be (B, L)=({b}, {lk}), got "
-                         f"{tuple(pattern.key_padding.shape)}")
+def _prepare(q: Tensor, k: Tensor, v: Tensor, mask, is_causal: bool, scale) -> tuple[AttnMask | None, float]:
+    """The one preparation step of :func:`attention` and :func:`attention_weights`: shapes checked, the mask made
+    structured and validated once, the scale resolved."""
+    _check_qkv(q, k, v)
+    b, h, lq, d = q.shape
+    am = AttnMask.of(mask, is_causal=is_causal)
+    if am is not None:
+        am = am.check(b, h, lq, k.shape[2], q.device, q.dtype)
+    return am, (1.0 / math.sqrt(d) if scale is None else float(scale))
 
 
 def attention(
@@ -246,7 +235,7 @@ def attention(
     k: Tensor,
     v: Tensor,
     *,
-    mask: Tensor | None = None,
+    mask=None,
     is_causal: bool = False,
     dropout_p: float = 0.0,
     scale: float | None = None,
@@ -260,9 +249,11 @@ def attention(
         q: ``(B, H, Lq, D)`` queries.
         k: ``(B, Hkv, Lk, D)`` keys; ``H % Hkv == 0`` (``Hkv < H``: grouped-query / multi-query attention).
         v: ``(B, Hkv, Lk, Dv)`` values.
-        mask: bool (True = may attend) or float (added to the scores), broadcastable to ``(B, H, Lq, Lk)``; or a
-            :class:`~multihead.attention.patterns.SparsePattern` (self-attention): sparse backends run it without
-            building ``Lq x Lk``, every other backend gets its dense mask.
+        mask: an :class:`~multihead.attention.attn_mask.AttnMask` (key padding, causal with an offset, a sparse
+            pattern, a dense part), or its parts as callers have them: a bool (True = may attend) or float (added to
+            the scores) tensor broadcastable to ``(B, H, Lq, Lk)``, or a
+            :class:`~multihead.attention.patterns.SparsePattern` (self-attention): sparse backends run patterns
+            without building ``Lq x Lk``, every other backend gets their dense form.
         is_causal: forbid keys after each query, aligned to the bottom right when ``Lq != Lk``
             (see :func:`multihead.masks.causal_mask`). Combined with ``mask`` when both are given.
         dropout_p: dropout on the attention weights (pass 0 in eval).
@@ -277,64 +268,40 @@ def attention(
         ``(out, weights)``: ``out`` is ``(B, H, Lq, Dv)``; ``weights`` is None unless ``need_weights``.
         Query rows with no allowed key give zeros in both.
     """
-    from .ops import expand_kv, probabilities
-    from .patterns import SparsePattern
+    from .ops import expand_kv, open_empty_rows, probabilities, zero_rows
 
-    _check_qkv(q, k, v)
-    b, h, lq, d = q.shape
+    am, scale = _prepare(q, k, v, mask, is_causal, scale)
+    b, h, lq, _ = q.shape
     lk = k.shape[2]
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if lq == 0 or lk == 0:  # nothing to attend (or no query): zeros, as for fully masked rows, on every backend
         out = (q[..., :1] * 0).expand(b, h, lq, v.shape[-1]) + v.sum() * 0  # keeps q and v in the graph
         return out, (q.new_zeros(b, h, lq, lk) if need_weights else None)
-    if isinstance(mask, SparsePattern) and weights_hook is None:
-        _check_pattern(mask, b, lq, lk)
-        pattern = mask.with_causal(is_causal)
-        chosen = resolve(backend, _call_info(q, k, pattern, dropout_p, need_weights, exact=True))
-        if pattern.kind in chosen.capabilities.patterns:
-            out, _ = chosen.fn(q, k, v, mask=pattern, is_causal=False, dropout_p=dropout_p, scale=scale,
-                               need_weights=False)
-            return out, None
-        mask, is_causal, backend = pattern, False, chosen.name  # the chosen backend gets the dense equivalent
-    mask, is_causal = _prepare_mask(q, k, mask, is_causal)
 
     if weights_hook is not None:  # explicit weights, edited by the hook; rows with no key are zero in them
-        weights = weights_hook(probabilities(q, k, mask, scale, is_causal))  # (b, h, i, j)
+        weights = weights_hook(probabilities(q, k, am, scale))  # (b, h, i, j)
         dropped = torch.nn.functional.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
         return torch.matmul(dropped, expand_kv(v, h)), (weights if need_weights else None)  # (b, h, i, d)
 
-    # Fully masked query rows: open them for the backend, zero them afterwards (no NaN, zero grads).
+    chosen = resolve(backend, _call_info(q, k, am, dropout_p, need_weights, exact=True))
     row_ok = None
-    if mask is not None:
-        allowed = ~_masks.is_masked(mask)
-        row_ok = allowed.any(dim=-1, keepdim=True)  # (b?, h?, i?, 1)
-        if bool(row_ok.all()):
-            row_ok = None
-        elif mask.dtype == torch.bool:
-            mask = mask | ~row_ok
-        else:
-            mask = mask.masked_fill(~row_ok, 0.0)
-
-    chosen = resolve(backend, _call_info(q, k, mask, dropout_p, need_weights, exact=True))
-    out, weights = chosen.fn(
-        q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p, scale=scale, need_weights=need_weights
-    )
-    if row_ok is not None:
-        out = out.masked_fill(~row_ok, 0.0)
-        if weights is not None:
-            weights = weights.masked_fill(~row_ok, 0.0)
-    return out, (weights if need_weights else None)
+    if am is not None:
+        c = chosen.capabilities
+        am = am.for_backend(c.mask_parts + c.patterns, lq, lk, q.device)  # the rest densified, once
+        if am.tensor is not None:
+            tensor, row_ok = open_empty_rows(am.tensor)
+            am = replace(am, tensor=tensor) if row_ok is not None else am
+    out, weights = chosen.fn(q, k, v, mask=am, dropout_p=dropout_p, scale=scale, need_weights=need_weights)
+    out = zero_rows(out, row_ok)
+    return out, (zero_rows(weights, row_ok) if need_weights and weights is not None else None)
 
 
-def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None, is_causal: bool = False,
+def attention_weights(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
                       scale: float | None = None) -> Tensor:
     """Per-head weights ``softmax(q k^T * scale + mask)`` ``(B, H, Lq, Lk)``, fully masked rows zero: the same
-    preparation as :func:`attention` (one validation, one causal merge), then the reference formula."""
+    preparation as :func:`attention` (one validation), then the reference formula."""
     from .ops import probabilities
 
-    _check_qkv(q, k, k)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    mask, is_causal = _prepare_mask(q, k, mask, is_causal)
-    return probabilities(q, k, mask, scale, is_causal)
+    am, scale = _prepare(q, k, k, mask, is_causal, scale)
+    return probabilities(q, k, am, scale)

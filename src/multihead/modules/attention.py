@@ -10,8 +10,8 @@ import warnings
 import torch
 from torch import Tensor, nn
 
-from ..attention import masks as _masks
 from ..attention import patterns as _patterns
+from ..attention.attn_mask import AttnMask
 from ..attention.registry import attention, check_backend_name, get_backend
 from .hooks import HookPoint
 
@@ -126,7 +126,9 @@ class MultiHeadAttention(nn.Module):
         Args:
             query: ``(B, Lq, E)``. key: ``(B, Lk, kdim)``, default ``query``. value: ``(B, Lk, vdim)``, default ``key``.
             mask: True = may attend (or a float bias). ``(Lq, Lk)``, ``(B, Lq, Lk)`` (shared by heads, as in the
-                annotated transformer) or ``(B, H, Lq, Lk)``; any size-1 axis broadcasts.
+                annotated transformer) or ``(B, H, Lq, Lk)``; any size-1 axis broadcasts. Or an
+                :class:`~multihead.attention.attn_mask.AttnMask` built once by the caller (a model passes the same
+                one to every layer).
             key_padding_mask: ``(B, Lk)``, **True = real token** (may be attended), False = padding. This is the
                 opposite of ``nn.MultiheadAttention``; convert with ``multihead.masks.from_torch_key_padding_mask``.
             is_causal: causal self-attention (bottom-right aligned when ``Lq != Lk``).
@@ -155,8 +157,7 @@ class MultiHeadAttention(nn.Module):
         q = self.w_q(query).view(b, lq, h, d).transpose(1, 2)  # (B, H, Lq, D)
         k = self.w_k(key).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
         v = self.w_v(value).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
-        mask, key_padding_mask = self._check_masks(mask, key_padding_mask, b, lq, lk)
-        z, weights = self._attend(q, k, v, mask, key_padding_mask, is_causal, head_mask, need_weights)
+        z, weights = self._attend(q, k, v, self.build_mask(mask, key_padding_mask, is_causal), head_mask, need_weights)
         out = self.w_o(z.transpose(1, 2).reshape(b, lq, h * d))  # (B, H, Lq, D) -> (B, Lq, E) -> (B, Lq, E)
         if not need_weights:
             return out, None
@@ -186,24 +187,32 @@ class MultiHeadAttention(nn.Module):
             return full.view(b, l, heads, d).transpose(1, 2)
 
         q, k, v = pad(self.w_q(x), h), pad(self.w_k(x), g), pad(self.w_v(x), g)
-        z, _ = self._attend(q, k, v, None, keep, False, head_mask, False)  # (B, H, L, D)
+        z, _ = self._attend(q, k, v, self.build_mask(key_padding_mask=keep), head_mask, False)  # (B, H, L, D)
         z = z.transpose(1, 2).reshape(b * l, h * d).index_select(0, index)  # (B*L, E) -> (N, E)
         return self.w_o(z)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask, key_padding, is_causal: bool, head_mask,
-                need_weights: bool):
+    def build_mask(self, mask=None, key_padding_mask: Tensor | None = None, is_causal: bool = False):
+        """The call's :class:`AttnMask` (None when nothing is masked): the module's conventions applied once -- a
+        3-D ``mask`` is ``(B, Lq, Lk)`` shared by heads, ``key_padding_mask`` is ``(B, Lk)`` True = real token -- and
+        the module's sparse pattern added. Validation happens once, in the kernel seam."""
+        if isinstance(mask, Tensor):
+            if mask.dim() == 3:
+                mask = mask.unsqueeze(1)  # (B, Lq|1, Lk) -> (B, 1, Lq|1, Lk): shared by heads
+            elif mask.dim() not in (2, 4):
+                raise ValueError(
+                    f"mask must be (Lq, Lk), (B, Lq, Lk) or (B, H, Lq, Lk), got shape {tuple(mask.shape)}"
+                )
+        am = AttnMask.of(mask, is_causal=is_causal, key_padding=key_padding_mask)
+        if self.pattern is not None:
+            am = (am or AttnMask()).with_pattern(self.pattern)
+        return am
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: AttnMask | None, head_mask, need_weights: bool):
         """Rotary, hooks, the kernel and the head mask on split heads: returns ``z`` ``(B, H, Lq, D)``, weights.
-        ``mask`` (checked, broadcastable to ``(B, H, Lq, Lk)``) and ``key_padding`` (``(B, Lk)`` bool) arrive
-        separately, so a sparse pattern takes the padding as it is (never re-derived from a tensor's shape)."""
+        ``mask`` is the structured mask, passed to the kernel seam as it is."""
         if self.rotary is not None:
             q, k = self.rotary(q, k)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
-        if self.pattern is not None:
-            attn_mask, is_causal = self._with_pattern(mask, key_padding, is_causal, q.shape[2], k.shape[2]), False
-        elif key_padding is not None:
-            attn_mask = _masks.merge_masks(mask, key_padding[:, None, None, :])  # (B, 1, 1, Lk)
-        else:
-            attn_mask = mask
         p = self.dropout if self.training else 0.0
         backend = self.backend
         if need_weights and not (backend != "auto" and get_backend(backend).capabilities.returns_weights):
@@ -211,7 +220,7 @@ class MultiHeadAttention(nn.Module):
         # With a pattern hook attached, the entry point computes the weights explicitly and passes them through the
         # hook (which may read or edit them) before dropout and the values: the same path as every other call.
         z, weights = attention(
-            q, k, v, mask=attn_mask, is_causal=is_causal, dropout_p=p, need_weights=need_weights, backend=backend,
+            q, k, v, mask=mask, dropout_p=p, need_weights=need_weights, backend=backend,
             weights_hook=self.hook_pattern if self.hook_pattern.active else None,
         )  # (B, H, Lq, D)
         z = self.hook_z(z)  # (B, H, Lq, D)
@@ -220,17 +229,6 @@ class MultiHeadAttention(nn.Module):
         return z, weights
 
     # ------------------------------------------------------------------ helpers
-    def _with_pattern(self, mask, key_padding, is_causal: bool, lq: int, lk: int):
-        """The module's sparse pattern with the call's key padding bound to it (it stays sparse); any other mask
-        falls back to the pattern's dense mask merged with it."""
-        if lq != lk:
-            raise ValueError("a sparse attention pattern needs self-attention (Lq == Lk); build cross-attention "
-                             "modules without pattern=")
-        pattern = self.pattern.with_causal(is_causal).pad(key_padding)
-        if mask is None:
-            return pattern
-        return _masks.merge_masks(mask, pattern.dense(lq, device=mask.device))
-
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, t, width in (("query", query, self.d_model), ("key", key, self.kdim), ("value", value, self.vdim)):
             if t.dim() != 3:
@@ -246,32 +244,6 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must share (B, Lk)")
         if query.shape[0] != key.shape[0]:
             raise ValueError(f"query batch {query.shape[0]} != key batch {key.shape[0]}")
-
-    def _check_masks(self, mask, key_padding_mask, b: int, lq: int, lk: int) -> tuple[Tensor | None, Tensor | None]:
-        """The call's masks, checked: ``mask`` made 4-D-broadcastable, ``key_padding_mask`` ``(B, Lk)`` bool."""
-        if mask is not None:
-            if mask.dim() == 3:
-                mask = mask.unsqueeze(1)  # (B, Lq|1, Lk) -> (B, 1, Lq|1, Lk): shared by heads
-            elif mask.dim() not in (2, 4):
-                raise ValueError(
-                    f"mask must be (Lq, Lk), (B, Lq, Lk) or (B, H, Lq, Lk), got shape {tuple(mask.shape)}"
-                )
-            _masks.check_mask(mask, (b, self.num_heads, lq, lk))
-        if key_padding_mask is not None:
-            if key_padding_mask.dtype != torch.bool:  # a 0/1 float mask would be added to the scores as a bias
-                raise TypeError(
-                    f"key_padding_mask must be bool (True = real token), got {key_padding_mask.dtype}. An HF-style "
-                    "0/1 attention_mask converts with `key_padding_mask=attention_mask.bool()`; PyTorch's "
-                    "True = padding with `~mask`; an additive float bias goes in `mask=`"
-                )
-            if key_padding_mask.shape != (b, lk):
-                raise ValueError(
-                    f"key_padding_mask must be (B, Lk)=({b}, {lk}) with True = real token, "
-                    f"got shape {tuple(key_padding_mask.shape)}"
-                )
-            _masks.check_mask(key_padding_mask[:, None, None, :], (b, self.num_heads, lq, lk), name="key_padding_mask")
-            _masks.warn_if_inverted_padding(key_padding_mask)
-        return mask, key_padding_mask
 
     def _head_scale(self, head_mask: Tensor, b: int, dtype) -> Tensor:
         h = self.num_heads

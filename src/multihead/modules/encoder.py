@@ -92,7 +92,8 @@ class EncoderBlock(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, key_padding_mask: Tensor | None = None,
                 is_causal: bool = False, head_mask: Tensor | None = None) -> Tensor:
-        """``x`` ``(B, L, E)``; masks as in :meth:`MultiHeadAttention.forward` (True = may attend / real token)."""
+        """``x`` ``(B, L, E)``; masks as in :meth:`MultiHeadAttention.forward` (True = may attend / real token), or
+        an :class:`~multihead.attention.attn_mask.AttnMask` in ``mask``."""
 
         return self._residuals(x, lambda h: self.attn(h, mask=mask, key_padding_mask=key_padding_mask,
                                                       is_causal=is_causal, head_mask=head_mask,
@@ -171,9 +172,10 @@ class TransformerEncoder(nn.Module):
                 and key_padding_mask.dtype == torch.bool and key_padding_mask.dim() == 2
                 and not any(layer.block_hooks_active for layer in self.layers)):
             return self._forward_unpadded(x, key_padding_mask, head_mask)
+        # the structured mask, built once here and passed unchanged to every layer (validated once, in the seam)
+        attn_mask = self.layers[0].attn.build_mask(mask, key_padding_mask, is_causal) if len(self.layers) else None
         for i, layer in enumerate(self.layers):
-            x = layer(x, mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
-                      head_mask=None if head_mask is None else head_mask[i])
+            x = layer(x, attn_mask, head_mask=None if head_mask is None else head_mask[i])
         return x if self.final_norm is None else self.final_norm(x)
 
     def _forward_unpadded(self, x: Tensor, keep: Tensor, head_mask: Tensor | None) -> Tensor:

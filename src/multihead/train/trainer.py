@@ -200,13 +200,38 @@ def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwri
 
 
 def _train(config: TrainConfig, folder, device, dist_info, *, resume: bool) -> dict:
-    from tqdm import tqdm
-
-    out = folder.path  # the staged folder until the run is resumable, then the run folder itself
-    main = dist_info.is_main
+    """The run, phase by phase: set up (data, model, run files), start or restore the loop, publish the folder,
+    epochs, the replicas' agreement check (DDP), then :func:`finish`."""
     torch.manual_seed(config.run.seed)
+    prepared = prepare(config, folder.path, resume=resume)
+    model = _setup_model(config, prepared, device, resume)
+    if dist_info.is_main:
+        _write_run_files(folder.path, config, prepared, resume)
+    loop = _Loop(config, prepared, model, device, dist_info, folder.path)
+    loop.start(resume)
+    loop.out = folder.commit()  # resumable from here: the run replaces what was at --out only now
+    loop.wrap()
+    t_start = time.perf_counter()
+    stopped_early = False
+    for epoch in range(loop.position["epoch"], config.optim.epochs):
+        if loop.run_epoch(epoch):
+            stopped_early = True
+            break
+    train_seconds = time.perf_counter() - t_start
+    ddp_check = _replicas_agree(loop.model, dist_info) if dist_info.enabled else None
+    distributed.barrier(dist_info)
 
-    prepared = prepare(config, out, resume=resume)
+    results = {}
+    if dist_info.is_main:
+        results = finish(loop.out, config, prepared, device, train_seconds=train_seconds, stopped_early=stopped_early)
+        if ddp_check:
+            results["distributed"] = ddp_check
+            atomic_write_json(loop.out / "results.json", results)
+    distributed.teardown(dist_info)
+    return results
+
+
+def _setup_model(config: TrainConfig, prepared: Prepared, device, resume: bool) -> TransformerClassifier:
     model = build_model(config, prepared)
     if config.pretrained.name and not resume:
         from .. import pretrained
@@ -214,170 +239,189 @@ def _train(config: TrainConfig, folder, device, dist_info, *, resume: bool) -> d
         pretrained.load_weights_into(model, pretrained.resolve(config.pretrained.name))
     elif config.optim.embed_init == "svd" and not resume:
         init_embeddings(model, prepared, config.run.seed)
-    model = model.to(device)
-    labels_train = prepared.splits.train.label_ids()
-    labels_val = prepared.splits.validation.label_ids()
-    num_classes = len(prepared.labels)
-    if main:
+    return model.to(device)
+
+
+def _write_run_files(out: Path, config: TrainConfig, prepared: Prepared, resume: bool) -> None:
+    """config, tokenizer, labels and split of a new run (rank 0); truncation notes either way."""
+    if not resume:
+        atomic_write_json(out / "config.json", {"train": config.to_dict()})
+        atomic_write_bytes(out / "tokenizer.json", prepared.tokenizer.to_str().encode())
+        atomic_write_json(out / "labels.json", prepared.labels)
+        atomic_write_json(out / "splits.json", prepared.splits.record)
+    for name, enc in prepared.encoded.items():
+        if enc.truncated:
+            print(f"note: {enc.truncated} of {len(enc.ids)} {name} texts were longer than max_len="
+                  f"{config.data.max_len} tokens and were truncated")
+
+
+def _replicas_agree(model, dist_info) -> dict:
+    """DDP keeps replicas in sync; verify it rather than assume it: the largest parameter difference across ranks."""
+    flat = torch.cat([p.detach().reshape(-1).float().cpu() for p in _unwrap(model).parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(dist_info.world_size)]
+    torch.distributed.all_gather(gathered, flat)
+    return {"world_size": dist_info.world_size, "backend": torch.distributed.get_backend(),
+            "max_param_diff_across_ranks": max((g - gathered[0]).abs().max().item() for g in gathered)}
+
+
+def _fresh_position() -> dict:
+    """Where a run stands; saved in every checkpoint, so a resume continues mid-epoch with the same statistics."""
+    return {"epoch": 0, "batch": 0, "step": 0, "best_score": -math.inf, "best_epoch": -1, "bad_epochs": 0,
+            "metrics_lines": 0, "running": {"loss": 0.0, "correct": 0, "seen": 0, "tokens": 0},
+            "window": {"loss": 0.0, "correct": 0, "seen": 0}}
+
+
+class _Loop:
+    """The moving parts of one training run -- model, optimiser, schedule, EMA, position, metrics log -- and its
+    steps: :meth:`start` (restore or first checkpoint), :meth:`wrap` (compile, DDP), :meth:`run_epoch`
+    (:meth:`train_step` per batch, then :meth:`end_epoch`: validation, best model, checkpoint, early stop)."""
+
+    def __init__(self, config: TrainConfig, prepared: Prepared, model, device, dist_info, out: Path) -> None:
+        oc = config.optim
+        self.config, self.prepared, self.model, self.device, self.dist, self.out = (
+            config, prepared, model, device, dist_info, out)
+        self.main, self.world = dist_info.is_main, dist_info.world_size
+        self.opt = _optimizer(model, oc, config.pretrained.layer_decay)
+        self.train_ids = prepared.encoded["train"].ids
+        self.labels_train = prepared.splits.train.label_ids()
+        self.lengths = [len(x) for x in self.train_ids]
+        n_batches = len(D.bucketed_batches(self.lengths, oc.batch_size, seed=config.run.seed, epoch=0))
+        self.sched = _schedule(self.opt, oc.epochs * n_batches, oc.warmup)
+        self.ema = EMA(model, oc.ema_decay) if oc.ema_decay > 0 else None
+        self.eval_model = TransformerClassifier.from_config(config.model).to(device) if self.ema is not None else None
+        self.position = _fresh_position()
+        self.special_ids = torch.tensor([i for i in (prepared.tokenizer.token_to_id(t) for t in D.tokenizer.SPECIALS)
+                                         if i is not None])
+
+    def start(self, resume: bool) -> None:
+        """Restore model, optimiser, schedule, EMA and position from the checkpoint (dropping metrics logged after
+        it), or save a new run's step-0 checkpoint: its first resumable state."""
+        out = self.out
         if not resume:
-            atomic_write_json(out / "config.json", {"train": config.to_dict()})
-            atomic_write_bytes(out / "tokenizer.json", prepared.tokenizer.to_str().encode())
-            atomic_write_json(out / "labels.json", prepared.labels)
-            atomic_write_json(out / "splits.json", prepared.splits.record)
-        for name, enc in prepared.encoded.items():
-            if enc.truncated:
-                print(f"note: {enc.truncated} of {len(enc.ids)} {name} texts were longer than max_len="
-                      f"{config.data.max_len} tokens and were truncated")
-
-    oc = config.optim
-    opt = _optimizer(model, oc, config.pretrained.layer_decay)
-    train_ids = prepared.encoded["train"].ids
-    lengths = [len(x) for x in train_ids]
-    world = dist_info.world_size
-    n_batches = len(D.bucketed_batches(lengths, oc.batch_size, seed=config.run.seed, epoch=0))
-    sched = _schedule(opt, oc.epochs * n_batches, oc.warmup)
-    ema = EMA(model, oc.ema_decay) if oc.ema_decay > 0 else None
-    eval_model = TransformerClassifier.from_config(config.model).to(device) if ema is not None else None
-
-    position = {"epoch": 0, "batch": 0, "step": 0, "best_score": -math.inf, "best_epoch": -1, "bad_epochs": 0,
-                "metrics_lines": 0, "running": {"loss": 0.0, "correct": 0, "seen": 0, "tokens": 0},
-                "window": {"loss": 0.0, "correct": 0, "seen": 0}}
-    if resume:
+            if self.main:
+                save_checkpoint(out, self.model, self.opt, self.sched, self.position, self.ema)
+            return
         state = read_json(out / "checkpoint" / "state.json")
         tensors, _ = load_checked(out / "checkpoint" / state["file"])
-        restore_state(model, opt, tensors, ema)
-        sched.load_state_dict(state["scheduler"])
-        for group, lr in zip(opt.param_groups, sched.get_last_lr()):  # load_state_dict leaves the groups' lr stale
+        restore_state(self.model, self.opt, tensors, self.ema)
+        self.sched.load_state_dict(state["scheduler"])
+        for group, lr in zip(self.opt.param_groups, self.sched.get_last_lr()):  # load_state_dict leaves lr stale
             group["lr"] = lr
-        position = {k: state[k] for k in position}
-        if main and (out / "metrics.jsonl").exists():  # drop events logged after the checkpoint
-            lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)[: position["metrics_lines"]]
+        self.position = {k: state[k] for k in self.position}
+        if self.main and (out / "metrics.jsonl").exists():  # drop events logged after the checkpoint
+            lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)[: self.position["metrics_lines"]]
             atomic_write_bytes(out / "metrics.jsonl", "".join(lines).encode())
-        if main:
-            print(f"resuming {out} at epoch {position['epoch'] + 1}, batch {position['batch']}")
-    elif main:  # a new run's first resumable state; only now does it replace what was at --out
-        save_checkpoint(out, model, opt, sched, position, ema)
-    out = folder.commit()
-    if config.run.compile:
-        model = torch.compile(model)
-    if dist_info.enabled:
-        model = nn.parallel.DistributedDataParallel(model)
+        if self.main:
+            print(f"resuming {out} at epoch {self.position['epoch'] + 1}, batch {self.position['batch']}")
 
-    def log(event: dict) -> None:
+    def wrap(self) -> None:
+        if self.config.run.compile:
+            self.model = torch.compile(self.model)
+        if self.dist.enabled:
+            self.model = nn.parallel.DistributedDataParallel(self.model)
+
+    def log(self, event: dict) -> None:
         """Append to metrics.jsonl (rank 0); the count lets a resume drop events logged after its checkpoint."""
-        if main:
-            with (out / "metrics.jsonl").open("a") as f:
+        if self.main:
+            with (self.out / "metrics.jsonl").open("a") as f:
                 f.write(json.dumps(event) + "\n")
-            position["metrics_lines"] += 1
+            self.position["metrics_lines"] += 1
 
-    special_ids = torch.tensor([i for i in (prepared.tokenizer.token_to_id(t) for t in D.tokenizer.SPECIALS)
-                                if i is not None])
-    t_start = time.perf_counter()
-    stopped_early = False
-    for epoch in range(position["epoch"], oc.epochs):
-        batches = D.bucketed_batches(lengths, oc.batch_size, seed=config.run.seed, epoch=epoch)
-        if world > 1:
-            batches = [b for b in batches if len(b) >= world]  # every rank needs at least one example
-        model.train()
-        run = position["running"]
-        bar = tqdm(total=len(batches), initial=position["batch"], desc=f"epoch {epoch + 1}/{oc.epochs}",
-                   disable=not (main and config.run.progress), leave=False)
+    def run_epoch(self, epoch: int) -> bool:
+        """One epoch from the saved batch position; True when early stopping ends the run."""
+        from tqdm import tqdm
+
+        oc, pos = self.config.optim, self.position
+        batches = D.bucketed_batches(self.lengths, oc.batch_size, seed=self.config.run.seed, epoch=epoch)
+        if self.world > 1:
+            batches = [b for b in batches if len(b) >= self.world]  # every rank needs at least one example
+        self.model.train()
+        bar = tqdm(total=len(batches), initial=pos["batch"], desc=f"epoch {epoch + 1}/{oc.epochs}",
+                   disable=not (self.main and self.config.run.progress), leave=False)
         t_epoch = time.perf_counter()
-        tokens_epoch = 0
-        for bi in range(position["batch"], len(batches)):
-            batch = batches[bi]
-            local = batch[dist_info.rank::world]
-            x, mask = D.collate([train_ids[i] for i in local])
-            y = torch.tensor([labels_train[i] for i in local])
-            if oc.token_dropout > 0:  # word dropout: the model cannot lean on any single token
-                drop = (torch.rand(x.shape) < oc.token_dropout) & mask & ~torch.isin(x, special_ids)
-                x = x.masked_fill(drop, prepared.tokenizer.token_to_id(D.tokenizer.UNK))
-            x, mask, y = x.to(device), mask.to(device), y.to(device)
-            logits = model(x, mask)
-            # sum / global batch * world: DDP's gradient average then equals the global-batch mean exactly
-            loss = F.cross_entropy(logits.float(), y, reduction="sum", label_smoothing=oc.label_smoothing)
-            (loss * world / len(batch)).backward()
-            if oc.clip > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), oc.clip)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            if ema is not None:
-                ema.update(_unwrap(model), position["step"])
-            position["step"] += 1
-            correct = int((logits.argmax(-1) == y).sum())
-            for acc in (run, position["window"]):  # epoch-running and since-last-log statistics
-                acc["loss"] += loss.item()
-                acc["correct"] += correct
-                acc["seen"] += len(local)
-            ntok = int(mask.sum())
-            run["tokens"] += ntok
-            tokens_epoch += ntok
-            elapsed = time.perf_counter() - t_epoch
+        tokens = 0
+        for bi in range(pos["batch"], len(batches)):
+            tokens += self.train_step(batches[bi], epoch)
+            run = pos["running"]
             bar.update(1)
             bar.set_postfix(loss=f"{run['loss'] / run['seen']:.3f}", acc=f"{run['correct'] / run['seen']:.3f}",
-                            tok_s=f"{tokens_epoch * world / max(elapsed, 1e-9):.0f}")
-            if position["step"] % 50 == 0:
-                win = position["window"]
-                log({"event": "train", "epoch": epoch + 1, "step": position["step"],
-                     "loss": win["loss"] / win["seen"], "accuracy": win["correct"] / win["seen"],
-                     "lr": sched.get_last_lr()[0]})
-                position["window"] = {"loss": 0.0, "correct": 0, "seen": 0}
-            position["batch"] = bi + 1
-            if config.run.save_every and position["step"] % config.run.save_every == 0 and bi + 1 < len(batches):
-                if main:
-                    save_checkpoint(out, _unwrap(model), opt, sched, position, ema)
+                            tok_s=f"{tokens * self.world / max(time.perf_counter() - t_epoch, 1e-9):.0f}")
+            pos["batch"] = bi + 1
+            save_every = self.config.run.save_every
+            if save_every and pos["step"] % save_every == 0 and bi + 1 < len(batches) and self.main:
+                save_checkpoint(self.out, _unwrap(self.model), self.opt, self.sched, pos, self.ema)
         bar.close()
-        epoch_time = time.perf_counter() - t_epoch
-        scored = _unwrap(model)
-        if ema is not None:  # validation, and the saved best model, use the averaged weights
-            ema.copy_to(eval_model)
-            scored = eval_model
-        val = evaluate_ids(scored, prepared.encoded["validation"].ids, labels_val, num_classes, device)
+        return self.end_epoch(epoch, time.perf_counter() - t_epoch, tokens)
+
+    def train_step(self, batch: list[int], epoch: int) -> int:
+        """Forward, backward and update on this rank's share of ``batch``; returns its real-token count."""
+        oc, pos, tok = self.config.optim, self.position, self.prepared.tokenizer
+        local = batch[self.dist.rank::self.world]
+        x, mask = D.collate([self.train_ids[i] for i in local])
+        y = torch.tensor([self.labels_train[i] for i in local])
+        if oc.token_dropout > 0:  # word dropout: the model cannot lean on any single token
+            drop = (torch.rand(x.shape) < oc.token_dropout) & mask & ~torch.isin(x, self.special_ids)
+            x = x.masked_fill(drop, tok.token_to_id(D.tokenizer.UNK))
+        x, mask, y = x.to(self.device), mask.to(self.device), y.to(self.device)
+        logits = self.model(x, mask)
+        # sum / global batch * world: DDP's gradient average then equals the global-batch mean exactly
+        loss = F.cross_entropy(logits.float(), y, reduction="sum", label_smoothing=oc.label_smoothing)
+        (loss * self.world / len(batch)).backward()
+        if oc.clip > 0:
+            nn.utils.clip_grad_norm_(self.model.parameters(), oc.clip)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update(_unwrap(self.model), pos["step"])
+        pos["step"] += 1
+        correct = int((logits.argmax(-1) == y).sum())
+        for acc in (pos["running"], pos["window"]):  # epoch-running and since-last-log statistics
+            acc["loss"] += loss.item()
+            acc["correct"] += correct
+            acc["seen"] += len(local)
+        ntok = int(mask.sum())
+        pos["running"]["tokens"] += ntok
+        if pos["step"] % 50 == 0:
+            win = pos["window"]
+            self.log({"event": "train", "epoch": epoch + 1, "step": pos["step"], "loss": win["loss"] / win["seen"],
+                      "accuracy": win["correct"] / win["seen"], "lr": self.sched.get_last_lr()[0]})
+            pos["window"] = {"loss": 0.0, "correct": 0, "seen": 0}
+        return ntok
+
+    def end_epoch(self, epoch: int, epoch_time: float, tokens: int) -> bool:
+        """Validate (the EMA weights when averaging), keep the best model, log, checkpoint; True to stop early."""
+        oc, pos, run = self.config.optim, self.position, self.position["running"]
+        scored = _unwrap(self.model)
+        if self.ema is not None:  # validation, and the saved best model, use the averaged weights
+            self.ema.copy_to(self.eval_model)
+            scored = self.eval_model
+        val = evaluate_ids(scored, self.prepared.encoded["validation"].ids, self.prepared.splits.validation.label_ids(),
+                           len(self.prepared.labels), self.device)
         score = val["accuracy"] if oc.select == "accuracy" else -val["loss"]
-        improved = score > position["best_score"]
+        improved = score > pos["best_score"]
         if improved:
-            position["best_score"], position["best_epoch"], position["bad_epochs"] = score, epoch + 1, 0
-            if main:
-                save_checked(out / "model.safetensors", scored.state_dict(),
+            pos["best_score"], pos["best_epoch"], pos["bad_epochs"] = score, epoch + 1, 0
+            if self.main:
+                save_checked(self.out / "model.safetensors", scored.state_dict(),
                              {"format": "multihead.TransformerClassifier", "epoch": str(epoch + 1)})
         else:
-            position["bad_epochs"] += 1
-        event = {"event": "eval", "epoch": epoch + 1, "step": position["step"],
+            pos["bad_epochs"] += 1
+        event = {"event": "eval", "epoch": epoch + 1, "step": pos["step"],
                  "train_loss": run["loss"] / max(run["seen"], 1), "train_accuracy": run["correct"] / max(run["seen"], 1),
                  "val_loss": val["loss"], "val_accuracy": val["accuracy"], "val_macro_f1": val["macro_f1"],
-                 "epoch_seconds": epoch_time, "tokens_per_second": tokens_epoch * world / max(epoch_time, 1e-9),
+                 "epoch_seconds": epoch_time, "tokens_per_second": tokens * self.world / max(epoch_time, 1e-9),
                  "threads": torch.get_num_threads(), "best": improved}
-        log(event)
-        if main and config.run.progress:
+        self.log(event)
+        if self.main and self.config.run.progress:
             print(f"epoch {epoch + 1}: train loss {event['train_loss']:.4f} acc {event['train_accuracy']:.4f} | "
                   f"val loss {val['loss']:.4f} acc {val['accuracy']:.4f}{' *' if improved else ''} | "
                   f"{epoch_time:.1f}s, {event['tokens_per_second']:.0f} tok/s")
-        position.update(epoch=epoch + 1, batch=0, running={"loss": 0.0, "correct": 0, "seen": 0, "tokens": 0})
-        stop = oc.patience and position["bad_epochs"] >= oc.patience
-        if main:
-            save_checkpoint(out, _unwrap(model), opt, sched, {**position, "stopped": bool(stop)}, ema)
-        if stop:
-            stopped_early = True
-            break
-    train_seconds = time.perf_counter() - t_start
-    ddp_check = None
-    if dist_info.enabled:  # DDP keeps replicas in sync; verify it rather than assume it
-        flat = torch.cat([p.detach().reshape(-1).float().cpu() for p in _unwrap(model).parameters()])
-        gathered = [torch.empty_like(flat) for _ in range(world)]
-        torch.distributed.all_gather(gathered, flat)
-        ddp_check = {"world_size": world, "backend": torch.distributed.get_backend(),
-                     "max_param_diff_across_ranks": max((g - gathered[0]).abs().max().item() for g in gathered)}
-    distributed.barrier(dist_info)
-
-    results = {}
-    if main:
-        results = finish(out, config, prepared, device, train_seconds=train_seconds, stopped_early=stopped_early)
-        if ddp_check:
-            results["distributed"] = ddp_check
-            atomic_write_json(out / "results.json", results)
-    distributed.teardown(dist_info)
-    return results
+        pos.update(epoch=epoch + 1, batch=0, running={"loss": 0.0, "correct": 0, "seen": 0, "tokens": 0})
+        stop = bool(oc.patience and pos["bad_epochs"] >= oc.patience)
+        if self.main:
+            save_checkpoint(self.out, _unwrap(self.model), self.opt, self.sched, {**pos, "stopped": stop}, self.ema)
+        return stop
 
 
 def finish(out: Path, config: TrainConfig, prepared: Prepared, device, *, train_seconds: float,

@@ -8,7 +8,9 @@
   exp(q.k * scale)``: an unbiased estimate of softmax attention whose error shrinks as the number of features ``m``
   grows (tested). Features are drawn once per ``(d, m, seed)`` and reused.
 
-Masks: key padding (``(B, 1, 1, Lk)`` bool) and causal only; other masks raise with the fix. No weights, no dropout.
+Masks: key padding (``(B, Lk)`` bool, True = real key) and causal with ``Lq == Lk``, taken natively from the
+:class:`~multihead.attention.attn_mask.AttnMask`; the registry declines other masks with the fix. No weights, no
+dropout.
 """
 from __future__ import annotations
 
@@ -38,16 +40,6 @@ def orthogonal_features(d: int, m: int, seed: int = 0, device=None, dtype=torch.
         norms = torch.randn(m, d, generator=gen, dtype=torch.float64).norm(dim=1, keepdim=True)
         _FEATURES[key] = (w * norms).to(device=device, dtype=dtype)
     return _FEATURES[key]
-
-
-def _padding(mask, b: int, lk: int) -> Tensor | None:
-    """``(B, Lk)`` real-key mask from a key-padding-shaped bool mask, else an error naming the fix."""
-    if mask is None:
-        return None
-    if mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1:
-        return mask[:, 0, 0, :].expand(b, lk)
-    raise ValueError("linear attention supports key-padding masks (B, 1, 1, Lk) and is_causal only; use an exact "
-                     "backend (sdpa, memory_efficient) or a SparsePattern for other masks")
 
 
 def _linear(fq: Tensor, fk: Tensor, v: Tensor, keep: Tensor | None, causal: bool, chunk: int = CHUNK) -> Tensor:
@@ -93,12 +85,14 @@ def performer_features(x: Tensor, w: Tensor, scale: float, is_query: bool) -> Te
     return torch.exp(logits - stab) / math.sqrt(w.shape[0])
 
 
-def performer_attention(q, k, v, *, num_features: int = 256, seed: int = 0, mask=None, is_causal: bool = False,
-                        scale: float | None = None) -> Tensor:
+def performer_attention(q, k, v, *, num_features: int = 256, seed: int = 0, key_padding: Tensor | None = None,
+                        is_causal: bool = False, scale: float | None = None) -> Tensor:
+    """FAVOR+ attention ``(b, h, i, d)``; ``key_padding`` ``(b, j)`` bool, True = real key."""
+    _causal_square(q, k, is_causal)
     b, h, lq, d = q.shape
     scale = d ** -0.5 if scale is None else scale
     work = torch.promote_types(q.dtype, torch.float32)
-    keep = _padding(mask, b, k.shape[2])
+    keep = key_padding
     k, v = expand_kv(k, h).to(work), expand_kv(v, h).to(work)
     w = orthogonal_features(d, num_features, seed, q.device, work)
     fq = performer_features(q.to(work), w, scale, True)
@@ -106,10 +100,12 @@ def performer_attention(q, k, v, *, num_features: int = 256, seed: int = 0, mask
     return _linear(fq, fk, v, keep, is_causal).to(q.dtype)
 
 
-def elu_attention(q, k, v, *, mask=None, is_causal: bool = False) -> Tensor:
+def elu_attention(q, k, v, *, key_padding: Tensor | None = None, is_causal: bool = False) -> Tensor:
+    """``elu(x) + 1`` linear attention ``(b, h, i, d)``; ``key_padding`` ``(b, j)`` bool, True = real key."""
+    _causal_square(q, k, is_causal)
     h = q.shape[1]
     work = torch.promote_types(q.dtype, torch.float32)
-    keep = _padding(mask, q.shape[0], k.shape[2])
+    keep = key_padding
     k, v = expand_kv(k, h).to(work), expand_kv(v, h).to(work)
     return _linear(elu_features(q.to(work)), elu_features(k), v, keep, is_causal).to(q.dtype)
 
@@ -121,24 +117,26 @@ def _causal_square(q, k, is_causal):
 
 @register_backend(
     "performer",
-    Capabilities(returns_weights=False, supports_dropout=False, exact=False),
+    Capabilities(returns_weights=False, supports_dropout=False, exact=False,
+                 mask_parts=("key_padding", "causal_square")),
     priority=-10,
     description="Performer FAVOR+ (256 positive orthogonal random features): O(L), approximates softmax",
 )
-def performer_backend(q, k, v, *, mask, is_causal, dropout_p, scale, need_weights):
-    _causal_square(q, k, is_causal)
-    return performer_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale), None
+def performer_backend(q, k, v, *, mask, dropout_p, scale, need_weights):
+    kp, causal = (None, False) if mask is None else (mask.key_padding, mask.causal)
+    return performer_attention(q, k, v, key_padding=kp, is_causal=causal, scale=scale), None
 
 
 @register_backend(
     "linear_elu",
-    Capabilities(returns_weights=False, supports_dropout=False, exact=False),
+    Capabilities(returns_weights=False, supports_dropout=False, exact=False,
+                 mask_parts=("key_padding", "causal_square")),
     priority=-10,
     description="linear attention with elu(x)+1 features (Katharopoulos et al. 2020): O(L), not softmax",
 )
-def elu_backend(q, k, v, *, mask, is_causal, dropout_p, scale, need_weights):
-    _causal_square(q, k, is_causal)
-    return elu_attention(q, k, v, mask=mask, is_causal=is_causal), None
+def elu_backend(q, k, v, *, mask, dropout_p, scale, need_weights):
+    kp, causal = (None, False) if mask is None else (mask.key_padding, mask.causal)
+    return elu_attention(q, k, v, key_padding=kp, is_causal=causal), None
 
 
 __all__ = ["elu_attention", "orthogonal_features", "performer_attention"]

@@ -17,6 +17,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..masks import causal_allowed
 from ..registry import Capabilities, register_backend
 from ..ops import expand_kv
 
@@ -35,7 +36,7 @@ def _tile(q_blk: Tensor, k_blk: Tensor, mask: Tensor | None, causal_offset: int 
     if causal_offset is not None and j0 + bk - 1 > i0 + causal_offset:  # tile crosses the diagonal
         i = torch.arange(i0, i0 + bq, device=s.device)[:, None]
         j = torch.arange(j0, j0 + bk, device=s.device)[None, :]
-        s = s.masked_fill(j > i + causal_offset, -math.inf)
+        s = s.masked_fill(~causal_allowed(i, j, causal_offset), -math.inf)
     return s
 
 
@@ -119,15 +120,16 @@ class _MemoryEfficient(torch.autograd.Function):
 
 
 def memory_efficient_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None,
-                               is_causal: bool = False, scale: float | None = None, block_q: int = BLOCK_Q,
-                               block_k: int = BLOCK_K) -> tuple[Tensor, Tensor]:
+                               is_causal: bool = False, causal_offset: int | None = None, scale: float | None = None,
+                               block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> tuple[Tensor, Tensor]:
     """``(out, lse)``: ``out`` ``(b, h, i, d)`` exactly as softmax attention, ``lse`` ``(b, h, i, 1)`` (-inf for
-    rows with no allowed key). ``k``/``v`` may have fewer heads (GQA). Causal is bottom-right aligned."""
+    rows with no allowed key). ``k``/``v`` may have fewer heads (GQA). Causal is bottom-right aligned unless
+    ``causal_offset`` says where query 0 sits (see :func:`multihead.masks.causal_mask`)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])  # (b, h, j, d); gradients flow back to the groups
     if mask is not None and mask.dim() < 4:
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-    offset = k.shape[2] - q.shape[2] if is_causal else None
+    offset = None if not is_causal else k.shape[2] - q.shape[2] if causal_offset is None else causal_offset
     return _MemoryEfficient.apply(q, k, v, mask, offset, scale, block_q, block_k)
 
 
@@ -148,19 +150,22 @@ def weights_for(q: Tensor, k: Tensor, lse: Tensor, *, heads=None, rows=None, mas
         s = s.masked_fill(~m, -math.inf) if m.dtype == torch.bool else s + m.to(work)
     if is_causal:
         j = torch.arange(lk)[None, :]
-        s = s.masked_fill(j > rows[:, None] + (lk - lq), -math.inf)
+        s = s.masked_fill(~causal_allowed(rows[:, None], j, lk - lq), -math.inf)
     l = lse[:, heads][:, :, rows]
     return torch.where(torch.isinf(l), torch.zeros_like(s), torch.exp(s - l)).to(q.dtype)
 
 
 @register_backend(
     "memory_efficient",
-    Capabilities(returns_weights=False, supports_dropout=False),
+    Capabilities(returns_weights=False, supports_dropout=False, mask_parts=("tensor", "causal")),
     priority=5,
     description="blockwise online softmax with a recomputing backward: exact, memory linear in length",
 )
-def memory_efficient_backend(q, k, v, *, mask, is_causal, dropout_p, scale, need_weights):
-    out, _ = memory_efficient_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale)
+def memory_efficient_backend(q, k, v, *, mask, dropout_p, scale, need_weights):
+    if mask is None:
+        return memory_efficient_attention(q, k, v, scale=scale)[0], None
+    out, _ = memory_efficient_attention(q, k, v, mask=mask.tensor, is_causal=mask.causal,
+                                        causal_offset=mask.offset(q.shape[2], k.shape[2]), scale=scale)
     return out, None
 
 

@@ -15,12 +15,12 @@ from ..registry import Capabilities, register_backend
 
 @register_backend(
     "reference",
-    Capabilities(returns_weights=True),
+    Capabilities(returns_weights=True, mask_parts=("tensor", "key_padding", "causal")),
     priority=0,
     description="explicit softmax(QK^T/sqrt(d))V; materialises Lq x Lk; returns weights",
 )
-def reference_attention(q, k, v, *, mask, is_causal, dropout_p, scale, need_weights):
-    weights = probabilities(q, k, mask, scale, is_causal)  # (b, h, i, j)
+def reference_attention(q, k, v, *, mask, dropout_p, scale, need_weights):
+    weights = probabilities(q, k, mask, scale)  # (b, h, i, j); every mask part through its dense form
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     out = torch.matmul(dropped, expand_kv(v, q.shape[1]))  # (b, h, i, d)
     return out, (weights if need_weights else None)

@@ -13,15 +13,16 @@ from ..ops import expand_kv
 
 @register_backend(
     "sdpa",
-    Capabilities(returns_weights=False),
+    Capabilities(returns_weights=False, mask_parts=("tensor", "causal_alone")),
     priority=10,
     description="torch.nn.functional.scaled_dot_product_attention (fused; no weights)",
 )
-def sdpa_attention(q, k, v, *, mask, is_causal, dropout_p, scale, need_weights):
+def sdpa_attention(q, k, v, *, mask, dropout_p, scale, need_weights):
     h = q.shape[1]
     if k.shape[1] != h:  # grouped-query: expand views (CPU kernels do not take enable_gqa on every path)
         k, v = expand_kv(k, h), expand_kv(v, h)
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
-    )  # (b, h, i, d)
+        q, k, v, attn_mask=None if mask is None else mask.tensor, dropout_p=dropout_p,
+        is_causal=mask is not None and mask.causal, scale=scale,
+    )  # (b, h, i, d); causal arrives here only alone and square (its top-left flag agrees then)
     return out, None

@@ -20,30 +20,27 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..patterns import SparsePattern
+from ..masks import causal_allowed
+from ..ops import expand_kv, open_empty_rows, zero_rows
+from ..patterns import SparsePattern, window_band
 from ..registry import Capabilities, register_backend
-from ..ops import expand_kv
 
 NEG = -math.inf
 
 
 def _softmax_rows(scores: Tensor, allowed: Tensor) -> Tensor:
     """Softmax over the last axis with ``allowed`` (broadcastable bool), in place on ``scores``; rows with nothing
-    allowed give zeros."""
-    scores.masked_fill_(~allowed, torch.finfo(scores.dtype).min)  # finite: an all-masked row stays NaN-free
-    p = torch.softmax(scores, dim=-1)
-    row_ok = allowed.any(-1, keepdim=True)
-    return p if bool(row_ok.all()) else p * row_ok
+    allowed give zeros (:func:`~multihead.attention.ops.open_empty_rows`)."""
+    allowed, row_ok = open_empty_rows(allowed)
+    scores.masked_fill_(~allowed, torch.finfo(scores.dtype).min)
+    return zero_rows(torch.softmax(scores, dim=-1), row_ok)
 
 
 def _fused(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float) -> Tensor:
     """PyTorch's fused SDPA kernel under bool ``allowed``; query rows with no allowed key are opened for the kernel
-    and zeroed after (as the entry point does for dense masks), so they give zeros, not NaN."""
-    row_ok = allowed.any(-1, keepdim=True)
-    if bool(row_ok.all()):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~row_ok, scale=scale)
-    return out * row_ok
+    and zeroed after, as the entry point does for dense masks (one helper), so they give zeros, not NaN."""
+    allowed, row_ok = open_empty_rows(allowed)
+    return zero_rows(F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale), row_ok)
 
 
 def _dense_rows(q_rows: Tensor, rows: Tensor, k: Tensor, v: Tensor, key_ok: Tensor | None, causal: bool,
@@ -54,7 +51,7 @@ def _dense_rows(q_rows: Tensor, rows: Tensor, k: Tensor, v: Tensor, key_ok: Tens
     if key_ok is not None:
         allowed = allowed & key_ok[:, :, None, :]
     if causal:
-        allowed = allowed & (torch.arange(k.shape[2], device=k.device)[None, :] <= rows[:, None])
+        allowed = allowed & causal_allowed(rows[:, None], torch.arange(k.shape[2], device=k.device)[None, :], 0)
     return torch.matmul(_softmax_rows(s, allowed), v)
 
 
@@ -66,8 +63,9 @@ def _window_allowed(length: int, w: int, causal: bool, key_ok: Tensor | None, de
     c = max(w, 32)
     lp = -(-length // c) * c
     nb, span = lp // c, c + 2 * w
-    diff = torch.arange(c, device=device)[:, None] + w - torch.arange(span, device=device)[None, :]  # q - k position
-    band = (diff.abs() <= w) & ((diff >= 0) if causal else True)  # (c, span)
+    qi = torch.arange(c, device=device)[:, None] + w  # query r of a chunk sits at key offset w + r
+    kj = torch.arange(span, device=device)[None, :]
+    band = window_band(qi - kj, w) & (causal_allowed(qi, kj, 0) if causal else True)  # (c, span): the pattern's rule
     ok = torch.ones(1, 1, length, dtype=torch.bool, device=device) if key_ok is None else key_ok
     ok = F.pad(ok, (w, lp - length + w)).unfold(2, span, c)  # (b|1, 1|h, nb, span)
     return (c, nb, lp, span), band & ok[:, :, :, None, :]
@@ -106,7 +104,8 @@ def _window_global(q, k, v, w: int, causal: bool, key_ok: Tensor | None, globals
     sg = torch.matmul(q_blk, k[:, :, g].transpose(-2, -1)[:, :, None])  # (b, h, nb, c, G)
     allowed_g = torch.ones(1, 1, nb, c, len(globals_), dtype=torch.bool, device=q.device)
     if causal:
-        allowed_g = allowed_g & (g.view(1, 1, 1, 1, -1) <= torch.arange(lp, device=q.device).view(1, 1, nb, c, 1))
+        allowed_g = allowed_g & causal_allowed(torch.arange(lp, device=q.device).view(1, 1, nb, c, 1),
+                                               g.view(1, 1, 1, 1, -1), 0)
     if key_ok is not None:
         allowed_g = allowed_g & key_ok[:, :, g][:, :, None, None, :]
     lead = max(allowed.shape[0], allowed_g.shape[0])
@@ -118,9 +117,10 @@ def _window_global(q, k, v, w: int, causal: bool, key_ok: Tensor | None, globals
     return out
 
 
-def window_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePattern, scale: float | None = None) -> Tensor:
+def window_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePattern, scale: float | None = None, *,
+                     key_padding: Tensor | None = None) -> Tensor:
     """Sliding-window attention ``(b, h, L, d)`` for ``pattern`` (``window``, ``dilation``, ``global_tokens``,
-    ``causal``, ``key_padding``); see the module docstring."""
+    ``causal``) over real keys ``key_padding`` ``(b, L)`` bool; see the module docstring."""
     if pattern.kind != "window":
         raise ValueError("window_attention needs SparsePattern(window=...); use block_sparse for block patterns")
     b, h, length, d = q.shape
@@ -128,7 +128,7 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePattern, sc
     dtype = q.dtype
     work = torch.promote_types(dtype, torch.float32)
     q, k, v = q.to(work), expand_kv(k, h).to(work), expand_kv(v, h).to(work)
-    key_ok = None if pattern.key_padding is None else pattern.key_padding[:, None, :].to(q.device)  # (b, 1, L)
+    key_ok = None if key_padding is None else key_padding[:, None, :].to(q.device)  # (b, 1, L)
     globals_ = sorted(t for t in set(pattern.global_tokens) if 0 <= t < length)
     dil = pattern.dilation
     if dil == 1 and globals_:
@@ -151,9 +151,10 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePattern, sc
     return out.to(dtype)
 
 
-def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePattern,
-                           scale: float | None = None) -> Tensor:
-    """BigBird-style block-sparse attention ``(b, h, L, d)``; only the layout's key blocks are computed."""
+def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePattern, scale: float | None = None, *,
+                           key_padding: Tensor | None = None) -> Tensor:
+    """BigBird-style block-sparse attention ``(b, h, L, d)`` over real keys ``key_padding`` ``(b, L)`` bool; only the
+    layout's key blocks are computed."""
     if pattern.kind != "block":
         raise ValueError("block_sparse_attention needs SparsePattern(block=...)")
     b, h, length, d = q.shape
@@ -174,8 +175,8 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePatte
         cols = layout[i].nonzero().flatten()
         idx[i, : len(cols)] = cols
         valid[i, : len(cols)] = True
-    key_ok = torch.ones(b, length, dtype=torch.bool, device=q.device) if pattern.key_padding is None \
-        else pattern.key_padding.to(q.device)
+    key_ok = torch.ones(b, length, dtype=torch.bool, device=q.device) if key_padding is None \
+        else key_padding.to(q.device)
     key_ok = F.pad(key_ok, (0, lp - length)).view(b, 1, nb, bs)  # (b, 1, nb, bs)
     q_blk = F.pad(q, (0, 0, 0, lp - length)).view(b, h, nb, bs, d)
     k_blk = F.pad(k, (0, 0, 0, lp - length)).view(b, h, nb, bs, d)
@@ -191,7 +192,7 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePatte
     qpos = rows[:, None] * bs + torch.arange(bs, device=q.device)  # (nr, bs)
     allowed = valid[rows].repeat_interleave(bs, dim=1)[:, None, :].expand(-1, bs, -1)  # (nr, bs, K*bs)
     if pattern.causal:
-        allowed = allowed & (kpos[:, None, :] <= qpos[:, :, None])
+        allowed = allowed & causal_allowed(qpos[:, :, None], kpos[:, None, :], 0)
     ok = key_ok[:, 0, sel].reshape(b, nr, 1, kmax * bs)
     allowed = (allowed[None] & ok).reshape(b * nr, 1, bs, kmax * bs)
     qr = q_blk[:, :, rows].transpose(1, 2).reshape(b * nr, h, bs, d)
@@ -207,32 +208,33 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePatte
     return out[:, :, :length].to(dtype)
 
 
-def _check_pattern(mask):
-    if not isinstance(mask, SparsePattern):
+def _pattern(mask):
+    """The call's pattern with its causal part (the registry hands these backends only pattern, padding, causal)."""
+    if mask is None or mask.pattern is None:
         raise ValueError("this backend runs sparse patterns only: pass mask=SparsePattern(...)")
-    return mask
+    return mask.pattern.with_causal(mask.causal)
 
 
 @register_backend(
     "window",
-    Capabilities(returns_weights=False, supports_dropout=False, patterns=("window",), requires_pattern=True),
+    Capabilities(returns_weights=False, supports_dropout=False, mask_parts=("key_padding", "causal_square"),
+                 patterns=("window",), requires_pattern=True),
     priority=20,
     description="sliding window (+ dilation, global tokens), O(L w) time and memory; SparsePattern masks",
 )
-def window_backend(q, k, v, *, mask, is_causal, dropout_p, scale, need_weights):
-    pattern = _check_pattern(mask).with_causal(is_causal)
-    return window_attention(q, k, v, pattern, scale), None
+def window_backend(q, k, v, *, mask, dropout_p, scale, need_weights):
+    return window_attention(q, k, v, _pattern(mask), scale, key_padding=mask.key_padding), None
 
 
 @register_backend(
     "block_sparse",
-    Capabilities(returns_weights=False, supports_dropout=False, patterns=("block",), requires_pattern=True),
+    Capabilities(returns_weights=False, supports_dropout=False, mask_parts=("key_padding", "causal_square"),
+                 patterns=("block",), requires_pattern=True),
     priority=20,
     description="BigBird block-sparse (window + global + random blocks), skips empty blocks; SparsePattern masks",
 )
-def block_sparse_backend(q, k, v, *, mask, is_causal, dropout_p, scale, need_weights):
-    pattern = _check_pattern(mask).with_causal(is_causal)
-    return block_sparse_attention(q, k, v, pattern, scale), None
+def block_sparse_backend(q, k, v, *, mask, dropout_p, scale, need_weights):
+    return block_sparse_attention(q, k, v, _pattern(mask), scale, key_padding=mask.key_padding), None
 
 
 __all__ = ["block_sparse_attention", "window_attention"]
