@@ -22,8 +22,23 @@ Layout (the architecture at a glance):
 The layers are checked by ``lint-imports`` (``pyproject.toml``); README "Architecture" says where new code goes.
 """
 from .attention import AttnMask, attention, attention_weights, explain, list_backends, masks, register_backend
-from .models import ClassifierConfig, TextEncoder, TextEncoderConfig, TransformerClassifier
+from .models import (
+    CausalLM,
+    CausalLMConfig,
+    ClassifierConfig,
+    GenerationConfig,
+    Seq2Seq,
+    Seq2SeqConfig,
+    TextEncoder,
+    TextEncoderConfig,
+    TransformerClassifier,
+    generate,
+)
 from .modules import (
+    DecoderBlock,
+    DecoderConfig,
+    KVCache,
+    TransformerDecoder,
     EncoderBlock,
     EncoderConfig,
     FeedForward,
@@ -41,7 +56,17 @@ PositionalEncoding = SinusoidalPositionalEncoding  # the tutorial's name
 __version__ = "0.1.0"
 __all__ = [
     "AttnMask",
+    "CausalLM",
+    "CausalLMConfig",
     "ClassifierConfig",
+    "DecoderBlock",
+    "DecoderConfig",
+    "GenerationConfig",
+    "KVCache",
+    "Seq2Seq",
+    "Seq2SeqConfig",
+    "TransformerDecoder",
+    "generate",
     "EncoderBlock",
     "EncoderConfig",
     "FeedForward",

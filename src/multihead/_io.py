@@ -96,12 +96,13 @@ def folder_kind(path: str | Path) -> str:
             cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return "other"
-        if isinstance(cfg, dict) and "train" in cfg:
+        if isinstance(cfg, dict) and ("train" in cfg or "g2p" in cfg):  # a classifier or a G2P run
             return "run"
         if isinstance(cfg, dict) and "model_type" in cfg:
             return "hf"
         return "other"
-    for kind, marker in (("show", "attention.html"), ("heads", "heads.json"), ("sweep", "sweep.json")):
+    for kind, marker in (("show", "attention.html"), ("show", "cross.html"), ("heads", "heads.json"),
+                         ("sweep", "sweep.json")):
         if marker in names:
             return kind
     if any(n.startswith("importance-") and n.endswith(".json") for n in names):

@@ -70,11 +70,25 @@ def check_shapes(expected: dict[str, tuple], found: dict[str, tuple], path: Path
                               f"implies {want}; config and weights disagree")
 
 
+def unique_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``module.state_dict()`` with tied tensors (one parameter under several names, e.g. an output projection tied
+    to the embedding) kept once, under their first name: what a weights file holds (safetensors stores no shared
+    tensors)."""
+    out, seen = {}, set()
+    for k, v in module.state_dict(keep_vars=True).items():
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        out[k] = v.detach()
+    return out
+
+
 def meta_shapes(build) -> dict[str, tuple[int, ...]]:
-    """Parameter shapes of the module ``build()`` makes, built on the meta device (no memory allocated)."""
+    """Parameter shapes of the module ``build()`` makes (tied ones once), built on the meta device (no memory
+    allocated)."""
     with torch.device("meta"):
         module = build()
-    return {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    return {k: tuple(v.shape) for k, v in unique_state(module).items()}
 
 
 def _content_digest(tensors: dict[str, torch.Tensor]) -> str:
@@ -114,4 +128,5 @@ def load_checked(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
 
 __all__ = ["CheckpointError", "check_shapes", "header_shapes", "load_checked", "load_tensors", "meta_shapes",
+           "unique_state",
            "save_checked"]

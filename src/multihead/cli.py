@@ -156,11 +156,25 @@ def train_config_from_args(args):
     return layered(train_overrides(args))
 
 
+def cmd_train_g2p(args) -> int:
+    """``multihead train --data cmudict``: grapheme-to-phoneme with an encoder-decoder (multihead.train.g2p)."""
+    from .train.g2p import config_from_overrides, train_g2p
+
+    config = config_from_overrides(train_overrides(args))  # validated before anything is read or written
+    if args.resume and args.overwrite:
+        raise ValueError("--resume continues the run in --out and --overwrite replaces it; pass one of them")
+    results = train_g2p(config, Path(args.out), resume=args.resume, overwrite=args.overwrite)
+    print(f"run folder: {args.out}")
+    return 0 if results else 1
+
+
 def cmd_train(args) -> int:
     from .train import train
     from .train.config import resume_conflicts
     from .train.runfolder import read_json
 
+    if args.data == "cmudict":
+        return cmd_train_g2p(args)
     config = train_config_from_args(args)  # validated before anything is read or written
     if args.resume and args.overwrite:
         raise ValueError("--resume continues the run in --out and --overwrite replaces it; pass one of them")
@@ -186,7 +200,17 @@ def cmd_evaluate(args) -> int:
     import json
 
     from .train import evaluate, load_run
+    from .train.g2p import evaluate_run, is_g2p_run, load_g2p_run
 
+    if is_g2p_run(args.run):
+        r = evaluate_run(load_g2p_run(args.run), args.split, beam=args.beam)
+        if args.json:
+            print(json.dumps(r))
+        else:
+            how = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+            print(f"cmudict [{r['split']}], {how}: word error rate {r['wer']:.4f}, phoneme error rate "
+                  f"{r['per']:.4f} (n={r['words']} words)")
+        return 0
     run = load_run(args.run)
     r = evaluate(run, args.data, split=args.split, text_column=args.text_column, label_column=args.label_column)
     if args.json:
@@ -206,9 +230,15 @@ def cmd_predict(args) -> int:
 
     from .train import load_run, predict
 
+    from .train.g2p import is_g2p_run, load_g2p_run, predict_words
+
     texts = _read_texts(args.texts, args.file)
     if not texts:
         raise ValueError("nothing to predict: pass texts as arguments or --file FILE (one text per line, or .jsonl)")
+    if is_g2p_run(args.run):
+        for row in predict_words(load_g2p_run(args.run), texts, beam=args.beam):
+            print(f"{row['word']}\t{row['phonemes']}")
+        return 0
     for row in predict(load_run(args.run), texts):
         print(json.dumps(row, ensure_ascii=False))
     return 0
@@ -291,9 +321,14 @@ def _head_list(text: str) -> list[tuple[int, int]]:
 def cmd_show(args) -> int:
     from .interpret import load_subject
     from .interpret.show import show
+    from .train.g2p import is_g2p_run
 
     from ._io import check_target
 
+    if is_g2p_run(args.model):
+        return _show_g2p(args)
+    if args.out is None:
+        raise ValueError("pass --out FOLDER: where to write the pictures and the page")
     check_target(args.out, "show", overwrite=args.overwrite, sources=(args.model,))
     if not args.text.strip():
         raise ValueError("the text to show is empty; pass a sentence, e.g. \"The cat sat on the mat.\"")
@@ -304,6 +339,21 @@ def cmd_show(args) -> int:
           f"{' ...' if len(summary['tokens']) > 40 else ''}")
     print(f"wrote {len(summary['files'])} files to {args.out} in {summary['seconds']['total']:.1f}s; open "
           f"{Path(args.out) / 'attention.html'} in a browser (works offline)")
+    return 0
+
+
+def _show_g2p(args) -> int:
+    from .data.g2p import check_word
+    from .interpret.g2p import show_g2p
+    from .train.g2p import load_g2p_run
+
+    from ._io import check_target
+
+    word = check_word(args.text)  # before anything is loaded or written
+    out = Path(args.out) if args.out else Path(args.model) / "show" / word.replace("'", "_")
+    check_target(out, "show", overwrite=args.overwrite, sources=(args.model,))
+    summary = show_g2p(load_g2p_run(args.model), word, out, overwrite=args.overwrite)
+    print(f"wrote {len(summary['files'])} files to {out}; open {out / 'cross.html'} in a browser (works offline)")
     return 0
 
 
@@ -409,9 +459,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--limit", type=_count, default=None, help="lra: examples per split")
     bench.set_defaults(fn=cmd_bench)
 
-    t = sub.add_parser("train", help="train a Transformer text classifier; writes a run folder")
-    t.add_argument("--data", default=None, help="built-in dataset (rotten_tomatoes, imdb, bbc_news, bbc_headlines) "
-                                                "or a .csv/.tsv/.jsonl file (default rotten_tomatoes)")
+    t = sub.add_parser("train", help="train a Transformer text classifier (or, with --data cmudict, a "
+                                     "grapheme-to-phoneme encoder-decoder); writes a run folder")
+    t.add_argument("--data", default=None, help="built-in dataset (rotten_tomatoes, imdb, bbc_news, bbc_headlines), "
+                                                "a .csv/.tsv/.jsonl file (default rotten_tomatoes), or cmudict "
+                                                "(grapheme-to-phoneme)")
     t.add_argument("--out", required=True, help="run folder")
     t.add_argument("--config", default=None,
                    help="TOML file with [data], [model], [model.encoder], [optim], [run], [pretrained]")
@@ -431,12 +483,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--text-column", default=None)
     e.add_argument("--label-column", default=None)
     e.add_argument("--json", action="store_true")
+    e.add_argument("--beam", type=_count, default=1, help="G2P runs: beam width (1 = greedy)")
     e.set_defaults(fn=cmd_evaluate)
 
     pr = sub.add_parser("predict", help="classify texts; prints JSON lines with label and probabilities")
     pr.add_argument("run")
     pr.add_argument("texts", nargs="*")
     pr.add_argument("--file", default=None, help="one text per line, or .jsonl with a 'text' field")
+    pr.add_argument("--beam", type=_count, default=1, help="G2P runs: beam width (1 = greedy)")
     pr.set_defaults(fn=cmd_predict)
 
     em = sub.add_parser("embed", help="sentence embeddings from a pretrained encoder (or a run's encoder)")
@@ -454,9 +508,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex.set_defaults(fn=cmd_export)
 
     sh = sub.add_parser("show", help="pictures (PNG+SVG) and an offline web page of every head for one text")
-    sh.add_argument("model", help="a run folder, minilm, or a BERT-family folder")
+    sh.add_argument("model", help="a run folder (classifier or G2P), minilm, or a BERT-family folder")
     sh.add_argument("text")
-    sh.add_argument("--out", required=True, help="folder to write")
+    sh.add_argument("--out", default=None, help="folder to write (G2P runs: default RUN/show/WORD)")
     sh.add_argument("--heads", type=_head_list, default=None, help="heads to draw at full size, e.g. 1:8,5:3")
     sh.add_argument("--no-rollout", action="store_true", help="skip the attention-rollout picture")
     sh.add_argument("--overwrite", action="store_true", help="replace a folder of other files at --out")

@@ -154,7 +154,41 @@ def run_demo(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
     seen = show_step(out, pretrained_ok="skipped" not in real)
     print("== 5. Heads, measured: which heads of the demo classifier matter, and pruning them")
     measured = heads_step(out)
-    return {"train": results, "walkthrough": summary, "pretrained": real, "show": seen, "heads": measured}
+    print(f"== 6. MHA in the decoder: causal self-attention + cross-attention, grapheme-to-phoneme on CMUdict "
+          f"-> {out / 'g2p'}")
+    g2p = g2p_step(out / "g2p", seed=seed)
+    return {"train": results, "walkthrough": summary, "pretrained": real, "show": seen, "heads": measured,
+            "g2p": g2p}
+
+
+G2P_WORDS = ("attention", "multihead", "photograph", "transformer")
+
+
+def g2p_step(out: Path, *, seed: int = 0) -> dict:
+    """A small encoder-decoder trained for about a minute on CMUdict (a subset), its pronunciations, and where its
+    cross-attention looks (``multihead train --data cmudict`` trains the full model)."""
+    from .interpret.g2p import show_g2p
+    from .train.g2p import G2PConfig, load_g2p_run, predict_words, train_g2p
+
+    config = G2PConfig()
+    for side in (config.model.encoder, config.model.decoder):
+        side.d_model, side.num_heads, side.num_layers, side.d_ff = 64, 4, 2, 256
+    config.data.limit, config.optim.epochs, config.optim.lr = 20000, 2, 2e-3
+    config.run.seed, config.run.eval_words, config.run.beam, config.run.progress = seed, 300, 3, False
+    t0 = time.perf_counter()
+    results = train_g2p(config, out, overwrite=True)
+    g, b = results["test_greedy"], results["test_beam"]
+    print(f"   {results['params']:,} parameters, {results['train_minutes']:.1f} min on "
+          f"{results['words']['train']:,} words: test ({g['words']} words) greedy WER {g['wer']:.3f} PER "
+          f"{g['per']:.3f}, beam 3 WER {b['wer']:.3f} PER {b['per']:.3f}")
+    run = load_g2p_run(out)
+    for row in predict_words(run, list(G2P_WORDS)):
+        print(f"   {row['word']:<12} {row['phonemes']}")
+    summary = show_g2p(run, "photograph", out / "show", sample=100, overwrite=True,
+                       log=lambda text: print("   " + text))
+    print(f"   pictures and pages: {out / 'show'} (cross.html: letters on one side, phonemes on the other); "
+          f"{time.perf_counter() - t0:.0f}s. The full model: multihead train --data cmudict --out runs/g2p")
+    return {"results": results, "show": {k: summary[k] for k in ("word", "phonemes", "monotonicity")}}
 
 
 def heads_step(out: Path) -> dict:

@@ -8,6 +8,7 @@ SUITES = {
     "pretrained": "multihead.bench.pretrained",
     "long": "multihead.bench.long",
     "lra": "multihead.bench.lra",
+    "decode": "multihead.bench.decode",
 }
 
 

@@ -35,12 +35,15 @@ def length_sorted(ids: list[list[int]], batch_size: int, *, pad_id: int = 0):
         yield chunk, x, mask
 
 
-def collate(ids: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(B, L)`` token ids padded with ``pad_id`` and the bool mask ``(B, L)``, True = real token."""
+def collate(ids: list[list[int]], pad_id: int = 0, *, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B, L)`` token ids padded with ``pad_id`` and the bool mask ``(B, L)``, True = real token. ``left=True``
+    pads on the left (prompts for generation: every row's last column is real)."""
     width = max(len(x) for x in ids)
     batch = torch.full((len(ids), width), pad_id, dtype=torch.long)
     for row, x in enumerate(ids):
-        batch[row, : len(x)] = torch.tensor(x, dtype=torch.long)
+        if len(x):
+            start = width - len(x) if left else 0
+            batch[row, start:start + len(x)] = torch.tensor(x, dtype=torch.long)
     lengths = torch.tensor([len(x) for x in ids])
     mask = torch.arange(width)[None, :] < lengths[:, None]  # (B, L)
-    return batch, mask
+    return batch, (mask.flip(-1) if left else mask)

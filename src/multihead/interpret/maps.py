@@ -15,7 +15,8 @@ SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]")
 @dataclass
 class AttentionMaps:
     """``layers[l]`` is ``(H_l, L, L)`` for the ``L`` real tokens of ``text`` (rows: queries, columns: keys; each
-    row sums to 1). Heads per layer may differ after pruning."""
+    row sums to 1). Heads per layer may differ after pruning. Cross-attention maps are ``(H_l, Lq, Lk)`` with the
+    keys' own ``key_tokens`` (e.g. phonemes attending to letters)."""
 
     text: str
     tokens: list[str]
@@ -23,6 +24,11 @@ class AttentionMaps:
     model: str = ""
     starts: list[bool] | None = None  # True where a token starts a word (None: WordPiece's "##" marks the rest)
     truncated: int = 0  # tokens of the text beyond the model's limit (not shown)
+    key_tokens: list[str] | None = None  # cross-attention: the key sequence's tokens (None: the same tokens)
+
+    @property
+    def keys(self) -> list[str]:
+        return self.tokens if self.key_tokens is None else self.key_tokens
 
     def word_starts(self) -> list[bool]:
         return self.starts if self.starts is not None else [not t.startswith("##") for t in self.tokens]

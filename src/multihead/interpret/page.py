@@ -39,9 +39,10 @@ SCRIPT = r"""
 (function () {
   "use strict";
   const D = JSON.parse(document.getElementById("data").textContent);
-  const N = D.tokens.length, ROW = 20, cache = {};
+  const KT = D.key_tokens || D.tokens;  // cross-attention: keys are another sequence (e.g. letters)
+  const NQ = D.tokens.length, NK = KT.length, N = Math.max(NQ, NK), ROW = 20, cache = {};
   let layer = 0, selected = new Set(), focus = null;
-  function weights(l, h) {  // Float32Array N*N, row-major: query rows, key columns
+  function weights(l, h) {  // Float32Array NQ*NK, row-major: query rows, key columns
     const key = l + ":" + h;
     if (!cache[key]) {
       const bin = atob(D.weights[l][h]), out = new Float32Array(bin.length);
@@ -85,9 +86,10 @@ SCRIPT = r"""
     svg.setAttribute("width", 520); svg.setAttribute("height", ROW * N + 10);
     svg.appendChild(el("g", {id: "links"}));
     for (const side of ["q", "k"]) {
-      for (let i = 0; i < N; i++) {
+      const names = side === "q" ? D.tokens : KT;
+      for (let i = 0; i < names.length; i++) {
         const t = el("text", {x: side === "q" ? LEFT : RIGHT, y: ROW * i + 18, "text-anchor": side === "q" ? "end" : "start",
-          "data-side": side, "data-index": i}, D.tokens[i]);
+          "data-side": side, "data-index": i}, names[i]);
         t.addEventListener("mouseenter", () => { focus = {side: side, i: i}; drawLines(); });
         t.addEventListener("mouseleave", () => { focus = null; drawLines(); });
         svg.appendChild(t);
@@ -96,13 +98,13 @@ SCRIPT = r"""
   }
   function drawLines() {
     const g = document.getElementById("links"); g.replaceChildren();
-    const topK = N > 64 ? 3 : N;
+    const topK = NK > 64 ? 3 : NK;
     for (const h of selected) {
       const w = weights(layer, h), c = colour(h, D.heads[layer]);
-      for (let i = 0; i < N; i++) {
+      for (let i = 0; i < NQ; i++) {
         if (focus && focus.side === "q" && focus.i !== i) continue;
-        const row = Array.from(w.subarray(i * N, (i + 1) * N));
-        const order = row.map((v, j) => j).sort((a, b) => row[b] - row[a]).slice(0, focus ? N : topK);
+        const row = Array.from(w.subarray(i * NK, (i + 1) * NK));
+        const order = row.map((v, j) => j).sort((a, b) => row[b] - row[a]).slice(0, focus ? NK : topK);
         for (const j of order) {
           if (focus && focus.side === "k" && focus.i !== j) continue;
           if (row[j] < (focus ? 0.01 : 0.05)) continue;
@@ -125,9 +127,9 @@ SCRIPT = r"""
       for (let h = 0; h < cols; h++) {
         if (h >= D.heads[l]) { grid.appendChild(el("div")); continue; }
         const cell = el("div", {"class": "cell thumb" + (hl.has(l + ":" + h) ? " hl" : ""), "data-layer": l, "data-head": h});
-        const canvas = el("canvas", {width: N, height: N});
-        const ctx = canvas.getContext("2d"), img = ctx.createImageData(N, N), w = weights(l, h);
-        for (let p = 0; p < N * N; p++) {  // white -> dark blue
+        const canvas = el("canvas", {width: NK, height: NQ});
+        const ctx = canvas.getContext("2d"), img = ctx.createImageData(NK, NQ), w = weights(l, h);
+        for (let p = 0; p < NQ * NK; p++) {  // white -> dark blue
           const v = w[p];
           img.data[4 * p] = Math.round(255 * (1 - v)); img.data[4 * p + 1] = Math.round(255 * (1 - 0.8 * v));
           img.data[4 * p + 2] = Math.round(255 - 100 * v); img.data[4 * p + 3] = 255;
@@ -174,7 +176,8 @@ def _json_for_script(obj) -> str:
 def page_data(maps: AttentionMaps, highlights: dict | None = None) -> dict:
     enc = [[base64.b64encode((w[h].clamp(0, 1) * 255).round().to(torch.uint8).numpy().tobytes()).decode()
             for h in range(w.shape[0])] for w in maps.layers]
-    return {"model": maps.model, "text": maps.text, "tokens": maps.tokens, "heads": maps.heads, "weights": enc,
+    return {"model": maps.model, "text": maps.text, "tokens": maps.tokens, "key_tokens": maps.keys, "heads": maps.heads,
+            "weights": enc,
             "highlights": [{"layer": l, "head": h, "caption": c} for (l, h), c in sorted((highlights or {}).items())]}
 
 

@@ -31,13 +31,16 @@ def _ticks(tokens: list[str], max_labels: int) -> tuple[list[int], list[str]]:
     return pos, [plain(tokens[i] if len(tokens[i]) <= 14 else tokens[i][:13] + "…") for i in pos]
 
 
-def _label(ax, tokens: list[str], max_labels: int, fontsize: float, x: bool = True, y: bool = True) -> None:
-    pos, names = _ticks(tokens, max_labels)
+def _label(ax, tokens: list[str], max_labels: int, fontsize: float, x: bool = True, y: bool = True,
+           keys: list[str] | None = None) -> None:
+    """Query tokens on the y axis, key tokens (``keys``, default the same) on the x axis."""
     if x:
-        ax.set_xticks(pos, names, rotation=90, fontsize=fontsize)
+        kpos, knames = _ticks(tokens if keys is None else keys, max_labels)
+        ax.set_xticks(kpos, knames, rotation=90, fontsize=fontsize)
     else:
         ax.set_xticks([])
     if y:
+        pos, names = _ticks(tokens, max_labels)
         ax.set_yticks(pos, names, fontsize=fontsize)
     else:
         ax.set_yticks([])
@@ -78,7 +81,7 @@ def plot_grid(maps: AttentionMaps, stem: Path, *, max_labels: int = 24, highligh
             ax.imshow(maps.head(l, h).numpy(), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
             cap = (highlight or {}).get((l, h))
             ax.set_title(f"L{l} H{h}" + (f"\n{cap}" if cap else ""), fontsize=6, color="red" if cap else "black")
-            _label(ax, maps.tokens, max_labels if labels_each else 8, fs, x=(l == rows - 1), y=(h == 0))
+            _label(ax, maps.tokens, max_labels if labels_each else 8, fs, x=(l == rows - 1), y=(h == 0), keys=maps.keys)
             if cap:
                 for side in ax.spines.values():
                     side.set_edgecolor("red")
@@ -96,7 +99,7 @@ def plot_head(maps: AttentionMaps, layer: int, head: int, stem: Path, *, max_lab
     fig, ax = plt.subplots(figsize=(size + 1.2, size))
     im = ax.imshow(maps.head(layer, head).numpy(), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
     fs = max(5.0, min(10.0, 400 / max(1, min(n, max_labels))))
-    _label(ax, maps.tokens, max_labels, fs)
+    _label(ax, maps.tokens, max_labels, fs, keys=maps.keys)
     ax.set_xlabel("key (attended to)")
     ax.set_ylabel("query (attending)")
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
@@ -116,10 +119,10 @@ def plot_layer_mean(maps: AttentionMaps, stem: Path, *, max_labels: int = 40) ->
             ax.axis("off")
             continue
         w = maps.layers[i]
-        mean = w.mean(0) if w.shape[0] else torch.zeros(len(maps.tokens), len(maps.tokens))
+        mean = w.mean(0) if w.shape[0] else torch.zeros(len(maps.tokens), len(maps.keys))
         ax.imshow(mean.numpy(), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
         ax.set_title(f"layer {i}: mean of {w.shape[0]} heads", fontsize=8)
-        _label(ax, maps.tokens, max_labels, 6)
+        _label(ax, maps.tokens, max_labels, 6, keys=maps.keys)
     fig.suptitle(f"{plain(maps.model)}: average attention per layer\n{_short(maps.text)}", fontsize=9)
     return _save(fig, stem)
 

@@ -1,13 +1,20 @@
 """Modules: they own parameters and reshapes and call the kernel seam; ``(B, H, L, D)`` inside."""
 from .attention import MultiHeadAttention
 from .capture import Cache, capture, run_with_cache
+from .decoder import DecoderBlock, DecoderConfig, TransformerDecoder
 from .encoder import EncoderBlock, EncoderConfig, TransformerEncoder
 from .feedforward import FeedForward
 from .hooks import HookPoint, hook_points
+from .kv_cache import KVCache, LayerKV
 from .positional import LearnedPositionalEncoding, RotaryEmbedding, SinusoidalPositionalEncoding
 
 __all__ = [
     "Cache",
+    "DecoderBlock",
+    "DecoderConfig",
+    "KVCache",
+    "LayerKV",
+    "TransformerDecoder",
     "EncoderBlock",
     "EncoderConfig",
     "FeedForward",

@@ -14,6 +14,7 @@ from ..attention import patterns as _patterns
 from ..attention.attn_mask import AttnMask
 from ..attention.registry import attention, check_backend_name, get_backend
 from .hooks import HookPoint
+from .kv_cache import LayerKV
 
 
 class MultiHeadAttention(nn.Module):
@@ -120,6 +121,8 @@ class MultiHeadAttention(nn.Module):
         head_mask: Tensor | None = None,
         need_weights: bool | None = None,
         average_attn_weights: bool = False,
+        cache: LayerKV | None = None,
+        positions: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key``/``value`` (self-attention when they are omitted).
 
@@ -136,6 +139,13 @@ class MultiHeadAttention(nn.Module):
                 differentiable, which is what head-importance scoring uses.
             need_weights: return per-head weights; default: the constructor's ``need_weights``.
             average_attn_weights: average the returned weights over heads ``(B, Lq, Lk)``.
+            cache: a :class:`~multihead.modules.kv_cache.LayerKV` for incremental decoding. Self-attention
+                (``static=False``): this call's keys/values are appended and the queries attend to every cached key
+                (``mask``/``key_padding_mask``/``is_causal`` then describe all ``Lk = cached + new`` keys).
+                Cross-attention (``static=True``): keys/values are computed from ``key``/``value`` on the first call
+                and reused afterwards.
+            positions: ``(B, Lq)`` per-row positions for rotary embeddings (left-padded batches); default: the
+                cached length onwards.
 
         Returns:
             ``(out, weights)``: ``out`` ``(B, Lq, E)``; ``weights`` ``(B, H, Lq, Lk)`` or None.
@@ -155,9 +165,29 @@ class MultiHeadAttention(nn.Module):
                 if need_weights else None
 
         q = self.w_q(query).view(b, lq, h, d).transpose(1, 2)  # (B, H, Lq, D)
-        k = self.w_k(key).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
-        v = self.w_v(value).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
-        z, weights = self._attend(q, k, v, self.build_mask(mask, key_padding_mask, is_causal), head_mask, need_weights)
+        if cache is not None and cache.static and cache.k is not None:  # cross-attention: the source's, once
+            k, v = cache.k, cache.v  # (B, G, Ls, D)
+        else:
+            k = self.w_k(key).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
+            v = self.w_v(value).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
+        rotate = self.rotary is not None
+        if cache is not None and cache.static:
+            if rotate:
+                raise ValueError("rotary embeddings rotate self-attention; build cross-attention without rotary=")
+            if cache.k is None:
+                cache.store(k, v)
+        elif cache is not None:  # self-attention: rotate the new positions where they sit, then append them
+            if rotate:
+                past = cache.length
+                q = self.rotary.rotate(q, past, positions)
+                k = self.rotary.rotate(k, past, positions)
+                rotate = False
+            k, v = cache.append(k, v)  # (B, G, cached + Lq, D)
+        elif rotate and positions is not None:
+            q, k = self.rotary.rotate(q, 0, positions), self.rotary.rotate(k, 0, positions)
+            rotate = False
+        z, weights = self._attend(q, k, v, self.build_mask(mask, key_padding_mask, is_causal), head_mask, need_weights,
+                                  rotate=rotate)
         out = self.w_o(z.transpose(1, 2).reshape(b, lq, h * d))  # (B, H, Lq, D) -> (B, Lq, E) -> (B, Lq, E)
         if not need_weights:
             return out, None
@@ -207,10 +237,11 @@ class MultiHeadAttention(nn.Module):
             am = (am or AttnMask()).with_pattern(self.pattern)
         return am
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: AttnMask | None, head_mask, need_weights: bool):
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: AttnMask | None, head_mask, need_weights: bool,
+                rotate: bool = True):
         """Rotary, hooks, the kernel and the head mask on split heads: returns ``z`` ``(B, H, Lq, D)``, weights.
         ``mask`` is the structured mask, passed to the kernel seam as it is."""
-        if self.rotary is not None:
+        if rotate and self.rotary is not None:
             q, k = self.rotary(q, k)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         p = self.dropout if self.training else 0.0

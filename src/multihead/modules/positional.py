@@ -21,11 +21,26 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.register_buffer("pe", pe, persistent=False)  # (L, E); recomputed, never saved
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """``x`` ``(B, L, E)`` at positions ``offset ..`` (or per-row ``positions`` ``(B, L)``: left-padded batches)."""
+        _check_length(x.shape[1], offset, positions, self.max_len)
+        if positions is not None:
+            return self.dropout(x + self.pe[positions].to(x.dtype))  # (B, L, E) + (B, L, E)
         l = x.shape[1]
-        if offset + l > self.max_len:
-            raise ValueError(f"sequence of length {offset + l} exceeds max_len={self.max_len}; raise max_len")
         return self.dropout(x + self.pe[offset : offset + l].to(x.dtype))  # (B, L, E) + (L, E)
+
+
+def check_positions(positions: Tensor, max_len: int) -> None:
+    """Raise (naming the fix) when any position is beyond a model's ``max_len`` positions."""
+    _check_length(positions.shape[-1], 0, positions, max_len)
+
+
+def _check_length(length: int, offset: int, positions: Tensor | None, max_len: int) -> None:
+    last = offset + length if positions is None else (int(positions.max()) + 1 if positions.numel() else 0)
+    if last > max_len:
+        raise ValueError(f"position {last - 1} is beyond the {max_len} positions this model has (max_len={max_len}); "
+                         "shorten the input or the generation (max_new_tokens), or build the model with a larger "
+                         "max_len")
 
 
 class LearnedPositionalEncoding(nn.Module):
@@ -38,12 +53,12 @@ class LearnedPositionalEncoding(nn.Module):
         nn.init.normal_(self.embedding.weight, std=0.02)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """``x`` ``(B, L, E)`` at positions ``offset ..`` (or per-row ``positions`` ``(B, L)``: left-padded batches)."""
+        _check_length(x.shape[1], offset, positions, self.max_len)
         l = x.shape[1]
-        if offset + l > self.max_len:
-            raise ValueError(f"sequence of length {offset + l} exceeds max_len={self.max_len}; raise max_len")
-        pos = torch.arange(offset, offset + l, device=x.device)
-        return self.dropout(x + self.embedding(pos))  # (B, L, E) + (L, E)
+        pos = torch.arange(offset, offset + l, device=x.device) if positions is None else positions
+        return self.dropout(x + self.embedding(pos))  # (B, L, E) + ((B,) L, E)
 
 
 class RotaryEmbedding(nn.Module):
@@ -63,10 +78,13 @@ class RotaryEmbedding(nn.Module):
         inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (D/2,)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def _cos_sin(self, length: int, offset: int, device, dtype):
-        pos = torch.arange(offset, offset + length, device=device, dtype=torch.float32)
-        angles = torch.outer(pos, self.inv_freq.to(device))  # (L, D/2)
-        angles = torch.cat([angles, angles], dim=-1)  # (L, D)
+    def _cos_sin(self, length: int, offset: int, device, dtype, positions: Tensor | None = None):
+        if positions is None:
+            pos = torch.arange(offset, offset + length, device=device, dtype=torch.float32)  # (L,)
+        else:
+            pos = positions.to(device=device, dtype=torch.float32)[:, None, :]  # (B, 1, L): per-row positions
+        angles = pos[..., None] * self.inv_freq.to(device)  # (.., L, D/2)
+        angles = torch.cat([angles, angles], dim=-1)  # (.., L, D)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
     @staticmethod
@@ -74,9 +92,9 @@ class RotaryEmbedding(nn.Module):
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat([-x2, x1], dim=-1)
 
-    def rotate(self, x: Tensor, offset: int = 0) -> Tensor:
-        """Rotate ``(..., L, D)`` as positions ``offset .. offset + L - 1``."""
-        cos, sin = self._cos_sin(x.shape[-2], offset, x.device, x.dtype)
+    def rotate(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """Rotate ``(B, H, L, D)`` as positions ``offset .. offset + L - 1`` (or per-row ``positions`` ``(B, L)``)."""
+        cos, sin = self._cos_sin(x.shape[-2], offset, x.device, x.dtype, positions)
         return x * cos + self._rotate_half(x) * sin
 
     def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:

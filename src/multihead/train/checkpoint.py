@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .._weights import unique_state
 from .runfolder import atomic_write_json, save_checked
 
 
@@ -33,8 +34,24 @@ class EMA:
         model.load_state_dict({k: v.to(model.state_dict()[k].dtype) for k, v in self.shadow.items()})
 
 
+def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights as saved: tied parameters once (:func:`multihead._weights.unique_state`)."""
+    return unique_state(model)
+
+
+def load_model_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Load what :func:`model_tensors` saved: every parameter present except tied copies, nothing unexpected."""
+    from .runfolder import CheckpointError
+
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    tied = set(model.state_dict()) - set(model_tensors(model))
+    if unexpected or set(missing) - tied:
+        raise CheckpointError(f"the weights do not fit the model: missing {sorted(set(missing) - tied)[:5]}, "
+                              f"unexpected {sorted(unexpected)[:5]}")
+
+
 def state_tensors(model, opt, ema: "EMA | None" = None) -> dict[str, torch.Tensor]:
-    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    tensors = {f"model.{k}": v for k, v in model_tensors(model).items()}
     if ema is not None:
         tensors.update({f"ema.{k}": v for k, v in ema.shadow.items()})
     params = [p for g in opt.param_groups for p in g["params"]]
@@ -47,7 +64,7 @@ def state_tensors(model, opt, ema: "EMA | None" = None) -> dict[str, torch.Tenso
 
 
 def restore_state(model, opt, tensors: dict[str, torch.Tensor], ema: "EMA | None" = None) -> None:
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    load_model_tensors(model, {k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
     if ema is not None:
         ema.shadow = {k[4:]: v.clone() for k, v in tensors.items() if k.startswith("ema.")}
     params = [p for g in opt.param_groups for p in g["params"]]
@@ -69,4 +86,4 @@ def save_checkpoint(out: Path, model, opt, sched, position: dict, ema: "EMA | No
             old.unlink()
 
 
-__all__ = ["EMA", "restore_state", "save_checkpoint", "state_tensors"]
+__all__ = ["EMA", "load_model_tensors", "model_tensors", "restore_state", "save_checkpoint", "state_tensors"]

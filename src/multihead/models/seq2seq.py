@@ -1,0 +1,261 @@
+"""MHA's decoder roles as models: :class:`CausalLM` (decoder-only, GPT-style: causal self-attention) and
+:class:`Seq2Seq` (Vaswani et al.'s encoder-decoder: the decoder's cross-attention reads the encoder's output).
+
+Both decode incrementally with a :class:`~multihead.modules.kv_cache.KVCache` through one small protocol that
+:mod:`multihead.models.generation` drives: ``prefill(...) -> (logits of the last position (B, V), cache)`` then
+``step(tokens (B,), cache) -> logits (B, V)``. Prompts of different lengths are **left-padded** (their last column
+is real, so every row's next-token logits sit in one column); positions are counted per row over real tokens only,
+so a padded row computes exactly what it would alone.
+
+Shape legend: ``B`` batch, ``T`` target positions, ``S`` source positions, ``E`` d_model, ``V`` vocabulary.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from .._config import check_size, from_fields
+from ..modules.decoder import DecoderConfig, TransformerDecoder
+from ..modules.encoder import EncoderConfig, TransformerEncoder
+from ..modules.kv_cache import KVCache
+from ..modules.positional import build_positional, check_positions
+
+POSITIONALS = ("sinusoidal", "learned", "rope", "none")
+
+
+def _positions(keep: Tensor, before: Tensor | None) -> Tensor:
+    """Per-row positions ``(B, T)`` of the new tokens: real tokens counted from 0 (``before`` real tokens already
+    cached); padding sits at the position of the next real token (it is masked as a key and never read)."""
+    pos = keep.long().cumsum(-1) - keep.long()  # real tokens before each column
+    return pos if before is None else pos + before[:, None]
+
+
+def _check_ids(ids: Tensor, vocab: int, name: str) -> None:
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must be integer token ids, got {ids.dtype}")
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must be (B, L), got shape {tuple(ids.shape)}" +
+                         (f" (add a batch axis: {name}.unsqueeze(0))" if ids.dim() == 1 else ""))
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        raise ValueError(f"{name} holds ids outside [0, {vocab}): {int(ids.min())}..{int(ids.max())}; the "
+                         "tokenizer and the model's vocab_size disagree")
+
+
+def _check_keep(keep: Tensor | None, ids: Tensor, name: str) -> Tensor:
+    if keep is None:
+        return torch.ones_like(ids, dtype=torch.bool)
+    if keep.dtype != torch.bool or keep.shape != ids.shape:
+        raise ValueError(f"{name} must be bool {tuple(ids.shape)} with True = real token, got {keep.dtype} "
+                         f"{tuple(keep.shape)}")
+    return keep
+
+
+@dataclass
+class CausalLMConfig:
+    """Everything that defines a :class:`CausalLM`; round-trips through JSON."""
+
+    vocab_size: int = 10000
+    max_len: int = 512  # positions the model has (prompt + generated)
+    positional: str = "learned"
+    pad_id: int = 0
+    tie_embeddings: bool = True  # output projection = token embedding matrix (Press & Wolf 2017)
+    decoder: DecoderConfig = field(default_factory=lambda: DecoderConfig(cross_attention=False, norm_first=True))
+
+    def __post_init__(self) -> None:
+        if isinstance(self.decoder, dict):
+            self.decoder = DecoderConfig.from_dict(self.decoder)
+        if self.positional not in POSITIONALS:
+            raise ValueError(f"unknown positional encoding {self.positional!r}; choose one of {POSITIONALS}")
+        if self.decoder.cross_attention:
+            raise ValueError("a CausalLM's decoder has no cross-attention; set decoder.cross_attention=False "
+                             "(or use Seq2Seq)")
+        self.decoder.rotary = self.positional == "rope"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CausalLMConfig":
+        return from_fields(cls, d)
+
+    def parameter_estimate(self) -> int:
+        e, dec = self.decoder.d_model, self.decoder
+        per_layer = 4 * e * e + 2 * e * (dec.d_ff or 4 * e)
+        return self.vocab_size * e * (1 if self.tie_embeddings else 2) + dec.num_layers * per_layer
+
+
+class CausalLM(nn.Module):
+    """Decoder-only language model: token + position embeddings -> causal decoder blocks -> next-token logits."""
+
+    def __init__(self, config: CausalLMConfig | None = None, **overrides) -> None:
+        super().__init__()
+        config = CausalLMConfig(**overrides) if config is None else config
+        check_size(config.parameter_estimate())
+        self.config = config
+        e = config.decoder.d_model
+        self.embed = nn.Embedding(config.vocab_size, e)
+        nn.init.normal_(self.embed.weight, std=0.02)
+        self.pos = build_positional(config.positional, e, config.max_len, config.decoder.dropout)
+        self.drop = nn.Dropout(config.decoder.dropout) if self.pos is None else nn.Identity()
+        self.decoder = TransformerDecoder(config.decoder)
+        self.lm_head = nn.Linear(e, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def forward(self, ids: Tensor, keep: Tensor | None = None, *, cache: KVCache | None = None,
+                head_mask: Tensor | None = None) -> Tensor:
+        """Logits ``(B, T, V)`` for every position of ``ids`` ``(B, T)`` (``keep``: True = real token). With a
+        ``cache``, ``ids`` are the new tokens after the cached ones and the cache is extended."""
+        _check_ids(ids, self.config.vocab_size, "ids")
+        keep = _check_keep(keep, ids, "keep")
+        before = None if cache is None else cache.next_position
+        positions = _positions(keep, before)
+        check_positions(positions, self.config.max_len)
+        x = self.embed(ids)  # (B, T, E)
+        x = self.drop(x) if self.pos is None else self.pos(x, positions=positions)
+        full_keep = keep if cache is None or cache.key_padding is None else torch.cat([cache.key_padding, keep], 1)
+        x = self.decoder(x, key_padding_mask=full_keep, cache=cache, positions=positions, head_mask=head_mask)
+        if cache is not None:
+            cache.key_padding = full_keep
+            cache.next_position = keep.long().sum(-1) + (0 if before is None else before)
+        return self.lm_head(x)  # (B, T, V)
+
+    # ------------------------------------------------------------------ the decoding protocol
+    def prefill(self, ids: Tensor, keep: Tensor | None = None) -> tuple[Tensor, KVCache]:
+        """Run the (left-padded) prompt once: the last position's logits ``(B, V)`` and the filled cache."""
+        keep = _check_keep(keep, ids, "keep")
+        if ids.shape[1] == 0 or not bool(keep[:, -1].all()):
+            raise ValueError("prompts must be left-padded and non-empty: the last column of every row must be a "
+                             "real token (pad on the left, e.g. data.collate(..., left=True))")
+        cache = self.decoder.new_cache()
+        return self(ids, keep, cache=cache)[:, -1], cache
+
+    def step(self, tokens: Tensor, cache: KVCache) -> Tensor:
+        """Feed one token per row ``(B,)``; its logits ``(B, V)``."""
+        return self(tokens[:, None], cache=cache)[:, -1]
+
+
+@dataclass
+class Seq2SeqConfig:
+    """Everything that defines a :class:`Seq2Seq`; round-trips through JSON."""
+
+    src_vocab_size: int = 10000
+    tgt_vocab_size: int = 10000
+    max_len: int = 256  # positions on each side
+    positional: str = "sinusoidal"
+    pad_id: int = 0
+    bos_id: int = 1  # the decoder's start token
+    share_embeddings: bool = False  # one embedding matrix for source and target (needs one vocabulary)
+    tie_output: bool = True  # output projection = target embedding matrix
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.encoder, dict):
+            self.encoder = EncoderConfig.from_dict(self.encoder)
+        if isinstance(self.decoder, dict):
+            self.decoder = DecoderConfig.from_dict(self.decoder)
+        if self.positional not in POSITIONALS:
+            raise ValueError(f"unknown positional encoding {self.positional!r}; choose one of {POSITIONALS}")
+        if self.encoder.d_model != self.decoder.d_model:
+            raise ValueError(f"encoder d_model {self.encoder.d_model} != decoder d_model {self.decoder.d_model}; "
+                             "cross-attention needs one width")
+        if not self.decoder.cross_attention:
+            raise ValueError("a Seq2Seq decoder needs cross-attention; set decoder.cross_attention=True")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError("share_embeddings needs src_vocab_size == tgt_vocab_size")
+        self.encoder.rotary = self.decoder.rotary = self.positional == "rope"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Seq2SeqConfig":
+        return from_fields(cls, d)
+
+    def parameter_estimate(self) -> int:
+        e = self.encoder.d_model
+        enc = self.encoder.num_layers * (4 * e * e + 2 * e * (self.encoder.d_ff or 4 * e))
+        dec = self.decoder.num_layers * (8 * e * e + 2 * e * (self.decoder.d_ff or 4 * e))
+        emb = (self.src_vocab_size * (0 if self.share_embeddings else 1) + self.tgt_vocab_size) * e
+        return emb + enc + dec + (0 if self.tie_output else self.tgt_vocab_size * e)
+
+
+class Seq2Seq(nn.Module):
+    """Encoder-decoder Transformer (Vaswani et al. 2017): ``encode(src)`` once, then the decoder attends causally to
+    its own past and, through cross-attention, to every source position."""
+
+    def __init__(self, config: Seq2SeqConfig | None = None, **overrides) -> None:
+        super().__init__()
+        config = Seq2SeqConfig(**overrides) if config is None else config
+        check_size(config.parameter_estimate())
+        self.config = config
+        e = config.encoder.d_model
+        self.scale = math.sqrt(e)  # embeddings times sqrt(d_model), as in the paper (section 3.4)
+        self.tgt_embed = nn.Embedding(config.tgt_vocab_size, e)
+        self.src_embed = self.tgt_embed if config.share_embeddings else nn.Embedding(config.src_vocab_size, e)
+        for emb in {self.src_embed, self.tgt_embed}:
+            nn.init.normal_(emb.weight, std=e ** -0.5)
+        self.src_pos = build_positional(config.positional, e, config.max_len, config.encoder.dropout)
+        self.tgt_pos = build_positional(config.positional, e, config.max_len, config.decoder.dropout)
+        self.encoder = TransformerEncoder(config.encoder)
+        self.decoder = TransformerDecoder(config.decoder)
+        self.out = nn.Linear(e, config.tgt_vocab_size, bias=False)
+        if config.tie_output:
+            self.out.weight = self.tgt_embed.weight
+
+    def encode(self, src: Tensor, src_keep: Tensor | None = None) -> Tensor:
+        """The encoder's output ``(B, S, E)`` (padded positions included; the decoder masks them)."""
+        _check_ids(src, self.config.src_vocab_size, "src")
+        src_keep = _check_keep(src_keep, src, "src_keep")
+        check_positions(_positions(src_keep, None), self.config.max_len)
+        x = self.src_embed(src) * self.scale
+        if self.src_pos is not None:
+            x = self.src_pos(x)
+        return self.encoder(x, key_padding_mask=src_keep)
+
+    def decode(self, tgt: Tensor, memory: Tensor, src_keep: Tensor | None = None, tgt_keep: Tensor | None = None, *,
+               cache: KVCache | None = None, head_mask: Tensor | None = None) -> Tensor:
+        """Logits ``(B, T, V)`` for target positions ``tgt`` (teacher forcing, or the new ones after ``cache``)."""
+        _check_ids(tgt, self.config.tgt_vocab_size, "tgt")
+        tgt_keep = _check_keep(tgt_keep, tgt, "tgt_keep")
+        before = None if cache is None else cache.next_position
+        positions = _positions(tgt_keep, before)
+        check_positions(positions, self.config.max_len)
+        x = self.tgt_embed(tgt) * self.scale
+        if self.tgt_pos is not None:
+            x = self.tgt_pos(x, positions=positions)
+        full_keep = tgt_keep if cache is None or cache.key_padding is None else \
+            torch.cat([cache.key_padding, tgt_keep], 1)
+        x = self.decoder(x, memory, key_padding_mask=full_keep, memory_key_padding_mask=src_keep, cache=cache,
+                         positions=positions, head_mask=head_mask)
+        if cache is not None:
+            cache.key_padding = full_keep
+            cache.next_position = tgt_keep.long().sum(-1) + (0 if before is None else before)
+            cache.memory_keep = src_keep
+        return self.out(x)
+
+    def forward(self, src: Tensor, tgt: Tensor, src_keep: Tensor | None = None,
+                tgt_keep: Tensor | None = None) -> Tensor:
+        """Teacher forcing: logits ``(B, T, V)`` predicting ``tgt[:, 1:]`` from ``tgt[:, :-1]`` when ``tgt``
+        starts with BOS (the caller shifts)."""
+        return self.decode(tgt, self.encode(src, src_keep), src_keep, tgt_keep)
+
+    # ------------------------------------------------------------------ the decoding protocol
+    def prefill(self, src: Tensor, src_keep: Tensor | None = None) -> tuple[Tensor, KVCache]:
+        """Encode once, feed BOS: logits ``(B, V)`` of the first target token and the cache (cross-attention keys
+        and values computed here, once)."""
+        src_keep = _check_keep(src_keep, src, "src_keep")
+        memory = self.encode(src, src_keep)
+        cache = self.decoder.new_cache()
+        bos = torch.full((src.shape[0], 1), self.config.bos_id, dtype=torch.long, device=src.device)
+        return self.decode(bos, memory, src_keep, cache=cache)[:, -1], cache
+
+    def step(self, tokens: Tensor, cache: KVCache) -> Tensor:
+        return self.decode(tokens[:, None], None, cache.memory_keep, cache=cache)[:, -1]
+
+
+__all__ = ["CausalLM", "CausalLMConfig", "Seq2Seq", "Seq2SeqConfig"]

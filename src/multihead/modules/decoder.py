@@ -1,0 +1,157 @@
+"""Decoder block and stack: masked (causal) self-attention -> cross-attention to an encoder's output -> FFN, each
+with a residual and LayerNorm (post-LN as the tutorial's encoder block, or pre-LN with ``norm_first=True``).
+
+The same :class:`MultiHeadAttention` in its two other roles: causal self-attention (queries may attend only to keys
+at or before their own position) and encoder-decoder cross-attention (queries from the decoder, keys and values from
+the encoder's output, the annotated transformer's ``mha(q, k, v, mask)``). Without cross-attention
+(``cross_attention=False``) the block is a decoder-only (GPT-style) layer. Incremental decoding passes a
+:class:`~multihead.modules.kv_cache.KVCache`.
+
+Shape legend: ``B`` batch, ``T`` target (decoder) positions this call, ``S`` source positions, ``E`` d_model.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from torch import Tensor, nn
+
+from .._config import from_fields
+from ..attention.attn_mask import AttnMask
+from .attention import MultiHeadAttention
+from .feedforward import FeedForward
+from .hooks import HookPoint
+from .kv_cache import KVCache, LayerKV
+from .positional import RotaryEmbedding
+
+
+@dataclass
+class DecoderConfig:
+    """Everything that defines a decoder stack; saved as JSON beside each checkpoint."""
+
+    d_model: int = 512
+    num_heads: int = 8
+    num_layers: int = 2
+    d_ff: int | None = None  # default 4 * d_model
+    num_kv_heads: int | None = None  # default num_heads (MHA); 1 = MQA (the cache holds only these heads)
+    dropout: float = 0.1
+    attn_dropout: float = 0.0
+    activation: str = "relu"
+    norm_first: bool = False
+    layer_norm_eps: float = 1e-5
+    bias: bool = True
+    rotary: bool = False  # rotary positions in the causal self-attention
+    backend: str = "auto"
+    cross_attention: bool = True  # False: decoder-only (no encoder)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DecoderConfig":
+        return from_fields(cls, d)
+
+
+class DecoderBlock(nn.Module):
+    """One Transformer decoder layer over ``(B, T, E)``.
+
+    Post-LN: ``x = LN(x + Drop(SelfAttn(x, causal)))``; ``x = LN(x + Drop(CrossAttn(x, memory)))``;
+    ``x = LN(x + Drop(FFN(x)))``. Pre-LN (``norm_first=True``) normalises each sub-layer's input instead.
+
+    Hook points: ``hook_attn_out`` (self-attention output), ``hook_cross_out``, ``hook_mlp_out``, ``hook_resid_post``
+    ``(B, T, E)``; and the attentions' own under ``self_attn.`` and ``cross_attn.`` (``hook_pattern`` of
+    ``cross_attn`` is ``(B, H, T, S)``: which source positions each target position reads).
+    """
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int | None = None, dropout: float = 0.1, *,
+                 attn_dropout: float = 0.0, activation: str = "relu", norm_first: bool = False,
+                 num_kv_heads: int | None = None, layer_norm_eps: float = 1e-5, bias: bool = True,
+                 backend: str = "auto", rotary: nn.Module | None = None, cross_attention: bool = True) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+
+        def mha(rot):
+            return MultiHeadAttention(d_model, num_heads, num_kv_heads=num_kv_heads, dropout=attn_dropout, bias=bias,
+                                      backend=backend, need_weights=False, rotary=rot)
+
+        self.self_attn = mha(rotary)
+        self.cross_attn = mha(None) if cross_attention else None
+        self.ffn = FeedForward(d_model, d_ff, dropout, activation, bias)
+        n = 3 if cross_attention else 2
+        self.norms = nn.ModuleList(nn.LayerNorm(d_model, eps=layer_norm_eps) for _ in range(n))
+        self.dropouts = nn.ModuleList(nn.Dropout(dropout) for _ in range(n))
+        self.hook_attn_out = HookPoint()
+        self.hook_cross_out = HookPoint()
+        self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, x: Tensor, memory: Tensor | None = None, *, self_mask: AttnMask | None = None,
+                memory_mask: AttnMask | None = None, cache: tuple[LayerKV, LayerKV] | None = None,
+                positions: Tensor | None = None, head_mask: Tensor | None = None,
+                cross_head_mask: Tensor | None = None) -> Tensor:
+        """``x`` ``(B, T, E)``; ``memory`` ``(B, S, E)`` (the encoder's output; None for decoder-only);
+        ``self_mask``/``memory_mask`` structured masks built once by the stack; ``cache`` this layer's
+        ``(self, cross)`` caches."""
+        self_cache, cross_cache = (None, None) if cache is None else cache
+        sublayers = [(lambda h: self.self_attn(h, mask=self_mask, cache=self_cache, positions=positions,
+                                               head_mask=head_mask, need_weights=False)[0], self.hook_attn_out)]
+        if self.cross_attn is not None:
+            if memory is None and (cross_cache is None or cross_cache.k is None):
+                raise ValueError("this decoder has cross-attention: pass memory= (the encoder's output)")
+            src = x if memory is None else memory  # with a filled cross cache the memory is not projected again
+            sublayers.append((lambda h: self.cross_attn(h, src, mask=memory_mask, cache=cross_cache,
+                                                        head_mask=cross_head_mask, need_weights=False)[0],
+                              self.hook_cross_out))
+        sublayers.append((self.ffn, self.hook_mlp_out))
+        for (fn, hook), norm, drop in zip(sublayers, self.norms, self.dropouts):
+            if self.norm_first:
+                x = x + drop(hook(fn(norm(x))))
+            else:
+                x = norm(x + drop(hook(fn(x))))
+        return self.hook_resid_post(x)
+
+
+class TransformerDecoder(nn.Module):
+    """A stack of :class:`DecoderBlock` over target embeddings ``(B, T, E)`` (additive positions are added by the
+    caller; rotary ones live inside the self-attention). Pre-LN stacks end with a final LayerNorm."""
+
+    def __init__(self, config: DecoderConfig | None = None, **overrides) -> None:
+        super().__init__()
+        config = DecoderConfig(**overrides) if config is None else config
+        self.config = config
+        rotary = RotaryEmbedding(config.d_model // config.num_heads) if config.rotary else None
+        self.layers = nn.ModuleList(
+            DecoderBlock(config.d_model, config.num_heads, config.d_ff, config.dropout,
+                         attn_dropout=config.attn_dropout, activation=config.activation,
+                         norm_first=config.norm_first, num_kv_heads=config.num_kv_heads,
+                         layer_norm_eps=config.layer_norm_eps, bias=config.bias, backend=config.backend,
+                         rotary=rotary, cross_attention=config.cross_attention)
+            for _ in range(config.num_layers)
+        )
+        self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
+
+    def new_cache(self) -> KVCache:
+        return KVCache(len(self.layers))
+
+    def forward(self, x: Tensor, memory: Tensor | None = None, *, key_padding_mask: Tensor | None = None,
+                memory_key_padding_mask: Tensor | None = None, cache: KVCache | None = None,
+                positions: Tensor | None = None, head_mask: Tensor | None = None) -> Tensor:
+        """``x`` ``(B, T, E)`` new target positions; ``key_padding_mask`` ``(B, cached + T)`` bool, True = real
+        token (every self-attention key, cached ones included); ``memory_key_padding_mask`` ``(B, S)``. The causal
+        mask is bottom-right aligned, so ``T`` new queries after ``cached`` keys see exactly their past."""
+        if head_mask is not None and len(head_mask) != len(self.layers):
+            raise ValueError(f"head_mask must have one row per layer ({len(self.layers)}), got {len(head_mask)} rows")
+        # the structured masks, built once here and passed unchanged to every layer
+        self_mask = AttnMask.of(None, is_causal=True, key_padding=key_padding_mask)
+        memory_mask = AttnMask.of(None, key_padding=memory_key_padding_mask)
+        for i, layer in enumerate(self.layers):
+            layer_cache = None if cache is None else (cache.self_attn[i], cache.cross_attn[i])
+            x = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask, cache=layer_cache, positions=positions,
+                      head_mask=None if head_mask is None else head_mask[i])
+        return x if self.final_norm is None else self.final_norm(x)
+
+    @property
+    def num_heads(self) -> list[int]:
+        return [layer.self_attn.num_heads for layer in self.layers]
+
+
+__all__ = ["DecoderBlock", "DecoderConfig", "TransformerDecoder"]

@@ -1,0 +1,89 @@
+"""Key/value caches for incremental decoding.
+
+Shape legend: ``B`` batch (beams included), ``G`` key/value heads, ``L`` cached positions, ``D`` head dim.
+
+A decoder that generates token by token would recompute every earlier key and value at each step. A cache keeps
+them: a self-attention layer appends the new tokens' keys/values (``L`` grows by one per step, and queries attend to
+all ``L`` keys with the causal mask aligned to the bottom right, :func:`multihead.masks.causal_mask`); a
+cross-attention layer computes the source's keys/values once and reuses them at every step. A grouped-query or
+multi-query layer caches only its ``G`` key/value heads (:meth:`KVCache.nbytes` says how much that saves).
+
+``KVCache`` also carries what the whole decoder needs between steps: the real-token mask of every cached position
+(batched prompts of different lengths are left-padded) and the position reached by each row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class LayerKV:
+    """One attention layer's cache: ``k``, ``v`` ``(B, G, L, D)``. ``static``: computed once (cross-attention)."""
+
+    static: bool = False
+    k: Tensor | None = None
+    v: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add the new positions' keys/values; returns all of them (cached first)."""
+        if self.k is not None:
+            if k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
+                raise ValueError(f"the cache holds keys (B, G, L, D)={tuple(self.k.shape)} but this step brings "
+                                 f"{tuple(k.shape)}; use one cache per batch (KVCache.reorder for beams)")
+            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        self.k, self.v = k, v
+        return k, v
+
+    def store(self, k: Tensor, v: Tensor) -> None:
+        self.k, self.v = k, v
+
+
+@dataclass
+class KVCache:
+    """The caches of a whole decoder: ``self_attn[i]`` and ``cross_attn[i]`` per layer, the cached positions'
+    real-token mask ``key_padding`` ``(B, L)`` and the next position of each row ``next_position`` ``(B,)``."""
+
+    num_layers: int
+    self_attn: list[LayerKV] = field(default_factory=list)
+    cross_attn: list[LayerKV] = field(default_factory=list)
+    key_padding: Tensor | None = None
+    next_position: Tensor | None = None
+    memory_keep: Tensor | None = None  # (B, S) the source's real tokens (encoder-decoder models)
+
+    def __post_init__(self) -> None:
+        if not self.self_attn:
+            self.self_attn = [LayerKV() for _ in range(self.num_layers)]
+        if not self.cross_attn:
+            self.cross_attn = [LayerKV(static=True) for _ in range(self.num_layers)]
+
+    @property
+    def length(self) -> int:
+        """Cached positions (the same in every self-attention layer)."""
+        return self.self_attn[0].length if self.self_attn else 0
+
+    def nbytes(self) -> int:
+        """Bytes held by every cached key and value."""
+        return sum(t.numel() * t.element_size() for c in self.self_attn + self.cross_attn
+                   for t in (c.k, c.v) if t is not None)
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows ``index`` (beam search: each surviving beam's parent), in place. Cross-attention caches are
+        reordered too (they hold one copy per beam)."""
+        for c in self.self_attn + self.cross_attn:
+            if c.k is not None:
+                c.k, c.v = c.k.index_select(0, index), c.v.index_select(0, index)
+        if self.key_padding is not None:
+            self.key_padding = self.key_padding.index_select(0, index)
+        for name in ("next_position", "memory_keep"):
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name).index_select(0, index))
+
+
+__all__ = ["KVCache", "LayerKV"]

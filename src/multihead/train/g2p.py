@@ -1,0 +1,422 @@
+"""Grapheme-to-phoneme on CMUdict: train a :class:`~multihead.Seq2Seq`, evaluate WER/PER (greedy and beam), predict.
+
+``multihead train --data cmudict --out runs/g2p`` lands here (the task is picked from the data). The run folder
+follows the same contract as the classifier's (:mod:`multihead.train.runfolder`): built beside ``--out`` and swapped in
+once resumable, locked while written, every file atomic, weights in digest-checked safetensors::
+
+    RUN/config.json       {"g2p": G2PConfig}
+    RUN/vocab.json        letters and phonemes (ids 0-2: <pad> <bos> <eos>)
+    RUN/splits.json       the split by word (indices into the kept CMUdict words) and the data's fingerprint
+    RUN/model.safetensors best weights by validation WER (greedy)
+    RUN/metrics.jsonl     training loss, validation WER/PER per epoch with the minutes elapsed
+    RUN/results.json      test WER/PER, greedy and beam; timings
+    RUN/curve.png/.svg    validation WER against training minutes
+    RUN/checkpoint/       what --resume needs
+
+The recipe (defaults): 3+3 pre-LN blocks, d_model 128, 4 heads, FFN 512, dropout 0.1, sinusoidal positions, tied
+output embedding; AdamW (lr 1e-3, weight decay 0.01), 4% linear warm-up then cosine decay to 0, label smoothing 0.1,
+gradient clipping 1.0; length-bucketed batches of 128 pronunciations.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import data as D
+from .._config import ConfigError, from_fields
+from .._io import folder_kind
+from ..data import g2p as G
+from ..models.generation import generate
+from ..models.seq2seq import Seq2Seq, Seq2SeqConfig
+from ..modules.decoder import DecoderConfig
+from ..modules.encoder import EncoderConfig
+from .checkpoint import load_model_tensors, model_tensors, restore_state, save_checkpoint
+from .runfolder import (
+    CheckpointError,
+    atomic_write_bytes,
+    atomic_write_json,
+    check_shapes,
+    header_shapes,
+    load_checked,
+    meta_shapes,
+    read_json,
+    save_checked,
+)
+
+
+@dataclass
+class G2PData:
+    split_seed: int = 0
+    validation: float = 0.05
+    test: float = 0.05
+    limit: int | None = None  # words per split (smoke tests)
+
+
+@dataclass
+class G2POptim:
+    epochs: int = 11  # about 50 minutes on 2 cores at the default size
+    batch_size: int = 128
+    lr: float = 1e-3
+    warmup: float = 0.04
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    label_smoothing: float = 0.1
+
+
+@dataclass
+class G2PRun:
+    seed: int = 0
+    threads: int | None = None
+    progress: bool = True
+    eval_words: int = 2000  # validation words decoded (greedy) after each epoch
+    beam: int = 5  # beam width of the final test evaluation
+
+
+def _default_model() -> Seq2SeqConfig:
+    side = dict(d_model=128, num_heads=4, num_layers=3, d_ff=512, dropout=0.1, norm_first=True)
+    return Seq2SeqConfig(src_vocab_size=len(G.SPECIALS) + len(G.LETTERS), tgt_vocab_size=3, max_len=64,
+                         positional="sinusoidal", encoder=EncoderConfig(**side), decoder=DecoderConfig(**side))
+
+
+@dataclass
+class G2PConfig:
+    data: G2PData = field(default_factory=G2PData)
+    model: Seq2SeqConfig = field(default_factory=_default_model)
+    optim: G2POptim = field(default_factory=G2POptim)
+    run: G2PRun = field(default_factory=G2PRun)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "G2PConfig":
+        return from_fields(cls, d)
+
+
+# flags of `multihead train` that mean something here: override path -> G2P config path(s)
+_FLAG_PATHS = {
+    "optim.epochs": ["optim.epochs"], "optim.batch_size": ["optim.batch_size"], "optim.lr": ["optim.lr"],
+    "optim.weight_decay": ["optim.weight_decay"], "optim.warmup": ["optim.warmup"], "optim.clip": ["optim.clip"],
+    "model.encoder.d_model": ["model.encoder.d_model", "model.decoder.d_model"],
+    "model.encoder.num_heads": ["model.encoder.num_heads", "model.decoder.num_heads"],
+    "model.encoder.num_kv_heads": ["model.encoder.num_kv_heads", "model.decoder.num_kv_heads"],
+    "model.encoder.num_layers": ["model.encoder.num_layers", "model.decoder.num_layers"],
+    "model.encoder.d_ff": ["model.encoder.d_ff", "model.decoder.d_ff"],
+    "model.encoder.dropout": ["model.encoder.dropout", "model.decoder.dropout"],
+    "model.encoder.backend": ["model.encoder.backend", "model.decoder.backend"],
+    "model.encoder.norm_first": ["model.encoder.norm_first", "model.decoder.norm_first"],
+    "model.positional": ["model.positional"], "data.limit": ["data.limit"], "run.seed": ["run.seed"],
+    "run.threads": ["run.threads"], "run.progress": ["run.progress"],
+}
+
+
+def config_from_overrides(over: dict) -> G2PConfig:
+    """A G2P config from ``multihead train``'s layered overrides (flags, TOML, ``--set``): the shared flags map onto
+    both encoder and decoder; a G2P-specific field is reachable with ``--set`` (``--set optim.label_smoothing=0``);
+    flags that only mean something for classification are refused by name."""
+    flat = _flatten(over)
+    flat.pop("data.name", None)
+    base = _flatten(G2PConfig().to_dict())
+    out = dict(base)
+    unknown = []
+    for key, value in flat.items():
+        if key in _FLAG_PATHS:
+            for target in _FLAG_PATHS[key]:
+                out[target] = value
+        elif key in base:
+            out[key] = value
+        else:
+            unknown.append(key)
+    if unknown:
+        raise ConfigError(f"invalid config: {', '.join(sorted(unknown))} do not apply to grapheme-to-phoneme training "
+                          f"(--data cmudict); its fields are: {', '.join(sorted(base))}")
+    return G2PConfig.from_dict(_unflatten(out))
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _unflatten(flat: dict) -> dict:
+    out: dict = {}
+    for key, value in flat.items():
+        d = out
+        *parents, last = key.split(".")
+        for p in parents:
+            d = d.setdefault(p, {})
+        d[last] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- data
+@dataclass
+class G2PPrepared:
+    splits: dict  # name -> Lexicon
+    record: dict
+    vocab: G.G2PVocab
+
+
+def prepare(config: G2PConfig, out: Path | None = None, *, resume: bool = False) -> G2PPrepared:
+    lex = G.load_cmudict()
+    if resume and out is not None and (out / "splits.json").exists():
+        record = read_json(out / "splits.json", dict)
+    else:
+        record = G.split_words(lex, seed=config.data.split_seed, validation=config.data.validation,
+                               test=config.data.test)
+    splits = G.apply_split(lex, record)
+    if config.data.limit:
+        import random
+
+        rng = random.Random(config.data.split_seed)
+        splits = {k: s.subset(sorted(rng.sample(range(len(s)), min(config.data.limit, len(s)))))
+                  for k, s in splits.items()}
+    vocab = G.G2PVocab.from_dict(read_json(out / "vocab.json", dict)) if resume and out is not None \
+        else G.G2PVocab.from_lexicon(lex)
+    return G2PPrepared(splits, record, vocab)
+
+
+def _model_config(config: G2PConfig, vocab: G.G2PVocab) -> Seq2SeqConfig:
+    mc = config.model.to_dict()
+    mc.update(src_vocab_size=len(vocab.letters), tgt_vocab_size=len(vocab.phonemes), pad_id=G.PAD, bos_id=G.BOS)
+    return Seq2SeqConfig.from_dict(mc)
+
+
+# ---------------------------------------------------------------------------------------------------- decoding
+@torch.no_grad()
+def transcribe(model: Seq2Seq, vocab: G.G2PVocab, words: list[str], *, beam: int = 1, batch_size: int = 256,
+               device="cpu") -> list[list[str]]:
+    """Pronunciations of ``words`` (already checked), greedy (``beam=1``) or beam search."""
+    enc = [vocab.encode_word(w) for w in words]
+    out: list[list[str] | None] = [None] * len(words)
+    max_new = model.config.max_len - 1
+    for idx, src, keep in D.length_sorted(enc, batch_size):
+        opts = dict(strategy="beam", num_beams=beam) if beam > 1 else dict(strategy="greedy")
+        got = generate(model, src.to(device), keep.to(device), max_new_tokens=max_new, stop_tokens=(G.EOS,), **opts)
+        for i, toks in zip(idx, got.tokens):
+            out[i] = vocab.decode_phones(toks)
+    return out  # type: ignore[return-value]
+
+
+def evaluate_lexicon(model: Seq2Seq, vocab: G.G2PVocab, lex: G.Lexicon, *, beam: int = 1, device="cpu") -> dict:
+    preds = transcribe(model, vocab, lex.words, beam=beam, device=device)
+    return {**G.score(preds, lex.prons), "beam": beam}
+
+
+# ---------------------------------------------------------------------------------------------------- training
+def train_g2p(config: G2PConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False) -> dict:
+    """Train, evaluate and save a G2P run folder; returns ``results.json``'s contents."""
+    from .trainer import RunExistsError, _run_folder
+
+    out = Path(out)
+    if resume:
+        if not (out / "checkpoint" / "state.json").exists():
+            raise CheckpointError(f"nothing to resume in {out}: it holds no checkpoint/state.json. Start a new run: "
+                                  "drop --resume (add --overwrite to replace what is there)")
+        config = G2PConfig.from_dict(read_json(out / "config.json", dict)["g2p"])
+    elif folder_kind(out) == "run" and not overwrite:
+        raise RunExistsError(f"{out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
+                             "or choose another --out")
+    if config.run.threads:
+        torch.set_num_threads(config.run.threads)
+    else:
+        config.run.threads = torch.get_num_threads()
+    with _run_folder(out, resume=resume, overwrite=overwrite, main=True) as folder:
+        return _train(config, folder, resume)
+
+
+def _train(config: G2PConfig, folder, resume: bool) -> dict:
+    from tqdm import tqdm
+
+    torch.manual_seed(config.run.seed)
+    path = folder.path
+    prep = prepare(config, path, resume=resume)
+    config.model = _model_config(config, prep.vocab)
+    model = Seq2Seq(config.model)
+    if not resume:
+        atomic_write_json(path / "config.json", {"g2p": config.to_dict()})
+        atomic_write_json(path / "vocab.json", prep.vocab.to_dict())
+        atomic_write_json(path / "splits.json", prep.record)
+    src, tgt = G.as_tensor_pairs(prep.vocab, prep.splits["train"])
+    oc = config.optim
+    opt = torch.optim.AdamW(model.parameters(), lr=oc.lr, weight_decay=oc.weight_decay)
+    lengths = [len(s) + len(t) for s, t in zip(src, tgt)]
+    per_epoch = len(D.bucketed_batches(lengths, oc.batch_size, seed=config.run.seed, epoch=0))
+    total = oc.epochs * per_epoch
+    warm = max(1, int(oc.warmup * total))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total - warm))))
+    position = {"epoch": 0, "batch": 0, "step": 0, "best_wer": 2.0, "best_epoch": -1, "minutes": 0.0,
+                "metrics_lines": 0}
+    if resume:
+        state = read_json(path / "checkpoint" / "state.json", dict)
+        tensors, _ = load_checked(path / "checkpoint" / state["file"])
+        restore_state(model, opt, tensors)
+        sched.load_state_dict(state["scheduler"])
+        position = {k: state[k] for k in position}
+        if (path / "metrics.jsonl").exists():  # drop events logged after the checkpoint
+            lines = (path / "metrics.jsonl").read_text().splitlines(keepends=True)[: position["metrics_lines"]]
+            atomic_write_bytes(path / "metrics.jsonl", "".join(lines).encode())
+    else:
+        save_checkpoint(path, model, opt, sched, position)
+    path = folder.commit()
+
+    def log(event: dict) -> None:
+        with (path / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(event) + "\n")
+        position["metrics_lines"] += 1
+
+    val = prep.splits["validation"]
+    val_lex = val.subset(list(range(min(config.run.eval_words, len(val)))))
+    t0 = time.perf_counter() - position["minutes"] * 60
+    for epoch in range(position["epoch"], oc.epochs):
+        model.train()
+        batches = D.bucketed_batches(lengths, oc.batch_size, seed=config.run.seed, epoch=epoch)
+        bar = tqdm(total=len(batches), initial=position["batch"], desc=f"epoch {epoch + 1}/{oc.epochs}",
+                   disable=not config.run.progress, leave=False)
+        run_loss, run_tokens = 0.0, 0
+        for bi in range(position["batch"], len(batches)):
+            s, s_keep, t_in, t_out, t_keep = G.collate_pairs([src[i] for i in batches[bi]],
+                                                             [tgt[i] for i in batches[bi]])
+            logits = model(s, t_in, s_keep, t_keep)  # (B, T, V)
+            loss = F.cross_entropy(logits.flatten(0, 1), t_out.flatten(), ignore_index=-100,
+                                   label_smoothing=oc.label_smoothing)
+            loss.backward()
+            if oc.clip > 0:
+                nn.utils.clip_grad_norm_(model.parameters(), oc.clip)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            position["step"] += 1
+            position["batch"] = bi + 1
+            n = int((t_out != -100).sum())
+            run_loss, run_tokens = run_loss + loss.item() * n, run_tokens + n
+            bar.update(1)
+            bar.set_postfix(loss=f"{run_loss / max(run_tokens, 1):.3f}")
+            if position["step"] % 100 == 0:
+                log({"event": "train", "epoch": epoch + 1, "step": position["step"],
+                     "loss": run_loss / max(run_tokens, 1), "lr": sched.get_last_lr()[0],
+                     "minutes": (time.perf_counter() - t0) / 60})
+        bar.close()
+        model.eval()
+        scores = evaluate_lexicon(model, prep.vocab, val_lex)
+        minutes = (time.perf_counter() - t0) / 60
+        improved = scores["wer"] < position["best_wer"]
+        if improved:
+            position["best_wer"], position["best_epoch"] = scores["wer"], epoch + 1
+            save_checked(path / "model.safetensors", model_tensors(model),
+                         {"format": "multihead.Seq2Seq", "epoch": str(epoch + 1)})
+        log({"event": "eval", "epoch": epoch + 1, "step": position["step"], "train_loss": run_loss / max(run_tokens, 1),
+             "val_wer": scores["wer"], "val_per": scores["per"], "val_words": scores["words"], "minutes": minutes,
+             "best": improved})
+        if config.run.progress:
+            print(f"epoch {epoch + 1}: loss {run_loss / max(run_tokens, 1):.4f} | validation WER {scores['wer']:.4f} "
+                  f"PER {scores['per']:.4f}{' *' if improved else ''} | {minutes:.1f} min")
+        position.update(epoch=epoch + 1, batch=0, minutes=minutes)
+        save_checkpoint(path, model, opt, sched, position)
+    return _finish(path, config, prep, minutes=position["minutes"])
+
+
+def _finish(path: Path, config: G2PConfig, prep: G2PPrepared, *, minutes: float) -> dict:
+    run = load_g2p_run(path)
+    test = prep.splits["test"]
+    t = time.perf_counter()
+    greedy = evaluate_lexicon(run.model, run.vocab, test)
+    greedy_s = time.perf_counter() - t
+    t = time.perf_counter()
+    beam = evaluate_lexicon(run.model, run.vocab, test, beam=config.run.beam)
+    results = {"task": "g2p", "dataset": "cmudict", "test_greedy": greedy, "test_beam": beam,
+               "train_minutes": minutes, "threads": config.run.threads, "params": sum(
+                   p.numel() for p in run.model.parameters()), "words": {k: len(v) for k, v in prep.splits.items()},
+               "decode_seconds": {"greedy": greedy_s, "beam": time.perf_counter() - t}}
+    atomic_write_json(path / "results.json", results)
+    plot_curve(path)
+    if config.run.progress:
+        print(f"test ({greedy['words']} words): greedy WER {greedy['wer']:.4f} PER {greedy['per']:.4f}; beam "
+              f"{config.run.beam} WER {beam['wer']:.4f} PER {beam['per']:.4f}; {minutes:.1f} min of training")
+    return results
+
+
+def plot_curve(path: Path) -> None:
+    from ..plotting import pyplot, save
+
+    events = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = [e for e in events if e.get("event") == "eval"]
+    if not evals:
+        return
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([e["minutes"] for e in evals], [100 * e["val_wer"] for e in evals], "o-", label="word error rate")
+    ax.plot([e["minutes"] for e in evals], [100 * e["val_per"] for e in evals], "s-", label="phoneme error rate")
+    ax.set_xlabel("training minutes")
+    ax.set_ylabel("validation error (%)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title("CMUdict G2P: validation error against training time", fontsize=10)
+    fig.tight_layout()
+    save(fig, path / "curve")
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------------- loading
+@dataclass
+class G2PRunFolder:
+    path: Path
+    config: G2PConfig
+    vocab: G.G2PVocab
+    model: Seq2Seq
+
+
+def is_g2p_run(path: str | Path) -> bool:
+    p = Path(path) / "config.json"
+    try:
+        return p.is_file() and "g2p" in json.loads(p.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return False
+
+
+def load_g2p_run(path: str | Path, device: str = "cpu") -> G2PRunFolder:
+    """Rebuild a G2P model from its run folder (config validated, shapes checked against the weights' header)."""
+    path = Path(path)
+    recorded = read_json(path / "config.json", dict)
+    try:
+        config = G2PConfig.from_dict(recorded["g2p"])
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(f"{path / 'config.json'}: {exc}") from None
+    vocab = G.G2PVocab.from_dict(read_json(path / "vocab.json", dict))
+    check_shapes(meta_shapes(lambda: Seq2Seq(config.model)), header_shapes(path / "model.safetensors"),
+                 path / "model.safetensors")
+    tensors, _ = load_checked(path / "model.safetensors")
+    model = Seq2Seq(config.model)
+    load_model_tensors(model, tensors)
+    return G2PRunFolder(path, config, vocab, model.to(device).eval())
+
+
+def predict_words(run: G2PRunFolder, words: list[str], *, beam: int = 1) -> list[dict]:
+    checked = [G.check_word(w) for w in words]
+    prons = transcribe(run.model, run.vocab, checked, beam=beam)
+    return [{"word": w, "phonemes": " ".join(p)} for w, p in zip(checked, prons)]
+
+
+def evaluate_run(run: G2PRunFolder, split: str = "test", *, beam: int = 1) -> dict:
+    if split not in ("train", "validation", "test"):
+        raise ValueError(f"--split must be train, validation or test for a G2P run, got {split!r}")
+    lex = G.load_cmudict()
+    splits = G.apply_split(lex, read_json(run.path / "splits.json", dict))
+    return {**evaluate_lexicon(run.model, run.vocab, splits[split], beam=beam), "split": split}
+
+
+__all__ = ["G2PConfig", "config_from_overrides", "evaluate_run", "is_g2p_run", "load_g2p_run", "predict_words",
+           "train_g2p", "transcribe"]
