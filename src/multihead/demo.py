@@ -173,7 +173,7 @@ def g2p_step(out: Path, *, seed: int = 0) -> dict:
     config = G2PConfig()
     for side in (config.model.encoder, config.model.decoder):
         side.d_model, side.num_heads, side.num_layers, side.d_ff = 64, 4, 2, 256
-    config.data.limit, config.optim.epochs, config.optim.lr = 20000, 2, 2e-3
+    config.data.limit, config.data.test_limit, config.optim.epochs, config.optim.lr = 20000, 1000, 2, 2e-3
     config.run.seed, config.run.eval_words, config.run.beam, config.run.progress = seed, 300, 3, False
     t0 = time.perf_counter()
     results = train_g2p(config, out, overwrite=True)

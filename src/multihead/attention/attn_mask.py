@@ -196,7 +196,11 @@ class AttnMask:
 
     def for_backend(self, natives: Collection[str], lq: int, lk: int, device=None) -> Optional["AttnMask"]:
         """This mask as a backend declaring ``natives`` (``mask_parts`` + ``patterns``) takes it: its native parts
-        as they are, the rest densified into the tensor part, once."""
+        as they are, the rest densified into the tensor part, once. A causal part that forbids nothing (every query
+        at or after the last key: one decoding step over its cache) is dropped first."""
+        if self.causal and self.pattern is None and self.offset(lq, lk) >= lk - 1:
+            rest_of = replace(self, causal=False, causal_offset=None, _checked=self._checked)
+            return rest_of.for_backend(natives, lq, lk, device) if rest_of.parts else None
         kept, rest = split_parts(natives, self.parts, self.square_causal(lq, lk))
         if not rest:
             return self

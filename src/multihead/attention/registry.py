@@ -289,7 +289,7 @@ def attention(
     if am is not None:
         c = chosen.capabilities
         am = am.for_backend(c.mask_parts + c.patterns, lq, lk, q.device)  # the rest densified, once
-        if am.tensor is not None:
+        if am is not None and am.tensor is not None:
             tensor, row_ok = open_empty_rows(am.tensor)
             am = replace(am, tensor=tensor) if row_ok is not None else am
     out, weights = chosen.fn(q, k, v, mask=am, dropout_p=dropout_p, scale=scale, need_weights=need_weights)

@@ -19,30 +19,58 @@ import torch
 from torch import Tensor
 
 
-@dataclass
 class LayerKV:
-    """One attention layer's cache: ``k``, ``v`` ``(B, G, L, D)``. ``static``: computed once (cross-attention)."""
+    """One attention layer's cache: ``k``, ``v`` ``(B, G, L, D)`` (views of the filled part). ``static``: computed
+    once (cross-attention). Self-attention keys/values are written into buffers that grow by doubling, so a step
+    copies only its own new positions (``torch.cat`` per step would copy the whole cache every step: quadratic)."""
 
-    static: bool = False
-    k: Tensor | None = None
-    v: Tensor | None = None
+    def __init__(self, static: bool = False) -> None:
+        self.static = static
+        self._k: Tensor | None = None
+        self._v: Tensor | None = None
+        self.length = 0
 
     @property
-    def length(self) -> int:
-        return 0 if self.k is None else self.k.shape[2]
+    def k(self) -> Tensor | None:
+        return None if self._k is None else self._k[:, :, : self.length]
+
+    @property
+    def v(self) -> Tensor | None:
+        return None if self._v is None else self._v[:, :, : self.length]
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self._k is None else self._k.shape[2]
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add the new positions' keys/values; returns all of them (cached first)."""
-        if self.k is not None:
-            if k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
-                raise ValueError(f"the cache holds keys (B, G, L, D)={tuple(self.k.shape)} but this step brings "
-                                 f"{tuple(k.shape)}; use one cache per batch (KVCache.reorder for beams)")
-            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
-        self.k, self.v = k, v
-        return k, v
+        n = k.shape[2]
+        if self._k is not None and (k.shape[:2] != self._k.shape[:2] or k.shape[3] != self._k.shape[3]
+                                    or v.shape[3] != self._v.shape[3]):
+            raise ValueError(f"the cache holds keys (B, G, L, D)={tuple(self.k.shape)} but this step brings "
+                             f"{tuple(k.shape)}; use one cache per batch (KVCache.reorder for beams)")
+        if self.length + n > self.capacity:
+            cap = max(2 * self.capacity, self.length + n, 64)
+            grow_k = k.new_empty(k.shape[0], k.shape[1], cap, k.shape[3])
+            grow_v = v.new_empty(v.shape[0], v.shape[1], cap, v.shape[3])
+            if self.length:
+                grow_k[:, :, : self.length] = self.k
+                grow_v[:, :, : self.length] = self.v
+            self._k, self._v = grow_k, grow_v
+        self._k[:, :, self.length: self.length + n] = k
+        self._v[:, :, self.length: self.length + n] = v
+        self.length += n
+        return self.k, self.v
 
     def store(self, k: Tensor, v: Tensor) -> None:
-        self.k, self.v = k, v
+        self._k, self._v, self.length = k, v, k.shape[2]
+
+    def reorder(self, index: Tensor) -> None:
+        if self._k is not None:
+            self._k, self._v = self._k.index_select(0, index), self._v.index_select(0, index)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self._k, self._v) if t is not None)
 
 
 @dataclass
@@ -69,16 +97,14 @@ class KVCache:
         return self.self_attn[0].length if self.self_attn else 0
 
     def nbytes(self) -> int:
-        """Bytes held by every cached key and value."""
-        return sum(t.numel() * t.element_size() for c in self.self_attn + self.cross_attn
-                   for t in (c.k, c.v) if t is not None)
+        """Bytes held by the cache's key and value buffers (self-attention buffers grow by doubling)."""
+        return sum(c.nbytes() for c in self.self_attn + self.cross_attn)
 
     def reorder(self, index: Tensor) -> None:
         """Keep rows ``index`` (beam search: each surviving beam's parent), in place. Cross-attention caches are
         reordered too (they hold one copy per beam)."""
         for c in self.self_attn + self.cross_attn:
-            if c.k is not None:
-                c.k, c.v = c.k.index_select(0, index), c.v.index_select(0, index)
+            c.reorder(index)
         if self.key_padding is not None:
             self.key_padding = self.key_padding.index_select(0, index)
         for name in ("next_position", "memory_keep"):

@@ -39,8 +39,8 @@ def _check_length(length: int, offset: int, positions: Tensor | None, max_len: i
     last = offset + length if positions is None else (int(positions.max()) + 1 if positions.numel() else 0)
     if last > max_len:
         raise ValueError(f"position {last - 1} is beyond the {max_len} positions this model has (max_len={max_len}); "
-                         "shorten the input or the generation (max_new_tokens), or build the model with a larger "
-                         "max_len")
+                         "shorten the input or the generation (max_new_tokens), or raise max_len when building the "
+                         "model")
 
 
 class LearnedPositionalEncoding(nn.Module):
