@@ -165,7 +165,7 @@ G2P_WORDS = ("attention", "multihead", "photograph", "transformer")
 
 
 def g2p_step(out: Path, *, seed: int = 0) -> dict:
-    """A small encoder-decoder trained for about a minute on CMUdict (a subset), its pronunciations, and where its
+    """A small encoder-decoder trained for under two minutes on CMUdict (a subset), its pronunciations, and where its
     cross-attention looks (``multihead train --data cmudict`` trains the full model)."""
     from .interpret.g2p import show_g2p
     from .train.g2p import G2PConfig, load_g2p_run, predict_words, train_g2p
@@ -173,7 +173,7 @@ def g2p_step(out: Path, *, seed: int = 0) -> dict:
     config = G2PConfig()
     for side in (config.model.encoder, config.model.decoder):
         side.d_model, side.num_heads, side.num_layers, side.d_ff = 64, 4, 2, 256
-    config.data.limit, config.data.test_limit, config.optim.epochs, config.optim.lr = 20000, 1000, 2, 2e-3
+    config.data.limit, config.data.test_limit, config.optim.epochs, config.optim.lr = 40000, 1000, 3, 2e-3
     config.run.seed, config.run.eval_words, config.run.beam, config.run.progress = seed, 300, 3, False
     t0 = time.perf_counter()
     results = train_g2p(config, out, overwrite=True)
