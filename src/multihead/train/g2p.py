@@ -93,6 +93,20 @@ class G2PConfig:
     optim: G2POptim = field(default_factory=G2POptim)
     run: G2PRun = field(default_factory=G2PRun)
 
+    def __post_init__(self) -> None:
+        """Ranges, checked before anything is read, allocated or written."""
+        o, r, d = self.optim, self.run, self.data
+        rules = [("optim.epochs", o.epochs >= 1, ">= 1"), ("optim.batch_size", o.batch_size >= 1, ">= 1"),
+                 ("optim.lr", o.lr > 0, "> 0"), ("optim.warmup", 0 <= o.warmup < 1, "in [0, 1)"),
+                 ("optim.weight_decay", o.weight_decay >= 0, ">= 0"), ("optim.clip", o.clip >= 0, ">= 0"),
+                 ("optim.label_smoothing", 0 <= o.label_smoothing < 1, "in [0, 1)"),
+                 ("run.eval_words", r.eval_words >= 1, ">= 1"), ("run.beam", r.beam >= 1, ">= 1"),
+                 ("data.limit", d.limit is None or d.limit >= 1, ">= 1"),
+                 ("data.test_limit", d.test_limit is None or d.test_limit >= 1, ">= 1")]
+        bad = [f"{name} must be {want}" for name, ok, want in rules if not ok]
+        if bad:
+            raise ConfigError("invalid config: " + "; ".join(bad))
+
     def to_dict(self) -> dict:
         return asdict(self)
 
