@@ -96,7 +96,7 @@ def folder_kind(path: str | Path) -> str:
             cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return "other"
-        if isinstance(cfg, dict) and ("train" in cfg or "g2p" in cfg):  # a classifier or a G2P run
+        if isinstance(cfg, dict) and ("train" in cfg or "g2p" in cfg or "pretrain" in cfg):  # classifier, G2P, pretraining
             return "run"
         if isinstance(cfg, dict) and "model_type" in cfg:
             return "hf"

@@ -196,6 +196,69 @@ def cmd_train(args) -> int:
     return 0
 
 
+PRETRAIN_FLAGS = {  # flag -> (config path, type, help)
+    "objective": ("objective.name", str, "mlm (masked-language model, BERT)"),
+    "text_column": ("data.text_column", str, "text column of a .csv/.tsv/.jsonl file"),
+    "steps": ("optim.steps", int, "optimizer steps"),
+    "batch_size": ("optim.batch_size", int, "rows per step (global)"),
+    "lr": ("optim.lr", float, "peak learning rate (AdamW)"),
+    "warmup": ("optim.warmup", float, "fraction of steps with linear warm-up (then linear decay to 0)"),
+    "seq_len": ("data.seq_len", int, "tokens per packed row"),
+    "vocab_size": ("data.vocab_size", int, "BPE vocabulary trained on the pretraining text"),
+    "d_model": ("model.encoder.d_model", int, "model width"),
+    "heads": ("model.encoder.num_heads", int, "attention heads"),
+    "layers": ("model.encoder.num_layers", int, "encoder blocks"),
+    "d_ff": ("model.encoder.d_ff", int, "feed-forward width"),
+    "dropout": ("model.encoder.dropout", float, "residual/FFN/embedding dropout"),
+    "mask_prob": ("objective.mask_prob", float, "share of tokens selected for prediction (BERT: 0.15)"),
+    "limit": ("data.limit", int, "use N texts (smoke tests)"),
+    "seed": ("run.seed", int, "seed of the masks, the row order and the initial weights"),
+    "threads": ("run.threads", int, "torch threads (default: torch's choice)"),
+    "save_every": ("run.save_every", int, "steps between resumable checkpoints"),
+    "eval_every": ("run.eval_every", int, "steps between validations"),
+}
+
+
+def cmd_pretrain(args) -> int:
+    """``multihead pretrain``: self-supervised pretraining (multihead.train.pretrain)."""
+    from .train.config import load_toml, merge
+    from .train.pretrain import PretrainConfig, pretrain
+
+    over: dict = load_toml(args.config) if args.config else {}
+    flags: dict = {}
+    if args.data:
+        _set_path(flags, "data.name", args.data)
+    for flag, (path, _, _) in PRETRAIN_FLAGS.items():
+        if getattr(args, flag) is not None:
+            _set_path(flags, path, getattr(args, flag))
+    if args.whole_word:
+        _set_path(flags, "objective.whole_word", True)
+    if args.no_progress:
+        _set_path(flags, "run.progress", False)
+    for item in args.set or []:
+        if "=" not in item or not item.split("=", 1)[0].strip():
+            raise ValueError(f"--set expects section.key=value, e.g. --set optim.lr=3e-4; got {item!r}")
+        key, value = item.split("=", 1)
+        _set_path(flags, key.strip(), _parse_value(value))
+    if args.resume and args.overwrite:
+        raise ValueError("--resume continues the run in --out and --overwrite replaces it; pass one of them")
+    explicit = merge(over, flags)
+    changes = {k: v for k, v in explicit.items() if k != "run" or set(v) - {"progress"}}
+    if args.resume and changes:
+        raise ValueError("--resume continues the run exactly as it was started; drop the other options "
+                         f"(they set {', '.join(sorted(changes))})")
+    config = PretrainConfig.from_dict(merge(PretrainConfig().to_dict(), explicit))  # validated before any work
+    r = pretrain(config, Path(args.out), resume=args.resume, overwrite=args.overwrite)
+    if r:
+        v = r["validation"]
+        print(f"{r['objective']} on {r['data']}: {r['steps']} steps, {r['tokens'] / 1e6:.1f}M tokens "
+              f"({r['passes']:.2f} passes) in {r['minutes']:.1f} min; validation loss {v['loss']:.4f}, perplexity "
+              f"{v['perplexity']:.1f}, masked accuracy {v['accuracy']:.4f}")
+        print(f"encoder: {r['encoder']} (fine-tune it: multihead train --init {args.out} --data rotten_tomatoes)")
+        print(f"run folder: {args.out}")
+    return 0
+
+
 def cmd_evaluate(args) -> int:
     import json
 
@@ -475,6 +538,21 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
     t.set_defaults(fn=cmd_train)
+
+    pt = sub.add_parser("pretrain", help="self-supervised pretraining on unlabelled text (masked LM); writes a "
+                                         "run folder whose encoder `train --init` fine-tunes")
+    pt.add_argument("--data", default=None, help="built-in dataset whose texts are used (default imdb; labels are "
+                                                 "never read), a .txt file (one text per line) or .csv/.tsv/.jsonl")
+    pt.add_argument("--out", required=True, help="run folder")
+    pt.add_argument("--config", default=None, help="TOML file with [data], [objective], [model], [optim], [run]")
+    for flag, (_, typ, help_) in PRETRAIN_FLAGS.items():
+        pt.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, default=None, help=help_)
+    pt.add_argument("--whole-word", action="store_true", help="mask whole words (all pieces of a selected word)")
+    pt.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="any other config field")
+    pt.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    pt.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
+    pt.add_argument("--no-progress", action="store_true", help="no progress bars")
+    pt.set_defaults(fn=cmd_pretrain)
 
     e = sub.add_parser("evaluate", help="evaluate a run on a dataset split")
     e.add_argument("run")

@@ -86,7 +86,19 @@ def resolve(name_or_path: str | Path) -> Path:
     if not path.is_dir():
         raise PretrainedError(f"{text!r} is neither a known short name ({', '.join(SHORT_NAMES)}) nor a folder; "
                               "pass a folder holding config.json and model.safetensors")
+    if _is_pretraining_run(path):  # a `multihead pretrain` run: its exported encoder
+        if not (path / "encoder" / "config.json").is_file():
+            raise PretrainedError(f"{text!r} is a pretraining run that has not finished (no encoder/ yet); finish it "
+                                  f"with: multihead pretrain --out {text} --resume")
+        return path / "encoder"
     return path
+
+
+def _is_pretraining_run(path: Path) -> bool:
+    try:
+        return "pretrain" in json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 # ---------------------------------------------------------------------------------------------------- config

@@ -1,8 +1,8 @@
 """Data: datasets and splits, the tokenizer, length-bucketed batching."""
 from .batching import bucketed_batches, collate, length_sorted
-from .datasets import (BUILTIN, DataError, Splits, TextDataset, apply_split, canonical_name, card, format_card, load,
+from .datasets import (BUILTIN, DataError, Splits, TextDataset, apply_split, canonical_name, card, format_card, load, load_texts,
                        read_texts, split)
 from .tokenizer import encode, load_tokenizer, train_tokenizer
 
 __all__ = ["BUILTIN", "DataError", "Splits", "TextDataset", "apply_split", "bucketed_batches", "canonical_name", "card", "collate",
-           "encode", "format_card", "length_sorted", "load", "load_tokenizer", "read_texts", "split", "train_tokenizer"]
+           "encode", "format_card", "length_sorted", "load", "load_texts", "load_tokenizer", "read_texts", "split", "train_tokenizer"]

@@ -252,6 +252,29 @@ def load(name_or_path: str, *, text_column: str = "text", label_column: str = "l
     return _dedupe(name, texts, labels)
 
 
+def load_texts(name_or_path: str, *, text_column: str = "text") -> list[str]:
+    """Unlabelled text for pretraining: a built-in dataset's texts (its labels are not returned), a ``.txt`` file
+    (one text per non-blank line) or the ``text_column`` of a ``.csv``/``.tsv``/``.jsonl`` file. Exact duplicates
+    are dropped (first kept), in order."""
+    path = Path(name_or_path)
+    if name_or_path in BUILTIN:
+        texts = load(name_or_path).texts
+    elif path.suffix.lower() == ".txt":
+        if not path.is_file():
+            raise DataError(f"data file {str(path)!r} does not exist; give a .txt file (one text per line), a "
+                            f".csv/.tsv/.jsonl file with a text column, or a built-in dataset: {', '.join(BUILTIN)}")
+        texts = [line for line in _decode(path).splitlines() if line.strip()]
+    else:
+        if not path.suffix and not path.exists():
+            raise DataError(f"unknown dataset {name_or_path!r}; built-ins: {', '.join(BUILTIN)}; or give a .txt, "
+                            ".csv, .tsv or .jsonl path")
+        texts, _ = _read_user_file(path, text_column, None)
+    texts = list(dict.fromkeys(t for t in texts if t.strip()))
+    if not texts:
+        raise DataError(f"{name_or_path!r} holds no text")
+    return texts
+
+
 def _dedupe(name: str, texts: list[str], labels: list[str]) -> TextDataset:
     first: dict[str, int] = {}
     conflicting: set[str] = set()

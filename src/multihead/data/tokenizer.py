@@ -20,16 +20,19 @@ PAD, UNK, CLS, SEP = "[PAD]", "[UNK]", "[CLS]", "[SEP]"
 SPECIALS = [PAD, UNK, CLS, SEP]  # PAD is id 0: the classifier's pad_id
 
 
-def train_tokenizer(texts: list[str], vocab_size: int = 10000, min_frequency: int = 2) -> Tokenizer:
-    """A BPE vocabulary of at most ``vocab_size`` tokens (specials included) learned from ``texts``."""
-    if vocab_size < len(SPECIALS) + 1:
-        raise ValueError(f"vocab_size must be at least {len(SPECIALS) + 1}, got {vocab_size}")
+def train_tokenizer(texts: list[str], vocab_size: int = 10000, min_frequency: int = 2, *,
+                    extra_specials: tuple[str, ...] = ()) -> Tokenizer:
+    """A BPE vocabulary of at most ``vocab_size`` tokens (specials included) learned from ``texts``;
+    ``extra_specials`` (e.g. ``[MASK]`` for pretraining) get the ids after :data:`SPECIALS`."""
+    specials = [*SPECIALS, *extra_specials]
+    if vocab_size < len(specials) + 1:
+        raise ValueError(f"vocab_size must be at least {len(specials) + 1}, got {vocab_size}")
     tok = Tokenizer(BPE(unk_token=UNK))
     tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.BertPreTokenizer(),
                                                  pre_tokenizers.Metaspace(prepend_scheme="always")])
     tok.decoder = decoders.Metaspace(prepend_scheme="always")
-    trainer = BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIALS,
+    trainer = BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
                          show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
     return tok

@@ -113,7 +113,19 @@ def layered(explicit: dict | None = None) -> "TrainConfig":
     base = TrainConfig().to_dict()
     if isinstance(explicit.get("pretrained"), dict) and explicit["pretrained"].get("name"):
         base = merge(base, FINETUNE_DEFAULTS)
+        positions = _pretrained_positions(explicit["pretrained"]["name"])
+        if positions:  # unless --max-len says otherwise, texts are cut to what the encoder has positions for
+            base["data"]["max_len"] = min(base["data"]["max_len"], positions)
     return TrainConfig.from_dict(merge(base, explicit))
+
+
+def _pretrained_positions(name) -> int | None:
+    from .. import pretrained
+
+    try:
+        return int(pretrained.read_hf_config(pretrained.resolve(str(name))).get("max_position_embeddings") or 0) or None
+    except (pretrained.PretrainedError, OSError, ValueError, TypeError):
+        return None  # the model's own loading reports what is wrong with it
 
 
 def finetune_config(name: str, overrides: dict | None = None) -> "TrainConfig":

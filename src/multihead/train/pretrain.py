@@ -1,0 +1,488 @@
+"""Self-supervised pretraining on unlabelled text: BERT's masked-language-model objective, in a resumable run folder.
+
+``multihead pretrain --objective mlm --data imdb --out runs/mlm`` (or ``pretrain(config, out)``):
+
+1. **Text, never labels.** A built-in dataset contributes its texts only (``imdb``: the 25k IMDB reviews); a user
+   file gives one text per line (``.txt``), or the ``--text-column`` of a ``.csv``/``.tsv``/``.jsonl``. A seeded
+   share of the texts (``data.validation``) is held out, by text, and recorded in ``splits.json``.
+2. **Tokenizer trained on the pretraining split** (our BPE, plus ``[MASK]``), saved as ``tokenizer.json``.
+3. **Packed sequences.** Every text is tokenized once, the training texts are concatenated with ``[SEP]`` between
+   them and cut into ``[CLS] + (seq_len - 2) tokens + [SEP]`` rows: no padding, every position is trained (RoBERTa's
+   FULL-SENTENCES packing). The row order is reshuffled every pass, seeded.
+4. **Masking** (:mod:`multihead.data.masking`): 15% of the tokens, 80/10/10, optionally whole words; the masks of
+   step *n* come from a generator seeded by (seed, n), so they do not depend on when the run was resumed.
+5. **Model**: a BERT-layout :class:`~multihead.TextEncoder` (learned positions, embedding LayerNorm, post-LN GELU
+   blocks) + the MLM head (:class:`~multihead.models.masked_lm.MaskedLM`), AdamW, linear warm-up then linear decay
+   over ``optim.steps``. The loss and the head run on the masked positions only.
+6. **Validation** every ``run.eval_every`` steps on the held-out rows with fixed masks: loss, perplexity
+   (``exp(loss)`` over masked tokens) and masked-token accuracy.
+
+Run folder (the same guarantees as ``train``: built aside and published once resumable, locked while written,
+every file written atomically, ``--resume`` after a kill continues bit-identically)::
+
+    config.json        {"pretrain": ...}
+    tokenizer.json     splits.json
+    metrics.jsonl      train events (loss, masked accuracy, tokens/s) and eval events
+    checkpoint/        model + optimizer + RNG + schedule + position, every run.save_every steps
+    model.safetensors  encoder + MLM head (tied embedding stored once)
+    encoder/           the encoder as an HF BertModel folder: ``multihead train --init runs/mlm`` fine-tunes it
+    curves.png         training and validation loss, validation perplexity
+    results.json       steps, tokens, minutes, parameters, validation loss/perplexity/accuracy
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import data as D
+from .._config import ConfigError, from_fields
+from .._io import atomic_save_figure, folder_kind
+from ..data.masking import IGNORE, mask_tokens, word_starts
+from ..models.masked_lm import MaskedLM
+from ..models.text_encoder import TextEncoderConfig
+from ..modules.encoder import EncoderConfig
+from . import distributed
+from .checkpoint import model_tensors, restore_state, save_checkpoint
+from .runfolder import CheckpointError, atomic_write_bytes, atomic_write_json, load_checked, read_json, save_checked
+
+MASK = "[MASK]"
+OBJECTIVES = ("mlm",)
+
+
+@dataclass
+class PretrainData:
+    name: str = "imdb"  # a built-in dataset (its texts only) or a .txt/.csv/.tsv/.jsonl file
+    text_column: str = "text"
+    validation: float = 0.02  # share of texts held out (by text, seeded)
+    split_seed: int = 0
+    seq_len: int = 128  # tokens per packed row, [CLS] and [SEP] included
+    vocab_size: int = 8000
+    min_frequency: int = 2
+    limit: int | None = None  # use a seeded random N texts (smoke tests)
+
+
+@dataclass
+class PretrainObjective:
+    name: str = "mlm"
+    mask_prob: float = 0.15
+    mask_replace: float = 0.8  # of the selected tokens: share replaced by [MASK]
+    random_replace: float = 0.1  # ... by a random token (the rest stay unchanged)
+    whole_word: bool = False
+
+
+@dataclass
+class PretrainOptim:
+    steps: int = 4000
+    batch_size: int = 64  # rows per step (global, across DDP ranks)
+    lr: float = 1e-3
+    warmup: float = 0.06
+    weight_decay: float = 0.01
+    clip: float = 1.0
+
+
+@dataclass
+class PretrainRun:
+    seed: int = 0
+    threads: int | None = None
+    save_every: int = 200  # steps between resumable checkpoints
+    eval_every: int = 500  # steps between validations (and at the end)
+    eval_rows: int = 256  # validation rows scored each time (fixed masks)
+    progress: bool = True
+
+
+def _default_model() -> TextEncoderConfig:
+    # BERT layout, so the encoder exports as an HF BertModel and fine-tunes through `train --init`.
+    return TextEncoderConfig(vocab_size=8000, max_len=128, positional="learned", embed_init_std=0.02, embed_norm=True,
+                             encoder=EncoderConfig(d_model=256, num_heads=4, num_layers=4, d_ff=1024, dropout=0.1,
+                                                   activation="gelu", norm_first=False))
+
+
+@dataclass
+class PretrainConfig:
+    data: PretrainData = field(default_factory=PretrainData)
+    objective: PretrainObjective = field(default_factory=PretrainObjective)
+    model: TextEncoderConfig = field(default_factory=_default_model)
+    optim: PretrainOptim = field(default_factory=PretrainOptim)
+    run: PretrainRun = field(default_factory=PretrainRun)
+
+    def __post_init__(self) -> None:
+        """Ranges, checked before anything is read, allocated or written."""
+        d, ob, o, r = self.data, self.objective, self.optim, self.run
+        rules = [
+            ("objective.name", ob.name in OBJECTIVES, f"one of {', '.join(OBJECTIVES)}"),
+            ("objective.mask_prob", 0 < ob.mask_prob < 1, "in (0, 1)"),
+            ("objective.mask_replace", 0 <= ob.mask_replace <= 1, "in [0, 1]"),
+            ("objective.random_replace", 0 <= ob.random_replace <= 1 - ob.mask_replace,
+             "in [0, 1 - objective.mask_replace]"),
+            ("data.validation", 0 < d.validation < 0.5, "in (0, 0.5)"),
+            ("data.seq_len", 8 <= d.seq_len <= 4096, "in [8, 4096]"),
+            ("data.vocab_size", 16 <= d.vocab_size <= 1_000_000, "in [16, 1000000]"),
+            ("data.min_frequency", d.min_frequency >= 1, ">= 1"),
+            ("data.limit", d.limit is None or d.limit >= 2, ">= 2"),
+            ("optim.steps", o.steps >= 1, ">= 1"), ("optim.batch_size", o.batch_size >= 1, ">= 1"),
+            ("optim.lr", o.lr > 0, "> 0"), ("optim.warmup", 0 <= o.warmup < 1, "in [0, 1)"),
+            ("optim.weight_decay", o.weight_decay >= 0, ">= 0"), ("optim.clip", o.clip >= 0, ">= 0"),
+            ("run.save_every", r.save_every >= 0, ">= 0 (0: only at the end)"),
+            ("run.eval_every", r.eval_every >= 1, ">= 1"), ("run.eval_rows", r.eval_rows >= 1, ">= 1"),
+        ]
+        bad = [f"{name} must be {want}" for name, ok, want in rules if not ok]
+        if bad:
+            raise ConfigError("invalid config: " + "; ".join(bad))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PretrainConfig":
+        return from_fields(cls, d)
+
+
+def is_pretrain_run(path: str | Path) -> bool:
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and "pretrain" in cfg
+
+
+# ---------------------------------------------------------------------------------------------------- data
+@dataclass
+class Packed:
+    tokenizer: object
+    train: torch.Tensor  # (N, seq_len) int32 rows
+    validation: torch.Tensor  # (M, seq_len)
+    record: dict  # the split, as saved in splits.json
+    texts: dict  # split name -> number of texts
+    tokens: dict  # split name -> number of tokens (before packing)
+
+
+def split_texts(n: int, *, validation: float, seed: int) -> dict:
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    k = max(1, round(n * validation))
+    return {"seed": seed, "n": n, "validation": sorted(order[:k])}
+
+
+def pack(ids: list[list[int]], seq_len: int, cls_id: int, sep_id: int) -> torch.Tensor:
+    """Texts' ids -> ``(N, seq_len)`` rows ``[CLS] ... [SEP]`` cut from the texts joined by ``[SEP]`` (the tail
+    shorter than a row is dropped)."""
+    body = seq_len - 2
+    stream = torch.tensor([t for text in ids for t in (*text, sep_id)], dtype=torch.int32)
+    n = len(stream) // body
+    if n == 0:
+        raise D.DataError(f"the texts hold {len(stream)} tokens, fewer than one row of data.seq_len={seq_len}; "
+                          "give more text or a smaller --seq-len")
+    rows = stream[: n * body].view(n, body)
+    return torch.cat([torch.full((n, 1), cls_id, dtype=torch.int32), rows,
+                      torch.full((n, 1), sep_id, dtype=torch.int32)], 1)
+
+
+def prepare(config: PretrainConfig, out: Path | None = None, *, resume: bool = False) -> Packed:
+    dc = config.data
+    texts = D.load_texts(dc.name, text_column=dc.text_column)
+    if dc.limit:
+        texts = [texts[i] for i in sorted(random.Random(dc.split_seed).sample(range(len(texts)),
+                                                                             min(dc.limit, len(texts))))]
+    if len(texts) < 2:
+        raise D.DataError(f"--data {dc.name!r} holds {len(texts)} text(s); pretraining needs at least two (one is "
+                          "held out for validation)")
+    if resume and out is not None and (out / "splits.json").exists():
+        record = read_json(out / "splits.json", dict)
+    else:
+        record = split_texts(len(texts), validation=dc.validation, seed=dc.split_seed)
+    held = set(record["validation"])
+    parts = {"train": [t for i, t in enumerate(texts) if i not in held],
+             "validation": [t for i, t in enumerate(texts) if i in held]}
+    if resume and out is not None and (out / "tokenizer.json").exists():
+        tok = D.load_tokenizer(out / "tokenizer.json")
+    else:
+        tok = D.train_tokenizer(parts["train"], dc.vocab_size, dc.min_frequency, extra_specials=(MASK,))
+    cls_id, sep_id = tok.token_to_id(D.tokenizer.CLS), tok.token_to_id(D.tokenizer.SEP)
+    encoded = {k: [e.ids for e in tok.encode_batch(v, add_special_tokens=False)] for k, v in parts.items()}
+    rows = {k: pack(v, dc.seq_len, cls_id, sep_id) for k, v in encoded.items()}
+    return Packed(tok, rows["train"], rows["validation"], record, {k: len(v) for k, v in parts.items()},
+                  {k: sum(map(len, v)) for k, v in encoded.items()})
+
+
+def _model_config(config: PretrainConfig, tok) -> TextEncoderConfig:
+    mc = config.model.to_dict()
+    mc.update(vocab_size=tok.get_vocab_size(), max_len=config.data.seq_len, pad_id=tok.token_to_id(D.tokenizer.PAD))
+    return TextEncoderConfig.from_dict(mc, "model")
+
+
+# ---------------------------------------------------------------------------------------------------- steps
+class Masker:
+    """The objective's corruption with everything it needs from the tokenizer, as one callable."""
+
+    def __init__(self, config: PretrainConfig, tok) -> None:
+        ob = config.objective
+        self.mask_id = tok.token_to_id(MASK)
+        if self.mask_id is None:
+            raise CheckpointError(f"the tokenizer has no {MASK} token; it was not trained for masked-LM pretraining")
+        self.specials = torch.tensor([tok.token_to_id(t) for t in (*D.tokenizer.SPECIALS, MASK)])
+        self.vocab_size = tok.get_vocab_size()
+        self.prob, self.replace = ob.mask_prob, (ob.mask_replace, ob.random_replace)
+        self.word_start = word_starts(tok) if ob.whole_word else None
+
+    def __call__(self, rows: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        ids = rows.long()
+        return mask_tokens(ids, maskable=~torch.isin(ids, self.specials), mask_id=self.mask_id,
+                           vocab_size=self.vocab_size, generator=g, prob=self.prob, replace=self.replace,
+                           word_start=self.word_start)
+
+
+def step_seed(seed: int, step: int) -> int:
+    return (seed * 1_000_003 + step) % (2 ** 63)
+
+
+def row_order(n: int, seed: int, epoch: int) -> list[int]:
+    order = list(range(n))
+    random.Random(seed * 7919 + epoch).shuffle(order)
+    return order
+
+
+def batch_rows(step: int, n_rows: int, batch_size: int, seed: int) -> list[int]:
+    """The rows of global step ``step``: passes over the shuffled rows, ``batch_size`` at a time (a pass's tail
+    shorter than a batch is skipped); a pure function of its arguments, so a resumed run reads the same rows."""
+    per_pass = max(1, n_rows // batch_size)
+    epoch, b = divmod(step, per_pass)
+    order = row_order(n_rows, seed, epoch)
+    return order[b * batch_size: (b + 1) * batch_size]
+
+
+def mlm_loss(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """Summed cross-entropy over the selected positions, their count and how many were predicted right."""
+    select = labels != IGNORE
+    logits = model(inputs, None, select)  # (N, V): the head runs on the selected positions only
+    target = labels[select]
+    loss = F.cross_entropy(logits.float(), target, reduction="sum")
+    return loss, int(target.numel()), int((logits.argmax(-1) == target).sum())
+
+
+@torch.no_grad()
+def evaluate_mlm(model: nn.Module, rows: torch.Tensor, masker: Masker, *, batch_size: int = 64,
+                 seed: int = 12345) -> dict:
+    """Loss, perplexity and accuracy over the masked tokens of ``rows``, with masks fixed by ``seed``."""
+    was = model.training
+    model.eval()
+    total, n, right = 0.0, 0, 0
+    for i in range(0, len(rows), batch_size):
+        inputs, labels = masker(rows[i: i + batch_size], step_seed(seed, i))
+        loss, count, correct = mlm_loss(model, inputs, labels)
+        total, n, right = total + loss.item(), n + count, right + correct
+    model.train(was)
+    mean = total / max(n, 1)
+    return {"loss": mean, "perplexity": math.exp(min(mean, 50.0)), "accuracy": right / max(n, 1), "tokens": n}
+
+
+# ---------------------------------------------------------------------------------------------------- the run
+def pretrain(config: PretrainConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False) -> dict:
+    """Pretrain, validate and save a run folder; returns the results dict (also ``results.json``)."""
+    from .trainer import RunExistsError, _run_folder
+
+    out = Path(out)
+    if resume:
+        if not (out / "checkpoint" / "state.json").exists() or not is_pretrain_run(out):
+            raise CheckpointError(f"nothing to resume in {out}: it is not a pretraining run folder with a "
+                                  "checkpoint; drop --resume to start one")
+        config = PretrainConfig.from_dict(read_json(out / "config.json", dict)["pretrain"])  # the run's own config
+    elif folder_kind(out) == "run" and not overwrite:
+        raise RunExistsError(f"{out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
+                             "or choose another --out")
+    if config.run.threads:
+        torch.set_num_threads(config.run.threads)
+    else:
+        config.run.threads = torch.get_num_threads()
+    dist_info = distributed.setup(torch.device("cpu"))
+    distributed.barrier(dist_info)
+    try:
+        with _run_folder(out, resume=resume, overwrite=overwrite, main=dist_info.is_main) as folder:
+            return _Pretraining(config, folder, dist_info, resume).run()
+    finally:
+        distributed.teardown(dist_info)
+
+
+class _Pretraining:
+    """One run's moving parts: data, model, optimiser, schedule, position; :meth:`run` is the loop."""
+
+    def __init__(self, config: PretrainConfig, folder, dist_info, resume: bool) -> None:
+        torch.manual_seed(config.run.seed)
+        self.config, self.folder, self.dist, self.resume = config, folder, dist_info, resume
+        self.main, self.world, self.rank = dist_info.is_main, dist_info.world_size, dist_info.rank
+        path = folder.path
+        self.data = prepare(config, path, resume=resume)
+        config.model = _model_config(config, self.data.tokenizer)
+        self.model = MaskedLM(config.model)
+        self.masker = Masker(config, self.data.tokenizer)
+        oc = config.optim
+        decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2]
+        no_decay = [p for n, p in self.model.named_parameters() if p.dim() < 2]  # biases, norms
+        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": oc.weight_decay},
+                                      {"params": no_decay, "weight_decay": 0.0}], lr=oc.lr)
+        warm = max(1, int(oc.warmup * oc.steps))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (oc.steps - s) / max(1, oc.steps - warm)))
+        self.position = {"step": 0, "tokens": 0, "seconds": 0.0, "metrics_lines": 0,
+                         "window": {"loss": 0.0, "count": 0, "correct": 0}}
+        if self.main and not resume:
+            atomic_write_json(path / "config.json", {"pretrain": config.to_dict()})
+            atomic_write_bytes(path / "tokenizer.json", self.data.tokenizer.to_str().encode())
+            atomic_write_json(path / "splits.json", self.data.record)
+
+    def _restore(self) -> None:
+        path = self.folder.path
+        state = read_json(path / "checkpoint" / "state.json", dict)
+        tensors, _ = load_checked(path / "checkpoint" / state["file"])
+        restore_state(self.model, self.opt, tensors)
+        self.sched.load_state_dict(state["scheduler"])
+        for group, lr in zip(self.opt.param_groups, self.sched.get_last_lr()):
+            group["lr"] = lr
+        self.position = {k: state[k] for k in self.position}
+        if self.main and (path / "metrics.jsonl").exists():  # drop events logged after the checkpoint
+            lines = (path / "metrics.jsonl").read_text().splitlines(keepends=True)[: self.position["metrics_lines"]]
+            atomic_write_bytes(path / "metrics.jsonl", "".join(lines).encode())
+        if self.main:
+            print(f"resuming {path} at step {self.position['step']} of {self.config.optim.steps}")
+
+    def _save(self) -> None:
+        if self.main:
+            save_checkpoint(self.folder.path, self.model, self.opt, self.sched, self.position)
+
+    def log(self, event: dict) -> None:
+        if self.main:
+            with (self.folder.path / "metrics.jsonl").open("a") as f:
+                f.write(json.dumps(event) + "\n")
+            self.position["metrics_lines"] += 1
+
+    def run(self) -> dict:
+        if self.resume:
+            self._restore()
+        else:
+            self._save()
+        self.folder.commit()  # resumable from here
+        model = nn.parallel.DistributedDataParallel(self.model) if self.dist.enabled else self.model
+        cfg, oc, pos = self.config, self.config.optim, self.position
+        from tqdm import tqdm
+
+        bar = tqdm(total=oc.steps, initial=pos["step"], desc=f"pretrain {cfg.objective.name}",
+                   disable=not (self.main and cfg.run.progress))
+        t0 = time.perf_counter() - pos["seconds"]
+        model.train()
+        while pos["step"] < oc.steps:
+            step = pos["step"]
+            rows = batch_rows(step, len(self.data.train), oc.batch_size, cfg.run.seed)
+            inputs, labels = self.masker(self.data.train[rows], step_seed(cfg.run.seed, step))
+            inputs, labels = inputs[self.rank::self.world], labels[self.rank::self.world]
+            loss, count, correct = mlm_loss(model, inputs, labels)
+            # mean over the global batch's masked tokens: DDP averages gradients over ranks, so scale by world
+            total_masked = self._global_sum(count)
+            (loss * self.world / max(total_masked, 1)).backward()
+            if oc.clip > 0:
+                nn.utils.clip_grad_norm_(model.parameters(), oc.clip)
+            self.opt.step()
+            self.sched.step()
+            self.opt.zero_grad(set_to_none=True)
+            pos["step"] += 1
+            pos["tokens"] += inputs.numel() * self.world
+            win = pos["window"]
+            win["loss"] += loss.item()
+            win["count"] += count
+            win["correct"] += correct
+            pos["seconds"] = time.perf_counter() - t0
+            bar.update(1)
+            bar.set_postfix(loss=f"{win['loss'] / max(win['count'], 1):.3f}",
+                            acc=f"{win['correct'] / max(win['count'], 1):.3f}",
+                            tok_s=f"{pos['tokens'] / max(pos['seconds'], 1e-9):.0f}")
+            if pos["step"] % 50 == 0 or pos["step"] == oc.steps:
+                self.log({"event": "train", "step": pos["step"], "loss": win["loss"] / max(win["count"], 1),
+                          "accuracy": win["correct"] / max(win["count"], 1), "lr": self.sched.get_last_lr()[0],
+                          "tokens": pos["tokens"], "tokens_per_second": pos["tokens"] / max(pos["seconds"], 1e-9),
+                          "minutes": pos["seconds"] / 60})
+                pos["window"] = {"loss": 0.0, "count": 0, "correct": 0}
+            if pos["step"] % cfg.run.eval_every == 0 or pos["step"] == oc.steps:
+                self._validate(bar)
+            if cfg.run.save_every and pos["step"] % cfg.run.save_every == 0 and pos["step"] < oc.steps:
+                self._save()
+        bar.close()
+        self._save()
+        return self._finish() if self.main else {}
+
+    def _global_sum(self, n: int) -> int:
+        if not self.dist.enabled:
+            return n
+        t = torch.tensor([n], dtype=torch.long)
+        torch.distributed.all_reduce(t)
+        return int(t.item())
+
+    def _validate(self, bar) -> None:
+        if not self.main:
+            return
+        rows = self.data.validation[: self.config.run.eval_rows]
+        val = evaluate_mlm(self.model, rows, self.masker)
+        pos = self.position
+        self.log({"event": "eval", "step": pos["step"], "val_loss": val["loss"], "val_perplexity": val["perplexity"],
+                  "val_accuracy": val["accuracy"], "val_tokens": val["tokens"], "minutes": pos["seconds"] / 60})
+        bar.write(f"step {pos['step']}: validation loss {val['loss']:.4f}, perplexity {val['perplexity']:.1f}, "
+                  f"masked accuracy {val['accuracy']:.4f} | {pos['seconds'] / 60:.1f} min")
+
+    def _finish(self) -> dict:
+        from .. import pretrained
+
+        path, cfg, pos = self.folder.path, self.config, self.position
+        save_checked(path / "model.safetensors", model_tensors(self.model),
+                     {"format": "multihead.MaskedLM", "step": str(pos["step"])})
+        pretrained.export(self.model.encoder, self.data.tokenizer, path / "encoder", overwrite=True,
+                          extra_config={"multihead_pretraining": {"objective": cfg.objective.name,
+                                                                  "steps": pos["step"], "data": cfg.data.name}})
+        val = evaluate_mlm(self.model, self.data.validation, self.masker)
+        results = {
+            "objective": cfg.objective.name, "data": cfg.data.name, "steps": pos["step"], "tokens": pos["tokens"],
+            "minutes": pos["seconds"] / 60, "tokens_per_second": pos["tokens"] / max(pos["seconds"], 1e-9),
+            "threads": torch.get_num_threads(), "world_size": self.world,
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "encoder_parameters": sum(p.numel() for p in self.model.encoder.parameters()),
+            "texts": self.data.texts, "text_tokens": self.data.tokens,
+            "rows": {"train": len(self.data.train), "validation": len(self.data.validation)},
+            "passes": pos["tokens"] / max(1, self.data.train.numel()),
+            "validation": val, "encoder": str(path / "encoder"),
+        }
+        atomic_write_json(path / "results.json", results)
+        plot_curves(path / "metrics.jsonl", path / "curves.png")
+        return results
+
+
+def plot_curves(metrics: Path, out: Path) -> None:
+    from ..plotting import pyplot
+
+    plt = pyplot()
+    events = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    train = [e for e in events if e["event"] == "train"]
+    evals = [e for e in events if e["event"] == "eval"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    a.plot([e["step"] for e in train], [e["loss"] for e in train], label="train (masked tokens, last 50 steps)")
+    a.plot([e["step"] for e in evals], [e["val_loss"] for e in evals], marker="o", label="validation")
+    a.set_xlabel("step")
+    a.set_ylabel("MLM loss (nats per masked token)")
+    b.plot([e["minutes"] for e in evals], [e["val_perplexity"] for e in evals], marker="o")
+    b.set_xlabel("minutes of training")
+    b.set_ylabel("validation perplexity (masked tokens)")
+    b.set_yscale("log")
+    a.legend()
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    atomic_save_figure(fig, out, dpi=110)
+    plt.close(fig)
+
+
+__all__ = ["Masker", "OBJECTIVES", "Packed", "PretrainConfig", "batch_rows", "evaluate_mlm", "is_pretrain_run",
+           "mlm_loss", "pack", "prepare", "pretrain"]

@@ -1,0 +1,272 @@
+"""Masked-LM pretraining: the masking statistics, the loss, packing, the run folder, resume after SIGKILL, --init."""
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from multihead.cli import main
+from multihead.data.masking import IGNORE, mask_tokens, word_starts
+
+TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--seq-len", "32", "--vocab-size", "300",
+        "--batch-size", "8", "--threads", "1", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    from multihead.data import load_texts
+
+    path = tmp_path_factory.mktemp("text") / "reviews.txt"
+    path.write_text("\n".join(load_texts("rotten_tomatoes")[:400]) + "\n")
+    return path
+
+
+def cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "multihead.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# ------------------------------------------------------------------------------------------------ masking
+def test_masking_statistics_are_bert_s_15_percent_80_10_10():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, 5000, (200, 512), generator=g)
+    maskable = torch.ones_like(ids, dtype=torch.bool)
+    maskable[:, 0] = maskable[:, -1] = False  # [CLS] / [SEP]
+    inputs, labels = mask_tokens(ids, maskable=maskable, mask_id=4, vocab_size=5000, generator=g)
+    selected = labels != IGNORE
+    n = int(maskable.sum())
+    # binomial standard deviations: sqrt(.15 * .85 / 102000) = 0.0011; sqrt(.8 * .2 / 15300) = 0.0032
+    assert abs(selected.sum().item() / n - 0.15) < 0.006
+    assert not selected[:, 0].any() and not selected[:, -1].any()
+    assert torch.equal(labels[selected], ids[selected])  # labels: the original tokens, only where selected
+    assert torch.equal(inputs[~selected], ids[~selected])  # nothing else changes
+    k = int(selected.sum())
+    masked = (inputs == 4) & selected
+    kept = (inputs == ids) & selected
+    random_ = selected & ~masked & ~kept
+    assert abs(masked.sum().item() / k - 0.8) < 0.015
+    assert abs(kept.sum().item() / k - 0.1) < 0.012  # (+ 1/5000 of the random draws that hit the same id)
+    assert abs(random_.sum().item() / k - 0.1) < 0.012
+
+
+def test_masks_depend_only_on_the_generator_seed():
+    ids = torch.randint(10, 100, (4, 64))
+    m = torch.ones_like(ids, dtype=torch.bool)
+    a = mask_tokens(ids, maskable=m, mask_id=4, vocab_size=100, generator=torch.Generator().manual_seed(7))
+    b = mask_tokens(ids, maskable=m, mask_id=4, vocab_size=100, generator=torch.Generator().manual_seed(7))
+    c = mask_tokens(ids, maskable=m, mask_id=4, vocab_size=100, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and not torch.equal(a[1], c[1])
+
+
+def test_whole_word_masking_selects_every_piece_of_a_word_or_none(corpus):
+    from multihead.data import train_tokenizer
+
+    tok = train_tokenizer(corpus.read_text().splitlines(), 300, extra_specials=("[MASK]",))
+    starts = word_starts(tok)
+    enc = tok.encode(" ".join(corpus.read_text().splitlines()[:40]), add_special_tokens=False)
+    ids = torch.tensor(enc.ids[:1600]).view(4, -1)
+    maskable = torch.ones_like(ids, dtype=torch.bool)
+    _, labels = mask_tokens(ids, maskable=maskable, mask_id=tok.token_to_id("[MASK]"), vocab_size=300,
+                            generator=torch.Generator().manual_seed(0), word_start=starts)
+    selected = labels != IGNORE
+    words_seen = 0
+    for r in range(ids.shape[0]):
+        word = starts[ids[r]].long().cumsum(0)
+        for w in word.unique().tolist():
+            sel = selected[r][word == w]
+            assert sel.all() or not sel.any(), "a word was split by the mask"
+            words_seen += int(sel.all())
+    assert 0.08 < selected.float().mean().item() < 0.25 and words_seen > 20
+    assert starts[ids].float().mean() < 0.95  # the test data does hold multi-piece words
+
+
+def test_masking_rejects_bad_arguments():
+    ids = torch.zeros(2, 4, dtype=torch.long)
+    m = torch.ones_like(ids, dtype=torch.bool)
+    g = torch.Generator()
+    with pytest.raises(ValueError, match="prob"):
+        mask_tokens(ids, maskable=m, mask_id=1, vocab_size=5, generator=g, prob=0.0)
+    with pytest.raises(ValueError, match="sum <= 1"):
+        mask_tokens(ids, maskable=m, mask_id=1, vocab_size=5, generator=g, replace=(0.8, 0.3))
+    with pytest.raises(ValueError, match="same shape"):
+        mask_tokens(ids, maskable=m[:, :2], mask_id=1, vocab_size=5, generator=g)
+
+
+# ------------------------------------------------------------------------------------------------ model, loss
+def _tiny_mlm(vocab=50):
+    from multihead.models.masked_lm import MaskedLM
+    from multihead.models.text_encoder import TextEncoderConfig
+    from multihead.modules.encoder import EncoderConfig
+
+    torch.manual_seed(0)
+    cfg = TextEncoderConfig(vocab_size=vocab, max_len=16, positional="learned", embed_norm=True, embed_init_std=0.02,
+                            encoder=EncoderConfig(d_model=16, num_heads=2, num_layers=1, d_ff=32, dropout=0.0,
+                                                  activation="gelu"))
+    return MaskedLM(cfg).eval()
+
+
+def test_mlm_loss_counts_the_selected_positions_only():
+    from multihead.train.pretrain import mlm_loss
+
+    model = _tiny_mlm()
+    ids = torch.randint(5, 50, (3, 16))
+    labels = torch.full_like(ids, IGNORE)
+    labels[0, 3], labels[1, 7], labels[2, 0], labels[2, 15] = 11, 12, 13, 14
+    loss, count, correct = mlm_loss(model, ids, labels)
+    full = model(ids)  # (B, L, V): the head on every position
+    sel = labels != IGNORE
+    expected = sum(-F.log_softmax(full[b, l], -1)[labels[b, l]] for b, l in sel.nonzero().tolist())
+    assert count == 4 and torch.allclose(loss, expected, atol=1e-5)
+    assert correct == int((full[sel].argmax(-1) == labels[sel]).sum())
+    assert torch.allclose(loss, F.cross_entropy(full.flatten(0, 1), labels.flatten(), ignore_index=IGNORE,
+                                                reduction="sum"), atol=1e-5)
+    # what the model is told at unselected positions' labels cannot matter: they are ignored
+    labels2 = labels.clone()
+    labels2[~sel] = IGNORE
+    assert torch.equal(mlm_loss(model, ids, labels2)[0], loss)
+
+
+def test_mlm_head_is_tied_to_the_embeddings_and_gets_gradients():
+    model = _tiny_mlm()
+    assert model.head.embed.weight is model.encoder.embed.weight
+    ids = torch.randint(5, 50, (2, 16))
+    model(ids, select=ids > 20).sum().backward()
+    assert model.encoder.embed.weight.grad is not None and model.head.bias.grad is not None
+
+
+def test_packing_cuts_joined_texts_into_cls_sep_rows():
+    from multihead.train.pretrain import pack
+
+    rows = pack([[10, 11, 12], [13], [14, 15, 16, 17, 18]], seq_len=6, cls_id=2, sep_id=3)
+    # stream: 10 11 12 3 13 3 14 15 16 17 18 3 -> rows of 4 body tokens
+    assert rows.tolist() == [[2, 10, 11, 12, 3, 3], [2, 13, 3, 14, 15, 3], [2, 16, 17, 18, 3, 3]]
+
+
+def test_batch_rows_visit_every_row_once_per_pass():
+    from multihead.train.pretrain import batch_rows
+
+    seen = [r for s in range(5) for r in batch_rows(s, 23, 4, seed=1)]
+    assert len(seen) == 20 and len(set(seen)) == 20  # 5 batches of 4 from a shuffled pass (3 rows left over)
+    assert batch_rows(5, 23, 4, seed=1) != batch_rows(0, 23, 4, seed=1)  # the next pass is reshuffled
+    assert batch_rows(2, 23, 4, seed=1) == batch_rows(2, 23, 4, seed=1)
+
+
+# ------------------------------------------------------------------------------------------------ the CLI
+@pytest.fixture(scope="module")
+def pretrained_run(tmp_path_factory, corpus):
+    out = tmp_path_factory.mktemp("runs") / "mlm"
+    assert main(["pretrain", "--data", str(corpus), "--out", str(out), "--steps", "80", "--eval-every", "40",
+                 "--lr", "3e-3", *TINY]) == 0
+    return out
+
+
+def test_run_folder_and_learning(pretrained_run):
+    out = pretrained_run
+    for name in ("config.json", "tokenizer.json", "splits.json", "metrics.jsonl", "model.safetensors", "curves.png",
+                 "results.json", "encoder/config.json", "encoder/model.safetensors", "encoder/tokenizer.json"):
+        assert (out / name).is_file(), name
+    r = json.loads((out / "results.json").read_text())
+    assert r["steps"] == 80 and r["tokens"] == 80 * 8 * 32
+    assert r["validation"]["perplexity"] == pytest.approx(math.exp(r["validation"]["loss"]), rel=1e-9)
+    events = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [e for e in events if e["event"] == "eval"]
+    assert [e["step"] for e in evals] == [40, 80]
+    # it learns: below the uniform guess over the vocabulary, and still falling
+    assert evals[1]["val_loss"] < evals[0]["val_loss"] < math.log(300) - 0.2
+    tok = json.loads((out / "tokenizer.json").read_text())
+    assert any(t["content"] == "[MASK]" for t in tok["added_tokens"])
+
+
+def test_exported_encoder_equals_the_pretrained_one(pretrained_run):
+    from safetensors.torch import load_file
+
+    from multihead import pretrained
+    from multihead.models.masked_lm import MaskedLM
+    from multihead.models.text_encoder import TextEncoderConfig
+    from multihead.train.checkpoint import load_model_tensors
+
+    cfg = json.loads((pretrained_run / "config.json").read_text())["pretrain"]
+    model = MaskedLM(TextEncoderConfig.from_dict(cfg["model"])).eval()
+    load_model_tensors(model, load_file(str(pretrained_run / "model.safetensors")))
+    loaded = pretrained.load(pretrained_run)  # a pretraining run resolves to its encoder/ folder
+    ids = torch.randint(5, 300, (2, 20))
+    assert torch.allclose(loaded.model(ids), model.encoder(ids), atol=1e-6)
+
+
+def test_init_from_a_pretraining_run_fine_tunes(pretrained_run, tmp_path):
+    out = tmp_path / "ft"
+    csv = tmp_path / "s.csv"
+    csv.write_text("text,label\n" + "".join(f"good fun film {i},pos\nbad dull film {i},neg\n" for i in range(100)))
+    assert main(["train", "--init", str(pretrained_run), "--data", str(csv), "--out", str(out), "--epochs", "4",
+                 "--lr", "2e-3", "--threads", "1", "--no-progress"]) == 0
+    cfg = json.loads((out / "config.json").read_text())["train"]
+    assert cfg["data"]["max_len"] == 32  # cut to the encoder's positions, not refused
+    assert json.loads((out / "results.json").read_text())["test"]["accuracy"] >= 0.9
+
+
+def test_resume_after_sigkill_is_bit_identical(tmp_path, corpus):
+    common = ["--data", corpus, "--steps", "60", "--save-every", "5", "--eval-every", "30", *TINY]
+    full = tmp_path / "full"
+    proc = cli("pretrain", "--out", full, *common)
+    assert proc.returncode == 0, proc.stderr
+    killed = tmp_path / "killed"
+    p = subprocess.Popen([sys.executable, "-m", "multihead.cli", "pretrain", "--out", str(killed),
+                          *map(str, common)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = killed / "checkpoint" / "state.json"
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait for a checkpoint past the start
+        try:
+            if state.exists() and json.loads(state.read_text()).get("step", 0) >= 10:
+                break
+        except ValueError:
+            pass
+        time.sleep(0.02)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    assert not (killed / "results.json").exists(), "the run finished before it could be killed"
+    proc = cli("pretrain", "--out", killed, "--resume", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert "resuming" in proc.stdout
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(str(full / "model.safetensors")), load_file(str(killed / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    evals = lambda run: [json.loads(x)["val_loss"] for x in (run / "metrics.jsonl").read_text().splitlines()
+                         if '"eval"' in x]
+    assert evals(full) == evals(killed) and len(evals(full)) == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--objective", "clm2"], "objective.name must be one of"),
+    (["--steps", "0"], "optim.steps must be >= 1"),
+    (["--mask-prob", "1.5"], "objective.mask_prob must be in"),
+    (["--data", "no/such/file.txt"], "does not exist"),
+    (["--data", "nonsense_name"], "unknown dataset"),
+    (["--set", "optim.stepz=3"], "unknown optim fields"),
+])
+def test_bad_input_is_named(tmp_path, capsys, corpus, args, message):
+    argv = ["pretrain", "--out", str(tmp_path / "x"), "--data", str(corpus), *TINY, *args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_single_text_is_refused(tmp_path, capsys):
+    one = tmp_path / "one.txt"
+    one.write_text("just one line\n")
+    assert main(["pretrain", "--out", str(tmp_path / "x"), "--data", str(one), *TINY]) == 2
+    assert "at least two" in capsys.readouterr().err
+
+
+def test_resume_refuses_new_options_and_non_runs(tmp_path, capsys):
+    assert main(["pretrain", "--out", str(tmp_path), "--resume", "--no-progress"]) == 2
+    assert "nothing to resume" in capsys.readouterr().err
+    assert main(["pretrain", "--out", str(tmp_path), "--resume", "--steps", "5"]) == 2
+    assert "drop the other options" in capsys.readouterr().err
