@@ -197,7 +197,7 @@ def cmd_train(args) -> int:
 
 
 PRETRAIN_FLAGS = {  # flag -> (config path, type, help)
-    "objective": ("objective.name", str, "mlm (masked-language model, BERT)"),
+    "objective": ("objective.name", str, "mlm (masked-language model, BERT) | clm (causal LM, GPT)"),
     "text_column": ("data.text_column", str, "text column of a .csv/.tsv/.jsonl file"),
     "steps": ("optim.steps", int, "optimizer steps"),
     "batch_size": ("optim.batch_size", int, "rows per step (global)"),
@@ -242,6 +242,11 @@ def cmd_pretrain(args) -> int:
         _set_path(flags, key.strip(), _parse_value(value))
     if args.resume and args.overwrite:
         raise ValueError("--resume continues the run in --out and --overwrite replaces it; pass one of them")
+    objective = (flags.get("objective") or over.get("objective") or {}).get("name", "mlm")
+    if objective == "clm" and "encoder" in flags.get("model", {}):  # the size flags shape the causal LM instead
+        _set_path(flags, "causal.decoder", flags["model"].pop("encoder"))
+        if not flags["model"]:
+            flags.pop("model")
     explicit = merge(over, flags)
     changes = {k: v for k, v in explicit.items() if k != "run" or set(v) - {"progress"}}
     if args.resume and changes:
@@ -254,8 +259,58 @@ def cmd_pretrain(args) -> int:
         print(f"{r['objective']} on {r['data']}: {r['steps']} steps, {r['tokens'] / 1e6:.1f}M tokens "
               f"({r['passes']:.2f} passes) in {r['minutes']:.1f} min; validation loss {v['loss']:.4f}, perplexity "
               f"{v['perplexity']:.1f}, masked accuracy {v['accuracy']:.4f}")
-        print(f"encoder: {r['encoder']} (fine-tune it: multihead train --init {args.out} --data rotten_tomatoes)")
+        if r["encoder"]:
+            print(f"encoder: {r['encoder']} (fine-tune it: multihead train --init {args.out} --data rotten_tomatoes)")
+        else:
+            print(f"generate from it: multihead generate {args.out} \"This movie was\" --max-new 50")
         print(f"run folder: {args.out}")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    """``multihead generate RUN "prompt"``: continue a prompt with a causal LM run, streaming tokens (KV cache)."""
+    import sys
+
+    import torch
+
+    from .data.tokenizer import SEP
+    from .models.generation import generate
+    from .train.pretrain import load_pretrain_run
+
+    run = load_pretrain_run(args.run)
+    if run.config.objective.name != "clm":
+        raise ValueError(f"{args.run} is a {run.config.objective.name} run; generation needs a causal LM: "
+                         "multihead pretrain --objective clm")
+    tok, positions = run.tokenizer, run.config.causal.max_len
+    sep = tok.token_to_id(SEP)
+    ids = [sep, *tok.encode(args.prompt, add_special_tokens=False).ids]  # [SEP] = the start of a new text
+    if len(ids) + args.max_new > positions:
+        raise ValueError(f"the prompt ({len(ids)} tokens with the start marker) plus --max-new {args.max_new} exceeds "
+                         f"the model's {positions} positions; use --max-new {max(1, positions - len(ids))} or less, or "
+                         "a shorter prompt")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = list(ids)
+    shown = [tok.decode(out[1:])]
+    sys.stdout.write(shown[0])
+    sys.stdout.flush()
+
+    def stream(tokens, alive) -> None:
+        if not bool(alive[0]):
+            return
+        out.append(int(tokens[0]))
+        text = tok.decode(out[1:])
+        if args.stream:
+            sys.stdout.write(text[len(shown[0]):] if text.startswith(shown[0]) else "\n" + text)
+            sys.stdout.flush()
+        shown[0] = text
+
+    options = dict(strategy="sample" if args.sample else "greedy", max_new_tokens=args.max_new, stop_tokens=(sep,),
+                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    generate(run.model, torch.tensor([ids]), None, streamer=stream, **options)
+    if not args.stream:
+        sys.stdout.write(shown[0][len(tok.decode(ids[1:])):])
+    sys.stdout.write("\n")
     return 0
 
 
@@ -553,6 +608,20 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
     pt.add_argument("--no-progress", action="store_true", help="no progress bars")
     pt.set_defaults(fn=cmd_pretrain)
+
+    ge = sub.add_parser("generate", help="continue a prompt with a causal LM run (multihead pretrain --objective "
+                                         "clm), streaming tokens; KV-cached decoding")
+    ge.add_argument("run", help="pretraining run folder (objective clm)")
+    ge.add_argument("prompt", nargs="?", default="", help="text to continue (default: start a new text)")
+    ge.add_argument("--max-new", type=int, default=50, help="new tokens at most (stops early at the end of a text)")
+    ge.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+    ge.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    ge.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: all)")
+    ge.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: the smallest set reaching p")
+    ge.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    ge.add_argument("--threads", type=int, default=None, help="torch threads")
+    ge.add_argument("--no-stream", dest="stream", action="store_false", help="print the text once, at the end")
+    ge.set_defaults(fn=cmd_generate)
 
     e = sub.add_parser("evaluate", help="evaluate a run on a dataset split")
     e.add_argument("run")

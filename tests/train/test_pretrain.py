@@ -143,7 +143,7 @@ def test_mlm_head_is_tied_to_the_embeddings_and_gets_gradients():
 def test_packing_cuts_joined_texts_into_cls_sep_rows():
     from multihead.train.pretrain import pack
 
-    rows = pack([[10, 11, 12], [13], [14, 15, 16, 17, 18]], seq_len=6, cls_id=2, sep_id=3)
+    rows = pack([[10, 11, 12], [13], [14, 15, 16, 17, 18]], seq_len=6, sep_id=3, cls_id=2)
     # stream: 10 11 12 3 13 3 14 15 16 17 18 3 -> rows of 4 body tokens
     assert rows.tolist() == [[2, 10, 11, 12, 3, 3], [2, 13, 3, 14, 15, 3], [2, 16, 17, 18, 3, 3]]
 
@@ -270,3 +270,55 @@ def test_resume_refuses_new_options_and_non_runs(tmp_path, capsys):
     assert "nothing to resume" in capsys.readouterr().err
     assert main(["pretrain", "--out", str(tmp_path), "--resume", "--steps", "5"]) == 2
     assert "drop the other options" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ causal LM
+def test_clm_loss_is_next_token_cross_entropy():
+    from multihead.models import CausalLM, CausalLMConfig
+    from multihead.modules.decoder import DecoderConfig
+    from multihead.train.pretrain import clm_loss
+
+    torch.manual_seed(0)
+    model = CausalLM(CausalLMConfig(vocab_size=40, max_len=16, decoder=DecoderConfig(
+        d_model=16, num_heads=2, num_layers=1, d_ff=32, dropout=0.0, norm_first=True, cross_attention=False))).eval()
+    rows = torch.randint(0, 40, (3, 12))
+    loss, count, correct = clm_loss(model, rows)
+    expected = sum(-F.log_softmax(model(rows[b: b + 1, : t + 1])[0, -1], -1)[rows[b, t + 1]]
+                   for b in range(3) for t in range(11))  # each prefix alone: the formula, position by position
+    assert count == 33 and torch.allclose(loss, expected, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def clm_run(tmp_path_factory, corpus):
+    out = tmp_path_factory.mktemp("runs") / "clm"
+    assert main(["pretrain", "--objective", "clm", "--data", str(corpus), "--out", str(out), "--steps", "60",
+                 "--eval-every", "30", "--lr", "3e-3", *TINY]) == 0
+    return out
+
+
+def test_clm_run_learns_and_has_no_encoder_folder(clm_run):
+    r = json.loads((clm_run / "results.json").read_text())
+    assert r["objective"] == "clm" and r["encoder"] is None and not (clm_run / "encoder").exists()
+    cfg = json.loads((clm_run / "config.json").read_text())["pretrain"]
+    assert cfg["causal"]["decoder"]["d_model"] == 32 and cfg["causal"]["max_len"] == 32  # the size flags shaped it
+    evals = [json.loads(x) for x in (clm_run / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
+    assert evals[1]["val_loss"] < evals[0]["val_loss"] < math.log(300)
+
+
+def test_generate_streams_what_it_would_print_at_once(clm_run):
+    a = cli("generate", clm_run, "the film", "--max-new", "12")
+    b = cli("generate", clm_run, "the film", "--max-new", "12", "--no-stream")
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    assert a.stdout == b.stdout and a.stdout.startswith("the film") and len(a.stdout) > len("the film\n")
+    s1 = cli("generate", clm_run, "the film", "--max-new", "12", "--sample", "--top-p", "0.9", "--seed", "3")
+    s2 = cli("generate", clm_run, "the film", "--max-new", "12", "--sample", "--top-p", "0.9", "--seed", "3")
+    assert s1.returncode == 0 and s1.stdout == s2.stdout  # seeded sampling is reproducible
+
+
+def test_generate_refuses_what_it_cannot_do(clm_run, pretrained_run, capsys):
+    assert main(["generate", str(clm_run), "the film", "--max-new", "500"]) == 2
+    assert "exceeds the model's 32 positions" in capsys.readouterr().err
+    assert main(["generate", str(pretrained_run), "the film"]) == 2
+    assert "generation needs a causal LM" in capsys.readouterr().err
+    assert main(["generate", str(clm_run.parent), "x"]) == 2
+    assert "not a pretraining run" in capsys.readouterr().err

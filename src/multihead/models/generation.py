@@ -52,17 +52,21 @@ class Generated:
 
 
 @torch.no_grad()
-def generate(model, *inputs, config: GenerationConfig | None = None, **options) -> Generated:
+def generate(model, *inputs, config: GenerationConfig | None = None, streamer=None, **options) -> Generated:
     """Generate from ``model.prefill(*inputs)`` (a CausalLM: left-padded ``ids, keep``; a Seq2Seq: ``src,
-    src_keep``). ``options`` are :class:`GenerationConfig` fields."""
+    src_keep``). ``options`` are :class:`GenerationConfig` fields. ``streamer(tokens (B,), alive (B,))`` is called
+    after every step (greedy and sampling) with the tokens just chosen and which rows are still generating."""
     config = GenerationConfig(**options) if config is None else config
+    if streamer is not None and config.strategy == "beam":
+        raise ValueError("beam search cannot stream: its best hypothesis is known only at the end; use greedy or "
+                         "sample with a streamer")
     was_training = model.training
     model.eval()
     try:
         with _attention_recorder(model, config.output_attentions) as record:
             if config.strategy == "beam":
                 return _beam(model, inputs, config, record)
-            return _sample_or_greedy(model, inputs, config, record)
+            return _sample_or_greedy(model, inputs, config, record, streamer)
     finally:
         model.train(was_training)
 
@@ -82,7 +86,7 @@ def _pick(logits: Tensor, config: GenerationConfig, gen) -> Tensor:
     return torch.multinomial(logits.softmax(-1), 1, generator=gen).squeeze(-1)
 
 
-def _sample_or_greedy(model, inputs, config: GenerationConfig, record) -> Generated:
+def _sample_or_greedy(model, inputs, config: GenerationConfig, record, streamer=None) -> Generated:
     gen = None
     if config.strategy == "sample":
         gen = torch.Generator(device=inputs[0].device)
@@ -101,6 +105,8 @@ def _sample_or_greedy(model, inputs, config: GenerationConfig, record) -> Genera
         is_stop = torch.isin(nxt, stops)
         picked.append(nxt)
         alive.append(~done & ~is_stop)
+        if streamer is not None:
+            streamer(nxt, alive[-1])
         done |= is_stop
         if t == config.max_new_tokens - 1 or (len(stops) and bool(done.all())):
             break

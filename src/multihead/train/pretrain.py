@@ -47,14 +47,16 @@ from .._config import ConfigError, from_fields
 from .._io import atomic_save_figure, folder_kind
 from ..data.masking import IGNORE, mask_tokens, word_starts
 from ..models.masked_lm import MaskedLM
+from ..models.seq2seq import CausalLM, CausalLMConfig
 from ..models.text_encoder import TextEncoderConfig
+from ..modules.decoder import DecoderConfig
 from ..modules.encoder import EncoderConfig
 from . import distributed
 from .checkpoint import model_tensors, restore_state, save_checkpoint
 from .runfolder import CheckpointError, atomic_write_bytes, atomic_write_json, load_checked, read_json, save_checked
 
 MASK = "[MASK]"
-OBJECTIVES = ("mlm",)
+OBJECTIVES = ("mlm", "clm")
 
 
 @dataclass
@@ -71,7 +73,7 @@ class PretrainData:
 
 @dataclass
 class PretrainObjective:
-    name: str = "mlm"
+    name: str = "mlm"  # mlm: masked LM (BERT, the `model` section) | clm: causal LM (GPT, the `causal` section)
     mask_prob: float = 0.15
     mask_replace: float = 0.8  # of the selected tokens: share replaced by [MASK]
     random_replace: float = 0.1  # ... by a random token (the rest stay unchanged)
@@ -105,11 +107,19 @@ def _default_model() -> TextEncoderConfig:
                                                    activation="gelu", norm_first=False))
 
 
+def _default_causal() -> CausalLMConfig:
+    # GPT-2 layout: pre-LN blocks with a final norm, learned positions, GELU, tied input/output embeddings.
+    return CausalLMConfig(vocab_size=8000, max_len=128, positional="learned",
+                          decoder=DecoderConfig(d_model=256, num_heads=4, num_layers=4, d_ff=1024, dropout=0.1,
+                                                activation="gelu", norm_first=True, cross_attention=False))
+
+
 @dataclass
 class PretrainConfig:
     data: PretrainData = field(default_factory=PretrainData)
     objective: PretrainObjective = field(default_factory=PretrainObjective)
-    model: TextEncoderConfig = field(default_factory=_default_model)
+    model: TextEncoderConfig = field(default_factory=_default_model)  # the masked-LM encoder (objective mlm)
+    causal: CausalLMConfig = field(default_factory=_default_causal)  # the causal LM (objective clm)
     optim: PretrainOptim = field(default_factory=PretrainOptim)
     run: PretrainRun = field(default_factory=PretrainRun)
 
@@ -171,16 +181,19 @@ def split_texts(n: int, *, validation: float, seed: int) -> dict:
     return {"seed": seed, "n": n, "validation": sorted(order[:k])}
 
 
-def pack(ids: list[list[int]], seq_len: int, cls_id: int, sep_id: int) -> torch.Tensor:
-    """Texts' ids -> ``(N, seq_len)`` rows ``[CLS] ... [SEP]`` cut from the texts joined by ``[SEP]`` (the tail
-    shorter than a row is dropped)."""
-    body = seq_len - 2
+def pack(ids: list[list[int]], seq_len: int, sep_id: int, cls_id: int | None = None) -> torch.Tensor:
+    """Texts' ids -> ``(N, seq_len)`` rows cut from the texts joined by ``[SEP]`` (the tail shorter than a row is
+    dropped). With ``cls_id`` each row is ``[CLS] ... [SEP]`` (BERT's input form), otherwise the stream as it comes
+    (a causal LM reads ``[SEP]`` as end of text)."""
+    body = seq_len - 2 if cls_id is not None else seq_len
     stream = torch.tensor([t for text in ids for t in (*text, sep_id)], dtype=torch.int32)
     n = len(stream) // body
     if n == 0:
         raise D.DataError(f"the texts hold {len(stream)} tokens, fewer than one row of data.seq_len={seq_len}; "
                           "give more text or a smaller --seq-len")
     rows = stream[: n * body].view(n, body)
+    if cls_id is None:
+        return rows
     return torch.cat([torch.full((n, 1), cls_id, dtype=torch.int32), rows,
                       torch.full((n, 1), sep_id, dtype=torch.int32)], 1)
 
@@ -205,41 +218,15 @@ def prepare(config: PretrainConfig, out: Path | None = None, *, resume: bool = F
         tok = D.load_tokenizer(out / "tokenizer.json")
     else:
         tok = D.train_tokenizer(parts["train"], dc.vocab_size, dc.min_frequency, extra_specials=(MASK,))
-    cls_id, sep_id = tok.token_to_id(D.tokenizer.CLS), tok.token_to_id(D.tokenizer.SEP)
+    cls_id = tok.token_to_id(D.tokenizer.CLS) if config.objective.name == "mlm" else None
+    sep_id = tok.token_to_id(D.tokenizer.SEP)
     encoded = {k: [e.ids for e in tok.encode_batch(v, add_special_tokens=False)] for k, v in parts.items()}
-    rows = {k: pack(v, dc.seq_len, cls_id, sep_id) for k, v in encoded.items()}
+    rows = {k: pack(v, dc.seq_len, sep_id, cls_id) for k, v in encoded.items()}
     return Packed(tok, rows["train"], rows["validation"], record, {k: len(v) for k, v in parts.items()},
                   {k: sum(map(len, v)) for k, v in encoded.items()})
 
 
-def _model_config(config: PretrainConfig, tok) -> TextEncoderConfig:
-    mc = config.model.to_dict()
-    mc.update(vocab_size=tok.get_vocab_size(), max_len=config.data.seq_len, pad_id=tok.token_to_id(D.tokenizer.PAD))
-    return TextEncoderConfig.from_dict(mc, "model")
-
-
-# ---------------------------------------------------------------------------------------------------- steps
-class Masker:
-    """The objective's corruption with everything it needs from the tokenizer, as one callable."""
-
-    def __init__(self, config: PretrainConfig, tok) -> None:
-        ob = config.objective
-        self.mask_id = tok.token_to_id(MASK)
-        if self.mask_id is None:
-            raise CheckpointError(f"the tokenizer has no {MASK} token; it was not trained for masked-LM pretraining")
-        self.specials = torch.tensor([tok.token_to_id(t) for t in (*D.tokenizer.SPECIALS, MASK)])
-        self.vocab_size = tok.get_vocab_size()
-        self.prob, self.replace = ob.mask_prob, (ob.mask_replace, ob.random_replace)
-        self.word_start = word_starts(tok) if ob.whole_word else None
-
-    def __call__(self, rows: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        g = torch.Generator().manual_seed(seed)
-        ids = rows.long()
-        return mask_tokens(ids, maskable=~torch.isin(ids, self.specials), mask_id=self.mask_id,
-                           vocab_size=self.vocab_size, generator=g, prob=self.prob, replace=self.replace,
-                           word_start=self.word_start)
-
-
+# ---------------------------------------------------------------------------------------------------- objectives
 def step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step) % (2 ** 63)
 
@@ -268,16 +255,85 @@ def mlm_loss(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> tu
     return loss, int(target.numel()), int((logits.argmax(-1) == target).sum())
 
 
+def clm_loss(model: nn.Module, rows: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """Summed next-token cross-entropy over every position of ``rows`` but the last, the count and the hits."""
+    logits = model(rows[:, :-1])  # (B, L-1, V)
+    target = rows[:, 1:]
+    loss = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="sum")
+    return loss, int(target.numel()), int((logits.argmax(-1) == target).sum())
+
+
+class MaskedLMObjective:
+    """BERT: corrupt 15% of the tokens (80/10/10), predict them; the model is :class:`MaskedLM`."""
+
+    name = "mlm"
+
+    def __init__(self, config: PretrainConfig, tok) -> None:
+        ob = config.objective
+        self.mask_id = tok.token_to_id(MASK)
+        if self.mask_id is None:
+            raise CheckpointError(f"the tokenizer has no {MASK} token; it was not trained for masked-LM pretraining")
+        self.specials = torch.tensor([tok.token_to_id(t) for t in (*D.tokenizer.SPECIALS, MASK)])
+        self.vocab_size = tok.get_vocab_size()
+        self.prob, self.replace = ob.mask_prob, (ob.mask_replace, ob.random_replace)
+        self.word_start = word_starts(tok) if ob.whole_word else None
+
+    @staticmethod
+    def model_config(config: PretrainConfig, tok) -> PretrainConfig:
+        mc = {**config.model.to_dict(), "vocab_size": tok.get_vocab_size(), "max_len": config.data.seq_len,
+              "pad_id": tok.token_to_id(D.tokenizer.PAD)}
+        config.model = TextEncoderConfig.from_dict(mc, "model")
+        return config
+
+    @staticmethod
+    def build(config: PretrainConfig) -> nn.Module:
+        return MaskedLM(config.model)
+
+    def corrupt(self, rows: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = rows.long()
+        return mask_tokens(ids, maskable=~torch.isin(ids, self.specials), mask_id=self.mask_id,
+                           vocab_size=self.vocab_size, generator=torch.Generator().manual_seed(seed), prob=self.prob,
+                           replace=self.replace, word_start=self.word_start)
+
+    def loss(self, model: nn.Module, rows: torch.Tensor, seed: int) -> tuple[torch.Tensor, int, int]:
+        return mlm_loss(model, *self.corrupt(rows, seed))
+
+
+class CausalLMObjective:
+    """GPT: predict every next token; the model is :class:`~multihead.models.CausalLM`."""
+
+    name = "clm"
+
+    def __init__(self, config: PretrainConfig, tok) -> None:
+        pass
+
+    @staticmethod
+    def model_config(config: PretrainConfig, tok) -> PretrainConfig:
+        mc = {**config.causal.to_dict(), "vocab_size": tok.get_vocab_size(), "max_len": config.data.seq_len,
+              "pad_id": tok.token_to_id(D.tokenizer.PAD)}
+        config.causal = CausalLMConfig.from_dict(mc)
+        return config
+
+    @staticmethod
+    def build(config: PretrainConfig) -> nn.Module:
+        return CausalLM(config.causal)
+
+    def loss(self, model: nn.Module, rows: torch.Tensor, seed: int) -> tuple[torch.Tensor, int, int]:
+        return clm_loss(model, rows.long())
+
+
+OBJECTIVE_CLASSES = {"mlm": MaskedLMObjective, "clm": CausalLMObjective}
+
+
 @torch.no_grad()
-def evaluate_mlm(model: nn.Module, rows: torch.Tensor, masker: Masker, *, batch_size: int = 64,
-                 seed: int = 12345) -> dict:
-    """Loss, perplexity and accuracy over the masked tokens of ``rows``, with masks fixed by ``seed``."""
+def evaluate_objective(model: nn.Module, rows: torch.Tensor, objective, *, batch_size: int = 64,
+                       seed: int = 12345) -> dict:
+    """Loss, perplexity and accuracy over the predicted tokens of ``rows`` (masked LM: masks fixed by ``seed``)."""
     was = model.training
     model.eval()
     total, n, right = 0.0, 0, 0
     for i in range(0, len(rows), batch_size):
-        inputs, labels = masker(rows[i: i + batch_size], step_seed(seed, i))
-        loss, count, correct = mlm_loss(model, inputs, labels)
+        loss, count, correct = objective.loss(model, rows[i: i + batch_size], step_seed(seed, i))
         total, n, right = total + loss.item(), n + count, right + correct
     model.train(was)
     mean = total / max(n, 1)
@@ -320,9 +376,10 @@ class _Pretraining:
         self.main, self.world, self.rank = dist_info.is_main, dist_info.world_size, dist_info.rank
         path = folder.path
         self.data = prepare(config, path, resume=resume)
-        config.model = _model_config(config, self.data.tokenizer)
-        self.model = MaskedLM(config.model)
-        self.masker = Masker(config, self.data.tokenizer)
+        kind = OBJECTIVE_CLASSES[config.objective.name]
+        kind.model_config(config, self.data.tokenizer)
+        self.model = kind.build(config)
+        self.objective = kind(config, self.data.tokenizer)
         oc = config.optim
         decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2]
         no_decay = [p for n, p in self.model.named_parameters() if p.dim() < 2]  # biases, norms
@@ -380,10 +437,9 @@ class _Pretraining:
         while pos["step"] < oc.steps:
             step = pos["step"]
             rows = batch_rows(step, len(self.data.train), oc.batch_size, cfg.run.seed)
-            inputs, labels = self.masker(self.data.train[rows], step_seed(cfg.run.seed, step))
-            inputs, labels = inputs[self.rank::self.world], labels[self.rank::self.world]
-            loss, count, correct = mlm_loss(model, inputs, labels)
-            # mean over the global batch's masked tokens: DDP averages gradients over ranks, so scale by world
+            local = self.data.train[rows][self.rank::self.world]  # this rank's share of the global batch
+            loss, count, correct = self.objective.loss(model, local, step_seed(cfg.run.seed, step) + self.rank)
+            # mean over the global batch's predicted tokens: DDP averages gradients over ranks, so scale by world
             total_masked = self._global_sum(count)
             (loss * self.world / max(total_masked, 1)).backward()
             if oc.clip > 0:
@@ -392,7 +448,7 @@ class _Pretraining:
             self.sched.step()
             self.opt.zero_grad(set_to_none=True)
             pos["step"] += 1
-            pos["tokens"] += inputs.numel() * self.world
+            pos["tokens"] += len(rows) * self.data.train.shape[1]
             win = pos["window"]
             win["loss"] += loss.item()
             win["count"] += count
@@ -427,37 +483,69 @@ class _Pretraining:
         if not self.main:
             return
         rows = self.data.validation[: self.config.run.eval_rows]
-        val = evaluate_mlm(self.model, rows, self.masker)
+        val = evaluate_objective(self.model, rows, self.objective)
         pos = self.position
         self.log({"event": "eval", "step": pos["step"], "val_loss": val["loss"], "val_perplexity": val["perplexity"],
                   "val_accuracy": val["accuracy"], "val_tokens": val["tokens"], "minutes": pos["seconds"] / 60})
+        what = "masked" if self.config.objective.name == "mlm" else "next-token"
         bar.write(f"step {pos['step']}: validation loss {val['loss']:.4f}, perplexity {val['perplexity']:.1f}, "
-                  f"masked accuracy {val['accuracy']:.4f} | {pos['seconds'] / 60:.1f} min")
+                  f"{what} accuracy {val['accuracy']:.4f} | {pos['seconds'] / 60:.1f} min")
 
     def _finish(self) -> dict:
         from .. import pretrained
 
         path, cfg, pos = self.folder.path, self.config, self.position
         save_checked(path / "model.safetensors", model_tensors(self.model),
-                     {"format": "multihead.MaskedLM", "step": str(pos["step"])})
-        pretrained.export(self.model.encoder, self.data.tokenizer, path / "encoder", overwrite=True,
-                          extra_config={"multihead_pretraining": {"objective": cfg.objective.name,
-                                                                  "steps": pos["step"], "data": cfg.data.name}})
-        val = evaluate_mlm(self.model, self.data.validation, self.masker)
+                     {"format": f"multihead.{type(self.model).__name__}", "step": str(pos["step"])})
+        if cfg.objective.name == "mlm":  # the encoder, for `train --init`
+            pretrained.export(self.model.encoder, self.data.tokenizer, path / "encoder", overwrite=True,
+                              extra_config={"multihead_pretraining": {"objective": cfg.objective.name,
+                                                                      "steps": pos["step"], "data": cfg.data.name}})
+        val = evaluate_objective(self.model, self.data.validation, self.objective)
         results = {
             "objective": cfg.objective.name, "data": cfg.data.name, "steps": pos["step"], "tokens": pos["tokens"],
             "minutes": pos["seconds"] / 60, "tokens_per_second": pos["tokens"] / max(pos["seconds"], 1e-9),
             "threads": torch.get_num_threads(), "world_size": self.world,
             "parameters": sum(p.numel() for p in self.model.parameters()),
-            "encoder_parameters": sum(p.numel() for p in self.model.encoder.parameters()),
+            "non_embedding_parameters": sum(p.numel() for n, p in self.model.named_parameters()
+                                            if "embed" not in n and not n.startswith("pe.") and ".pe." not in n
+                                            and not n.startswith("pos.")),
             "texts": self.data.texts, "text_tokens": self.data.tokens,
             "rows": {"train": len(self.data.train), "validation": len(self.data.validation)},
             "passes": pos["tokens"] / max(1, self.data.train.numel()),
-            "validation": val, "encoder": str(path / "encoder"),
+            "validation": val, "encoder": str(path / "encoder") if cfg.objective.name == "mlm" else None,
         }
         atomic_write_json(path / "results.json", results)
         plot_curves(path / "metrics.jsonl", path / "curves.png")
         return results
+
+
+@dataclass
+class LanguageModelRun:
+    path: Path
+    config: PretrainConfig
+    model: nn.Module
+    tokenizer: object
+
+
+def load_pretrain_run(path: str | Path, device: str = "cpu") -> LanguageModelRun:
+    """A finished (or checkpointed) pretraining run's model and tokenizer, checked against its config."""
+    from .checkpoint import load_model_tensors
+
+    path = Path(path)
+    if not is_pretrain_run(path):
+        raise CheckpointError(f"{path} is not a pretraining run folder (no config.json with a 'pretrain' section); "
+                              "make one with: multihead pretrain --objective clm --out RUN")
+    config = PretrainConfig.from_dict(read_json(path / "config.json", dict)["pretrain"])
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        raise CheckpointError(f"{path} has no model.safetensors yet: the run has not finished; finish it with: "
+                              f"multihead pretrain --out {path} --resume")
+    tok = D.load_tokenizer(path / "tokenizer.json")
+    model = OBJECTIVE_CLASSES[config.objective.name].build(config)
+    tensors, _ = load_checked(weights)
+    load_model_tensors(model, tensors)
+    return LanguageModelRun(path, config, model.to(device).eval(), tok)
 
 
 def plot_curves(metrics: Path, out: Path) -> None:
@@ -484,5 +572,6 @@ def plot_curves(metrics: Path, out: Path) -> None:
     plt.close(fig)
 
 
-__all__ = ["Masker", "OBJECTIVES", "Packed", "PretrainConfig", "batch_rows", "evaluate_mlm", "is_pretrain_run",
-           "mlm_loss", "pack", "prepare", "pretrain"]
+__all__ = ["CausalLMObjective", "MaskedLMObjective", "OBJECTIVES", "OBJECTIVE_CLASSES", "Packed", "PretrainConfig",
+           "LanguageModelRun", "batch_rows", "clm_loss", "evaluate_objective", "is_pretrain_run", "load_pretrain_run", "mlm_loss", "pack", "prepare",
+           "pretrain"]
