@@ -99,3 +99,20 @@ def test_bench_lra_table_formats_rows():
                                        "peak_rss_mb": 900.0}, {"variant": "window", "error": ["boom"]}]})
     assert "dense" in text and "0.8500" in text and "boom" in text
     assert set(lra.VARIANTS) == {"dense", "window", "block_sparse", "performer", "linear_elu"}
+
+
+def test_bench_decode_cases_build_and_cached_equals_recompute():
+    """`bench decode`'s cached and recompute cases generate the same tokens (timings: bench only); a run's shape."""
+    import torch
+
+    from multihead.bench import decode as suite
+
+    shape = {"d_model": 32, "layers": 2, "heads": 4, "d_ff": 64, "vocab": 100, "positional": "rope"}
+    case = {"batch": 2, "new_tokens": 6, "shape": shape, "max_new": 6}
+    torch.manual_seed(0)
+    cached = suite.build({**case, "impl": "cached"})().tokens
+    torch.manual_seed(0)
+    recomputed = suite.build({**case, "impl": "recompute"})()[:, suite.PROMPT:].tolist()
+    assert cached == recomputed
+    with pytest.raises(ValueError, match="not a causal LM pretraining run"):
+        suite.shape_of_run(__file__ + '.missing')

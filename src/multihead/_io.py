@@ -102,7 +102,8 @@ def folder_kind(path: str | Path) -> str:
             return "hf"
         return "other"
     for kind, marker in (("show", "attention.html"), ("show", "cross.html"), ("heads", "heads.json"),
-                         ("sweep", "sweep.json")):
+                         ("sweep", "sweep.json"), ("induction", "induction.json"),
+                         ("sinks", "sinks.json")):
         if marker in names:
             return kind
     if any(n.startswith("importance-") and n.endswith(".json") for n in names):

@@ -485,6 +485,10 @@ def cmd_heads(args) -> int:
         from ._io import check_target
 
         check_target(args.out, "heads", overwrite=args.overwrite, sources=(args.model,))
+    from .train.pretrain import is_pretrain_run
+
+    if is_pretrain_run(args.model):
+        return _heads_causal(args)
     subject = load_subject(args.model)
     ds = D.load(args.data, text_column=args.text_column, label_column=args.label_column)
     texts = D.split(ds, seed=0).test.texts[: args.n] if args.split == "test" else ds.texts[: args.n]
@@ -498,6 +502,91 @@ def cmd_heads(args) -> int:
     if args.out:
         files = roles.write(result, Path(args.out), overwrite=args.overwrite)
         print(f"wrote {', '.join(str(f) for f in files)}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _heads_causal(args) -> int:
+    """``multihead heads RUN`` for a causal LM run: induction heads (prefix matching and copying, stated rules in
+    multihead.interpret.induction), on repeated random tokens from the run's own vocabulary."""
+    import json
+
+    from ._io import Publish, atomic_write_json
+    from .data.tokenizer import SEP, SPECIALS
+    from .interpret import induction as I
+    from .train.pretrain import load_pretrain_run
+
+    run = load_pretrain_run(args.model)
+    if run.config.objective.name != "clm":
+        raise ValueError(f"{args.model} is a masked-LM run; its encoder's heads are analysed on text: multihead heads "
+                         f"{Path(args.model) / 'encoder'}")
+    half = max(2, min(64, (run.config.causal.max_len - 1) // 2))
+    scores = I.induction_scores(run.model, half=half, batch=min(args.n, 64), low=len(SPECIALS) + 1,
+                                start=run.tokenizer.token_to_id(SEP))
+    result = {"model": str(args.model), "rule": f"induction: prefix-matching score >= {I.INDUCTION}",
+              "half": half, "prefix_matching": scores["prefix_matching"].tolist(),
+              "copying": scores["copying"].tolist(), "roles": I.induction_roles(scores["prefix_matching"]),
+              "loss_first_half": scores["loss_first_half"], "loss_second_half": scores["loss_second_half"]}
+    print(json.dumps(result) if args.json else I.format_scores(result))
+    if args.out:
+        with Publish(args.out, "heads", overwrite=args.overwrite, sources=(args.model,)) as folder:
+            atomic_write_json(folder / "heads.json", result)
+        print(f"wrote {Path(args.out) / 'heads.json'}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def cmd_sinks(args) -> int:
+    """``multihead sinks RUN``: StreamingLLM's three caches on held-out text longer than the trained rows."""
+    import torch
+
+    from ._io import Publish, atomic_write_json, check_target
+    from .interpret import streaming as S
+    from .train.pretrain import held_out_rows, load_pretrain_run
+
+    if args.out:
+        check_target(args.out, "sinks", overwrite=args.overwrite, sources=(args.run,))
+    run = load_pretrain_run(args.run)
+    if run.config.objective.name != "clm" or run.config.causal.positional != "rope":
+        raise ValueError(f"{args.run}: the cache comparison needs a causal LM with rotary positions (positions within "
+                         "a window cache); train one with: multihead pretrain --objective clm --set "
+                         "causal.positional=\"rope\"")
+    trained = run.config.causal.max_len
+    length = args.length or 4 * trained
+    window = args.window or trained // 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = held_out_rows(run, length)[: args.texts]
+    result = S.compare(run.model, rows.long(), window=window, sinks=args.sinks, band=args.band or trained // 2)
+    result["model"] = str(args.run)
+    print(S.format_table(result))
+    if args.out:
+        with Publish(args.out, "sinks", overwrite=args.overwrite, sources=(args.run,)) as folder:
+            atomic_write_json(folder / "sinks.json", result)
+            S.plot(result, folder / "sinks.png")
+        print(f"wrote {Path(args.out) / 'sinks.json'} and sinks.png")
+    return 0
+
+
+def cmd_induction(args) -> int:
+    """``multihead induction``: the phase change of Olsson et al. in a 2-layer attention-only model."""
+    import torch
+
+    from ._io import Publish, atomic_write_json, check_target
+    from .interpret import induction as I
+
+    check_target(args.out, "induction", overwrite=args.overwrite)
+    config = I.ToyConfig(steps=args.steps, seed=args.seed, num_heads=args.heads, half=args.half)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    r = I.train_toy(config, progress=not args.no_progress)
+    r.pop("model")
+    best = max(((l, h, v) for l, row in enumerate(r["prefix_matching"]) for h, v in enumerate(row)), key=lambda t: t[2])
+    with Publish(args.out, "induction", overwrite=args.overwrite) as folder:
+        atomic_write_json(folder / "induction.json", r)
+        I.plot_toy(r, folder / "induction.png")
+    print(I.format_scores({**r, "half": config.half}))
+    print(f"phase change (repeated-half loss < half the first half's) at step {r['phase_change_step']}; best head "
+          f"L{best[0]}H{best[1]} prefix matching {best[2]:.2f}")
+    print(f"wrote {Path(args.out) / 'induction.json'} and induction.png")
     return 0
 
 
@@ -549,6 +638,7 @@ def cmd_prune(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from .bench import SUITES
     from .heads.scores import METHODS
+    from .interpret.induction import ToyConfig as ToyDefaults
     p = argparse.ArgumentParser(prog="multihead", description="Multi-head attention: train, inspect, prune, run fast.")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -575,6 +665,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-len", type=_count, default=1024, help="lra: tokens per review")
     bench.add_argument("--epochs", type=_count, default=3, help="lra: epochs per variant")
     bench.add_argument("--limit", type=_count, default=None, help="lra: examples per split")
+    bench.add_argument("--batches", type=_ints, default=None, help="decode: comma-separated batch sizes")
+    bench.add_argument("--model", default=None, help="decode: race the shape of this causal LM run (pretrain clm)")
     bench.set_defaults(fn=cmd_bench)
 
     t = sub.add_parser("train", help="train a Transformer text classifier (or, with --data cmudict, a "
@@ -662,6 +754,31 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--no-rollout", action="store_true", help="skip the attention-rollout picture")
     sh.add_argument("--overwrite", action="store_true", help="replace a folder of other files at --out")
     sh.set_defaults(fn=cmd_show)
+
+    sk = sub.add_parser("sinks", help="attention sinks: perplexity on long held-out text with a full, a sliding-"
+                                      "window and a window + sinks cache (StreamingLLM), for a rotary causal LM run")
+    sk.add_argument("run", help="pretraining run folder (objective clm, positional rope)")
+    sk.add_argument("--length", type=int, default=None, help="tokens per text (default 4x the trained row length)")
+    sk.add_argument("--window", type=int, default=None, help="window of recent tokens (default half a trained row)")
+    sk.add_argument("--sinks", type=int, default=4, help="first tokens kept by the sinks cache (paper: 4)")
+    sk.add_argument("--band", type=int, default=None, help="positions per perplexity band (default half a row)")
+    sk.add_argument("--texts", type=int, default=8, help="held-out streams averaged")
+    sk.add_argument("--threads", type=int, default=None)
+    sk.add_argument("--out", default=None, help="write sinks.json and sinks.png here")
+    sk.add_argument("--overwrite", action="store_true")
+    sk.set_defaults(fn=cmd_sinks)
+
+    ind = sub.add_parser("induction", help="induction heads form: a 2-layer attention-only model trained on "
+                                           "repeated random tokens (loss curves, prefix-matching scores, PNG)")
+    ind.add_argument("--out", required=True, help="folder for induction.json and induction.png")
+    ind.add_argument("--steps", type=int, default=ToyDefaults.steps, help="training steps")
+    ind.add_argument("--heads", type=int, default=ToyDefaults.num_heads, help="heads per layer")
+    ind.add_argument("--half", type=int, default=ToyDefaults.half, help="random tokens before the repeat")
+    ind.add_argument("--seed", type=int, default=0)
+    ind.add_argument("--threads", type=int, default=None)
+    ind.add_argument("--overwrite", action="store_true")
+    ind.add_argument("--no-progress", action="store_true")
+    ind.set_defaults(fn=cmd_induction)
 
     hd = sub.add_parser("heads", help="per-head statistics and role labels over a corpus sample")
     hd.add_argument("model", help="a run folder, minilm, or a BERT-family folder")

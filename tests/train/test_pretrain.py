@@ -322,3 +322,42 @@ def test_generate_refuses_what_it_cannot_do(clm_run, pretrained_run, capsys):
     assert "generation needs a causal LM" in capsys.readouterr().err
     assert main(["generate", str(clm_run.parent), "x"]) == 2
     assert "not a pretraining run" in capsys.readouterr().err
+
+
+def test_two_process_ddp_pretraining_matches_one_process(tmp_path, corpus):
+    """The global batch is masked identically on every rank and split between them, so 2 DDP processes train on
+    what one process trains on; parameters agree to float32 round-off (see tests/train/test_distributed.py for why
+    not bitwise, and for the key bias left out)."""
+    import socket
+
+    from safetensors.torch import load_file
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = ["--data", str(corpus), "--steps", "12", "--eval-every", "12", "--dropout", "0", *TINY]
+    ddp, single = tmp_path / "ddp", tmp_path / "single"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+                           "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "multihead.cli", "pretrain",
+                           "--out", str(ddp), *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert cli("pretrain", "--out", single, *args).returncode == 0
+    r = json.loads((ddp / "results.json").read_text())
+    assert r["distributed"]["world_size"] == 2 and r["distributed"]["max_param_diff_across_ranks"] == 0.0
+    wa, wb = load_file(str(ddp / "model.safetensors")), load_file(str(single / "model.safetensors"))
+    diff = max((wa[k] - wb[k]).abs().max().item() for k in wa if not k.endswith("attn.w_k.bias"))
+    assert diff < 1e-5, f"DDP and single-process parameters differ by {diff}"
+
+
+def test_heads_and_sinks_on_a_causal_run(clm_run, pretrained_run, tmp_path, capsys):
+    assert main(["heads", str(clm_run), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert len(r["prefix_matching"]) == 1 and len(r["prefix_matching"][0]) == 2 and r["half"] == 15
+    assert r["roles"][0][0] in ("induction", "-")
+    assert main(["heads", str(pretrained_run)]) == 2
+    assert "masked-LM run" in capsys.readouterr().err
+    out = tmp_path / "sinks"
+    assert main(["sinks", str(clm_run), "--texts", "2", "--out", str(out)]) == 0
+    s = json.loads((out / "sinks.json").read_text())
+    assert s["length"] == 128 and s["window"] == 16 and set(s["policies"]) == {"full", "window", "sinks"}
+    assert (out / "sinks.png").is_file() and "perplexity by position band" in capsys.readouterr().out

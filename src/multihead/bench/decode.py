@@ -1,7 +1,8 @@
 """``multihead bench decode``: generation speed of a decoder-only model, each case in a fresh process.
 
 One GPT-2-shaped model (d_model 256, 4 layers, 4 heads, FFN 1024, GELU-tanh, learned positions, pre-LN, tied
-embeddings, vocabulary 4096, random weights), a 16-token prompt, greedy decoding of exactly N new tokens:
+embeddings, vocabulary 4096, random weights; or, with ``--model RUN``, the shape of a causal LM pretraining run), a
+16-token prompt, greedy decoding of exactly N new tokens (``--batches``: default 1 and 16):
 
 * ``cached`` -- :func:`multihead.generate` with the KV cache (each step feeds one token per row);
 * ``recompute`` -- the same model re-running the whole prefix at every step (no cache): the cost the cache removes,
@@ -23,42 +24,63 @@ from .harness import machine_info, run_case, write_json
 
 SUITE = "multihead.bench.decode"
 D_MODEL, LAYERS, HEADS, D_FF, VOCAB, PROMPT = 256, 4, 4, 1024, 4096, 16
+GPT2_SHAPE = {"d_model": D_MODEL, "layers": LAYERS, "heads": HEADS, "d_ff": D_FF, "vocab": VOCAB,
+              "positional": "learned"}
 NEW_TOKENS = [64, 256, 1024]
 BATCHES = [1, 16]
 IMPLS = ["cached", "recompute", "hf_generate"]
 RECOMPUTE_MAX = 256
 
 
-def _ours():
+def _ours(shape: dict, max_len: int):
     from ..models.seq2seq import CausalLM, CausalLMConfig
     from ..modules.decoder import DecoderConfig
 
-    cfg = CausalLMConfig(vocab_size=VOCAB, max_len=PROMPT + max(NEW_TOKENS), positional="learned",
-                         decoder=DecoderConfig(d_model=D_MODEL, num_heads=HEADS, num_layers=LAYERS, d_ff=D_FF,
-                                               activation="gelu_tanh", norm_first=True, dropout=0.0,
-                                               cross_attention=False))
+    cfg = CausalLMConfig(vocab_size=shape["vocab"], max_len=max_len, positional=shape["positional"],
+                         decoder=DecoderConfig(d_model=shape["d_model"], num_heads=shape["heads"],
+                                               num_layers=shape["layers"], d_ff=shape["d_ff"], activation="gelu_tanh",
+                                               norm_first=True, dropout=0.0, cross_attention=False))
     return CausalLM(cfg).eval()
 
 
-def _hf():
+def _hf(shape: dict, max_len: int):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    cfg = GPT2Config(vocab_size=VOCAB, n_positions=PROMPT + max(NEW_TOKENS), n_embd=D_MODEL, n_layer=LAYERS,
-                     n_head=HEADS, n_inner=D_FF, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    cfg = GPT2Config(vocab_size=shape["vocab"], n_positions=max_len, n_embd=shape["d_model"], n_layer=shape["layers"],
+                     n_head=shape["heads"], n_inner=shape["d_ff"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                      pad_token_id=0, eos_token_id=None, bos_token_id=None)
     return GPT2LMHeadModel(cfg).eval()
 
 
+def shape_of_run(path) -> dict:
+    """The shape of a causal LM pretraining run (``multihead pretrain --objective clm``), for a same-shape race."""
+    import json
+
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        cfg = None
+    causal = cfg.get("pretrain", {}).get("causal") if isinstance(cfg, dict) else None
+    if not causal or cfg["pretrain"].get("objective", {}).get("name") != "clm":
+        raise ValueError(f"--model {path}: not a causal LM pretraining run (multihead pretrain --objective clm)")
+    dec = causal["decoder"]
+    return {"d_model": dec["d_model"], "layers": dec["num_layers"], "heads": dec["num_heads"],
+            "d_ff": dec["d_ff"] or 4 * dec["d_model"], "vocab": causal["vocab_size"],
+            "positional": causal["positional"], "from": str(path)}
+
+
 def build(case: dict):
     b, n = case["batch"], case["new_tokens"]
-    ids = torch.randint(1, VOCAB, (b, PROMPT), generator=torch.Generator().manual_seed(0))
+    shape = case.get("shape", GPT2_SHAPE)
+    max_len = PROMPT + case.get("max_new", n)
+    ids = torch.randint(1, shape["vocab"], (b, PROMPT), generator=torch.Generator().manual_seed(0))
     if case["impl"] == "cached":
         from ..models.generation import generate
 
-        model = _ours()
+        model = _ours(shape, max_len)
         return lambda: generate(model, ids, None, max_new_tokens=n)
     if case["impl"] == "recompute":
-        model = _ours()
+        model = _ours(shape, max_len)
 
         @torch.no_grad()
         def step():
@@ -70,7 +92,7 @@ def build(case: dict):
 
         return step
     if case["impl"] == "hf_generate":
-        model = _hf()
+        model = _hf(shape, max_len)
         mask = torch.ones_like(ids)
         return lambda: model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
                                       do_sample=False, use_cache=True)
@@ -82,14 +104,16 @@ def flops(case: dict) -> float:
 
 
 def run(*, lengths=None, impls=None, threads=None, out: Path | None = None, min_time: float = 0.0,
-        progress=True) -> dict:
+        progress=True, batches=None, shape: dict | None = None) -> dict:
     from tqdm import tqdm
 
+    shape = shape or GPT2_SHAPE
+    lengths = lengths or NEW_TOKENS
     cases, results = [], []
-    for n in lengths or NEW_TOKENS:
-        for b in BATCHES:
+    for n in lengths:
+        for b in batches or BATCHES:
             for impl in impls or IMPLS:
-                cases.append({"impl": impl, "batch": b, "new_tokens": n})
+                cases.append({"impl": impl, "batch": b, "new_tokens": n, "shape": shape, "max_new": max(lengths)})
     for c in tqdm(cases, desc="bench decode", disable=not progress):
         if c["impl"] == "recompute" and (c["batch"] > 1 or c["new_tokens"] > RECOMPUTE_MAX):
             results.append({**c, "error": f"skipped: recomputing the prefix is quadratic (batch 1, at most "
@@ -104,8 +128,7 @@ def run(*, lengths=None, impls=None, threads=None, out: Path | None = None, min_
         ref = base.get((r["batch"], r["new_tokens"]))
         if ref and r is not ref:
             r["cached_speedup"] = r["seconds_min"] / ref["seconds_min"]
-    payload = {"suite": "decode", "config": {"d_model": D_MODEL, "layers": LAYERS, "heads": HEADS, "d_ff": D_FF,
-                                              "vocab": VOCAB, "prompt": PROMPT},
+    payload = {"suite": "decode", "config": {**shape, "prompt": PROMPT},
                "machine": machine_info(threads), "results": results}
     if out is not None:
         write_json(out, payload)
@@ -113,8 +136,11 @@ def run(*, lengths=None, impls=None, threads=None, out: Path | None = None, min_
 
 
 def format_table(payload: dict) -> str:
-    lines = [f"torch {payload['machine']['torch']}, {payload['machine']['threads']} threads; GPT-2 shape d_model "
-             f"{D_MODEL}, {LAYERS} layers, {HEADS} heads, vocab {VOCAB}; prompt {PROMPT}; greedy",
+    c = payload["config"]
+    lines = [f"torch {payload['machine']['torch']}, {payload['machine']['threads']} threads; d_model {c['d_model']}, "
+             f"{c['layers']} layers, {c['heads']} heads, FFN {c['d_ff']}, vocab {c['vocab']}, ours with "
+             f"{c['positional']} positions (HF GPT-2: learned){' (shape of ' + c['from'] + ')' if 'from' in c else ''}"
+             f"; prompt {PROMPT}; greedy",
              f"{'new':>5} {'batch':>5} {'impl':<12}{'seconds':>9}{'tokens/s':>10}{'cached is':>11}{'peak MiB':>10}"]
     for r in payload["results"]:
         if "error" in r:
@@ -132,4 +158,6 @@ def default_out() -> Path:
 
 def from_args(args, out: Path) -> dict:
     """``multihead bench decode`` (the suite protocol in :mod:`multihead.bench`); ``--lengths`` = new tokens."""
-    return run(lengths=args.lengths, impls=args.impls, threads=args.threads, out=out, min_time=args.min_time or 0.0)
+    shape = shape_of_run(args.model) if getattr(args, "model", None) else None
+    return run(lengths=args.lengths, impls=args.impls, threads=args.threads, out=out, min_time=args.min_time or 0.0,
+               batches=getattr(args, "batches", None), shape=shape)

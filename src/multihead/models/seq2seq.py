@@ -83,7 +83,7 @@ class CausalLMConfig:
 
     def parameter_estimate(self) -> int:
         e, dec = self.decoder.d_model, self.decoder
-        per_layer = 4 * e * e + 2 * e * (dec.d_ff or 4 * e)
+        per_layer = 4 * e * e + 2 * e * (4 * e if dec.d_ff is None else dec.d_ff)
         return self.vocab_size * e * (1 if self.tie_embeddings else 2) + dec.num_layers * per_layer
 
 
@@ -113,24 +113,48 @@ class CausalLM(nn.Module):
         keep = _check_keep(keep, ids, "keep")
         before = None if cache is None else cache.next_position
         positions = _positions(keep, before)
-        check_positions(positions, self.config.max_len)
+        rolling = cache is not None and cache.rolling
+        if rolling or (cache is not None and cache.extrapolate):
+            self._check_streaming(keep, rolling)
+        else:
+            check_positions(positions, self.config.max_len)
         x = self.embed(ids)  # (B, T, E)
         x = self.drop(x) if self.pos is None else self.pos(x, positions=positions)
-        full_keep = keep if cache is None or cache.key_padding is None else torch.cat([cache.key_padding, keep], 1)
+        if rolling:  # no padding (checked): every cached slot is a real token
+            full_keep = None
+        else:
+            full_keep = keep if cache is None or cache.key_padding is None else torch.cat([cache.key_padding, keep], 1)
         x = self.decoder(x, key_padding_mask=full_keep, cache=cache, positions=positions, head_mask=head_mask)
         if cache is not None:
             cache.key_padding = full_keep
             cache.next_position = keep.long().sum(-1) + (0 if before is None else before)
         return self.lm_head(x)  # (B, T, V)
 
+    def _check_streaming(self, keep: Tensor, rolling: bool) -> None:
+        what = "a streaming (sinks + window) cache" if rolling else "running past max_len (extrapolate=True)"
+        if self.config.positional != "rope":
+            raise ValueError(f"{what} needs rotary positions: a {self.config.positional!r} position table has no "
+                             f"entry beyond max_len={self.config.max_len}; build the model with positional='rope'")
+        if rolling and not bool(keep.all()):
+            raise ValueError("a streaming cache takes unpadded rows (every row the same length): positions are "
+                             "slots in the cache, shared by the batch")
+
     # ------------------------------------------------------------------ the decoding protocol
-    def prefill(self, ids: Tensor, keep: Tensor | None = None) -> tuple[Tensor, KVCache]:
-        """Run the (left-padded) prompt once: the last position's logits ``(B, V)`` and the filled cache."""
+    def new_cache(self, *, sinks: int | None = None, window: int | None = None) -> KVCache:
+        """An empty cache; with ``window`` a StreamingLLM cache of ``sinks`` (default 4) first tokens plus the last
+        ``window`` ones (rotary models)."""
+        if window is None:
+            return self.decoder.new_cache()
+        return KVCache.streaming(len(self.decoder.layers), sinks=4 if sinks is None else sinks, window=window)
+
+    def prefill(self, ids: Tensor, keep: Tensor | None = None, cache: KVCache | None = None) -> tuple[Tensor, KVCache]:
+        """Run the (left-padded) prompt once: the last position's logits ``(B, V)`` and the filled cache (``cache``:
+        an empty one to fill, e.g. :meth:`new_cache` with a window)."""
         keep = _check_keep(keep, ids, "keep")
         if ids.shape[1] == 0 or not bool(keep[:, -1].all()):
             raise ValueError("prompts must be left-padded and non-empty: the last column of every row must be a "
                              "real token (pad on the left, e.g. data.collate(..., left=True))")
-        cache = self.decoder.new_cache()
+        cache = self.decoder.new_cache() if cache is None else cache
         return self(ids, keep, cache=cache)[:, -1], cache
 
     def step(self, tokens: Tensor, cache: KVCache) -> Tensor:

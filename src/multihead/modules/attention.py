@@ -176,6 +176,14 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError("rotary embeddings rotate self-attention; build cross-attention without rotary=")
             if cache.k is None:
                 cache.store(k, v)
+        elif cache is not None and getattr(cache, "rolling", False):  # StreamingLLM: positions within the cache
+            if not rotate:
+                raise ValueError("a streaming (sinks + window) cache gives keys their slot in the cache as position; "
+                                 "that needs rotary positions (build the model with positional='rope')")
+            k, v = cache.append(k, v)  # unrotated, evicted to sinks + window: (B, G, slots, D)
+            q = self.rotary.rotate(q, k.shape[2] - lq)  # the queries are the last slots
+            k = self.rotary.rotate(k, 0)
+            rotate = False
         elif cache is not None:  # self-attention: rotate the new positions where they sit, then append them
             if rotate:
                 past = cache.length

@@ -31,7 +31,7 @@ class DecoderConfig:
     d_model: int = 512
     num_heads: int = 8
     num_layers: int = 2
-    d_ff: int | None = None  # default 4 * d_model
+    d_ff: int | None = None  # default 4 * d_model; 0 = attention-only blocks (no FFN), as in Olsson et al.'s toy models
     num_kv_heads: int | None = None  # default num_heads (MHA); 1 = MQA (the cache holds only these heads)
     dropout: float = 0.1
     attn_dropout: float = 0.0
@@ -75,8 +75,8 @@ class DecoderBlock(nn.Module):
 
         self.self_attn = mha(rotary)
         self.cross_attn = mha(None) if cross_attention else None
-        self.ffn = FeedForward(d_model, d_ff, dropout, activation, bias)
-        n = 3 if cross_attention else 2
+        self.ffn = FeedForward(d_model, d_ff, dropout, activation, bias) if d_ff != 0 else None  # 0: attention-only
+        n = (3 if cross_attention else 2) - (self.ffn is None)
         self.norms = nn.ModuleList(nn.LayerNorm(d_model, eps=layer_norm_eps) for _ in range(n))
         self.dropouts = nn.ModuleList(nn.Dropout(dropout) for _ in range(n))
         self.hook_attn_out = HookPoint()
@@ -101,7 +101,8 @@ class DecoderBlock(nn.Module):
             sublayers.append((lambda h: self.cross_attn(h, src, mask=memory_mask, cache=cross_cache,
                                                         head_mask=cross_head_mask, need_weights=False)[0],
                               self.hook_cross_out))
-        sublayers.append((self.ffn, self.hook_mlp_out))
+        if self.ffn is not None:
+            sublayers.append((self.ffn, self.hook_mlp_out))
         for (fn, hook), norm, drop in zip(sublayers, self.norms, self.dropouts):
             if self.norm_first:
                 x = x + drop(hook(fn(norm(x))))

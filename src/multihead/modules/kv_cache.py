@@ -73,6 +73,61 @@ class LayerKV:
         return sum(t.numel() * t.element_size() for t in (self._k, self._v) if t is not None)
 
 
+class StreamingKV(LayerKV):
+    """StreamingLLM's cache for one rotary self-attention layer (Xiao et al. 2023, "Efficient Streaming Language
+    Models with Attention Sinks"): the first ``sinks`` tokens ever seen plus a sliding window of the last ``window``
+    tokens; older tokens are evicted, so memory stays bounded however long the text.
+
+    Keys are stored **before** rotation and rotated at attention time by their *slot in the cache* (sinks first,
+    then the window in order): positions are those within the cache, never beyond ``sinks + window``, which is what
+    lets a model trained on short rows read a long stream (the paper's section 3.2). ``sinks=0`` is plain window
+    attention; :attr:`seen` counts every token that went through. Once the cache is full, tokens must come one at a
+    time (a chunk would need a different window per query)."""
+
+    rolling = True
+
+    def __init__(self, sinks: int, window: int) -> None:
+        super().__init__()
+        if sinks < 0 or window < 1:
+            raise ValueError(f"a streaming cache needs sinks >= 0 and window >= 1, got sinks={sinks}, window={window}")
+        self.sinks, self.window, self.seen = sinks, window, 0
+
+    @property
+    def k(self) -> Tensor | None:
+        return self._k
+
+    @property
+    def v(self) -> Tensor | None:
+        return self._v
+
+    @property
+    def capacity(self) -> int:
+        return self.sinks + self.window
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add unrotated keys/values; evict what falls out of the window; returns the cached ones in slot order."""
+        n = k.shape[2]
+        if n > 1 and self.length + n > self.capacity:
+            raise ValueError(f"this streaming cache holds {self.length} of {self.capacity} tokens; once it fills, feed "
+                             f"one token per step (got {n}): each query of a chunk would need its own window")
+        if self._k is not None and (k.shape[:2] != self._k.shape[:2] or k.shape[3] != self._k.shape[3]):
+            raise ValueError(f"the cache holds keys (B, G, L, D)={tuple(self._k.shape)} but this step brings "
+                             f"{tuple(k.shape)}; use one cache per batch")
+        keys = k if self._k is None else torch.cat([self._k, k], 2)  # (B, G, L + n, D)
+        values = v if self._v is None else torch.cat([self._v, v], 2)
+        if keys.shape[2] > self.capacity:  # keep the sinks, drop the oldest window token(s)
+            s = self.sinks
+            keys = torch.cat([keys[:, :, :s], keys[:, :, keys.shape[2] - self.window:]], 2)
+            values = torch.cat([values[:, :, :s], values[:, :, values.shape[2] - self.window:]], 2)
+        self._k, self._v = keys, values
+        self.length = keys.shape[2]
+        self.seen += n
+        return keys, values
+
+    def reorder(self, index: Tensor) -> None:
+        raise ValueError("a streaming cache serves greedy or sampled decoding; beam search needs the full cache")
+
+
 @dataclass
 class KVCache:
     """The caches of a whole decoder: ``self_attn[i]`` and ``cross_attn[i]`` per layer, the cached positions'
@@ -84,6 +139,18 @@ class KVCache:
     key_padding: Tensor | None = None
     next_position: Tensor | None = None
     memory_keep: Tensor | None = None  # (B, S) the source's real tokens (encoder-decoder models)
+    # a rotary model may run past its trained length with this cache (measuring what happens there); False: refused
+    extrapolate: bool = False
+
+    @classmethod
+    def streaming(cls, num_layers: int, *, sinks: int = 4, window: int = 1024) -> "KVCache":
+        """A cache of :class:`StreamingKV` layers (``sinks`` first tokens + a ``window`` of recent ones): bounded
+        memory, positions within the cache (rotary models only)."""
+        return cls(num_layers, self_attn=[StreamingKV(sinks, window) for _ in range(num_layers)])
+
+    @property
+    def rolling(self) -> bool:
+        return bool(self.self_attn) and isinstance(self.self_attn[0], StreamingKV)
 
     def __post_init__(self) -> None:
         if not self.self_attn:
@@ -112,4 +179,4 @@ class KVCache:
                 setattr(self, name, getattr(self, name).index_select(0, index))
 
 
-__all__ = ["KVCache", "LayerKV"]
+__all__ = ["KVCache", "LayerKV", "StreamingKV"]

@@ -62,9 +62,9 @@ class G2PData:
 
 @dataclass
 class G2POptim:
-    epochs: int = 10  # about 55 minutes on 2 cores at the default size
+    epochs: int = 13  # about 55 minutes on 2 cores at the default size
     batch_size: int = 128
-    lr: float = 1e-3
+    lr: float = 2e-3
     warmup: float = 0.04
     weight_decay: float = 0.01
     clip: float = 1.0
@@ -81,7 +81,10 @@ class G2PRun:
 
 
 def _default_model() -> Seq2SeqConfig:
-    side = dict(d_model=128, num_heads=4, num_layers=3, d_ff=512, dropout=0.1, norm_first=True)
+    # No dropout: at this size the model underfits CMUdict (train and validation loss stay together), and dropout's
+    # random masks cost ~20% of a CPU step. Measured after one epoch (validation WER): dropout 0.1 / lr 1e-3 0.619,
+    # dropout 0 / lr 1e-3 0.566, dropout 0 / lr 2e-3 0.554.
+    side = dict(d_model=128, num_heads=4, num_layers=3, d_ff=512, dropout=0.0, norm_first=True)
     return Seq2SeqConfig(src_vocab_size=len(G.SPECIALS) + len(G.LETTERS), tgt_vocab_size=3, max_len=64,
                          positional="sinusoidal", encoder=EncoderConfig(**side), decoder=DecoderConfig(**side))
 

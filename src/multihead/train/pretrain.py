@@ -108,8 +108,9 @@ def _default_model() -> TextEncoderConfig:
 
 
 def _default_causal() -> CausalLMConfig:
-    # GPT-2 layout: pre-LN blocks with a final norm, learned positions, GELU, tied input/output embeddings.
-    return CausalLMConfig(vocab_size=8000, max_len=128, positional="learned",
+    # GPT-2 layout (pre-LN blocks with a final norm, GELU, tied input/output embeddings) with rotary positions, so
+    # that a cache can re-number positions within a window (`multihead sinks`, StreamingLLM).
+    return CausalLMConfig(vocab_size=8000, max_len=128, positional="rope",
                           decoder=DecoderConfig(d_model=256, num_heads=4, num_layers=4, d_ff=1024, dropout=0.1,
                                                 activation="gelu", norm_first=True, cross_attention=False))
 
@@ -289,14 +290,14 @@ class MaskedLMObjective:
     def build(config: PretrainConfig) -> nn.Module:
         return MaskedLM(config.model)
 
-    def corrupt(self, rows: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, rows: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(inputs, labels)``: the rows corrupted with the masks of ``seed``."""
         ids = rows.long()
         return mask_tokens(ids, maskable=~torch.isin(ids, self.specials), mask_id=self.mask_id,
                            vocab_size=self.vocab_size, generator=torch.Generator().manual_seed(seed), prob=self.prob,
                            replace=self.replace, word_start=self.word_start)
 
-    def loss(self, model: nn.Module, rows: torch.Tensor, seed: int) -> tuple[torch.Tensor, int, int]:
-        return mlm_loss(model, *self.corrupt(rows, seed))
+    loss = staticmethod(mlm_loss)
 
 
 class CausalLMObjective:
@@ -318,8 +319,11 @@ class CausalLMObjective:
     def build(config: PretrainConfig) -> nn.Module:
         return CausalLM(config.causal)
 
-    def loss(self, model: nn.Module, rows: torch.Tensor, seed: int) -> tuple[torch.Tensor, int, int]:
-        return clm_loss(model, rows.long())
+    @staticmethod
+    def batch(rows: torch.Tensor, seed: int) -> tuple[torch.Tensor]:
+        return (rows.long(),)
+
+    loss = staticmethod(clm_loss)
 
 
 OBJECTIVE_CLASSES = {"mlm": MaskedLMObjective, "clm": CausalLMObjective}
@@ -333,7 +337,7 @@ def evaluate_objective(model: nn.Module, rows: torch.Tensor, objective, *, batch
     model.eval()
     total, n, right = 0.0, 0, 0
     for i in range(0, len(rows), batch_size):
-        loss, count, correct = objective.loss(model, rows[i: i + batch_size], step_seed(seed, i))
+        loss, count, correct = objective.loss(model, *objective.batch(rows[i: i + batch_size], step_seed(seed, i)))
         total, n, right = total + loss.item(), n + count, right + correct
     model.train(was)
     mean = total / max(n, 1)
@@ -437,8 +441,10 @@ class _Pretraining:
         while pos["step"] < oc.steps:
             step = pos["step"]
             rows = batch_rows(step, len(self.data.train), oc.batch_size, cfg.run.seed)
-            local = self.data.train[rows][self.rank::self.world]  # this rank's share of the global batch
-            loss, count, correct = self.objective.loss(model, local, step_seed(cfg.run.seed, step) + self.rank)
+            # the global batch is prepared (masked) identically on every rank, then each takes its share: N ranks
+            # train on exactly what one process would
+            parts = self.objective.batch(self.data.train[rows], step_seed(cfg.run.seed, step))
+            loss, count, correct = self.objective.loss(model, *(t[self.rank::self.world] for t in parts))
             # mean over the global batch's predicted tokens: DDP averages gradients over ranks, so scale by world
             total_masked = self._global_sum(count)
             (loss * self.world / max(total_masked, 1)).backward()
@@ -470,6 +476,10 @@ class _Pretraining:
                 self._save()
         bar.close()
         self._save()
+        if self.dist.enabled:  # DDP keeps replicas in sync; verify it rather than assume it
+            from .trainer import _replicas_agree
+
+            self.ddp_check = _replicas_agree(self.model, self.dist)
         return self._finish() if self.main else {}
 
     def _global_sum(self, n: int) -> int:
@@ -515,6 +525,8 @@ class _Pretraining:
             "passes": pos["tokens"] / max(1, self.data.train.numel()),
             "validation": val, "encoder": str(path / "encoder") if cfg.objective.name == "mlm" else None,
         }
+        if self.dist.enabled:
+            results["distributed"] = self.ddp_check
         atomic_write_json(path / "results.json", results)
         plot_curves(path / "metrics.jsonl", path / "curves.png")
         return results
@@ -548,6 +560,20 @@ def load_pretrain_run(path: str | Path, device: str = "cpu") -> LanguageModelRun
     return LanguageModelRun(path, config, model.to(device).eval(), tok)
 
 
+def held_out_rows(run: LanguageModelRun, length: int) -> torch.Tensor:
+    """The run's held-out texts (its recorded split) tokenized, joined by ``[SEP]`` and cut into rows of ``length``
+    tokens: text the model never trained on, as long as asked (e.g. several times its trained row length)."""
+    cfg = run.config
+    texts = D.load_texts(cfg.data.name, text_column=cfg.data.text_column)
+    record = read_json(run.path / "splits.json", dict)
+    if record.get("n") != len(texts):
+        raise D.DataError(f"{cfg.data.name!r} now holds {len(texts)} texts but the run split {record.get('n')}; the "
+                          "data changed since the run was trained")
+    held = [texts[i] for i in record["validation"]]
+    ids = [e.ids for e in run.tokenizer.encode_batch(held, add_special_tokens=False)]
+    return pack(ids, length, run.tokenizer.token_to_id(D.tokenizer.SEP))
+
+
 def plot_curves(metrics: Path, out: Path) -> None:
     from ..plotting import pyplot
 
@@ -573,5 +599,5 @@ def plot_curves(metrics: Path, out: Path) -> None:
 
 
 __all__ = ["CausalLMObjective", "MaskedLMObjective", "OBJECTIVES", "OBJECTIVE_CLASSES", "Packed", "PretrainConfig",
-           "LanguageModelRun", "batch_rows", "clm_loss", "evaluate_objective", "is_pretrain_run", "load_pretrain_run", "mlm_loss", "pack", "prepare",
+           "LanguageModelRun", "batch_rows", "held_out_rows", "clm_loss", "evaluate_objective", "is_pretrain_run", "load_pretrain_run", "mlm_loss", "pack", "prepare",
            "pretrain"]
