@@ -167,6 +167,13 @@ def check_ranges(obj, where: str = "") -> None:
                 raise ConfigError(f"invalid config: {problem}")
 
 
+def check_rules(rules: list[tuple[str, bool, str]]) -> None:
+    """``rules`` = ``(field, holds, what it must be)``; one :class:`ConfigError` naming every rule that fails."""
+    bad = [f"{name} must be {want}" for name, ok, want in rules if not ok]
+    if bad:
+        raise ConfigError("invalid config: " + "; ".join(bad))
+
+
 def check_size(parameters: int, what: str = "the model") -> None:
     """Refuse to build more than ``MULTIHEAD_MAX_PARAMETERS`` parameters (a hostile or mistyped config would
     otherwise exhaust memory before any other check runs)."""

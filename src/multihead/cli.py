@@ -125,6 +125,15 @@ def _parse_value(text: str):
         return text
 
 
+def _apply_sets(d: dict, items: list[str] | None) -> None:
+    """``--set section.key=value`` (repeatable; the value parsed as JSON when it is JSON) into ``d``."""
+    for item in items or []:
+        if "=" not in item or not item.split("=", 1)[0].strip():
+            raise ValueError(f"--set expects section.key=value, e.g. --set optim.lr=3e-4; got {item!r}")
+        key, value = item.split("=", 1)
+        _set_path(d, key.strip(), _parse_value(value))
+
+
 def train_overrides(args) -> dict:
     """What the command line asks for explicitly: the TOML file, then flags, then ``--set`` (later wins)."""
     from .train.config import load_toml, merge
@@ -141,11 +150,7 @@ def train_overrides(args) -> dict:
         _set_path(over, "run.compile", True)
     if args.no_progress:
         _set_path(over, "run.progress", False)
-    for item in args.set or []:
-        if "=" not in item or not item.split("=", 1)[0].strip():
-            raise ValueError(f"--set expects section.key=value, e.g. --set optim.lr=3e-4; got {item!r}")
-        key, value = item.split("=", 1)
-        _set_path(over, key.strip(), _parse_value(value))
+    _apply_sets(over, args.set)
     return merge(toml, over)
 
 
@@ -235,11 +240,7 @@ def cmd_pretrain(args) -> int:
         _set_path(flags, "objective.whole_word", True)
     if args.no_progress:
         _set_path(flags, "run.progress", False)
-    for item in args.set or []:
-        if "=" not in item or not item.split("=", 1)[0].strip():
-            raise ValueError(f"--set expects section.key=value, e.g. --set optim.lr=3e-4; got {item!r}")
-        key, value = item.split("=", 1)
-        _set_path(flags, key.strip(), _parse_value(value))
+    _apply_sets(flags, args.set)
     if args.resume and args.overwrite:
         raise ValueError("--resume continues the run in --out and --overwrite replaces it; pass one of them")
     objective = (flags.get("objective") or over.get("objective") or {}).get("name", "mlm")

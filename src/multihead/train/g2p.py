@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import data as D
-from .._config import ConfigError, from_fields
+from .._config import ConfigError, check_rules, from_fields
 from .._io import folder_kind
 from ..data import g2p as G
 from ..models.generation import generate
@@ -106,9 +106,7 @@ class G2PConfig:
                  ("run.eval_words", r.eval_words >= 1, ">= 1"), ("run.beam", r.beam >= 1, ">= 1"),
                  ("data.limit", d.limit is None or d.limit >= 1, ">= 1"),
                  ("data.test_limit", d.test_limit is None or d.test_limit >= 1, ">= 1")]
-        bad = [f"{name} must be {want}" for name, ok, want in rules if not ok]
-        if bad:
-            raise ConfigError("invalid config: " + "; ".join(bad))
+        check_rules(rules)
 
     def to_dict(self) -> dict:
         return asdict(self)

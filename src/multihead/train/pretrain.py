@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import data as D
-from .._config import ConfigError, from_fields
+from .._config import check_rules, from_fields
 from .._io import atomic_save_figure, folder_kind
 from ..data.masking import IGNORE, mask_tokens, word_starts
 from ..models.masked_lm import MaskedLM
@@ -144,9 +144,7 @@ class PretrainConfig:
             ("run.save_every", r.save_every >= 0, ">= 0 (0: only at the end)"),
             ("run.eval_every", r.eval_every >= 1, ">= 1"), ("run.eval_rows", r.eval_rows >= 1, ">= 1"),
         ]
-        bad = [f"{name} must be {want}" for name, ok, want in rules if not ok]
-        if bad:
-            raise ConfigError("invalid config: " + "; ".join(bad))
+        check_rules(rules)
 
     def to_dict(self) -> dict:
         return asdict(self)
