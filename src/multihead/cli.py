@@ -32,6 +32,7 @@ def _number(kind: type, lo: float, hi: float, what: str):
 
 
 _count = _number(int, 1, float("inf"), "a positive integer")  # batch sizes, thread counts, N, epochs
+_nonneg = _number(int, 0, float("inf"), "an integer >= 0")  # counts where 0 means none / all
 _fraction = _number(float, 0.0, 1.0, "a number in [0, 1]")
 _seconds = _number(float, 0.0, 1e9, "seconds (a finite number >= 0)")
 
@@ -706,13 +707,13 @@ def build_parser() -> argparse.ArgumentParser:
                                          "clm), streaming tokens; KV-cached decoding")
     ge.add_argument("run", help="pretraining run folder (objective clm)")
     ge.add_argument("prompt", nargs="?", default="", help="text to continue (default: start a new text)")
-    ge.add_argument("--max-new", type=int, default=50, help="new tokens at most (stops early at the end of a text)")
+    ge.add_argument("--max-new", type=_count, default=50, help="new tokens at most (stops early at the end of a text)")
     ge.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     ge.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
-    ge.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: all)")
+    ge.add_argument("--top-k", type=_nonneg, default=0, help="sample from the k most likely tokens (0: all)")
     ge.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: the smallest set reaching p")
     ge.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
-    ge.add_argument("--threads", type=int, default=None, help="torch threads")
+    ge.add_argument("--threads", type=_count, default=None, help="torch threads")
     ge.add_argument("--no-stream", dest="stream", action="store_false", help="print the text once, at the end")
     ge.set_defaults(fn=cmd_generate)
 
@@ -759,12 +760,12 @@ def build_parser() -> argparse.ArgumentParser:
     sk = sub.add_parser("sinks", help="attention sinks: perplexity on long held-out text with a full, a sliding-"
                                       "window and a window + sinks cache (StreamingLLM), for a rotary causal LM run")
     sk.add_argument("run", help="pretraining run folder (objective clm, positional rope)")
-    sk.add_argument("--length", type=int, default=None, help="tokens per text (default 4x the trained row length)")
-    sk.add_argument("--window", type=int, default=None, help="window of recent tokens (default half a trained row)")
-    sk.add_argument("--sinks", type=int, default=4, help="first tokens kept by the sinks cache (paper: 4)")
-    sk.add_argument("--band", type=int, default=None, help="positions per perplexity band (default half a row)")
-    sk.add_argument("--texts", type=int, default=8, help="held-out streams averaged")
-    sk.add_argument("--threads", type=int, default=None)
+    sk.add_argument("--length", type=_count, default=None, help="tokens per text (default 4x the trained row length)")
+    sk.add_argument("--window", type=_count, default=None, help="window of recent tokens (default half a trained row)")
+    sk.add_argument("--sinks", type=_nonneg, default=4, help="first tokens kept by the sinks cache (paper: 4)")
+    sk.add_argument("--band", type=_count, default=None, help="positions per perplexity band (default half a row)")
+    sk.add_argument("--texts", type=_count, default=8, help="held-out streams averaged")
+    sk.add_argument("--threads", type=_count, default=None)
     sk.add_argument("--out", default=None, help="write sinks.json and sinks.png here")
     sk.add_argument("--overwrite", action="store_true")
     sk.set_defaults(fn=cmd_sinks)
@@ -772,11 +773,11 @@ def build_parser() -> argparse.ArgumentParser:
     ind = sub.add_parser("induction", help="induction heads form: a 2-layer attention-only model trained on "
                                            "repeated random tokens (loss curves, prefix-matching scores, PNG)")
     ind.add_argument("--out", required=True, help="folder for induction.json and induction.png")
-    ind.add_argument("--steps", type=int, default=ToyDefaults.steps, help="training steps")
-    ind.add_argument("--heads", type=int, default=ToyDefaults.num_heads, help="heads per layer")
-    ind.add_argument("--half", type=int, default=ToyDefaults.half, help="random tokens before the repeat")
+    ind.add_argument("--steps", type=_count, default=ToyDefaults.steps, help="training steps")
+    ind.add_argument("--heads", type=_count, default=ToyDefaults.num_heads, help="heads per layer")
+    ind.add_argument("--half", type=_count, default=ToyDefaults.half, help="random tokens before the repeat")
     ind.add_argument("--seed", type=int, default=0)
-    ind.add_argument("--threads", type=int, default=None)
+    ind.add_argument("--threads", type=_count, default=None)
     ind.add_argument("--overwrite", action="store_true")
     ind.add_argument("--no-progress", action="store_true")
     ind.set_defaults(fn=cmd_induction)

@@ -36,13 +36,13 @@ def test_streaming_cache_equals_a_full_forward_over_the_kept_tokens(sinks, windo
 
 
 def test_every_layer_keeps_exactly_the_full_caches_entries_of_the_kept_tokens():
-    """Deeper layers: the streaming cache holds, for each kept token, the very keys/values (before rotation) the
-    token produced when it was fed, i.e. what a full cache fed the same way holds at that position."""
+    """Deeper layers: after many evictions the streaming cache holds, slot by slot, exactly the keys/values (before
+    rotation) that each kept token (the first 3, then the last 5) produced when it was fed -- no other token, no
+    shifted or re-computed entry."""
     model = lm(layers=3)
     ids = torch.randint(0, 50, (1, 24), generator=torch.Generator().manual_seed(4))
     sinks, window = 3, 5
     stream, raw = model.new_cache(sinks=sinks, window=window), {}
-    hooks = [layer.self_attn.hook_k for layer in model.decoder.layers]
     with torch.no_grad():
         for t in range(ids.shape[1]):
             model(ids[:, t: t + 1], cache=stream)
@@ -57,7 +57,6 @@ def test_every_layer_keeps_exactly_the_full_caches_entries_of_the_kept_tokens():
     for i, c in enumerate(stream.self_attn):
         for slot, t in enumerate(kept):
             assert torch.equal(c.k[:, :, slot], raw[(i, t)][0]) and torch.equal(c.v[:, :, slot], raw[(i, t)][1])
-    assert hooks  # (hook points exist on every layer; the cache is read directly)
 
 
 def test_streaming_generation_matches_the_same_cache_fed_by_hand():

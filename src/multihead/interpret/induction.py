@@ -102,6 +102,16 @@ class ToyConfig:
     eval_every: int = 25
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        from .._config import check_rules
+
+        check_rules([("vocab", self.vocab >= 2, ">= 2"), ("half", self.half >= 2, ">= 2"),
+                     ("d_model", self.d_model >= 1 and self.d_model % max(self.num_heads, 1) == 0,
+                      "a positive multiple of num_heads"), ("num_heads", self.num_heads >= 1, ">= 1"),
+                     ("num_layers", self.num_layers >= 1, ">= 1"), ("steps", self.steps >= 1, ">= 1"),
+                     ("batch_size", self.batch_size >= 1, ">= 1"), ("lr", self.lr > 0, "> 0"),
+                     ("eval_every", self.eval_every >= 1, ">= 1")])
+
 
 def train_toy(config: ToyConfig = ToyConfig(), *, progress: bool = False) -> dict:
     """Train a 2-layer attention-only CausalLM on repeated random tokens; every ``eval_every`` steps record the loss

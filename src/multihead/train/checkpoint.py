@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .._weights import unique_state
-from .runfolder import atomic_write_json, save_checked
+from .runfolder import atomic_write_bytes, atomic_write_json, load_checked, read_json, save_checked
 
 
 class EMA:
@@ -86,4 +86,23 @@ def save_checkpoint(out: Path, model, opt, sched, position: dict, ema: "EMA | No
             old.unlink()
 
 
-__all__ = ["EMA", "load_model_tensors", "model_tensors", "restore_state", "save_checkpoint", "state_tensors"]
+def restore_checkpoint(out: Path, model, opt, sched, ema: "EMA | None" = None) -> dict:
+    """Load ``out/checkpoint`` into model, optimizer, RNG, EMA and schedule (the lr set from the schedule, which
+    ``load_state_dict`` leaves stale); returns the saved ``state.json`` (the run's position)."""
+    state = read_json(out / "checkpoint" / "state.json", dict)
+    tensors, _ = load_checked(out / "checkpoint" / state["file"])
+    restore_state(model, opt, tensors, ema)
+    sched.load_state_dict(state["scheduler"])
+    for group, lr in zip(opt.param_groups, sched.get_last_lr()):
+        group["lr"] = lr
+    return state
+
+
+def keep_metrics(path: Path, lines: int) -> None:
+    """Drop the events a killed run logged after its checkpoint: keep the first ``lines`` lines of ``path``."""
+    if path.exists():
+        kept = path.read_text().splitlines(keepends=True)[:lines]
+        atomic_write_bytes(path, "".join(kept).encode())
+
+
+__all__ = ["EMA", "keep_metrics", "restore_checkpoint", "load_model_tensors", "model_tensors", "restore_state", "save_checkpoint", "state_tensors"]

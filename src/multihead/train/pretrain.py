@@ -52,7 +52,7 @@ from ..models.text_encoder import TextEncoderConfig
 from ..modules.decoder import DecoderConfig
 from ..modules.encoder import EncoderConfig
 from . import distributed
-from .checkpoint import model_tensors, restore_state, save_checkpoint
+from .checkpoint import keep_metrics, model_tensors, restore_checkpoint, save_checkpoint
 from .runfolder import CheckpointError, atomic_write_bytes, atomic_write_json, load_checked, read_json, save_checked
 
 MASK = "[MASK]"
@@ -399,16 +399,10 @@ class _Pretraining:
 
     def _restore(self) -> None:
         path = self.folder.path
-        state = read_json(path / "checkpoint" / "state.json", dict)
-        tensors, _ = load_checked(path / "checkpoint" / state["file"])
-        restore_state(self.model, self.opt, tensors)
-        self.sched.load_state_dict(state["scheduler"])
-        for group, lr in zip(self.opt.param_groups, self.sched.get_last_lr()):
-            group["lr"] = lr
+        state = restore_checkpoint(path, self.model, self.opt, self.sched)
         self.position = {k: state[k] for k in self.position}
-        if self.main and (path / "metrics.jsonl").exists():  # drop events logged after the checkpoint
-            lines = (path / "metrics.jsonl").read_text().splitlines(keepends=True)[: self.position["metrics_lines"]]
-            atomic_write_bytes(path / "metrics.jsonl", "".join(lines).encode())
+        if self.main:
+            keep_metrics(path / "metrics.jsonl", self.position["metrics_lines"])
         if self.main:
             print(f"resuming {path} at step {self.position['step']} of {self.config.optim.steps}")
 

@@ -26,7 +26,7 @@ from .._io import Publish, folder_kind, folder_lock
 from .._proc import status_kib
 from . import distributed
 from .config import TrainConfig
-from .checkpoint import EMA, restore_state, save_checkpoint
+from .checkpoint import EMA, keep_metrics, restore_checkpoint, save_checkpoint
 from .embed_init import init_embeddings, svd_embeddings  # noqa: F401  (re-exported)
 from .evaluation import evaluate_ids, predict_ids  # noqa: F401  (re-exported)
 from .metrics import plot_confusion, plot_curves
@@ -301,16 +301,10 @@ class _Loop:
             if self.main:
                 save_checkpoint(out, self.model, self.opt, self.sched, self.position, self.ema)
             return
-        state = read_json(out / "checkpoint" / "state.json")
-        tensors, _ = load_checked(out / "checkpoint" / state["file"])
-        restore_state(self.model, self.opt, tensors, self.ema)
-        self.sched.load_state_dict(state["scheduler"])
-        for group, lr in zip(self.opt.param_groups, self.sched.get_last_lr()):  # load_state_dict leaves lr stale
-            group["lr"] = lr
+        state = restore_checkpoint(out, self.model, self.opt, self.sched, self.ema)
         self.position = {k: state[k] for k in self.position}
-        if self.main and (out / "metrics.jsonl").exists():  # drop events logged after the checkpoint
-            lines = (out / "metrics.jsonl").read_text().splitlines(keepends=True)[: self.position["metrics_lines"]]
-            atomic_write_bytes(out / "metrics.jsonl", "".join(lines).encode())
+        if self.main:
+            keep_metrics(out / "metrics.jsonl", self.position["metrics_lines"])
         if self.main:
             print(f"resuming {out} at epoch {self.position['epoch'] + 1}, batch {self.position['batch']}")
 
