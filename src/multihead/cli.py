@@ -576,7 +576,7 @@ def cmd_induction(args) -> int:
     from .interpret import induction as I
 
     check_target(args.out, "induction", overwrite=args.overwrite)
-    config = I.ToyConfig(steps=args.steps, seed=args.seed, num_heads=args.heads, half=args.half)
+    config = I.ToyConfig(steps=args.steps, seed=args.seed, num_heads=args.heads, half=args.half, vocab=args.vocab)
     if args.threads:
         torch.set_num_threads(args.threads)
     r = I.train_toy(config, progress=not args.no_progress)
@@ -776,6 +776,8 @@ def build_parser() -> argparse.ArgumentParser:
     ind.add_argument("--steps", type=_count, default=ToyDefaults.steps, help="training steps")
     ind.add_argument("--heads", type=_count, default=ToyDefaults.num_heads, help="heads per layer")
     ind.add_argument("--half", type=_count, default=ToyDefaults.half, help="random tokens before the repeat")
+    ind.add_argument("--vocab", type=_count, default=ToyDefaults.vocab,
+                     help="token ids the random tokens are drawn from (small: repeats inside a half blur the score)")
     ind.add_argument("--seed", type=int, default=0)
     ind.add_argument("--threads", type=_count, default=None)
     ind.add_argument("--overwrite", action="store_true")

