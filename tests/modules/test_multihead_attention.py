@@ -282,3 +282,36 @@ def test_prune_heads_equals_masking_them(kv):
     mha.prune_heads([0, 1])  # every head gone: only the output bias remains
     out, _ = mha(x)
     assert mha.pruned_heads == [0, 1, 2, 3] and torch.allclose(out, mha.w_o.bias.expand(2, 5, 32))
+
+def test_the_inference_qkv_projection_follows_weight_changes():
+    """Without autograd, self-attention projects q, k, v with one matmul over the stacked weights; the stack is
+    rebuilt after in-place updates (optimizer steps, load_state_dict), pruning and dtype changes."""
+    torch.manual_seed(0)
+    mha = mh.MultiHeadAttention(32, 4, num_kv_heads=2, need_weights=False).eval()
+    x = torch.randn(2, 5, 32)
+
+    def both():
+        with torch.no_grad():
+            fused = mha(x)[0]
+        with torch.enable_grad():
+            plain = mha(x)[0].detach()
+        return fused, plain
+
+    fused, plain = both()
+    assert torch.allclose(fused, plain, atol=1e-6)
+    with torch.no_grad():
+        mha.w_k.weight.mul_(2.0)  # in place, as an optimizer step
+    fused2, plain2 = both()
+    assert not torch.allclose(fused2, fused, atol=1e-4) and torch.allclose(fused2, plain2, atol=1e-6)
+    mha.load_state_dict({k: v * 0.5 for k, v in mha.state_dict().items()})
+    fused3, plain3 = both()
+    assert torch.allclose(fused3, plain3, atol=1e-6)
+    mha.prune_heads([0, 1])  # a whole key/value group
+    fused4, plain4 = both()
+    assert fused4.shape == (2, 5, 32) and torch.allclose(fused4, plain4, atol=1e-6)
+    mha.double()
+    with torch.no_grad():
+        assert mha(x.double())[0].dtype == torch.float64
+    mha.fuse_qkv_at_inference = False
+    with torch.no_grad():
+        assert torch.allclose(mha(x.double())[0], mha(x.double())[0])  # the plain path, as before

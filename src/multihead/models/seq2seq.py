@@ -110,6 +110,7 @@ class CausalLM(nn.Module):
         """Logits ``(B, T, V)`` for every position of ``ids`` ``(B, T)`` (``keep``: True = real token). With a
         ``cache``, ``ids`` are the new tokens after the cached ones and the cache is extended."""
         _check_ids(ids, self.config.vocab_size, "ids")
+        unpadded = keep is None  # every token real: no key padding to carry (decoding steps, unpadded prompts)
         keep = _check_keep(keep, ids, "keep")
         before = None if cache is None else cache.next_position
         positions = _positions(keep, before)
@@ -120,7 +121,7 @@ class CausalLM(nn.Module):
             check_positions(positions, self.config.max_len)
         x = self.embed(ids)  # (B, T, E)
         x = self.drop(x) if self.pos is None else self.pos(x, positions=positions)
-        if rolling:  # no padding (checked): every cached slot is a real token
+        if rolling or (unpadded and (cache is None or cache.key_padding is None)):  # every key is a real token
             full_keep = None
         else:
             full_keep = keep if cache is None or cache.key_padding is None else torch.cat([cache.key_padding, keep], 1)
@@ -150,12 +151,12 @@ class CausalLM(nn.Module):
     def prefill(self, ids: Tensor, keep: Tensor | None = None, cache: KVCache | None = None) -> tuple[Tensor, KVCache]:
         """Run the (left-padded) prompt once: the last position's logits ``(B, V)`` and the filled cache (``cache``:
         an empty one to fill, e.g. :meth:`new_cache` with a window)."""
-        keep = _check_keep(keep, ids, "keep")
-        if ids.shape[1] == 0 or not bool(keep[:, -1].all()):
+        checked = _check_keep(keep, ids, "keep")
+        if ids.shape[1] == 0 or not bool(checked[:, -1].all()):
             raise ValueError("prompts must be left-padded and non-empty: the last column of every row must be a "
                              "real token (pad on the left, e.g. data.collate(..., left=True))")
         cache = self.decoder.new_cache() if cache is None else cache
-        return self(ids, keep, cache=cache)[:, -1], cache
+        return self(ids, keep, cache=cache)[:, -1], cache  # keep None: no padding to carry through the cache
 
     def step(self, tokens: Tensor, cache: KVCache) -> Tensor:
         """Feed one token per row ``(B,)``; its logits ``(B, V)``."""

@@ -164,12 +164,17 @@ class MultiHeadAttention(nn.Module):
             return out, (query.new_zeros(b, lq, lk) if average_attn_weights else query.new_zeros(b, 0, lq, lk)) \
                 if need_weights else None
 
-        q = self.w_q(query).view(b, lq, h, d).transpose(1, 2)  # (B, H, Lq, D)
-        if cache is not None and cache.static and cache.k is not None:  # cross-attention: the source's, once
-            k, v = cache.k, cache.v  # (B, G, Ls, D)
+        if key is query and value is query and not torch.is_grad_enabled() and self.fuse_qkv_at_inference:
+            q, k, v = self._packed_qkv(query)  # one matmul instead of three (decoding is overhead-bound)
+            q, k, v = q.view(b, lq, h, d), k.view(b, lk, g, d), v.view(b, lk, g, d)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|G, L, D)
         else:
-            k = self.w_k(key).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
-            v = self.w_v(value).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
+            q = self.w_q(query).view(b, lq, h, d).transpose(1, 2)  # (B, H, Lq, D)
+            if cache is not None and cache.static and cache.k is not None:  # cross-attention: the source's, once
+                k, v = cache.k, cache.v  # (B, G, Ls, D)
+            else:
+                k = self.w_k(key).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
+                v = self.w_v(value).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
         rotate = self.rotary is not None
         if cache is not None and cache.static:
             if rotate:
@@ -186,13 +191,11 @@ class MultiHeadAttention(nn.Module):
             rotate = False
         elif cache is not None:  # self-attention: rotate the new positions where they sit, then append them
             if rotate:
-                past = cache.length
-                q = self.rotary.rotate(q, past, positions)
-                k = self.rotary.rotate(k, past, positions)
+                q, k = self.rotary.rotate_pair(q, k, cache.length, positions)
                 rotate = False
             k, v = cache.append(k, v)  # (B, G, cached + Lq, D)
         elif rotate and positions is not None:
-            q, k = self.rotary.rotate(q, 0, positions), self.rotary.rotate(k, 0, positions)
+            q, k = self.rotary.rotate_pair(q, k, 0, positions)
             rotate = False
         z, weights = self._attend(q, k, v, self.build_mask(mask, key_padding_mask, is_causal), head_mask, need_weights,
                                   rotate=rotate)
@@ -268,6 +271,24 @@ class MultiHeadAttention(nn.Module):
         return z, weights
 
     # ------------------------------------------------------------------ helpers
+    # Self-attention without autograd (inference, decoding) projects q, k, v with one matmul over the three weights
+    # stacked. The stacked copy (3 E^2 numbers per layer, kept while the module lives) is rebuilt whenever a weight
+    # changes: its stamp is each tensor's storage and in-place version, so optimizer steps, load_state_dict and
+    # prune_heads invalidate it. Set False to trade the speed for the memory.
+    fuse_qkv_at_inference: bool = True
+
+    def _packed_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        parts = (self.w_q, self.w_k, self.w_v)
+        tensors = [m.weight for m in parts] + [m.bias for m in parts if m.bias is not None]
+        stamp = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
+        packed = self.__dict__.get("_packed")
+        if packed is None or packed[0] != stamp:
+            bias = None if self.w_q.bias is None else torch.cat([m.bias for m in parts])
+            packed = (stamp, torch.cat([m.weight for m in parts]), bias)
+            self.__dict__["_packed"] = packed  # a plain attribute: not a parameter, buffer or state-dict entry
+        qw, kw = self.w_q.out_features, self.w_k.out_features
+        return torch.nn.functional.linear(x, packed[1], packed[2]).split([qw, kw, kw], -1)
+
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, t, width in (("query", query, self.d_model), ("key", key, self.kdim), ("value", value, self.vdim)):
             if t.dim() != 3:

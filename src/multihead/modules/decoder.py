@@ -104,11 +104,16 @@ class DecoderBlock(nn.Module):
         if self.ffn is not None:
             sublayers.append((self.ffn, self.hook_mlp_out))
         for (fn, hook), norm, drop in zip(sublayers, self.norms, self.dropouts):
+            drop = drop if self.training else _identity  # (a module call per sublayer saved when decoding)
             if self.norm_first:
                 x = x + drop(hook(fn(norm(x))))
             else:
                 x = norm(x + drop(hook(fn(x))))
         return self.hook_resid_post(x)
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
 
 
 class TransformerDecoder(nn.Module):
@@ -142,7 +147,9 @@ class TransformerDecoder(nn.Module):
         if head_mask is not None and len(head_mask) != len(self.layers):
             raise ValueError(f"head_mask must have one row per layer ({len(self.layers)}), got {len(head_mask)} rows")
         # the structured masks, built once here and passed unchanged to every layer
-        self_mask = AttnMask.of(None, is_causal=True, key_padding=key_padding_mask)
+        # one new query per row over its cache with no padding sees every key: nothing to mask
+        step = cache is not None and x.shape[1] == 1 and key_padding_mask is None
+        self_mask = None if step else AttnMask.of(None, is_causal=True, key_padding=key_padding_mask)
         memory_mask = AttnMask.of(None, key_padding=memory_key_padding_mask)
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.self_attn[i], cache.cross_attn[i])

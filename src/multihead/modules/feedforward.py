@@ -30,4 +30,5 @@ class FeedForward(nn.Module):
         self.w_2 = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w_2(self.dropout(self.act(self.w_1(x))))  # (B, L, E) -> (B, L, F) -> (B, L, E)
+        h = self.act(self.w_1(x))  # (B, L, E) -> (B, L, F)
+        return self.w_2(self.dropout(h) if self.training else h)  # (B, L, F) -> (B, L, E)

@@ -97,6 +97,15 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self._cos_sin(x.shape[-2], offset, x.device, x.dtype, positions)
         return x * cos + self._rotate_half(x) * sin
 
+    def rotate_pair(self, q: Tensor, k: Tensor, offset: int = 0, positions: Tensor | None = None
+                    ) -> tuple[Tensor, Tensor]:
+        """:meth:`rotate` of queries and keys at the same positions (new tokens entering a cache): the angles are
+        computed once."""
+        if q.shape[-2] != k.shape[-2]:
+            raise ValueError(f"rotate_pair needs as many queries as keys, got {q.shape[-2]} and {k.shape[-2]}")
+        cos, sin = self._cos_sin(q.shape[-2], offset, q.device, q.dtype, positions)
+        return q * cos + self._rotate_half(q) * sin, k * cos + self._rotate_half(k) * sin
+
     def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         lq, lk = q.shape[-2], k.shape[-2]
         return self.rotate(q, offset=max(lk - lq, 0)), self.rotate(k)
