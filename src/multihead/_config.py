@@ -183,5 +183,28 @@ def check_size(parameters: int, what: str = "the model") -> None:
                           "(MULTIHEAD_MAX_PARAMETERS); check the config's sizes, or raise the ceiling in the "
                           "environment if you mean it")
 
+def flatten(d: dict, prefix: str = "") -> dict:
+    """Nested config dict -> ``{"section.key": value}`` (empty dicts kept as values)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
-__all__ = ["CEILINGS", "ConfigError", "RANGES", "ceiling", "check_ranges", "check_size", "from_fields"]
+
+def unflatten(flat: dict) -> dict:
+    """The inverse of :func:`flatten`."""
+    out: dict = {}
+    for key, value in flat.items():
+        d = out
+        *parents, last = key.split(".")
+        for p in parents:
+            d = d.setdefault(p, {})
+        d[last] = value
+    return out
+
+
+__all__ = ["CEILINGS", "ConfigError", "RANGES", "ceiling", "check_ranges", "check_size", "flatten", "from_fields",
+           "unflatten"]

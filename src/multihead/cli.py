@@ -174,13 +174,32 @@ def cmd_train_g2p(args) -> int:
     return 0 if results else 1
 
 
+def cmd_train_vision(args) -> int:
+    """``multihead train --data fashion_mnist|digits``: a Vision Transformer (multihead.train.vision)."""
+    from .train.vision import config_from_overrides, train_vision
+
+    config = config_from_overrides(train_overrides(args))  # validated before anything is read or written
+    if args.resume and args.overwrite:
+        raise ValueError("--resume continues the run in --out and --overwrite replaces it; pass one of them")
+    results = train_vision(config, Path(args.out), resume=args.resume, overwrite=args.overwrite)
+    print(f"run folder: {args.out}")
+    return 0 if results else 1
+
+
 def cmd_train(args) -> int:
+    from .data.images import is_image_dataset
     from .train import train
     from .train.config import resume_conflicts
     from .train.runfolder import read_json
 
-    if args.data == "cmudict":
+    from .train.g2p import is_g2p_run
+    from .train.vision import is_vision_run
+
+    resuming = args.resume and args.data is None  # the task is the recorded run's
+    if args.data == "cmudict" or (resuming and is_g2p_run(args.out)):
         return cmd_train_g2p(args)
+    if (args.data and is_image_dataset(args.data)) or (resuming and is_vision_run(args.out)):
+        return cmd_train_vision(args)
     config = train_config_from_args(args)  # validated before anything is read or written
     if args.resume and args.overwrite:
         raise ValueError("--resume continues the run in --out and --overwrite replaces it; pass one of them")
@@ -322,6 +341,10 @@ def cmd_evaluate(args) -> int:
     from .train import evaluate, load_run
     from .train.g2p import evaluate_run, is_g2p_run, load_g2p_run
 
+    from .train.vision import is_vision_run
+
+    if is_vision_run(args.run):
+        return _evaluate_vision(args)
     if is_g2p_run(args.run):
         r = evaluate_run(load_g2p_run(args.run), args.split, beam=args.beam)
         if args.json:
@@ -345,13 +368,65 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def _evaluate_vision(args) -> int:
+    import json
+
+    from .data.images import load_images
+    from .train.vision import evaluate_images, load_vision_run
+
+    run = load_vision_run(args.run)
+    dc = run.config.data
+    splits = load_images(dc.name, path=dc.path, seed=dc.split_seed)
+    if args.split not in ("train", "validation", "test"):
+        raise ValueError(f"--split must be train, validation or test for an image run, got {args.split!r}")
+    r = evaluate_images(run.model, *getattr(splits, args.split))
+    if args.json:
+        print(json.dumps({"dataset": dc.name, "split": args.split, **{k: r[k] for k in (
+            "accuracy", "macro_f1", "loss", "n", "confusion")}, "labels": run.labels}))
+    else:
+        print(f"{dc.name} [{args.split}]: accuracy {r['accuracy']:.4f}, macro-F1 {r['macro_f1']:.4f}, "
+              f"loss {r['loss']:.4f}, n={r['n']}")
+    return 0
+
+
+def _predict_vision(args) -> int:
+    """``multihead predict RUN --index 17`` (a test image) or ``--image x.png|x.npy``: class probabilities."""
+    import json
+
+    from .train.vision import held_out_images, load_vision_run, predict_images, read_image
+
+    run = load_vision_run(args.run)
+    items = []
+    if args.index is not None:
+        images, labels = held_out_images(run)
+        if not 0 <= args.index < len(labels):
+            raise ValueError(f"--index {args.index} is outside the test split (0..{len(labels) - 1})")
+        items.append((f"test[{args.index}]", images[args.index:args.index + 1], run.labels[int(labels[args.index])]))
+    for path in args.image or []:
+        items.append((path, read_image(path, run.model.config), None))
+    if not items:
+        raise ValueError("nothing to predict: pass --index N (a test image) or --image FILE.png|.npy")
+    for name, image, truth in items:
+        probs = predict_images(run.model, image)[0]
+        top = probs.argsort(descending=True)[:3].tolist()
+        row = {"image": name, "label": run.labels[top[0]], "probability": round(float(probs[top[0]]), 4),
+               "top3": {run.labels[i]: round(float(probs[i]), 4) for i in top}}
+        if truth is not None:
+            row["true"] = truth
+        print(json.dumps(row))
+    return 0
+
+
 def cmd_predict(args) -> int:
     import json
 
     from .train import load_run, predict
 
     from .train.g2p import is_g2p_run, load_g2p_run, predict_words
+    from .train.vision import is_vision_run
 
+    if is_vision_run(args.run):
+        return _predict_vision(args)
     texts = _read_texts(args.texts, args.file)
     if not texts:
         raise ValueError("nothing to predict: pass texts as arguments or --file FILE (one text per line, or .jsonl)")
@@ -672,10 +747,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(fn=cmd_bench)
 
     t = sub.add_parser("train", help="train a Transformer text classifier (or, with --data cmudict, a "
-                                     "grapheme-to-phoneme encoder-decoder); writes a run folder")
+                                     "grapheme-to-phoneme encoder-decoder; with --data fashion_mnist or digits, a "
+                                     "Vision Transformer); writes a run folder")
     t.add_argument("--data", default=None, help="built-in dataset (rotten_tomatoes, imdb, bbc_news, bbc_headlines), "
-                                                "a .csv/.tsv/.jsonl file (default rotten_tomatoes), or cmudict "
-                                                "(grapheme-to-phoneme)")
+                                                "a .csv/.tsv/.jsonl file (default rotten_tomatoes), cmudict "
+                                                "(grapheme-to-phoneme), or fashion_mnist / digits (images, ViT)")
     t.add_argument("--out", required=True, help="run folder")
     t.add_argument("--config", default=None,
                    help="TOML file with [data], [model], [model.encoder], [optim], [run], [pretrained]")
@@ -732,6 +808,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("texts", nargs="*")
     pr.add_argument("--file", default=None, help="one text per line, or .jsonl with a 'text' field")
     pr.add_argument("--beam", type=_count, default=1, help="G2P runs: beam width (1 = greedy)")
+    pr.add_argument("--index", type=_nonneg, default=None, help="image runs: predict this test image")
+    pr.add_argument("--image", action="append", default=None, help="image runs: a .png or .npy image (repeatable)")
     pr.set_defaults(fn=cmd_predict)
 
     em = sub.add_parser("embed", help="sentence embeddings from a pretrained encoder (or a run's encoder)")

@@ -30,17 +30,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import data as D
-from .._config import ConfigError, check_rules, from_fields
+from .._config import ConfigError, check_rules, flatten, from_fields, unflatten
 from .._io import folder_kind
 from ..data import g2p as G
 from ..models.generation import generate
 from ..models.seq2seq import Seq2Seq, Seq2SeqConfig
 from ..modules.decoder import DecoderConfig
 from ..modules.encoder import EncoderConfig
-from .checkpoint import load_model_tensors, model_tensors, restore_state, save_checkpoint
+from .checkpoint import keep_metrics, load_model_tensors, model_tensors, restore_checkpoint, save_checkpoint
 from .runfolder import (
     CheckpointError,
-    atomic_write_bytes,
     atomic_write_json,
     check_shapes,
     header_shapes,
@@ -137,9 +136,9 @@ def config_from_overrides(over: dict) -> G2PConfig:
     """A G2P config from ``multihead train``'s layered overrides (flags, TOML, ``--set``): the shared flags map onto
     both encoder and decoder; a G2P-specific field is reachable with ``--set`` (``--set optim.label_smoothing=0``);
     flags that only mean something for classification are refused by name."""
-    flat = _flatten(over)
+    flat = flatten(over)
     flat.pop("data.name", None)
-    base = _flatten(G2PConfig().to_dict())
+    base = flatten(G2PConfig().to_dict())
     out = dict(base)
     unknown = []
     for key, value in flat.items():
@@ -153,28 +152,7 @@ def config_from_overrides(over: dict) -> G2PConfig:
     if unknown:
         raise ConfigError(f"invalid config: {', '.join(sorted(unknown))} do not apply to grapheme-to-phoneme training "
                           f"(--data cmudict); its fields are: {', '.join(sorted(base))}")
-    return G2PConfig.from_dict(_unflatten(out))
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def _unflatten(flat: dict) -> dict:
-    out: dict = {}
-    for key, value in flat.items():
-        d = out
-        *parents, last = key.split(".")
-        for p in parents:
-            d = d.setdefault(p, {})
-        d[last] = value
-    return out
+    return G2PConfig.from_dict(unflatten(out))
 
 
 # ---------------------------------------------------------------------------------------------------- data
@@ -276,15 +254,10 @@ def _train(config: G2PConfig, folder, resume: bool) -> dict:
         opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total - warm))))
     position = {"epoch": 0, "batch": 0, "step": 0, "best_wer": 2.0, "best_epoch": -1, "minutes": 0.0,
                 "metrics_lines": 0}
-    if resume:
-        state = read_json(path / "checkpoint" / "state.json", dict)
-        tensors, _ = load_checked(path / "checkpoint" / state["file"])
-        restore_state(model, opt, tensors)
-        sched.load_state_dict(state["scheduler"])
+    if resume:  # (restore_checkpoint also sets the lr from the schedule, which load_state_dict leaves stale)
+        state = restore_checkpoint(path, model, opt, sched)
         position = {k: state[k] for k in position}
-        if (path / "metrics.jsonl").exists():  # drop events logged after the checkpoint
-            lines = (path / "metrics.jsonl").read_text().splitlines(keepends=True)[: position["metrics_lines"]]
-            atomic_write_bytes(path / "metrics.jsonl", "".join(lines).encode())
+        keep_metrics(path / "metrics.jsonl", position["metrics_lines"])
     else:
         save_checkpoint(path, model, opt, sched, position)
     path = folder.commit()

@@ -1,0 +1,232 @@
+"""A Vision Transformer (Dosovitskiy et al. 2021, "An Image is Worth 16x16 Words") on our encoder blocks.
+
+Images ``(B, C, H, W)`` -> patches -> tokens ``(B, N, E)`` (+ a [CLS] token) -> :class:`TransformerEncoder` ->
+pooled -> class logits. The blocks are the text models' :class:`~multihead.EncoderBlock` s, so hooks and
+``capture``, ``head_mask``, ``prune_heads``, the attention backends and the pictures work unchanged.
+
+Patch embedding (``stem``):
+
+* ``patch`` -- the paper's: a ``patch x patch`` convolution with stride ``patch`` (a linear map of each flattened
+  patch), ``N = (H / patch) * (W / patch)`` tokens.
+* ``conv`` -- a hybrid (the paper's section 3.1 hybrids; Hassani et al. 2021, "Escaping the Big Data Paradigm with
+  Compact Transformers"): two 3x3 convolutions with GELU at full resolution before the same patch projection, so
+  each token starts from local features rather than raw pixels. The token count is the same as ``patch``: the
+  transformer's cost is unchanged, and small data learns much faster.
+
+Positions are learned (the paper) or fixed 2-D sine-cosine (MoCo v3, MAE); pooling is the [CLS] token (the paper)
+or the mean of the patch tokens. Token 0 is [CLS] when ``pooling="cls"``; patch ``(r, c)`` is token
+``1 + r * grid + c`` then (``patch_offset``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from .._config import check_size, from_fields
+from ..modules.encoder import EncoderConfig, TransformerEncoder
+from ..modules.hooks import HookPoint
+
+STEMS = ("patch", "conv")
+VISION_POOLINGS = ("cls", "mean")
+VISION_POSITIONALS = ("learned", "sincos")
+
+
+def _default_encoder() -> EncoderConfig:
+    return EncoderConfig(d_model=128, num_heads=4, num_layers=4, d_ff=256, dropout=0.0, activation="gelu",
+                         norm_first=True)
+
+
+@dataclass
+class VisionConfig:
+    """Everything that defines a :class:`VisionTransformer`; round-trips through JSON."""
+
+    image_size: int = 28  # square images of image_size x image_size pixels
+    channels: int = 1
+    patch_size: int = 4
+    stem: str = "patch"  # patch | conv (hybrid: two 3x3 convolutions before the patch projection)
+    stem_channels: int = 32  # conv stem width
+    pooling: str = "cls"  # cls | mean (over patch tokens)
+    positional: str = "learned"  # learned | sincos (fixed 2-D)
+    num_classes: int = 10
+    encoder: EncoderConfig = field(default_factory=_default_encoder)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.encoder, dict):
+            self.encoder = EncoderConfig.from_dict(self.encoder)
+        from .._config import check_rules
+
+        check_rules([
+            ("stem", self.stem in STEMS, f"one of {', '.join(STEMS)}"),
+            ("pooling", self.pooling in VISION_POOLINGS, f"one of {', '.join(VISION_POOLINGS)}"),
+            ("positional", self.positional in VISION_POSITIONALS, f"one of {', '.join(VISION_POSITIONALS)}"),
+            ("image_size", 1 <= self.image_size <= 4096, "in [1, 4096]"),
+            ("channels", 1 <= self.channels <= 64, "in [1, 64]"),
+            ("patch_size", 1 <= self.patch_size <= self.image_size, "in [1, image_size]"),
+            ("stem_channels", 1 <= self.stem_channels <= 4096, "in [1, 4096]"),
+            ("num_classes", self.num_classes >= 2, ">= 2"),
+        ])
+        if self.image_size % self.patch_size:
+            fits = [p for p in range(1, self.image_size + 1) if self.image_size % p == 0]
+            raise ValueError(f"image_size={self.image_size} is not divisible by patch_size={self.patch_size}: the "
+                             f"patches would not tile the image; choose patch_size from {fits}")
+        if self.positional == "sincos" and self.encoder.d_model % 4:
+            raise ValueError(f"2-D sine-cosine positions split d_model into 4 parts; d_model={self.encoder.d_model} "
+                             "is not a multiple of 4")
+        if self.encoder.rotary:
+            raise ValueError("rotary positions are 1-D; a ViT uses learned or 2-D sine-cosine positions "
+                             "(positional='learned' or 'sincos')")
+
+    @property
+    def grid(self) -> int:
+        """Patches per side."""
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid ** 2
+
+    @property
+    def patch_offset(self) -> int:
+        """Index of the first patch token (1 after [CLS])."""
+        return 1 if self.pooling == "cls" else 0
+
+    def parameter_estimate(self) -> int:
+        e, enc = self.encoder.d_model, self.encoder
+        d_ff = enc.d_ff or 4 * e
+        inner = self.stem_channels if self.stem == "conv" else self.channels
+        stem = (9 * self.channels * self.stem_channels + 9 * self.stem_channels ** 2) if self.stem == "conv" else 0
+        per_layer = 4 * e * e + 2 * e * d_ff
+        return stem + inner * self.patch_size ** 2 * e + (self.num_patches + 1) * e + enc.num_layers * per_layer \
+            + e * self.num_classes
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "") -> "VisionConfig":
+        return from_fields(cls, d, where)
+
+
+def sincos_2d(grid: int, dim: int) -> Tensor:
+    """Fixed 2-D positions ``(grid * grid, dim)``: the first half of the dims encodes the row, the second the column,
+    each as 1-D sine-cosine features (Vaswani et al.'s frequencies)."""
+    quarter = dim // 4
+    omega = 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float64) / quarter)  # (dim/4,)
+    rows, cols = torch.meshgrid(torch.arange(grid, dtype=torch.float64), torch.arange(grid, dtype=torch.float64),
+                                indexing="ij")
+    out = []
+    for coord in (rows.flatten(), cols.flatten()):
+        angles = coord[:, None] * omega[None]  # (N, dim/4)
+        out += [angles.sin(), angles.cos()]
+    return torch.cat(out, 1).float()  # (N, dim)
+
+
+class PatchEmbedding(nn.Module):
+    """``(B, C, H, W)`` -> ``(B, N, E)``: optional conv stem, then a ``patch x patch`` stride-``patch`` projection."""
+
+    def __init__(self, config: VisionConfig) -> None:
+        super().__init__()
+        self.config = config
+        c, e, p = config.channels, config.encoder.d_model, config.patch_size
+        if config.stem == "conv":
+            s = config.stem_channels
+            self.stem = nn.Sequential(nn.Conv2d(c, s, 3, padding=1), nn.GELU(), nn.Conv2d(s, s, 3, padding=1),
+                                      nn.GELU())
+            c = s
+        else:
+            self.stem = None
+        self.proj = nn.Conv2d(c, e, kernel_size=p, stride=p)
+
+    def forward(self, images: Tensor) -> Tensor:
+        x = images if self.stem is None else self.stem(images)  # (B, C', H, W)
+        x = self.proj(x)  # (B, E, H/p, W/p)
+        return x.flatten(2).transpose(1, 2)  # (B, N, E), patches in row-major order
+
+
+class VisionTransformer(nn.Module):
+    """Images ``(B, C, H, W)`` (float, any scale; the training code feeds [-1, 1]) -> logits ``(B, classes)``.
+
+    Hook points: ``hook_embed`` ``(B, T, E)`` (the encoder's input: [CLS] + patches + positions), and those of every
+    block under ``encoder.layers.{i}.`` (``encoder.layers.0.attn.hook_pattern`` ``(B, H, T, T)``).
+    """
+
+    def __init__(self, config: VisionConfig) -> None:
+        super().__init__()
+        check_size(config.parameter_estimate(), "the model")
+        self.config = config
+        e = config.encoder.d_model
+        self.patch_embed = PatchEmbedding(config)
+        self.cls = nn.Parameter(torch.zeros(1, 1, e)) if config.pooling == "cls" else None
+        tokens = config.num_patches + config.patch_offset
+        if config.positional == "learned":
+            self.pos = nn.Parameter(torch.randn(1, tokens, e) * 0.02)
+        else:
+            table = sincos_2d(config.grid, e)
+            if config.patch_offset:
+                table = torch.cat([torch.zeros(1, e), table])  # [CLS] gets no position
+            self.register_buffer("pos", table[None], persistent=False)
+        self.hook_embed = HookPoint()
+        self.encoder = TransformerEncoder(config.encoder)
+        self.norm = nn.LayerNorm(e, eps=config.encoder.layer_norm_eps) if not config.encoder.norm_first else None
+        self.fc = nn.Linear(e, config.num_classes)
+
+    @classmethod
+    def from_config(cls, config: VisionConfig) -> "VisionTransformer":
+        return cls(config)
+
+    def check_images(self, images: Tensor) -> None:
+        c = self.config
+        want = (c.channels, c.image_size, c.image_size)
+        if images.dim() == 3 and tuple(images.shape) == want:
+            raise ValueError(f"images must be (B, C, H, W); got one image {tuple(images.shape)}: add a batch axis "
+                             "with images.unsqueeze(0)")
+        if images.dim() != 4 or tuple(images.shape[1:]) != want:
+            raise ValueError(f"images must be (B, {c.channels}, {c.image_size}, {c.image_size}) for this model "
+                             f"(channels={c.channels}, image_size={c.image_size}); got {tuple(images.shape)}")
+        if not images.is_floating_point():
+            raise TypeError(f"images must be float (e.g. data.images.to_float(uint8_images)); got {images.dtype}")
+
+    def features(self, images: Tensor, head_mask: Tensor | None = None) -> Tensor:
+        """Token states ``(B, T, E)``: [CLS] (when pooling is cls) then the patches in row-major order."""
+        self.check_images(images)
+        x = self.patch_embed(images)  # (B, N, E)
+        if self.cls is not None:
+            x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], 1)  # (B, 1 + N, E)
+        x = self.hook_embed(x + self.pos)
+        x = self.encoder(x, head_mask=head_mask)
+        return x if self.norm is None else self.norm(x)
+
+    def pool(self, x: Tensor) -> Tensor:
+        return x[:, 0] if self.config.pooling == "cls" else x.mean(1)
+
+    def forward(self, images: Tensor, head_mask: Tensor | None = None) -> Tensor:
+        return self.fc(self.pool(self.features(images, head_mask)))
+
+    def patch_centres(self) -> Tensor:
+        """Pixel coordinates ``(N, 2)`` (row, column) of each patch's centre, in token order after the offset."""
+        c = self.config
+        idx = torch.arange(c.grid, dtype=torch.float32) * c.patch_size + (c.patch_size - 1) / 2
+        rows, cols = torch.meshgrid(idx, idx, indexing="ij")
+        return torch.stack([rows.flatten(), cols.flatten()], 1)
+
+
+def mean_attention_distance(patterns: list[Tensor], model: VisionTransformer) -> list[Tensor]:
+    """Dosovitskiy et al.'s Fig. 7: per layer and head, the pixel distance between each patch query and the patches
+    it attends to, weighted by the attention, averaged over queries and images. ``patterns`` are the layers'
+    ``(B, H, T, T)`` weights; [CLS] rows and columns are left out and each row renormalised over the patches.
+    Returns one ``(H,)`` tensor per layer (pruned layers may have fewer heads)."""
+    centres = model.patch_centres()  # (N, 2)
+    dist = torch.cdist(centres, centres)  # (N, N) pixels
+    o = model.config.patch_offset
+    out = []
+    for p in patterns:
+        w = p[:, :, o:, o:].double()  # (B, H, N, N)
+        w = w / w.sum(-1, keepdim=True).clamp_min(1e-30)
+        out.append((w * dist.double()).sum(-1).mean((0, 2)).float())  # (H,)
+    return out
+
+
+__all__ = ["PatchEmbedding", "STEMS", "VisionConfig", "VisionTransformer", "mean_attention_distance", "sincos_2d"]

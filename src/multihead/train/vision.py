@@ -1,0 +1,434 @@
+"""Image classification with a :class:`~multihead.models.vision.VisionTransformer`: train, evaluate, predict.
+
+``multihead train --data fashion_mnist --out runs/vit`` (or ``--data digits``) lands here: the task is picked from
+the data. The run folder keeps the classifier's contract (:mod:`multihead.train.runfolder`): built beside ``--out``
+and swapped in once resumable, locked while written, every file atomic, weights in digest-checked safetensors::
+
+    RUN/config.json        {"vision": VisionTrainConfig}
+    RUN/labels.json        class names in output order
+    RUN/splits.json        the fixed split (validation indices into the training images; the official test set)
+    RUN/model.safetensors  best weights by validation accuracy
+    RUN/metrics.jsonl      training loss/accuracy, validation accuracy per epoch, minutes
+    RUN/results.json       test accuracy / macro-F1 / confusion, the pixel baseline, timings, parameters
+    RUN/curves.png, RUN/confusion.png
+    RUN/checkpoint/        what --resume needs (weights, optimizer, schedule, position)
+
+The recipe (defaults): patch 4 (49 tokens for 28x28), d_model 128, 4 heads, 4 pre-LN blocks, FFN 256, GELU, [CLS]
+pooling, learned positions; AdamW (lr 1e-3, weight decay 0.05), 5% warm-up then cosine decay, label smoothing 0.1,
+random shifts of up to 2 pixels (a 14th of the image side). ``--set model.stem=conv`` adds the hybrid convolutional stem.
+The baseline beside it (``results.json``'s ``baseline_pixels_logreg``): scikit-learn's logistic regression on the raw
+pixels, same split.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._config import ConfigError, check_rules, flatten, from_fields, unflatten
+from .._io import folder_kind
+from ..data import images as I
+from ..models.vision import VisionConfig, VisionTransformer
+from .checkpoint import keep_metrics, load_model_tensors, model_tensors, restore_checkpoint, save_checkpoint
+from .metrics import plot_confusion, scores
+from .runfolder import (
+    CheckpointError,
+    atomic_write_json,
+    check_shapes,
+    header_shapes,
+    load_checked,
+    meta_shapes,
+    read_json,
+    save_checked,
+)
+
+
+@dataclass
+class VisionData:
+    name: str = "fashion_mnist"  # fashion_mnist | digits
+    path: str | None = None  # folder of Fashion-MNIST's IDX files (default: $MULTIHEAD_FASHION_MNIST, then Debian's)
+    split_seed: int = 0
+    limit: int | None = None  # training images used (smoke tests); validation/test are cut to limit // 4
+    shift: int | None = None  # augmentation: random shifts of up to this many pixels (0: none; None: size / 14)
+
+
+@dataclass
+class VisionOptim:
+    epochs: int = 10
+    batch_size: int = 128
+    lr: float = 1e-3
+    warmup: float = 0.05
+    weight_decay: float = 0.05
+    clip: float = 1.0
+    label_smoothing: float = 0.1
+
+
+@dataclass
+class VisionRun:
+    seed: int = 0
+    threads: int | None = None
+    progress: bool = True
+    baseline: bool = True  # fit the pixel logistic-regression baseline at the end
+
+
+@dataclass
+class VisionTrainConfig:
+    data: VisionData = field(default_factory=VisionData)
+    model: VisionConfig = field(default_factory=VisionConfig)
+    optim: VisionOptim = field(default_factory=VisionOptim)
+    run: VisionRun = field(default_factory=VisionRun)
+
+    def __post_init__(self) -> None:
+        """Ranges, checked before anything is read, allocated or written."""
+        o, d = self.optim, self.data
+        check_rules([
+            ("data.name", I.is_image_dataset(d.name), f"one of {', '.join(I.IMAGE_DATASETS)}"),
+            ("data.limit", d.limit is None or d.limit >= 8, ">= 8"), ("data.shift", d.shift is None or 0 <= d.shift <= 16, "in [0, 16]"),
+            ("optim.epochs", o.epochs >= 1, ">= 1"), ("optim.batch_size", o.batch_size >= 1, ">= 1"),
+            ("optim.lr", o.lr > 0, "> 0"), ("optim.warmup", 0 <= o.warmup < 1, "in [0, 1)"),
+            ("optim.weight_decay", o.weight_decay >= 0, ">= 0"), ("optim.clip", o.clip >= 0, ">= 0"),
+            ("optim.label_smoothing", 0 <= o.label_smoothing < 1, "in [0, 1)"),
+        ])
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "VisionTrainConfig":
+        return from_fields(cls, d)
+
+
+# flags of `multihead train` that mean something here (the rest are refused by name)
+_FLAGS = {"optim.epochs", "optim.batch_size", "optim.lr", "optim.weight_decay", "optim.warmup", "optim.clip",
+          "optim.label_smoothing", "model.encoder.d_model", "model.encoder.num_heads", "model.encoder.num_kv_heads",
+          "model.encoder.num_layers", "model.encoder.d_ff", "model.encoder.dropout", "model.encoder.backend",
+          "model.encoder.norm_first", "model.positional", "model.pooling", "data.limit", "data.name", "run.seed",
+          "run.threads", "run.progress"}
+
+
+def config_from_overrides(over: dict) -> VisionTrainConfig:
+    """A vision config from ``multihead train``'s layered overrides (flags, TOML, ``--set``); flags that only mean
+    something for text are refused by name."""
+    flat = flatten(over)
+    base = flatten(VisionTrainConfig().to_dict())
+    unknown = [k for k in flat if k not in base and k not in _FLAGS]
+    if unknown:
+        raise ConfigError(f"invalid config: {', '.join(sorted(unknown))} do not apply to image classification "
+                          f"(--data {flat.get('data.name', 'fashion_mnist')}); its fields are: {', '.join(sorted(base))}")
+    merged = {**base, **flat}
+    shape = I.IMAGE_SHAPES.get(merged["data.name"])
+    if shape:  # the model's input size is the data's: patch sizes are checked against it up front
+        merged["model.channels"], merged["model.image_size"] = shape[0], shape[1]
+    return VisionTrainConfig.from_dict(unflatten(merged))
+
+
+# ---------------------------------------------------------------------------------------------------- data
+def prepare(config: VisionTrainConfig) -> I.ImageSplits:
+    splits = I.load_images(config.data.name, path=config.data.path, seed=config.data.split_seed)
+    if config.data.limit:
+        n, m = config.data.limit, max(1, config.data.limit // 4)
+        splits = I.ImageSplits(splits.name, tuple(t[:n] for t in splits.train), tuple(t[:m] for t in splits.validation),
+                               tuple(t[:m] for t in splits.test), splits.label_names, splits.record)
+    return splits
+
+
+def _model_config(config: VisionTrainConfig, splits: I.ImageSplits) -> VisionConfig:
+    c, h, w = splits.shape
+    if h != w:
+        raise I.ImageDataError(f"the ViT takes square images; {splits.name} has {h}x{w}")
+    mc = config.model.to_dict()
+    mc.update(image_size=h, channels=c, num_classes=len(splits.label_names))
+    if h % mc["patch_size"]:  # e.g. digits (8x8) with the default patch 4 fits; say what does otherwise
+        fits = [p for p in range(1, h + 1) if h % p == 0]
+        raise ConfigError(f"patch_size={mc['patch_size']} does not tile {h}x{h} images; choose one of {fits} "
+                          "(--set model.patch_size=...)")
+    return VisionConfig.from_dict(mc, "model")
+
+
+@torch.no_grad()
+def predict_images(model: VisionTransformer, images: torch.Tensor, *, batch_size: int = 512,
+                   head_mask=None) -> torch.Tensor:
+    """Class probabilities ``(N, C)`` for uint8 images ``(N, C, H, W)``."""
+    model.eval()
+    out = []
+    for i in range(0, len(images), batch_size):
+        out.append(torch.softmax(model(I.to_float(images[i:i + batch_size]), head_mask=head_mask).float(), -1))
+    return torch.cat(out) if out else torch.empty(0, model.config.num_classes)
+
+
+def evaluate_images(model: VisionTransformer, images: torch.Tensor, labels: torch.Tensor, *, head_mask=None) -> dict:
+    probs = predict_images(model, images, head_mask=head_mask)
+    out = scores(labels.tolist(), probs.argmax(-1).tolist(), model.config.num_classes)
+    out["loss"] = F.nll_loss(probs.clamp_min(1e-12).log(), labels).item()
+    return out
+
+
+def pixel_baseline(splits: I.ImageSplits) -> dict:
+    """Logistic regression on raw pixels (scaled to [0, 1]), fitted on the training split, scored on the test split."""
+    from sklearn.linear_model import LogisticRegression
+
+    t = time.perf_counter()
+    x_train = splits.train[0].flatten(1).float().div(255).numpy()
+    x_test = splits.test[0].flatten(1).float().div(255).numpy()
+    clf = LogisticRegression(max_iter=200)
+    clf.fit(x_train, splits.train[1].numpy())
+    acc = float((clf.predict(x_test) == splits.test[1].numpy()).mean())
+    return {"model": "logistic regression on raw pixels (scikit-learn, lbfgs, 200 iterations)", "accuracy": acc,
+            "seconds": time.perf_counter() - t}
+
+
+# ---------------------------------------------------------------------------------------------------- training
+def train_vision(config: VisionTrainConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False) -> dict:
+    """Train, evaluate and save an image-classification run folder; returns ``results.json``'s contents."""
+    from .trainer import RunExistsError, _run_folder
+
+    out = Path(out)
+    if resume:
+        if not (out / "checkpoint" / "state.json").exists():
+            raise CheckpointError(f"nothing to resume in {out}: it holds no checkpoint/state.json. Start a new run: "
+                                  "drop --resume (add --overwrite to replace what is there)")
+        config = VisionTrainConfig.from_dict(read_json(out / "config.json", dict)["vision"])
+    elif folder_kind(out) == "run" and not overwrite:
+        raise RunExistsError(f"{out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
+                             "or choose another --out")
+    if config.run.threads:
+        torch.set_num_threads(config.run.threads)
+    else:
+        config.run.threads = torch.get_num_threads()
+    splits = prepare(config)  # data problems are reported before the run folder is touched
+    with _run_folder(out, resume=resume, overwrite=overwrite, main=True) as folder:
+        return _Training(config, splits, folder, resume).run()
+
+
+class _Training:
+    def __init__(self, config: VisionTrainConfig, splits: I.ImageSplits, folder, resume: bool) -> None:
+        torch.manual_seed(config.run.seed)
+        self.config, self.splits, self.folder, self.path = config, splits, folder, folder.path
+        config.model = _model_config(config, splits)
+        self.model = VisionTransformer(config.model)
+        size = config.model.image_size
+        self.shift = round(size / 14) if config.data.shift is None else config.data.shift  # 2 pixels at 28x28
+        oc = config.optim
+        decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2 and n not in ("cls", "pos")]
+        rest = [p for n, p in self.model.named_parameters() if not (p.dim() >= 2 and n not in ("cls", "pos"))]
+        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": oc.weight_decay},
+                                      {"params": rest, "weight_decay": 0.0}], lr=oc.lr)
+        self.per_epoch = -(-len(splits.train[1]) // oc.batch_size)
+        total = oc.epochs * self.per_epoch
+        warm = max(1, int(oc.warmup * total))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (
+            1 + math.cos(math.pi * (s - warm) / max(1, total - warm))))
+        self.position = {"epoch": 0, "batch": 0, "step": 0, "best": -1.0, "best_epoch": -1, "minutes": 0.0,
+                         "metrics_lines": 0, "running": {"loss": 0.0, "correct": 0, "seen": 0}}
+        if resume:
+            state = restore_checkpoint(self.path, self.model, self.opt, self.sched)
+            self.position = {k: state[k] for k in self.position}
+            keep_metrics(self.path / "metrics.jsonl", self.position["metrics_lines"])
+        else:
+            atomic_write_json(self.path / "config.json", {"vision": config.to_dict()})
+            atomic_write_json(self.path / "labels.json", splits.label_names)
+            atomic_write_json(self.path / "splits.json", splits.record)
+            save_checkpoint(self.path, self.model, self.opt, self.sched, self.position)
+
+    def log(self, event: dict) -> None:
+        with (self.path / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(event) + "\n")
+        self.position["metrics_lines"] += 1
+
+    def batches(self, epoch: int) -> list[torch.Tensor]:
+        """The epoch's batches of training indices: a permutation seeded by (seed, epoch), so a resumed run sees
+        the same order."""
+        g = torch.Generator().manual_seed(self.config.run.seed * 1_000_003 + epoch)
+        order = torch.randperm(len(self.splits.train[1]), generator=g)
+        return list(order.split(self.config.optim.batch_size))
+
+    def run(self) -> dict:
+        from tqdm import tqdm
+
+        cfg, pos, oc = self.config, self.position, self.config.optim
+        self.path = self.folder.commit()  # resumable from here
+        x_all, y_all = self.splits.train
+        t0 = time.perf_counter() - pos["minutes"] * 60
+        for epoch in range(pos["epoch"], oc.epochs):
+            self.model.train()
+            batches = self.batches(epoch)
+            bar = tqdm(total=len(batches), initial=pos["batch"], desc=f"epoch {epoch + 1}/{oc.epochs}",
+                       disable=not cfg.run.progress, leave=False)
+            t_epoch, seen = time.perf_counter(), 0
+            for bi in range(pos["batch"], len(batches)):
+                idx = batches[bi]
+                g = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + pos["step"])  # augmentation of step n
+                x = I.to_float(I.random_shift(x_all[idx], self.shift, g))
+                y = y_all[idx]
+                logits = self.model(x)
+                loss = F.cross_entropy(logits, y, label_smoothing=oc.label_smoothing)
+                loss.backward()
+                if oc.clip > 0:
+                    nn.utils.clip_grad_norm_(self.model.parameters(), oc.clip)
+                self.opt.step()
+                self.sched.step()
+                self.opt.zero_grad(set_to_none=True)
+                pos["step"] += 1
+                pos["batch"] = bi + 1
+                run = pos["running"]
+                run["loss"] += loss.item() * len(y)
+                run["correct"] += int((logits.argmax(-1) == y).sum())
+                run["seen"] += len(y)
+                seen += len(y)
+                bar.update(1)
+                bar.set_postfix(loss=f"{run['loss'] / run['seen']:.3f}", acc=f"{run['correct'] / run['seen']:.3f}",
+                                img_s=f"{seen / max(time.perf_counter() - t_epoch, 1e-9):.0f}")
+                if pos["step"] % 100 == 0:
+                    self.log({"event": "train", "epoch": epoch + 1, "step": pos["step"],
+                              "loss": run["loss"] / run["seen"], "accuracy": run["correct"] / run["seen"],
+                              "lr": self.sched.get_last_lr()[0], "minutes": (time.perf_counter() - t0) / 60})
+            bar.close()
+            self.end_epoch(epoch, (time.perf_counter() - t0) / 60)
+        return finish(self.path, cfg, self.splits, minutes=pos["minutes"])
+
+    def end_epoch(self, epoch: int, minutes: float) -> None:
+        pos, run = self.position, self.position["running"]
+        val = evaluate_images(self.model, *self.splits.validation)
+        improved = val["accuracy"] > pos["best"]
+        if improved:
+            pos["best"], pos["best_epoch"] = val["accuracy"], epoch + 1
+            save_checked(self.path / "model.safetensors", model_tensors(self.model),
+                         {"format": "multihead.VisionTransformer", "epoch": str(epoch + 1)})
+        self.log({"event": "eval", "epoch": epoch + 1, "step": pos["step"],
+                  "train_loss": run["loss"] / max(run["seen"], 1), "train_accuracy": run["correct"] / max(run["seen"], 1),
+                  "val_loss": val["loss"], "val_accuracy": val["accuracy"], "minutes": minutes, "best": improved})
+        if self.config.run.progress:
+            print(f"epoch {epoch + 1}: train loss {run['loss'] / max(run['seen'], 1):.4f} acc "
+                  f"{run['correct'] / max(run['seen'], 1):.4f} | val acc {val['accuracy']:.4f}"
+                  f"{' *' if improved else ''} | {minutes:.1f} min")
+        pos.update(epoch=epoch + 1, batch=0, minutes=minutes, running={"loss": 0.0, "correct": 0, "seen": 0})
+        save_checkpoint(self.path, self.model, self.opt, self.sched, pos)
+
+
+def finish(path: Path, config: VisionTrainConfig, splits: I.ImageSplits, *, minutes: float) -> dict:
+    run = load_vision_run(path)
+    test = evaluate_images(run.model, *splits.test)
+    val = evaluate_images(run.model, *splits.validation)
+    baseline = pixel_baseline(splits) if config.run.baseline else None
+    results = {
+        "task": "image classification", "dataset": config.data.name,
+        "test": {k: test[k] for k in ("accuracy", "macro_f1", "per_class_f1", "loss", "n", "confusion")},
+        "validation": {k: val[k] for k in ("accuracy", "macro_f1", "loss", "n")},
+        "best_epoch": int(load_checked(path / "model.safetensors")[1].get("epoch", 0)),
+        "train_minutes": minutes, "threads": config.run.threads,
+        "parameters": sum(p.numel() for p in run.model.parameters()),
+        "model": {"stem": config.model.stem, "patch_size": config.model.patch_size, "tokens":
+                  config.model.num_patches + config.model.patch_offset},
+        "images": {"train": len(splits.train[1]), "validation": len(splits.validation[1]),
+                   "test": len(splits.test[1])},
+        "labels": splits.label_names, "baseline_pixels_logreg": baseline,
+    }
+    atomic_write_json(path / "results.json", results)
+    plot_confusion(test["confusion"], splits.label_names, path / "confusion.png",
+                   f"{config.data.name} test: accuracy {test['accuracy']:.3f}")
+    plot_curves(path)
+    if config.run.progress:
+        extra = f"; pixel logistic regression {baseline['accuracy']:.4f}" if baseline else ""
+        print(f"test accuracy {test['accuracy']:.4f} ({test['n']} images){extra}; {minutes:.1f} min of training")
+    return results
+
+
+def plot_curves(path: Path) -> None:
+    from ..plotting import pyplot, save
+
+    events = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = [e for e in events if e.get("event") == "eval"]
+    if not evals:
+        return
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([e["minutes"] for e in evals], [e["train_accuracy"] for e in evals], "o-", label="train (augmented)")
+    ax.plot([e["minutes"] for e in evals], [e["val_accuracy"] for e in evals], "s-", label="validation")
+    ax.set_xlabel("training minutes")
+    ax.set_ylabel("accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    save(fig, path / "curves")
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------------- loading
+@dataclass
+class VisionRunFolder:
+    path: Path
+    config: VisionTrainConfig
+    labels: list[str]
+    model: VisionTransformer
+
+
+def is_vision_run(path: str | Path) -> bool:
+    p = Path(path) / "config.json"
+    try:
+        return p.is_file() and "vision" in json.loads(p.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return False
+
+
+def load_vision_run(path: str | Path, device: str = "cpu") -> VisionRunFolder:
+    """Rebuild a ViT from its run folder (config validated, shapes checked against the weights' header)."""
+    path = Path(path)
+    recorded = read_json(path / "config.json", dict)
+    try:
+        config = VisionTrainConfig.from_dict(recorded["vision"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path / 'config.json'}: {exc}") from None
+    labels = read_json(path / "labels.json", list)
+    check_shapes(meta_shapes(lambda: VisionTransformer(config.model)), header_shapes(path / "model.safetensors"),
+                 path / "model.safetensors")
+    tensors, _ = load_checked(path / "model.safetensors")
+    model = VisionTransformer(config.model)
+    load_model_tensors(model, tensors)
+    return VisionRunFolder(path, config, labels, model.to(device).eval())
+
+
+def read_image(path: str | Path, config: VisionConfig) -> torch.Tensor:
+    """One image from a ``.png`` (via matplotlib) or ``.npy`` (``allow_pickle=False``) file as uint8
+    ``(1, C, H, W)``, checked against the model's size (no resizing: a wrong size is an error that says so)."""
+    import numpy as np
+
+    path = Path(path)
+    want = (config.channels, config.image_size, config.image_size)
+    try:
+        if path.suffix.lower() == ".npy":
+            a = np.load(path, allow_pickle=False)
+        elif path.suffix.lower() == ".png":
+            from matplotlib.image import imread
+
+            a = imread(path)  # float in [0, 1] for PNG
+            a = a[..., :3].mean(-1) if a.ndim == 3 and config.channels == 1 else a
+            a = np.rint(a * 255)
+        else:
+            raise ValueError(f"{path}: give a .png or .npy image")
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise I.ImageDataError(f"{path} could not be read as an image ({exc})") from None
+    a = np.asarray(a)
+    if a.ndim == 2:
+        a = a[None]
+    if tuple(a.shape) != want:
+        raise I.ImageDataError(f"{path} is {tuple(a.shape)}; the model takes {want} (C, H, W) images: resize it first")
+    if a.dtype != np.uint8:
+        if not np.isfinite(a).all() or a.min() < 0 or a.max() > 255:
+            raise I.ImageDataError(f"{path}: pixel values must be finite and in [0, 255]")
+        a = np.rint(a).astype(np.uint8)
+    return torch.from_numpy(np.ascontiguousarray(a))[None]
+
+
+def held_out_images(run: VisionRunFolder) -> tuple[torch.Tensor, torch.Tensor]:
+    """The run's test split (images, labels)."""
+    return I.load_images(run.config.data.name, path=run.config.data.path, seed=run.config.data.split_seed).test
+
+
+__all__ = ["VisionTrainConfig", "config_from_overrides", "evaluate_images", "is_vision_run", "load_vision_run",
+           "pixel_baseline", "predict_images", "read_image", "train_vision"]
