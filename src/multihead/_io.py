@@ -101,7 +101,8 @@ def folder_kind(path: str | Path) -> str:
         if isinstance(cfg, dict) and "model_type" in cfg:
             return "hf"
         return "other"
-    for kind, marker in (("show", "attention.html"), ("show", "cross.html"), ("heads", "heads.json"),
+    for kind, marker in (("show", "attention.html"), ("show", "cross.html"), ("show", "image.json"),
+                         ("heads", "heads.json"),
                          ("sweep", "sweep.json"), ("induction", "induction.json"),
                          ("sinks", "sinks.json")):
         if marker in names:

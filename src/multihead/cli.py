@@ -520,6 +520,10 @@ def cmd_show(args) -> int:
 
     from ._io import check_target
 
+    from .train.vision import is_vision_run
+
+    if is_vision_run(args.model):
+        return _show_vision(args)
     if is_g2p_run(args.model):
         return _show_g2p(args)
     if args.out is None:
@@ -534,6 +538,49 @@ def cmd_show(args) -> int:
           f"{' ...' if len(summary['tokens']) > 40 else ''}")
     print(f"wrote {len(summary['files'])} files to {args.out} in {summary['seconds']['total']:.1f}s; open "
           f"{Path(args.out) / 'attention.html'} in a browser (works offline)")
+    return 0
+
+
+def _show_vision(args) -> int:
+    """``multihead show runs/vit --index 17`` / ``--image x.png``: attention over the image, rollout, one patch's
+    view, and the mean attention distance per head over 1,000 test images."""
+    from ._io import Publish, atomic_write_json, check_target
+    from .interpret.vision import attention_distance, plot_distance, show_image
+    from .train.vision import held_out_images, load_vision_run, read_image
+
+    if (args.index is None) == (args.image is None):
+        raise ValueError("pass one image: --index N (a test image) or --image FILE.png|.npy")
+    patch = None
+    if args.patch:
+        try:
+            patch = tuple(int(v) for v in args.patch.split(","))
+            assert len(patch) == 2
+        except (ValueError, AssertionError):
+            raise ValueError(f"--patch takes ROW,COL (e.g. 3,3), got {args.patch!r}") from None
+    name = f"test-{args.index}" if args.index is not None else Path(args.image).stem
+    out = Path(args.out) if args.out else Path(args.model) / "show" / name
+    check_target(out, "show", overwrite=args.overwrite, sources=(args.model,))
+    run = load_vision_run(args.model)
+    images, labels = held_out_images(run)
+    truth = None
+    if args.index is not None:
+        if not 0 <= args.index < len(labels):
+            raise ValueError(f"--index {args.index} is outside the test split (0..{len(labels) - 1})")
+        image, truth = images[args.index:args.index + 1], run.labels[int(labels[args.index])]
+    else:
+        image = read_image(args.image, run.model.config)
+    with Publish(out, "show", overwrite=args.overwrite, sources=(args.model,), check=False) as folder:
+        summary = show_image(run.model, image, run.labels, folder, truth=truth, patch=patch, name=name)
+        sample = images[:1000]
+        dist = attention_distance(run.model, sample)
+        summary["files"] += [str(f.relative_to(folder)) for f in plot_distance(
+            dist, run.model, folder / "distance", f"mean attention distance, {len(sample)} test images")]
+        summary["mean_attention_distance"] = [d.tolist() for d in dist]
+        atomic_write_json(folder / "image.json", summary)
+    print(f"{name}: predicted {summary['predicted']}" + (f" (true {truth})" if truth else ""))
+    print("mean attention distance (pixels) per layer: " + "; ".join(
+        " ".join(f"{v:.1f}" for v in d) for d in summary["mean_attention_distance"]))
+    print(f"wrote {len(summary['files'])} files to {out}")
     return 0
 
 
@@ -827,8 +874,12 @@ def build_parser() -> argparse.ArgumentParser:
     ex.set_defaults(fn=cmd_export)
 
     sh = sub.add_parser("show", help="pictures (PNG+SVG) and an offline web page of every head for one text")
-    sh.add_argument("model", help="a run folder (classifier or G2P), minilm, or a BERT-family folder")
-    sh.add_argument("text")
+    sh.add_argument("model", help="a run folder (classifier, G2P or ViT), minilm, or a BERT-family folder")
+    sh.add_argument("text", nargs="?", default="", help="the text (a word for G2P runs; none for image runs)")
+    sh.add_argument("--index", type=_nonneg, default=None, help="image runs: this test image")
+    sh.add_argument("--image", default=None, help="image runs: a .png or .npy image")
+    sh.add_argument("--patch", default=None, help="image runs: ROW,COL of the patch whose attention is drawn "
+                                                  "(default the centre)")
     sh.add_argument("--out", default=None, help="folder to write (G2P runs: default RUN/show/WORD)")
     sh.add_argument("--heads", type=_head_list, default=None, help="heads to draw at full size, e.g. 1:8,5:3")
     sh.add_argument("--no-rollout", action="store_true", help="skip the attention-rollout picture")

@@ -91,3 +91,21 @@ def test_text_only_flags_are_refused_by_name(tmp_path, capsys):
     assert "vocab_size" in err and "image classification" in err and not (tmp_path / "x").exists()
     assert main(["train", "--data", "digits", "--out", str(tmp_path / "y"), "--set", "model.patch_size=3"]) == 2
     assert "image_size=8 is not divisible by patch_size=3" in capsys.readouterr().err
+
+
+def test_show_on_a_vit_run(digits_run, tmp_path, capsys):
+    out = tmp_path / "show"
+    assert main(["show", str(digits_run), "--index", "3", "--patch", "1,2", "--out", str(out)]) == 0
+    for name in ("cls_grid.png", "patch_grid.png", "rollout.png", "distance.png", "image.json"):
+        assert (out / name).is_file(), name
+    summary = json.loads((out / "image.json").read_text())
+    assert abs(sum(summary["probabilities"].values()) - 1) < 1e-3 and summary["patch"] == [1, 2]
+    roll = summary["rollout"]
+    assert len(roll) == 4 and abs(sum(map(sum, roll)) - 1) < 1e-4  # a distribution over the 4x4 patches
+    dist = summary["mean_attention_distance"]
+    assert len(dist) == 2 and all(0 <= v <= 8 * 2 ** 0.5 for layer in dist for v in layer)
+    assert "mean attention distance" in capsys.readouterr().out
+    assert main(["show", str(digits_run), "--index", "3", "--patch", "9,9", "--out", str(tmp_path / "bad")]) == 2
+    assert "outside the 4x4 patch grid" in capsys.readouterr().err
+    assert main(["show", str(digits_run), "--out", str(tmp_path / "none")]) == 2
+    assert "--index N" in capsys.readouterr().err

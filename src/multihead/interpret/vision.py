@@ -1,0 +1,178 @@
+"""Attention on pictures: what every head of a :class:`~multihead.models.vision.VisionTransformer` looks at.
+
+``multihead show runs/vit --index 17`` (a test image) or ``--image x.png`` writes, over the image:
+
+* ``cls_grid`` -- layers x heads: the [CLS] query's attention over the patches as a heat map on the image (with mean
+  pooling, the average patch query's attention);
+* ``rollout`` -- attention rollout (Abnar & Zuidema 2020: ``0.5 I + 0.5 mean_heads(W)`` per layer, multiplied
+  upwards), the [CLS] row over the patches;
+* ``patch_grid`` -- layers x heads: where one chosen patch (``--patch ROW,COL``, default the centre) looks;
+* ``distance`` -- mean attention distance per head against depth (Dosovitskiy et al. 2021, Fig. 7), over many test
+  images (:func:`attention_distance`).
+
+Every figure is PNG and SVG; ``image.json`` records the prediction and the numbers drawn.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..modules.capture import capture
+from ..plotting import pyplot, save
+
+
+@torch.no_grad()
+def image_patterns(model, image: Tensor) -> tuple[list[Tensor], Tensor]:
+    """Per-layer weights ``(H, T, T)`` for one float image ``(1, C, H, W)``, and the class probabilities."""
+    model.eval()
+    with capture(model, ("pattern",)) as cache:
+        probs = torch.softmax(model(image).float(), -1)[0]
+    return [p[0] for p in cache.patterns()], probs
+
+
+def _query_over_patches(w: Tensor, model, query: int | None) -> Tensor:
+    """``(H, T, T)`` -> ``(H, grid, grid)``: the ``query`` row over the patch keys (renormalised over patches);
+    ``query=None`` averages every patch query (models without [CLS])."""
+    o, g = model.config.patch_offset, model.config.grid
+    rows = w[:, o:, o:].mean(1) if query is None else w[:, query, o:]  # (H, N)
+    rows = rows / rows.sum(-1, keepdim=True).clamp_min(1e-30)
+    return rows.reshape(-1, g, g)
+
+
+def rollout_patches(patterns: list[Tensor], model, residual: float = 0.5) -> Tensor:
+    """Attention rollout of the [CLS] token (or the mean patch query) over the patches: ``(grid, grid)``."""
+    t = patterns[0].shape[-1]
+    eye = torch.eye(t)
+    out = eye.clone()
+    for w in patterns:
+        a = residual * eye + (1 - residual) * (w.mean(0) if w.shape[0] else torch.zeros(t, t))
+        out = (a / a.sum(-1, keepdim=True)) @ out
+    cls = None if model.config.patch_offset == 0 else 0
+    return _query_over_patches(out[None], model, cls)[0]
+
+
+def _overlay(ax, image: Tensor, heat: Tensor, size: int, *, mark: tuple[int, int] | None = None, p: int = 1) -> None:
+    """The grey image with ``heat`` ``(grid, grid)`` upsampled (nearest) over it."""
+    up = heat.repeat_interleave(p, 0).repeat_interleave(p, 1)
+    ax.imshow(image.numpy(), cmap="gray", vmin=0, vmax=255, extent=(0, size, size, 0))
+    ax.imshow(up.numpy(), cmap="inferno", alpha=0.6, extent=(0, size, size, 0), vmin=0, vmax=float(up.max()) or 1.0)
+    if mark is not None:
+        r, c = mark
+        ax.add_patch(pyplot().Rectangle((c * p, r * p), p, p, fill=False, edgecolor="cyan", linewidth=1.5))
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _grid_figure(maps: list[Tensor], image: Tensor, model, title: str, stem: Path, *,
+                 mark: tuple[int, int] | None = None) -> list[Path]:
+    plt = pyplot()
+    rows, cols = len(maps), max([m.shape[0] for m in maps] + [1])
+    size, p = model.config.image_size, model.config.patch_size
+    fig, axes = plt.subplots(rows, cols, figsize=(1.6 * cols + 0.6, 1.6 * rows + 0.8), squeeze=False)
+    for l, m in enumerate(maps):
+        for h in range(cols):
+            ax = axes[l][h]
+            if h < m.shape[0]:
+                _overlay(ax, image, m[h], size, mark=mark, p=p)
+            else:
+                ax.axis("off")
+            if l == 0:
+                ax.set_title(f"head {h}", fontsize=8)
+            if h == 0:
+                ax.set_ylabel(f"layer {l}", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    files = save(fig, stem)
+    plt.close(fig)
+    return files
+
+
+def show_image(model, image_u8: Tensor, labels: list[str], out: Path, *, truth: str | None = None,
+               patch: tuple[int, int] | None = None, name: str = "image") -> dict:
+    """Write the pictures for one uint8 image ``(1, C, H, W)`` into ``out`` (created); returns the summary."""
+    from .._io import atomic_write_json
+    from ..data.images import to_float
+
+    t0 = time.perf_counter()
+    cfg = model.config
+    g = cfg.grid
+    patch = (g // 2, g // 2) if patch is None else patch
+    if not (0 <= patch[0] < g and 0 <= patch[1] < g):
+        raise ValueError(f"--patch {patch[0]},{patch[1]} is outside the {g}x{g} patch grid (rows and columns 0..{g - 1})")
+    patterns, probs = image_patterns(model, to_float(image_u8))
+    grey = image_u8[0].float().mean(0)  # (H, W)
+    pred = labels[int(probs.argmax())]
+    cls = 0 if cfg.patch_offset else None
+    what = "[CLS]" if cls == 0 else "mean patch query"
+    files = _grid_figure([_query_over_patches(w, model, cls) for w in patterns], grey, model,
+                         f"{name}: {what} attention per head (predicted {pred}"
+                         f"{'' if truth is None else f', true {truth}'})", out / "cls_grid")
+    q = cfg.patch_offset + patch[0] * g + patch[1]
+    files += _grid_figure([_query_over_patches(w, model, q) for w in patterns], grey, model,
+                          f"{name}: where patch (row {patch[0]}, column {patch[1]}) looks, per head", out / "patch_grid",
+                          mark=patch)
+    roll = rollout_patches(patterns, model)
+    plt = pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(6, 3.2))
+    a.imshow(grey.numpy(), cmap="gray", vmin=0, vmax=255)
+    a.set_title(f"{name} (predicted {pred})", fontsize=9)
+    a.set_xticks([])
+    a.set_yticks([])
+    _overlay(b, grey, roll, cfg.image_size, p=cfg.patch_size)
+    b.set_title("attention rollout of " + what, fontsize=9)
+    fig.tight_layout()
+    files += save(fig, out / "rollout")
+    plt.close(fig)
+    summary = {"image": name, "predicted": pred, "true": truth,
+               "probabilities": {lab: round(float(v), 5) for lab, v in zip(labels, probs)},
+               "patch": list(patch), "rollout": roll.tolist(),
+               "files": [str(f.relative_to(out)) for f in files], "seconds": time.perf_counter() - t0}
+    atomic_write_json(out / "image.json", summary)
+    return summary
+
+
+@torch.no_grad()
+def attention_distance(model, images_u8: Tensor, *, batch_size: int = 256) -> list[Tensor]:
+    """Mean attention distance in pixels per layer ``(H,)``, averaged over ``images_u8`` ``(N, C, H, W)``."""
+    from ..data.images import to_float
+    from ..models.vision import mean_attention_distance
+
+    model.eval()
+    total, n = None, 0
+    for i in range(0, len(images_u8), batch_size):
+        chunk = images_u8[i:i + batch_size]
+        with capture(model, ("pattern",)) as cache:
+            model(to_float(chunk))
+        d = mean_attention_distance(cache.patterns(), model)
+        total = [x * len(chunk) for x in d] if total is None else [t + x * len(chunk) for t, x in zip(total, d)]
+        n += len(chunk)
+    return [t / max(n, 1) for t in total or []]
+
+
+def plot_distance(distances: list[Tensor], model, stem: Path, title: str = "") -> list[Path]:
+    """Each head's mean attention distance (dots) and the layer mean (line) against depth, with the largest possible
+    distance for reference (as Dosovitskiy et al.'s Fig. 7)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for l, d in enumerate(distances):
+        ax.scatter([l] * len(d), d.tolist(), s=18, color="tab:blue", alpha=0.8, label="a head" if l == 0 else None)
+    ax.plot(range(len(distances)), [float(d.mean()) if len(d) else math.nan for d in distances], "k--", lw=1,
+            label="layer mean")
+    ax.set_xlabel("layer (depth)")
+    ax.set_ylabel("mean attention distance (pixels)")
+    ax.set_xticks(range(len(distances)))
+    ax.set_ylim(0, model.config.image_size * 0.75)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title or "mean attention distance per head", fontsize=9)
+    fig.tight_layout()
+    files = save(fig, stem)
+    plt.close(fig)
+    return files
+
+
+__all__ = ["attention_distance", "image_patterns", "plot_distance", "rollout_patches", "show_image"]
