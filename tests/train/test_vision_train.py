@@ -109,3 +109,20 @@ def test_show_on_a_vit_run(digits_run, tmp_path, capsys):
     assert "outside the 4x4 patch grid" in capsys.readouterr().err
     assert main(["show", str(digits_run), "--out", str(tmp_path / "none")]) == 2
     assert "--index N" in capsys.readouterr().err
+
+
+def test_importance_and_prune_work_on_a_vit_run_unchanged(digits_run, tmp_path, capsys):
+    assert main(["importance", str(digits_run), "--method", "michel", "--out", str(tmp_path / "imp")]) == 0
+    payload = json.loads((tmp_path / "imp" / "importance-michel.json").read_text())
+    assert payload["n"] == 179 and len(payload["scores"]) == 2 and len(payload["scores"][0]) == 4
+    assert "images" in capsys.readouterr().out
+    out = tmp_path / "pruned"
+    assert main(["prune", str(digits_run), "--out", str(out), "--step", "0.25", "--max-drop", "0.3",
+                 "--min-time", "0.1", "--threads", "1"]) == 0
+    r = json.loads((out / "pruning.json").read_text())
+    assert r["max_abs_diff_pruned_vs_masked"] < 1e-4  # the pruned model computes what the masked one did
+    assert r["pruned"] >= 2 and r["test_accuracy_pruned"] >= r["base_test_accuracy"] - 0.35
+    assert (out / "pruning.png").is_file() and (out / "model.safetensors").is_file()
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["vision"]["model"]["encoder"]["pruned_heads"] == {str(k): v for k, v in r["pruned_heads"].items()}
+    assert main(["evaluate", str(out)]) == 0  # the pruned run loads and evaluates like any other

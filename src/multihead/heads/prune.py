@@ -104,10 +104,12 @@ def write_pruned_run(run, heads: dict[int, list[int]], out: Path, extra: dict) -
         raise ValueError("--out must differ from the run folder: the unpruned run is kept")
     out.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "labels.json", "splits.json"):
-        atomic_write_bytes(out / name, (Path(run.path) / name).read_bytes())
+        if (Path(run.path) / name).exists():  # an image run has no tokenizer
+            atomic_write_bytes(out / name, (Path(run.path) / name).read_bytes())
     run.model.encoder.prune_heads(heads)
     cfg = read_json(Path(run.path) / "config.json")
-    cfg["train"]["model"] = run.config.model.to_dict()  # now with encoder.pruned_heads
+    task = "vision" if "vision" in cfg else "train"
+    cfg[task]["model"] = run.config.model.to_dict()  # now with encoder.pruned_heads
     cfg["pruned_from"] = {"run": str(run.path), **extra}
     save_checked(out / "model.safetensors", {k: v.detach().cpu().contiguous()
                                              for k, v in run.model.state_dict().items()})
@@ -115,11 +117,12 @@ def write_pruned_run(run, heads: dict[int, list[int]], out: Path, extra: dict) -
     return out
 
 
-def time_inference(models: dict, ids: list[list[int]], *, batch_size: int = 32, min_time: float = 3.0) -> dict:
-    """Seconds per pass over ``ids`` for each model, interleaved round by round (best of several rounds)."""
-    from ..data import length_sorted
+def time_inference(models: dict, ids, *, batch_size: int = 32, min_time: float = 3.0) -> dict:
+    """Seconds per pass over ``ids`` (token ids, or uint8 images) for each model, interleaved round by round (best of
+    several rounds)."""
+    from .scores import _batches
 
-    batches = [(x, keep) for _, x, keep in length_sorted(ids, batch_size)]
+    batches = [inputs for inputs, _, _ in _batches(ids, [0] * len(ids), batch_size)]
     best = {k: math.inf for k in models}
     start = time.perf_counter()
     rounds = 0
@@ -130,11 +133,11 @@ def time_inference(models: dict, ids: list[list[int]], *, batch_size: int = 32, 
         while rounds < 3 or time.perf_counter() - start < min_time * len(models):
             for name, m in models.items():
                 t0 = time.perf_counter()
-                for x, keep in batches:
-                    m(x, keep)
+                for inputs in batches:
+                    m(*inputs)
                 best[name] = min(best[name], time.perf_counter() - t0)
             rounds += 1
-    return {"seconds": best, "rounds": rounds, "batch_size": batch_size, "texts": len(ids),
+    return {"seconds": best, "rounds": rounds, "batch_size": batch_size, "examples": len(ids),
             "threads": torch.get_num_threads()}
 
 
@@ -155,25 +158,29 @@ def prune_run(run_path, out: Path, *, data: str | None = None, method: str = "mi
 
 
 def _prune_into(run_path, out: Path, *, data, method, step, max_drop, until, speed_at, min_time, log, target) -> dict:
-    from ..data import collate
-    from ..train import load_run
-    from ..train.inference import examples
-    from ..train.evaluation import evaluate_ids
+    from ..train.vision import is_vision_run
+    from .scores import _batches, labelled
 
-    run = load_run(run_path)
-    _, parts = examples(run, data, splits=("validation", "test"))  # one read of the data
-    (val_ids, val_y, _), (test_ids, test_y, _) = parts["validation"], parts["test"]
+    run, _, (val_ids, val_y), _ = labelled(run_path, data, "validation")
+    _, _, (test_ids, test_y), _ = labelled(run_path, data, "test")
     curve = prune_curve(run.model, (val_ids, val_y), (test_ids, test_y), method=method, step=step,
                         max_drop=max_drop, until=max(speed_at or 0.0, until), log=log)
     chosen = mask_to_heads(curve["mask"])
     masked = torch.tensor(curve["mask"], dtype=torch.float32)
     unpruned = copy.deepcopy(run.model)  # write_pruned_run prunes run.model in place
     write_pruned_run(run, chosen, out, {"method": method, "max_drop": max_drop, "step": step})
-    pruned = load_run(out)  # reloaded from the new folder: shapes come from config.json
-    x, keep = collate(test_ids[:64])
+    if is_vision_run(run_path):  # reloaded from the new folder: shapes come from config.json
+        from ..train.vision import load_vision_run
+
+        pruned = load_vision_run(out)
+    else:
+        from ..train import load_run
+
+        pruned = load_run(out)
+    inputs, _, _ = next(_batches(test_ids[:64], test_y[:64], 64))
     with torch.no_grad():
-        diff = (pruned.model(x, keep) - unpruned(x, keep, head_mask=model_mask(unpruned, masked))).abs().max().item()
-    acc = evaluate_ids(pruned.model, test_ids, test_y, len(run.labels), "cpu")["accuracy"]
+        diff = (pruned.model(*inputs) - unpruned(*inputs, head_mask=model_mask(unpruned, masked))).abs().max().item()
+    acc = loss_with(pruned.model, test_ids, test_y, present(pruned.model))[1]
     curve.update(run=str(run_path), out=str(target), pruned_heads=chosen, test_accuracy_pruned=acc,
                  max_abs_diff_pruned_vs_masked=diff,
                  parameters={"unpruned": sum(p.numel() for p in unpruned.parameters()),

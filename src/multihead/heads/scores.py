@@ -1,4 +1,5 @@
-"""Which heads matter: importance scores ``(layers, heads)`` for a classifier on labelled data.
+"""Which heads matter: importance scores ``(layers, heads)`` for a classifier on labelled data (texts as token ids,
+or images for a Vision Transformer: the same functions, the same head grid).
 
 * ``michel`` -- Michel et al. 2019: ``I_h = sum_x |d loss(x) / d m_h|`` for a per-head mask ``m`` (all ones, or the
   current pruning mask), accumulated over the data, then L2-normalised within each layer.
@@ -26,9 +27,22 @@ from ..data import length_sorted
 
 
 
-def _batches(ids: list[list[int]], labels: list[int], batch_size: int):
-    for chunk, x, keep in length_sorted(ids, batch_size):
-        yield x, keep, torch.tensor([labels[i] for i in chunk])
+def _batches(data, labels, batch_size: int):
+    """``(inputs, keep, y)`` batches of labelled examples: token ids (a list of lists; ``inputs = (ids, keep)``,
+    ``keep`` the real tokens) or uint8 images ``(N, C, H, W)`` (``inputs = (images,)`` as floats, ``keep`` None: every
+    patch is real). ``model(*inputs, head_mask=...)`` runs either."""
+    if isinstance(data, Tensor):
+        from ..data.images import to_float
+
+        for i in range(0, len(data), batch_size):
+            yield (to_float(data[i:i + batch_size]),), None, torch.as_tensor(labels[i:i + batch_size])
+        return
+    for chunk, x, keep in length_sorted(data, batch_size):
+        yield (x, keep), keep, torch.tensor([labels[i] for i in chunk])
+
+
+def _on(inputs: tuple, device) -> tuple:
+    return tuple(t.to(device) for t in inputs)
 
 
 def alive_heads(model: nn.Module) -> list[list[int]]:
@@ -71,8 +85,8 @@ def michel(model: nn.Module, ids, labels, mask: Tensor | None = None, batch_size
     head_mask = mask.to(device).requires_grad_(True)
     total = torch.zeros(layers, heads)
     model.eval()  # no dropout: the score is about the trained function
-    for x, keep, y in _batches(ids, labels, batch_size):
-        loss = F.cross_entropy(model(x.to(device), keep.to(device), head_mask=model_mask(model, head_mask)),
+    for inputs, _, y in _batches(ids, labels, batch_size):
+        loss = F.cross_entropy(model(*_on(inputs, device), head_mask=model_mask(model, head_mask)),
                                y.to(device), reduction="sum")
         (grad,) = torch.autograd.grad(loss, head_mask)
         total += grad.detach().abs().cpu()
@@ -91,10 +105,13 @@ def attention_focus(model: nn.Module, ids, labels, mask: Tensor | None = None, b
     device = next(model.parameters()).device
     conf, ent, rows = torch.zeros(layers, heads), torch.zeros(layers, heads), 0
     model.eval()
-    for x, keep, _ in _batches(ids, labels, batch_size):
+    for inputs, keep, _ in _batches(ids, labels, batch_size):
         hm = None if mask is None else model_mask(model, mask.to(device))
         with capture(model) as cache:
-            model(x.to(device), keep.to(device), head_mask=hm)
+            model(*_on(inputs, device), head_mask=hm)
+        if keep is None:  # images: every query row is real
+            p0 = cache.patterns()[0]
+            keep = torch.ones(p0.shape[0], p0.shape[-2], dtype=torch.bool)
         real = keep[:, None, :, None].float()  # (B, 1, L, 1): real query rows
         for l, p in enumerate(cache.patterns()):  # (B, H_l, L, L); H_l = 0 for a layer pruned away
             if alive[l]:
@@ -106,7 +123,14 @@ def attention_focus(model: nn.Module, ids, labels, mask: Tensor | None = None, b
 
 
 def loss_with(model: nn.Module, ids, labels, mask: Tensor) -> tuple[float, float]:
-    """Mean loss and accuracy of ``model`` with ``mask`` applied (the trainer's evaluation)."""
+    """Mean loss and accuracy of ``model`` with ``mask`` applied (the trainer's evaluation: token ids through
+    :func:`~multihead.train.evaluation.evaluate_ids`, images through
+    :func:`~multihead.train.vision.evaluate_images`)."""
+    if isinstance(ids, Tensor):
+        from ..train.vision import evaluate_images
+
+        r = evaluate_images(model, ids, torch.as_tensor(labels), head_mask=model_mask(model, mask))
+        return r["loss"], r["accuracy"]
     from ..train.evaluation import evaluate_ids
 
     r = evaluate_ids(model, ids, labels, model.fc.out_features, next(model.parameters()).device,
@@ -188,26 +212,47 @@ def plot(scores: Tensor, stem, title: str) -> list:
     return _save(fig, stem)
 
 
+def labelled(run_path, data: str | None, split: str):
+    """A run (text classifier or ViT) and one split of its labelled examples: ``(run, data name, (examples, labels),
+    "texts" | "images")``; text runs may be scored on other ``data``, image runs on their own."""
+    from ..train.vision import is_vision_run
+
+    if is_vision_run(run_path):
+        from ..data.images import load_images
+        from ..train.vision import load_vision_run
+
+        run = load_vision_run(run_path)
+        dc = run.config.data
+        if data not in (None, dc.name):
+            raise ValueError(f"{run_path} is an image run on {dc.name}; it is scored on its own data (drop --data)")
+        if split not in ("train", "validation", "test"):
+            raise ValueError(f"split must be train, validation or test for an image run, got {split!r}")
+        images, labels = getattr(load_images(dc.name, path=dc.path, seed=dc.split_seed), split)
+        return run, dc.name, (images, labels), "images"
+    from ..train import load_run
+    from ..train.inference import examples
+
+    run = load_run(run_path)
+    name, parts = examples(run, data, splits=(split,))
+    ids, labels, _ = parts[split]
+    return run, name, (ids, labels), "texts"
+
+
 def score_run(run_path, method: str = "michel", *, data: str | None = None, split: str = "validation",
               n: int | None = None, out=None, progress: bool = True) -> dict:
     """Score a run folder's heads on ``split`` of ``data``; writes ``importance-<method>.json`` and a heatmap to
     ``out`` (default ``RUN/importance``)."""
     from pathlib import Path
 
-    from ..train import load_run
-    from ..train.inference import examples
-
     from .._io import check_target, folder_lock
 
     out = Path(out) if out else Path(run_path) / "importance"
     check_target(out, "importance", sources=(run_path,))  # before the (slow) scoring
-    run = load_run(run_path)
-    name, parts = examples(run, data, splits=(split,))
-    ids, labels, _ = parts[split]
+    run, name, (ids, labels), what = labelled(run_path, data, split)
     if n:
         ids, labels = ids[:n], labels[:n]
     scores = importance(run.model, ids, labels, method, progress=progress)
-    title = f"{run_path}: {method} head importance on {name} [{split}], {len(ids)} texts"
+    title = f"{run_path}: {method} head importance on {name} [{split}], {len(ids)} {what}"
     payload = {"run": str(run_path), "method": method, "data": name, "split": split, "n": len(ids),
                "scores": [[None if v != v else round(v, 6) for v in row] for row in scores.tolist()]}
     with folder_lock(out):  # other methods' files in the folder are kept; each file is replaced atomically
