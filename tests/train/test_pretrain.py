@@ -184,6 +184,7 @@ def test_run_folder_and_learning(pretrained_run):
 
 
 def test_exported_encoder_equals_the_pretrained_one(pretrained_run):
+    """The default (pre-LN, rotary) encoder is exported in multihead's own layout and loads back exactly."""
     from safetensors.torch import load_file
 
     from multihead import pretrained
@@ -194,6 +195,7 @@ def test_exported_encoder_equals_the_pretrained_one(pretrained_run):
     cfg = json.loads((pretrained_run / "config.json").read_text())["pretrain"]
     model = MaskedLM(TextEncoderConfig.from_dict(cfg["model"])).eval()
     load_model_tensors(model, load_file(str(pretrained_run / "model.safetensors")))
+    assert json.loads((pretrained_run / "encoder" / "config.json").read_text())["model_type"] == pretrained.NATIVE
     loaded = pretrained.load(pretrained_run)  # a pretraining run resolves to its encoder/ folder
     ids = torch.randint(5, 300, (2, 20))
     assert torch.allclose(loaded.model(ids), model.encoder(ids), atol=1e-6)
@@ -210,23 +212,28 @@ def test_init_from_a_pretraining_run_fine_tunes(pretrained_run, tmp_path):
     assert json.loads((out / "results.json").read_text())["test"]["accuracy"] >= 0.9
 
 
-def test_a_pre_ln_encoder_is_exported_in_our_layout_and_fine_tunes(tmp_path, corpus):
-    """BERT's post-LN is the only layout HF's BertModel holds; a pre-LN encoder goes to encoder/ in multihead's
-    own layout, and ``train --init`` reads it the same way."""
+def test_the_bert_layout_exports_an_hf_folder_and_fine_tunes(tmp_path, corpus):
+    """The default encoder (pre-LN, rotary) goes to encoder/ in multihead's own layout (see the run above); BERT's
+    layout, asked for with --set, is written as an HF BertModel folder that HF itself loads, and `train --init`
+    reads either."""
     from multihead import pretrained
 
+    transformers = pytest.importorskip("transformers")
     out = tmp_path / "mlm"
     assert main(["pretrain", "--data", str(corpus), "--out", str(out), "--steps", "10", "--eval-every", "10",
-                 "--set", "model.encoder.norm_first=true", *TINY]) == 0
-    assert json.loads((out / "encoder" / "config.json").read_text())["model_type"] == pretrained.NATIVE
-    enc = pretrained.load(out).model
-    assert enc.encoder.final_norm is not None and enc.config.encoder.norm_first
+                 "--set", "model.encoder.norm_first=false", "--set", "model.positional=learned", *TINY]) == 0
+    assert json.loads((out / "encoder" / "config.json").read_text())["model_type"] == "bert"
+    ours = pretrained.load(out).model
+    hf = transformers.BertModel.from_pretrained(str(out / "encoder")).eval()
+    ids = torch.randint(5, 300, (2, 20))
+    with torch.no_grad():
+        assert torch.allclose(hf(ids).last_hidden_state, ours(ids), atol=1e-5)
     csv = tmp_path / "s.csv"
     csv.write_text("text,label\n" + "".join(f"good fun film {i},pos\nbad dull film {i},neg\n" for i in range(50)))
     assert main(["train", "--init", str(out), "--data", str(csv), "--out", str(tmp_path / "ft"), "--epochs", "1",
                  "--threads", "1", "--no-progress"]) == 0
     model_cfg = json.loads((tmp_path / "ft" / "config.json").read_text())["train"]["model"]
-    assert model_cfg["encoder"]["norm_first"] is True
+    assert model_cfg["encoder"]["norm_first"] is False and model_cfg["positional"] == "learned"
 
 
 def test_resume_after_sigkill_is_bit_identical(tmp_path, corpus):

@@ -98,6 +98,7 @@ def show_image(model, image_u8: Tensor, labels: list[str], out: Path, *, truth: 
     from ..data.images import to_float
 
     t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
     cfg = model.config
     g = cfg.grid
     patch = (g // 2, g // 2) if patch is None else patch
