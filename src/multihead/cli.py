@@ -162,28 +162,29 @@ def train_config_from_args(args):
     return layered(train_overrides(args))
 
 
-def cmd_train_g2p(args) -> int:
-    """``multihead train --data cmudict``: grapheme-to-phoneme with an encoder-decoder (multihead.train.g2p)."""
-    from .train.g2p import config_from_overrides, train_g2p
-
-    config = config_from_overrides(train_overrides(args))  # validated before anything is read or written
+def _train_task(args, config_from_overrides, train_fn) -> int:
+    """A task with its own trainer (G2P, vision): the shared flags mapped onto its config, validated before anything
+    is read or written, then its run folder."""
+    config = config_from_overrides(train_overrides(args))
     if args.resume and args.overwrite:
         raise ValueError("--resume continues the run in --out and --overwrite replaces it; pass one of them")
-    results = train_g2p(config, Path(args.out), resume=args.resume, overwrite=args.overwrite)
+    results = train_fn(config, Path(args.out), resume=args.resume, overwrite=args.overwrite)
     print(f"run folder: {args.out}")
     return 0 if results else 1
+
+
+def cmd_train_g2p(args) -> int:
+    """``multihead train --data cmudict``: grapheme-to-phoneme with an encoder-decoder (multihead.train.g2p)."""
+    from .train import g2p
+
+    return _train_task(args, g2p.config_from_overrides, g2p.train_g2p)
 
 
 def cmd_train_vision(args) -> int:
     """``multihead train --data fashion_mnist|digits``: a Vision Transformer (multihead.train.vision)."""
-    from .train.vision import config_from_overrides, train_vision
+    from .train import vision
 
-    config = config_from_overrides(train_overrides(args))  # validated before anything is read or written
-    if args.resume and args.overwrite:
-        raise ValueError("--resume continues the run in --out and --overwrite replaces it; pass one of them")
-    results = train_vision(config, Path(args.out), resume=args.resume, overwrite=args.overwrite)
-    print(f"run folder: {args.out}")
-    return 0 if results else 1
+    return _train_task(args, vision.config_from_overrides, vision.train_vision)
 
 
 def cmd_train(args) -> int:

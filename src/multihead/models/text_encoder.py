@@ -30,7 +30,7 @@ class TextEncoderConfig:
 
     vocab_size: int = 10000
     max_len: int = 512  # longest input in tokens (the size of a learned position table)
-    positional: str = "sinusoidal"  # sinusoidal | learned | rope | none
+    positional: str = "sinusoidal"  # sinusoidal | learned | rope | none; sets encoder.rotary (rope: on, tables: off)
     pooling: str = "mean"  # mean over real tokens | cls (first token) | max over real tokens
     pad_id: int | None = 0  # token id treated as padding when no attention_mask is given (None: no padding)
     embed_init_std: float | None = None  # None: PyTorch's N(0, 1) (the tutorial's nn.Embedding)
@@ -49,6 +49,8 @@ class TextEncoderConfig:
             raise ValueError(f"vocab_size must be positive, got {self.vocab_size}")
         if self.positional == "rope":
             self.encoder.rotary = True
+        elif self.positional in ("learned", "sinusoidal"):  # an additive table replaces rotary (e.g. a rope config
+            self.encoder.rotary = False  # overridden with positional=learned must not keep rotating q and k)
 
     def parameter_estimate(self) -> int:
         """About how many parameters this config builds (embeddings and blocks; exact up to norms and biases):

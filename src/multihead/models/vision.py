@@ -19,7 +19,6 @@ or the mean of the patch tokens. Token 0 is [CLS] when ``pooling="cls"``; patch 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 import torch

@@ -31,7 +31,6 @@ from torch import nn
 
 from .. import data as D
 from .._config import ConfigError, check_rules, flatten, from_fields, unflatten
-from .._io import folder_kind
 from ..data import g2p as G
 from ..models.generation import generate
 from ..models.seq2seq import Seq2Seq, Seq2SeqConfig
@@ -212,21 +211,10 @@ def evaluate_lexicon(model: Seq2Seq, vocab: G.G2PVocab, lex: G.Lexicon, *, beam:
 # ---------------------------------------------------------------------------------------------------- training
 def train_g2p(config: G2PConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False) -> dict:
     """Train, evaluate and save a G2P run folder; returns ``results.json``'s contents."""
-    from .trainer import RunExistsError, _run_folder
+    from .trainer import _run_folder, start_task_run
 
     out = Path(out)
-    if resume:
-        if not (out / "checkpoint" / "state.json").exists():
-            raise CheckpointError(f"nothing to resume in {out}: it holds no checkpoint/state.json. Start a new run: "
-                                  "drop --resume (add --overwrite to replace what is there)")
-        config = G2PConfig.from_dict(read_json(out / "config.json", dict)["g2p"])
-    elif folder_kind(out) == "run" and not overwrite:
-        raise RunExistsError(f"{out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
-                             "or choose another --out")
-    if config.run.threads:
-        torch.set_num_threads(config.run.threads)
-    else:
-        config.run.threads = torch.get_num_threads()
+    config = start_task_run(out, config, "g2p", resume=resume, overwrite=overwrite)
     with _run_folder(out, resume=resume, overwrite=overwrite, main=True) as folder:
         return _train(config, folder, resume)
 

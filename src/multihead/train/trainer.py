@@ -174,6 +174,25 @@ def _unwrap(model):
     return getattr(model, "_orig_mod", model)  # torch.compile
 
 
+def start_task_run(out: Path, config, section: str, *, resume: bool, overwrite: bool):
+    """What a task's ``train_*`` (G2P, vision) does before its run folder opens: with ``resume``, the recorded
+    config (``config.json[section]``) replaces ``config``; otherwise an existing run at ``out`` is refused unless
+    ``overwrite``; the thread count is applied (or recorded). Returns the config to run."""
+    if resume:
+        if not (out / "checkpoint" / "state.json").exists():
+            raise CheckpointError(f"nothing to resume in {out}: it holds no checkpoint/state.json. Start a new run: "
+                                  "drop --resume (add --overwrite to replace what is there)")
+        config = type(config).from_dict(read_json(out / "config.json", dict)[section])
+    elif folder_kind(out) == "run" and not overwrite:
+        raise RunExistsError(f"{out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
+                             "or choose another --out")
+    if config.run.threads:
+        torch.set_num_threads(config.run.threads)
+    else:
+        config.run.threads = torch.get_num_threads()
+    return config
+
+
 def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False) -> dict:
     """Train, evaluate and save a run folder; returns the results dict (also written to ``results.json``)."""
     out = Path(out)

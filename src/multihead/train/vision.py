@@ -13,9 +13,10 @@ and swapped in once resumable, locked while written, every file atomic, weights 
     RUN/curves.png, RUN/confusion.png
     RUN/checkpoint/        what --resume needs (weights, optimizer, schedule, position)
 
-The recipe (defaults): patch 4 (49 tokens for 28x28), d_model 128, 4 heads, 4 pre-LN blocks, FFN 256, GELU, [CLS]
-pooling, learned positions; AdamW (lr 1e-3, weight decay 0.05), 5% warm-up then cosine decay, label smoothing 0.1,
-random shifts of up to 2 pixels (a 14th of the image side). ``--set model.stem=conv`` adds the hybrid convolutional stem.
+The recipe (defaults): the hybrid convolutional stem (32 channels), patch 4 (49 tokens for 28x28), d_model 128, 4
+heads, 4 pre-LN blocks, FFN 256, GELU, [CLS] pooling, learned positions; AdamW (lr 1e-3, weight decay 0.05), 5%
+warm-up then cosine decay, label smoothing 0.1, random shifts of up to 2 pixels (a 14th of the image side), 12
+epochs. ``--set model.stem=patch`` gives the paper's plain patch embedding.
 The baseline beside it (``results.json``'s ``baseline_pixels_logreg``): scikit-learn's logistic regression on the raw
 pixels, same split.
 """
@@ -32,7 +33,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._config import ConfigError, check_rules, flatten, from_fields, unflatten
-from .._io import folder_kind
 from ..data import images as I
 from ..models.vision import VisionConfig, VisionTransformer
 from .checkpoint import keep_metrics, load_model_tensors, model_tensors, restore_checkpoint, save_checkpoint
@@ -80,7 +80,10 @@ class VisionRun:
 @dataclass
 class VisionTrainConfig:
     data: VisionData = field(default_factory=VisionData)
-    model: VisionConfig = field(default_factory=VisionConfig)
+    # The hybrid stem by default. Measured side by side on Fashion-MNIST (12 epochs, 2 cores; README): hybrid test
+    # 0.8998 in 19.9 min, plain 0.8966 in 15.4 min -- about equal per minute, the hybrid ends a little higher;
+    # --set model.stem=patch for the paper's ViT.
+    model: VisionConfig = field(default_factory=lambda: VisionConfig(stem="conv"))
     optim: VisionOptim = field(default_factory=VisionOptim)
     run: VisionRun = field(default_factory=VisionRun)
 
@@ -171,13 +174,18 @@ def evaluate_images(model: VisionTransformer, images: torch.Tensor, labels: torc
 
 def pixel_baseline(splits: I.ImageSplits) -> dict:
     """Logistic regression on raw pixels (scaled to [0, 1]), fitted on the training split, scored on the test split."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LogisticRegression
 
     t = time.perf_counter()
     x_train = splits.train[0].flatten(1).float().div(255).numpy()
     x_test = splits.test[0].flatten(1).float().div(255).numpy()
     clf = LogisticRegression(max_iter=200)
-    clf.fit(x_train, splits.train[1].numpy())
+    with warnings.catch_warnings():  # lbfgs may stop at 200 iterations short of its tolerance: the score is reported
+        warnings.simplefilter("ignore", category=ConvergenceWarning)
+        clf.fit(x_train, splits.train[1].numpy())
     acc = float((clf.predict(x_test) == splits.test[1].numpy()).mean())
     return {"model": "logistic regression on raw pixels (scikit-learn, lbfgs, 200 iterations)", "accuracy": acc,
             "seconds": time.perf_counter() - t}
@@ -186,21 +194,10 @@ def pixel_baseline(splits: I.ImageSplits) -> dict:
 # ---------------------------------------------------------------------------------------------------- training
 def train_vision(config: VisionTrainConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False) -> dict:
     """Train, evaluate and save an image-classification run folder; returns ``results.json``'s contents."""
-    from .trainer import RunExistsError, _run_folder
+    from .trainer import _run_folder, start_task_run
 
     out = Path(out)
-    if resume:
-        if not (out / "checkpoint" / "state.json").exists():
-            raise CheckpointError(f"nothing to resume in {out}: it holds no checkpoint/state.json. Start a new run: "
-                                  "drop --resume (add --overwrite to replace what is there)")
-        config = VisionTrainConfig.from_dict(read_json(out / "config.json", dict)["vision"])
-    elif folder_kind(out) == "run" and not overwrite:
-        raise RunExistsError(f"{out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
-                             "or choose another --out")
-    if config.run.threads:
-        torch.set_num_threads(config.run.threads)
-    else:
-        config.run.threads = torch.get_num_threads()
+    config = start_task_run(out, config, "vision", resume=resume, overwrite=overwrite)
     splits = prepare(config)  # data problems are reported before the run folder is touched
     with _run_folder(out, resume=resume, overwrite=overwrite, main=True) as folder:
         return _Training(config, splits, folder, resume).run()
