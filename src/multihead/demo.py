@@ -164,7 +164,7 @@ def run_demo(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
 
 
 def vision_step(out: Path, *, seed: int = 0) -> dict:
-    """A hybrid ViT trained for about a minute on 12,000 Fashion-MNIST images (digits when Debian's
+    """A hybrid ViT trained for about two minutes on 20,000 Fashion-MNIST images (digits when Debian's
     dataset-fashion-mnist is not installed), its test accuracy beside the pixel baseline, and its attention on one
     test image (``multihead train --data fashion_mnist`` trains the full model)."""
     from .data.images import ImageDataError, fashion_dir
@@ -174,7 +174,7 @@ def vision_step(out: Path, *, seed: int = 0) -> dict:
     config = VisionTrainConfig()
     try:
         fashion_dir()
-        config.data.limit, config.optim.epochs = 12000, 2
+        config.data.limit, config.optim.epochs = 20000, 3
     except ImageDataError as exc:
         print(f"   ({str(exc).split(':')[0]}; using scikit-learn's digits instead: apt-get install "
               "dataset-fashion-mnist for the real thing)")
@@ -193,6 +193,7 @@ def vision_step(out: Path, *, seed: int = 0) -> dict:
                          name="test-0")
     dist = attention_distance(run.model, images[:500])
     print(f"   test image 0: predicted {summary['predicted']} (true {summary['true']}); pictures in {out / 'show'}")
+    print("   (a short run: the full `multihead train --data fashion_mnist` reaches 0.90 test accuracy in 20 minutes)")
     print("   mean attention distance per head (pixels), layer by layer: " + "; ".join(
         " ".join(f"{v:.1f}" for v in d.tolist()) for d in dist) + f"; {time.perf_counter() - t0:.0f}s")
     return {"results": {k: results[k] for k in ("test", "train_minutes", "parameters", "baseline_pixels_logreg")},
