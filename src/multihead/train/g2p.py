@@ -42,6 +42,7 @@ from .runfolder import (
     atomic_write_json,
     check_shapes,
     header_shapes,
+    is_task_run,
     load_checked,
     meta_shapes,
     read_json,
@@ -359,11 +360,7 @@ class G2PRunFolder:
 
 
 def is_g2p_run(path: str | Path) -> bool:
-    p = Path(path) / "config.json"
-    try:
-        return p.is_file() and "g2p" in json.loads(p.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        return False
+    return is_task_run(path, "g2p")
 
 
 def load_g2p_run(path: str | Path, device: str = "cpu") -> G2PRunFolder:

@@ -45,7 +45,7 @@ from torch import nn
 
 from .. import data as D
 from .._config import check_rules, from_fields
-from .._io import atomic_save_figure, folder_kind
+from .._io import atomic_save_figure
 from ..data.masking import IGNORE, mask_tokens, word_starts
 from ..models.masked_lm import MaskedLM
 from ..models.seq2seq import CausalLM, CausalLMConfig
@@ -54,7 +54,8 @@ from ..modules.decoder import DecoderConfig
 from ..modules.encoder import EncoderConfig
 from . import distributed
 from .checkpoint import keep_metrics, model_tensors, restore_checkpoint, save_checkpoint
-from .runfolder import CheckpointError, atomic_write_bytes, atomic_write_json, load_checked, read_json, save_checked
+from .runfolder import (CheckpointError, atomic_write_bytes, atomic_write_json, is_task_run, load_checked, read_json,
+                        save_checked)
 
 MASK = "[MASK]"
 OBJECTIVES = ("mlm", "clm")
@@ -162,11 +163,7 @@ class PretrainConfig:
 
 
 def is_pretrain_run(path: str | Path) -> bool:
-    try:
-        cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(cfg, dict) and "pretrain" in cfg
+    return is_task_run(path, "pretrain")
 
 
 # ---------------------------------------------------------------------------------------------------- data
@@ -352,21 +349,10 @@ def evaluate_objective(model: nn.Module, rows: torch.Tensor, objective, *, batch
 # ---------------------------------------------------------------------------------------------------- the run
 def pretrain(config: PretrainConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False) -> dict:
     """Pretrain, validate and save a run folder; returns the results dict (also ``results.json``)."""
-    from .trainer import RunExistsError, _run_folder
+    from .trainer import _run_folder, start_task_run
 
     out = Path(out)
-    if resume:
-        if not (out / "checkpoint" / "state.json").exists() or not is_pretrain_run(out):
-            raise CheckpointError(f"nothing to resume in {out}: it is not a pretraining run folder with a "
-                                  "checkpoint; drop --resume to start one")
-        config = PretrainConfig.from_dict(read_json(out / "config.json", dict)["pretrain"])  # the run's own config
-    elif folder_kind(out) == "run" and not overwrite:
-        raise RunExistsError(f"{out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
-                             "or choose another --out")
-    if config.run.threads:
-        torch.set_num_threads(config.run.threads)
-    else:
-        config.run.threads = torch.get_num_threads()
+    config = start_task_run(out, config, "pretrain", resume=resume, overwrite=overwrite)  # the run's own on resume
     dist_info = distributed.setup(torch.device("cpu"))
     distributed.barrier(dist_info)
     try:

@@ -51,5 +51,16 @@ def read_json(path: Path, kind: type | None = None):
     return value
 
 
-__all__ = ["CheckpointError", "atomic_write_bytes", "atomic_write_json", "check_shapes", "header_shapes",
+def is_task_run(path, section: str) -> bool:
+    """Whether ``path`` is a run folder whose ``config.json`` has a ``section`` (``train``, ``g2p``, ``vision``,
+    ``pretrain``): how each task recognises its own runs without raising on other folders."""
+    p = Path(path) / "config.json"
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and section in cfg
+
+
+__all__ = ["CheckpointError", "is_task_run", "atomic_write_bytes", "atomic_write_json", "check_shapes", "header_shapes",
            "load_checked", "load_tensors", "meta_shapes", "read_json", "save_checked"]

@@ -182,7 +182,11 @@ def start_task_run(out: Path, config, section: str, *, resume: bool, overwrite: 
         if not (out / "checkpoint" / "state.json").exists():
             raise CheckpointError(f"nothing to resume in {out}: it holds no checkpoint/state.json. Start a new run: "
                                   "drop --resume (add --overwrite to replace what is there)")
-        config = type(config).from_dict(read_json(out / "config.json", dict)[section])
+        recorded = read_json(out / "config.json", dict)
+        if section not in recorded:
+            raise CheckpointError(f"nothing to resume in {out}: it is not a {section} run folder (its config.json has "
+                                  f"no {section!r} section); drop --resume to start one")
+        config = type(config).from_dict(recorded[section])
     elif folder_kind(out) == "run" and not overwrite:
         raise RunExistsError(f"{out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
                              "or choose another --out")

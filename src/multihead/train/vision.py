@@ -42,6 +42,7 @@ from .runfolder import (
     atomic_write_json,
     check_shapes,
     header_shapes,
+    is_task_run,
     load_checked,
     meta_shapes,
     read_json,
@@ -366,11 +367,7 @@ class VisionRunFolder:
 
 
 def is_vision_run(path: str | Path) -> bool:
-    p = Path(path) / "config.json"
-    try:
-        return p.is_file() and "vision" in json.loads(p.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        return False
+    return is_task_run(path, "vision")
 
 
 def load_vision_run(path: str | Path, device: str = "cpu") -> VisionRunFolder:
