@@ -80,6 +80,9 @@ def atomic_save_figure(fig, path: str | Path, **kwargs) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------------- kinds
+RUN_SECTIONS = ("train", "g2p", "pretrain", "vision")  # config.json sections of the tasks' run folders
+
+
 def folder_kind(path: str | Path) -> str:
     """``missing``, ``file``, ``empty``, ``run`` (a training run), ``hf`` (an HF model folder), ``show``,
     ``heads``, ``importance``, ``sweep``, or ``other``."""
@@ -96,7 +99,7 @@ def folder_kind(path: str | Path) -> str:
             cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return "other"
-        if isinstance(cfg, dict) and ("train" in cfg or "g2p" in cfg or "pretrain" in cfg):  # classifier, G2P, pretraining
+        if isinstance(cfg, dict) and any(section in cfg for section in RUN_SECTIONS):
             return "run"
         if isinstance(cfg, dict) and "model_type" in cfg:
             return "hf"
