@@ -312,6 +312,15 @@ def test_the_inference_qkv_projection_follows_weight_changes():
     mha.double()
     with torch.no_grad():
         assert mha(x.double())[0].dtype == torch.float64
-    mha.fuse_qkv_at_inference = False
+    # the opt-out really bypasses the stack: a stack poisoned under the current stamp is used only when fusing
+    xd = x.double()
     with torch.no_grad():
-        assert torch.allclose(mha(x.double())[0], mha(x.double())[0])  # the plain path, as before
+        mha(xd)  # builds the stack for the float64 weights
+        stamp, w, b = mha.__dict__["_packed"]
+        mha.__dict__["_packed"] = (stamp, torch.zeros_like(w), None if b is None else torch.zeros_like(b))
+        poisoned = mha(xd)[0]
+        mha.fuse_qkv_at_inference = False
+        plain_off = mha(xd)[0]
+    with torch.enable_grad():
+        plain_ref = mha(xd)[0].detach()
+    assert not torch.allclose(poisoned, plain_ref) and torch.allclose(plain_off, plain_ref)

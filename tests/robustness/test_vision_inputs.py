@@ -1,30 +1,17 @@
 """Hostile input to the image commands (train --data digits|fashion_mnist, predict/evaluate/show/importance on a ViT
 run) and the native encoder export: a message that names the fix, exit 2, no traceback, nothing written or changed."""
-import hashlib
-
 import numpy as np
 import pytest
 
 from multihead.cli import main
+from robust_helpers import refused, run_cli, snapshot
 
 SMALL = ["--d-model", "16", "--heads", "2", "--layers", "1", "--set", "model.encoder.d_ff=32", "--set",
          "model.patch_size=2", "--epochs", "1", "--threads", "1", "--no-progress", "--set", "run.baseline=false"]
 
 
-def _refused(capsys, argv, message):
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:  # argparse's own usage errors
-        code = exc.code
-    assert code == 2
-    err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err, err
-    return err
-
-
-def _digest(folder):
-    return {p.relative_to(folder): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*"))
-            if p.is_file()}
+def _refused(argv, message):
+    return refused(run_cli(*argv), message)
 
 
 @pytest.fixture(scope="module")
@@ -48,27 +35,27 @@ def vit_run(tmp_path_factory):
     (["--max-len", "64"], "data.max_len do not apply to image classification"),
     (["--resume", "--overwrite"], "pass one of them"),
 ])
-def test_vision_config_is_checked_before_any_work(tmp_path, capsys, args, message):
+def test_vision_config_is_checked_before_any_work(tmp_path, args, message):
     out = tmp_path / "run"
-    _refused(capsys, ["train", "--data", "digits", "--out", out, *SMALL, *args], message)
+    _refused(["train", "--data", "digits", "--out", out, *SMALL, *args], message)
     assert not out.exists()
 
 
-def test_fashion_mnist_missing_or_corrupt_is_named(tmp_path, capsys):
-    _refused(capsys, ["train", "--data", "fashion_mnist", "--out", tmp_path / "r", "--set", f"data.path={tmp_path}"],
+def test_fashion_mnist_missing_or_corrupt_is_named(tmp_path):
+    _refused(["train", "--data", "fashion_mnist", "--out", tmp_path / "r", "--set", f"data.path={tmp_path}"],
              "apt-get install dataset-fashion-mnist")
     for split in ("train", "t10k"):
         for kind in ("images-idx3", "labels-idx1"):
             (tmp_path / f"{split}-{kind}-ubyte").write_bytes(bytes([0, 0, 8, 1]) + (5).to_bytes(4, "big") + b"\0" * 2)
-    _refused(capsys, ["train", "--data", "fashion_mnist", "--out", tmp_path / "r", "--set", f"data.path={tmp_path}"],
+    _refused(["train", "--data", "fashion_mnist", "--out", tmp_path / "r", "--set", f"data.path={tmp_path}"],
              "is truncated")
     assert not (tmp_path / "r").exists()
 
 
-def test_a_vit_run_is_not_replaced_without_overwrite(vit_run, capsys):
-    before = _digest(vit_run)
-    _refused(capsys, ["train", "--data", "digits", "--out", vit_run, *SMALL], "--resume to continue it")
-    assert _digest(vit_run) == before
+def test_a_vit_run_is_not_replaced_without_overwrite(vit_run):
+    before = snapshot(vit_run)
+    _refused(["train", "--data", "digits", "--out", vit_run, *SMALL], "--resume to continue it")
+    assert snapshot(vit_run) == before
 
 
 def _images(tmp_path):
@@ -89,12 +76,12 @@ def _images(tmp_path):
     ("x.txt", "give a .png or .npy image"),
     ("missing.npy", "could not be read as an image"),
 ])
-def test_bad_images_are_refused_by_predict_and_show(vit_run, tmp_path, capsys, name, message):
+def test_bad_images_are_refused_by_predict_and_show(vit_run, tmp_path, name, message):
     _images(tmp_path)
-    before = _digest(vit_run)
-    _refused(capsys, ["predict", vit_run, "--image", tmp_path / name], message)
-    _refused(capsys, ["show", vit_run, "--image", tmp_path / name, "--out", tmp_path / "show"], message)
-    assert not (tmp_path / "show").exists() and _digest(vit_run) == before
+    before = snapshot(vit_run)
+    _refused(["predict", vit_run, "--image", tmp_path / name], message)
+    _refused(["show", vit_run, "--image", tmp_path / name, "--out", tmp_path / "show"], message)
+    assert not (tmp_path / "show").exists() and snapshot(vit_run) == before
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -109,14 +96,14 @@ def test_bad_images_are_refused_by_predict_and_show(vit_run, tmp_path, capsys, n
     (["evaluate", "RUN", "--split", "all"], "train, validation or test for an image run"),
     (["importance", "RUN", "--data", "rotten_tomatoes", "--out", "OUT"], "scored on its own data"),
 ])
-def test_vit_run_commands_refuse_bad_arguments(vit_run, tmp_path, capsys, argv, message):
-    before = _digest(vit_run)
+def test_vit_run_commands_refuse_bad_arguments(vit_run, tmp_path, argv, message):
+    before = snapshot(vit_run)
     out = tmp_path / "out"
-    _refused(capsys, [vit_run if a == "RUN" else out if a == "OUT" else a for a in argv], message)
-    assert not out.exists() and _digest(vit_run) == before
+    _refused([vit_run if a == "RUN" else out if a == "OUT" else a for a in argv], message)
+    assert not out.exists() and snapshot(vit_run) == before
 
 
-def test_a_native_encoder_folder_that_lies_is_refused(tmp_path, capsys):
+def test_a_native_encoder_folder_that_lies_is_refused(tmp_path):
     """`--init` on an encoder folder in multihead's own layout whose config section is broken: a message, no run."""
     import json
 
@@ -134,5 +121,5 @@ def test_a_native_encoder_folder_that_lies_is_refused(tmp_path, capsys):
     (folder / "config.json").write_text(json.dumps(cfg))
     csv = tmp_path / "s.csv"
     csv.write_text("text,label\n" + "".join(f"good {i},pos\nbad {i},neg\n" for i in range(20)))
-    _refused(capsys, ["train", "--init", folder, "--data", csv, "--out", tmp_path / "ft"], "config.json")
+    _refused(["train", "--init", folder, "--data", csv, "--out", tmp_path / "ft"], "config.json")
     assert not (tmp_path / "ft").exists()

@@ -121,6 +121,7 @@ def test_importance_and_prune_work_on_a_vit_run_unchanged(digits_run, tmp_path, 
                  "--min-time", "0.1", "--threads", "1"]) == 0
     r = json.loads((out / "pruning.json").read_text())
     assert r["max_abs_diff_pruned_vs_masked"] < 1e-4  # the pruned model computes what the masked one did
+    # the chosen mask keeps validation within --max-drop 0.3; test may differ by a few of its 179 images
     assert r["pruned"] >= 2 and r["test_accuracy_pruned"] >= r["base_test_accuracy"] - 0.35
     assert (out / "pruning.png").is_file() and (out / "model.safetensors").is_file()
     cfg = json.loads((out / "config.json").read_text())

@@ -120,9 +120,9 @@ def write_pruned_run(run, heads: dict[int, list[int]], out: Path, extra: dict) -
 def time_inference(models: dict, ids, *, batch_size: int = 32, min_time: float = 3.0) -> dict:
     """Seconds per pass over ``ids`` (token ids, or uint8 images) for each model, interleaved round by round (best of
     several rounds)."""
-    from .scores import _batches
+    from .scores import labelled_batches
 
-    batches = [inputs for inputs, _, _ in _batches(ids, [0] * len(ids), batch_size)]
+    batches = [inputs for inputs, _, _ in labelled_batches(ids, [0] * len(ids), batch_size)]
     best = {k: math.inf for k in models}
     start = time.perf_counter()
     rounds = 0
@@ -159,10 +159,10 @@ def prune_run(run_path, out: Path, *, data: str | None = None, method: str = "mi
 
 def _prune_into(run_path, out: Path, *, data, method, step, max_drop, until, speed_at, min_time, log, target) -> dict:
     from ..train.vision import is_vision_run
-    from .scores import _batches, labelled
+    from .scores import labelled, labelled_batches
 
-    run, _, (val_ids, val_y), _ = labelled(run_path, data, "validation")
-    _, _, (test_ids, test_y), _ = labelled(run_path, data, "test")
+    run, _, parts, _ = labelled(run_path, data, ("validation", "test"))  # one read of the data
+    (val_ids, val_y), (test_ids, test_y) = parts["validation"], parts["test"]
     curve = prune_curve(run.model, (val_ids, val_y), (test_ids, test_y), method=method, step=step,
                         max_drop=max_drop, until=max(speed_at or 0.0, until), log=log)
     chosen = mask_to_heads(curve["mask"])
@@ -177,7 +177,7 @@ def _prune_into(run_path, out: Path, *, data, method, step, max_drop, until, spe
         from ..train import load_run
 
         pruned = load_run(out)
-    inputs, _, _ = next(_batches(test_ids[:64], test_y[:64], 64))
+    inputs, _, _ = next(labelled_batches(test_ids[:64], test_y[:64], 64))
     with torch.no_grad():
         diff = (pruned.model(*inputs) - unpruned(*inputs, head_mask=model_mask(unpruned, masked))).abs().max().item()
     acc = loss_with(pruned.model, test_ids, test_y, present(pruned.model))[1]

@@ -27,7 +27,7 @@ from ..data import length_sorted
 
 
 
-def _batches(data, labels, batch_size: int):
+def labelled_batches(data, labels, batch_size: int):
     """``(inputs, keep, y)`` batches of labelled examples: token ids (a list of lists; ``inputs = (ids, keep)``,
     ``keep`` the real tokens) or uint8 images ``(N, C, H, W)`` (``inputs = (images,)`` as floats, ``keep`` None: every
     patch is real). ``model(*inputs, head_mask=...)`` runs either."""
@@ -85,7 +85,7 @@ def michel(model: nn.Module, ids, labels, mask: Tensor | None = None, batch_size
     head_mask = mask.to(device).requires_grad_(True)
     total = torch.zeros(layers, heads)
     model.eval()  # no dropout: the score is about the trained function
-    for inputs, _, y in _batches(ids, labels, batch_size):
+    for inputs, _, y in labelled_batches(ids, labels, batch_size):
         loss = F.cross_entropy(model(*_on(inputs, device), head_mask=model_mask(model, head_mask)),
                                y.to(device), reduction="sum")
         (grad,) = torch.autograd.grad(loss, head_mask)
@@ -105,7 +105,7 @@ def attention_focus(model: nn.Module, ids, labels, mask: Tensor | None = None, b
     device = next(model.parameters()).device
     conf, ent, rows = torch.zeros(layers, heads), torch.zeros(layers, heads), 0
     model.eval()
-    for inputs, keep, _ in _batches(ids, labels, batch_size):
+    for inputs, keep, _ in labelled_batches(ids, labels, batch_size):
         hm = None if mask is None else model_mask(model, mask.to(device))
         with capture(model) as cache:
             model(*_on(inputs, device), head_mask=hm)
@@ -212,9 +212,9 @@ def plot(scores: Tensor, stem, title: str) -> list:
     return _save(fig, stem)
 
 
-def labelled(run_path, data: str | None, split: str):
-    """A run (text classifier or ViT) and one split of its labelled examples: ``(run, data name, (examples, labels),
-    "texts" | "images")``; text runs may be scored on other ``data``, image runs on their own."""
+def labelled(run_path, data: str | None, splits: tuple[str, ...]):
+    """A run (text classifier or ViT) and splits of its labelled examples, read once: ``(run, data name, {split:
+    (examples, labels)}, "texts" | "images")``; text runs may be scored on other ``data``, image runs on their own."""
     from ..train.vision import is_vision_run
 
     if is_vision_run(run_path):
@@ -225,17 +225,17 @@ def labelled(run_path, data: str | None, split: str):
         dc = run.config.data
         if data not in (None, dc.name):
             raise ValueError(f"{run_path} is an image run on {dc.name}; it is scored on its own data (drop --data)")
-        if split not in ("train", "validation", "test"):
-            raise ValueError(f"split must be train, validation or test for an image run, got {split!r}")
-        images, labels = getattr(load_images(dc.name, path=dc.path, seed=dc.split_seed), split)
-        return run, dc.name, (images, labels), "images"
+        bad = [s for s in splits if s not in ("train", "validation", "test")]
+        if bad:
+            raise ValueError(f"split must be train, validation or test for an image run, got {bad[0]!r}")
+        images = load_images(dc.name, path=dc.path, seed=dc.split_seed)
+        return run, dc.name, {s: getattr(images, s) for s in splits}, "images"
     from ..train import load_run
     from ..train.inference import examples
 
     run = load_run(run_path)
-    name, parts = examples(run, data, splits=(split,))
-    ids, labels, _ = parts[split]
-    return run, name, (ids, labels), "texts"
+    name, parts = examples(run, data, splits=splits)
+    return run, name, {s: parts[s][:2] for s in splits}, "texts"
 
 
 def score_run(run_path, method: str = "michel", *, data: str | None = None, split: str = "validation",
@@ -248,7 +248,8 @@ def score_run(run_path, method: str = "michel", *, data: str | None = None, spli
 
     out = Path(out) if out else Path(run_path) / "importance"
     check_target(out, "importance", sources=(run_path,))  # before the (slow) scoring
-    run, name, (ids, labels), what = labelled(run_path, data, split)
+    run, name, parts, what = labelled(run_path, data, (split,))
+    ids, labels = parts[split]
     if n:
         ids, labels = ids[:n], labels[:n]
     scores = importance(run.model, ids, labels, method, progress=progress)
@@ -261,5 +262,5 @@ def score_run(run_path, method: str = "michel", *, data: str | None = None, spli
     return {**payload, "tensor": scores, "title": title, "json": out / f"importance-{method}.json", "files": files}
 
 
-__all__ = ["METHODS", "attention_focus", "format_table", "importance", "leave_one_out", "loss_with", "michel",
+__all__ = ["METHODS", "attention_focus", "labelled", "labelled_batches", "format_table", "importance", "leave_one_out", "loss_with", "michel",
            "plot", "score_run"]

@@ -36,18 +36,8 @@ from ..models.generation import generate
 from ..models.seq2seq import Seq2Seq, Seq2SeqConfig
 from ..modules.decoder import DecoderConfig
 from ..modules.encoder import EncoderConfig
-from .checkpoint import keep_metrics, load_model_tensors, model_tensors, restore_checkpoint, save_checkpoint
-from .runfolder import (
-    CheckpointError,
-    atomic_write_json,
-    check_shapes,
-    header_shapes,
-    is_task_run,
-    load_checked,
-    meta_shapes,
-    read_json,
-    save_checked,
-)
+from .checkpoint import keep_metrics, load_task_model, model_tensors, restore_checkpoint, save_checkpoint
+from .runfolder import atomic_write_json, is_task_run, read_json, save_checked
 
 
 @dataclass
@@ -366,18 +356,8 @@ def is_g2p_run(path: str | Path) -> bool:
 def load_g2p_run(path: str | Path, device: str = "cpu") -> G2PRunFolder:
     """Rebuild a G2P model from its run folder (config validated, shapes checked against the weights' header)."""
     path = Path(path)
-    recorded = read_json(path / "config.json", dict)
-    try:
-        config = G2PConfig.from_dict(recorded["g2p"])
-    except (ValueError, KeyError) as exc:
-        raise CheckpointError(f"{path / 'config.json'}: {exc}") from None
-    vocab = G.G2PVocab.from_dict(read_json(path / "vocab.json", dict))
-    check_shapes(meta_shapes(lambda: Seq2Seq(config.model)), header_shapes(path / "model.safetensors"),
-                 path / "model.safetensors")
-    tensors, _ = load_checked(path / "model.safetensors")
-    model = Seq2Seq(config.model)
-    load_model_tensors(model, tensors)
-    return G2PRunFolder(path, config, vocab, model.to(device).eval())
+    config, model = load_task_model(path, "g2p", G2PConfig, Seq2Seq)
+    return G2PRunFolder(path, config, G.G2PVocab.from_dict(read_json(path / "vocab.json", dict)), model.to(device))
 
 
 def predict_words(run: G2PRunFolder, words: list[str], *, beam: int = 1) -> list[dict]:

@@ -35,19 +35,9 @@ from torch import nn
 from .._config import ConfigError, check_rules, flatten, from_fields, unflatten
 from ..data import images as I
 from ..models.vision import VisionConfig, VisionTransformer
-from .checkpoint import keep_metrics, load_model_tensors, model_tensors, restore_checkpoint, save_checkpoint
+from .checkpoint import keep_metrics, load_task_model, model_tensors, restore_checkpoint, save_checkpoint
 from .metrics import plot_confusion, scores
-from .runfolder import (
-    CheckpointError,
-    atomic_write_json,
-    check_shapes,
-    header_shapes,
-    is_task_run,
-    load_checked,
-    meta_shapes,
-    read_json,
-    save_checked,
-)
+from .runfolder import atomic_write_json, is_task_run, read_json, save_checked
 
 
 @dataclass
@@ -288,7 +278,7 @@ class _Training:
                               "lr": self.sched.get_last_lr()[0], "minutes": (time.perf_counter() - t0) / 60})
             bar.close()
             self.end_epoch(epoch, (time.perf_counter() - t0) / 60)
-        return finish(self.path, cfg, self.splits, minutes=pos["minutes"])
+        return finish(self.path, cfg, self.splits, minutes=pos["minutes"], best_epoch=pos["best_epoch"])
 
     def end_epoch(self, epoch: int, minutes: float) -> None:
         pos, run = self.position, self.position["running"]
@@ -309,7 +299,7 @@ class _Training:
         save_checkpoint(self.path, self.model, self.opt, self.sched, pos)
 
 
-def finish(path: Path, config: VisionTrainConfig, splits: I.ImageSplits, *, minutes: float) -> dict:
+def finish(path: Path, config: VisionTrainConfig, splits: I.ImageSplits, *, minutes: float, best_epoch: int) -> dict:
     run = load_vision_run(path)
     test = evaluate_images(run.model, *splits.test)
     val = evaluate_images(run.model, *splits.validation)
@@ -318,7 +308,7 @@ def finish(path: Path, config: VisionTrainConfig, splits: I.ImageSplits, *, minu
         "task": "image classification", "dataset": config.data.name,
         "test": {k: test[k] for k in ("accuracy", "macro_f1", "per_class_f1", "loss", "n", "confusion")},
         "validation": {k: val[k] for k in ("accuracy", "macro_f1", "loss", "n")},
-        "best_epoch": int(load_checked(path / "model.safetensors")[1].get("epoch", 0)),
+        "best_epoch": best_epoch,
         "train_minutes": minutes, "threads": config.run.threads,
         "parameters": sum(p.numel() for p in run.model.parameters()),
         "model": {"stem": config.model.stem, "patch_size": config.model.patch_size, "tokens":
@@ -373,18 +363,8 @@ def is_vision_run(path: str | Path) -> bool:
 def load_vision_run(path: str | Path, device: str = "cpu") -> VisionRunFolder:
     """Rebuild a ViT from its run folder (config validated, shapes checked against the weights' header)."""
     path = Path(path)
-    recorded = read_json(path / "config.json", dict)
-    try:
-        config = VisionTrainConfig.from_dict(recorded["vision"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{path / 'config.json'}: {exc}") from None
-    labels = read_json(path / "labels.json", list)
-    check_shapes(meta_shapes(lambda: VisionTransformer(config.model)), header_shapes(path / "model.safetensors"),
-                 path / "model.safetensors")
-    tensors, _ = load_checked(path / "model.safetensors")
-    model = VisionTransformer(config.model)
-    load_model_tensors(model, tensors)
-    return VisionRunFolder(path, config, labels, model.to(device).eval())
+    config, model = load_task_model(path, "vision", VisionTrainConfig, VisionTransformer)
+    return VisionRunFolder(path, config, read_json(path / "labels.json", list), model.to(device))
 
 
 def read_image(path: str | Path, config: VisionConfig) -> torch.Tensor:
