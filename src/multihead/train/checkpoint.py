@@ -50,22 +50,27 @@ def load_model_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> No
                               f"unexpected {sorted(unexpected)[:5]}")
 
 
-def load_task_model(path: Path, section: str, config_cls, build) -> tuple[object, nn.Module]:
-    """A task's config and best model from its run folder: ``config.json[section]`` validated by ``config_cls``, the
-    shapes ``build(config.model)`` implies checked against ``model.safetensors``'s header before anything is
-    allocated, then the weights (digest-checked). Returns ``(config, model)``, the model in eval mode on the CPU."""
-    from .runfolder import CheckpointError, check_shapes, header_shapes, meta_shapes
+def read_task_config(path: Path, section: str, config_cls):
+    """``config.json[section]`` of a task's run folder, validated by ``config_cls`` (errors name the file)."""
+    from .runfolder import CheckpointError
 
     try:
-        config = config_cls.from_dict(read_json(path / "config.json", dict)[section])
+        return config_cls.from_dict(read_json(path / "config.json", dict)[section])
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{path / 'config.json'}: {exc}") from None
+
+
+def load_task_weights(path: Path, config, build) -> nn.Module:
+    """The best model of a run folder: the shapes ``build(config.model)`` implies checked against
+    ``model.safetensors``'s header before anything is allocated, then the weights (digest-checked); eval mode."""
+    from .runfolder import check_shapes, header_shapes, meta_shapes
+
     weights = path / "model.safetensors"
     check_shapes(meta_shapes(lambda: build(config.model)), header_shapes(weights), weights)
     tensors, _ = load_checked(weights)
     model = build(config.model)
     load_model_tensors(model, tensors)
-    return config, model.eval()
+    return model.eval()
 
 
 def state_tensors(model, opt, ema: "EMA | None" = None) -> dict[str, torch.Tensor]:
@@ -123,4 +128,4 @@ def keep_metrics(path: Path, lines: int) -> None:
         atomic_write_bytes(path, "".join(kept).encode())
 
 
-__all__ = ["EMA", "keep_metrics", "load_task_model", "restore_checkpoint", "load_model_tensors", "model_tensors", "restore_state", "save_checkpoint", "state_tensors"]
+__all__ = ["EMA", "keep_metrics", "load_task_weights", "read_task_config", "restore_checkpoint", "load_model_tensors", "model_tensors", "restore_state", "save_checkpoint", "state_tensors"]

@@ -36,7 +36,8 @@ from ..models.generation import generate
 from ..models.seq2seq import Seq2Seq, Seq2SeqConfig
 from ..modules.decoder import DecoderConfig
 from ..modules.encoder import EncoderConfig
-from .checkpoint import keep_metrics, load_task_model, model_tensors, restore_checkpoint, save_checkpoint
+from .checkpoint import (keep_metrics, load_task_weights, model_tensors, read_task_config, restore_checkpoint,
+                         save_checkpoint)
 from .runfolder import atomic_write_json, is_task_run, read_json, save_checked
 
 
@@ -356,8 +357,9 @@ def is_g2p_run(path: str | Path) -> bool:
 def load_g2p_run(path: str | Path, device: str = "cpu") -> G2PRunFolder:
     """Rebuild a G2P model from its run folder (config validated, shapes checked against the weights' header)."""
     path = Path(path)
-    config, model = load_task_model(path, "g2p", G2PConfig, Seq2Seq)
-    return G2PRunFolder(path, config, G.G2PVocab.from_dict(read_json(path / "vocab.json", dict)), model.to(device))
+    config = read_task_config(path, "g2p", G2PConfig)
+    vocab = G.G2PVocab.from_dict(read_json(path / "vocab.json", dict))
+    return G2PRunFolder(path, config, vocab, load_task_weights(path, config, Seq2Seq).to(device))
 
 
 def predict_words(run: G2PRunFolder, words: list[str], *, beam: int = 1) -> list[dict]:

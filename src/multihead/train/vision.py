@@ -35,7 +35,8 @@ from torch import nn
 from .._config import ConfigError, check_rules, flatten, from_fields, unflatten
 from ..data import images as I
 from ..models.vision import VisionConfig, VisionTransformer
-from .checkpoint import keep_metrics, load_task_model, model_tensors, restore_checkpoint, save_checkpoint
+from .checkpoint import (keep_metrics, load_task_weights, model_tensors, read_task_config, restore_checkpoint,
+                         save_checkpoint)
 from .metrics import plot_confusion, scores
 from .runfolder import atomic_write_json, is_task_run, read_json, save_checked
 
@@ -363,8 +364,9 @@ def is_vision_run(path: str | Path) -> bool:
 def load_vision_run(path: str | Path, device: str = "cpu") -> VisionRunFolder:
     """Rebuild a ViT from its run folder (config validated, shapes checked against the weights' header)."""
     path = Path(path)
-    config, model = load_task_model(path, "vision", VisionTrainConfig, VisionTransformer)
-    return VisionRunFolder(path, config, read_json(path / "labels.json", list), model.to(device))
+    config = read_task_config(path, "vision", VisionTrainConfig)
+    labels = read_json(path / "labels.json", list)
+    return VisionRunFolder(path, config, labels, load_task_weights(path, config, VisionTransformer).to(device))
 
 
 def read_image(path: str | Path, config: VisionConfig) -> torch.Tensor:
