@@ -80,7 +80,7 @@ def atomic_save_figure(fig, path: str | Path, **kwargs) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------------- kinds
-RUN_SECTIONS = ("train", "g2p", "pretrain", "vision")  # config.json sections of the tasks' run folders
+RUN_SECTIONS = ("train", "g2p", "pretrain", "vision", "grounding")  # config.json sections of the tasks' run folders
 
 
 def folder_kind(path: str | Path) -> str:

@@ -187,8 +187,17 @@ def cmd_train_vision(args) -> int:
     return _train_task(args, vision.config_from_overrides, vision.train_vision)
 
 
+def cmd_train_grounding(args) -> int:
+    """``multihead train --data fashion_mnist_qa|digits_qa``: questions answered through cross-attention to image
+    patches (multihead.train.grounding)."""
+    from .train import grounding
+
+    return _train_task(args, grounding.config_from_overrides, grounding.train_grounding)
+
+
 def cmd_train(args) -> int:
     from .data.images import is_image_dataset
+    from .train.grounding import is_grounding_run, is_qa_dataset
     from .train import train
     from .train.config import resume_conflicts
     from .train.runfolder import read_json
@@ -201,6 +210,8 @@ def cmd_train(args) -> int:
         return cmd_train_g2p(args)
     if (args.data and is_image_dataset(args.data)) or (resuming and is_vision_run(args.out)):
         return cmd_train_vision(args)
+    if (args.data and is_qa_dataset(args.data)) or (resuming and is_grounding_run(args.out)):
+        return cmd_train_grounding(args)
     config = train_config_from_args(args)  # validated before anything is read or written
     if args.resume and args.overwrite:
         raise ValueError("--resume continues the run in --out and --overwrite replaces it; pass one of them")
@@ -521,10 +532,13 @@ def cmd_show(args) -> int:
 
     from ._io import check_target
 
+    from .train.grounding import is_grounding_run
     from .train.vision import is_vision_run
 
     if is_vision_run(args.model):
         return _show_vision(args)
+    if is_grounding_run(args.model):
+        return _show_grounding(args)
     if is_g2p_run(args.model):
         return _show_g2p(args)
     if args.out is None:
@@ -583,6 +597,44 @@ def _show_vision(args) -> int:
         " ".join(f"{v:.1f}" for v in d) for d in summary["mean_attention_distance"]))
     print(f"wrote {len(summary['files'])} files to {out}")
     return 0
+
+
+def _show_grounding(args) -> int:
+    """``multihead show runs/qa --index 3 [--question "where is the bag?"]``: a test canvas, the model's answer, and each
+    cross-attention head's attention of the question over the canvas."""
+    from ._io import Publish, atomic_write_json, check_target
+    from .interpret.vision import show_grounding
+    from .train.grounding import load_grounding_run, test_canvases
+
+    if args.index is None or args.image is not None:
+        raise ValueError("pass --index N (a held-out test canvas) and optionally --question \"where is the bag?\" "
+                         "(default: the canvas's own question)")
+    out = Path(args.out) if args.out else Path(args.model) / "show" / f"canvas-{args.index}"
+    check_target(out, "show", overwrite=args.overwrite, sources=(args.model,))
+    run = load_grounding_run(args.model)
+    vocab = run.vocab
+    asked = args.question if args.question is not None else args.text
+    question = vocab.parse(asked)[1] if asked.strip() else None  # before the canvases are drawn
+    data = test_canvases(run)
+    if not args.index < len(data.answers):
+        raise ValueError(f"--index {args.index} is outside the test canvases (0..{len(data.answers) - 1})")
+    i = args.index
+    q = data.questions[i:i + 1] if question is None else torch_tensor([question])
+    truth = run.answers[int(data.answers[i])] if question is None else None
+    with Publish(out, "show", overwrite=args.overwrite, sources=(args.model,), check=False) as folder:
+        summary = show_grounding(run.model, data.canvases[i:i + 1], q, vocab, folder, truth=truth,
+                                 name=f"canvas-{i}")
+        atomic_write_json(folder / "canvas.json", summary)
+    print(f"canvas {i}: {summary['question']} -> {summary['answer']} ({summary['probability']:.2f})"
+          + (f"; true {truth}" if truth else ""))
+    print(f"wrote {len(summary['files'])} files to {out}")
+    return 0
+
+
+def torch_tensor(rows):
+    import torch
+
+    return torch.tensor(rows, dtype=torch.long)
 
 
 def _show_g2p(args) -> int:
@@ -879,6 +931,8 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("text", nargs="?", default="", help="the text (a word for G2P runs; none for image runs)")
     sh.add_argument("--index", type=_nonneg, default=None, help="image runs: this test image")
     sh.add_argument("--image", default=None, help="image runs: a .png or .npy image")
+    sh.add_argument("--question", default=None, help="grounding runs: a question about the canvas, e.g. "
+                                                     "\"where is the bag?\" (default: the canvas's own)")
     sh.add_argument("--patch", default=None, help="image runs: ROW,COL of the patch whose attention is drawn "
                                                   "(default the centre)")
     sh.add_argument("--out", default=None, help="folder to write (G2P runs: default RUN/show/WORD)")

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..modules.capture import capture
+from ..modules.capture import attention_modules, capture
 from ..plotting import pyplot, save
 
 
@@ -137,6 +137,45 @@ def show_image(model, image_u8: Tensor, labels: list[str], out: Path, *, truth: 
 
 
 @torch.no_grad()
+def show_grounding(model, canvas_u8: Tensor, question: Tensor, vocab, out: Path, *, truth: str | None = None,
+                   name: str = "canvas") -> dict:
+    """A :class:`~multihead.models.grounding.GroundedQA`'s view of one canvas ``(1, C, H, W)`` uint8 and question
+    ``(1, T)``: ``cross_grid`` (layers x heads: the question's cross-attention over the canvas, mean over its words)
+    and ``words`` (each word's attention, mean over the last layer's heads). Returns the summary."""
+    from ..data.images import to_float
+    from ..models.grounding import quadrant_of_patches
+
+    t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    model.eval()
+    vit = model.vision
+    g = vit.config.grid
+    layers = [i for i, (n, _) in enumerate(attention_modules(model)) if ".cross_attn" in n]
+    with capture(model, ("pattern",), layers=layers) as cache:
+        probs = torch.softmax(model(to_float(canvas_u8), question).float(), -1)[0]
+    patterns = [cache.pattern(i)[0] for i in layers]  # each (H, T, N)
+    real = question[0] != 0
+    words = [vocab.words[int(t)] for t in question[0][real]]
+    maps = [p[:, real].mean(1).reshape(-1, g, g) for p in patterns]  # (H, g, g) per layer
+    grey = canvas_u8[0].float().mean(0)
+    answer = vocab.answers[int(probs.argmax())]
+    text = " ".join(words)
+    files = _grid_figure(maps, grey, vit, f"{name}: \"{text}\" -> {answer}{'' if truth is None else f' (true {truth})'}"
+                         " -- cross-attention of the question per head", out / "cross_grid")
+    last = patterns[-1][:, real].mean(0)  # (T, N), mean over the last layer's heads
+    files += _grid_figure([last.reshape(-1, g, g)], grey, vit, "each word's attention (last layer, mean of heads)",
+                          out / "words")
+    quad = quadrant_of_patches(vit.config)
+    share = [[[float(p[h, real][:, quad == q].sum(-1).mean()) for q in range(4)] for h in range(p.shape[0])]
+             for p in patterns]
+    summary = {"canvas": name, "question": text + "", "answer": answer, "probability": float(probs.max()),
+               "true": truth, "words": words,
+               "share_by_quadrant": share,  # [layer][head][quadrant]: the question's mass on each quadrant
+               "files": [str(f.relative_to(out)) for f in files], "seconds": time.perf_counter() - t0}
+    return summary
+
+
+@torch.no_grad()
 def attention_distance(model, images_u8: Tensor, *, batch_size: int = 256) -> list[Tensor]:
     """Mean attention distance in pixels per layer ``(H,)``, averaged over ``images_u8`` ``(N, C, H, W)``."""
     from ..data.images import to_float
@@ -176,4 +215,4 @@ def plot_distance(distances: list[Tensor], model, stem: Path, title: str = "") -
     return files
 
 
-__all__ = ["attention_distance", "image_patterns", "plot_distance", "rollout_patches", "show_image"]
+__all__ = ["attention_distance", "image_patterns", "plot_distance", "rollout_patches", "show_grounding", "show_image"]

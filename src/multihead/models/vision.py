@@ -49,7 +49,7 @@ class VisionConfig:
     stem_channels: int = 32  # conv stem width
     pooling: str = "cls"  # cls | mean (over patch tokens)
     positional: str = "learned"  # learned | sincos (fixed 2-D)
-    num_classes: int = 10
+    num_classes: int = 10  # 0: no classifier head; forward returns the pooled features (a backbone, as timm's)
     encoder: EncoderConfig = field(default_factory=_default_encoder)
 
     def __post_init__(self) -> None:
@@ -65,7 +65,7 @@ class VisionConfig:
             ("channels", 1 <= self.channels <= 64, "in [1, 64]"),
             ("patch_size", 1 <= self.patch_size <= self.image_size, "in [1, image_size]"),
             ("stem_channels", 1 <= self.stem_channels <= 4096, "in [1, 4096]"),
-            ("num_classes", self.num_classes >= 2, ">= 2"),
+            ("num_classes", self.num_classes == 0 or self.num_classes >= 2, "0 (a backbone) or >= 2"),
         ])
         if self.image_size % self.patch_size:
             fits = [p for p in range(1, self.image_size + 1) if self.image_size % p == 0]
@@ -170,7 +170,7 @@ class VisionTransformer(nn.Module):
         self.hook_embed = HookPoint()
         self.encoder = TransformerEncoder(config.encoder)
         self.norm = nn.LayerNorm(e, eps=config.encoder.layer_norm_eps) if not config.encoder.norm_first else None
-        self.fc = nn.Linear(e, config.num_classes)
+        self.fc = nn.Linear(e, config.num_classes) if config.num_classes else None
 
     @classmethod
     def from_config(cls, config: VisionConfig) -> "VisionTransformer":
@@ -202,7 +202,9 @@ class VisionTransformer(nn.Module):
         return x[:, 0] if self.config.pooling == "cls" else x.mean(1)
 
     def forward(self, images: Tensor, head_mask: Tensor | None = None) -> Tensor:
-        return self.fc(self.pool(self.features(images, head_mask)))
+        """Class logits ``(B, classes)``; the pooled features ``(B, E)`` when ``num_classes=0``."""
+        pooled = self.pool(self.features(images, head_mask))
+        return pooled if self.fc is None else self.fc(pooled)
 
     def patch_centres(self) -> Tensor:
         """Pixel coordinates ``(N, 2)`` (row, column) of each patch's centre, in token order after the offset."""

@@ -42,6 +42,8 @@ class DecoderConfig:
     rotary: bool = False  # rotary positions in the causal self-attention
     backend: str = "auto"
     cross_attention: bool = True  # False: decoder-only (no encoder)
+    causal: bool = True  # False: the targets see each other both ways (a question read whole, as in a Q-Former)
+    memory_dim: int | None = None  # width of the memory (kdim = vdim of cross-attention), default d_model
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -65,16 +67,17 @@ class DecoderBlock(nn.Module):
     def __init__(self, d_model: int, num_heads: int, d_ff: int | None = None, dropout: float = 0.1, *,
                  attn_dropout: float = 0.0, activation: str = "relu", norm_first: bool = False,
                  num_kv_heads: int | None = None, layer_norm_eps: float = 1e-5, bias: bool = True,
-                 backend: str = "auto", rotary: nn.Module | None = None, cross_attention: bool = True) -> None:
+                 backend: str = "auto", rotary: nn.Module | None = None, cross_attention: bool = True,
+                 memory_dim: int | None = None) -> None:
         super().__init__()
         self.norm_first = norm_first
 
-        def mha(rot):
+        def mha(rot, kdim=None):
             return MultiHeadAttention(d_model, num_heads, num_kv_heads=num_kv_heads, dropout=attn_dropout, bias=bias,
-                                      backend=backend, need_weights=False, rotary=rot)
+                                      backend=backend, need_weights=False, rotary=rot, kdim=kdim, vdim=kdim)
 
         self.self_attn = mha(rotary)
-        self.cross_attn = mha(None) if cross_attention else None
+        self.cross_attn = mha(None, memory_dim) if cross_attention else None
         self.ffn = FeedForward(d_model, d_ff, dropout, activation, bias) if d_ff != 0 else None  # 0: attention-only
         n = (3 if cross_attention else 2) - (self.ffn is None)
         self.norms = nn.ModuleList(nn.LayerNorm(d_model, eps=layer_norm_eps) for _ in range(n))
@@ -88,7 +91,7 @@ class DecoderBlock(nn.Module):
                 memory_mask: AttnMask | None = None, cache: tuple[LayerKV, LayerKV] | None = None,
                 positions: Tensor | None = None, head_mask: Tensor | None = None,
                 cross_head_mask: Tensor | None = None) -> Tensor:
-        """``x`` ``(B, T, E)``; ``memory`` ``(B, S, E)`` (the encoder's output; None for decoder-only);
+        """``x`` ``(B, T, E)``; ``memory`` ``(B, S, memory_dim)`` (the encoder's output; None for decoder-only);
         ``self_mask``/``memory_mask`` structured masks built once by the stack; ``cache`` this layer's
         ``(self, cross)`` caches."""
         self_cache, cross_cache = (None, None) if cache is None else cache
@@ -130,7 +133,7 @@ class TransformerDecoder(nn.Module):
                          attn_dropout=config.attn_dropout, activation=config.activation,
                          norm_first=config.norm_first, num_kv_heads=config.num_kv_heads,
                          layer_norm_eps=config.layer_norm_eps, bias=config.bias, backend=config.backend,
-                         rotary=rotary, cross_attention=config.cross_attention)
+                         rotary=rotary, cross_attention=config.cross_attention, memory_dim=config.memory_dim)
             for _ in range(config.num_layers)
         )
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
@@ -140,21 +143,25 @@ class TransformerDecoder(nn.Module):
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, key_padding_mask: Tensor | None = None,
                 memory_key_padding_mask: Tensor | None = None, cache: KVCache | None = None,
-                positions: Tensor | None = None, head_mask: Tensor | None = None) -> Tensor:
+                positions: Tensor | None = None, head_mask: Tensor | None = None,
+                cross_head_mask: Tensor | None = None) -> Tensor:
         """``x`` ``(B, T, E)`` new target positions; ``key_padding_mask`` ``(B, cached + T)`` bool, True = real
         token (every self-attention key, cached ones included); ``memory_key_padding_mask`` ``(B, S)``. The causal
-        mask is bottom-right aligned, so ``T`` new queries after ``cached`` keys see exactly their past."""
-        if head_mask is not None and len(head_mask) != len(self.layers):
-            raise ValueError(f"head_mask must have one row per layer ({len(self.layers)}), got {len(head_mask)} rows")
+        mask is bottom-right aligned, so ``T`` new queries after ``cached`` keys see exactly their past.
+        ``head_mask`` / ``cross_head_mask``: one row per layer for the self- / cross-attention heads."""
+        for name, hm in (("head_mask", head_mask), ("cross_head_mask", cross_head_mask)):
+            if hm is not None and len(hm) != len(self.layers):
+                raise ValueError(f"{name} must have one row per layer ({len(self.layers)}), got {len(hm)} rows")
         # the structured masks, built once here and passed unchanged to every layer
         # one new query per row over its cache with no padding sees every key: nothing to mask
         step = cache is not None and x.shape[1] == 1 and key_padding_mask is None
-        self_mask = None if step else AttnMask.of(None, is_causal=True, key_padding=key_padding_mask)
+        self_mask = None if step else AttnMask.of(None, is_causal=self.config.causal, key_padding=key_padding_mask)
         memory_mask = AttnMask.of(None, key_padding=memory_key_padding_mask)
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.self_attn[i], cache.cross_attn[i])
             x = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask, cache=layer_cache, positions=positions,
-                      head_mask=None if head_mask is None else head_mask[i])
+                      head_mask=None if head_mask is None else head_mask[i],
+                      cross_head_mask=None if cross_head_mask is None else cross_head_mask[i])
         return x if self.final_norm is None else self.final_norm(x)
 
     @property

@@ -196,19 +196,17 @@ def train_vision(config: VisionTrainConfig, out: str | Path, *, resume: bool = F
 
 
 class _Training:
+    SECTION = "vision"  # config.json's section
     def __init__(self, config: VisionTrainConfig, splits: I.ImageSplits, folder, resume: bool) -> None:
         torch.manual_seed(config.run.seed)
         self.config, self.splits, self.folder, self.path = config, splits, folder, folder.path
-        config.model = _model_config(config, splits)
-        self.model = VisionTransformer(config.model)
-        size = config.model.image_size
-        self.shift = round(size / 14) if config.data.shift is None else config.data.shift  # 2 pixels at 28x28
+        self.model = self.build_model()
         oc = config.optim
         decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2 and n not in ("cls", "pos")]
         rest = [p for n, p in self.model.named_parameters() if not (p.dim() >= 2 and n not in ("cls", "pos"))]
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": oc.weight_decay},
                                       {"params": rest, "weight_decay": 0.0}], lr=oc.lr)
-        self.per_epoch = -(-len(splits.train[1]) // oc.batch_size)
+        self.per_epoch = -(-self.train_size() // oc.batch_size)
         total = oc.epochs * self.per_epoch
         warm = max(1, int(oc.warmup * total))
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (
@@ -220,11 +218,37 @@ class _Training:
             self.position = {k: state[k] for k in self.position}
             keep_metrics(self.path / "metrics.jsonl", self.position["metrics_lines"])
         else:
-            atomic_write_json(self.path / "config.json", {"vision": config.to_dict()})
-            atomic_write_json(self.path / "labels.json", splits.label_names)
+            atomic_write_json(self.path / "config.json", {self.SECTION: config.to_dict()})
+            atomic_write_json(self.path / "labels.json", self.label_names())
             atomic_write_json(self.path / "splits.json", splits.record)
             save_checkpoint(self.path, self.model, self.opt, self.sched, self.position)
 
+    # what a task on images changes (the grounding task subclasses these) ------------------------------------
+    def build_model(self) -> nn.Module:
+        self.config.model = _model_config(self.config, self.splits)
+        size = self.config.model.image_size
+        self.shift = round(size / 14) if self.config.data.shift is None else self.config.data.shift  # 2 px at 28x28
+        return VisionTransformer(self.config.model)
+
+    def label_names(self) -> list[str]:
+        return self.splits.label_names
+
+    def train_size(self) -> int:
+        return len(self.splits.train[1])
+
+    def train_batch(self, idx: torch.Tensor, g: torch.Generator) -> tuple[tuple, torch.Tensor]:
+        """The model's inputs and the labels for the training examples ``idx``; ``g`` is seeded by the step."""
+        x_all, y_all = self.splits.train
+        return (I.to_float(I.random_shift(x_all[idx], self.shift, g)),), y_all[idx]
+
+    def validate(self) -> dict:
+        return evaluate_images(self.model, *self.splits.validation)
+
+    def finish(self) -> dict:
+        pos = self.position
+        return finish(self.path, self.config, self.splits, minutes=pos["minutes"], best_epoch=pos["best_epoch"])
+
+    # ---------------------------------------------------------------------------------------------------------
     def log(self, event: dict) -> None:
         with (self.path / "metrics.jsonl").open("a") as f:
             f.write(json.dumps(event) + "\n")
@@ -234,7 +258,7 @@ class _Training:
         """The epoch's batches of training indices: a permutation seeded by (seed, epoch), so a resumed run sees
         the same order."""
         g = torch.Generator().manual_seed(self.config.run.seed * 1_000_003 + epoch)
-        order = torch.randperm(len(self.splits.train[1]), generator=g)
+        order = torch.randperm(self.train_size(), generator=g)
         return list(order.split(self.config.optim.batch_size))
 
     def run(self) -> dict:
@@ -242,7 +266,6 @@ class _Training:
 
         cfg, pos, oc = self.config, self.position, self.config.optim
         self.path = self.folder.commit()  # resumable from here
-        x_all, y_all = self.splits.train
         t0 = time.perf_counter() - pos["minutes"] * 60
         for epoch in range(pos["epoch"], oc.epochs):
             self.model.train()
@@ -251,11 +274,9 @@ class _Training:
                        disable=not cfg.run.progress, leave=False)
             t_epoch, seen = time.perf_counter(), 0
             for bi in range(pos["batch"], len(batches)):
-                idx = batches[bi]
-                g = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + pos["step"])  # augmentation of step n
-                x = I.to_float(I.random_shift(x_all[idx], self.shift, g))
-                y = y_all[idx]
-                logits = self.model(x)
+                g = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + pos["step"])  # randomness of step n
+                inputs, y = self.train_batch(batches[bi], g)
+                logits = self.model(*inputs)
                 loss = F.cross_entropy(logits, y, label_smoothing=oc.label_smoothing)
                 loss.backward()
                 if oc.clip > 0:
@@ -279,16 +300,16 @@ class _Training:
                               "lr": self.sched.get_last_lr()[0], "minutes": (time.perf_counter() - t0) / 60})
             bar.close()
             self.end_epoch(epoch, (time.perf_counter() - t0) / 60)
-        return finish(self.path, cfg, self.splits, minutes=pos["minutes"], best_epoch=pos["best_epoch"])
+        return self.finish()
 
     def end_epoch(self, epoch: int, minutes: float) -> None:
         pos, run = self.position, self.position["running"]
-        val = evaluate_images(self.model, *self.splits.validation)
+        val = self.validate()
         improved = val["accuracy"] > pos["best"]
         if improved:
             pos["best"], pos["best_epoch"] = val["accuracy"], epoch + 1
             save_checked(self.path / "model.safetensors", model_tensors(self.model),
-                         {"format": "multihead.VisionTransformer", "epoch": str(epoch + 1)})
+                         {"format": f"multihead.{type(self.model).__name__}", "epoch": str(epoch + 1)})
         self.log({"event": "eval", "epoch": epoch + 1, "step": pos["step"],
                   "train_loss": run["loss"] / max(run["seen"], 1), "train_accuracy": run["correct"] / max(run["seen"], 1),
                   "val_loss": val["loss"], "val_accuracy": val["accuracy"], "minutes": minutes, "best": improved})
