@@ -88,3 +88,66 @@ def test_hostile_tokens_show_as_text_in_chromium(browser, tmp_path):
     page.click("#tab-model")
     assert page.locator(".thumb").count() == 6
     assert problems == []  # no alert dialog, no script error
+
+
+def _image_page(tmp_path, queries):
+    from multihead.interpret.page import page_image
+
+    torch.manual_seed(0)
+    pixels = (torch.arange(16 * 16).reshape(1, 16, 16) % 256).to(torch.uint8)
+    if queries == "patches":  # a ViT: [CLS] + 16 patches attend to [CLS] + 16 patches
+        tokens = ["[CLS]"] + [f"patch {r},{c}" for r in range(4) for c in range(4)]
+        layers = [torch.softmax(torch.randn(3, 17, 17), -1) for _ in range(2)]
+        # head 1 of layer 1: every query looks only at patch (3, 1) = token 1 + 13
+        layers[1][1] = 0
+        layers[1][1][:, 14] = 1
+        maps = AttentionMaps("an image", tokens, layers, "ViT")
+        image = page_image(pixels, patch=4, queries="patches", query_offset=1, key_offset=1)
+    else:  # cross-attention: 5 words attend to 16 patches
+        maps = AttentionMaps("where is the 3 ?", ["where", "is", "the", "3", "?"],
+                             [torch.softmax(torch.randn(4, 5, 16), -1)], "question -> canvas",
+                             key_tokens=[f"patch {r},{c}" for r in range(4) for c in range(4)])
+        image = page_image(pixels, patch=4, queries="tokens")
+    return write_page(maps, tmp_path / f"{queries}.html", image=image)
+
+
+def test_page_image_data_is_checked(tmp_path):
+    from multihead.interpret.page import page_image
+
+    with pytest.raises(ValueError, match="tiled by the patch"):
+        page_image(torch.zeros(1, 10, 10, dtype=torch.uint8), patch=4, queries="patches")
+    with pytest.raises(ValueError, match="'patches' or 'tokens'"):
+        page_image(torch.zeros(1, 8, 8, dtype=torch.uint8), patch=4, queries="words")
+    html = _image_page(tmp_path, "patches").read_text()
+    assert '"queries": "patches"' in html and "https://" not in html
+
+
+def test_image_view_in_chromium_hover_a_patch_or_a_word(browser, tmp_path):
+    page, problems = _open(browser, _image_page(tmp_path, "patches"))
+    assert page.locator("#image-view").is_visible() and page.locator("#tab-image").is_visible()
+    assert page.locator("#image-heads canvas").count() == 3  # one picture per head of the layer
+    box = page.locator("#picture").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.9, box["y"] + box["height"] * 0.1)  # patch (0, 3)
+    assert page.locator("#picture").get_attribute("data-query") == str(1 + 3)
+    assert "patch (row 0, column 3)" in page.locator("#image-caption").inner_text()
+    page.select_option("#layer", "1")
+    assert page.locator("#image-caption").inner_text().startswith("layer 1")
+    # head 1 looks only at patch (3, 1): its picture is brightest there (pixels 12..15 down, 4..7 across)
+    bright = page.evaluate("""() => {
+        const c = document.querySelectorAll('#image-heads canvas')[1].getContext('2d');
+        const at = (x, y) => c.getImageData(x, y, 1, 1).data[0];
+        return [at(5, 13), at(13, 2)];
+    }""")
+    assert bright[0] > bright[1] + 100
+    page.locator("#image-queries span[data-index='0']").hover()  # [CLS]
+    assert "[CLS]" in page.locator("#image-caption").inner_text()
+    assert problems == []
+    page, problems = _open(browser, _image_page(tmp_path, "tokens"))
+    assert page.locator("#image-queries span").count() == 5
+    page.locator("#image-queries span[data-index='3']").hover()
+    assert page.locator("#picture").get_attribute("data-query") == "3"
+    assert "\u201c3\u201d" in page.locator("#image-caption").inner_text()
+    assert page.locator("#image-heads canvas").count() == 4
+    page.click("#tab-head")  # the other views still work on the same data
+    assert page.locator("#lines text").count() == 5 + 16
+    assert problems == []

@@ -40,7 +40,7 @@ def test_a_grounding_run_folder_reports_accuracy_the_cut_and_the_share(qa_run):
 def test_show_draws_the_question_over_the_canvas(qa_run, tmp_path, capsys):
     out = tmp_path / "show"
     assert main(["show", str(qa_run), "--index", "5", "--out", str(out)]) == 0
-    for name in ("cross_grid.png", "words.png", "canvas.json"):
+    for name in ("cross_grid.png", "words.png", "canvas.json", "attention.html"):
         assert (out / name).is_file(), name
     s = json.loads((out / "canvas.json").read_text())
     assert s["true"] in json.loads((qa_run / "labels.json").read_text())

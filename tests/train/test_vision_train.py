@@ -96,7 +96,7 @@ def test_text_only_flags_are_refused_by_name(tmp_path, capsys):
 def test_show_on_a_vit_run(digits_run, tmp_path, capsys):
     out = tmp_path / "show"
     assert main(["show", str(digits_run), "--index", "3", "--patch", "1,2", "--out", str(out)]) == 0
-    for name in ("cls_grid.png", "patch_grid.png", "rollout.png", "distance.png", "image.json"):
+    for name in ("cls_grid.png", "patch_grid.png", "rollout.png", "distance.png", "image.json", "attention.html"):
         assert (out / name).is_file(), name
     summary = json.loads((out / "image.json").read_text())
     assert abs(sum(summary["probabilities"].values()) - 1) < 1e-3 and summary["patch"] == [1, 2]

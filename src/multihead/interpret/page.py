@@ -3,6 +3,8 @@
 * **Head view** -- the tokens in two columns (queries left, keys right); a line per link, its opacity the weight;
   heads toggled by colour; hover a token to see only its links.
 * **Model view** -- a thumbnail of every layer x head; click one to open it in the head view.
+* **Image view** (pages of image models) -- the picture; hover a patch (a ViT's self-attention) or a word of the
+  question (text-to-image cross-attention) and every head of the layer shows, over the picture, where it looks.
 
 Weights travel as 8-bit quantised, base64-encoded matrices inside a ``<script type="application/json">`` block
 (``<``, ``>`` and ``&`` are escaped as ``\\u003c`` ... so no token can close the block), and the script only ever
@@ -33,6 +35,12 @@ button.tab.active { background: #333; color: #fff; }
 #grid { display: grid; gap: 6px; } .cell { text-align: center; font-size: 10px; cursor: pointer; }
 .cell canvas { width: 72px; height: 72px; image-rendering: pixelated; border: 1px solid #ccc; display: block; }
 .cell.hl canvas { border: 2px solid #d62728; } #found button { margin: 2px; }
+#image-view { display: flex; gap: 16px; flex-wrap: wrap; } #picture { width: 280px; height: 280px;
+image-rendering: pixelated; border: 1px solid #999; cursor: crosshair; }
+#image-heads { display: flex; flex-wrap: wrap; gap: 8px; align-content: flex-start; max-width: 760px; }
+#image-heads canvas { width: 168px; height: 168px; image-rendering: pixelated; border: 1px solid #ccc; display: block; }
+#image-queries span { display: inline-block; padding: 2px 6px; margin: 2px; border: 1px solid #bbb; cursor: default; }
+#image-queries span.focus { background: #333; color: #fff; } #image-caption { font-size: 13px; margin: 6px 0; }
 """
 
 SCRIPT = r"""
@@ -142,19 +150,95 @@ SCRIPT = r"""
       }
     }
   }
+  // image view: the picture on the key side; queries are its patches (ViT) or the question's words (cross-attention)
+  const IM = D.image || null;
+  let imageQuery = IM ? IM.query_offset + (IM.queries === "patches" ? (IM.grid >> 1) * IM.grid + (IM.grid >> 1) : 0) : 0;
+  let grey = null;
+  function drawPicture(ctx, heat) {  // grey picture, optionally with a heat map (NK-sized row) over its patches
+    const S = IM.size, img = ctx.createImageData(S, S);
+    let top = 0;
+    if (heat) for (let j = 0; j < IM.grid * IM.grid; j++) top = Math.max(top, heat[IM.key_offset + j]);
+    for (let y = 0; y < S; y++) for (let x = 0; x < S; x++) {
+      const p = y * S + x, g = grey[p];
+      let r = g, gg = g, b = g;
+      if (heat) {
+        const v = top > 0 ? heat[IM.key_offset + Math.floor(y / IM.patch) * IM.grid + Math.floor(x / IM.patch)] / top : 0;
+        r = 0.35 * g + 0.65 * 255 * Math.min(1, 1.6 * v); gg = 0.35 * g + 0.65 * 255 * Math.max(0, 1.6 * v - 0.6); b = 0.35 * g + 0.65 * 80 * (1 - v);
+      }
+      img.data[4 * p] = r; img.data[4 * p + 1] = gg; img.data[4 * p + 2] = b; img.data[4 * p + 3] = 255;
+    }
+    ctx.putImageData(img, 0, 0);
+  }
+  function queryName(q) {
+    if (IM.queries !== "patches") return "\u201c" + D.tokens[q] + "\u201d";
+    if (q < IM.query_offset) return D.tokens[q];
+    const i = q - IM.query_offset;
+    return "patch (row " + Math.floor(i / IM.grid) + ", column " + (i % IM.grid) + ")";
+  }
+  function drawImageView() {
+    if (!IM) return;
+    const pic = document.getElementById("picture"), ctx = pic.getContext("2d");
+    drawPicture(ctx, null);
+    if (IM.queries === "patches" && imageQuery >= IM.query_offset) {  // outline the hovered patch
+      const i = imageQuery - IM.query_offset;
+      ctx.strokeStyle = "#00e5ff"; ctx.lineWidth = Math.max(0.5, IM.size / 100);
+      ctx.strokeRect((i % IM.grid) * IM.patch + 0.25, Math.floor(i / IM.grid) * IM.patch + 0.25, IM.patch - 0.5, IM.patch - 0.5);
+    }
+    pic.setAttribute("data-query", imageQuery);
+    for (const s of document.querySelectorAll("#image-queries span"))
+      s.classList.toggle("focus", Number(s.getAttribute("data-index")) === imageQuery);
+    document.getElementById("image-caption").textContent =
+      "layer " + layer + ": where each head looks from " + queryName(imageQuery);
+    const box = document.getElementById("image-heads"); box.replaceChildren();
+    for (let h = 0; h < D.heads[layer]; h++) {
+      const cell = el("div", {"class": "cell", "data-head": h});
+      const c = el("canvas", {width: IM.size, height: IM.size});
+      const w = weights(layer, h);
+      drawPicture(c.getContext("2d"), w.subarray(imageQuery * NK, (imageQuery + 1) * NK));
+      cell.appendChild(c); cell.appendChild(el("span", {}, "head " + h));
+      box.appendChild(cell);
+    }
+  }
+  function setupImage() {
+    if (!IM) return;
+    const bin = atob(IM.pixels);
+    grey = new Uint8ClampedArray(bin.length);
+    for (let i = 0; i < bin.length; i++) grey[i] = bin.charCodeAt(i);
+    const pic = document.getElementById("picture");
+    pic.width = IM.size; pic.height = IM.size;
+    const qs = document.getElementById("image-queries");
+    const names = IM.queries === "patches" ? D.tokens.slice(0, IM.query_offset) : D.tokens;
+    names.forEach((t, i) => {
+      const s = el("span", {"data-index": i}, t);
+      s.addEventListener("mouseenter", () => { imageQuery = i; drawImageView(); });
+      qs.appendChild(s);
+    });
+    if (IM.queries === "patches") pic.addEventListener("mousemove", (ev) => {
+      const r = pic.getBoundingClientRect();
+      const col = Math.min(IM.grid - 1, Math.floor((ev.clientX - r.left) / r.width * IM.grid));
+      const row = Math.min(IM.grid - 1, Math.floor((ev.clientY - r.top) / r.height * IM.grid));
+      const q = IM.query_offset + row * IM.grid + col;
+      if (q !== imageQuery) { imageQuery = q; drawImageView(); }
+    });
+    document.getElementById("tab-image").hidden = false;
+  }
   function tab(name) {
     document.getElementById("head-view").hidden = name !== "head";
     document.getElementById("model-view").hidden = name !== "model";
+    document.getElementById("image-view").hidden = name !== "image";
     document.getElementById("tab-head").classList.toggle("active", name === "head");
     document.getElementById("tab-model").classList.toggle("active", name === "model");
+    document.getElementById("tab-image").classList.toggle("active", name === "image");
+    if (name === "image") drawImageView();
   }
   document.getElementById("title").textContent = D.model + ": attention, " + D.heads.length + " layers";
   document.getElementById("text").textContent = D.text;
   const sel = document.getElementById("layer");
   for (let l = 0; l < D.heads.length; l++) sel.appendChild(el("option", {value: l}, "layer " + l));
-  sel.addEventListener("change", () => setLayer(Number(sel.value)));
+  sel.addEventListener("change", () => { setLayer(Number(sel.value)); if (!document.getElementById("image-view").hidden) drawImageView(); });
   document.getElementById("tab-head").addEventListener("click", () => tab("head"));
   document.getElementById("tab-model").addEventListener("click", () => tab("model"));
+  document.getElementById("tab-image").addEventListener("click", () => tab("image"));
   const found = document.getElementById("found");
   if (D.highlights.length) found.appendChild(el("p", {}, "Heads found by the case study:"));
   for (const f of D.highlights) {
@@ -162,7 +246,7 @@ SCRIPT = r"""
     b.addEventListener("click", () => showHead(f.layer, f.head));
     found.appendChild(b);
   }
-  drawTokens(); setLayer(0); drawGrid(); tab("head");
+  drawTokens(); setLayer(0); drawGrid(); setupImage(); tab(IM ? "image" : "head");
   document.body.setAttribute("data-ready", "1");
 })();
 """
@@ -173,16 +257,33 @@ def _json_for_script(obj) -> str:
     return json.dumps(obj, ensure_ascii=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def page_data(maps: AttentionMaps, highlights: dict | None = None) -> dict:
+def page_image(pixels: torch.Tensor, *, patch: int, queries: str, query_offset: int = 0, key_offset: int = 0) -> dict:
+    """The image view's data: a square uint8 picture ``(C, S, S)`` (shown grey) whose ``(S / patch)^2`` patches are
+    the keys from ``key_offset`` on (row-major). ``queries="patches"``: the queries are the same patches from
+    ``query_offset`` on (tokens before it, e.g. [CLS], are listed to hover); ``"tokens"``: the queries are the maps'
+    tokens (e.g. a question's words, cross-attention)."""
+    if queries not in ("patches", "tokens"):
+        raise ValueError(f"queries must be 'patches' or 'tokens', got {queries!r}")
+    grey = pixels.float().mean(0).round().clamp(0, 255).to(torch.uint8)  # (S, S)
+    size = grey.shape[-1]
+    if grey.dim() != 2 or grey.shape[0] != size or size % patch:
+        raise ValueError(f"the image view takes square pictures tiled by the patch; got {tuple(pixels.shape)} with "
+                         f"patch {patch}")
+    return {"size": size, "patch": patch, "grid": size // patch, "queries": queries, "query_offset": query_offset,
+            "key_offset": key_offset, "pixels": base64.b64encode(grey.numpy().tobytes()).decode()}
+
+
+def page_data(maps: AttentionMaps, highlights: dict | None = None, image: dict | None = None) -> dict:
     enc = [[base64.b64encode((w[h].clamp(0, 1) * 255).round().to(torch.uint8).numpy().tobytes()).decode()
             for h in range(w.shape[0])] for w in maps.layers]
     return {"model": maps.model, "text": maps.text, "tokens": maps.tokens, "key_tokens": maps.keys, "heads": maps.heads,
-            "weights": enc,
+            "weights": enc, "image": image,
             "highlights": [{"layer": l, "head": h, "caption": c} for (l, h), c in sorted((highlights or {}).items())]}
 
 
-def write_page(maps: AttentionMaps, path: Path, *, highlights: dict | None = None) -> Path:
-    """Write the page for ``maps`` to ``path``; ``highlights`` maps ``(layer, head)`` to a caption."""
+def write_page(maps: AttentionMaps, path: Path, *, highlights: dict | None = None, image: dict | None = None) -> Path:
+    """Write the page for ``maps`` to ``path``; ``highlights`` maps ``(layer, head)`` to a caption; ``image``
+    (:func:`page_image`) adds the image view."""
     html = ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             "<title>multihead attention</title>"
@@ -190,15 +291,18 @@ def write_page(maps: AttentionMaps, path: Path, *, highlights: dict | None = Non
             "<header><h1 id=\"title\"></h1><p id=\"text\"></p></header>\n"
             "<nav><button class=\"tab active\" id=\"tab-head\">Head view</button>"
             "<button class=\"tab\" id=\"tab-model\">Model view</button>"
+            "<button class=\"tab\" id=\"tab-image\" hidden>Image view</button>"
             "<label>Layer <select id=\"layer\"></select></label><span id=\"current\"></span></nav>\n"
             "<section id=\"head-view\"><div id=\"heads\"></div><svg id=\"lines\"></svg></section>\n"
             "<section id=\"model-view\" hidden><div id=\"grid\"></div></section>\n"
+            "<section id=\"image-view\" hidden><div><canvas id=\"picture\"></canvas><div id=\"image-queries\"></div>"
+            "</div><div><p id=\"image-caption\"></p><div id=\"image-heads\"></div></div></section>\n"
             "<section id=\"found\"></section>\n"
-            f"<script type=\"application/json\" id=\"data\">{_json_for_script(page_data(maps, highlights))}</script>\n"
+            f"<script type=\"application/json\" id=\"data\">{_json_for_script(page_data(maps, highlights, image))}</script>\n"
             f"<script>{SCRIPT}</script>\n</body></html>\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, html)
     return path
 
 
-__all__ = ["page_data", "write_page"]
+__all__ = ["page_data", "page_image", "write_page"]

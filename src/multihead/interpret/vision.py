@@ -128,12 +128,28 @@ def show_image(model, image_u8: Tensor, labels: list[str], out: Path, *, truth: 
     fig.tight_layout()
     files += save(fig, out / "rollout")
     plt.close(fig)
+    files.append(image_page(model, patterns, image_u8[0], out / "attention.html",
+                            f"{name}: predicted {pred}{'' if truth is None else f', true {truth}'}"))
     summary = {"image": name, "predicted": pred, "true": truth,
                "probabilities": {lab: round(float(v), 5) for lab, v in zip(labels, probs)},
                "patch": list(patch), "rollout": roll.tolist(),
                "files": [str(f.relative_to(out)) for f in files], "seconds": time.perf_counter() - t0}
     atomic_write_json(out / "image.json", summary)
     return summary
+
+
+def image_page(model, patterns: list[Tensor], image_u8: Tensor, path: Path, text: str) -> Path:
+    """The offline page (:mod:`multihead.interpret.page`) of a ViT's self-attention on one image ``(C, H, W)``,
+    with the image view: hover a patch, see where every head looks from it."""
+    from .maps import AttentionMaps
+    from .page import page_image, write_page
+
+    cfg = model.config
+    g, o = cfg.grid, cfg.patch_offset
+    tokens = ["[CLS]"] * o + [f"patch {r},{c}" for r in range(g) for c in range(g)]
+    maps = AttentionMaps(text, tokens, [p.float() for p in patterns], "ViT")
+    return write_page(maps, path, image=page_image(image_u8, patch=cfg.patch_size, queries="patches",
+                                                    query_offset=o, key_offset=o))
 
 
 @torch.no_grad()
@@ -165,6 +181,14 @@ def show_grounding(model, canvas_u8: Tensor, question: Tensor, vocab, out: Path,
     last = patterns[-1][:, real].mean(0)  # (T, N), mean over the last layer's heads
     files += _grid_figure([last.reshape(-1, g, g)], grey, vit, "each word's attention (last layer, mean of heads)",
                           out / "words")
+    from .maps import AttentionMaps
+    from .page import page_image, write_page
+
+    keys = [f"patch {r},{c}" for r in range(g) for c in range(g)]
+    maps = AttentionMaps(f"{text} -> {answer}", words, [p[:, real].float() for p in patterns], "question -> canvas",
+                         key_tokens=keys)
+    files.append(write_page(maps, out / "attention.html",
+                            image=page_image(canvas_u8[0], patch=vit.config.patch_size, queries="tokens")))
     quad = quadrant_of_patches(vit.config)
     share = [[[float(p[h, real][:, quad == q].sum(-1).mean()) for q in range(4)] for h in range(p.shape[0])]
              for p in patterns]
@@ -215,4 +239,4 @@ def plot_distance(distances: list[Tensor], model, stem: Path, title: str = "") -
     return files
 
 
-__all__ = ["attention_distance", "image_patterns", "plot_distance", "rollout_patches", "show_grounding", "show_image"]
+__all__ = ["attention_distance", "image_page", "image_patterns", "plot_distance", "rollout_patches", "show_grounding", "show_image"]

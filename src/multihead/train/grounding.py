@@ -54,7 +54,7 @@ class GroundingData:
 
 
 def _default_optim() -> VisionOptim:
-    return VisionOptim(epochs=6, batch_size=128, lr=2e-3, label_smoothing=0.0)
+    return VisionOptim(epochs=20, batch_size=128, lr=2e-3, label_smoothing=0.0)
 
 
 @dataclass

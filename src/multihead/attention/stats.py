@@ -1,0 +1,228 @@
+"""Exact per-head attention statistics in memory linear in length: what every head does, without the ``L x L`` map.
+
+Fused kernels never write the attention map, which is why PyTorch, FlashAttention and xformers return no weights
+(pytorch#98505, flash-attention#106). The map is not needed for its summaries: with the row log-sum-exp
+``lse_i = log sum_j exp(s_ij)`` every weight is ``p_ij = exp(s_ij - lse_i)``, computable tile by tile. So
+:func:`attention_stats` runs two passes over ``(block_q, block_k)`` tiles of scores -- the memory-efficient kernel's
+online softmax for ``lse``, then the statistics from exact weights -- and holds one tile at a time::
+
+    entropy[b, h, i]   = -sum_j p log p = lse_i - sum_j p_ij s_ij        (nats; 0 for a row with one key)
+    received[b, h, j]  = sum_i p_ij                                       (column sums: H2O's heavy hitters, sinks)
+    distance[b, h, i]  = sum_j p_ij |pos(i) - j|                          (mean attention distance, in tokens)
+    mass[name][b,h,i]  = sum_{j in set} p_ij                              ("first": the first token; any key sets)
+    top-k              = the k largest p_ij per row, with their key indices
+    weights            = exact rows p_i. for chosen heads and query rows only
+
+``pos(i) = i + offset`` places query ``i`` among the keys (``Lk - Lq``, bottom-right, as the causal rule; 0 for
+self-attention). Every mask the kernel seam takes works -- key padding, causal (with an offset), sparse patterns
+(their index rule, never a dense map), bool/float tensors -- and GQA. Tiles a mask forbids entirely are skipped.
+Rows with no allowed key have ``lse = -inf`` and zero weights, entropy, distance and mass (no NaN).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .attn_mask import AttnMask
+from .ops import expand_kv
+
+BLOCK_Q = 256
+BLOCK_K = 1024
+
+
+@dataclass
+class AttentionStats:
+    """Per-head statistics of one attention call; ``b`` batch, ``h`` query heads, ``i`` queries, ``j`` keys."""
+
+    lse: Tensor  # (b, h, i) row log-sum-exp of the scaled, masked scores (-inf: no allowed key)
+    entropy: Tensor  # (b, h, i) nats
+    received: Tensor  # (b, h, j) attention each key receives, summed over queries
+    distance: Tensor  # (b, h, i) expected |pos(i) - j| in tokens
+    mass: dict[str, Tensor] = field(default_factory=dict)  # name -> (b, h, i) mass on a key set ("first" always)
+    topk_index: Tensor | None = None  # (b, h, i, k) key indices, largest weight first
+    topk_weight: Tensor | None = None  # (b, h, i, k)
+    weights: Tensor | None = None  # (b, len(heads), len(rows), j) exact rows, when heads/rows were asked for
+    heads: list[int] | None = None
+    rows: list[int] | None = None
+
+    @property
+    def allowed_rows(self) -> Tensor:
+        """``(b, h, i)`` bool: rows that had at least one key."""
+        return torch.isfinite(self.lse)
+
+    def nbytes(self) -> int:
+        ts = [self.lse, self.entropy, self.received, self.distance, *self.mass.values(), self.topk_index,
+              self.topk_weight, self.weights]
+        return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+
+def _key_sets(sets: dict | None, b: int, lk: int, device) -> dict[str, Tensor]:
+    """Key sets as ``(b, j)`` bool: ``"first"`` always, plus each given set (indices, or a bool ``(j,)``/``(b, j)``)."""
+    out = {"first": torch.zeros(b, lk, dtype=torch.bool, device=device)}
+    if lk:
+        out["first"][:, 0] = True
+    for name, s in (sets or {}).items():
+        s = torch.as_tensor(s, device=device)
+        if s.dtype == torch.bool:
+            if s.shape not in ((lk,), (b, lk)):
+                raise ValueError(f"key set {name!r} as a bool mask must be (Lk,) or (B, Lk) = ({b}, {lk}); got "
+                                 f"{tuple(s.shape)}")
+            out[name] = s.expand(b, lk).clone()
+        else:
+            if s.dim() != 1 or s.is_floating_point() or (s.numel() and (int(s.min()) < 0 or int(s.max()) >= lk)):
+                raise ValueError(f"key set {name!r} must be key indices in [0, {lk}) or a bool mask; got {s.tolist()[:8]}")
+            m = torch.zeros(b, lk, dtype=torch.bool, device=device)
+            m[:, s] = True
+            out[name] = m
+    return out
+
+
+class _Tiles:
+    """Scores of one tile with every part of the mask applied from index arithmetic (no dense map)."""
+
+    def __init__(self, q: Tensor, k: Tensor, am: AttnMask | None, scale: float, work: torch.dtype) -> None:
+        self.q, self.k, self.scale, self.work = q, k, scale, work
+        b, h, lq, _ = q.shape
+        lk = k.shape[2]
+        self.mask_mod = am.mask_mod(lq, lk, q.device) if am is not None else None
+        self.score_mod = am.score_mod(lq, lk) if am is not None else None
+        self.causal_offset = am.offset(lq, lk) if am is not None and am.causal else None
+        self.b_idx = torch.arange(b, device=q.device)[:, None, None, None]
+        self.h_idx = torch.arange(h, device=q.device)[None, :, None, None]
+
+    def skip(self, i0: int, bq: int, j0: int) -> bool:
+        """Whether the causal rule forbids the whole tile (every key after every query)."""
+        return self.causal_offset is not None and j0 > i0 + bq - 1 + self.causal_offset
+
+    def scores(self, i0: int, i1: int, j0: int, j1: int) -> Tensor | None:
+        """``(b, h, bq, bk)`` scaled scores, -inf where masked; None when the mask forbids the whole tile."""
+        ii = torch.arange(i0, i1, device=self.q.device)[None, None, :, None]
+        jj = torch.arange(j0, j1, device=self.q.device)[None, None, None, :]
+        allowed = None
+        if self.mask_mod is not None:
+            allowed = self.mask_mod(self.b_idx, self.h_idx, ii, jj)
+            if not bool(allowed.any()):
+                return None
+        s = torch.matmul(self.q[:, :, i0:i1].to(self.work) * self.scale, self.k[:, :, j0:j1].to(self.work).transpose(-2, -1))
+        if self.score_mod is not None:
+            s = self.score_mod(s, self.b_idx, self.h_idx, ii, jj)
+        if allowed is not None:
+            s = s.masked_fill(~allowed, -math.inf)
+        return s
+
+
+def _as_list(x, n: int, what: str) -> list[int] | None:
+    if x is None:
+        return None
+    out = [int(v) for v in torch.as_tensor(x).flatten().tolist()]
+    bad = [v for v in out if not 0 <= v < n]
+    if bad or not out:
+        raise ValueError(f"{what} must be indices in [0, {n}); got {out[:8]}")
+    return out
+
+
+@torch.no_grad()
+def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
+                    key_padding_mask: Tensor | None = None, scale: float | None = None, topk: int = 8,
+                    sets: dict | None = None, heads=None, rows=None, block_q: int = BLOCK_Q,
+                    block_k: int = BLOCK_K) -> AttentionStats:
+    """Exact statistics of ``softmax(q k^T * scale + mask)`` per head, in memory linear in length.
+
+    Args:
+        q: ``(B, H, Lq, D)``; k: ``(B, Hkv, Lk, D)`` with ``H % Hkv == 0`` (GQA).
+        mask, is_causal: as :func:`multihead.attention.attention` takes them (tensor, SparsePattern, AttnMask).
+        key_padding_mask: ``(B, Lk)`` bool, True = real key.
+        topk: keys kept per query row (0: none).
+        sets: extra key sets, ``{name: indices or bool (Lk,)/(B, Lk)}``; their mass per row is in ``.mass``.
+        heads, rows: return the exact weight rows of these heads and query rows (``.weights``).
+    """
+    from .registry import _check_qkv
+
+    _check_qkv(q, k, k)
+    b, h, lq, d = q.shape
+    lk = k.shape[2]
+    if topk < 0 or block_q < 1 or block_k < 1:
+        raise ValueError(f"topk must be >= 0 and the blocks >= 1; got topk={topk}, block_q={block_q}, block_k={block_k}")
+    am = AttnMask.of(mask, is_causal=is_causal, key_padding=key_padding_mask)
+    if am is not None:
+        am = am.check(b, h, lq, lk, q.device, q.dtype)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    heads_l, rows_l = _as_list(heads, h, "heads"), _as_list(rows, lq, "rows")
+    if (heads_l is None) != (rows_l is None):
+        heads_l = heads_l if heads_l is not None else list(range(h))
+        rows_l = rows_l if rows_l is not None else list(range(lq))
+    key_sets = _key_sets(sets, b, lk, q.device)
+    work = torch.promote_types(q.dtype, torch.float32)
+    k = expand_kv(k, h)
+    tiles = _Tiles(q, k, am, scale, work)
+    pos_offset = lk - lq if am is None or am.causal_offset is None else am.causal_offset
+    kk = min(topk, lk)
+
+    def zeros(*shape):
+        return torch.zeros(*shape, dtype=work, device=q.device)
+
+    lse, entropy, distance = zeros(b, h, lq), zeros(b, h, lq), zeros(b, h, lq)
+    received = zeros(b, h, lk)
+    mass = {n: zeros(b, h, lq) for n in key_sets}
+    top_w = torch.full((b, h, lq, kk), -1.0, dtype=work, device=q.device)
+    top_i = torch.zeros(b, h, lq, kk, dtype=torch.long, device=q.device)
+    weights = zeros(b, len(heads_l), len(rows_l), lk) if heads_l is not None else None
+    row_pos = {r: n for n, r in enumerate(rows_l or [])}
+    for i0 in range(0, lq, block_q):
+        i1 = min(i0 + block_q, lq)
+        bq = i1 - i0
+        # pass 1: the row log-sum-exp, online (running max m, normaliser l)
+        m = torch.full((b, h, bq, 1), -math.inf, dtype=work, device=q.device)
+        l = zeros(b, h, bq, 1)
+        for j0 in range(0, lk, block_k):
+            if tiles.skip(i0, bq, j0):
+                break
+            s = tiles.scores(i0, i1, j0, min(j0 + block_k, lk))
+            if s is None:
+                continue
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            l = l * torch.exp(m - shift) + torch.exp(s - shift).sum(-1, keepdim=True)
+            m = m_new
+        lse_blk = torch.where(l > 0, m + torch.log(l.clamp_min(1e-300)), torch.full_like(m, -math.inf))
+        lse[:, :, i0:i1] = lse_blk[..., 0]
+        safe = torch.where(torch.isinf(lse_blk), torch.zeros_like(lse_blk), lse_blk)
+        pos = (torch.arange(i0, i1, device=q.device, dtype=work) + pos_offset)[:, None]  # (bq, 1)
+        ps = zeros(b, h, bq)
+        local = [(n, r - i0) for r, n in row_pos.items() if i0 <= r < i1]
+        # pass 2: exact weights, tile by tile, into the statistics
+        for j0 in range(0, lk, block_k):
+            if tiles.skip(i0, bq, j0):
+                break
+            j1 = min(j0 + block_k, lk)
+            s = tiles.scores(i0, i1, j0, j1)
+            if s is None:
+                continue
+            p = torch.where(torch.isinf(lse_blk), torch.zeros_like(s), torch.exp(s - safe))  # (b, h, bq, bk)
+            ps += (p * torch.where(p > 0, s, torch.zeros_like(s))).sum(-1)
+            received[:, :, j0:j1] += p.sum(-2)
+            dist = (pos - torch.arange(j0, j1, device=q.device, dtype=work)[None, :]).abs()  # (bq, bk)
+            distance[:, :, i0:i1] += (p * dist).sum(-1)
+            for n, ks in key_sets.items():
+                sel = ks[:, j0:j1]
+                if bool(sel.any()):
+                    mass[n][:, :, i0:i1] += (p * sel[:, None, None, :].to(work)).sum(-1)
+            if kk:
+                w, ix = p.topk(min(kk, j1 - j0), dim=-1)
+                w = torch.cat([top_w[:, :, i0:i1], w], -1)
+                ix = torch.cat([top_i[:, :, i0:i1], ix + j0], -1)
+                best, order = w.topk(kk, dim=-1)
+                top_w[:, :, i0:i1], top_i[:, :, i0:i1] = best, ix.gather(-1, order)
+            for n, r in local:
+                weights[:, :, n, j0:j1] = p[:, heads_l, r]
+        entropy[:, :, i0:i1] = torch.where(torch.isinf(lse_blk[..., 0]), torch.zeros_like(ps), lse_blk[..., 0] - ps)
+    top_w = top_w.clamp_min(0)  # slots never filled (rows with fewer allowed keys than k) read 0
+    return AttentionStats(lse=lse, entropy=entropy, received=received, distance=distance, mass=mass,
+                          topk_index=top_i if kk else None, topk_weight=top_w if kk else None, weights=weights,
+                          heads=heads_l, rows=rows_l)
+
+
+__all__ = ["AttentionStats", "attention_stats"]
