@@ -116,3 +116,20 @@ def test_bench_decode_cases_build_and_cached_equals_recompute():
     assert cached == recomputed
     with pytest.raises(ValueError, match="not a causal LM pretraining run"):
         suite.shape_of_run(__file__ + '.missing')
+
+
+def test_bench_stats_small_run_writes_json_with_ratios(tmp_path):
+    """`bench stats` at a small length: every case runs in its own process, ratios against SDPA (timings: bench only)."""
+    out = tmp_path / "stats.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "multihead.cli", "bench", "stats", "--lengths", "256", "--min-time", "0",
+         "--threads", "1", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    payload = json.loads(out.read_text())
+    rows = {r["impl"]: r for r in payload["results"]}
+    assert set(rows) == {"sdpa", "memory_efficient", "stats", "stats_causal", "full_map"}
+    assert all("error" not in r for r in rows.values()) and rows["sdpa"]["time_vs_sdpa"] == pytest.approx(1.0)
+    assert "time x" in proc.stdout
+    from multihead.bench import stats as suite
+
+    assert suite.map_gb(32768) > suite.MEMORY_BUDGET_GB  # the map is skipped there, with its estimate

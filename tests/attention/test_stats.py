@@ -113,3 +113,13 @@ def test_bad_arguments_name_the_fix():
         attention_stats(torch.randn(1, 3, 4, 8), k)
     with pytest.raises(ValueError, match="key_padding_mask must be"):
         attention_stats(q, k, key_padding_mask=torch.ones(1, 5, dtype=torch.bool))
+
+
+def test_topk_by_chunks_equals_torch_topk_on_long_rows():
+    """Tiles of 64+ keys take the chunked top-k path: the same weights and keys as torch.topk of the full map."""
+    torch.manual_seed(3)
+    q, k = torch.randn(1, 2, 70, 8, dtype=torch.float64) * 2, torch.randn(1, 2, 300, 8, dtype=torch.float64) * 2
+    st = attention_stats(q, k, topk=6, block_q=32, block_k=128)
+    w, ix = attention_weights(q, k).topk(6, dim=-1)
+    torch.testing.assert_close(st.topk_weight, w, atol=1e-12, rtol=0)
+    assert torch.equal(st.topk_index, ix)  # random fp64 weights: no ties

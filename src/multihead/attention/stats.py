@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from .attn_mask import AttnMask
+from .masks import causal_allowed
 from .ops import expand_kv
 
 BLOCK_Q = 256
@@ -80,6 +81,23 @@ def _key_sets(sets: dict | None, b: int, lk: int, device) -> dict[str, Tensor]:
     return out
 
 
+def _fused_lse(q: Tensor, k: Tensor, am: AttnMask | None, scale: float, work) -> Tensor | None:
+    """The row log-sum-exp from PyTorch's fused CPU flash kernel (it returns it beside the output), for calls with no
+    mask or a square causal one; None otherwise (the tiled pass computes it)."""
+    lq, lk = q.shape[2], k.shape[2]
+    causal = am is not None and am.parts == {"causal"} and am.square_causal(lq, lk)
+    if q.device.type != "cpu" or q.dtype != torch.float32 or (am is not None and not causal):
+        return None
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if op is None:
+        return None
+    try:
+        _, lse = op(q, k, k, 0.0, causal, scale=scale)
+    except RuntimeError:
+        return None
+    return lse.to(work) if lse.shape == q.shape[:3] else None
+
+
 class _Tiles:
     """Scores of one tile with every part of the mask applied from index arithmetic (no dense map)."""
 
@@ -87,7 +105,8 @@ class _Tiles:
         self.q, self.k, self.scale, self.work = q, k, scale, work
         b, h, lq, _ = q.shape
         lk = k.shape[2]
-        self.mask_mod = am.mask_mod(lq, lk, q.device) if am is not None else None
+        # plain causal: applied by index arithmetic on the tiles that cross the diagonal only (see scores)
+        self.mask_mod = am.mask_mod(lq, lk, q.device) if am is not None and am.parts != {"causal"} else None
         self.score_mod = am.score_mod(lq, lk) if am is not None else None
         self.causal_offset = am.offset(lq, lk) if am is not None and am.causal else None
         self.b_idx = torch.arange(b, device=q.device)[:, None, None, None]
@@ -97,8 +116,8 @@ class _Tiles:
         """Whether the causal rule forbids the whole tile (every key after every query)."""
         return self.causal_offset is not None and j0 > i0 + bq - 1 + self.causal_offset
 
-    def scores(self, i0: int, i1: int, j0: int, j1: int) -> Tensor | None:
-        """``(b, h, bq, bk)`` scaled scores, -inf where masked; None when the mask forbids the whole tile."""
+    def scores(self, i0: int, i1: int, j0: int, j1: int, fill: float = -math.inf) -> Tensor | None:
+        """``(b, h, bq, bk)`` scaled scores, ``fill`` where masked; None when the mask forbids the whole tile."""
         ii = torch.arange(i0, i1, device=self.q.device)[None, None, :, None]
         jj = torch.arange(j0, j1, device=self.q.device)[None, None, None, :]
         allowed = None
@@ -109,9 +128,26 @@ class _Tiles:
         s = torch.matmul(self.q[:, :, i0:i1].to(self.work) * self.scale, self.k[:, :, j0:j1].to(self.work).transpose(-2, -1))
         if self.score_mod is not None:
             s = self.score_mod(s, self.b_idx, self.h_idx, ii, jj)
+        if allowed is None and self.causal_offset is not None and j1 - 1 > i0 + self.causal_offset:
+            allowed = causal_allowed(ii, jj, self.causal_offset)  # plain causal, a tile across the diagonal
         if allowed is not None:
-            s = s.masked_fill(~allowed, -math.inf)
+            s = s.masked_fill_(~allowed, fill)
+        if fill != -math.inf and self.score_mod is not None:
+            s = s.clamp_min_(fill)  # a -inf in a float bias
         return s
+
+
+def _tile_topk(p: Tensor, k: int, chunk: int = 32) -> tuple[Tensor, Tensor]:
+    """``p.topk(k, -1)`` of a tile, faster: the row's top k lie in the k chunks (of ``chunk`` keys) with the largest
+    maxima -- a chunk holding a top-k weight has at most k - 1 chunks with larger maxima -- so only those are sorted."""
+    n = p.shape[-1]
+    if n % chunk or n // chunk <= k:
+        return p.topk(min(k, n), dim=-1)
+    pc = p.unflatten(-1, (n // chunk, chunk))  # (..., chunks, chunk)
+    _, ci = pc.amax(-1).topk(k, dim=-1)  # (..., k) the chunks
+    cand = pc.gather(-2, ci[..., None].expand(*ci.shape, chunk)).flatten(-2)  # (..., k * chunk)
+    w, ix = cand.topk(k, dim=-1)
+    return w, ci.gather(-1, ix // chunk) * chunk + ix % chunk
 
 
 def _as_list(x, n: int, what: str) -> list[int] | None:
@@ -164,61 +200,72 @@ def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
     def zeros(*shape):
         return torch.zeros(*shape, dtype=work, device=q.device)
 
-    lse, entropy, distance = zeros(b, h, lq), zeros(b, h, lq), zeros(b, h, lq)
-    received = zeros(b, h, lk)
-    mass = {n: zeros(b, h, lq) for n in key_sets}
+    lse = _fused_lse(q, k, am, scale, work)  # one fused kernel when the mask allows it, else None
+    if lse is None:
+        lse = torch.empty(b, h, lq, dtype=work, device=q.device)
+        for i0 in range(0, lq, block_q):  # pass 1: the row log-sum-exp, combined across key tiles
+            i1 = min(i0 + block_q, lq)
+            acc = torch.full((b, h, i1 - i0), -math.inf, dtype=work, device=q.device)
+            for j0 in range(0, lk, block_k):
+                if tiles.skip(i0, i1 - i0, j0):
+                    break
+                s = tiles.scores(i0, i1, j0, min(j0 + block_k, lk))
+                if s is not None:
+                    acc = torch.logaddexp(acc, torch.logsumexp(s, -1))
+            lse[:, :, i0:i1] = acc
+    entropy, distance, received = zeros(b, h, lq), zeros(b, h, lq), zeros(b, h, lk)
+    names = list(key_sets)
+    mass = {n: zeros(b, h, lq) for n in names}
     top_w = torch.full((b, h, lq, kk), -1.0, dtype=work, device=q.device)
     top_i = torch.zeros(b, h, lq, kk, dtype=torch.long, device=q.device)
     weights = zeros(b, len(heads_l), len(rows_l), lk) if heads_l is not None else None
     row_pos = {r: n for n, r in enumerate(rows_l or [])}
-    for i0 in range(0, lq, block_q):
+    neg = -torch.finfo(work).max / 4  # masked scores: exp() is 0 and 0 * neg is 0 (with -inf it would be NaN)
+    keys = torch.arange(lk, device=q.device, dtype=work)
+    for i0 in range(0, lq, block_q):  # pass 2: exact weights p = exp(s - lse), tile by tile, into the statistics
         i1 = min(i0 + block_q, lq)
         bq = i1 - i0
-        # pass 1: the row log-sum-exp, online (running max m, normaliser l)
-        m = torch.full((b, h, bq, 1), -math.inf, dtype=work, device=q.device)
-        l = zeros(b, h, bq, 1)
-        for j0 in range(0, lk, block_k):
-            if tiles.skip(i0, bq, j0):
-                break
-            s = tiles.scores(i0, i1, j0, min(j0 + block_k, lk))
-            if s is None:
-                continue
-            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
-            shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-            l = l * torch.exp(m - shift) + torch.exp(s - shift).sum(-1, keepdim=True)
-            m = m_new
-        lse_blk = torch.where(l > 0, m + torch.log(l.clamp_min(1e-300)), torch.full_like(m, -math.inf))
-        lse[:, :, i0:i1] = lse_blk[..., 0]
-        safe = torch.where(torch.isinf(lse_blk), torch.zeros_like(lse_blk), lse_blk)
-        pos = (torch.arange(i0, i1, device=q.device, dtype=work) + pos_offset)[:, None]  # (bq, 1)
-        ps = zeros(b, h, bq)
+        lse_blk = lse[:, :, i0:i1, None]
+        empty = torch.isinf(lse_blk)
+        any_empty = bool(empty.any())
+        safe = torch.where(empty, torch.zeros_like(lse_blk), lse_blk) if any_empty else lse_blk
+        pos = torch.arange(i0, i1, device=q.device, dtype=work) + pos_offset  # (bq,) query positions among keys
+        plogp = zeros(b, h, bq)
         local = [(n, r - i0) for r, n in row_pos.items() if i0 <= r < i1]
-        # pass 2: exact weights, tile by tile, into the statistics
         for j0 in range(0, lk, block_k):
             if tiles.skip(i0, bq, j0):
                 break
             j1 = min(j0 + block_k, lk)
-            s = tiles.scores(i0, i1, j0, j1)
-            if s is None:
+            x = tiles.scores(i0, i1, j0, j1, fill=neg)
+            if x is None:
                 continue
-            p = torch.where(torch.isinf(lse_blk), torch.zeros_like(s), torch.exp(s - safe))  # (b, h, bq, bk)
-            ps += (p * torch.where(p > 0, s, torch.zeros_like(s))).sum(-1)
+            x = x.sub_(safe)  # log p (neg where p = 0)
+            if any_empty:
+                x = x.masked_fill_(empty, neg)
+            p = torch.exp(x)  # (b, h, bq, bk)
+            plogp += torch.linalg.vecdot(p, x)
             received[:, :, j0:j1] += p.sum(-2)
-            dist = (pos - torch.arange(j0, j1, device=q.device, dtype=work)[None, :]).abs()  # (bq, bk)
-            distance[:, :, i0:i1] += (p * dist).sum(-1)
-            for n, ks in key_sets.items():
-                sel = ks[:, j0:j1]
-                if bool(sel.any()):
-                    mass[n][:, :, i0:i1] += (p * sel[:, None, None, :].to(work)).sum(-1)
+            # the row reductions as one thin matmul: [sum p, sum p j, mass of each key set in this tile]
+            sel = [n for n in names if bool(key_sets[n][:, j0:j1].any())]
+            cols = torch.stack([torch.ones(j1 - j0, dtype=work, device=q.device), keys[j0:j1]], -1)  # (bk, 2)
+            red = torch.matmul(p, cols)  # (b, h, bq, 2)
+            for n in sel:
+                mass[n][:, :, i0:i1] += torch.matmul(p, key_sets[n][:, None, j0:j1, None].to(work))[..., 0]
+            if j1 - 1 <= pos[0]:  # every key at or before every query: |pos - j| = pos - j
+                distance[:, :, i0:i1] += pos * red[..., 0] - red[..., 1]
+            elif j0 >= pos[-1]:  # every key at or after every query
+                distance[:, :, i0:i1] += red[..., 1] - pos * red[..., 0]
+            else:  # the tile crosses the diagonal
+                distance[:, :, i0:i1] += torch.matmul(p[..., None, :], (pos[:, None] - keys[None, j0:j1]).abs()[..., None])[..., 0, 0]
             if kk:
-                w, ix = p.topk(min(kk, j1 - j0), dim=-1)
+                w, ix = _tile_topk(p, kk)
                 w = torch.cat([top_w[:, :, i0:i1], w], -1)
                 ix = torch.cat([top_i[:, :, i0:i1], ix + j0], -1)
                 best, order = w.topk(kk, dim=-1)
                 top_w[:, :, i0:i1], top_i[:, :, i0:i1] = best, ix.gather(-1, order)
             for n, r in local:
                 weights[:, :, n, j0:j1] = p[:, heads_l, r]
-        entropy[:, :, i0:i1] = torch.where(torch.isinf(lse_blk[..., 0]), torch.zeros_like(ps), lse_blk[..., 0] - ps)
+        entropy[:, :, i0:i1] = -plogp
     top_w = top_w.clamp_min(0)  # slots never filled (rows with fewer allowed keys than k) read 0
     return AttentionStats(lse=lse, entropy=entropy, received=received, distance=distance, mass=mass,
                           topk_index=top_i if kk else None, topk_weight=top_w if kk else None, weights=weights,

@@ -9,6 +9,7 @@ SUITES = {
     "long": "multihead.bench.long",
     "lra": "multihead.bench.lra",
     "decode": "multihead.bench.decode",
+    "stats": "multihead.bench.stats",
 }
 
 
