@@ -49,7 +49,7 @@ def test_each_statistic_equals_the_full_map(name):
     q, k, mask, kp = _inputs(case)
     sets = {"evens": torch.arange(0, k.shape[2], 2), "last3": torch.arange(k.shape[2] - 3, k.shape[2])}
     st = attention_stats(q, k, mask=mask, is_causal=case.get("is_causal", False), key_padding_mask=kp, topk=5,
-                         sets=sets, heads=[1, 3], rows=[0, 7, 22], block_q=4, block_k=5)
+                         sets=sets, offsets=(-1, 0, 2), heads=[1, 3], rows=[0, 7, 22], block_q=4, block_k=5)
     p = _full(q, k, case, mask, kp)
     lq, lk = p.shape[-2:]
     tol = dict(atol=1e-6, rtol=0)
@@ -64,6 +64,13 @@ def test_each_statistic_equals_the_full_map(name):
     torch.testing.assert_close(st.mass["evens"], p[..., ::2].sum(-1), **tol)
     torch.testing.assert_close(st.mass["last3"], p[..., -3:].sum(-1), **tol)
     torch.testing.assert_close(st.weights, p[:, [1, 3]][:, :, [0, 7, 22]], **tol)
+    for o in (-1, 0, 2):  # the weight at key pos(i) + o (0 where that key does not exist)
+        want = torch.zeros_like(st.entropy)
+        for i in range(lq):
+            j = i + (lk - lq) + o
+            if 0 <= j < lk:
+                want[..., i] = p[..., i, j]
+        torch.testing.assert_close(st.mass[f"offset{o:+d}"], want, **tol)
     # top-k: the same weights as torch.topk of the full map; the same keys wherever weights are not tied
     w, ix = p.topk(5, dim=-1)
     torch.testing.assert_close(st.topk_weight, w, **tol)
@@ -123,3 +130,30 @@ def test_topk_by_chunks_equals_torch_topk_on_long_rows():
     w, ix = attention_weights(q, k).topk(6, dim=-1)
     torch.testing.assert_close(st.topk_weight, w, atol=1e-12, rtol=0)
     assert torch.equal(st.topk_index, ix)  # random fp64 weights: no ties
+
+
+def test_capture_stats_from_a_model_equals_the_captured_maps():
+    """capture(model, ("stats",)) on a padded batch through the fused path: the same statistics as the full maps
+    captured from the same call, and the model's output unchanged."""
+    from multihead.modules.capture import capture
+    from multihead.modules.encoder import EncoderConfig, TransformerEncoder
+
+    torch.manual_seed(0)
+    enc = TransformerEncoder(EncoderConfig(d_model=32, num_heads=4, num_kv_heads=2, num_layers=2, dropout=0.0)).eval()
+    x = torch.randn(2, 40, 32)
+    keep = torch.ones(2, 40, dtype=torch.bool)
+    keep[1, 25:] = False
+    with torch.no_grad():
+        plain = enc(x, key_padding_mask=keep)
+        with capture(enc, ("pattern",)) as maps:
+            enc(x, key_padding_mask=keep)
+        with capture(enc, ("stats",), stats={"topk": 3, "offsets": (-1,)}) as cache:
+            out = enc(x, key_padding_mask=keep)
+    torch.testing.assert_close(out, plain)
+    for layer in range(2):
+        st, p = cache.stats(layer), maps.pattern(layer)
+        torch.testing.assert_close(st.received.float(), p.sum(-2), atol=1e-4, rtol=0)
+        torch.testing.assert_close(st.topk_weight.float(), p.topk(3, -1).values, atol=1e-5, rtol=0)
+        torch.testing.assert_close(st.mass["offset-1"][..., 1:].float(),
+                                   torch.diagonal(p, offset=-1, dim1=-2, dim2=-1), atol=1e-5, rtol=0)
+    assert all(m.stats_options == {} for m in enc.modules() if hasattr(m, "stats_options"))  # restored

@@ -10,6 +10,7 @@ online softmax for ``lse``, then the statistics from exact weights -- and holds 
     received[b, h, j]  = sum_i p_ij                                       (column sums: H2O's heavy hitters, sinks)
     distance[b, h, i]  = sum_j p_ij |pos(i) - j|                          (mean attention distance, in tokens)
     mass[name][b,h,i]  = sum_{j in set} p_ij                              ("first": the first token; any key sets)
+    mass["offset-1"]   = p_{i, pos(i)-1}                                  (previous token; any relative offsets)
     top-k              = the k largest p_ij per row, with their key indices
     weights            = exact rows p_i. for chosen heads and query rows only
 
@@ -163,7 +164,7 @@ def _as_list(x, n: int, what: str) -> list[int] | None:
 @torch.no_grad()
 def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
                     key_padding_mask: Tensor | None = None, scale: float | None = None, topk: int = 8,
-                    sets: dict | None = None, heads=None, rows=None, block_q: int = BLOCK_Q,
+                    sets: dict | None = None, offsets=(), heads=None, rows=None, block_q: int = BLOCK_Q,
                     block_k: int = BLOCK_K) -> AttentionStats:
     """Exact statistics of ``softmax(q k^T * scale + mask)`` per head, in memory linear in length.
 
@@ -173,6 +174,8 @@ def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
         key_padding_mask: ``(B, Lk)`` bool, True = real key.
         topk: keys kept per query row (0: none).
         sets: extra key sets, ``{name: indices or bool (Lk,)/(B, Lk)}``; their mass per row is in ``.mass``.
+        offsets: relative key offsets (``-1``: the previous token, ``0``: itself); the weight there is in
+            ``.mass["offset-1"]`` ... (0 where that key does not exist).
         heads, rows: return the exact weight rows of these heads and query rows (``.weights``).
     """
     from .registry import _check_qkv
@@ -216,6 +219,8 @@ def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
     entropy, distance, received = zeros(b, h, lq), zeros(b, h, lq), zeros(b, h, lk)
     names = list(key_sets)
     mass = {n: zeros(b, h, lq) for n in names}
+    offsets = [int(o) for o in offsets]
+    mass.update({f"offset{o:+d}": zeros(b, h, lq) for o in offsets})
     top_w = torch.full((b, h, lq, kk), -1.0, dtype=work, device=q.device)
     top_i = torch.zeros(b, h, lq, kk, dtype=torch.long, device=q.device)
     weights = zeros(b, len(heads_l), len(rows_l), lk) if heads_l is not None else None
@@ -257,6 +262,12 @@ def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
                 distance[:, :, i0:i1] += red[..., 1] - pos * red[..., 0]
             else:  # the tile crosses the diagonal
                 distance[:, :, i0:i1] += torch.matmul(p[..., None, :], (pos[:, None] - keys[None, j0:j1]).abs()[..., None])[..., 0, 0]
+            for o in offsets:  # the weight on key pos(i) + o, for the rows whose key lies in this tile
+                target = pos + o - j0  # (bq,)
+                ok = (target >= 0) & (target < j1 - j0)
+                if bool(ok.any()):
+                    idx = target.clamp(0, j1 - j0 - 1).long()[None, None, :, None].expand(b, h, bq, 1)
+                    mass[f"offset{o:+d}"][:, :, i0:i1] += p.gather(-1, idx)[..., 0] * ok.to(work)
             if kk:
                 w, ix = _tile_topk(p, kk)
                 w = torch.cat([top_w[:, :, i0:i1], w], -1)

@@ -95,6 +95,27 @@ class Subject:
         return out[0] if single else out
 
 
+def subject_head_stats(subject: "Subject", texts: list[str], batch_size: int = 32) -> tuple[list[list[dict]], int]:
+    """Per-head statistics (:func:`multihead.interpret.roles.head_stats`'s) of ``texts`` computed from exact
+    statistics captured on the model's own attention path (``capture(..., ("stats",))``): no ``L x L`` map is built,
+    so it runs on inputs whose maps would not fit. Returns the statistics and the number of real tokens."""
+    from .roles import head_stats_from_stats, stats_options
+
+    subject.model.eval()
+    records, tokens = [], 0
+    with torch.no_grad():
+        for start in range(0, len(texts), batch_size):
+            chunk = texts[start:start + batch_size]
+            ids, keep = subject.encode(chunk)
+            rows = [subject.display(ids[r, :int(keep[r].sum())].tolist())[0] for r in range(len(chunk))]
+            with capture(subject.model, ("stats",), stats=stats_options(rows, ids.shape[1])) as cache:
+                subject.model(ids, keep)
+            layers = [cache.stats(i) for i in range(len(cache.attention_modules))]
+            records += [(len(r), layers, i) for i, r in enumerate(rows)]
+            tokens += sum(len(r) for r in rows)
+    return head_stats_from_stats(records), tokens
+
+
 def load_subject(source: str | Path, *, sentence_embeddings: bool = False) -> Subject:
     """A run folder (its trained classifier) or a pretrained name / BERT-family folder. A pretrained model reads up
     to all its positions, or with ``sentence_embeddings`` up to sentence-transformers' ``max_seq_length`` (256 for
@@ -117,4 +138,4 @@ def is_punctuation(token: str) -> bool:
     return bool(t) and not is_special(token) and all(unicodedata.category(c).startswith("P") for c in t)
 
 
-__all__ = ["AttentionMaps", "Subject", "is_punctuation", "is_special", "load_subject"]
+__all__ = ["AttentionMaps", "Subject", "is_punctuation", "is_special", "load_subject", "subject_head_stats"]

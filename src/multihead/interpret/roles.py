@@ -37,45 +37,22 @@ STATS = ["entropy", "entropy_norm", "distance", "to_prev", "to_next", "to_self",
          "argmax_prev", "argmax_next", "argmax_self"]
 
 
-def head_stats(corpus: list[AttentionMaps]) -> list[list[dict]]:
-    """``stats[layer][head]`` -> dict of :data:`STATS` averaged over every real query position of ``corpus``."""
-    if not corpus:
-        raise ValueError("head statistics need at least one text")
-    heads = corpus[0].heads
-    sums = [[{k: 0.0 for k in STATS} | {"_rows": 0, "_rows_prev": 0, "_rows_next": 0} for _ in range(h)]
+def _empty(heads: list[int]) -> list[list[dict]]:
+    return [[{k: 0.0 for k in STATS} | {"_rows": 0, "_rows_prev": 0, "_rows_next": 0} for _ in range(h)]
             for h in heads]
-    for maps in corpus:
-        n = len(maps.tokens)
-        if n < 2:
-            continue
-        idx = torch.arange(n)
-        dist = (idx[:, None] - idx[None, :]).abs().float()  # (L, L)
-        cls = torch.tensor([t == "[CLS]" for t in maps.tokens])
-        sep = torch.tensor([t == "[SEP]" for t in maps.tokens])
-        punct = torch.tensor([is_punctuation(t) for t in maps.tokens])
-        for l, w in enumerate(maps.layers):  # (H, L, L)
-            p = w.float().clamp_min(0)
-            ent = -(p * p.clamp_min(1e-12).log()).sum(-1)  # (H, L)
-            top = p.argmax(-1)  # (H, L)
-            prev = torch.diagonal(p, offset=-1, dim1=1, dim2=2)  # (H, L-1): row i -> key i-1
-            nxt = torch.diagonal(p, offset=1, dim1=1, dim2=2)  # (H, L-1): row i -> key i+1
-            per = {
-                "entropy": ent.sum(-1), "entropy_norm": ent.sum(-1) / math.log(n),
-                "distance": (p * dist).sum(-1).sum(-1), "to_prev": prev.sum(-1), "to_next": nxt.sum(-1),
-                "to_self": torch.diagonal(p, dim1=1, dim2=2).sum(-1),
-                "to_cls": p[..., cls].sum((-1, -2)), "to_sep": p[..., sep].sum((-1, -2)),
-                "to_punct": p[..., punct].sum((-1, -2)),
-                "argmax_prev": (top[:, 1:] == idx[1:] - 1).float().sum(-1),
-                "argmax_next": (top[:, :-1] == idx[:-1] + 1).float().sum(-1),
-                "argmax_self": (top == idx).float().sum(-1),
-            }
-            for h in range(w.shape[0]):
-                s = sums[l][h]
-                for k, v in per.items():
-                    s[k] += float(v[h])
-                s["_rows"] += n
-                s["_rows_prev"] += n - 1
-                s["_rows_next"] += n - 1
+
+
+def _add(sums: list[list[dict]], layer: int, per: dict, n: int) -> None:
+    """Add one text's per-head sums (each ``(H,)``) over its ``n`` query rows to ``sums[layer]``."""
+    for h, s in enumerate(sums[layer]):
+        for k, v in per.items():
+            s[k] += float(v[h])
+        s["_rows"] += n
+        s["_rows_prev"] += n - 1
+        s["_rows_next"] += n - 1
+
+
+def _means(sums: list[list[dict]]) -> list[list[dict]]:
     out = []
     for layer in sums:
         row = []
@@ -88,6 +65,84 @@ def head_stats(corpus: list[AttentionMaps]) -> list[list[dict]]:
             row.append(d)
         out.append(row)
     return out
+
+
+def _token_sets(tokens: list[str]) -> dict[str, torch.Tensor]:
+    return {"cls": torch.tensor([t == "[CLS]" for t in tokens]), "sep": torch.tensor([t == "[SEP]" for t in tokens]),
+            "punct": torch.tensor([is_punctuation(t) for t in tokens])}
+
+
+def head_stats(corpus: list[AttentionMaps]) -> list[list[dict]]:
+    """``stats[layer][head]`` -> dict of :data:`STATS` averaged over every real query position of ``corpus``."""
+    if not corpus:
+        raise ValueError("head statistics need at least one text")
+    sums = _empty(corpus[0].heads)
+    for maps in corpus:
+        n = len(maps.tokens)
+        if n < 2:
+            continue
+        idx = torch.arange(n)
+        dist = (idx[:, None] - idx[None, :]).abs().float()  # (L, L)
+        sets = _token_sets(maps.tokens)
+        for l, w in enumerate(maps.layers):  # (H, L, L)
+            p = w.float().clamp_min(0)
+            ent = -(p * p.clamp_min(1e-12).log()).sum(-1)  # (H, L)
+            top = p.argmax(-1)  # (H, L)
+            prev = torch.diagonal(p, offset=-1, dim1=1, dim2=2)  # (H, L-1): row i -> key i-1
+            nxt = torch.diagonal(p, offset=1, dim1=1, dim2=2)  # (H, L-1): row i -> key i+1
+            _add(sums, l, {
+                "entropy": ent.sum(-1), "entropy_norm": ent.sum(-1) / math.log(n),
+                "distance": (p * dist).sum(-1).sum(-1), "to_prev": prev.sum(-1), "to_next": nxt.sum(-1),
+                "to_self": torch.diagonal(p, dim1=1, dim2=2).sum(-1),
+                "to_cls": p[..., sets["cls"]].sum((-1, -2)), "to_sep": p[..., sets["sep"]].sum((-1, -2)),
+                "to_punct": p[..., sets["punct"]].sum((-1, -2)),
+                "argmax_prev": (top[:, 1:] == idx[1:] - 1).float().sum(-1),
+                "argmax_next": (top[:, :-1] == idx[:-1] + 1).float().sum(-1),
+                "argmax_self": (top == idx).float().sum(-1),
+            }, n)
+    return _means(sums)
+
+
+STATS_OPTIONS = {"topk": 1, "offsets": (-1, 0, 1)}  # what head_stats_from_stats reads (sets: per batch, below)
+
+
+def stats_options(token_rows: list[list[str]], length: int) -> dict:
+    """``capture(..., stats=...)`` options for a batch whose row ``r`` holds ``token_rows[r]`` (then padding): the
+    key sets [CLS], [SEP] and punctuation as ``(B, length)`` bool, top-1 and the offsets -1, 0, +1."""
+    sets = {k: torch.zeros(len(token_rows), length, dtype=torch.bool) for k in ("cls", "sep", "punct")}
+    for r, tokens in enumerate(token_rows):
+        for k, v in _token_sets(tokens).items():
+            sets[k][r, :len(tokens)] = v
+    return {**STATS_OPTIONS, "sets": sets}
+
+
+def head_stats_from_stats(records) -> list[list[dict]]:
+    """:func:`head_stats` from exact statistics (:func:`multihead.attention.stats.attention_stats`, options from
+    :func:`stats_options`) instead of maps: ``records`` yields ``(n, [AttentionStats per layer], row)`` for a text of
+    ``n`` real tokens at batch row ``row``. Runs on inputs whose maps would not fit."""
+    sums = None
+    for n, layers, r in records:
+        if sums is None:
+            sums = _empty([st.entropy.shape[1] for st in layers])
+        if n < 2:
+            continue
+        idx = torch.arange(n)
+        for l, st in enumerate(layers):
+            ent = st.entropy[r, :, :n].float()  # (H, n)
+            top = st.topk_index[r, :, :n, 0]  # (H, n)
+            m = {k: v[r, :, :n].float() for k, v in st.mass.items()}
+            _add(sums, l, {
+                "entropy": ent.sum(-1), "entropy_norm": ent.sum(-1) / math.log(n),
+                "distance": st.distance[r, :, :n].float().sum(-1), "to_prev": m["offset-1"].sum(-1),
+                "to_next": m["offset+1"][:, :n - 1].sum(-1), "to_self": m["offset+0"].sum(-1),
+                "to_cls": m["cls"].sum(-1), "to_sep": m["sep"].sum(-1), "to_punct": m["punct"].sum(-1),
+                "argmax_prev": (top[:, 1:] == idx[1:] - 1).float().sum(-1),
+                "argmax_next": (top[:, :-1] == idx[:-1] + 1).float().sum(-1),
+                "argmax_self": (top == idx).float().sum(-1),
+            }, n)
+    if sums is None:
+        raise ValueError("head statistics need at least one text")
+    return _means(sums)
 
 
 def role(s: dict) -> str:
@@ -108,11 +163,15 @@ def role(s: dict) -> str:
 
 
 def analyse(corpus: list[AttentionMaps]) -> dict:
-    stats = head_stats(corpus)
+    return summarise(head_stats(corpus), corpus[0].model, len(corpus), sum(len(m.tokens) for m in corpus))
+
+
+def summarise(stats: list[list[dict]], model: str, texts: int, tokens: int, source: str = "maps") -> dict:
+    """Roles and counts from per-head statistics (from maps or from :func:`head_stats_from_stats`)."""
     heads = [{"layer": l, "head": h, "role": role(s), **{k: round(v, 4) for k, v in s.items()}}
              for l, layer in enumerate(stats) for h, s in enumerate(layer)]
     counts = {r: sum(1 for x in heads if x["role"] == r) for r in ROLES}
-    return {"model": corpus[0].model, "texts": len(corpus), "tokens": sum(len(m.tokens) for m in corpus),
+    return {"model": model, "texts": texts, "tokens": tokens, "computed_from": source,
             "rules": {"positional": POSITIONAL, "sink": SINK, "broad": BROAD}, "counts": counts, "heads": heads}
 
 

@@ -42,7 +42,10 @@ class MultiHeadAttention(nn.Module):
     Hook points (read or edit with forward hooks; see :mod:`multihead.modules.hooks`):
         ``hook_q`` ``(B, H, Lq, D)``, ``hook_k``/``hook_v`` ``(B, G, Lk, D)`` (after rotary),
         ``hook_pattern`` ``(B, H, Lq, Lk)`` weights after softmax (editing them changes the output),
-        ``hook_z`` ``(B, H, Lq, D)`` per-head outputs before ``head_mask`` and the output projection.
+        ``hook_z`` ``(B, H, Lq, D)`` per-head outputs before ``head_mask`` and the output projection,
+        ``hook_stats`` an :class:`~multihead.attention.stats.AttentionStats` of the call: exact per-head entropy,
+        received mass, distance, top-k keys... from tiles, in memory linear in length (computed only when a hook is
+        attached; options in the plain attribute ``stats_options``, e.g. ``{"topk": 8, "sets": {...}}``).
         When no hook on ``hook_pattern`` is attached and no weights are requested, nothing ``Lq x Lk`` is built
         on a fused backend.
     """
@@ -100,6 +103,8 @@ class MultiHeadAttention(nn.Module):
         self.hook_v = HookPoint()
         self.hook_pattern = HookPoint()
         self.hook_z = HookPoint()
+        self.hook_stats = HookPoint()
+        self.stats_options: dict = {}
         self.pruned_heads: list[int] = []
 
     def extra_repr(self) -> str:
@@ -255,6 +260,10 @@ class MultiHeadAttention(nn.Module):
         if rotate and self.rotary is not None:
             q, k = self.rotary(q, k)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        if self.hook_stats.active:  # exact statistics from tiles: nothing Lq x Lk is built
+            from ..attention.stats import attention_stats
+
+            self.hook_stats(attention_stats(q, k, mask=mask, **self.stats_options))
         p = self.dropout if self.training else 0.0
         backend = self.backend
         if need_weights and not (backend != "auto" and get_backend(backend).capabilities.returns_weights):

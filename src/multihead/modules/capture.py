@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
 
-WHAT = {"pattern": "hook_pattern", "q": "hook_q", "k": "hook_k", "v": "hook_v", "z": "hook_z"}
+WHAT = {"pattern": "hook_pattern", "q": "hook_q", "k": "hook_k", "v": "hook_v", "z": "hook_z", "stats": "hook_stats"}
 
 
 class Cache(dict):
@@ -46,6 +46,10 @@ class Cache(dict):
         """Per-head weights ``(B, H, Lq, Lk)`` of attention module ``layer``."""
         return self.get_layer("pattern", layer)
 
+    def stats(self, layer: int):
+        """:class:`~multihead.attention.stats.AttentionStats` of attention module ``layer`` (``what=("stats",)``)."""
+        return self.get_layer("stats", layer)
+
     def patterns(self) -> list[Tensor]:
         """Every layer's ``(B, H, Lq, Lk)`` weights, in layer order."""
         return [self.pattern(i) for i in range(len(self.attention_modules))]
@@ -61,10 +65,12 @@ def attention_modules(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
 
 @contextmanager
 def capture(model: nn.Module, what: Iterable[str] = ("pattern",), *, layers: Iterable[int] | None = None,
-            to_cpu: bool = True) -> Iterator[Cache]:
-    """Record ``what`` (any of ``pattern``, ``q``, ``k``, ``v``, ``z``) of every attention module (or those in
-    ``layers``, indices in layer order) during the forward passes run inside the block. A second forward pass
-    overwrites the first one's entries."""
+            to_cpu: bool = True, stats: dict | None = None) -> Iterator[Cache]:
+    """Record ``what`` (any of ``pattern``, ``q``, ``k``, ``v``, ``z``, ``stats``) of every attention module (or those
+    in ``layers``, indices in layer order) during the forward passes run inside the block. A second forward pass
+    overwrites the first one's entries. ``stats`` records each call's exact per-head statistics
+    (:func:`~multihead.attention.stats.attention_stats`, options from ``stats=``, e.g. ``{"topk": 8}``) without
+    building any ``Lq x Lk`` map: the way to look at long inputs."""
     what = list(what)
     bad = [w for w in what if w not in WHAT]
     if bad:
@@ -72,22 +78,29 @@ def capture(model: nn.Module, what: Iterable[str] = ("pattern",), *, layers: Ite
     mods = attention_modules(model)
     cache = Cache([n for n, _ in mods])
     chosen = range(len(mods)) if layers is None else list(layers)
-    handles = []
+    handles, options = [], {}
     try:
         for i in chosen:
             name, mod = mods[i]
+            if "stats" in what:
+                options[mod] = mod.stats_options
+                mod.stats_options = dict(stats or {})
             for w in what:
                 key = f"{name}.{WHAT[w]}"
 
-                def record(t: Tensor, hook, key=key) -> None:
-                    t = t.detach()
-                    cache[key] = t.cpu() if to_cpu else t
+                def record(t, hook, key=key) -> None:
+                    if isinstance(t, Tensor):
+                        t = t.detach()
+                        t = t.cpu() if to_cpu else t
+                    cache[key] = t  # stats: an AttentionStats (computed without autograd)
 
                 handles.append(getattr(mod, WHAT[w]).add_hook(record))
         yield cache
     finally:
         for h in handles:
             h.remove()
+        for mod, opts in options.items():
+            mod.stats_options = opts
 
 
 def run_with_cache(model: nn.Module, *args, what: Iterable[str] = ("pattern",), **kwargs):
