@@ -666,12 +666,29 @@ def cmd_heads(args) -> int:
 
     if is_pretrain_run(args.model):
         return _heads_causal(args)
+    import resource
+    import time
+
+    from .interpret.maps import subject_head_stats
+
     subject = load_subject(args.model)
+    if args.max_len:
+        _lift_max_len(subject, args.max_len)
     ds = D.load(args.data, text_column=args.text_column, label_column=args.label_column)
-    texts = D.split(ds, seed=0).test.texts[: args.n] if args.split == "test" else ds.texts[: args.n]
-    corpus = subject.maps(texts)
-    result = roles.analyse(corpus)
-    result["data"] = {"name": args.data, "split": args.split, "n": len(texts)}
+    pool = D.split(ds, seed=0).test.texts if args.split == "test" else ds.texts
+    texts = _concatenated(subject, pool, args.n) if args.concat else pool[: args.n]
+    source = args.source or ("stats" if subject.max_len > 1024 else "maps")
+    t0 = time.perf_counter()
+    if source == "maps":
+        corpus = subject.maps(texts)
+        result = roles.analyse(corpus)
+    else:  # exact statistics on the model's own (fused) path: no L x L map is built
+        stats, tokens = subject_head_stats(subject, texts, batch_size=1 if subject.max_len > 1024 else 32)
+        result = roles.summarise(stats, subject.name, len(texts), tokens, "stats")
+    result["data"] = {"name": args.data, "split": args.split, "n": len(texts), "concatenated": bool(args.concat),
+                      "max_len": subject.max_len}
+    result["seconds"] = round(time.perf_counter() - t0, 2)
+    result["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     if args.json:
         print(json.dumps(result))
     else:
@@ -680,6 +697,37 @@ def cmd_heads(args) -> int:
         files = roles.write(result, Path(args.out), overwrite=args.overwrite)
         print(f"wrote {', '.join(str(f) for f in files)}", file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _lift_max_len(subject, max_len: int) -> None:
+    """``heads --max-len``: read longer inputs. A learned position table cannot grow (refused with the fix);
+    rotary or no positions read any length (beyond the trained length: the analysis says so in its data)."""
+    config = getattr(subject.model, "config", None)
+    positional = getattr(config, "positional", "learned")
+    table = getattr(config, "max_len", subject.max_len)
+    if max_len > table and positional == "learned":
+        raise ValueError(f"{subject.name} has learned positions for {table} tokens; --max-len {max_len} needs a model "
+                         "with rotary positions (e.g. a pretrain run's encoder) or at most " + str(table))
+    if config is not None and max_len > table:
+        config.max_len = max_len
+    subject.max_len = max_len
+
+
+def _concatenated(subject, texts: list[str], n: int) -> list[str]:
+    """``heads --concat``: ``n`` inputs, each consecutive texts joined until the model's ``max_len`` tokens."""
+    out, cur, count = [], [], 0
+    for t in texts:
+        cur.append(t)
+        count += len(subject.tokenizer.encode(t, add_special_tokens=False).ids)
+        if count >= subject.max_len:
+            out.append(" ".join(cur))
+            cur, count = [], 0
+            if len(out) == n:
+                break
+    if len(out) < n:
+        raise ValueError(f"the data holds {len(out)} inputs of {subject.max_len} tokens; pass a smaller --n or "
+                         "--max-len")
+    return out
 
 
 def _heads_causal(args) -> int:
@@ -975,6 +1023,11 @@ def build_parser() -> argparse.ArgumentParser:
     hd.add_argument("--split", default="test", choices=["test", "all"], help="the fixed test split, or all rows")
     hd.add_argument("--text-column", default="text")
     hd.add_argument("--label-column", default="label")
+    hd.add_argument("--max-len", type=_count, default=None, help="tokens per input (rotary models read any length)")
+    hd.add_argument("--concat", action="store_true", help="join consecutive texts into inputs of --max-len tokens")
+    hd.add_argument("--from", dest="source", choices=["maps", "stats"], default=None,
+                    help="compute from full maps or from exact statistics in linear memory (default: stats above "
+                         "1,024 tokens)")
     hd.add_argument("--out", default=None, help="write heads.json and heads.png/.svg here")
     hd.add_argument("--json", action="store_true")
     hd.add_argument("--overwrite", action="store_true", help="replace a folder of other files at --out")

@@ -387,3 +387,21 @@ def test_heads_and_sinks_on_a_causal_run(clm_run, pretrained_run, tmp_path, caps
     s = json.loads((out / "sinks.json").read_text())
     assert s["length"] == 128 and s["window"] == 16 and set(s["policies"]) == {"full", "window", "sinks"}
     assert (out / "sinks.png").is_file() and "perplexity by position band" in capsys.readouterr().out
+
+
+def test_heads_from_statistics_on_inputs_longer_than_training(pretrained_run, tmp_path, capsys):
+    """`heads ENCODER --max-len 512 --concat --from stats`: a rotary encoder trained on 32-token rows read at 512
+    tokens, roles from exact statistics (no map); a learned-position model is refused a longer --max-len."""
+    enc = str(pretrained_run / "encoder")
+    assert main(["heads", enc, "--data", "rotten_tomatoes", "--max-len", "512", "--concat", "--n", "2",
+                 "--from", "stats", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["computed_from"] == "stats" and r["tokens"] == 2 * 512 and r["data"]["max_len"] == 512
+    assert sum(r["counts"].values()) == 2 and r["peak_rss_mib"] > 0 and r["seconds"] >= 0
+    assert main(["heads", enc, "--data", "rotten_tomatoes", "--n", "6", "--from", "maps", "--json"]) == 0
+    from_maps = json.loads(capsys.readouterr().out)
+    assert main(["heads", enc, "--data", "rotten_tomatoes", "--n", "6", "--from", "stats", "--json"]) == 0
+    from_stats = json.loads(capsys.readouterr().out)
+    assert [h["role"] for h in from_maps["heads"]] == [h["role"] for h in from_stats["heads"]]
+    assert main(["heads", "minilm", "--max-len", "4096", "--n", "1"]) == 2
+    assert "learned positions for 512 tokens" in capsys.readouterr().err
