@@ -547,6 +547,8 @@ def cmd_show(args) -> int:
     if not args.text.strip():
         raise ValueError("the text to show is empty; pass a sentence, e.g. \"The cat sat on the mat.\"")
     subject = load_subject(args.model)
+    if args.max_len:
+        _lift_max_len(subject, args.max_len)
     summary = show(subject, args.text, Path(args.out), heads=args.heads, rollout=not args.no_rollout,
                    overwrite=args.overwrite)
     print(f"{len(summary['tokens'])} tokens: {' '.join(summary['tokens'][:40])}"
@@ -986,6 +988,8 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--out", default=None, help="folder to write (G2P runs: default RUN/show/WORD)")
     sh.add_argument("--heads", type=_head_list, default=None, help="heads to draw at full size, e.g. 1:8,5:3")
     sh.add_argument("--no-rollout", action="store_true", help="skip the attention-rollout picture")
+    sh.add_argument("--max-len", type=_count, default=None, help="tokens read (rotary models read any length; over "
+                                                              "1,024 the page is built from statistics, no map)")
     sh.add_argument("--overwrite", action="store_true", help="replace a folder of other files at --out")
     sh.set_defaults(fn=cmd_show)
 

@@ -49,7 +49,8 @@ def test_each_statistic_equals_the_full_map(name):
     q, k, mask, kp = _inputs(case)
     sets = {"evens": torch.arange(0, k.shape[2], 2), "last3": torch.arange(k.shape[2] - 3, k.shape[2])}
     st = attention_stats(q, k, mask=mask, is_causal=case.get("is_causal", False), key_padding_mask=kp, topk=5,
-                         sets=sets, offsets=(-1, 0, 2), heads=[1, 3], rows=[0, 7, 22], block_q=4, block_k=5)
+                         sets=sets, offsets=(-1, 0, 2), heads=[1, 3], rows=[0, 7, 22], thumbnail=6, block_q=4,
+                         block_k=5)
     p = _full(q, k, case, mask, kp)
     lq, lk = p.shape[-2:]
     tol = dict(atol=1e-6, rtol=0)
@@ -64,6 +65,10 @@ def test_each_statistic_equals_the_full_map(name):
     torch.testing.assert_close(st.mass["evens"], p[..., ::2].sum(-1), **tol)
     torch.testing.assert_close(st.mass["last3"], p[..., -3:].sum(-1), **tol)
     torch.testing.assert_close(st.weights, p[:, [1, 3]][:, :, [0, 7, 22]], **tol)
+    bq_, bk_ = torch.arange(lq) * 6 // lq, torch.arange(lk) * 6 // lk  # each position's thumbnail bin
+    want = torch.stack([torch.stack([p[..., bq_ == a, :][..., bk_ == c].mean((-1, -2)) for c in range(6)], -1)
+                        for a in range(6)], -2)
+    torch.testing.assert_close(st.thumbnail, want, **tol)
     for o in (-1, 0, 2):  # the weight at key pos(i) + o (0 where that key does not exist)
         want = torch.zeros_like(st.entropy)
         for i in range(lq):

@@ -151,3 +151,58 @@ def test_image_view_in_chromium_hover_a_patch_or_a_word(browser, tmp_path):
     page.click("#tab-head")  # the other views still work on the same data
     assert page.locator("#lines text").count() == 5 + 16
     assert problems == []
+
+
+def test_long_pages_carry_links_and_thumbnails_not_maps(tmp_path):
+    import base64
+
+    from multihead.interpret.page import FULL_LIMIT, LinkMaps, page_data
+
+    maps = _maps([f"t{i}" for i in range(300)], layers=2, heads=2)
+    assert 300 * 300 > FULL_LIMIT
+    data = page_data(maps)
+    assert data["mode"] == "links" and "weights" not in data and data["k"] == 8 and data["thumb"] == [64, 64]
+    lm = LinkMaps.from_maps(maps)
+    w, ix = maps.layers[1][0].topk(8, -1)
+    assert torch.equal(lm.index[1][0], ix) and torch.allclose(lm.weight[1][0], w)
+    raw_i = base64.b64decode(data["links"][1][0]["i"])
+    decoded = torch.frombuffer(bytearray(raw_i), dtype=torch.int16).view(300, 8).long()
+    assert torch.equal(decoded, ix)  # 16-bit little-endian key indices
+    q = torch.tensor(list(base64.b64decode(data["links"][1][0]["w"])), dtype=torch.float32).view(300, 8)
+    assert ((q / 255) ** 2 - w).abs().max() < 2 * w.max().sqrt() / 255 + 1e-6  # sqrt-coded 8-bit weights
+    torch.testing.assert_close(lm.thumbs[0][1], torch.nn.functional.adaptive_avg_pool2d(maps.layers[0][1][None],
+                                                                                        64)[0])
+    small = page_data(_maps(["a", "b", "c"]))
+    assert small["mode"] == "full" and "weights" in small
+
+
+def test_long_page_in_chromium_scrolls_hovers_and_draws_a_head_map(browser, tmp_path):
+    from multihead.interpret.page import LinkMaps
+
+    torch.manual_seed(0)
+    n, k = 2000, 8
+    index, weight, thumbs = [], [], []
+    for _ in range(2):
+        w = torch.softmax(torch.randn(3, n, k) * 3, -1) * 0.5  # the 8 strongest of each row; the rest spread thin
+        w, order = w.sort(-1, descending=True)
+        idx = torch.randint(0, n, (3, n, k))
+        idx[1, :, 0] = (torch.arange(n) - 1).clamp_min(0)  # head 1 looks at the previous token first
+        index.append(idx)
+        weight.append(w)
+        thumbs.append(torch.rand(3, 64, 64))
+    lm = LinkMaps("a long text " * 100, [f"tok{i}" for i in range(n)], index, weight, thumbs, "synthetic")
+    path = write_page(lm, tmp_path / "long.html")
+    assert path.stat().st_size < 1_000_000
+    page, problems = _open(browser, path)
+    assert page.locator("#lines text").count() == 2 * n
+    shown = page.locator("#lines line").count()
+    assert 0 < shown < 3 * 3 * 200  # only the rows on screen get lines
+    page.locator("#lines text[data-side='q'][data-index='1500']").hover()  # scrolls there; that token's links only
+    assert page.locator("#lines text.focus").count() == 1
+    assert 3 <= page.locator("#lines line").count() <= 3 * k
+    page.mouse.move(2, 2)
+    page.click("#tab-model")
+    assert page.locator(".thumb").count() == 6
+    page.locator(".thumb[data-layer='1'][data-head='1']").click()
+    assert page.locator("#headmap").is_visible() and "stored links" in page.locator("#headmap-caption").inner_text()
+    assert problems == []

@@ -405,3 +405,22 @@ def test_heads_from_statistics_on_inputs_longer_than_training(pretrained_run, tm
     assert [h["role"] for h in from_maps["heads"]] == [h["role"] for h in from_stats["heads"]]
     assert main(["heads", "minilm", "--max-len", "4096", "--n", "1"]) == 2
     assert "learned positions for 512 tokens" in capsys.readouterr().err
+
+
+def test_show_on_an_input_longer_than_1024_tokens_builds_no_map(pretrained_run, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from multihead.data import load_texts
+
+    enc = str(pretrained_run / "encoder")
+    text = " ".join(load_texts("rotten_tomatoes")[:120])
+    out = tmp_path / "long"
+    assert main(["show", enc, text, "--max-len", "1500", "--out", str(out)]) == 0
+    assert (out / "attention.html").is_file() and not (out / "grid.png").exists()
+    links = load_file(str(out / "links.safetensors"))
+    assert links["layer_0.index"].shape == (2, 1500, 8) and links["layer_0.thumbnail"].shape == (2, 64, 64)
+    w = links["layer_0.weight"]
+    assert (w[..., :-1] >= w[..., 1:]).all() and (w.sum(-1) <= 1 + 1e-4).all()
+    assert '"mode": "links"' in (out / "attention.html").read_text()
+    assert main(["show", enc, text, "--max-len", "1500", "--heads", "0:1", "--out", str(tmp_path / "h")]) == 2
+    assert "open the page" in capsys.readouterr().err

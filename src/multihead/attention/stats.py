@@ -47,6 +47,7 @@ class AttentionStats:
     topk_index: Tensor | None = None  # (b, h, i, k) key indices, largest weight first
     topk_weight: Tensor | None = None  # (b, h, i, k)
     weights: Tensor | None = None  # (b, len(heads), len(rows), j) exact rows, when heads/rows were asked for
+    thumbnail: Tensor | None = None  # (b, h, T, T): the map averaged over T x T bins of rows and keys (a picture)
     heads: list[int] | None = None
     rows: list[int] | None = None
 
@@ -57,7 +58,7 @@ class AttentionStats:
 
     def nbytes(self) -> int:
         ts = [self.lse, self.entropy, self.received, self.distance, *self.mass.values(), self.topk_index,
-              self.topk_weight, self.weights]
+              self.topk_weight, self.weights, self.thumbnail]
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
 
@@ -164,7 +165,8 @@ def _as_list(x, n: int, what: str) -> list[int] | None:
 @torch.no_grad()
 def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
                     key_padding_mask: Tensor | None = None, scale: float | None = None, topk: int = 8,
-                    sets: dict | None = None, offsets=(), heads=None, rows=None, block_q: int = BLOCK_Q,
+                    sets: dict | None = None, offsets=(), heads=None, rows=None, thumbnail: int = 0,
+                    block_q: int = BLOCK_Q,
                     block_k: int = BLOCK_K) -> AttentionStats:
     """Exact statistics of ``softmax(q k^T * scale + mask)`` per head, in memory linear in length.
 
@@ -177,6 +179,8 @@ def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
         offsets: relative key offsets (``-1``: the previous token, ``0``: itself); the weight there is in
             ``.mass["offset-1"]`` ... (0 where that key does not exist).
         heads, rows: return the exact weight rows of these heads and query rows (``.weights``).
+        thumbnail: ``T > 0`` also returns the map averaged over ``T x T`` bins (``.thumbnail``; bin ``a`` of
+            ``L`` positions holds ``[a L / T, (a + 1) L / T)``), two thin matmuls per tile.
     """
     from .registry import _check_qkv
 
@@ -225,6 +229,13 @@ def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
     top_i = torch.zeros(b, h, lq, kk, dtype=torch.long, device=q.device)
     weights = zeros(b, len(heads_l), len(rows_l), lk) if heads_l is not None else None
     row_pos = {r: n for n, r in enumerate(rows_l or [])}
+    if thumbnail < 0:
+        raise ValueError(f"thumbnail must be >= 0 bins per side; got {thumbnail}")
+    tq, tk = min(thumbnail, lq), min(thumbnail, lk)
+    thumb = zeros(b, h, tq, tk) if thumbnail else None
+    if thumbnail:  # one-hot bin membership of every row and key, and each bin's size
+        bin_q = torch.nn.functional.one_hot(torch.arange(lq, device=q.device) * tq // max(lq, 1), tq).to(work)
+        bin_k = torch.nn.functional.one_hot(torch.arange(lk, device=q.device) * tk // max(lk, 1), tk).to(work)
     neg = -torch.finfo(work).max / 4  # masked scores: exp() is 0 and 0 * neg is 0 (with -inf it would be NaN)
     keys = torch.arange(lk, device=q.device, dtype=work)
     for i0 in range(0, lq, block_q):  # pass 2: exact weights p = exp(s - lse), tile by tile, into the statistics
@@ -276,11 +287,15 @@ def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
                 top_w[:, :, i0:i1], top_i[:, :, i0:i1] = best, ix.gather(-1, order)
             for n, r in local:
                 weights[:, :, n, j0:j1] = p[:, heads_l, r]
+            if thumb is not None:  # (T, bq) @ (b, h, bq, bk) @ (bk, T)
+                thumb += bin_q[i0:i1].T @ (p @ bin_k[j0:j1])
         entropy[:, :, i0:i1] = -plogp
+    if thumb is not None:
+        thumb /= bin_q.sum(0)[:, None] * bin_k.sum(0)[None, :]  # sums -> means over each bin
     top_w = top_w.clamp_min(0)  # slots never filled (rows with fewer allowed keys than k) read 0
     return AttentionStats(lse=lse, entropy=entropy, received=received, distance=distance, mass=mass,
                           topk_index=top_i if kk else None, topk_weight=top_w if kk else None, weights=weights,
-                          heads=heads_l, rows=rows_l)
+                          heads=heads_l, rows=rows_l, thumbnail=thumb)
 
 
 __all__ = ["AttentionStats", "attention_stats"]

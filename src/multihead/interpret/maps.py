@@ -116,6 +116,28 @@ def subject_head_stats(subject: "Subject", texts: list[str], batch_size: int = 3
     return head_stats_from_stats(records), tokens
 
 
+LONG = 1024  # tokens above which show and heads work from statistics (no L x L map)
+
+
+@torch.no_grad()
+def subject_link_maps(subject: "Subject", text: str, *, k: int = 8, thumb: int = 64):
+    """The page's data for one (long) text from exact statistics on the model's own path: each head's top-``k``
+    links per query and a ``thumb x thumb`` thumbnail (:class:`multihead.interpret.page.LinkMaps`); no map is
+    built. Returns ``(link_maps, truncated)``."""
+    from .page import LinkMaps
+
+    subject.model.eval()
+    ids, keep = subject.encode([text])
+    n = int(keep[0].sum())
+    tokens, _ = subject.display(ids[0, :n].tolist())
+    with capture(subject.model, ("stats",), stats={"topk": k, "thumbnail": thumb}) as cache:
+        subject.model(ids, keep)
+    layers = [cache.stats(i) for i in range(len(cache.attention_modules))]
+    cut = max(0, len(subject.tokenizer.encode(text, add_special_tokens=False).ids) + 2 - n)
+    return LinkMaps(text, tokens, [st.topk_index[0] for st in layers], [st.topk_weight[0].float() for st in layers],
+                    [st.thumbnail[0].float() for st in layers], subject.name), cut
+
+
 def load_subject(source: str | Path, *, sentence_embeddings: bool = False) -> Subject:
     """A run folder (its trained classifier) or a pretrained name / BERT-family folder. A pretrained model reads up
     to all its positions, or with ``sentence_embeddings`` up to sentence-transformers' ``max_seq_length`` (256 for
@@ -138,4 +160,4 @@ def is_punctuation(token: str) -> bool:
     return bool(t) and not is_special(token) and all(unicodedata.category(c).startswith("P") for c in t)
 
 
-__all__ = ["AttentionMaps", "Subject", "is_punctuation", "is_special", "load_subject", "subject_head_stats"]
+__all__ = ["AttentionMaps", "Subject", "is_punctuation", "is_special", "load_subject", "subject_head_stats", "subject_link_maps"]

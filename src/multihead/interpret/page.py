@@ -16,9 +16,11 @@ from .._io import atomic_write_text
 
 import base64
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from .maps import AttentionMaps
 
@@ -35,6 +37,8 @@ button.tab.active { background: #333; color: #fff; }
 #grid { display: grid; gap: 6px; } .cell { text-align: center; font-size: 10px; cursor: pointer; }
 .cell canvas { width: 72px; height: 72px; image-rendering: pixelated; border: 1px solid #ccc; display: block; }
 .cell.hl canvas { border: 2px solid #d62728; } #found button { margin: 2px; }
+#headmap canvas { max-width: 360px; image-rendering: pixelated; border: 1px solid #ccc; }
+#headmap p { font-size: 12px; margin: 4px 0; }
 #image-view { display: flex; gap: 16px; flex-wrap: wrap; } #picture { width: 280px; height: 280px;
 image-rendering: pixelated; border: 1px solid #999; cursor: crosshair; }
 #image-heads { display: flex; flex-wrap: wrap; gap: 8px; align-content: flex-start; max-width: 760px; }
@@ -50,6 +54,11 @@ SCRIPT = r"""
   const KT = D.key_tokens || D.tokens;  // cross-attention: keys are another sequence (e.g. letters)
   const NQ = D.tokens.length, NK = KT.length, N = Math.max(NQ, NK), ROW = 20, cache = {};
   let layer = 0, selected = new Set(), focus = null;
+  function thumb(l, h) {  // links mode: the head's map averaged over bins, scaled to its largest bin
+    const bin = atob(D.thumbs[l][h]), out = new Float32Array(bin.length);
+    for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i) / 255;
+    return out;
+  }
   function weights(l, h) {  // Float32Array NQ*NK, row-major: query rows, key columns
     const key = l + ":" + h;
     if (!cache[key]) {
@@ -58,6 +67,31 @@ SCRIPT = r"""
       cache[key] = out;
     }
     return cache[key];
+  }
+  const LINKS = D.mode === "links";  // long inputs: top-k links per query and a thumbnail per head, no full maps
+  const lcache = {};
+  function links(l, h) {  // {idx: Uint16Array NQ*K, w: Float32Array NQ*K}, best first per row
+    const key = l + ":" + h;
+    if (!lcache[key]) {
+      const bi = atob(D.links[l][h].i), bw = atob(D.links[l][h].w);
+      const idx = new Uint16Array(bw.length), w = new Float32Array(bw.length);
+      for (let p = 0; p < bw.length; p++) {
+        idx[p] = bi.charCodeAt(2 * p) | (bi.charCodeAt(2 * p + 1) << 8);
+        const x = bw.charCodeAt(p) / 255;
+        w[p] = x * x;  // stored as round(255 sqrt(w)): weights of 1e-4 (long inputs) survive 8 bits
+      }
+      lcache[key] = {idx: idx, w: w};
+    }
+    return lcache[key];
+  }
+  function rowLinks(l, h, i, limit) {  // [[key, weight], ...] of query i, largest first
+    if (LINKS) {
+      const L = links(l, h), out = [];
+      for (let t = 0; t < D.k && out.length < limit; t++) out.push([L.idx[i * D.k + t], L.w[i * D.k + t]]);
+      return out;
+    }
+    const w = weights(l, h), row = Array.from(w.subarray(i * NK, (i + 1) * NK));
+    return row.map((v, j) => [j, v]).sort((a, b) => b[1] - a[1]).slice(0, limit);
   }
   function colour(h, n) { return "hsl(" + Math.round(360 * h / Math.max(1, n)) + ",70%,45%)"; }
   function el(tag, attrs, text) {
@@ -104,27 +138,69 @@ SCRIPT = r"""
       }
     }
   }
+  function visibleRows() {  // long inputs: only the rows on screen (and a screen either side) get lines
+    if (N <= 300 || focus) return [0, N];
+    const top = document.getElementById("lines").getBoundingClientRect().top;
+    const first = Math.floor((-top - window.innerHeight) / ROW), last = Math.ceil((-top + 2 * window.innerHeight) / ROW);
+    return [Math.max(0, first), Math.min(N, last)];
+  }
   function drawLines() {
     const g = document.getElementById("links"); g.replaceChildren();
-    const topK = NK > 64 ? 3 : NK;
+    const topK = NK > 64 ? 3 : NK, [r0, r1] = visibleRows();
+    g.setAttribute("data-rows", r0 + "-" + r1);
     for (const h of selected) {
-      const w = weights(layer, h), c = colour(h, D.heads[layer]);
+      const c = colour(h, D.heads[layer]);
       for (let i = 0; i < NQ; i++) {
         if (focus && focus.side === "q" && focus.i !== i) continue;
-        const row = Array.from(w.subarray(i * NK, (i + 1) * NK));
-        const order = row.map((v, j) => j).sort((a, b) => row[b] - row[a]).slice(0, focus ? NK : topK);
-        for (const j of order) {
+        const near = r0 <= i && i < r1;
+        if (!focus && !near) continue;
+        const order = rowLinks(layer, h, i, focus ? NK : topK);
+        const top = order.length ? order[0][1] : 0;
+        for (let t = 0; t < order.length; t++) {
+          const [j, v] = order[t];
           if (focus && focus.side === "k" && focus.i !== j) continue;
-          if (row[j] < (focus ? 0.01 : 0.05)) continue;
+          if (!focus && !(r0 <= j && j < r1) && !near) continue;
+          // short inputs: weights above 0.05 (hovered: 0.01); long ones spread thin, so a hovered token's three
+          // strongest links always show, drawn relative to the row's largest weight
+          if (v < (focus ? 0.01 : 0.05) && !(focus && LINKS && t < 3 && v > 0)) continue;
+          const alpha = LINKS && focus ? Math.max(0.2, v / top) : v;
           g.appendChild(el("line", {x1: LEFT + 5, y1: ROW * i + 14, x2: RIGHT - 5, y2: ROW * j + 14, stroke: c,
-            "stroke-width": 2, "stroke-opacity": row[j].toFixed(3)}));
+            "stroke-width": 2, "stroke-opacity": alpha.toFixed(3), "data-weight": v.toPrecision(3)}));
         }
       }
     }
-    for (const t of document.querySelectorAll("#lines text")) {
-      const on = focus && focus.side === t.getAttribute("data-side") && focus.i === Number(t.getAttribute("data-index"));
-      t.classList.toggle("focus", Boolean(on));
+    for (const t of document.querySelectorAll("#lines text.focus")) t.classList.remove("focus");
+    if (focus) {
+      const t = document.querySelector("#lines text[data-side='" + focus.side + "'][data-index='" + focus.i + "']");
+      if (t) t.classList.add("focus");
     }
+    drawHeadMap();
+  }
+  function drawHeadMap() {  // one selected head: its map drawn from the stored data (links: the top-k of each row)
+    const box = document.getElementById("headmap");
+    if (selected.size !== 1) { box.hidden = true; return; }
+    const h = [...selected][0], S = Math.min(512, Math.max(NQ, NK)), sq = S / NQ, sk = S / NK;
+    const canvas = document.getElementById("headmap-canvas");
+    canvas.width = Math.max(1, Math.round(NK * sk)); canvas.height = Math.max(1, Math.round(NQ * sq));
+    const ctx = canvas.getContext("2d"), img = ctx.createImageData(canvas.width, canvas.height);
+    const val = new Float32Array(canvas.width * canvas.height);
+    for (let i = 0; i < NQ; i++) {
+      const y = Math.min(canvas.height - 1, Math.floor(i * sq));
+      for (const [j, v] of rowLinks(layer, h, i, LINKS ? D.k : NK)) {
+        const p = y * canvas.width + Math.min(canvas.width - 1, Math.floor(j * sk));
+        if (v > val[p]) val[p] = v;
+      }
+    }
+    for (let p = 0; p < val.length; p++) {
+      const v = val[p];
+      img.data[4 * p] = Math.round(255 * (1 - v)); img.data[4 * p + 1] = Math.round(255 * (1 - 0.8 * v));
+      img.data[4 * p + 2] = Math.round(255 - 100 * v); img.data[4 * p + 3] = 255;
+    }
+    ctx.putImageData(img, 0, 0);
+    document.getElementById("headmap-caption").textContent = "layer " + layer + " head " + h + ": " +
+      (LINKS ? "the " + D.k + " largest weights of every row (the stored links)" : "every weight") +
+      (S < Math.max(NQ, NK) ? ", the largest in each pixel" : "");
+    box.hidden = false;
   }
   function drawGrid() {
     const grid = document.getElementById("grid"); grid.replaceChildren();
@@ -135,9 +211,11 @@ SCRIPT = r"""
       for (let h = 0; h < cols; h++) {
         if (h >= D.heads[l]) { grid.appendChild(el("div")); continue; }
         const cell = el("div", {"class": "cell thumb" + (hl.has(l + ":" + h) ? " hl" : ""), "data-layer": l, "data-head": h});
-        const canvas = el("canvas", {width: NK, height: NQ});
-        const ctx = canvas.getContext("2d"), img = ctx.createImageData(NK, NQ), w = weights(l, h);
-        for (let p = 0; p < NQ * NK; p++) {  // white -> dark blue
+        const TW = LINKS ? D.thumb[1] : NK, TH = LINKS ? D.thumb[0] : NQ;
+        const canvas = el("canvas", {width: TW, height: TH});
+        const ctx = canvas.getContext("2d"), img = ctx.createImageData(TW, TH);
+        const w = LINKS ? thumb(l, h) : weights(l, h);
+        for (let p = 0; p < TW * TH; p++) {  // white -> dark blue
           const v = w[p];
           img.data[4 * p] = Math.round(255 * (1 - v)); img.data[4 * p + 1] = Math.round(255 * (1 - 0.8 * v));
           img.data[4 * p + 2] = Math.round(255 - 100 * v); img.data[4 * p + 3] = 255;
@@ -232,7 +310,7 @@ SCRIPT = r"""
     if (name === "image") drawImageView();
   }
   document.getElementById("title").textContent = D.model + ": attention, " + D.heads.length + " layers";
-  document.getElementById("text").textContent = D.text;
+  document.getElementById("text").textContent = D.text.length > 600 ? D.text.slice(0, 600) + " \u2026" : D.text;
   const sel = document.getElementById("layer");
   for (let l = 0; l < D.heads.length; l++) sel.appendChild(el("option", {value: l}, "layer " + l));
   sel.addEventListener("change", () => { setLayer(Number(sel.value)); if (!document.getElementById("image-view").hidden) drawImageView(); });
@@ -246,6 +324,12 @@ SCRIPT = r"""
     b.addEventListener("click", () => showHead(f.layer, f.head));
     found.appendChild(b);
   }
+  let pending = false;
+  window.addEventListener("scroll", () => {  // long inputs: redraw the lines of the rows now on screen
+    if (N <= 300 || focus || pending) return;
+    pending = true;
+    requestAnimationFrame(() => { pending = false; drawLines(); });
+  });
   drawTokens(); setLayer(0); drawGrid(); setupImage(); tab(IM ? "image" : "head");
   document.body.setAttribute("data-ready", "1");
 })();
@@ -273,15 +357,75 @@ def page_image(pixels: torch.Tensor, *, patch: int, queries: str, query_offset: 
             "key_offset": key_offset, "pixels": base64.b64encode(grey.numpy().tobytes()).decode()}
 
 
-def page_data(maps: AttentionMaps, highlights: dict | None = None, image: dict | None = None) -> dict:
-    enc = [[base64.b64encode((w[h].clamp(0, 1) * 255).round().to(torch.uint8).numpy().tobytes()).decode()
-            for h in range(w.shape[0])] for w in maps.layers]
-    return {"model": maps.model, "text": maps.text, "tokens": maps.tokens, "key_tokens": maps.keys, "heads": maps.heads,
-            "weights": enc, "image": image,
-            "highlights": [{"layer": l, "head": h, "caption": c} for (l, h), c in sorted((highlights or {}).items())]}
+FULL_LIMIT = 128 * 128  # query x key weights per head kept in full; larger maps travel as links + thumbnails
+LINKS_K = 8  # links kept per query and head in links mode
+THUMB = 64  # thumbnail bins per side
 
 
-def write_page(maps: AttentionMaps, path: Path, *, highlights: dict | None = None, image: dict | None = None) -> Path:
+@dataclass
+class LinkMaps:
+    """What the page needs of a long input, without any ``L x L`` map: per layer, each head's ``top-k`` links per
+    query (``index``/``weight`` ``(H, Lq, K)``) and a thumbnail ``(H, T, T)`` (the map averaged over bins)."""
+
+    text: str
+    tokens: list[str]
+    index: list[Tensor]
+    weight: list[Tensor]
+    thumbs: list[Tensor]
+    model: str = ""
+    key_tokens: list[str] | None = None
+
+    @property
+    def keys(self) -> list[str]:
+        return self.tokens if self.key_tokens is None else self.key_tokens
+
+    @property
+    def heads(self) -> list[int]:
+        return [w.shape[0] for w in self.weight]
+
+    @classmethod
+    def from_maps(cls, maps: AttentionMaps, k: int = LINKS_K, thumb: int = THUMB) -> "LinkMaps":
+        index, weight, thumbs = [], [], []
+        for w in maps.layers:  # (H, Lq, Lk)
+            v, i = w.float().topk(min(k, w.shape[-1]), dim=-1)
+            index.append(i)
+            weight.append(v)
+            tq, tk = min(thumb, w.shape[1]), min(thumb, w.shape[2])
+            thumbs.append(torch.nn.functional.adaptive_avg_pool2d(w.float(), (tq, tk)) if w.shape[0] else
+                          w.new_zeros(0, tq, tk))
+        return cls(maps.text, maps.tokens, index, weight, thumbs, maps.model, maps.key_tokens)
+
+
+def _b64(t: Tensor) -> str:
+    return base64.b64encode(t.contiguous().numpy().tobytes()).decode()
+
+
+def page_data(maps: "AttentionMaps | LinkMaps", highlights: dict | None = None, image: dict | None = None) -> dict:
+    """The page's data: full 8-bit maps when they are small (and always for the image view), else top-k links per
+    query (16-bit key index, 8-bit ``sqrt`` of the weight: 1e-4 is still 3/255) and 8-bit thumbnails scaled to each
+    head's largest bin."""
+    common = {"model": maps.model, "text": maps.text, "tokens": maps.tokens, "key_tokens": maps.keys,
+              "heads": maps.heads, "image": image,
+              "highlights": [{"layer": l, "head": h, "caption": c} for (l, h), c in sorted((highlights or {}).items())]}
+    full = isinstance(maps, AttentionMaps) and (image is not None or len(maps.tokens) * len(maps.keys) <= FULL_LIMIT)
+    if full:
+        enc = [[_b64((w[h].clamp(0, 1) * 255).round().to(torch.uint8)) for h in range(w.shape[0])] for w in maps.layers]
+        return {**common, "mode": "full", "weights": enc}
+    if len(maps.keys) > 65535:
+        raise ValueError(f"the page indexes keys with 16 bits; {len(maps.keys)} keys is too many")
+    lm = maps if isinstance(maps, LinkMaps) else LinkMaps.from_maps(maps)
+    k = lm.weight[0].shape[-1] if lm.weight else 0
+    links = [[{"i": _b64(i[h].to(torch.int32).to(torch.uint16) if hasattr(torch, "uint16") else i[h].short()),
+               "w": _b64((w[h].clamp(0, 1).sqrt() * 255).round().to(torch.uint8))} for h in range(w.shape[0])]
+             for i, w in zip(lm.index, lm.weight)]
+    thumbs = [[_b64((t[h] / t[h].max().clamp_min(1e-12) * 255).round().to(torch.uint8)) for h in range(t.shape[0])]
+              for t in lm.thumbs]
+    shape = list(lm.thumbs[0].shape[1:]) if lm.thumbs else [0, 0]
+    return {**common, "mode": "links", "k": k, "links": links, "thumbs": thumbs, "thumb": shape}
+
+
+def write_page(maps: "AttentionMaps | LinkMaps", path: Path, *, highlights: dict | None = None,
+               image: dict | None = None) -> Path:
     """Write the page for ``maps`` to ``path``; ``highlights`` maps ``(layer, head)`` to a caption; ``image``
     (:func:`page_image`) adds the image view."""
     html = ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -293,7 +437,8 @@ def write_page(maps: AttentionMaps, path: Path, *, highlights: dict | None = Non
             "<button class=\"tab\" id=\"tab-model\">Model view</button>"
             "<button class=\"tab\" id=\"tab-image\" hidden>Image view</button>"
             "<label>Layer <select id=\"layer\"></select></label><span id=\"current\"></span></nav>\n"
-            "<section id=\"head-view\"><div id=\"heads\"></div><svg id=\"lines\"></svg></section>\n"
+            "<section id=\"head-view\"><div id=\"heads\"></div><div id=\"headmap\" hidden><p id=\"headmap-caption\">"
+            "</p><canvas id=\"headmap-canvas\"></canvas></div><svg id=\"lines\"></svg></section>\n"
             "<section id=\"model-view\" hidden><div id=\"grid\"></div></section>\n"
             "<section id=\"image-view\" hidden><div><canvas id=\"picture\"></canvas><div id=\"image-queries\"></div>"
             "</div><div><p id=\"image-caption\"></p><div id=\"image-heads\"></div></div></section>\n"
@@ -305,4 +450,4 @@ def write_page(maps: AttentionMaps, path: Path, *, highlights: dict | None = Non
     return path
 
 
-__all__ = ["page_data", "page_image", "write_page"]
+__all__ = ["LinkMaps", "page_data", "page_image", "write_page"]

@@ -7,6 +7,10 @@
     OUT/attention.html         head view + model view (offline)
     OUT/attention.safetensors  the weights (layer_{l}: (H, L, L)), tokens.json beside it
     OUT/case_study.json        for "The cat sat on the mat.": the heads found for each link
+
+Inputs over 1,024 tokens (models that read them: rotary positions, ``--max-len``) build no map: the page carries each
+head's top-8 links per token and a thumbnail, computed as exact statistics on the model's own path, and
+``links.safetensors`` holds them (``layer_{l}.index`` / ``.weight`` ``(H, L, 8)``, ``.thumbnail`` ``(H, 64, 64)``).
 """
 from __future__ import annotations
 
@@ -14,12 +18,13 @@ import json
 import time
 from pathlib import Path
 
+import torch
 from safetensors.torch import save
 
 from .._io import Publish, atomic_write_bytes, atomic_write_json, atomic_write_text
 
 from . import case_study, plots
-from .maps import AttentionMaps, Subject
+from .maps import LONG, AttentionMaps, Subject
 from .page import write_page
 
 
@@ -36,7 +41,35 @@ def show(subject: Subject, text: str, out: Path, *, heads: list[tuple[int, int]]
     return summary
 
 
+def _show_long(subject: Subject, text: str, out: Path, *, heads, log) -> dict:
+    """Inputs over :data:`~multihead.interpret.maps.LONG` tokens: no map is built. The page from each head's top-k
+    links and thumbnails (exact statistics on the model's own path), the links in ``links.safetensors``."""
+    from .maps import subject_link_maps
+
+    t0 = time.perf_counter()
+    if heads:
+        raise ValueError(f"--heads draws full maps, which inputs over {LONG} tokens do not build; open the page: it "
+                         "draws any head's map from its stored links")
+    lm, cut = subject_link_maps(subject, text)
+    if cut:
+        log(f"note: the text has {cut} more tokens than the model's {len(lm.tokens)}-token limit; only the first part "
+            "is shown")
+    files = [write_page(lm, out / "attention.html")]
+    tensors = {}
+    for l in range(len(lm.weight)):
+        tensors.update({f"layer_{l}.index": lm.index[l].to(torch.int32).contiguous(),
+                        f"layer_{l}.weight": lm.weight[l].contiguous(), f"layer_{l}.thumbnail": lm.thumbs[l].contiguous()})
+    atomic_write_bytes(out / "links.safetensors", save(tensors))
+    atomic_write_text(out / "tokens.json", json.dumps(lm.tokens, ensure_ascii=False))
+    files += [out / "links.safetensors", out / "tokens.json"]
+    return {"model": subject.name, "text": text[:2000], "tokens": lm.tokens, "heads": lm.heads, "truncated": cut,
+            "computed_from": "stats", "files": [str(f) for f in files],
+            "seconds": {"total": round(time.perf_counter() - t0, 3)}}
+
+
 def _show(subject: Subject, text: str, out: Path, *, heads, rollout: bool, log) -> dict:
+    if subject.max_len > LONG and len(subject.tokenizer.encode(text, add_special_tokens=False).ids) + 2 > LONG:
+        return _show_long(subject, text, out, heads=heads, log=log)
     t0 = time.perf_counter()
     maps: AttentionMaps = subject.maps(text)
     if getattr(maps, "truncated", 0):
