@@ -248,6 +248,7 @@ def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
         pos = torch.arange(i0, i1, device=q.device, dtype=work) + pos_offset  # (bq,) query positions among keys
         plogp = zeros(b, h, bq)
         local = [(n, r - i0) for r, n in row_pos.items() if i0 <= r < i1]
+        cand_w, cand_i = [], []
         for j0 in range(0, lk, block_k):
             if tiles.skip(i0, bq, j0):
                 break
@@ -279,17 +280,19 @@ def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
                 if bool(ok.any()):
                     idx = target.clamp(0, j1 - j0 - 1).long()[None, None, :, None].expand(b, h, bq, 1)
                     mass[f"offset{o:+d}"][:, :, i0:i1] += p.gather(-1, idx)[..., 0] * ok.to(work)
-            if kk:
+            if kk:  # each tile's own top k, merged once per row block below
                 w, ix = _tile_topk(p, kk)
-                w = torch.cat([top_w[:, :, i0:i1], w], -1)
-                ix = torch.cat([top_i[:, :, i0:i1], ix + j0], -1)
-                best, order = w.topk(kk, dim=-1)
-                top_w[:, :, i0:i1], top_i[:, :, i0:i1] = best, ix.gather(-1, order)
+                cand_w.append(w)
+                cand_i.append(ix + j0)
             for n, r in local:
                 weights[:, :, n, j0:j1] = p[:, heads_l, r]
             if thumb is not None:  # (T, bq) @ (b, h, bq, bk) @ (bk, T)
                 thumb += bin_q[i0:i1].T @ (p @ bin_k[j0:j1])
         entropy[:, :, i0:i1] = -plogp
+        if kk and cand_w:
+            w, ix = torch.cat(cand_w, -1), torch.cat(cand_i, -1)
+            best, order = w.topk(min(kk, w.shape[-1]), dim=-1)
+            top_w[:, :, i0:i1, :best.shape[-1]], top_i[:, :, i0:i1, :best.shape[-1]] = best, ix.gather(-1, order)
     if thumb is not None:
         thumb /= bin_q.sum(0)[:, None] * bin_k.sum(0)[None, :]  # sums -> means over each bin
     top_w = top_w.clamp_min(0)  # slots never filled (rows with fewer allowed keys than k) read 0
