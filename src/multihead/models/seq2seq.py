@@ -24,6 +24,7 @@ from ..modules.kv_cache import KVCache
 from ..modules.positional import build_positional, check_positions
 
 POSITIONALS = ("sinusoidal", "learned", "rope", "none")
+CAUSAL_POSITIONALS = POSITIONALS + ("alibi",)  # a CausalLM also takes ALiBi (distance biases inside attention)
 
 
 def _positions(keep: Tensor, before: Tensor | None) -> Tensor:
@@ -67,12 +68,13 @@ class CausalLMConfig:
     def __post_init__(self) -> None:
         if isinstance(self.decoder, dict):
             self.decoder = DecoderConfig.from_dict(self.decoder)
-        if self.positional not in POSITIONALS:
-            raise ValueError(f"unknown positional encoding {self.positional!r}; choose one of {POSITIONALS}")
+        if self.positional not in CAUSAL_POSITIONALS:
+            raise ValueError(f"unknown positional encoding {self.positional!r}; choose one of {CAUSAL_POSITIONALS}")
         if self.decoder.cross_attention:
             raise ValueError("a CausalLM's decoder has no cross-attention; set decoder.cross_attention=False "
                              "(or use Seq2Seq)")
         self.decoder.rotary = self.positional == "rope"
+        self.decoder.alibi = self.positional == "alibi"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -98,7 +100,8 @@ class CausalLM(nn.Module):
         e = config.decoder.d_model
         self.embed = nn.Embedding(config.vocab_size, e)
         nn.init.normal_(self.embed.weight, std=0.02)
-        self.pos = build_positional(config.positional, e, config.max_len, config.decoder.dropout)
+        self.pos = build_positional("none" if config.positional == "alibi" else config.positional, e, config.max_len,
+                                    config.decoder.dropout)
         self.drop = nn.Dropout(config.decoder.dropout) if self.pos is None else nn.Identity()
         self.decoder = TransformerDecoder(config.decoder)
         self.lm_head = nn.Linear(e, config.vocab_size, bias=False)
@@ -117,7 +120,7 @@ class CausalLM(nn.Module):
         rolling = cache is not None and cache.rolling
         if rolling or (cache is not None and cache.extrapolate):
             self._check_streaming(keep, rolling)
-        else:
+        elif self.config.positional != "alibi":  # ALiBi has no table: any length runs (max_len: the trained one)
             check_positions(positions, self.config.max_len)
         x = self.embed(ids)  # (B, T, E)
         x = self.drop(x) if self.pos is None else self.pos(x, positions=positions)
@@ -133,9 +136,10 @@ class CausalLM(nn.Module):
 
     def _check_streaming(self, keep: Tensor, rolling: bool) -> None:
         what = "a streaming (sinks + window) cache" if rolling else "running past max_len (extrapolate=True)"
-        if self.config.positional != "rope":
+        if self.config.positional not in ("rope", "alibi") or (rolling and self.config.positional != "rope"):
             raise ValueError(f"{what} needs rotary positions: a {self.config.positional!r} position table has no "
-                             f"entry beyond max_len={self.config.max_len}; build the model with positional='rope'")
+                             f"entry beyond max_len={self.config.max_len}; build the model with positional='rope'"
+                             + ("" if rolling else " (or 'alibi')"))
         if rolling and not bool(keep.all()):
             raise ValueError("a streaming cache takes unpadded rows (every row the same length): positions are "
                              "slots in the cache, shared by the batch")

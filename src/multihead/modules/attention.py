@@ -5,6 +5,8 @@ Shape legend: ``B`` batch, ``Lq``/``Lk`` query/key length, ``E`` d_model, ``H`` 
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import warnings
 
 import torch
@@ -15,6 +17,22 @@ from ..attention.attn_mask import AttnMask
 from ..attention.registry import attention, check_backend_name, get_backend
 from .hooks import HookPoint
 from .kv_cache import LayerKV
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """ALiBi's head slopes (Press et al. 2022): ``2^(-8 i / n)`` for ``i = 1..n`` when ``n`` is a power of two;
+    otherwise those of the next lower power of two, then every other slope of the next higher one."""
+    def power_of_two(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if num_heads <= 0:
+        return torch.zeros(0)
+    low = 2 ** math.floor(math.log2(num_heads))
+    slopes = power_of_two(low)
+    if low < num_heads:
+        slopes += power_of_two(2 * low)[0::2][: num_heads - low]
+    return torch.tensor(slopes)
 
 
 class MultiHeadAttention(nn.Module):
@@ -35,6 +53,10 @@ class MultiHeadAttention(nn.Module):
             ``need_weights=True`` default silently slows every model that forgets to pass False,
             pytorch/pytorch#34537).
         rotary: optional :class:`multihead.RotaryEmbedding` applied to q and k.
+        gate: gated attention (Qiu et al. 2025): ``z_h *= sigmoid(query W_g)_h`` elementwise per head, before the
+            output projection (after ``hook_z`` and ``head_mask``).
+        alibi: ALiBi (Press et al. 2022): ``-m_h |pos(i) - j|`` added to the scores, slopes ``2^(-8 h / H)``; a float
+            bias merged into the call's mask (bottom-right aligned, so a KV cache sees the same distances).
         pattern: optional :class:`~multihead.attention.patterns.SparsePattern` (or its dict) for self-attention:
             each query sees only the pattern's keys (sliding window, global tokens, BigBird blocks); with
             ``backend="auto"`` a sparse backend runs it without building ``L x L``.
@@ -64,6 +86,8 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = True,
         rotary: nn.Module | None = None,
         pattern=None,
+        gate: bool = False,
+        alibi: bool = False,
     ) -> None:
         super().__init__()
         if num_heads <= 0 or d_model <= 0:
@@ -98,6 +122,14 @@ class MultiHeadAttention(nn.Module):
         self.w_k = nn.Linear(self.kdim, kv_width, bias=bias)
         self.w_v = nn.Linear(self.vdim, kv_width, bias=bias)
         self.w_o = nn.Linear(d_model, d_model, bias=bias)
+        # gated attention (Qiu et al. 2025, arXiv 2505.06708, their best placement G1): each head's output scaled
+        # elementwise by sigmoid(x W_g) of the query input, before the output projection
+        self.w_gate = nn.Linear(d_model, d_model, bias=True) if gate else None
+        # ALiBi (Press et al. 2022): score_ij -= m_h |pos(i) - j|, one fixed slope per head, no position embedding
+        if alibi:
+            self.register_buffer("alibi_slopes", alibi_slopes(num_heads), persistent=False)
+        else:
+            self.alibi_slopes = None
         self.hook_q = HookPoint()
         self.hook_k = HookPoint()
         self.hook_v = HookPoint()
@@ -202,9 +234,12 @@ class MultiHeadAttention(nn.Module):
         elif rotate and positions is not None:
             q, k = self.rotary.rotate_pair(q, k, 0, positions)
             rotate = False
-        z, weights = self._attend(q, k, v, self.build_mask(mask, key_padding_mask, is_causal), head_mask, need_weights,
-                                  rotate=rotate)
-        out = self.w_o(z.transpose(1, 2).reshape(b, lq, h * d))  # (B, H, Lq, D) -> (B, Lq, E) -> (B, Lq, E)
+        am = self._with_alibi(self.build_mask(mask, key_padding_mask, is_causal), lq, k.shape[2], q)
+        z, weights = self._attend(q, k, v, am, head_mask, need_weights, rotate=rotate)
+        z = z.transpose(1, 2).reshape(b, lq, h * d)  # (B, H, Lq, D) -> (B, Lq, E)
+        if self.w_gate is not None:
+            z = z * torch.sigmoid(self.w_gate(query))
+        out = self.w_o(z)  # (B, Lq, E)
         if not need_weights:
             return out, None
         if average_attn_weights:
@@ -233,9 +268,28 @@ class MultiHeadAttention(nn.Module):
             return full.view(b, l, heads, d).transpose(1, 2)
 
         q, k, v = pad(self.w_q(x), h), pad(self.w_k(x), g), pad(self.w_v(x), g)
-        z, _ = self._attend(q, k, v, self.build_mask(key_padding_mask=keep), head_mask, False)  # (B, H, L, D)
+        am = self._with_alibi(self.build_mask(key_padding_mask=keep), l, l, q)
+        z, _ = self._attend(q, k, v, am, head_mask, False)  # (B, H, L, D)
         z = z.transpose(1, 2).reshape(b * l, h * d).index_select(0, index)  # (B*L, E) -> (N, E)
+        if self.w_gate is not None:
+            z = z * torch.sigmoid(self.w_gate(x))
         return self.w_o(z)
+
+    def _with_alibi(self, am: AttnMask | None, lq: int, lk: int, q: Tensor) -> AttnMask | None:
+        """``am`` with ALiBi's per-head distance bias ``(1, H, Lq, Lk)`` merged into its tensor part (queries sit at
+        the last ``Lq`` of ``Lk`` positions, as the causal rule)."""
+        if self.alibi_slopes is None:
+            return am
+        work = torch.promote_types(q.dtype, torch.float32)
+        pos = torch.arange(lq, device=q.device) + (lk - lq)
+        dist = (pos[:, None] - torch.arange(lk, device=q.device)[None, :]).abs().to(work)  # (Lq, Lk)
+        bias = (-self.alibi_slopes.to(work)[:, None, None] * dist)[None].to(q.dtype)  # (1, H, Lq, Lk)
+        am = am or AttnMask()
+        t = am.tensor
+        if t is not None:
+            t = t.reshape((1,) * (4 - t.dim()) + tuple(t.shape))
+            bias = bias.masked_fill(~t, -math.inf) if t.dtype == torch.bool else bias + t.to(bias.dtype)
+        return dataclasses.replace(am, tensor=bias, _checked=())
 
     def build_mask(self, mask=None, key_padding_mask: Tensor | None = None, is_causal: bool = False):
         """The call's :class:`AttnMask` (None when nothing is masked): the module's conventions applied once -- a
@@ -350,6 +404,10 @@ class MultiHeadAttention(nn.Module):
         self.w_k = _select_linear(self.w_k, kv_idx, dim=0)
         self.w_v = _select_linear(self.w_v, kv_idx, dim=0)
         self.w_o = _select_linear(self.w_o, q_idx, dim=1)
+        if self.w_gate is not None:
+            self.w_gate = _select_linear(self.w_gate, q_idx, dim=0)
+        if self.alibi_slopes is not None:
+            self.alibi_slopes = self.alibi_slopes[keep]
         original = [i for i in range(h + len(self.pruned_heads)) if i not in self.pruned_heads]
         self.pruned_heads = sorted(self.pruned_heads + [original[i] for i in heads])
         self.num_heads = len(keep)

@@ -44,6 +44,8 @@ class DecoderConfig:
     cross_attention: bool = True  # False: decoder-only (no encoder)
     causal: bool = True  # False: the targets see each other both ways (a question read whole, as in a Q-Former)
     memory_dim: int | None = None  # width of the memory (kdim = vdim of cross-attention), default d_model
+    gate: bool = False  # gated self-attention (a sigmoid gate per head output; Qiu et al. 2025)
+    alibi: bool = False  # ALiBi distance biases in the self-attention (Press et al. 2022); set by positional="alibi"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -68,15 +70,15 @@ class DecoderBlock(nn.Module):
                  attn_dropout: float = 0.0, activation: str = "relu", norm_first: bool = False,
                  num_kv_heads: int | None = None, layer_norm_eps: float = 1e-5, bias: bool = True,
                  backend: str = "auto", rotary: nn.Module | None = None, cross_attention: bool = True,
-                 memory_dim: int | None = None) -> None:
+                 memory_dim: int | None = None, gate: bool = False, alibi: bool = False) -> None:
         super().__init__()
         self.norm_first = norm_first
 
-        def mha(rot, kdim=None):
+        def mha(rot, kdim=None, **variant):
             return MultiHeadAttention(d_model, num_heads, num_kv_heads=num_kv_heads, dropout=attn_dropout, bias=bias,
-                                      backend=backend, need_weights=False, rotary=rot, kdim=kdim, vdim=kdim)
+                                      backend=backend, need_weights=False, rotary=rot, kdim=kdim, vdim=kdim, **variant)
 
-        self.self_attn = mha(rotary)
+        self.self_attn = mha(rotary, gate=gate, alibi=alibi)
         self.cross_attn = mha(None, memory_dim) if cross_attention else None
         self.ffn = FeedForward(d_model, d_ff, dropout, activation, bias) if d_ff != 0 else None  # 0: attention-only
         n = (3 if cross_attention else 2) - (self.ffn is None)
@@ -133,7 +135,8 @@ class TransformerDecoder(nn.Module):
                          attn_dropout=config.attn_dropout, activation=config.activation,
                          norm_first=config.norm_first, num_kv_heads=config.num_kv_heads,
                          layer_norm_eps=config.layer_norm_eps, bias=config.bias, backend=config.backend,
-                         rotary=rotary, cross_attention=config.cross_attention, memory_dim=config.memory_dim)
+                         rotary=rotary, cross_attention=config.cross_attention, memory_dim=config.memory_dim,
+                         gate=config.gate, alibi=config.alibi)
             for _ in range(config.num_layers)
         )
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None

@@ -1,0 +1,100 @@
+"""Modern MHA variants as options of the one MultiHeadAttention: gated attention and ALiBi, each against a
+plain-PyTorch formula written here (fp64, outputs and gradients), with pruning and the KV cache."""
+import math
+
+import pytest
+import torch
+
+from multihead.models.seq2seq import CausalLM, CausalLMConfig
+from multihead.modules import MultiHeadAttention
+from multihead.modules.attention import alibi_slopes
+from multihead.modules.decoder import DecoderConfig
+
+
+def _formula(m, x, *, causal=False, keep=None):
+    """softmax(q k^T / sqrt(d) + alibi + masks) v per head, gate, output projection -- written out."""
+    b, n, e = x.shape
+    h, d = m.num_heads, m.head_dim
+    q = (x @ m.w_q.weight.T + m.w_q.bias).view(b, n, h, d).transpose(1, 2)
+    k = (x @ m.w_k.weight.T + m.w_k.bias).view(b, n, h, d).transpose(1, 2)
+    v = (x @ m.w_v.weight.T + m.w_v.bias).view(b, n, h, d).transpose(1, 2)
+    s = q @ k.transpose(-2, -1) / math.sqrt(d)
+    i = torch.arange(n)
+    if m.alibi_slopes is not None:
+        s = s - m.alibi_slopes.double()[:, None, None] * (i[:, None] - i[None, :]).abs()
+    allowed = torch.ones(n, n, dtype=torch.bool)
+    if causal:
+        allowed = i[None, :] <= i[:, None]
+    if keep is not None:
+        allowed = allowed & keep[:, None, None, :]
+    s = s.masked_fill(~allowed, -math.inf)
+    z = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(b, n, e)
+    if m.w_gate is not None:
+        z = z * torch.sigmoid(x @ m.w_gate.weight.T + m.w_gate.bias)
+    return z @ m.w_o.weight.T + m.w_o.bias
+
+
+@pytest.mark.parametrize("gate,alibi", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_variant_equals_its_formula_with_gradients(gate, alibi, causal):
+    torch.manual_seed(0)
+    m = MultiHeadAttention(24, 4, gate=gate, alibi=alibi, need_weights=False).double()
+    x = torch.randn(2, 9, 24, dtype=torch.float64, requires_grad=True)
+    keep = torch.ones(2, 9, dtype=torch.bool)
+    keep[1, 6:] = False
+    out = m(x, key_padding_mask=keep, is_causal=causal)[0]
+    want = _formula(m, x, causal=causal, keep=keep)
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=0)
+    g_out = torch.autograd.grad(out.square().sum(), [x] + list(m.parameters()))
+    g_want = torch.autograd.grad(want.square().sum(), [x] + list(m.parameters()))
+    for a, b in zip(g_out, g_want):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=0)
+    if gate:  # the gate is learned: its weight receives a gradient
+        names = ["x"] + [n for n, _ in m.named_parameters()]
+        assert g_out[names.index("w_gate.weight")].abs().sum() > 0
+
+
+def test_alibi_slopes_follow_the_paper():
+    torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0 ** -k for k in range(1, 9)]))
+    s6 = alibi_slopes(6)  # 4 slopes of n=4, then every other of n=8
+    torch.testing.assert_close(s6, torch.tensor([2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3]))
+
+
+@pytest.mark.parametrize("gate,alibi", [(True, False), (False, True)])
+def test_pruned_variant_equals_masked(gate, alibi):
+    torch.manual_seed(1)
+    m = MultiHeadAttention(32, 4, gate=gate, alibi=alibi, need_weights=False).eval()
+    x = torch.randn(2, 7, 32)
+    masked = m(x, is_causal=True, head_mask=torch.tensor([1.0, 0.0, 1.0, 0.0]))[0]
+    m.prune_heads([1, 3])
+    torch.testing.assert_close(m(x, is_causal=True)[0], masked, atol=1e-6, rtol=0)
+    if alibi:
+        torch.testing.assert_close(m.alibi_slopes, alibi_slopes(4)[[0, 2]])
+
+
+@pytest.mark.parametrize("variant", [{"gate": True}, {"positional": "alibi"}])
+def test_cached_decoding_equals_the_full_forward(variant):
+    torch.manual_seed(2)
+    dec = DecoderConfig(d_model=32, num_heads=4, num_layers=2, d_ff=64, dropout=0.0, cross_attention=False,
+                        norm_first=True, gate=variant.get("gate", False))
+    lm = CausalLM(CausalLMConfig(vocab_size=50, max_len=32, positional=variant.get("positional", "learned"),
+                                 decoder=dec)).eval()
+    ids = torch.randint(1, 50, (2, 12))
+    with torch.no_grad():
+        full = lm(ids)
+        cache = lm.new_cache()
+        steps = [lm(ids[:, :5], cache=cache)] + [lm(ids[:, t:t + 1], cache=cache) for t in range(5, 12)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+
+
+def test_alibi_runs_at_four_times_the_trained_length_and_learned_positions_cannot():
+    torch.manual_seed(3)
+    dec = DecoderConfig(d_model=32, num_heads=4, num_layers=1, d_ff=64, dropout=0.0, cross_attention=False,
+                        norm_first=True)
+    alibi = CausalLM(CausalLMConfig(vocab_size=50, max_len=16, positional="alibi", decoder=dec)).eval()
+    assert not any("pos" in n for n, _ in alibi.named_parameters())  # no position embedding
+    with torch.no_grad():
+        assert torch.isfinite(alibi(torch.randint(1, 50, (1, 64)))).all()
+    learned = CausalLM(CausalLMConfig(vocab_size=50, max_len=16, positional="learned", decoder=dec)).eval()
+    with pytest.raises(ValueError, match="max_len"):
+        learned(torch.randint(1, 50, (1, 64)))
