@@ -277,7 +277,8 @@ def cmd_pretrain(args) -> int:
         raise ValueError("--resume continues the run in --out and --overwrite replaces it; pass one of them")
     objective = (flags.get("objective") or over.get("objective") or {}).get("name", "mlm")
     if objective == "clm" and "encoder" in flags.get("model", {}):  # the size flags shape the causal LM instead
-        _set_path(flags, "causal.decoder", flags["model"].pop("encoder"))
+        sized = flags["model"].pop("encoder")  # --set causal.decoder.X (already in flags) wins over the size flags
+        _set_path(flags, "causal.decoder", merge(sized, flags.get("causal", {}).get("decoder", {})))
         if not flags["model"]:
             flags.pop("model")
     explicit = merge(over, flags)

@@ -424,3 +424,20 @@ def test_show_on_an_input_longer_than_1024_tokens_builds_no_map(pretrained_run, 
     assert '"mode": "links"' in (out / "attention.html").read_text()
     assert main(["show", enc, text, "--max-len", "1500", "--heads", "0:1", "--out", str(tmp_path / "h")]) == 2
     assert "open the page" in capsys.readouterr().err
+
+
+def test_a_causal_lm_with_alibi_and_gated_attention_pretrains_and_generates(tmp_path, corpus, capsys):
+    """The variants are config options of the same pretraining command: ALiBi (no position table) and the gate."""
+    out = tmp_path / "clm"
+    assert main(["pretrain", "--objective", "clm", "--data", str(corpus), "--out", str(out), "--steps", "20",
+                 "--eval-every", "20", "--set", "causal.positional=alibi", "--set", "causal.decoder.gate=true",
+                 *TINY]) == 0
+    config = json.loads((out / "config.json").read_text())["pretrain"]["causal"]
+    assert config["positional"] == "alibi" and config["decoder"]["alibi"] and config["decoder"]["gate"]
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+    assert any("w_gate" in n for n in names) and not any(n.startswith("pos.") for n in names)
+    capsys.readouterr()
+    assert main(["generate", str(out), "the film", "--max-new", "5"]) == 0
