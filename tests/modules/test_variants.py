@@ -98,3 +98,72 @@ def test_alibi_runs_at_four_times_the_trained_length_and_learned_positions_canno
     learned = CausalLM(CausalLMConfig(vocab_size=50, max_len=16, positional="learned", decoder=dec)).eval()
     with pytest.raises(ValueError, match="max_len"):
         learned(torch.randint(1, 50, (1, 64)))
+
+
+def _sink_formula(m, x, *, causal, keep):
+    b, n, e = x.shape
+    h, d = m.num_heads, m.head_dim
+    g = m.num_kv_heads
+    q = (x @ m.w_q.weight.T + m.w_q.bias).view(b, n, h, d).transpose(1, 2)
+    k = (x @ m.w_k.weight.T + m.w_k.bias).view(b, n, g, d).transpose(1, 2).repeat_interleave(h // g, 1)
+    v = (x @ m.w_v.weight.T + m.w_v.bias).view(b, n, g, d).transpose(1, 2).repeat_interleave(h // g, 1)
+    s = q @ k.transpose(-2, -1) / math.sqrt(d)
+    i = torch.arange(n)
+    allowed = (i[None, :] <= i[:, None]) if causal else torch.ones(n, n, dtype=torch.bool)
+    allowed = allowed & keep[:, None, None, :]
+    e_s = torch.exp(s).masked_fill(~allowed, 0.0)
+    p = e_s / (torch.exp(m.sink_logits.double())[:, None, None] + e_s.sum(-1, keepdim=True))  # the sink's formula
+    z = (p @ v).transpose(1, 2).reshape(b, n, e)
+    return z @ m.w_o.weight.T + m.w_o.bias, p
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "memory_efficient"])
+@pytest.mark.parametrize("causal,kv", [(False, 4), (True, 4), (True, 2)])
+def test_learned_sinks_equal_their_formula_on_every_exact_backend(backend, causal, kv):
+    torch.manual_seed(4)
+    m = MultiHeadAttention(24, 4, num_kv_heads=kv, sinks=True, backend=backend, need_weights=False).double()
+    with torch.no_grad():
+        m.sink_logits.copy_(torch.tensor([-1.0, 0.5, 2.0, 4.0]))
+    x = torch.randn(2, 9, 24, dtype=torch.float64, requires_grad=True)
+    keep = torch.ones(2, 9, dtype=torch.bool)
+    keep[1, 6:] = False
+    out = m(x, key_padding_mask=keep, is_causal=causal)[0]
+    want, p = _sink_formula(m, x, causal=causal, keep=keep)
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=0)
+    g_out = torch.autograd.grad(out.square().sum(), [x, m.sink_logits, m.w_q.weight])
+    g_want = torch.autograd.grad(want.square().sum(), [x, m.sink_logits, m.w_q.weight])
+    for a, b in zip(g_out, g_want):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=0)
+    assert g_out[1].abs().min() > 0  # every head's sink is learned
+    if backend == "reference":  # weights over the real keys, summing to 1 - the sink's share
+        w = m(x, key_padding_mask=keep, is_causal=causal, need_weights=True)[1]
+        torch.testing.assert_close(w, p, atol=1e-10, rtol=0)
+        assert (w.sum(-1) < 1).all()
+
+
+def test_sinks_with_the_cache_capture_and_pruning():
+    torch.manual_seed(5)
+    dec = DecoderConfig(d_model=32, num_heads=4, num_layers=2, d_ff=64, dropout=0.0, cross_attention=False,
+                        norm_first=True, sinks=True)
+    lm = CausalLM(CausalLMConfig(vocab_size=50, max_len=32, positional="rope", decoder=dec)).eval()
+    with torch.no_grad():
+        for layer in lm.decoder.layers:
+            layer.self_attn.sink_logits.normal_()
+    ids = torch.randint(1, 50, (2, 10))
+    with torch.no_grad():
+        full = lm(ids)
+        cache = lm.new_cache()
+        steps = [lm(ids[:, :4], cache=cache)] + [lm(ids[:, t:t + 1], cache=cache) for t in range(4, 10)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+    from multihead.modules.capture import capture
+
+    with capture(lm, ("pattern",)) as c, torch.no_grad():
+        lm(ids)
+    assert c.pattern(0).shape == (2, 4, 10, 10) and (c.pattern(0).sum(-1) < 1 + 1e-6).all()
+    m = lm.decoder.layers[0].self_attn
+    x = torch.randn(1, 6, 32)
+    with torch.no_grad():
+        masked = m(x, is_causal=True, head_mask=torch.tensor([1.0, 0.0, 1.0, 1.0]))[0]
+        m.prune_heads([1])
+        torch.testing.assert_close(m(x, is_causal=True)[0], masked, atol=1e-6, rtol=0)
+    assert m.sink_logits.shape == (3,)

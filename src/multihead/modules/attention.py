@@ -35,6 +35,14 @@ def alibi_slopes(num_heads: int) -> Tensor:
     return torch.tensor(slopes)
 
 
+def _past_first_key(hook):
+    """A ``weights_hook`` for a call with a sink key first: the hook sees (and may replace) the real keys' weights."""
+    def wrapped(w: Tensor) -> Tensor:
+        return torch.cat([w[..., :1], hook(w[..., 1:])], -1)
+
+    return wrapped
+
+
 class MultiHeadAttention(nn.Module):
     r"""Multi-head attention: ``Concat(head_1..head_H) W_o`` with ``head_i = Attention(Q W_q^i, K W_k^i, V W_v^i)``.
 
@@ -57,6 +65,10 @@ class MultiHeadAttention(nn.Module):
             output projection (after ``hook_z`` and ``head_mask``).
         alibi: ALiBi (Press et al. 2022): ``-m_h |pos(i) - j|`` added to the scores, slopes ``2^(-8 h / H)``; a float
             bias merged into the call's mask (bottom-right aligned, so a KV cache sees the same distances).
+        sinks: learned attention sinks: a logit ``sink_h`` per head joins every softmax denominator (the weights
+            then sum to ``1 - sink share``). Run on every exact backend as one extra key: q gets a feature
+            ``sink_h / scale``, a zero-valued key with that feature 1 is put first (so the causal rule shifts by one);
+            weights, ``hook_pattern`` and statistics are over the real keys. Not with sparse patterns.
         pattern: optional :class:`~multihead.attention.patterns.SparsePattern` (or its dict) for self-attention:
             each query sees only the pattern's keys (sliding window, global tokens, BigBird blocks); with
             ``backend="auto"`` a sparse backend runs it without building ``L x L``.
@@ -88,6 +100,7 @@ class MultiHeadAttention(nn.Module):
         pattern=None,
         gate: bool = False,
         alibi: bool = False,
+        sinks: bool = False,
     ) -> None:
         super().__init__()
         if num_heads <= 0 or d_model <= 0:
@@ -130,6 +143,9 @@ class MultiHeadAttention(nn.Module):
             self.register_buffer("alibi_slopes", alibi_slopes(num_heads), persistent=False)
         else:
             self.alibi_slopes = None
+        # learned attention sinks (as in gpt-oss): one logit per head in every softmax denominator,
+        # p_ij = exp(s_ij) / (exp(sink_h) + sum_j exp(s_ij)); the rows may now sum to less than 1
+        self.sink_logits = nn.Parameter(torch.zeros(num_heads)) if sinks else None
         self.hook_q = HookPoint()
         self.hook_k = HookPoint()
         self.hook_v = HookPoint()
@@ -275,6 +291,32 @@ class MultiHeadAttention(nn.Module):
             z = z * torch.sigmoid(self.w_gate(x))
         return self.w_o(z)
 
+    def _with_sink_key(self, q: Tensor, k: Tensor, v: Tensor, am: AttnMask | None):
+        """Learned sinks as one extra key, exactly: q ``(B, H, Lq, D)`` gains a feature ``sink_h / scale``, keys a 0
+        feature, and a first key (feature 1, value 0) scores ``sink_h`` for every query of head h (GQA included: the
+        per-head logit rides on the query). The mask shifts by one key; returns ``q, k, v, mask, scale``."""
+        b, h, lq, d = q.shape
+        g, lk = k.shape[1], k.shape[2]
+        scale = d ** -0.5
+        sink = (self.sink_logits.to(q.dtype) / scale).view(1, h, 1, 1).expand(b, h, lq, 1)
+        q = torch.cat([q, sink], -1)
+        first = torch.cat([k.new_zeros(b, g, 1, d), k.new_ones(b, g, 1, 1)], -1)
+        k = torch.cat([first, torch.cat([k, k.new_zeros(b, g, lk, 1)], -1)], 2)  # (B, G, 1 + Lk, D + 1)
+        v = torch.cat([v.new_zeros(b, g, 1, v.shape[-1]), v], 2)  # (B, G, 1 + Lk, Dv)
+        if am is None:
+            return q, k, v, None, scale
+        if am.pattern is not None:
+            raise ValueError("learned sinks with a sparse pattern are not supported (the pattern's rule has no sink "
+                             "key); build the module without pattern= or without sinks=")
+        kp = None if am.key_padding is None else torch.cat(
+            [am.key_padding.new_ones(am.key_padding.shape[0], 1), am.key_padding], 1)
+        t = am.tensor
+        if t is not None and t.shape[-1] != 1:
+            col = torch.ones_like(t[..., :1]) if t.dtype == torch.bool else torch.zeros_like(t[..., :1])
+            t = torch.cat([col, t], -1)
+        offset = am.offset(lq, lk) + 1 if am.causal else None
+        return q, k, v, dataclasses.replace(am, key_padding=kp, tensor=t, causal_offset=offset, _checked=()), scale
+
     def _with_alibi(self, am: AttnMask | None, lq: int, lk: int, q: Tensor) -> AttnMask | None:
         """``am`` with ALiBi's per-head distance bias ``(1, H, Lq, Lk)`` merged into its tensor part (queries sit at
         the last ``Lq`` of ``Lk`` positions, as the causal rule)."""
@@ -314,20 +356,28 @@ class MultiHeadAttention(nn.Module):
         if rotate and self.rotary is not None:
             q, k = self.rotary(q, k)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
-        if self.hook_stats.active:  # exact statistics from tiles: nothing Lq x Lk is built
-            from ..attention.stats import attention_stats
-
-            self.hook_stats(attention_stats(q, k, mask=mask, **self.stats_options))
         p = self.dropout if self.training else 0.0
         backend = self.backend
         if need_weights and not (backend != "auto" and get_backend(backend).capabilities.returns_weights):
             backend = "auto"  # the fused backends return no weights: auto picks one that does
         # With a pattern hook attached, the entry point computes the weights explicitly and passes them through the
         # hook (which may read or edit them) before dropout and the values: the same path as every other call.
+        hook = self.hook_pattern if self.hook_pattern.active else None
+        scale = None
+        if self.sink_logits is not None:
+            q, k, v, mask, scale = self._with_sink_key(q, k, v, mask)
+            if hook is not None:  # the hook sees (and may edit) the real keys' weights
+                hook = _past_first_key(hook)
+        if self.hook_stats.active:  # exact statistics from tiles: nothing Lq x Lk is built (with sinks: key 0)
+            from ..attention.stats import attention_stats
+
+            self.hook_stats(attention_stats(q, k, mask=mask, scale=scale, **self.stats_options))
         z, weights = attention(
-            q, k, v, mask=mask, dropout_p=p, need_weights=need_weights, backend=backend,
-            weights_hook=self.hook_pattern if self.hook_pattern.active else None,
+            q, k, v, mask=mask, dropout_p=p, need_weights=need_weights, backend=backend, scale=scale,
+            weights_hook=hook,
         )  # (B, H, Lq, D)
+        if weights is not None and self.sink_logits is not None:
+            weights = weights[..., 1:]
         z = self.hook_z(z)  # (B, H, Lq, D)
         if head_mask is not None:
             z = z * self._head_scale(head_mask, q.shape[0], z.dtype)  # (B, H, Lq, D) * (B|1, H, 1, 1)
@@ -406,6 +456,8 @@ class MultiHeadAttention(nn.Module):
         self.w_o = _select_linear(self.w_o, q_idx, dim=1)
         if self.w_gate is not None:
             self.w_gate = _select_linear(self.w_gate, q_idx, dim=0)
+        if self.sink_logits is not None:
+            self.sink_logits = nn.Parameter(self.sink_logits.detach()[keep].clone())
         if self.alibi_slopes is not None:
             self.alibi_slopes = self.alibi_slopes[keep]
         original = [i for i in range(h + len(self.pruned_heads)) if i not in self.pruned_heads]

@@ -46,6 +46,7 @@ class DecoderConfig:
     memory_dim: int | None = None  # width of the memory (kdim = vdim of cross-attention), default d_model
     gate: bool = False  # gated self-attention (a sigmoid gate per head output; Qiu et al. 2025)
     alibi: bool = False  # ALiBi distance biases in the self-attention (Press et al. 2022); set by positional="alibi"
+    sinks: bool = False  # a learned sink logit per head in the self-attention's softmax (as gpt-oss)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -70,7 +71,7 @@ class DecoderBlock(nn.Module):
                  attn_dropout: float = 0.0, activation: str = "relu", norm_first: bool = False,
                  num_kv_heads: int | None = None, layer_norm_eps: float = 1e-5, bias: bool = True,
                  backend: str = "auto", rotary: nn.Module | None = None, cross_attention: bool = True,
-                 memory_dim: int | None = None, gate: bool = False, alibi: bool = False) -> None:
+                 memory_dim: int | None = None, gate: bool = False, alibi: bool = False, sinks: bool = False) -> None:
         super().__init__()
         self.norm_first = norm_first
 
@@ -78,7 +79,7 @@ class DecoderBlock(nn.Module):
             return MultiHeadAttention(d_model, num_heads, num_kv_heads=num_kv_heads, dropout=attn_dropout, bias=bias,
                                       backend=backend, need_weights=False, rotary=rot, kdim=kdim, vdim=kdim, **variant)
 
-        self.self_attn = mha(rotary, gate=gate, alibi=alibi)
+        self.self_attn = mha(rotary, gate=gate, alibi=alibi, sinks=sinks)
         self.cross_attn = mha(None, memory_dim) if cross_attention else None
         self.ffn = FeedForward(d_model, d_ff, dropout, activation, bias) if d_ff != 0 else None  # 0: attention-only
         n = (3 if cross_attention else 2) - (self.ffn is None)
@@ -136,7 +137,7 @@ class TransformerDecoder(nn.Module):
                          norm_first=config.norm_first, num_kv_heads=config.num_kv_heads,
                          layer_norm_eps=config.layer_norm_eps, bias=config.bias, backend=config.backend,
                          rotary=rotary, cross_attention=config.cross_attention, memory_dim=config.memory_dim,
-                         gate=config.gate, alibi=config.alibi)
+                         gate=config.gate, alibi=config.alibi, sinks=config.sinks)
             for _ in range(config.num_layers)
         )
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
