@@ -167,3 +167,73 @@ def test_sinks_with_the_cache_capture_and_pruning():
         m.prune_heads([1])
         torch.testing.assert_close(m(x, is_causal=True)[0], masked, atol=1e-6, rtol=0)
     assert m.sink_logits.shape == (3,)
+
+
+def _diff_formula(m, x, *, causal, keep):
+    b, n, e = x.shape
+    h, d = m.num_heads, m.head_dim
+    q = (x @ m.w_q.weight.T + m.w_q.bias).view(b, n, h, d).transpose(1, 2)
+    k = (x @ m.w_k.weight.T + m.w_k.bias).view(b, n, h, d).transpose(1, 2)
+    v = (x @ m.w_v.weight.T + m.w_v.bias).view(b, n, h, d).transpose(1, 2)
+    i = torch.arange(n)
+    allowed = (i[None, :] <= i[:, None]) if causal else torch.ones(n, n, dtype=torch.bool)
+    allowed = allowed & keep[:, None, None, :]
+
+    def soft(a, c):
+        return torch.softmax((a @ c.transpose(-2, -1) / math.sqrt(d // 2)).masked_fill(~allowed, -math.inf), -1)
+
+    a1, a2 = soft(q[..., : d // 2], k[..., : d // 2]), soft(q[..., d // 2:], k[..., d // 2:])
+    lq, lk = m.lambda_q.double(), m.lambda_k.double()
+    lam = torch.exp((lq[0] * lk[0]).sum()) - torch.exp((lq[1] * lk[1]).sum()) + m.lambda_init
+    o = (a1 - lam * a2) @ v  # (B, H, N, D)
+    o = o / torch.sqrt(o.square().mean(-1, keepdim=True) + 1e-5) * m.diff_norm.weight.double()
+    z = (o * (1 - m.lambda_init)).transpose(1, 2).reshape(b, n, e)
+    return z @ m.w_o.weight.T + m.w_o.bias, a1 - lam * a2
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "memory_efficient"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_differential_attention_equals_its_formula(backend, causal):
+    torch.manual_seed(6)
+    m = MultiHeadAttention(32, 4, differential=True, layer_index=2, backend=backend, need_weights=False).double()
+    assert m.lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.6))
+    with torch.no_grad():
+        m.diff_norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 8, 32, dtype=torch.float64, requires_grad=True)
+    keep = torch.ones(2, 8, dtype=torch.bool)
+    keep[0, 5:] = False
+    out = m(x, key_padding_mask=keep, is_causal=causal)[0]
+    want, w_want = _diff_formula(m, x, causal=causal, keep=keep)
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=0)
+    params = [x, m.lambda_q, m.lambda_k, m.w_k.weight, m.diff_norm.weight]
+    for a, b in zip(torch.autograd.grad(out.square().sum(), params), torch.autograd.grad(want.square().sum(), params)):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=0)
+    if backend == "reference":
+        w = m(x, key_padding_mask=keep, is_causal=causal, need_weights=True)[1]
+        torch.testing.assert_close(w, w_want, atol=1e-10, rtol=0)  # the differential map: rows sum to 1 - lambda
+
+
+def test_differential_with_rotary_cache_and_pruning():
+    torch.manual_seed(7)
+    dec = DecoderConfig(d_model=32, num_heads=4, num_layers=2, d_ff=64, dropout=0.0, cross_attention=False,
+                        norm_first=True, differential=True)
+    lm = CausalLM(CausalLMConfig(vocab_size=50, max_len=32, positional="rope", decoder=dec)).eval()
+    assert lm.decoder.layers[1].self_attn.lambda_init > lm.decoder.layers[0].self_attn.lambda_init
+    ids = torch.randint(1, 50, (2, 10))
+    with torch.no_grad():
+        full = lm(ids)
+        cache = lm.new_cache()
+        steps = [lm(ids[:, :4], cache=cache)] + [lm(ids[:, t:t + 1], cache=cache) for t in range(4, 10)]
+        torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+        # the halves are rotated separately: shifting every position leaves the scores unchanged (relative)
+        m = lm.decoder.layers[0].self_attn
+        q = torch.randn(1, 4, 6, 8)
+        a = m.rotary.rotate(q, 0)[..., :4] @ m.rotary.rotate(q, 0)[..., :4].transpose(-2, -1)
+        b = m.rotary.rotate(q, 5)[..., :4] @ m.rotary.rotate(q, 5)[..., :4].transpose(-2, -1)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+        x = torch.randn(1, 6, 32)
+        masked = m(x, is_causal=True, head_mask=torch.tensor([0.0, 1.0, 1.0, 1.0]))[0]
+        m.prune_heads([0])
+        torch.testing.assert_close(m(x, is_causal=True)[0], masked, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="head_dim=3 is odd"):
+        MultiHeadAttention(12, 4, differential=True)

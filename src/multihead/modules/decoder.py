@@ -47,6 +47,7 @@ class DecoderConfig:
     gate: bool = False  # gated self-attention (a sigmoid gate per head output; Qiu et al. 2025)
     alibi: bool = False  # ALiBi distance biases in the self-attention (Press et al. 2022); set by positional="alibi"
     sinks: bool = False  # a learned sink logit per head in the self-attention's softmax (as gpt-oss)
+    differential: bool = False  # differential self-attention (Ye et al. 2025); lambda_init by layer depth
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -71,7 +72,8 @@ class DecoderBlock(nn.Module):
                  attn_dropout: float = 0.0, activation: str = "relu", norm_first: bool = False,
                  num_kv_heads: int | None = None, layer_norm_eps: float = 1e-5, bias: bool = True,
                  backend: str = "auto", rotary: nn.Module | None = None, cross_attention: bool = True,
-                 memory_dim: int | None = None, gate: bool = False, alibi: bool = False, sinks: bool = False) -> None:
+                 memory_dim: int | None = None, gate: bool = False, alibi: bool = False, sinks: bool = False,
+                 differential: bool = False, layer_index: int = 0) -> None:
         super().__init__()
         self.norm_first = norm_first
 
@@ -79,7 +81,8 @@ class DecoderBlock(nn.Module):
             return MultiHeadAttention(d_model, num_heads, num_kv_heads=num_kv_heads, dropout=attn_dropout, bias=bias,
                                       backend=backend, need_weights=False, rotary=rot, kdim=kdim, vdim=kdim, **variant)
 
-        self.self_attn = mha(rotary, gate=gate, alibi=alibi, sinks=sinks)
+        self.self_attn = mha(rotary, gate=gate, alibi=alibi, sinks=sinks, differential=differential,
+                             layer_index=layer_index)
         self.cross_attn = mha(None, memory_dim) if cross_attention else None
         self.ffn = FeedForward(d_model, d_ff, dropout, activation, bias) if d_ff != 0 else None  # 0: attention-only
         n = (3 if cross_attention else 2) - (self.ffn is None)
@@ -130,15 +133,17 @@ class TransformerDecoder(nn.Module):
         super().__init__()
         config = DecoderConfig(**overrides) if config is None else config
         self.config = config
-        rotary = RotaryEmbedding(config.d_model // config.num_heads) if config.rotary else None
+        head_dim = config.d_model // config.num_heads
+        rotary = RotaryEmbedding(head_dim // 2 if config.differential else head_dim) if config.rotary else None
         self.layers = nn.ModuleList(
             DecoderBlock(config.d_model, config.num_heads, config.d_ff, config.dropout,
                          attn_dropout=config.attn_dropout, activation=config.activation,
                          norm_first=config.norm_first, num_kv_heads=config.num_kv_heads,
                          layer_norm_eps=config.layer_norm_eps, bias=config.bias, backend=config.backend,
                          rotary=rotary, cross_attention=config.cross_attention, memory_dim=config.memory_dim,
-                         gate=config.gate, alibi=config.alibi, sinks=config.sinks)
-            for _ in range(config.num_layers)
+                         gate=config.gate, alibi=config.alibi, sinks=config.sinks, differential=config.differential,
+                         layer_index=i)
+            for i in range(config.num_layers)
         )
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
 
