@@ -6,6 +6,7 @@ from .encoder import EncoderBlock, EncoderConfig, TransformerEncoder
 from .feedforward import FeedForward
 from .hooks import HookPoint, hook_points
 from .kv_cache import KVCache, LayerKV
+from .mla import MultiHeadLatentAttention
 from .positional import LearnedPositionalEncoding, RotaryEmbedding, SinusoidalPositionalEncoding
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "DecoderConfig",
     "KVCache",
     "LayerKV",
+    "MultiHeadLatentAttention",
     "TransformerDecoder",
     "EncoderBlock",
     "EncoderConfig",

@@ -56,7 +56,9 @@ class Cache(dict):
 
 
 def attention_modules(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
-    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, MultiHeadAttention)]
+    from .mla import MultiHeadLatentAttention
+
+    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, (MultiHeadAttention, MultiHeadLatentAttention))]
     if not mods:
         raise ValueError(f"{type(model).__name__} has no multihead MultiHeadAttention modules to capture; pass a "
                          "multihead model (TransformerClassifier, TextEncoder, pretrained.load(...).model)")

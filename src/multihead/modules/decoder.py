@@ -48,6 +48,8 @@ class DecoderConfig:
     alibi: bool = False  # ALiBi distance biases in the self-attention (Press et al. 2022); set by positional="alibi"
     sinks: bool = False  # a learned sink logit per head in the self-attention's softmax (as gpt-oss)
     differential: bool = False  # differential self-attention (Ye et al. 2025); lambda_init by layer depth
+    mla_latent: int = 0  # > 0: Multi-head Latent Attention with this KV latent width (DeepSeek-V2); its own rope
+    mla_rope_dim: int = 16  # MLA's decoupled rotary key width
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -73,7 +75,8 @@ class DecoderBlock(nn.Module):
                  num_kv_heads: int | None = None, layer_norm_eps: float = 1e-5, bias: bool = True,
                  backend: str = "auto", rotary: nn.Module | None = None, cross_attention: bool = True,
                  memory_dim: int | None = None, gate: bool = False, alibi: bool = False, sinks: bool = False,
-                 differential: bool = False, layer_index: int = 0) -> None:
+                 differential: bool = False, layer_index: int = 0, mla_latent: int = 0,
+                 mla_rope_dim: int = 16) -> None:
         super().__init__()
         self.norm_first = norm_first
 
@@ -81,8 +84,14 @@ class DecoderBlock(nn.Module):
             return MultiHeadAttention(d_model, num_heads, num_kv_heads=num_kv_heads, dropout=attn_dropout, bias=bias,
                                       backend=backend, need_weights=False, rotary=rot, kdim=kdim, vdim=kdim, **variant)
 
-        self.self_attn = mha(rotary, gate=gate, alibi=alibi, sinks=sinks, differential=differential,
-                             layer_index=layer_index)
+        if mla_latent:
+            from .mla import MultiHeadLatentAttention
+
+            self.self_attn = MultiHeadLatentAttention(d_model, num_heads, kv_latent=mla_latent, rope_dim=mla_rope_dim,
+                                                      dropout=attn_dropout, backend=backend, bias=bias)
+        else:
+            self.self_attn = mha(rotary, gate=gate, alibi=alibi, sinks=sinks, differential=differential,
+                                 layer_index=layer_index)
         self.cross_attn = mha(None, memory_dim) if cross_attention else None
         self.ffn = FeedForward(d_model, d_ff, dropout, activation, bias) if d_ff != 0 else None  # 0: attention-only
         n = (3 if cross_attention else 2) - (self.ffn is None)
@@ -142,7 +151,7 @@ class TransformerDecoder(nn.Module):
                          layer_norm_eps=config.layer_norm_eps, bias=config.bias, backend=config.backend,
                          rotary=rotary, cross_attention=config.cross_attention, memory_dim=config.memory_dim,
                          gate=config.gate, alibi=config.alibi, sinks=config.sinks, differential=config.differential,
-                         layer_index=i)
+                         layer_index=i, mla_latent=config.mla_latent, mla_rope_dim=config.mla_rope_dim)
             for i in range(config.num_layers)
         )
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
