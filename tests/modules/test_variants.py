@@ -237,3 +237,34 @@ def test_differential_with_rotary_cache_and_pruning():
         torch.testing.assert_close(m(x, is_causal=True)[0], masked, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="head_dim=3 is odd"):
         MultiHeadAttention(12, 4, differential=True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_talking_heads_equal_their_formula(causal):
+    torch.manual_seed(8)
+    m = MultiHeadAttention(24, 4, talking_heads=True, need_weights=False).double()
+    with torch.no_grad():
+        m.talk_logits.add_(torch.randn(4, 4, dtype=torch.float64) * 0.3)
+        m.talk_weights.add_(torch.randn(4, 4, dtype=torch.float64) * 0.3)
+    x = torch.randn(2, 7, 24, dtype=torch.float64, requires_grad=True)
+    keep = torch.ones(2, 7, dtype=torch.bool)
+    keep[1, 5:] = False
+    b, n, e, h, d = 2, 7, 24, 4, 6
+    q = (x @ m.w_q.weight.T + m.w_q.bias).view(b, n, h, d).transpose(1, 2)
+    k = (x @ m.w_k.weight.T + m.w_k.bias).view(b, n, h, d).transpose(1, 2)
+    v = (x @ m.w_v.weight.T + m.w_v.bias).view(b, n, h, d).transpose(1, 2)
+    s = q @ k.transpose(-2, -1) / math.sqrt(d)
+    s = torch.stack([sum(m.talk_logits[a, g] * s[:, a] for a in range(h)) for g in range(h)], 1)  # mix logits
+    i = torch.arange(n)
+    allowed = ((i[None, :] <= i[:, None]) if causal else torch.ones(n, n, dtype=torch.bool)) & keep[:, None, None, :]
+    w = torch.softmax(s.masked_fill(~allowed, -math.inf), -1)
+    w = torch.stack([sum(m.talk_weights[a, g] * w[:, a] for a in range(h)) for g in range(h)], 1)  # mix weights
+    want = (w @ v).transpose(1, 2).reshape(b, n, e) @ m.w_o.weight.T + m.w_o.bias
+    out, weights = m(x, key_padding_mask=keep, is_causal=causal, need_weights=True)
+    torch.testing.assert_close(out, want, atol=1e-10, rtol=0)
+    torch.testing.assert_close(weights, w, atol=1e-10, rtol=0)
+    params = [x, m.talk_logits, m.talk_weights]
+    for a, c in zip(torch.autograd.grad(out.square().sum(), params), torch.autograd.grad(want.square().sum(), params)):
+        torch.testing.assert_close(a, c, atol=1e-9, rtol=0)
+    with pytest.raises(ValueError, match="cannot be pruned physically"):
+        m.prune_heads([0])

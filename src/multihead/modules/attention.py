@@ -95,6 +95,10 @@ class MultiHeadAttention(nn.Module):
             output projection (after ``hook_z`` and ``head_mask``).
         alibi: ALiBi (Press et al. 2022): ``-m_h |pos(i) - j|`` added to the scores, slopes ``2^(-8 h / H)``; a float
             bias merged into the call's mask (bottom-right aligned, so a KV cache sees the same distances).
+        talking_heads: talking-heads attention (Shazeer et al. 2020): ``s'_g = sum_h P_l[h, g] s_h`` before the
+            softmax and ``w'_g = sum_h P_w[h, g] w_h`` after it, ``P`` learned ``H x H`` (identity at start). Needs
+            the explicit ``L x L`` weights of every head (no fused kernel can mix heads): memory is quadratic. Heads
+            are mixed, so removing one changes the others: ``prune_heads`` is refused (``head_mask`` still works).
         differential: differential attention (Ye et al. 2025): per head ``(softmax(q1 k1^T) - lambda softmax(q2 k2^T))
             v`` with q, k split in halves (scale ``(D/2)^-1/2``; a rotary module of ``D / 2`` rotates each half),
             ``lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init``, ``lambda_init = 0.8 - 0.6 exp(-0.3
@@ -138,6 +142,7 @@ class MultiHeadAttention(nn.Module):
         sinks: bool = False,
         differential: bool = False,
         layer_index: int = 0,
+        talking_heads: bool = False,
     ) -> None:
         super().__init__()
         if num_heads <= 0 or d_model <= 0:
@@ -183,6 +188,13 @@ class MultiHeadAttention(nn.Module):
         # learned attention sinks (as in gpt-oss): one logit per head in every softmax denominator,
         # p_ij = exp(s_ij) / (exp(sink_h) + sum_j exp(s_ij)); the rows may now sum to less than 1
         self.sink_logits = nn.Parameter(torch.zeros(num_heads)) if sinks else None
+        # talking-heads attention (Shazeer et al. 2020, arXiv 2003.02436): the heads' logits mixed by a learned H x H
+        # matrix before the softmax, the weights by another after it (both start as the identity: plain MHA)
+        if talking_heads:
+            self.talk_logits = nn.Parameter(torch.eye(num_heads))
+            self.talk_weights = nn.Parameter(torch.eye(num_heads))
+        else:
+            self.talk_logits = self.talk_weights = None
         # differential attention (Ye et al. 2025, arXiv 2410.05258): each head's q and k split in halves, two softmax
         # maps over the same values, (A1 - lambda A2) V, RMS-normalised per head and scaled by (1 - lambda_init)
         self.differential = differential
@@ -342,6 +354,35 @@ class MultiHeadAttention(nn.Module):
             z = z * torch.sigmoid(self.w_gate(x))
         return self.w_o(z)
 
+    def _attend_talking(self, q, k, v, mask, head_mask, need_weights: bool, p: float):
+        """Talking heads, explicitly: scores ``(B, H, Lq, Lk)`` mixed across heads, masked, softmax, mixed again."""
+        from ..attention.ops import expand_kv, zero_rows
+
+        h = q.shape[1]
+        k, v = expand_kv(k, h), expand_kv(v, h)
+        work = torch.promote_types(q.dtype, torch.float32)
+        s = torch.matmul(q, k.transpose(-2, -1)).to(work) * q.shape[-1] ** -0.5  # (B, H, Lq, Lk)
+        s = torch.einsum("bhij,hg->bgij", s, self.talk_logits.to(work))
+        dense = None if mask is None else mask.check(q.shape[0], h, q.shape[2], k.shape[2], q.device,
+                                                     q.dtype).dense(q.shape[2], k.shape[2], q.device)
+        row_ok = None
+        if dense is not None:
+            if dense.dtype == torch.bool:
+                s = s.masked_fill(~dense, -math.inf)
+            else:
+                s = s + dense.to(work)
+            row_ok = torch.isfinite(s).any(-1, keepdim=True)
+            s = s.masked_fill(~row_ok, 0.0)
+        w = zero_rows(torch.softmax(s, -1), row_ok)
+        w = torch.einsum("bhij,hg->bgij", w, self.talk_weights.to(work)).to(q.dtype)
+        if self.hook_pattern.active:
+            w = self.hook_pattern(w)
+        z = torch.matmul(torch.nn.functional.dropout(w, p) if p else w, v)
+        z = self.hook_z(z)
+        if head_mask is not None:
+            z = z * self._head_scale(head_mask, q.shape[0], z.dtype)
+        return z, (w if need_weights else None)
+
     def differential_lambda(self) -> Tensor:
         lq, lk = self.lambda_q, self.lambda_k
         return torch.exp((lq[0] * lk[0]).sum()) - torch.exp((lq[1] * lk[1]).sum()) + self.lambda_init
@@ -444,6 +485,8 @@ class MultiHeadAttention(nn.Module):
         # hook (which may read or edit them) before dropout and the values: the same path as every other call.
         if self.differential:
             return self._attend_differential(q, k, v, mask, head_mask, need_weights, p, backend)
+        if self.talk_logits is not None:
+            return self._attend_talking(q, k, v, mask, head_mask, need_weights, p)
         hook = self.hook_pattern if self.hook_pattern.active else None
         scale = None
         if self.sink_logits is not None:
@@ -519,6 +562,9 @@ class MultiHeadAttention(nn.Module):
         heads = sorted(set(int(x) for x in heads))
         if not heads:
             return
+        if self.talk_logits is not None:
+            raise ValueError("talking-heads attention mixes its heads: removing one changes every other, so it cannot "
+                             "be pruned physically; mask heads with head_mask= instead")
         h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
         if min(heads) < 0 or max(heads) >= h:
             raise ValueError(f"head indices must be in [0, {h}), got {heads}")

@@ -48,6 +48,7 @@ class DecoderConfig:
     alibi: bool = False  # ALiBi distance biases in the self-attention (Press et al. 2022); set by positional="alibi"
     sinks: bool = False  # a learned sink logit per head in the self-attention's softmax (as gpt-oss)
     differential: bool = False  # differential self-attention (Ye et al. 2025); lambda_init by layer depth
+    talking_heads: bool = False  # talking-heads self-attention (Shazeer et al. 2020; explicit weights)
     mla_latent: int = 0  # > 0: Multi-head Latent Attention with this KV latent width (DeepSeek-V2); its own rope
     mla_rope_dim: int = 16  # MLA's decoupled rotary key width
 
@@ -76,7 +77,7 @@ class DecoderBlock(nn.Module):
                  backend: str = "auto", rotary: nn.Module | None = None, cross_attention: bool = True,
                  memory_dim: int | None = None, gate: bool = False, alibi: bool = False, sinks: bool = False,
                  differential: bool = False, layer_index: int = 0, mla_latent: int = 0,
-                 mla_rope_dim: int = 16) -> None:
+                 mla_rope_dim: int = 16, talking_heads: bool = False) -> None:
         super().__init__()
         self.norm_first = norm_first
 
@@ -91,7 +92,7 @@ class DecoderBlock(nn.Module):
                                                       dropout=attn_dropout, backend=backend, bias=bias)
         else:
             self.self_attn = mha(rotary, gate=gate, alibi=alibi, sinks=sinks, differential=differential,
-                                 layer_index=layer_index)
+                                 layer_index=layer_index, talking_heads=talking_heads)
         self.cross_attn = mha(None, memory_dim) if cross_attention else None
         self.ffn = FeedForward(d_model, d_ff, dropout, activation, bias) if d_ff != 0 else None  # 0: attention-only
         n = (3 if cross_attention else 2) - (self.ffn is None)
@@ -151,7 +152,8 @@ class TransformerDecoder(nn.Module):
                          layer_norm_eps=config.layer_norm_eps, bias=config.bias, backend=config.backend,
                          rotary=rotary, cross_attention=config.cross_attention, memory_dim=config.memory_dim,
                          gate=config.gate, alibi=config.alibi, sinks=config.sinks, differential=config.differential,
-                         layer_index=i, mla_latent=config.mla_latent, mla_rope_dim=config.mla_rope_dim)
+                         layer_index=i, mla_latent=config.mla_latent, mla_rope_dim=config.mla_rope_dim,
+                         talking_heads=config.talking_heads)
             for i in range(config.num_layers)
         )
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
