@@ -655,6 +655,28 @@ def _show_g2p(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    """``multihead compare``: the attention variants trained and measured side by side (multihead.train.compare)."""
+    from ._io import check_target
+    from .train.compare import format_table, parse_variants, run_compare
+
+    variants = parse_variants(args.variants)
+    seeds = list(range(args.seeds))
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not (out / "compare.json").exists() and not any(
+            (out / f"{v}-s{s}").exists() for v in variants for s in seeds):
+        check_target(out, "compare", overwrite=args.overwrite, sources=())
+    size = {k: v for k, v in (("d_model", args.d_model), ("num_heads", args.heads), ("num_layers", args.layers),
+                              ("d_ff", args.d_ff)) if v is not None}
+    data_options = {k: v for k, v in (("limit", args.limit), ("vocab_size", args.vocab_size)) if v is not None}
+    payload = run_compare(data=args.data, variants=variants, seeds=seeds, out=out, steps=args.steps,
+                          batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, threads=args.threads,
+                          size=size, data_options=data_options)
+    print(format_table(payload))
+    print(f"wrote {out / 'compare.json'} and {out / 'compare.png'}")
+    return 0
+
+
 def cmd_heads(args) -> int:
     import json
 
@@ -1020,6 +1042,26 @@ def build_parser() -> argparse.ArgumentParser:
     ind.add_argument("--overwrite", action="store_true")
     ind.add_argument("--no-progress", action="store_true")
     ind.set_defaults(fn=cmd_induction)
+
+    cp = sub.add_parser("compare", help="attention variants (MHA, GQA, MLA, gated, sinks, differential, ALiBi, "
+                                        "talking heads) trained and measured side by side on one causal LM")
+    cp.add_argument("--data", default="imdb", help="texts to pretrain on (built-in or a file)")
+    cp.add_argument("--variants", default="mha,gqa,mla,gated,sinks,diff,alibi", help="comma-separated variants")
+    cp.add_argument("--seeds", type=_count, default=3, help="seeds per variant (0..N-1)")
+    cp.add_argument("--steps", type=_count, default=600, help="optimizer steps per run")
+    cp.add_argument("--batch-size", type=_count, default=32)
+    cp.add_argument("--seq-len", type=_count, default=128, help="tokens per row (the trained length)")
+    cp.add_argument("--lr", type=float, default=2e-3)
+    cp.add_argument("--d-model", type=_count, default=None)
+    cp.add_argument("--heads", type=_count, default=None)
+    cp.add_argument("--layers", type=_count, default=None)
+    cp.add_argument("--d-ff", type=_count, default=None)
+    cp.add_argument("--vocab-size", type=_count, default=None)
+    cp.add_argument("--limit", type=_count, default=None, help="use N texts (smoke tests)")
+    cp.add_argument("--threads", type=_count, default=None)
+    cp.add_argument("--out", required=True, help="folder for one run per variant x seed and compare.json/.png")
+    cp.add_argument("--overwrite", action="store_true")
+    cp.set_defaults(fn=cmd_compare)
 
     hd = sub.add_parser("heads", help="per-head statistics and role labels over a corpus sample")
     hd.add_argument("model", help="a run folder, minilm, or a BERT-family folder")

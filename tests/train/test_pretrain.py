@@ -441,3 +441,23 @@ def test_a_causal_lm_with_alibi_and_gated_attention_pretrains_and_generates(tmp_
     assert any("w_gate" in n for n in names) and not any(n.startswith("pos.") for n in names)
     capsys.readouterr()
     assert main(["generate", str(out), "the film", "--max-new", "5"]) == 0
+
+
+def test_compare_trains_and_measures_each_variant(tmp_path, capsys):
+    """`multihead compare`: one run folder per variant x seed with the measured numbers; a finished run is reused."""
+    out = tmp_path / "cmp"
+    args = ["compare", "--data", "rotten_tomatoes", "--variants", "mha,mla,alibi", "--seeds", "1", "--steps", "6",
+            "--batch-size", "4", "--seq-len", "24", "--d-model", "32", "--heads", "4", "--layers", "1", "--d-ff",
+            "32", "--vocab-size", "300", "--limit", "200", "--threads", "1", "--out", str(out)]
+    assert main(args) == 0
+    payload = json.loads((out / "compare.json").read_text())
+    s = payload["summary"]
+    assert set(s) == {"mha", "mla", "alibi"} and (out / "compare.png").is_file()
+    # cache per token: MHA 2 x 4 heads x 8 x 4 bytes; MLA (latent 32 + rope key 16) x 4 bytes
+    assert s["mha"]["kv_cache_bytes_per_token"][0] == 2 * 32 * 4 and s["mla"]["kv_cache_bytes_per_token"][0] == 48 * 4
+    assert s["alibi"]["long_perplexity"] is not None and s["mha"]["long_perplexity"] is None
+    assert all(0 < x < 1 for v in s.values() for x in v["first_token_share"])
+    capsys.readouterr()
+    assert main(args) == 0 and "reusing" in capsys.readouterr().out
+    assert main(["compare", "--variants", "mha,nope", "--out", str(tmp_path / "x")]) == 2
+    assert "unknown variants ['nope']" in capsys.readouterr().err

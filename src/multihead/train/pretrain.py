@@ -201,12 +201,19 @@ def pack(ids: list[list[int]], seq_len: int, sep_id: int, cls_id: int | None = N
                       torch.full((n, 1), sep_id, dtype=torch.int32)], 1)
 
 
-def prepare(config: PretrainConfig, out: Path | None = None, *, resume: bool = False) -> Packed:
+def run_texts(config: PretrainConfig) -> list[str]:
+    """The texts a run pretrains on: the data's, or the seeded random ``data.limit`` of them."""
     dc = config.data
     texts = D.load_texts(dc.name, text_column=dc.text_column)
     if dc.limit:
         texts = [texts[i] for i in sorted(random.Random(dc.split_seed).sample(range(len(texts)),
                                                                              min(dc.limit, len(texts))))]
+    return texts
+
+
+def prepare(config: PretrainConfig, out: Path | None = None, *, resume: bool = False) -> Packed:
+    dc = config.data
+    texts = run_texts(config)
     if len(texts) < 2:
         raise D.DataError(f"--data {dc.name!r} holds {len(texts)} text(s); pretraining needs at least two (one is "
                           "held out for validation)")
@@ -549,7 +556,7 @@ def held_out_rows(run: LanguageModelRun, length: int) -> torch.Tensor:
     """The run's held-out texts (its recorded split) tokenized, joined by ``[SEP]`` and cut into rows of ``length``
     tokens: text the model never trained on, as long as asked (e.g. several times its trained row length)."""
     cfg = run.config
-    texts = D.load_texts(cfg.data.name, text_column=cfg.data.text_column)
+    texts = run_texts(cfg)
     record = read_json(run.path / "splits.json", dict)
     if record.get("n") != len(texts):
         raise D.DataError(f"{cfg.data.name!r} now holds {len(texts)} texts but the run split {record.get('n')}; the "

@@ -1,0 +1,196 @@
+"""``multihead compare``: the modern multi-head family side by side on the same data, tokens and steps.
+
+Every variant is the default causal LM of ``multihead pretrain --objective clm`` (pre-LN, d_model 128, 4 heads,
+4 layers, FFN 512) with one attention option changed -- never a fork of the model code:
+
+========  ===========================================================================================
+mha       multi-head attention, rotary positions (the baseline)
+gqa       grouped-query attention, 2 key/value heads for 4 query heads
+mla       Multi-head Latent Attention (latent 32, decoupled rotary key 16; DeepSeek-V2)
+gated     a sigmoid gate on each head's output (Qiu et al. 2025)
+sinks     a learned sink logit per head (as gpt-oss)
+diff      differential attention (Ye et al. 2025)
+alibi     ALiBi distance biases instead of rotary positions (Press et al. 2022)
+talking   talking-heads attention (Shazeer et al. 2020; explicit weights)
+========  ===========================================================================================
+
+Each variant x seed is a pretraining run folder under ``OUT/`` (a finished one is reused, so an interrupted
+comparison continues). Measured per run: validation perplexity, parameters, KV-cache bytes per token (from a filled
+cache), training tokens/s, greedy decode tokens/s (batch 8), the first token's share of attention per layer (the
+attention-sink measure), and perplexity at 4x the trained length where the positions allow it. ``OUT/compare.json``
+and ``OUT/compare.png`` hold the means and standard deviations over seeds.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from .._io import atomic_save_figure, atomic_write_json
+
+VARIANTS: dict[str, tuple[dict, str, str]] = {  # name -> (causal.decoder overrides, positional, description)
+    "mha": ({}, "rope", "multi-head attention, rotary positions"),
+    "gqa": ({"num_kv_heads": 2}, "rope", "grouped-query, 2 key/value heads"),
+    "mla": ({"mla_latent": 32, "mla_rope_dim": 16}, "none", "latent attention, latent 32 + rope key 16"),
+    "gated": ({"gate": True}, "rope", "sigmoid output gate per head"),
+    "sinks": ({"sinks": True}, "rope", "a learned sink logit per head"),
+    "diff": ({"differential": True}, "rope", "differential attention"),
+    "alibi": ({}, "alibi", "ALiBi biases, no position embedding"),
+    "talking": ({"talking_heads": True}, "rope", "talking heads (explicit weights)"),
+}
+
+
+def parse_variants(text: str) -> list[str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in names if v not in VARIANTS]
+    if bad or not names:
+        raise ValueError(f"unknown variants {bad or '(none given)'}; choose from {', '.join(VARIANTS)}")
+    return names
+
+
+def variant_config(name: str, *, data: str, seed: int, steps: int, batch_size: int, seq_len: int, lr: float,
+                   threads: int | None, size: dict | None = None, data_options: dict | None = None):
+    """The pretraining config of one variant: the shared recipe, ``size`` (``causal.decoder`` fields: d_model,
+    num_heads, num_layers, d_ff) and ``data_options`` (``data`` fields: limit, vocab_size) for all, then the
+    variant's own option."""
+    from .config import merge
+    from .pretrain import PretrainConfig
+
+    decoder, positional, _ = VARIANTS[name]
+    over = {"data": {"name": data, "seq_len": seq_len, **(data_options or {})}, "objective": {"name": "clm"},
+            "causal": {"positional": positional, "max_len": seq_len, "decoder": {**(size or {}), **decoder}},
+            "optim": {"steps": steps, "batch_size": batch_size, "lr": lr},
+            "run": {"seed": seed, "threads": threads, "progress": False, "eval_every": steps}}
+    return PretrainConfig.from_dict(merge(PretrainConfig().to_dict(), over))
+
+
+@torch.no_grad()
+def measure(path: Path, *, long_factor: int = 4) -> dict:
+    """The inference-side numbers of a finished causal LM run: cache bytes per token, decode speed, the first
+    token's attention share per layer, perplexity at ``long_factor`` x the trained length (None where positions
+    stop at the trained length)."""
+    from ..models.generation import generate
+    from ..modules.capture import capture
+    from .pretrain import held_out_rows, load_pretrain_run
+
+    run = load_pretrain_run(path)
+    model, n = run.model, run.config.causal.max_len
+    rows = held_out_rows(run, n)[:16]  # (R, n) held-out tokens
+    cache = model.new_cache()
+    model(rows[:1], cache=cache)
+    cache_bytes = sum(t.numel() * t.element_size() for layer in cache.self_attn for t in (layer.k, layer.v)) / n
+    with capture(model, ("pattern",)) as c:
+        model(rows)
+    first = [float(p[:, :, 1:, 0].mean()) for p in c.patterns()]  # queries after the first, key 0
+    prompts = rows[:8, : n // 2]
+    t0 = time.perf_counter()
+    out = generate(model, prompts, torch.ones_like(prompts, dtype=torch.bool), max_new_tokens=n - n // 2)
+    decode = sum(len(t) for t in out.tokens) / (time.perf_counter() - t0)
+    long_ppl = None
+    if run.config.causal.positional == "alibi":
+        long_rows = held_out_rows(run, long_factor * n)[:4].long()
+        logits = model(long_rows)
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), long_rows[:, 1:].flatten())
+        long_ppl = math.exp(float(loss))
+    return {"kv_cache_bytes_per_token": cache_bytes, "decode_tokens_per_second": decode,
+            "first_token_share": first, "long_perplexity": long_ppl, "long_factor": long_factor}
+
+
+def run_compare(*, data: str, variants: list[str], seeds: list[int], out: Path, steps: int, batch_size: int,
+                seq_len: int, lr: float, threads: int | None = None, size: dict | None = None,
+                data_options: dict | None = None, log=print) -> dict:
+    from .pretrain import pretrain
+    from .runfolder import read_json
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in variants:
+        for seed in seeds:
+            folder = out / f"{name}-s{seed}"
+            if (folder / "results.json").is_file():
+                results = read_json(folder / "results.json", dict)
+                log(f"{name} seed {seed}: reusing {folder}")
+            else:
+                cfg = variant_config(name, data=data, seed=seed, steps=steps, batch_size=batch_size, seq_len=seq_len,
+                                     lr=lr, threads=threads, size=size, data_options=data_options)
+                log(f"{name} seed {seed}: training {steps} steps -> {folder}")
+                results = pretrain(cfg, folder, overwrite=True)
+            m = measure(folder)
+            rows.append({"variant": name, "seed": seed, "perplexity": results["validation"]["perplexity"],
+                         "parameters": results["parameters"], "train_tokens_per_second": results["tokens_per_second"],
+                         "minutes": results["minutes"], **m})
+            log(f"  perplexity {rows[-1]['perplexity']:.1f}, cache {m['kv_cache_bytes_per_token']:.0f} B/token, "
+                f"decode {m['decode_tokens_per_second']:.0f} tok/s, first-token share "
+                + " ".join(f"{v:.3f}" for v in m["first_token_share"]))
+    payload = {"data": data, "steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr, "seeds": seeds,
+               "variants": {v: VARIANTS[v][2] for v in variants}, "runs": rows, "summary": summarise(rows, variants)}
+    atomic_write_json(out / "compare.json", payload)
+    plot(payload, out / "compare.png")
+    return payload
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def summarise(rows: list[dict], variants: list[str]) -> dict:
+    out = {}
+    for v in variants:
+        rs = [r for r in rows if r["variant"] == v]
+        if not rs:
+            continue
+        s = {k: _mean_std([r[k] for r in rs]) for k in ("perplexity", "train_tokens_per_second",
+                                                        "decode_tokens_per_second", "kv_cache_bytes_per_token")}
+        s["parameters"] = rs[0]["parameters"]
+        s["first_token_share"] = [statistics.fmean(r["first_token_share"][l] for r in rs)
+                                  for l in range(len(rs[0]["first_token_share"]))]
+        longs = [r["long_perplexity"] for r in rs if r["long_perplexity"] is not None]
+        s["long_perplexity"] = _mean_std(longs) if longs else None
+        s["seeds"] = len(rs)
+        out[v] = s
+    return out
+
+
+def format_table(payload: dict) -> str:
+    lines = [f"{payload['data']}, {payload['steps']} steps x {payload['batch_size']} rows x {payload['seq_len']} "
+             f"tokens, seeds {payload['seeds']} (mean +- std)",
+             f"{'variant':<9}{'params':>9}{'val ppl':>16}{'KV B/tok':>10}{'train tok/s':>13}{'decode tok/s':>14}"
+             f"  first-token share by layer"]
+    for v, s in payload["summary"].items():
+        pm, ps = s["perplexity"]
+        lines.append(f"{v:<9}{s['parameters']:>9,}{pm:>10.1f} +-{ps:>4.1f}{s['kv_cache_bytes_per_token'][0]:>10.0f}"
+                     f"{s['train_tokens_per_second'][0]:>13.0f}{s['decode_tokens_per_second'][0]:>14.0f}  "
+                     + " ".join(f"{x:.3f}" for x in s["first_token_share"])
+                     + (f"  | {payload['runs'][0]['long_factor']}x length ppl {s['long_perplexity'][0]:.1f}"
+                        if s["long_perplexity"] else ""))
+    return "\n".join(lines)
+
+
+def plot(payload: dict, path: Path) -> None:
+    from ..plotting import pyplot
+
+    plt = pyplot()
+    names = list(payload["summary"])
+    s = payload["summary"]
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(14, 4))
+    a.bar(names, [s[n]["perplexity"][0] for n in names], yerr=[s[n]["perplexity"][1] for n in names], capsize=3)
+    a.set_title("validation perplexity (mean +- std over seeds)", fontsize=9)
+    b.bar(names, [s[n]["kv_cache_bytes_per_token"][0] for n in names], color="C1")
+    b.set_title("KV-cache bytes per token (all layers)", fontsize=9)
+    for n in names:
+        c.plot(range(len(s[n]["first_token_share"])), s[n]["first_token_share"], "o-", label=n)
+    c.set_xlabel("layer")
+    c.set_title("first token's share of attention", fontsize=9)
+    c.legend(fontsize=7)
+    for ax in (a, b):
+        ax.tick_params(axis="x", rotation=45, labelsize=8)
+    fig.tight_layout()
+    atomic_save_figure(fig, path, dpi=100)
+    plt.close(fig)
+
+
+__all__ = ["VARIANTS", "format_table", "measure", "parse_variants", "run_compare", "variant_config"]
