@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from multihead.cli import main
+from train_helpers import assert_resume_matches_straight
 
 SMALL = ["--d-model", "16", "--heads", "2", "--layers", "1", "--set", "model.text.d_ff=32",
          "--set", "model.vision.encoder.d_model=24", "--set", "model.vision.encoder.num_layers=1",
@@ -58,35 +59,7 @@ def test_show_draws_the_question_over_the_canvas(qa_run, tmp_path, capsys):
 
 def test_resume_continues_to_the_same_weights(tmp_path, monkeypatch):
     """Fresh canvases every step, seeded by the step: an interrupted run resumed ends where a straight one does."""
-    from safetensors.torch import load_file
-
-    from multihead.train import vision
-
-    full, part = tmp_path / "full", tmp_path / "part"
-    common = ["--data", "digits_qa", "--epochs", "2", *SMALL]
-    assert main(["train", "--out", str(full), *common]) == 0
-
-    class Killed(Exception):
-        pass
-
-    original = vision._Training.end_epoch
-
-    def end_then_die(self, epoch, minutes):
-        original(self, epoch, minutes)
-        raise Killed
-
-    monkeypatch.setattr(vision._Training, "end_epoch", end_then_die)
-    assert main(["train", "--out", str(part), *common]) != 0
-    monkeypatch.setattr(vision._Training, "end_epoch", original)
-    assert main(["train", "--out", str(part), "--resume", "--no-progress"]) == 0
-
-    def weights(run):
-        state = json.loads((run / "checkpoint" / "state.json").read_text())
-        return load_file(str(run / "checkpoint" / state["file"]))
-
-    a, b = weights(full), weights(part)
-    assert all(torch.equal(a[k], b[k]) for k in a if k.startswith("model."))
-    assert json.loads((part / "results.json").read_text())["test"] == json.loads((full / "results.json").read_text())["test"]
+    assert_resume_matches_straight(tmp_path, monkeypatch, ["--data", "digits_qa", "--epochs", "2", *SMALL])
 
 
 def test_flags_that_do_not_apply_are_refused_by_name(tmp_path, capsys):

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from multihead.cli import main
+from train_helpers import assert_resume_matches_straight
 
 SMALL = ["--d-model", "32", "--heads", "4", "--layers", "2", "--set", "model.encoder.d_ff=64",
          "--set", "model.patch_size=2", "--set", "model.stem=conv", "--set", "model.stem_channels=16", "--batch-size", "64", "--lr", "3e-3", "--threads", "1", "--no-progress"]
@@ -53,36 +54,7 @@ def test_predict_and_evaluate_on_a_vit_run(digits_run, tmp_path, capsys):
 def test_resume_continues_to_the_same_weights(tmp_path, monkeypatch):
     """Two epochs straight == interrupted after the first epoch's checkpoint, then --resume (order and augmentation
     are seeded by epoch and step)."""
-    import torch
-    from safetensors.torch import load_file
-
-    from multihead.train import vision
-
-    full, part = tmp_path / "full", tmp_path / "part"
-    common = ["--data", "digits", "--epochs", "2", "--set", "data.limit=256", "--set", "run.baseline=false", *SMALL]
-    assert main(["train", "--out", str(full), *common]) == 0
-
-    class Killed(Exception):
-        pass
-
-    original = vision._Training.end_epoch
-
-    def end_then_die(self, epoch, minutes):
-        original(self, epoch, minutes)
-        raise Killed  # after epoch 1's checkpoint, as a kill would
-
-    monkeypatch.setattr(vision._Training, "end_epoch", end_then_die)
-    assert main(["train", "--out", str(part), *common]) != 0  # reported as a failure, the folder left resumable
-    monkeypatch.setattr(vision._Training, "end_epoch", original)
-    assert main(["train", "--out", str(part), "--resume", "--no-progress"]) == 0
-
-    def weights(run):
-        state = json.loads((run / "checkpoint" / "state.json").read_text())
-        return load_file(str(run / "checkpoint" / state["file"]))
-
-    a, b = weights(full), weights(part)
-    assert all(torch.equal(a[k], b[k]) for k in a if k.startswith("model."))
-    assert json.loads((part / "results.json").read_text())["test"] == json.loads((full / "results.json").read_text())["test"]
+    assert_resume_matches_straight(tmp_path, monkeypatch, ["--data", "digits", "--epochs", "2", "--set", "data.limit=256", "--set", "run.baseline=false", *SMALL])
 
 
 def test_text_only_flags_are_refused_by_name(tmp_path, capsys):

@@ -32,7 +32,7 @@ from ..models.grounding import GroundedQA, GroundingConfig, grounding_share
 from ..modules.capture import attention_modules, capture
 from .checkpoint import load_task_weights, read_task_config
 from .runfolder import atomic_write_json, is_task_run, read_json
-from .vision import VisionOptim, VisionRun, _Training, plot_curves
+from .vision import VisionOptim, VisionRun, _Training, optim_rules, plot_curves
 
 QA_DATASETS = {"fashion_mnist_qa": "fashion_mnist", "digits_qa": "digits"}  # --data name -> the images it is built of
 _SIZES = {"fashion_mnist": (7, 50_000, 2_000, 10_000), "digits": (4, 20_000, 1_000, 2_000)}  # patch, canvases/epoch, val, test
@@ -65,17 +65,14 @@ class GroundingTrainConfig:
     run: VisionRun = field(default_factory=lambda: VisionRun(baseline=False))
 
     def __post_init__(self) -> None:
-        d, o = self.data, self.optim
+        d = self.data
         check_rules([
             ("data.name", is_qa_dataset(d.name), f"one of {', '.join(QA_DATASETS)}"),
             ("data.canvases", d.canvases is None or 1 <= d.canvases <= 10_000_000, "in [1, 10000000]"),
             ("data.validation", d.validation is None or 1 <= d.validation <= 1_000_000, "in [1, 1000000]"),
             ("data.test", d.test is None or 1 <= d.test <= 1_000_000, "in [1, 1000000]"),
             ("data.limit", d.limit is None or d.limit >= 8, ">= 8"),
-            ("optim.epochs", o.epochs >= 1, ">= 1"), ("optim.batch_size", o.batch_size >= 1, ">= 1"),
-            ("optim.lr", o.lr > 0, "> 0"), ("optim.warmup", 0 <= o.warmup < 1, "in [0, 1)"),
-            ("optim.weight_decay", o.weight_decay >= 0, ">= 0"), ("optim.clip", o.clip >= 0, ">= 0"),
-            ("optim.label_smoothing", 0 <= o.label_smoothing < 1, "in [0, 1)"),
+            *optim_rules(self.optim),
         ])
 
     @property

@@ -69,6 +69,14 @@ class VisionRun:
     baseline: bool = True  # fit the pixel logistic-regression baseline at the end
 
 
+def optim_rules(o: VisionOptim) -> list[tuple[str, bool, str]]:
+    """The optimizer's ranges, shared by every task on this loop (image classification, grounding)."""
+    return [("optim.epochs", o.epochs >= 1, ">= 1"), ("optim.batch_size", o.batch_size >= 1, ">= 1"),
+            ("optim.lr", o.lr > 0, "> 0"), ("optim.warmup", 0 <= o.warmup < 1, "in [0, 1)"),
+            ("optim.weight_decay", o.weight_decay >= 0, ">= 0"), ("optim.clip", o.clip >= 0, ">= 0"),
+            ("optim.label_smoothing", 0 <= o.label_smoothing < 1, "in [0, 1)")]
+
+
 @dataclass
 class VisionTrainConfig:
     data: VisionData = field(default_factory=VisionData)
@@ -81,14 +89,11 @@ class VisionTrainConfig:
 
     def __post_init__(self) -> None:
         """Ranges, checked before anything is read, allocated or written."""
-        o, d = self.optim, self.data
+        d = self.data
         check_rules([
             ("data.name", I.is_image_dataset(d.name), f"one of {', '.join(I.IMAGE_DATASETS)}"),
             ("data.limit", d.limit is None or d.limit >= 8, ">= 8"), ("data.shift", d.shift is None or 0 <= d.shift <= 16, "in [0, 16]"),
-            ("optim.epochs", o.epochs >= 1, ">= 1"), ("optim.batch_size", o.batch_size >= 1, ">= 1"),
-            ("optim.lr", o.lr > 0, "> 0"), ("optim.warmup", 0 <= o.warmup < 1, "in [0, 1)"),
-            ("optim.weight_decay", o.weight_decay >= 0, ">= 0"), ("optim.clip", o.clip >= 0, ">= 0"),
-            ("optim.label_smoothing", 0 <= o.label_smoothing < 1, "in [0, 1)"),
+            *optim_rules(self.optim),
         ])
 
     def to_dict(self) -> dict:
