@@ -87,7 +87,7 @@ def test_encoder_block_gradients_and_hooks():
     block = mh.EncoderBlock(16, 2, dropout=0.1)
     x = torch.randn(2, 5, 16, requires_grad=True)
     names = sorted(n for n in mh.hook_points(block))
-    assert names == ["attn.hook_k", "attn.hook_pattern", "attn.hook_q", "attn.hook_v", "attn.hook_z",
+    assert names == ["attn.hook_k", "attn.hook_pattern", "attn.hook_q", "attn.hook_stats", "attn.hook_v", "attn.hook_z",
                      "hook_attn_out", "hook_mlp_out", "hook_resid_post"]
     block(x).sum().backward()
     assert torch.isfinite(x.grad).all()
