@@ -186,7 +186,7 @@ def stats_step(*, seed: int = 0, length: int = 4096) -> dict:
     map_gib = 8 * length * length * 4 / 2**30
     print(f"   {length:,} tokens, causal: entropy, received mass, distance, first-token mass and top-4 keys of every "
           f"query of 8 heads in {seconds:.1f}s, {st.nbytes() / 2**20:.1f} MiB of results (the map alone: "
-          f"{map_gib:.0f} GiB)")
+          f"{map_gib:.1f} GiB)")
     first = st.mass["first"].mean(-1)[0]
     print("   per head: mean entropy (nats) " + " ".join(f"{v:.2f}" for v in st.entropy.mean(-1)[0].tolist())
           + "; first-token share " + " ".join(f"{v:.3f}" for v in first.tolist()))
