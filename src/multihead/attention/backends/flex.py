@@ -6,7 +6,8 @@ own convention, checked against the formula below).
 
 Available where ``torch.compile`` works (a C compiler on CPU); the first call per shape compiles (15-30 s on CPU).
 On CPU FlexAttention has no backward, so ``auto`` and named calls that need gradients skip it with that reason.
-Block masks are built once per pattern and length and reused.
+Block masks are built once per pattern and length and reused; a pattern's comes from its geometry
+(:mod:`multihead.attention.block_masks`: the tiles each query tile touches, no ``L x L`` evaluation).
 
 On CPU, PyTorch's compiled FlexAttention kernel (checked with PyTorch 2.13) returns wrong values or NaN at some
 lengths (e.g. 8, 24 and 200, while 16, 130 and 256 are right). So on CPU each new shape is verified once against the
@@ -55,9 +56,15 @@ def _block_mask(mask, b: int, lq: int, lk: int, device):
     if key not in _BLOCK_MASKS:
         if len(_BLOCK_MASKS) > 32:
             _BLOCK_MASKS.clear()
-        per_batch, per_head = mask.mask_mod_axes()
-        _BLOCK_MASKS[key] = create_block_mask(mask_mod, b if per_batch else None,
-                                              _heads(mask) if per_head else None, lq, lk, device=device)
+        if mask.pattern is not None and mask.tensor is None and lq == lk:
+            # the pattern's tiles from its geometry (O((L / block)^2) int32), not mask_mod on every pair (O(L^2))
+            from ..block_masks import pattern_block_mask
+
+            _BLOCK_MASKS[key] = pattern_block_mask(mask, lq, device)
+        else:
+            per_batch, per_head = mask.mask_mod_axes()
+            _BLOCK_MASKS[key] = create_block_mask(mask_mod, b if per_batch else None,
+                                                  _heads(mask) if per_head else None, lq, lk, device=device)
     return _BLOCK_MASKS[key]
 
 
