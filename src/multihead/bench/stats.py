@@ -67,6 +67,9 @@ def run(*, lengths=None, impls=None, threads=None, out: Path | None = None, min_
         progress=True) -> dict:
     from tqdm import tqdm
 
+    bad = [i for i in (impls or []) if i not in IMPLS]
+    if bad:
+        raise ValueError(f"unknown implementation(s) {bad}; choose from {IMPLS}")
     cases = [{"impl": i, "length": n} for n in (lengths or LENGTHS) for i in (impls or IMPLS)]
     results = []
     for c in tqdm(cases, desc="bench stats", disable=not progress):

@@ -102,11 +102,26 @@ def measure(path: Path, *, long_factor: int = 4) -> dict:
 def run_compare(*, data: str, variants: list[str], seeds: list[int], out: Path, steps: int, batch_size: int,
                 seq_len: int, lr: float, threads: int | None = None, size: dict | None = None,
                 data_options: dict | None = None, log=print) -> dict:
+    from .._io import folder_lock
+    from ..models.seq2seq import CausalLM
+
+    for name in variants:  # every variant's config and model shape checked before any run trains (meta: no memory)
+        cfg = variant_config(name, data=data, seed=seeds[0] if seeds else 0, steps=steps, batch_size=batch_size,
+                             seq_len=seq_len, lr=lr, threads=threads, size=size, data_options=data_options)
+        with torch.device("meta"):
+            CausalLM(cfg.causal)
+    out = Path(out)
+    with folder_lock(out):  # one comparison writes a folder at a time (each run inside is locked by pretrain too)
+        out.mkdir(parents=True, exist_ok=True)
+        return _run_locked(data=data, variants=variants, seeds=seeds, out=out, steps=steps, batch_size=batch_size,
+                           seq_len=seq_len, lr=lr, threads=threads, size=size, data_options=data_options, log=log)
+
+
+def _run_locked(*, data, variants, seeds, out: Path, steps, batch_size, seq_len, lr, threads, size, data_options, log
+                ) -> dict:
     from .pretrain import pretrain
     from .runfolder import read_json
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in variants:
         for seed in seeds:
