@@ -605,6 +605,8 @@ def _show_vision(args) -> int:
 def _show_grounding(args) -> int:
     """``multihead show runs/qa --index 3 [--question "where is the bag?"]``: a test canvas, the model's answer, and each
     cross-attention head's attention of the question over the canvas."""
+    import torch
+
     from ._io import Publish, atomic_write_json, check_target
     from .interpret.vision import show_grounding
     from .train.grounding import load_grounding_run, test_canvases
@@ -622,7 +624,7 @@ def _show_grounding(args) -> int:
     if not args.index < len(data.answers):
         raise ValueError(f"--index {args.index} is outside the test canvases (0..{len(data.answers) - 1})")
     i = args.index
-    q = data.questions[i:i + 1] if question is None else torch_tensor([question])
+    q = data.questions[i:i + 1] if question is None else torch.tensor([question], dtype=torch.long)
     truth = run.answers[int(data.answers[i])] if question is None else None
     with Publish(out, "show", overwrite=args.overwrite, sources=(args.model,), check=False) as folder:
         summary = show_grounding(run.model, data.canvases[i:i + 1], q, vocab, folder, truth=truth,
@@ -632,12 +634,6 @@ def _show_grounding(args) -> int:
           + (f"; true {truth}" if truth else ""))
     print(f"wrote {len(summary['files'])} files to {out}")
     return 0
-
-
-def torch_tensor(rows):
-    import torch
-
-    return torch.tensor(rows, dtype=torch.long)
 
 
 def _show_g2p(args) -> int:

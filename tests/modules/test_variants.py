@@ -11,23 +11,32 @@ from multihead.modules.attention import alibi_slopes
 from multihead.modules.decoder import DecoderConfig
 
 
+def _qkv(m, x):
+    """Per-head q, k, v of the module's projections, written out; k, v repeated for grouped-query heads."""
+    b, n, _ = x.shape
+    h, g, d = m.num_heads, m.num_kv_heads, m.head_dim
+    q = (x @ m.w_q.weight.T + m.w_q.bias).view(b, n, h, d).transpose(1, 2)
+    k = (x @ m.w_k.weight.T + m.w_k.bias).view(b, n, g, d).transpose(1, 2).repeat_interleave(h // g, 1)
+    v = (x @ m.w_v.weight.T + m.w_v.bias).view(b, n, g, d).transpose(1, 2).repeat_interleave(h // g, 1)
+    return q, k, v
+
+
+def _allowed(n, causal, keep):
+    """(B, 1, N, N) bool: the causal rule and key padding."""
+    i = torch.arange(n)
+    allowed = (i[None, :] <= i[:, None]) if causal else torch.ones(n, n, dtype=torch.bool)
+    return allowed & keep[:, None, None, :] if keep is not None else allowed
+
+
 def _formula(m, x, *, causal=False, keep=None):
     """softmax(q k^T / sqrt(d) + alibi + masks) v per head, gate, output projection -- written out."""
     b, n, e = x.shape
-    h, d = m.num_heads, m.head_dim
-    q = (x @ m.w_q.weight.T + m.w_q.bias).view(b, n, h, d).transpose(1, 2)
-    k = (x @ m.w_k.weight.T + m.w_k.bias).view(b, n, h, d).transpose(1, 2)
-    v = (x @ m.w_v.weight.T + m.w_v.bias).view(b, n, h, d).transpose(1, 2)
-    s = q @ k.transpose(-2, -1) / math.sqrt(d)
+    q, k, v = _qkv(m, x)
+    s = q @ k.transpose(-2, -1) / math.sqrt(m.head_dim)
     i = torch.arange(n)
     if m.alibi_slopes is not None:
         s = s - m.alibi_slopes.double()[:, None, None] * (i[:, None] - i[None, :]).abs()
-    allowed = torch.ones(n, n, dtype=torch.bool)
-    if causal:
-        allowed = i[None, :] <= i[:, None]
-    if keep is not None:
-        allowed = allowed & keep[:, None, None, :]
-    s = s.masked_fill(~allowed, -math.inf)
+    s = s.masked_fill(~_allowed(n, causal, keep), -math.inf)
     z = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(b, n, e)
     if m.w_gate is not None:
         z = z * torch.sigmoid(x @ m.w_gate.weight.T + m.w_gate.bias)
@@ -102,16 +111,9 @@ def test_alibi_runs_at_four_times_the_trained_length_and_learned_positions_canno
 
 def _sink_formula(m, x, *, causal, keep):
     b, n, e = x.shape
-    h, d = m.num_heads, m.head_dim
-    g = m.num_kv_heads
-    q = (x @ m.w_q.weight.T + m.w_q.bias).view(b, n, h, d).transpose(1, 2)
-    k = (x @ m.w_k.weight.T + m.w_k.bias).view(b, n, g, d).transpose(1, 2).repeat_interleave(h // g, 1)
-    v = (x @ m.w_v.weight.T + m.w_v.bias).view(b, n, g, d).transpose(1, 2).repeat_interleave(h // g, 1)
-    s = q @ k.transpose(-2, -1) / math.sqrt(d)
-    i = torch.arange(n)
-    allowed = (i[None, :] <= i[:, None]) if causal else torch.ones(n, n, dtype=torch.bool)
-    allowed = allowed & keep[:, None, None, :]
-    e_s = torch.exp(s).masked_fill(~allowed, 0.0)
+    q, k, v = _qkv(m, x)
+    s = q @ k.transpose(-2, -1) / math.sqrt(m.head_dim)
+    e_s = torch.exp(s).masked_fill(~_allowed(n, causal, keep), 0.0)
     p = e_s / (torch.exp(m.sink_logits.double())[:, None, None] + e_s.sum(-1, keepdim=True))  # the sink's formula
     z = (p @ v).transpose(1, 2).reshape(b, n, e)
     return z @ m.w_o.weight.T + m.w_o.bias, p
@@ -171,13 +173,9 @@ def test_sinks_with_the_cache_capture_and_pruning():
 
 def _diff_formula(m, x, *, causal, keep):
     b, n, e = x.shape
-    h, d = m.num_heads, m.head_dim
-    q = (x @ m.w_q.weight.T + m.w_q.bias).view(b, n, h, d).transpose(1, 2)
-    k = (x @ m.w_k.weight.T + m.w_k.bias).view(b, n, h, d).transpose(1, 2)
-    v = (x @ m.w_v.weight.T + m.w_v.bias).view(b, n, h, d).transpose(1, 2)
-    i = torch.arange(n)
-    allowed = (i[None, :] <= i[:, None]) if causal else torch.ones(n, n, dtype=torch.bool)
-    allowed = allowed & keep[:, None, None, :]
+    d = m.head_dim
+    q, k, v = _qkv(m, x)
+    allowed = _allowed(n, causal, keep)
 
     def soft(a, c):
         return torch.softmax((a @ c.transpose(-2, -1) / math.sqrt(d // 2)).masked_fill(~allowed, -math.inf), -1)
@@ -250,14 +248,10 @@ def test_talking_heads_equal_their_formula(causal):
     keep = torch.ones(2, 7, dtype=torch.bool)
     keep[1, 5:] = False
     b, n, e, h, d = 2, 7, 24, 4, 6
-    q = (x @ m.w_q.weight.T + m.w_q.bias).view(b, n, h, d).transpose(1, 2)
-    k = (x @ m.w_k.weight.T + m.w_k.bias).view(b, n, h, d).transpose(1, 2)
-    v = (x @ m.w_v.weight.T + m.w_v.bias).view(b, n, h, d).transpose(1, 2)
+    q, k, v = _qkv(m, x)
     s = q @ k.transpose(-2, -1) / math.sqrt(d)
     s = torch.stack([sum(m.talk_logits[a, g] * s[:, a] for a in range(h)) for g in range(h)], 1)  # mix logits
-    i = torch.arange(n)
-    allowed = ((i[None, :] <= i[:, None]) if causal else torch.ones(n, n, dtype=torch.bool)) & keep[:, None, None, :]
-    w = torch.softmax(s.masked_fill(~allowed, -math.inf), -1)
+    w = torch.softmax(s.masked_fill(~_allowed(n, causal, keep), -math.inf), -1)
     w = torch.stack([sum(m.talk_weights[a, g] * w[:, a] for a in range(h)) for g in range(h)], 1)  # mix weights
     want = (w @ v).transpose(1, 2).reshape(b, n, e) @ m.w_o.weight.T + m.w_o.bias
     out, weights = m(x, key_padding_mask=keep, is_causal=causal, need_weights=True)

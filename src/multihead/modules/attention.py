@@ -65,6 +65,11 @@ class _HalfRotary(nn.Module):
         return self._join(a, q.shape[1]), self._join(b, k.shape[1])
 
 
+def head_columns(heads: list[int], width: int) -> Tensor:
+    """The feature indices of ``heads`` in a ``(heads x width)`` projection: what pruning keeps of each matrix."""
+    return torch.tensor([i * width + c for i in heads for c in range(width)], dtype=torch.long)
+
+
 def _past_first_key(hook):
     """A ``weights_hook`` for a call with a sink key first: the hook sees (and may replace) the real keys' weights."""
     def wrapped(w: Tensor) -> Tensor:
@@ -576,8 +581,7 @@ class MultiHeadAttention(nn.Module):
                 "after pruning, every remaining key/value head must serve the same number of query heads; "
                 f"prune whole groups of {group} heads or an equal number from each group"
             )
-        q_idx = torch.tensor([i * d + c for i in keep for c in range(d)], dtype=torch.long)
-        kv_idx = torch.tensor([i * d + c for i in kv_keep for c in range(d)], dtype=torch.long)
+        q_idx, kv_idx = head_columns(keep, d), head_columns(kv_keep, d)
         self.w_q = _select_linear(self.w_q, q_idx, dim=0)
         self.w_k = _select_linear(self.w_k, kv_idx, dim=0)
         self.w_v = _select_linear(self.w_v, kv_idx, dim=0)

@@ -133,7 +133,7 @@ class MultiHeadLatentAttention(nn.Module):
     def prune_heads(self, heads) -> None:
         """Remove heads: their rows of ``W_uk``, ``W_uv``, ``W_uq``, ``W_qr`` and columns of ``W_o``. The latent and
         the shared rope key stay (every head reads them), so pruning shrinks compute, not the cache."""
-        from .attention import _select_linear
+        from .attention import _select_linear, head_columns
 
         heads = sorted(set(int(x) for x in heads))
         if not heads:
@@ -142,8 +142,7 @@ class MultiHeadLatentAttention(nn.Module):
         if min(heads) < 0 or max(heads) >= h:
             raise ValueError(f"head indices must be in [0, {h}), got {heads}")
         keep = [i for i in range(h) if i not in heads]
-        idx = torch.tensor([i * d + c for i in keep for c in range(d)], dtype=torch.long)
-        ridx = torch.tensor([i * r + c for i in keep for c in range(r)], dtype=torch.long)
+        idx, ridx = head_columns(keep, d), head_columns(keep, r)
         self.w_uk = _select_linear(self.w_uk, idx, dim=0)
         self.w_uv = _select_linear(self.w_uv, idx, dim=0)
         self.w_uq = _select_linear(self.w_uq, idx, dim=0)

@@ -32,7 +32,7 @@ from ..models.grounding import GroundedQA, GroundingConfig, grounding_share
 from ..modules.capture import attention_modules, capture
 from .checkpoint import load_task_weights, read_task_config
 from .runfolder import atomic_write_json, is_task_run, read_json
-from .vision import VisionOptim, VisionRun, _Training, optim_rules, plot_curves
+from .vision import VisionOptim, VisionRun, _Training, merge_overrides, optim_rules, plot_curves
 
 QA_DATASETS = {"fashion_mnist_qa": "fashion_mnist", "digits_qa": "digits"}  # --data name -> the images it is built of
 _SIZES = {"fashion_mnist": (7, 50_000, 2_000, 10_000), "digits": (4, 20_000, 1_000, 2_000)}  # patch, canvases/epoch, val, test
@@ -93,24 +93,13 @@ class GroundingTrainConfig:
         return from_fields(cls, d)
 
 
-_FLAGS = {"optim.epochs", "optim.batch_size", "optim.lr", "optim.weight_decay", "optim.warmup", "optim.clip",
-          "optim.label_smoothing", "data.limit", "data.name", "run.seed", "run.threads", "run.progress",
-          "model.encoder.d_model", "model.encoder.num_heads", "model.encoder.num_layers", "model.encoder.d_ff",
-          "model.encoder.dropout", "model.encoder.backend"}
-
-
 def config_from_overrides(over: dict) -> GroundingTrainConfig:
     """A grounding config from ``multihead train``'s overrides. The shared model flags (``--d-model``, ``--heads``,
     ``--layers``...) set the question stack; the image encoder is set with ``--set model.vision.encoder.X=``."""
     flat = flatten(over)
     for k in [k for k in flat if k.startswith("model.encoder.")]:  # the shared flags name the text stack here
         flat["model.text." + k[len("model.encoder."):]] = flat.pop(k)
-    base = flatten(GroundingTrainConfig().to_dict())
-    unknown = [k for k in flat if k not in base and k not in _FLAGS]
-    if unknown:
-        raise ConfigError(f"invalid config: {', '.join(sorted(unknown))} do not apply to the grounding task "
-                          f"(--data {flat.get('data.name', 'fashion_mnist_qa')}); its fields are: {', '.join(sorted(base))}")
-    merged = {**base, **flat}
+    merged = merge_overrides(flat, GroundingTrainConfig(), "the grounding task")
     images = QA_DATASETS.get(merged["data.name"])
     if images:  # the canvas is two images a side; the default patch keeps 4x4 patches per item
         c, h, _ = I.IMAGE_SHAPES[images]

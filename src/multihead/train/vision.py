@@ -112,16 +112,21 @@ _FLAGS = {"optim.epochs", "optim.batch_size", "optim.lr", "optim.weight_decay", 
           "run.threads", "run.progress"}
 
 
+def merge_overrides(flat: dict, defaults, task: str, flags=frozenset()) -> dict:
+    """``multihead train``'s flattened overrides over a task config's ``defaults``; keys that are neither the
+    config's fields nor ``flags`` are refused by name (flags that only mean something for text)."""
+    base = flatten(defaults.to_dict())
+    unknown = [k for k in flat if k not in base and k not in flags]
+    if unknown:
+        raise ConfigError(f"invalid config: {', '.join(sorted(unknown))} do not apply to {task} (--data "
+                          f"{flat.get('data.name', base['data.name'])}); its fields are: {', '.join(sorted(base))}")
+    return {**base, **flat}
+
+
 def config_from_overrides(over: dict) -> VisionTrainConfig:
     """A vision config from ``multihead train``'s layered overrides (flags, TOML, ``--set``); flags that only mean
     something for text are refused by name."""
-    flat = flatten(over)
-    base = flatten(VisionTrainConfig().to_dict())
-    unknown = [k for k in flat if k not in base and k not in _FLAGS]
-    if unknown:
-        raise ConfigError(f"invalid config: {', '.join(sorted(unknown))} do not apply to image classification "
-                          f"(--data {flat.get('data.name', 'fashion_mnist')}); its fields are: {', '.join(sorted(base))}")
-    merged = {**base, **flat}
+    merged = merge_overrides(flatten(over), VisionTrainConfig(), "image classification", _FLAGS)
     shape = I.IMAGE_SHAPES.get(merged["data.name"])
     if shape:  # the model's input size is the data's: patch sizes are checked against it up front
         merged["model.channels"], merged["model.image_size"] = shape[0], shape[1]
