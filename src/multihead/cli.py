@@ -667,7 +667,8 @@ def cmd_compare(args) -> int:
     data_options = {k: v for k, v in (("limit", args.limit), ("vocab_size", args.vocab_size)) if v is not None}
     payload = run_compare(data=args.data, variants=variants, seeds=seeds, out=out, steps=args.steps,
                           batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, threads=args.threads,
-                          size=size, data_options=data_options)
+                          size=size, data_options=data_options, match_params=not args.no_match_params,
+                          overwrite=args.overwrite)
     print(format_table(payload))
     print(f"wrote {out / 'compare.json'} and {out / 'compare.png'}")
     return 0
@@ -1051,7 +1052,10 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--d-model", type=_count, default=None)
     cp.add_argument("--heads", type=_count, default=None)
     cp.add_argument("--layers", type=_count, default=None)
-    cp.add_argument("--d-ff", type=_count, default=None)
+    cp.add_argument("--d-ff", type=_count, default=None, help="the baseline's FFN width (others matched to its "
+                                                               "parameter count)")
+    cp.add_argument("--no-match-params", action="store_true",
+                    help="one FFN width for every variant instead of matching the baseline's parameter count")
     cp.add_argument("--vocab-size", type=_count, default=None)
     cp.add_argument("--limit", type=_count, default=None, help="use N texts (smoke tests)")
     cp.add_argument("--threads", type=_count, default=None)

@@ -448,7 +448,7 @@ def test_compare_trains_and_measures_each_variant(tmp_path, capsys):
     out = tmp_path / "cmp"
     args = ["compare", "--data", "rotten_tomatoes", "--variants", "mha,mla,alibi", "--seeds", "1", "--steps", "6",
             "--batch-size", "4", "--seq-len", "24", "--d-model", "32", "--heads", "4", "--layers", "1", "--d-ff",
-            "32", "--vocab-size", "300", "--limit", "200", "--threads", "1", "--out", str(out)]
+            "128", "--vocab-size", "300", "--limit", "200", "--threads", "1", "--out", str(out)]
     assert main(args) == 0
     payload = json.loads((out / "compare.json").read_text())
     s = payload["summary"]
@@ -457,7 +457,27 @@ def test_compare_trains_and_measures_each_variant(tmp_path, capsys):
     assert s["mha"]["kv_cache_bytes_per_token"][0] == 2 * 32 * 4 and s["mla"]["kv_cache_bytes_per_token"][0] == 48 * 4
     assert s["alibi"]["long_perplexity"] is not None and s["mha"]["long_perplexity"] is None
     assert all(0 < x < 1 for v in s.values() for x in v["first_token_share"])
+    # parameters matched through the FFN width: within half a width step (one layer: 2 x d_model + 1) of MHA's
+    assert payload["matched_parameters"] and s["mha"]["d_ff"] == 128 and s["mla"]["d_ff"] != 128
+    assert all(abs(v["parameters"] - s["mha"]["parameters"]) <= (2 * 32 + 1) / 2 for v in s.values())
     capsys.readouterr()
     assert main(args) == 0 and "reusing" in capsys.readouterr().out
+    # a finished run of another recipe is never reused silently: refused before anything trains
+    assert main(args[:-2] + ["--no-match-params", "--out", str(out)]) == 2
+    assert "mla-s0 in" in capsys.readouterr().err
     assert main(["compare", "--variants", "mha,nope", "--out", str(tmp_path / "x")]) == 2
     assert "unknown variants ['nope']" in capsys.readouterr().err
+
+
+def test_compare_matches_parameter_counts_through_the_ffn_width():
+    """Every variant's parameter count lands within half an FFN-width step of MHA's at the compare recipe's size,
+    counted on the meta device; variants that add parameters get a narrower FFN, those that save some a wider one."""
+    from multihead.train.compare import VARIANTS, matched_ffn, parameter_count, variant_config
+
+    kw = dict(data="imdb", seed=0, steps=10, batch_size=32, seq_len=128, lr=2e-3, threads=1)
+    ffn = matched_ffn(list(VARIANTS), **kw)
+    base = parameter_count(variant_config("mha", **kw))
+    step = 4 * (2 * 128 + 1)  # 4 layers, d_model 128: two weight rows/columns and one bias per unit of width
+    for name, width in ffn.items():
+        assert abs(parameter_count(variant_config(name, size={"d_ff": width}, **kw)) - base) <= step / 2, name
+    assert ffn["mha"] == 512 and ffn["gated"] < 512 < ffn["gqa"] and ffn["mla"] > 512

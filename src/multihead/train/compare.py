@@ -14,6 +14,11 @@ alibi     ALiBi distance biases instead of rotary positions (Press et al. 2022)
 talking   talking-heads attention (Shazeer et al. 2020; explicit weights)
 ========  ===========================================================================================
 
+Parameter counts are matched by default: each variant's FFN width is set so that its parameter count is the closest
+to the baseline's (``mha`` at the given size), since a variant that adds parameters (the gate, talking heads) or
+removes them (GQA, MLA) would otherwise be compared at a different model size; ``match_params=False`` keeps one FFN
+width for all. The chosen widths and counts are in ``compare.json``.
+
 Each variant x seed is a pretraining run folder under ``OUT/`` (a finished one is reused, so an interrupted
 comparison continues). Measured per run: validation perplexity, parameters, KV-cache bytes per token (from a filled
 cache), training tokens/s, greedy decode tokens/s (batch 8), the first token's share of attention per layer (the
@@ -67,6 +72,37 @@ def variant_config(name: str, *, data: str, seed: int, steps: int, batch_size: i
     return PretrainConfig.from_dict(merge(PretrainConfig().to_dict(), over))
 
 
+def parameter_count(cfg) -> int:
+    """Parameters of the causal LM a pretraining config builds (on the meta device: no memory, no time)."""
+    from ..models.seq2seq import CausalLM
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in CausalLM(cfg.causal).parameters())
+
+
+def matched_ffn(variants: list[str], **kwargs) -> dict[str, int]:
+    """The FFN width per variant whose parameter count is closest to the baseline's (``mha`` at ``size``).
+
+    Parameters grow linearly in ``d_ff`` (two linear layers and a bias per block), so two meta-device builds per
+    variant give the slope and the width follows; ``kwargs`` are :func:`variant_config`'s."""
+    size = dict(kwargs.pop("size", None) or {})
+    base_cfg = variant_config("mha", size=size, **kwargs)
+    dec = base_cfg.causal.decoder
+    base_ff = dec.d_ff or 4 * dec.d_model
+    target = parameter_count(base_cfg)
+    out = {}
+    for name in variants:
+        p0 = parameter_count(variant_config(name, size={**size, "d_ff": base_ff}, **kwargs))
+        p1 = parameter_count(variant_config(name, size={**size, "d_ff": base_ff + 64}, **kwargs))
+        slope = (p1 - p0) / 64
+        width = base_ff + round((target - p0) / slope)
+        if width < 1:
+            raise ValueError(f"{name} has {p0 - target:,} more parameters than mha outside the FFN at this size, more "
+                             f"than an FFN of width {base_ff} holds; pass a larger --d-ff or --no-match-params")
+        out[name] = width
+    return out
+
+
 @torch.no_grad()
 def measure(path: Path, *, long_factor: int = 4) -> dict:
     """The inference-side numbers of a finished causal LM run: cache bytes per token, decode speed, the first
@@ -101,48 +137,77 @@ def measure(path: Path, *, long_factor: int = 4) -> dict:
 
 def run_compare(*, data: str, variants: list[str], seeds: list[int], out: Path, steps: int, batch_size: int,
                 seq_len: int, lr: float, threads: int | None = None, size: dict | None = None,
-                data_options: dict | None = None, log=print) -> dict:
+                data_options: dict | None = None, match_params: bool = True, overwrite: bool = False,
+                log=print) -> dict:
     from .._io import folder_lock
-    from ..models.seq2seq import CausalLM
 
-    for name in variants:  # every variant's config and model shape checked before any run trains (meta: no memory)
-        cfg = variant_config(name, data=data, seed=seeds[0] if seeds else 0, steps=steps, batch_size=batch_size,
-                             seq_len=seq_len, lr=lr, threads=threads, size=size, data_options=data_options)
-        with torch.device("meta"):
-            CausalLM(cfg.causal)
+    common = dict(data=data, seed=seeds[0] if seeds else 0, steps=steps, batch_size=batch_size, seq_len=seq_len,
+                  lr=lr, threads=threads, data_options=data_options)
+    size = dict(size or {})
+    # every variant's config and model shape is checked before any run trains (meta device: no memory)
+    ffn = matched_ffn(variants, size=size, **common) if match_params else {}
+    sizes = {v: {**size, "d_ff": ffn[v]} if v in ffn else size for v in variants}
+    for name in variants:
+        parameter_count(variant_config(name, size=sizes[name], **common))
     out = Path(out)
     with folder_lock(out):  # one comparison writes a folder at a time (each run inside is locked by pretrain too)
         out.mkdir(parents=True, exist_ok=True)
         return _run_locked(data=data, variants=variants, seeds=seeds, out=out, steps=steps, batch_size=batch_size,
-                           seq_len=seq_len, lr=lr, threads=threads, size=size, data_options=data_options, log=log)
+                           seq_len=seq_len, lr=lr, threads=threads, sizes=sizes, data_options=data_options,
+                           matched=match_params, overwrite=overwrite, log=log)
 
 
-def _run_locked(*, data, variants, seeds, out: Path, steps, batch_size, seq_len, lr, threads, size, data_options, log
-                ) -> dict:
+# run settings that do not change what a run learns, and fields pretraining fills in from the data (the vocabulary
+# the tokenizer reached)
+_VOLATILE = (("run", "threads"), ("run", "progress"), ("causal", "vocab_size"), ("model", "vocab_size"))
+
+
+def _same_recipe(stored: dict, cfg) -> bool:
+    want = cfg.to_dict()
+    for d in (stored, want):
+        for section, key in _VOLATILE:
+            d.get(section, {}).pop(key, None)
+    return stored == want
+
+
+def _run_locked(*, data, variants, seeds, out: Path, steps, batch_size, seq_len, lr, threads, sizes, data_options,
+                matched, overwrite, log) -> dict:
     from .pretrain import pretrain
     from .runfolder import read_json
 
-    rows = []
+    plan, stale = [], []  # every finished run is checked against its recipe before anything trains
     for name in variants:
         for seed in seeds:
             folder = out / f"{name}-s{seed}"
-            if (folder / "results.json").is_file():
-                results = read_json(folder / "results.json", dict)
-                log(f"{name} seed {seed}: reusing {folder}")
-            else:
-                cfg = variant_config(name, data=data, seed=seed, steps=steps, batch_size=batch_size, seq_len=seq_len,
-                                     lr=lr, threads=threads, size=size, data_options=data_options)
-                log(f"{name} seed {seed}: training {steps} steps -> {folder}")
-                results = pretrain(cfg, folder, overwrite=True)
-            m = measure(folder)
-            rows.append({"variant": name, "seed": seed, "perplexity": results["validation"]["perplexity"],
-                         "parameters": results["parameters"], "train_tokens_per_second": results["tokens_per_second"],
-                         "minutes": results["minutes"], **m})
-            log(f"  perplexity {rows[-1]['perplexity']:.1f}, cache {m['kv_cache_bytes_per_token']:.0f} B/token, "
-                f"decode {m['decode_tokens_per_second']:.0f} tok/s, first-token share "
-                + " ".join(f"{v:.3f}" for v in m["first_token_share"]))
+            cfg = variant_config(name, data=data, seed=seed, steps=steps, batch_size=batch_size, seq_len=seq_len,
+                                 lr=lr, threads=threads, size=sizes[name], data_options=data_options)
+            done = (folder / "results.json").is_file()
+            if done and not _same_recipe(read_json(folder / "config.json", dict).get("pretrain", {}), cfg):
+                stale.append(folder.name)
+                done = False
+            plan.append((name, seed, folder, cfg, done))
+    if stale and not overwrite:
+        raise ValueError(f"{', '.join(stale)} in {out} were trained with another recipe (steps, size, data or "
+                         "parameter matching differ); use another --out, or --overwrite to retrain them")
+    rows = []
+    for name, seed, folder, cfg, done in plan:
+        if done:
+            results = read_json(folder / "results.json", dict)
+            log(f"{name} seed {seed}: reusing {folder}")
+        else:
+            log(f"{name} seed {seed}: training {steps} steps -> {folder}")
+            results = pretrain(cfg, folder, overwrite=True)
+        m = measure(folder)
+        rows.append({"variant": name, "seed": seed, "d_ff": cfg.causal.decoder.d_ff,
+                     "perplexity": results["validation"]["perplexity"],
+                     "parameters": results["parameters"], "train_tokens_per_second": results["tokens_per_second"],
+                     "minutes": results["minutes"], **m})
+        log(f"  perplexity {rows[-1]['perplexity']:.1f}, cache {m['kv_cache_bytes_per_token']:.0f} B/token, "
+            f"decode {m['decode_tokens_per_second']:.0f} tok/s, first-token share "
+            + " ".join(f"{v:.3f}" for v in m["first_token_share"]))
     payload = {"data": data, "steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr, "seeds": seeds,
-               "variants": {v: VARIANTS[v][2] for v in variants}, "runs": rows, "summary": summarise(rows, variants)}
+               "matched_parameters": matched, "variants": {v: VARIANTS[v][2] for v in variants}, "runs": rows,
+               "summary": summarise(rows, variants)}
     atomic_write_json(out / "compare.json", payload)
     plot(payload, out / "compare.png")
     return payload
@@ -161,6 +226,7 @@ def summarise(rows: list[dict], variants: list[str]) -> dict:
         s = {k: _mean_std([r[k] for r in rs]) for k in ("perplexity", "train_tokens_per_second",
                                                         "decode_tokens_per_second", "kv_cache_bytes_per_token")}
         s["parameters"] = rs[0]["parameters"]
+        s["d_ff"] = rs[0].get("d_ff")
         s["first_token_share"] = [statistics.fmean(r["first_token_share"][l] for r in rs)
                                   for l in range(len(rs[0]["first_token_share"]))]
         longs = [r["long_perplexity"] for r in rs if r["long_perplexity"] is not None]
@@ -171,13 +237,14 @@ def summarise(rows: list[dict], variants: list[str]) -> dict:
 
 
 def format_table(payload: dict) -> str:
+    matched = "parameters matched through the FFN width" if payload.get("matched_parameters") else "one FFN width"
     lines = [f"{payload['data']}, {payload['steps']} steps x {payload['batch_size']} rows x {payload['seq_len']} "
-             f"tokens, seeds {payload['seeds']} (mean +- std)",
-             f"{'variant':<9}{'params':>9}{'val ppl':>16}{'KV B/tok':>10}{'train tok/s':>13}{'decode tok/s':>14}"
+             f"tokens, seeds {payload['seeds']} (mean +- std), {matched}",
+             f"{'variant':<9}{'d_ff':>5}{'params':>10}{'val ppl':>16}{'KV B/tok':>10}{'train tok/s':>13}{'decode tok/s':>14}"
              f"  first-token share by layer"]
     for v, s in payload["summary"].items():
         pm, ps = s["perplexity"]
-        lines.append(f"{v:<9}{s['parameters']:>9,}{pm:>10.1f} +-{ps:>4.1f}{s['kv_cache_bytes_per_token'][0]:>10.0f}"
+        lines.append(f"{v:<9}{s.get('d_ff') or '':>5}{s['parameters']:>10,}{pm:>10.1f} +-{ps:>4.1f}{s['kv_cache_bytes_per_token'][0]:>10.0f}"
                      f"{s['train_tokens_per_second'][0]:>13.0f}{s['decode_tokens_per_second'][0]:>14.0f}  "
                      + " ".join(f"{x:.3f}" for x in s["first_token_share"])
                      + (f"  | {payload['runs'][0]['long_factor']}x length ppl {s['long_perplexity'][0]:.1f}"
@@ -208,4 +275,5 @@ def plot(payload: dict, path: Path) -> None:
     plt.close(fig)
 
 
-__all__ = ["VARIANTS", "format_table", "measure", "parse_variants", "run_compare", "variant_config"]
+__all__ = ["VARIANTS", "format_table", "matched_ffn", "measure", "parameter_count", "parse_variants", "run_compare",
+           "variant_config"]
