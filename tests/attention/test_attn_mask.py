@@ -241,3 +241,16 @@ def test_random_structured_masks_equal_the_formula(b, lq, lk, data):
     assert (out - formula(q, k, v, hand)).abs().max().item() < 1e-10
     w = mh.attention_weights(q, k, mask=am)
     assert torch.all(w.sum(-1)[~hand.any(-1).expand(b, 2, lq)] == 0)
+
+
+def test_mask_mod_reads_right_padding_as_one_length_per_row_and_any_other_padding_per_key():
+    """FlexAttention's mask_mod for key padding: right padding (the usual batch) as ``j < length[b]``, other shapes
+    (left padding, holes) by lookup; both equal the padding itself on every (b, j)."""
+    i = torch.arange(12)
+    right = i[None, :] < torch.tensor([12, 5, 0])[:, None]
+    holes = right.clone()
+    holes[0, 3] = False
+    for keep in (right, holes, right.flip(1)):
+        mod = AttnMask(key_padding=keep).mask_mod(4, 12)
+        got = torch.stack([mod(torch.tensor(b), torch.tensor(0), torch.tensor(0), i) for b in range(3)])
+        assert torch.equal(got, keep)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from multihead.attention import AttnMask
-from multihead.attention.block_masks import kv_blocks, pattern_block_mask
+from multihead.attention.block_masks import full_tiles, kv_blocks, pattern_block_mask
 from multihead.attention.patterns import SparsePattern
 
 PATTERNS = [SparsePattern(window=5), SparsePattern(window=3, dilation=2, global_tokens=(0, 70)),
@@ -31,15 +31,53 @@ def test_listed_tiles_cover_the_pattern_and_no_more_than_needed(pattern, length,
         assert torch.equal(listed, tiles)  # and no empty tile listed
 
 
-@pytest.mark.parametrize("pattern", PATTERNS[:4] + PATTERNS[5:6], ids=str)
+FULL_CASES = PATTERNS + [SparsePattern(window=40), SparsePattern(window=40, causal=True),
+                         SparsePattern(block=32, window_blocks=2, global_blocks=2)]
+
+
+@pytest.mark.parametrize("pattern", FULL_CASES, ids=str)
+@pytest.mark.parametrize("length,block", [(100, 16), (133, 32), (256, 16)])
+def test_full_tiles_are_allowed_entirely_and_found_where_the_geometry_allows(pattern, length, block):
+    """A tile marked full lets the kernel skip mask_mod, so every pair in it must be allowed; for windows without
+    dilation or global tokens, and for BigBird layouts, every truly full tile is found."""
+    num, idx = kv_blocks(pattern, length, block=block)
+    full = full_tiles(pattern, length, num, idx, block=block)
+    dense = pattern.dense(length)
+    truly = 0
+    for i in range(len(num)):
+        for slot in range(int(num[i])):
+            j = int(idx[i, slot])
+            tile = dense[i * block:(i + 1) * block, j * block:(j + 1) * block]
+            assert not full[i, slot] or bool(tile.all()), (i, j)
+            truly += int(bool(tile.all()))
+    assert not full[torch.arange(idx.shape[1])[None, :] >= num[:, None]].any()  # unused slots never full
+    if pattern.kind == "block" or (pattern.dilation == 1 and not pattern.global_tokens):
+        assert int(full.sum()) == truly
+
+
+@pytest.mark.parametrize("pattern", FULL_CASES[:4] + FULL_CASES[5:6] + FULL_CASES[7:], ids=str)
 def test_block_mask_with_its_mask_mod_equals_the_dense_pattern(pattern):
+    """What FlexAttention computes: full tiles entirely, partial tiles through mask_mod."""
     length, block = 96, 16
     bm = pattern_block_mask(AttnMask(pattern=pattern), length, block=block)
-    blocks = bm.to_dense()[0, 0].bool()  # (Qb, KVb)
-    expanded = blocks.repeat_interleave(block, 0).repeat_interleave(block, 1)[:length, :length]
     i = torch.arange(length)
+
+    def expand(num, idx):
+        tiles = torch.zeros(len(num[0, 0]), idx.shape[-1], dtype=torch.bool)
+        for r in range(len(tiles)):
+            tiles[r, idx[0, 0, r, :num[0, 0, r]].long()] = True
+        return tiles.repeat_interleave(block, 0).repeat_interleave(block, 1)[:length, :length]
+
+    partial = expand(bm.kv_num_blocks, bm.kv_indices)
+    full = expand(bm.full_kv_num_blocks, bm.full_kv_indices)
     inside = bm.mask_mod(torch.tensor(0), torch.tensor(0), i[:, None], i[None, :])
-    assert torch.equal(expanded & inside, pattern.dense(length))
+    assert not (partial & full).any()
+    assert torch.equal(full | (partial & inside), pattern.dense(length))
+    if pattern.kind == "window" and pattern.window == 40:
+        assert full.any()  # the wide band has full tiles; with key padding none are (mask_mod decides padding)
+        keep = torch.ones(1, length, dtype=torch.bool)
+        assert pattern_block_mask(AttnMask(pattern=pattern, key_padding=keep), length, block=block
+                                  ).full_kv_num_blocks.sum() == 0
 
 
 def test_building_the_block_mask_at_64k_takes_index_data_not_l_squared():
@@ -52,4 +90,7 @@ def test_building_the_block_mask_at_64k_takes_index_data_not_l_squared():
     assert idx.numel() * 4 <= 2**20  # the index data: 512 x 512 int32 slots (FlexAttention's layout)
     if r["peak_mb"] is not None:
         assert r["peak_mb"] < 64  # a dense bool map alone would be 4 GiB
+    full = full_tiles(pattern, length, num, idx)
+    # of those, tiles 4, 5 and 6 are inside the band entirely (farthest pair 255 <= 256); 3, 7 and the global not
+    assert [int(t) for t in idx[5][full[5]]] == [4, 5, 6]
     assert int(num[5]) == 1 + 5  # a middle row: its band (5 tiles at 128 with reach 256) and the global tile

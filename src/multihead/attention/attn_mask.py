@@ -227,7 +227,11 @@ class AttnMask:
             rules.append(lambda b, h, i, j: _masks.causal_allowed(i, j, off))
         if self.key_padding is not None:
             kp = self.key_padding.to(device)
-            rules.append(lambda b, h, i, j: kp[b, j])
+            lengths = kp.sum(1)  # (b,)
+            if torch.equal(kp, torch.arange(kp.shape[1], device=kp.device)[None, :] < lengths[:, None]):
+                rules.append(lambda b, h, i, j: j < lengths[b])  # right padding: one length per batch row
+            else:
+                rules.append(lambda b, h, i, j: kp[b, j])
         if self.tensor is not None and self.tensor.dtype == torch.bool:
             rules.append(_lookup(self.tensor, lq, lk))
         if not rules:

@@ -8,9 +8,13 @@ tiles each query tile touches without looking at pairs:
   holding global tokens join every row, and query tiles holding a global token see every key tile;
 * **block** (BigBird): the pattern's own ``(nb, nb)`` block layout, each query tile the union of its pattern rows.
 
-Causal patterns drop the tiles past the diagonal. The result goes to ``BlockMask.from_kv_blocks`` with the pattern's
-``mask_mod`` (index arithmetic, :meth:`AttnMask.mask_mod`), which decides the pairs inside the listed tiles. Index
-data: ``(L / block)^2`` int32 slots (FlexAttention's layout), of which each row fills a few (all for global rows).
+Causal patterns drop the tiles past the diagonal. Of the listed tiles, those the pattern allows entirely (inside
+the band of a window without dilation, or covered by allowed blocks of a BigBird layout, and below the diagonal when
+causal) are *full*: the kernel skips ``mask_mod`` there, as PyTorch's own compiled ``create_block_mask`` does; the
+rest are *partial*. With key padding no tile is full (the padding is decided by ``mask_mod``, per key).
+Both go to ``BlockMask.from_kv_blocks`` with the pattern's ``mask_mod`` (index arithmetic, :meth:`AttnMask.mask_mod`),
+which decides the pairs inside the partial tiles. Index data: ``(L / block)^2`` int32 slots (FlexAttention's layout),
+of which each row fills a few (all for global rows).
 """
 from __future__ import annotations
 
@@ -68,14 +72,54 @@ def kv_blocks(pattern: SparsePattern, length: int, *, causal: bool = False, bloc
     return num, idx
 
 
+def full_tiles(pattern: SparsePattern, length: int, num: Tensor, idx: Tensor, *, causal: bool = False,
+               block: int = FLEX_BLOCK) -> Tensor:
+    """``(Qb, KVb)`` bool over the slots of :func:`kv_blocks`: True where the listed tile is allowed entirely (every
+    query of the tile may attend every key of the tile), so the kernel need not evaluate ``mask_mod`` in it. A subset
+    (never a superset) of the truly full tiles: global tokens and dilated windows make no tile full."""
+    causal = causal or pattern.causal
+    slots = torch.arange(idx.shape[1])
+    used = slots[None, :] < num[:, None].long()  # (Qb, KVb)
+    qi = torch.arange(idx.shape[0])[:, None].expand_as(idx)
+    a, b = qi * block, torch.clamp((qi + 1) * block, max=length)  # query tile [a, b)
+    c, e = idx.long() * block, torch.clamp((idx.long() + 1) * block, max=length)  # key tile [c, e)
+    if pattern.kind == "window":
+        if pattern.dilation != 1:
+            return torch.zeros_like(used)
+        full = torch.maximum(b - 1 - c, e - 1 - a) <= pattern.window  # the farthest pair is inside the band
+    else:
+        pb = pattern.block
+        layout = pattern.block_layout(-(-length // pb))
+        # a prefix-sum over the layout answers "is every pattern block in [r0..r1] x [c0..c1] allowed" per slot
+        cum = torch.nn.functional.pad((~layout).int().cumsum(0).cumsum(1), (1, 0, 1, 0))
+        r0, r1, c0, c1 = a // pb, (b - 1) // pb + 1, c // pb, (e - 1) // pb + 1
+        holes = cum[r1, c1] - cum[r0, c1] - cum[r1, c0] + cum[r0, c0]
+        full = holes == 0
+    if causal:
+        full &= e - 1 <= a  # every key at or before every query of the tile
+    return full & used
+
+
 def pattern_block_mask(mask, length: int, device=None, *, block: int = FLEX_BLOCK):
     """The FlexAttention ``BlockMask`` of an :class:`AttnMask` whose structure is a pattern (plus causal and key
-    padding, applied by its mask_mod inside the listed tiles), built from the pattern's geometry: no ``L x L``."""
+    padding, applied by its mask_mod inside the partial tiles), built from the pattern's geometry: no ``L x L``."""
     from torch.nn.attention.flex_attention import BlockMask
 
     num, idx = kv_blocks(mask.pattern, length, causal=mask.causal, block=block)
-    return BlockMask.from_kv_blocks(num[None, None].to(device), idx[None, None].to(device), BLOCK_SIZE=block,
+    full = (full_tiles(mask.pattern, length, num, idx, causal=mask.causal, block=block)
+            if mask.key_padding is None else torch.zeros_like(idx, dtype=torch.bool))
+    part_num, part_idx = _compact(idx, (torch.arange(idx.shape[1])[None, :] < num[:, None].long()) & ~full)
+    full_num, full_idx = _compact(idx, full)
+    put = lambda t: t[None, None].to(device)  # noqa: E731  (batch and head axes: one layout for all)
+    return BlockMask.from_kv_blocks(put(part_num), put(part_idx), put(full_num), put(full_idx), BLOCK_SIZE=block,
                                     mask_mod=mask.mask_mod(length, length, device), seq_lengths=(length, length))
 
 
-__all__ = ["FLEX_BLOCK", "kv_blocks", "pattern_block_mask"]
+def _compact(idx: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
+    """The slots of ``idx`` where ``keep``, moved to the front of each row: ``(counts (Qb,), indices (Qb, KVb))``."""
+    order = torch.argsort((~keep).int(), dim=1, stable=True)
+    return keep.sum(1).to(torch.int32), torch.where(torch.gather(keep, 1, order), torch.gather(idx, 1, order),
+                                                    torch.zeros_like(idx))
+
+
+__all__ = ["FLEX_BLOCK", "full_tiles", "kv_blocks", "pattern_block_mask"]
