@@ -21,8 +21,11 @@ The entry point does everything shared, once, so that backends stay small and al
   backend and dtype (PyTorch's MHA returns NaN there). Backends that take parts natively zero such rows themselves
   (a contract the backend test matrix checks).
 
-Modules pick a backend by name once; they never branch on it. ``backend="auto"`` takes the highest-priority
-backend whose declared capabilities cover the call; :func:`explain` says why the others were skipped.
+Modules pick a backend by name once; they never branch on it. ``backend="auto"`` takes the highest-ranked backend
+whose declared capabilities cover the call. A backend's rank is its ``priority``, raised for the calls it is fastest
+at by its ``boost`` (e.g. FlexAttention for sparse patterns on CUDA, where its compiled kernel with the pattern's
+block mask beats our own window kernel; on CPU the window kernel stays first). :func:`explain` lists the backends in
+that order with the reason each capable one was skipped; :func:`explain_choice` says it in one sentence.
 """
 from __future__ import annotations
 
@@ -64,6 +67,13 @@ class Backend:
     description: str = ""
     available: Callable[[], Optional[str]] = field(default=lambda: None)  # returns a reason when unavailable
     check: Callable[["CallInfo"], Optional[str]] = field(default=lambda call: None)  # per-call reason, or None
+    # per-call rank raise and its reason (``(extra, why)``), or None: the calls this backend is fastest at
+    boost: Callable[["CallInfo"], Optional[tuple[int, str]]] = field(default=lambda call: None)
+
+    def rank(self, call: "CallInfo") -> tuple[int, Optional[str]]:
+        """``(rank, why)``: ``auto`` tries higher ranks first; ``why`` says what raised it above ``priority``."""
+        up = self.boost(call)
+        return (self.priority, None) if up is None else (self.priority + up[0], up[1])
 
     def why_not(self, call: "CallInfo") -> Optional[str]:
         """None when this backend can honour ``call``, else the reason it cannot."""
@@ -123,6 +133,7 @@ def register_backend(
     description: str = "",
     available: Callable[[], Optional[str]] | None = None,
     check: Callable[[CallInfo], Optional[str]] | None = None,
+    boost: Callable[[CallInfo], Optional[tuple[int, str]]] | None = None,
 ) -> Callable[[BackendFn], BackendFn]:
     """Decorator registering ``fn`` as attention backend ``name`` (see the module docstring for the signature)."""
 
@@ -130,7 +141,7 @@ def register_backend(
         if name in _REGISTRY:
             raise ValueError(f"attention backend {name!r} is already registered")
         _REGISTRY[name] = Backend(name, fn, capabilities, priority, description, available or (lambda: None),
-                                  check or (lambda call: None))
+                                  check or (lambda call: None), boost or (lambda call: None))
         return fn
 
     return deco
@@ -183,17 +194,38 @@ def resolve(name: str, call: CallInfo) -> Backend:
             capable = [b.name for b in _REGISTRY.values() if b.why_not(call) is None]
             raise ValueError(f"attention backend {name!r} {reason}; use backend='auto' or one of {capable}")
         return backend
-    for backend in sorted(_REGISTRY.values(), key=lambda b: -b.priority):
+    for backend in ranked(call):
         if backend.why_not(call) is None:
             return backend
     raise RuntimeError(f"no registered attention backend can run {call}")
+
+
+def ranked(call: CallInfo) -> list[Backend]:
+    """Every backend in ``auto``'s order for ``call`` (highest rank first; ties keep registration order)."""
+    return sorted(_REGISTRY.values(), key=lambda b: -b.rank(call)[0])
 
 
 def explain(q: Tensor, k: Tensor, *, mask=None, dropout_p: float = 0.0, need_weights: bool = False,
             exact: bool = True) -> list[tuple[str, Optional[str]]]:
     """For each backend in ``auto``'s order: ``(name, None)`` if capable, else ``(name, reason it was skipped)``."""
     call = _call_info(q, k, AttnMask.of(mask), dropout_p, need_weights, exact)
-    return [(b.name, b.why_not(call)) for b in sorted(_REGISTRY.values(), key=lambda b: -b.priority)]
+    return [(b.name, b.why_not(call)) for b in ranked(call)]
+
+
+def explain_choice(q: Tensor, k: Tensor, *, mask=None, dropout_p: float = 0.0, need_weights: bool = False,
+                   exact: bool = True) -> str:
+    """``auto``'s choice for this call in words: the backend, why it ranks first, and why each backend ranked above
+    it was skipped, e.g. ``"flex (rank 25: sparse patterns on cuda ...); skipped: ..."``."""
+    call = _call_info(q, k, AttnMask.of(mask), dropout_p, need_weights, exact)
+    skipped = []
+    for b in ranked(call):
+        reason = b.why_not(call)
+        if reason is None:
+            rank, why = b.rank(call)
+            text = f"auto runs {b.name!r} (rank {rank}{': ' + why if why else ''})"
+            return text + (f"; skipped before it: {'; '.join(skipped)}" if skipped else "")
+        skipped.append(f"{b.name} {reason}")
+    return f"no backend can run this call: {'; '.join(skipped)}"
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
