@@ -63,3 +63,46 @@ def test_low_precision_is_accumulated_in_fp32():
     naive, _ = _ref(q.bfloat16(), k.bfloat16(), v.bfloat16(), None, True)
     assert out.dtype == torch.bfloat16
     assert (out.double() - exact).abs().max() <= (naive.double() - exact).abs().max()
+
+
+@pytest.mark.parametrize("lq,lk,causal,offset,mask_kind,g", [
+    (50, 50, True, None, None, 4), (37, 61, True, None, None, 2), (20, 70, True, 10, None, 4),
+    (61, 61, False, None, "bool", 4), (45, 70, False, None, "float", 1), (64, 64, True, None, "padding", 2),
+])
+def test_the_flex_route_gives_the_tile_loops_output_and_lse(lq, lk, causal, offset, mask_kind, g):
+    """The CUDA route (FlexAttention with lse; checked here through its eager reference on CPU) computes what the
+    readable tile loop computes, lse included: bool, float and padding masks, causal at an offset (a query row with
+    no key at all among them), GQA. Gradients of the route are FlexAttention's own (CUDA; tests/attention/test_gpu)."""
+    gen = torch.Generator().manual_seed(lq + lk)
+    q = torch.randn(2, 4, lq, 16, generator=gen)
+    k, v = (torch.randn(2, g, lk, 16, generator=gen) for _ in range(2))
+    mask = None
+    if mask_kind == "bool":
+        mask = torch.rand(2, 4, lq, lk, generator=gen) > 0.4
+        mask[1, :, 5] = False  # a row with nothing to attend
+    elif mask_kind == "float":
+        mask = torch.randn(1, 1, lq, lk, generator=gen)
+    elif mask_kind == "padding":
+        mask = masks.key_padding_mask(torch.tensor([lk, 9]), lk)
+    kw = dict(mask=mask, is_causal=causal, causal_offset=offset)
+    with torch.no_grad():
+        ref, ref_lse = memory_efficient_attention(q, k, v, kernel="tiles", block_q=16, block_k=16, **kw)
+        out, lse = memory_efficient_attention(q, k, v, kernel="flex", **kw)
+    assert lse.shape == ref_lse.shape == (2, 4, lq, 1)
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+    fin = torch.isfinite(ref_lse)
+    assert (lse[fin] - ref_lse[fin]).abs().max().item() < 1e-5
+    assert (out - ref).abs().max().item() < 1e-5
+    if mask_kind == "bool":
+        assert bool(torch.isinf(lse[1, :, 5]).all()) and bool((out[1, :, 5] == 0).all())
+
+
+def test_the_flex_route_refuses_gradients_on_cpu_and_unknown_kernels():
+    q = torch.randn(1, 2, 8, 4, requires_grad=True)
+    with pytest.raises(ValueError, match="no backward on CPU"):
+        memory_efficient_attention(q, q, q, kernel="flex")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        memory_efficient_attention(q, q, q, kernel="triton")
+    out, _ = memory_efficient_attention(q, q, q)  # auto on CPU: the tile loop, with its backward
+    out.sum().backward()
+    assert q.grad is not None

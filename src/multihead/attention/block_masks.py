@@ -115,6 +115,28 @@ def pattern_block_mask(mask, length: int, device=None, *, block: int = FLEX_BLOC
                                     mask_mod=mask.mask_mod(length, length, device), seq_lengths=(length, length))
 
 
+def causal_block_mask(mask, lq: int, lk: int, device=None, *, block: int = FLEX_BLOCK):
+    """The ``BlockMask`` of a causal mask at any offset (query ``i`` sees keys ``j <= i + offset``; key padding, when
+    present, decided by ``mask_mod`` in every listed tile): tiles past the diagonal are skipped, tiles entirely below
+    it are full. From index arithmetic, ``O((L / block)^2)`` int32 -- never the ``Lq x Lk`` pairs."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    off = mask.offset(lq, lk)
+    nq, nk = -(-lq // block), -(-lk // block)
+    a = torch.arange(nq)[:, None] * block  # first query of each tile
+    last_q = torch.clamp(a + block, max=lq) - 1
+    c = torch.arange(nk)[None, :] * block  # first key of each tile
+    e = torch.clamp(c + block, max=lk)
+    touched = c <= last_q + off  # some key of the tile is at or before the tile's last query
+    full = (e - 1 <= a + off) & touched if mask.key_padding is None else torch.zeros_like(touched)
+    idx = torch.arange(nk, dtype=torch.int32).expand(nq, nk).contiguous()
+    part_num, part_idx = _compact(idx, touched & ~full)
+    full_num, full_idx = _compact(idx, full)
+    put = lambda t: t[None, None].to(device)  # noqa: E731
+    return BlockMask.from_kv_blocks(put(part_num), put(part_idx), put(full_num), put(full_idx), BLOCK_SIZE=block,
+                                    mask_mod=mask.mask_mod(lq, lk, device), seq_lengths=(lq, lk))
+
+
 def _compact(idx: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
     """The slots of ``idx`` where ``keep``, moved to the front of each row: ``(counts (Qb,), indices (Qb, KVb))``."""
     order = torch.argsort((~keep).int(), dim=1, stable=True)
@@ -122,4 +144,4 @@ def _compact(idx: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
                                                     torch.zeros_like(idx))
 
 
-__all__ = ["FLEX_BLOCK", "full_tiles", "kv_blocks", "pattern_block_mask"]
+__all__ = ["FLEX_BLOCK", "causal_block_mask", "full_tiles", "kv_blocks", "pattern_block_mask"]

@@ -84,8 +84,13 @@ def _key_sets(sets: dict | None, b: int, lk: int, device) -> dict[str, Tensor]:
 
 
 def _fused_lse(q: Tensor, k: Tensor, am: AttnMask | None, scale: float, work) -> Tensor | None:
-    """The row log-sum-exp from PyTorch's fused CPU flash kernel (it returns it beside the output), for calls with no
-    mask or a square causal one; None otherwise (the tiled pass computes it)."""
+    """The row log-sum-exp from one fused kernel where there is one: on CUDA, compiled FlexAttention with every part
+    of the mask (:mod:`multihead.attention.flex_kernel`); on CPU, PyTorch's fused flash kernel (it returns it beside
+    the output) for calls with no mask or a square causal one. None otherwise (the tiled pass computes it)."""
+    from .flex_kernel import flex_attention, why_no_fast_flex
+
+    if why_no_fast_flex(q.device) is None:
+        return flex_attention(q, k, k, am, scale, lse=True)[1].to(work)
     lq, lk = q.shape[2], k.shape[2]
     causal = am is not None and am.parts == {"causal"} and am.square_causal(lq, lk)
     if q.device.type != "cpu" or q.dtype != torch.float32 or (am is not None and not causal):

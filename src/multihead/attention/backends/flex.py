@@ -6,8 +6,8 @@ own convention, checked against the formula below).
 
 Available where ``torch.compile`` works (a C compiler on CPU); the first call per shape compiles (15-30 s on CPU).
 On CPU FlexAttention has no backward, so ``auto`` and named calls that need gradients skip it with that reason.
-Block masks are built once per pattern and length and reused; a pattern's comes from its geometry
-(:mod:`multihead.attention.block_masks`: the tiles each query tile touches, no ``L x L`` evaluation).
+Block masks are built once per mask and length and reused; a pattern's or a causal mask's comes from its geometry
+(:mod:`multihead.attention.flex_kernel`, :mod:`multihead.attention.block_masks`: no ``L x L`` evaluation).
 
 On CPU, PyTorch's compiled FlexAttention kernel (checked with PyTorch 2.13) returns wrong values or NaN at some
 lengths (e.g. 8, 24 and 200, while 16, 130 and 256 are right). So on CPU each new shape is verified once against the
@@ -17,10 +17,10 @@ skips flex there, a named call gets the reason and the backends that can run it)
 from __future__ import annotations
 
 import shutil
-from functools import lru_cache
 
 import torch
 
+from ..flex_kernel import flex_attention
 from ..registry import Capabilities, register_backend
 
 
@@ -32,45 +32,6 @@ def _why_unavailable() -> str | None:
     if not (shutil.which("cc") or shutil.which("gcc") or torch.cuda.is_available()):
         return "torch.compile needs a C compiler on CPU (none found)"
     return None
-
-
-@lru_cache(maxsize=1)
-def _compiled():
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False)
-
-
-_BLOCK_MASKS: dict = {}
-
-
-def _block_mask(mask, b: int, lq: int, lk: int, device):
-    """The block mask of ``mask``'s bool parts, built once per :meth:`AttnMask.cache_key` (which includes each
-    tensor's version counter, so an in-place edit of a reused buffer never returns a stale mask)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    mask_mod = mask.mask_mod(lq, lk, device)
-    if mask_mod is None:
-        return None
-    key = mask.cache_key(lq, lk, device)
-    if key not in _BLOCK_MASKS:
-        if len(_BLOCK_MASKS) > 32:
-            _BLOCK_MASKS.clear()
-        if mask.pattern is not None and mask.tensor is None and lq == lk:
-            # the pattern's tiles from its geometry (O((L / block)^2) int32), not mask_mod on every pair (O(L^2))
-            from ..block_masks import pattern_block_mask
-
-            _BLOCK_MASKS[key] = pattern_block_mask(mask, lq, device)
-        else:
-            per_batch, per_head = mask.mask_mod_axes()
-            _BLOCK_MASKS[key] = create_block_mask(mask_mod, b if per_batch else None,
-                                                  _heads(mask) if per_head else None, lq, lk, device=device)
-    return _BLOCK_MASKS[key]
-
-
-def _heads(mask) -> int:
-    t = mask.tensor
-    return t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)).shape[1]
 
 
 _VERDICTS: dict = {}  # CPU: (Lq, Lk, D, dtype) -> None (verified) or the reason it is declined
@@ -146,13 +107,7 @@ def _boost(call):
     boost=_boost,
 )
 def flex_backend(q, k, v, *, mask, dropout_p, scale, need_weights):
-    b, h, lq, _ = q.shape
-    lk = k.shape[2]
-    block_mask = score_mod = None
-    if mask is not None:
-        block_mask = _block_mask(mask, b, lq, lk, q.device)
-        score_mod = mask.score_mod(lq, lk)
-    out = _compiled()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=k.shape[1] != h)
+    out = flex_attention(q, k, v, mask, scale)
     if q.device.type == "cpu":
         _verify(q, k, v, out, mask=mask, scale=scale)
     return out, None

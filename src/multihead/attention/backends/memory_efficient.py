@@ -9,6 +9,12 @@ Causal calls skip the tiles above the diagonal. Arithmetic is fp32 for fp16/bf16
 broadcastable to ``(b, h, i, j)``; a dense mask is itself ``Lq x Lk`` (use ``is_causal`` or a sparse backend for
 structured patterns). No attention dropout, no weights from the kernel itself: :func:`weights_for` recovers the
 weights of chosen heads / query rows from the saved ``lse`` without building the rest.
+
+The loop above is the readable reference algorithm, and it is what runs on CPU. On CUDA the same algorithm runs as a
+compiled kernel: PyTorch's FlexAttention (``torch.compile``-generated, forward and backward, tiles skipped by a causal
+block mask from index arithmetic) with its log-sum-exp returned (:mod:`multihead.attention.flex_kernel`) -- a Python
+loop of tile launches is ~250x slower than SDPA on an H200 (issue 18). ``kernel="tiles"`` forces the loop anywhere,
+``kernel="flex"`` forces FlexAttention (on CPU its eager reference, forward only: for checking this route).
 """
 from __future__ import annotations
 
@@ -119,18 +125,45 @@ class _MemoryEfficient(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
+KERNELS = ("auto", "tiles", "flex")
+
+
 def memory_efficient_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None,
                                is_causal: bool = False, causal_offset: int | None = None, scale: float | None = None,
-                               block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> tuple[Tensor, Tensor]:
+                               block_q: int = BLOCK_Q, block_k: int = BLOCK_K, kernel: str = "auto"
+                               ) -> tuple[Tensor, Tensor]:
     """``(out, lse)``: ``out`` ``(b, h, i, d)`` exactly as softmax attention, ``lse`` ``(b, h, i, 1)`` (-inf for
     rows with no allowed key). ``k``/``v`` may have fewer heads (GQA). Causal is bottom-right aligned unless
-    ``causal_offset`` says where query 0 sits (see :func:`multihead.masks.causal_mask`)."""
+    ``causal_offset`` says where query 0 sits (see :func:`multihead.masks.causal_mask`). ``kernel``: ``"auto"``
+    (compiled FlexAttention on CUDA, the tile loop elsewhere), ``"tiles"`` or ``"flex"`` (see the module docstring)."""
+    from ..flex_kernel import why_no_fast_flex
+
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if kernel == "flex" or (kernel == "auto" and why_no_fast_flex(q.device) is None):
+        return _flex_route(q, k, v, mask, is_causal, causal_offset, scale)
     k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])  # (b, h, j, d); gradients flow back to the groups
     if mask is not None and mask.dim() < 4:
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
     offset = None if not is_causal else k.shape[2] - q.shape[2] if causal_offset is None else causal_offset
     return _MemoryEfficient.apply(q, k, v, mask, offset, scale, block_q, block_k)
+
+
+def _flex_route(q, k, v, mask, is_causal, causal_offset, scale) -> tuple[Tensor, Tensor]:
+    """The same exact attention and ``lse`` through FlexAttention (compiled on CUDA, eager on CPU)."""
+    from ..attn_mask import AttnMask
+    from ..flex_kernel import flex_attention
+
+    cuda = q.device.type == "cuda"
+    if not cuda and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise ValueError("kernel='flex' has no backward on CPU (FlexAttention's limit); use kernel='tiles' or 'auto'")
+    am = None
+    if mask is not None or is_causal:
+        offset = None if not is_causal else k.shape[2] - q.shape[2] if causal_offset is None else causal_offset
+        am = AttnMask(tensor=mask, causal=is_causal, causal_offset=offset)
+    out, lse = flex_attention(q, k, v, am, scale, lse=True, compiled=cuda)
+    return out, lse.detach()[..., None].to(torch.promote_types(q.dtype, torch.float32))  # as the loop's
 
 
 def weights_for(q: Tensor, k: Tensor, lse: Tensor, *, heads=None, rows=None, mask: Tensor | None = None,
@@ -169,4 +202,4 @@ def memory_efficient_backend(q, k, v, *, mask, dropout_p, scale, need_weights):
     return out, None
 
 
-__all__ = ["memory_efficient_attention", "weights_for"]
+__all__ = ["KERNELS", "memory_efficient_attention", "weights_for"]
