@@ -81,8 +81,8 @@ def test_bench_long_builds_every_case_and_fits_exponents():
     from multihead.bench import long as suite
 
     for impl in suite.IMPLS:
-        if impl == "flex_window":
-            continue  # compiled; covered by tests/attention/test_flex.py
+        if impl in suite.FLEX:
+            continue  # compiled; covered by tests/attention/test_flex.py and the kernels test below
         for mode in suite.MODES:
             suite.build({"impl": impl, "mode": mode, "length": 300})()
     assert suite.estimate_gb("tutorial", "train", 16384) > suite.MEMORY_BUDGET_GB  # skipped, with the reason
@@ -133,3 +133,26 @@ def test_bench_stats_small_run_writes_json_with_ratios(tmp_path):
     from multihead.bench import stats as suite
 
     assert suite.map_gb(32768) > suite.MEMORY_BUDGET_GB  # the map is skipped there, with its estimate
+
+
+def test_bench_kernels_cases_compute_attention_and_ratios_come_from_the_same_run(tmp_path):
+    """`bench kernels` (issue 18's kernel table): every case builds and runs one step on CPU in a low precision, and
+    the ratios are read from the same payload: speed-up over dense SDPA, time against PyTorch's FlexAttention."""
+    from multihead.bench import kernels as suite
+
+    for impl in ("sdpa", "window", "auto", "memory_efficient"):
+        for mode in suite.MODES:
+            suite.build({"impl": impl, "mode": mode, "length": 300, "dtype": "bf16"})()
+    assert suite.skip_reason({"impl": "torch_flex", "mode": "train"}) == "skipped: FlexAttention has no backward on CPU"
+    assert suite.flops({"impl": "window", "mode": "forward", "length": 4096}) == 4.0 * 4096 * 513 * 64 * 8
+    rows = [{"impl": i, "mode": "forward", "length": 64, "seconds_min": t, "gflops": g}
+            for i, t, g in (("sdpa", 2.0, 1.0), ("torch_flex", 0.5, 4.0), ("window", 1.0, 2.0))]
+    for r in rows:
+        r["peak_mb"] = 1.0
+    payload = {"matmul_gflops": 8.0, "results": rows, "config": {"dtype": "bf16", "heads": 8, "head_dim": 64,
+                                                                   "window": 256},
+               "machine": {"torch": "x", "threads": 2}}
+    suite.add_ratios(payload)
+    w = rows[2]
+    assert w["speedup_vs_sdpa"] == 2.0 and w["time_vs_torch_flex"] == 2.0 and w["fraction_of_matmul"] == 0.25
+    assert "window" in suite.format_table(payload)

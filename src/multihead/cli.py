@@ -65,8 +65,9 @@ def cmd_backends(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import suite as bench_suite
+    from .bench import check_device_flags, suite as bench_suite
 
+    check_device_flags(args.suite, args.device, args.dtype)
     suite = bench_suite(args.suite)
     out = Path(args.out) if args.out else suite.default_out()
     payload = suite.from_args(args, out)
@@ -906,6 +907,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--modes", type=_words, default=None, help="forward,train")
     bench.add_argument("--impls", type=_words, default=None, help="comma-separated implementations")
     bench.add_argument("--threads", type=_count, default=None, help="torch threads (default: what torch picks)")
+    bench.add_argument("--device", default="cpu", help="cpu | cuda (attention, long, decode, kernels)")
+    bench.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16 (attention, long, decode, kernels)")
     bench.add_argument("--min-time", type=_seconds, default=1.0, help="seconds of timed repeats per case")
     bench.add_argument("--out", default=None, help="JSON path (default bench/results/<suite>-<time>.json)")
     bench.add_argument("--runs", default="runs/lra", help="lra: folder for the training runs")

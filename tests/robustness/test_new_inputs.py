@@ -2,6 +2,7 @@
 long inputs (heads/show --max-len, --concat, --from), compare and bench stats. Each gets a message that names the
 fix, exit 2, no traceback, and nothing written or changed."""
 import pytest
+import torch
 
 from multihead.cli import main
 from robust_helpers import refused, run_cli, snapshot
@@ -89,3 +90,15 @@ def test_bench_stats_rejects_unknown_implementations(tmp_path):
     refused(run_cli("bench", "stats", "--impls", "stats,nope", "--out", tmp_path / "x.json"),
             "unknown implementation(s) ['nope']")
     assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_bench_device_flags_are_refused_before_anything_runs(tmp_path):
+    out = tmp_path / "b.json"
+    refused(run_cli("bench", "attention", "--device", "cuda", "--out", out), "torch.cuda.is_available() is False")
+    refused(run_cli("bench", "kernels", "--device", "tpu", "--out", out), "--device must be one of cpu, cuda")
+    refused(run_cli("bench", "long", "--dtype", "fp8", "--out", out), "--dtype must be one of fp32, bf16, fp16")
+    refused(run_cli("bench", "stats", "--dtype", "bf16", "--out", out), "apply to attention, long, decode, kernels")
+    refused(run_cli("bench", "kernels", "--impls", "sdpa,nope", "--out", out), "unknown implementation(s) ['nope']")
+    refused(run_cli("bench", "long", "--impls", "nope", "--out", out), "unknown implementation(s) ['nope']")
+    assert not out.exists()

@@ -10,7 +10,19 @@ SUITES = {
     "lra": "multihead.bench.lra",
     "decode": "multihead.bench.decode",
     "stats": "multihead.bench.stats",
+    "kernels": "multihead.bench.kernels",
 }
+# the suites that take ``--device cuda`` / ``--dtype bf16|fp16`` (the others measure CPU fp32 runs)
+ON_DEVICE = ("attention", "long", "decode", "kernels")
+
+
+def check_device_flags(name: str, device: str, dtype: str) -> None:
+    """Refuse ``--device``/``--dtype`` a suite does not take, or a device this machine lacks, before anything runs."""
+    from .harness import check_target
+
+    if (device, dtype) != ("cpu", "fp32") and name not in ON_DEVICE:
+        raise ValueError(f"bench {name} measures CPU fp32 only; --device/--dtype apply to {', '.join(ON_DEVICE)}")
+    check_target(device, dtype)
 
 
 def suite(name: str):

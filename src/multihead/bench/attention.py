@@ -10,6 +10,9 @@ Implementations (all d_model=512, 8 heads, fp32, batch-first, self-attention):
 
 Modes: ``forward`` (eval, no grad) and ``train`` (forward + backward w.r.t. input and parameters).
 FLOPs counted: projections ``8 B L E^2`` + scores and weighted sum ``4 B L^2 E``; ``train`` counts 3x forward.
+
+``--device cuda --dtype bf16``: the same layers on the GPU in that dtype, at d_model 1024, 16 heads and L in
+{1k, 4k, 16k} (issue 18's shape), against a bf16 ``8192^3`` matmul measured in the same run (TFLOP/s).
 """
 from __future__ import annotations
 
@@ -21,10 +24,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .harness import machine_info, run_case, write_json
+from .harness import machine_info, run_case, target, write_json
 
 D_MODEL, HEADS = 512, 8
 LENGTHS = [128, 512, 1024, 2048, 4096]
+CUDA_SHAPE = {"d_model": 1024, "heads": 16, "lengths": [1024, 4096, 16384]}
 MODES = ["forward", "train"]
 SUITE = "multihead.bench.attention"
 
@@ -46,19 +50,19 @@ def flops(case: dict) -> float:
     if case["impl"] == "matmul":
         n = case["n"]
         return 2.0 * n**3
-    b, l, e = case["batch"], case["length"], D_MODEL
+    b, l, e = case["batch"], case["length"], case.get("d_model", D_MODEL)
     fwd = 8 * b * l * e * e + 4 * b * l * l * e
     return fwd * (3 if case["mode"] == "train" else 1)
 
 
-def _model(impl: str) -> tuple[nn.Module, callable]:
+def _model(impl: str, d_model: int = D_MODEL, heads: int = HEADS) -> tuple[nn.Module, callable]:
     if impl == "tutorial":
         from ..tutorial import TutorialMultiHeadAttention
 
-        m = TutorialMultiHeadAttention(D_MODEL, HEADS)
+        m = TutorialMultiHeadAttention(d_model, heads)
         return m, lambda x: m(x)[0]
     if impl in ("torch_mha", "torch_mha_default"):
-        m = nn.MultiheadAttention(D_MODEL, HEADS, dropout=0.0, batch_first=True)
+        m = nn.MultiheadAttention(d_model, heads, dropout=0.0, batch_first=True)
         if impl == "torch_mha":
             return m, lambda x: m(x, x, x, need_weights=False)[0]
         return m, lambda x: m(x, x, x)[0]
@@ -66,18 +70,21 @@ def _model(impl: str) -> tuple[nn.Module, callable]:
         from ..modules.attention import MultiHeadAttention
 
         backend = impl[len("multihead["):-1] if "[" in impl else "auto"
-        m = MultiHeadAttention(D_MODEL, HEADS, backend=backend, need_weights=False)
+        m = MultiHeadAttention(d_model, heads, backend=backend, need_weights=False)
         return m, lambda x: m(x)[0]
     raise ValueError(f"unknown implementation {impl!r}; choose from {implementations()}")
 
 
 def build(case: dict):
+    device, dtype = target(case)
     if case["impl"] == "matmul":
         n = case["n"]
-        a, b = torch.randn(n, n), torch.randn(n, n)
+        a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
         return lambda: torch.mm(a, b)
-    model, fn = _model(case["impl"])
-    x = torch.randn(case["batch"], case["length"], D_MODEL)
+    e = case.get("d_model", D_MODEL)
+    model, fn = _model(case["impl"], e, case.get("heads", HEADS))
+    model.to(device=device, dtype=dtype)
+    x = torch.randn(case["batch"], case["length"], e, device=device, dtype=dtype)
     if case["mode"] == "forward":
         model.eval()
 
@@ -88,7 +95,7 @@ def build(case: dict):
         return step
     model.train()
     x.requires_grad_(True)
-    grad = torch.randn(case["batch"], case["length"], D_MODEL)
+    grad = torch.randn(case["batch"], case["length"], e, device=device, dtype=dtype)
 
     def step():
         model.zero_grad(set_to_none=True)
@@ -99,19 +106,23 @@ def build(case: dict):
 
 
 def run(lengths=None, modes=None, impls=None, *, threads=None, out: Path | None = None, min_time: float = 1.0,
-        progress=True) -> dict:
+        progress=True, device: str = "cpu", dtype: str = "fp32") -> dict:
     from tqdm import tqdm
 
-    lengths = lengths or LENGTHS
+    cuda = device == "cuda"
+    shape = {"d_model": CUDA_SHAPE["d_model"] if cuda else D_MODEL, "heads": CUDA_SHAPE["heads"] if cuda else HEADS}
+    lengths = lengths or (CUDA_SHAPE["lengths"] if cuda else LENGTHS)
     modes = modes or MODES
     impls = impls or implementations()
-    cases = [{"impl": "matmul", "n": 2048, "mode": "forward", "length": 0, "batch": 0}]
+    where = {"device": device, "dtype": dtype}
+    cases = [{"impl": "matmul", "n": 8192 if cuda else 2048, "mode": "forward", "length": 0, "batch": 0, **where}]
     for mode in modes:
         for length in lengths:
             for impl in impls:
                 if impl == "torch_mha_default" and mode == "train":
                     continue
-                cases.append({"impl": impl, "mode": mode, "length": length, "batch": batch_for(length)})
+                cases.append({"impl": impl, "mode": mode, "length": length, "batch": batch_for(length), **shape,
+                              **where})
     results = []
     bar = tqdm(cases, desc="bench attention", disable=not progress)
     for case in bar:
@@ -120,8 +131,8 @@ def run(lengths=None, modes=None, impls=None, *, threads=None, out: Path | None 
     matmul = results[0]
     payload = {
         "suite": "attention",
-        "config": {"d_model": D_MODEL, "heads": HEADS, "dtype": "float32", "batch_rule": "max(1, 4096 // L)"},
-        "machine": machine_info(threads),
+        "config": {**shape, "dtype": dtype, "device": device, "batch_rule": "max(1, 4096 // L)"},
+        "machine": machine_info(threads, device),
         "matmul_gflops": matmul.get("gflops"),
         "results": results[1:],
     }
@@ -151,9 +162,11 @@ def add_ratios(payload: dict) -> None:
 
 
 def format_table(payload: dict) -> str:
+    m, c = payload["machine"], payload["config"]
     lines = [
-        f"torch {payload['machine']['torch']}, {payload['machine']['threads']} threads; "
-        f"fp32 matmul 2048^3: {payload['matmul_gflops']:.1f} GFLOP/s",
+        f"torch {m['torch']} on {m.get('gpu') or str(m['threads']) + ' threads'}; d_model {c.get('d_model', D_MODEL)}, "
+        f"{c.get('heads', HEADS)} heads, {c.get('dtype', 'fp32')}; same-dtype matmul: "
+        f"{payload['matmul_gflops']:.1f} GFLOP/s",
         f"{'mode':<8}{'L':>6} {'impl':<22}{'min ms':>10}{'x torch_mha':>13}{'GFLOP/s':>9}{'%matmul':>9}{'peak MiB':>10}",
     ]
     for r in payload["results"]:
@@ -188,7 +201,9 @@ def plot(payload: dict, path: Path) -> None:
             ax.set_yscale("log")
             ax.set_xlabel("sequence length L")
             ax.set_ylabel(ylabel)
-            ax.set_title(f"{mode}: d_model {D_MODEL}, {HEADS} heads, fp32")
+            c = payload["config"]
+            ax.set_title(f"{mode}: d_model {c.get('d_model', D_MODEL)}, {c.get('heads', HEADS)} heads, "
+                         f"{c.get('dtype', 'fp32')}")
             ax.grid(True, which="both", alpha=0.3)
         axes[0][col].legend(fontsize=8)
     fig.tight_layout()
@@ -206,4 +221,5 @@ def from_args(args, out: Path) -> dict:
         bad = [i for i in args.impls if i not in implementations()]
         if bad:
             raise ValueError(f"unknown implementation(s) {bad}; choose from {implementations()}")
-    return run(args.lengths, args.modes, args.impls, threads=args.threads, out=out, min_time=args.min_time)
+    return run(args.lengths, args.modes, args.impls, threads=args.threads, out=out, min_time=args.min_time,
+               device=getattr(args, "device", "cpu"), dtype=getattr(args, "dtype", "fp32"))

@@ -11,7 +11,7 @@ embeddings, vocabulary 4096, random weights; or, with ``--model RUN``, the shape
   shape (PyTorch's SDPA attention, HF's default), needs ``transformers``.
 
 Reported: new tokens per second (batch x N / seconds), the speed-up of ``cached`` over the others measured in the
-same run, and each case's peak memory above its start.
+same run, and each case's peak memory above its start. ``--device cuda --dtype bf16`` runs every model there.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .harness import machine_info, run_case, write_json
+from .harness import machine_info, run_case, target, write_json
 
 SUITE = "multihead.bench.decode"
 D_MODEL, LAYERS, HEADS, D_FF, VOCAB, PROMPT = 256, 4, 4, 1024, 4096, 16
@@ -73,14 +73,15 @@ def build(case: dict):
     b, n = case["batch"], case["new_tokens"]
     shape = case.get("shape", GPT2_SHAPE)
     max_len = PROMPT + case.get("max_new", n)
-    ids = torch.randint(1, shape["vocab"], (b, PROMPT), generator=torch.Generator().manual_seed(0))
+    device, dtype = target(case)
+    ids = torch.randint(1, shape["vocab"], (b, PROMPT), generator=torch.Generator().manual_seed(0)).to(device)
     if case["impl"] == "cached":
         from ..models.generation import generate
 
-        model = _ours(shape, max_len)
+        model = _ours(shape, max_len).to(device=device, dtype=dtype)
         return lambda: generate(model, ids, None, max_new_tokens=n)
     if case["impl"] == "recompute":
-        model = _ours(shape, max_len)
+        model = _ours(shape, max_len).to(device=device, dtype=dtype)
 
         @torch.no_grad()
         def step():
@@ -92,7 +93,7 @@ def build(case: dict):
 
         return step
     if case["impl"] == "hf_generate":
-        model = _hf(shape, max_len)
+        model = _hf(shape, max_len).to(device=device, dtype=dtype)
         mask = torch.ones_like(ids)
         return lambda: model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
                                       do_sample=False, use_cache=True)
@@ -104,7 +105,7 @@ def flops(case: dict) -> float:
 
 
 def run(*, lengths=None, impls=None, threads=None, out: Path | None = None, min_time: float = 0.0,
-        progress=True, batches=None, shape: dict | None = None) -> dict:
+        progress=True, batches=None, shape: dict | None = None, device: str = "cpu", dtype: str = "fp32") -> dict:
     from tqdm import tqdm
 
     shape = shape or GPT2_SHAPE
@@ -113,7 +114,8 @@ def run(*, lengths=None, impls=None, threads=None, out: Path | None = None, min_
     for n in lengths:
         for b in batches or BATCHES:
             for impl in impls or IMPLS:
-                cases.append({"impl": impl, "batch": b, "new_tokens": n, "shape": shape, "max_new": max(lengths)})
+                cases.append({"impl": impl, "batch": b, "new_tokens": n, "shape": shape, "max_new": max(lengths),
+                              "device": device, "dtype": dtype})
     for c in tqdm(cases, desc="bench decode", disable=not progress):
         if c["impl"] == "recompute" and (c["batch"] > 1 or c["new_tokens"] > RECOMPUTE_MAX):
             results.append({**c, "error": f"skipped: recomputing the prefix is quadratic (batch 1, at most "
@@ -128,8 +130,8 @@ def run(*, lengths=None, impls=None, threads=None, out: Path | None = None, min_
         ref = base.get((r["batch"], r["new_tokens"]))
         if ref and r is not ref:
             r["cached_speedup"] = r["seconds_min"] / ref["seconds_min"]
-    payload = {"suite": "decode", "config": {**shape, "prompt": PROMPT},
-               "machine": machine_info(threads), "results": results}
+    payload = {"suite": "decode", "config": {**shape, "prompt": PROMPT, "device": device, "dtype": dtype},
+               "machine": machine_info(threads, device), "results": results}
     if out is not None:
         write_json(out, payload)
     return payload
@@ -137,7 +139,9 @@ def run(*, lengths=None, impls=None, threads=None, out: Path | None = None, min_
 
 def format_table(payload: dict) -> str:
     c = payload["config"]
-    lines = [f"torch {payload['machine']['torch']}, {payload['machine']['threads']} threads; d_model {c['d_model']}, "
+    m = payload["machine"]
+    lines = [f"torch {m['torch']} on {m.get('gpu') or str(m['threads']) + ' threads'}, {c.get('dtype', 'fp32')}; "
+             f"d_model {c['d_model']}, "
              f"{c['layers']} layers, {c['heads']} heads, FFN {c['d_ff']}, vocab {c['vocab']}, ours with "
              f"{c['positional']} positions (HF GPT-2: learned){' (shape of ' + c['from'] + ')' if 'from' in c else ''}"
              f"; prompt {PROMPT}; greedy",
@@ -160,4 +164,5 @@ def from_args(args, out: Path) -> dict:
     """``multihead bench decode`` (the suite protocol in :mod:`multihead.bench`); ``--lengths`` = new tokens."""
     shape = shape_of_run(args.model) if getattr(args, "model", None) else None
     return run(lengths=args.lengths, impls=args.impls, threads=args.threads, out=out, min_time=args.min_time or 0.0,
-               batches=getattr(args, "batches", None), shape=shape)
+               batches=getattr(args, "batches", None), shape=shape, device=getattr(args, "device", "cpu"),
+               dtype=getattr(args, "dtype", "fp32"))

@@ -8,6 +8,10 @@ A suite module provides ``build(case) -> step`` (a zero-argument callable doing 
   ``VmHWM`` reset through ``/proc/self/clear_refs``), in MiB;
 * ``seconds`` / ``seconds_min``: the median and the fastest of repeated calls after that warm-up (at least
   ``min_repeats``, until ``min_time``); GFLOP/s and ratios use the fastest (interference only adds time).
+
+On CUDA (a case's ``device``, from ``multihead bench SUITE --device cuda --dtype bf16``) every call is followed by
+``torch.cuda.synchronize()`` so the time is the kernels', and ``peak_mb`` is ``torch.cuda.max_memory_allocated``
+above what the process held before the first call.
 """
 from __future__ import annotations
 
@@ -28,6 +32,26 @@ import torch
 from .._proc import status_kib
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DEVICES = ("cpu", "cuda")
+
+
+def target(case: dict) -> tuple[torch.device, torch.dtype]:
+    """The device and dtype a case runs in (``cpu`` / ``fp32`` unless the case says otherwise)."""
+    return torch.device(case.get("device", "cpu")), DTYPES[case.get("dtype", "fp32")]
+
+
+def check_target(device: str, dtype: str) -> None:
+    """Refuse, before anything runs, a device or dtype this machine cannot honour (the message names the fix)."""
+    if device not in DEVICES:
+        raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda needs a CUDA GPU, and torch.cuda.is_available() is False on this machine "
+                         "(no GPU, or a CPU-only PyTorch build); run it on a GPU machine or leave --device at cpu")
+
+
 def _reset_peak() -> bool:
     try:
         Path("/proc/self/clear_refs").write_text("5")
@@ -36,23 +60,45 @@ def _reset_peak() -> bool:
         return False
 
 
-def measure(step: Callable[[], None], *, min_repeats: int = 3, min_time: float = 1.0, max_repeats: int = 50) -> dict:
+def measure(step: Callable[[], None], *, min_repeats: int = 3, min_time: float = 1.0, max_repeats: int = 50,
+            device: str = "cpu") -> dict:
+    if device == "cuda":
+        return _measure_cuda(step, min_repeats=min_repeats, min_time=min_time, max_repeats=max_repeats)
     before = status_kib("VmRSS")
     can_reset = _reset_peak()
     step()  # warm-up, and the memory measurement
     peak = status_kib("VmHWM") if can_reset else 0
-    times = []
-    start = time.perf_counter()
-    while len(times) < min_repeats or (time.perf_counter() - start < min_time and len(times) < max_repeats):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
+    times = _repeat(step, min_repeats, min_time, max_repeats)
     return {
         "seconds": statistics.median(times),
         "seconds_min": min(times),
         "repeats": len(times),
         "peak_mb": max(0.0, (peak - before) / 1024) if can_reset else None,
     }
+
+
+def _repeat(step, min_repeats: int, min_time: float, max_repeats: int, sync=lambda: None) -> list[float]:
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_repeats or (time.perf_counter() - start < min_time and len(times) < max_repeats):
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _measure_cuda(step, *, min_repeats: int, min_time: float, max_repeats: int) -> dict:
+    sync = torch.cuda.synchronize
+    sync()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()  # warm-up (compilation, autotuning), and the memory measurement
+    sync()
+    peak = torch.cuda.max_memory_allocated()
+    times = _repeat(step, min_repeats, min_time, max_repeats, sync)
+    return {"seconds": statistics.median(times), "seconds_min": min(times), "repeats": len(times),
+            "peak_mb": max(0.0, (peak - before) / 2**20), "device": torch.cuda.get_device_name()}
 
 
 def make_step(model: torch.nn.Module, forward: Callable[[], torch.Tensor], *, train: bool,
@@ -90,7 +136,8 @@ def run_worker(spec: dict) -> dict:
     case = spec["case"]
     torch.manual_seed(0)
     step = suite.build(case)
-    result = measure(step, min_repeats=spec.get("min_repeats", 3), min_time=spec.get("min_time", 1.0))
+    result = measure(step, min_repeats=spec.get("min_repeats", 3), min_time=spec.get("min_time", 1.0),
+                     device=case.get("device", "cpu"))
     flops = suite.flops(case)
     result["gflops"] = flops / result["seconds_min"] / 1e9 if flops else None
     result["threads"] = torch.get_num_threads()
@@ -110,8 +157,10 @@ def run_case(suite: str, case: dict, *, threads: int | None = None, timeout: flo
     return {**case, **json.loads(proc.stdout.strip().splitlines()[-1])}
 
 
-def machine_info(threads: int | None) -> dict:
+def machine_info(threads: int | None, device: str = "cpu") -> dict:
+    gpu = {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda} if device == "cuda" else {}
     return {
+        **gpu,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),
