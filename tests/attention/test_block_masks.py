@@ -94,3 +94,25 @@ def test_building_the_block_mask_at_64k_takes_index_data_not_l_squared():
     # of those, tiles 4, 5 and 6 are inside the band entirely (farthest pair 255 <= 256); 3, 7 and the global not
     assert [int(t) for t in idx[5][full[5]]] == [4, 5, 6]
     assert int(num[5]) == 1 + 5  # a middle row: its band (5 tiles at 128 with reach 256) and the global tile
+
+
+@pytest.mark.parametrize("mask", [AttnMask(pattern=SparsePattern(window=256, global_tokens=(0,))),
+                                  AttnMask(pattern=SparsePattern(block=64, random_blocks=1)), AttnMask(causal=True)],
+                         ids=["window", "bigbird", "causal"])
+def test_the_whole_block_mask_at_64k_holds_index_data_only(mask):
+    """FlexAttention's BlockMask at 64k (partial and full tiles, and the transposed indices it derives for the
+    backward): a few MiB of int32 indices, built within tens of MiB -- create_block_mask evaluated 2^32 pairs."""
+    from multihead.attention.block_masks import causal_block_mask
+    from multihead.bench.harness import measure
+
+    length = 65536
+    build = (lambda: causal_block_mask(mask, length, length)) if mask.pattern is None else \
+        (lambda: pattern_block_mask(mask, length))
+    r = measure(build, min_repeats=1, min_time=0)
+    bm = build()
+    held = sum(t.numel() * t.element_size() for t in (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks,
+                                                     bm.full_kv_indices, bm.q_num_blocks, bm.q_indices,
+                                                     bm.full_q_num_blocks, bm.full_q_indices) if t is not None)
+    assert held <= 4 * 2**20 + 4 * 512 * 4  # four (512, 512) int32 index tables and their counts
+    if r["peak_mb"] is not None:
+        assert r["peak_mb"] < 64  # the dense bool map alone would be 4 GiB
