@@ -53,3 +53,21 @@ def test_flex_runs_every_part_natively_and_empty_rows_are_zero():
         out, _ = mh.attention(q, k, v, mask=mask, backend="flex")
         ref, _ = mh.attention(q, k, v, mask=mask.dense(16, 128), backend="reference")
     assert (out - ref).abs().max().item() < 1e-5 and torch.all(out[1] == 0)
+
+
+def test_causal_block_masks_from_geometry_at_offsets_and_with_padding():
+    """Causal masks go to FlexAttention as a block mask from index arithmetic (tiles past the diagonal skipped, tiles
+    below it full): square, a KV cache's offset (Lq < Lk), and with key padding (no full tiles: mask_mod decides)."""
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 4, 16, 16, generator=gen)
+    k, v = (torch.randn(2, 4, 256, 16, generator=gen) for _ in range(2))
+    keep = torch.arange(256)[None, :] < torch.tensor([256, 140])[:, None]
+    qs = torch.randn(2, 4, 256, 16, generator=gen)
+    cases = [(qs, AttnMask(causal=True)), (qs, AttnMask(causal=True, key_padding=keep)),
+             (q, AttnMask(causal=True)), (q, AttnMask(causal=True, causal_offset=100, key_padding=keep))]
+    with torch.no_grad():
+        for query, mask in cases:
+            lq = query.shape[2]
+            out, _ = mh.attention(query, k, v, mask=mask, backend="flex")
+            ref, _ = mh.attention(query, k, v, mask=mask.dense(lq, 256), backend="reference")
+            assert (out - ref).abs().max().item() < 1e-5, mask
