@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .harness import machine_info, run_case, target, write_json
+from .harness import check_impls, machine_info, run_case, target, write_json
 
 D_MODEL, HEADS = 512, 8
 LENGTHS = [128, 512, 1024, 2048, 4096]
@@ -217,9 +217,6 @@ def default_out() -> Path:
 
 def from_args(args, out: Path) -> dict:
     """``multihead bench attention`` (the suite protocol in :mod:`multihead.bench`)."""
-    if args.impls:
-        bad = [i for i in args.impls if i not in implementations()]
-        if bad:
-            raise ValueError(f"unknown implementation(s) {bad}; choose from {implementations()}")
+    check_impls(args.impls, implementations())
     return run(args.lengths, args.modes, args.impls, threads=args.threads, out=out, min_time=args.min_time,
                device=getattr(args, "device", "cpu"), dtype=getattr(args, "dtype", "fp32"))

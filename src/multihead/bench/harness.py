@@ -52,6 +52,13 @@ def check_target(device: str, dtype: str) -> None:
                          "(no GPU, or a CPU-only PyTorch build); run it on a GPU machine or leave --device at cpu")
 
 
+def check_impls(given, known) -> None:
+    """Refuse unknown ``--impls`` names before anything runs, listing the suite's own."""
+    bad = [i for i in (given or []) if i not in known]
+    if bad:
+        raise ValueError(f"unknown implementation(s) {bad}; choose from {', '.join(known)}")
+
+
 def _reset_peak() -> bool:
     try:
         Path("/proc/self/clear_refs").write_text("5")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .harness import machine_info, run_case, target, write_json
+from .harness import check_impls, machine_info, run_case, target, write_json
 
 SUITE = "multihead.bench.kernels"
 HEADS, HEAD_DIM, WINDOW = 8, 64, 256
@@ -158,9 +158,6 @@ def default_out() -> Path:
 
 def from_args(args, out: Path) -> dict:
     """``multihead bench kernels`` (the suite protocol in :mod:`multihead.bench`)."""
-    if args.impls:
-        bad = [i for i in args.impls if i not in IMPLS]
-        if bad:
-            raise ValueError(f"unknown implementation(s) {bad}; choose from {', '.join(IMPLS)}")
+    check_impls(args.impls, IMPLS)
     return run(lengths=args.lengths, modes=args.modes, impls=args.impls, threads=args.threads, out=out,
                min_time=args.min_time, device=args.device, dtype=args.dtype)

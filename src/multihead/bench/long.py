@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .harness import DTYPES, machine_info, make_step, run_case, target, write_json
+from .harness import DTYPES, check_impls, machine_info, make_step, run_case, target, write_json
 
 SUITE = "multihead.bench.long"
 D_MODEL, HEADS, WINDOW = 256, 4, 256
@@ -256,9 +256,6 @@ def default_out() -> Path:
 
 def from_args(args, out: Path) -> dict:
     """``multihead bench long`` (the suite protocol in :mod:`multihead.bench`)."""
-    if args.impls:
-        bad = [i for i in args.impls if i not in IMPLS]
-        if bad:
-            raise ValueError(f"unknown implementation(s) {bad}; choose from {', '.join(IMPLS)}")
+    check_impls(args.impls, IMPLS)
     return run(lengths=args.lengths, modes=args.modes, impls=args.impls, threads=args.threads, out=out,
                min_time=args.min_time, device=getattr(args, "device", "cpu"), dtype=getattr(args, "dtype", "fp32"))

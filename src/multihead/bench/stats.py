@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .harness import machine_info, run_case, write_json
+from .harness import check_impls, machine_info, run_case, write_json
 
 SUITE = "multihead.bench.stats"
 HEADS, HEAD_DIM, TOPK = 8, 64, 8
@@ -67,9 +67,7 @@ def run(*, lengths=None, impls=None, threads=None, out: Path | None = None, min_
         progress=True) -> dict:
     from tqdm import tqdm
 
-    bad = [i for i in (impls or []) if i not in IMPLS]
-    if bad:
-        raise ValueError(f"unknown implementation(s) {bad}; choose from {IMPLS}")
+    check_impls(impls, IMPLS)
     cases = [{"impl": i, "length": n} for n in (lengths or LENGTHS) for i in (impls or IMPLS)]
     results = []
     for c in tqdm(cases, desc="bench stats", disable=not progress):
