@@ -38,13 +38,13 @@ def block_mask(mask: AttnMask | None, b: int, lq: int, lk: int, device):
 
     from .block_masks import causal_block_mask, pattern_block_mask
 
-    if mask is None or mask.mask_mod(lq, lk, device) is None:
-        return None
-    key = mask.cache_key(lq, lk, device)
+    has_tensor = mask is not None and mask.tensor is not None and mask.tensor.dtype == torch.bool
+    if mask is None or not (mask.pattern is not None or mask.causal or mask.key_padding is not None or has_tensor):
+        return None  # no bool part: nothing to skip (a float part is a score_mod)
+    key = mask.cache_key(lq, lk, device)  # checked before anything is built: a hit costs no device work
     if key not in _BLOCK_MASKS:
         if len(_BLOCK_MASKS) > 32:
             _BLOCK_MASKS.clear()
-        has_tensor = mask.tensor is not None and mask.tensor.dtype == torch.bool
         if mask.pattern is not None and not has_tensor and lq == lk:
             _BLOCK_MASKS[key] = pattern_block_mask(mask, lq, device)  # O((L / block)^2), not L^2
         elif mask.pattern is None and mask.causal and not has_tensor:
