@@ -17,6 +17,7 @@ skips flex there, a named call gets the reason and the backends that can run it)
 from __future__ import annotations
 
 import shutil
+from functools import lru_cache
 
 import torch
 
@@ -24,6 +25,7 @@ from ..flex_kernel import flex_attention
 from ..registry import Capabilities, register_backend
 
 
+@lru_cache(maxsize=1)  # asked on every call auto considers flex: looking for a compiler each time cost ~30 us
 def _why_unavailable() -> str | None:
     try:
         from torch.nn.attention import flex_attention  # noqa: F401
