@@ -85,6 +85,11 @@ def test_refusals_name_the_fix():
     with pytest.raises(ValueError, match="beyond the 16 positions"):
         model(torch.zeros(1, 20, dtype=torch.long), cache=model.new_cache())  # no extrapolation unless asked
     model(torch.zeros(1, 20, dtype=torch.long), cache=KVCache(2, extrapolate=True))  # asked: runs
+    # no position table at all (MLA's own rotary key, or none): past max_len only when asked, as rotary
+    table_free = lm(positional="none")
+    with pytest.raises(ValueError, match="beyond the 16 positions"):
+        table_free(torch.zeros(1, 20, dtype=torch.long))
+    assert table_free(torch.zeros(1, 20, dtype=torch.long), cache=KVCache(2, extrapolate=True)).shape[1] == 20
     cache = model.new_cache(sinks=1, window=3)
     model(torch.zeros(1, 4, dtype=torch.long), cache=cache)
     with pytest.raises(ValueError, match="one token per step"):

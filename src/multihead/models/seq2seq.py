@@ -136,7 +136,8 @@ class CausalLM(nn.Module):
 
     def _check_streaming(self, keep: Tensor, rolling: bool) -> None:
         what = "a streaming (sinks + window) cache" if rolling else "running past max_len (extrapolate=True)"
-        if self.config.positional not in ("rope", "alibi") or (rolling and self.config.positional != "rope"):
+        # no table, any length: rotary (positions computed), ALiBi (distances), none (MLA's own rotary key, or none)
+        if self.config.positional not in ("rope", "alibi", "none") or (rolling and self.config.positional != "rope"):
             raise ValueError(f"{what} needs rotary positions: a {self.config.positional!r} position table has no "
                              f"entry beyond max_len={self.config.max_len}; build the model with positional='rope'"
                              + ("" if rolling else " (or 'alibi')"))
