@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .attention import explain, list_backends
+from .attention import explain, explain_choice, list_backends
+from .attention.patterns import SparsePattern
 from .models import TransformerClassifier
 from .modules import MultiHeadAttention
 
@@ -36,6 +37,8 @@ def walkthrough(out: Path, seed: int = 0) -> dict:
     q = torch.randn(1, 8, 5, 64)
     for name, reason in explain(q, q, need_weights=False):
         print(f"   auto, no weights: {name}: {'usable' if reason is None else 'skipped, ' + reason}")
+    print(f"   a sliding window on this CPU: {explain_choice(q, q, mask=SparsePattern(window=2))} "
+          "(on CUDA: FlexAttention, README 'On the GPU')")
 
     print(f'3. Per-head weights for "{SENTENCE}" (untrained weights: the pattern is random, the plumbing is real)')
     tokens = tokenize(SENTENCE)
