@@ -456,7 +456,7 @@ def test_compare_trains_and_measures_each_variant(tmp_path, capsys):
     # cache per token: MHA 2 x 4 heads x 8 x 4 bytes; MLA (latent 32 + rope key 16) x 4 bytes
     assert s["mha"]["kv_cache_bytes_per_token"][0] == 2 * 32 * 4 and s["mla"]["kv_cache_bytes_per_token"][0] == 48 * 4
     # every variant at 4x the trained length: ALiBi as trained, the rotary ones (MLA's rope key too) extrapolating
-    assert all(v["long_perplexity"][0] > 1 for v in s.values())
+    assert all(v["long_perplexity"][0] > 1 and v["pieces_perplexity"][0] > 1 for v in s.values())
     assert all(0 < x < 1 for v in s.values() for x in v["first_token_share"])
     # parameters matched through the FFN width: within half a width step (one layer: 2 x d_model + 1) of MHA's
     assert payload["matched_parameters"] and s["mha"]["d_ff"] == 128 and s["mla"]["d_ff"] != 128

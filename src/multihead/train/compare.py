@@ -130,13 +130,24 @@ def measure(path: Path, *, long_factor: int = 4) -> dict:
     # rotary key included) through a cache that lets them run past max_len (positions they never saw in training)
     from ..modules.kv_cache import KVCache
 
-    long_rows = held_out_rows(run, long_factor * n)[:4].long()
+    long_rows = held_out_rows(run, long_factor * n)[:4].long()  # (4, factor * n)
     past = None if run.config.causal.positional == "alibi" else KVCache(len(model.decoder.layers), extrapolate=True)
-    logits = model(long_rows, cache=past)
-    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), long_rows[:, 1:].flatten())
-    long_ppl = math.exp(float(loss))
+    long_logits = model(long_rows, cache=past)[:, :-1]  # predicting token t + 1 from tokens <= t
+    # the same text cut into trained-length pieces (context restarts each piece): the same targets, every one of
+    # them predicted from at most n - 1 tokens; the first token of each piece has no context there, so it is
+    # left out of both
+    pieces = long_rows.reshape(-1, n)
+    piece_logits = model(pieces)[:, :-1].reshape(long_rows.shape[0], long_factor, n - 1, -1)
+    targets = long_rows[:, 1:].reshape(long_rows.shape[0], -1)
+    inside = torch.ones(long_rows.shape[1] - 1, dtype=torch.bool)
+    inside[n - 1::n] = False  # targets that start a piece
+    ce = torch.nn.functional.cross_entropy
+    long_ppl = math.exp(float(ce(long_logits[:, inside].flatten(0, 1).float(), targets[:, inside].flatten())))
+    piece_targets = long_rows.reshape(long_rows.shape[0], long_factor, n)[:, :, 1:]
+    piece_ppl = math.exp(float(ce(piece_logits.flatten(0, 2).float(), piece_targets.flatten())))
     return {"kv_cache_bytes_per_token": cache_bytes, "decode_tokens_per_second": decode,
-            "first_token_share": first, "long_perplexity": long_ppl, "long_factor": long_factor}
+            "first_token_share": first, "long_perplexity": long_ppl, "pieces_perplexity": piece_ppl,
+            "long_factor": long_factor}
 
 
 def run_compare(*, data: str, variants: list[str], seeds: list[int], out: Path, steps: int, batch_size: int,
@@ -234,8 +245,9 @@ def summarise(rows: list[dict], variants: list[str]) -> dict:
         s["d_ff"] = rs[0].get("d_ff")
         s["first_token_share"] = [statistics.fmean(r["first_token_share"][l] for r in rs)
                                   for l in range(len(rs[0]["first_token_share"]))]
-        longs = [r["long_perplexity"] for r in rs if r["long_perplexity"] is not None]
-        s["long_perplexity"] = _mean_std(longs) if longs else None
+        for k in ("long_perplexity", "pieces_perplexity"):
+            got = [r[k] for r in rs if r.get(k) is not None]
+            s[k] = _mean_std(got) if got else None
         s["seeds"] = len(rs)
         out[v] = s
     return out
@@ -246,11 +258,12 @@ def format_table(payload: dict) -> str:
     factor = payload["runs"][0]["long_factor"] if payload["runs"] else 4
     lines = [f"{payload['data']}, {payload['steps']} steps x {payload['batch_size']} rows x {payload['seq_len']} "
              f"tokens, seeds {payload['seeds']} (mean +- std; tokens/s: the fastest seed), {matched}",
-             f"{'variant':<9}{'d_ff':>5}{'params':>11}{'val ppl':>15}{f'ppl at {factor}x':>16}{'KV B/tok':>10}"
+             f"{'variant':<9}{'d_ff':>5}{'params':>11}{'val ppl':>15}{f'{factor}x: one pass':>16}{'in pieces':>16}"
+             f"{'KV B/tok':>10}"
              f"{'train tok/s':>13}{'decode tok/s':>14}  first-token share by layer"]
     for v, s in payload["summary"].items():
-        (pm, ps), long = s["perplexity"], s.get("long_perplexity")
-        long_text = f"{long[0]:>9.1f} +-{long[1]:>5.1f}" if long else f"{'-':>16}"
+        (pm, ps), long, pieces = s["perplexity"], s.get("long_perplexity"), s.get("pieces_perplexity")
+        long_text = "".join(f"{x[0]:>9.1f} +-{x[1]:>5.1f}" if x else f"{'-':>16}" for x in (long, pieces))
         lines.append(f"{v:<9}{s.get('d_ff') or '':>5}{s['parameters']:>11,}{pm:>8.1f} +-{ps:>5.1f}{long_text}"
                      f"{s['kv_cache_bytes_per_token'][0]:>10.0f}{s['train_tokens_per_second'][0]:>13.0f}"
                      f"{s['decode_tokens_per_second'][0]:>14.0f}  " + " ".join(f"{x:.3f}" for x in s["first_token_share"]))
@@ -265,12 +278,14 @@ def plot(payload: dict, path: Path) -> None:
     s = payload["summary"]
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(14, 4))
     x = list(range(len(names)))
-    a.bar([i - 0.2 for i in x], [s[n]["perplexity"][0] for n in names], 0.4,
-          yerr=[s[n]["perplexity"][1] for n in names], capsize=3, label="trained length")
-    longs = [s[n].get("long_perplexity") or (float("nan"), 0.0) for n in names]
     factor = payload["runs"][0]["long_factor"] if payload["runs"] else 4
-    a.bar([i + 0.2 for i in x], [m for m, _ in longs], 0.4, yerr=[sd for _, sd in longs], capsize=3,
-          label=f"{factor}x the trained length", color="C3")
+    bars = [("perplexity", "validation, trained length", "C0"),
+            ("pieces_perplexity", f"{factor}x-length texts, in trained-length pieces", "C2"),
+            ("long_perplexity", f"the same texts in one pass ({factor}x the trained length)", "C3")]
+    for slot, (key, label, colour) in enumerate(bars):
+        vals = [s[n].get(key) or (float("nan"), 0.0) for n in names]
+        a.bar([i + (slot - 1) * 0.27 for i in x], [m for m, _ in vals], 0.27, yerr=[sd for _, sd in vals], capsize=2,
+              label=label, color=colour)
     a.set_xticks(x, names)
     a.set_yscale("log")
     a.legend(fontsize=7)
