@@ -77,6 +77,9 @@ def test_compare_checks_every_variant_before_training(tmp_path):
     # and it is refused before mha trains
     refused(run_cli("compare", "--variants", "mha,diff", "--d-model", "24", "--heads", "4", "--out", out),
             "need an even head_dim, got 3")
+    # parameters cannot be matched when a variant's attention outweighs the whole FFN: refused before training
+    refused(run_cli("compare", "--variants", "mha,mla", "--d-model", "32", "--heads", "4", "--layers", "1",
+                    "--d-ff", "4", "--out", out), "pass a larger --d-ff or --no-match-params")
     assert not out.exists()
     other = tmp_path / "other"
     other.mkdir()
