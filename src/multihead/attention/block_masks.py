@@ -103,24 +103,17 @@ def full_tiles(pattern: SparsePattern, length: int, num: Tensor, idx: Tensor, *,
 def pattern_block_mask(mask, length: int, device=None, *, block: int = FLEX_BLOCK):
     """The FlexAttention ``BlockMask`` of an :class:`AttnMask` whose structure is a pattern (plus causal and key
     padding, applied by its mask_mod inside the partial tiles), built from the pattern's geometry: no ``L x L``."""
-    from torch.nn.attention.flex_attention import BlockMask
-
     num, idx = kv_blocks(mask.pattern, length, causal=mask.causal, block=block)
+    listed = torch.arange(idx.shape[1])[None, :] < num[:, None].long()
     full = (full_tiles(mask.pattern, length, num, idx, causal=mask.causal, block=block)
-            if mask.key_padding is None else torch.zeros_like(idx, dtype=torch.bool))
-    part_num, part_idx = _compact(idx, (torch.arange(idx.shape[1])[None, :] < num[:, None].long()) & ~full)
-    full_num, full_idx = _compact(idx, full)
-    put = lambda t: t[None, None].to(device)  # noqa: E731  (batch and head axes: one layout for all)
-    return BlockMask.from_kv_blocks(put(part_num), put(part_idx), put(full_num), put(full_idx), BLOCK_SIZE=block,
-                                    mask_mod=mask.mask_mod(length, length, device), seq_lengths=(length, length))
+            if mask.key_padding is None else torch.zeros_like(listed))
+    return _from_tiles(mask, idx, listed, full, length, length, device, block)
 
 
 def causal_block_mask(mask, lq: int, lk: int, device=None, *, block: int = FLEX_BLOCK):
     """The ``BlockMask`` of a causal mask at any offset (query ``i`` sees keys ``j <= i + offset``; key padding, when
     present, decided by ``mask_mod`` in every listed tile): tiles past the diagonal are skipped, tiles entirely below
     it are full. From index arithmetic, ``O((L / block)^2)`` int32 -- never the ``Lq x Lk`` pairs."""
-    from torch.nn.attention.flex_attention import BlockMask
-
     off = mask.offset(lq, lk)
     nq, nk = -(-lq // block), -(-lk // block)
     a = torch.arange(nq)[:, None] * block  # first query of each tile
@@ -130,9 +123,17 @@ def causal_block_mask(mask, lq: int, lk: int, device=None, *, block: int = FLEX_
     touched = c <= last_q + off  # some key of the tile is at or before the tile's last query
     full = (e - 1 <= a + off) & touched if mask.key_padding is None else torch.zeros_like(touched)
     idx = torch.arange(nk, dtype=torch.int32).expand(nq, nk).contiguous()
-    part_num, part_idx = _compact(idx, touched & ~full)
+    return _from_tiles(mask, idx, touched, full, lq, lk, device, block)
+
+
+def _from_tiles(mask, idx: Tensor, listed: Tensor, full: Tensor, lq: int, lk: int, device, block: int):
+    """``BlockMask.from_kv_blocks`` from the slots of ``idx`` that are ``listed``, split into partial and ``full``
+    tiles, with ``mask``'s mask_mod for the partial ones; one layout for every batch row and head."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    part_num, part_idx = _compact(idx, listed & ~full)
     full_num, full_idx = _compact(idx, full)
-    put = lambda t: t[None, None].to(device)  # noqa: E731
+    put = lambda t: t[None, None].to(device)  # noqa: E731  (batch and head axes)
     return BlockMask.from_kv_blocks(put(part_num), put(part_idx), put(full_num), put(full_idx), BLOCK_SIZE=block,
                                     mask_mod=mask.mask_mod(lq, lk, device), seq_lengths=(lq, lk))
 
