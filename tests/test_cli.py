@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+import multihead as mh
 from multihead.cli import main
 
 
@@ -30,6 +31,8 @@ def test_backends_lists_capabilities(capsys):
     assert main(["backends"]) == 0
     out = capsys.readouterr().out
     assert "reference" in out and "weights=True" in out and "sdpa" in out
+    flex_ok = mh.list_backends()["flex"].available() is None
+    assert f"a sliding window: window on cpu, {'flex' if flex_ok else 'window'} on cuda" in out  # auto's routes
 
 
 def test_bench_attention_small_run_writes_json(tmp_path):

@@ -61,6 +61,22 @@ def cmd_backends(args) -> int:
               f"gqa={c.supports_gqa} exact={c.exact} patterns={','.join(c.patterns) or '-'}"
               f"{' (only)' if c.requires_pattern else ''}  {b.description}"
               + (f"  [unavailable: {why}]" if why else ""))
+    import torch
+
+    from .attention.registry import CallInfo, resolve
+
+    picks = []
+    for what, pattern in (("a sliding window", "window"), ("BigBird blocks", "block"), ("a dense call", None)):
+        per_device = []
+        for device in ("cpu", "cuda"):
+            call = CallInfo(device=device, dtype=torch.float32, need_weights=False, dropout_p=0.0, gqa=False,
+                            mask_parts=frozenset({pattern} if pattern else ()), pattern=pattern)
+            try:
+                per_device.append(f"{resolve('auto', call).name} on {device}")
+            except RuntimeError:
+                per_device.append(f"nothing on {device}")
+        picks.append(f"{what}: {', '.join(per_device)}")
+    print("auto picks (mh.explain_choice says why for a real call): " + "; ".join(picks))
     return 0
 
 
