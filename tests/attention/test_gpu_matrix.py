@@ -39,8 +39,8 @@ def _allowed_bias(mask):
     if isinstance(mask, SparsePattern):
         return mask.dense(L, DEV)[None, None], None
     if isinstance(mask, AttnMask):
-        return mask.dense(L, L, DEV).reshape(-1, 1, L, L) if mask.dense(L, L, DEV).dim() < 4 else \
-            mask.dense(L, L, DEV), None
+        dense = mask.dense(L, L, DEV)
+        return (dense.reshape(-1, 1, L, L) if dense.dim() < 4 else dense), None
     if mask.dtype == torch.bool:
         return mask, None
     return torch.ones(1, 1, L, L, dtype=torch.bool, device=DEV), mask

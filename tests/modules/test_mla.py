@@ -9,6 +9,8 @@ from multihead.models.seq2seq import CausalLM, CausalLMConfig
 from multihead.modules import MultiHeadLatentAttention
 from multihead.modules.decoder import DecoderConfig
 
+from lm_helpers import stepwise
+
 
 def _rope(x, pos):  # rotate-half RoPE, base 10000, written out (frequencies rounded to fp32, as the module's table)
     d = x.shape[-1]
@@ -61,9 +63,8 @@ def test_absorbed_decoding_equals_the_plain_forward_and_the_cache_is_small():
     ids = torch.randint(1, 60, (3, 14))
     with torch.no_grad():
         full = lm(ids)  # plain form, no cache
-        cache = lm.new_cache()
-        steps = [lm(ids[:, :5], cache=cache)] + [lm(ids[:, t:t + 1], cache=cache) for t in range(5, 14)]
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+    steps, cache = stepwise(lm, ids, 5)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=0)
     # the cache holds (16 + 8) numbers per token and layer; MHA of the same shape: 2 x 8 heads x 8 = 128
     per_token = sum(layer.k.shape[-1] + layer.v.shape[-1] for layer in cache.self_attn)
     assert per_token == 2 * (16 + 8)  # latent + rope key per layer; MHA here would cache 2 x (2 x 8 x 8) = 256

@@ -10,6 +10,8 @@ from multihead.modules import MultiHeadAttention
 from multihead.modules.attention import alibi_slopes
 from multihead.modules.decoder import DecoderConfig
 
+from lm_helpers import small_lm, stepwise
+
 
 def _qkv(m, x):
     """Per-head q, k, v of the module's projections, written out; k, v repeated for grouped-query heads."""
@@ -83,17 +85,11 @@ def test_pruned_variant_equals_masked(gate, alibi):
 
 @pytest.mark.parametrize("variant", [{"gate": True}, {"positional": "alibi"}])
 def test_cached_decoding_equals_the_full_forward(variant):
-    torch.manual_seed(2)
-    dec = DecoderConfig(d_model=32, num_heads=4, num_layers=2, d_ff=64, dropout=0.0, cross_attention=False,
-                        norm_first=True, gate=variant.get("gate", False))
-    lm = CausalLM(CausalLMConfig(vocab_size=50, max_len=32, positional=variant.get("positional", "learned"),
-                                 decoder=dec)).eval()
+    lm = small_lm(2, variant.get("positional", "learned"), gate=variant.get("gate", False))
     ids = torch.randint(1, 50, (2, 12))
     with torch.no_grad():
         full = lm(ids)
-        cache = lm.new_cache()
-        steps = [lm(ids[:, :5], cache=cache)] + [lm(ids[:, t:t + 1], cache=cache) for t in range(5, 12)]
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+    torch.testing.assert_close(stepwise(lm, ids, 5)[0], full, atol=1e-5, rtol=0)
 
 
 def test_alibi_runs_at_four_times_the_trained_length_and_learned_positions_cannot():
@@ -144,19 +140,14 @@ def test_learned_sinks_equal_their_formula_on_every_exact_backend(backend, causa
 
 
 def test_sinks_with_the_cache_capture_and_pruning():
-    torch.manual_seed(5)
-    dec = DecoderConfig(d_model=32, num_heads=4, num_layers=2, d_ff=64, dropout=0.0, cross_attention=False,
-                        norm_first=True, sinks=True)
-    lm = CausalLM(CausalLMConfig(vocab_size=50, max_len=32, positional="rope", decoder=dec)).eval()
+    lm = small_lm(5, sinks=True)
     with torch.no_grad():
         for layer in lm.decoder.layers:
             layer.self_attn.sink_logits.normal_()
     ids = torch.randint(1, 50, (2, 10))
     with torch.no_grad():
         full = lm(ids)
-        cache = lm.new_cache()
-        steps = [lm(ids[:, :4], cache=cache)] + [lm(ids[:, t:t + 1], cache=cache) for t in range(4, 10)]
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+    torch.testing.assert_close(stepwise(lm, ids, 4)[0], full, atol=1e-5, rtol=0)
     from multihead.modules.capture import capture
 
     with capture(lm, ("pattern",)) as c, torch.no_grad():
@@ -212,17 +203,12 @@ def test_differential_attention_equals_its_formula(backend, causal):
 
 
 def test_differential_with_rotary_cache_and_pruning():
-    torch.manual_seed(7)
-    dec = DecoderConfig(d_model=32, num_heads=4, num_layers=2, d_ff=64, dropout=0.0, cross_attention=False,
-                        norm_first=True, differential=True)
-    lm = CausalLM(CausalLMConfig(vocab_size=50, max_len=32, positional="rope", decoder=dec)).eval()
+    lm = small_lm(7, differential=True)
     assert lm.decoder.layers[1].self_attn.lambda_init > lm.decoder.layers[0].self_attn.lambda_init
     ids = torch.randint(1, 50, (2, 10))
     with torch.no_grad():
         full = lm(ids)
-        cache = lm.new_cache()
-        steps = [lm(ids[:, :4], cache=cache)] + [lm(ids[:, t:t + 1], cache=cache) for t in range(4, 10)]
-        torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+        torch.testing.assert_close(stepwise(lm, ids, 4)[0], full, atol=1e-5, rtol=0)
         # the halves are rotated separately: shifting every position leaves the scores unchanged (relative)
         m = lm.decoder.layers[0].self_attn
         q = torch.randn(1, 4, 6, 8)
