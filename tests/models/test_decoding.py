@@ -207,3 +207,17 @@ def test_decoder_gradients_match_finite_differences():
     mem = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
     keep = torch.tensor([[True, True, True], [True, False, False]])
     assert torch.autograd.gradcheck(lambda a, m: dec(a, m, memory_key_padding_mask=keep), (x, mem))
+
+
+def test_seq2seq_initialisation_depends_on_the_seed_only():
+    """The embeddings were initialised in a set's order (object addresses): the same seed gave other weights in
+    another process, so 2 DDP processes could not match 1. Two fresh interpreters must agree to the bit."""
+    import subprocess
+    import sys
+
+    code = ("import torch; from multihead.models.seq2seq import Seq2Seq, Seq2SeqConfig; torch.manual_seed(0); "
+            "m = Seq2Seq(Seq2SeqConfig(src_vocab_size=30, tgt_vocab_size=40, max_len=16)); "
+            "print(m.src_embed.weight[0, :4].tolist(), m.tgt_embed.weight[0, :4].tolist())")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={**__import__("os").environ, "PYTHONHASHSEED": str(s)}).stdout for s in range(4)}
+    assert len(outs) == 1 and outs != {""}, outs

@@ -227,7 +227,8 @@ class Seq2Seq(nn.Module):
         self.scale = math.sqrt(e)  # embeddings times sqrt(d_model), as in the paper (section 3.4)
         self.tgt_embed = nn.Embedding(config.tgt_vocab_size, e)
         self.src_embed = self.tgt_embed if config.share_embeddings else nn.Embedding(config.src_vocab_size, e)
-        for emb in {self.src_embed, self.tgt_embed}:
+        # in a fixed order (a set's order follows object addresses: the same seed gave different weights per process)
+        for emb in dict.fromkeys((self.tgt_embed, self.src_embed)):
             nn.init.normal_(emb.weight, std=e ** -0.5)
         self.src_pos = build_positional(config.positional, e, config.max_len, config.encoder.dropout)
         self.tgt_pos = build_positional(config.positional, e, config.max_len, config.decoder.dropout)
