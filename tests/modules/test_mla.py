@@ -89,3 +89,28 @@ def test_left_padded_prompts_and_pruning_and_capture():
         m(x, torch.randn(2, 5, 32))
     with pytest.raises(ValueError, match="even rope_dim"):
         MultiHeadLatentAttention(32, 4, rope_dim=7)
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+def test_capture_stats_on_mla_equals_the_formula(absorb):
+    """``hook_stats`` fires on MLA (both forms): entropy and first-token mass of the written-out softmax, fp64."""
+    from multihead.modules.capture import capture
+
+    torch.manual_seed(3)
+    m = MultiHeadLatentAttention(32, 4, kv_latent=12, rope_dim=8).double().eval()
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    h, d, r, n = m.num_heads, m.head_dim, m.rope_dim, x.shape[1]
+    pos = torch.arange(n)
+    c = x @ m.w_dkv.weight.T
+    c = c / torch.sqrt(c.square().mean(-1, keepdim=True) + 1e-6) * m.kv_norm.weight
+    k = torch.cat([(c @ m.w_uk.weight.T).view(2, n, h, d).transpose(1, 2),
+                   _rope(x @ m.w_kr.weight.T, pos)[:, None].expand(2, h, n, r)], -1)
+    q = torch.cat([(x @ m.w_uq.weight.T).view(2, n, h, d).transpose(1, 2),
+                   _rope((x @ m.w_qr.weight.T).view(2, n, h, r).transpose(1, 2), pos)], -1)
+    s = (q @ k.transpose(-2, -1) / math.sqrt(d + r)).masked_fill(pos[None, :] > pos[:, None], -math.inf)
+    p = torch.softmax(s, -1)
+    with capture(m, ("stats",)) as cap, torch.no_grad():
+        m(x, is_causal=True, absorb=absorb)
+    st = cap.stats(0)
+    torch.testing.assert_close(st.entropy, -(p * p.clamp_min(1e-300).log()).sum(-1), atol=1e-8, rtol=0)
+    torch.testing.assert_close(st.mass["first"], p[..., 0], atol=1e-10, rtol=0)

@@ -248,3 +248,34 @@ def test_talking_heads_equal_their_formula(causal):
         torch.testing.assert_close(a, c, atol=1e-9, rtol=0)
     with pytest.raises(ValueError, match="cannot be pruned physically"):
         m.prune_heads([0])
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(differential=True, talking_heads=True), "cannot be combined"),
+    (dict(sinks=True, differential=True), "sink_logits would never be used"),
+    (dict(sinks=True, talking_heads=True), "sink_logits would never be used"),
+])
+def test_combinations_that_cannot_train_are_refused_at_construction(options, message):
+    """Before: accepted, and talk_logits/talk_weights (or sink_logits) never received a gradient."""
+    with pytest.raises(ValueError, match=message):
+        MultiHeadAttention(16, 2, **options)
+    with pytest.raises(ValueError, match=message):
+        small_lm(0, **options)
+
+
+@pytest.mark.parametrize("flag", ["gate", "sinks", "differential", "talking_heads"])
+def test_mla_refuses_the_options_it_would_ignore(flag):
+    """Before: mla_latent silently replaced the self-attention and dropped the other variant flags."""
+    with pytest.raises(ValueError, match="does not take " + flag):
+        small_lm(0, mla_latent=8, **{flag: True})
+
+
+@pytest.mark.parametrize("options", [dict(), dict(gate=True), dict(alibi=True), dict(sinks=True),
+                                     dict(differential=True), dict(talking_heads=True)])
+def test_every_parameter_of_every_accepted_variant_gets_a_gradient(options):
+    torch.manual_seed(0)
+    m = MultiHeadAttention(16, 2, **options)
+    x = torch.randn(2, 5, 16)
+    m(x, x, x, is_causal=True)[0].square().sum().backward()
+    unused = [n for n, p in m.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert unused == [] or unused == ["w_k.bias"], unused  # the key bias cancels in the softmax (exact zero)

@@ -65,6 +65,18 @@ class _HalfRotary(nn.Module):
         return self._join(a, q.shape[1]), self._join(b, k.shape[1])
 
 
+def check_variants(*, differential: bool = False, talking_heads: bool = False, sinks: bool = False) -> None:
+    """Refuse the variant combinations that cannot work, with the reason (never a silently unused parameter)."""
+    if differential and talking_heads:
+        raise ValueError("differential attention and talking heads cannot be combined: each replaces the per-head "
+                         "softmax map (a difference of two maps; maps mixed across heads) and the two would leave "
+                         "talk_logits/talk_weights without a gradient; choose one")
+    if sinks and (differential or talking_heads):
+        other = "differential attention" if differential else "talking heads"
+        raise ValueError(f"learned sinks cannot be combined with {other}: its map is not one softmax per head whose "
+                         "denominator a sink logit could join, so sink_logits would never be used; choose one")
+
+
 def head_columns(heads: list[int], width: int) -> Tensor:
     """The feature indices of ``heads`` in a ``(heads x width)`` projection: what pruning keeps of each matrix."""
     return torch.tensor([i * width + c for i in heads for c in range(width)], dtype=torch.long)
@@ -166,6 +178,7 @@ class MultiHeadAttention(nn.Module):
             )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        check_variants(differential=differential, talking_heads=talking_heads, sinks=sinks)
         self.d_model = d_model
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads

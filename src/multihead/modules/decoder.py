@@ -88,6 +88,13 @@ class DecoderBlock(nn.Module):
         if mla_latent:
             from .mla import MultiHeadLatentAttention
 
+            other = [n for n, on in (("gate", gate), ("alibi", alibi), ("sinks", sinks), ("differential", differential),
+                                     ("talking_heads", talking_heads)) if on]
+            if other:
+                raise ValueError(f"Multi-head Latent Attention (mla_latent={mla_latent}) does not take "
+                                 f"{', '.join(other)}: it has its own decoupled rotary key and one softmax over its "
+                                 "latent; turn those off or set mla_latent=0")
+
             self.self_attn = MultiHeadLatentAttention(d_model, num_heads, kv_latent=mla_latent, rope_dim=mla_rope_dim,
                                                       dropout=attn_dropout, backend=backend, bias=bias)
         else:

@@ -58,7 +58,8 @@ class MultiHeadLatentAttention(nn.Module):
         self.w_o = nn.Linear(h * head_dim, d_model, bias=bias)
         self.rotary = RotaryEmbedding(rope_dim, max_len=max_len)
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
-        self.hook_pattern, self.hook_z = HookPoint(), HookPoint()
+        self.hook_pattern, self.hook_z, self.hook_stats = HookPoint(), HookPoint(), HookPoint()
+        self.stats_options: dict = {}
         self.pruned_heads: list[int] = []
 
     def extra_repr(self) -> str:
@@ -109,6 +110,7 @@ class MultiHeadLatentAttention(nn.Module):
             q = torch.cat([torch.einsum("bhld,hdc->bhlc", q_c, w_uk), q_r], -1)  # (B, H, Lq, d_c + d_r)
             k = torch.cat([lat, k_rope], -1)  # (B, 1, Lk, d_c + d_r)
             q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(lat)
+            self._stats(q, k, mask, scale)
             z, weights = attention(q, k, v, mask=mask, dropout_p=p, need_weights=need_weights, backend=backend,
                                    scale=scale, weights_hook=hook)  # (B, H, Lq, d_c)
             w_uv = self.w_uv.weight.view(h, d, self.kv_latent)  # (H, d_h, d_c)
@@ -120,6 +122,7 @@ class MultiHeadLatentAttention(nn.Module):
             q = torch.cat([q_c, q_r], -1)
             k = torch.cat([k_c, k_rope.expand(b, h, lk, r)], -1)  # (B, H, Lk, d_h + d_r)
             q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+            self._stats(q, k, mask, scale)
             z, weights = attention(q, k, v, mask=mask, dropout_p=p, need_weights=need_weights, backend=backend,
                                    scale=scale, weights_hook=hook)  # (B, H, Lq, d_h)
         z = self.hook_z(z)
@@ -128,6 +131,14 @@ class MultiHeadLatentAttention(nn.Module):
             z = z * (hm.view(1, h, 1, 1) if hm.dim() == 1 else hm.view(-1, h, 1, 1))
         out = self.w_o(z.transpose(1, 2).reshape(b, lq, h * d))
         return out, (weights if need_weights else None)
+
+    def _stats(self, q: Tensor, k: Tensor, mask, scale: float) -> None:
+        """``hook_stats``: exact per-head statistics of this call's softmax (absorbed or not, the same map), from
+        tiles; nothing ``Lq x Lk`` is built."""
+        if self.hook_stats.active:
+            from ..attention.stats import attention_stats
+
+            self.hook_stats(attention_stats(q, k, mask=mask, scale=scale, **self.stats_options))
 
     # ------------------------------------------------------------------ pruning
     def prune_heads(self, heads) -> None:
