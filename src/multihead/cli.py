@@ -179,73 +179,19 @@ def train_config_from_args(args):
     return layered(train_overrides(args))
 
 
-def _train_task(args, config_from_overrides, train_fn) -> int:
-    """A task with its own trainer (G2P, vision): the shared flags mapped onto its config, validated before anything
-    is read or written, then its run folder."""
-    config = config_from_overrides(train_overrides(args))
-    if args.resume and args.overwrite:
-        raise ValueError("--resume continues the run in --out and --overwrite replaces it; pass one of them")
-    results = train_fn(config, Path(args.out), resume=args.resume, overwrite=args.overwrite)
-    print(f"run folder: {args.out}")
-    return 0 if results else 1
-
-
-def cmd_train_g2p(args) -> int:
-    """``multihead train --data cmudict``: grapheme-to-phoneme with an encoder-decoder (multihead.train.g2p)."""
-    from .train import g2p
-
-    return _train_task(args, g2p.config_from_overrides, g2p.train_g2p)
-
-
-def cmd_train_vision(args) -> int:
-    """``multihead train --data fashion_mnist|digits``: a Vision Transformer (multihead.train.vision)."""
-    from .train import vision
-
-    return _train_task(args, vision.config_from_overrides, vision.train_vision)
-
-
-def cmd_train_grounding(args) -> int:
-    """``multihead train --data fashion_mnist_qa|digits_qa``: questions answered through cross-attention to image
-    patches (multihead.train.grounding)."""
-    from .train import grounding
-
-    return _train_task(args, grounding.config_from_overrides, grounding.train_grounding)
-
-
 def cmd_train(args) -> int:
-    from .data.images import is_image_dataset
-    from .train.grounding import is_grounding_run, is_qa_dataset
-    from .train import train
-    from .train.config import resume_conflicts
-    from .train.runfolder import read_json
+    """``multihead train``: the task is the data's (``--data cmudict``: G2P, images: the ViT, ``*_qa``: grounding,
+    anything else: text classification) or, on ``--resume`` without ``--data``, the recorded run's."""
+    from .train import tasks
 
-    from .train.g2p import is_g2p_run
-    from .train.vision import is_vision_run
-
-    resuming = args.resume and args.data is None  # the task is the recorded run's
-    if args.data == "cmudict" or (resuming and is_g2p_run(args.out)):
-        return cmd_train_g2p(args)
-    if (args.data and is_image_dataset(args.data)) or (resuming and is_vision_run(args.out)):
-        return cmd_train_vision(args)
-    if (args.data and is_qa_dataset(args.data)) or (resuming and is_grounding_run(args.out)):
-        return cmd_train_grounding(args)
-    config = train_config_from_args(args)  # validated before anything is read or written
-    if args.resume and args.overwrite:
-        raise ValueError("--resume continues the run in --out and --overwrite replaces it; pass one of them")
-    if args.resume and (Path(args.out) / "config.json").is_file():
-        recorded = read_json(Path(args.out) / "config.json").get("train", {})
-        conflicts = resume_conflicts(recorded, train_overrides(args))
-        if conflicts:
-            raise ValueError(f"--resume continues {args.out} exactly as it was started; these options differ from "
-                             f"the recorded run: {'; '.join(conflicts)}. Drop them to resume, or start a new run "
-                             "(another --out, or --overwrite)")
-    results = train(config, Path(args.out), resume=args.resume, overwrite=args.overwrite)
-    if results:
-        t, b = results["test"], results["baseline_tfidf_logreg"]
-        print(f"test accuracy {t['accuracy']:.4f}, macro-F1 {t['macro_f1']:.4f} (n={t['n']}, best epoch "
-              f"{results['best_epoch']}, {results['train_seconds']:.0f}s on {results['threads']} threads)")
-        if "test_accuracy" in b:
-            print(f"baseline TF-IDF + logistic regression on the same split: {b['test_accuracy']:.4f}")
+    kind = tasks.for_data(args.data) if args.data else (
+        tasks.kind_of(args.out) if args.resume else None) or tasks.KINDS["train"]
+    given = train_overrides(args)
+    config = kind.config_from_overrides(given)  # validated before anything is read or written
+    results = kind.run(config, Path(args.out), resume=args.resume, overwrite=args.overwrite, given=given)
+    if results:  # rank 0 (other ranks of a torchrun job write nothing and return no results)
+        for line in kind.task_class().summary(results):
+            print(line)
         print(f"run folder: {args.out}")
     return 0
 
@@ -276,7 +222,7 @@ PRETRAIN_FLAGS = {  # flag -> (config path, type, help)
 def cmd_pretrain(args) -> int:
     """``multihead pretrain``: self-supervised pretraining (multihead.train.pretrain)."""
     from .train.config import load_toml, merge
-    from .train.pretrain import PretrainConfig, pretrain
+    from .train.pretrain import config_from_overrides, pretrain
 
     over: dict = load_toml(args.config) if args.config else {}
     flags: dict = {}
@@ -290,21 +236,9 @@ def cmd_pretrain(args) -> int:
     if args.no_progress:
         _set_path(flags, "run.progress", False)
     _apply_sets(flags, args.set)
-    if args.resume and args.overwrite:
-        raise ValueError("--resume continues the run in --out and --overwrite replaces it; pass one of them")
-    objective = (flags.get("objective") or over.get("objective") or {}).get("name", "mlm")
-    if objective == "clm" and "encoder" in flags.get("model", {}):  # the size flags shape the causal LM instead
-        sized = flags["model"].pop("encoder")  # --set causal.decoder.X (already in flags) wins over the size flags
-        _set_path(flags, "causal.decoder", merge(sized, flags.get("causal", {}).get("decoder", {})))
-        if not flags["model"]:
-            flags.pop("model")
     explicit = merge(over, flags)
-    changes = {k: v for k, v in explicit.items() if k != "run" or set(v) - {"progress"}}
-    if args.resume and changes:
-        raise ValueError("--resume continues the run exactly as it was started; drop the other options "
-                         f"(they set {', '.join(sorted(changes))})")
-    config = PretrainConfig.from_dict(merge(PretrainConfig().to_dict(), explicit))  # validated before any work
-    r = pretrain(config, Path(args.out), resume=args.resume, overwrite=args.overwrite)
+    config = config_from_overrides(explicit)  # validated before any work
+    r = pretrain(config, Path(args.out), resume=args.resume, overwrite=args.overwrite, given=explicit)
     if r:
         v = r["validation"]
         print(f"{r['objective']} on {r['data']}: {r['steps']} steps, {r['tokens'] / 1e6:.1f}M tokens "
@@ -366,24 +300,18 @@ def cmd_generate(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
+    from .train import tasks
+
+    kind = tasks.require(args.run, "evaluate")
+    return {"train": _evaluate_text, "g2p": _evaluate_g2p, "vision": _evaluate_vision,
+            "grounding": _evaluate_grounding, "pretrain": _evaluate_lm}[kind.section](args)
+
+
+def _evaluate_text(args) -> int:
     import json
 
     from .train import evaluate, load_run
-    from .train.g2p import evaluate_run, is_g2p_run, load_g2p_run
 
-    from .train.vision import is_vision_run
-
-    if is_vision_run(args.run):
-        return _evaluate_vision(args)
-    if is_g2p_run(args.run):
-        r = evaluate_run(load_g2p_run(args.run), args.split, beam=args.beam)
-        if args.json:
-            print(json.dumps(r))
-        else:
-            how = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
-            print(f"cmudict [{r['split']}], {how}: word error rate {r['wer']:.4f}, phoneme error rate "
-                  f"{r['per']:.4f} (n={r['words']} words)")
-        return 0
     run = load_run(args.run)
     r = evaluate(run, args.data, split=args.split, text_column=args.text_column, label_column=args.label_column)
     if args.json:
@@ -395,6 +323,55 @@ def cmd_evaluate(args) -> int:
         print("confusion (rows true, columns predicted): " + ", ".join(r["labels"]))
         for name, row in zip(r["labels"], r["confusion"]):
             print(f"  {name:<16} " + " ".join(f"{v:>6}" for v in row))
+    return 0
+
+
+def _evaluate_g2p(args) -> int:
+    import json
+
+    from .train.g2p import evaluate_run, load_g2p_run
+
+    r = evaluate_run(load_g2p_run(args.run), args.split, beam=args.beam)
+    if args.json:
+        print(json.dumps(r))
+    else:
+        how = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
+        print(f"cmudict [{r['split']}], {how}: word error rate {r['wer']:.4f}, phoneme error rate "
+              f"{r['per']:.4f} (n={r['words']} words)")
+    return 0
+
+
+def _evaluate_grounding(args) -> int:
+    """``multihead evaluate runs/qa``: accuracy on the held-out test canvases, per question kind."""
+    import json
+
+    from .train.grounding import evaluate_run, load_grounding_run
+
+    if args.split != "test":
+        raise ValueError(f"a grounding run is scored on its held-out test canvases; drop --split {args.split}")
+    r = evaluate_run(load_grounding_run(args.run))
+    if args.json:
+        print(json.dumps(r))
+    else:
+        kinds = ", ".join(f"{k} {v:.4f}" for k, v in r["by_kind"].items())
+        print(f"{r['dataset']} [test canvases]: accuracy {r['accuracy']:.4f} ({kinds}), loss {r['loss']:.4f}, "
+              f"n={r['n']}")
+    return 0
+
+
+def _evaluate_lm(args) -> int:
+    """``multihead evaluate runs/lm``: loss and perplexity on the run's held-out texts."""
+    import json
+
+    from .train.pretrain import evaluate_run, load_pretrain_run
+
+    r = evaluate_run(load_pretrain_run(args.run))
+    if args.json:
+        print(json.dumps(r))
+    else:
+        what = "masked" if r["objective"] == "mlm" else "next-token"
+        print(f"{r['data']} [held-out texts, {r['objective']}]: loss {r['loss']:.4f}, perplexity "
+              f"{r['perplexity']:.1f}, {what} accuracy {r['accuracy']:.4f} (n={r['tokens']} tokens)")
     return 0
 
 
@@ -448,24 +425,33 @@ def _predict_vision(args) -> int:
 
 
 def cmd_predict(args) -> int:
+    from .train import tasks
+
+    kind = tasks.require(args.run, "predict")
+    return {"train": _predict_text, "g2p": _predict_g2p, "vision": _predict_vision}[kind.section](args)
+
+
+def _predict_text(args) -> int:
     import json
 
     from .train import load_run, predict
 
-    from .train.g2p import is_g2p_run, load_g2p_run, predict_words
-    from .train.vision import is_vision_run
-
-    if is_vision_run(args.run):
-        return _predict_vision(args)
     texts = _read_texts(args.texts, args.file)
     if not texts:
         raise ValueError("nothing to predict: pass texts as arguments or --file FILE (one text per line, or .jsonl)")
-    if is_g2p_run(args.run):
-        for row in predict_words(load_g2p_run(args.run), texts, beam=args.beam):
-            print(f"{row['word']}\t{row['phonemes']}")
-        return 0
     for row in predict(load_run(args.run), texts):
         print(json.dumps(row, ensure_ascii=False))
+    return 0
+
+
+def _predict_g2p(args) -> int:
+    from .train.g2p import load_g2p_run, predict_words
+
+    words = _read_texts(args.texts, args.file)
+    if not words:
+        raise ValueError("nothing to predict: pass words as arguments or --file FILE (one word per line)")
+    for row in predict_words(load_g2p_run(args.run), words, beam=args.beam):
+        print(f"{row['word']}\t{row['phonemes']}")
     return 0
 
 
@@ -544,21 +530,17 @@ def _head_list(text: str) -> list[tuple[int, int]]:
 
 
 def cmd_show(args) -> int:
+    from ._io import check_target
     from .interpret import load_subject
     from .interpret.show import show
-    from .train.g2p import is_g2p_run
+    from .train import tasks
 
-    from ._io import check_target
-
-    from .train.grounding import is_grounding_run
-    from .train.vision import is_vision_run
-
-    if is_vision_run(args.model):
-        return _show_vision(args)
-    if is_grounding_run(args.model):
-        return _show_grounding(args)
-    if is_g2p_run(args.model):
-        return _show_g2p(args)
+    kind = tasks.kind_of(args.model)
+    if kind is not None:
+        handler = {"vision": _show_vision, "grounding": _show_grounding, "g2p": _show_g2p}.get(
+            kind.check("show", args.model).section)
+        if handler is not None:
+            return handler(args)
     if args.out is None:
         raise ValueError("pass --out FOLDER: where to write the pictures and the page")
     check_target(args.out, "show", overwrite=args.overwrite, sources=(args.model,))
@@ -701,9 +683,10 @@ def cmd_heads(args) -> int:
         from ._io import check_target
 
         check_target(args.out, "heads", overwrite=args.overwrite, sources=(args.model,))
-    from .train.pretrain import is_pretrain_run
+    from .train import tasks
 
-    if is_pretrain_run(args.model):
+    kind = tasks.kind_of(args.model)
+    if kind is not None and kind.check("heads", args.model).section == "pretrain":
         return _heads_causal(args)
     import resource
     import time
@@ -871,6 +854,9 @@ def cmd_sweep(args) -> int:
 
 def cmd_importance(args) -> int:
     from .heads import scores as imp
+    from .train import tasks
+
+    tasks.require(args.run, "importance")
 
     result = imp.score_run(args.run, args.method, data=args.data, split=args.split, n=args.n,
                            out=Path(args.out) if args.out else None)
@@ -883,7 +869,9 @@ def cmd_prune(args) -> int:
     import torch
 
     from .heads import prune as P
+    from .train import tasks
 
+    tasks.require(args.run, "prune")
     if args.threads:
         torch.set_num_threads(args.threads)
     r = P.prune_run(args.run, Path(args.out), overwrite=args.overwrite, data=args.data, method=args.method, step=args.step,

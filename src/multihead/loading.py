@@ -42,7 +42,12 @@ def is_run(path: str | Path) -> bool:
 def load(source: str | Path, *, device: str = "cpu", backend: str = "auto") -> Loaded:
     """A run folder, a pretrained short name or an HF BERT-family folder, loaded for inference (eval mode)."""
     if is_run(source):
-        from .train import load_run
+        from .train import load_run, tasks
+
+        kind = tasks.kind_of(source)
+        if kind is not None and kind.section != "train":
+            raise tasks.ConfigError(f"{source} is a {kind.title} run; this reads text classifiers and pretrained "
+                                    "encoders (run folders of `multihead train` on text, minilm, HF BERT folders)")
 
         run = load_run(source, device=device)
         return Loaded(str(source), "run", run.model, run.tokenizer, run.config.data.max_len,

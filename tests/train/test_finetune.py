@@ -7,7 +7,7 @@ import torch
 from multihead import pretrained
 from multihead.cli import main
 from multihead.train import finetune_config, load_run
-from multihead.train.trainer import _optimizer
+from multihead.train.harness import param_groups
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +64,16 @@ def test_layer_decay_gives_lower_rates_to_lower_layers():
     cfg = pretrained.encoder_config(pretrained.read_hf_config(pretrained.resolve("minilm")))
     model = TransformerClassifier.from_config(ClassifierConfig.from_dict({**cfg.to_dict(), "num_classes": 2}))
     oc = finetune_config("minilm").optim
-    opt = _optimizer(model, oc, layer_decay=0.5)
-    lr_of = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    from multihead.train.trainer import _lr_scale
+
+    groups = param_groups(model, oc.lr, oc.weight_decay, lr_scale=lambda name: _lr_scale(name, 6, 0.5))
+    lr_of = {id(p): g["lr"] for g in groups for p in g["params"]}
     named = dict(model.named_parameters())
     assert lr_of[id(named["fc.weight"])] == oc.lr
     assert lr_of[id(named["encoder.layers.5.attn.w_q.weight"])] == oc.lr * 0.5
     assert lr_of[id(named["encoder.layers.0.attn.w_q.weight"])] == oc.lr * 0.5 ** 6
     assert lr_of[id(named["embed.weight"])] == oc.lr * 0.5 ** 7
-    assert sum(len(g["params"]) for g in opt.param_groups) == len(named)
+    assert sum(len(g["params"]) for g in groups) == len(named)
 
 
 def test_embed_cli_prints_similarities(capsys):

@@ -291,11 +291,15 @@ def test_a_single_text_is_refused(tmp_path, capsys):
     assert "at least two" in capsys.readouterr().err
 
 
-def test_resume_refuses_new_options_and_non_runs(tmp_path, capsys):
+def test_resume_refuses_new_options_and_non_runs(tmp_path, capsys, pretrained_run):
     assert main(["pretrain", "--out", str(tmp_path), "--resume", "--no-progress"]) == 2
     assert "nothing to resume" in capsys.readouterr().err
-    assert main(["pretrain", "--out", str(tmp_path), "--resume", "--steps", "5"]) == 2
-    assert "drop the other options" in capsys.readouterr().err
+    before = {p: p.read_bytes() for p in pretrained_run.rglob("*") if p.is_file()}
+    # the one resume policy of every task: options that differ from the recorded run are refused by name
+    assert main(["pretrain", "--out", str(pretrained_run), "--resume", "--steps", "5", "--lr", "3e-3"]) == 2
+    err = capsys.readouterr().err
+    assert "optim.steps=5 (recorded: 80)" in err and "optim.lr" not in err and "Drop them to resume" in err
+    assert {p: p.read_bytes() for p in pretrained_run.rglob("*") if p.is_file()} == before
 
 
 # ------------------------------------------------------------------------------------------------ causal LM

@@ -11,7 +11,7 @@ def assert_resume_matches_straight(tmp_path, monkeypatch, common: list[str]) -> 
     """Train ``common`` straight; train it again but die right after epoch 1's checkpoint (as a kill would), then
     ``--resume``: the final weights and test results are identical (order and randomness are seeded by epoch and
     step)."""
-    from multihead.train import vision
+    from multihead.train.harness import Loop
 
     full, part = tmp_path / "full", tmp_path / "part"
     assert main(["train", "--out", str(full), *common]) == 0
@@ -19,15 +19,15 @@ def assert_resume_matches_straight(tmp_path, monkeypatch, common: list[str]) -> 
     class Killed(Exception):
         pass
 
-    original = vision._Training.end_epoch
+    original = Loop.run_epoch
 
-    def end_then_die(self, epoch, minutes):
-        original(self, epoch, minutes)
+    def end_then_die(self, epoch):
+        original(self, epoch)
         raise Killed  # after epoch 1's checkpoint
 
-    monkeypatch.setattr(vision._Training, "end_epoch", end_then_die)
+    monkeypatch.setattr(Loop, "run_epoch", end_then_die)
     assert main(["train", "--out", str(part), *common]) != 0  # reported as a failure, the folder left resumable
-    monkeypatch.setattr(vision._Training, "end_epoch", original)
+    monkeypatch.setattr(Loop, "run_epoch", original)
     assert main(["train", "--out", str(part), "--resume", "--no-progress"]) == 0
 
     def weights(run):

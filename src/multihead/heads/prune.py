@@ -158,7 +158,7 @@ def prune_run(run_path, out: Path, *, data: str | None = None, method: str = "mi
 
 
 def _prune_into(run_path, out: Path, *, data, method, step, max_drop, until, speed_at, min_time, log, target) -> dict:
-    from ..train.vision import is_vision_run
+    from ..train import tasks
     from .scores import labelled, labelled_batches
 
     run, _, parts, _ = labelled(run_path, data, ("validation", "test"))  # one read of the data
@@ -169,10 +169,9 @@ def _prune_into(run_path, out: Path, *, data, method, step, max_drop, until, spe
     masked = torch.tensor(curve["mask"], dtype=torch.float32)
     unpruned = copy.deepcopy(run.model)  # write_pruned_run prunes run.model in place
     write_pruned_run(run, chosen, out, {"method": method, "max_drop": max_drop, "step": step})
-    if is_vision_run(run_path):  # reloaded from the new folder: shapes come from config.json
-        from ..train.vision import load_vision_run
-
-        pruned = load_vision_run(out)
+    kind = tasks.kind_of(run_path) or tasks.KINDS["train"]
+    if kind.section == "vision":  # reloaded from the new folder: shapes come from config.json
+        pruned = kind.load_run(out)
     else:
         from ..train import load_run
 

@@ -215,9 +215,10 @@ def plot(scores: Tensor, stem, title: str) -> list:
 def labelled(run_path, data: str | None, splits: tuple[str, ...]):
     """A run (text classifier or ViT) and splits of its labelled examples, read once: ``(run, data name, {split:
     (examples, labels)}, "texts" | "images")``; text runs may be scored on other ``data``, image runs on their own."""
-    from ..train.vision import is_vision_run
+    from ..train import tasks
 
-    if is_vision_run(run_path):
+    kind = tasks.kind_of(run_path)
+    if kind is not None and kind.section == "vision":
         from ..data.images import load_images
         from ..train.vision import load_vision_run
 

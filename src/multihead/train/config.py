@@ -158,29 +158,6 @@ def load_toml(path: str | Path) -> dict:
             from None
 
 
-# Options a resumed run may change: they do not alter what is computed.
-RESUME_MAY_CHANGE = {"run.progress", "run.save_every"}
-
-
-def resume_conflicts(recorded: dict, overrides: dict, prefix: str = "") -> list[str]:
-    """The explicitly given options (``overrides``, nested dicts) that differ from a run's recorded config."""
-    from ..data import canonical_name
-
-    found = []
-    for key, value in overrides.items():
-        path = f"{prefix}{key}"
-        have = recorded.get(key) if isinstance(recorded, dict) else None
-        if isinstance(value, dict):
-            found += resume_conflicts(have if isinstance(have, dict) else {}, value, path + ".")
-        elif path in RESUME_MAY_CHANGE:
-            continue
-        elif path == "data.name" and isinstance(value, str) and canonical_name(value) == have:
-            continue
-        elif have != value:
-            found.append(f"{path}={value!r} (recorded: {have!r})")
-    return found
-
-
 def merge(base: dict, overrides: dict) -> dict:
     """Deep-merge ``overrides`` into ``base`` (both plain dicts)."""
     out = dict(base)

@@ -20,7 +20,6 @@ gradient clipping 1.0; length-bucketed batches of 128 pronunciations.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,9 +35,9 @@ from ..models.generation import generate
 from ..models.seq2seq import Seq2Seq, Seq2SeqConfig
 from ..modules.decoder import DecoderConfig
 from ..modules.encoder import EncoderConfig
-from .checkpoint import (keep_metrics, load_task_weights, model_tensors, read_task_config, restore_checkpoint,
-                         save_checkpoint)
-from .runfolder import atomic_write_json, is_task_run, read_json, save_checked
+from .checkpoint import load_task_weights, read_task_config
+from .harness import Step, Task, run_task
+from .runfolder import atomic_write_json, is_task_run, read_json
 
 
 @dataclass
@@ -201,101 +200,61 @@ def evaluate_lexicon(model: Seq2Seq, vocab: G.G2PVocab, lex: G.Lexicon, *, beam:
 
 
 # ---------------------------------------------------------------------------------------------------- training
-def train_g2p(config: G2PConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False) -> dict:
+def train_g2p(config: G2PConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False,
+              given: dict | None = None) -> dict:
     """Train, evaluate and save a G2P run folder; returns ``results.json``'s contents."""
-    from .trainer import _run_folder, start_task_run
-
-    out = Path(out)
-    config = start_task_run(out, config, "g2p", resume=resume, overwrite=overwrite)
-    with _run_folder(out, resume=resume, overwrite=overwrite, main=True) as folder:
-        return _train(config, folder, resume)
+    return run_task(G2PTask, config, out, resume=resume, overwrite=overwrite, given=given)
 
 
-def _train(config: G2PConfig, folder, resume: bool) -> dict:
-    from tqdm import tqdm
+class G2PTask(Task):
+    """Grapheme-to-phoneme on the run harness: teacher-forced cross-entropy over phonemes, greedy WER on a slice of
+    the validation words as the score (lower WER is better)."""
 
-    torch.manual_seed(config.run.seed)
-    path = folder.path
-    prep = prepare(config, path, resume=resume)
-    config.model = _model_config(config, prep.vocab)
-    model = Seq2Seq(config.model)
-    if not resume:
-        atomic_write_json(path / "config.json", {"g2p": config.to_dict()})
-        atomic_write_json(path / "vocab.json", prep.vocab.to_dict())
-        atomic_write_json(path / "splits.json", prep.record)
-    src, tgt = G.as_tensor_pairs(prep.vocab, prep.splits["train"])
-    oc = config.optim
-    opt = torch.optim.AdamW(model.parameters(), lr=oc.lr, weight_decay=oc.weight_decay)
-    lengths = [len(s) + len(t) for s, t in zip(src, tgt)]
-    per_epoch = len(D.bucketed_batches(lengths, oc.batch_size, seed=config.run.seed, epoch=0))
-    total = oc.epochs * per_epoch
-    warm = max(1, int(oc.warmup * total))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total - warm))))
-    position = {"epoch": 0, "batch": 0, "step": 0, "best_wer": 2.0, "best_epoch": -1, "minutes": 0.0,
-                "metrics_lines": 0}
-    if resume:  # (restore_checkpoint also sets the lr from the schedule, which load_state_dict leaves stale)
-        state = restore_checkpoint(path, model, opt, sched)
-        position = {k: state[k] for k in position}
-        keep_metrics(path / "metrics.jsonl", position["metrics_lines"])
-    else:
-        save_checkpoint(path, model, opt, sched, position)
-    path = folder.commit()
+    section = "g2p"
+    config_from_overrides = staticmethod(config_from_overrides)
+    schedule = "cosine"
+    log_every = 100
+    reports_accuracy = False
 
-    def log(event: dict) -> None:
-        with (path / "metrics.jsonl").open("a") as f:
-            f.write(json.dumps(event) + "\n")
-        position["metrics_lines"] += 1
+    def __init__(self, config: G2PConfig, path: Path, resume: bool) -> None:
+        super().__init__(config, path, resume)
+        torch.manual_seed(config.run.seed)
+        self.prep = prepare(config, path, resume=resume)
+        config.model = _model_config(config, self.prep.vocab)
+        self.model = Seq2Seq(config.model)
+        self.src, self.tgt = G.as_tensor_pairs(self.prep.vocab, self.prep.splits["train"])
+        self.lengths = [len(s) + len(t) for s, t in zip(self.src, self.tgt)]
+        val = self.prep.splits["validation"]
+        self.val_lex = val.subset(list(range(min(config.run.eval_words, len(val)))))
 
-    val = prep.splits["validation"]
-    val_lex = val.subset(list(range(min(config.run.eval_words, len(val)))))
-    t0 = time.perf_counter() - position["minutes"] * 60
-    for epoch in range(position["epoch"], oc.epochs):
-        model.train()
-        batches = D.bucketed_batches(lengths, oc.batch_size, seed=config.run.seed, epoch=epoch)
-        bar = tqdm(total=len(batches), initial=position["batch"], desc=f"epoch {epoch + 1}/{oc.epochs}",
-                   disable=not config.run.progress, leave=False)
-        run_loss, run_tokens = 0.0, 0
-        for bi in range(position["batch"], len(batches)):
-            s, s_keep, t_in, t_out, t_keep = G.collate_pairs([src[i] for i in batches[bi]],
-                                                             [tgt[i] for i in batches[bi]])
-            logits = model(s, t_in, s_keep, t_keep)  # (B, T, V)
-            loss = F.cross_entropy(logits.flatten(0, 1), t_out.flatten(), ignore_index=-100,
-                                   label_smoothing=oc.label_smoothing)
-            loss.backward()
-            if oc.clip > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), oc.clip)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            position["step"] += 1
-            position["batch"] = bi + 1
-            n = int((t_out != -100).sum())
-            run_loss, run_tokens = run_loss + loss.item() * n, run_tokens + n
-            bar.update(1)
-            bar.set_postfix(loss=f"{run_loss / max(run_tokens, 1):.3f}")
-            if position["step"] % 100 == 0:
-                log({"event": "train", "epoch": epoch + 1, "step": position["step"],
-                     "loss": run_loss / max(run_tokens, 1), "lr": sched.get_last_lr()[0],
-                     "minutes": (time.perf_counter() - t0) / 60})
-        bar.close()
+    def write_start(self, path: Path) -> None:
+        atomic_write_json(path / "config.json", {"g2p": self.config.to_dict()})
+        atomic_write_json(path / "vocab.json", self.prep.vocab.to_dict())
+        atomic_write_json(path / "splits.json", self.prep.record)
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        return D.bucketed_batches(self.lengths, self.config.optim.batch_size, seed=self.config.run.seed, epoch=epoch)
+
+    def loss(self, model: nn.Module, batch: list[int], step: int, part: slice) -> Step:
+        local = batch[part]
+        s, s_keep, t_in, t_out, t_keep = G.collate_pairs([self.src[i] for i in local], [self.tgt[i] for i in local])
+        logits = model(s, t_in, s_keep, t_keep)  # (B, T, V)
+        loss = F.cross_entropy(logits.flatten(0, 1), t_out.flatten(), ignore_index=-100,
+                               label_smoothing=self.config.optim.label_smoothing)
+        n = int((t_out != -100).sum())
+        return Step(loss, n, {"loss": loss.item() * n, "n": n})
+
+    def validate(self, model: nn.Module) -> dict:
         model.eval()
-        scores = evaluate_lexicon(model, prep.vocab, val_lex)
-        minutes = (time.perf_counter() - t0) / 60
-        improved = scores["wer"] < position["best_wer"]
-        if improved:
-            position["best_wer"], position["best_epoch"] = scores["wer"], epoch + 1
-            save_checked(path / "model.safetensors", model_tensors(model),
-                         {"format": "multihead.Seq2Seq", "epoch": str(epoch + 1)})
-        log({"event": "eval", "epoch": epoch + 1, "step": position["step"], "train_loss": run_loss / max(run_tokens, 1),
-             "val_wer": scores["wer"], "val_per": scores["per"], "val_words": scores["words"], "minutes": minutes,
-             "best": improved})
-        if config.run.progress:
-            print(f"epoch {epoch + 1}: loss {run_loss / max(run_tokens, 1):.4f} | validation WER {scores['wer']:.4f} "
-                  f"PER {scores['per']:.4f}{' *' if improved else ''} | {minutes:.1f} min")
-        position.update(epoch=epoch + 1, batch=0, minutes=minutes)
-        save_checkpoint(path, model, opt, sched, position)
-    return _finish(path, config, prep, minutes=position["minutes"])
+        scores = evaluate_lexicon(model, self.prep.vocab, self.val_lex)
+        return {"score": -scores["wer"], "wer": scores["wer"], "per": scores["per"], "words": scores["words"]}
+
+    def finish(self, path: Path, run: dict) -> dict:
+        return _finish(path, self.config, self.prep, minutes=run["seconds"] / 60)
+
+    def epoch_message(self, epoch: int, event: dict) -> str:
+        return (f"epoch {epoch + 1}: loss {event['train_loss']:.4f} | validation WER {event['val_wer']:.4f} PER "
+                f"{event['val_per']:.4f}{' *' if event['best'] else ''} | {event['minutes']:.1f} min")
 
 
 def _finish(path: Path, config: G2PConfig, prep: G2PPrepared, *, minutes: float) -> dict:

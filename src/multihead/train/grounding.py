@@ -32,7 +32,8 @@ from ..models.grounding import GroundedQA, GroundingConfig, grounding_share
 from ..modules.capture import attention_modules, capture
 from .checkpoint import load_task_weights, read_task_config
 from .runfolder import atomic_write_json, is_task_run, read_json
-from .vision import VisionOptim, VisionRun, _Training, merge_overrides, optim_rules, plot_curves
+from .harness import run_task
+from .vision import VisionOptim, VisionRun, VisionTask, merge_overrides, optim_rules, plot_curves
 
 QA_DATASETS = {"fashion_mnist_qa": "fashion_mnist", "digits_qa": "digits"}  # --data name -> the images it is built of
 _SIZES = {"fashion_mnist": (7, 50_000, 2_000, 10_000), "digits": (4, 20_000, 1_000, 2_000)}  # patch, canvases/epoch, val, test
@@ -187,20 +188,18 @@ def masked_cross(model: GroundedQA) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------------- training
 def train_grounding(config: GroundingTrainConfig, out: str | Path, *, resume: bool = False,
-                    overwrite: bool = False) -> dict:
-    from .trainer import _run_folder, start_task_run
-
-    out = Path(out)
-    config = start_task_run(out, config, "grounding", resume=resume, overwrite=overwrite)
-    splits = _prepare(config)  # data problems are reported before the run folder is touched
-    with _run_folder(out, resume=resume, overwrite=overwrite, main=True) as folder:
-        return _GroundingTraining(config, splits, folder, resume).run()
+                    overwrite: bool = False, given: dict | None = None) -> dict:
+    return run_task(GroundingTask, config, out, resume=resume, overwrite=overwrite, given=given)
 
 
-class _GroundingTraining(_Training):
-    """The image classifier's loop (:class:`multihead.train.vision._Training`) on canvases and questions."""
+class GroundingTask(VisionTask):
+    """The image classifier's task (:class:`multihead.train.vision.VisionTask`) on canvases and questions."""
 
-    SECTION = "grounding"
+    section = "grounding"
+    config_from_overrides = staticmethod(config_from_overrides)
+
+    def prepare(self) -> I.ImageSplits:
+        return _prepare(self.config)
 
     def build_model(self) -> nn.Module:
         cfg = self.config
@@ -230,12 +229,14 @@ class _GroundingTraining(_Training):
         q, a = self.vocab.batch(specs, labels)
         return (I.to_float(G.render(images, specs.items)), q), a
 
-    def validate(self) -> dict:
-        return score(self.model, self.val)
+    def validate(self, model: nn.Module) -> dict:
+        val = score(model, self.val)
+        return {"score": val["accuracy"], "loss": val["loss"], "accuracy": val["accuracy"]}
 
-    def finish(self) -> dict:
-        pos, cfg = self.position, self.config
-        run = load_grounding_run(self.path)
+    def finish(self, path: Path, done: dict) -> dict:
+        cfg = self.config
+        pos = {"best_epoch": done["best_epoch"], "minutes": done["seconds"] / 60}
+        run = load_grounding_run(path)
         test = score(run.model, self.test, patterns=True)
         cut = score(run.model, self.test, cross_head_mask=masked_cross(run.model))
         results = {
@@ -249,9 +250,9 @@ class _GroundingTraining(_Training):
                          "test": len(self.test.answers), "patches": cfg.model.vision.num_patches},
             "answers": self.vocab.answers,
         }
-        atomic_write_json(self.path / "results.json", results)
-        plot_curves(self.path)
-        plot_share(test["grounding_share"], self.path / "grounding")
+        atomic_write_json(path / "results.json", results)
+        plot_curves(path)
+        plot_share(test["grounding_share"], path / "grounding")
         if cfg.run.progress:
             print(f"test accuracy {test['accuracy']:.4f} (where {test['where']:.4f}, what {test['what']:.4f}; "
                   f"{test['n']} canvases); cross-attention masked: {cut['accuracy']:.4f} (where {cut['where']:.4f}, "
@@ -310,5 +311,13 @@ def test_canvases(run: GroundingRunFolder) -> HeldOut:
     return held_out(_prepare(cfg).test, cfg.sizes()[2], 1_000_003 * cfg.run.seed + 2, run.vocab)
 
 
-__all__ = ["GroundingTrainConfig", "QA_DATASETS", "answer", "config_from_overrides", "held_out", "is_grounding_run",
+def evaluate_run(run: GroundingRunFolder) -> dict:
+    """Accuracy and loss on the run's held-out test canvases, overall and per question kind."""
+    r = score(run.model, test_canvases(run))
+    return {"dataset": run.config.data.name, "split": "test", "accuracy": r["accuracy"], "loss": r["loss"],
+            "n": r["n"], "by_kind": {k: r[k] for k in G.KINDS}}
+
+
+__all__ = ["GroundingTrainConfig", "QA_DATASETS", "answer", "config_from_overrides", "evaluate_run", "held_out",
+           "is_grounding_run",
            "is_qa_dataset", "load_grounding_run", "masked_cross", "score", "test_canvases", "train_grounding"]

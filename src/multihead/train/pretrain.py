@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -52,8 +51,8 @@ from ..models.seq2seq import CausalLM, CausalLMConfig
 from ..models.text_encoder import TextEncoderConfig
 from ..modules.decoder import DecoderConfig
 from ..modules.encoder import EncoderConfig
-from . import distributed
-from .checkpoint import keep_metrics, model_tensors, restore_checkpoint, save_checkpoint
+from .checkpoint import model_tensors
+from .harness import Step, Task, run_task
 from .runfolder import (CheckpointError, atomic_write_bytes, atomic_write_json, is_task_run, load_checked, read_json,
                         save_checked)
 
@@ -160,6 +159,22 @@ class PretrainConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "PretrainConfig":
         return from_fields(cls, d)
+
+
+def config_from_overrides(over: dict) -> PretrainConfig:
+    """A pretraining config from ``multihead pretrain``'s nested overrides (TOML < flags < ``--set``), validated. For
+    the causal objective the size options given for the encoder (``model.encoder.*``, what ``--d-model`` etc. set)
+    shape the causal LM's decoder instead; ``causal.decoder.*`` wins over them."""
+    from .config import merge
+
+    over = json.loads(json.dumps(over))  # a copy
+    objective = (over.get("objective") or {}).get("name", "mlm")
+    if objective == "clm" and "encoder" in over.get("model", {}):
+        sized = over["model"].pop("encoder")
+        over.setdefault("causal", {})["decoder"] = merge(sized, over.get("causal", {}).get("decoder", {}))
+        if not over["model"]:
+            over.pop("model")
+    return PretrainConfig.from_dict(merge(PretrainConfig().to_dict(), over))
 
 
 def is_pretrain_run(path: str | Path) -> bool:
@@ -354,149 +369,81 @@ def evaluate_objective(model: nn.Module, rows: torch.Tensor, objective, *, batch
 
 
 # ---------------------------------------------------------------------------------------------------- the run
-def pretrain(config: PretrainConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False) -> dict:
+def pretrain(config: PretrainConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False,
+             given: dict | None = None) -> dict:
     """Pretrain, validate and save a run folder; returns the results dict (also ``results.json``)."""
-    from .trainer import _run_folder, start_task_run
-
-    out = Path(out)
-    config = start_task_run(out, config, "pretrain", resume=resume, overwrite=overwrite)  # the run's own on resume
-    dist_info = distributed.setup(torch.device("cpu"))
-    distributed.barrier(dist_info)
-    try:
-        with _run_folder(out, resume=resume, overwrite=overwrite, main=dist_info.is_main) as folder:
-            return _Pretraining(config, folder, dist_info, resume).run()
-    finally:
-        distributed.teardown(dist_info)
+    return run_task(PretrainTask, config, out, resume=resume, overwrite=overwrite, given=given)
 
 
-class _Pretraining:
-    """One run's moving parts: data, model, optimiser, schedule, position; :meth:`run` is the loop."""
+class _StepRows:
+    """The global batch of every step (rows of the packed training data), computed when asked."""
 
-    def __init__(self, config: PretrainConfig, folder, dist_info, resume: bool) -> None:
+    def __init__(self, steps: int, n_rows: int, batch_size: int, seed: int) -> None:
+        self.steps, self.n_rows, self.batch_size, self.seed = steps, n_rows, batch_size, seed
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, step: int) -> tuple[int, list[int]]:
+        return step, batch_rows(step, self.n_rows, self.batch_size, self.seed)
+
+
+class PretrainTask(Task):
+    """MLM or CLM pretraining on the run harness: one pass of ``optim.steps`` steps over packed rows (the batch of
+    step *n* and its masks depend on *n* only), validation every ``run.eval_every`` steps, the last weights kept."""
+
+    section = "pretrain"
+    keep_best = False
+    config_from_overrides = staticmethod(config_from_overrides)
+
+    def __init__(self, config: PretrainConfig, path: Path, resume: bool) -> None:
+        super().__init__(config, path, resume)
         torch.manual_seed(config.run.seed)
-        self.config, self.folder, self.dist, self.resume = config, folder, dist_info, resume
-        self.main, self.world, self.rank = dist_info.is_main, dist_info.world_size, dist_info.rank
-        path = folder.path
         self.data = prepare(config, path, resume=resume)
         kind = OBJECTIVE_CLASSES[config.objective.name]
         kind.model_config(config, self.data.tokenizer)
         self.model = kind.build(config)
         self.objective = kind(config, self.data.tokenizer)
-        oc = config.optim
-        decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2]
-        no_decay = [p for n, p in self.model.named_parameters() if p.dim() < 2]  # biases, norms
-        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": oc.weight_decay},
-                                      {"params": no_decay, "weight_decay": 0.0}], lr=oc.lr)
-        warm = max(1, int(oc.warmup * oc.steps))
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: (s + 1) / warm if s < warm else max(0.0, (oc.steps - s) / max(1, oc.steps - warm)))
-        self.position = {"step": 0, "tokens": 0, "seconds": 0.0, "metrics_lines": 0,
-                         "window": {"loss": 0.0, "count": 0, "correct": 0}}
-        if self.main and not resume:
-            atomic_write_json(path / "config.json", {"pretrain": config.to_dict()})
-            atomic_write_bytes(path / "tokenizer.json", self.data.tokenizer.to_str().encode())
-            atomic_write_json(path / "splits.json", self.data.record)
+        self.validate_every = config.run.eval_every
 
-    def _restore(self) -> None:
-        path = self.folder.path
-        state = restore_checkpoint(path, self.model, self.opt, self.sched)
-        self.position = {k: state[k] for k in self.position}
-        if self.main:
-            keep_metrics(path / "metrics.jsonl", self.position["metrics_lines"])
-        if self.main:
-            print(f"resuming {path} at step {self.position['step']} of {self.config.optim.steps}")
+    epochs = 1
 
-    def _save(self) -> None:
-        if self.main:
-            save_checkpoint(self.folder.path, self.model, self.opt, self.sched, self.position)
+    def total_steps(self) -> int:
+        return self.config.optim.steps
 
-    def log(self, event: dict) -> None:
-        if self.main:
-            with (self.folder.path / "metrics.jsonl").open("a") as f:
-                f.write(json.dumps(event) + "\n")
-            self.position["metrics_lines"] += 1
+    def batches(self, epoch: int) -> _StepRows:
+        return _StepRows(self.config.optim.steps, len(self.data.train), self.config.optim.batch_size,
+                         self.config.run.seed)
 
-    def run(self) -> dict:
-        if self.resume:
-            self._restore()
-        else:
-            self._save()
-        self.folder.commit()  # resumable from here
-        model = nn.parallel.DistributedDataParallel(self.model) if self.dist.enabled else self.model
-        cfg, oc, pos = self.config, self.config.optim, self.position
-        from tqdm import tqdm
+    def write_start(self, path: Path) -> None:
+        atomic_write_json(path / "config.json", {"pretrain": self.config.to_dict()})
+        atomic_write_bytes(path / "tokenizer.json", self.data.tokenizer.to_str().encode())
+        atomic_write_json(path / "splits.json", self.data.record)
 
-        bar = tqdm(total=oc.steps, initial=pos["step"], desc=f"pretrain {cfg.objective.name}",
-                   disable=not (self.main and cfg.run.progress))
-        t0 = time.perf_counter() - pos["seconds"]
-        model.train()
-        while pos["step"] < oc.steps:
-            step = pos["step"]
-            rows = batch_rows(step, len(self.data.train), oc.batch_size, cfg.run.seed)
-            # the global batch is prepared (masked) identically on every rank, then each takes its share: N ranks
-            # train on exactly what one process would
-            parts = self.objective.batch(self.data.train[rows], step_seed(cfg.run.seed, step))
-            loss, count, correct = self.objective.loss(model, *(t[self.rank::self.world] for t in parts))
-            # mean over the global batch's predicted tokens: DDP averages gradients over ranks, so scale by world
-            total_masked = self._global_sum(count)
-            (loss * self.world / max(total_masked, 1)).backward()
-            if oc.clip > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), oc.clip)
-            self.opt.step()
-            self.sched.step()
-            self.opt.zero_grad(set_to_none=True)
-            pos["step"] += 1
-            pos["tokens"] += len(rows) * self.data.train.shape[1]
-            win = pos["window"]
-            win["loss"] += loss.item()
-            win["count"] += count
-            win["correct"] += correct
-            pos["seconds"] = time.perf_counter() - t0
-            bar.update(1)
-            bar.set_postfix(loss=f"{win['loss'] / max(win['count'], 1):.3f}",
-                            acc=f"{win['correct'] / max(win['count'], 1):.3f}",
-                            tok_s=f"{pos['tokens'] / max(pos['seconds'], 1e-9):.0f}")
-            if pos["step"] % 50 == 0 or pos["step"] == oc.steps:
-                self.log({"event": "train", "step": pos["step"], "loss": win["loss"] / max(win["count"], 1),
-                          "accuracy": win["correct"] / max(win["count"], 1), "lr": self.sched.get_last_lr()[0],
-                          "tokens": pos["tokens"], "tokens_per_second": pos["tokens"] / max(pos["seconds"], 1e-9),
-                          "minutes": pos["seconds"] / 60})
-                pos["window"] = {"loss": 0.0, "count": 0, "correct": 0}
-            if pos["step"] % cfg.run.eval_every == 0 or pos["step"] == oc.steps:
-                self._validate(bar)
-            if cfg.run.save_every and pos["step"] % cfg.run.save_every == 0 and pos["step"] < oc.steps:
-                self._save()
-        bar.close()
-        self._save()
-        if self.dist.enabled:  # DDP keeps replicas in sync; verify it rather than assume it
-            from .trainer import _replicas_agree
+    def loss(self, model: nn.Module, batch: tuple[int, list[int]], step: int, part: slice) -> Step:
+        step, rows = batch
+        # the global batch is prepared (masked) identically on every rank, then each takes its share: N ranks
+        # train on exactly what one process would
+        parts = self.objective.batch(self.data.train[rows], step_seed(self.config.run.seed, step))
+        loss, count, correct = self.objective.loss(model, *(t[part] for t in parts))
+        return Step(loss / max(count, 1), count, {"loss": loss.item(), "n": count, "correct": correct,
+                                                  "tokens": len(rows) * self.data.train.shape[1]})
 
-            self.ddp_check = _replicas_agree(self.model, self.dist)
-        return self._finish() if self.main else {}
+    def validate(self, model: nn.Module) -> dict:
+        val = evaluate_objective(model, self.data.validation[: self.config.run.eval_rows], self.objective)
+        return {"score": -val["loss"], **val}
 
-    def _global_sum(self, n: int) -> int:
-        if not self.dist.enabled:
-            return n
-        t = torch.tensor([n], dtype=torch.long)
-        torch.distributed.all_reduce(t)
-        return int(t.item())
-
-    def _validate(self, bar) -> None:
-        if not self.main:
-            return
-        rows = self.data.validation[: self.config.run.eval_rows]
-        val = evaluate_objective(self.model, rows, self.objective)
-        pos = self.position
-        self.log({"event": "eval", "step": pos["step"], "val_loss": val["loss"], "val_perplexity": val["perplexity"],
-                  "val_accuracy": val["accuracy"], "val_tokens": val["tokens"], "minutes": pos["seconds"] / 60})
+    def epoch_message(self, epoch: int, event: dict) -> str:
         what = "masked" if self.config.objective.name == "mlm" else "next-token"
-        bar.write(f"step {pos['step']}: validation loss {val['loss']:.4f}, perplexity {val['perplexity']:.1f}, "
-                  f"{what} accuracy {val['accuracy']:.4f} | {pos['seconds'] / 60:.1f} min")
+        return (f"step {event['step']}: validation loss {event['val_loss']:.4f}, perplexity "
+                f"{event['val_perplexity']:.1f}, {what} accuracy {event['val_accuracy']:.4f} | "
+                f"{event['minutes']:.1f} min")
 
-    def _finish(self) -> dict:
+    def finish(self, path: Path, run: dict) -> dict:
         from .. import pretrained
 
-        path, cfg, pos = self.folder.path, self.config, self.position
+        cfg = self.config
+        pos = run
         save_checked(path / "model.safetensors", model_tensors(self.model),
                      {"format": f"multihead.{type(self.model).__name__}", "step": str(pos["step"])})
         if cfg.objective.name == "mlm":  # the encoder, for `train --init`
@@ -507,7 +454,7 @@ class _Pretraining:
         results = {
             "objective": cfg.objective.name, "data": cfg.data.name, "steps": pos["step"], "tokens": pos["tokens"],
             "minutes": pos["seconds"] / 60, "tokens_per_second": pos["tokens"] / max(pos["seconds"], 1e-9),
-            "threads": torch.get_num_threads(), "world_size": self.world,
+            "threads": torch.get_num_threads(), "world_size": run["world_size"],
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "non_embedding_parameters": sum(p.numel() for n, p in self.model.named_parameters()
                                             if "embed" not in n and not n.startswith("pe.") and ".pe." not in n
@@ -517,9 +464,6 @@ class _Pretraining:
             "passes": pos["tokens"] / max(1, self.data.train.numel()),
             "validation": val, "encoder": str(path / "encoder") if cfg.objective.name == "mlm" else None,
         }
-        if self.dist.enabled:
-            results["distributed"] = self.ddp_check
-        atomic_write_json(path / "results.json", results)
         plot_curves(path / "metrics.jsonl", path / "curves.png")
         return results
 
@@ -564,6 +508,15 @@ def held_out_rows(run: LanguageModelRun, length: int) -> torch.Tensor:
     held = [texts[i] for i in record["validation"]]
     ids = [e.ids for e in run.tokenizer.encode_batch(held, add_special_tokens=False)]
     return pack(ids, length, run.tokenizer.token_to_id(D.tokenizer.SEP))
+
+
+def evaluate_run(run: LanguageModelRun) -> dict:
+    """Loss, perplexity and accuracy on the run's held-out texts (its recorded split), in rows of its trained
+    length; a masked LM's masks are fixed by a seed, so the numbers repeat."""
+    cfg = run.config
+    rows = held_out_rows(run, cfg.data.seq_len)
+    objective = OBJECTIVE_CLASSES[cfg.objective.name](cfg, run.tokenizer)
+    return {"data": cfg.data.name, "objective": cfg.objective.name, **evaluate_objective(run.model, rows, objective)}
 
 
 def plot_curves(metrics: Path, out: Path) -> None:

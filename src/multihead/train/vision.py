@@ -23,7 +23,6 @@ pixels, same split.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,10 +34,10 @@ from torch import nn
 from .._config import ConfigError, check_rules, flatten, from_fields, unflatten
 from ..data import images as I
 from ..models.vision import VisionConfig, VisionTransformer
-from .checkpoint import (keep_metrics, load_task_weights, model_tensors, read_task_config, restore_checkpoint,
-                         save_checkpoint)
+from .checkpoint import load_task_weights, read_task_config
+from .harness import Step, Task, run_task
 from .metrics import plot_confusion, scores
-from .runfolder import atomic_write_json, is_task_run, read_json, save_checked
+from .runfolder import atomic_write_json, is_task_run, read_json
 
 
 @dataclass
@@ -194,46 +193,31 @@ def pixel_baseline(splits: I.ImageSplits) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- training
-def train_vision(config: VisionTrainConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False) -> dict:
+def train_vision(config: VisionTrainConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False,
+                 given: dict | None = None) -> dict:
     """Train, evaluate and save an image-classification run folder; returns ``results.json``'s contents."""
-    from .trainer import _run_folder, start_task_run
-
-    out = Path(out)
-    config = start_task_run(out, config, "vision", resume=resume, overwrite=overwrite)
-    splits = prepare(config)  # data problems are reported before the run folder is touched
-    with _run_folder(out, resume=resume, overwrite=overwrite, main=True) as folder:
-        return _Training(config, splits, folder, resume).run()
+    return run_task(VisionTask, config, out, resume=resume, overwrite=overwrite, given=given)
 
 
-class _Training:
-    SECTION = "vision"  # config.json's section
-    def __init__(self, config: VisionTrainConfig, splits: I.ImageSplits, folder, resume: bool) -> None:
+class VisionTask(Task):
+    """Image classification on the run harness: shifted images in, class logits out, accuracy as the score."""
+
+    section = "vision"  # config.json's section
+    config_from_overrides = staticmethod(config_from_overrides)
+    schedule = "cosine"
+    log_every = 100
+    no_decay_names = ("cls", "pos")
+
+    def __init__(self, config: VisionTrainConfig, path: Path, resume: bool) -> None:
+        super().__init__(config, path, resume)
+        self.splits = self.prepare()  # data problems are reported before the run folder is touched
         torch.manual_seed(config.run.seed)
-        self.config, self.splits, self.folder, self.path = config, splits, folder, folder.path
         self.model = self.build_model()
-        oc = config.optim
-        decay = [p for n, p in self.model.named_parameters() if p.dim() >= 2 and n not in ("cls", "pos")]
-        rest = [p for n, p in self.model.named_parameters() if not (p.dim() >= 2 and n not in ("cls", "pos"))]
-        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": oc.weight_decay},
-                                      {"params": rest, "weight_decay": 0.0}], lr=oc.lr)
-        self.per_epoch = -(-self.train_size() // oc.batch_size)
-        total = oc.epochs * self.per_epoch
-        warm = max(1, int(oc.warmup * total))
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: (s + 1) / warm if s < warm else 0.5 * (
-            1 + math.cos(math.pi * (s - warm) / max(1, total - warm))))
-        self.position = {"epoch": 0, "batch": 0, "step": 0, "best": -1.0, "best_epoch": -1, "minutes": 0.0,
-                         "metrics_lines": 0, "running": {"loss": 0.0, "correct": 0, "seen": 0}}
-        if resume:
-            state = restore_checkpoint(self.path, self.model, self.opt, self.sched)
-            self.position = {k: state[k] for k in self.position}
-            keep_metrics(self.path / "metrics.jsonl", self.position["metrics_lines"])
-        else:
-            atomic_write_json(self.path / "config.json", {self.SECTION: config.to_dict()})
-            atomic_write_json(self.path / "labels.json", self.label_names())
-            atomic_write_json(self.path / "splits.json", splits.record)
-            save_checkpoint(self.path, self.model, self.opt, self.sched, self.position)
 
     # what a task on images changes (the grounding task subclasses these) ------------------------------------
+    def prepare(self) -> I.ImageSplits:
+        return prepare(self.config)
+
     def build_model(self) -> nn.Module:
         self.config.model = _model_config(self.config, self.splits)
         size = self.config.model.image_size
@@ -251,19 +235,19 @@ class _Training:
         x_all, y_all = self.splits.train
         return (I.to_float(I.random_shift(x_all[idx], self.shift, g)),), y_all[idx]
 
-    def validate(self) -> dict:
-        return evaluate_images(self.model, *self.splits.validation)
+    def validate(self, model: nn.Module) -> dict:
+        val = evaluate_images(model, *self.splits.validation)
+        return {"score": val["accuracy"], "loss": val["loss"], "accuracy": val["accuracy"]}
 
-    def finish(self) -> dict:
-        pos = self.position
-        return finish(self.path, self.config, self.splits, minutes=pos["minutes"], best_epoch=pos["best_epoch"])
+    def write_start(self, path: Path) -> None:
+        atomic_write_json(path / "config.json", {self.section: self.config.to_dict()})
+        atomic_write_json(path / "labels.json", self.label_names())
+        atomic_write_json(path / "splits.json", self.splits.record)
 
-    # ---------------------------------------------------------------------------------------------------------
-    def log(self, event: dict) -> None:
-        with (self.path / "metrics.jsonl").open("a") as f:
-            f.write(json.dumps(event) + "\n")
-        self.position["metrics_lines"] += 1
+    def finish(self, path: Path, run: dict) -> dict:
+        return finish(path, self.config, self.splits, minutes=run["seconds"] / 60, best_epoch=run["best_epoch"])
 
+    # the harness's questions ---------------------------------------------------------------------------------
     def batches(self, epoch: int) -> list[torch.Tensor]:
         """The epoch's batches of training indices: a permutation seeded by (seed, epoch), so a resumed run sees
         the same order."""
@@ -271,64 +255,21 @@ class _Training:
         order = torch.randperm(self.train_size(), generator=g)
         return list(order.split(self.config.optim.batch_size))
 
-    def run(self) -> dict:
-        from tqdm import tqdm
+    def total_steps(self) -> int:
+        return self.epochs * -(-self.train_size() // self.config.optim.batch_size)
 
-        cfg, pos, oc = self.config, self.position, self.config.optim
-        self.path = self.folder.commit()  # resumable from here
-        t0 = time.perf_counter() - pos["minutes"] * 60
-        for epoch in range(pos["epoch"], oc.epochs):
-            self.model.train()
-            batches = self.batches(epoch)
-            bar = tqdm(total=len(batches), initial=pos["batch"], desc=f"epoch {epoch + 1}/{oc.epochs}",
-                       disable=not cfg.run.progress, leave=False)
-            t_epoch, seen = time.perf_counter(), 0
-            for bi in range(pos["batch"], len(batches)):
-                g = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + pos["step"])  # randomness of step n
-                inputs, y = self.train_batch(batches[bi], g)
-                logits = self.model(*inputs)
-                loss = F.cross_entropy(logits, y, label_smoothing=oc.label_smoothing)
-                loss.backward()
-                if oc.clip > 0:
-                    nn.utils.clip_grad_norm_(self.model.parameters(), oc.clip)
-                self.opt.step()
-                self.sched.step()
-                self.opt.zero_grad(set_to_none=True)
-                pos["step"] += 1
-                pos["batch"] = bi + 1
-                run = pos["running"]
-                run["loss"] += loss.item() * len(y)
-                run["correct"] += int((logits.argmax(-1) == y).sum())
-                run["seen"] += len(y)
-                seen += len(y)
-                bar.update(1)
-                bar.set_postfix(loss=f"{run['loss'] / run['seen']:.3f}", acc=f"{run['correct'] / run['seen']:.3f}",
-                                img_s=f"{seen / max(time.perf_counter() - t_epoch, 1e-9):.0f}")
-                if pos["step"] % 100 == 0:
-                    self.log({"event": "train", "epoch": epoch + 1, "step": pos["step"],
-                              "loss": run["loss"] / run["seen"], "accuracy": run["correct"] / run["seen"],
-                              "lr": self.sched.get_last_lr()[0], "minutes": (time.perf_counter() - t0) / 60})
-            bar.close()
-            self.end_epoch(epoch, (time.perf_counter() - t0) / 60)
-        return self.finish()
+    def loss(self, model: nn.Module, batch: torch.Tensor, step: int, part: slice) -> Step:
+        g = torch.Generator().manual_seed(self.config.run.seed * 1_000_003 + step)  # randomness of step n
+        inputs, y = self.train_batch(batch, g)  # the global batch, then this rank's share
+        inputs, y = tuple(x[part] for x in inputs), y[part]
+        logits = model(*inputs)
+        loss = F.cross_entropy(logits, y, label_smoothing=self.config.optim.label_smoothing)
+        return Step(loss, len(y), {"loss": loss.item() * len(y), "n": len(y),
+                                   "correct": int((logits.argmax(-1) == y).sum())})
 
-    def end_epoch(self, epoch: int, minutes: float) -> None:
-        pos, run = self.position, self.position["running"]
-        val = self.validate()
-        improved = val["accuracy"] > pos["best"]
-        if improved:
-            pos["best"], pos["best_epoch"] = val["accuracy"], epoch + 1
-            save_checked(self.path / "model.safetensors", model_tensors(self.model),
-                         {"format": f"multihead.{type(self.model).__name__}", "epoch": str(epoch + 1)})
-        self.log({"event": "eval", "epoch": epoch + 1, "step": pos["step"],
-                  "train_loss": run["loss"] / max(run["seen"], 1), "train_accuracy": run["correct"] / max(run["seen"], 1),
-                  "val_loss": val["loss"], "val_accuracy": val["accuracy"], "minutes": minutes, "best": improved})
-        if self.config.run.progress:
-            print(f"epoch {epoch + 1}: train loss {run['loss'] / max(run['seen'], 1):.4f} acc "
-                  f"{run['correct'] / max(run['seen'], 1):.4f} | val acc {val['accuracy']:.4f}"
-                  f"{' *' if improved else ''} | {minutes:.1f} min")
-        pos.update(epoch=epoch + 1, batch=0, minutes=minutes, running={"loss": 0.0, "correct": 0, "seen": 0})
-        save_checkpoint(self.path, self.model, self.opt, self.sched, pos)
+    def epoch_message(self, epoch: int, event: dict) -> str:
+        return (f"epoch {epoch + 1}: train loss {event['train_loss']:.4f} acc {event['train_accuracy']:.4f} | val acc "
+                f"{event['val_accuracy']:.4f}{' *' if event['best'] else ''} | {event['minutes']:.1f} min")
 
 
 def finish(path: Path, config: VisionTrainConfig, splits: I.ImageSplits, *, minutes: float, best_epoch: int) -> dict:
