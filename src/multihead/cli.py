@@ -691,7 +691,7 @@ def cmd_heads(args) -> int:
     import resource
     import time
 
-    from .interpret.maps import subject_head_stats
+    from .interpret.roles import subject_head_stats
 
     subject = load_subject(args.model)
     if args.max_len:

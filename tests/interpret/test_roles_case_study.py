@@ -108,7 +108,7 @@ def test_roles_from_statistics_equal_roles_from_maps_on_minilm():
     maps and once from exact statistics on the fused path (no map built): every role and statistic agrees."""
     from multihead import data as D
     from multihead.interpret import load_subject
-    from multihead.interpret.maps import subject_head_stats
+    from multihead.interpret.roles import subject_head_stats
 
     subject = load_subject("minilm")
     texts = D.split(D.load("rotten_tomatoes"), seed=0).test.texts[:200]

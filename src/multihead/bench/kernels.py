@@ -44,7 +44,7 @@ def flops(case: dict) -> float:
 def _kernel(impl: str, length: int, device):
     import torch.nn.functional as F
 
-    import multihead as mh
+    from ..attention import attention
     from ..attention.patterns import SparsePattern
 
     if impl == "sdpa":
@@ -59,10 +59,10 @@ def _kernel(impl: str, length: int, device):
         fn = torch.compile(flex_attention, dynamic=False)
         return lambda q, k, v: fn(q, k, v, block_mask=block_mask)
     if impl == "memory_efficient":
-        return lambda q, k, v: mh.attention(q, k, v, backend="memory_efficient")[0]
+        return lambda q, k, v: attention(q, k, v, backend="memory_efficient")[0]
     backend = {"window": "window", "flex": "flex", "auto": "auto"}[impl]
     pattern = SparsePattern(window=WINDOW)
-    return lambda q, k, v: mh.attention(q, k, v, mask=pattern, backend=backend)[0]
+    return lambda q, k, v: attention(q, k, v, mask=pattern, backend=backend)[0]
 
 
 def build(case: dict):

@@ -95,47 +95,7 @@ class Subject:
         return out[0] if single else out
 
 
-def subject_head_stats(subject: "Subject", texts: list[str], batch_size: int = 32) -> tuple[list[list[dict]], int]:
-    """Per-head statistics (:func:`multihead.interpret.roles.head_stats`'s) of ``texts`` computed from exact
-    statistics captured on the model's own attention path (``capture(..., ("stats",))``): no ``L x L`` map is built,
-    so it runs on inputs whose maps would not fit. Returns the statistics and the number of real tokens."""
-    from .roles import head_stats_from_stats, stats_options
-
-    subject.model.eval()
-    records, tokens = [], 0
-    with torch.no_grad():
-        for start in range(0, len(texts), batch_size):
-            chunk = texts[start:start + batch_size]
-            ids, keep = subject.encode(chunk)
-            rows = [subject.display(ids[r, :int(keep[r].sum())].tolist())[0] for r in range(len(chunk))]
-            with capture(subject.model, ("stats",), stats=stats_options(rows, ids.shape[1])) as cache:
-                subject.model(ids, keep)
-            layers = [cache.stats(i) for i in range(len(cache.attention_modules))]
-            records += [(len(r), layers, i) for i, r in enumerate(rows)]
-            tokens += sum(len(r) for r in rows)
-    return head_stats_from_stats(records), tokens
-
-
 LONG = 1024  # tokens above which show and heads work from statistics (no L x L map)
-
-
-@torch.no_grad()
-def subject_link_maps(subject: "Subject", text: str, *, k: int = 8, thumb: int = 64):
-    """The page's data for one (long) text from exact statistics on the model's own path: each head's top-``k``
-    links per query and a ``thumb x thumb`` thumbnail (:class:`multihead.interpret.page.LinkMaps`); no map is
-    built. Returns ``(link_maps, truncated)``."""
-    from .page import LinkMaps
-
-    subject.model.eval()
-    ids, keep = subject.encode([text])
-    n = int(keep[0].sum())
-    tokens, _ = subject.display(ids[0, :n].tolist())
-    with capture(subject.model, ("stats",), stats={"topk": k, "thumbnail": thumb}) as cache:
-        subject.model(ids, keep)
-    layers = [cache.stats(i) for i in range(len(cache.attention_modules))]
-    cut = max(0, len(subject.tokenizer.encode(text, add_special_tokens=False).ids) + 2 - n)
-    return LinkMaps(text, tokens, [st.topk_index[0] for st in layers], [st.topk_weight[0].float() for st in layers],
-                    [st.thumbnail[0].float() for st in layers], subject.name), cut
 
 
 def load_subject(source: str | Path, *, sentence_embeddings: bool = False) -> Subject:
@@ -160,4 +120,4 @@ def is_punctuation(token: str) -> bool:
     return bool(t) and not is_special(token) and all(unicodedata.category(c).startswith("P") for c in t)
 
 
-__all__ = ["AttentionMaps", "Subject", "is_punctuation", "is_special", "load_subject", "subject_head_stats", "subject_link_maps"]
+__all__ = ["AttentionMaps", "Subject", "is_punctuation", "is_special", "load_subject"]

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .maps import AttentionMaps
+from ..modules.capture import capture
+from .maps import AttentionMaps, Subject
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 16px; color: #222; }
@@ -450,4 +451,21 @@ def write_page(maps: "AttentionMaps | LinkMaps", path: Path, *, highlights: dict
     return path
 
 
-__all__ = ["LinkMaps", "page_data", "page_image", "write_page"]
+@torch.no_grad()
+def subject_link_maps(subject: Subject, text: str, *, k: int = 8, thumb: int = 64):
+    """The page's data for one (long) text from exact statistics on the model's own path: each head's top-``k``
+    links per query and a ``thumb x thumb`` thumbnail (:class:`multihead.interpret.page.LinkMaps`); no map is
+    built. Returns ``(link_maps, truncated)``."""
+    subject.model.eval()
+    ids, keep = subject.encode([text])
+    n = int(keep[0].sum())
+    tokens, _ = subject.display(ids[0, :n].tolist())
+    with capture(subject.model, ("stats",), stats={"topk": k, "thumbnail": thumb}) as cache:
+        subject.model(ids, keep)
+    layers = [cache.stats(i) for i in range(len(cache.attention_modules))]
+    cut = max(0, len(subject.tokenizer.encode(text, add_special_tokens=False).ids) + 2 - n)
+    return LinkMaps(text, tokens, [st.topk_index[0] for st in layers], [st.topk_weight[0].float() for st in layers],
+                    [st.thumbnail[0].float() for st in layers], subject.name), cut
+
+
+__all__ = ["LinkMaps", "page_data", "page_image", "subject_link_maps", "write_page"]

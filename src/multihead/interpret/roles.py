@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from .maps import AttentionMaps, is_punctuation
+from ..modules.capture import capture
+from .maps import AttentionMaps, Subject, is_punctuation
 
 POSITIONAL = 0.9
 SINK = 0.5
@@ -238,4 +239,24 @@ def write(result: dict, out: Path, *, overwrite: bool = False) -> list[Path]:
     return [target / f.name for f in files]
 
 
-__all__ = ["ROLES", "STATS", "analyse", "format_table", "head_stats", "plot_roles", "role", "write"]
+def subject_head_stats(subject: Subject, texts: list[str], batch_size: int = 32) -> tuple[list[list[dict]], int]:
+    """Per-head statistics (:func:`multihead.interpret.roles.head_stats`'s) of ``texts`` computed from exact
+    statistics captured on the model's own attention path (``capture(..., ("stats",))``): no ``L x L`` map is built,
+    so it runs on inputs whose maps would not fit. Returns the statistics and the number of real tokens."""
+    subject.model.eval()
+    records, tokens = [], 0
+    with torch.no_grad():
+        for start in range(0, len(texts), batch_size):
+            chunk = texts[start:start + batch_size]
+            ids, keep = subject.encode(chunk)
+            rows = [subject.display(ids[r, :int(keep[r].sum())].tolist())[0] for r in range(len(chunk))]
+            with capture(subject.model, ("stats",), stats=stats_options(rows, ids.shape[1])) as cache:
+                subject.model(ids, keep)
+            layers = [cache.stats(i) for i in range(len(cache.attention_modules))]
+            records += [(len(r), layers, i) for i, r in enumerate(rows)]
+            tokens += sum(len(r) for r in rows)
+    return head_stats_from_stats(records), tokens
+
+
+__all__ = ["ROLES", "STATS", "analyse", "format_table", "head_stats", "plot_roles", "role", "subject_head_stats",
+           "write"]

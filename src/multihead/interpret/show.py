@@ -44,7 +44,7 @@ def show(subject: Subject, text: str, out: Path, *, heads: list[tuple[int, int]]
 def _show_long(subject: Subject, text: str, out: Path, *, heads, log) -> dict:
     """Inputs over :data:`~multihead.interpret.maps.LONG` tokens: no map is built. The page from each head's top-k
     links and thumbnails (exact statistics on the model's own path), the links in ``links.safetensors``."""
-    from .maps import subject_link_maps
+    from .page import subject_link_maps
 
     t0 = time.perf_counter()
     if heads:
