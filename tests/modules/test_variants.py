@@ -279,3 +279,41 @@ def test_every_parameter_of_every_accepted_variant_gets_a_gradient(options):
     m(x, x, x, is_causal=True)[0].square().sum().backward()
     unused = [n for n, p in m.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
     assert unused == [] or unused == ["w_k.bias"], unused  # the key bias cancels in the softmax (exact zero)
+
+
+@pytest.mark.parametrize("options", [dict(differential=True), dict(talking_heads=True)])
+def test_hook_stats_fires_on_the_variant_paths_with_the_maps_own_read_outs(options):
+    """Before: hook_stats fired only on the plain path, so statistics of differential and talking-heads layers
+    recorded nothing. Their read-outs are checked against the explicit map the pattern hook sees."""
+    from multihead.modules.capture import capture
+
+    torch.manual_seed(1)
+    lm = small_lm(0, **options)
+    ids = torch.randint(0, 50, (2, 9))
+    with capture(lm, ("stats", "pattern"), stats={"offsets": (-1,), "topk": 3}) as cap, torch.no_grad():
+        lm(ids)
+    for layer in range(2):
+        st, w = cap.stats(layer), cap.pattern(layer).double()  # (B, H, L, L)
+        torch.testing.assert_close(st.received.double(), w.sum(-2), atol=1e-6, rtol=0)
+        torch.testing.assert_close(st.mass["first"].double(), w[..., 0], atol=1e-6, rtol=0)
+        torch.testing.assert_close(st.mass["offset-1"][..., 1:].double(), w.diagonal(-1, -2, -1), atol=1e-6, rtol=0)
+        i = torch.arange(9.0)
+        torch.testing.assert_close(st.distance.double(), (w * (i[:, None] - i[None, :]).abs()).sum(-1), atol=1e-5,
+                                   rtol=0)
+        torch.testing.assert_close(st.topk_weight.double(), w.topk(3, -1).values, atol=1e-6, rtol=0)
+        assert torch.isfinite(st.entropy).all() and (st.entropy >= 0).all()
+
+
+def test_map_stats_of_a_softmax_equals_the_exact_tile_statistics():
+    from multihead.attention.stats import attention_stats, map_stats
+
+    torch.manual_seed(2)
+    q, k = torch.randn(2, 3, 7, 8, dtype=torch.float64), torch.randn(2, 3, 7, 8, dtype=torch.float64)
+    causal = torch.ones(7, 7, dtype=torch.bool).tril()
+    w = torch.softmax((q @ k.transpose(-2, -1) / math.sqrt(8)).masked_fill(~causal, -math.inf), -1)
+    a = attention_stats(q, k, is_causal=True, topk=2, offsets=(-1,), thumbnail=3)
+    b = map_stats(w, topk=2, offsets=(-1,), thumbnail=3)
+    for name in ("entropy", "received", "distance", "topk_weight", "thumbnail"):
+        torch.testing.assert_close(getattr(b, name), getattr(a, name), atol=1e-10, rtol=0)
+    torch.testing.assert_close(b.mass["offset-1"], a.mass["offset-1"], atol=1e-12, rtol=0)
+    torch.testing.assert_close(b.lse, torch.zeros_like(b.lse), atol=1e-12, rtol=0)  # log of a row sum of 1

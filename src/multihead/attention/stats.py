@@ -306,4 +306,48 @@ def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
                           heads=heads_l, rows=rows_l, thumbnail=thumb)
 
 
-__all__ = ["AttentionStats", "attention_stats"]
+def map_stats(w: Tensor, *, offset: int | None = None, topk: int = 8, sets: dict | None = None, offsets=(),
+              heads=None, rows=None, thumbnail: int = 0, **_tiles) -> AttentionStats:
+    """The statistics of an explicit map ``w`` ``(B, H, Lq, Lk)`` that is not one softmax of ``q k^T`` per head:
+    differential attention's ``A1 - lambda A2`` and talking heads' mixed weights, whose layers build the map anyway.
+    ``received``, ``distance``, ``mass``, top-k, exact rows and the thumbnail are the same linear read-outs of ``w``
+    as :func:`attention_stats` takes of a softmax; ``lse`` is ``log sum_j |w_ij|`` and ``entropy`` that of the row's
+    normalised magnitudes ``|w_ij| / sum_j |w_ij|`` (both equal a softmax row's 0 and its entropy when ``w`` is
+    one). Rows of zeros have ``lse = -inf`` and zero statistics. ``offset`` places query ``i`` at key ``i + offset``
+    (default ``Lk - Lq``)."""
+    b, h, lq, lk = w.shape
+    work = torch.promote_types(w.dtype, torch.float32)
+    w = w.to(work)
+    pos = torch.arange(lq, device=w.device, dtype=work) + (lk - lq if offset is None else offset)
+    keys = torch.arange(lk, device=w.device, dtype=work)
+    mag = w.abs()
+    total = mag.sum(-1)
+    lse = total.log()  # -inf for a row of zeros
+    p = mag / total.clamp_min(torch.finfo(work).tiny)[..., None]
+    entropy = -(p * p.clamp_min(torch.finfo(work).tiny).log()).sum(-1)
+    mass = {n: (w * ks[:, None, None, :].to(work)).sum(-1) for n, ks in _key_sets(sets, b, lk, w.device).items()}
+    for o in (int(o) for o in offsets):
+        target = pos + o
+        ok = (target >= 0) & (target < lk)
+        idx = target.clamp(0, max(lk - 1, 0)).long()[None, None, :, None].expand(b, h, lq, 1)
+        mass[f"offset{o:+d}"] = w.gather(-1, idx)[..., 0] * ok.to(work)
+    kk = min(topk, lk)
+    top_w, top_i = w.topk(kk, dim=-1) if kk else (None, None)
+    heads_l, rows_l = _as_list(heads, h, "heads"), _as_list(rows, lq, "rows")
+    if (heads_l is None) != (rows_l is None):
+        heads_l = heads_l if heads_l is not None else list(range(h))
+        rows_l = rows_l if rows_l is not None else list(range(lq))
+    thumb = None
+    if thumbnail:
+        tq, tk = min(thumbnail, lq), min(thumbnail, lk)
+        bin_q = torch.nn.functional.one_hot(torch.arange(lq, device=w.device) * tq // max(lq, 1), tq).to(work)
+        bin_k = torch.nn.functional.one_hot(torch.arange(lk, device=w.device) * tk // max(lk, 1), tk).to(work)
+        thumb = (bin_q.T @ w @ bin_k) / (bin_q.sum(0)[:, None] * bin_k.sum(0)[None, :])
+    return AttentionStats(lse=lse, entropy=entropy, received=w.sum(-2),
+                          distance=(w * (pos[:, None] - keys[None, :]).abs()).sum(-1), mass=mass,
+                          topk_index=top_i, topk_weight=top_w,
+                          weights=w[:, heads_l][:, :, rows_l] if heads_l is not None else None,
+                          heads=heads_l, rows=rows_l, thumbnail=thumb)
+
+
+__all__ = ["AttentionStats", "attention_stats", "map_stats"]

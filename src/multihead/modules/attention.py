@@ -393,6 +393,7 @@ class MultiHeadAttention(nn.Module):
             s = s.masked_fill(~row_ok, 0.0)
         w = zero_rows(torch.softmax(s, -1), row_ok)
         w = torch.einsum("bhij,hg->bgij", w, self.talk_weights.to(work)).to(q.dtype)
+        self._map_stats(w, mask)
         if self.hook_pattern.active:
             w = self.hook_pattern(w)
         z = torch.matmul(torch.nn.functional.dropout(w, p) if p else w, v)
@@ -400,6 +401,15 @@ class MultiHeadAttention(nn.Module):
         if head_mask is not None:
             z = z * self._head_scale(head_mask, q.shape[0], z.dtype)
         return z, (w if need_weights else None)
+
+    def _map_stats(self, w: Tensor, mask: AttnMask | None) -> None:
+        """``hook_stats`` for the variants whose map is not one softmax per head (talking heads, differential): the
+        statistics of the explicit map they build anyway (:func:`multihead.attention.stats.map_stats`)."""
+        if self.hook_stats.active:
+            from ..attention.stats import map_stats
+
+            offset = None if mask is None or mask.causal_offset is None else mask.causal_offset
+            self.hook_stats(map_stats(w.detach(), offset=offset, **self.stats_options))
 
     def differential_lambda(self) -> Tensor:
         lq, lk = self.lambda_q, self.lambda_k
@@ -411,7 +421,7 @@ class MultiHeadAttention(nn.Module):
         b, h, lq, d = q.shape
         g = k.shape[1]
         halves = lambda t, n: t.view(b, n, t.shape[2], 2, d // 2).transpose(2, 3).reshape(b, 2 * n, t.shape[2], d // 2)
-        want = need_weights or self.hook_pattern.active
+        want = need_weights or self.hook_pattern.active or self.hook_stats.active
         if want and backend != "auto" and not get_backend(backend).capabilities.returns_weights:
             backend = "auto"
         z2, w2 = attention(halves(q, h), halves(k, g), v.repeat_interleave(2, dim=1), mask=mask, dropout_p=p,
@@ -423,6 +433,7 @@ class MultiHeadAttention(nn.Module):
         if want:
             w2 = w2.view(b, h, 2, lq, -1)
             weights = w2[:, :, 0] - lam * w2[:, :, 1]  # (B, H, Lq, Lk): the differential map
+            self._map_stats(weights, mask)
             if self.hook_pattern.active:
                 self.hook_pattern(weights)
         z = self.hook_z(z)
