@@ -120,4 +120,35 @@ def is_punctuation(token: str) -> bool:
     return bool(t) and not is_special(token) and all(unicodedata.category(c).startswith("P") for c in t)
 
 
-__all__ = ["AttentionMaps", "Subject", "is_punctuation", "is_special", "load_subject"]
+def lift_max_len(subject, max_len: int) -> None:
+    """Let ``subject`` read ``max_len`` tokens (``show``/``heads --max-len``). A learned position table cannot grow (refused with the fix);
+    rotary or no positions read any length (beyond the trained length: the analysis says so in its data)."""
+    config = getattr(subject.model, "config", None)
+    positional = getattr(config, "positional", "learned")
+    table = getattr(config, "max_len", subject.max_len)
+    if max_len > table and positional == "learned":
+        raise ValueError(f"{subject.name} has learned positions for {table} tokens; --max-len {max_len} needs a model "
+                         "with rotary positions (e.g. a pretrain run's encoder) or at most " + str(table))
+    if config is not None and max_len > table:
+        config.max_len = max_len
+    subject.max_len = max_len
+
+
+def concatenated(subject, texts: list[str], n: int) -> list[str]:
+    """``n`` inputs for ``heads --concat``: each consecutive texts joined until the model's ``max_len`` tokens."""
+    out, cur, count = [], [], 0
+    for t in texts:
+        cur.append(t)
+        count += len(subject.tokenizer.encode(t, add_special_tokens=False).ids)
+        if count >= subject.max_len:
+            out.append(" ".join(cur))
+            cur, count = [], 0
+            if len(out) == n:
+                break
+    if len(out) < n:
+        raise ValueError(f"the data holds {len(out)} inputs of {subject.max_len} tokens; pass a smaller --n or "
+                         "--max-len")
+    return out
+
+
+__all__ = ["AttentionMaps", "Subject", "is_punctuation", "is_special", "concatenated", "lift_max_len", "load_subject"]

@@ -1,5 +1,7 @@
 """The run harness: one run folder, one resume policy and one training loop under every task.
 
+(One module on purpose, over the usual size: the run folder, the resume policy and the loop change together.)
+
 A task (the text classifier, MLM/CLM pretraining, G2P, the ViT, grounding, ...) is a :class:`Task` subclass that
 supplies only what differs: its data and model (built in ``__init__``), the batches of an epoch, the loss of a
 batch, validation, the files it writes when a run starts and what it writes at the end. :func:`run_task` does the

@@ -1,0 +1,85 @@
+"""The ``multihead`` command: one module per group of subcommands, each declaring its parser beside its handler
+(``register(sub)``); :func:`main` maps bad input to ``error: ...`` and exit 2 in one place.
+
+    args.py      argument types and helpers          tools.py    demo, backends, bench
+    training.py  train, pretrain, compare, sweep      runs.py     evaluate, predict, data, embed, export
+    inspect.py   show, heads, importance, prune       lm.py       generate, sinks, induction
+
+A new subcommand: a ``cmd_*`` handler and its ``sub.add_parser(...)`` lines in the module of its group (numbers
+validated at parse time with the types in ``args.py``), calling one library function. Nothing below the CLI imports
+it (import-linter's layers contract).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import inspect, lm, runs, tools, training
+from .training import train_config_from_args, train_overrides  # noqa: F401  (used by tests and scripts)
+
+GROUPS = (tools, training, runs, inspect, lm)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="multihead", description="Multi-head attention: train, inspect, prune, run fast.")
+    sub = p.add_subparsers(dest="command", required=True)
+    for group in GROUPS:
+        group.register(sub)
+    return p
+
+
+BUG_REPORT = "the project's issue tracker"
+
+
+def _check_argv(argv: list[str]) -> None:
+    """Arguments arrive as text; bytes that are not UTF-8 (decoded by Python as surrogates) would fail deep inside a
+    tokenizer or a file name, so they are refused here with their position."""
+    for i, arg in enumerate(argv, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            raise ValueError(f"argument {i} ({shown!r}) is not valid UTF-8 text; pass UTF-8 (e.g. convert it with "
+                             "iconv -t UTF-8)") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a command. Bad input ends with ``error: ...`` on stderr and exit status 2, never a traceback; a bug
+    ends with ``internal error`` and exit 70 (``MULTIHEAD_DEBUG=1`` shows the traceback)."""
+    import os
+
+    from .._io import FolderError
+    from ..data import DataError
+    from ..pretrained import PretrainedError
+    from ..train import CheckpointError, RunExistsError
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        _check_argv(argv)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (DataError, CheckpointError, RunExistsError, PretrainedError, FolderError, FileNotFoundError,
+            ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # permissions, a full disk, a folder where a file was expected
+        where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+        print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; files written so far are complete (every write is atomic)", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug, not bad input: say so, without a traceback unless asked
+        if os.environ.get("MULTIHEAD_DEBUG"):
+            raise
+        print(f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}\n"
+              f"This is a bug in multihead, not in your input. Please report it at {BUG_REPORT} with the command you "
+              "ran (MULTIHEAD_DEBUG=1 shows the traceback).", file=sys.stderr)
+        return 70
+
+
+__all__ = ["build_parser", "main", "train_config_from_args", "train_overrides"]

@@ -1,0 +1,89 @@
+"""Argument types and helpers shared by the subcommands: numbers checked at parse time, ``--set`` paths, texts
+from arguments or a file.
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+def _number(kind: type, lo: float, hi: float, what: str):
+    """An argparse type for a number in ``[lo, hi]``: bad values are refused at parse time, before any work."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not lo <= value <= hi:  # NaN fails too
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+
+    return parse
+
+
+_count = _number(int, 1, float("inf"), "a positive integer")  # batch sizes, thread counts, N, epochs
+
+
+_nonneg = _number(int, 0, float("inf"), "an integer >= 0")  # counts where 0 means none / all
+
+
+_fraction = _number(float, 0.0, 1.0, "a number in [0, 1]")
+
+
+_seconds = _number(float, 0.0, 1e9, "seconds (a finite number >= 0)")
+
+
+def _words(text: str) -> list[str]:
+    return [x for x in text.split(",") if x]
+
+
+def _set_path(d: dict, dotted: str, value) -> None:
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        d = d.setdefault(k, {})
+    d[keys[-1]] = value
+
+
+def _parse_value(text: str):
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _apply_sets(d: dict, items: list[str] | None) -> None:
+    """``--set section.key=value`` (repeatable; the value parsed as JSON when it is JSON) into ``d``."""
+    for item in items or []:
+        if "=" not in item or not item.split("=", 1)[0].strip():
+            raise ValueError(f"--set expects section.key=value, e.g. --set optim.lr=3e-4; got {item!r}")
+        key, value = item.split("=", 1)
+        _set_path(d, key.strip(), _parse_value(value))
+
+
+def _read_texts(texts: list[str], file: str | None) -> list[str]:
+    from ..data import read_texts
+
+    return list(texts) + (read_texts(file) if file else [])
+
+
+def _head_list(text: str) -> list[tuple[int, int]]:
+    out = []
+    for item in _words(text):
+        try:
+            l, h = item.split(":")
+            out.append((int(l), int(h)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected LAYER:HEAD pairs like 1:8,5:3, got {item!r}") from None
+    return out

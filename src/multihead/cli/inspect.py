@@ -1,0 +1,307 @@
+"""``multihead show``, ``heads``, ``importance`` and ``prune``: looking inside a model (pictures, the page, head
+roles, head importance and pruning). The task registry says which run kinds each takes.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..interpret.maps import concatenated, lift_max_len
+from .args import _count, _fraction, _head_list, _nonneg, _seconds
+
+
+def cmd_show(args) -> int:
+    from .._io import check_target
+    from ..interpret import load_subject
+    from ..interpret.show import show
+    from ..train import tasks
+
+    kind = tasks.kind_of(args.model)
+    if kind is not None:
+        handler = {"vision": _show_vision, "grounding": _show_grounding, "g2p": _show_g2p}.get(
+            kind.check("show", args.model).section)
+        if handler is not None:
+            return handler(args)
+    if args.out is None:
+        raise ValueError("pass --out FOLDER: where to write the pictures and the page")
+    check_target(args.out, "show", overwrite=args.overwrite, sources=(args.model,))
+    if not args.text.strip():
+        raise ValueError("the text to show is empty; pass a sentence, e.g. \"The cat sat on the mat.\"")
+    subject = load_subject(args.model)
+    if args.max_len:
+        lift_max_len(subject, args.max_len)
+    summary = show(subject, args.text, Path(args.out), heads=args.heads, rollout=not args.no_rollout,
+                   overwrite=args.overwrite)
+    print(f"{len(summary['tokens'])} tokens: {' '.join(summary['tokens'][:40])}"
+          f"{' ...' if len(summary['tokens']) > 40 else ''}")
+    print(f"wrote {len(summary['files'])} files to {args.out} in {summary['seconds']['total']:.1f}s; open "
+          f"{Path(args.out) / 'attention.html'} in a browser (works offline)")
+    return 0
+
+
+def _show_vision(args) -> int:
+    """``multihead show runs/vit --index 17`` / ``--image x.png``: attention over the image, rollout, one patch's
+    view, and the mean attention distance per head over 1,000 test images."""
+    from .._io import Publish, atomic_write_json, check_target
+    from ..interpret.vision import attention_distance, plot_distance, show_image
+    from ..train.vision import held_out_images, load_vision_run, read_image
+
+    if (args.index is None) == (args.image is None):
+        raise ValueError("pass one image: --index N (a test image) or --image FILE.png|.npy")
+    patch = None
+    if args.patch:
+        try:
+            patch = tuple(int(v) for v in args.patch.split(","))
+            assert len(patch) == 2
+        except (ValueError, AssertionError):
+            raise ValueError(f"--patch takes ROW,COL (e.g. 3,3), got {args.patch!r}") from None
+    name = f"test-{args.index}" if args.index is not None else Path(args.image).stem
+    out = Path(args.out) if args.out else Path(args.model) / "show" / name
+    check_target(out, "show", overwrite=args.overwrite, sources=(args.model,))
+    run = load_vision_run(args.model)
+    images, labels = held_out_images(run)
+    truth = None
+    if args.index is not None:
+        if not 0 <= args.index < len(labels):
+            raise ValueError(f"--index {args.index} is outside the test split (0..{len(labels) - 1})")
+        image, truth = images[args.index:args.index + 1], run.labels[int(labels[args.index])]
+    else:
+        image = read_image(args.image, run.model.config)
+    with Publish(out, "show", overwrite=args.overwrite, sources=(args.model,), check=False) as folder:
+        summary = show_image(run.model, image, run.labels, folder, truth=truth, patch=patch, name=name)
+        sample = images[:1000]
+        dist = attention_distance(run.model, sample)
+        summary["files"] += [str(f.relative_to(folder)) for f in plot_distance(
+            dist, run.model, folder / "distance", f"mean attention distance, {len(sample)} test images")]
+        summary["mean_attention_distance"] = [d.tolist() for d in dist]
+        atomic_write_json(folder / "image.json", summary)
+    print(f"{name}: predicted {summary['predicted']}" + (f" (true {truth})" if truth else ""))
+    print("mean attention distance (pixels) per layer: " + "; ".join(
+        " ".join(f"{v:.1f}" for v in d) for d in summary["mean_attention_distance"]))
+    print(f"wrote {len(summary['files'])} files to {out}")
+    return 0
+
+
+def _show_grounding(args) -> int:
+    """``multihead show runs/qa --index 3 [--question "where is the bag?"]``: a test canvas, the model's answer, and each
+    cross-attention head's attention of the question over the canvas."""
+    import torch
+
+    from .._io import Publish, atomic_write_json, check_target
+    from ..interpret.vision import show_grounding
+    from ..train.grounding import load_grounding_run, test_canvases
+
+    if args.index is None or args.image is not None:
+        raise ValueError("pass --index N (a held-out test canvas) and optionally --question \"where is the bag?\" "
+                         "(default: the canvas's own question)")
+    out = Path(args.out) if args.out else Path(args.model) / "show" / f"canvas-{args.index}"
+    check_target(out, "show", overwrite=args.overwrite, sources=(args.model,))
+    run = load_grounding_run(args.model)
+    vocab = run.vocab
+    asked = args.question if args.question is not None else args.text
+    question = vocab.parse(asked)[1] if asked.strip() else None  # before the canvases are drawn
+    data = test_canvases(run)
+    if not args.index < len(data.answers):
+        raise ValueError(f"--index {args.index} is outside the test canvases (0..{len(data.answers) - 1})")
+    i = args.index
+    q = data.questions[i:i + 1] if question is None else torch.tensor([question], dtype=torch.long)
+    truth = run.answers[int(data.answers[i])] if question is None else None
+    with Publish(out, "show", overwrite=args.overwrite, sources=(args.model,), check=False) as folder:
+        summary = show_grounding(run.model, data.canvases[i:i + 1], q, vocab, folder, truth=truth,
+                                 name=f"canvas-{i}")
+        atomic_write_json(folder / "canvas.json", summary)
+    print(f"canvas {i}: {summary['question']} -> {summary['answer']} ({summary['probability']:.2f})"
+          + (f"; true {truth}" if truth else ""))
+    print(f"wrote {len(summary['files'])} files to {out}")
+    return 0
+
+
+def _show_g2p(args) -> int:
+    from ..data.g2p import check_word
+    from ..interpret.g2p import show_g2p
+    from ..train.g2p import load_g2p_run
+
+    from .._io import check_target
+
+    word = check_word(args.text)  # before anything is loaded or written
+    out = Path(args.out) if args.out else Path(args.model) / "show" / word.replace("'", "_")
+    check_target(out, "show", overwrite=args.overwrite, sources=(args.model,))
+    summary = show_g2p(load_g2p_run(args.model), word, out, overwrite=args.overwrite)
+    print(f"wrote {len(summary['files'])} files to {out}; open {out / 'cross.html'} in a browser (works offline)")
+    return 0
+
+
+def cmd_heads(args) -> int:
+    import json
+
+    from .. import data as D
+    from ..interpret import load_subject, roles
+
+    if args.out:
+        from .._io import check_target
+
+        check_target(args.out, "heads", overwrite=args.overwrite, sources=(args.model,))
+    from ..train import tasks
+
+    kind = tasks.kind_of(args.model)
+    if kind is not None and kind.check("heads", args.model).section == "pretrain":
+        return _heads_causal(args)
+    import resource
+    import time
+
+    from ..interpret.roles import subject_head_stats
+
+    subject = load_subject(args.model)
+    if args.max_len:
+        lift_max_len(subject, args.max_len)
+    ds = D.load(args.data, text_column=args.text_column, label_column=args.label_column)
+    pool = D.split(ds, seed=0).test.texts if args.split == "test" else ds.texts
+    texts = concatenated(subject, pool, args.n) if args.concat else pool[: args.n]
+    source = args.source or ("stats" if subject.max_len > 1024 else "maps")
+    t0 = time.perf_counter()
+    if source == "maps":
+        corpus = subject.maps(texts)
+        result = roles.analyse(corpus)
+    else:  # exact statistics on the model's own (fused) path: no L x L map is built
+        stats, tokens = subject_head_stats(subject, texts, batch_size=1 if subject.max_len > 1024 else 32)
+        result = roles.summarise(stats, subject.name, len(texts), tokens, "stats")
+    result["data"] = {"name": args.data, "split": args.split, "n": len(texts), "concatenated": bool(args.concat),
+                      "max_len": subject.max_len}
+    result["seconds"] = round(time.perf_counter() - t0, 2)
+    result["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(roles.format_table(result))
+    if args.out:
+        files = roles.write(result, Path(args.out), overwrite=args.overwrite)
+        print(f"wrote {', '.join(str(f) for f in files)}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _heads_causal(args) -> int:
+    """``multihead heads RUN`` for a causal LM run: induction heads (prefix matching and copying, stated rules in
+    multihead.interpret.induction), on repeated random tokens from the run's own vocabulary."""
+    import json
+
+    from .._io import Publish, atomic_write_json
+    from ..data.tokenizer import SEP, SPECIALS
+    from ..interpret import induction as I
+    from ..train.pretrain import load_pretrain_run
+
+    run = load_pretrain_run(args.model)
+    if run.config.objective.name != "clm":
+        raise ValueError(f"{args.model} is a masked-LM run; its encoder's heads are analysed on text: multihead heads "
+                         f"{Path(args.model) / 'encoder'}")
+    half = max(2, min(64, (run.config.causal.max_len - 1) // 2))
+    scores = I.induction_scores(run.model, half=half, batch=min(args.n, 64), low=len(SPECIALS) + 1,
+                                start=run.tokenizer.token_to_id(SEP))
+    result = {"model": str(args.model), "rule": f"induction: prefix-matching score >= {I.INDUCTION}",
+              "half": half, "prefix_matching": scores["prefix_matching"].tolist(),
+              "copying": scores["copying"].tolist(), "roles": I.induction_roles(scores["prefix_matching"]),
+              "loss_first_half": scores["loss_first_half"], "loss_second_half": scores["loss_second_half"]}
+    print(json.dumps(result) if args.json else I.format_scores(result))
+    if args.out:
+        with Publish(args.out, "heads", overwrite=args.overwrite, sources=(args.model,)) as folder:
+            atomic_write_json(folder / "heads.json", result)
+        print(f"wrote {Path(args.out) / 'heads.json'}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def cmd_importance(args) -> int:
+    from ..heads import scores as imp
+    from ..train import tasks
+
+    tasks.require(args.run, "importance")
+
+    result = imp.score_run(args.run, args.method, data=args.data, split=args.split, n=args.n,
+                           out=Path(args.out) if args.out else None)
+    print(imp.format_table(result["tensor"], result["title"]))
+    print(f"wrote {result['json']} and {result['files'][0]}")
+    return 0
+
+
+def cmd_prune(args) -> int:
+    import torch
+
+    from ..heads import prune as P
+    from ..train import tasks
+
+    tasks.require(args.run, "prune")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    r = P.prune_run(args.run, Path(args.out), overwrite=args.overwrite, data=args.data, method=args.method, step=args.step,
+                    max_drop=args.max_drop, until=args.until, speed_at=args.speed_at, min_time=args.min_time)
+    speed = r["inference"]
+    print(f"chosen: {r['pruned']}/{r['heads']} heads pruned ({r['fraction']:.0%}); test accuracy "
+          f"{r['test_accuracy_pruned']:.4f} vs {r['base_test_accuracy']:.4f} unpruned; "
+          f"|pruned - masked| = {r['max_abs_diff_pruned_vs_masked']:.1e}")
+    for name, sec in speed["seconds"].items():
+        print(f"  inference {name:<14} {sec:7.3f}s per test pass ({speed['speedup_vs_unpruned'][name]:.2f}x), "
+              f"batch 32, {speed['threads']} threads")
+    print(f"pruned run: {args.out} (pruning.json, pruning.png)")
+    return 0
+
+
+def register(sub) -> None:
+    """This module's subcommands, each declared beside its handler."""
+    from ..heads.scores import METHODS
+
+    sh = sub.add_parser("show", help="pictures (PNG+SVG) and an offline web page of every head for one text")
+    sh.add_argument("model", help="a run folder (classifier, G2P or ViT), minilm, or a BERT-family folder")
+    sh.add_argument("text", nargs="?", default="", help="the text (a word for G2P runs; none for image runs)")
+    sh.add_argument("--index", type=_nonneg, default=None, help="image runs: this test image")
+    sh.add_argument("--image", default=None, help="image runs: a .png or .npy image")
+    sh.add_argument("--question", default=None, help="grounding runs: a question about the canvas, e.g. "
+                                                     "\"where is the bag?\" (default: the canvas's own)")
+    sh.add_argument("--patch", default=None, help="image runs: ROW,COL of the patch whose attention is drawn "
+                                                  "(default the centre)")
+    sh.add_argument("--out", default=None, help="folder to write (G2P runs: default RUN/show/WORD)")
+    sh.add_argument("--heads", type=_head_list, default=None, help="heads to draw at full size, e.g. 1:8,5:3")
+    sh.add_argument("--no-rollout", action="store_true", help="skip the attention-rollout picture")
+    sh.add_argument("--max-len", type=_count, default=None, help="tokens read (rotary models read any length; over "
+                                                              "1,024 the page is built from statistics, no map)")
+    sh.add_argument("--overwrite", action="store_true", help="replace a folder of other files at --out")
+    sh.set_defaults(fn=cmd_show)
+
+    hd = sub.add_parser("heads", help="per-head statistics and role labels over a corpus sample")
+    hd.add_argument("model", help="a run folder, minilm, or a BERT-family folder")
+    hd.add_argument("--data", default="rotten_tomatoes", help="built-in dataset or a .csv/.tsv/.jsonl file")
+    hd.add_argument("--n", type=_count, default=200, help="texts to use (default 200)")
+    hd.add_argument("--split", default="test", choices=["test", "all"], help="the fixed test split, or all rows")
+    hd.add_argument("--text-column", default="text")
+    hd.add_argument("--label-column", default="label")
+    hd.add_argument("--max-len", type=_count, default=None, help="tokens per input (rotary models read any length)")
+    hd.add_argument("--concat", action="store_true", help="join consecutive texts into inputs of --max-len tokens")
+    hd.add_argument("--from", dest="source", choices=["maps", "stats"], default=None,
+                    help="compute from full maps or from exact statistics in linear memory (default: stats above "
+                         "1,024 tokens)")
+    hd.add_argument("--out", default=None, help="write heads.json and heads.png/.svg here")
+    hd.add_argument("--json", action="store_true")
+    hd.add_argument("--overwrite", action="store_true", help="replace a folder of other files at --out")
+    hd.set_defaults(fn=cmd_heads)
+
+    im = sub.add_parser("importance", help="per-head importance of a trained run (layers x heads table + heatmap)")
+    im.add_argument("run")
+    im.add_argument("--data", default=None, help="dataset (default: the run's own)")
+    im.add_argument("--split", default="validation", help="train | validation | test | all")
+    im.add_argument("--method", default="michel", choices=list(METHODS))
+    im.add_argument("--n", type=_count, default=None, help="use the first N texts")
+    im.add_argument("--out", default=None, help="folder for JSON + PNG (default RUN/importance)")
+    im.set_defaults(fn=cmd_importance)
+
+    pu = sub.add_parser("prune", help="iterative head pruning on validation, then a physically pruned run folder")
+    pu.add_argument("run")
+    pu.add_argument("--data", default=None, help="dataset (default: the run's own)")
+    pu.add_argument("--out", required=True, help="folder for the pruned run")
+    pu.add_argument("--method", default="michel", choices=list(METHODS))
+    pu.add_argument("--step", type=_fraction, default=0.1, help="fraction of remaining heads masked per round")
+    pu.add_argument("--max-drop", type=_fraction, default=0.01, help="largest validation accuracy loss accepted")
+    pu.add_argument("--until", type=_fraction, default=0.0, help="continue the curve until this fraction is pruned")
+    pu.add_argument("--speed-at", type=_fraction, default=None,
+                    help="also time a model pruned to this fraction (e.g. 0.5), from the curve")
+    pu.add_argument("--min-time", type=_seconds, default=3.0, help="seconds of timing per model")
+    pu.add_argument("--threads", type=_count, default=None)
+    pu.add_argument("--overwrite", action="store_true", help="replace an existing run at --out")
+    pu.set_defaults(fn=cmd_prune)
+

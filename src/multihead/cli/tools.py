@@ -1,0 +1,94 @@
+"""``multihead demo``, ``backends`` and ``bench``: the tour, the backend table, the benchmarks.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .args import _count, _ints, _seconds, _words
+
+
+def cmd_demo(args) -> int:
+    from ..demo import run_demo, walkthrough
+
+    if args.walkthrough_only:
+        walkthrough(Path(args.out), seed=args.seed)
+    else:
+        run_demo(Path(args.out), seed=args.seed, limit=args.limit, epochs=args.epochs)
+    return 0
+
+
+def cmd_backends(args) -> int:
+    from ..attention import list_backends
+
+    for name, b in sorted(list_backends().items(), key=lambda kv: -kv[1].priority):
+        c = b.capabilities
+        why = b.available()
+        print(f"{name:<17} priority {b.priority:>3}  weights={c.returns_weights} dropout={c.supports_dropout} "
+              f"gqa={c.supports_gqa} exact={c.exact} patterns={','.join(c.patterns) or '-'}"
+              f"{' (only)' if c.requires_pattern else ''}  {b.description}"
+              + (f"  [unavailable: {why}]" if why else ""))
+    import torch
+
+    from ..attention.registry import CallInfo, resolve
+
+    picks = []
+    for what, pattern in (("a sliding window", "window"), ("BigBird blocks", "block"), ("a dense call", None)):
+        per_device = []
+        for device in ("cpu", "cuda"):
+            call = CallInfo(device=device, dtype=torch.float32, need_weights=False, dropout_p=0.0, gqa=False,
+                            mask_parts=frozenset({pattern} if pattern else ()), pattern=pattern)
+            try:
+                per_device.append(f"{resolve('auto', call).name} on {device}")
+            except RuntimeError:
+                per_device.append(f"nothing on {device}")
+        picks.append(f"{what}: {', '.join(per_device)}")
+    print("auto picks (mh.explain_choice says why for a real call): " + "; ".join(picks))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from ..bench import check_device_flags, suite as bench_suite
+
+    check_device_flags(args.suite, args.device, args.dtype)
+    suite = bench_suite(args.suite)
+    out = Path(args.out) if args.out else suite.default_out()
+    payload = suite.from_args(args, out)
+    print(suite.format_table(payload))
+    png = out.with_suffix(".png")
+    print(f"wrote {out}" + (f" and {png}" if png.exists() else ""))
+    return 0
+
+
+def register(sub) -> None:
+    """This module's subcommands, each declared beside its handler."""
+    from ..bench import SUITES
+
+    d = sub.add_parser("demo", help="the tutorial's walk-through, run for real")
+    d.add_argument("--out", default="runs/demo", help="run folder (default runs/demo)")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--limit", type=_count, default=None, help="examples per split (a quick smoke run)")
+    d.add_argument("--epochs", type=_count, default=None, help="override the training epochs")
+    d.add_argument("--walkthrough-only", action="store_true", help="skip training; only the attention walk-through")
+    d.set_defaults(fn=cmd_demo)
+
+    b = sub.add_parser("backends", help="list the registered attention backends and their capabilities")
+    b.set_defaults(fn=cmd_backends)
+
+    bench = sub.add_parser("bench", help="benchmarks: ours and peers in one run, JSON + PNG")
+    bench.add_argument("suite", choices=list(SUITES), help="which benchmark")
+    bench.add_argument("--lengths", type=_ints, default=None, help="comma-separated sequence lengths")
+    bench.add_argument("--modes", type=_words, default=None, help="forward,train")
+    bench.add_argument("--impls", type=_words, default=None, help="comma-separated implementations")
+    bench.add_argument("--threads", type=_count, default=None, help="torch threads (default: what torch picks)")
+    bench.add_argument("--device", default="cpu", help="cpu | cuda (attention, long, decode, kernels)")
+    bench.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16 (attention, long, decode, kernels)")
+    bench.add_argument("--min-time", type=_seconds, default=1.0, help="seconds of timed repeats per case")
+    bench.add_argument("--out", default=None, help="JSON path (default bench/results/<suite>-<time>.json)")
+    bench.add_argument("--runs", default="runs/lra", help="lra: folder for the training runs")
+    bench.add_argument("--max-len", type=_count, default=1024, help="lra: tokens per review")
+    bench.add_argument("--epochs", type=_count, default=3, help="lra: epochs per variant")
+    bench.add_argument("--limit", type=_count, default=None, help="lra: examples per split")
+    bench.add_argument("--batches", type=_ints, default=None, help="decode: comma-separated batch sizes")
+    bench.add_argument("--model", default=None, help="decode: race the shape of this causal LM run (pretrain clm)")
+    bench.set_defaults(fn=cmd_bench)
+
