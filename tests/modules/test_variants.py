@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from multihead.models.seq2seq import CausalLM, CausalLMConfig
-from multihead.modules import MultiHeadAttention
+from multihead.modules import MultiHeadAttention, build_attention
 from multihead.modules.attention import alibi_slopes
 from multihead.modules.decoder import DecoderConfig
 
@@ -184,7 +184,7 @@ def _diff_formula(m, x, *, causal, keep):
 @pytest.mark.parametrize("causal", [False, True])
 def test_differential_attention_equals_its_formula(backend, causal):
     torch.manual_seed(6)
-    m = MultiHeadAttention(32, 4, differential=True, layer_index=2, backend=backend, need_weights=False).double()
+    m = build_attention(32, 4, differential=True, layer_index=2, backend=backend, need_weights=False).double()
     assert m.lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.6))
     with torch.no_grad():
         m.diff_norm.weight.uniform_(0.5, 1.5)
@@ -220,13 +220,13 @@ def test_differential_with_rotary_cache_and_pruning():
         m.prune_heads([0])
         torch.testing.assert_close(m(x, is_causal=True)[0], masked, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="head_dim=3 is odd"):
-        MultiHeadAttention(12, 4, differential=True)
+        build_attention(12, 4, differential=True)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_talking_heads_equal_their_formula(causal):
     torch.manual_seed(8)
-    m = MultiHeadAttention(24, 4, talking_heads=True, need_weights=False).double()
+    m = build_attention(24, 4, talking_heads=True, need_weights=False).double()
     with torch.no_grad():
         m.talk_logits.add_(torch.randn(4, 4, dtype=torch.float64) * 0.3)
         m.talk_weights.add_(torch.randn(4, 4, dtype=torch.float64) * 0.3)
@@ -258,7 +258,7 @@ def test_talking_heads_equal_their_formula(causal):
 def test_combinations_that_cannot_train_are_refused_at_construction(options, message):
     """Before: accepted, and talk_logits/talk_weights (or sink_logits) never received a gradient."""
     with pytest.raises(ValueError, match=message):
-        MultiHeadAttention(16, 2, **options)
+        build_attention(16, 2, **options)
     with pytest.raises(ValueError, match=message):
         small_lm(0, **options)
 
@@ -274,7 +274,7 @@ def test_mla_refuses_the_options_it_would_ignore(flag):
                                      dict(differential=True), dict(talking_heads=True)])
 def test_every_parameter_of_every_accepted_variant_gets_a_gradient(options):
     torch.manual_seed(0)
-    m = MultiHeadAttention(16, 2, **options)
+    m = build_attention(16, 2, **options)
     x = torch.randn(2, 5, 16)
     m(x, x, x, is_causal=True)[0].square().sum().backward()
     unused = [n for n, p in m.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]

@@ -8,11 +8,13 @@ from .hooks import HookPoint, hook_points
 from .kv_cache import KVCache, LayerKV
 from .mla import MultiHeadLatentAttention
 from .positional import LearnedPositionalEncoding, RotaryEmbedding, SinusoidalPositionalEncoding
+from .variants import DifferentialAttention, TalkingHeadsAttention, build_attention
 
 __all__ = [
     "Cache",
     "DecoderBlock",
     "DecoderConfig",
+    "DifferentialAttention",
     "KVCache",
     "LayerKV",
     "MultiHeadLatentAttention",
@@ -25,7 +27,9 @@ __all__ = [
     "MultiHeadAttention",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
+    "TalkingHeadsAttention",
     "TransformerEncoder",
+    "build_attention",
     "capture",
     "hook_points",
     "run_with_cache",

@@ -35,48 +35,6 @@ def alibi_slopes(num_heads: int) -> Tensor:
     return torch.tensor(slopes)
 
 
-class _HalfRotary(nn.Module):
-    """A rotary module of ``D / 2`` applied to each half of ``(B, H, L, D)`` heads (differential attention rotates
-    its two q/k halves separately, as the paper): the same methods as :class:`RotaryEmbedding`."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    @staticmethod
-    def _split(t: Tensor) -> Tensor:
-        b, h, l, d = t.shape
-        return t.view(b, h, l, 2, d // 2).transpose(2, 3).reshape(b, 2 * h, l, d // 2)
-
-    @staticmethod
-    def _join(t: Tensor, h: int) -> Tensor:
-        b, _, l, half = t.shape
-        return t.view(b, h, 2, l, half).transpose(2, 3).reshape(b, h, l, 2 * half)
-
-    def rotate(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
-        return self._join(self.inner.rotate(self._split(x), offset, positions), x.shape[1])
-
-    def rotate_pair(self, q: Tensor, k: Tensor, offset: int = 0, positions: Tensor | None = None):
-        a, b = self.inner.rotate_pair(self._split(q), self._split(k), offset, positions)
-        return self._join(a, q.shape[1]), self._join(b, k.shape[1])
-
-    def forward(self, q: Tensor, k: Tensor):
-        a, b = self.inner(self._split(q), self._split(k))
-        return self._join(a, q.shape[1]), self._join(b, k.shape[1])
-
-
-def check_variants(*, differential: bool = False, talking_heads: bool = False, sinks: bool = False) -> None:
-    """Refuse the variant combinations that cannot work, with the reason (never a silently unused parameter)."""
-    if differential and talking_heads:
-        raise ValueError("differential attention and talking heads cannot be combined: each replaces the per-head "
-                         "softmax map (a difference of two maps; maps mixed across heads) and the two would leave "
-                         "talk_logits/talk_weights without a gradient; choose one")
-    if sinks and (differential or talking_heads):
-        other = "differential attention" if differential else "talking heads"
-        raise ValueError(f"learned sinks cannot be combined with {other}: its map is not one softmax per head whose "
-                         "denominator a sink logit could join, so sink_logits would never be used; choose one")
-
-
 def head_columns(heads: list[int], width: int) -> Tensor:
     """The feature indices of ``heads`` in a ``(heads x width)`` projection: what pruning keeps of each matrix."""
     return torch.tensor([i * width + c for i in heads for c in range(width)], dtype=torch.long)
@@ -112,15 +70,10 @@ class MultiHeadAttention(nn.Module):
             output projection (after ``hook_z`` and ``head_mask``).
         alibi: ALiBi (Press et al. 2022): ``-m_h |pos(i) - j|`` added to the scores, slopes ``2^(-8 h / H)``; a float
             bias merged into the call's mask (bottom-right aligned, so a KV cache sees the same distances).
-        talking_heads: talking-heads attention (Shazeer et al. 2020): ``s'_g = sum_h P_l[h, g] s_h`` before the
-            softmax and ``w'_g = sum_h P_w[h, g] w_h`` after it, ``P`` learned ``H x H`` (identity at start). Needs
-            the explicit ``L x L`` weights of every head (no fused kernel can mix heads): memory is quadratic. Heads
-            are mixed, so removing one changes the others: ``prune_heads`` is refused (``head_mask`` still works).
-        differential: differential attention (Ye et al. 2025): per head ``(softmax(q1 k1^T) - lambda softmax(q2 k2^T))
-            v`` with q, k split in halves (scale ``(D/2)^-1/2``; a rotary module of ``D / 2`` rotates each half),
-            ``lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init``, ``lambda_init = 0.8 - 0.6 exp(-0.3
-            layer_index)``, then RMSNorm per head and ``* (1 - lambda_init)``. One kernel call over ``2H`` half
-            heads; ``hook_pattern`` and weights are the differential map ``A1 - lambda A2`` (read-only).
+        (Differential attention and talking heads replace the per-head softmax map: they are the subclasses
+        :class:`~multihead.modules.variants.DifferentialAttention` and
+        :class:`~multihead.modules.variants.TalkingHeadsAttention`; :func:`~multihead.modules.variants.build_attention`
+        picks the class from the options.)
         sinks: learned attention sinks: a logit ``sink_h`` per head joins every softmax denominator (the weights
             then sum to ``1 - sink share``). Run on every exact backend as one extra key: q gets a feature
             ``sink_h / scale``, a zero-valued key with that feature 1 is put first (so the causal rule shifts by one);
@@ -157,9 +110,6 @@ class MultiHeadAttention(nn.Module):
         gate: bool = False,
         alibi: bool = False,
         sinks: bool = False,
-        differential: bool = False,
-        layer_index: int = 0,
-        talking_heads: bool = False,
     ) -> None:
         super().__init__()
         if num_heads <= 0 or d_model <= 0:
@@ -178,7 +128,6 @@ class MultiHeadAttention(nn.Module):
             )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        check_variants(differential=differential, talking_heads=talking_heads, sinks=sinks)
         self.d_model = d_model
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -206,27 +155,6 @@ class MultiHeadAttention(nn.Module):
         # learned attention sinks (as in gpt-oss): one logit per head in every softmax denominator,
         # p_ij = exp(s_ij) / (exp(sink_h) + sum_j exp(s_ij)); the rows may now sum to less than 1
         self.sink_logits = nn.Parameter(torch.zeros(num_heads)) if sinks else None
-        # talking-heads attention (Shazeer et al. 2020, arXiv 2003.02436): the heads' logits mixed by a learned H x H
-        # matrix before the softmax, the weights by another after it (both start as the identity: plain MHA)
-        if talking_heads:
-            self.talk_logits = nn.Parameter(torch.eye(num_heads))
-            self.talk_weights = nn.Parameter(torch.eye(num_heads))
-        else:
-            self.talk_logits = self.talk_weights = None
-        # differential attention (Ye et al. 2025, arXiv 2410.05258): each head's q and k split in halves, two softmax
-        # maps over the same values, (A1 - lambda A2) V, RMS-normalised per head and scaled by (1 - lambda_init)
-        self.differential = differential
-        if differential:
-            if self.head_dim % 2:
-                raise ValueError(f"differential attention splits each head's q and k in two; head_dim={self.head_dim} "
-                                 "is odd: choose d_model / num_heads even")
-            half = self.head_dim // 2
-            self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer_index)
-            self.lambda_q = nn.Parameter(torch.randn(2, half) * 0.1)  # lambda = exp(q1.k1) - exp(q2.k2) + init
-            self.lambda_k = nn.Parameter(torch.randn(2, half) * 0.1)
-            self.diff_norm = nn.RMSNorm(self.head_dim, eps=1e-5)
-            if rotary is not None:
-                self.rotary = _HalfRotary(rotary)
         self.hook_q = HookPoint()
         self.hook_k = HookPoint()
         self.hook_v = HookPoint()
@@ -372,36 +300,6 @@ class MultiHeadAttention(nn.Module):
             z = z * torch.sigmoid(self.w_gate(x))
         return self.w_o(z)
 
-    def _attend_talking(self, q, k, v, mask, head_mask, need_weights: bool, p: float):
-        """Talking heads, explicitly: scores ``(B, H, Lq, Lk)`` mixed across heads, masked, softmax, mixed again."""
-        from ..attention.ops import expand_kv, zero_rows
-
-        h = q.shape[1]
-        k, v = expand_kv(k, h), expand_kv(v, h)
-        work = torch.promote_types(q.dtype, torch.float32)
-        s = torch.matmul(q, k.transpose(-2, -1)).to(work) * q.shape[-1] ** -0.5  # (B, H, Lq, Lk)
-        s = torch.einsum("bhij,hg->bgij", s, self.talk_logits.to(work))
-        dense = None if mask is None else mask.check(q.shape[0], h, q.shape[2], k.shape[2], q.device,
-                                                     q.dtype).dense(q.shape[2], k.shape[2], q.device)
-        row_ok = None
-        if dense is not None:
-            if dense.dtype == torch.bool:
-                s = s.masked_fill(~dense, -math.inf)
-            else:
-                s = s + dense.to(work)
-            row_ok = torch.isfinite(s).any(-1, keepdim=True)
-            s = s.masked_fill(~row_ok, 0.0)
-        w = zero_rows(torch.softmax(s, -1), row_ok)
-        w = torch.einsum("bhij,hg->bgij", w, self.talk_weights.to(work)).to(q.dtype)
-        self._map_stats(w, mask)
-        if self.hook_pattern.active:
-            w = self.hook_pattern(w)
-        z = torch.matmul(torch.nn.functional.dropout(w, p) if p else w, v)
-        z = self.hook_z(z)
-        if head_mask is not None:
-            z = z * self._head_scale(head_mask, q.shape[0], z.dtype)
-        return z, (w if need_weights else None)
-
     def _map_stats(self, w: Tensor, mask: AttnMask | None) -> None:
         """``hook_stats`` for the variants whose map is not one softmax per head (talking heads, differential): the
         statistics of the explicit map they build anyway (:func:`multihead.attention.stats.map_stats`)."""
@@ -410,36 +308,6 @@ class MultiHeadAttention(nn.Module):
 
             offset = None if mask is None or mask.causal_offset is None else mask.causal_offset
             self.hook_stats(map_stats(w.detach(), offset=offset, **self.stats_options))
-
-    def differential_lambda(self) -> Tensor:
-        lq, lk = self.lambda_q, self.lambda_k
-        return torch.exp((lq[0] * lk[0]).sum()) - torch.exp((lq[1] * lk[1]).sum()) + self.lambda_init
-
-    def _attend_differential(self, q, k, v, mask, head_mask, need_weights: bool, p: float, backend: str):
-        """Both maps in one kernel call: heads split into halves ``(B, 2H, L, D/2)`` (half a, half b of each head
-        adjacent), the values repeated for both; then ``A1 V - lambda A2 V``, RMSNorm per head, ``1 - lambda_init``."""
-        b, h, lq, d = q.shape
-        g = k.shape[1]
-        halves = lambda t, n: t.view(b, n, t.shape[2], 2, d // 2).transpose(2, 3).reshape(b, 2 * n, t.shape[2], d // 2)
-        want = need_weights or self.hook_pattern.active or self.hook_stats.active
-        if want and backend != "auto" and not get_backend(backend).capabilities.returns_weights:
-            backend = "auto"
-        z2, w2 = attention(halves(q, h), halves(k, g), v.repeat_interleave(2, dim=1), mask=mask, dropout_p=p,
-                           need_weights=want, backend=backend, scale=(d // 2) ** -0.5)  # (B, 2H, Lq, D)
-        lam = self.differential_lambda().to(z2.dtype)
-        z2 = z2.view(b, h, 2, lq, d)
-        z = self.diff_norm(z2[:, :, 0] - lam * z2[:, :, 1]) * (1 - self.lambda_init)  # (B, H, Lq, D)
-        weights = None
-        if want:
-            w2 = w2.view(b, h, 2, lq, -1)
-            weights = w2[:, :, 0] - lam * w2[:, :, 1]  # (B, H, Lq, Lk): the differential map
-            self._map_stats(weights, mask)
-            if self.hook_pattern.active:
-                self.hook_pattern(weights)
-        z = self.hook_z(z)
-        if head_mask is not None:
-            z = z * self._head_scale(head_mask, b, z.dtype)
-        return z, weights if need_weights else None
 
     def _with_sink_key(self, q: Tensor, k: Tensor, v: Tensor, am: AttnMask | None):
         """Learned sinks as one extra key, exactly: q ``(B, H, Lq, D)`` gains a feature ``sink_h / scale``, keys a 0
@@ -510,12 +378,14 @@ class MultiHeadAttention(nn.Module):
         backend = self.backend
         if need_weights and not (backend != "auto" and get_backend(backend).capabilities.returns_weights):
             backend = "auto"  # the fused backends return no weights: auto picks one that does
-        # With a pattern hook attached, the entry point computes the weights explicitly and passes them through the
-        # hook (which may read or edit them) before dropout and the values: the same path as every other call.
-        if self.differential:
-            return self._attend_differential(q, k, v, mask, head_mask, need_weights, p, backend)
-        if self.talk_logits is not None:
-            return self._attend_talking(q, k, v, mask, head_mask, need_weights, p)
+        return self._kernel(q, k, v, mask, head_mask, need_weights, p, backend)
+
+    def _kernel(self, q: Tensor, k: Tensor, v: Tensor, mask: AttnMask | None, head_mask, need_weights: bool, p: float,
+                backend: str):
+        """The attention of rotated, hooked heads, the head mask applied: ``z`` ``(B, H, Lq, D)`` and the weights.
+        What a variant that replaces the softmax map overrides (:mod:`multihead.modules.variants`). With a pattern
+        hook attached, the entry point computes the weights explicitly and passes them through the hook (which may
+        read or edit them) before dropout and the values: the same path as every other call."""
         hook = self.hook_pattern if self.hook_pattern.active else None
         scale = None
         if self.sink_logits is not None:
@@ -591,9 +461,6 @@ class MultiHeadAttention(nn.Module):
         heads = sorted(set(int(x) for x in heads))
         if not heads:
             return
-        if self.talk_logits is not None:
-            raise ValueError("talking-heads attention mixes its heads: removing one changes every other, so it cannot "
-                             "be pruned physically; mask heads with head_mask= instead")
         h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
         if min(heads) < 0 or max(heads) >= h:
             raise ValueError(f"head indices must be in [0, {h}), got {heads}")

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from .._config import from_fields
 from ..attention.attn_mask import AttnMask
-from .attention import MultiHeadAttention
+from .variants import build_attention
 from .feedforward import FeedForward
 from .hooks import HookPoint
 from .kv_cache import KVCache, LayerKV
@@ -82,8 +82,8 @@ class DecoderBlock(nn.Module):
         self.norm_first = norm_first
 
         def mha(rot, kdim=None, **variant):
-            return MultiHeadAttention(d_model, num_heads, num_kv_heads=num_kv_heads, dropout=attn_dropout, bias=bias,
-                                      backend=backend, need_weights=False, rotary=rot, kdim=kdim, vdim=kdim, **variant)
+            return build_attention(d_model, num_heads, num_kv_heads=num_kv_heads, dropout=attn_dropout, bias=bias,
+                                   backend=backend, need_weights=False, rotary=rot, kdim=kdim, vdim=kdim, **variant)
 
         if mla_latent:
             from .mla import MultiHeadLatentAttention

@@ -1,0 +1,188 @@
+"""Attention variants that replace the per-head softmax map, as subclasses of
+:class:`~multihead.modules.attention.MultiHeadAttention` that override only what differs (their parameters and
+:meth:`_kernel`), and :func:`build_attention`, which picks the class from the options and refuses the combinations
+that cannot train.
+
+The score modifiers and extras that keep one softmax per head (the output gate, ALiBi, learned sinks) stay options
+of ``MultiHeadAttention`` itself; everything else -- projections, rotary, the KV cache, hooks, ``head_mask``,
+``capture``, statistics (here of the explicit map, :func:`multihead.attention.stats.map_stats`) -- is inherited.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..attention.registry import attention, get_backend
+from .attention import MultiHeadAttention
+
+
+def check_variants(*, differential: bool = False, talking_heads: bool = False, sinks: bool = False) -> None:
+    """Refuse the variant combinations that cannot work, with the reason (never a silently unused parameter)."""
+    if differential and talking_heads:
+        raise ValueError("differential attention and talking heads cannot be combined: each replaces the per-head "
+                         "softmax map (a difference of two maps; maps mixed across heads) and the two would leave "
+                         "talk_logits/talk_weights without a gradient; choose one")
+    if sinks and (differential or talking_heads):
+        other = "differential attention" if differential else "talking heads"
+        raise ValueError(f"learned sinks cannot be combined with {other}: its map is not one softmax per head whose "
+                         "denominator a sink logit could join, so sink_logits would never be used; choose one")
+
+
+def build_attention(d_model: int, num_heads: int, *, differential: bool = False, talking_heads: bool = False,
+                    layer_index: int = 0, **options) -> MultiHeadAttention:
+    """The attention module for these options: :class:`DifferentialAttention`, :class:`TalkingHeadsAttention` or
+    plain :class:`MultiHeadAttention` (``options``: its keyword arguments: ``num_kv_heads``, ``gate``, ``alibi``,
+    ``sinks``, ``rotary``, ``backend``, ...). Impossible combinations are refused here, with the reason."""
+    check_variants(differential=differential, talking_heads=talking_heads, sinks=options.get("sinks", False))
+    if differential:
+        return DifferentialAttention(d_model, num_heads, layer_index=layer_index, **options)
+    if talking_heads:
+        return TalkingHeadsAttention(d_model, num_heads, **options)
+    return MultiHeadAttention(d_model, num_heads, **options)
+
+
+class _HalfRotary(nn.Module):
+    """A rotary module of ``D / 2`` applied to each half of ``(B, H, L, D)`` heads (differential attention rotates
+    its two q/k halves separately, as the paper): the same methods as :class:`RotaryEmbedding`."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    @staticmethod
+    def _split(t: Tensor) -> Tensor:
+        b, h, l, d = t.shape
+        return t.view(b, h, l, 2, d // 2).transpose(2, 3).reshape(b, 2 * h, l, d // 2)
+
+    @staticmethod
+    def _join(t: Tensor, h: int) -> Tensor:
+        b, _, l, half = t.shape
+        return t.view(b, h, 2, l, half).transpose(2, 3).reshape(b, h, l, 2 * half)
+
+    def rotate(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        return self._join(self.inner.rotate(self._split(x), offset, positions), x.shape[1])
+
+    def rotate_pair(self, q: Tensor, k: Tensor, offset: int = 0, positions: Tensor | None = None):
+        a, b = self.inner.rotate_pair(self._split(q), self._split(k), offset, positions)
+        return self._join(a, q.shape[1]), self._join(b, k.shape[1])
+
+    def forward(self, q: Tensor, k: Tensor):
+        a, b = self.inner(self._split(q), self._split(k))
+        return self._join(a, q.shape[1]), self._join(b, k.shape[1])
+
+
+class DifferentialAttention(MultiHeadAttention):
+    """Differential attention (Ye et al. 2025, arXiv 2410.05258).
+
+    differential: differential attention (Ye et al. 2025): per head ``(softmax(q1 k1^T) - lambda softmax(q2 k2^T))
+        v`` with q, k split in halves (scale ``(D/2)^-1/2``; a rotary module of ``D / 2`` rotates each half),
+        ``lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init``, ``lambda_init = 0.8 - 0.6 exp(-0.3
+        layer_index)``, then RMSNorm per head and ``* (1 - lambda_init)``. One kernel call over ``2H`` half
+        heads; ``hook_pattern`` and weights are the differential map ``A1 - lambda A2`` (read-only).
+    ``layer_index`` sets ``lambda_init``. Not with learned sinks.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, *, layer_index: int = 0, **options) -> None:
+        check_variants(differential=True, sinks=options.get("sinks", False))
+        super().__init__(d_model, num_heads, **options)
+        # each head's q and k split in halves, two softmax maps over the same values, (A1 - lambda A2) V,
+        # RMS-normalised per head and scaled by (1 - lambda_init)
+        if self.head_dim % 2:
+            raise ValueError(f"differential attention splits each head's q and k in two; head_dim={self.head_dim} "
+                             "is odd: choose d_model / num_heads even")
+        half = self.head_dim // 2
+        self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer_index)
+        self.lambda_q = nn.Parameter(torch.randn(2, half) * 0.1)  # lambda = exp(q1.k1) - exp(q2.k2) + init
+        self.lambda_k = nn.Parameter(torch.randn(2, half) * 0.1)
+        self.diff_norm = nn.RMSNorm(self.head_dim, eps=1e-5)
+        if self.rotary is not None:
+            self.rotary = _HalfRotary(self.rotary)
+
+    def differential_lambda(self) -> Tensor:
+        lq, lk = self.lambda_q, self.lambda_k
+        return torch.exp((lq[0] * lk[0]).sum()) - torch.exp((lq[1] * lk[1]).sum()) + self.lambda_init
+
+    def _kernel(self, q, k, v, mask, head_mask, need_weights: bool, p: float, backend: str):
+        """Both maps in one kernel call: heads split into halves ``(B, 2H, L, D/2)`` (half a, half b of each head
+        adjacent), the values repeated for both; then ``A1 V - lambda A2 V``, RMSNorm per head, ``1 - lambda_init``."""
+        b, h, lq, d = q.shape
+        g = k.shape[1]
+        halves = lambda t, n: t.view(b, n, t.shape[2], 2, d // 2).transpose(2, 3).reshape(b, 2 * n, t.shape[2], d // 2)
+        want = need_weights or self.hook_pattern.active or self.hook_stats.active
+        if want and backend != "auto" and not get_backend(backend).capabilities.returns_weights:
+            backend = "auto"
+        z2, w2 = attention(halves(q, h), halves(k, g), v.repeat_interleave(2, dim=1), mask=mask, dropout_p=p,
+                           need_weights=want, backend=backend, scale=(d // 2) ** -0.5)  # (B, 2H, Lq, D)
+        lam = self.differential_lambda().to(z2.dtype)
+        z2 = z2.view(b, h, 2, lq, d)
+        z = self.diff_norm(z2[:, :, 0] - lam * z2[:, :, 1]) * (1 - self.lambda_init)  # (B, H, Lq, D)
+        weights = None
+        if want:
+            w2 = w2.view(b, h, 2, lq, -1)
+            weights = w2[:, :, 0] - lam * w2[:, :, 1]  # (B, H, Lq, Lk): the differential map
+            self._map_stats(weights, mask)
+            if self.hook_pattern.active:
+                self.hook_pattern(weights)
+        z = self.hook_z(z)
+        if head_mask is not None:
+            z = z * self._head_scale(head_mask, b, z.dtype)
+        return z, weights if need_weights else None
+
+
+class TalkingHeadsAttention(MultiHeadAttention):
+    """Talking-heads attention (Shazeer et al. 2020, arXiv 2003.02436).
+
+    talking_heads: talking-heads attention (Shazeer et al. 2020): ``s'_g = sum_h P_l[h, g] s_h`` before the
+        softmax and ``w'_g = sum_h P_w[h, g] w_h`` after it, ``P`` learned ``H x H`` (identity at start). Needs
+        the explicit ``L x L`` weights of every head (no fused kernel can mix heads): memory is quadratic. Heads
+        are mixed, so removing one changes the others: ``prune_heads`` is refused (``head_mask`` still works).
+    Not with learned sinks.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, **options) -> None:
+        check_variants(talking_heads=True, sinks=options.get("sinks", False))
+        super().__init__(d_model, num_heads, **options)
+        # the heads' logits mixed by a learned H x H matrix before the softmax, the weights by another after it
+        # (both start as the identity: plain MHA)
+        self.talk_logits = nn.Parameter(torch.eye(num_heads))
+        self.talk_weights = nn.Parameter(torch.eye(num_heads))
+
+    def _kernel(self, q, k, v, mask, head_mask, need_weights: bool, p: float, backend: str):
+        """Talking heads, explicitly: scores ``(B, H, Lq, Lk)`` mixed across heads, masked, softmax, mixed again."""
+        from ..attention.ops import expand_kv, zero_rows
+
+        h = q.shape[1]
+        k, v = expand_kv(k, h), expand_kv(v, h)
+        work = torch.promote_types(q.dtype, torch.float32)
+        s = torch.matmul(q, k.transpose(-2, -1)).to(work) * q.shape[-1] ** -0.5  # (B, H, Lq, Lk)
+        s = torch.einsum("bhij,hg->bgij", s, self.talk_logits.to(work))
+        dense = None if mask is None else mask.check(q.shape[0], h, q.shape[2], k.shape[2], q.device,
+                                                     q.dtype).dense(q.shape[2], k.shape[2], q.device)
+        row_ok = None
+        if dense is not None:
+            if dense.dtype == torch.bool:
+                s = s.masked_fill(~dense, -math.inf)
+            else:
+                s = s + dense.to(work)
+            row_ok = torch.isfinite(s).any(-1, keepdim=True)
+            s = s.masked_fill(~row_ok, 0.0)
+        w = zero_rows(torch.softmax(s, -1), row_ok)
+        w = torch.einsum("bhij,hg->bgij", w, self.talk_weights.to(work)).to(q.dtype)
+        self._map_stats(w, mask)
+        if self.hook_pattern.active:
+            w = self.hook_pattern(w)
+        z = torch.matmul(torch.nn.functional.dropout(w, p) if p else w, v)
+        z = self.hook_z(z)
+        if head_mask is not None:
+            z = z * self._head_scale(head_mask, q.shape[0], z.dtype)
+        return z, (w if need_weights else None)
+
+    def prune_heads(self, heads) -> None:
+        if sorted(set(int(x) for x in heads)):
+            raise ValueError("talking-heads attention mixes its heads: removing one changes every other, so it cannot "
+                             "be pruned physically; mask heads with head_mask= instead")
+
+
+__all__ = ["DifferentialAttention", "TalkingHeadsAttention", "build_attention", "check_variants"]
