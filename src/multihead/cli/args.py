@@ -87,3 +87,11 @@ def _head_list(text: str) -> list[tuple[int, int]]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected LAYER:HEAD pairs like 1:8,5:3, got {item!r}") from None
     return out
+
+
+def run_folder_options(p) -> None:
+    """The options every training command shares: ``--set``, and what happens to the run folder at ``--out``."""
+    p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="any other config field")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")

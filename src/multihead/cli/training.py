@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .args import _apply_sets, _count, _ints, _seconds, _set_path
+from .args import run_folder_options, _apply_sets, _count, _ints, _seconds, _set_path
 
 
 TRAIN_FLAGS = {  # flag -> (config path, type, help)
@@ -192,11 +192,8 @@ def register(sub) -> None:
                    help="TOML file with [data], [model], [model.encoder], [optim], [run], [pretrained]")
     for flag, (_, typ, help_) in TRAIN_FLAGS.items():
         t.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, default=None, help=help_)
-    t.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="any other config field")
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
-    t.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
-    t.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
-    t.add_argument("--no-progress", action="store_true", help="no progress bars")
+    run_folder_options(t)
     t.set_defaults(fn=cmd_train)
 
     pt = sub.add_parser("pretrain", help="self-supervised pretraining on unlabelled text (masked LM); writes a "
@@ -208,10 +205,7 @@ def register(sub) -> None:
     for flag, (_, typ, help_) in PRETRAIN_FLAGS.items():
         pt.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, default=None, help=help_)
     pt.add_argument("--whole-word", action="store_true", help="mask whole words (all pieces of a selected word)")
-    pt.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="any other config field")
-    pt.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
-    pt.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
-    pt.add_argument("--no-progress", action="store_true", help="no progress bars")
+    run_folder_options(pt)
     pt.set_defaults(fn=cmd_pretrain)
 
     cp = sub.add_parser("compare", help="attention variants (MHA, GQA, MLA, gated, sinks, differential, ALiBi, "
