@@ -141,7 +141,7 @@ def test_mlm_head_is_tied_to_the_embeddings_and_gets_gradients():
 
 
 def test_packing_cuts_joined_texts_into_cls_sep_rows():
-    from multihead.train.pretrain import pack
+    from multihead.data.packing import pack
 
     rows = pack([[10, 11, 12], [13], [14, 15, 16, 17, 18]], seq_len=6, sep_id=3, cls_id=2)
     # stream: 10 11 12 3 13 3 14 15 16 17 18 3 -> rows of 4 body tokens
@@ -149,7 +149,7 @@ def test_packing_cuts_joined_texts_into_cls_sep_rows():
 
 
 def test_batch_rows_visit_every_row_once_per_pass():
-    from multihead.train.pretrain import batch_rows
+    from multihead.data.packing import batch_rows
 
     seen = [r for s in range(5) for r in batch_rows(s, 23, 4, seed=1)]
     assert len(seen) == 20 and len(set(seen)) == 20  # 5 batches of 4 from a shuffled pass (3 rows left over)

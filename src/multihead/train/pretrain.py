@@ -46,6 +46,7 @@ from .. import data as D
 from .._config import check_rules, from_fields
 from .._io import atomic_save_figure
 from ..data.masking import IGNORE, mask_tokens, word_starts
+from ..data.packing import batch_rows, pack, split_texts
 from ..models.masked_lm import MaskedLM
 from ..models.seq2seq import CausalLM, CausalLMConfig
 from ..models.text_encoder import TextEncoderConfig
@@ -192,30 +193,6 @@ class Packed:
     tokens: dict  # split name -> number of tokens (before packing)
 
 
-def split_texts(n: int, *, validation: float, seed: int) -> dict:
-    order = list(range(n))
-    random.Random(seed).shuffle(order)
-    k = max(1, round(n * validation))
-    return {"seed": seed, "n": n, "validation": sorted(order[:k])}
-
-
-def pack(ids: list[list[int]], seq_len: int, sep_id: int, cls_id: int | None = None) -> torch.Tensor:
-    """Texts' ids -> ``(N, seq_len)`` rows cut from the texts joined by ``[SEP]`` (the tail shorter than a row is
-    dropped). With ``cls_id`` each row is ``[CLS] ... [SEP]`` (BERT's input form), otherwise the stream as it comes
-    (a causal LM reads ``[SEP]`` as end of text)."""
-    body = seq_len - 2 if cls_id is not None else seq_len
-    stream = torch.tensor([t for text in ids for t in (*text, sep_id)], dtype=torch.int32)
-    n = len(stream) // body
-    if n == 0:
-        raise D.DataError(f"the texts hold {len(stream)} tokens, fewer than one row of data.seq_len={seq_len}; "
-                          "give more text or a smaller --seq-len")
-    rows = stream[: n * body].view(n, body)
-    if cls_id is None:
-        return rows
-    return torch.cat([torch.full((n, 1), cls_id, dtype=torch.int32), rows,
-                      torch.full((n, 1), sep_id, dtype=torch.int32)], 1)
-
-
 def run_texts(config: PretrainConfig) -> list[str]:
     """The texts a run pretrains on: the data's, or the seeded random ``data.limit`` of them."""
     dc = config.data
@@ -254,21 +231,6 @@ def prepare(config: PretrainConfig, out: Path | None = None, *, resume: bool = F
 # ---------------------------------------------------------------------------------------------------- objectives
 def step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step) % (2 ** 63)
-
-
-def row_order(n: int, seed: int, epoch: int) -> list[int]:
-    order = list(range(n))
-    random.Random(seed * 7919 + epoch).shuffle(order)
-    return order
-
-
-def batch_rows(step: int, n_rows: int, batch_size: int, seed: int) -> list[int]:
-    """The rows of global step ``step``: passes over the shuffled rows, ``batch_size`` at a time (a pass's tail
-    shorter than a batch is skipped); a pure function of its arguments, so a resumed run reads the same rows."""
-    per_pass = max(1, n_rows // batch_size)
-    epoch, b = divmod(step, per_pass)
-    order = row_order(n_rows, seed, epoch)
-    return order[b * batch_size: (b + 1) * batch_size]
 
 
 def mlm_loss(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int, int]:
