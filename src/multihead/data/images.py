@@ -157,6 +157,22 @@ def load_images(name: str, *, path: str | Path | None = None, seed: int = 0) -> 
     raise ImageDataError(f"unknown image dataset {name!r}; choose one of {', '.join(IMAGE_DATASETS)}")
 
 
+def limit_splits(splits: "ImageSplits", keep: int | None, seed: int) -> "ImageSplits":
+    """At most ``keep`` images of each split, seeded and stratified by label (:mod:`multihead.data.limits`)."""
+    from .limits import limit_indices, limit_record
+
+    if not keep:
+        return splits
+
+    def cut(part):
+        images, labels = part
+        idx = torch.tensor(limit_indices(len(labels), keep, seed, labels.tolist()), dtype=torch.long)
+        return images[idx], labels[idx]
+
+    return ImageSplits(splits.name, cut(splits.train), cut(splits.validation), cut(splits.test), splits.label_names,
+                       {**splits.record, "limit": limit_record(keep, seed, True)})
+
+
 def is_image_dataset(name: str) -> bool:
     return name in IMAGE_DATASETS
 

@@ -21,7 +21,7 @@ class DataConfig:
     max_len: int = 256  # tokens per text, [CLS] and [SEP] included; longer texts are cut (and counted)
     vocab_size: int = 10000
     min_frequency: int = 2
-    limit: int | None = None  # use a seeded random N examples of each split (smoke tests)
+    limit: int | None = None  # at most N examples of each split, seeded, stratified by label (smoke tests)
 
 
 @dataclass

@@ -31,6 +31,7 @@ from torch import nn
 from .. import data as D
 from .._config import ConfigError, check_rules, flatten, from_fields, unflatten
 from ..data import g2p as G
+from ..data.limits import limit_indices, limit_record
 from ..models.generation import generate
 from ..models.seq2seq import Seq2Seq, Seq2SeqConfig
 from ..modules.decoder import DecoderConfig
@@ -45,7 +46,7 @@ class G2PData:
     split_seed: int = 0
     validation: float = 0.05
     test: float = 0.05
-    limit: int | None = None  # words per split (smoke tests)
+    limit: int | None = None  # at most N words of each split, a seeded sample (smoke tests)
     test_limit: int | None = None  # test words scored at the end (quick runs); None: the whole test split
 
 
@@ -161,12 +162,10 @@ def prepare(config: G2PConfig, out: Path | None = None, *, resume: bool = False)
         record = G.split_words(lex, seed=config.data.split_seed, validation=config.data.validation,
                                test=config.data.test)
     splits = G.apply_split(lex, record)
-    if config.data.limit:
-        import random
-
-        rng = random.Random(config.data.split_seed)
-        splits = {k: s.subset(sorted(rng.sample(range(len(s)), min(config.data.limit, len(s)))))
+    if config.data.limit:  # the one meaning of limit: at most N words of each split, seeded
+        splits = {k: s.subset(limit_indices(len(s), config.data.limit, config.data.split_seed))
                   for k, s in splits.items()}
+        record = {**record, "limit": limit_record(config.data.limit, config.data.split_seed, False)}
     vocab = G.G2PVocab.from_dict(read_json(out / "vocab.json", dict)) if resume and out is not None \
         else G.G2PVocab.from_lexicon(lex)
     return G2PPrepared(splits, record, vocab)

@@ -51,7 +51,7 @@ class GroundingData:
     canvases: int | None = None  # training canvases per epoch (default 50,000; digits 20,000)
     validation: int | None = None  # validation canvases (default 2,000; digits 1,000)
     test: int | None = None  # held-out test canvases (default 10,000; digits 2,000)
-    limit: int | None = None  # images per split used (smoke tests)
+    limit: int | None = None  # at most N images of each split, seeded, stratified by class (smoke tests)
 
 
 def _default_optim() -> VisionOptim:
@@ -112,12 +112,7 @@ def config_from_overrides(over: dict) -> GroundingTrainConfig:
 
 def _prepare(config: GroundingTrainConfig) -> I.ImageSplits:
     splits = I.load_images(config.images, path=config.data.path, seed=config.data.split_seed)
-    if config.data.limit:
-        n = config.data.limit
-        splits = I.ImageSplits(splits.name, *(tuple(t[:n] for t in s) for s in (splits.train, splits.validation,
-                                                                                    splits.test)),
-                               splits.label_names, splits.record)
-    return splits
+    return I.limit_splits(splits, config.data.limit, config.data.split_seed)
 
 
 @dataclass

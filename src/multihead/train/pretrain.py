@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -45,6 +44,7 @@ from torch import nn
 from .. import data as D
 from .._config import check_rules, from_fields
 from .._io import atomic_save_figure
+from ..data.limits import limit_indices, limit_record
 from ..data.masking import IGNORE, mask_tokens, word_starts
 from ..data.packing import batch_rows, pack, split_texts
 from ..models.masked_lm import MaskedLM
@@ -70,7 +70,7 @@ class PretrainData:
     seq_len: int = 128  # tokens per packed row, [CLS] and [SEP] included
     vocab_size: int = 8000
     min_frequency: int = 2
-    limit: int | None = None  # use a seeded random N texts (smoke tests)
+    limit: int | None = None  # at most N texts, a seeded sample (smoke tests)
 
 
 @dataclass
@@ -197,9 +197,8 @@ def run_texts(config: PretrainConfig) -> list[str]:
     """The texts a run pretrains on: the data's, or the seeded random ``data.limit`` of them."""
     dc = config.data
     texts = D.load_texts(dc.name, text_column=dc.text_column)
-    if dc.limit:
-        texts = [texts[i] for i in sorted(random.Random(dc.split_seed).sample(range(len(texts)),
-                                                                             min(dc.limit, len(texts))))]
+    if dc.limit:  # the one meaning of limit: at most N texts, seeded (before the held-out split)
+        texts = [texts[i] for i in limit_indices(len(texts), dc.limit, dc.split_seed)]
     return texts
 
 
@@ -213,6 +212,8 @@ def prepare(config: PretrainConfig, out: Path | None = None, *, resume: bool = F
         record = read_json(out / "splits.json", dict)
     else:
         record = split_texts(len(texts), validation=dc.validation, seed=dc.split_seed)
+        if dc.limit:
+            record["limit"] = limit_record(dc.limit, dc.split_seed, False)
     held = set(record["validation"])
     parts = {"train": [t for i, t in enumerate(texts) if i not in held],
              "validation": [t for i, t in enumerate(texts) if i in held]}

@@ -6,7 +6,6 @@ resumable checkpoints) -> test metrics, baseline, plots. It runs unchanged under
 """
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import data as D
+from ..data.limits import limit_indices, limit_record
 from ..models.classifier import ClassifierConfig, TransformerClassifier
 from .._config import ConfigError
 from .._proc import status_kib
@@ -62,10 +62,9 @@ def prepare(config: TrainConfig, out: Path | None = None, *, resume: bool = Fals
         splits = D.apply_split(dataset, read_json(out / "splits.json"))
     else:
         splits = D.split(dataset, seed=dc.split_seed, validation=dc.validation, test=dc.test)
-    if dc.limit:
-        rng = random.Random(dc.split_seed)  # a seeded random subset keeps every class represented
-        splits = D.Splits(*(s.subset(sorted(rng.sample(range(len(s)), min(dc.limit, len(s))))) for s in splits),
-                          record=splits.record)
+    if dc.limit:  # the one meaning of limit: at most N of each split, seeded, stratified by label
+        splits = D.Splits(*(s.subset(limit_indices(len(s), dc.limit, dc.split_seed, s.label_ids())) for s in splits),
+                          record={**splits.record, "limit": limit_record(dc.limit, dc.split_seed, True)})
     if resume and out is not None and (out / "tokenizer.json").exists():
         tok = D.load_tokenizer(out / "tokenizer.json")
     elif config.pretrained.name:

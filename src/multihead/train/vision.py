@@ -45,7 +45,7 @@ class VisionData:
     name: str = "fashion_mnist"  # fashion_mnist | digits
     path: str | None = None  # folder of Fashion-MNIST's IDX files (default: $MULTIHEAD_FASHION_MNIST, then Debian's)
     split_seed: int = 0
-    limit: int | None = None  # training images used (smoke tests); validation/test are cut to limit // 4
+    limit: int | None = None  # at most N images of each split, seeded, stratified by class (smoke tests)
     shift: int | None = None  # augmentation: random shifts of up to this many pixels (0: none; None: size / 14)
 
 
@@ -135,11 +135,7 @@ def config_from_overrides(over: dict) -> VisionTrainConfig:
 # ---------------------------------------------------------------------------------------------------- data
 def prepare(config: VisionTrainConfig) -> I.ImageSplits:
     splits = I.load_images(config.data.name, path=config.data.path, seed=config.data.split_seed)
-    if config.data.limit:
-        n, m = config.data.limit, max(1, config.data.limit // 4)
-        splits = I.ImageSplits(splits.name, tuple(t[:n] for t in splits.train), tuple(t[:m] for t in splits.validation),
-                               tuple(t[:m] for t in splits.test), splits.label_names, splits.record)
-    return splits
+    return I.limit_splits(splits, config.data.limit, config.data.split_seed)
 
 
 def _model_config(config: VisionTrainConfig, splits: I.ImageSplits) -> VisionConfig:
