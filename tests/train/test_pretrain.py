@@ -486,3 +486,13 @@ def test_compare_matches_parameter_counts_through_the_ffn_width():
     for name, width in ffn.items():
         assert abs(parameter_count(variant_config(name, size={"d_ff": width}, **kw)) - base) <= step / 2, name
     assert ffn["mha"] == 512 and ffn["gated"] < 512 < ffn["gqa"] and ffn["mla"] > 512
+
+
+def test_evaluate_repeats_the_runs_own_validation(pretrained_run, capsys):
+    """``multihead evaluate`` on a pretraining run packs the held-out texts as training did ([CLS] ... [SEP] rows for
+    a masked LM, the same fixed masks) and so reproduces results.json's validation numbers."""
+    results = json.loads((pretrained_run / "results.json").read_text())["validation"]
+    assert main(["evaluate", str(pretrained_run), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["objective"] == "mlm" and r["tokens"] == results["tokens"]
+    assert abs(r["loss"] - results["loss"]) < 1e-6 and r["accuracy"] == results["accuracy"]

@@ -459,9 +459,10 @@ def load_pretrain_run(path: str | Path, device: str = "cpu") -> LanguageModelRun
     return LanguageModelRun(path, config, model.to(device).eval(), tok)
 
 
-def held_out_rows(run: LanguageModelRun, length: int) -> torch.Tensor:
+def held_out_rows(run: LanguageModelRun, length: int, *, as_trained: bool = False) -> torch.Tensor:
     """The run's held-out texts (its recorded split) tokenized, joined by ``[SEP]`` and cut into rows of ``length``
-    tokens: text the model never trained on, as long as asked (e.g. several times its trained row length)."""
+    tokens: text the model never trained on, as long as asked (e.g. several times its trained row length). With
+    ``as_trained`` a masked LM's rows are ``[CLS] ... [SEP]``, as in its training."""
     cfg = run.config
     texts = run_texts(cfg)
     record = read_json(run.path / "splits.json", dict)
@@ -470,14 +471,15 @@ def held_out_rows(run: LanguageModelRun, length: int) -> torch.Tensor:
                           "data changed since the run was trained")
     held = [texts[i] for i in record["validation"]]
     ids = [e.ids for e in run.tokenizer.encode_batch(held, add_special_tokens=False)]
-    return pack(ids, length, run.tokenizer.token_to_id(D.tokenizer.SEP))
+    cls = run.tokenizer.token_to_id(D.tokenizer.CLS) if as_trained and cfg.objective.name == "mlm" else None
+    return pack(ids, length, run.tokenizer.token_to_id(D.tokenizer.SEP), cls)
 
 
 def evaluate_run(run: LanguageModelRun) -> dict:
     """Loss, perplexity and accuracy on the run's held-out texts (its recorded split), in rows of its trained
     length; a masked LM's masks are fixed by a seed, so the numbers repeat."""
     cfg = run.config
-    rows = held_out_rows(run, cfg.data.seq_len)
+    rows = held_out_rows(run, cfg.data.seq_len, as_trained=True)
     objective = OBJECTIVE_CLASSES[cfg.objective.name](cfg, run.tokenizer)
     return {"data": cfg.data.name, "objective": cfg.objective.name, **evaluate_objective(run.model, rows, objective)}
 
