@@ -59,6 +59,9 @@ WORKS = {
                          "8"],
     ("heads", "g2p"): None, ("heads", "vision"): None, ("heads", "grounding"): None,
     ("heads", "pretrain"): ["--data", "rotten_tomatoes", "--n", "4"],
+    ("generate", "train"): None, ("generate", "g2p"): None, ("generate", "vision"): None,
+    ("generate", "grounding"): None, ("generate", "pretrain"): ["The film", "--max-new", "4"],
+    ("sinks", "train"): None, ("sinks", "vision"): None,
 }
 
 

@@ -16,8 +16,11 @@ def cmd_generate(args) -> int:
 
     from ..data.tokenizer import SEP
     from ..models.generation import generate
+    from ..train import tasks
     from ..train.pretrain import load_pretrain_run
 
+    if tasks.kind_of(args.run) is not None:  # a run of another task: say why not, and what works
+        tasks.require(args.run, "generate")
     run = load_pretrain_run(args.run)
     if run.config.objective.name != "clm":
         raise ValueError(f"{args.run} is a {run.config.objective.name} run; generation needs a causal LM: "
@@ -61,8 +64,11 @@ def cmd_sinks(args) -> int:
 
     from .._io import Publish, atomic_write_json, check_target
     from ..interpret import streaming as S
+    from ..train import tasks
     from ..train.pretrain import held_out_rows, load_pretrain_run
 
+    if tasks.kind_of(args.run) is not None:  # a run of another task: say why not, and what works
+        tasks.require(args.run, "sinks")
     if args.out:
         check_target(args.out, "sinks", overwrite=args.overwrite, sources=(args.run,))
     run = load_pretrain_run(args.run)
