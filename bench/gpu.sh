@@ -18,7 +18,7 @@ step() {  # step SECONDS NAME COMMAND...: run with a limit, keep going either wa
     timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log" | grep -v "it/s]" | tail -40
     echo "=== $name: exit ${PIPESTATUS[0]}"
 }
-# the numbers first (issue 18's targets): kernels at 16k and 64k (auto == flex on CUDA, so not timed twice)
+# the numbers first (the kernel targets): kernels at 16k and 64k (auto == flex on CUDA, so not timed twice)
 step 200 kernels $py -m multihead.cli bench kernels --device cuda --dtype bf16 --lengths 16384,65536 \
     --impls sdpa,torch_flex,window,flex,memory_efficient --min-time 0.3 --out "$OUT/kernels-cuda-bf16.json"
 step 120 attention $py -m multihead.cli bench attention --device cuda --dtype bf16 \

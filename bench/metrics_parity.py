@@ -1,4 +1,4 @@
-"""Behaviour kept across a refactor of the training loops: a short seeded run of every task, its metrics and weights.
+"""Behaviour kept between two versions: a short seeded run of every training task, its metrics and final weights.
 
     python bench/metrics_parity.py run OUT          # runs every task with the multihead on PYTHONPATH, into OUT/
     python bench/metrics_parity.py compare A B      # compares two such folders: metrics.jsonl without clock fields,

@@ -317,3 +317,11 @@ def test_map_stats_of_a_softmax_equals_the_exact_tile_statistics():
         torch.testing.assert_close(getattr(b, name), getattr(a, name), atol=1e-10, rtol=0)
     torch.testing.assert_close(b.mass["offset-1"], a.mass["offset-1"], atol=1e-12, rtol=0)
     torch.testing.assert_close(b.lse, torch.zeros_like(b.lse), atol=1e-12, rtol=0)  # log of a row sum of 1
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(3, 4), torch.zeros(1, 2, 3, 3, dtype=torch.long), [[0.5]]])
+def test_map_stats_names_what_it_takes(bad):
+    from multihead.attention.stats import map_stats
+
+    with pytest.raises(ValueError, match=r"floating \(B, H, Lq, Lk\) map"):
+        map_stats(bad)

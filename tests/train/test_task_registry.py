@@ -98,3 +98,18 @@ def test_a_folder_that_is_no_run_is_named_as_such(tmp_path, capsys):
     assert "is not a multihead run folder" in capsys.readouterr().err
     assert main(["predict", str(tmp_path / "missing"), "x"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_the_folder_kinds_and_the_registry_name_the_same_sections():
+    """_io.folder_kind (the ground floor, which cannot import train) lists the run sections itself: kept in step."""
+    from multihead._io import RUN_SECTIONS
+
+    assert set(RUN_SECTIONS) == set(tasks.KINDS)
+
+
+def test_evaluate_refuses_a_split_a_grounding_run_does_not_have(runs, capsys):
+    before = {p: p.read_bytes() for p in runs["grounding"].rglob("*") if p.is_file()}
+    assert main(["evaluate", str(runs["grounding"]), "--split", "validation"]) == 2
+    err = capsys.readouterr().err
+    assert "held-out test canvases; drop --split validation" in err and "Traceback" not in err
+    assert {p: p.read_bytes() for p in runs["grounding"].rglob("*") if p.is_file()} == before

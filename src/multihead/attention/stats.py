@@ -315,6 +315,9 @@ def map_stats(w: Tensor, *, offset: int | None = None, topk: int = 8, sets: dict
     normalised magnitudes ``|w_ij| / sum_j |w_ij|`` (both equal a softmax row's 0 and its entropy when ``w`` is
     one). Rows of zeros have ``lse = -inf`` and zero statistics. ``offset`` places query ``i`` at key ``i + offset``
     (default ``Lk - Lq``)."""
+    if not isinstance(w, Tensor) or w.dim() != 4 or not w.is_floating_point():
+        raise ValueError(f"map_stats takes a floating (B, H, Lq, Lk) map, got "
+                         f"{tuple(w.shape) if isinstance(w, Tensor) else type(w).__name__}")
     b, h, lq, lk = w.shape
     work = torch.promote_types(w.dtype, torch.float32)
     w = w.to(work)

@@ -12,7 +12,7 @@ Modes: ``forward`` (eval, no grad) and ``train`` (forward + backward w.r.t. inpu
 FLOPs counted: projections ``8 B L E^2`` + scores and weighted sum ``4 B L^2 E``; ``train`` counts 3x forward.
 
 ``--device cuda --dtype bf16``: the same layers on the GPU in that dtype, at d_model 1024, 16 heads and L in
-{1k, 4k, 16k} (issue 18's shape), against a bf16 ``8192^3`` matmul measured in the same run (TFLOP/s).
+{1k, 4k, 16k} (a large-model shape), against a bf16 ``8192^3`` matmul measured in the same run (TFLOP/s).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """``multihead bench kernels``: attention kernels alone (no projections), ours against PyTorch's, in one run.
 
 Batch 1, 8 heads, head dim 64, a sliding window of w = 256 on each side for the sparse cases -- the shape of
-issue 18's H200 table. Each case runs in a fresh process (:mod:`.harness`); ``--device cuda --dtype bf16`` runs it on
+the H200 kernel table. Each case runs in a fresh process (:mod:`.harness`); ``--device cuda --dtype bf16`` runs it on
 the GPU (times after ``torch.cuda.synchronize``, peak from the CUDA allocator).
 
 * ``sdpa`` -- ``F.scaled_dot_product_attention``, dense (the baseline of every ratio);

@@ -95,3 +95,11 @@ def run_folder_options(p) -> None:
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def config_options(p, flags: dict, sections: str) -> None:
+    """``--out``, ``--config FILE.toml`` and the command's flags (``{flag: (config path, type, help)}``)."""
+    p.add_argument("--out", required=True, help="run folder")
+    p.add_argument("--config", default=None, help=f"TOML file with {sections}")
+    for flag, (_, typ, help_) in flags.items():
+        p.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, default=None, help=help_)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .args import run_folder_options, _apply_sets, _count, _ints, _seconds, _set_path
+from .args import config_options, run_folder_options, _apply_sets, _count, _ints, _seconds, _set_path
 
 
 TRAIN_FLAGS = {  # flag -> (config path, type, help)
@@ -187,11 +187,7 @@ def register(sub) -> None:
     t.add_argument("--data", default=None, help="built-in dataset (rotten_tomatoes, imdb, bbc_news, bbc_headlines), "
                                                 "a .csv/.tsv/.jsonl file (default rotten_tomatoes), cmudict "
                                                 "(grapheme-to-phoneme), or fashion_mnist / digits (images, ViT)")
-    t.add_argument("--out", required=True, help="run folder")
-    t.add_argument("--config", default=None,
-                   help="TOML file with [data], [model], [model.encoder], [optim], [run], [pretrained]")
-    for flag, (_, typ, help_) in TRAIN_FLAGS.items():
-        t.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, default=None, help=help_)
+    config_options(t, TRAIN_FLAGS, "[data], [model], [model.encoder], [optim], [run], [pretrained]")
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
     run_folder_options(t)
     t.set_defaults(fn=cmd_train)
@@ -200,10 +196,7 @@ def register(sub) -> None:
                                          "run folder whose encoder `train --init` fine-tunes")
     pt.add_argument("--data", default=None, help="built-in dataset whose texts are used (default imdb; labels are "
                                                  "never read), a .txt file (one text per line) or .csv/.tsv/.jsonl")
-    pt.add_argument("--out", required=True, help="run folder")
-    pt.add_argument("--config", default=None, help="TOML file with [data], [objective], [model], [optim], [run]")
-    for flag, (_, typ, help_) in PRETRAIN_FLAGS.items():
-        pt.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, default=None, help=help_)
+    config_options(pt, PRETRAIN_FLAGS, "[data], [objective], [model], [optim], [run]")
     pt.add_argument("--whole-word", action="store_true", help="mask whole words (all pieces of a selected word)")
     run_folder_options(pt)
     pt.set_defaults(fn=cmd_pretrain)

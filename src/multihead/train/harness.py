@@ -43,7 +43,7 @@ from .._config import ConfigError, flatten
 from .._io import Publish, check_target, folder_kind, folder_lock
 from . import distributed
 from .checkpoint import EMA, keep_metrics, model_tensors, restore_checkpoint, save_checkpoint
-from .runfolder import CheckpointError, read_json, save_checked
+from .runfolder import CheckpointError, atomic_write_json, read_json, save_checked
 
 
 class RunExistsError(FileExistsError):
@@ -320,7 +320,7 @@ def replicas_agree(model: nn.Module, dist_info) -> dict:
 
 
 def _zero_stats() -> dict:
-    return {"loss": 0.0, "n": 0, "correct": 0, "tokens": 0}
+    return {"loss": 0.0, "n": 0, "correct": 0}
 
 
 def fresh_position(world_size: int = 1) -> dict:
@@ -402,8 +402,6 @@ class Loop:
                                                  "tokens": pos["tokens"], "world_size": self.world})
         if ddp:
             results["distributed"] = ddp
-        from .runfolder import atomic_write_json
-
         atomic_write_json(self.folder.path / "results.json", results)
         return results
 

@@ -89,27 +89,27 @@ def _never(name: str) -> bool:
 _NOT_LM = "it is not a causal language model; pretrain one with: multihead pretrain --objective clm --out RUN"
 _NO_TEXT = ("heads reads text: a text classifier, a pretrained encoder or a language model; look at this run's "
             "attention with: multihead show RUN")
+_NO_TEXT_IMAGES = _NO_TEXT.replace("RUN", "RUN --index N")
+_NO_EXPORT = "export writes text encoders as HF folders; the run's weights are RUN/model.safetensors"
 
 # Order matters for --data: the first kind whose trains_on accepts the name trains on it (text last: the fallback).
 KINDS: dict[str, TaskKind] = {k.section: k for k in (
     TaskKind("g2p", "grapheme-to-phoneme", "multihead.train.g2p", "G2PTask", "train_g2p", "load_g2p_run", _g2p_data,
              {"heads": _NO_TEXT, "importance": _NO_TEXT, "prune": _NO_TEXT, "generate": _NOT_LM,
               "sinks": _NOT_LM, "embed": "embed reads text classifiers and encoders; transcribe words with: "
-              "multihead predict RUN WORD", "export": "export writes text encoders as HF folders; the run's "
-              "weights are RUN/model.safetensors"}),
+              "multihead predict RUN WORD", "export": _NO_EXPORT}),
     TaskKind("vision", "image classification", "multihead.train.vision", "VisionTask", "train_vision",
              "load_vision_run", _image_data,
-             {"heads": _NO_TEXT.replace("RUN", "RUN --index N"), "generate": _NOT_LM, "sinks": _NOT_LM,
-              "embed": "embed reads text; classify images with: multihead predict RUN --index N",
-              "export": "export writes text encoders as HF folders; the run's weights are RUN/model.safetensors"}),
+             {"heads": _NO_TEXT_IMAGES, "generate": _NOT_LM, "sinks": _NOT_LM,
+              "embed": "embed reads text; classify images with: multihead predict RUN --index N", "export": _NO_EXPORT}),
     TaskKind("grounding", "text-image grounding", "multihead.train.grounding", "GroundingTask", "train_grounding",
              "load_grounding_run", _qa_data,
              {"predict": "its questions are about canvases of the test split: ask one with "
                          "multihead show RUN --index N --question \"where is the bag?\"",
-              "heads": _NO_TEXT.replace("RUN", "RUN --index N"), "importance": _NO_TEXT.replace("RUN", "RUN --index N"),
-              "prune": _NO_TEXT.replace("RUN", "RUN --index N"), "generate": _NOT_LM, "sinks": _NOT_LM,
+              "heads": _NO_TEXT_IMAGES, "importance": _NO_TEXT_IMAGES, "prune": _NO_TEXT_IMAGES, "generate": _NOT_LM,
+              "sinks": _NOT_LM,
               "embed": "embed reads text; ask a question with: multihead show RUN --index N --question \"...\"",
-              "export": "export writes text encoders as HF folders; the run's weights are RUN/model.safetensors"}),
+              "export": _NO_EXPORT}),
     TaskKind("pretrain", "pretraining", "multihead.train.pretrain", "PretrainTask", "pretrain", "load_pretrain_run",
              _never,
              {"predict": "a pretrained language model has no classes; continue a prompt with: multihead generate "

@@ -92,7 +92,7 @@ def _as_4d(mask):
 def _boost(call):
     """On CUDA, FlexAttention with the pattern's block mask (full tiles skip mask_mod, empty tiles are never read)
     is the fastest exact path for sparse patterns: PyTorch's compiled kernel beat our window kernel ~9x at 64k on an
-    H200 (issue 18's table). On CPU the window kernel stays first (compile time, no backward, length bugs)."""
+    H200. On CPU the window kernel stays first (compile time, no backward, length bugs)."""
     if call.device == "cuda" and call.pattern is not None:
         return 30, f"sparse {call.pattern} patterns on cuda run fastest in FlexAttention with the pattern's block mask"
     return None

@@ -13,7 +13,7 @@ weights of chosen heads / query rows from the saved ``lse`` without building the
 The loop above is the readable reference algorithm, and it is what runs on CPU. On CUDA the same algorithm runs as a
 compiled kernel: PyTorch's FlexAttention (``torch.compile``-generated, forward and backward, tiles skipped by a causal
 block mask from index arithmetic) with its log-sum-exp returned (:mod:`multihead.attention.flex_kernel`) -- a Python
-loop of tile launches is ~250x slower than SDPA on an H200 (issue 18). ``kernel="tiles"`` forces the loop anywhere,
+loop of tile launches is ~250x slower than SDPA on an H200. ``kernel="tiles"`` forces the loop anywhere,
 ``kernel="flex"`` forces FlexAttention (on CPU its eager reference, forward only: for checking this route).
 """
 from __future__ import annotations
