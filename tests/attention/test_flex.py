@@ -20,6 +20,7 @@ def test_flex_equals_reference_for_masks_and_patterns():
         (AttnMask(pattern=SparsePattern(window=9, global_tokens=(0,)), key_padding=keep), False),
         (SparsePattern(block=16, random_blocks=1, causal=True), False),
         (SparsePattern(window=130), False),  # one full tile: the kernel skips mask_mod there
+        (AttnMask(key_padding=keep, causal=True, alibi=[0.5, 0.25, 0.125, 0.0625]), False),  # ALiBi: a score_mod
     ]
     with torch.no_grad():
         for mask, causal in cases:

@@ -263,7 +263,7 @@ def test_combinations_that_cannot_train_are_refused_at_construction(options, mes
         small_lm(0, **options)
 
 
-@pytest.mark.parametrize("flag", ["gate", "sinks", "differential", "talking_heads"])
+@pytest.mark.parametrize("flag", ["gate", "differential", "talking_heads"])
 def test_mla_refuses_the_options_it_would_ignore(flag):
     """Before: mla_latent silently replaced the self-attention and dropped the other variant flags."""
     with pytest.raises(ValueError, match="does not take " + flag):

@@ -8,15 +8,18 @@ Shape legend: ``b`` batch, ``h`` query heads, ``i`` query positions (``Lq``), ``
              causal=True,             # j <= i + offset ...
              causal_offset=None,      # ... offset = Lk - Lq (bottom right) unless given: a KV cache is an offset
              pattern=SparsePattern(window=64),   # a sparsity pattern (geometry only)
+             alibi=(0.5, 0.25, ...),  # ALiBi: -slope_h * |pos(i) - j| added per head (one slope per query head)
              tensor=None)             # any other mask: bool (True = may attend) or float bias, broadcastable
                                       # to (b, h, i, j)
 
-A key is allowed when every part allows it. The mask is built once where it is born (a model's ``forward`` from the
+A key is allowed when every part allows it; the ALiBi part adds a distance bias (query ``i`` sits at key position
+``pos(i) = i + offset``, the causal rule's alignment). The mask is built once where it is born (a model's ``forward`` from the
 batch's key padding; the public entry point from a plain tensor, ``is_causal=`` or a ``SparsePattern``) and passed
 down unchanged: nothing downstream re-derives the key padding from a tensor's shape. The registry validates it once
 per call (:meth:`AttnMask.check`), then gives each backend only the parts that backend declares it runs natively
 (``Capabilities.mask_parts`` and ``Capabilities.patterns``), densifying the others into the tensor part once
-(:meth:`AttnMask.for_backend`). Consumers read it three ways: :meth:`dense` (the reference formula), :meth:`mask_mod`
+(:meth:`AttnMask.for_backend`, remembered on the mask: a stack's mask is densified once for all its layers).
+Consumers read it three ways: :meth:`dense` (the reference formula), :meth:`mask_mod`
 / :meth:`score_mod` (FlexAttention), or the fields themselves (sparse and linear kernels).
 """
 from __future__ import annotations
@@ -37,10 +40,11 @@ PARTS = {
     "causal": "causal at any offset, together with the backend's other native parts",
     "causal_square": "causal with Lq == Lk and offset 0, together with the backend's other native parts",
     "causal_alone": "causal with Lq == Lk and offset 0 as the only part (a kernel flag such as SDPA's is_causal)",
+    "alibi": "ALiBi distance biases, one slope per head (a score_mod for FlexAttention)",
 }
 _WORDS = {"tensor": "dense masks", "key_padding": "key-padding masks", "causal": "causal",
           "causal_square": "causal (Lq == Lk)", "causal_alone": "causal (Lq == Lk, alone)",
-          "window": "window patterns", "block": "block patterns"}
+          "window": "window patterns", "block": "block patterns", "alibi": "ALiBi biases"}
 
 
 def split_parts(natives: Collection[str], parts: Collection[str], square_causal: bool) -> tuple[frozenset, frozenset]:
@@ -76,7 +80,9 @@ class AttnMask:
     causal_offset: Optional[int] = None  # query i sits at position i + offset; None = Lk - Lq (bottom right)
     pattern: Optional[SparsePattern] = None  # geometry only (its causal flag is lifted into ``causal``)
     tensor: Optional[Tensor] = None  # bool (True = may attend) or float (added), broadcastable to (b, h, i, j)
+    alibi: Optional[tuple] = None  # ALiBi slopes, one float per query head: -slope_h * |pos(i) - j| is added
     _checked: tuple = field(default=(), repr=False, compare=False)  # the (b, h, i, j, device, dtype) last checked
+    _memo: Optional[dict] = field(default=None, init=False, repr=False, compare=False)  # for_backend's results
 
     def __post_init__(self) -> None:
         if self.pattern is not None and self.pattern.causal:  # one causal flag, here
@@ -85,6 +91,9 @@ class AttnMask:
         if self.causal_offset is not None and not isinstance(self.causal_offset, int):
             raise TypeError(f"causal_offset must be an int (query i sits at key position i + offset), got "
                             f"{type(self.causal_offset).__name__}")
+        if self.alibi is not None:
+            slopes = self.alibi.tolist() if isinstance(self.alibi, Tensor) else self.alibi
+            object.__setattr__(self, "alibi", tuple(float(x) for x in slopes))
         kp = self.key_padding
         if kp is not None and kp.dtype != torch.bool:  # a 0/1 float mask would be added to the scores as a bias
             raise TypeError(
@@ -119,6 +128,13 @@ class AttnMask:
             out = replace(out, key_padding=key_padding, _checked=())
         return out if out.parts else None
 
+    def with_alibi(self, slopes) -> "AttnMask":
+        """This mask with the ALiBi part ``slopes`` (one per query head; a tuple, list or tensor); the same mask when
+        it already has them (a stack's mask passed through every layer keeps its validation and dense form)."""
+        slopes = None if slopes is None else tuple(float(x) for x in (slopes.tolist() if isinstance(slopes, Tensor)
+                                                                       else slopes))
+        return self if slopes == self.alibi else replace(self, alibi=slopes, _checked=())
+
     def with_pattern(self, pattern: SparsePattern | None) -> "AttnMask":
         if pattern is None or (self.pattern == replace(pattern, causal=False) and self.causal >= pattern.causal):
             return self  # already there (a model's mask passed through every layer keeps its validation)
@@ -139,6 +155,8 @@ class AttnMask:
             p.add("causal")
         if self.pattern is not None:
             p.add(self.pattern.kind)
+        if self.alibi is not None:
+            p.add("alibi")
         return frozenset(p)
 
     def offset(self, lq: int, lk: int) -> int:
@@ -171,6 +189,9 @@ class AttnMask:
                 raise ValueError(f"key_padding_mask is on {kp.device} but q is on {device}; move it with "
                                  ".to(q.device)")
             _masks.warn_if_inverted_padding(kp)
+        if self.alibi is not None and len(self.alibi) != h:
+            raise ValueError(f"the mask's ALiBi part has {len(self.alibi)} slopes but the call has {h} query heads; "
+                             "give one slope per head (multihead.modules.attention.alibi_slopes(num_heads))")
         if self.pattern is not None and lq != lk:
             raise ValueError(f"SparsePattern masks describe self-attention (Lq == Lk); got Lq={lq}, Lk={lk}. Build "
                              "cross-attention without pattern=")
@@ -182,10 +203,21 @@ class AttnMask:
         return replace(self, tensor=t, _checked=target)
 
     # ------------------------------------------------------------------ dense form
+    def alibi_bias(self, lq: int, lk: int, device=None, dtype=torch.float32) -> Tensor:
+        """The ALiBi part as a float bias ``(1, H, Lq, Lk)``: ``-slope_h |pos(i) - j|``, ``pos(i) = i + offset``."""
+        pos = torch.arange(lq, device=device) + self.offset(lq, lk)
+        dist = (pos[:, None] - torch.arange(lk, device=device)[None, :]).abs().to(torch.float64)  # (i, j)
+        slopes = torch.tensor(self.alibi, dtype=torch.float64, device=device)
+        return (-slopes[:, None, None] * dist)[None].to(dtype)  # (1, h, i, j)
+
     def dense(self, lq: int, lk: int, device=None) -> Optional[Tensor]:
         """Every part merged into one tensor broadcastable to ``(B, H, Lq, Lk)``: bool (True = may attend), or
-        float when the tensor part is a float bias (-inf where a bool part forbids). None when nothing is masked."""
+        float when the tensor part is a float bias or there is an ALiBi part (-inf where a bool part forbids; the
+        tensor part's float dtype, else fp32). None when nothing is masked."""
         out = self.tensor
+        if self.alibi is not None:
+            dtype = out.dtype if out is not None and out.is_floating_point() else torch.float32
+            out = _masks.merge_masks(self.alibi_bias(lq, lk, device, dtype), out)
         if self.key_padding is not None:
             out = _masks.merge_masks(out, self.key_padding[:, None, None, :].to(device))  # (b, 1, 1, j)
         if self.pattern is not None:
@@ -197,7 +229,21 @@ class AttnMask:
     def for_backend(self, natives: Collection[str], lq: int, lk: int, device=None) -> Optional["AttnMask"]:
         """This mask as a backend declaring ``natives`` (``mask_parts`` + ``patterns``) takes it: its native parts
         as they are, the rest densified into the tensor part, once. A causal part that forbids nothing (every query
-        at or after the last key: one decoding step over its cache) is dropped first."""
+        at or after the last key: one decoding step over its cache) is dropped first. Remembered on this mask: a
+        stack's mask is densified once for all its layers."""
+        key = (tuple(natives), self.cache_key(lq, lk, device))
+        memo = self._memo
+        if memo is not None and key in memo:
+            return memo[key]
+        out = self._for_backend(natives, lq, lk, device)
+        if memo is None:
+            memo = {}
+            object.__setattr__(self, "_memo", memo)
+        memo.clear()  # one entry: the call shape of a stack's layers (a new length gets a new mask)
+        memo[key] = out
+        return out
+
+    def _for_backend(self, natives: Collection[str], lq: int, lk: int, device=None) -> Optional["AttnMask"]:
         if self.causal and self.pattern is None and self.offset(lq, lk) >= lk - 1:
             rest_of = replace(self, causal=False, causal_offset=None, _checked=self._checked)
             return rest_of.for_backend(natives, lq, lk, device) if rest_of.parts else None
@@ -205,11 +251,11 @@ class AttnMask:
         if not rest:
             return self
         drop = replace(self, key_padding=self.key_padding if "key_padding" in kept else None,
-                       causal=self.causal and "causal" in kept,
+                       causal=self.causal and "causal" in kept, alibi=self.alibi if "alibi" in kept else None,
                        pattern=self.pattern if self.pattern is not None and self.pattern.kind in kept else None,
                        tensor=None, _checked=())
         moved = replace(self, key_padding=None if "key_padding" in kept else self.key_padding,
-                        causal=self.causal and "causal" not in kept,
+                        causal=self.causal and "causal" not in kept, alibi=None if "alibi" in kept else self.alibi,
                         pattern=None if self.pattern is not None and self.pattern.kind in kept else self.pattern,
                         _checked=())
         return replace(drop, tensor=moved.dense(lq, lk, device), _checked=self._checked)
@@ -245,12 +291,21 @@ class AttnMask:
 
         return mask_mod
 
-    def score_mod(self, lq: int, lk: int):
-        """``score_mod(score, b, h, q_idx, kv_idx)`` adding a float tensor part (None without one)."""
-        if self.tensor is None or self.tensor.dtype == torch.bool:
-            return None
-        bias = _lookup(self.tensor, lq, lk)
-        return lambda score, b, h, i, j: score + bias(b, h, i, j)
+    def score_mod(self, lq: int, lk: int, device=None):
+        """``score_mod(score, b, h, q_idx, kv_idx)`` adding a float tensor part and the ALiBi bias (None without
+        either)."""
+        mods = []
+        if self.tensor is not None and self.tensor.dtype != torch.bool:
+            bias = _lookup(self.tensor, lq, lk)
+            mods.append(lambda score, b, h, i, j: score + bias(b, h, i, j))
+        if self.alibi is not None:
+            slopes = torch.tensor(self.alibi, device=device)
+            off = self.offset(lq, lk)
+            mods.append(lambda score, b, h, i, j: score - slopes[h] * (i + off - j).abs())
+        if len(mods) < 2:
+            return mods[0] if mods else None
+        first, second = mods
+        return lambda score, b, h, i, j: second(first(score, b, h, i, j), b, h, i, j)
 
     def mask_mod_axes(self) -> tuple[bool, bool]:
         """Whether :meth:`mask_mod` depends on the batch and on the head index (block masks are built per axis)."""
@@ -262,7 +317,7 @@ class AttnMask:
     def cache_key(self, lq: int, lk: int, device) -> tuple:
         """Equal keys mean equal masks: the geometry, plus each tensor's storage, layout and version counter (bumped
         by every in-place write, so an edited, reused buffer never matches a stale entry)."""
-        return (self.pattern, self.causal, self.offset(lq, lk) if self.causal else None,
+        return (self.pattern, self.causal, self.offset(lq, lk) if self.causal or self.alibi is not None else None, self.alibi,
                 _identity(self.key_padding), _identity(self.tensor), lq, lk, str(device))
 
 

@@ -70,7 +70,7 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttnMask | None, scale
     b, h, lq, _ = q.shape
     lk = k.shape[2]
     bm = block_mask(mask, b, lq, lk, q.device)
-    score_mod = mask.score_mod(lq, lk) if mask is not None else None
+    score_mod = mask.score_mod(lq, lk, q.device) if mask is not None else None
     fn = compiled_flex() if compiled else fa.flex_attention
     kwargs = dict(score_mod=score_mod, block_mask=bm, scale=scale, enable_gqa=k.shape[1] != h)
     if not lse:

@@ -6,6 +6,7 @@ Shape legend: ``b`` batch, ``h`` query heads, ``g`` key/value heads (``h % g == 
 A backend is a plain function with one signature::
 
     fn(q, k, v, *, mask, dropout_p, scale, need_weights) -> (out, weights | None)
+    (a backend declaring ``Capabilities.sinks`` also takes ``sinks=``: ``(h,)`` logits, or None)
 
     q: (b, h, i, d)   k, v: (b, g, j, d)   mask: None | AttnMask holding only the parts the backend declared
     out: (b, h, i, d)  weights: (b, h, i, j) (only when need_weights and the backend declares it can)
@@ -16,6 +17,8 @@ The entry point does everything shared, once, so that backends stay small and al
   :class:`~multihead.attention.attn_mask.AttnMask` and validates it once (errors name the fix);
 * hands the chosen backend the parts it declared native (``Capabilities.mask_parts``, ``.patterns``) and densifies
   the rest into the mask's tensor part, once (:meth:`AttnMask.for_backend`);
+* gives learned sinks (a logit per head that joins every softmax denominator) to the backends that declare them and
+  rewrites the call as one extra key for the others (:func:`~multihead.attention.ops.with_sink_key`), exactly;
 * makes fully masked query rows of that tensor part safe: opened before the backend runs and zeroed after
   (:func:`~multihead.attention.ops.open_empty_rows`), so their output, weights and gradients are exactly zero on every
   backend and dtype (PyTorch's MHA returns NaN there). Backends that take parts natively zero such rows themselves
@@ -56,6 +59,7 @@ class Capabilities:
     patterns: tuple[str, ...] = ()  # SparsePattern kinds run natively (others get the pattern's dense mask)
     requires_pattern: bool = False  # runs only SparsePattern masks (sparse backends)
     backward_devices: tuple[str, ...] = ("cpu", "cuda")  # where gradients flow through it
+    sinks: bool = False  # takes learned sinks natively (others run them as one extra key, rewritten by the seam)
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,13 @@ class Backend:
             return f"does not support {call.dtype}"
         if call.exact and not c.exact:
             return "is approximate and the call requires exact attention"
+        if call.sinks and not c.sinks:  # the seam's rewrite: one extra key, the causal rule shifted by one
+            if call.pattern is not None:
+                return "cannot add learned sinks to a sparse pattern (the pattern's rule has no sink key)"
+            if not c.exact:
+                return "cannot take learned sinks (an approximate kernel would not keep the sink's share exact)"
+            lq, lk, d = call.sizes if call.sizes else (0, 0, 0)
+            call = replace(call, square_causal=False, sizes=(lq, lk + 1, d + 1) if call.sizes else ())
         if c.requires_pattern and call.pattern not in c.patterns:
             return (f"runs only SparsePattern masks of kind {'/'.join(c.patterns)}; pass mask=SparsePattern(...)"
                     if call.pattern is None else f"does not run {call.pattern} patterns")
@@ -120,6 +131,7 @@ class CallInfo:
     square_causal: bool = False  # the causal part has Lq == Lk and offset 0
     needs_grad: bool = False  # grad mode is on and an input requires grad
     sizes: tuple = ()  # (Lq, Lk, D): for backends whose correctness depends on the shape (see flex)
+    sinks: bool = False  # learned sinks (a logit per head in every softmax denominator)
 
 
 _REGISTRY: dict[str, Backend] = {}
@@ -168,7 +180,7 @@ def check_backend_name(name: str) -> str:
 
 
 def _call_info(q: Tensor, k: Tensor, mask: AttnMask | None, dropout_p: float, need_weights: bool,
-               exact: bool) -> CallInfo:
+               exact: bool, sinks: bool = False) -> CallInfo:
     lq, lk = q.shape[2], k.shape[2]
     return CallInfo(
         device=q.device.type,
@@ -182,6 +194,7 @@ def _call_info(q: Tensor, k: Tensor, mask: AttnMask | None, dropout_p: float, ne
         square_causal=mask is not None and mask.square_causal(lq, lk),
         needs_grad=torch.is_grad_enabled() and any(t.requires_grad for t in (q, k)),
         sizes=(lq, lk, q.shape[3]),
+        sinks=sinks,
     )
 
 
@@ -206,17 +219,17 @@ def ranked(call: CallInfo) -> list[Backend]:
 
 
 def explain(q: Tensor, k: Tensor, *, mask=None, dropout_p: float = 0.0, need_weights: bool = False,
-            exact: bool = True) -> list[tuple[str, Optional[str]]]:
+            exact: bool = True, sinks: bool = False) -> list[tuple[str, Optional[str]]]:
     """For each backend in ``auto``'s order: ``(name, None)`` if capable, else ``(name, reason it was skipped)``."""
-    call = _call_info(q, k, AttnMask.of(mask), dropout_p, need_weights, exact)
+    call = _call_info(q, k, AttnMask.of(mask), dropout_p, need_weights, exact, sinks)
     return [(b.name, b.why_not(call)) for b in ranked(call)]
 
 
 def explain_choice(q: Tensor, k: Tensor, *, mask=None, dropout_p: float = 0.0, need_weights: bool = False,
-                   exact: bool = True) -> str:
+                   exact: bool = True, sinks: bool = False) -> str:
     """``auto``'s choice for this call in words: the backend, why it ranks first, and why each backend ranked above
     it was skipped, e.g. ``"flex (rank 25: sparse patterns on cuda ...); skipped: ..."``."""
-    call = _call_info(q, k, AttnMask.of(mask), dropout_p, need_weights, exact)
+    call = _call_info(q, k, AttnMask.of(mask), dropout_p, need_weights, exact, sinks)
     skipped = []
     for b in ranked(call):
         reason = b.why_not(call)
@@ -274,6 +287,7 @@ def attention(
     need_weights: bool = False,
     backend: str = "auto",
     weights_hook: Callable[[Tensor], Tensor] | None = None,
+    sinks: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Scaled dot-product attention, ``softmax(q k^T * scale + mask) v``, over registered backends.
 
@@ -295,14 +309,19 @@ def attention(
         weights_hook: ``fn(weights) -> weights``: the weights ``(B, H, Lq, Lk)`` are computed explicitly (the
             reference formula), passed through ``fn`` (which may read or edit them; a module's ``hook_pattern``),
             then dropout and the values are applied here -- the one place the hooked path lives.
+        sinks: ``(H,)`` learned sink logits (as gpt-oss): each head's logit joins every row's softmax denominator,
+            ``p_ij = exp(s_ij) / (exp(sink_h) + sum_j exp(s_ij))``, so the weights sum to less than 1. A backend
+            declaring ``Capabilities.sinks`` takes them; any other runs them as one extra key (exact). Not with
+            sparse patterns on a sparse kernel (``auto`` then takes a dense one).
 
     Returns:
         ``(out, weights)``: ``out`` is ``(B, H, Lq, Dv)``; ``weights`` is None unless ``need_weights``.
         Query rows with no allowed key give zeros in both.
     """
-    from .ops import expand_kv, open_empty_rows, probabilities, zero_rows
+    from .ops import expand_kv, open_empty_rows, probabilities, with_sink_key, zero_rows
 
     am, scale = _prepare(q, k, v, mask, is_causal, scale)
+    _check_sinks(sinks, q)
     b, h, lq, _ = q.shape
     lk = k.shape[2]
     if not 0.0 <= dropout_p < 1.0:
@@ -312,11 +331,17 @@ def attention(
         return out, (q.new_zeros(b, h, lq, lk) if need_weights else None)
 
     if weights_hook is not None:  # explicit weights, edited by the hook; rows with no key are zero in them
-        weights = weights_hook(probabilities(q, k, am, scale))  # (b, h, i, j)
+        weights = weights_hook(probabilities(q, k, am, scale, sinks))  # (b, h, i, j)
         dropped = torch.nn.functional.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
         return torch.matmul(dropped, expand_kv(v, h)), (weights if need_weights else None)  # (b, h, i, d)
 
-    chosen = resolve(backend, _call_info(q, k, am, dropout_p, need_weights, exact=True))
+    chosen = resolve(backend, _call_info(q, k, am, dropout_p, need_weights, exact=True, sinks=sinks is not None))
+    extra = {}
+    if sinks is not None and chosen.capabilities.sinks:
+        extra = {"sinks": sinks}
+    elif sinks is not None:  # one extra key that scores sink_h, value 0; its column dropped from the weights
+        q, k, v, am = with_sink_key(q, k, v, am, sinks, scale)
+        lk += 1
     row_ok = None
     if am is not None:
         c = chosen.capabilities
@@ -324,16 +349,30 @@ def attention(
         if am is not None and am.tensor is not None:
             tensor, row_ok = open_empty_rows(am.tensor)
             am = replace(am, tensor=tensor) if row_ok is not None else am
-    out, weights = chosen.fn(q, k, v, mask=am, dropout_p=dropout_p, scale=scale, need_weights=need_weights)
+    out, weights = chosen.fn(q, k, v, mask=am, dropout_p=dropout_p, scale=scale, need_weights=need_weights, **extra)
     out = zero_rows(out, row_ok)
-    return out, (zero_rows(weights, row_ok) if need_weights and weights is not None else None)
+    if not need_weights or weights is None:
+        return out, None
+    weights = zero_rows(weights, row_ok)
+    return out, (weights[..., 1:] if sinks is not None and not extra else weights)
+
+
+def _check_sinks(sinks: Tensor | None, q: Tensor) -> None:
+    if sinks is None:
+        return
+    if not isinstance(sinks, Tensor) or sinks.shape != (q.shape[1],) or not sinks.is_floating_point():
+        got = tuple(sinks.shape) if isinstance(sinks, Tensor) else type(sinks).__name__
+        raise ValueError(f"sinks must be a float tensor of one logit per query head, ({q.shape[1]},); got {got}")
+    if sinks.device != q.device:
+        raise ValueError(f"sinks are on {sinks.device} but q is on {q.device}; move them with .to(q.device)")
 
 
 def attention_weights(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
-                      scale: float | None = None) -> Tensor:
+                      scale: float | None = None, sinks: Tensor | None = None) -> Tensor:
     """Per-head weights ``softmax(q k^T * scale + mask)`` ``(B, H, Lq, Lk)``, fully masked rows zero: the same
-    preparation as :func:`attention` (one validation), then the reference formula."""
+    preparation as :func:`attention` (one validation), then the reference formula (``sinks`` as there)."""
     from .ops import probabilities
 
     am, scale = _prepare(q, k, k, mask, is_causal, scale)
-    return probabilities(q, k, am, scale)
+    _check_sinks(sinks, q)
+    return probabilities(q, k, am, scale, sinks)

@@ -18,6 +18,9 @@ online softmax for ``lse``, then the statistics from exact weights -- and holds 
 self-attention). Every mask the kernel seam takes works -- key padding, causal (with an offset), sparse patterns
 (their index rule, never a dense map), bool/float tensors -- and GQA. Tiles a mask forbids entirely are skipped.
 Rows with no allowed key have ``lse = -inf`` and zero weights, entropy, distance and mass (no NaN).
+
+With learned sinks (``sinks=``, a logit per head in every denominator) ``lse`` includes the sink's term, so every
+statistic is over the real keys with their true weights (which sum to ``1 - sink[b, h, i]``, the sink's share).
 """
 from __future__ import annotations
 
@@ -50,15 +53,16 @@ class AttentionStats:
     thumbnail: Tensor | None = None  # (b, h, T, T): the map averaged over T x T bins of rows and keys (a picture)
     heads: list[int] | None = None
     rows: list[int] | None = None
+    sink: Tensor | None = None  # (b, h, i) the learned sink's share of each row (models with sinks)
 
     @property
     def allowed_rows(self) -> Tensor:
         """``(b, h, i)`` bool: rows that had at least one key."""
-        return torch.isfinite(self.lse)
+        return torch.isfinite(self.lse) if self.sink is None else self.sink < 1
 
     def nbytes(self) -> int:
         ts = [self.lse, self.entropy, self.received, self.distance, *self.mass.values(), self.topk_index,
-              self.topk_weight, self.weights, self.thumbnail]
+              self.topk_weight, self.weights, self.thumbnail, self.sink]
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
 
@@ -114,7 +118,7 @@ class _Tiles:
         lk = k.shape[2]
         # plain causal: applied by index arithmetic on the tiles that cross the diagonal only (see scores)
         self.mask_mod = am.mask_mod(lq, lk, q.device) if am is not None and am.parts != {"causal"} else None
-        self.score_mod = am.score_mod(lq, lk) if am is not None else None
+        self.score_mod = am.score_mod(lq, lk, q.device) if am is not None else None
         self.causal_offset = am.offset(lq, lk) if am is not None and am.causal else None
         self.b_idx = torch.arange(b, device=q.device)[:, None, None, None]
         self.h_idx = torch.arange(h, device=q.device)[None, :, None, None]
@@ -171,7 +175,7 @@ def _as_list(x, n: int, what: str) -> list[int] | None:
 def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
                     key_padding_mask: Tensor | None = None, scale: float | None = None, topk: int = 8,
                     sets: dict | None = None, offsets=(), heads=None, rows=None, thumbnail: int = 0,
-                    block_q: int = BLOCK_Q,
+                    sinks: Tensor | None = None, block_q: int = BLOCK_Q,
                     block_k: int = BLOCK_K) -> AttentionStats:
     """Exact statistics of ``softmax(q k^T * scale + mask)`` per head, in memory linear in length.
 
@@ -186,10 +190,13 @@ def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
         heads, rows: return the exact weight rows of these heads and query rows (``.weights``).
         thumbnail: ``T > 0`` also returns the map averaged over ``T x T`` bins (``.thumbnail``; bin ``a`` of
             ``L`` positions holds ``[a L / T, (a + 1) L / T)``), two thin matmuls per tile.
+        sinks: ``(H,)`` learned sink logits (as the kernel seam takes them): they join each row's denominator; the
+            statistics stay over the real keys and ``.sink`` holds each row's sink share.
     """
-    from .registry import _check_qkv
+    from .registry import _check_qkv, _check_sinks
 
     _check_qkv(q, k, k)
+    _check_sinks(sinks, q)
     b, h, lq, d = q.shape
     lk = k.shape[2]
     if topk < 0 or block_q < 1 or block_k < 1:
@@ -225,6 +232,11 @@ def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
                 if s is not None:
                     acc = torch.logaddexp(acc, torch.logsumexp(s, -1))
             lse[:, :, i0:i1] = acc
+    sink = None
+    if sinks is not None:  # the sink's term joins every denominator: p over the real keys sums to 1 - its share
+        logit = sinks.to(work).view(1, h, 1).expand(b, h, lq)
+        lse = torch.logaddexp(lse, logit)
+        sink = torch.exp(logit - lse)
     entropy, distance, received = zeros(b, h, lq), zeros(b, h, lq), zeros(b, h, lk)
     names = list(key_sets)
     mass = {n: zeros(b, h, lq) for n in names}
@@ -303,7 +315,7 @@ def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
     top_w = top_w.clamp_min(0)  # slots never filled (rows with fewer allowed keys than k) read 0
     return AttentionStats(lse=lse, entropy=entropy, received=received, distance=distance, mass=mass,
                           topk_index=top_i if kk else None, topk_weight=top_w if kk else None, weights=weights,
-                          heads=heads_l, rows=rows_l, thumbnail=thumb)
+                          heads=heads_l, rows=rows_l, thumbnail=thumb, sink=sink)
 
 
 def map_stats(w: Tensor, *, offset: int | None = None, topk: int = 8, sets: dict | None = None, offsets=(),

@@ -5,7 +5,6 @@ Shape legend: ``B`` batch, ``Lq``/``Lk`` query/key length, ``E`` d_model, ``H`` 
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 
@@ -40,14 +39,6 @@ def head_columns(heads: list[int], width: int) -> Tensor:
     return torch.tensor([i * width + c for i in heads for c in range(width)], dtype=torch.long)
 
 
-def _past_first_key(hook):
-    """A ``weights_hook`` for a call with a sink key first: the hook sees (and may replace) the real keys' weights."""
-    def wrapped(w: Tensor) -> Tensor:
-        return torch.cat([w[..., :1], hook(w[..., 1:])], -1)
-
-    return wrapped
-
-
 class MultiHeadAttention(nn.Module):
     r"""Multi-head attention: ``Concat(head_1..head_H) W_o`` with ``head_i = Attention(Q W_q^i, K W_k^i, V W_v^i)``.
 
@@ -68,16 +59,18 @@ class MultiHeadAttention(nn.Module):
         rotary: optional :class:`multihead.RotaryEmbedding` applied to q and k.
         gate: gated attention (Qiu et al. 2025): ``z_h *= sigmoid(query W_g)_h`` elementwise per head, before the
             output projection (after ``hook_z`` and ``head_mask``).
-        alibi: ALiBi (Press et al. 2022): ``-m_h |pos(i) - j|`` added to the scores, slopes ``2^(-8 h / H)``; a float
-            bias merged into the call's mask (bottom-right aligned, so a KV cache sees the same distances).
+        alibi: ALiBi (Press et al. 2022): ``-m_h |pos(i) - j|`` added to the scores, slopes ``2^(-8 h / H)``; the
+            ALiBi part of the call's :class:`AttnMask` (bottom-right aligned, so a KV cache sees the same distances).
+            A stack puts it in the mask it builds once for every layer (densified once, or a FlexAttention
+            ``score_mod``); a standalone call adds it here.
         (Differential attention and talking heads replace the per-head softmax map: they are the subclasses
         :class:`~multihead.modules.variants.DifferentialAttention` and
         :class:`~multihead.modules.variants.TalkingHeadsAttention`; :func:`~multihead.modules.variants.build_attention`
         picks the class from the options.)
         sinks: learned attention sinks: a logit ``sink_h`` per head joins every softmax denominator (the weights
-            then sum to ``1 - sink share``). Run on every exact backend as one extra key: q gets a feature
-            ``sink_h / scale``, a zero-valued key with that feature 1 is put first (so the causal rule shifts by one);
-            weights, ``hook_pattern`` and statistics are over the real keys. Not with sparse patterns.
+            then sum to ``1 - sink share``), passed to the kernel seam (``attention(..., sinks=)``), which runs them
+            natively where a backend can and as one exact extra key elsewhere; weights, ``hook_pattern`` and
+            statistics are over the real keys (``hook_stats``' ``sink`` holds each row's share). Not on sparse kernels.
         pattern: optional :class:`~multihead.attention.patterns.SparsePattern` (or its dict) for self-attention:
             each query sees only the pattern's keys (sliding window, global tokens, BigBird blocks); with
             ``backend="auto"`` a sparse backend runs it without building ``L x L``.
@@ -152,6 +145,7 @@ class MultiHeadAttention(nn.Module):
             self.register_buffer("alibi_slopes", alibi_slopes(num_heads), persistent=False)
         else:
             self.alibi_slopes = None
+        self._alibi = None if not alibi else tuple(self.alibi_slopes.tolist())  # the mask part's slopes
         # learned attention sinks (as in gpt-oss): one logit per head in every softmax denominator,
         # p_ij = exp(s_ij) / (exp(sink_h) + sum_j exp(s_ij)); the rows may now sum to less than 1
         self.sink_logits = nn.Parameter(torch.zeros(num_heads)) if sinks else None
@@ -259,7 +253,7 @@ class MultiHeadAttention(nn.Module):
         elif rotate and positions is not None:
             q, k = self.rotary.rotate_pair(q, k, 0, positions)
             rotate = False
-        am = self._with_alibi(self.build_mask(mask, key_padding_mask, is_causal), lq, k.shape[2], q)
+        am = self._with_alibi(self.build_mask(mask, key_padding_mask, is_causal))
         z, weights = self._attend(q, k, v, am, head_mask, need_weights, rotate=rotate)
         z = z.transpose(1, 2).reshape(b, lq, h * d)  # (B, H, Lq, D) -> (B, Lq, E)
         if self.w_gate is not None:
@@ -293,7 +287,7 @@ class MultiHeadAttention(nn.Module):
             return full.view(b, l, heads, d).transpose(1, 2)
 
         q, k, v = pad(self.w_q(x), h), pad(self.w_k(x), g), pad(self.w_v(x), g)
-        am = self._with_alibi(self.build_mask(key_padding_mask=keep), l, l, q)
+        am = self._with_alibi(self.build_mask(key_padding_mask=keep))
         z, _ = self._attend(q, k, v, am, head_mask, False)  # (B, H, L, D)
         z = z.transpose(1, 2).reshape(b * l, h * d).index_select(0, index)  # (B*L, E) -> (N, E)
         if self.w_gate is not None:
@@ -309,47 +303,12 @@ class MultiHeadAttention(nn.Module):
             offset = None if mask is None or mask.causal_offset is None else mask.causal_offset
             self.hook_stats(map_stats(w.detach(), offset=offset, **self.stats_options))
 
-    def _with_sink_key(self, q: Tensor, k: Tensor, v: Tensor, am: AttnMask | None):
-        """Learned sinks as one extra key, exactly: q ``(B, H, Lq, D)`` gains a feature ``sink_h / scale``, keys a 0
-        feature, and a first key (feature 1, value 0) scores ``sink_h`` for every query of head h (GQA included: the
-        per-head logit rides on the query). The mask shifts by one key; returns ``q, k, v, mask, scale``."""
-        b, h, lq, d = q.shape
-        g, lk = k.shape[1], k.shape[2]
-        scale = d ** -0.5
-        sink = (self.sink_logits.to(q.dtype) / scale).view(1, h, 1, 1).expand(b, h, lq, 1)
-        q = torch.cat([q, sink], -1)
-        first = torch.cat([k.new_zeros(b, g, 1, d), k.new_ones(b, g, 1, 1)], -1)
-        k = torch.cat([first, torch.cat([k, k.new_zeros(b, g, lk, 1)], -1)], 2)  # (B, G, 1 + Lk, D + 1)
-        v = torch.cat([v.new_zeros(b, g, 1, v.shape[-1]), v], 2)  # (B, G, 1 + Lk, Dv)
-        if am is None:
-            return q, k, v, None, scale
-        if am.pattern is not None:
-            raise ValueError("learned sinks with a sparse pattern are not supported (the pattern's rule has no sink "
-                             "key); build the module without pattern= or without sinks=")
-        kp = None if am.key_padding is None else torch.cat(
-            [am.key_padding.new_ones(am.key_padding.shape[0], 1), am.key_padding], 1)
-        t = am.tensor
-        if t is not None and t.shape[-1] != 1:
-            col = torch.ones_like(t[..., :1]) if t.dtype == torch.bool else torch.zeros_like(t[..., :1])
-            t = torch.cat([col, t], -1)
-        offset = am.offset(lq, lk) + 1 if am.causal else None
-        return q, k, v, dataclasses.replace(am, key_padding=kp, tensor=t, causal_offset=offset, _checked=()), scale
-
-    def _with_alibi(self, am: AttnMask | None, lq: int, lk: int, q: Tensor) -> AttnMask | None:
-        """``am`` with ALiBi's per-head distance bias ``(1, H, Lq, Lk)`` merged into its tensor part (queries sit at
-        the last ``Lq`` of ``Lk`` positions, as the causal rule)."""
-        if self.alibi_slopes is None:
+    def _with_alibi(self, am: AttnMask | None) -> AttnMask | None:
+        """``am`` with this module's ALiBi slopes as its ALiBi part: unchanged when a stack already put them there
+        (one mask, densified once, for every layer); a pruned layer's own slopes replace the stack's."""
+        if self._alibi is None:
             return am
-        work = torch.promote_types(q.dtype, torch.float32)
-        pos = torch.arange(lq, device=q.device) + (lk - lq)
-        dist = (pos[:, None] - torch.arange(lk, device=q.device)[None, :]).abs().to(work)  # (Lq, Lk)
-        bias = (-self.alibi_slopes.to(work)[:, None, None] * dist)[None].to(q.dtype)  # (1, H, Lq, Lk)
-        am = am or AttnMask()
-        t = am.tensor
-        if t is not None:
-            t = t.reshape((1,) * (4 - t.dim()) + tuple(t.shape))
-            bias = bias.masked_fill(~t, -math.inf) if t.dtype == torch.bool else bias + t.to(bias.dtype)
-        return dataclasses.replace(am, tensor=bias, _checked=())
+        return (am or AttnMask()).with_alibi(self._alibi)
 
     def build_mask(self, mask=None, key_padding_mask: Tensor | None = None, is_causal: bool = False):
         """The call's :class:`AttnMask` (None when nothing is masked): the module's conventions applied once -- a
@@ -387,21 +346,15 @@ class MultiHeadAttention(nn.Module):
         hook attached, the entry point computes the weights explicitly and passes them through the hook (which may
         read or edit them) before dropout and the values: the same path as every other call."""
         hook = self.hook_pattern if self.hook_pattern.active else None
-        scale = None
-        if self.sink_logits is not None:
-            q, k, v, mask, scale = self._with_sink_key(q, k, v, mask)
-            if hook is not None:  # the hook sees (and may edit) the real keys' weights
-                hook = _past_first_key(hook)
-        if self.hook_stats.active:  # exact statistics from tiles: nothing Lq x Lk is built (with sinks: key 0)
+        sinks = self.sink_logits
+        if self.hook_stats.active:  # exact statistics from tiles: nothing Lq x Lk is built
             from ..attention.stats import attention_stats
 
-            self.hook_stats(attention_stats(q, k, mask=mask, scale=scale, **self.stats_options))
+            self.hook_stats(attention_stats(q, k, mask=mask, sinks=sinks, **self.stats_options))
         z, weights = attention(
-            q, k, v, mask=mask, dropout_p=p, need_weights=need_weights, backend=backend, scale=scale,
-            weights_hook=hook,
+            q, k, v, mask=mask, dropout_p=p, need_weights=need_weights, backend=backend, weights_hook=hook,
+            sinks=None if sinks is None else sinks.to(q.dtype),
         )  # (B, H, Lq, D)
-        if weights is not None and self.sink_logits is not None:
-            weights = weights[..., 1:]
         z = self.hook_z(z)  # (B, H, Lq, D)
         if head_mask is not None:
             z = z * self._head_scale(head_mask, q.shape[0], z.dtype)  # (B, H, Lq, D) * (B|1, H, 1, 1)
@@ -483,6 +436,7 @@ class MultiHeadAttention(nn.Module):
             self.sink_logits = nn.Parameter(self.sink_logits.detach()[keep].clone())
         if self.alibi_slopes is not None:
             self.alibi_slopes = self.alibi_slopes[keep]
+            self._alibi = tuple(self.alibi_slopes.tolist())
         original = [i for i in range(h + len(self.pruned_heads)) if i not in self.pruned_heads]
         self.pruned_heads = sorted(self.pruned_heads + [original[i] for i in heads])
         self.num_heads = len(keep)

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from .._config import from_fields
 from ..attention.attn_mask import AttnMask
+from .attention import alibi_slopes
 from .variants import build_attention
 from .feedforward import FeedForward
 from .hooks import HookPoint
@@ -88,15 +89,16 @@ class DecoderBlock(nn.Module):
         if mla_latent:
             from .mla import MultiHeadLatentAttention
 
-            other = [n for n, on in (("gate", gate), ("alibi", alibi), ("sinks", sinks), ("differential", differential),
+            other = [n for n, on in (("gate", gate), ("differential", differential),
                                      ("talking_heads", talking_heads)) if on]
             if other:
                 raise ValueError(f"Multi-head Latent Attention (mla_latent={mla_latent}) does not take "
-                                 f"{', '.join(other)}: it has its own decoupled rotary key and one softmax over its "
-                                 "latent; turn those off or set mla_latent=0")
+                                 f"{', '.join(other)}: it has one softmax over its latent and no per-head output to "
+                                 "gate; turn those off or set mla_latent=0 (ALiBi and sinks it takes)")
 
             self.self_attn = MultiHeadLatentAttention(d_model, num_heads, kv_latent=mla_latent, rope_dim=mla_rope_dim,
-                                                      dropout=attn_dropout, backend=backend, bias=bias)
+                                                      dropout=attn_dropout, backend=backend, bias=bias, alibi=alibi,
+                                                      sinks=sinks)
         else:
             self.self_attn = mha(rotary, gate=gate, alibi=alibi, sinks=sinks, differential=differential,
                                  layer_index=layer_index, talking_heads=talking_heads)
@@ -164,6 +166,8 @@ class TransformerDecoder(nn.Module):
             for i in range(config.num_layers)
         )
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
+        # ALiBi: one mask part for the whole stack, densified once per call (a pruned layer swaps in its own slopes)
+        self._alibi = tuple(alibi_slopes(config.num_heads).tolist()) if config.alibi else None
 
     def new_cache(self) -> KVCache:
         return KVCache(len(self.layers))
@@ -183,6 +187,8 @@ class TransformerDecoder(nn.Module):
         # one new query per row over its cache with no padding sees every key: nothing to mask
         step = cache is not None and x.shape[1] == 1 and key_padding_mask is None
         self_mask = None if step else AttnMask.of(None, is_causal=self.config.causal, key_padding=key_padding_mask)
+        if self._alibi is not None:
+            self_mask = (self_mask or AttnMask()).with_alibi(self._alibi)
         memory_mask = AttnMask.of(None, key_padding=memory_key_padding_mask)
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.self_attn[i], cache.cross_attn[i])

@@ -18,7 +18,9 @@ path to float rounding (tested).
 
 Same call as :class:`~multihead.modules.attention.MultiHeadAttention` (masks, key padding, causal, ``head_mask``,
 ``cache``, ``positions``, hooks ``hook_q``/``hook_k``/``hook_v``/``hook_pattern``/``hook_z``, ``prune_heads``), so
-the decoder block takes it in place of MHA. Query compression (the paper's ``c_q``) is left out: at our sizes it
+the decoder block takes it in place of MHA. ALiBi (``alibi=True``) and learned sinks (``sinks=True``) come from the
+kernel seam as for MHA -- an ALiBi part of the mask, a sink logit per head passed to ``attention(..., sinks=)`` -- in
+both forms. Query compression (the paper's ``c_q``) is left out: at our sizes it
 saves parameters, not cache.
 """
 from __future__ import annotations
@@ -28,7 +30,9 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..attention.attn_mask import AttnMask
 from ..attention.registry import attention, check_backend_name, get_backend
+from .attention import alibi_slopes
 from .hooks import HookPoint
 from .kv_cache import LayerKV
 from .positional import RotaryEmbedding
@@ -37,7 +41,7 @@ from .positional import RotaryEmbedding
 class MultiHeadLatentAttention(nn.Module):
     def __init__(self, d_model: int, num_heads: int, *, kv_latent: int = 64, rope_dim: int = 16,
                  head_dim: int | None = None, dropout: float = 0.0, backend: str = "auto", bias: bool = False,
-                 need_weights: bool = False, max_len: int = 4096) -> None:
+                 need_weights: bool = False, max_len: int = 4096, alibi: bool = False, sinks: bool = False) -> None:
         super().__init__()
         head_dim = d_model // num_heads if head_dim is None else head_dim
         if num_heads <= 0 or head_dim <= 0 or kv_latent <= 0 or rope_dim <= 0 or rope_dim % 2:
@@ -57,6 +61,8 @@ class MultiHeadLatentAttention(nn.Module):
         self.w_qr = nn.Linear(d_model, h * rope_dim, bias=bias)
         self.w_o = nn.Linear(h * head_dim, d_model, bias=bias)
         self.rotary = RotaryEmbedding(rope_dim, max_len=max_len)
+        self._alibi = tuple(alibi_slopes(h).tolist()) if alibi else None  # the ALiBi mask part's slopes
+        self.sink_logits = nn.Parameter(torch.zeros(h)) if sinks else None
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_pattern, self.hook_z, self.hook_stats = HookPoint(), HookPoint(), HookPoint()
         self.stats_options: dict = {}
@@ -97,6 +103,9 @@ class MultiHeadLatentAttention(nn.Module):
         else:
             lat = latent[:, None]  # (B, 1, Lk, d_c)
         mask = _build_mask(mask, key_padding_mask, is_causal)
+        if self._alibi is not None:
+            mask = (mask or AttnMask()).with_alibi(self._alibi)
+        sinks = None if self.sink_logits is None else self.sink_logits.to(query.dtype)
         scale = 1.0 / math.sqrt(d + r)
         p = self.dropout if self.training else 0.0
         backend = self.backend
@@ -110,9 +119,9 @@ class MultiHeadLatentAttention(nn.Module):
             q = torch.cat([torch.einsum("bhld,hdc->bhlc", q_c, w_uk), q_r], -1)  # (B, H, Lq, d_c + d_r)
             k = torch.cat([lat, k_rope], -1)  # (B, 1, Lk, d_c + d_r)
             q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(lat)
-            self._stats(q, k, mask, scale)
+            self._stats(q, k, mask, scale, sinks)
             z, weights = attention(q, k, v, mask=mask, dropout_p=p, need_weights=need_weights, backend=backend,
-                                   scale=scale, weights_hook=hook)  # (B, H, Lq, d_c)
+                                   scale=scale, weights_hook=hook, sinks=sinks)  # (B, H, Lq, d_c)
             w_uv = self.w_uv.weight.view(h, d, self.kv_latent)  # (H, d_h, d_c)
             z = torch.einsum("bhlc,hdc->bhld", z, w_uv)  # (B, H, Lq, d_h)
         else:  # the plain form: per-head keys and values up-projected from the latents
@@ -122,9 +131,9 @@ class MultiHeadLatentAttention(nn.Module):
             q = torch.cat([q_c, q_r], -1)
             k = torch.cat([k_c, k_rope.expand(b, h, lk, r)], -1)  # (B, H, Lk, d_h + d_r)
             q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
-            self._stats(q, k, mask, scale)
+            self._stats(q, k, mask, scale, sinks)
             z, weights = attention(q, k, v, mask=mask, dropout_p=p, need_weights=need_weights, backend=backend,
-                                   scale=scale, weights_hook=hook)  # (B, H, Lq, d_h)
+                                   scale=scale, weights_hook=hook, sinks=sinks)  # (B, H, Lq, d_h)
         z = self.hook_z(z)
         if head_mask is not None:
             hm = head_mask.to(z.dtype)
@@ -132,13 +141,13 @@ class MultiHeadLatentAttention(nn.Module):
         out = self.w_o(z.transpose(1, 2).reshape(b, lq, h * d))
         return out, (weights if need_weights else None)
 
-    def _stats(self, q: Tensor, k: Tensor, mask, scale: float) -> None:
+    def _stats(self, q: Tensor, k: Tensor, mask, scale: float, sinks: Tensor | None) -> None:
         """``hook_stats``: exact per-head statistics of this call's softmax (absorbed or not, the same map), from
         tiles; nothing ``Lq x Lk`` is built."""
         if self.hook_stats.active:
             from ..attention.stats import attention_stats
 
-            self.hook_stats(attention_stats(q, k, mask=mask, scale=scale, **self.stats_options))
+            self.hook_stats(attention_stats(q, k, mask=mask, scale=scale, sinks=sinks, **self.stats_options))
 
     # ------------------------------------------------------------------ pruning
     def prune_heads(self, heads) -> None:
@@ -159,14 +168,16 @@ class MultiHeadLatentAttention(nn.Module):
         self.w_uq = _select_linear(self.w_uq, idx, dim=0)
         self.w_qr = _select_linear(self.w_qr, ridx, dim=0)
         self.w_o = _select_linear(self.w_o, idx, dim=1)
+        if self.sink_logits is not None:
+            self.sink_logits = nn.Parameter(self.sink_logits.detach()[keep].clone())
+        if self._alibi is not None:
+            self._alibi = tuple(self._alibi[i] for i in keep)
         original = [i for i in range(h + len(self.pruned_heads)) if i not in self.pruned_heads]
         self.pruned_heads = sorted(self.pruned_heads + [original[i] for i in heads])
         self.num_heads = self.num_kv_heads = len(keep)
 
 
 def _build_mask(mask, key_padding_mask, is_causal):
-    from ..attention.attn_mask import AttnMask
-
     if isinstance(mask, Tensor) and mask.dim() == 3:
         mask = mask.unsqueeze(1)
     return AttnMask.of(mask, is_causal=is_causal, key_padding=key_padding_mask)

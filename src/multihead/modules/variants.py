@@ -111,6 +111,8 @@ class DifferentialAttention(MultiHeadAttention):
         g = k.shape[1]
         halves = lambda t, n: t.view(b, n, t.shape[2], 2, d // 2).transpose(2, 3).reshape(b, 2 * n, t.shape[2], d // 2)
         want = need_weights or self.hook_pattern.active or self.hook_stats.active
+        if mask is not None and mask.alibi is not None:  # each head's slope for both of its half heads
+            mask = mask.with_alibi([m for m in mask.alibi for _ in range(2)])
         if want and backend != "auto" and not get_backend(backend).capabilities.returns_weights:
             backend = "auto"
         z2, w2 = attention(halves(q, h), halves(k, g), v.repeat_interleave(2, dim=1), mask=mask, dropout_p=p,

@@ -100,7 +100,8 @@ def _boost(call):
 
 @register_backend(
     "flex",
-    Capabilities(returns_weights=False, supports_dropout=False, mask_parts=("tensor", "key_padding", "causal"),
+    Capabilities(returns_weights=False, supports_dropout=False, mask_parts=("tensor", "key_padding", "causal",
+                                                                                      "alibi"),
                  patterns=("window", "block"), backward_devices=("cuda",)),
     priority=-5,
     description="FlexAttention (torch.compile): masks as mask_mod/score_mod, skips empty blocks; no CPU backward",
