@@ -36,6 +36,7 @@ from .models import (
     generate,
 )
 from .modules import (
+    AttentionConfig,
     DecoderBlock,
     DecoderConfig,
     KVCache,
@@ -57,6 +58,7 @@ PositionalEncoding = SinusoidalPositionalEncoding  # the tutorial's name
 __version__ = "0.1.0"
 __all__ = [
     "AttnMask",
+    "AttentionConfig",
     "CausalLM",
     "CausalLMConfig",
     "ClassifierConfig",

@@ -42,8 +42,11 @@ RANGES: dict[str, dict[str, tuple]] = {
     "EncoderConfig": {
         "d_model": (1, 1 << 16, True, True), "num_heads": (1, 4096, True, True),
         "num_layers": (0, "layers", True, True), "d_ff": (1, 1 << 20, True, True),
-        "num_kv_heads": (1, 4096, True, True), "dropout": (0, 1, True, False), "attn_dropout": (0, 1, True, False),
-        "layer_norm_eps": (0, 1, False, True),
+        "dropout": (0, 1, True, False), "layer_norm_eps": (0, 1, False, True),
+    },
+    "AttentionConfig": {
+        "num_kv_heads": (1, 4096, True, True), "dropout": (0, 1, True, False), "mla_latent": (0, 1 << 16, True, True),
+        "mla_rope_dim": (2, 4096, True, True),
     },
     "TextEncoderConfig": {
         "vocab_size": (1, "vocab", True, True), "max_len": (1, "positions", True, True),
@@ -134,6 +137,7 @@ def from_fields(cls, values, where: str = ""):
     if not isinstance(values, dict):
         raise ConfigError(f"invalid config: {label} must be a table of fields (a JSON object / TOML section), got "
                           f"{type(values).__name__} {values!r:.80}")
+    values = _migrate(values, getattr(cls, "LEGACY_FIELDS", None))
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = set(values) - known
     if unknown:
@@ -153,6 +157,24 @@ def from_fields(cls, values, where: str = ""):
         raise ConfigError(_format(exc, where)) from None
     check_ranges(obj, where)
     return obj
+
+
+def _migrate(values: dict, legacy: dict | None) -> dict:
+    """Fields a config class moved into a nested config (``legacy``: old name -> ``"section.name"``), read into it:
+    old config.json files and ``--set`` keys keep working. A moved value given beside the section wins over the
+    section's (the section holds defaults, the flat key what was asked)."""
+    if not legacy or not any(k in legacy for k in values):
+        return values
+    out = {k: v for k, v in values.items() if k not in legacy}
+    for old, value in values.items():
+        if old not in legacy:
+            continue
+        section, name = legacy[old].split(".")
+        sub = out.get(section)
+        sub = dataclasses.asdict(sub) if dataclasses.is_dataclass(sub) else dict(sub) if isinstance(sub, dict) else {}
+        sub[name] = value
+        out[section] = sub
+    return out
 
 
 def check_ranges(obj, where: str = "") -> None:

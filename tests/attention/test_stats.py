@@ -142,9 +142,11 @@ def test_capture_stats_from_a_model_equals_the_captured_maps():
     captured from the same call, and the model's output unchanged."""
     from multihead.modules.capture import capture
     from multihead.modules.encoder import EncoderConfig, TransformerEncoder
+    from multihead.modules.variants import AttentionConfig
 
     torch.manual_seed(0)
-    enc = TransformerEncoder(EncoderConfig(d_model=32, num_heads=4, num_kv_heads=2, num_layers=2, dropout=0.0)).eval()
+    enc = TransformerEncoder(EncoderConfig(d_model=32, num_heads=4, attention=AttentionConfig(num_kv_heads=2), num_layers=2,
+                                           dropout=0.0)).eval()
     x = torch.randn(2, 40, 32)
     keep = torch.ones(2, 40, dtype=torch.bool)
     keep[1, 25:] = False

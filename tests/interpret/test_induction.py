@@ -7,6 +7,7 @@ import torch
 
 from multihead.cli import main
 from multihead.interpret import induction as I
+from multihead.modules.variants import AttentionConfig
 
 
 def _causal_uniform(l: int) -> torch.Tensor:
@@ -45,7 +46,7 @@ def _tiny_lm(seed=0, heads=4, kv=None):
 
     torch.manual_seed(seed)
     return CausalLM(CausalLMConfig(vocab_size=30, max_len=64, decoder=DecoderConfig(
-        d_model=32, num_heads=heads, num_kv_heads=kv, num_layers=2, d_ff=0, dropout=0.0, norm_first=True,
+        d_model=32, num_heads=heads, attention=AttentionConfig(num_kv_heads=kv), num_layers=2, d_ff=0, dropout=0.0, norm_first=True,
         cross_attention=False))).eval()
 
 

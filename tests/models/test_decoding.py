@@ -16,7 +16,7 @@ from multihead.models.generation import GenerationConfig
 def lm(positional="learned", kv=None, max_len=40, layers=2, vocab=50, seed=0):
     torch.manual_seed(seed)
     return mh.CausalLM(vocab_size=vocab, max_len=max_len, positional=positional,
-                       decoder=mh.DecoderConfig(d_model=32, num_heads=4, num_layers=layers, num_kv_heads=kv,
+                       decoder=mh.DecoderConfig(d_model=32, num_heads=4, num_layers=layers, attention=mh.AttentionConfig(num_kv_heads=kv),
                                                 cross_attention=False, dropout=0.0)).eval()
 
 
@@ -24,9 +24,9 @@ def s2s(positional="sinusoidal", kv=None, seed=0, tgt_vocab=40):
     torch.manual_seed(seed)
     cfg = mh.Seq2SeqConfig(src_vocab_size=30, tgt_vocab_size=tgt_vocab, max_len=32, positional=positional,
                            encoder=mh.EncoderConfig(d_model=32, num_heads=4, num_layers=2, dropout=0.0,
-                                                    num_kv_heads=kv),
+                                                    attention=mh.AttentionConfig(num_kv_heads=kv)),
                            decoder=mh.DecoderConfig(d_model=32, num_heads=4, num_layers=2, dropout=0.0,
-                                                    num_kv_heads=kv))
+                                                    attention=mh.AttentionConfig(num_kv_heads=kv)))
     return mh.Seq2Seq(cfg).eval()
 
 

@@ -6,13 +6,14 @@ import torch
 from multihead.interpret import streaming as S
 from multihead.models import CausalLM, CausalLMConfig
 from multihead.modules.decoder import DecoderConfig
+from multihead.modules.variants import AttentionConfig
 from multihead.modules.kv_cache import KVCache
 
 
 def lm(positional="rope", max_len=16, kv=None, seed=0, layers=2):
     torch.manual_seed(seed)
     return CausalLM(CausalLMConfig(vocab_size=50, max_len=max_len, positional=positional, decoder=DecoderConfig(
-        d_model=32, num_heads=4, num_kv_heads=kv, num_layers=layers, d_ff=64, dropout=0.0, norm_first=True,
+        d_model=32, num_heads=4, attention=AttentionConfig(num_kv_heads=kv), num_layers=layers, d_ff=64, dropout=0.0, norm_first=True,
         cross_attention=False))).eval().double()
 
 

@@ -4,13 +4,15 @@ import torch
 
 from multihead.models.seq2seq import CausalLM, CausalLMConfig
 from multihead.modules.decoder import DecoderConfig
+from multihead.modules.variants import AttentionConfig
 
 
 def small_lm(seed: int, positional: str = "rope", *, layers: int = 2, max_len: int = 32, **option) -> CausalLM:
-    """d_model 32, 4 heads, pre-LN, vocabulary 50, in eval mode; ``option``: DecoderConfig fields (gate=True, ...)."""
+    """d_model 32, 4 heads, pre-LN, vocabulary 50, in eval mode; ``option``: AttentionConfig fields (gate=True,
+    ...)."""
     torch.manual_seed(seed)
     dec = DecoderConfig(d_model=32, num_heads=4, num_layers=layers, d_ff=64, dropout=0.0, cross_attention=False,
-                        norm_first=True, **option)
+                        norm_first=True, attention=AttentionConfig(**option))
     return CausalLM(CausalLMConfig(vocab_size=50, max_len=max_len, positional=positional, decoder=dec)).eval()
 
 

@@ -8,6 +8,7 @@ import torch
 from multihead.models.seq2seq import CausalLM, CausalLMConfig
 from multihead.modules import MultiHeadLatentAttention
 from multihead.modules.decoder import DecoderConfig
+from multihead.modules.variants import AttentionConfig
 
 from lm_helpers import stepwise
 
@@ -58,7 +59,7 @@ def test_mla_equals_its_formula_in_both_forms(absorb, backend):
 def test_absorbed_decoding_equals_the_plain_forward_and_the_cache_is_small():
     torch.manual_seed(1)
     dec = DecoderConfig(d_model=64, num_heads=8, num_layers=2, d_ff=128, dropout=0.0, cross_attention=False,
-                        norm_first=True, mla_latent=16, mla_rope_dim=8)
+                        norm_first=True, attention=AttentionConfig(mla_latent=16, mla_rope_dim=8))
     lm = CausalLM(CausalLMConfig(vocab_size=60, max_len=64, positional="none", decoder=dec)).eval()
     ids = torch.randint(1, 60, (3, 14))
     with torch.no_grad():

@@ -8,6 +8,7 @@ from safetensors.torch import load_file, save_file
 
 from multihead import pretrained
 from multihead.pretrained import PretrainedError
+from multihead.modules.variants import AttentionConfig
 
 transformers = pytest.importorskip("transformers")  # test-only reference, pinned 4.57.6 (see test_parity.py)
 
@@ -191,7 +192,7 @@ def test_non_bert_encoders_round_trip_in_multihead_s_own_layout(tmp_path):
 
     tok = pretrained.load_tokenizer(pretrained.resolve("minilm"))
     cfg = TextEncoderConfig(vocab_size=tok.get_vocab_size(), max_len=48, positional="rope",
-                            encoder=EncoderConfig(d_model=32, num_heads=4, num_kv_heads=2, num_layers=2, d_ff=64,
+                            encoder=EncoderConfig(d_model=32, num_heads=4, attention=AttentionConfig(num_kv_heads=2), num_layers=2, d_ff=64,
                                                   norm_first=True, dropout=0.0))
     torch.manual_seed(0)
     model = TextEncoder(cfg).eval()

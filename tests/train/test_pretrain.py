@@ -437,7 +437,8 @@ def test_a_causal_lm_with_alibi_and_gated_attention_pretrains_and_generates(tmp_
                  "--eval-every", "20", "--set", "causal.positional=alibi", "--set", "causal.decoder.gate=true",
                  *TINY]) == 0
     config = json.loads((out / "config.json").read_text())["pretrain"]["causal"]
-    assert config["positional"] == "alibi" and config["decoder"]["alibi"] and config["decoder"]["gate"]
+    attn = config["decoder"]["attention"]  # the flat --set key (causal.decoder.gate) read into the nested config
+    assert config["positional"] == "alibi" and attn["alibi"] and attn["gate"]
     from safetensors import safe_open
 
     with safe_open(str(out / "model.safetensors"), "pt") as f:

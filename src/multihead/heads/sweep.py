@@ -49,9 +49,9 @@ def _sweep(base: TrainConfig, out: Path, axis: str, values: list[int], *, seeds:
             config = copy.deepcopy(base)
             if axis == "heads":
                 config.model.encoder.num_heads = v
-                config.model.encoder.num_kv_heads = None
+                config.model.encoder.attention.num_kv_heads = None
             else:
-                config.model.encoder.num_kv_heads = v
+                config.model.encoder.attention.num_kv_heads = v
             config.run.seed = base.run.seed + seed
             folder = out / f"{axis}{v}" / f"seed{seed}"
             r = train(config, folder, overwrite=True)

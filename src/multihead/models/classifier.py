@@ -25,8 +25,9 @@ class TransformerClassifier(TextEncoder):
     """Text classifier with the tutorial's signature and defaults.
 
     ``TransformerClassifier(vocab_size=10000, d_model=512, heads=8, num_layers=2, num_classes=10)``; any other
-    :class:`ClassifierConfig` / :class:`EncoderConfig` field may be passed by keyword, or build from a config with
-    :meth:`from_config`. Unlike the tutorial's ``x.mean(dim=1)``, pooling averages real tokens only.
+    :class:`ClassifierConfig` / :class:`EncoderConfig` / :class:`AttentionConfig` field may be passed by keyword, or
+    build from a config with :meth:`from_config`. Unlike the tutorial's ``x.mean(dim=1)``, pooling averages real
+    tokens only.
 
     It is a :class:`TextEncoder` (same parameter names) with a linear head ``fc`` on the pooled states, so weights
     of a pretrained encoder load into it (``multihead train --init minilm``).
@@ -38,9 +39,10 @@ class TransformerClassifier(TextEncoder):
     def __init__(self, vocab_size: int = 10000, d_model: int = 512, heads: int = 8, num_layers: int = 2,
                  num_classes: int = 10, *, config: ClassifierConfig | None = None, **kwargs) -> None:
         if config is None:
-            enc_keys = {f.name for f in fields(EncoderConfig)}
+            enc_keys = {f.name for f in fields(EncoderConfig)} | set(EncoderConfig.LEGACY_FIELDS)  # + attention's
             enc_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in enc_keys}
-            encoder = EncoderConfig(d_model=d_model, num_heads=heads, num_layers=num_layers, **enc_kwargs)
+            encoder = EncoderConfig.from_dict(dict(d_model=d_model, num_heads=heads, num_layers=num_layers,
+                                                   **enc_kwargs))
             config = ClassifierConfig(vocab_size=vocab_size, num_classes=num_classes, encoder=encoder, **kwargs)
         elif kwargs:
             raise TypeError(f"pass either config= or keyword options, not both (got {sorted(kwargs)})")

@@ -74,7 +74,7 @@ class CausalLMConfig:
             raise ValueError("a CausalLM's decoder has no cross-attention; set decoder.cross_attention=False "
                              "(or use Seq2Seq)")
         self.decoder.rotary = self.positional == "rope"
-        self.decoder.alibi = self.positional == "alibi"
+        self.decoder.attention.alibi = self.positional == "alibi"
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -8,9 +8,10 @@ from .hooks import HookPoint, hook_points
 from .kv_cache import KVCache, LayerKV
 from .mla import MultiHeadLatentAttention
 from .positional import LearnedPositionalEncoding, RotaryEmbedding, SinusoidalPositionalEncoding
-from .variants import DifferentialAttention, TalkingHeadsAttention, build_attention
+from .variants import AttentionConfig, DifferentialAttention, TalkingHeadsAttention, build_attention
 
 __all__ = [
+    "AttentionConfig",
     "Cache",
     "DecoderBlock",
     "DecoderConfig",

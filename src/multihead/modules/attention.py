@@ -6,6 +6,7 @@ Shape legend: ``B`` batch, ``Lq``/``Lk`` query/key length, ``E`` d_model, ``H`` 
 from __future__ import annotations
 
 import math
+import struct
 import warnings
 
 import torch
@@ -18,20 +19,26 @@ from .hooks import HookPoint
 from .kv_cache import LayerKV
 
 
-def alibi_slopes(num_heads: int) -> Tensor:
-    """ALiBi's head slopes (Press et al. 2022): ``2^(-8 i / n)`` for ``i = 1..n`` when ``n`` is a power of two;
-    otherwise those of the next lower power of two, then every other slope of the next higher one."""
+def alibi_slope_values(num_heads: int) -> tuple[float, ...]:
+    """ALiBi's head slopes (Press et al. 2022) as numbers (what an ``AttnMask``'s ALiBi part holds): ``2^(-8 i / n)``
+    for ``i = 1..n`` when ``n`` is a power of two; otherwise those of the next lower power of two, then every other
+    slope of the next higher one."""
     def power_of_two(n: int) -> list[float]:
         start = 2 ** (-8 / n)
         return [start ** (i + 1) for i in range(n)]
 
     if num_heads <= 0:
-        return torch.zeros(0)
+        return ()
     low = 2 ** math.floor(math.log2(num_heads))
     slopes = power_of_two(low)
     if low < num_heads:
         slopes += power_of_two(2 * low)[0::2][: num_heads - low]
-    return torch.tensor(slopes)
+    return tuple(struct.unpack("f", struct.pack("f", s))[0] for s in slopes)  # the fp32 values the buffer holds
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """ALiBi's head slopes as a tensor ``(num_heads,)`` (see :func:`alibi_slope_values`)."""
+    return torch.tensor(alibi_slope_values(num_heads)) if num_heads > 0 else torch.zeros(0)
 
 
 def head_columns(heads: list[int], width: int) -> Tensor:
@@ -145,7 +152,7 @@ class MultiHeadAttention(nn.Module):
             self.register_buffer("alibi_slopes", alibi_slopes(num_heads), persistent=False)
         else:
             self.alibi_slopes = None
-        self._alibi = None if not alibi else tuple(self.alibi_slopes.tolist())  # the mask part's slopes
+        self._alibi = alibi_slope_values(num_heads) if alibi else None  # the mask part's slopes (no device read)
         # learned attention sinks (as in gpt-oss): one logit per head in every softmax denominator,
         # p_ij = exp(s_ij) / (exp(sink_h) + sum_j exp(s_ij)); the rows may now sum to less than 1
         self.sink_logits = nn.Parameter(torch.zeros(num_heads)) if sinks else None
@@ -436,7 +443,7 @@ class MultiHeadAttention(nn.Module):
             self.sink_logits = nn.Parameter(self.sink_logits.detach()[keep].clone())
         if self.alibi_slopes is not None:
             self.alibi_slopes = self.alibi_slopes[keep]
-            self._alibi = tuple(self.alibi_slopes.tolist())
+            self._alibi = tuple(self._alibi[i] for i in keep)
         original = [i for i in range(h + len(self.pruned_heads)) if i not in self.pruned_heads]
         self.pruned_heads = sorted(self.pruned_heads + [original[i] for i in heads])
         self.num_heads = len(keep)

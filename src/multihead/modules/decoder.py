@@ -11,14 +11,15 @@ Shape legend: ``B`` batch, ``T`` target (decoder) positions this call, ``S`` sou
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 from torch import Tensor, nn
 
 from .._config import from_fields
 from ..attention.attn_mask import AttnMask
-from .attention import alibi_slopes
-from .variants import build_attention
+from .attention import alibi_slope_values
+from .variants import LEGACY_FIELDS, AttentionConfig
 from .feedforward import FeedForward
 from .hooks import HookPoint
 from .kv_cache import KVCache, LayerKV
@@ -33,25 +34,26 @@ class DecoderConfig:
     num_heads: int = 8
     num_layers: int = 2
     d_ff: int | None = None  # default 4 * d_model; 0 = attention-only blocks (no FFN), as in Olsson et al.'s toy models
-    num_kv_heads: int | None = None  # default num_heads (MHA); 1 = MQA (the cache holds only these heads)
     dropout: float = 0.1
-    attn_dropout: float = 0.0
     activation: str = "relu"
     norm_first: bool = False
     layer_norm_eps: float = 1e-5
     bias: bool = True
     rotary: bool = False  # rotary positions in the causal self-attention
-    backend: str = "auto"
     cross_attention: bool = True  # False: decoder-only (no encoder)
     causal: bool = True  # False: the targets see each other both ways (a question read whole, as in a Q-Former)
     memory_dim: int | None = None  # width of the memory (kdim = vdim of cross-attention), default d_model
-    gate: bool = False  # gated self-attention (a sigmoid gate per head output; Qiu et al. 2025)
-    alibi: bool = False  # ALiBi distance biases in the self-attention (Press et al. 2022); set by positional="alibi"
-    sinks: bool = False  # a learned sink logit per head in the self-attention's softmax (as gpt-oss)
-    differential: bool = False  # differential self-attention (Ye et al. 2025); lambda_init by layer depth
-    talking_heads: bool = False  # talking-heads self-attention (Shazeer et al. 2020; explicit weights)
-    mla_latent: int = 0  # > 0: Multi-head Latent Attention with this KV latent width (DeepSeek-V2); its own rope
-    mla_rope_dim: int = 16  # MLA's decoupled rotary key width
+    # the self-attention: heads (GQA), backend, variant (gate, ALiBi, sinks, differential, talking heads, MLA); the
+    # cross-attention takes its heads, dropout and backend
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    LEGACY_FIELDS: ClassVar[dict] = LEGACY_FIELDS  # the flat fields of older config.json files, read into attention
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attention, dict):
+            self.attention = AttentionConfig.from_dict(self.attention)
+        if self.attention.pattern is not None:
+            raise ValueError("sparse patterns describe an encoder's self-attention; a decoder's causal attention "
+                             "takes none: drop attention.pattern")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -73,36 +75,15 @@ class DecoderBlock(nn.Module):
     """
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int | None = None, dropout: float = 0.1, *,
-                 attn_dropout: float = 0.0, activation: str = "relu", norm_first: bool = False,
-                 num_kv_heads: int | None = None, layer_norm_eps: float = 1e-5, bias: bool = True,
-                 backend: str = "auto", rotary: nn.Module | None = None, cross_attention: bool = True,
-                 memory_dim: int | None = None, gate: bool = False, alibi: bool = False, sinks: bool = False,
-                 differential: bool = False, layer_index: int = 0, mla_latent: int = 0,
-                 mla_rope_dim: int = 16, talking_heads: bool = False) -> None:
+                 attention: AttentionConfig | None = None, activation: str = "relu", norm_first: bool = False,
+                 layer_norm_eps: float = 1e-5, bias: bool = True, rotary: nn.Module | None = None,
+                 cross_attention: bool = True, memory_dim: int | None = None, layer_index: int = 0) -> None:
         super().__init__()
         self.norm_first = norm_first
-
-        def mha(rot, kdim=None, **variant):
-            return build_attention(d_model, num_heads, num_kv_heads=num_kv_heads, dropout=attn_dropout, bias=bias,
-                                   backend=backend, need_weights=False, rotary=rot, kdim=kdim, vdim=kdim, **variant)
-
-        if mla_latent:
-            from .mla import MultiHeadLatentAttention
-
-            other = [n for n, on in (("gate", gate), ("differential", differential),
-                                     ("talking_heads", talking_heads)) if on]
-            if other:
-                raise ValueError(f"Multi-head Latent Attention (mla_latent={mla_latent}) does not take "
-                                 f"{', '.join(other)}: it has one softmax over its latent and no per-head output to "
-                                 "gate; turn those off or set mla_latent=0 (ALiBi and sinks it takes)")
-
-            self.self_attn = MultiHeadLatentAttention(d_model, num_heads, kv_latent=mla_latent, rope_dim=mla_rope_dim,
-                                                      dropout=attn_dropout, backend=backend, bias=bias, alibi=alibi,
-                                                      sinks=sinks)
-        else:
-            self.self_attn = mha(rotary, gate=gate, alibi=alibi, sinks=sinks, differential=differential,
-                                 layer_index=layer_index, talking_heads=talking_heads)
-        self.cross_attn = mha(None, memory_dim) if cross_attention else None
+        attention = AttentionConfig() if attention is None else attention
+        self.self_attn = attention.build(d_model, num_heads, bias=bias, rotary=rotary, layer_index=layer_index)
+        self.cross_attn = attention.cross.build(d_model, num_heads, bias=bias, kdim=memory_dim) \
+            if cross_attention else None
         self.ffn = FeedForward(d_model, d_ff, dropout, activation, bias) if d_ff != 0 else None  # 0: attention-only
         n = (3 if cross_attention else 2) - (self.ffn is None)
         self.norms = nn.ModuleList(nn.LayerNorm(d_model, eps=layer_norm_eps) for _ in range(n))
@@ -150,24 +131,20 @@ class TransformerDecoder(nn.Module):
 
     def __init__(self, config: DecoderConfig | None = None, **overrides) -> None:
         super().__init__()
-        config = DecoderConfig(**overrides) if config is None else config
+        config = DecoderConfig.from_dict(overrides) if config is None else config  # flat attention fields read too
         self.config = config
         head_dim = config.d_model // config.num_heads
-        rotary = RotaryEmbedding(head_dim // 2 if config.differential else head_dim) if config.rotary else None
+        rotary = RotaryEmbedding(config.attention.rotary_dim(head_dim)) if config.rotary else None
         self.layers = nn.ModuleList(
-            DecoderBlock(config.d_model, config.num_heads, config.d_ff, config.dropout,
-                         attn_dropout=config.attn_dropout, activation=config.activation,
-                         norm_first=config.norm_first, num_kv_heads=config.num_kv_heads,
-                         layer_norm_eps=config.layer_norm_eps, bias=config.bias, backend=config.backend,
-                         rotary=rotary, cross_attention=config.cross_attention, memory_dim=config.memory_dim,
-                         gate=config.gate, alibi=config.alibi, sinks=config.sinks, differential=config.differential,
-                         layer_index=i, mla_latent=config.mla_latent, mla_rope_dim=config.mla_rope_dim,
-                         talking_heads=config.talking_heads)
+            DecoderBlock(config.d_model, config.num_heads, config.d_ff, config.dropout, attention=config.attention,
+                         activation=config.activation, norm_first=config.norm_first,
+                         layer_norm_eps=config.layer_norm_eps, bias=config.bias, rotary=rotary,
+                         cross_attention=config.cross_attention, memory_dim=config.memory_dim, layer_index=i)
             for i in range(config.num_layers)
         )
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
         # ALiBi: one mask part for the whole stack, densified once per call (a pruned layer swaps in its own slopes)
-        self._alibi = tuple(alibi_slopes(config.num_heads).tolist()) if config.alibi else None
+        self._alibi = alibi_slope_values(config.num_heads) if config.attention.alibi else None
 
     def new_cache(self) -> KVCache:
         return KVCache(len(self.layers))

@@ -2,7 +2,8 @@
 or the pre-LN variant with ``norm_first=True``."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -10,10 +11,10 @@ from torch import Tensor, nn
 
 from .._config import from_fields
 
-from .attention import MultiHeadAttention
 from .feedforward import FeedForward
 from .hooks import HookPoint
 from .positional import RotaryEmbedding
+from .variants import LEGACY_FIELDS, AttentionConfig
 
 
 @dataclass
@@ -24,20 +25,23 @@ class EncoderConfig:
     num_heads: int = 8
     num_layers: int = 2
     d_ff: int | None = None  # default 4 * d_model
-    num_kv_heads: int | None = None  # default num_heads (MHA); 1 = MQA
     dropout: float = 0.1  # residual and FFN dropout
-    attn_dropout: float = 0.0  # dropout on attention weights; >0 costs the fused CPU kernel
     activation: str = "relu"
     norm_first: bool = False  # False: post-LN (tutorial, BERT); True: pre-LN
     layer_norm_eps: float = 1e-5
     bias: bool = True
     rotary: bool = False  # rotary position embedding inside attention
-    backend: str = "auto"
     unpad: bool = True  # with padding, run projections, FFN and norms on real tokens only (same result, less work)
     pruned_heads: dict[int, list[int]] | None = None  # layer -> removed heads (original numbering); see prune_heads
-    pattern: dict | None = None  # sparse attention, e.g. {"window": 128} or {"block": 64, "random_blocks": 2}
+    attention: AttentionConfig = field(default_factory=AttentionConfig)  # heads (GQA), backend, pattern, variant
+    LEGACY_FIELDS: ClassVar[dict] = LEGACY_FIELDS  # the flat fields of older config.json files, read into attention
 
     def __post_init__(self) -> None:
+        if isinstance(self.attention, dict):
+            self.attention = AttentionConfig.from_dict(self.attention)
+        if self.attention.mla_latent:
+            raise ValueError("Multi-head Latent Attention caches a decoder's keys and values; an encoder has no cache: "
+                             "set attention.mla_latent=0 (use a decoder for MLA)")
         if self.pruned_heads:  # JSON turns the layer keys into strings
             self.pruned_heads = {int(k): sorted(int(h) for h in v) for k, v in self.pruned_heads.items()}
 
@@ -66,21 +70,18 @@ class EncoderBlock(nn.Module):
         d_ff: int | None = None,
         dropout: float = 0.1,
         *,
-        attn_dropout: float = 0.0,
+        attention: AttentionConfig | None = None,
         activation: str = "relu",
         norm_first: bool = False,
-        num_kv_heads: int | None = None,
         layer_norm_eps: float = 1e-5,
         bias: bool = True,
-        backend: str = "auto",
         rotary: nn.Module | None = None,
-        pattern=None,
+        layer_index: int = 0,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
-        self.attn = MultiHeadAttention(d_model, num_heads, num_kv_heads=num_kv_heads, dropout=attn_dropout,
-                                       bias=bias, backend=backend, need_weights=False, rotary=rotary,
-                                       pattern=pattern)
+        attention = AttentionConfig() if attention is None else attention
+        self.attn = attention.build(d_model, num_heads, bias=bias, rotary=rotary, layer_index=layer_index)
         self.ffn = FeedForward(d_model, d_ff, dropout, activation, bias)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
@@ -125,16 +126,15 @@ class TransformerEncoder(nn.Module):
 
     def __init__(self, config: EncoderConfig | None = None, **overrides) -> None:
         super().__init__()
-        config = EncoderConfig(**overrides) if config is None else config
+        config = EncoderConfig.from_dict(overrides) if config is None else config  # flat attention fields read too
         self.config = config
-        rotary = RotaryEmbedding(config.d_model // config.num_heads) if config.rotary else None
+        head_dim = config.d_model // config.num_heads
+        rotary = RotaryEmbedding(config.attention.rotary_dim(head_dim)) if config.rotary else None
         self.layers = nn.ModuleList(
-            EncoderBlock(config.d_model, config.num_heads, config.d_ff, config.dropout,
-                         attn_dropout=config.attn_dropout, activation=config.activation,
-                         norm_first=config.norm_first, num_kv_heads=config.num_kv_heads,
-                         layer_norm_eps=config.layer_norm_eps, bias=config.bias, backend=config.backend,
-                         rotary=rotary, pattern=config.pattern)
-            for _ in range(config.num_layers)
+            EncoderBlock(config.d_model, config.num_heads, config.d_ff, config.dropout, attention=config.attention,
+                         activation=config.activation, norm_first=config.norm_first,
+                         layer_norm_eps=config.layer_norm_eps, bias=config.bias, rotary=rotary, layer_index=i)
+            for i in range(config.num_layers)
         )
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
         recorded, config.pruned_heads = config.pruned_heads, None

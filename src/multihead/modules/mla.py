@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from ..attention.attn_mask import AttnMask
 from ..attention.registry import attention, check_backend_name, get_backend
-from .attention import alibi_slopes
+from .attention import alibi_slope_values
 from .hooks import HookPoint
 from .kv_cache import LayerKV
 from .positional import RotaryEmbedding
@@ -61,7 +61,7 @@ class MultiHeadLatentAttention(nn.Module):
         self.w_qr = nn.Linear(d_model, h * rope_dim, bias=bias)
         self.w_o = nn.Linear(h * head_dim, d_model, bias=bias)
         self.rotary = RotaryEmbedding(rope_dim, max_len=max_len)
-        self._alibi = tuple(alibi_slopes(h).tolist()) if alibi else None  # the ALiBi mask part's slopes
+        self._alibi = alibi_slope_values(h) if alibi else None  # the ALiBi mask part's slopes
         self.sink_logits = nn.Parameter(torch.zeros(h)) if sinks else None
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_pattern, self.hook_z, self.hook_stats = HookPoint(), HookPoint(), HookPoint()

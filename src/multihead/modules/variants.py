@@ -1,19 +1,28 @@
-"""Attention variants that replace the per-head softmax map, as subclasses of
+"""How a stack's attention is chosen: :class:`AttentionConfig` (nested in the encoder and decoder configs) and its
+factory :func:`build_attention`, plus the variants that replace the per-head softmax map, as subclasses of
 :class:`~multihead.modules.attention.MultiHeadAttention` that override only what differs (their parameters and
-:meth:`_kernel`), and :func:`build_attention`, which picks the class from the options and refuses the combinations
-that cannot train.
+:meth:`_kernel`). Combinations that cannot train are refused when the config is made, with the reason.
 
-The score modifiers and extras that keep one softmax per head (the output gate, ALiBi, learned sinks) stay options
-of ``MultiHeadAttention`` itself; everything else -- projections, rotary, the KV cache, hooks, ``head_mask``,
-``capture``, statistics (here of the explicit map, :func:`multihead.attention.stats.map_stats`) -- is inherited.
+Where each variant lives:
+
+* ALiBi and learned sinks are parts of the kernel seam (an ``AttnMask`` part built once per stack; ``attention(...,
+  sinks=)``), so every module that calls the seam takes them -- plain MHA and MLA alike;
+* the output gate is one option of ``MultiHeadAttention`` applied in one place (before the output projection);
+* differential attention and talking heads replace the softmax map: the subclasses below;
+* MLA (``mla_latent > 0``) has its own projections and cache: :class:`~multihead.modules.mla.MultiHeadLatentAttention`.
+
+Everything else -- projections, rotary, the KV cache, hooks, ``head_mask``, ``capture``, statistics (of the explicit
+map for the subclasses, :func:`multihead.attention.stats.map_stats`) -- is inherited.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor, nn
 
+from .._config import from_fields
 from ..attention.registry import attention, get_backend
 from .attention import MultiHeadAttention
 
@@ -28,6 +37,77 @@ def check_variants(*, differential: bool = False, talking_heads: bool = False, s
         other = "differential attention" if differential else "talking heads"
         raise ValueError(f"learned sinks cannot be combined with {other}: its map is not one softmax per head whose "
                          "denominator a sink logit could join, so sink_logits would never be used; choose one")
+
+
+@dataclass
+class AttentionConfig:
+    """How a stack builds its (self-)attention; saved inside the encoder's and decoder's config.json. One place a
+    variant is chosen: :meth:`build` makes the module, and combinations that cannot train are refused here, when the
+    config is made (from Python, JSON or ``--set``), never silently ignored."""
+
+    num_kv_heads: int | None = None  # key/value heads (GQA); default num_heads (MHA); 1 = multi-query attention
+    dropout: float = 0.0  # on the attention weights; > 0 costs PyTorch's fused CPU kernel
+    backend: str = "auto"  # a kernel-seam backend name, or auto
+    pattern: dict | None = None  # sparse self-attention, e.g. {"window": 128} or {"block": 64, "random_blocks": 2}
+    gate: bool = False  # a sigmoid gate on each head's output (Qiu et al. 2025)
+    alibi: bool = False  # ALiBi distance biases (Press et al. 2022); a CausalLM sets it from positional="alibi"
+    sinks: bool = False  # a learned sink logit per head in every softmax denominator (as gpt-oss)
+    differential: bool = False  # differential attention (Ye et al. 2025); lambda_init by layer depth
+    talking_heads: bool = False  # talking heads (Shazeer et al. 2020; explicit weights)
+    mla_latent: int = 0  # > 0: Multi-head Latent Attention with this KV latent width (DeepSeek-V2); its own rope key
+    mla_rope_dim: int = 16  # MLA's decoupled rotary key width
+
+    def __post_init__(self) -> None:
+        check_variants(differential=self.differential, talking_heads=self.talking_heads, sinks=self.sinks)
+        if self.mla_latent:
+            other = [n for n in ("gate", "differential", "talking_heads", "pattern") if getattr(self, n)]
+            if other:
+                raise ValueError(f"Multi-head Latent Attention (mla_latent={self.mla_latent}) does not take "
+                                 f"{', '.join(other)}: it has one softmax over its latent and no per-head output to "
+                                 "gate; turn those off or set mla_latent=0 (ALiBi and sinks it takes)")
+        if self.pattern is not None and (self.sinks or self.differential or self.talking_heads):
+            raise ValueError("a sparse pattern runs one softmax per head on a sparse kernel; it cannot take sinks, "
+                             "differential attention or talking heads: drop the pattern or the variant")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "AttentionConfig":
+        return from_fields(cls, d)
+
+    @property
+    def cross(self) -> "AttentionConfig":
+        """The options a cross-attention takes from this config (heads, dropout, backend; no variant)."""
+        return AttentionConfig(num_kv_heads=self.num_kv_heads, dropout=self.dropout, backend=self.backend)
+
+    def build(self, d_model: int, num_heads: int, *, bias: bool = True, rotary: nn.Module | None = None,
+              kdim: int | None = None, layer_index: int = 0, need_weights: bool = False) -> nn.Module:
+        """The attention module of this config for a stack of width ``d_model`` with ``num_heads`` heads."""
+        if self.mla_latent:
+            from .mla import MultiHeadLatentAttention
+
+            return MultiHeadLatentAttention(d_model, num_heads, kv_latent=self.mla_latent, rope_dim=self.mla_rope_dim,
+                                            dropout=self.dropout, backend=self.backend, bias=bias, alibi=self.alibi,
+                                            sinks=self.sinks, need_weights=need_weights)
+        return build_attention(d_model, num_heads, num_kv_heads=self.num_kv_heads, dropout=self.dropout, bias=bias,
+                               backend=self.backend, need_weights=need_weights, rotary=rotary, kdim=kdim, vdim=kdim,
+                               pattern=self.pattern, gate=self.gate, alibi=self.alibi, sinks=self.sinks,
+                               differential=self.differential, talking_heads=self.talking_heads,
+                               layer_index=layer_index)
+
+    def rotary_dim(self, head_dim: int) -> int:
+        """The width a stack's shared rotary module rotates (differential attention rotates each half)."""
+        return head_dim // 2 if self.differential else head_dim
+
+
+# Flat fields the encoder/decoder configs had before AttentionConfig: config.json files and ``--set`` keys that
+# still name them are read into the nested config (``model.encoder.num_kv_heads`` = ``...attention.num_kv_heads``).
+LEGACY_FIELDS = {"num_kv_heads": "attention.num_kv_heads", "attn_dropout": "attention.dropout",
+                 "backend": "attention.backend", "pattern": "attention.pattern", "gate": "attention.gate",
+                 "alibi": "attention.alibi", "sinks": "attention.sinks", "differential": "attention.differential",
+                 "talking_heads": "attention.talking_heads", "mla_latent": "attention.mla_latent",
+                 "mla_rope_dim": "attention.mla_rope_dim"}
 
 
 def build_attention(d_model: int, num_heads: int, *, differential: bool = False, talking_heads: bool = False,
@@ -187,4 +267,5 @@ class TalkingHeadsAttention(MultiHeadAttention):
                              "be pruned physically; mask heads with head_mask= instead")
 
 
-__all__ = ["DifferentialAttention", "TalkingHeadsAttention", "build_attention", "check_variants"]
+__all__ = ["AttentionConfig", "DifferentialAttention", "LEGACY_FIELDS", "TalkingHeadsAttention", "build_attention",
+           "check_variants"]

@@ -84,7 +84,7 @@ def build_model(config: TrainConfig, prepared: Prepared) -> TransformerClassifie
         from .. import pretrained
 
         hf = pretrained.read_hf_config(pretrained.resolve(config.pretrained.name))
-        enc = pretrained.encoder_config(hf, backend=config.model.encoder.backend)
+        enc = pretrained.encoder_config(hf, backend=config.model.encoder.attention.backend)
         enc.encoder.unpad = config.model.encoder.unpad
         if config.data.max_len > enc.max_len:
             raise ValueError(f"data.max_len={config.data.max_len} exceeds the pretrained model's "
