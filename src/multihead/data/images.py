@@ -15,13 +15,14 @@ from __future__ import annotations
 import gzip
 import os
 import random
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from .datasets import DataError
+from .splits import Splits
 
 FASHION_LABELS = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
                   "Ankle boot"]
@@ -74,21 +75,27 @@ def read_idx(path: str | Path, *, max_bytes: int = MAX_IDX_BYTES) -> np.ndarray:
     return np.frombuffer(bytearray(data), dtype=dtype).reshape(dims).astype(dtype.newbyteorder("="), copy=False)
 
 
-@dataclass
-class ImageSplits:
-    """uint8 images ``(N, C, H, W)`` and int64 labels ``(N,)`` per split, the class names and the split record."""
+class ImageSet(NamedTuple):
+    """One part of an image split: uint8 images ``(N, C, H, W)`` and int64 labels ``(N,)`` (a pair: ``images, labels =
+    part``), a part of the one :class:`~multihead.data.splits.Splits` type."""
 
-    name: str
-    train: tuple[torch.Tensor, torch.Tensor]
-    validation: tuple[torch.Tensor, torch.Tensor]
-    test: tuple[torch.Tensor, torch.Tensor]
-    label_names: list[str]
-    record: dict
+    images: torch.Tensor
+    labels: torch.Tensor
+
+    def __len__(self) -> int:  # items, not the pair's two fields
+        return int(self.labels.shape[0])
+
+    def subset(self, indices: list[int]) -> "ImageSet":
+        idx = torch.tensor(indices, dtype=torch.long)
+        return ImageSet(self.images[idx], self.labels[idx])
+
+    def label_ids(self) -> list[int]:
+        return self.labels.tolist()
 
     @property
-    def shape(self) -> tuple[int, int, int]:
+    def image_shape(self) -> tuple[int, int, int]:
         """``(C, H, W)`` of every image."""
-        return tuple(self.train[0].shape[1:])
+        return tuple(self.images.shape[1:])
 
 
 def fashion_dir(path: str | Path | None = None) -> Path:
@@ -106,7 +113,7 @@ def _idx(folder: Path, name: str) -> np.ndarray:
     return read_idx(folder / name if (folder / name).is_file() else folder / name[:-3])
 
 
-def _fashion(path=None, *, seed: int = 0, validation: int = 5000) -> ImageSplits:
+def _fashion(path=None, *, seed: int = 0, validation: int = 5000) -> Splits:
     folder = fashion_dir(path)
     x_train, y_train = _idx(folder, "train-images-idx3-ubyte.gz"), _idx(folder, "train-labels-idx1-ubyte.gz")
     x_test, y_test = _idx(folder, "t10k-images-idx3-ubyte.gz"), _idx(folder, "t10k-labels-idx1-ubyte.gz")
@@ -124,11 +131,11 @@ def _fashion(path=None, *, seed: int = 0, validation: int = 5000) -> ImageSplits
     test = (torch.from_numpy(np.ascontiguousarray(x_test)).unsqueeze(1), torch.from_numpy(y_test.astype(np.int64)))
     record = {"dataset": "fashion_mnist", "folder": str(folder), "seed": seed, "validation": val_idx,
               "test": "official t10k"}
-    return ImageSplits("fashion_mnist", (images[train_idx], labels[train_idx]),
-                       (images[val_idx], labels[val_idx]), test, list(FASHION_LABELS), record)
+    return Splits(ImageSet(images[train_idx], labels[train_idx]), ImageSet(images[val_idx], labels[val_idx]),
+                  ImageSet(*test), record, "fashion_mnist", list(FASHION_LABELS))
 
 
-def _digits(*, seed: int = 0) -> ImageSplits:
+def _digits(*, seed: int = 0) -> Splits:
     from sklearn.datasets import load_digits
 
     d = load_digits()
@@ -145,32 +152,18 @@ def _digits(*, seed: int = 0) -> ImageSplits:
         parts["train"] += idx[n_val + n_test:]
     sel = {k: sorted(v) for k, v in parts.items()}
     record = {"dataset": "digits", "seed": seed, **{k: v for k, v in sel.items() if k != "train"}}
-    return ImageSplits("digits", *((images[v], labels[v]) for v in sel.values()), [str(i) for i in range(10)], record)
+    return Splits(*(ImageSet(images[v], labels[v]) for v in sel.values()), record, "digits",
+                  [str(i) for i in range(10)])
 
 
-def load_images(name: str, *, path: str | Path | None = None, seed: int = 0) -> ImageSplits:
-    """The fixed splits of a built-in image dataset (:data:`IMAGE_DATASETS`)."""
+def load_images(name: str, *, path: str | Path | None = None, seed: int = 0) -> Splits:
+    """The fixed splits of a built-in image dataset (:data:`IMAGE_DATASETS`): a :class:`Splits` of :class:`ImageSet`
+    parts, with the class names."""
     if name == "fashion_mnist":
         return _fashion(path, seed=seed)
     if name == "digits":
         return _digits(seed=seed)
     raise ImageDataError(f"unknown image dataset {name!r}; choose one of {', '.join(IMAGE_DATASETS)}")
-
-
-def limit_splits(splits: "ImageSplits", keep: int | None, seed: int) -> "ImageSplits":
-    """At most ``keep`` images of each split, seeded and stratified by label (:mod:`multihead.data.limits`)."""
-    from .limits import limit_indices, limit_record
-
-    if not keep:
-        return splits
-
-    def cut(part):
-        images, labels = part
-        idx = torch.tensor(limit_indices(len(labels), keep, seed, labels.tolist()), dtype=torch.long)
-        return images[idx], labels[idx]
-
-    return ImageSplits(splits.name, cut(splits.train), cut(splits.validation), cut(splits.test), splits.label_names,
-                       {**splits.record, "limit": limit_record(keep, seed, True)})
 
 
 def is_image_dataset(name: str) -> bool:
@@ -194,5 +187,5 @@ def random_shift(images: torch.Tensor, pad: int, generator: torch.Generator) -> 
     return torch.stack([padded[i, :, y:y + h, x:x + w] for i, (y, x) in enumerate(zip(dy, dx))])
 
 
-__all__ = ["FASHION_LABELS", "IMAGE_DATASETS", "IMAGE_SHAPES", "ImageDataError", "ImageSplits", "fashion_dir", "is_image_dataset",
+__all__ = ["FASHION_LABELS", "IMAGE_DATASETS", "IMAGE_SHAPES", "ImageDataError", "ImageSet", "fashion_dir", "is_image_dataset",
            "load_images", "random_shift", "read_idx", "to_float"]

@@ -7,6 +7,7 @@ import random
 import torch
 
 from .datasets import DataError
+from .splits import Splits
 
 
 def split_texts(n: int, *, validation: float, seed: int) -> dict:
@@ -15,6 +16,13 @@ def split_texts(n: int, *, validation: float, seed: int) -> dict:
     random.Random(seed).shuffle(order)
     k = max(1, round(n * validation))
     return {"seed": seed, "n": n, "validation": sorted(order[:k])}
+
+
+def apply_text_split(texts: list[str], record: dict, name: str = "") -> Splits:
+    """The recorded held-out split of ``texts`` (:func:`split_texts`): a :class:`Splits` of text lists, no test part."""
+    held = set(record["validation"])
+    return Splits([t for i, t in enumerate(texts) if i not in held], [t for i, t in enumerate(texts) if i in held],
+                  None, record, name)
 
 
 def pack(ids: list[list[int]], seq_len: int, sep_id: int, cls_id: int | None = None) -> torch.Tensor:
@@ -49,4 +57,4 @@ def batch_rows(step: int, n_rows: int, batch_size: int, seed: int) -> list[int]:
     return order[b * batch_size: (b + 1) * batch_size]
 
 
-__all__ = ["batch_rows", "pack", "row_order", "split_texts"]
+__all__ = ["apply_text_split", "batch_rows", "pack", "row_order", "split_texts"]

@@ -31,7 +31,7 @@ from torch import nn
 from .. import data as D
 from .._config import ConfigError, check_rules, flatten, from_fields, unflatten
 from ..data import g2p as G
-from ..data.limits import limit_indices, limit_record
+from ..data.splits import Splits
 from ..models.generation import generate
 from ..models.seq2seq import Seq2Seq, Seq2SeqConfig
 from ..modules.decoder import DecoderConfig
@@ -149,8 +149,7 @@ def config_from_overrides(over: dict) -> G2PConfig:
 # ---------------------------------------------------------------------------------------------------- data
 @dataclass
 class G2PPrepared:
-    splits: dict  # name -> Lexicon
-    record: dict
+    splits: Splits  # of Lexicon parts (their record: what splits.json holds)
     vocab: G.G2PVocab
 
 
@@ -161,14 +160,10 @@ def prepare(config: G2PConfig, out: Path | None = None, *, resume: bool = False)
     else:
         record = G.split_words(lex, seed=config.data.split_seed, validation=config.data.validation,
                                test=config.data.test)
-    splits = G.apply_split(lex, record)
-    if config.data.limit:  # the one meaning of limit: at most N words of each split, seeded
-        splits = {k: s.subset(limit_indices(len(s), config.data.limit, config.data.split_seed))
-                  for k, s in splits.items()}
-        record = {**record, "limit": limit_record(config.data.limit, config.data.split_seed, False)}
+    splits = G.apply_split(lex, record).limit(config.data.limit, config.data.split_seed)  # at most N words a split
     vocab = G.G2PVocab.from_dict(read_json(out / "vocab.json", dict)) if resume and out is not None \
         else G.G2PVocab.from_lexicon(lex)
-    return G2PPrepared(splits, record, vocab)
+    return G2PPrepared(splits, vocab)
 
 
 def _model_config(config: G2PConfig, vocab: G.G2PVocab) -> Seq2SeqConfig:
@@ -229,7 +224,7 @@ class G2PTask(Task):
     def write_start(self, path: Path) -> None:
         atomic_write_json(path / "config.json", {"g2p": self.config.to_dict()})
         atomic_write_json(path / "vocab.json", self.prep.vocab.to_dict())
-        atomic_write_json(path / "splits.json", self.prep.record)
+        atomic_write_json(path / "splits.json", self.prep.splits.record)
 
     def batches(self, epoch: int) -> list[list[int]]:
         return D.bucketed_batches(self.lengths, self.config.optim.batch_size, seed=self.config.run.seed, epoch=epoch)
@@ -268,7 +263,7 @@ def _finish(path: Path, config: G2PConfig, prep: G2PPrepared, *, minutes: float)
     beam = evaluate_lexicon(run.model, run.vocab, test, beam=config.run.beam)
     results = {"task": "g2p", "dataset": "cmudict", "test_greedy": greedy, "test_beam": beam,
                "train_minutes": minutes, "threads": config.run.threads, "params": sum(
-                   p.numel() for p in run.model.parameters()), "words": {k: len(v) for k, v in prep.splits.items()},
+                   p.numel() for p in run.model.parameters()), "words": prep.splits.sizes(),
                "decode_seconds": {"greedy": greedy_s, "beam": time.perf_counter() - t}}
     atomic_write_json(path / "results.json", results)
     plot_curve(path)

@@ -28,6 +28,7 @@ from torch import nn
 from .._config import ConfigError, check_rules, flatten, from_fields, unflatten
 from ..data import grounding as G
 from ..data import images as I
+from ..data.splits import Splits
 from ..models.grounding import GroundedQA, GroundingConfig, grounding_share
 from ..modules.capture import attention_modules, capture
 from .checkpoint import load_task_weights, read_task_config
@@ -110,9 +111,9 @@ def config_from_overrides(over: dict) -> GroundingTrainConfig:
     return GroundingTrainConfig.from_dict(unflatten(merged))
 
 
-def _prepare(config: GroundingTrainConfig) -> I.ImageSplits:
+def _prepare(config: GroundingTrainConfig) -> Splits:
     splits = I.load_images(config.images, path=config.data.path, seed=config.data.split_seed)
-    return I.limit_splits(splits, config.data.limit, config.data.split_seed)
+    return splits.limit(config.data.limit, config.data.split_seed)
 
 
 @dataclass
@@ -193,7 +194,7 @@ class GroundingTask(VisionTask):
     section = "grounding"
     config_from_overrides = staticmethod(config_from_overrides)
 
-    def prepare(self) -> I.ImageSplits:
+    def prepare(self) -> Splits:
         return _prepare(self.config)
 
     def build_model(self) -> nn.Module:
@@ -201,7 +202,7 @@ class GroundingTask(VisionTask):
         self.vocab = G.QuestionVocab(self.splits.label_names)
         cfg.model.vocab_size, cfg.model.num_answers = len(self.vocab), len(self.vocab.answers)
         cfg.model.max_question = self.vocab.max_len
-        c, h, _ = self.splits.shape
+        c, h, _ = self.splits.train.image_shape
         if (c, 2 * h) != (cfg.model.vision.channels, cfg.model.vision.image_size):
             raise ConfigError(f"the canvases are {c}x{2 * h}x{2 * h}; model.vision has channels "
                               f"{cfg.model.vision.channels}, image_size {cfg.model.vision.image_size}")

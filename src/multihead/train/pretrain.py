@@ -46,7 +46,7 @@ from .._config import check_rules, from_fields
 from .._io import atomic_save_figure
 from ..data.limits import limit_indices, limit_record
 from ..data.masking import IGNORE, mask_tokens, word_starts
-from ..data.packing import batch_rows, pack, split_texts
+from ..data.packing import apply_text_split, batch_rows, pack, split_texts
 from ..models.masked_lm import MaskedLM
 from ..models.seq2seq import CausalLM, CausalLMConfig
 from ..models.text_encoder import TextEncoderConfig
@@ -214,18 +214,16 @@ def prepare(config: PretrainConfig, out: Path | None = None, *, resume: bool = F
         record = split_texts(len(texts), validation=dc.validation, seed=dc.split_seed)
         if dc.limit:
             record["limit"] = limit_record(dc.limit, dc.split_seed, False)
-    held = set(record["validation"])
-    parts = {"train": [t for i, t in enumerate(texts) if i not in held],
-             "validation": [t for i, t in enumerate(texts) if i in held]}
+    parts = apply_text_split(texts, record, dc.name)
     if resume and out is not None and (out / "tokenizer.json").exists():
         tok = D.load_tokenizer(out / "tokenizer.json")
     else:
-        tok = D.train_tokenizer(parts["train"], dc.vocab_size, dc.min_frequency, extra_specials=(MASK,))
+        tok = D.train_tokenizer(parts.train, dc.vocab_size, dc.min_frequency, extra_specials=(MASK,))
     cls_id = tok.token_to_id(D.tokenizer.CLS) if config.objective.name == "mlm" else None
     sep_id = tok.token_to_id(D.tokenizer.SEP)
     encoded = {k: [e.ids for e in tok.encode_batch(v, add_special_tokens=False)] for k, v in parts.items()}
     rows = {k: pack(v, dc.seq_len, sep_id, cls_id) for k, v in encoded.items()}
-    return Packed(tok, rows["train"], rows["validation"], record, {k: len(v) for k, v in parts.items()},
+    return Packed(tok, rows["train"], rows["validation"], record, parts.sizes(),
                   {k: sum(map(len, v)) for k, v in encoded.items()})
 
 
@@ -469,7 +467,7 @@ def held_out_rows(run: LanguageModelRun, length: int, *, as_trained: bool = Fals
     if record.get("n") != len(texts):
         raise D.DataError(f"{cfg.data.name!r} now holds {len(texts)} texts but the run split {record.get('n')}; the "
                           "data changed since the run was trained")
-    held = [texts[i] for i in record["validation"]]
+    held = apply_text_split(texts, record, cfg.data.name).validation
     ids = [e.ids for e in run.tokenizer.encode_batch(held, add_special_tokens=False)]
     cls = run.tokenizer.token_to_id(D.tokenizer.CLS) if as_trained and cfg.objective.name == "mlm" else None
     return pack(ids, length, run.tokenizer.token_to_id(D.tokenizer.SEP), cls)

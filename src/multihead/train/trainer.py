@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import data as D
-from ..data.limits import limit_indices, limit_record
 from ..models.classifier import ClassifierConfig, TransformerClassifier
 from .._config import ConfigError
 from .._proc import status_kib
@@ -62,9 +61,7 @@ def prepare(config: TrainConfig, out: Path | None = None, *, resume: bool = Fals
         splits = D.apply_split(dataset, read_json(out / "splits.json"))
     else:
         splits = D.split(dataset, seed=dc.split_seed, validation=dc.validation, test=dc.test)
-    if dc.limit:  # the one meaning of limit: at most N of each split, seeded, stratified by label
-        splits = D.Splits(*(s.subset(limit_indices(len(s), dc.limit, dc.split_seed, s.label_ids())) for s in splits),
-                          record={**splits.record, "limit": limit_record(dc.limit, dc.split_seed, True)})
+    splits = splits.limit(dc.limit, dc.split_seed)  # the one meaning: at most N of each split, stratified by label
     if resume and out is not None and (out / "tokenizer.json").exists():
         tok = D.load_tokenizer(out / "tokenizer.json")
     elif config.pretrained.name:

@@ -33,6 +33,7 @@ from torch import nn
 
 from .._config import ConfigError, check_rules, flatten, from_fields, unflatten
 from ..data import images as I
+from ..data.splits import Splits
 from ..models.vision import VisionConfig, VisionTransformer
 from .checkpoint import load_task_weights, read_task_config
 from .harness import Step, Task, run_task
@@ -133,13 +134,13 @@ def config_from_overrides(over: dict) -> VisionTrainConfig:
 
 
 # ---------------------------------------------------------------------------------------------------- data
-def prepare(config: VisionTrainConfig) -> I.ImageSplits:
+def prepare(config: VisionTrainConfig) -> Splits:
     splits = I.load_images(config.data.name, path=config.data.path, seed=config.data.split_seed)
-    return I.limit_splits(splits, config.data.limit, config.data.split_seed)
+    return splits.limit(config.data.limit, config.data.split_seed)
 
 
-def _model_config(config: VisionTrainConfig, splits: I.ImageSplits) -> VisionConfig:
-    c, h, w = splits.shape
+def _model_config(config: VisionTrainConfig, splits: Splits) -> VisionConfig:
+    c, h, w = splits.train.image_shape
     if h != w:
         raise I.ImageDataError(f"the ViT takes square images; {splits.name} has {h}x{w}")
     mc = config.model.to_dict()
@@ -169,7 +170,7 @@ def evaluate_images(model: VisionTransformer, images: torch.Tensor, labels: torc
     return out
 
 
-def pixel_baseline(splits: I.ImageSplits) -> dict:
+def pixel_baseline(splits: Splits) -> dict:
     """Logistic regression on raw pixels (scaled to [0, 1]), fitted on the training split, scored on the test split."""
     import warnings
 
@@ -211,7 +212,7 @@ class VisionTask(Task):
         self.model = self.build_model()
 
     # what a task on images changes (the grounding task subclasses these) ------------------------------------
-    def prepare(self) -> I.ImageSplits:
+    def prepare(self) -> Splits:
         return prepare(self.config)
 
     def build_model(self) -> nn.Module:
@@ -268,7 +269,7 @@ class VisionTask(Task):
                 f"{event['val_accuracy']:.4f}{' *' if event['best'] else ''} | {event['minutes']:.1f} min")
 
 
-def finish(path: Path, config: VisionTrainConfig, splits: I.ImageSplits, *, minutes: float, best_epoch: int) -> dict:
+def finish(path: Path, config: VisionTrainConfig, splits: Splits, *, minutes: float, best_epoch: int) -> dict:
     run = load_vision_run(path)
     test = evaluate_images(run.model, *splits.test)
     val = evaluate_images(run.model, *splits.validation)
