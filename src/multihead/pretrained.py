@@ -18,6 +18,9 @@ Name map (HF ``BertModel`` -> ours)::
     encoder.layer.{i}.intermediate.dense               -> encoder.layers.{i}.ffn.w_1
     encoder.layer.{i}.output.dense                     -> encoder.layers.{i}.ffn.w_2
     encoder.layer.{i}.output.LayerNorm                 -> encoder.layers.{i}.norm2
+
+One module over the usual size on purpose: import and export of one folder format, each check beside the field it
+reads, so that the two directions cannot drift apart.
 """
 from __future__ import annotations
 

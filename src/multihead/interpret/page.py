@@ -9,6 +9,9 @@
 Weights travel as 8-bit quantised, base64-encoded matrices inside a ``<script type="application/json">`` block
 (``<``, ``>`` and ``&`` are escaped as ``\\u003c`` ... so no token can close the block), and the script only ever
 inserts tokens with ``textContent``: text such as ``<img src=x onerror=alert(1)>`` shows as text and runs nothing.
+
+One module over the usual size on purpose: the page's HTML, its inline script and the data it embeds are
+written together and must agree field by field.
 """
 from __future__ import annotations
 

@@ -2,6 +2,9 @@
 
 Shape legend: ``B`` batch, ``Lq``/``Lk`` query/key length, ``E`` d_model, ``H`` query heads, ``G`` key/value heads,
 ``D`` head dim (``E // H``).
+
+One module over the usual size on purpose: the projections' layout is private to the class and shared by its
+forward, packed forward, pruning and the ``nn.MultiheadAttention`` converters.
 """
 from __future__ import annotations
 

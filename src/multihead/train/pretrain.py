@@ -29,6 +29,9 @@ every file written atomically, ``--resume`` after a kill continues bit-identical
                        :data:`multihead.pretrained.NATIVE`): ``multihead train --init runs/mlm`` fine-tunes it
     curves.png         training and validation loss, validation perplexity
     results.json       steps, tokens, minutes, parameters, validation loss/perplexity/accuracy
+
+One module over the usual size on purpose: the pretraining config, its data preparation, the two objectives and
+the task that runs them describe one run folder format and change together.
 """
 from __future__ import annotations
 
