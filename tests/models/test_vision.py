@@ -135,13 +135,13 @@ def test_fashion_mnist_from_a_folder_of_idx_files(tmp_path, monkeypatch):
         _write_idx(tmp_path / f"{split}-labels-idx1-ubyte.gz", rng.integers(0, 10, n, dtype=np.uint8))
     monkeypatch.setenv(I.FASHION_ENV, str(tmp_path))
     s = I._fashion(validation=10)
-    assert s.shape == (1, 28, 28) and len(s.train[1]) == 50 and len(s.validation[1]) == 10 and len(s.test[1]) == 20
+    assert s.train.image_shape == (1, 28, 28) and len(s.train[1]) == 50 and len(s.validation[1]) == 10 and len(s.test[1]) == 20
     assert s.label_names[7] == "Sneaker" and s.train[0].dtype == torch.uint8
 
 
 def test_digits_splits_are_fixed_and_stratified():
     a, b = I.load_images("digits"), I.load_images("digits")
-    assert torch.equal(a.test[0], b.test[0]) and a.shape == (1, 8, 8)
+    assert torch.equal(a.test[0], b.test[0]) and a.train.image_shape == (1, 8, 8)
     assert len(a.train[1]) + len(a.validation[1]) + len(a.test[1]) == 1797
     assert torch.bincount(a.test[1], minlength=10).min() >= 15  # every class in the test split
     assert int(a.train[0].max()) == 255
