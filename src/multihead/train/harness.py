@@ -8,11 +8,13 @@ batch, validation, the files it writes when a run starts and what it writes at t
 rest, the same way for every task::
 
     run_task(MyTask, config, "runs/x")                 # a new run (refused if runs/x holds one)
-    run_task(MyTask, config, "runs/x", overwrite=True) # replaces it, once the new one is resumable
+    run_task(MyTask, config, "runs/x", overwrite=True) # replaces it, once the new one has trained and validated
     run_task(MyTask, config, "runs/x", resume=True, given={"optim": {"lr": 1e-3}})
 
-The run folder is built beside ``out`` as ``.NAME.new``, locked, and swapped in once it holds a resumable state
-(:class:`multihead._io.Publish`); a resume writes in place under the lock. **Resume policy** (one for every task):
+The run folder is built beside ``out`` as ``.NAME.new``, locked, and swapped in only once the new run has trained:
+after its first validation (so after at least one optimizer step) and the checkpoint that follows it
+(:class:`multihead._io.Publish`). A setting that fails at the first step or at validation therefore leaves what was
+at ``out`` byte-identical, for every task. A resume writes in place under the lock. **Resume policy** (one for every task):
 the recorded ``config.json[section]`` is the run; options given again (``given``) that match it are accepted, options
 that differ are refused by name (:data:`RESUME_MAY_CHANGE` lists the ones that change nothing computed). A resume
 with another process count is refused: how a global batch is split across ranks, and each rank's random draws,
@@ -347,6 +349,7 @@ class Loop:
         self.ema = EMA(self.model, task.ema_decay) if task.ema_decay > 0 else None
         self.eval_model = task.new_model().to(task.device) if self.ema is not None else None
         self.position = fresh_position(self.world)
+        self.published = resume  # a new run is swapped in at --out only once it has trained and validated
         path = folder.path
         if resume:
             state = restore_checkpoint(path, self.model, self.opt, self.sched, self.ema)
@@ -381,9 +384,17 @@ class Loop:
     def _clock(self) -> float:
         return time.perf_counter() - self._t0
 
+    def publish(self) -> None:
+        """Save and swap the staged run in at ``--out`` (once): called after the first validation, so a setting that
+        fails at the first step or at validation never replaces what was there."""
+        if self.published:
+            return
+        self.save()
+        self.folder.commit()
+        self.published = True
+
     def run(self) -> dict:
         task, pos = self.task, self.position
-        self.folder.commit()  # resumable from here: the run replaces what was at --out only now
         if task.compile:
             self.model = torch.compile(self.model)
         if self.dist.enabled:
@@ -397,6 +408,7 @@ class Loop:
         distributed.barrier(self.dist)
         if not self.main:
             return {}
+        self.publish()  # a run with nothing to validate (no batches) is published when it ends
         results = task.finish(self.folder.path, {"seconds": pos["seconds"], "best_epoch": pos["best_epoch"],
                                                  "stopped_early": pos["stopped"], "step": pos["step"],
                                                  "tokens": pos["tokens"], "world_size": self.world})
@@ -433,6 +445,8 @@ class Loop:
             if task.validate_every and (pos["step"] % task.validate_every == 0 or last):
                 self.validate(epoch, bar)
                 self.model.train()
+                if not last:
+                    self.publish()
             if save_every and pos["step"] % save_every == 0 and not last:
                 self.save()
         bar.close()
@@ -443,6 +457,7 @@ class Loop:
         pos.update(epoch=epoch + 1, batch=0, epoch_stats=_zero_stats())
         pos["stopped"] = bool(task.patience and pos["bad_epochs"] >= task.patience)
         self.save()
+        self.publish()
 
     def step(self, batch, epoch: int) -> None:
         """Forward, backward and update on this rank's share of ``batch``; statistics and the train event."""
