@@ -81,6 +81,11 @@ def atomic_save_figure(fig, path: str | Path, **kwargs) -> Path:
 
 # ---------------------------------------------------------------------------------------------------- kinds
 RUN_SECTIONS = ("train", "g2p", "pretrain", "vision", "grounding")  # config.json sections of the tasks' run folders
+# What the tasks write into a run folder (besides figures, *.png/*.svg, and folders of our other outputs): an
+# --overwrite that would delete anything else is refused.
+RUN_FILES = {"config.json", "metrics.jsonl", "model.safetensors", "results.json", "splits.json", "tokenizer.json",
+             "vocab.json", "labels.json", "inputs.json", "checkpoint", "encoder"}
+OUR_KINDS = ("run", "hf", "show", "heads", "importance", "sweep", "induction", "sinks", "compare")
 
 
 def folder_kind(path: str | Path) -> str:
@@ -107,7 +112,7 @@ def folder_kind(path: str | Path) -> str:
     for kind, marker in (("show", "attention.html"), ("show", "cross.html"), ("show", "image.json"),
                          ("heads", "heads.json"),
                          ("sweep", "sweep.json"), ("induction", "induction.json"),
-                         ("sinks", "sinks.json")):
+                         ("sinks", "sinks.json"), ("compare", "compare.json")):
         if marker in names:
             return kind
     if any(n.startswith("importance-") and n.endswith(".json") for n in names):
@@ -115,23 +120,58 @@ def folder_kind(path: str | Path) -> str:
     return "other"
 
 
+def foreign_files(folder: Path) -> list[str]:
+    """What a run folder holds that no run writes (sorted names): an ``--overwrite`` would delete them."""
+    strangers = []
+    for p in sorted(Path(folder).iterdir()):
+        ours = (p.name in RUN_FILES or p.name.startswith(".") or p.suffix in (".png", ".svg")
+                or (p.is_dir() and folder_kind(p) in OUR_KINDS))
+        if not ours:
+            strangers.append(p.name + ("/" if p.is_dir() else ""))
+    return strangers
+
+
+_WHAT = {"run": "a training run", "hf": "an HF model folder", "other": "files multihead did not write"}
+
+
 def check_target(out: str | Path, kind: str, *, overwrite: bool = False, sources: tuple = ()) -> Path:
-    """Refuse to write a ``kind`` folder at ``out`` when that would lose something: ``out`` is a file, one of the
-    folders being read (``sources``), or a non-empty folder of another kind (or of the same kind, for runs and
-    exports) without ``overwrite``. Also checks the parent is writable -- before any work is done."""
+    """Refuse to write a ``kind`` folder at ``out`` when that would lose something -- before any work is done: ``out``
+    is a file; it is, or holds, one of the inputs being read (``sources``); it is a non-empty folder of another kind
+    (or of the same kind, for runs and exports) without ``overwrite``. ``overwrite`` replaces our own output of the
+    same kind and nothing else: never files multihead did not write (a run folder holding any is refused, naming
+    them), another kind of output, or the current directory or one of its parents. Also checks the parent is
+    writable."""
     out = Path(out)
+    target = out.resolve()
     for src in sources:
-        if src is not None and Path(src).exists() and out.resolve() == Path(src).resolve():
-            raise FolderError(f"--out {str(out)!r} is the folder being read; write to another folder (the source "
-                              "is never modified)")
+        if src is None or not Path(src).exists():
+            continue
+        read = Path(src).resolve()
+        if target == read or target in read.parents:
+            raise FolderError(f"--out {str(out)!r} {'is' if target == read else 'holds'} {str(src)!r}, which this "
+                              "command reads; write to another folder (inputs are never modified)")
     found = folder_kind(out)
     if found == "file":
         raise FolderError(f"--out {str(out)!r} is a file, not a folder; choose a folder path")
     replaceable = found in ("missing", "empty") or (found == kind and kind not in ("run", "hf"))
     if not replaceable and not overwrite:
-        what = {"run": "a training run", "hf": "an HF model folder", "other": "other files"}.get(found, f"{found} output")
+        what = _WHAT.get(found, f"{found} output")
         raise FolderError(f"--out {str(out)!r} already holds {what}; pass --overwrite to replace it, or choose "
                           "another folder")
+    if not replaceable:  # --overwrite: our own output of this kind only
+        cwd = Path.cwd().resolve()
+        if target == cwd or target in cwd.parents:
+            raise FolderError(f"--out {str(out)!r} is the current directory or holds it; --overwrite would delete "
+                              "everything in it: write to a folder of its own")
+        if found != kind:
+            raise FolderError(f"--out {str(out)!r} holds {_WHAT.get(found, f'{found} output')}, not "
+                              f"{_WHAT.get(kind, f'{kind} output')}; --overwrite replaces only that: choose another "
+                              "folder (or remove it yourself)")
+        strangers = foreign_files(out) if kind == "run" else []
+        if strangers:
+            raise FolderError(f"--out {str(out)!r} is a run folder that also holds {', '.join(strangers[:5])}"
+                              f"{' ...' if len(strangers) > 5 else ''}, which no run writes; --overwrite would delete "
+                              "them: move them out, or choose another folder")
     parent = out.resolve().parent
     probe = parent
     while not probe.exists():  # the nearest existing ancestor must let us create the folder

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from .._io import atomic_save_figure, atomic_write_json
+from .._io import FolderError, atomic_save_figure, atomic_write_json, folder_kind
 
 VARIANTS: dict[str, tuple[dict, str, str]] = {  # name -> (causal.decoder overrides, positional, description)
     "mha": ({}, "rope", "multi-head attention, rotary positions"),
@@ -55,6 +55,9 @@ def parse_variants(text: str) -> list[str]:
     bad = [v for v in names if v not in VARIANTS]
     if bad or not names:
         raise ValueError(f"unknown variants {bad or '(none given)'}; choose from {', '.join(VARIANTS)}")
+    twice = sorted({v for v in names if names.count(v) > 1})
+    if twice:  # one run trained twice would report two seeds with a spread of 0
+        raise ValueError(f"variants named twice: {', '.join(twice)}; name each once (--seeds gives repeats)")
     return names
 
 
@@ -196,9 +199,13 @@ def _run_locked(*, data, variants, seeds, out: Path, steps, batch_size, seq_len,
             folder = out / f"{name}-s{seed}"
             cfg = variant_config(name, data=data, seed=seed, steps=steps, batch_size=batch_size, seq_len=seq_len,
                                  lr=lr, threads=threads, size=sizes[name], data_options=data_options)
+            kind = folder_kind(folder)
+            if kind not in ("missing", "empty", "run"):  # never trained over, even with --overwrite
+                raise FolderError(f"{folder} holds files that are not a run of this comparison; move them out, or "
+                                  "use another --out")
             done = (folder / "results.json").is_file()
-            if done and not _same_recipe(read_json(folder / "config.json", dict).get("pretrain", {}), cfg):
-                stale.append(folder.name)
+            if kind == "run" and not _same_recipe(read_json(folder / "config.json", dict).get("pretrain", {}), cfg):
+                stale.append(folder.name)  # finished or not: another recipe is replaced only with --overwrite
                 done = False
             plan.append((name, seed, folder, cfg, done))
     if stale and not overwrite:

@@ -54,6 +54,9 @@ class RunExistsError(FileExistsError):
 
 # Options a resumed run may change: they do not alter what is computed.
 RESUME_MAY_CHANGE = {"run.progress", "run.save_every"}
+# Config fields that may name a file or folder the run reads: recorded (absolute path, content digest) in
+# inputs.json, never inside the folder an --overwrite replaces, and checked unchanged on --resume.
+INPUT_FIELDS = ("data.name", "data.path", "pretrained.name")
 
 
 @dataclass
@@ -118,6 +121,18 @@ class Task:
         ``results.json`` by the harness; ``run`` also has ``tokens`` and ``world_size``."""
         raise NotImplementedError
 
+    @classmethod
+    def inputs(cls, config) -> dict[str, str]:
+        """What a run of this config reads, by config field: :data:`INPUT_FIELDS` (a path or a built-in dataset
+        name). A task reading another default location adds it (the ViT: Fashion-MNIST's folder)."""
+        found = {}
+        for dotted in INPUT_FIELDS:
+            section, _, name = dotted.partition(".")
+            value = getattr(getattr(config, section, None), name, None)
+            if isinstance(value, str) and value:
+                found[dotted] = value
+        return found
+
     @staticmethod
     def config_from_overrides(over: dict):
         """The task's config from the command line's nested overrides (flags, TOML, ``--set``), validated."""
@@ -180,9 +195,38 @@ def resume_conflicts(recorded: dict, given: dict, rebuild=None) -> list[str]:
             continue
         if path == "data.name" and isinstance(value, str) and canonical_name(value) == have.get(path):
             continue
+        if path in INPUT_FIELDS and _same_path(value, have.get(path)):  # a relative path given from elsewhere
+            continue
         if have.get(path) != value:
             found.append(f"{path}={value!r} (recorded: {have.get(path)!r})")
     return found
+
+
+def _same_path(a, b) -> bool:
+    return isinstance(a, str) and isinstance(b, str) and Path(a).exists() and Path(a).resolve() == Path(b).resolve()
+
+
+def absolute_inputs(config, task_cls: type[Task]) -> None:
+    """Input fields that name an existing relative path become absolute: a run resumes, and its analyses find the
+    data, from any directory."""
+    for dotted, value in task_cls.inputs(config).items():
+        section, _, name = dotted.partition(".")
+        if Path(value).exists() and not Path(value).is_absolute() and hasattr(getattr(config, section), name):
+            setattr(getattr(config, section), name, str(Path(value).resolve()))
+
+
+def check_inputs(out: Path, config, task_cls: type[Task]) -> None:
+    """Refuse a resume whose inputs changed since the run started (``inputs.json``; runs written before it existed
+    are not checked)."""
+    from ..data import provenance
+
+    path = out / "inputs.json"
+    if not path.exists():
+        return
+    changed = provenance.changes(read_json(path, dict), provenance.record(task_cls.inputs(config)))
+    if changed:
+        raise ConfigError(f"--resume continues {out} on the inputs it started with, and they changed: "
+                          f"{'; '.join(changed)}. Restore them, or start a new run (another --out, or --overwrite)")
 
 
 def recorded_config(out: Path, task_cls: type[Task], given: dict | None = None):
@@ -222,11 +266,13 @@ def start_config(out: Path, config, task_cls: type[Task], *, resume: bool, overw
         raise ConfigError("--resume continues the run in --out and --overwrite replaces it; pass one of them")
     if resume:
         config = recorded_config(out, task_cls, given)
+        check_inputs(out, config, task_cls)
     elif folder_kind(out) == "run" and not overwrite:
         raise RunExistsError(f"{out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
                              "or choose another --out")
-    else:
-        check_target(out, "run", overwrite=overwrite)  # before any data is read: a folder of other files is refused
+    else:  # before any data is read: a folder of other files, or one holding an input, is refused
+        check_target(out, "run", overwrite=overwrite, sources=tuple(task_cls.inputs(config).values()))
+        absolute_inputs(config, task_cls)
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     else:
@@ -366,6 +412,9 @@ class Loop:
                 keep_metrics(path / "metrics.jsonl", self.position["metrics_lines"])
                 print(f"resuming {path} at epoch {self.position['epoch'] + 1}, step {self.position['step']}")
         elif self.main:
+            from ..data import provenance
+
+            atomic_write_json(path / "inputs.json", provenance.record(type(task).inputs(task.config)))
             task.write_start(path)
             self.save()
 

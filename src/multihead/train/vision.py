@@ -205,6 +205,16 @@ class VisionTask(Task):
     log_every = 100
     no_decay_names = ("cls", "pos")
 
+    @classmethod
+    def inputs(cls, config) -> dict[str, str]:
+        found = super().inputs(config)
+        if config.data.name == "fashion_mnist" and not config.data.path:  # the default folder is read too
+            try:
+                found["data.path"] = str(I.fashion_dir())
+            except I.ImageDataError:
+                pass  # not installed: reported when the data is read
+        return found
+
     def __init__(self, config: VisionTrainConfig, path: Path, resume: bool) -> None:
         super().__init__(config, path, resume)
         self.splits = self.prepare()  # data problems are reported before the run folder is touched
