@@ -131,7 +131,7 @@ def foreign_files(folder: Path) -> list[str]:
     return strangers
 
 
-_WHAT = {"run": "a training run", "hf": "an HF model folder", "other": "files multihead did not write"}
+_WHAT = {"run": "a training run", "hf": "an HF model folder", "other": "other files (not written by multihead)"}
 
 
 def check_target(out: str | Path, kind: str, *, overwrite: bool = False, sources: tuple = ()) -> Path:
@@ -147,17 +147,21 @@ def check_target(out: str | Path, kind: str, *, overwrite: bool = False, sources
         if src is None or not Path(src).exists():
             continue
         read = Path(src).resolve()
-        if target == read or target in read.parents:
-            raise FolderError(f"--out {str(out)!r} {'is' if target == read else 'holds'} {str(src)!r}, which this "
-                              "command reads; write to another folder (inputs are never modified)")
+        if target == read:
+            raise FolderError(f"--out {str(out)!r} is the folder being read; write to another folder (the source "
+                              "is never modified)")
+        if target in read.parents:
+            raise FolderError(f"--out {str(out)!r} holds {str(src)!r}, which this command reads; write to another "
+                              "folder (inputs are never modified)")
     found = folder_kind(out)
     if found == "file":
         raise FolderError(f"--out {str(out)!r} is a file, not a folder; choose a folder path")
     replaceable = found in ("missing", "empty") or (found == kind and kind not in ("run", "hf"))
     if not replaceable and not overwrite:
         what = _WHAT.get(found, f"{found} output")
-        raise FolderError(f"--out {str(out)!r} already holds {what}; pass --overwrite to replace it, or choose "
-                          "another folder")
+        fix = ("choose another folder (--overwrite replaces only multihead's own output)" if found == "other" else
+               "pass --overwrite to replace it, or choose another folder")
+        raise FolderError(f"--out {str(out)!r} already holds {what}; {fix}")
     if not replaceable:  # --overwrite: our own output of this kind only
         cwd = Path.cwd().resolve()
         if target == cwd or target in cwd.parents:

@@ -97,15 +97,17 @@ def test_resume_and_overwrite_together_are_refused(run_copy, data_csv):
 
 
 def test_an_interrupted_run_gives_one_consistent_advice(tmp_path, data_csv):
-    out = tmp_path / "run"
+    """A new run appears at --out only once it has trained and validated (then it holds its best model and a
+    checkpoint, and --resume continues it); killed before that, nothing is published and a plain retry starts."""
+    out, staged = tmp_path / "run", tmp_path / ".run.new"
     proc = _spawn(*tiny_train_args(data_csv, out, "--epochs", "3"))
-    assert _kill_when(proc, lambda: (out / "checkpoint" / "state.json").is_file() and not
-                      (out / "model.safetensors").exists())
-    err = refused(run_cli("predict", out, "good film"), "--resume")
-    assert "without --resume" not in err
-    proc = run_cli(*tiny_train_args(data_csv, out, "--epochs", "3", "--resume"))
+    assert _kill_when(proc, lambda: (staged / "checkpoint" / "state.json").is_file())
+    assert not out.exists()
+    refused(run_cli("predict", out, "good film"), "does not exist")
+    refused(run_cli(*tiny_train_args(data_csv, out, "--epochs", "3", "--resume")), "nothing to resume")
+    proc = run_cli(*tiny_train_args(data_csv, out, "--epochs", "3"))
     assert proc.returncode == 0, proc.stderr
-    assert run_cli("predict", out, "good film").returncode == 0
+    assert run_cli("predict", out, "good film").returncode == 0 and not staged.exists()
 
 
 def test_the_thread_count_is_recorded_for_resume(trained_run):

@@ -67,7 +67,7 @@ def test_overwrite_refuses_a_folder_of_other_files(tmp_path, project, capsys):
     (other / "a.jpg").write_bytes(b"\xff\xd8")
     assert main(["pretrain", "--objective", "clm", "--data", str(project / "corpus.txt"), "--out", str(other),
                  "--overwrite", *TINY]) == 2
-    assert "files multihead did not write" in capsys.readouterr().err and (other / "a.jpg").read_bytes() == b"\xff\xd8"
+    assert "not written by multihead" in capsys.readouterr().err and (other / "a.jpg").read_bytes() == b"\xff\xd8"
 
 
 def test_resume_refuses_changed_data_naming_what_changed(project, capsys):
