@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .args import _count, _nonneg
+from .args import _count, _nonneg, _number
 
 
 def cmd_generate(args) -> int:
@@ -79,10 +79,15 @@ def cmd_sinks(args) -> int:
     trained = run.config.causal.max_len
     length = args.length or 4 * trained
     window = args.window or trained // 2
+    band = args.band or trained // 2
+    if length < 2 * band or length <= window + args.sinks:  # a curve needs two bands and text past the cache
+        raise ValueError(f"--length {length} is too short to compare the caches: it must exceed the window plus the "
+                         f"sinks ({window} + {args.sinks}) and hold two bands of {band} tokens; pass a larger "
+                         f"--length (default 4x the trained rows: {4 * trained})")
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = held_out_rows(run, length)[: args.texts]
-    result = S.compare(run.model, rows.long(), window=window, sinks=args.sinks, band=args.band or trained // 2)
+    result = S.compare(run.model, rows.long(), window=window, sinks=args.sinks, band=band)
     result["model"] = str(args.run)
     print(S.format_table(result))
     if args.out:
@@ -127,9 +132,11 @@ def register(sub) -> None:
     ge.add_argument("prompt", nargs="?", default="", help="text to continue (default: start a new text)")
     ge.add_argument("--max-new", type=_count, default=50, help="new tokens at most (stops early at the end of a text)")
     ge.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    ge.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    ge.add_argument("--temperature", type=_number(float, 1e-3, 1e3, "a temperature in [0.001, 1000]"), default=1.0,
+                    help="sampling temperature")
     ge.add_argument("--top-k", type=_nonneg, default=0, help="sample from the k most likely tokens (0: all)")
-    ge.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: the smallest set reaching p")
+    ge.add_argument("--top-p", type=_number(float, 1e-6, 1.0, "a probability in (0, 1]"), default=1.0,
+                    help="nucleus sampling: the smallest set reaching p")
     ge.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     ge.add_argument("--threads", type=_count, default=None, help="torch threads")
     ge.add_argument("--no-stream", dest="stream", action="store_false", help="print the text once, at the end")
@@ -153,8 +160,9 @@ def register(sub) -> None:
     ind.add_argument("--out", required=True, help="folder for induction.json and induction.png")
     ind.add_argument("--steps", type=_count, default=ToyDefaults.steps, help="training steps")
     ind.add_argument("--heads", type=_count, default=ToyDefaults.num_heads, help="heads per layer")
-    ind.add_argument("--half", type=_count, default=ToyDefaults.half, help="random tokens before the repeat")
-    ind.add_argument("--vocab", type=_count, default=ToyDefaults.vocab,
+    ind.add_argument("--half", type=_number(int, 2, 1024, "an integer in [2, 1024]"), default=ToyDefaults.half,
+                     help="random tokens before the repeat")
+    ind.add_argument("--vocab", type=_number(int, 2, 65536, "an integer in [2, 65536]"), default=ToyDefaults.vocab,
                      help="token ids the random tokens are drawn from (small: repeats inside a half blur the score)")
     ind.add_argument("--seed", type=int, default=0)
     ind.add_argument("--threads", type=_count, default=None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .args import _count, _nonneg, _read_texts
+from .args import _count, _nonneg, _number, _read_texts
 
 
 def cmd_evaluate(args) -> int:
@@ -228,14 +228,16 @@ def register(sub) -> None:
     e.add_argument("--text-column", default=None)
     e.add_argument("--label-column", default=None)
     e.add_argument("--json", action="store_true")
-    e.add_argument("--beam", type=_count, default=1, help="G2P runs: beam width (1 = greedy)")
+    e.add_argument("--beam", type=_number(int, 1, 64, "a beam width in [1, 64]"), default=1,
+                   help="G2P runs: beam width (1 = greedy)")
     e.set_defaults(fn=cmd_evaluate)
 
     pr = sub.add_parser("predict", help="classify texts; prints JSON lines with label and probabilities")
     pr.add_argument("run")
     pr.add_argument("texts", nargs="*")
     pr.add_argument("--file", default=None, help="one text per line, or .jsonl with a 'text' field")
-    pr.add_argument("--beam", type=_count, default=1, help="G2P runs: beam width (1 = greedy)")
+    pr.add_argument("--beam", type=_number(int, 1, 64, "a beam width in [1, 64]"), default=1,
+                    help="G2P runs: beam width (1 = greedy)")
     pr.add_argument("--index", type=_nonneg, default=None, help="image runs: predict this test image")
     pr.add_argument("--image", action="append", default=None, help="image runs: a .png or .npy image (repeatable)")
     pr.set_defaults(fn=cmd_predict)

@@ -51,7 +51,15 @@ def cmd_bench(args) -> int:
 
     check_device_flags(args.suite, args.device, args.dtype)
     suite = bench_suite(args.suite)
+    known = getattr(suite, "MODES", None)
+    unknown = [m for m in args.modes or () if known is not None and m not in known]
+    if args.modes is not None and (unknown or known is None):
+        raise ValueError(f"bench {args.suite} has no modes {unknown}; choose from {', '.join(known)}" if known else
+                         f"bench {args.suite} takes no --modes")
     out = Path(args.out) if args.out else suite.default_out()
+    if out.is_dir():  # checked before the benchmark runs, not after
+        raise ValueError(f"--out {str(out)!r} is a folder; bench writes a JSON file: give a path such as "
+                         f"{out / (args.suite + '.json')}")
     payload = suite.from_args(args, out)
     print(suite.format_table(payload))
     png = out.with_suffix(".png")

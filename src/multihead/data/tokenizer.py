@@ -43,8 +43,24 @@ def display_tokens(tok: Tokenizer, ids: list[int]) -> list[str]:
     return [t[1:] if t.startswith("▁") and len(t) > 1 else t for t in (tok.id_to_token(i) for i in ids)]
 
 
+TOKENIZER_MAX_BYTES = 256 << 20  # a tokenizer.json larger than this is not one of ours (they are a few MB)
+
+
 def load_tokenizer(path: Path) -> Tokenizer:
-    return Tokenizer.from_file(str(path))
+    """A ``tokenizer.json`` (the tokenizers library's format); a missing, oversized or corrupt file is refused with
+    the path and what to do (never a parser traceback)."""
+    from .datasets import DataError
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path} does not exist: the run folder is incomplete; train it again (--overwrite)")
+    if path.stat().st_size > TOKENIZER_MAX_BYTES:
+        raise DataError(f"{path} is {path.stat().st_size:,} bytes, far more than a tokenizer; it is not one we wrote")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # the Rust parser raises its own exception type
+        raise DataError(f"{path} is not a readable tokenizer ({str(exc)[:120]}); the file is damaged: restore it from "
+                        "a copy or train the run again (--overwrite)") from None
 
 
 @dataclass

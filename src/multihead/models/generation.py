@@ -16,6 +16,9 @@ from torch import Tensor
 STRATEGIES = ("greedy", "sample", "beam")
 
 
+TEMPERATURES = (1e-3, 1e3)  # below 1e-3 logits / T overflow fp32 (use greedy); above 1e3 sampling is uniform
+
+
 @dataclass
 class GenerationConfig:
     strategy: str = "greedy"
@@ -35,8 +38,9 @@ class GenerationConfig:
             raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {STRATEGIES}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature} (use strategy='greedy' for argmax)")
+        if not (TEMPERATURES[0] <= self.temperature <= TEMPERATURES[1]):  # NaN fails too
+            raise ValueError(f"temperature must be in [{TEMPERATURES[0]}, {TEMPERATURES[1]:g}], got {self.temperature} "
+                             "(below it the softmax overflows; use strategy='greedy' for argmax)")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0 or self.num_beams < 1:

@@ -86,7 +86,8 @@ class CausalLMConfig:
     def parameter_estimate(self) -> int:
         e, dec = self.decoder.d_model, self.decoder
         per_layer = 4 * e * e + 2 * e * (4 * e if dec.d_ff is None else dec.d_ff)
-        return self.vocab_size * e * (1 if self.tie_embeddings else 2) + dec.num_layers * per_layer
+        positions = self.max_len * e if self.positional == "learned" else 0  # a table of max_len rows
+        return self.vocab_size * e * (1 if self.tie_embeddings else 2) + dec.num_layers * per_layer + positions
 
 
 class CausalLM(nn.Module):
@@ -211,7 +212,8 @@ class Seq2SeqConfig:
         enc = self.encoder.num_layers * (4 * e * e + 2 * e * (self.encoder.d_ff or 4 * e))
         dec = self.decoder.num_layers * (8 * e * e + 2 * e * (self.decoder.d_ff or 4 * e))
         emb = (self.src_vocab_size * (0 if self.share_embeddings else 1) + self.tgt_vocab_size) * e
-        return emb + enc + dec + (0 if self.tie_output else self.tgt_vocab_size * e)
+        positions = 2 * self.max_len * e if self.positional == "learned" else 0  # a table on each side
+        return emb + enc + dec + positions + (0 if self.tie_output else self.tgt_vocab_size * e)
 
 
 class Seq2Seq(nn.Module):

@@ -173,10 +173,16 @@ def _model_config(config: G2PConfig, vocab: G.G2PVocab) -> Seq2SeqConfig:
 
 
 # ---------------------------------------------------------------------------------------------------- decoding
+MAX_BEAM = 64
+
+
 @torch.no_grad()
 def transcribe(model: Seq2Seq, vocab: G.G2PVocab, words: list[str], *, beam: int = 1, batch_size: int = 256,
                device="cpu") -> list[list[str]]:
-    """Pronunciations of ``words`` (already checked), greedy (``beam=1``) or beam search."""
+    """Pronunciations of ``words`` (already checked), greedy (``beam=1``) or beam search (``beam`` up to
+    :data:`MAX_BEAM`: each step scores beam x vocabulary hypotheses per word)."""
+    if not 1 <= beam <= MAX_BEAM:
+        raise ValueError(f"beam must be in [1, {MAX_BEAM}], got {beam}")
     enc = [vocab.encode_word(w) for w in words]
     out: list[list[str] | None] = [None] * len(words)
     max_new = model.config.max_len - 1

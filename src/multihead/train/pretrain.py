@@ -57,8 +57,8 @@ from ..modules.decoder import DecoderConfig
 from ..modules.encoder import EncoderConfig
 from .checkpoint import model_tensors
 from .harness import Step, Task, run_task
-from .runfolder import (CheckpointError, atomic_write_bytes, atomic_write_json, is_task_run, load_checked, read_json,
-                        save_checked)
+from .runfolder import (CheckpointError, atomic_write_bytes, atomic_write_json, check_shapes, header_shapes,
+                        is_task_run, load_checked, meta_shapes, read_json, save_checked)
 
 MASK = "[MASK]"
 OBJECTIVES = ("mlm", "clm")
@@ -454,7 +454,9 @@ def load_pretrain_run(path: str | Path, device: str = "cpu") -> LanguageModelRun
         raise CheckpointError(f"{path} has no model.safetensors yet: the run has not finished; finish it with: "
                               f"multihead pretrain --out {path} --resume")
     tok = D.load_tokenizer(path / "tokenizer.json")
-    model = OBJECTIVE_CLASSES[config.objective.name].build(config)
+    build = OBJECTIVE_CLASSES[config.objective.name].build
+    check_shapes(meta_shapes(lambda: build(config)), header_shapes(weights), weights)  # before anything is allocated
+    model = build(config)
     tensors, _ = load_checked(weights)
     load_model_tensors(model, tensors)
     return LanguageModelRun(path, config, model.to(device).eval(), tok)
