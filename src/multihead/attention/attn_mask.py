@@ -95,6 +95,12 @@ class AttnMask:
             slopes = self.alibi.tolist() if isinstance(self.alibi, Tensor) else self.alibi
             object.__setattr__(self, "alibi", tuple(float(x) for x in slopes))
         kp = self.key_padding
+        if kp is not None and not isinstance(kp, Tensor):
+            raise TypeError(f"key_padding_mask must be a torch.Tensor, (B, Lk) bool with True = real token; got "
+                            f"{type(kp).__module__}.{type(kp).__name__}: convert it with torch.as_tensor(mask)")
+        if self.tensor is not None and not isinstance(self.tensor, Tensor):
+            raise TypeError(f"mask must be a torch.Tensor; got {type(self.tensor).__module__}."
+                            f"{type(self.tensor).__name__}: convert it with torch.as_tensor(mask)")
         if kp is not None and kp.dtype != torch.bool:  # a 0/1 float mask would be added to the scores as a bias
             raise TypeError(
                 f"key_padding_mask must be bool (True = real token), got {kp.dtype}. An HF-style 0/1 attention_mask "

@@ -139,6 +139,9 @@ def check_mask(mask: Tensor, target: tuple[int, int, int, int], *, name: str = "
             f"{name} has dtype {mask.dtype}; multihead masks are bool (True = may attend) or float (added to scores). "
             f"For a 0/1 integer mask use `{name}.bool()` (if 1 = attend) or `~{name}.bool()` (if 1 = ignore)."
         )
+    if mask.dim() < 2:
+        raise ValueError(f"{name} of shape {tuple(mask.shape)} has fewer than 2 dims; a mask is (Lq, Lk) or larger, "
+                         "broadcastable to (B, H, Lq, Lk). Keys to ignore go in key_padding_mask= as (B, Lk)")
     if mask.dim() > 4:
         raise ValueError(f"{name} has {mask.dim()} dims; expected at most 4, broadcastable to (B, H, Lq, Lk)={target}")
     shape = (1,) * (4 - mask.dim()) + tuple(mask.shape)

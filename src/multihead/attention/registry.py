@@ -60,6 +60,7 @@ class Capabilities:
     requires_pattern: bool = False  # runs only SparsePattern masks (sparse backends)
     backward_devices: tuple[str, ...] = ("cpu", "cuda")  # where gradients flow through it
     sinks: bool = False  # takes learned sinks natively (others run them as one extra key, rewritten by the seam)
+    nan_rows: bool = True  # a query row holding NaN comes out NaN (else the seam makes it so: one answer everywhere)
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,13 @@ def explain_choice(q: Tensor, k: Tensor, *, mask=None, dropout_p: float = 0.0, n
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            fix = f"torch.from_numpy({name})" if type(t).__module__ == "numpy" else f"torch.as_tensor({name})"
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__module__}.{type(t).__name__}; convert it "
+                            f"with {fix}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be floating point, got {t.dtype}; cast it with {name}.float() (attention "
+                            "takes float16, bfloat16, float32 or float64)")
         if t.dim() != 4:
             raise ValueError(
                 f"{name} must be 4-D (B, H, L, D), got shape {tuple(t.shape)}; "
@@ -262,6 +270,9 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
         )
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype}); cast them to one dtype")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v are on different devices ({q.device}, {k.device}, {v.device}); move them to one "
+                         "with .to(q.device)")
 
 
 def _prepare(q: Tensor, k: Tensor, v: Tensor, mask, is_causal: bool, scale) -> tuple[AttnMask | None, float]:
@@ -272,6 +283,8 @@ def _prepare(q: Tensor, k: Tensor, v: Tensor, mask, is_causal: bool, scale) -> t
     am = AttnMask.of(mask, is_causal=is_causal)
     if am is not None:
         am = am.check(b, h, lq, k.shape[2], q.device, q.dtype)
+    if scale is not None and not math.isfinite(float(scale)):
+        raise ValueError(f"scale must be a finite number, got {scale}; omit it for 1 / sqrt(D)")
     return am, (1.0 / math.sqrt(d) if scale is None else float(scale))
 
 
@@ -336,6 +349,7 @@ def attention(
         return torch.matmul(dropped, expand_kv(v, h)), (weights if need_weights else None)  # (b, h, i, d)
 
     chosen = resolve(backend, _call_info(q, k, am, dropout_p, need_weights, exact=True, sinks=sinks is not None))
+    nan_q = None if chosen.capabilities.nan_rows else torch.isnan(q).any(-1, keepdim=True)  # (b, h, i, 1)
     extra = {}
     if sinks is not None and chosen.capabilities.sinks:
         extra = {"sinks": sinks}
@@ -350,6 +364,8 @@ def attention(
             tensor, row_ok = open_empty_rows(am.tensor)
             am = replace(am, tensor=tensor) if row_ok is not None else am
     out, weights = chosen.fn(q, k, v, mask=am, dropout_p=dropout_p, scale=scale, need_weights=need_weights, **extra)
+    if nan_q is not None:  # e.g. SDPA's CPU kernels turn a NaN query row into zeros: NaN, as on every other backend
+        out = out.masked_fill(nan_q, math.nan)
     out = zero_rows(out, row_ok)
     if not need_weights or weights is None:
         return out, None

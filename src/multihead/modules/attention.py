@@ -391,6 +391,12 @@ class MultiHeadAttention(nn.Module):
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, t, width in (("query", query, self.d_model), ("key", key, self.kdim), ("value", value, self.vdim)):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__module__}.{type(t).__name__}; "
+                                f"convert it with torch.as_tensor({name})")
+            if not t.is_floating_point():  # (float dtypes may differ from the weights' under autocast)
+                raise TypeError(f"{name} must be floating point, got {t.dtype}: embed token ids first, or cast with "
+                                f"{name}.float()")
             if t.dim() != 3:
                 hint = f" (add a batch axis: {name}.unsqueeze(0))" if t.dim() == 2 else ""
                 raise ValueError(f"{name} must be (B, L, {width}), got shape {tuple(t.shape)}{hint}")

@@ -11,8 +11,9 @@ Block masks are built once per mask and length and reused; a pattern's or a caus
 
 On CPU, PyTorch's compiled FlexAttention kernel (checked with PyTorch 2.13) returns wrong values or NaN at some
 lengths (e.g. 8, 24 and 200, while 16, 130 and 256 are right). So on CPU each new shape is verified once against the
-fp64 formula on a slice of the real call; a shape that fails is declined with that reason from then on (``auto``
-skips flex there, a named call gets the reason and the backends that can run it).
+fp64 formula on a slice of the real call (the mask's rules evaluated on the sampled rows' indices, never an
+``L x L`` dense mask); a shape that fails is declined with that reason from then on (``auto`` skips flex there, a
+named call gets the reason and the backends that can run it).
 """
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def _verdict_key(lq, lk, d, dtype) -> tuple:
 def _check(call) -> str | None:
     if call.device != "cpu" or not call.sizes:
         return None
+    if call.dtype == torch.float64:  # the CPU inductor kernel fails on it after compiling (PyTorch 2.13)
+        return "does not run float64 on CPU (PyTorch's compiled FlexAttention kernel fails there); use float32"
     return _VERDICTS.get(_verdict_key(*call.sizes, call.dtype))
 
 
@@ -67,10 +70,14 @@ def _verify(q, k, v, out, *, mask, scale) -> None:
     ks = k[:nb].double().repeat_interleave(rep, dim=1)
     vs = v[:nb].double().repeat_interleave(rep, dim=1)
     scores = (qs @ ks.transpose(-1, -2)) * scale  # (nb, h, rows, Lk)
-    dense = None if mask is None else mask.dense(lq, lk, q.device)
-    if dense is not None:
-        dense = _as_4d(dense).expand(-1, -1, lq, lk)[:nb, :, rows]
-        scores = scores.masked_fill(~dense, float("-inf")) if dense.dtype == torch.bool else scores + dense.double()
+    if mask is not None:  # the mask's own rules on the sampled rows' indices: nothing Lq x Lk is built
+        b_i, h_i = torch.arange(nb)[:, None, None, None], torch.arange(h)[None, :, None, None]
+        i, j = rows.to(q.device)[None, None, :, None], torch.arange(lk, device=q.device)[None, None, None, :]
+        score_mod, mask_mod = mask.score_mod(lq, lk, q.device), mask.mask_mod(lq, lk, q.device)
+        if score_mod is not None:
+            scores = score_mod(scores, b_i, h_i, i, j)
+        if mask_mod is not None:
+            scores = scores.masked_fill(~mask_mod(b_i, h_i, i, j), float("-inf"))
     expected = (torch.softmax(scores, dim=-1) @ vs).nan_to_num(0.0)  # rows with no key: zeros
     got = out[:nb, :, rows].double()
     bad = not bool(torch.isfinite(got).all())
@@ -83,10 +90,6 @@ def _verify(q, k, v, out, *, mask, scale) -> None:
                           "or 'reference' (auto skips flex here)")
         raise ValueError(f"attention backend 'flex' {_VERDICTS[key]}")
     _VERDICTS[key] = None
-
-
-def _as_4d(mask):
-    return mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
 
 
 def _boost(call):

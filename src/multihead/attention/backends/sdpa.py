@@ -13,7 +13,7 @@ from ..ops import expand_kv
 
 @register_backend(
     "sdpa",
-    Capabilities(returns_weights=False, mask_parts=("tensor", "causal_alone")),
+    Capabilities(returns_weights=False, mask_parts=("tensor", "causal_alone"), nan_rows=False),
     priority=10,
     description="torch.nn.functional.scaled_dot_product_attention (fused; no weights)",
 )
