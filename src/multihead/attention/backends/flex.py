@@ -54,8 +54,8 @@ def _check(call) -> str | None:
 
 def _verify(q, k, v, out, *, mask, scale) -> None:
     """Compare ``out`` with the fp64 formula under the same mask (every batch and head when small, else batch 0 and
-    256 query rows; rows with no allowed key must be zero), once per shape on CPU; raise (and remember) when
-    PyTorch's compiled kernel got it wrong."""
+    128 query rows, one head at a time: a few MiB at 16k keys; rows with no allowed key must be zero), once per shape
+    on CPU; raise (and remember) when PyTorch's compiled kernel got it wrong."""
     key = _verdict_key(q.shape[2], k.shape[2], q.shape[3], q.dtype)
     if key in _VERDICTS:
         if _VERDICTS[key]:
@@ -64,21 +64,23 @@ def _verify(q, k, v, out, *, mask, scale) -> None:
     b, h, lq, _ = q.shape
     lk = k.shape[2]
     nb = b if b * h * lq * lk <= 1 << 24 else 1
-    rows = torch.arange(lq) if nb * h * lq * lk <= 1 << 24 else torch.cat([torch.arange(128), torch.arange(lq - 128, lq)])
+    rows = torch.arange(lq) if nb * h * lq * lk <= 1 << 24 else torch.cat([torch.arange(64), torch.arange(lq - 64, lq)])
     rep = h // k.shape[1]
-    qs = q[:nb, :, rows].double()  # (nb, h, rows, d)
-    ks = k[:nb].double().repeat_interleave(rep, dim=1)
-    vs = v[:nb].double().repeat_interleave(rep, dim=1)
-    scores = (qs @ ks.transpose(-1, -2)) * scale  # (nb, h, rows, Lk)
-    if mask is not None:  # the mask's own rules on the sampled rows' indices: nothing Lq x Lk is built
-        b_i, h_i = torch.arange(nb)[:, None, None, None], torch.arange(h)[None, :, None, None]
-        i, j = rows.to(q.device)[None, None, :, None], torch.arange(lk, device=q.device)[None, None, None, :]
-        score_mod, mask_mod = mask.score_mod(lq, lk, q.device), mask.mask_mod(lq, lk, q.device)
+    score_mod = mask.score_mod(lq, lk, q.device) if mask is not None else None
+    mask_mod = mask.mask_mod(lq, lk, q.device) if mask is not None else None
+    i, j = rows.to(q.device)[None, None, :, None], torch.arange(lk, device=q.device)[None, None, None, :]
+    b_i = torch.arange(nb)[:, None, None, None]
+    expected = torch.empty(nb, h, len(rows), v.shape[-1], dtype=torch.float64)
+    for head in range(h):  # the mask's own rules on the sampled rows' indices: nothing Lq x Lk is built
+        h_i = torch.full((1, 1, 1, 1), head)
+        scores = (q[:nb, head:head + 1, rows].double() @ k[:nb, head // rep:head // rep + 1].double().transpose(-1, -2))
+        scores = scores * scale  # (nb, 1, rows, Lk)
         if score_mod is not None:
             scores = score_mod(scores, b_i, h_i, i, j)
         if mask_mod is not None:
             scores = scores.masked_fill(~mask_mod(b_i, h_i, i, j), float("-inf"))
-    expected = (torch.softmax(scores, dim=-1) @ vs).nan_to_num(0.0)  # rows with no key: zeros
+        vs = v[:nb, head // rep:head // rep + 1].double()
+        expected[:, head:head + 1] = (torch.softmax(scores, dim=-1) @ vs).nan_to_num(0.0)  # no key: zeros
     got = out[:nb, :, rows].double()
     bad = not bool(torch.isfinite(got).all())
     err = 0.0 if bad else float((got - expected).abs().max())
