@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import os
 import random
+import zlib
 from pathlib import Path
 from typing import NamedTuple
 
@@ -66,7 +67,7 @@ def read_idx(path: str | Path, *, max_bytes: int = MAX_IDX_BYTES) -> np.ndarray:
                 raise ImageDataError(f"{path}: the header announces {dims} ({nbytes:,} bytes), over the "
                                      f"{max_bytes:,}-byte limit; the file is corrupt or not image data")
             data = f.read(nbytes + 1)
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:  # a corrupt gzip stream raises zlib.error
         raise ImageDataError(f"{path} could not be read ({exc}); reinstall the data: {INSTALL}") from None
     if len(data) != nbytes:
         what = "is truncated" if len(data) < nbytes else "has data after the announced end"
@@ -121,8 +122,12 @@ def _fashion(path=None, *, seed: int = 0, validation: int = 5000) -> Splits:
         if x.ndim != 3 or y.ndim != 1 or len(x) != len(y) or x.dtype != np.uint8:
             raise ImageDataError(f"{folder}: the {split} files hold images {x.shape} {x.dtype} and labels {y.shape}; "
                                  "expected (N, 28, 28) uint8 images and N labels")
-        if y.size and int(y.max()) >= len(FASHION_LABELS):
-            raise ImageDataError(f"{folder}: {split} labels go up to {int(y.max())}; Fashion-MNIST has 10 classes")
+        if y.size and (int(y.max()) >= len(FASHION_LABELS) or int(y.min()) < 0):
+            raise ImageDataError(f"{folder}: {split} labels run {int(y.min())}..{int(y.max())}; Fashion-MNIST's are "
+                                 "0..9: the files are corrupt or not Fashion-MNIST (reinstall them)")
+    if len(x_train) <= validation:  # the hold-out must leave images to train on
+        raise ImageDataError(f"{folder}: the training files hold {len(x_train):,} images, not more than the "
+                             f"{validation:,} held out for validation; Fashion-MNIST's hold 60,000: reinstall them")
     order = list(range(len(x_train)))
     random.Random(seed).shuffle(order)
     val_idx, train_idx = sorted(order[:validation]), sorted(order[validation:])

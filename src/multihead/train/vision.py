@@ -348,6 +348,50 @@ def load_vision_run(path: str | Path, device: str = "cpu") -> VisionRunFolder:
     return VisionRunFolder(path, config, labels, load_task_weights(path, config, VisionTransformer).to(device))
 
 
+def _wrong_size(path: Path, shape: tuple, want: tuple) -> I.ImageDataError:
+    return I.ImageDataError(f"{path} is {tuple(shape)}; the model takes {want} (C, H, W) images: resize it first")
+
+
+def _read_npy(path: Path, want: tuple):
+    """A ``.npy`` array, its header (shape, dtype) checked before the payload is read; never a pickle."""
+    import numpy as np
+
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(f)
+        if dtype.hasobject or dtype.kind not in "uif":
+            raise I.ImageDataError(f"{path} could not be read as an image: it holds {dtype} values; an image is "
+                                   "numbers (uint8 0..255 or floats)")
+        if tuple(shape) not in (want, want[1:]) or (len(shape) == 2 and want[0] != 1):
+            raise _wrong_size(path, shape, want)
+        f.seek(0)
+        return np.lib.format.read_array(f, allow_pickle=False)
+
+
+def _read_png(path: Path, want: tuple, channels: int):
+    """A PNG through Pillow: its declared size checked against the model's before the pixels are decoded (and
+    Pillow's decompression-bomb limit); values scaled as 8-bit (or 16-bit) to 0..255."""
+    import numpy as np
+    from PIL import Image
+
+    try:
+        im = Image.open(path)
+    except Image.DecompressionBombError as exc:  # its header declares more pixels than Pillow's limit
+        raise I.ImageDataError(f"{path} declares too many pixels to decode ({exc})") from None
+    with im:
+        w, h = im.size  # from the header: nothing decoded yet
+        if (h, w) != want[1:]:
+            raise _wrong_size(path, (channels, h, w), want)
+        if im.mode not in ("L", "RGB", "RGBA", "I;16", "I;16B"):
+            im = im.convert("RGBA")
+        top = 65535.0 if im.mode.startswith("I;16") else 255.0
+        a = np.asarray(im, dtype=np.float64) / top  # in [0, 1], as matplotlib reads PNG
+    a = a[..., :3].mean(-1) if a.ndim == 3 and channels == 1 else a[..., :3] if a.ndim == 3 else a
+    a = np.rint(a * 255)
+    return a.transpose(2, 0, 1) if a.ndim == 3 else a
+
+
 def read_image(path: str | Path, config: VisionConfig) -> torch.Tensor:
     """One image from a ``.png`` (via matplotlib) or ``.npy`` (``allow_pickle=False``) file as uint8
     ``(1, C, H, W)``, checked against the model's size (no resizing: a wrong size is an error that says so)."""
@@ -357,16 +401,14 @@ def read_image(path: str | Path, config: VisionConfig) -> torch.Tensor:
     want = (config.channels, config.image_size, config.image_size)
     try:
         if path.suffix.lower() == ".npy":
-            a = np.load(path, allow_pickle=False)
+            a = _read_npy(path, want)
         elif path.suffix.lower() == ".png":
-            from matplotlib.image import imread
-
-            a = imread(path)  # float in [0, 1] for PNG
-            a = a[..., :3].mean(-1) if a.ndim == 3 and config.channels == 1 else a
-            a = np.rint(a * 255)
+            a = _read_png(path, want, config.channels)
         else:
             raise ValueError(f"{path}: give a .png or .npy image")
-    except (OSError, ValueError, SyntaxError) as exc:
+    except I.ImageDataError:
+        raise
+    except (OSError, ValueError, SyntaxError, EOFError) as exc:
         raise I.ImageDataError(f"{path} could not be read as an image ({exc})") from None
     a = np.asarray(a)
     if a.ndim == 2:
