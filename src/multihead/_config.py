@@ -145,9 +145,10 @@ def _format(exc, where: str) -> str:
         field = f"{where}.{loc}" if where and loc else (where or loc or "config")
         msg = err.get("msg", "invalid value")
         msg = msg[len("Value error, "):] if msg.startswith("Value error, ") else msg
+        msg = msg[len("invalid config: "):] if msg.startswith("invalid config: ") else msg  # a nested config's own
         got = err.get("input")
         shown = "" if err.get("type") == "value_error" or isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"{field}: {msg}{shown}")
+        lines.append(f"{field}: {msg}{shown}" if where or loc else f"{msg}{shown}")
     return "invalid config: " + "; ".join(lines[:5]) + (f"; and {len(lines) - 5} more" if len(lines) > 5 else "")
 
 

@@ -54,9 +54,11 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and not exc.filename:  # a full disk says so without naming the file
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
         raise
 
 

@@ -119,3 +119,24 @@ def test_g2p_beam_is_bounded_in_the_library_too():
 def test_bench_out_that_is_a_folder_is_refused_before_running(tmp_path, capsys):
     assert main(["bench", "attention", "--lengths", "16", "--out", str(tmp_path)]) == 2
     assert "is a folder" in capsys.readouterr().err
+
+
+def test_a_prompt_longer_than_the_model_asks_for_a_shorter_prompt(clm_run, capsys):
+    """Before: it suggested --max-new 1, which failed the same way."""
+    assert main(["generate", str(clm_run), "the film " * 40, "--max-new", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "shorten the prompt" in err and "--max-new" not in err
+
+
+def test_a_nested_config_error_is_said_once(capsys, tmp_path, corpus):
+    assert main(["pretrain", "--objective", "clm", "--data", str(corpus), "--out", str(tmp_path / "r"), *TINY,
+                 "--set", "causal.decoder.attention.differential=true", "--set",
+                 "causal.decoder.attention.talking_heads=true"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("invalid config") == 1 and "config: invalid" not in err and "causal.decoder.attention" in err
+
+
+def test_the_causal_lm_summary_reports_next_token_accuracy(tmp_path, corpus, capsys):
+    assert main(["pretrain", "--objective", "clm", "--data", str(corpus), "--out", str(tmp_path / "r"), *TINY]) == 0
+    out = capsys.readouterr().out
+    assert "next-token accuracy" in out and "masked accuracy" not in out

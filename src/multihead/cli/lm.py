@@ -28,10 +28,13 @@ def cmd_generate(args) -> int:
     tok, positions = run.tokenizer, run.config.causal.max_len
     sep = tok.token_to_id(SEP)
     ids = [sep, *tok.encode(args.prompt, add_special_tokens=False).ids]  # [SEP] = the start of a new text
+    if len(ids) >= positions:  # no room for even one new token: a shorter --max-new cannot help
+        raise ValueError(f"the prompt is {len(ids)} tokens with the start marker, and the model has {positions} "
+                         f"positions: shorten the prompt to at most {positions - 2} tokens")
     if len(ids) + args.max_new > positions:
         raise ValueError(f"the prompt ({len(ids)} tokens with the start marker) plus --max-new {args.max_new} exceeds "
-                         f"the model's {positions} positions; use --max-new {max(1, positions - len(ids))} or less, or "
-                         "a shorter prompt")
+                         f"the model's {positions} positions; use --max-new {positions - len(ids)} or less, or a "
+                         "shorter prompt")
     if args.threads:
         torch.set_num_threads(args.threads)
     out = list(ids)

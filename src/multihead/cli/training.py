@@ -133,7 +133,8 @@ def cmd_pretrain(args) -> int:
         v = r["validation"]
         print(f"{r['objective']} on {r['data']}: {r['steps']} steps, {r['tokens'] / 1e6:.1f}M tokens "
               f"({r['passes']:.2f} passes) in {r['minutes']:.1f} min; validation loss {v['loss']:.4f}, perplexity "
-              f"{v['perplexity']:.1f}, masked accuracy {v['accuracy']:.4f}")
+              f"{v['perplexity']:.1f}, {'masked' if r['objective'] == 'mlm' else 'next-token'} accuracy "
+              f"{v['accuracy']:.4f}")
         if r["encoder"]:
             print(f"encoder: {r['encoder']} (fine-tune it: multihead train --init {args.out} --data rotten_tomatoes)")
         else:

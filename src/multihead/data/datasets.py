@@ -176,6 +176,8 @@ def _numeric_twins(labels: list[str]) -> list[list[str]]:
 
 
 def _read_user_file(path: Path, text_column: str, label_column: str | None) -> tuple[list[str], list[str] | None]:
+    if path.is_dir():
+        raise DataError(f"data file {str(path)!r} is a folder; give the .csv, .tsv or .jsonl file inside it")
     if not path.exists():
         raise DataError(f"data file {str(path)!r} does not exist; give a path to a .csv, .tsv or .jsonl file, "
                         f"or a built-in dataset: {', '.join(BUILTIN)}")
@@ -253,6 +255,8 @@ def load_texts(name_or_path: str, *, text_column: str = "text") -> list[str]:
     if name_or_path in BUILTIN:
         texts = load(name_or_path).texts
     elif path.suffix.lower() == ".txt":
+        if path.is_dir():
+            raise DataError(f"data file {str(path)!r} is a folder; give the .txt file inside it")
         if not path.is_file():
             raise DataError(f"data file {str(path)!r} does not exist; give a .txt file (one text per line), a "
                             f".csv/.tsv/.jsonl file with a text column, or a built-in dataset: {', '.join(BUILTIN)}")

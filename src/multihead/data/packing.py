@@ -25,7 +25,8 @@ def apply_text_split(texts: list[str], record: dict, name: str = "") -> Splits:
                   None, record, name)
 
 
-def pack(ids: list[list[int]], seq_len: int, sep_id: int, cls_id: int | None = None) -> torch.Tensor:
+def pack(ids: list[list[int]], seq_len: int, sep_id: int, cls_id: int | None = None, *,
+         option: str = "--seq-len") -> torch.Tensor:
     """Texts' ids -> ``(N, seq_len)`` rows cut from the texts joined by ``[SEP]`` (the tail shorter than a row is
     dropped). With ``cls_id`` each row is ``[CLS] ... [SEP]`` (BERT's input form), otherwise the stream as it comes
     (a causal LM reads ``[SEP]`` as end of text)."""
@@ -33,8 +34,8 @@ def pack(ids: list[list[int]], seq_len: int, sep_id: int, cls_id: int | None = N
     stream = torch.tensor([t for text in ids for t in (*text, sep_id)], dtype=torch.int32)
     n = len(stream) // body
     if n == 0:
-        raise DataError(f"the texts hold {len(stream)} tokens, fewer than one row of data.seq_len={seq_len}; "
-                          "give more text or a smaller --seq-len")
+        raise DataError(f"the texts hold {len(stream)} tokens, fewer than one row of {seq_len} ({option}); give "
+                        f"more text or a smaller {option}")
     rows = stream[: n * body].view(n, body)
     if cls_id is None:
         return rows

@@ -426,8 +426,12 @@ class Loop:
     def log(self, event: dict) -> None:
         """Append to metrics.jsonl (rank 0); the count lets a resume drop events logged after its checkpoint."""
         if self.main:
-            with (self.folder.path / "metrics.jsonl").open("a") as f:
-                f.write(json.dumps(event) + "\n")
+            path = self.folder.path / "metrics.jsonl"
+            try:
+                with path.open("a") as f:
+                    f.write(json.dumps(event) + "\n")
+            except OSError as exc:  # name the file (a full disk does not)
+                raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
             self.position["metrics_lines"] += 1
 
     def _clock(self) -> float:

@@ -475,7 +475,7 @@ def held_out_rows(run: LanguageModelRun, length: int, *, as_trained: bool = Fals
     held = apply_text_split(texts, record, cfg.data.name).validation
     ids = [e.ids for e in run.tokenizer.encode_batch(held, add_special_tokens=False)]
     cls = run.tokenizer.token_to_id(D.tokenizer.CLS) if as_trained and cfg.objective.name == "mlm" else None
-    return pack(ids, length, run.tokenizer.token_to_id(D.tokenizer.SEP), cls)
+    return pack(ids, length, run.tokenizer.token_to_id(D.tokenizer.SEP), cls, option="--length")
 
 
 def evaluate_run(run: LanguageModelRun) -> dict:
