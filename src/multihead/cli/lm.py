@@ -163,7 +163,7 @@ def register(sub) -> None:
     ind.add_argument("--out", required=True, help="folder for induction.json and induction.png")
     ind.add_argument("--steps", type=_count, default=ToyDefaults.steps, help="training steps")
     ind.add_argument("--heads", type=_count, default=ToyDefaults.num_heads, help="heads per layer")
-    ind.add_argument("--half", type=_number(int, 2, 1024, "an integer in [2, 1024]"), default=ToyDefaults.half,
+    ind.add_argument("--half", type=_number(int, 1, 1024, "an integer in [1, 1024]"), default=ToyDefaults.half,
                      help="random tokens before the repeat")
     ind.add_argument("--vocab", type=_number(int, 2, 65536, "an integer in [2, 65536]"), default=ToyDefaults.vocab,
                      help="token ids the random tokens are drawn from (small: repeats inside a half blur the score)")

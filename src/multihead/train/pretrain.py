@@ -150,7 +150,7 @@ class PretrainConfig:
             ("data.min_frequency", d.min_frequency >= 1, ">= 1"),
             ("data.limit", d.limit is None or d.limit >= 2, ">= 2"),
             ("optim.steps", o.steps >= 1, ">= 1"), ("optim.batch_size", o.batch_size >= 1, ">= 1"),
-            ("optim.lr", o.lr > 0, "> 0"), ("optim.warmup", 0 <= o.warmup < 1, "in [0, 1)"),
+            ("optim.lr", 0 < o.lr <= 10, "> 0 and at most 10"), ("optim.warmup", 0 <= o.warmup < 1, "in [0, 1)"),
             ("optim.weight_decay", o.weight_decay >= 0, ">= 0"), ("optim.clip", o.clip >= 0, ">= 0"),
             ("run.save_every", r.save_every >= 0, ">= 0 (0: only at the end)"),
             ("run.eval_every", r.eval_every >= 1, ">= 1"), ("run.eval_rows", r.eval_rows >= 1, ">= 1"),
