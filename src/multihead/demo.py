@@ -159,9 +159,9 @@ def run_demo(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
     measured = heads_step(out)
     print(f"== 6. MHA in the decoder: causal self-attention + cross-attention, grapheme-to-phoneme on CMUdict "
           f"-> {out / 'g2p'}")
-    g2p = g2p_step(out / "g2p", seed=seed)
+    g2p = g2p_step(out / "g2p", seed=seed, limit=limit, epochs=epochs)
     print(f"== 7. MHA beyond text: a Vision Transformer on images, and where its heads look -> {out / 'vit'}")
-    vision = vision_step(out / "vit", seed=seed)
+    vision = vision_step(out / "vit", seed=seed, limit=limit, epochs=epochs)
     print("== 8. Long inputs: exact per-head statistics from the fast path, no L x L map")
     stats = stats_step(seed=seed)
     return {"train": results, "walkthrough": summary, "pretrained": real, "show": seen, "heads": measured,
@@ -196,10 +196,11 @@ def stats_step(*, seed: int = 0, length: int = 4096) -> dict:
     return {"length": length, "seconds": seconds, "max_entropy_error_1024": diff, "map_gib": map_gib}
 
 
-def vision_step(out: Path, *, seed: int = 0) -> dict:
+def vision_step(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int | None = None) -> dict:
     """A hybrid ViT trained for about two minutes on 20,000 Fashion-MNIST images (digits when Debian's
     dataset-fashion-mnist is not installed), its test accuracy beside the pixel baseline, and its attention on one
-    test image (``multihead train --data fashion_mnist`` trains the full model)."""
+    test image (``multihead train --data fashion_mnist`` trains the full model). ``limit``/``epochs`` (a smoke run)
+    cap the images per split and the epochs."""
     from .data.images import ImageDataError, fashion_dir
     from .interpret.vision import attention_distance, show_image
     from .train.vision import VisionTrainConfig, held_out_images, load_vision_run, train_vision
@@ -214,6 +215,10 @@ def vision_step(out: Path, *, seed: int = 0) -> dict:
         config.data.name, config.model.image_size, config.model.patch_size, config.optim.epochs = "digits", 8, 2, 15
     config.model.stem, config.optim.lr = "conv", 2e-3
     config.run.seed, config.run.progress = seed, False
+    if limit:
+        config.data.limit = min(limit, config.data.limit or limit)
+    if epochs:
+        config.optim.epochs = epochs
     t0 = time.perf_counter()
     results = train_vision(config, out, overwrite=True)
     base = results["baseline_pixels_logreg"]
@@ -236,9 +241,10 @@ def vision_step(out: Path, *, seed: int = 0) -> dict:
 G2P_WORDS = ("attention", "multihead", "photograph", "transformer")
 
 
-def g2p_step(out: Path, *, seed: int = 0) -> dict:
+def g2p_step(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int | None = None) -> dict:
     """A small encoder-decoder trained for under two minutes on CMUdict (a subset), its pronunciations, and where its
-    cross-attention looks (``multihead train --data cmudict`` trains the full model)."""
+    cross-attention looks (``multihead train --data cmudict`` trains the full model). ``limit``/``epochs`` (a smoke
+    run) cap the words per split and the epochs."""
     from .interpret.g2p import show_g2p
     from .train.g2p import G2PConfig, load_g2p_run, predict_words, train_g2p
 
@@ -247,6 +253,10 @@ def g2p_step(out: Path, *, seed: int = 0) -> dict:
         side.d_model, side.num_heads, side.num_layers, side.d_ff = 64, 4, 2, 256
     config.data.limit, config.data.test_limit, config.optim.epochs, config.optim.lr = 40000, 1000, 3, 2e-3
     config.run.seed, config.run.eval_words, config.run.beam, config.run.progress = seed, 300, 3, False
+    if limit:
+        config.data.limit = config.data.test_limit = config.run.eval_words = min(limit, 1000)
+    if epochs:
+        config.optim.epochs = epochs
     t0 = time.perf_counter()
     results = train_g2p(config, out, overwrite=True)
     g, b = results["test_greedy"], results["test_beam"]
