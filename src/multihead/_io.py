@@ -87,7 +87,7 @@ RUN_SECTIONS = ("train", "g2p", "pretrain", "vision", "grounding")  # config.jso
 # --overwrite that would delete anything else is refused.
 RUN_FILES = {"config.json", "metrics.jsonl", "model.safetensors", "results.json", "splits.json", "tokenizer.json",
              "vocab.json", "labels.json", "inputs.json", "checkpoint", "encoder"}
-OUR_KINDS = ("run", "hf", "show", "heads", "importance", "sweep", "induction", "sinks", "compare")
+OUR_KINDS = ("run", "hf", "show", "heads", "importance", "sweep", "induction", "sinks", "compare", "demo")
 
 
 def folder_kind(path: str | Path) -> str:
@@ -114,7 +114,8 @@ def folder_kind(path: str | Path) -> str:
     for kind, marker in (("show", "attention.html"), ("show", "cross.html"), ("show", "image.json"),
                          ("heads", "heads.json"),
                          ("sweep", "sweep.json"), ("induction", "induction.json"),
-                         ("sinks", "sinks.json"), ("compare", "compare.json")):
+                         ("sinks", "sinks.json"), ("compare", "compare.json"), ("demo", "demo.json"),
+                         ("demo", "pretrained.json")):
         if marker in names:
             return kind
     if any(n.startswith("importance-") and n.endswith(".json") for n in names):

@@ -130,3 +130,17 @@ def test_compare_never_trains_over_user_files_or_another_recipe(tmp_path, capsys
         pass_ = main([*COMPARE[:4], "mha, mha", *COMPARE[5:], "--out", str(tmp_path / "c2")])
         raise SystemExit(pass_)
     assert "named twice" in capsys.readouterr().err
+
+
+def test_the_demo_layout_inside_its_run_folder_is_ours(project):
+    """`make demo` writes its other steps beside the run (walkthrough/, pretrained/, show/, importance/, g2p/ ...):
+    running it again must replace that run, not refuse it."""
+    from multihead._io import check_target, foreign_files
+
+    run = project / "run"
+    (run / "walkthrough").mkdir()
+    (run / "walkthrough" / "demo.json").write_text("{}")
+    (run / "pretrained").mkdir()
+    (run / "pretrained" / "pretrained.json").write_text("{}")
+    assert foreign_files(run) == []
+    check_target(run, "run", overwrite=True)
