@@ -24,3 +24,11 @@ def stepwise(lm: CausalLM, ids: torch.Tensor, prefix: int) -> tuple[torch.Tensor
     steps = [lm(ids[:, :prefix], cache=cache)] + [lm(ids[:, t:t + 1], cache=cache)
                                                  for t in range(prefix, ids.shape[1])]
     return torch.cat(steps, 1), cache
+
+
+@torch.no_grad()
+def randomise_sinks(lm: CausalLM) -> CausalLM:
+    """Every layer's learned sink logits drawn from N(0, 1) (they start at 0), so that tests see them act."""
+    for layer in lm.decoder.layers:
+        layer.self_attn.sink_logits.normal_()
+    return lm

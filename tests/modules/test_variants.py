@@ -10,7 +10,7 @@ from multihead.modules import MultiHeadAttention, build_attention
 from multihead.modules.attention import alibi_slopes
 from multihead.modules.decoder import DecoderConfig
 
-from lm_helpers import small_lm, stepwise
+from lm_helpers import randomise_sinks, small_lm, stepwise
 
 
 def _qkv(m, x):
@@ -140,10 +140,7 @@ def test_learned_sinks_equal_their_formula_on_every_exact_backend(backend, causa
 
 
 def test_sinks_with_the_cache_capture_and_pruning():
-    lm = small_lm(5, sinks=True)
-    with torch.no_grad():
-        for layer in lm.decoder.layers:
-            layer.self_attn.sink_logits.normal_()
+    lm = randomise_sinks(small_lm(5, sinks=True))
     ids = torch.randint(1, 50, (2, 10))
     with torch.no_grad():
         full = lm(ids)

@@ -9,7 +9,7 @@ from multihead.attention import AttnMask
 from multihead.modules import MultiHeadLatentAttention
 from multihead.modules.attention import alibi_slopes
 
-from lm_helpers import small_lm, stepwise
+from lm_helpers import randomise_sinks, small_lm, stepwise
 
 
 def _softmax_formula(q, k, v, *, sinks, slopes):
@@ -74,10 +74,7 @@ def test_mla_takes_alibi_and_sinks_from_the_seam_in_both_forms(absorb):
 
 
 def test_an_mla_lm_with_alibi_and_sinks_decodes_through_its_latent_cache():
-    lm = small_lm(7, "none", mla_latent=8, mla_rope_dim=4, alibi=True, sinks=True)
-    with torch.no_grad():
-        for layer in lm.decoder.layers:
-            layer.self_attn.sink_logits.normal_()
+    lm = randomise_sinks(small_lm(7, "none", mla_latent=8, mla_rope_dim=4, alibi=True, sinks=True))
     ids = torch.randint(1, 50, (2, 11))
     with torch.no_grad():
         full = lm(ids)

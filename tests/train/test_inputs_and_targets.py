@@ -144,3 +144,11 @@ def test_the_demo_layout_inside_its_run_folder_is_ours(project):
     (run / "pretrained" / "pretrained.json").write_text("{}")
     assert foreign_files(run) == []
     check_target(run, "run", overwrite=True)
+
+
+def test_an_edited_inputs_record_is_refused_with_a_message(project, capsys):
+    run = project / "run"
+    (run / "results.json").unlink()
+    (run / "inputs.json").write_text('{"data.name": "not a record"}')
+    assert main(["pretrain", "--out", str(run), "--resume", "--no-progress"]) == 2  # not an internal error (70)
+    assert "not one multihead wrote" in capsys.readouterr().err

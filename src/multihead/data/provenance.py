@@ -72,6 +72,9 @@ def changes(recorded: dict, now: dict) -> list[str]:
         a, b = recorded.get(field), now.get(field)
         if a == b:
             continue
+        if a is not None and not isinstance(a, dict):  # an edited inputs.json: say so instead of failing
+            found.append(f"{field}: the recorded entry is not one multihead wrote ({str(a)[:40]!r})")
+            continue
         if a is None or b is None:
             found.append(f"{field}: {'not recorded' if a is None else 'no longer there'}")
         elif "sha256" in a and "sha256" in b and a["path"] != b["path"]:
