@@ -46,7 +46,7 @@ RANGES: dict[str, dict[str, tuple]] = {
     },
     "AttentionConfig": {
         "num_kv_heads": (1, 4096, True, True), "dropout": (0, 1, True, False), "mla_latent": (0, 1 << 16, True, True),
-        "mla_rope_dim": (2, 4096, True, True),
+        "mla_rope_dim": (2, 4096, True, True), "head_dim": (1, 4096, True, True),
     },
     "TextEncoderConfig": {
         "vocab_size": (1, "vocab", True, True), "max_len": (1, "positions", True, True),
@@ -71,7 +71,7 @@ RANGES: dict[str, dict[str, tuple]] = {
     "DecoderConfig": {
         "d_model": (1, 1 << 16, True, True), "num_heads": (1, 4096, True, True),
         "num_layers": (0, "layers", True, True), "d_ff": (0, 1 << 20, True, True),
-        "dropout": (0, 1, True, False), "layer_norm_eps": (0, 1, False, True),
+        "dropout": (0, 1, True, False), "layer_norm_eps": (0, 1, False, True), "rope_theta": (1, 1e12, False, True),
     },
     "CausalLMConfig": {"vocab_size": (1, "vocab", True, True), "max_len": (1, "positions", True, True),
                        "pad_id": (0, None, True, True)},

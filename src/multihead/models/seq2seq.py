@@ -85,7 +85,9 @@ class CausalLMConfig:
 
     def parameter_estimate(self) -> int:
         e, dec = self.decoder.d_model, self.decoder
-        per_layer = 4 * e * e + 2 * e * (4 * e if dec.d_ff is None else dec.d_ff)
+        kv = e // max(dec.num_heads, 1) * (dec.attention.num_kv_heads or dec.num_heads)  # key/value width (GQA)
+        ffn_mats = 3 if dec.activation in ("swiglu", "geglu") else 2
+        per_layer = 2 * e * e + 2 * e * kv + ffn_mats * e * (4 * e if dec.d_ff is None else dec.d_ff)
         positions = self.max_len * e if self.positional == "learned" else 0  # a table of max_len rows
         return self.vocab_size * e * (1 if self.tie_embeddings else 2) + dec.num_layers * per_layer + positions
 

@@ -59,6 +59,11 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout on the attention weights during training. 0 keeps PyTorch's fast fused CPU kernel (it
             falls back to a slower one with dropout > 0); models keep residual/FFN dropout instead.
         bias: add biases to the projections.
+        out_bias: a bias on the output projection; default ``bias`` (Qwen2 has biases on q, k, v but not on the
+            output).
+        head_dim: each head's width ``D``; default ``E // H``. Given, the projections are ``E -> H * D`` and back
+            (Qwen3 and Gemma 3 heads are wider than ``E / H``).
+        qk_norm: the epsilon of an RMSNorm over each head's queries and keys (QK-norm, before rotary); None: off.
         kdim, vdim: input widths of key and value (cross-attention from another model), default ``E``.
         backend: attention backend name or ``"auto"`` (see :func:`multihead.attention.list_backends`).
         need_weights: default for :meth:`forward`'s ``need_weights``. **True** by default so that a standalone
@@ -113,11 +118,16 @@ class MultiHeadAttention(nn.Module):
         gate: bool = False,
         alibi: bool = False,
         sinks: bool = False,
+        out_bias: bool | None = None,
+        head_dim: int | None = None,
+        qk_norm: float | None = None,
     ) -> None:
         super().__init__()
         if num_heads <= 0 or d_model <= 0:
             raise ValueError(f"d_model ({d_model}) and num_heads ({num_heads}) must be positive")
-        if d_model % num_heads != 0:
+        if head_dim is not None and head_dim <= 0:
+            raise ValueError(f"head_dim must be positive, got {head_dim}")
+        if head_dim is None and d_model % num_heads != 0:
             ok = [h for h in range(1, min(d_model, 64) + 1) if d_model % h == 0]
             raise ValueError(
                 f"d_model={d_model} is not divisible by num_heads={num_heads}; pick num_heads from {ok} "
@@ -134,7 +144,8 @@ class MultiHeadAttention(nn.Module):
         self.d_model = d_model
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
-        self.head_dim = d_model // num_heads
+        self.head_dim = d_model // num_heads if head_dim is None else head_dim
+        inner = num_heads * self.head_dim  # H * D: d_model unless head_dim is given (Qwen3, Gemma 3)
         self.kdim = d_model if kdim is None else kdim
         self.vdim = d_model if vdim is None else vdim
         self.dropout = dropout
@@ -143,13 +154,16 @@ class MultiHeadAttention(nn.Module):
         self.rotary = rotary
         self.pattern = _patterns.as_pattern(pattern)
         kv_width = num_kv_heads * self.head_dim
-        self.w_q = nn.Linear(d_model, d_model, bias=bias)
+        self.w_q = nn.Linear(d_model, inner, bias=bias)
         self.w_k = nn.Linear(self.kdim, kv_width, bias=bias)
         self.w_v = nn.Linear(self.vdim, kv_width, bias=bias)
-        self.w_o = nn.Linear(d_model, d_model, bias=bias)
+        self.w_o = nn.Linear(inner, d_model, bias=bias if out_bias is None else out_bias)
+        # QK-norm (Qwen3, Gemma 3; Dehghani et al. 2023): an RMSNorm over each head's query and key, before rotary
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=qk_norm) if qk_norm is not None else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=qk_norm) if qk_norm is not None else None
         # gated attention (Qiu et al. 2025, arXiv 2505.06708, their best placement G1): each head's output scaled
         # elementwise by sigmoid(x W_g) of the query input, before the output projection
-        self.w_gate = nn.Linear(d_model, d_model, bias=True) if gate else None
+        self.w_gate = nn.Linear(d_model, inner, bias=True) if gate else None
         # ALiBi (Press et al. 2022): score_ij -= m_h |pos(i) - j|, one fixed slope per head, no position embedding
         if alibi:
             self.register_buffer("alibi_slopes", alibi_slopes(num_heads), persistent=False)
@@ -234,6 +248,8 @@ class MultiHeadAttention(nn.Module):
             q, k, v = self._packed_qkv(query)  # one matmul instead of three (decoding is overhead-bound)
             q, k, v = q.view(b, lq, h, d), k.view(b, lk, g, d), v.view(b, lk, g, d)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|G, L, D)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
         else:
             q = self.w_q(query).view(b, lq, h, d).transpose(1, 2)  # (B, H, Lq, D)
             if cache is not None and cache.static and cache.k is not None:  # cross-attention: the source's, once
@@ -241,6 +257,10 @@ class MultiHeadAttention(nn.Module):
             else:
                 k = self.w_k(key).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
                 v = self.w_v(value).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
+                if self.k_norm is not None:
+                    k = self.k_norm(k)
+            if self.q_norm is not None:
+                q = self.q_norm(q)
         rotate = self.rotary is not None
         if cache is not None and cache.static:
             if rotate:
@@ -297,6 +317,8 @@ class MultiHeadAttention(nn.Module):
             return full.view(b, l, heads, d).transpose(1, 2)
 
         q, k, v = pad(self.w_q(x), h), pad(self.w_k(x), g), pad(self.w_v(x), g)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         am = self._with_alibi(self.build_mask(key_padding_mask=keep))
         z, _ = self._attend(q, k, v, am, head_mask, False)  # (B, H, L, D)
         z = z.transpose(1, 2).reshape(b * l, h * d).index_select(0, index)  # (B*L, E) -> (N, E)
@@ -496,6 +518,9 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("nn.MultiheadAttention has no rotary embeddings; build without rotary=")
         if self.pruned_heads:
             raise ValueError("a pruned module has fewer heads than d_model allows; nn.MultiheadAttention cannot hold it")
+        if self.num_heads * self.head_dim != self.d_model or self.q_norm is not None:
+            raise ValueError("nn.MultiheadAttention has heads of d_model / num_heads and no QK-norm; this module has "
+                             "its own head_dim or QK-norm")
         bias = self.w_q.bias is not None
         w = self.w_q.weight
         mha = nn.MultiheadAttention(self.d_model, self.num_heads, dropout=self.dropout, bias=bias, kdim=self.kdim,

@@ -20,7 +20,7 @@ from .._config import from_fields
 from ..attention.attn_mask import AttnMask
 from .attention import alibi_slope_values
 from .variants import LEGACY_FIELDS, AttentionConfig
-from .feedforward import FeedForward
+from .feedforward import NORMS, FeedForward, check_activation, make_norm
 from .hooks import HookPoint
 from .kv_cache import KVCache, LayerKV
 from .positional import RotaryEmbedding
@@ -43,6 +43,11 @@ class DecoderConfig:
     cross_attention: bool = True  # False: decoder-only (no encoder)
     causal: bool = True  # False: the targets see each other both ways (a question read whole, as in a Q-Former)
     memory_dim: int | None = None  # width of the memory (kdim = vdim of cross-attention), default d_model
+    norm: str = "layer"  # "layer" (LayerNorm) or "rms" (RMSNorm, as Llama/Qwen/Mistral)
+    out_bias: bool | None = None  # bias on the attention output projection; default `bias` (Qwen2: False)
+    ffn_bias: bool | None = None  # biases in the FFN; default `bias`
+    rope_theta: float = 10000.0  # rotary base (SmolLM2: 1e5, Llama 3: 5e5)
+    rope_scaling: dict | None = None  # HF's rope_scaling: {"rope_type": "linear"|"llama3"|"yarn", "factor": ...}
     # the self-attention: heads (GQA), backend, variant (gate, ALiBi, sinks, differential, talking heads, MLA); the
     # cross-attention takes its heads, dropout and backend
     attention: AttentionConfig = field(default_factory=AttentionConfig)
@@ -54,6 +59,13 @@ class DecoderConfig:
         if self.attention.pattern is not None:
             raise ValueError("sparse patterns describe an encoder's self-attention; a decoder's causal attention "
                              "takes none: drop attention.pattern")
+        if self.norm not in NORMS:
+            raise ValueError(f"unknown norm {self.norm!r}; choose one of {NORMS}")
+        check_activation(self.activation)
+        if self.rope_scaling is not None or self.rope_theta != 10000.0:
+            from .positional import rope_frequencies
+
+            rope_frequencies(2, self.rope_theta, self.rope_scaling)  # refuse a bad base or scaling now
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -77,16 +89,19 @@ class DecoderBlock(nn.Module):
     def __init__(self, d_model: int, num_heads: int, d_ff: int | None = None, dropout: float = 0.1, *,
                  attention: AttentionConfig | None = None, activation: str = "relu", norm_first: bool = False,
                  layer_norm_eps: float = 1e-5, bias: bool = True, rotary: nn.Module | None = None,
-                 cross_attention: bool = True, memory_dim: int | None = None, layer_index: int = 0) -> None:
+                 cross_attention: bool = True, memory_dim: int | None = None, layer_index: int = 0,
+                 norm: str = "layer", out_bias: bool | None = None, ffn_bias: bool | None = None) -> None:
         super().__init__()
         self.norm_first = norm_first
         attention = AttentionConfig() if attention is None else attention
-        self.self_attn = attention.build(d_model, num_heads, bias=bias, rotary=rotary, layer_index=layer_index)
+        self.self_attn = attention.build(d_model, num_heads, bias=bias, rotary=rotary, layer_index=layer_index,
+                                         out_bias=out_bias, norm_eps=layer_norm_eps)
         self.cross_attn = attention.cross.build(d_model, num_heads, bias=bias, kdim=memory_dim) \
             if cross_attention else None
-        self.ffn = FeedForward(d_model, d_ff, dropout, activation, bias) if d_ff != 0 else None  # 0: attention-only
+        ffn_bias = bias if ffn_bias is None else ffn_bias
+        self.ffn = FeedForward(d_model, d_ff, dropout, activation, ffn_bias) if d_ff != 0 else None  # 0: attention-only
         n = (3 if cross_attention else 2) - (self.ffn is None)
-        self.norms = nn.ModuleList(nn.LayerNorm(d_model, eps=layer_norm_eps) for _ in range(n))
+        self.norms = nn.ModuleList(make_norm(norm, d_model, layer_norm_eps) for _ in range(n))
         self.dropouts = nn.ModuleList(nn.Dropout(dropout) for _ in range(n))
         self.hook_attn_out = HookPoint()
         self.hook_cross_out = HookPoint()
@@ -133,16 +148,18 @@ class TransformerDecoder(nn.Module):
         super().__init__()
         config = DecoderConfig.from_dict(overrides) if config is None else config  # flat attention fields read too
         self.config = config
-        head_dim = config.d_model // config.num_heads
-        rotary = RotaryEmbedding(config.attention.rotary_dim(head_dim)) if config.rotary else None
+        head_dim = config.attention.head_dim or config.d_model // config.num_heads
+        rotary = RotaryEmbedding(config.attention.rotary_dim(head_dim), config.rope_theta,
+                                 scaling=config.rope_scaling) if config.rotary else None
         self.layers = nn.ModuleList(
             DecoderBlock(config.d_model, config.num_heads, config.d_ff, config.dropout, attention=config.attention,
                          activation=config.activation, norm_first=config.norm_first,
                          layer_norm_eps=config.layer_norm_eps, bias=config.bias, rotary=rotary,
-                         cross_attention=config.cross_attention, memory_dim=config.memory_dim, layer_index=i)
+                         cross_attention=config.cross_attention, memory_dim=config.memory_dim, layer_index=i,
+                         norm=config.norm, out_bias=config.out_bias, ffn_bias=config.ffn_bias)
             for i in range(config.num_layers)
         )
-        self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
+        self.final_norm = make_norm(config.norm, config.d_model, config.layer_norm_eps) if config.norm_first else None
         # ALiBi: one mask part for the whole stack, densified once per call (a pruned layer swaps in its own slopes)
         self._alibi = alibi_slope_values(config.num_heads) if config.attention.alibi else None
 

@@ -128,7 +128,7 @@ class TransformerEncoder(nn.Module):
         super().__init__()
         config = EncoderConfig.from_dict(overrides) if config is None else config  # flat attention fields read too
         self.config = config
-        head_dim = config.d_model // config.num_heads
+        head_dim = config.attention.head_dim or config.d_model // config.num_heads
         rotary = RotaryEmbedding(config.attention.rotary_dim(head_dim)) if config.rotary else None
         self.layers = nn.ModuleList(
             EncoderBlock(config.d_model, config.num_heads, config.d_ff, config.dropout, attention=config.attention,

@@ -1,34 +1,60 @@
-"""Position-wise feed-forward network."""
+"""Position-wise feed-forward network (plain or gated) and the norms a block may use."""
 from __future__ import annotations
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 ACTIVATIONS = {  # ReLU in place: no extra (B, L, F) buffer
     "relu": lambda: nn.ReLU(inplace=True),
     "gelu": nn.GELU,  # exact (erf), BERT's "gelu"
-    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),  # HF "gelu_new" / "gelu_pytorch_tanh"
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),  # HF "gelu_new" / "gelu_pytorch_tanh" (GPT-2)
+    "silu": nn.SiLU,
 }
+# Gated units (Shazeer 2020, "GLU variants"): act(x W_gate) * (x W_1), then W_2. SwiGLU is Llama's/Qwen's/Mistral's
+# MLP (gate_proj, up_proj, down_proj); GeGLU (tanh GELU) is Gemma's.
+GATED = {"swiglu": F.silu, "geglu": lambda t: F.gelu(t, approximate="tanh")}
+NORMS = ("layer", "rms")  # LayerNorm (Ba et al. 2016) or RMSNorm (Zhang & Sennrich 2019: no centring, no bias)
 
 
 def make_activation(name: str) -> nn.Module:
     try:
         return ACTIVATIONS[name]()
     except KeyError:
-        raise ValueError(f"unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}") from None
+        raise ValueError(f"unknown activation {name!r}; choose one of {sorted(ACTIVATIONS) + sorted(GATED)}") from None
+
+
+def check_activation(name: str) -> None:
+    if name not in ACTIVATIONS and name not in GATED:
+        raise ValueError(f"unknown activation {name!r}; choose one of {sorted(ACTIVATIONS) + sorted(GATED)}")
+
+
+def make_norm(kind: str, width: int, eps: float) -> nn.Module:
+    """``"layer"``: :class:`torch.nn.LayerNorm` (weight and bias); ``"rms"``: :class:`torch.nn.RMSNorm` (weight)."""
+    if kind == "layer":
+        return nn.LayerNorm(width, eps=eps)
+    if kind == "rms":
+        return nn.RMSNorm(width, eps=eps)
+    raise ValueError(f"unknown norm {kind!r}; choose one of {NORMS}")
 
 
 class FeedForward(nn.Module):
-    """``Linear(E, F) -> activation -> dropout -> Linear(F, E)`` applied to each position of ``(B, L, E)``."""
+    """``Linear(E, F) -> activation -> dropout -> Linear(F, E)`` applied to each position of ``(B, L, E)``; with a
+    gated activation (``swiglu``, ``geglu``): ``W_2(act(x W_gate) * x W_1)``."""
 
     def __init__(self, d_model: int, d_ff: int | None = None, dropout: float = 0.0, activation: str = "relu",
                  bias: bool = True) -> None:
         super().__init__()
+        check_activation(activation)
         d_ff = 4 * d_model if d_ff is None else d_ff
+        self.w_gate = nn.Linear(d_model, d_ff, bias=bias) if activation in GATED else None
         self.w_1 = nn.Linear(d_model, d_ff, bias=bias)
-        self.act = make_activation(activation)
+        self.act = GATED[activation] if activation in GATED else make_activation(activation)
         self.dropout = nn.Dropout(dropout)
         self.w_2 = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.act(self.w_1(x))  # (B, L, E) -> (B, L, F)
+        if self.w_gate is None:
+            h = self.act(self.w_1(x))  # (B, L, E) -> (B, L, F)
+        else:
+            h = self.act(self.w_gate(x)) * self.w_1(x)  # (B, L, F)
         return self.w_2(self.dropout(h) if self.training else h)  # (B, L, F) -> (B, L, E)

@@ -70,13 +70,14 @@ class RotaryEmbedding(nn.Module):
     last ``Lq`` positions (as with a KV cache).
     """
 
-    def __init__(self, head_dim: int, base: float = 10000.0, max_len: int = 4096) -> None:
+    def __init__(self, head_dim: int, base: float = 10000.0, max_len: int = 4096, *,
+                 scaling: dict | None = None) -> None:
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"rotary embeddings need an even head_dim, got {head_dim}; change d_model or num_heads")
         self.head_dim = head_dim
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (D/2,)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        inv_freq, self.attention_factor = rope_frequencies(head_dim, base, scaling, max_len)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (D/2,)
 
     def _cos_sin(self, length: int, offset: int, device, dtype, positions: Tensor | None = None):
         if positions is None:
@@ -85,6 +86,8 @@ class RotaryEmbedding(nn.Module):
             pos = positions.to(device=device, dtype=torch.float32)[:, None, :]  # (B, 1, L): per-row positions
         angles = pos[..., None] * self.inv_freq.to(device)  # (.., L, D/2)
         angles = torch.cat([angles, angles], dim=-1)  # (.., L, D)
+        if self.attention_factor != 1.0:  # YaRN scales cos and sin (and so the logits) by its attention factor
+            return (angles.cos() * self.attention_factor).to(dtype), (angles.sin() * self.attention_factor).to(dtype)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
     @staticmethod
@@ -109,6 +112,70 @@ class RotaryEmbedding(nn.Module):
     def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         lq, lk = q.shape[-2], k.shape[-2]
         return self.rotate(q, offset=max(lk - lq, 0)), self.rotate(k)
+
+
+ROPE_SCALINGS = ("default", "linear", "llama3", "yarn")
+
+
+def rope_frequencies(head_dim: int, base: float = 10000.0, scaling: dict | None = None, max_len: int = 4096
+                     ) -> tuple[Tensor, float]:
+    """RoPE's inverse frequencies ``(D/2,)`` and the factor on cos/sin, for ``scaling`` as HF configs spell it
+    (``rope_scaling``: ``{"rope_type": "linear" | "llama3" | "yarn", "factor": ..., ...}``; None: plain RoPE).
+
+    * linear (position interpolation, Chen et al. 2023): every frequency divided by ``factor``;
+    * llama3: low frequencies divided by ``factor``, high ones kept, a smooth ramp between (Llama 3.1);
+    * yarn (Peng et al. 2023): interpolation blended with extrapolation per frequency, cos/sin scaled by
+      ``0.1 ln(factor) + 1`` (or the given ``attention_factor``).
+    """
+    if not (isinstance(base, (int, float)) and math.isfinite(base) and base > 1):
+        raise ValueError(f"rope theta (base) must be a finite number > 1, got {base!r}")
+    dims = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (base ** dims)  # (D/2,), as HF computes it (bit-identical frequencies)
+    if not scaling:
+        return inv_freq, 1.0
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind not in ROPE_SCALINGS:
+        raise ValueError(f"rope scaling {kind!r} is not supported; supported: {ROPE_SCALINGS} (dynamic NTK and "
+                         "LongRoPE change the frequencies with the input length)")
+    if kind == "default":
+        return inv_freq, 1.0
+    factor = scaling.get("factor")
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not factor >= 1:
+        raise ValueError(f"rope scaling {kind!r} needs a number factor >= 1, got {factor!r}")
+    if kind == "linear":
+        return inv_freq / factor, 1.0
+    original = scaling.get("original_max_position_embeddings") or max_len
+    if kind == "llama3":
+        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        if not high > low:
+            raise ValueError(f"llama3 rope scaling needs high_freq_factor > low_freq_factor, got {high} and {low}")
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+        smooth = (original / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < original / high) & ~(wavelen > original / low)
+        return torch.where(medium, smoothed, scaled), 1.0
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention_factor = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def correction(rotations: float) -> float:
+        return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    lo, hi = correction(fast), correction(slow)
+    if scaling.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, head_dim - 1)
+    hi = hi + 0.001 if lo == hi else hi
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - lo) / (hi - lo)).clamp(0, 1)
+    keep = 1 - ramp  # the share of each frequency left unscaled (extrapolated)
+    return inv_freq / factor * (1 - keep) + inv_freq * keep, float(attention_factor)
 
 
 def build_positional(kind: str, d_model: int, max_len: int, dropout: float = 0.0) -> nn.Module | None:

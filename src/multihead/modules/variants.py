@@ -56,11 +56,14 @@ class AttentionConfig:
     talking_heads: bool = False  # talking heads (Shazeer et al. 2020; explicit weights)
     mla_latent: int = 0  # > 0: Multi-head Latent Attention with this KV latent width (DeepSeek-V2); its own rope key
     mla_rope_dim: int = 16  # MLA's decoupled rotary key width
+    head_dim: int | None = None  # each head's width; default d_model // num_heads (Qwen3, Gemma 3: wider)
+    qk_norm: bool = False  # RMSNorm over each head's queries and keys before rotary (Qwen3, Gemma 3)
 
     def __post_init__(self) -> None:
         check_variants(differential=self.differential, talking_heads=self.talking_heads, sinks=self.sinks)
         if self.mla_latent:
-            other = [n for n in ("gate", "differential", "talking_heads", "pattern") if getattr(self, n)]
+            other = [n for n in ("gate", "differential", "talking_heads", "pattern", "head_dim", "qk_norm")
+                     if getattr(self, n)]
             if other:
                 raise ValueError(f"Multi-head Latent Attention (mla_latent={self.mla_latent}) does not take "
                                  f"{', '.join(other)}: it has one softmax over its latent and no per-head output to "
@@ -79,14 +82,18 @@ class AttentionConfig:
     @property
     def cross(self) -> "AttentionConfig":
         """The options a cross-attention takes from this config (heads, dropout, backend; no variant)."""
-        return AttentionConfig(num_kv_heads=self.num_kv_heads, dropout=self.dropout, backend=self.backend)
+        return AttentionConfig(num_kv_heads=self.num_kv_heads, dropout=self.dropout, backend=self.backend,
+                               head_dim=self.head_dim)
 
     def build(self, d_model: int, num_heads: int, *, bias: bool = True, rotary: nn.Module | None = None,
-              kdim: int | None = None, layer_index: int = 0, need_weights: bool = False) -> nn.Module:
+              kdim: int | None = None, layer_index: int = 0, need_weights: bool = False,
+              out_bias: bool | None = None, norm_eps: float = 1e-6) -> nn.Module:
         """The attention module of this config for a stack of width ``d_model`` with ``num_heads`` heads."""
         if self.mla_latent:
             from .mla import MultiHeadLatentAttention
 
+            if out_bias not in (None, bias):
+                raise ValueError("Multi-head Latent Attention takes one bias setting for all its projections")
             return MultiHeadLatentAttention(d_model, num_heads, kv_latent=self.mla_latent, rope_dim=self.mla_rope_dim,
                                             dropout=self.dropout, backend=self.backend, bias=bias, alibi=self.alibi,
                                             sinks=self.sinks, need_weights=need_weights)
@@ -94,7 +101,8 @@ class AttentionConfig:
                                backend=self.backend, need_weights=need_weights, rotary=rotary, kdim=kdim, vdim=kdim,
                                pattern=self.pattern, gate=self.gate, alibi=self.alibi, sinks=self.sinks,
                                differential=self.differential, talking_heads=self.talking_heads,
-                               layer_index=layer_index)
+                               layer_index=layer_index, out_bias=out_bias, head_dim=self.head_dim,
+                               qk_norm=norm_eps if self.qk_norm else None)
 
     def rotary_dim(self, head_dim: int) -> int:
         """The width a stack's shared rotary module rotates (differential attention rotates each half)."""
