@@ -1,7 +1,8 @@
 """One way to load anything multihead can run or look inside, by name: ``multihead.loading.load(source)``.
 
 ``source`` is a training run folder (its classifier, tokenizer and ``data.max_len``), a pretrained short name
-(``minilm``) or an HF BERT-family folder (a :class:`~multihead.models.TextEncoder`). ``interpret`` (pictures, roles),
+(``minilm``) or an HF BERT-family folder (a :class:`~multihead.models.TextEncoder`), or a pretrained causal LM
+(``smollm2``, a ``.gguf`` file, an HF Llama-family or GPT-2 folder: :mod:`multihead.lm`). ``interpret`` (pictures, roles),
 ``embed`` and ``export`` all load through here, so they sit beside each other above ``train`` and ``pretrained``
 rather than on top of one another. Everything is validated before it is built (see :mod:`multihead._config`).
 """
@@ -25,12 +26,15 @@ class Loaded:
     """
 
     source: str
-    kind: str  # "run" | "pretrained"
+    kind: str  # "run" | "pretrained" | "lm" (a pretrained causal LM: multihead.lm)
     model: nn.Module
     tokenizer: object
     max_len: int
     sentence_max_len: int
     detail: object  # the train.Run or pretrained.Pretrained it came from
+
+
+LM_READ = 512  # tokens a causal LM reads by default in show/heads (--max-len lifts it: rotary positions)
 
 
 def is_run(path: str | Path) -> bool:
@@ -52,6 +56,11 @@ def load(source: str | Path, *, device: str = "cpu", backend: str = "auto") -> L
         run = load_run(source, device=device)
         return Loaded(str(source), "run", run.model, run.tokenizer, run.config.data.max_len,
                       run.config.data.max_len, run)
+    from . import lm
+
+    if lm.is_lm_source(source):
+        p = lm.load(source, backend=backend, device=device)
+        return Loaded(str(source), "lm", p.model, p.tokenizer, LM_READ, LM_READ, p)
     from . import pretrained
 
     p = pretrained.load(source, backend=backend, device=device)

@@ -142,7 +142,12 @@ def cmd_heads(args) -> int:
 
         check_target(args.out, "heads", overwrite=args.overwrite, sources=(args.model,))
     from ..train import tasks
+    from ..lm import is_lm_source
 
+    if is_lm_source(args.model):
+        from . import pretrained_lm
+
+        return pretrained_lm.heads(args)
     kind = tasks.kind_of(args.model)
     if kind is not None and kind.check("heads", args.model).section == "pretrain":
         return _heads_causal(args)
@@ -211,7 +216,12 @@ def _heads_causal(args) -> int:
 def cmd_importance(args) -> int:
     from ..heads import scores as imp
     from ..train import tasks
+    from ..lm import is_lm_source
 
+    if is_lm_source(args.run):
+        from . import pretrained_lm
+
+        return pretrained_lm.importance_and_prune(args, prune=False)
     tasks.require(args.run, "importance")
 
     result = imp.score_run(args.run, args.method, data=args.data, split=args.split, n=args.n,
@@ -226,7 +236,12 @@ def cmd_prune(args) -> int:
 
     from ..heads import prune as P
     from ..train import tasks
+    from ..lm import is_lm_source
 
+    if is_lm_source(args.run):
+        from . import pretrained_lm
+
+        return pretrained_lm.importance_and_prune(args, prune=True)
     tasks.require(args.run, "prune")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -248,7 +263,8 @@ def register(sub) -> None:
     from ..heads.scores import METHODS
 
     sh = sub.add_parser("show", help="pictures (PNG+SVG) and an offline web page of every head for one text")
-    sh.add_argument("model", help="a run folder (classifier, G2P or ViT), minilm, or a BERT-family folder")
+    sh.add_argument("model", help="a run folder (classifier, G2P or ViT), minilm, a BERT-family folder, or a "
+                                  "pretrained LM (smollm2, .gguf, HF folder)")
     sh.add_argument("text", nargs="?", default="", help="the text (a word for G2P runs; none for image runs)")
     sh.add_argument("--index", type=_nonneg, default=None, help="image runs: this test image")
     sh.add_argument("--image", default=None, help="image runs: a .png or .npy image")
@@ -265,7 +281,8 @@ def register(sub) -> None:
     sh.set_defaults(fn=cmd_show)
 
     hd = sub.add_parser("heads", help="per-head statistics and role labels over a corpus sample")
-    hd.add_argument("model", help="a run folder, minilm, or a BERT-family folder")
+    hd.add_argument("model", help="a run folder, minilm, a BERT-family folder, or a pretrained LM (smollm2, .gguf, HF "
+                                  "folder: IMDB test text cut into --n inputs of --max-len tokens)")
     hd.add_argument("--data", default="rotten_tomatoes", help="built-in dataset or a .csv/.tsv/.jsonl file")
     hd.add_argument("--n", type=_count, default=200, help="texts to use (default 200)")
     hd.add_argument("--split", default="test", choices=["test", "all"], help="the fixed test split, or all rows")
@@ -282,12 +299,14 @@ def register(sub) -> None:
     hd.set_defaults(fn=cmd_heads)
 
     im = sub.add_parser("importance", help="per-head importance of a trained run (layers x heads table + heatmap)")
-    im.add_argument("run")
+    im.add_argument("run", help="a run folder, or a pretrained LM (smollm2, .gguf, HF folder): scored by perplexity "
+                                "on held-out IMDB text")
     im.add_argument("--data", default=None, help="dataset (default: the run's own)")
     im.add_argument("--split", default="validation", help="train | validation | test | all")
     im.add_argument("--method", default="michel", choices=list(METHODS))
     im.add_argument("--n", type=_count, default=None, help="use the first N texts")
     im.add_argument("--out", default=None, help="folder for JSON + PNG (default RUN/importance)")
+    im.add_argument("--overwrite", action="store_true", help="pretrained LMs: replace the folder at --out")
     im.set_defaults(fn=cmd_importance)
 
     pu = sub.add_parser("prune", help="iterative head pruning on validation, then a physically pruned run folder")
@@ -302,6 +321,9 @@ def register(sub) -> None:
                     help="also time a model pruned to this fraction (e.g. 0.5), from the curve")
     pu.add_argument("--min-time", type=_seconds, default=3.0, help="seconds of timing per model")
     pu.add_argument("--threads", type=_count, default=None)
+    pu.add_argument("--fractions", type=_fraction, nargs="+", default=[0.2, 0.4],
+                    help="pretrained LMs: fractions of query heads pruned (whole GQA groups)")
+    pu.add_argument("--n", type=_count, default=None, help="pretrained LMs: rows of 256 held-out tokens to score on")
     pu.add_argument("--overwrite", action="store_true", help="replace an existing run at --out")
     pu.set_defaults(fn=cmd_prune)
 

@@ -18,7 +18,14 @@ def cmd_generate(args) -> int:
     from ..models.generation import generate
     from ..train import tasks
     from ..train.pretrain import load_pretrain_run
+    from ..lm import is_lm_source
 
+    if is_lm_source(args.run):
+        from . import pretrained_lm
+
+        return pretrained_lm.generate(args)
+    if args.chat:
+        raise ValueError("--chat applies a pretrained LM's chat template; a pretraining run has none")
     if tasks.kind_of(args.run) is not None:  # a run of another task: say why not, and what works
         tasks.require(args.run, "generate")
     run = load_pretrain_run(args.run)
@@ -69,7 +76,12 @@ def cmd_sinks(args) -> int:
     from ..interpret import streaming as S
     from ..train import tasks
     from ..train.pretrain import held_out_rows, load_pretrain_run
+    from ..lm import is_lm_source
 
+    if is_lm_source(args.run):
+        from . import pretrained_lm
+
+        return pretrained_lm.sinks(args)
     if tasks.kind_of(args.run) is not None:  # a run of another task: say why not, and what works
         tasks.require(args.run, "sinks")
     if args.out:
@@ -108,6 +120,10 @@ def cmd_induction(args) -> int:
     from .._io import Publish, atomic_write_json, check_target
     from ..interpret import induction as I
 
+    if args.model:
+        from . import pretrained_lm
+
+        return pretrained_lm.induction(args)
     check_target(args.out, "induction", overwrite=args.overwrite)
     config = I.ToyConfig(steps=args.steps, seed=args.seed, num_heads=args.heads, half=args.half, vocab=args.vocab)
     if args.threads:
@@ -131,7 +147,9 @@ def register(sub) -> None:
 
     ge = sub.add_parser("generate", help="continue a prompt with a causal LM run (multihead pretrain --objective "
                                          "clm), streaming tokens; KV-cached decoding")
-    ge.add_argument("run", help="pretraining run folder (objective clm)")
+    ge.add_argument("run", help="pretraining run folder (objective clm), or a pretrained LM: smollm2, a .gguf file, "
+                                "an HF Llama-family or GPT-2 folder")
+    ge.add_argument("--chat", action="store_true", help="pretrained LMs: wrap the prompt in the model's chat template")
     ge.add_argument("prompt", nargs="?", default="", help="text to continue (default: start a new text)")
     ge.add_argument("--max-new", type=_count, default=50, help="new tokens at most (stops early at the end of a text)")
     ge.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
@@ -147,7 +165,8 @@ def register(sub) -> None:
 
     sk = sub.add_parser("sinks", help="attention sinks: perplexity on long held-out text with a full, a sliding-"
                                       "window and a window + sinks cache (StreamingLLM), for a rotary causal LM run")
-    sk.add_argument("run", help="pretraining run folder (objective clm, positional rope)")
+    sk.add_argument("run", help="pretraining run folder (objective clm, positional rope), or a pretrained LM "
+                                "(smollm2, .gguf, HF folder): held-out IMDB reviews concatenated")
     sk.add_argument("--length", type=_count, default=None, help="tokens per text (default 4x the trained row length)")
     sk.add_argument("--window", type=_count, default=None, help="window of recent tokens (default half a trained row)")
     sk.add_argument("--sinks", type=_nonneg, default=4, help="first tokens kept by the sinks cache (paper: 4)")
@@ -168,6 +187,10 @@ def register(sub) -> None:
     ind.add_argument("--vocab", type=_number(int, 2, 65536, "an integer in [2, 65536]"), default=ToyDefaults.vocab,
                      help="token ids the random tokens are drawn from (small: repeats inside a half blur the score)")
     ind.add_argument("--seed", type=int, default=0)
+    ind.add_argument("--model", default=None, help="score a pretrained LM's heads instead of training the toy model "
+                                                   "(smollm2, a .gguf file, an HF folder), with the ablation check")
+    ind.add_argument("--batch", type=_count, default=8, help="--model: repeated-token sequences scored")
+    ind.add_argument("--ablate", type=_count, default=10, help="--model: top induction heads masked in the check")
     ind.add_argument("--threads", type=_count, default=None)
     ind.add_argument("--overwrite", action="store_true")
     ind.add_argument("--no-progress", action="store_true")

@@ -206,6 +206,12 @@ def cmd_embed(args) -> int:
 
 
 def cmd_export(args) -> int:
+    from ..lm import is_lm_source
+
+    if is_lm_source(args.source):
+        from . import pretrained_lm
+
+        return pretrained_lm.export(args)
     from .. import pretrained
     from ..loading import load
 
@@ -251,7 +257,8 @@ def register(sub) -> None:
     em.set_defaults(fn=cmd_embed)
 
     ex = sub.add_parser("export", help="write an encoder (pretrained or a run's) as an HF BertModel folder")
-    ex.add_argument("source", help="minilm, a BERT-family folder, or a run folder")
+    ex.add_argument("source", help="minilm, a BERT-family folder, or a run folder; or a pretrained LM (smollm2, .gguf, "
+                                   "HF folder), written as an HF Llama/Qwen/GPT-2 folder")
     ex.add_argument("--out", required=True, help="folder to write")
     ex.add_argument("--overwrite", action="store_true", help="replace an existing folder at --out")
     ex.set_defaults(fn=cmd_export)

@@ -196,6 +196,56 @@ def plot_toy(result: dict, path) -> None:
     plt.close(fig)
 
 
+@torch.no_grad()
+def ablation(model, prefix: Tensor, *, k: int = 10, half: int = 32, batch: int = 16, low: int = 0, start: int = 0,
+             seed: int = 1, draws: int = 5) -> dict:
+    """The causal check of Olsson et al.: the loss on the repeated half of fresh repeated-token sequences with the
+    ``k`` heads of highest prefix-matching score masked (``head_mask``), against ``k`` random heads masked (the
+    mean over ``draws`` seeded draws) and nothing masked."""
+    layers, heads = prefix.shape
+    g = torch.Generator().manual_seed(seed)
+    ids = repeated_tokens(batch, half, low=low, high=model.config.vocab_size, start=start, generator=g)
+
+    def loss(mask) -> float:
+        logits = model(ids, head_mask=mask)
+        per = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="none")
+        return float(per.view(batch, -1)[:, half + 1:].mean())
+
+    def mask_of(flat) -> Tensor:
+        m = torch.ones(layers * heads)
+        m[flat] = 0
+        return m.view(layers, heads)
+
+    top = prefix.flatten().argsort(descending=True)[:k]
+    random = [loss(mask_of(torch.randperm(layers * heads, generator=g)[:k])) for _ in range(draws)]
+    return {"k": k, "base": loss(None), "top": loss(mask_of(top)), "random": random,
+            "random_mean": sum(random) / len(random),
+            "top_heads": [[int(i) // heads, int(i) % heads] for i in top]}
+
+
+def plot_scores(result: dict, path, title: str) -> None:
+    """Prefix-matching (left) and copying (right) score of every head, layers x heads, with colorbars."""
+    from .._io import atomic_save_figure
+    from ..plotting import pyplot
+
+    plt = pyplot()
+    pm, cp = result["prefix_matching"], result["copying"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, max(4, 0.22 * len(pm) + 1.5)))
+    for ax, data, name, cmap, lim in ((axes[0], pm, "prefix-matching score", "viridis", (0, 1)),
+                                      (axes[1], cp, "copying score (OV eigenvalues)", "RdBu_r", (-1, 1))):
+        im = ax.imshow(data, aspect="auto", cmap=cmap, vmin=lim[0], vmax=lim[1])
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(name)
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    for entry in result.get("induction_heads", []):
+        axes[0].add_patch(plt.Rectangle((entry["head"] - 0.5, entry["layer"] - 0.5), 1, 1, fill=False, ec="red"))
+    fig.suptitle(title + f" (red: >= {INDUCTION})")
+    fig.tight_layout()
+    atomic_save_figure(fig, path, dpi=110)
+    plt.close(fig)
+
+
 def format_scores(scores: dict) -> str:
     """A layers x heads table of prefix-matching / copying scores, induction heads starred."""
     pm, cp = scores["prefix_matching"], scores["copying"]
@@ -216,5 +266,5 @@ def induction_roles(prefix: Tensor) -> list[list[str]]:
     return [["induction" if float(v) >= INDUCTION else "-" for v in row] for row in prefix]
 
 
-__all__ = ["INDUCTION", "ToyConfig", "copying_scores", "format_scores", "induction_roles", "induction_scores", "plot_toy",
+__all__ = ["INDUCTION", "ToyConfig", "ablation", "copying_scores", "plot_scores", "format_scores", "induction_roles", "induction_scores", "plot_toy",
            "prefix_matching", "repeated_tokens", "train_toy"]

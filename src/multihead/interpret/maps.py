@@ -95,6 +95,28 @@ class Subject:
         return out[0] if single else out
 
 
+@dataclass
+class LMSubject(Subject):
+    """A pretrained causal LM (:class:`multihead.lm.PretrainedLM`): texts encoded as the model reads them (BOS where
+    it adds one), right-padded; tokens shown as the text they decode to (byte-level BPE's ``Ġ`` as a space)."""
+
+    lm: object = None
+
+    def encode(self, texts: list[str]) -> tuple[Tensor, Tensor]:
+        from ..data import collate
+
+        rows = [self.lm.encode(t)[: self.max_len] for t in texts]
+        if any(not r for r in rows):
+            raise ValueError("a text encodes to no tokens; pass non-empty text")
+        pad = self.lm.model.config.pad_id
+        return collate(rows, pad_id=pad)
+
+    def display(self, ids: list[int]) -> tuple[list[str], list[bool] | None]:
+        texts = self.lm.token_texts(ids)
+        starts = [i == 0 or t[:1].isspace() or not t for i, t in enumerate(texts)]
+        return [t.strip() or t.replace("\n", "\\n") or "∅" for t in texts], starts
+
+
 LONG = 1024  # tokens above which show and heads work from statistics (no L x L map)
 
 
@@ -105,6 +127,8 @@ def load_subject(source: str | Path, *, sentence_embeddings: bool = False) -> Su
     from ..loading import load
 
     loaded = load(source)
+    if loaded.kind == "lm":
+        return LMSubject(loaded.source, loaded.model, loaded.tokenizer, loaded.max_len, lm=loaded.detail)
     return Subject(loaded.source, loaded.model, loaded.tokenizer,
                    loaded.sentence_max_len if sentence_embeddings else loaded.max_len)
 
@@ -151,4 +175,4 @@ def concatenated(subject, texts: list[str], n: int) -> list[str]:
     return out
 
 
-__all__ = ["AttentionMaps", "Subject", "is_punctuation", "is_special", "concatenated", "lift_max_len", "load_subject"]
+__all__ = ["AttentionMaps", "LMSubject", "Subject", "is_punctuation", "is_special", "concatenated", "lift_max_len", "load_subject"]

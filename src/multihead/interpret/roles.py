@@ -14,6 +14,8 @@ Role rules, checked in this order (the first that holds names the head):
    for >= 90% of query positions;
 2. ``self`` -- the top weight is on the query itself for >= 90% of positions;
 3. ``delimiter sink`` (Clark et al. 2019): >= 50% of the mass goes to [CLS] and [SEP];
+   ``first-token sink`` (Xiao et al. 2024, StreamingLLM): >= 50% of the mass goes to the first token (a causal LM's
+   attention sink; ``to_first``), for models without [CLS]/[SEP];
 4. ``punctuation`` -- >= 50% of the mass goes to punctuation tokens;
 5. ``broad`` (Clark et al. 2019) -- mean normalised entropy >= 0.75 (close to uniform over the text);
 6. ``mixed`` -- none of the above.
@@ -33,8 +35,10 @@ from .maps import AttentionMaps, Subject, is_punctuation
 POSITIONAL = 0.9
 SINK = 0.5
 BROAD = 0.75
-ROLES = ["previous token", "next token", "self", "delimiter sink", "punctuation", "broad", "mixed"]
-STATS = ["entropy", "entropy_norm", "distance", "to_prev", "to_next", "to_self", "to_cls", "to_sep", "to_punct",
+ROLES = ["previous token", "next token", "self", "delimiter sink", "first-token sink", "punctuation", "broad",
+         "mixed"]
+STATS = ["entropy", "entropy_norm", "distance", "to_prev", "to_next", "to_self", "to_cls", "to_sep", "to_first",
+         "to_punct",
          "argmax_prev", "argmax_next", "argmax_self"]
 
 
@@ -70,7 +74,7 @@ def _means(sums: list[list[dict]]) -> list[list[dict]]:
 
 def _token_sets(tokens: list[str]) -> dict[str, torch.Tensor]:
     return {"cls": torch.tensor([t == "[CLS]" for t in tokens]), "sep": torch.tensor([t == "[SEP]" for t in tokens]),
-            "punct": torch.tensor([is_punctuation(t) for t in tokens])}
+            "first": torch.arange(len(tokens)) == 0, "punct": torch.tensor([is_punctuation(t) for t in tokens])}
 
 
 def head_stats(corpus: list[AttentionMaps]) -> list[list[dict]]:
@@ -96,7 +100,7 @@ def head_stats(corpus: list[AttentionMaps]) -> list[list[dict]]:
                 "distance": (p * dist).sum(-1).sum(-1), "to_prev": prev.sum(-1), "to_next": nxt.sum(-1),
                 "to_self": torch.diagonal(p, dim1=1, dim2=2).sum(-1),
                 "to_cls": p[..., sets["cls"]].sum((-1, -2)), "to_sep": p[..., sets["sep"]].sum((-1, -2)),
-                "to_punct": p[..., sets["punct"]].sum((-1, -2)),
+                "to_first": p[..., 0].sum(-1), "to_punct": p[..., sets["punct"]].sum((-1, -2)),
                 "argmax_prev": (top[:, 1:] == idx[1:] - 1).float().sum(-1),
                 "argmax_next": (top[:, :-1] == idx[:-1] + 1).float().sum(-1),
                 "argmax_self": (top == idx).float().sum(-1),
@@ -110,7 +114,7 @@ STATS_OPTIONS = {"topk": 1, "offsets": (-1, 0, 1)}  # what head_stats_from_stats
 def stats_options(token_rows: list[list[str]], length: int) -> dict:
     """``capture(..., stats=...)`` options for a batch whose row ``r`` holds ``token_rows[r]`` (then padding): the
     key sets [CLS], [SEP] and punctuation as ``(B, length)`` bool, top-1 and the offsets -1, 0, +1."""
-    sets = {k: torch.zeros(len(token_rows), length, dtype=torch.bool) for k in ("cls", "sep", "punct")}
+    sets = {k: torch.zeros(len(token_rows), length, dtype=torch.bool) for k in ("cls", "sep", "first", "punct")}
     for r, tokens in enumerate(token_rows):
         for k, v in _token_sets(tokens).items():
             sets[k][r, :len(tokens)] = v
@@ -136,7 +140,8 @@ def head_stats_from_stats(records) -> list[list[dict]]:
                 "entropy": ent.sum(-1), "entropy_norm": ent.sum(-1) / math.log(n),
                 "distance": st.distance[r, :, :n].float().sum(-1), "to_prev": m["offset-1"].sum(-1),
                 "to_next": m["offset+1"][:, :n - 1].sum(-1), "to_self": m["offset+0"].sum(-1),
-                "to_cls": m["cls"].sum(-1), "to_sep": m["sep"].sum(-1), "to_punct": m["punct"].sum(-1),
+                "to_cls": m["cls"].sum(-1), "to_sep": m["sep"].sum(-1), "to_first": m["first"].sum(-1),
+                "to_punct": m["punct"].sum(-1),
                 "argmax_prev": (top[:, 1:] == idx[1:] - 1).float().sum(-1),
                 "argmax_next": (top[:, :-1] == idx[:-1] + 1).float().sum(-1),
                 "argmax_self": (top == idx).float().sum(-1),
@@ -156,6 +161,8 @@ def role(s: dict) -> str:
         return "self"
     if s["to_cls"] + s["to_sep"] >= SINK:
         return "delimiter sink"
+    if s.get("to_first", 0.0) >= SINK:
+        return "first-token sink"
     if s["to_punct"] >= SINK:
         return "punctuation"
     if s["entropy_norm"] >= BROAD:

@@ -1,0 +1,118 @@
+"""Head importance and pruning for causal LMs (Michel et al. 2019, "Are Sixteen Heads Really Better than One?", on
+a decoder): importance is the gradient of the next-token loss on held-out text with respect to a head mask, heads
+are pruned by whole key/value groups (a GQA group shares one key/value head: removing its query heads together
+removes that key/value head too, which is what makes the pruned model faster), and the result is judged by
+perplexity on other held-out text and by decode speed.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def held_out_rows(lm, *, rows: int, length: int, data: str = "imdb", skip: int = 0) -> Tensor:
+    """``(rows, length)`` token ids of the fixed test split of ``data`` (IMDB reviews by default), texts joined
+    with a blank line and cut into rows, each starting with the model's BOS when it has one; ``skip`` rows are
+    passed over first (so that scoring and judging use different text)."""
+    from .. import data as D
+
+    ds = D.load(data)
+    texts = D.split(ds, seed=0).test.texts
+    bos = [lm.bos_id] if lm.bos_id is not None else []
+    body = length - len(bos)
+    need = (rows + skip) * body
+    ids: list[int] = []
+    for text in texts:
+        ids += lm.encode(text.replace("<br />", "\n") + "\n\n", special=False)
+        if len(ids) >= need:
+            break
+    if len(ids) < need:
+        raise ValueError(f"the {data} test split holds {len(ids):,} tokens, fewer than {need:,}; ask for fewer rows "
+                         "or a shorter length")
+    cut = torch.tensor(ids[skip * body: need]).view(rows, body)
+    return torch.cat([torch.full((rows, len(bos)), bos[0], dtype=torch.long), cut], 1) if bos else cut
+
+
+def _loss(model, ids: Tensor, head_mask: Tensor | None = None) -> Tensor:
+    logits = model(ids, head_mask=head_mask)
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+
+
+@torch.no_grad()
+def perplexity(model, ids: Tensor, head_mask: Tensor | None = None, batch_size: int = 4) -> float:
+    total, count = 0.0, 0
+    for start in range(0, len(ids), batch_size):
+        chunk = ids[start:start + batch_size]
+        total += float(_loss(model, chunk, head_mask)) * chunk.shape[0]
+        count += chunk.shape[0]
+    return math.exp(total / count)
+
+
+def importance(model, ids: Tensor, batch_size: int = 2, progress: bool = False) -> Tensor:
+    """``(layers, H)`` Michel et al.'s importance: ``|d loss / d mask_h|`` summed over batches, each layer's row
+    normalised to unit L2 norm (their section 4.1)."""
+    from tqdm import tqdm
+
+    layers = len(model.decoder.layers)
+    heads = model.decoder.layers[0].self_attn.num_heads
+    mask = torch.ones(layers, heads, requires_grad=True)
+    was = model.training
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    try:
+        for start in tqdm(range(0, len(ids), batch_size), desc="importance", disable=not progress, leave=False):
+            _loss(model, ids[start:start + batch_size], mask).backward()
+    finally:
+        for p in model.parameters():
+            p.requires_grad_(True)
+        model.train(was)
+    score = mask.grad.abs()
+    return score / score.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+def group_scores(scores: Tensor, num_kv_heads: int) -> Tensor:
+    """``(layers, G)``: the summed importance of each key/value group's query heads."""
+    layers, h = scores.shape
+    return scores.view(layers, num_kv_heads, h // num_kv_heads).sum(-1)
+
+
+def groups_to_prune(scores: Tensor, num_kv_heads: int, fraction: float) -> dict[int, list[int]]:
+    """``{layer: [query heads]}``: the lowest-scoring whole groups, ``fraction`` of all query heads."""
+    layers, h = scores.shape
+    group = h // num_kv_heads
+    g = group_scores(scores, num_kv_heads).flatten()
+    n = round(fraction * layers * num_kv_heads)
+    chosen = g.argsort()[:n].tolist()
+    out: dict[int, list[int]] = {}
+    for flat in sorted(chosen):
+        layer, kv = divmod(flat, num_kv_heads)
+        out.setdefault(layer, []).extend(range(kv * group, (kv + 1) * group))
+    return out
+
+
+def mask_of(heads: dict[int, list[int]], layers: int, h: int) -> Tensor:
+    mask = torch.ones(layers, h)
+    for layer, hs in heads.items():
+        mask[layer, hs] = 0
+    return mask
+
+
+@torch.no_grad()
+def decode_speed(model, prompt: Tensor, new_tokens: int = 64, repeats: int = 2) -> float:
+    """Greedy decoding tokens per second (KV cache), the best of ``repeats`` runs."""
+    from ..models.generation import generate
+
+    best = 0.0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        generate(model, prompt, None, max_new_tokens=new_tokens)
+        best = max(best, prompt.shape[0] * new_tokens / (time.perf_counter() - start))
+    return best
+
+
+__all__ = ["decode_speed", "group_scores", "groups_to_prune", "held_out_rows", "importance", "mask_of", "perplexity"]
