@@ -153,7 +153,7 @@ def heads(args) -> int:
         h["prefix_matching"] = round(float(ind["prefix_matching"][h["layer"], h["head"]]), 4)
         if h["prefix_matching"] >= I.INDUCTION:
             h["role"] = "induction"
-    result["counts"] = {r: sum(1 for x in result["heads"] if x["role"] == r) for r in ["induction"] + roles.ROLES}
+    result["counts"] = {r: sum(1 for x in result["heads"] if x["role"] == r) for r in roles.ROLES}
     result["data"] = {"name": "imdb", "split": "test", "n": len(texts), "tokens_per_input": length}
     result["seconds"] = round(seconds, 2)
     result["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)

@@ -35,8 +35,10 @@ from .maps import AttentionMaps, Subject, is_punctuation
 POSITIONAL = 0.9
 SINK = 0.5
 BROAD = 0.75
-ROLES = ["previous token", "next token", "self", "delimiter sink", "first-token sink", "punctuation", "broad",
-         "mixed"]
+# "induction" is not read from text statistics: `multihead heads` on a causal LM sets it from the prefix-matching
+# score on repeated random tokens (multihead.interpret.induction), over whatever the text rules said.
+ROLES = ["induction", "previous token", "next token", "self", "delimiter sink", "first-token sink", "punctuation",
+         "broad", "mixed"]
 STATS = ["entropy", "entropy_norm", "distance", "to_prev", "to_next", "to_self", "to_cls", "to_sep", "to_first",
          "to_punct",
          "argmax_prev", "argmax_next", "argmax_self"]
@@ -186,12 +188,12 @@ def summarise(stats: list[list[dict]], model: str, texts: int, tokens: int, sour
 def format_table(result: dict) -> str:
     lines = [f"{result['model']}: {result['texts']} texts, {result['tokens']} tokens; roles: " +
              ", ".join(f"{r} {c}" for r, c in result["counts"].items() if c),
-             f"{'layer':>5} {'head':>4}  {'role':<15}{'entropy':>8}{'norm':>6}{'dist':>6}{'prev':>6}{'next':>6}"
-             f"{'self':>6}{'cls':>6}{'sep':>6}{'punct':>6}{'top=prev':>9}{'top=next':>9}"]
+             f"{'layer':>5} {'head':>4}  {'role':<17}{'entropy':>8}{'norm':>6}{'dist':>8}{'prev':>6}{'next':>6}"
+             f"{'self':>6}{'cls':>6}{'sep':>6}{'first':>6}{'punct':>6}{'top=prev':>9}{'top=next':>9}"]
     for x in result["heads"]:
-        lines.append(f"{x['layer']:>5} {x['head']:>4}  {x['role']:<15}{x['entropy']:>8.2f}{x['entropy_norm']:>6.2f}"
-                     f"{x['distance']:>6.2f}{x['to_prev']:>6.2f}{x['to_next']:>6.2f}{x['to_self']:>6.2f}"
-                     f"{x['to_cls']:>6.2f}{x['to_sep']:>6.2f}{x['to_punct']:>6.2f}{x['argmax_prev']:>9.2f}"
+        lines.append(f"{x['layer']:>5} {x['head']:>4}  {x['role']:<17}{x['entropy']:>8.2f}{x['entropy_norm']:>6.2f}"
+                     f"{x['distance']:>8.2f}{x['to_prev']:>6.2f}{x['to_next']:>6.2f}{x['to_self']:>6.2f}"
+                     f"{x['to_cls']:>6.2f}{x['to_sep']:>6.2f}{x.get('to_first', 0.0):>6.2f}{x['to_punct']:>6.2f}{x['argmax_prev']:>9.2f}"
                      f"{x['argmax_next']:>9.2f}")
     return "\n".join(lines)
 
