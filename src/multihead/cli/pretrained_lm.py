@@ -93,7 +93,7 @@ def induction(args) -> int:
 
     check_target(args.out, "induction", overwrite=args.overwrite, sources=(args.model,))
     p = _load(args.model, args.threads)
-    low = max(1000, min(p.model.config.vocab_size // 10, 5000))  # ordinary tokens (past the special ones)
+    low = min(1000, p.model.config.vocab_size // 10)  # ordinary tokens (past the special ones)
     start = p.bos_id if p.bos_id is not None else low
     scores = I.induction_scores(p.model, half=args.half, batch=args.batch, low=low, start=start, seed=args.seed)
     check = I.ablation(p.model, scores["prefix_matching"], k=args.ablate, half=args.half, batch=args.batch, low=low,
@@ -138,7 +138,8 @@ def heads(args) -> int:
     length = args.max_len or 512
     subject = LMSubject(str(args.model), p.model, p.tokenizer, length, lm=p)
     rows = held_out_rows(p, rows=args.n, length=length)
-    texts = [p.decode(r[1:] if p.bos_id is not None else r) for r in rows.tolist()]
+    starts = len(p.encode(""))  # a start token the tokenizer adds (and adds again when the text is encoded)
+    texts = [p.decode(r[starts:]) for r in rows.tolist()]
     source = args.source or ("stats" if length > 1024 else "maps")
     t0 = time.perf_counter()
     if source == "maps":
@@ -147,8 +148,9 @@ def heads(args) -> int:
         stats, tokens = roles.subject_head_stats(subject, texts, batch_size=1)
         result = roles.summarise(stats, subject.name, len(texts), tokens, "stats")
     seconds = time.perf_counter() - t0
-    low = max(1000, min(p.model.config.vocab_size // 10, 5000))
-    ind = I.induction_scores(p.model, half=64, batch=8, low=low, start=p.bos_id if p.bos_id is not None else low)
+    low = min(1000, p.model.config.vocab_size // 10)
+    half = min(64, (p.model.config.max_len - 1) // 2)
+    ind = I.induction_scores(p.model, half=half, batch=8, low=low, start=p.bos_id if p.bos_id is not None else low)
     for h in result["heads"]:
         h["prefix_matching"] = round(float(ind["prefix_matching"][h["layer"], h["head"]]), 4)
         if h["prefix_matching"] >= I.INDUCTION:
@@ -183,13 +185,14 @@ def importance_and_prune(args, *, prune: bool) -> int:
     check_target(out, "importance", overwrite=getattr(args, "overwrite", False), sources=(args.run,))
     p = _load(args.run, getattr(args, "threads", None))
     n = args.n or 16
-    score_rows = H.held_out_rows(p, rows=n, length=256)
-    judge_rows = H.held_out_rows(p, rows=n, length=256, skip=n)
+    length = min(256, p.model.config.max_len)
+    score_rows = H.held_out_rows(p, rows=n, length=length)
+    judge_rows = H.held_out_rows(p, rows=n, length=length, skip=n)
     scores = H.importance(p.model, score_rows, progress=True)
     layers, h = scores.shape
     kv = p.model.decoder.layers[0].self_attn.num_kv_heads
     result = {"model": str(args.run), "method": "michel (|d loss / d head mask|, layer-normalised)",
-              "scored_on": f"{n} x 256 tokens of IMDB test reviews", "judged_on": f"another {n} x 256 tokens",
+              "scored_on": f"{n} x {length} tokens of IMDB test reviews", "judged_on": f"another {n} x {length} tokens",
               "importance": scores.tolist(), "perplexity": H.perplexity(p.model, judge_rows)}
     if prune:
         prompt = score_rows[:1, :64]

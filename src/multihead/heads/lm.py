@@ -16,13 +16,14 @@ from torch import Tensor
 
 def held_out_rows(lm, *, rows: int, length: int, data: str = "imdb", skip: int = 0) -> Tensor:
     """``(rows, length)`` token ids of the fixed test split of ``data`` (IMDB reviews by default), texts joined
-    with a blank line and cut into rows, each starting with the model's BOS when it has one; ``skip`` rows are
+    with a blank line and cut into rows, each starting with the start token where the model's tokenizer adds one
+    (SmolLM2's does not); ``skip`` rows are
     passed over first (so that scoring and judging use different text)."""
     from .. import data as D
 
     ds = D.load(data)
     texts = D.split(ds, seed=0).test.texts
-    bos = [lm.bos_id] if lm.bos_id is not None else []
+    bos = lm.encode("")[:1]  # the start token where the model's tokenizer adds one
     body = length - len(bos)
     need = (rows + skip) * body
     ids: list[int] = []

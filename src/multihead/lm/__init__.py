@@ -302,9 +302,11 @@ def load(name_or_path: str | Path = "smollm2", *, backend: str = "auto", device:
     else:
         model, hf, family, tok_info = _load_folder(path, backend, progress)
     tok, bos, eos, template, special = tok_info
-    eos_ids = tuple(e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int))
+    vocab = model.config.vocab_size
+    eos_ids = tuple(e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int) and 0 <= e < vocab)
+    bos = bos if isinstance(bos, int) and 0 <= bos < vocab else None  # an id past the vocabulary names no token
     return PretrainedLM(str(name_or_path), path, model.to(device).eval(), tok, hf, family.name,
-                        bos if isinstance(bos, int) else None, eos_ids, template, special)
+                        bos, eos_ids, template, special)
 
 
 # ---------------------------------------------------------------------------------------------------- export

