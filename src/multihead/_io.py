@@ -115,7 +115,7 @@ def folder_kind(path: str | Path) -> str:
                          ("heads", "heads.json"),
                          ("sweep", "sweep.json"), ("induction", "induction.json"),
                          ("sinks", "sinks.json"), ("compare", "compare.json"), ("demo", "demo.json"),
-                         ("demo", "pretrained.json")):
+                         ("demo", "pretrained.json"), ("demo", "smollm2.json")):
         if marker in names:
             return kind
     if any(n.startswith("importance-") and n.endswith(".json") for n in names):

@@ -164,8 +164,53 @@ def run_demo(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
     vision = vision_step(out / "vit", seed=seed, limit=limit, epochs=epochs)
     print("== 8. Long inputs: exact per-head statistics from the fast path, no L x L map")
     stats = stats_step(seed=seed)
+    print(f"== 9. A real pretrained LM: SmolLM2-135M (GGUF) in our decoder, a continuation and its induction heads "
+          f"-> {out / 'smollm2'}")
+    smol = smollm2_step(out / "smollm2")
     return {"train": results, "walkthrough": summary, "pretrained": real, "show": seen, "heads": measured,
-            "g2p": g2p, "vision": vision, "stats": stats}
+            "g2p": g2p, "vision": vision, "stats": stats, "smollm2": smol}
+
+
+LM_PROMPT = "The three primary colours of light are"
+
+
+def smollm2_step(out: Path) -> dict:
+    """SmolLM2-135M from its GGUF file: a greedy continuation, then every head's prefix-matching score on repeated
+    random tokens, and the ablation check (the top induction heads masked vs as many random heads)."""
+    from . import lm
+    from .interpret import induction as I
+    from .models.generation import generate
+
+    try:
+        p = lm.load("smollm2")
+    except lm.LMError as exc:
+        print(f"   skipped: {exc}")
+        return {"skipped": str(exc)}
+    c = p.model.config
+    print(f"   loaded {p.path.name}: {c.decoder.num_layers} layers x {c.decoder.num_heads} query heads "
+          f"({c.decoder.attention.num_kv_heads} key/value heads), RMSNorm, SwiGLU, rotary base {c.decoder.rope_theta:g}")
+    ids = p.encode(LM_PROMPT)
+    new = generate(p.model, torch.tensor([ids]), None, max_new_tokens=24, stop_tokens=p.eos_ids).tokens[0]
+    text = p.decode(new)
+    print(f"   {LM_PROMPT!r} -> {text!r}")
+    scores = I.induction_scores(p.model, half=32, batch=4, low=1000, start=1000)
+    check = I.ablation(p.model, scores["prefix_matching"], k=8, half=32, batch=4, low=1000, start=1000)
+    pm = scores["prefix_matching"]
+    heads = [(l, h, float(pm[l, h])) for l in range(pm.shape[0]) for h in range(pm.shape[1])]
+    passing = sorted((x for x in heads if x[2] >= I.INDUCTION), key=lambda x: -x[2])
+    print(f"   induction heads (prefix matching >= {I.INDUCTION}): {len(passing)} of {len(heads)}: " +
+          ", ".join(f"L{l}H{h} {v:.2f}" for l, h, v in passing[:6]))
+    print(f"   masking the top 8 raises the repeated half's loss {check['base']:.2f} -> {check['top']:.2f}; "
+          f"8 random heads: {check['random_mean']:.2f}")
+    print("   more: multihead generate smollm2 \"Hello\" --chat; multihead induction --model smollm2 --out runs/ind; "
+          "multihead sinks smollm2 --out runs/sinks")
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"prompt": LM_PROMPT, "continuation": text, "prefix_matching": pm.tolist(),
+              "copying": scores["copying"].tolist(), "ablation": check,
+              "induction_heads": [{"layer": l, "head": h, "prefix_matching": round(v, 4)} for l, h, v in passing]}
+    I.plot_scores(result, out / "induction.png", "SmolLM2-135M: induction heads on repeated random tokens")
+    atomic_write_json(out / "smollm2.json", result)
+    return result
 
 
 def stats_step(*, seed: int = 0, length: int = 4096) -> dict:

@@ -61,12 +61,18 @@ def test_heads_roles_from_maps_and_from_statistics_agree(gpt2_folder, tmp_path):
 def test_importance_and_prune_by_perplexity(gguf_model, tmp_path, capsys):
     out = tmp_path / "prune"
     assert main(["prune", gguf_model, "--out", str(out), "--n", "2", "--fractions", "0.5"]) == 0
-    r = json.loads((out / "importance.json").read_text())
+    r = json.loads((out / "importance-michel.json").read_text())
     assert torch.tensor(r["importance"]).shape == (2, 4)
     f = r["fractions"]["0.5"]
     assert f["heads_pruned"] == 4 and f["of"] == 8  # two of four GQA groups, two query heads each
     assert abs(f["perplexity_pruned"] - f["perplexity_masked"]) / f["perplexity_masked"] < 1e-4  # pruned == masked
     assert "decode" in capsys.readouterr().out
+    assert main(["importance", gguf_model, "--out", str(out), "--n", "2", "--overwrite"]) == 0
+    assert "fractions" not in json.loads((out / "importance-michel.json").read_text())  # scores only
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    assert main(["importance", gguf_model, "--out", str(tmp_path / "other"), "--n", "2"]) == 2  # not ours: kept
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
 
 
 def test_export_then_load_in_hf(gpt2_folder, tmp_path):

@@ -73,7 +73,7 @@ def sinks(args) -> int:
         raise ValueError(f"--length {length} must exceed the window plus the sinks ({window} + {args.sinks}) and hold "
                          f"two bands of {band} tokens")
     rows = held_out_rows(p, rows=args.texts, length=length)
-    result = S.compare(p.model, rows, window=window, sinks=args.sinks, band=band)
+    result = S.compare(p.model, rows, window=window, sinks=args.sinks, band=band, progress=True)
     result["model"] = str(args.run)
     result["data"] = "imdb test split, reviews concatenated"
     print(S.format_table(result))
@@ -215,7 +215,7 @@ def importance_and_prune(args, *, prune: bool) -> int:
                 "decode_tokens_per_s": round(H.decode_speed(pruned, prompt), 1),
                 "pruned_heads": {str(k): v for k, v in chosen.items()}}
     with Publish(out, "importance", overwrite=getattr(args, "overwrite", False), sources=(args.run,)) as folder:
-        atomic_write_json(folder / "importance.json", result)
+        atomic_write_json(folder / "importance-michel.json", result)
         plots.plot(scores, folder / "importance", f"{args.run}: head importance (Michel et al.), per layer")
     print(plots.format_table(scores, f"head importance of {args.run} (rows: layers)"))
     print(f"perplexity on held-out IMDB text: {result['perplexity']:.2f}")
@@ -223,7 +223,7 @@ def importance_and_prune(args, *, prune: bool) -> int:
         print(f"prune {float(frac):.0%} ({r['heads_pruned']}/{r['of']} query heads, whole GQA groups): perplexity "
               f"{r['perplexity_pruned']:.2f} (random groups masked: {r['perplexity_random_groups_masked']:.2f}); "
               f"decode {r['decode_tokens_per_s']:.1f} tokens/s vs {result['decode_tokens_per_s']['unpruned']:.1f}")
-    print(f"wrote {out / 'importance.json'} and importance.png")
+    print(f"wrote {out / 'importance-michel.json'} and importance.png")
     return 0
 
 

@@ -97,6 +97,10 @@ def register(sub) -> None:
     bench.add_argument("--epochs", type=_count, default=3, help="lra: epochs per variant")
     bench.add_argument("--limit", type=_count, default=None, help="lra: examples per split")
     bench.add_argument("--batches", type=_ints, default=None, help="decode: comma-separated batch sizes")
-    bench.add_argument("--model", default=None, help="decode: race the shape of this causal LM run (pretrain clm)")
+    bench.add_argument("--model", default=None, help="decode: race the shape of this causal LM run (pretrain clm), or "
+                                                     "a pretrained LM (smollm2, .gguf, HF folder) against HF loading "
+                                                     "the same file")
+    bench.add_argument("--prefill", type=_ints, default=None, help="decode --model LM: prompt lengths whose forward "
+                                                                   "pass is timed (default 512,4096)")
     bench.set_defaults(fn=cmd_bench)
 

@@ -25,7 +25,7 @@ POLICIES = ("full", "window", "sinks")
 
 
 @torch.no_grad()
-def stream(model, ids: torch.Tensor, *, policy: str, window: int, sinks: int = 4) -> dict:
+def stream(model, ids: torch.Tensor, *, policy: str, window: int, sinks: int = 4, progress: bool = False) -> dict:
     """Feed ``ids`` ``(B, N)`` token by token through ``model`` (a rotary CausalLM) with the ``policy`` cache.
     Returns ``loss`` ``(B, N-1)`` (the loss of predicting token ``t`` from tokens ``< t``) and ``first_share``
     ``(N-1, layers, H)`` (mean over the batch of the attention weight on the first cached slot at each step)."""
@@ -39,9 +39,11 @@ def stream(model, ids: torch.Tensor, *, policy: str, window: int, sinks: int = 4
     was = model.training
     model.eval()
     losses, shares = [], []
+    from tqdm import tqdm
+
     with capture(model, ("pattern",)) as cap:
         logits = model(ids[:, :1], cache=cache)[:, -1]
-        for t in range(1, ids.shape[1]):
+        for t in tqdm(range(1, ids.shape[1]), desc=f"{policy} cache", leave=False, disable=not progress):
             losses.append(F.cross_entropy(logits.float(), ids[:, t], reduction="none"))
             logits = model(ids[:, t: t + 1], cache=cache)[:, -1]
             shares.append(torch.stack([p[:, :, -1, 0].float().mean(0) for p in cap.patterns()]))  # (layers, H)
@@ -49,7 +51,8 @@ def stream(model, ids: torch.Tensor, *, policy: str, window: int, sinks: int = 4
     return {"loss": torch.stack(losses, 1), "first_share": torch.stack(shares)}
 
 
-def compare(model, ids: torch.Tensor, *, window: int, sinks: int = 4, band: int | None = None) -> dict:
+def compare(model, ids: torch.Tensor, *, window: int, sinks: int = 4, band: int | None = None,
+            progress: bool = False) -> dict:
     """The three policies on the same text: perplexity per band of ``band`` positions (default: the window),
     overall, and the first token's share of attention per layer and head (averaged over the steps after the
     first ``window`` tokens, where the policies differ)."""
@@ -57,7 +60,7 @@ def compare(model, ids: torch.Tensor, *, window: int, sinks: int = 4, band: int 
     out = {"window": window, "sinks": sinks, "band": band, "length": ids.shape[1], "batch": ids.shape[0],
            "trained_length": model.config.max_len, "policies": {}}
     for policy in POLICIES:
-        r = stream(model, ids, policy=policy, window=window, sinks=sinks)
+        r = stream(model, ids, policy=policy, window=window, sinks=sinks, progress=progress)
         loss = r["loss"]  # (B, N-1): predicting positions 1..N-1
         bands = []
         for start in range(0, loss.shape[1], band):
