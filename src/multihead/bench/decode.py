@@ -104,7 +104,7 @@ def _build_pretrained(case: dict):
     ids = torch.randint(1000, vocab, (b, length), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     if impl == "prefill":
-        return lambda: model.prefill(ids)
+        return torch.no_grad()(lambda: model.prefill(ids))
     if impl == "hf_prefill":
         return torch.no_grad()(lambda: model(ids, attention_mask=mask, use_cache=True))
     if impl == "cached":

@@ -98,8 +98,12 @@ def plot(result: dict, path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for policy, r in result["policies"].items():
         mids = [(x["from"] + x["to"]) / 2 for x in r["bands"]]
-        a.plot(mids, [x["perplexity"] for x in r["bands"]], marker="o", label=policy)
-    a.axvline(result["trained_length"], color="grey", ls=":", label="trained length")
+        label = {"full": "full cache", "window": f"window {result['window']}",
+                 "sinks": f"window {result['window']} + {result['sinks']} sinks"}.get(policy, policy)
+        a.plot(mids, [x["perplexity"] for x in r["bands"]], marker="o", label=label)
+    if result["trained_length"] < result["length"]:  # only where the text runs past it
+        a.axvline(result["trained_length"], color="grey", ls=":", label="trained length")
+    a.set_title(f"perplexity per band of {result['band']} positions")
     a.set_xlabel("position in the text")
     a.set_ylabel("perplexity (band)")
     a.set_yscale("log")
@@ -112,6 +116,9 @@ def plot(result: dict, path) -> None:
     fig.colorbar(im, ax=b)
     for ax in (a,):
         ax.grid(alpha=0.3)
+    if result.get("model"):
+        fig.suptitle(f"{result['model']}: streaming with three KV caches, {result['batch']} text(s) of "
+                     f"{result['length']} tokens")
     fig.tight_layout()
     atomic_save_figure(fig, path, dpi=110)
     plt.close(fig)

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from .._config import check_size, from_fields
 from ..modules.decoder import DecoderConfig, TransformerDecoder
 from ..modules.encoder import EncoderConfig, TransformerEncoder
+from ..modules import fastpath
 from ..modules.kv_cache import KVCache
 from ..modules.positional import build_positional, check_positions
 
@@ -135,7 +136,7 @@ class CausalLM(nn.Module):
         if cache is not None:
             cache.key_padding = full_keep
             cache.next_position = keep.long().sum(-1) + (0 if before is None else before)
-        return self.lm_head(x)  # (B, T, V)
+        return fastpath.linear(x, self.lm_head.weight, None, self.lm_head)  # (B, T, V)
 
     def _check_streaming(self, keep: Tensor, rolling: bool) -> None:
         what = "a streaming (sinks + window) cache" if rolling else "running past max_len (extrapolate=True)"

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from ..attention import patterns as _patterns
 from ..attention.attn_mask import AttnMask
 from ..attention.registry import attention, check_backend_name, get_backend
+from . import fastpath
 from .hooks import HookPoint
 from .kv_cache import LayerKV
 
@@ -409,7 +410,7 @@ class MultiHeadAttention(nn.Module):
             packed = (stamp, torch.cat([m.weight for m in parts]), bias)
             self.__dict__["_packed"] = packed  # a plain attribute: not a parameter, buffer or state-dict entry
         qw, kw = self.w_q.out_features, self.w_k.out_features
-        return torch.nn.functional.linear(x, packed[1], packed[2]).split([qw, kw, kw], -1)
+        return fastpath.linear(x, packed[1], packed[2], self).split([qw, kw, kw], -1)
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, t, width in (("query", query, self.d_model), ("key", key, self.kdim), ("value", value, self.vdim)):

@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import fastpath
+
 ACTIVATIONS = {  # ReLU in place: no extra (B, L, F) buffer
     "relu": lambda: nn.ReLU(inplace=True),
     "gelu": nn.GELU,  # exact (erf), BERT's "gelu"
@@ -53,8 +55,9 @@ class FeedForward(nn.Module):
         self.w_2 = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
+        up = fastpath.linear(x, self.w_1.weight, self.w_1.bias, self.w_1)  # (B, L, E) -> (B, L, F)
         if self.w_gate is None:
-            h = self.act(self.w_1(x))  # (B, L, E) -> (B, L, F)
+            h = self.act(up)
         else:
-            h = self.act(self.w_gate(x)) * self.w_1(x)  # (B, L, F)
+            h = self.act(fastpath.linear(x, self.w_gate.weight, self.w_gate.bias, self.w_gate)) * up  # (B, L, F)
         return self.w_2(self.dropout(h) if self.training else h)  # (B, L, F) -> (B, L, E)

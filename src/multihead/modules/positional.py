@@ -80,6 +80,17 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (D/2,)
 
     def _cos_sin(self, length: int, offset: int, device, dtype, positions: Tensor | None = None):
+        # one rotary module serves every layer of a stack, and the layers of one call ask for the same angles:
+        # the last answer is kept (keyed on the positions tensor itself, held here, so its identity is not reused)
+        key = (positions, None if positions is None else positions._version, length, offset, device, dtype,
+               self.inv_freq._version)
+        memo = self.__dict__.get("_memo")
+        if memo is not None and memo[0][0] is key[0] and memo[0][1:] == key[1:]:
+            return memo[1]
+        self.__dict__["_memo"] = (key, self._angles(length, offset, device, dtype, positions))
+        return self.__dict__["_memo"][1]
+
+    def _angles(self, length: int, offset: int, device, dtype, positions: Tensor | None):
         if positions is None:
             pos = torch.arange(offset, offset + length, device=device, dtype=torch.float32)  # (L,)
         else:

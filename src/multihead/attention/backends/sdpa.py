@@ -18,8 +18,13 @@ from ..ops import expand_kv
     description="torch.nn.functional.scaled_dot_product_attention (fused; no weights)",
 )
 def sdpa_attention(q, k, v, *, mask, dropout_p, scale, need_weights):
-    h = q.shape[1]
-    if k.shape[1] != h:  # grouped-query: expand views (CPU kernels do not take enable_gqa on every path)
+    b, h, i, d = q.shape
+    g = k.shape[1]
+    if g != h and i == 1 and mask is None:  # one query per row over all keys (a decoding step): the h / g query
+        # heads that share a key/value head are read as h / g queries of that head -- no expanded copy of the cache
+        out = F.scaled_dot_product_attention(q.reshape(b, g, h // g, d), k, v, dropout_p=dropout_p, scale=scale)
+        return out.reshape(b, h, 1, out.shape[-1]), None  # (the value width may differ from d: MLA)
+    if g != h:  # grouped-query: expand views (CPU kernels do not take enable_gqa on every path)
         k, v = expand_kv(k, h), expand_kv(v, h)
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=None if mask is None else mask.tensor, dropout_p=dropout_p,
