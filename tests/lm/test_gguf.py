@@ -99,3 +99,28 @@ def test_wrong_tensor_shape_and_unknown_architecture(llama, tmp_path):
     extra = write_gguf(llama, tmp_path / "layers.gguf", layers=1)  # metadata says 1 layer, tensors hold 2
     with pytest.raises(LMError, match="unexpected tensor 'blk.1"):
         lm.load(extra)
+
+
+def test_hostile_metadata_sizes_are_refused_before_allocation(llama, tmp_path):
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    bad = write_gguf(llama, tmp_path / "huge.gguf", layers=10**6)
+    with pytest.raises(LMError, match="num_layers|ceiling"):
+        lm.load(bad)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB: no million-layer model
+
+
+def test_gemma3_gguf_matches_hf_with_its_sentencepiece_vocabulary(tmp_path):
+    from hf_families import write_gemma_gguf
+
+    gemma = hf_model("gemma3")
+    ours = lm.load(write_gemma_gguf(gemma, tmp_path / "gemma.gguf"))
+    ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(2))  # past the 8-key window
+    with torch.no_grad():
+        assert (ours.model(ids) - gemma(ids).logits).abs().max() < 1e-4
+    assert ours.model.config.embed_scale and ours.model.config.decoder.sliding_window == 8
+    ids = ours.encode("the cat sat")
+    assert ids[0] == 2 and ours.decode(ids[1:]) == "the cat sat"  # BOS, then SentencePiece pieces
+    assert [ours.tokenizer.id_to_token(i) for i in ids[1:]] == ["▁the", "▁cat", "▁sat"]  # whole pieces
+    assert ours.decode(ours.encode("ß", special=False)) == "ß"  # no piece for it: UTF-8 byte fallback

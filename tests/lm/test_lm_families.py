@@ -11,7 +11,7 @@ from multihead.lm import LMError
 from multihead.models.generation import generate
 from multihead.modules.capture import capture
 
-FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gpt2"]
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gpt2", "gemma3"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -46,9 +46,13 @@ def test_family_specific_parts_are_there(pair):
     if name == "qwen2":
         assert attn.w_q.bias is not None and attn.w_o.bias is None and ours.model.config.tie_embeddings
     if name != "gpt2":
-        assert attn.num_kv_heads == 2 and ours.model.config.decoder.norm == "rms"
+        assert attn.num_kv_heads == (1 if name == "gemma3" else 2) and ours.model.config.decoder.norm == "rms"
     if name == "llama":
         assert ours.model.config.decoder.rope_scaling["rope_type"] == "llama3"
+    if name == "gemma3":  # five local layers of 8 keys, the sixth global, each with its own rotary base
+        d = ours.model.config.decoder
+        assert [d.is_local(i) for i in range(6)] == [True] * 5 + [False] and d.sliding_window == 8
+        assert ours.model.decoder.layers[0].self_attn.rotary is not ours.model.decoder.layers[5].self_attn.rotary
 
 
 def test_greedy_generation_matches_hf(pair):
@@ -188,6 +192,29 @@ def test_truncated_weights_and_pickles_are_refused(tmp_path):
     (tmp_path / "m" / "pytorch_model.bin").write_bytes(b"not really")
     with pytest.raises(LMError, match="never pickled"):
         lm.load(tmp_path / "m")
+
+
+def test_local_layers_run_through_the_window_backend(pair):
+    from multihead.attention import registry
+
+    name, hf, ours = pair
+    if name != "gemma3":
+        pytest.skip("only Gemma 3 has sliding-window layers here")
+    seen = []
+    real = registry.resolve
+
+    def spy(*args, **kwargs):
+        backend = real(*args, **kwargs)
+        seen.append(backend.name)
+        return backend
+
+    registry.resolve = spy
+    try:
+        with torch.no_grad():
+            ours.model(torch.randint(0, 300, (1, 40)))
+    finally:
+        registry.resolve = real
+    assert seen.count("window") == 5 and len(seen) == 6  # the five local layers: no dense mask
 
 
 def test_sliding_window_configs_are_refused_with_the_fix(tmp_path):

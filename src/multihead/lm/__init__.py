@@ -235,7 +235,7 @@ def _load_gguf(path: Path, backend: str, progress: bool):
 
     g = gguf_file.GGUFFile(path)
     hf = gguf_file.hf_config(g)
-    family = FAMILIES["llama"]
+    family = family_of(hf)
     config = family.config(hf, backend=backend)
     expected = _expected_hf_shapes(family, config)
     _check_shapes(gguf_file.hf_shapes(g, hf), expected, str(path))

@@ -1,6 +1,10 @@
 """Model families of pretrained causal LMs: how an HF ``config.json`` becomes our :class:`CausalLMConfig`, and the
 name table between HF tensors and our parameters, in both directions (import and export share one table).
 
+Gemma 3 (``model_type`` gemma3_text) has the Llama family's names plus ``pre_feedforward_layernorm`` (-> ``norms.1``)
+and the sandwich's ``post_attention_layernorm`` / ``post_feedforward_layernorm`` (-> ``post_norms.0`` / ``.1``); its
+norms multiply by ``1 + weight``, ours by ``weight`` (the one is added on import, removed on export).
+
 Llama family (``model_type`` llama, mistral, qwen2, qwen3; HF ``LlamaForCausalLM`` and kin -> ours)::
 
     model.embed_tokens                      -> embed
@@ -193,6 +197,8 @@ def llama_problems(config: CausalLMConfig) -> list[str]:
         problems.append(f"activation {d.activation!r} (Llama family: swiglu)")
     if any(getattr(a, n) for n in ("gate", "alibi", "sinks", "differential", "talking_heads", "mla_latent")):
         problems.append("an attention variant HF's Llama family does not have")
+    if config.embed_scale or d.sandwich_norm or d.sliding_window is not None:
+        problems.append("scaled embeddings, sandwich norms or sliding-window layers (Gemma's)")
     if d.bias and d.out_bias is None:
         pass  # Llama with attention_bias
     elif d.bias and d.out_bias is not False:
@@ -203,6 +209,120 @@ def llama_problems(config: CausalLMConfig) -> list[str]:
 
 
 _LLAMA_IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.masked_bias)$")
+
+
+# ---------------------------------------------------------------------------------------------------- Gemma 3
+GEMMA3_TYPES = ("gemma3_text",)
+_GEMMA3_LAYER = [  # HF suffix under model.layers.{i}. -> ours under decoder.layers.{i}.
+    ("input_layernorm", "norms.0"), ("post_attention_layernorm", "post_norms.0"),
+    ("pre_feedforward_layernorm", "norms.1"), ("post_feedforward_layernorm", "post_norms.1"),
+    ("self_attn.q_proj", "self_attn.w_q"), ("self_attn.k_proj", "self_attn.w_k"),
+    ("self_attn.v_proj", "self_attn.w_v"), ("self_attn.o_proj", "self_attn.w_o"),
+    ("self_attn.q_norm", "self_attn.q_norm"), ("self_attn.k_norm", "self_attn.k_norm"),
+    ("mlp.gate_proj", "ffn.w_gate"), ("mlp.up_proj", "ffn.w_1"), ("mlp.down_proj", "ffn.w_2"),
+]
+
+
+def _global_every(hf: dict, layers: int) -> int:
+    """Gemma 3's layer pattern as ``global_every`` (every Nth layer global); other patterns are refused."""
+    types = hf.get("layer_types")
+    if types is None:
+        n = _int(hf, "sliding_window_pattern", 6)
+        return n
+    if not isinstance(types, list) or len(types) != layers or set(types) - {"sliding_attention", "full_attention"}:
+        raise LMError("config.json: layer_types must list 'sliding_attention' / 'full_attention' for every layer")
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    if not full:
+        return 0
+    n = full[0] + 1
+    if full != list(range(n - 1, layers, n)):
+        raise LMError(f"config.json: global layers at {full} are not every {n}th layer; only that pattern is supported")
+    return n
+
+
+def gemma3_config(hf: dict, *, backend: str = "auto") -> CausalLMConfig:
+    e, heads = _int(hf, "hidden_size"), _int(hf, "num_attention_heads")
+    layers = _int(hf, "num_hidden_layers")
+    head_dim = _int(hf, "head_dim", 256)
+    act = hf.get("hidden_activation", "gelu_pytorch_tanh")
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise LMError(f"config.json: hidden_activation {act!r} is not supported (Gemma 3: gelu_pytorch_tanh)")
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if hf.get(key) is not None:
+            raise LMError(f"config.json: {key}={hf[key]} (logit soft-capping) is not supported")
+    if hf.get("use_bidirectional_attention"):
+        raise LMError("config.json: use_bidirectional_attention=true (an embedding model) is not supported")
+    if _float(hf, "query_pre_attn_scalar", head_dim) != head_dim:
+        raise LMError(f"config.json: query_pre_attn_scalar={hf['query_pre_attn_scalar']} differs from head_dim "
+                      f"{head_dim}; only the 1/sqrt(head_dim) scale is supported")
+    attention = AttentionConfig(num_kv_heads=_int(hf, "num_key_value_heads", heads), dropout=0.0, backend=backend,
+                                head_dim=head_dim, qk_norm=True)
+    window = hf.get("sliding_window")
+    decoder = DecoderConfig(
+        d_model=e, num_heads=heads, num_layers=layers, d_ff=_int(hf, "intermediate_size"), dropout=0.0,
+        activation="geglu", norm_first=True, norm="rms", layer_norm_eps=_float(hf, "rms_norm_eps", 1e-6),
+        bias=_bool(hf, "attention_bias", False), ffn_bias=False, cross_attention=False, attention=attention,
+        rope_theta=_float(hf, "rope_theta", 1e6), rope_scaling=hf.get("rope_scaling"), sandwich_norm=True,
+        sliding_window=None if window is None else _int(hf, "sliding_window"),
+        global_every=_global_every(hf, layers) if window is not None else 0,
+        rope_local_theta=_float(hf, "rope_local_base_freq", 10000.0))
+    pad = hf.get("pad_token_id", 0)
+    return _checked(lambda: CausalLMConfig(
+        vocab_size=_int(hf, "vocab_size"), max_len=_int(hf, "max_position_embeddings", 32768), positional="rope",
+        pad_id=pad if isinstance(pad, int) and pad >= 0 else 0, embed_scale=True,
+        tie_embeddings=_bool(hf, "tie_word_embeddings", True), decoder=decoder))
+
+
+def gemma3_names(config: CausalLMConfig) -> dict[str, str]:
+    table = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "decoder.final_norm.weight"}
+    if not config.tie_embeddings:
+        table["lm_head.weight"] = "lm_head.weight"
+    for i in range(config.decoder.num_layers):
+        for hf, ours in _GEMMA3_LAYER:
+            for p in ("weight", "bias"):
+                table[f"model.layers.{i}.{hf}.{p}"] = f"decoder.layers.{i}.{ours}.{p}"
+    return table
+
+
+def _is_norm(name: str) -> bool:
+    return name.endswith(("norm.weight", "layernorm.weight"))
+
+
+def gemma3_import(tensors: dict[str, Tensor], config: CausalLMConfig) -> dict[str, Tensor]:
+    """Gemma's RMSNorm multiplies by ``1 + weight``; ours by ``weight``: the one is added here (and taken off on
+    export), in float32 as HF adds it at run time."""
+    out = _rename(tensors, gemma3_names(config), _LLAMA_IGNORED)
+    back = {v: k for k, v in gemma3_names(config).items()}
+    return {k: (v.float() + 1.0 if _is_norm(back[k]) else v) for k, v in out.items()}
+
+
+def gemma3_export(state: dict[str, Tensor], config: CausalLMConfig) -> dict[str, Tensor]:
+    back = {ours: hf for hf, ours in gemma3_names(config).items()}
+    return {back[k]: (v - 1.0 if _is_norm(back[k]) else v) for k, v in state.items() if k in back}
+
+
+def gemma3_hf_config(config: CausalLMConfig, model: CausalLM) -> dict:
+    d, a = config.decoder, config.decoder.attention
+    n = d.global_every
+    return {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": d.d_model,
+            "num_hidden_layers": d.num_layers, "num_attention_heads": d.num_heads,
+            "num_key_value_heads": a.num_kv_heads or d.num_heads, "head_dim": model.decoder.layers[0].self_attn.head_dim,
+            "query_pre_attn_scalar": model.decoder.layers[0].self_attn.head_dim,
+            "intermediate_size": model.decoder.layers[0].ffn.w_1.out_features, "hidden_activation": "gelu_pytorch_tanh",
+            "max_position_embeddings": config.max_len, "rms_norm_eps": d.layer_norm_eps, "rope_theta": d.rope_theta,
+            "rope_local_base_freq": d.rope_local_theta or d.rope_theta, "rope_scaling": d.rope_scaling,
+            "sliding_window": d.sliding_window, "tie_word_embeddings": config.tie_embeddings,
+            "layer_types": ["full_attention" if not d.is_local(i) else "sliding_attention"
+                            for i in range(d.num_layers)] if n or d.sliding_window else None,
+            "vocab_size": config.vocab_size, "attention_bias": bool(d.bias), "pad_token_id": config.pad_id,
+            "attn_logit_softcapping": None, "final_logit_softcapping": None, "torch_dtype": "float32"}
+
+
+def gemma3_problems(config: CausalLMConfig) -> list[str]:
+    d, a = config.decoder, config.decoder.attention
+    if not (config.embed_scale and d.sandwich_norm and a.qk_norm and d.activation == "geglu" and d.norm == "rms"):
+        return ["Gemma 3 has scaled embeddings, sandwich norms, QK-norm and GeGLU"]
+    return []
 
 
 # ---------------------------------------------------------------------------------------------------- GPT-2
@@ -309,6 +429,8 @@ def gpt2_problems(config: CausalLMConfig) -> list[str]:
     problems = []
     if config.positional != "learned" or d.norm != "layer" or not d.norm_first or not d.bias:
         problems.append("GPT-2 has learned positions, LayerNorm, pre-norm blocks and biases")
+    if config.embed_scale or d.sandwich_norm or d.sliding_window is not None:
+        problems.append("scaled embeddings, sandwich norms or sliding-window layers")
     if d.activation not in ("gelu_tanh", "gelu", "relu"):
         problems.append(f"activation {d.activation!r}")
     if (a.num_kv_heads or d.num_heads) != d.num_heads or a.head_dim or a.qk_norm:
@@ -362,11 +484,12 @@ class Family:
 FAMILIES = {
     "llama": Family("llama", LLAMA_TYPES, llama_config, llama_import, llama_export, llama_hf_config, llama_problems),
     "gpt2": Family("gpt2", ("gpt2",), gpt2_config, gpt2_import, gpt2_export, gpt2_hf_config, gpt2_problems),
+    "gemma3": Family("gemma3", GEMMA3_TYPES, gemma3_config, gemma3_import, gemma3_export, gemma3_hf_config,
+                     gemma3_problems),
 }
 _WHY_NOT = {
     "gemma": "Gemma scales embeddings by sqrt(d) and offsets its norms by one; not supported yet",
     "gemma2": "Gemma 2 soft-caps its logits and alternates sliding-window layers; not supported yet",
-    "gemma3_text": "Gemma 3 alternates sliding-window and global layers with two rope bases; not supported yet",
     "phi3": "Phi-3 fuses qkv and gate/up projections; not supported yet",
     "gpt_neox": "GPT-NeoX uses parallel attention/MLP blocks and partial rotary; not supported yet",
     "bert": "BERT is an encoder: load it with multihead.pretrained.load (or any command that takes minilm)",

@@ -27,6 +27,9 @@ _LAYER = {  # GGUF suffix under blk.{i}. -> HF suffix under model.layers.{i}.
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
+_GEMMA3_LAYER = {**_LAYER, "ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+                 "post_ffw_norm": "post_feedforward_layernorm"}
+_LAYERS = {"llama": _LAYER, "gemma3": _GEMMA3_LAYER}
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
            "output.weight": "lm_head.weight"}
 # pre-tokenizer regexes by tokenizer.ggml.pre, as llama.cpp applies them (llama-vocab.cpp)
@@ -109,9 +112,11 @@ class GGUFFile:
 def hf_config(g: GGUFFile) -> dict:
     """The HF ``config.json`` a GGUF file's metadata describes (``llama`` architecture)."""
     arch = g.architecture
+    if arch == "gemma3":
+        return _gemma3_config(g)
     if arch != "llama":
-        raise LMError(f"{g.path}: GGUF architecture {arch!r} is not supported; multihead reads 'llama' GGUF files "
-                      "(Llama, SmolLM2, Mistral conversions); for other models use an HF folder")
+        raise LMError(f"{g.path}: GGUF architecture {arch!r} is not supported; multihead reads 'llama' (Llama, "
+                      "SmolLM2, Mistral conversions) and 'gemma3' GGUF files; for other models use an HF folder")
 
     def need(key: str):
         value = g.get(f"llama.{key}")
@@ -154,20 +159,53 @@ def hf_config(g: GGUFFile) -> dict:
     return hf
 
 
+def _gemma3_config(g: GGUFFile) -> dict:
+    """Gemma 3's metadata as an HF ``gemma3_text`` config: every 6th layer global (llama.cpp's rule for Gemma 3),
+    the local layers' rotary base 1e4 (not stored in the file)."""
+    def need(key: str):
+        value = g.get(f"gemma3.{key}")
+        if value is None:
+            raise LMError(f"{g.path}: metadata gemma3.{key} is missing; the file is not a complete gemma3 GGUF")
+        return value
+
+    layers = need("block_count")
+    head_dim = g.get("gemma3.attention.key_length", 256)
+    if g.get("gemma3.attention.value_length", head_dim) != head_dim:
+        raise LMError(f"{g.path}: key and value widths differ; not supported")
+    tokens = g.get("tokenizer.ggml.tokens")
+    window = g.get("gemma3.attention.sliding_window")
+    return {
+        "model_type": "gemma3_text", "hidden_size": need("embedding_length"),
+        "num_attention_heads": need("attention.head_count"),
+        "num_key_value_heads": g.get("gemma3.attention.head_count_kv", need("attention.head_count")),
+        "head_dim": head_dim, "query_pre_attn_scalar": head_dim,
+        "num_hidden_layers": layers, "intermediate_size": need("feed_forward_length"),
+        "max_position_embeddings": g.get("gemma3.context_length", 32768),
+        "rms_norm_eps": float(g.get("gemma3.attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(g.get("gemma3.rope.freq_base", 1e6)), "rope_local_base_freq": 10000.0,
+        "sliding_window": window, "sliding_window_pattern": 6,
+        "vocab_size": len(tokens) if tokens else None, "tie_word_embeddings": "output.weight" not in g.tensors,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "bos_token_id": g.get("tokenizer.ggml.bos_token_id"), "eos_token_id": g.get("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": g.get("tokenizer.ggml.padding_token_id"),
+    }
+
+
 def hf_names(g: GGUFFile, layers: int) -> dict[str, str]:
     """GGUF tensor name -> HF name; an unknown tensor is refused with its name."""
+    table = _LAYERS.get(g.architecture, _LAYER)
     out = {}
     for name in g.tensors:
         if name in _GLOBAL:
             out[name] = _GLOBAL[name]
             continue
         parts = name.split(".")
-        if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER \
+        if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in table \
                 and int(parts[1]) < layers:
-            out[name] = f"model.layers.{parts[1]}.{_LAYER[parts[2]]}.{parts[3]}"
+            out[name] = f"model.layers.{parts[1]}.{table[parts[2]]}.{parts[3]}"
         else:
-            raise LMError(f"{g.path}: unexpected tensor {name!r}: not part of a {layers}-layer llama model; the "
-                          "metadata and the tensors disagree")
+            raise LMError(f"{g.path}: unexpected tensor {name!r}: not part of a {layers}-layer {g.architecture} "
+                          "model; the metadata and the tensors disagree")
     return out
 
 
@@ -191,9 +229,13 @@ def hf_tensors(g: GGUFFile, hf: dict, *, progress: bool = False):
 
     heads, kv = hf["num_attention_heads"], hf["num_key_value_heads"]
     names = hf_names(g, hf["num_hidden_layers"])
+    gemma = g.architecture == "gemma3"  # half-split rotary (no permutation); norms stored as 1 + HF's weight
     for name, hf_name in tqdm(names.items(), desc="dequantise", disable=not progress, leave=False):
         t = g.tensor(name)
-        if hf_name.endswith("self_attn.q_proj.weight"):
+        if gemma:
+            if name.endswith("norm.weight"):
+                t = t - 1.0
+        elif hf_name.endswith("self_attn.q_proj.weight"):
             t = unpermute(t, heads)
         elif hf_name.endswith("self_attn.k_proj.weight"):
             t = unpermute(t, kv)
@@ -209,9 +251,11 @@ def tokenizer(g: GGUFFile):
     from tokenizers.models import BPE
 
     kind = g.get("tokenizer.ggml.model")
+    if kind == "llama":
+        return _sentencepiece(g)
     if kind != "gpt2":
         raise LMError(f"{g.path}: tokenizer model {kind!r} is not supported; multihead rebuilds byte-level BPE "
-                      "('gpt2') tokenizers from GGUF metadata")
+                      "('gpt2') and SentencePiece ('llama') tokenizers from GGUF metadata")
     tokens, merges = g.get("tokenizer.ggml.tokens"), g.get("tokenizer.ggml.merges")
     if not tokens or merges is None:
         raise LMError(f"{g.path}: the GGUF metadata lacks tokenizer.ggml.tokens or .merges")
@@ -236,6 +280,45 @@ def tokenizer(g: GGUFFile):
     if g.get("tokenizer.ggml.add_bos_token", False) and isinstance(bos, int) and 0 <= bos < len(tokens):
         tok.post_processor = processors.TemplateProcessing(single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A $B",
                                                            special_tokens=[(tokens[bos], bos)])
+    return tok
+
+
+def _sentencepiece(g: GGUFFile):
+    """A SentencePiece vocabulary (``tokenizer.ggml.model == "llama"``, Gemma) as a ``tokenizers`` Unigram model
+    over the file's tokens and scores, with byte fallback: spaces become ``▁`` (no prefix space unless the file asks),
+    control tokens stay whole, BOS is added when the file says so. This is how HF transformers reads the same file;
+    llama.cpp merges greedily by score instead, which can split a rare word differently."""
+    from tokenizers import AddedToken, Tokenizer, decoders, normalizers, processors
+    from tokenizers.models import Unigram
+
+    tokens, scores = g.get("tokenizer.ggml.tokens"), g.get("tokenizer.ggml.scores")
+    if not tokens or scores is None or len(scores) != len(tokens):
+        raise LMError(f"{g.path}: the GGUF metadata lacks tokenizer.ggml.tokens or .scores (or they differ in length)")
+    vocab = []
+    for t, score in zip(tokens, scores):
+        if t == "<0x09>":
+            t = "\t"
+        elif t and not t.strip(" "):
+            t = "▁" * len(t)
+        vocab.append((t, float(score)))
+    unk = g.get("tokenizer.ggml.unknown_token_id", 0)
+    tok = Tokenizer(Unigram(vocab, unk_id=unk if isinstance(unk, int) and 0 <= unk < len(tokens) else 0,
+                            byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if g.get("tokenizer.ggml.add_space_prefix", False):
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+        steps.append(decoders.Strip(content=" ", left=1))
+    tok.decoder = decoders.Sequence(steps)
+    types = g.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    # control tokens (<bos>, <start_of_turn>, ...) and non-blank user-defined ones stay whole, under their own ids
+    tok.add_special_tokens([AddedToken(v[0], special=k == 3, normalized=False) for v, k in zip(vocab, types)
+                            if (k == 3 or (k == 4 and v[0].strip("▁"))) and v[0]])
+    bos = g.get("tokenizer.ggml.bos_token_id")
+    if g.get("tokenizer.ggml.add_bos_token", False) and isinstance(bos, int) and 0 <= bos < len(tokens):
+        tok.post_processor = processors.TemplateProcessing(single=f"{vocab[bos][0]} $A",
+                                                           pair=f"{vocab[bos][0]} $A $B",
+                                                           special_tokens=[(vocab[bos][0], bos)])
     return tok
 
 

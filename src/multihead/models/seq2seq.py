@@ -64,6 +64,7 @@ class CausalLMConfig:
     positional: str = "learned"
     pad_id: int = 0
     tie_embeddings: bool = True  # output projection = token embedding matrix (Press & Wolf 2017)
+    embed_scale: bool = False  # token embeddings times sqrt(d_model) (Gemma)
     decoder: DecoderConfig = field(default_factory=lambda: DecoderConfig(cross_attention=False, norm_first=True))
 
     def __post_init__(self) -> None:
@@ -127,6 +128,8 @@ class CausalLM(nn.Module):
         elif self.config.positional != "alibi":  # ALiBi has no table: any length runs (max_len: the trained one)
             check_positions(positions, self.config.max_len)
         x = self.embed(ids)  # (B, T, E)
+        if self.config.embed_scale:
+            x = x * torch.tensor(self.config.decoder.d_model ** 0.5, dtype=x.dtype)
         x = self.drop(x) if self.pos is None else self.pos(x, positions=positions)
         if rolling or (unpadded and (cache is None or cache.key_padding is None)):  # every key is a real token
             full_keep = None
@@ -140,6 +143,9 @@ class CausalLM(nn.Module):
 
     def _check_streaming(self, keep: Tensor, rolling: bool) -> None:
         what = "a streaming (sinks + window) cache" if rolling else "running past max_len (extrapolate=True)"
+        if rolling and self.config.decoder.sliding_window is not None:
+            raise ValueError("a streaming (sinks + window) cache cannot serve a model with sliding-window layers: "
+                             "their window is counted in cache slots; use the full cache")
         # no table, any length: rotary (positions computed), ALiBi (distances), none (MLA's own rotary key, or none)
         if self.config.positional not in ("rope", "alibi", "none") or (rolling and self.config.positional != "rope"):
             raise ValueError(f"{what} needs rotary positions: a {self.config.positional!r} position table has no "

@@ -14,10 +14,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from .._config import from_fields
 from ..attention.attn_mask import AttnMask
+from ..attention.patterns import SparsePattern
 from .attention import alibi_slope_values
 from .variants import LEGACY_FIELDS, AttentionConfig
 from .feedforward import NORMS, FeedForward, check_activation, make_norm
@@ -48,6 +50,10 @@ class DecoderConfig:
     ffn_bias: bool | None = None  # biases in the FFN; default `bias`
     rope_theta: float = 10000.0  # rotary base (SmolLM2: 1e5, Llama 3: 5e5)
     rope_scaling: dict | None = None  # HF's rope_scaling: {"rope_type": "linear"|"llama3"|"yarn", "factor": ...}
+    sandwich_norm: bool = False  # also normalise each sublayer's output before the residual add (Gemma 2/3)
+    sliding_window: int | None = None  # local layers: query i sees keys j with i - window < j <= i (Gemma 3)
+    global_every: int = 0  # with sliding_window: every Nth layer (index N-1, 2N-1, ...) is global; 0: none is
+    rope_local_theta: float | None = None  # the rotary base of the local layers (default rope_theta)
     # the self-attention: heads (GQA), backend, variant (gate, ALiBi, sinks, differential, talking heads, MLA); the
     # cross-attention takes its heads, dropout and backend
     attention: AttentionConfig = field(default_factory=AttentionConfig)
@@ -62,10 +68,23 @@ class DecoderConfig:
         if self.norm not in NORMS:
             raise ValueError(f"unknown norm {self.norm!r}; choose one of {NORMS}")
         check_activation(self.activation)
+        if self.sliding_window is not None and (self.sliding_window < 1 or not self.causal or self.cross_attention):
+            raise ValueError(f"sliding_window={self.sliding_window}: a causal decoder-only stack takes a window of at "
+                             "least 1 key")
+        if self.global_every < 0:
+            raise ValueError(f"global_every must be >= 0, got {self.global_every}")
+        if self.sliding_window is not None and self.attention.mla_latent:
+            raise ValueError("sliding-window layers are not supported with Multi-head Latent Attention")
         if self.rope_scaling is not None or self.rope_theta != 10000.0:
             from .positional import rope_frequencies
 
             rope_frequencies(2, self.rope_theta, self.rope_scaling)  # refuse a bad base or scaling now
+
+    def is_local(self, layer: int) -> bool:
+        """Whether ``layer`` attends through the sliding window (the others attend to every earlier key)."""
+        if self.sliding_window is None:
+            return False
+        return not (self.global_every and layer % self.global_every == self.global_every - 1)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -90,7 +109,8 @@ class DecoderBlock(nn.Module):
                  attention: AttentionConfig | None = None, activation: str = "relu", norm_first: bool = False,
                  layer_norm_eps: float = 1e-5, bias: bool = True, rotary: nn.Module | None = None,
                  cross_attention: bool = True, memory_dim: int | None = None, layer_index: int = 0,
-                 norm: str = "layer", out_bias: bool | None = None, ffn_bias: bool | None = None) -> None:
+                 norm: str = "layer", out_bias: bool | None = None, ffn_bias: bool | None = None,
+                 sandwich_norm: bool = False) -> None:
         super().__init__()
         self.norm_first = norm_first
         attention = AttentionConfig() if attention is None else attention
@@ -102,6 +122,11 @@ class DecoderBlock(nn.Module):
         self.ffn = FeedForward(d_model, d_ff, dropout, activation, ffn_bias) if d_ff != 0 else None  # 0: attention-only
         n = (3 if cross_attention else 2) - (self.ffn is None)
         self.norms = nn.ModuleList(make_norm(norm, d_model, layer_norm_eps) for _ in range(n))
+        # Gemma's sandwich: each sublayer's output normalised again before the residual add (pre-LN blocks only)
+        self.post_norms = nn.ModuleList(make_norm(norm, d_model, layer_norm_eps) for _ in range(n)) \
+            if sandwich_norm else None
+        if sandwich_norm and not norm_first:
+            raise ValueError("sandwich_norm adds output norms to pre-LN blocks: set norm_first=True")
         self.dropouts = nn.ModuleList(nn.Dropout(dropout) for _ in range(n))
         self.hook_attn_out = HookPoint()
         self.hook_cross_out = HookPoint()
@@ -127,10 +152,11 @@ class DecoderBlock(nn.Module):
                               self.hook_cross_out))
         if self.ffn is not None:
             sublayers.append((self.ffn, self.hook_mlp_out))
-        for (fn, hook), norm, drop in zip(sublayers, self.norms, self.dropouts):
+        posts = self.post_norms if self.post_norms is not None else [_identity] * len(self.norms)
+        for (fn, hook), norm, post, drop in zip(sublayers, self.norms, posts, self.dropouts):
             drop = drop if self.training else _identity  # (a module call per sublayer saved when decoding)
             if self.norm_first:
-                x = x + drop(hook(fn(norm(x))))
+                x = x + drop(hook(post(fn(norm(x)))))
             else:
                 x = norm(x + drop(hook(fn(x))))
         return self.hook_resid_post(x)
@@ -151,14 +177,21 @@ class TransformerDecoder(nn.Module):
         head_dim = config.attention.head_dim or config.d_model // config.num_heads
         rotary = RotaryEmbedding(config.attention.rotary_dim(head_dim), config.rope_theta,
                                  scaling=config.rope_scaling) if config.rotary else None
+        # local (sliding-window) layers may rotate with their own base (Gemma 3: 1e4 local, 1e6 global)
+        local_rotary = rotary
+        if config.rotary and config.sliding_window is not None and config.rope_local_theta is not None:
+            local_rotary = RotaryEmbedding(config.attention.rotary_dim(head_dim), config.rope_local_theta)
         self.layers = nn.ModuleList(
             DecoderBlock(config.d_model, config.num_heads, config.d_ff, config.dropout, attention=config.attention,
                          activation=config.activation, norm_first=config.norm_first,
-                         layer_norm_eps=config.layer_norm_eps, bias=config.bias, rotary=rotary,
+                         layer_norm_eps=config.layer_norm_eps, bias=config.bias,
+                         rotary=local_rotary if config.is_local(i) else rotary,
                          cross_attention=config.cross_attention, memory_dim=config.memory_dim, layer_index=i,
-                         norm=config.norm, out_bias=config.out_bias, ffn_bias=config.ffn_bias)
+                         norm=config.norm, out_bias=config.out_bias, ffn_bias=config.ffn_bias,
+                         sandwich_norm=config.sandwich_norm)
             for i in range(config.num_layers)
         )
+        self.local = [config.is_local(i) for i in range(config.num_layers)]
         self.final_norm = make_norm(config.norm, config.d_model, config.layer_norm_eps) if config.norm_first else None
         # ALiBi: one mask part for the whole stack, densified once per call (a pruned layer swaps in its own slopes)
         self._alibi = alibi_slope_values(config.num_heads) if config.attention.alibi else None
@@ -184,12 +217,26 @@ class TransformerDecoder(nn.Module):
         if self._alibi is not None:
             self_mask = (self_mask or AttnMask()).with_alibi(self._alibi)
         memory_mask = AttnMask.of(None, key_padding=memory_key_padding_mask)
+        local_mask = self._local_mask(x.shape[1], cache, key_padding_mask, x.device) if any(self.local) else None
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.self_attn[i], cache.cross_attn[i])
-            x = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask, cache=layer_cache, positions=positions,
+            x = layer(x, memory, self_mask=local_mask if self.local[i] else self_mask, memory_mask=memory_mask,
+                      cache=layer_cache, positions=positions,
                       head_mask=None if head_mask is None else head_mask[i],
                       cross_head_mask=None if cross_head_mask is None else cross_head_mask[i])
         return x if self.final_norm is None else self.final_norm(x)
+
+    def _local_mask(self, new: int, cache: KVCache | None, key_padding: Tensor | None, device) -> AttnMask:
+        """The sliding-window layers' mask, built once per call: a causal window pattern (run by the sparse window
+        backend, never densified) when the call holds every key; the same band as a small ``(new, keys)`` mask
+        when earlier keys sit in a cache (decoding steps)."""
+        w = self.config.sliding_window
+        cached = 0 if cache is None else cache.self_attn[0].length
+        if cached == 0:
+            return AttnMask.of(SparsePattern(window=w - 1, causal=True), key_padding=key_padding)
+        q = torch.arange(cached, cached + new, device=device)[:, None]
+        k = torch.arange(cached + new, device=device)[None, :]
+        return AttnMask.of((k <= q) & (k > q - w), key_padding=key_padding)  # (new, cached + new)
 
     @property
     def num_heads(self) -> list[int]:
