@@ -216,10 +216,30 @@ def test_local_layers_run_through_the_window_backend(tmp_path):
     assert seen.count("window") == 5 and len(seen) == 6  # the five local layers: no dense mask
 
 
-def test_sliding_window_configs_are_refused_with_the_fix(tmp_path):
-    config = {"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
-              "intermediate_size": 96, "vocab_size": 300, "max_position_embeddings": 8192, "sliding_window": 4096}
-    with pytest.raises(LMError, match="sliding_window"):
+def test_mistral_with_a_sliding_window_matches_hf_past_the_window(tmp_path):
+    import transformers
+
+    model = hf_model("mistral", sliding_window=8)
+    model.save_pretrained(tmp_path / "in")
+    ours = lm.load(tmp_path / "in")
+    assert ours.model.config.decoder.sliding_window == 8
+    ids = torch.randint(0, 300, (2, 40))
+    with torch.no_grad():
+        assert (ours.model(ids) - model(ids).logits).abs().max() < 1e-4
+        prompt = ids[:1, :6]
+        ref = model.generate(prompt, max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
+    assert generate(ours.model, prompt, None, max_new_tokens=20).tokens[0] == ref[0, 6:].tolist()  # window steps
+    back = transformers.AutoModelForCausalLM.from_pretrained(lm.export(ours.model, tmp_path / "out")).eval()
+    assert back.config.sliding_window == 8
+    with torch.no_grad():
+        assert (back(ids).logits - ours.model(ids)).abs().max() < 1e-4
+
+
+def test_qwen2_layer_split_windows_are_refused_with_the_fix(tmp_path):
+    config = {"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+              "intermediate_size": 96, "vocab_size": 300, "max_position_embeddings": 8192, "sliding_window": 4096,
+              "use_sliding_window": True}
+    with pytest.raises(LMError, match="use_sliding_window"):
         lm.load(_folder(tmp_path, config))
 
 

@@ -120,11 +120,10 @@ def llama_config(hf: dict, *, backend: str = "auto") -> CausalLMConfig:
                       "set it to 1 (the weights are the same)")
     max_len = _int(hf, "max_position_embeddings", 4096)
     window = hf.get("sliding_window")
-    uses_window = kind == "mistral" or hf.get("use_sliding_window", False)
-    if window is not None and uses_window and _int(hf, "sliding_window") < max_len:
-        raise LMError(f"config.json: sliding_window={window} is below max_position_embeddings={max_len}; sliding-"
-                      "window attention in a causal LM is not supported yet: set sliding_window to null (Mistral "
-                      "v0.2 and later have none) or use max_position_embeddings <= the window")
+    if window is not None and kind != "mistral" and hf.get("use_sliding_window", False):
+        raise LMError(f"config.json: use_sliding_window with max_window_layers (Qwen2's layer split) is not "
+                      "supported; set use_sliding_window to false")
+    window = _int(hf, "sliding_window") if window is not None and kind == "mistral" else None  # every layer
     # Qwen2 puts biases on q, k, v but not on the output; Llama's attention_bias covers all four
     qkv_bias = True if kind == "qwen2" else _bool(hf, "attention_bias", False)
     out_bias = False if kind == "qwen2" else qkv_bias
@@ -135,7 +134,7 @@ def llama_config(hf: dict, *, backend: str = "auto") -> CausalLMConfig:
         dropout=0.0, activation=_LLAMA_ACT[act], norm_first=True, norm="rms",
         layer_norm_eps=_float(hf, "rms_norm_eps", 1e-6), bias=qkv_bias, out_bias=out_bias,
         ffn_bias=_bool(hf, "mlp_bias", False), cross_attention=False, attention=attention,
-        rope_theta=_float(hf, "rope_theta", 10000.0), rope_scaling=hf.get("rope_scaling"))
+        rope_theta=_float(hf, "rope_theta", 10000.0), rope_scaling=hf.get("rope_scaling"), sliding_window=window)
     pad = hf.get("pad_token_id")
     pad = hf.get("eos_token_id") if not isinstance(pad, int) else pad
     return _checked(lambda: CausalLMConfig(
@@ -167,10 +166,11 @@ def llama_export(state: dict[str, Tensor], config: CausalLMConfig) -> dict[str, 
 def llama_hf_config(config: CausalLMConfig, model: CausalLM) -> dict:
     d, a = config.decoder, config.decoder.attention
     first = model.decoder.layers[0].self_attn
-    kind = "qwen3" if a.qk_norm else "qwen2" if d.bias and d.out_bias is False else "llama"
+    kind = "qwen3" if a.qk_norm else "qwen2" if d.bias and d.out_bias is False else \
+        "mistral" if d.sliding_window is not None else "llama"
     hf = {
-        "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                           "qwen3": "Qwen3ForCausalLM"}[kind]],
+        "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                           "mistral": "MistralForCausalLM"}[kind]],
         "model_type": kind, "hidden_size": d.d_model, "num_hidden_layers": d.num_layers,
         "num_attention_heads": d.num_heads, "num_key_value_heads": a.num_kv_heads or d.num_heads,
         "head_dim": first.head_dim, "intermediate_size": model.decoder.layers[0].ffn.w_1.out_features,
@@ -184,7 +184,7 @@ def llama_hf_config(config: CausalLMConfig, model: CausalLM) -> dict:
         hf.pop("attention_bias")
         hf.pop("mlp_bias")
         hf["use_sliding_window"] = False
-        hf["sliding_window"] = None
+        hf["sliding_window"] = d.sliding_window
     return hf
 
 
@@ -197,8 +197,10 @@ def llama_problems(config: CausalLMConfig) -> list[str]:
         problems.append(f"activation {d.activation!r} (Llama family: swiglu)")
     if any(getattr(a, n) for n in ("gate", "alibi", "sinks", "differential", "talking_heads", "mla_latent")):
         problems.append("an attention variant HF's Llama family does not have")
-    if config.embed_scale or d.sandwich_norm or d.sliding_window is not None:
-        problems.append("scaled embeddings, sandwich norms or sliding-window layers (Gemma's)")
+    if config.embed_scale or d.sandwich_norm or (d.sliding_window is not None and d.global_every):
+        problems.append("scaled embeddings, sandwich norms or local and global layers (Gemma's)")
+    if d.sliding_window is not None and (d.bias or a.qk_norm):
+        problems.append("a sliding window with Qwen's biases or QK-norm (only Mistral has one)")
     if d.bias and d.out_bias is None:
         pass  # Llama with attention_bias
     elif d.bias and d.out_bias is not False:
