@@ -199,8 +199,24 @@ def _call_info(q: Tensor, k: Tensor, mask: AttnMask | None, dropout_p: float, ne
     )
 
 
+_RESOLVED: dict = {}  # (name, call, registered names) -> backend: a stack's layers make the same call in turn
+
+
 def resolve(name: str, call: CallInfo) -> Backend:
-    """The backend that will run ``call``: ``name`` itself, or for ``auto`` the best capable one."""
+    """The backend that will run ``call``: ``name`` itself, or for ``auto`` the best capable one. Answers are
+    remembered per call description and set of registered backends (a decoding step's 30 layers ask once)."""
+    key = (name, call, tuple(_REGISTRY))
+    found = _RESOLVED.get(key)
+    if found is not None and _REGISTRY.get(found.name) is found:
+        return found
+    backend = _resolve(name, call)
+    if len(_RESOLVED) > 256:
+        _RESOLVED.clear()
+    _RESOLVED[key] = backend
+    return backend
+
+
+def _resolve(name: str, call: CallInfo) -> Backend:
     if name != "auto":
         backend = get_backend(name)
         reason = backend.why_not(replace(call, exact=False))  # naming an approximate backend is a choice

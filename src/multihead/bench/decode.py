@@ -195,8 +195,6 @@ def run(*, lengths=None, impls=None, threads=None, out: Path | None = None, min_
             r["cached_speedup"] = r["seconds_min"] / ref["seconds_min"]
     config = {**shape, "prompt": PROMPT, "device": device, "dtype": dtype}
     if pretrained:
-        from .. import lm
-
         c = _pretrained(shape["pretrained"], "cached").config
         config.update(d_model=c.decoder.d_model, layers=c.decoder.num_layers, heads=c.decoder.num_heads,
                       d_ff=c.decoder.d_ff, vocab=c.vocab_size, positional=c.positional)

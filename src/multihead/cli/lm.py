@@ -72,7 +72,7 @@ def cmd_sinks(args) -> int:
     """``multihead sinks RUN``: StreamingLLM's three caches on held-out text longer than the trained rows."""
     import torch
 
-    from .._io import Publish, atomic_write_json, check_target
+    from .._io import check_target
     from ..interpret import streaming as S
     from ..train import tasks
     from ..train.pretrain import held_out_rows, load_pretrain_run
@@ -104,12 +104,7 @@ def cmd_sinks(args) -> int:
     rows = held_out_rows(run, length)[: args.texts]
     result = S.compare(run.model, rows.long(), window=window, sinks=args.sinks, band=band)
     result["model"] = str(args.run)
-    print(S.format_table(result))
-    if args.out:
-        with Publish(args.out, "sinks", overwrite=args.overwrite, sources=(args.run,)) as folder:
-            atomic_write_json(folder / "sinks.json", result)
-            S.plot(result, folder / "sinks.png")
-        print(f"wrote {Path(args.out) / 'sinks.json'} and sinks.png")
+    S.report(result, args.out, overwrite=args.overwrite, sources=(args.run,))
     return 0
 
 

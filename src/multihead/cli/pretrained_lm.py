@@ -59,7 +59,7 @@ def generate(args) -> int:
 
 def sinks(args) -> int:
     """StreamingLLM's three caches on held-out IMDB text (concatenated reviews) far longer than the window."""
-    from .._io import Publish, atomic_write_json, check_target
+    from .._io import check_target
     from ..heads.lm import held_out_rows
     from ..interpret import streaming as S
 
@@ -76,12 +76,7 @@ def sinks(args) -> int:
     result = S.compare(p.model, rows, window=window, sinks=args.sinks, band=band, progress=True)
     result["model"] = str(args.run)
     result["data"] = "imdb test split, reviews concatenated"
-    print(S.format_table(result))
-    if args.out:
-        with Publish(args.out, "sinks", overwrite=args.overwrite, sources=(args.run,)) as folder:
-            atomic_write_json(folder / "sinks.json", result)
-            S.plot(result, folder / "sinks.png")
-        print(f"wrote {Path(args.out) / 'sinks.json'} and sinks.png")
+    S.report(result, args.out, overwrite=args.overwrite, sources=(args.run,))
     return 0
 
 

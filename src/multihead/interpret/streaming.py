@@ -124,4 +124,18 @@ def plot(result: dict, path) -> None:
     plt.close(fig)
 
 
-__all__ = ["POLICIES", "compare", "format_table", "plot", "stream"]
+def report(result: dict, out, *, overwrite: bool = False, sources: tuple = ()) -> None:
+    """Print the table and, with ``out``, write ``sinks.json`` and ``sinks.png`` there (built aside, swapped in)."""
+    from pathlib import Path
+
+    from .._io import Publish, atomic_write_json
+
+    print(format_table(result))
+    if out:
+        with Publish(out, "sinks", overwrite=overwrite, sources=sources) as folder:
+            atomic_write_json(folder / "sinks.json", result)
+            plot(result, folder / "sinks.png")
+        print(f"wrote {Path(out) / 'sinks.json'} and sinks.png")
+
+
+__all__ = ["POLICIES", "compare", "format_table", "plot", "report", "stream"]

@@ -121,7 +121,7 @@ def llama_config(hf: dict, *, backend: str = "auto") -> CausalLMConfig:
     max_len = _int(hf, "max_position_embeddings", 4096)
     window = hf.get("sliding_window")
     if window is not None and kind != "mistral" and hf.get("use_sliding_window", False):
-        raise LMError(f"config.json: use_sliding_window with max_window_layers (Qwen2's layer split) is not "
+        raise LMError("config.json: use_sliding_window with max_window_layers (Qwen2's layer split) is not "
                       "supported; set use_sliding_window to false")
     window = _int(hf, "sliding_window") if window is not None and kind == "mistral" else None  # every layer
     # Qwen2 puts biases on q, k, v but not on the output; Llama's attention_bias covers all four
@@ -143,15 +143,20 @@ def llama_config(hf: dict, *, backend: str = "auto") -> CausalLMConfig:
         tie_embeddings=_bool(hf, "tie_word_embeddings", False), decoder=decoder))  # HF default: untied
 
 
-def llama_names(config: CausalLMConfig) -> dict[str, str]:
+def _layer_names(config: CausalLMConfig, layer: list[tuple[str, str]]) -> dict[str, str]:
+    """HF name -> ours for a model with HF's ``model.layers.{i}`` layout and the per-layer table ``layer``."""
     table = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "decoder.final_norm.weight"}
     if not config.tie_embeddings:
         table["lm_head.weight"] = "lm_head.weight"
     for i in range(config.decoder.num_layers):
-        for hf, ours in _LLAMA_LAYER:
+        for hf, ours in layer:
             for p in ("weight", "bias"):
                 table[f"model.layers.{i}.{hf}.{p}"] = f"decoder.layers.{i}.{ours}.{p}"
     return table
+
+
+def llama_names(config: CausalLMConfig) -> dict[str, str]:
+    return _layer_names(config, _LLAMA_LAYER)
 
 
 def llama_import(tensors: dict[str, Tensor], config: CausalLMConfig) -> dict[str, Tensor]:
@@ -276,14 +281,7 @@ def gemma3_config(hf: dict, *, backend: str = "auto") -> CausalLMConfig:
 
 
 def gemma3_names(config: CausalLMConfig) -> dict[str, str]:
-    table = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "decoder.final_norm.weight"}
-    if not config.tie_embeddings:
-        table["lm_head.weight"] = "lm_head.weight"
-    for i in range(config.decoder.num_layers):
-        for hf, ours in _GEMMA3_LAYER:
-            for p in ("weight", "bias"):
-                table[f"model.layers.{i}.{hf}.{p}"] = f"decoder.layers.{i}.{ours}.{p}"
-    return table
+    return _layer_names(config, _GEMMA3_LAYER)
 
 
 def _is_norm(name: str) -> bool:
