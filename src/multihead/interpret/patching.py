@@ -1,0 +1,250 @@
+"""Causal interventions on attention heads, through the hook points every multihead model has (``hook_z``: each
+head's output before the output projection, ``(B, H, L, D)``): ablation, activation patching of every head in
+batched passes, and attribution patching from one forward and one backward pass.
+
+Definitions (each checked by a test against its plain form):
+
+* **ablation** of heads -- their ``z`` replaced by zeros (= ``head_mask`` 0), by their mean over a reference batch,
+  or by their value on other inputs (resampling);
+* **activation patching** (Vig et al. 2020; Meng et al. 2022; Wang et al. 2022) -- run the *corrupted* input with
+  one head's ``z`` taken from the *clean* run; the head's effect is ``metric(patched) - metric(corrupted)``. All heads
+  are patched in batched passes: row ``r`` of a batch of copies of the corrupted input has head ``r`` patched, and
+  one extra unpatched row in every batch is the baseline, so an effect is a difference of two rows of one pass;
+* **attribution patching** (Nanda 2023; Syed et al. 2023) -- the first-order estimate of every head's effect,
+  ``sum (z_clean - z_corrupt) * d metric / d z`` at the corrupted run: one forward and one backward pass for all
+  heads. Exact where the metric is linear in ``z``; elsewhere compare it with activation patching.
+
+``model`` is any multihead model; ``run(model, inputs)`` turns inputs into the output the metric reads (default
+``model(inputs)``, e.g. a CausalLM's logits ``(B, T, V)``); ``metric(output) -> (B,)`` one number per row.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from ..modules.capture import attention_modules, capture
+
+
+def _run(model, inputs):
+    return model(inputs)
+
+
+def _repeat(inputs, n: int):
+    """``inputs`` (a tensor with batch 1, or a tuple of them) repeated ``n`` times along the batch axis."""
+    if isinstance(inputs, tuple):
+        return tuple(_repeat(t, n) for t in inputs)
+    if not isinstance(inputs, Tensor) or inputs.shape[0] != 1:
+        raise ValueError(f"activation patching takes one clean and one corrupted input (batch 1), got shape "
+                         f"{getattr(inputs, 'shape', type(inputs).__name__)}")
+    return inputs.expand(n, *inputs.shape[1:]).contiguous()
+
+
+def _check_pair(clean, corrupt) -> None:
+    a = clean if not isinstance(clean, tuple) else clean[0]
+    b = corrupt if not isinstance(corrupt, tuple) else corrupt[0]
+    if tuple(a.shape) != tuple(b.shape):
+        raise ValueError(f"the clean and corrupted inputs must have the same shape to patch position by position: "
+                         f"clean {tuple(a.shape)} ({a.shape[-1]} tokens), corrupted {tuple(b.shape)} "
+                         f"({b.shape[-1]} tokens); pad or rephrase one of them to the other's length")
+
+
+def _metric(metric, out, rows: int) -> Tensor:
+    value = metric(out)
+    if not isinstance(value, Tensor) or value.shape != (rows,):
+        raise ValueError(f"the metric must return one number per batch row, a tensor of shape ({rows},); got "
+                         f"{tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__}")
+    if not bool(torch.isfinite(value).all()):
+        raise ValueError("the metric is not finite on these inputs (NaN or inf); check the answer tokens and the "
+                         "metric function")
+    return value
+
+
+def head_outputs(model: nn.Module, inputs, *, run: Callable = _run) -> list[Tensor]:
+    """Every attention layer's per-head outputs ``z`` ``(B, H, L, D)`` on ``inputs``, in layer order."""
+    with capture(model, ("z",), to_cpu=False) as cache, torch.no_grad():
+        run(model, inputs)
+    return [cache.get_layer("z", i) for i in range(len(cache.attention_modules))]
+
+
+def _check_heads(model, heads: dict[int, list[int]]) -> list[tuple[str, nn.Module]]:
+    mods = attention_modules(model)
+    for layer, hs in heads.items():
+        if not 0 <= int(layer) < len(mods):
+            raise ValueError(f"layer {layer} does not exist: the model has {len(mods)} attention layers (0.."
+                             f"{len(mods) - 1})")
+        h = mods[int(layer)][1].num_heads
+        bad = [x for x in hs if not 0 <= int(x) < h]
+        if bad:
+            raise ValueError(f"heads {bad} of layer {layer} do not exist: it has {h} heads (0..{h - 1})")
+    return mods
+
+
+@contextmanager
+def ablated(model: nn.Module, heads: dict[int, list[int]], mode: str = "zero", *, reference=None,
+            run: Callable = _run) -> Iterator[None]:
+    """Inside the block, ``heads`` (``{layer: [head, ...]}``) are ablated on every forward pass: ``zero``, ``mean``
+    (their mean ``z`` over the batch and positions of ``reference`` inputs) or ``resample`` (their ``z`` on
+    ``reference`` inputs, which must have the batch shape of the inputs run inside)."""
+    if mode not in ("zero", "mean", "resample"):
+        raise ValueError(f"unknown ablation {mode!r}; choose zero, mean or resample")
+    mods = _check_heads(model, heads)
+    if mode != "zero" and reference is None:
+        raise ValueError(f"{mode} ablation needs reference= inputs (the activations to put in the heads' place)")
+    ref = head_outputs(model, reference, run=run) if mode != "zero" else None
+    handles = []
+
+    def hook_for(layer: int, hs: list[int]):
+        def edit(z: Tensor, hook) -> Tensor:
+            z = z.clone()
+            if mode == "zero":
+                z[:, hs] = 0
+            elif mode == "mean":
+                z[:, hs] = ref[layer][:, hs].mean(dim=(0, 2), keepdim=True).to(z.dtype)
+            else:
+                if ref[layer].shape != z.shape:
+                    raise ValueError(f"resample ablation needs reference inputs of the same batch shape: reference "
+                                     f"{tuple(ref[layer].shape)} vs inputs {tuple(z.shape)}")
+                z[:, hs] = ref[layer][:, hs].to(z.dtype)
+            return z
+        return edit
+
+    try:
+        for layer, hs in heads.items():
+            handles.append(mods[int(layer)][1].hook_z.add_hook(hook_for(int(layer), [int(h) for h in hs])))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@torch.no_grad()
+def activation_patching(model: nn.Module, clean, corrupt, metric: Callable[[object], Tensor], *,
+                        run: Callable = _run, batch_size: int = 32, per_position: bool = False) -> dict:
+    """Every head's effect when its ``z`` is copied from the clean run into the corrupted one (see the module
+    docstring); with ``per_position``, every head at every position separately. Returns ``{"effect": (layers, H)``
+    (or ``(layers, H, L)``), ``"clean"``, ``"corrupt"``: the metric on each input}``."""
+    _check_pair(clean, corrupt)
+    model.eval()
+    mods = attention_modules(model)
+    clean_z = head_outputs(model, clean, run=run)
+    heads = [m.num_heads for _, m in mods]
+    length = clean_z[0].shape[2]
+    jobs = [(l, h, p) for l in range(len(mods)) for h in range(heads[l])
+            for p in (range(length) if per_position else [None])]
+    values = torch.empty(len(jobs))
+    base_clean = float(_metric(metric, run(model, clean), 1)[0])
+    step = max(1, batch_size - 1)
+    corrupt_value = None
+    for start in range(0, len(jobs), step):
+        chunk = jobs[start:start + step]
+        rows = len(chunk) + 1  # the last row stays unpatched: the baseline of this pass
+        by_layer: dict[int, list[tuple[int, int, int | None]]] = {}
+        for r, (l, h, p) in enumerate(chunk):
+            by_layer.setdefault(l, []).append((r, h, p))
+        handles = []
+
+        def hook_for(layer: int, items):
+            def edit(z: Tensor, hook) -> Tensor:
+                z = z.clone()
+                src = clean_z[layer][0]  # (H, L, D)
+                for r, h, p in items:
+                    if p is None:
+                        z[r, h] = src[h]
+                    else:
+                        z[r, h, p] = src[h, p]
+                return z
+            return edit
+
+        try:
+            for layer, items in by_layer.items():
+                handles.append(mods[layer][1].hook_z.add_hook(hook_for(layer, items)))
+            value = _metric(metric, run(model, _repeat(corrupt, rows)), rows)
+        finally:
+            for h in handles:
+                h.remove()
+        values[start:start + len(chunk)] = value[:-1] - value[-1]
+        corrupt_value = float(value[-1])
+    shape = (len(mods), max(heads), length) if per_position else (len(mods), max(heads))
+    effect = torch.full(shape, float("nan"))
+    for (l, h, p), v in zip(jobs, values.tolist()):
+        effect[(l, h) if p is None else (l, h, p)] = v
+    return {"effect": effect, "clean": base_clean, "corrupt": corrupt_value}
+
+
+def attribution_patching(model: nn.Module, clean, corrupt, metric: Callable[[object], Tensor], *,
+                         run: Callable = _run) -> dict:
+    """First-order estimates of every head's patching effect from one forward and one backward pass on the
+    corrupted input: ``sum over positions and dims of (z_clean - z_corrupt) * d metric / d z``. Returns
+    ``{"effect": (layers, H), "corrupt": metric}``; no parameter gradient is kept."""
+    _check_pair(clean, corrupt)
+    model.eval()
+    mods = attention_modules(model)
+    clean_z = head_outputs(model, clean, run=run)
+    leaves: dict[int, Tensor] = {}
+    handles = []
+
+    def hook_for(layer: int):
+        def edit(z: Tensor, hook) -> Tensor:
+            leaf = z.detach().requires_grad_(True)  # the graph from here on; nothing before it is kept
+            leaves[layer] = leaf
+            return leaf
+        return edit
+
+    wanted = [p.requires_grad for p in model.parameters()]
+    try:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for i, (_, mod) in enumerate(mods):
+            handles.append(mod.hook_z.add_hook(hook_for(i)))
+        with torch.enable_grad():
+            value = _metric(metric, run(model, corrupt), 1)
+            value.sum().backward()
+    finally:
+        for h in handles:
+            h.remove()
+        for p, w in zip(model.parameters(), wanted):
+            p.requires_grad_(w)
+    heads = max(m.num_heads for _, m in mods)
+    effect = torch.full((len(mods), heads), float("nan"))
+    for i, leaf in leaves.items():
+        grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        est = ((clean_z[i].to(leaf.dtype) - leaf.detach()) * grad).sum(dim=(0, 2, 3))  # (H,)
+        effect[i, :est.shape[0]] = est.float()
+    return {"effect": effect, "corrupt": float(value.detach()[0])}
+
+
+# ---------------------------------------------------------------------------------------------------- metrics
+def logit_diff(answer: int, wrong: int, position: int = -1) -> Callable[[Tensor], Tensor]:
+    """``logits[:, position, answer] - logits[:, position, wrong]`` of a CausalLM's ``(B, T, V)`` logits."""
+    def metric(logits: Tensor) -> Tensor:
+        return (logits[:, position, answer] - logits[:, position, wrong]).float()
+    return metric
+
+
+def token_probability(answer: int, position: int = -1) -> Callable[[Tensor], Tensor]:
+    def metric(logits: Tensor) -> Tensor:
+        return logits[:, position].float().softmax(-1)[:, answer]
+    return metric
+
+
+@torch.no_grad()
+def logit_lens(model, ids: Tensor) -> list[Tensor]:
+    """A CausalLM's next-token logits read from the residual stream after every layer (``hook_resid_post``)
+    through the final norm and the output projection: ``(B, T, V)`` per layer. The last equals the model's logits."""
+    blocks = model.decoder.layers
+    seen: list[Tensor] = []
+    handles = [b.hook_resid_post.add_hook(lambda t, hook: seen.append(t.detach())) for b in blocks]
+    try:
+        model(ids)
+    finally:
+        for h in handles:
+            h.remove()
+    norm = model.decoder.final_norm
+    return [model.lm_head(norm(x) if norm is not None else x) for x in seen]
+
+
+__all__ = ["ablated", "activation_patching", "attribution_patching", "head_outputs", "logit_diff", "logit_lens",
+           "token_probability"]

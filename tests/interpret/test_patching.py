@@ -1,0 +1,150 @@
+"""Interventions on heads against their definitions, written here: a head patched with its own activation changes
+nothing; every head of a layer patched = the layer's attention output patched; zero ablation = head_mask; batched
+patching = one head at a time; attribution patching = exact patching where the metric is linear in z; the logit
+lens's last layer = the logits; bad input named."""
+import pytest
+import torch
+from torch import nn
+
+from multihead.interpret import patching as P
+from multihead.models.seq2seq import CausalLM, CausalLMConfig
+from multihead.modules import MultiHeadAttention
+from multihead.modules.decoder import DecoderConfig
+from multihead.modules.variants import AttentionConfig
+
+
+@pytest.fixture(scope="module")
+def lm():
+    torch.manual_seed(0)
+    config = CausalLMConfig(vocab_size=40, max_len=32, positional="rope", decoder=DecoderConfig(
+        d_model=32, num_heads=4, num_layers=2, cross_attention=False, norm_first=True, dropout=0.0, norm="rms",
+        activation="swiglu", attention=AttentionConfig(num_kv_heads=2)))
+    return CausalLM(config).eval()
+
+
+def _pair():
+    g = torch.Generator().manual_seed(1)
+    clean = torch.randint(0, 40, (1, 12), generator=g)
+    corrupt = clean.clone()
+    corrupt[0, 3] = (clean[0, 3] + 7) % 40  # one token changed
+    return clean, corrupt
+
+
+def test_patching_a_head_with_its_own_activation_changes_nothing(lm):
+    clean, _ = _pair()
+    r = P.activation_patching(lm, clean, clean, P.logit_diff(5, 6), batch_size=5)
+    assert torch.equal(r["effect"], torch.zeros(2, 4))  # exactly: each effect is two rows of one pass
+    r = P.activation_patching(lm, clean, clean, P.logit_diff(5, 6), per_position=True)
+    assert r["effect"].shape == (2, 4, 12) and torch.equal(r["effect"], torch.zeros(2, 4, 12))
+
+
+def test_batched_patching_equals_one_head_at_a_time(lm):
+    clean, corrupt = _pair()
+    metric = P.logit_diff(5, 6)
+    r = P.activation_patching(lm, clean, corrupt, metric, batch_size=3)  # several passes of 2 heads + baseline
+    with torch.no_grad():
+        base = float(metric(lm(corrupt))[0])
+        assert abs(r["corrupt"] - base) < 1e-5 and abs(r["clean"] - float(metric(lm(clean))[0])) < 1e-5
+        for layer, head in ((0, 1), (1, 3)):
+            with P.ablated(lm, {layer: [head]}, "resample", reference=clean):  # its z from the clean run
+                one = float(metric(lm(corrupt))[0])
+            assert abs((one - base) - float(r["effect"][layer, head])) < 1e-5
+    assert r["effect"].abs().max() > 0
+
+
+def test_every_head_of_a_layer_equals_the_layers_attention_output(lm):
+    clean, corrupt = _pair()
+    metric = P.logit_diff(5, 6)
+    block = lm.decoder.layers[1]
+    with torch.no_grad():
+        kept = {}
+        h = block.hook_attn_out.add_hook(lambda t, hook: kept.setdefault("out", t.clone()))
+        lm(clean)
+        h.remove()
+        h = block.hook_attn_out.add_hook(lambda t, hook: kept["out"])
+        via_output = float(metric(lm(corrupt))[0])
+        h.remove()
+        with P.ablated(lm, {1: [0, 1, 2, 3]}, "resample", reference=clean):
+            via_heads = float(metric(lm(corrupt))[0])
+    assert abs(via_output - via_heads) < 1e-5
+
+
+def test_zero_ablation_is_head_mask(lm):
+    ids, _ = _pair()
+    mask = torch.ones(2, 4)
+    mask[0, 2] = mask[1, 0] = 0
+    with torch.no_grad():
+        with P.ablated(lm, {0: [2], 1: [0]}, "zero"):
+            ablated = lm(ids)
+        assert torch.equal(ablated, lm(ids, head_mask=mask))
+
+
+def test_mean_ablation_uses_the_reference_mean(lm):
+    ids, other = _pair()
+    ref = torch.cat([ids, other])
+    z = P.head_outputs(lm, ref)[0][:, 1].mean(dim=(0, 1))  # layer 0, head 1: mean over batch and positions
+    seen = {}
+    with torch.no_grad(), P.ablated(lm, {0: [1]}, "mean", reference=ref):
+        h = lm.decoder.layers[0].self_attn.w_o.register_forward_pre_hook(lambda m, a: seen.setdefault("z", a[0]))
+        lm(ids)
+        h.remove()
+    z_in = seen["z"].view(1, 12, 4, 8)[0, :, 1]  # (L, D) of head 1 as the output projection reads it
+    assert torch.allclose(z_in, z.expand(12, 8), atol=1e-6)
+
+
+class _LinearReadout(nn.Module):
+    """One attention layer read out linearly: the metric is linear in every head's z."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = MultiHeadAttention(16, 4)
+        self.readout = nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.readout(self.attn(x, need_weights=False)[0])[..., 0]  # (B, L)
+
+
+def test_attribution_patching_is_exact_where_the_metric_is_linear_in_z():
+    torch.manual_seed(0)
+    model = _LinearReadout().eval()
+    clean, corrupt = torch.randn(1, 6, 16), torch.randn(1, 6, 16)
+    # patching z changes only the output projection's input (q, k, v come from the input): linear in z
+    metric = lambda out: out[:, -1] + out[:, 2]  # noqa: E731
+    exact = P.activation_patching(model, clean, corrupt, metric)["effect"]
+    approx = P.attribution_patching(model, clean, corrupt, metric)["effect"]
+    assert torch.allclose(exact, approx, atol=1e-5) and exact.abs().max() > 1e-3
+    assert all(p.requires_grad and p.grad is None for p in model.parameters())  # no parameter gradient kept
+
+
+def test_attribution_patching_on_a_language_model_tracks_exact_patching(lm):
+    clean, corrupt = _pair()
+    metric = P.logit_diff(5, 6)
+    exact = P.activation_patching(lm, clean, corrupt, metric)["effect"].flatten()
+    approx = P.attribution_patching(lm, clean, corrupt, metric)["effect"].flatten()
+    assert torch.corrcoef(torch.stack([exact, approx]))[0, 1] > 0.5  # an estimate: same direction, not equal
+
+
+def test_logit_lens_last_layer_is_the_logits(lm):
+    ids, _ = _pair()
+    lens = P.logit_lens(lm, ids)
+    with torch.no_grad():
+        assert len(lens) == 2 and torch.allclose(lens[-1], lm(ids), atol=1e-5)
+
+
+def test_bad_input_is_named(lm):
+    clean, corrupt = _pair()
+    with pytest.raises(ValueError, match=r"clean \(1, 12\) \(12 tokens\), corrupted \(1, 9\) \(9 tokens\)"):
+        P.activation_patching(lm, clean, corrupt[:, :9], P.logit_diff(5, 6))
+    with pytest.raises(ValueError, match="heads \\[7\\] of layer 1 do not exist: it has 4 heads"):
+        with P.ablated(lm, {1: [7]}):
+            pass
+    with pytest.raises(ValueError, match="layer 5 does not exist"):
+        with P.ablated(lm, {5: [0]}):
+            pass
+    with pytest.raises(ValueError, match="not finite"):
+        P.activation_patching(lm, clean, corrupt, lambda out: out[:, -1, 0] * float("nan"))
+    with pytest.raises(ValueError, match="one number per batch row"):
+        P.attribution_patching(lm, clean, corrupt, lambda out: out.sum())
+    with pytest.raises(ValueError, match="reference="):
+        with P.ablated(lm, {0: [0]}, "mean"):
+            pass
