@@ -148,3 +148,45 @@ def test_bad_input_is_named(lm):
     with pytest.raises(ValueError, match="reference="):
         with P.ablated(lm, {0: [0]}, "mean"):
             pass
+
+
+def test_path_patching_without_senders_changes_nothing(lm):
+    clean, corrupt = _pair()
+    r = P.path_patching(lm, clean, corrupt, P.logit_diff(5, 6), senders={}, receivers={1: [0, 1, 2, 3]},
+                        through=("q", "k", "v"))
+    assert r["effect"] == 0.0
+
+
+def test_path_patching_from_every_earlier_head_is_patching_the_receivers_inputs():
+    torch.manual_seed(0)
+    config = CausalLMConfig(vocab_size=40, max_len=32, positional="rope", decoder=DecoderConfig(
+        d_model=32, num_heads=4, num_layers=2, d_ff=0, cross_attention=False, norm_first=True, dropout=0.0))
+    model = CausalLM(config).eval()  # attention only: layer 1's inputs change only through layer 0's heads
+    clean, corrupt = _pair()
+    metric = P.logit_diff(5, 6)
+    r = P.path_patching(model, clean, corrupt, metric, senders={0: [0, 1, 2, 3]}, receivers={1: [0, 1, 2, 3]},
+                        through=("q", "k", "v"))
+    attn = model.decoder.layers[1].self_attn
+    seen = {}
+    with torch.no_grad():
+        with P.ablated(model, {0: [0, 1, 2, 3]}, "resample", reference=corrupt):  # layer 0 from the corrupted run
+            hs = [getattr(attn, f"hook_{w}").add_hook(lambda t, h, w=w: seen.__setitem__(w, t.clone()))
+                  for w in "qkv"]
+            model(clean)
+            for h in hs:
+                h.remove()
+        hs = [getattr(attn, f"hook_{w}").add_hook(lambda t, h, w=w: seen[w]) for w in "qkv"]
+        direct = float(metric(model(clean))[0])
+        for h in hs:
+            h.remove()
+    assert abs(r["patched"] - direct) < 1e-5 and abs(r["effect"]) > 1e-4
+
+
+def test_path_patching_through_keys_patches_the_shared_key_value_head(lm):
+    clean, corrupt = _pair()
+    # receiver head 0 shares its key/value head with head 1 (4 query heads, 2 key/value heads)
+    a = P.path_patching(lm, clean, corrupt, P.logit_diff(5, 6), senders={0: [0, 1, 2, 3]}, receivers={1: [0]})
+    b = P.path_patching(lm, clean, corrupt, P.logit_diff(5, 6), senders={0: [0, 1, 2, 3]}, receivers={1: [1]})
+    assert a["effect"] == b["effect"]
+    with pytest.raises(ValueError, match="through must be"):
+        P.path_patching(lm, clean, corrupt, P.logit_diff(5, 6), senders={}, receivers={1: [0]}, through="o")

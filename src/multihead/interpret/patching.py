@@ -10,6 +10,8 @@ Definitions (each checked by a test against its plain form):
   one head's ``z`` taken from the *clean* run; the head's effect is ``metric(patched) - metric(corrupted)``. All heads
   are patched in batched passes: row ``r`` of a batch of copies of the corrupted input has head ``r`` patched, and
   one extra unpatched row in every batch is the baseline, so an effect is a difference of two rows of one pass;
+* **path patching** (Wang et al. 2022) -- the part of some sender heads' effect that reaches the metric only
+  through chosen receiver heads' query, key or value input (:func:`path_patching`);
 * **attribution patching** (Nanda 2023; Syed et al. 2023) -- the first-order estimate of every head's effect,
   ``sum (z_clean - z_corrupt) * d metric / d z`` at the corrupted run: one forward and one backward pass for all
   heads. Exact where the metric is linear in ``z``; elsewhere compare it with activation patching.
@@ -216,6 +218,82 @@ def attribution_patching(model: nn.Module, clean, corrupt, metric: Callable[[obj
     return {"effect": effect, "corrupt": float(value.detach()[0])}
 
 
+@torch.no_grad()
+def path_patching(model: nn.Module, original, new, metric: Callable[[object], Tensor], *,
+                  senders: dict[int, list[int]], receivers: dict[int, list[int]], through="k",
+                  run: Callable = _run) -> dict:
+    """The effect of the ``senders``' outputs on the ``metric`` that flows only through the ``receivers``'
+    ``through`` input (``q``, ``k`` or ``v``, or several: ``("q", "k", "v")``; Wang et al. 2022, Goldowsky-Dill et
+    al. 2023), in three passes:
+
+    1. ``z`` of every head on ``original`` and on ``new``;
+    2. ``original`` again with the senders' ``z`` from ``new`` and every other head frozen at its ``original``
+       value (so the change reaches the receivers only along direct paths through the residual stream and the
+       MLPs), recording each receiver's ``through`` vectors;
+    3. ``original`` once more with only those receiver vectors replaced; the metric's change from ``original`` is
+       the path's effect.
+
+    With grouped-query attention a key/value head serves several query heads: patching ``k`` or ``v`` of a receiver
+    patches its key/value head, which its group shares. Returns ``{"effect", "original", "patched"}``."""
+    paths = (through,) if isinstance(through, str) else tuple(through)
+    if not paths or any(t not in ("q", "k", "v") for t in paths):
+        raise ValueError(f"through must be 'q', 'k' or 'v' (or several of them), got {through!r}")
+    _check_pair(original, new)
+    model.eval()
+    mods = _check_heads(model, senders)
+    _check_heads(model, receivers)
+    z_orig, z_new = head_outputs(model, original, run=run), head_outputs(model, new, run=run)
+    base = float(_metric(metric, run(model, original), 1)[0])
+    handles, recorded = [], {}
+
+    def freeze(layer: int):
+        send = [int(h) for h in senders.get(layer, [])]
+
+        def edit(z: Tensor, hook) -> Tensor:
+            z = z_orig[layer].to(z.dtype).clone()
+            if send:
+                z[:, send] = z_new[layer][:, send].to(z.dtype)
+            return z
+        return edit
+
+    def groups(mod, hs: list[int], path: str) -> list[int]:
+        if path == "q":
+            return hs
+        per = mod.num_heads // mod.num_kv_heads
+        return sorted({h // per for h in hs})
+
+    try:
+        for i, (_, mod) in enumerate(mods):
+            handles.append(mod.hook_z.add_hook(freeze(i)))
+        for layer in receivers:
+            mod = mods[int(layer)][1]
+            for path in paths:
+                handles.append(getattr(mod, f"hook_{path}").add_hook(
+                    lambda t, h, key=(int(layer), path): recorded.__setitem__(key, t.clone())))
+        run(model, original)
+    finally:
+        for h in handles:
+            h.remove()
+    handles = []
+    try:
+        for layer, hs in receivers.items():
+            mod = mods[int(layer)][1]
+            for path in paths:
+                idx = groups(mod, [int(h) for h in hs], path)
+
+                def put(t: Tensor, hook, key=(int(layer), path), idx=idx) -> Tensor:
+                    t = t.clone()
+                    t[:, idx] = recorded[key][:, idx].to(t.dtype)
+                    return t
+
+                handles.append(getattr(mod, f"hook_{path}").add_hook(put))
+        patched = float(_metric(metric, run(model, original), 1)[0])
+    finally:
+        for h in handles:
+            h.remove()
+    return {"effect": patched - base, "original": base, "patched": patched}
+
+
 # ---------------------------------------------------------------------------------------------------- metrics
 def logit_diff(answer: int, wrong: int, position: int = -1) -> Callable[[Tensor], Tensor]:
     """``logits[:, position, answer] - logits[:, position, wrong]`` of a CausalLM's ``(B, T, V)`` logits."""
@@ -247,4 +325,4 @@ def logit_lens(model, ids: Tensor) -> list[Tensor]:
 
 
 __all__ = ["ablated", "activation_patching", "attribution_patching", "head_outputs", "logit_diff", "logit_lens",
-           "token_probability"]
+           "path_patching", "token_probability"]
