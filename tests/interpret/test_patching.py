@@ -190,3 +190,24 @@ def test_path_patching_through_keys_patches_the_shared_key_value_head(lm):
     assert a["effect"] == b["effect"]
     with pytest.raises(ValueError, match="through must be"):
         P.path_patching(lm, clean, corrupt, P.logit_diff(5, 6), senders={}, receivers={1: [0]}, through="o")
+
+
+@pytest.mark.parametrize("norm", ["rms", "layer"])
+def test_direct_logit_attribution_adds_up_to_the_logit_difference(norm):
+    torch.manual_seed(0)
+    config = CausalLMConfig(vocab_size=40, max_len=32, positional="learned", decoder=DecoderConfig(
+        d_model=32, num_heads=4, num_layers=2, cross_attention=False, norm_first=True, dropout=0.0, norm=norm,
+        bias=norm == "layer"))
+    model = CausalLM(config).eval()
+    ids, _ = _pair()
+    r = P.direct_logit_attribution(model, ids, answer=5, wrong=6)
+    assert r["heads"].shape == (2, 4) and r["mlp"].shape == (2,)
+    assert abs(r["check"]["sum_of_parts"] - r["check"]["logit_difference"]) < 1e-4
+
+
+def test_direct_logit_attribution_refuses_what_it_cannot_split():
+    torch.manual_seed(0)
+    config = CausalLMConfig(vocab_size=40, max_len=32, decoder=DecoderConfig(
+        d_model=32, num_heads=4, num_layers=1, cross_attention=False, norm_first=False, dropout=0.0))
+    with pytest.raises(ValueError, match="pre-norm"):
+        P.direct_logit_attribution(CausalLM(config).eval(), _pair()[0], answer=1)

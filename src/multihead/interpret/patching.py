@@ -309,6 +309,84 @@ def token_probability(answer: int, position: int = -1) -> Callable[[Tensor], Ten
 
 
 @torch.no_grad()
+def direct_logit_attribution(model, ids: Tensor, answer: int, wrong: int | None = None, position: int = -1) -> dict:
+    """How much each part writes directly to ``logit[answer] - logit[wrong]`` (or ``logit[answer]``) at
+    ``position`` of a CausalLM with pre-norm blocks: the final residual stream is the sum of the embedding, every
+    head's ``z_h W_O^h``, the output biases and every MLP's output; the final norm is linear once its scale
+    (``1 / rms``, or LayerNorm's ``1 / std`` with the mean removed) is frozen at its value on this input, so the
+    parts add up to the logit difference exactly (``check`` holds the sum and the true value). Returns ``{"heads":
+    (layers, H), "mlp": (layers,), "embed", "bias", "final_bias", "total", "check"}``."""
+    blocks = model.decoder.layers
+    if not all(b.norm_first and b.post_norms is None for b in blocks):
+        raise ValueError("direct logit attribution reads the residual stream of pre-norm blocks without output norms; "
+                         "this model's blocks are post-norm or sandwich-normed")
+    parts: dict[str, Tensor] = {}
+    zs: dict[int, Tensor] = {}
+    handles = []
+    try:
+        for i, b in enumerate(blocks):
+            handles.append(b.self_attn.hook_z.add_hook(lambda t, h, i=i: zs.__setitem__(i, t.detach())))
+            handles.append(b.hook_mlp_out.add_hook(lambda t, h, i=i: parts.__setitem__(f"mlp{i}", t.detach())))
+        embed_in = {}
+        handles.append(model.decoder.register_forward_pre_hook(
+            lambda mod, args, kwargs: embed_in.__setitem__("x", args[0].detach()), with_kwargs=True))
+        model(ids)
+    finally:
+        for h in handles:
+            h.remove()
+    x_embed = embed_in["x"][0, position]  # (E,): token (and position) embedding entering the stack
+    direction = model.lm_head.weight[answer] - (0 if wrong is None else model.lm_head.weight[wrong])  # (E,)
+    norm = model.decoder.final_norm
+    # the final residual, rebuilt from its parts (checked below against the model's logits)
+    heads, mlps = [], []
+    total_resid = x_embed.clone()
+    for i, b in enumerate(blocks):
+        attn = b.self_attn
+        z = zs[i][0, :, position]  # (H, D)
+        w = attn.w_o.weight.view(attn.w_o.out_features, attn.num_heads, attn.head_dim)  # (E, H, D)
+        if attn.w_gate is not None:
+            raise ValueError("direct logit attribution of gated heads is not supported (the gate mixes the input in)")
+        per_head = torch.einsum("hd,ehd->he", z, w)  # (H, E)
+        heads.append(per_head)
+        total_resid += per_head.sum(0)
+        if attn.w_o.bias is not None:
+            total_resid += attn.w_o.bias
+        mlp = parts.get(f"mlp{i}")
+        mlps.append(mlp[0, position] if mlp is not None else torch.zeros_like(x_embed))
+        total_resid += mlps[-1]
+    if isinstance(norm, nn.RMSNorm):
+        scale = torch.rsqrt(total_resid.pow(2).mean() + (norm.eps or torch.finfo(total_resid.dtype).eps))
+        center = None
+        gain, shift = norm.weight, None
+    elif isinstance(norm, nn.LayerNorm):
+        mean = total_resid.mean()
+        scale = torch.rsqrt((total_resid - mean).pow(2).mean() + norm.eps)
+        center = True
+        gain, shift = norm.weight, norm.bias
+    else:
+        scale, center, gain, shift = torch.ones(()), None, None, None
+
+    def read(v: Tensor) -> Tensor:  # one part's direct contribution (the norm's scale frozen, its mean removed)
+        if center:
+            v = v - v.mean(-1, keepdim=True)
+        v = v * scale
+        return (v * gain if gain is not None else v) @ direction
+
+    head_scores = torch.stack([read(h) for h in heads])  # (layers, H)
+    out_bias = sum((b.self_attn.w_o.bias for b in blocks if b.self_attn.w_o.bias is not None),
+                   torch.zeros_like(x_embed))
+    mlp_scores = torch.stack([read(v) for v in mlps])
+    embed_score = read(x_embed)
+    bias_score = read(out_bias)
+    final_bias = float(shift @ direction) if shift is not None else 0.0
+    total = float(head_scores.sum() + mlp_scores.sum() + embed_score + bias_score) + final_bias
+    logits = model(ids)[0, position]
+    true = float(logits[answer] - (0 if wrong is None else logits[wrong]))
+    return {"heads": head_scores, "mlp": mlp_scores, "embed": float(embed_score), "bias": float(bias_score),
+            "final_bias": final_bias, "total": total, "check": {"sum_of_parts": total, "logit_difference": true}}
+
+
+@torch.no_grad()
 def logit_lens(model, ids: Tensor) -> list[Tensor]:
     """A CausalLM's next-token logits read from the residual stream after every layer (``hook_resid_post``)
     through the final norm and the output projection: ``(B, T, V)`` per layer. The last equals the model's logits."""
@@ -325,4 +403,4 @@ def logit_lens(model, ids: Tensor) -> list[Tensor]:
 
 
 __all__ = ["ablated", "activation_patching", "attribution_patching", "head_outputs", "logit_diff", "logit_lens",
-           "path_patching", "token_probability"]
+           "path_patching", "token_probability", "direct_logit_attribution"]
