@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import inspect, lm, runs, tools, training
+from . import inspect, interventions, lm, runs, tools, training
 from .training import train_config_from_args, train_overrides  # noqa: F401  (used by tests and scripts)
 
-GROUPS = (tools, training, runs, inspect, lm)
+GROUPS = (tools, training, runs, inspect, lm, interventions)
 
 
 def build_parser() -> argparse.ArgumentParser:
