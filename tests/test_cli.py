@@ -159,3 +159,25 @@ def test_bench_kernels_cases_compute_attention_and_ratios_come_from_the_same_run
     w = rows[2]
     assert w["speedup_vs_sdpa"] == 2.0 and w["time_vs_torch_flex"] == 2.0 and w["fraction_of_matmul"] == 0.25
     assert "window" in suite.format_table(payload)
+
+
+def test_bench_patch_cases_agree_with_each_other(tmp_path):
+    """`bench patch`'s batched exact patching and the one-head-per-pass baseline give the same effects (timings:
+    bench only), on a small random GGUF model."""
+    import sys as _sys
+    from pathlib import Path as _Path
+
+    _sys.path.insert(0, str(_Path(__file__).resolve().parent / "lm"))
+    from hf_families import hf_model, write_gguf
+
+    from multihead.bench import patch as suite
+
+    model = str(write_gguf(hf_model("llama", rope_scaling=None), tmp_path / "tiny.gguf"))
+    case = {"model": model, "length": 24}
+    exact = suite.build({**case, "impl": "exact"})()
+    baseline = suite.build({**case, "impl": "exact_baseline"})()
+    import torch
+
+    assert torch.allclose(exact["effect"].flatten() + exact["corrupt"], torch.tensor(baseline), atol=1e-5)
+    assert suite.build({**case, "impl": "attribution"})()["effect"].shape == (2, 4)
+    suite.build({**case, "impl": "forward_backward"})()

@@ -11,6 +11,7 @@ SUITES = {
     "decode": "multihead.bench.decode",
     "stats": "multihead.bench.stats",
     "kernels": "multihead.bench.kernels",
+    "patch": "multihead.bench.patch",
 }
 # the suites that take ``--device cuda`` / ``--dtype bf16|fp16`` (the others measure CPU fp32 runs)
 ON_DEVICE = ("attention", "long", "decode", "kernels")
