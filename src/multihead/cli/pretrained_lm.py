@@ -181,8 +181,8 @@ def importance_and_prune(args, *, prune: bool) -> int:
     p = _load(args.run, getattr(args, "threads", None))
     n = args.n or 16
     length = min(256, p.model.config.max_len)
-    score_rows = H.held_out_rows(p, rows=n, length=length)
-    judge_rows = H.held_out_rows(p, rows=n, length=length, skip=n)
+    rows = H.held_out_rows(p, rows=2 * n, length=length)  # read and encoded once: half to score, half to judge
+    score_rows, judge_rows = rows[:n], rows[n:]
     scores = H.importance(p.model, score_rows, progress=True)
     layers, h = scores.shape
     kv = p.model.decoder.layers[0].self_attn.num_kv_heads

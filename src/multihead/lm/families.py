@@ -291,8 +291,9 @@ def _is_norm(name: str) -> bool:
 def gemma3_import(tensors: dict[str, Tensor], config: CausalLMConfig) -> dict[str, Tensor]:
     """Gemma's RMSNorm multiplies by ``1 + weight``; ours by ``weight``: the one is added here (and taken off on
     export), in float32 as HF adds it at run time."""
-    out = _rename(tensors, gemma3_names(config), _LLAMA_IGNORED)
-    back = {v: k for k, v in gemma3_names(config).items()}
+    table = gemma3_names(config)
+    out = _rename(tensors, table, _LLAMA_IGNORED)
+    back = {v: k for k, v in table.items()}
     return {k: (v.float() + 1.0 if _is_norm(back[k]) else v) for k, v in out.items()}
 
 
