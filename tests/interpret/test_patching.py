@@ -52,6 +52,37 @@ def test_batched_patching_equals_one_head_at_a_time(lm):
     assert r["effect"].abs().max() > 0
 
 
+def test_rerunning_from_the_patched_layer_equals_running_the_whole_model(lm):
+    clean, corrupt = _pair()
+    metric = P.logit_diff(5, 6, position=-2)
+    whole = lambda model, ids: model(ids)  # another run function: every pass runs every layer
+    for per_position in (False, True):
+        fast = P.activation_patching(lm, clean, corrupt, metric, batch_size=4, per_position=per_position)
+        slow = P.activation_patching(lm, clean, corrupt, metric, batch_size=4, per_position=per_position, run=whole)
+        torch.testing.assert_close(fast["effect"], slow["effect"], atol=1e-5, rtol=0)
+        assert fast["corrupt"] == pytest.approx(slow["corrupt"], abs=1e-5)
+
+
+def test_a_causal_lm_resumes_from_any_layer(lm):
+    _, ids = _pair()
+    seen = []
+    handles = [b.register_forward_pre_hook(lambda mod, args: seen.append(args[0])) for b in lm.decoder.layers]
+    with torch.no_grad():
+        full = lm(ids)
+        for h in handles:
+            h.remove()
+        for layer, resid in enumerate(seen):
+            torch.testing.assert_close(lm(ids, resid=resid, start_at_layer=layer), full, atol=1e-6, rtol=0)
+        torch.testing.assert_close(lm(ids, logits_at=3), full[:, 3:4], atol=1e-6, rtol=0)
+        torch.testing.assert_close(lm(ids, logits_at=-1), full[:, -1:], atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="needs resid"):
+        lm(ids, start_at_layer=1)
+    with pytest.raises(ValueError, match="outside the 12 positions"):
+        lm(ids, logits_at=12)
+    with pytest.raises(ValueError, match="start_at_layer=5"):
+        lm(ids, resid=seen[0], start_at_layer=5)
+
+
 def test_every_head_of_a_layer_equals_the_layers_attention_output(lm):
     clean, corrupt = _pair()
     metric = P.logit_diff(5, 6)

@@ -2,7 +2,8 @@
 here, each case in a fresh process (default model ``smollm2``; any pretrained LM with ``--model``):
 
 * ``exact`` -- :func:`multihead.interpret.patching.activation_patching`: every head patched clean -> corrupted in
-  batched passes (row r patches head r, one baseline row per pass);
+  batched passes (row r patches head r, one baseline row per pass), each pass rerun from the patched layer with
+  only the last position projected to the vocabulary;
 * ``exact_baseline`` -- the way hook-based tools are used for it: one run caching every activation and every
   attention pattern of the clean input, then one forward pass per head with that head's output replaced (at 128
   tokens only: it is one pass per head);
@@ -27,7 +28,7 @@ SUITE = "multihead.bench.patch"
 LENGTHS = [128, 1024, 4096]
 IMPLS = ["exact", "exact_baseline", "attribution", "forward_backward"]
 BASELINE_MAX = 128  # one forward per head: 270 passes at 4,096 tokens would take most of an hour here
-EXACT_MAX = 1024  # every head in batched passes: at 4,096 tokens the passes' logits alone are tens of GB
+EXACT_MAX = 4096
 _LOADED: dict = {}
 
 

@@ -22,11 +22,13 @@ Definitions (each checked by a test against its plain form):
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
 
+from ..models.seq2seq import CausalLM
 from ..modules.capture import attention_modules, capture
 
 
@@ -122,12 +124,35 @@ def ablated(model: nn.Module, heads: dict[int, list[int]], mode: str = "zero", *
             h.remove()
 
 
+def _resumable(model, run, metric) -> bool:
+    """Whether patching can rerun ``model`` from the patched layer: a CausalLM run on its ids, scored by a metric
+    that reads one position's logits (so only that position is projected to the vocabulary)."""
+    return run is _run and isinstance(metric, LogitMetric) and isinstance(model, CausalLM)
+
+
+def _residual_inputs(model, ids: Tensor) -> list[Tensor]:
+    """The residual stream entering every decoder layer of a CausalLM on ``ids``."""
+    seen: list[Tensor] = []
+    handles = [b.register_forward_pre_hook(lambda mod, args: seen.append(args[0])) for b in model.decoder.layers]
+    try:
+        model(ids)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
 @torch.no_grad()
 def activation_patching(model: nn.Module, clean, corrupt, metric: Callable[[object], Tensor], *,
                         run: Callable = _run, batch_size: int = 32, per_position: bool = False) -> dict:
     """Every head's effect when its ``z`` is copied from the clean run into the corrupted one (see the module
     docstring); with ``per_position``, every head at every position separately. Returns ``{"effect": (layers, H)``
-    (or ``(layers, H, L)``), ``"clean"``, ``"corrupt"``: the metric on each input}``."""
+    (or ``(layers, H, L)``), ``"clean"``, ``"corrupt"``: the metric on each input}``.
+
+    A CausalLM scored by :func:`logit_diff` or :func:`token_probability` (with the default ``run``) is rerun only
+    from the patched layer on (its input is the corrupted run's residual stream there, cached once) and projects
+    only the metric's position to the vocabulary: each pass patches heads of one layer. Any other model or metric
+    runs the whole model on every pass."""
     _check_pair(clean, corrupt)
     model.eval()
     mods = attention_modules(model)
@@ -139,36 +164,51 @@ def activation_patching(model: nn.Module, clean, corrupt, metric: Callable[[obje
     values = torch.empty(len(jobs))
     base_clean = float(_metric(metric, run(model, clean), 1)[0])
     step = max(1, batch_size - 1)
+    resume = _resumable(model, run, metric)
+    if resume:  # one group per layer, started there
+        resid_in = _residual_inputs(model, corrupt)
+        groups = [(l, [i for i, j in enumerate(jobs) if j[0] == l]) for l in range(len(mods))]
+        read = replace(metric, position=-1)
+    else:
+        groups = [(0, list(range(len(jobs))))]
     corrupt_value = None
-    for start in range(0, len(jobs), step):
-        chunk = jobs[start:start + step]
-        rows = len(chunk) + 1  # the last row stays unpatched: the baseline of this pass
-        by_layer: dict[int, list[tuple[int, int, int | None]]] = {}
-        for r, (l, h, p) in enumerate(chunk):
-            by_layer.setdefault(l, []).append((r, h, p))
-        handles = []
+    for start_layer, members in groups:
+        for start in range(0, len(members), step):
+            chunk = members[start:start + step]
+            rows = len(chunk) + 1  # the last row stays unpatched: the baseline of this pass
+            by_layer: dict[int, list[tuple[int, int, int | None]]] = {}
+            for r, i in enumerate(chunk):
+                l, h, p = jobs[i]
+                by_layer.setdefault(l, []).append((r, h, p))
+            handles = []
 
-        def hook_for(layer: int, items):
-            def edit(z: Tensor, hook) -> Tensor:
-                z = z.clone()
-                src = clean_z[layer][0]  # (H, L, D)
-                for r, h, p in items:
-                    if p is None:
-                        z[r, h] = src[h]
-                    else:
-                        z[r, h, p] = src[h, p]
-                return z
-            return edit
+            def hook_for(layer: int, items):
+                def edit(z: Tensor, hook) -> Tensor:
+                    z = z.clone()
+                    src = clean_z[layer][0]  # (H, L, D)
+                    for r, h, p in items:
+                        if p is None:
+                            z[r, h] = src[h]
+                        else:
+                            z[r, h, p] = src[h, p]
+                    return z
+                return edit
 
-        try:
-            for layer, items in by_layer.items():
-                handles.append(mods[layer][1].hook_z.add_hook(hook_for(layer, items)))
-            value = _metric(metric, run(model, _repeat(corrupt, rows)), rows)
-        finally:
-            for h in handles:
-                h.remove()
-        values[start:start + len(chunk)] = value[:-1] - value[-1]
-        corrupt_value = float(value[-1])
+            try:
+                for layer, items in by_layer.items():
+                    handles.append(mods[layer][1].hook_z.add_hook(hook_for(layer, items)))
+                if resume:
+                    out = model(_repeat(corrupt, rows), resid=resid_in[start_layer].expand(rows, -1, -1),
+                                start_at_layer=start_layer, logits_at=metric.position)
+                    value = _metric(read, out, rows)
+                else:
+                    value = _metric(metric, run(model, _repeat(corrupt, rows)), rows)
+            finally:
+                for h in handles:
+                    h.remove()
+            values[chunk] = value[:-1] - value[-1]
+            if corrupt_value is None:
+                corrupt_value = float(value[-1])
     shape = (len(mods), max(heads), length) if per_position else (len(mods), max(heads))
     effect = torch.full(shape, float("nan"))
     for (l, h, p), v in zip(jobs, values.tolist()):
@@ -295,17 +335,31 @@ def path_patching(model: nn.Module, original, new, metric: Callable[[object], Te
 
 
 # ---------------------------------------------------------------------------------------------------- metrics
-def logit_diff(answer: int, wrong: int, position: int = -1) -> Callable[[Tensor], Tensor]:
+@dataclass(frozen=True)
+class LogitMetric:
+    """A metric read from one position of a CausalLM's ``(B, T, V)`` logits, one number per row: the logit
+    difference ``logit[answer] - logit[wrong]`` (``wrong`` given) or the probability of ``answer``. Knowing which
+    position it reads lets patching project only that position to the vocabulary."""
+
+    answer: int
+    wrong: int | None = None
+    position: int = -1
+
+    def __call__(self, logits: Tensor) -> Tensor:
+        row = logits[:, self.position].float()
+        if self.wrong is None:
+            return row.softmax(-1)[:, self.answer]
+        return row[:, self.answer] - row[:, self.wrong]
+
+
+def logit_diff(answer: int, wrong: int, position: int = -1) -> LogitMetric:
     """``logits[:, position, answer] - logits[:, position, wrong]`` of a CausalLM's ``(B, T, V)`` logits."""
-    def metric(logits: Tensor) -> Tensor:
-        return (logits[:, position, answer] - logits[:, position, wrong]).float()
-    return metric
+    return LogitMetric(int(answer), int(wrong), int(position))
 
 
-def token_probability(answer: int, position: int = -1) -> Callable[[Tensor], Tensor]:
-    def metric(logits: Tensor) -> Tensor:
-        return logits[:, position].float().softmax(-1)[:, answer]
-    return metric
+def token_probability(answer: int, position: int = -1) -> LogitMetric:
+    """The softmax probability of ``answer`` at ``position``."""
+    return LogitMetric(int(answer), None, int(position))
 
 
 @torch.no_grad()
@@ -402,5 +456,5 @@ def logit_lens(model, ids: Tensor) -> list[Tensor]:
     return [model.lm_head(norm(x) if norm is not None else x) for x in seen]
 
 
-__all__ = ["ablated", "activation_patching", "attribution_patching", "head_outputs", "logit_diff", "logit_lens",
+__all__ = ["LogitMetric", "ablated", "activation_patching", "attribution_patching", "head_outputs", "logit_diff", "logit_lens",
            "path_patching", "token_probability", "direct_logit_attribution"]

@@ -114,9 +114,16 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.embed.weight
 
     def forward(self, ids: Tensor, keep: Tensor | None = None, *, cache: KVCache | None = None,
-                head_mask: Tensor | None = None) -> Tensor:
+                head_mask: Tensor | None = None, resid: Tensor | None = None, start_at_layer: int = 0,
+                logits_at: int | None = None) -> Tensor:
         """Logits ``(B, T, V)`` for every position of ``ids`` ``(B, T)`` (``keep``: True = real token). With a
-        ``cache``, ``ids`` are the new tokens after the cached ones and the cache is extended."""
+        ``cache``, ``ids`` are the new tokens after the cached ones and the cache is extended.
+
+        Interventions rerun part of the model: ``resid`` ``(B, T, E)`` is the residual stream entering layer
+        ``start_at_layer`` (the embedding and the layers before it are skipped; ``ids`` still give the positions);
+        ``logits_at`` projects only that position to the vocabulary, ``(B, 1, V)``."""
+        if start_at_layer and resid is None:
+            raise ValueError("start_at_layer= needs resid=: the residual stream entering that layer")
         _check_ids(ids, self.config.vocab_size, "ids")
         unpadded = keep is None  # every token real: no key padding to carry (decoding steps, unpadded prompts)
         keep = _check_keep(keep, ids, "keep")
@@ -127,18 +134,28 @@ class CausalLM(nn.Module):
             self._check_streaming(keep, rolling)
         elif self.config.positional != "alibi":  # ALiBi has no table: any length runs (max_len: the trained one)
             check_positions(positions, self.config.max_len)
-        x = self.embed(ids)  # (B, T, E)
-        if self.config.embed_scale:
-            x = x * torch.tensor(self.config.decoder.d_model ** 0.5, dtype=x.dtype)
-        x = self.drop(x) if self.pos is None else self.pos(x, positions=positions)
+        if resid is None:
+            x = self.embed(ids)  # (B, T, E)
+            if self.config.embed_scale:
+                x = x * torch.tensor(self.config.decoder.d_model ** 0.5, dtype=x.dtype)
+            x = self.drop(x) if self.pos is None else self.pos(x, positions=positions)
+        else:
+            if resid.shape[:2] != ids.shape:
+                raise ValueError(f"resid {tuple(resid.shape)} must be (B, T, E) for ids {tuple(ids.shape)}")
+            x = resid
         if rolling or (unpadded and (cache is None or cache.key_padding is None)):  # every key is a real token
             full_keep = None
         else:
             full_keep = keep if cache is None or cache.key_padding is None else torch.cat([cache.key_padding, keep], 1)
-        x = self.decoder(x, key_padding_mask=full_keep, cache=cache, positions=positions, head_mask=head_mask)
+        x = self.decoder(x, key_padding_mask=full_keep, cache=cache, positions=positions, head_mask=head_mask,
+                         start_at_layer=start_at_layer)
         if cache is not None:
             cache.key_padding = full_keep
             cache.next_position = keep.long().sum(-1) + (0 if before is None else before)
+        if logits_at is not None:
+            if not -x.shape[1] <= logits_at < x.shape[1]:
+                raise ValueError(f"logits_at={logits_at} is outside the {x.shape[1]} positions of this call")
+            x = x.narrow(1, logits_at % x.shape[1], 1)
         return fastpath.linear(x, self.lm_head.weight, None, self.lm_head)  # (B, T, V)
 
     def _check_streaming(self, keep: Tensor, rolling: bool) -> None:

@@ -202,11 +202,15 @@ class TransformerDecoder(nn.Module):
     def forward(self, x: Tensor, memory: Tensor | None = None, *, key_padding_mask: Tensor | None = None,
                 memory_key_padding_mask: Tensor | None = None, cache: KVCache | None = None,
                 positions: Tensor | None = None, head_mask: Tensor | None = None,
-                cross_head_mask: Tensor | None = None) -> Tensor:
+                cross_head_mask: Tensor | None = None, start_at_layer: int = 0) -> Tensor:
         """``x`` ``(B, T, E)`` new target positions; ``key_padding_mask`` ``(B, cached + T)`` bool, True = real
         token (every self-attention key, cached ones included); ``memory_key_padding_mask`` ``(B, S)``. The causal
         mask is bottom-right aligned, so ``T`` new queries after ``cached`` keys see exactly their past.
-        ``head_mask`` / ``cross_head_mask``: one row per layer for the self- / cross-attention heads."""
+        ``head_mask`` / ``cross_head_mask``: one row per layer for the self- / cross-attention heads.
+        ``start_at_layer``: ``x`` is the residual stream entering that layer; the layers before it are skipped
+        (interventions rerun a model from the layer they change; the same as TransformerLens' argument)."""
+        if not 0 <= start_at_layer <= len(self.layers):
+            raise ValueError(f"start_at_layer={start_at_layer}: the stack has layers 0..{len(self.layers) - 1}")
         for name, hm in (("head_mask", head_mask), ("cross_head_mask", cross_head_mask)):
             if hm is not None and len(hm) != len(self.layers):
                 raise ValueError(f"{name} must have one row per layer ({len(self.layers)}), got {len(hm)} rows")
@@ -218,7 +222,8 @@ class TransformerDecoder(nn.Module):
             self_mask = (self_mask or AttnMask()).with_alibi(self._alibi)
         memory_mask = AttnMask.of(None, key_padding=memory_key_padding_mask)
         local_mask = self._local_mask(x.shape[1], cache, key_padding_mask, x.device) if any(self.local) else None
-        for i, layer in enumerate(self.layers):
+        for i in range(start_at_layer, len(self.layers)):
+            layer = self.layers[i]
             layer_cache = None if cache is None else (cache.self_attn[i], cache.cross_attn[i])
             x = layer(x, memory, self_mask=local_mask if self.local[i] else self_mask, memory_mask=memory_mask,
                       cache=layer_cache, positions=positions,
