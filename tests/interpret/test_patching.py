@@ -213,6 +213,19 @@ def test_path_patching_from_every_earlier_head_is_patching_the_receivers_inputs(
     assert abs(r["patched"] - direct) < 1e-5 and abs(r["effect"]) > 1e-4
 
 
+def test_path_patching_each_sender_in_batches_equals_one_call_per_sender(lm):
+    clean, corrupt = _pair()
+    metric = P.logit_diff(5, 6)
+    each = P.path_patching_each(lm, clean, corrupt, metric, receivers={1: [0, 2]}, through="q", batch_size=3)
+    assert each["effect"].shape == (2, 4) and torch.isnan(each["effect"][1]).all()  # senders: layer 0 only
+    for head in range(4):
+        one = P.path_patching(lm, clean, corrupt, metric, senders={0: [head]}, receivers={1: [0, 2]}, through="q")
+        assert abs(one["effect"] - float(each["effect"][0, head])) < 1e-5
+    assert each["effect"][0].abs().max() > 1e-4
+    with pytest.raises(ValueError, match="heads \\[7\\] of layer 1 do not exist"):
+        P.path_patching_each(lm, clean, corrupt, metric, receivers={1: [7]})
+
+
 def test_path_patching_through_keys_patches_the_shared_key_value_head(lm):
     clean, corrupt = _pair()
     # receiver head 0 shares its key/value head with head 1 (4 query heads, 2 key/value heads)

@@ -273,28 +273,51 @@ def path_patching(model: nn.Module, original, new, metric: Callable[[object], Te
     3. ``original`` once more with only those receiver vectors replaced; the metric's change from ``original`` is
        the path's effect.
 
+    Steps 2 and 3 run with an unchanged baseline row in the same batch, so no senders means an effect of exactly 0.
     With grouped-query attention a key/value head serves several query heads: patching ``k`` or ``v`` of a receiver
     patches its key/value head, which its group shares. Returns ``{"effect", "original", "patched"}``."""
+    effect, base = _path_effects(model, original, new, metric, [senders], receivers, through, run, 2)
+    return {"effect": float(effect[0]), "original": base, "patched": base + float(effect[0])}
+
+
+@torch.no_grad()
+def path_patching_each(model: nn.Module, original, new, metric: Callable[[object], Tensor], *,
+                       receivers: dict[int, list[int]], through="q", senders: list[tuple[int, int]] | None = None,
+                       run: Callable = _run, batch_size: int = 32) -> dict:
+    """:func:`path_patching` of every sender head on its own (default: every head in a layer before the first
+    receiver), in batched passes (row ``r`` sends from head ``r``): which heads act on the metric through the
+    receivers' ``through`` input. Returns ``{"effect": (layers, H)`` (NaN where a head was not a sender),
+    ``"original"}``."""
+    mods = attention_modules(model)
+    _check_heads(model, receivers)
+    if senders is None:
+        first = min(int(l) for l in receivers)
+        senders = [(l, h) for l in range(first) for h in range(mods[l][1].num_heads)]
+    sets = [{int(l): [int(h)]} for l, h in senders]
+    effect, base = _path_effects(model, original, new, metric, sets, receivers, through, run, batch_size)
+    out = torch.full((len(mods), max(m.num_heads for _, m in mods)), float("nan"))
+    for (l, h), v in zip(senders, effect.tolist()):
+        out[int(l), int(h)] = v
+    return {"effect": out, "original": base}
+
+
+def _path_effects(model, original, new, metric, sender_sets: list[dict], receivers: dict, through, run,
+                  batch_size: int) -> tuple[Tensor, float]:
+    """Steps 1-3 of :func:`path_patching` for each sender set, ``batch_size - 1`` sets and a baseline row per pass:
+    ``(effects (len(sender_sets),), metric on original)``."""
     paths = (through,) if isinstance(through, str) else tuple(through)
     if not paths or any(t not in ("q", "k", "v") for t in paths):
         raise ValueError(f"through must be 'q', 'k' or 'v' (or several of them), got {through!r}")
     _check_pair(original, new)
     model.eval()
-    mods = _check_heads(model, senders)
+    mods = attention_modules(model)
+    for s in sender_sets:
+        _check_heads(model, s)
     _check_heads(model, receivers)
     z_orig, z_new = head_outputs(model, original, run=run), head_outputs(model, new, run=run)
-    base = float(_metric(metric, run(model, original), 1)[0])
-    handles, recorded = [], {}
-
-    def freeze(layer: int):
-        send = [int(h) for h in senders.get(layer, [])]
-
-        def edit(z: Tensor, hook) -> Tensor:
-            z = z_orig[layer].to(z.dtype).clone()
-            if send:
-                z[:, send] = z_new[layer][:, send].to(z.dtype)
-            return z
-        return edit
+    step = max(1, batch_size - 1)
+    effects: list[float] = []
+    base = float("nan")
 
     def groups(mod, hs: list[int], path: str) -> list[int]:
         if path == "q":
@@ -302,36 +325,54 @@ def path_patching(model: nn.Module, original, new, metric: Callable[[object], Te
         per = mod.num_heads // mod.num_kv_heads
         return sorted({h // per for h in hs})
 
-    try:
-        for i, (_, mod) in enumerate(mods):
-            handles.append(mod.hook_z.add_hook(freeze(i)))
-        for layer in receivers:
-            mod = mods[int(layer)][1]
-            for path in paths:
-                handles.append(getattr(mod, f"hook_{path}").add_hook(
-                    lambda t, h, key=(int(layer), path): recorded.__setitem__(key, t.clone())))
-        run(model, original)
-    finally:
-        for h in handles:
-            h.remove()
-    handles = []
-    try:
-        for layer, hs in receivers.items():
-            mod = mods[int(layer)][1]
-            for path in paths:
-                idx = groups(mod, [int(h) for h in hs], path)
+    for start in range(0, len(sender_sets), step):
+        chunk = sender_sets[start:start + step]
+        rows = len(chunk) + 1
+        inputs = _repeat(original, rows)
+        handles, recorded = [], {}
 
-                def put(t: Tensor, hook, key=(int(layer), path), idx=idx) -> Tensor:
-                    t = t.clone()
-                    t[:, idx] = recorded[key][:, idx].to(t.dtype)
-                    return t
+        def freeze(layer: int):
+            send = [(r, [int(h) for h in s[layer]]) for r, s in enumerate(chunk) if s.get(layer)]
 
-                handles.append(getattr(mod, f"hook_{path}").add_hook(put))
-        patched = float(_metric(metric, run(model, original), 1)[0])
-    finally:
-        for h in handles:
-            h.remove()
-    return {"effect": patched - base, "original": base, "patched": patched}
+            def edit(z: Tensor, hook) -> Tensor:
+                z = z_orig[layer].to(z.dtype).expand(rows, -1, -1, -1).clone()
+                for r, hs in send:
+                    z[r, hs] = z_new[layer][0, hs].to(z.dtype)
+                return z
+            return edit
+
+        try:
+            for i, (_, mod) in enumerate(mods):
+                handles.append(mod.hook_z.add_hook(freeze(i)))
+            for layer in receivers:
+                mod = mods[int(layer)][1]
+                for path in paths:
+                    handles.append(getattr(mod, f"hook_{path}").add_hook(
+                        lambda t, h, key=(int(layer), path): recorded.__setitem__(key, t.clone())))
+            run(model, inputs)
+        finally:
+            for h in handles:
+                h.remove()
+        handles = []
+        try:
+            for layer, hs in receivers.items():
+                mod = mods[int(layer)][1]
+                for path in paths:
+                    idx = groups(mod, [int(h) for h in hs], path)
+
+                    def put(t: Tensor, hook, key=(int(layer), path), idx=idx) -> Tensor:
+                        t = t.clone()
+                        t[:, idx] = recorded[key][:, idx].to(t.dtype)
+                        return t
+
+                    handles.append(getattr(mod, f"hook_{path}").add_hook(put))
+            value = _metric(metric, run(model, inputs), rows)
+        finally:
+            for h in handles:
+                h.remove()
+        effects.extend((value[:-1] - value[-1]).tolist())
+        base = float(value[-1])
+    return torch.tensor(effects), base
 
 
 # ---------------------------------------------------------------------------------------------------- metrics
@@ -457,4 +498,4 @@ def logit_lens(model, ids: Tensor) -> list[Tensor]:
 
 
 __all__ = ["LogitMetric", "ablated", "activation_patching", "attribution_patching", "head_outputs", "logit_diff", "logit_lens",
-           "path_patching", "token_probability", "direct_logit_attribution"]
+           "path_patching", "path_patching_each", "token_probability", "direct_logit_attribution"]
