@@ -87,12 +87,13 @@ RUN_SECTIONS = ("train", "g2p", "pretrain", "vision", "grounding")  # config.jso
 # --overwrite that would delete anything else is refused.
 RUN_FILES = {"config.json", "metrics.jsonl", "model.safetensors", "results.json", "splits.json", "tokenizer.json",
              "vocab.json", "labels.json", "inputs.json", "checkpoint", "encoder"}
-OUR_KINDS = ("run", "hf", "show", "heads", "importance", "sweep", "induction", "sinks", "compare", "demo")
+OUR_KINDS = ("run", "hf", "show", "heads", "importance", "sweep", "induction", "sinks", "compare", "demo", "circuit")
 
 
 def folder_kind(path: str | Path) -> str:
     """``missing``, ``file``, ``empty``, ``run`` (a training run), ``hf`` (an HF model folder), ``show``,
-    ``heads``, ``importance``, ``sweep``, or ``other``."""
+    ``heads``, ``importance``, ``sweep``, ``induction``, ``sinks``, ``compare``, ``demo``, ``circuit``, or
+    ``other``."""
     path = Path(path)
     if not path.exists():
         return "missing"
@@ -115,6 +116,7 @@ def folder_kind(path: str | Path) -> str:
                          ("heads", "heads.json"),
                          ("sweep", "sweep.json"), ("induction", "induction.json"),
                          ("sinks", "sinks.json"), ("compare", "compare.json"), ("demo", "demo.json"),
+                         ("circuit", "circuit.json"),
                          ("demo", "pretrained.json"), ("demo", "smollm2.json")):
         if marker in names:
             return kind

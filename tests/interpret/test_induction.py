@@ -79,15 +79,41 @@ def test_an_attention_only_block_has_no_ffn():
     assert not any("ffn" in n for n, _ in model.named_parameters())
 
 
-def test_the_toy_model_learns_induction_with_a_phase_change():
+@pytest.fixture(scope="module")
+def toy():
     torch.set_num_threads(1)
-    r = I.train_toy(I.ToyConfig(steps=1500, eval_every=100))  # the phase change comes at ~1,200 steps
+    return I.train_toy(I.ToyConfig(steps=1500, eval_every=100))  # the phase change comes at ~1,200 steps
+
+
+def test_the_toy_model_learns_induction_with_a_phase_change(toy):
+    r = toy
     assert r["phase_change_step"] is not None and 0 < r["phase_change_step"] <= 1500
     first = r["history"][0]
     assert first["loss_second_half"] > 0.9 * first["loss_first_half"]  # at the start: no help from the repeat
     assert r["loss_second_half"] < 0.5 * r["loss_first_half"]
     pm = torch.tensor(r["prefix_matching"])
     assert pm[1].max() >= I.INDUCTION and pm[0].max() < I.INDUCTION  # formed in the second layer (K-composition)
+
+
+def test_the_toy_models_induction_heads_read_the_previous_token_heads_through_their_keys(toy):
+    from multihead.interpret.circuits import induction_circuit
+
+    cfg = toy["config"]
+    # the toy spreads "previous token" over its four layer-0 heads (~0.2 each): all of them are the senders
+    r = induction_circuit(toy["model"], start=cfg["vocab"], low=0, high=cfg["vocab"], half=cfg["half"],
+                          sequences=3, senders=[(0, h) for h in range(4)])
+    assert {l for l, _, _ in r["receivers"]} == {1}
+    m = r["mean"]
+    gain = m["original"] - m["first_half"]
+    assert gain > 1.0  # the repeated half is predicted far better than the first
+    # K-composition: through the induction heads' keys the senders' change removes most of the copying gain, through
+    # their queries little (layer 0 reaches layer 1's heads only through q, k and v: attention only, 2 layers)
+    assert m["original"] - m["k"] > 0.75 * gain
+    assert m["original"] - m["q"] < 0.25 * gain
+    assert m["original"] - m["k"] > m["original"] - m["v"]
+    assert len(r["sender_through_k"]) == len(r["senders"])
+    with pytest.raises(ValueError, match="no head of this model has a prefix-matching score >= 1.5"):
+        induction_circuit(toy["model"], start=cfg["vocab"], high=cfg["vocab"], half=cfg["half"], threshold=1.5)
 
 
 def test_cli_induction_and_heads_on_a_causal_run(tmp_path, capsys):

@@ -1,5 +1,6 @@
-"""``multihead patch`` and ``multihead attribute``: causal interventions on the heads of a causal LM (a pretrained
-one -- smollm2, a .gguf file, an HF folder -- or a ``multihead pretrain --objective clm`` run)."""
+"""``multihead patch``, ``multihead attribute`` and ``multihead circuit``: causal interventions on the heads of a
+causal LM (a pretrained one -- smollm2, a .gguf file, an HF folder -- or a ``multihead pretrain --objective clm``
+run)."""
 from __future__ import annotations
 
 import json
@@ -134,6 +135,39 @@ def cmd_attribute(args) -> int:
     return 0
 
 
+def cmd_circuit(args) -> int:
+    """A circuit of the literature looked for with path, activation and attribution patching: the induction
+    circuit or indirect object identification; numbers, a picture and a summary."""
+    from .._io import Publish, atomic_write_json, check_target
+    from .. import lm
+    from ..interpret import circuits as C
+
+    check_target(args.out, "circuit", overwrite=args.overwrite, sources=(args.model,))
+    if not lm.is_lm_source(args.model):
+        raise ValueError(f"{args.model} is not a pretrained LM: pass smollm2, a .gguf file or an HF model folder")
+    p = lm.load(args.model)
+    progress = not args.no_progress
+    if args.task == "induction":
+        vocab = p.model.config.vocab_size
+        low = min(1000, vocab // 10)  # ordinary tokens, past the special ones
+        r = C.induction_circuit(p.model, start=p.bos_id if p.bos_id is not None else low, low=low, half=args.half,
+                                sequences=args.sequences, seed=args.seed, progress=progress)
+        text, draw = C.format_induction(r), C.plot_induction
+        title = (f"{p.name}: the induction circuit (K-composition), {args.sequences} sequences of 2 x {args.half} "
+                 "random tokens")
+    else:
+        r = C.ioi(p, pairs=args.pairs, seed=args.seed, progress=progress)
+        text, draw = C.format_ioi(r), C.plot_ioi
+        title = f"{p.name}: indirect object identification, {args.pairs} prompts (clean -> S2 replaced)"
+    result = {"circuit": args.task, "model": str(args.model), **r}
+    with Publish(Path(args.out), "circuit", overwrite=args.overwrite, sources=(args.model,)) as folder:
+        atomic_write_json(folder / "circuit.json", result)
+        draw(r, folder / "circuit.png", title)
+    print(text)
+    print(f"wrote {Path(args.out) / 'circuit.json'} and circuit.png")
+    return 0
+
+
 def register(sub) -> None:
     """This module's subcommands, each declared beside its handler."""
     from .args import _count
@@ -162,3 +196,17 @@ def register(sub) -> None:
     at.add_argument("--top", type=_count, default=10, help="heads listed")
     at.add_argument("--json", action="store_true")
     at.set_defaults(fn=cmd_attribute)
+
+    ci = sub.add_parser("circuit", help="look for a circuit of the literature in a pretrained LM with path and "
+                                        "activation patching: induction (K-composition) or ioi (indirect object "
+                                        "identification)")
+    ci.add_argument("task", choices=["induction", "ioi"])
+    ci.add_argument("model", help="smollm2, a .gguf file or an HF model folder")
+    ci.add_argument("--out", required=True, help="folder for circuit.json and circuit.png")
+    ci.add_argument("--half", type=_count, default=32, help="induction: random tokens before the repeat")
+    ci.add_argument("--sequences", type=_count, default=4, help="induction: repeated random sequences")
+    ci.add_argument("--pairs", type=_count, default=16, help="ioi: prompts (clean and corrupted)")
+    ci.add_argument("--seed", type=int, default=0)
+    ci.add_argument("--no-progress", action="store_true")
+    ci.add_argument("--overwrite", action="store_true")
+    ci.set_defaults(fn=cmd_circuit)
