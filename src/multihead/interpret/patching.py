@@ -130,16 +130,25 @@ def _resumable(model, run, metric) -> bool:
     return run is _run and isinstance(metric, LogitMetric) and isinstance(model, CausalLM)
 
 
-def _residual_inputs(model, ids: Tensor) -> list[Tensor]:
-    """The residual stream entering every decoder layer of a CausalLM on ``ids``."""
+def _first_row(model, inputs, rows: int, *, run: Callable, resid: bool) -> tuple[list[Tensor], list[Tensor]]:
+    """Every attention layer's ``z`` (and with ``resid``, the residual stream entering every decoder layer of a
+    CausalLM) on ``inputs`` run as a batch of ``rows`` copies, first row kept. A patching pass of ``rows`` rows
+    takes its activations from here: BLAS and attention kernels may round differently at another batch size, and a
+    head patched with its own activation must change nothing, exactly."""
+    zs: dict[int, Tensor] = {}
     seen: list[Tensor] = []
-    handles = [b.register_forward_pre_hook(lambda mod, args: seen.append(args[0])) for b in model.decoder.layers]
+    mods = attention_modules(model)
+    handles = [m.hook_z.add_hook(lambda t, hook, i=i: zs.__setitem__(i, t[:1].clone())) for i, (_, m) in
+               enumerate(mods)]
+    if resid:
+        handles += [b.register_forward_pre_hook(lambda mod, args: seen.append(args[0][:1].clone()))
+                    for b in model.decoder.layers]
     try:
-        model(ids)
+        run(model, _repeat(inputs, rows))
     finally:
         for h in handles:
             h.remove()
-    return seen
+    return [zs[i] for i in range(len(mods))], seen
 
 
 @torch.no_grad()
@@ -156,17 +165,23 @@ def activation_patching(model: nn.Module, clean, corrupt, metric: Callable[[obje
     _check_pair(clean, corrupt)
     model.eval()
     mods = attention_modules(model)
-    clean_z = head_outputs(model, clean, run=run)
     heads = [m.num_heads for _, m in mods]
-    length = clean_z[0].shape[2]
+    base_clean = float(_metric(metric, run(model, clean), 1)[0])
+    resume = _resumable(model, run, metric)
+    kept: dict[int, tuple[list[Tensor], list[Tensor]]] = {}  # rows -> (clean z, corrupted residual inputs)
+
+    def activations(rows: int) -> tuple[list[Tensor], list[Tensor]]:
+        if rows not in kept:
+            kept[rows] = (_first_row(model, clean, rows, run=run, resid=False)[0],
+                          _first_row(model, corrupt, rows, run=run, resid=True)[1] if resume else [])
+        return kept[rows]
+
+    length = activations(1)[0][0].shape[2]
     jobs = [(l, h, p) for l in range(len(mods)) for h in range(heads[l])
             for p in (range(length) if per_position else [None])]
     values = torch.empty(len(jobs))
-    base_clean = float(_metric(metric, run(model, clean), 1)[0])
     step = max(1, batch_size - 1)
-    resume = _resumable(model, run, metric)
     if resume:  # one group per layer, started there
-        resid_in = _residual_inputs(model, corrupt)
         groups = [(l, [i for i, j in enumerate(jobs) if j[0] == l]) for l in range(len(mods))]
         read = replace(metric, position=-1)
     else:
@@ -176,6 +191,7 @@ def activation_patching(model: nn.Module, clean, corrupt, metric: Callable[[obje
         for start in range(0, len(members), step):
             chunk = members[start:start + step]
             rows = len(chunk) + 1  # the last row stays unpatched: the baseline of this pass
+            clean_z, resid_in = activations(rows)
             by_layer: dict[int, list[tuple[int, int, int | None]]] = {}
             for r, i in enumerate(chunk):
                 l, h, p = jobs[i]
@@ -183,7 +199,7 @@ def activation_patching(model: nn.Module, clean, corrupt, metric: Callable[[obje
             handles = []
 
             def hook_for(layer: int, items):
-                def edit(z: Tensor, hook) -> Tensor:
+                def edit(z: Tensor, hook, clean_z=clean_z) -> Tensor:
                     z = z.clone()
                     src = clean_z[layer][0]  # (H, L, D)
                     for r, h, p in items:
