@@ -25,6 +25,24 @@ def test_patch_writes_effects_and_the_attribution_beside_them(model, tmp_path, c
     assert len(r["effect"]) == 2 and len(r["effect"][0]) == 4 and "correlation" in r
     assert (out / "importance.png").stat().st_size > 0
     assert "correlation" in capsys.readouterr().out
+    page = (out / "patch.html").read_text()
+    assert page.count("<td style='background:") == 2 * 2 * 4  # exact and attribution grids: 2 layers x 4 heads
+    first = f"L0H0: {r['effect'][0][0]:+.4f}; attribution {r['attribution'][0][0]:+.4f}"
+    assert first in page and "the heads sat on the" in page and "<script" not in page
+
+
+def test_the_page_escapes_what_it_shows(tmp_path):
+    from multihead.interpret.patch_page import write_patch_page
+
+    evil = "<img src=x onerror=alert(1)>"
+    result = {"model": evil, "metric": "logit-diff", "effect": [[[0.5, -1.0], [0.0, 0.25]]],
+              "pairs": [{"clean": evil, "corrupt": evil, "answer": " a", "wrong": " b"}],
+              "per_pair": [{"clean": 1.0, "corrupt": 0.0}]}
+    write_patch_page(tmp_path / "p.html", result, tokens=[evil, "b"])
+    page = (tmp_path / "p.html").read_text()
+    assert evil not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    # per position: the grid shows each head's largest effect over positions, with its sign
+    assert "L0H0: -1.0000" in page and "L0H1: +0.2500" in page
 
 
 def test_patch_from_a_file_with_positions(model, tmp_path):

@@ -8,7 +8,8 @@ from pathlib import Path
 
 
 def _load(source: str):
-    """``(model, encode(text) -> ids, token(text) -> one id)`` for a pretrained LM or a causal LM run."""
+    """``(model, encode(text) -> ids, token(text) -> one id, texts(ids) -> token strings)`` for a pretrained LM or
+    a causal LM run."""
     from ..lm import LMError, is_lm_source
 
     if is_lm_source(source):
@@ -23,7 +24,7 @@ def _load(source: str):
                               "(names usually need a leading space, e.g. \" Mary\")")
             return ids[0]
 
-        return p.model, lambda text: p.encode(text), one
+        return p.model, lambda text: p.encode(text), one, p.token_texts
     from ..data.tokenizer import SEP
     from ..train.pretrain import load_pretrain_run
 
@@ -41,7 +42,7 @@ def _load(source: str):
             raise ValueError(f"{text!r} is {len(ids)} tokens for this model; the answer must be one token")
         return ids[0]
 
-    return run.model, encode, one_run
+    return run.model, encode, one_run, lambda ids: [tok.id_to_token(int(i)) or "?" for i in ids]
 
 
 def _pairs(args) -> list[dict]:
@@ -74,12 +75,13 @@ def cmd_patch(args) -> int:
     from .._io import Publish, atomic_write_json, check_target
     from ..heads import scores as plots
     from ..interpret import patching as P
+    from ..interpret.patch_page import write_patch_page
 
     check_target(args.out, "importance", overwrite=args.overwrite, sources=(args.model,))
     pairs = _pairs(args)
     if args.metric == "logit-diff" and any(not p.get("wrong") for p in pairs):
         raise ValueError("--metric logit-diff needs --wrong TOKEN (or \"wrong\" in every line of --file)")
-    model, encode, one = _load(args.model)
+    model, encode, one, texts = _load(args.model)
     exact, approx, values = [], [], []
     for pair in pairs:
         clean, corrupt = torch.tensor([encode(pair["clean"])]), torch.tensor([encode(pair["corrupt"])])
@@ -104,12 +106,14 @@ def cmd_patch(args) -> int:
         grid = effect.abs().amax(-1) if args.positions else effect
         plots.plot(grid, folder / "importance", f"{args.model}: activation patching ({args.metric}, clean -> "
                                                  f"corrupted, mean of {len(pairs)} pairs)")
+        write_patch_page(folder / "patch.html", result, tokens=texts(encode(pairs[0]["corrupt"])))
     print(plots.format_table(effect if not args.positions else effect.abs().amax(-1),
                              f"activation patching, {args.metric}: clean {values[0]['clean']:.3f}, corrupted "
                              f"{values[0]['corrupt']:.3f} (first pair)"))
     if approx:
         print(f"attribution patching vs exact over all heads: correlation {result['correlation']:.3f}")
-    print(f"wrote {Path(args.out) / 'importance-patching.json'} and importance.png")
+    print(f"wrote {Path(args.out) / 'importance-patching.json'}, importance.png and patch.html (open it in a "
+          "browser)")
     return 0
 
 
@@ -119,7 +123,7 @@ def cmd_attribute(args) -> int:
 
     from ..interpret import patching as P
 
-    model, encode, one = _load(args.model)
+    model, encode, one, _ = _load(args.model)
     ids = torch.tensor([encode(args.text)])
     r = P.direct_logit_attribution(model, ids, one(args.answer), one(args.wrong) if args.wrong else None)
     heads = r["heads"]
@@ -183,7 +187,7 @@ def register(sub) -> None:
     pa.add_argument("--metric", choices=["logit-diff", "prob"], default="logit-diff")
     pa.add_argument("--positions", action="store_true", help="patch every head at every position separately")
     pa.add_argument("--batch", type=_count, default=32, help="rows per patched forward pass")
-    pa.add_argument("--out", required=True, help="folder for importance-patching.json and the heat map")
+    pa.add_argument("--out", required=True, help="folder for importance-patching.json, the heat map and a page")
     pa.add_argument("--overwrite", action="store_true")
     pa.set_defaults(fn=cmd_patch)
 
