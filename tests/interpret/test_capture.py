@@ -95,3 +95,31 @@ def test_capture_on_imported_minilm_and_bad_requests():
         p.model(ids, mask)
     with pytest.raises(KeyError, match="was not captured"):
         cache.pattern(3)
+
+
+def test_result_and_resid_are_what_each_head_writes_and_the_stream_after_each_block():
+    from multihead.modules.capture import capture
+    from multihead.models.seq2seq import CausalLM, CausalLMConfig
+    from multihead.modules.decoder import DecoderConfig
+
+    torch.manual_seed(0)
+    lm = CausalLM(CausalLMConfig(vocab_size=30, max_len=16, positional="rope", decoder=DecoderConfig(
+        d_model=32, num_heads=4, num_layers=2, cross_attention=False, norm_first=True, dropout=0.0))).eval()
+    ids = torch.randint(0, 30, (2, 7))
+    outs, posts = {}, {}
+    hs = []
+    for i, b in enumerate(lm.decoder.layers):
+        hs.append(b.hook_attn_out.add_hook(lambda t, h, i=i: outs.__setitem__(i, t.clone())))
+        hs.append(b.hook_resid_post.add_hook(lambda t, h, i=i: posts.__setitem__(i, t.clone())))
+    with capture(lm, ("result", "resid")) as cache, torch.no_grad():
+        lm(ids)
+    for h in hs:
+        h.remove()
+    for i, b in enumerate(lm.decoder.layers):
+        result = cache.get_layer("result", i)
+        assert result.shape == (2, 4, 7, 32)  # (B, H, L, E): one vector per head and position
+        # the heads' writes plus the output bias are the attention output, as the block adds it to the stream
+        torch.testing.assert_close(result.sum(1) + b.self_attn.w_o.bias, outs[i], atol=1e-5, rtol=0)
+        torch.testing.assert_close(cache.get_layer("resid", i), posts[i], atol=0, rtol=0)
+    with pytest.raises(KeyError, match="was not captured"):
+        cache.get_layer("z", 0)

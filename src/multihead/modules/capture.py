@@ -24,7 +24,13 @@ from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
 
-WHAT = {"pattern": "hook_pattern", "q": "hook_q", "k": "hook_k", "v": "hook_v", "z": "hook_z", "stats": "hook_stats"}
+WHAT = {"pattern": "hook_pattern", "q": "hook_q", "k": "hook_k", "v": "hook_v", "z": "hook_z", "stats": "hook_stats",
+        "result": "hook_result", "resid": "hook_resid_post"}
+
+
+def _block_of(name: str) -> str:
+    """The block holding attention module ``name`` (``decoder.layers.3.self_attn`` -> ``decoder.layers.3``)."""
+    return name.rsplit(".", 1)[0] if "." in name else ""
 
 
 class Cache(dict):
@@ -36,7 +42,8 @@ class Cache(dict):
         self.attention_modules = attention_modules
 
     def get_layer(self, what: str, layer: int) -> Tensor:
-        name = f"{self.attention_modules[layer]}.{WHAT[what]}"
+        owner = self.attention_modules[layer]
+        name = f"{_block_of(owner) if what == 'resid' else owner}.{WHAT[what]}"
         if name not in self:
             raise KeyError(f"{name} was not captured; capture with what=({what!r}, ...) and run the model inside the "
                            "with-block")
@@ -68,11 +75,17 @@ def attention_modules(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
 @contextmanager
 def capture(model: nn.Module, what: Iterable[str] = ("pattern",), *, layers: Iterable[int] | None = None,
             to_cpu: bool = True, stats: dict | None = None) -> Iterator[Cache]:
-    """Record ``what`` (any of ``pattern``, ``q``, ``k``, ``v``, ``z``, ``stats``) of every attention module (or those
-    in ``layers``, indices in layer order) during the forward passes run inside the block. A second forward pass
-    overwrites the first one's entries. ``stats`` records each call's exact per-head statistics
-    (:func:`~multihead.attention.stats.attention_stats`, options from ``stats=``, e.g. ``{"topk": 8}``) without
-    building any ``Lq x Lk`` map: the way to look at long inputs."""
+    """Record ``what`` of every attention module (or those in ``layers``, indices in layer order) during the forward
+    passes run inside the block, only what is asked; a second forward pass overwrites the first one's entries:
+
+    * ``pattern``, ``q``, ``k``, ``v``, ``z`` -- the module's hook points (weights ``(B, H, Lq, Lk)``, rotated
+      queries and keys, values, per-head outputs ``(B, H, Lq, D)``);
+    * ``result`` -- what each head writes into the residual stream, ``z_h W_O^h``, ``(B, H, Lq, E)`` (before
+      ``head_mask``; summed over heads plus the output bias it is the module's output; not for gated heads);
+    * ``resid`` -- the residual stream after the block holding the module (its ``hook_resid_post``, ``(B, L, E)``);
+    * ``stats`` -- each call's exact per-head statistics (:func:`~multihead.attention.stats.attention_stats`,
+      options from ``stats=``, e.g. ``{"topk": 8}``) without building any ``Lq x Lk`` map: the way to look at long
+      inputs."""
     what = list(what)
     bad = [w for w in what if w not in WHAT]
     if bad:
@@ -80,7 +93,17 @@ def capture(model: nn.Module, what: Iterable[str] = ("pattern",), *, layers: Ite
     mods = attention_modules(model)
     cache = Cache([n for n, _ in mods])
     chosen = range(len(mods)) if layers is None else list(layers)
-    handles, options = [], {}
+    named = dict(model.named_modules())
+    handles, options, blocks_seen = [], {}, set()
+
+    def recorder(key: str, transform=None):
+        def record(t, hook) -> None:
+            if isinstance(t, Tensor):
+                t = t.detach() if transform is None else transform(t.detach())
+                t = t.cpu() if to_cpu else t
+            cache[key] = t  # stats: an AttentionStats (computed without autograd)
+        return record
+
     try:
         for i in chosen:
             name, mod = mods[i]
@@ -88,15 +111,26 @@ def capture(model: nn.Module, what: Iterable[str] = ("pattern",), *, layers: Ite
                 options[mod] = mod.stats_options
                 mod.stats_options = dict(stats or {})
             for w in what:
-                key = f"{name}.{WHAT[w]}"
+                if w == "resid":
+                    block = named.get(_block_of(name))
+                    if block is None or not hasattr(block, "hook_resid_post"):
+                        raise ValueError(f"{name} sits in no block with a residual stream hook (hook_resid_post)")
+                    key = f"{_block_of(name)}.hook_resid_post"
+                    if key not in blocks_seen:  # a decoder block holds two attention modules
+                        blocks_seen.add(key)
+                        handles.append(block.hook_resid_post.add_hook(recorder(key)))
+                elif w == "result":
+                    if getattr(mod, "w_gate", None) is not None:
+                        raise ValueError(f"{name} has gated heads: what a head writes depends on the gate's input too;"
+                                         " capture z instead")
+                    w_o = mod.w_o.weight.detach()
 
-                def record(t, hook, key=key) -> None:
-                    if isinstance(t, Tensor):
-                        t = t.detach()
-                        t = t.cpu() if to_cpu else t
-                    cache[key] = t  # stats: an AttentionStats (computed without autograd)
+                    def per_head(z: Tensor, w_o=w_o) -> Tensor:
+                        return torch.einsum("bhld,ehd->bhle", z, w_o.view(w_o.shape[0], z.shape[1], z.shape[3]))
 
-                handles.append(getattr(mod, WHAT[w]).add_hook(record))
+                    handles.append(mod.hook_z.add_hook(recorder(f"{name}.hook_result", per_head)))
+                else:
+                    handles.append(getattr(mod, WHAT[w]).add_hook(recorder(f"{name}.{WHAT[w]}")))
         yield cache
     finally:
         for h in handles:
