@@ -166,7 +166,7 @@ def cmd_circuit(args) -> int:
     result = {"circuit": args.task, "model": str(args.model), **r}
     with Publish(Path(args.out), "circuit", overwrite=args.overwrite, sources=(args.model,)) as folder:
         atomic_write_json(folder / "circuit.json", result)
-        draw(r, folder / "circuit.png", title)
+        draw(r, folder / "circuit", title)
     print(text)
     print(f"wrote {Path(args.out) / 'circuit.json'} and circuit.png")
     return 0

@@ -33,6 +33,7 @@ from torch import Tensor
 from . import patching as P
 from .induction import INDUCTION, prefix_matching, repeated_tokens
 from ..modules.capture import capture
+from ..plotting import plain, pyplot, save
 
 PREVIOUS = 0.4  # a previous-token head puts at least this mean weight on the key just before the query
 
@@ -152,11 +153,9 @@ def format_induction(r: dict) -> str:
 
 
 def plot_induction(r: dict, path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """The log-probabilities of the path-patching runs (bars), and each sender's own path effect through the keys;
+    ``path`` without suffix (PNG and SVG are written)."""
+    plt = pyplot()
     m = r["mean"]
     keys = ["original", "q", "k", "v", "senders_resampled", "induction_resampled", "first_half"]
     labels = ["original", "path via\nqueries", "path via\nkeys", "path via\nvalues", "previous-token\nheads resampled",
@@ -173,10 +172,9 @@ def plot_induction(r: dict, path, title: str) -> None:
     b.invert_yaxis()
     b.set_xlabel("change in log-probability (nats)")
     b.set_title("each previous-token head alone, via keys")
-    fig.suptitle(title)
+    fig.suptitle(plain(title))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------------- IOI
@@ -320,11 +318,7 @@ def format_ioi(r: dict) -> str:
 def plot_ioi(r: dict, path, title: str) -> None:
     """Exact patching, attribution patching, direct logit attribution and the path effect into the name movers'
     queries, layers x heads, one diverging colour scale each."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     panels = [("effect", "activation patching (exact)"), ("attribution", "attribution patching"),
               ("direct", "direct logit attribution"), ("path_into_name_movers_q", "path patching into name movers' q")]
     fig, axes = plt.subplots(1, 4, figsize=(16, 6))
@@ -336,10 +330,9 @@ def plot_ioi(r: dict, path, title: str) -> None:
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         fig.colorbar(im, ax=ax, fraction=0.046, label="change in logit(IO) - logit(S)")
-    fig.suptitle(title)
+    fig.suptitle(plain(title))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 __all__ = ["NAMES", "TEMPLATES", "format_induction", "format_ioi", "induction_circuit", "ioi", "ioi_prompts",
