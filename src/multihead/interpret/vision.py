@@ -26,18 +26,21 @@ from ..plotting import pyplot, save
 
 
 @torch.no_grad()
-def image_patterns(model, image: Tensor) -> tuple[list[Tensor], Tensor]:
-    """Per-layer weights ``(H, T, T)`` for one float image ``(1, C, H, W)``, and the class probabilities."""
+def image_patterns(model, image: Tensor) -> tuple[list[Tensor], Tensor | None]:
+    """Per-layer weights ``(H, T, T)`` for one float image ``(1, C, H, W)``, and the class probabilities (None for
+    a backbone without a classifier, e.g. DINOv2)."""
     model.eval()
     with capture(model, ("pattern",)) as cache:
-        probs = torch.softmax(model(image).float(), -1)[0]
+        out = model(image)
+    probs = torch.softmax(out.float(), -1)[0] if model.fc is not None else None
     return [p[0] for p in cache.patterns()], probs
 
 
 def _query_over_patches(w: Tensor, model, query: int | None) -> Tensor:
     """``(H, T, T)`` -> ``(H, grid, grid)``: the ``query`` row over the patch keys (renormalised over patches);
     ``query=None`` averages every patch query (models without [CLS])."""
-    o, g = model.config.patch_offset, model.config.grid
+    o = model.config.patch_offset
+    g = math.isqrt(w.shape[-1] - o)  # square images: the grid of this input (any size for interpolated positions)
     rows = w[:, o:, o:].mean(1) if query is None else w[:, query, o:]  # (H, N)
     rows = rows / rows.sum(-1, keepdim=True).clamp_min(1e-30)
     return rows.reshape(-1, g, g)
@@ -71,7 +74,7 @@ def _grid_figure(maps: list[Tensor], image: Tensor, model, title: str, stem: Pat
                  mark: tuple[int, int] | None = None) -> list[Path]:
     plt = pyplot()
     rows, cols = len(maps), max([m.shape[0] for m in maps] + [1])
-    size, p = model.config.image_size, model.config.patch_size
+    size, p = image.shape[-1], model.config.patch_size
     fig, axes = plt.subplots(rows, cols, figsize=(1.6 * cols + 0.6, 1.6 * rows + 0.8), squeeze=False)
     for l, m in enumerate(maps):
         for h in range(cols):
@@ -91,27 +94,29 @@ def _grid_figure(maps: list[Tensor], image: Tensor, model, title: str, stem: Pat
     return files
 
 
-def show_image(model, image_u8: Tensor, labels: list[str], out: Path, *, truth: str | None = None,
-               patch: tuple[int, int] | None = None, name: str = "image") -> dict:
-    """Write the pictures for one uint8 image ``(1, C, H, W)`` into ``out`` (created); returns the summary."""
+def show_image(model, image_u8: Tensor, labels: list[str] | None, out: Path, *, truth: str | None = None,
+               patch: tuple[int, int] | None = None, name: str = "image", inputs: Tensor | None = None) -> dict:
+    """Write the pictures for one square uint8 image ``(1, C, S, S)`` into ``out`` (created); returns the
+    summary. ``inputs``: the model's float input when it is not ``to_float(image_u8)`` (e.g. DINOv2's ImageNet
+    normalisation); ``labels`` None for a backbone (no prediction)."""
     from .._io import atomic_write_json
     from ..data.images import to_float
 
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     cfg = model.config
-    g = cfg.grid
+    g = image_u8.shape[-1] // cfg.patch_size
     patch = (g // 2, g // 2) if patch is None else patch
     if not (0 <= patch[0] < g and 0 <= patch[1] < g):
         raise ValueError(f"--patch {patch[0]},{patch[1]} is outside the {g}x{g} patch grid (rows and columns 0..{g - 1})")
-    patterns, probs = image_patterns(model, to_float(image_u8))
+    patterns, probs = image_patterns(model, to_float(image_u8) if inputs is None else inputs)
     grey = image_u8[0].float().mean(0)  # (H, W)
-    pred = labels[int(probs.argmax())]
+    pred = labels[int(probs.argmax())] if probs is not None and labels else None
     cls = 0 if cfg.patch_offset else None
     what = "[CLS]" if cls == 0 else "mean patch query"
+    said = "" if pred is None else f" (predicted {pred}{'' if truth is None else f', true {truth}'})"
     files = _grid_figure([_query_over_patches(w, model, cls) for w in patterns], grey, model,
-                         f"{name}: {what} attention per head (predicted {pred}"
-                         f"{'' if truth is None else f', true {truth}'})", out / "cls_grid")
+                         f"{name}: {what} attention per head{said}", out / "cls_grid")
     q = cfg.patch_offset + patch[0] * g + patch[1]
     files += _grid_figure([_query_over_patches(w, model, q) for w in patterns], grey, model,
                           f"{name}: where patch (row {patch[0]}, column {patch[1]}) looks, per head", out / "patch_grid",
@@ -120,18 +125,17 @@ def show_image(model, image_u8: Tensor, labels: list[str], out: Path, *, truth: 
     plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(6, 3.2))
     a.imshow(grey.numpy(), cmap="gray", vmin=0, vmax=255)
-    a.set_title(f"{name} (predicted {pred})", fontsize=9)
+    a.set_title(f"{name}{said}", fontsize=9)
     a.set_xticks([])
     a.set_yticks([])
-    _overlay(b, grey, roll, cfg.image_size, p=cfg.patch_size)
+    _overlay(b, grey, roll, grey.shape[-1], p=cfg.patch_size)
     b.set_title("attention rollout of " + what, fontsize=9)
     fig.tight_layout()
     files += save(fig, out / "rollout")
     plt.close(fig)
-    files.append(image_page(model, patterns, image_u8[0], out / "attention.html",
-                            f"{name}: predicted {pred}{'' if truth is None else f', true {truth}'}"))
+    files.append(image_page(model, patterns, image_u8[0], out / "attention.html", f"{name}{said}"))
     summary = {"image": name, "predicted": pred, "true": truth,
-               "probabilities": {lab: round(float(v), 5) for lab, v in zip(labels, probs)},
+               "probabilities": {} if probs is None else {lab: round(float(v), 5) for lab, v in zip(labels, probs)},
                "patch": list(patch), "rollout": roll.tolist(),
                "files": [str(f.relative_to(out)) for f in files], "seconds": time.perf_counter() - t0}
     atomic_write_json(out / "image.json", summary)
@@ -145,7 +149,7 @@ def image_page(model, patterns: list[Tensor], image_u8: Tensor, path: Path, text
     from .page import page_image, write_page
 
     cfg = model.config
-    g, o = cfg.grid, cfg.patch_offset
+    g, o = image_u8.shape[-1] // cfg.patch_size, cfg.patch_offset
     tokens = ["[CLS]"] * o + [f"patch {r},{c}" for r in range(g) for c in range(g)]
     maps = AttentionMaps(text, tokens, [p.float() for p in patterns], "ViT")
     return write_page(maps, path, image=page_image(image_u8, patch=cfg.patch_size, queries="patches",
