@@ -252,3 +252,58 @@ def test_whisper_tiny_en_matches_hf_on_synthesized_speech(tmp_path):
         theirs = theirs[2:] if theirs[:2] == w.prompt else theirs  # HF returns the prompt or not, by version
         assert ours["tokens"] == [x for x in theirs if x != w.eot], text
         assert ours["text"] == w.tokenizer.decode(theirs, skip_special_tokens=True).strip()
+
+
+# ---------------------------------------------------------------------------------------------------- alignment
+def test_dtw_alignment_scores_and_word_errors_follow_their_definitions():
+    from multihead.interpret import speech as S
+
+    # a cost with one cheap monotone path: token 0 on frames 0-1, token 1 on frame 2, token 2 on frames 3-5
+    cost = np.ones((3, 6))
+    cost[0, :2] = cost[1, 2] = cost[2, 3:] = 0.0
+    rows, cols = S.dtw(cost)
+    assert rows.tolist() == [0, 0, 1, 2, 2, 2] and cols.tolist() == [0, 1, 2, 3, 4, 5]
+    # a head whose focus walks forward scores 1, one that walks backward -1, a fixed one 0 (no correlation)
+    cross = torch.zeros(1, 3, 5, 10)
+    for t in range(5):
+        cross[0, 0, t, 2 * t] = 1.0
+        cross[0, 1, t, 9 - 2 * t] = 1.0
+    cross[0, 2, :, 4] = 1.0
+    cross[0, 2, 2, 5] = 0.0
+    scores = S.alignment_scores(cross, 0, 5, 10)
+    assert scores[0, 0] == pytest.approx(1.0) and scores[0, 1] == pytest.approx(-1.0) and scores[0, 2] == 0.0
+    assert S.word_errors("the cat sat on the mat", "The cat sat on a mat.") == (1, 6)  # one substitution
+    assert S.word_errors("a b c", "a c") == (1, 3) and S.word_errors("a b", "a b c d") == (2, 2)
+    x = torch.tensor([[0.0, 5.0, 0.0, 0.0, 1.0, 1.0, 1.0]])
+    # edges reflected without repeating the edge sample (torch's reflect): the window at 0 is [5, 0, 5]
+    assert S._median_filter(x, 3).tolist() == [[5.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]]
+
+
+@pytest.mark.skipif(ESPEAK is None, reason="needs espeak-ng (apt-get install espeak-ng)")
+def test_words_spoken_one_by_one_start_where_the_timeline_says():
+    from multihead.interpret import speech as S
+
+    audio, words = S.speak_words("attention reads the past", seed=3)
+    assert [w["word"] for w in words] == ["attention", "reads", "the", "past"] and words[0]["start"] == 0.3
+    for w in words:
+        a, b = int(w["start"] * 16000), int(w["end"] * 16000)
+        assert np.abs(audio[a:a + 80]).max() > 0.01  # speech from the first 5 ms on
+        assert np.abs(audio[b:b + 1600]).max() == 0.0  # and a silence right after (at least 100 ms)
+    assert np.abs(audio[: int(0.3 * 16000)]).max() == 0.0
+
+
+@needs_real
+@pytest.mark.skipif(ESPEAK is None, reason="needs espeak-ng (apt-get install espeak-ng)")
+def test_transcribe_prints_text_and_word_times(tmp_path, capsys):
+    from multihead.cli import main
+
+    speak("Multi head attention reads the past.", tmp_path / "s.wav")
+    assert main(["transcribe", "whisper", str(tmp_path / "s.wav"), "--timestamps", "--json"]) == 0
+    out = capsys.readouterr().out
+    r = json.loads(out.strip().splitlines()[-1])
+    assert "attention reads the past" in r["text"].lower() and len(r["words"]) == len(r["text"].split())
+    starts = [w["start"] for w in r["words"]]
+    assert starts == sorted(starts) and starts[-1] < r["seconds"]
+    (tmp_path / "bad.wav").write_text("not audio")
+    assert main(["transcribe", "whisper", str(tmp_path / "bad.wav")]) == 2
+    assert "not a PCM WAV file" in capsys.readouterr().err

@@ -4,6 +4,7 @@
     args.py      argument types and helpers          tools.py    demo, backends, bench
     training.py  train, pretrain, compare, sweep      runs.py     evaluate, predict, data, embed, export
     inspect.py   show, heads, importance, prune       lm.py       generate, sinks, induction
+    interventions.py  patch, attribute, circuit       speech.py   transcribe
 
 A new subcommand: a ``cmd_*`` handler and its ``sub.add_parser(...)`` lines in the module of its group (numbers
 validated at parse time with the types in ``args.py``), calling one library function. Nothing below the CLI imports
@@ -14,10 +15,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import inspect, interventions, lm, runs, tools, training
+from . import inspect, interventions, lm, runs, speech, tools, training
 from .training import train_config_from_args, train_overrides  # noqa: F401  (used by tests and scripts)
 
-GROUPS = (tools, training, runs, inspect, lm, interventions)
+GROUPS = (tools, training, runs, inspect, lm, interventions, speech)
 
 
 def build_parser() -> argparse.ArgumentParser:

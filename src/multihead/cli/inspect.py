@@ -192,6 +192,12 @@ def cmd_heads(args) -> int:
 
     if is_dinov2_source(args.model):
         return _heads_dinov2(args)
+    from ..whisper import is_whisper_source
+
+    if is_whisper_source(args.model):
+        from .speech import cmd_heads_whisper
+
+        return cmd_heads_whisper(args)
     kind = tasks.kind_of(args.model)
     if kind is not None and kind.check("heads", args.model).section == "pretrain":
         return _heads_causal(args)
@@ -369,8 +375,8 @@ def register(sub) -> None:
 
     hd = sub.add_parser("heads", help="per-head statistics and role labels over a corpus sample")
     hd.add_argument("model", help="a run folder, minilm, a BERT-family folder, a pretrained LM (smollm2, .gguf, HF "
-                                  "folder: IMDB test text cut into --n inputs of --max-len tokens), or dinov2 "
-                                  "(photographs)")
+                                  "folder: IMDB test text cut into --n inputs of --max-len tokens), dinov2 "
+                                  "(photographs) or whisper (synthesized speech)")
     hd.add_argument("--data", default="rotten_tomatoes", help="built-in dataset or a .csv/.tsv/.jsonl file")
     hd.add_argument("--n", type=_count, default=200, help="texts to use (default 200)")
     hd.add_argument("--split", default="test", choices=["test", "all"], help="the fixed test split, or all rows")
@@ -386,6 +392,8 @@ def register(sub) -> None:
                                                              "(default 224)")
     hd.add_argument("--compare", default=None, help="dinov2: a ViT run folder whose attention distance is drawn "
                                                     "beside")
+    hd.add_argument("--sentences", type=_count, default=50, help="whisper: sentences spoken word by word by espeak-ng "
+                                                                "(half choose the heads, half measure them)")
     hd.add_argument("--json", action="store_true")
     hd.add_argument("--overwrite", action="store_true", help="replace a folder of other files at --out")
     hd.set_defaults(fn=cmd_heads)
