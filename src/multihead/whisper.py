@@ -274,6 +274,61 @@ def load(name_or_path: str | Path = "whisper") -> Whisper:
                    tuple(meta.get("suppress_ids_begin") or ()), [tuple(h) for h in meta.get("alignment_heads") or []])
 
 
+def hf_state(model: SpeechSeq2Seq) -> dict[str, Tensor]:
+    """Our weights under HF ``WhisperForConditionalGeneration``'s names (its keys have no bias)."""
+    sd = model.state_dict()
+    out = {"model.encoder.conv1.weight": sd["conv1.weight"], "model.encoder.conv1.bias": sd["conv1.bias"],
+           "model.encoder.conv2.weight": sd["conv2.weight"], "model.encoder.conv2.bias": sd["conv2.bias"],
+           "model.encoder.embed_positions.weight": sd["enc_pos"], "model.decoder.embed_positions.weight": sd["dec_pos"],
+           "model.decoder.embed_tokens.weight": sd["embed.weight"], "proj_out.weight": sd["embed.weight"]}
+    for side in ("encoder", "decoder"):
+        out[f"model.{side}.layer_norm.weight"] = sd[f"{side}.final_norm.weight"]
+        out[f"model.{side}.layer_norm.bias"] = sd[f"{side}.final_norm.bias"]
+    pairs = {"w_q": "q_proj", "w_k": "k_proj", "w_v": "v_proj", "w_o": "out_proj"}
+    for i in range(model.config.encoder.num_layers):
+        a, b = f"encoder.layers.{i}", f"model.encoder.layers.{i}"
+        for ours, theirs in pairs.items():
+            out[f"{b}.self_attn.{theirs}.weight"] = sd[f"{a}.attn.{ours}.weight"]
+            if ours != "w_k":
+                out[f"{b}.self_attn.{theirs}.bias"] = sd[f"{a}.attn.{ours}.bias"]
+        for ours, theirs in (("norm1", "self_attn_layer_norm"), ("norm2", "final_layer_norm"), ("ffn.w_1", "fc1"),
+                             ("ffn.w_2", "fc2")):
+            out[f"{b}.{theirs}.weight"], out[f"{b}.{theirs}.bias"] = sd[f"{a}.{ours}.weight"], sd[f"{a}.{ours}.bias"]
+    for i in range(model.config.decoder.num_layers):
+        a, b = f"decoder.layers.{i}", f"model.decoder.layers.{i}"
+        for mod, theirs_mod in (("self_attn", "self_attn"), ("cross_attn", "encoder_attn")):
+            for ours, theirs in pairs.items():
+                out[f"{b}.{theirs_mod}.{theirs}.weight"] = sd[f"{a}.{mod}.{ours}.weight"]
+                if ours != "w_k":
+                    out[f"{b}.{theirs_mod}.{theirs}.bias"] = sd[f"{a}.{mod}.{ours}.bias"]
+        for ours, theirs in (("norms.0", "self_attn_layer_norm"), ("norms.1", "encoder_attn_layer_norm"),
+                             ("norms.2", "final_layer_norm"), ("ffn.w_1", "fc1"), ("ffn.w_2", "fc2")):
+            out[f"{b}.{theirs}.weight"], out[f"{b}.{theirs}.bias"] = sd[f"{a}.{ours}.weight"], sd[f"{a}.{ours}.bias"]
+    return out
+
+
+def hf_model(w: Whisper):
+    """HF's ``WhisperForConditionalGeneration`` with ``w``'s weights (a peer for benchmarks; needs transformers)."""
+    import transformers as T
+
+    c = w.model.config
+    cfg = T.WhisperConfig(vocab_size=c.vocab_size, num_mel_bins=c.n_mels, d_model=c.encoder.d_model,
+                          encoder_layers=c.encoder.num_layers, decoder_layers=c.decoder.num_layers,
+                          encoder_attention_heads=c.encoder.num_heads, decoder_attention_heads=c.decoder.num_heads,
+                          encoder_ffn_dim=c.encoder.d_ff, decoder_ffn_dim=c.decoder.d_ff,
+                          max_source_positions=c.max_source_positions, max_target_positions=c.max_target_positions,
+                          decoder_start_token_id=w.prompt[0], eos_token_id=w.eot, pad_token_id=w.eot,
+                          bos_token_id=w.prompt[0])
+    hf = T.WhisperForConditionalGeneration(cfg).eval()
+    hf.load_state_dict(hf_state(w.model), strict=True)
+    gen = T.GenerationConfig(decoder_start_token_id=w.prompt[0], eos_token_id=w.eot, pad_token_id=w.eot,
+                             no_timestamps_token_id=w.prompt[1], suppress_tokens=list(w.suppress),
+                             begin_suppress_tokens=list(w.suppress_begin), is_multilingual=False,
+                             max_length=c.max_target_positions)
+    hf.generation_config = gen
+    return hf
+
+
 # ---------------------------------------------------------------------------------------------------- audio
 def read_wav(path: str | Path) -> np.ndarray:
     """A PCM WAV file as 16 kHz mono float32 in [-1, 1] (channels averaged, resampled with a polyphase filter)."""
@@ -344,5 +399,5 @@ def log_mel(audio: np.ndarray | Tensor, n_mels: int = 80) -> Tensor:
     return ((logs + 4.0) / 4.0)[None]
 
 
-__all__ = ["INSTALL", "Whisper", "WhisperError", "is_whisper_source", "load", "log_mel", "mel_filters", "read_ct2",
-           "read_wav", "resolve"]
+__all__ = ["INSTALL", "Whisper", "WhisperError", "hf_model", "hf_state", "is_whisper_source", "load", "log_mel",
+           "mel_filters", "read_ct2", "read_wav", "resolve"]

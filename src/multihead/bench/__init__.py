@@ -12,6 +12,7 @@ SUITES = {
     "stats": "multihead.bench.stats",
     "kernels": "multihead.bench.kernels",
     "patch": "multihead.bench.patch",
+    "whisper": "multihead.bench.whisper",
 }
 # the suites that take ``--device cuda`` / ``--dtype bf16|fp16`` (the others measure CPU fp32 runs)
 ON_DEVICE = ("attention", "long", "decode", "kernels")

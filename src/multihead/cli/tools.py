@@ -102,5 +102,7 @@ def register(sub) -> None:
                                                      "the same file")
     bench.add_argument("--prefill", type=_ints, default=None, help="decode --model LM: prompt lengths whose forward "
                                                                    "pass is timed (default 512,4096)")
+    bench.add_argument("--clips", type=_count, default=None, help="whisper: spoken sentences compared with HF "
+                                                                 "(default 10)")
     bench.set_defaults(fn=cmd_bench)
 
