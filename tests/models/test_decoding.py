@@ -221,3 +221,18 @@ def test_seq2seq_initialisation_depends_on_the_seed_only():
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env={**__import__("os").environ, "PYTHONHASHSEED": str(s)}).stdout for s in range(4)}
     assert len(outs) == 1 and outs != {""}, outs
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+def test_suppressed_tokens_are_never_chosen_and_begin_suppressed_ones_not_first(strategy):
+    model = lm()
+    ids = torch.randint(1, 50, (2, 5), generator=torch.Generator().manual_seed(3))
+    free = mh.generate(model, ids, None, strategy=strategy, max_new_tokens=8)
+    banned = sorted({t for row in free.tokens for t in row})[:3]  # tokens the free run uses
+    first = [row[0] for row in free.tokens]
+    out = mh.generate(model, ids, None, strategy=strategy, max_new_tokens=8, suppress_tokens=banned[:2],
+                      begin_suppress_tokens=first)
+    for row, f in zip(out.tokens, first):
+        assert not set(row) & set(banned[:2]) and row[0] != f
+    # without suppression the same call gives the free run back
+    assert mh.generate(model, ids, None, strategy=strategy, max_new_tokens=8).tokens == free.tokens
