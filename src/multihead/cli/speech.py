@@ -32,20 +32,16 @@ def cmd_heads_whisper(args) -> int:
     through them against speech whose word times are known, and the word error rate."""
     from .. import whisper
     from .._io import Publish, atomic_write_json
-    from ..heads import scores as plots
     from ..interpret import speech as S
 
     if args.out is None:
         raise ValueError("pass --out FOLDER: where to write heads.json and the pictures")
     w = whisper.load(args.model)
     r = S.study(w, n=args.sentences, progress=True)
-    import torch
-
     with Publish(Path(args.out), "heads", overwrite=args.overwrite, sources=(args.model,)) as folder:
         atomic_write_json(folder / "heads.json", {"model": str(args.model), **r})
-        plots.plot(torch.tensor(r["alignment_scores"]), folder / "alignment",
-                   f"{args.model}: cross-attention heads' alignment score (token order vs time), "
-                   f"{r['selected_on']} sentences")
+        S.plot_heads(r, folder / "alignment", f"{args.model}: cross-attention heads on {r['selected_on']} "
+                                               "sentences spoken word by word")
     print(S.format_study(r))
     print(f"wrote heads.json and alignment.png to {args.out}")
     return 0

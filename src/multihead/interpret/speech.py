@@ -6,7 +6,8 @@
 * **Word timestamps** (the method of OpenAI's ``whisper/timing.py``, written here): the chosen heads' weights
   over the audio frames, standardised per frame over the tokens, median-filtered along time (width 7), averaged
   over heads; dynamic time warping on the negated matrix pairs every text token with a run of frames; a word
-  starts at the first frame of its first token (20 ms per frame).
+  starts at the first frame of its first token (20 ms per frame). One change: the prompt's first query keeps a row
+  ahead of the text's, so the silence before the first word has somewhere to go (the path must start at frame 0).
 * **Measured on speech whose word times are known**: each word of a sentence spoken separately by ``espeak-ng``,
   its silences trimmed, and the words joined with silences of seeded random length, so every word's start is known
   to the sample. The timestamps come from forced alignment of the reference text (the alignment itself is
@@ -95,13 +96,21 @@ def word_timestamps(w, audio: np.ndarray, text: str, heads: list[tuple[int, int]
     tokens = w.tokenizer.encode(" " + text.strip(), add_special_tokens=False).ids
     features = w.features(audio)
     frames = min(int(len(audio) / 16000 / FRAME + 0.5), features.shape[-1] // 2)
-    cross = cross_attention(w, features, tokens)
+    return align(w, cross_attention(w, features, tokens), tokens, frames, heads)
+
+
+def align(w, cross: Tensor, tokens: list[int], frames: int, heads: list[tuple[int, int]]) -> list[dict]:
+    """Word times from a transcript's teacher-forced cross-attention ``cross`` ``(layers, H, T, S)`` (see
+    :func:`cross_attention`) through ``heads``, over the audio's first ``frames`` frames."""
     p = len(w.prompt)
     weights = torch.stack([cross[l, h, :, :frames] for l, h in heads])  # (K, T, frames)
     std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
     weights = _median_filter((weights - mean) / std.clamp_min(1e-10), MEDIAN)
-    matrix = weights.mean(0)[p - 1:p - 1 + len(tokens)]  # row of the query that predicts each text token
+    # the row of the query that predicts each text token, after one row for the prompt's first query: a path must
+    # start at frame 0, and that row takes the silence before the first word (else the first word starts at 0)
+    matrix = weights.mean(0)[p - 2:p - 1 + len(tokens)]
     rows, cols = dtw(-matrix.double().numpy())
+    rows = rows - 1  # text tokens from 0; -1: the leading row
     starts = [float(cols[np.argmax(rows == t)]) * FRAME for t in range(len(tokens))]
     ends = [float(cols[len(rows) - 1 - np.argmax(rows[::-1] == t)] + 1) * FRAME for t in range(len(tokens))]
     words, current = [], None
@@ -189,9 +198,10 @@ def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
 
 
 def study(w, *, n: int = 50, top: int = 6, seed: int = 0, progress: bool = False) -> dict:
-    """Alignment heads found on the first half of ``n`` synthesized sentences (the ``top`` heads by alignment
-    score), word-start errors of forced alignment on the second half through them, through the alignment heads
-    OpenAI published for the model (``config.json``), and through every head; WER of greedy transcripts over all."""
+    """Word-start errors of forced alignment through each cross-attention head alone on the first half of ``n``
+    synthesized sentences; then, on the second half, through the ``top`` heads of lowest error there (chosen on
+    the first half), through the alignment heads OpenAI published for the model (``config.json``), and through
+    every head. Also each head's alignment score and the WER of greedy transcripts over all sentences."""
     from tqdm import tqdm
 
     texts = sentences(n)
@@ -204,26 +214,36 @@ def study(w, *, n: int = 50, top: int = 6, seed: int = 0, progress: bool = False
         frames = min(int(len(audio) / 16000 / FRAME + 0.5), feats.shape[-1] // 2)
         cross = cross_attention(w, feats, tokens)
         p = len(w.prompt)
-        items.append({"text": text, "hypothesis": hyp, "truth": truth, "audio": audio,
+        items.append({"text": text, "hypothesis": hyp, "truth": truth, "tokens": tokens, "frames": frames,
+                      "cross": cross[..., :frames].clone(),
                       "scores": alignment_scores(cross, p - 1, p - 1 + len(tokens), frames)})
+
+    def errors_of(group, heads) -> list[float]:
+        out = []
+        for it in group:
+            got = align(w, it["cross"], it["tokens"], it["frames"], heads)
+            if len(got) == len(it["truth"]):
+                out += [g["start"] - t["start"] for g, t in zip(got, it["truth"])]  # signed: + late
+        return out
+
     half = len(items) // 2
     scores = torch.stack([it["scores"] for it in items[:half]]).mean(0)  # (layers, H)
-    width = scores.shape[1]
-    found = [(int(i) // width, int(i) % width) for i in scores.flatten().argsort(descending=True)[:top]]
-    every = [(l, h) for l in range(scores.shape[0]) for h in range(width)]
-    choices = {"found here": found, "OpenAI's alignment heads": [tuple(h) for h in w.alignment_heads], "every head": every}
-    errors: dict[str, list[float]] = {k: [] for k in choices if choices[k]}
-    for it in tqdm(items[half:], desc="aligning", disable=not progress):
-        for name in errors:
-            got = word_timestamps(w, it["audio"], it["text"], choices[name])
-            if len(got) != len(it["truth"]):
-                continue
-            errors[name] += [abs(g["start"] - t["start"]) for g, t in zip(got, it["truth"])]
+    layers, width = scores.shape
+    every = [(l, h) for l in range(layers) for h in range(width)]
+    per_head = torch.tensor([float(np.mean(np.abs(errors_of(items[:half], [lh]))) if items else np.nan) for lh in
+                             tqdm(every, desc="each head alone", disable=not progress)]).view(layers, width)
+    found = [every[int(i)] for i in per_head.nan_to_num(float("inf")).flatten().argsort()[:top]]
+    choices = {"found here": found, "OpenAI's alignment heads": [tuple(h) for h in w.alignment_heads],
+               "every head": every}
+    errors = {k: errors_of(items[half:], v) for k, v in tqdm(choices.items(), desc="aligning", disable=not progress)
+              if v}
     edits = [word_errors(it["text"], it["hypothesis"]) for it in items]
     return {"sentences": len(items), "selected_on": half, "measured_on": len(items) - half,
-            "alignment_scores": scores.tolist(), "heads": {k: [list(h) for h in v] for k, v in choices.items()},
-            "start_error_ms": {k: {"mean": 1000 * float(np.mean(v)), "median": 1000 * float(np.median(v)),
-                                   "p90": 1000 * float(np.percentile(v, 90)), "words": len(v)}
+            "alignment_scores": scores.tolist(), "head_start_error_ms": (1000 * per_head).tolist(),
+            "heads": {k: [list(h) for h in v] for k, v in choices.items()},
+            "start_error_ms": {k: {"mean": 1000 * float(np.mean(np.abs(v))), "median": 1000 * float(np.median(np.abs(v))),
+                                   "p90": 1000 * float(np.percentile(np.abs(v), 90)),
+                                   "bias": 1000 * float(np.mean(v)), "words": len(v)}
                                for k, v in errors.items() if v},
             "wer": sum(e for e, _ in edits) / max(1, sum(r for _, r in edits)),
             "examples": [{"text": it["text"], "hypothesis": it["hypothesis"]} for it in items[:5]]}
@@ -232,13 +252,45 @@ def study(w, *, n: int = 50, top: int = 6, seed: int = 0, progress: bool = False
 def format_study(r: dict) -> str:
     lines = [f"{r['sentences']} sentences spoken word by word by espeak-ng; heads chosen on {r['selected_on']}, "
              f"timestamps measured on {r['measured_on']}",
-             "alignment heads found here (layer, head): " + ", ".join(f"L{l}H{h}" for l, h in r["heads"]["found here"])]
+             "alignment heads found here (lowest word-start error alone, on the first half): "
+             + ", ".join(f"L{l}H{h}" for l, h in r["heads"]["found here"])]
     for name, e in r["start_error_ms"].items():
         lines.append(f"  word-start error through {name:<26} mean {e['mean']:6.1f} ms, median {e['median']:6.1f} ms, "
-                     f"90th percentile {e['p90']:6.1f} ms ({e['words']} words)")
+                     f"90th percentile {e['p90']:6.1f} ms, mean signed {e['bias']:+6.1f} ms ({e['words']} words)")
     lines.append(f"word error rate of greedy transcripts: {r['wer']:.1%}")
     return "\n".join(lines)
 
 
-__all__ = ["alignment_scores", "cross_attention", "dtw", "format_study", "sentences", "speak_words", "study",
+def plot_heads(r: dict, stem, title: str) -> list:
+    """Layers x heads: each cross-attention head's alignment score (left) and the word-start error of timestamps
+    through it alone (right, ms); OpenAI's alignment heads outlined, the heads chosen here starred."""
+    from ..plotting import plain, pyplot, save
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    panels = [(np.array(r["alignment_scores"]), "alignment score (token order vs attention centre in time)", "viridis",
+               "correlation"),
+              (np.array(r["head_start_error_ms"]), "word-start error through the head alone (ms)", "magma_r", "ms")]
+    openai = {tuple(h) for h in r["heads"].get("OpenAI's alignment heads", [])}
+    found = {tuple(h) for h in r["heads"]["found here"]}
+    for ax, (grid, what, cmap, unit) in zip(axes, panels):
+        im = ax.imshow(grid, cmap=cmap, aspect="auto")
+        for (l, h), v in np.ndenumerate(grid):
+            mark = "*" if (l, h) in found else ""
+            ax.text(h, l, f"{v:.2f}{mark}" if unit == "correlation" else f"{v:.0f}{mark}", ha="center", va="center",
+                    fontsize=7, color="white" if (grid[l, h] < np.nanmean(grid)) == (cmap == "viridis") else "black")
+            if (l, h) in openai:
+                ax.add_patch(plt.Rectangle((h - 0.5, l - 0.5), 1, 1, fill=False, edgecolor="cyan", lw=2))
+        ax.set_xticks(range(grid.shape[1]))
+        ax.set_yticks(range(grid.shape[0]))
+        ax.set_xlabel("head")
+        ax.set_ylabel("decoder layer")
+        ax.set_title(what, fontsize=9)
+        fig.colorbar(im, ax=ax, label=unit)
+    fig.suptitle(plain(title + " (cyan: OpenAI's alignment heads; *: the heads chosen here)"), fontsize=10)
+    fig.tight_layout()
+    return save(fig, stem)
+
+
+__all__ = ["align", "alignment_scores", "cross_attention", "dtw", "format_study", "plot_heads", "sentences", "speak_words", "study",
            "word_errors", "word_timestamps"]
