@@ -183,3 +183,39 @@ def test_show_and_heads_run_on_a_dinov2_file(tmp_path, capsys):
     assert set(r["photos"]) == {"chelsea", "astronaut", "coffee", "rocket"} and len(r["distance"]) == 2
     for name in ("objects", "distance", "norms"):
         assert (heads / f"{name}.png").is_file()
+
+
+def test_a_wrong_tensor_mapping_fails_the_parity_check(tmp_path, monkeypatch):
+    hf = _export(tmp_path / "d.onnx")
+    swapped = dict(dinov2._SUBLAYERS)
+    swapped["attention/attention/query"], swapped["attention/attention/key"] = "attn.w_k", "attn.w_q"
+    monkeypatch.setattr(dinov2, "_SUBLAYERS", swapped)  # query and key matrices exchanged, as an order mix-up would
+    d = dinov2.load(tmp_path / "d.onnx")
+    x = torch.randn(1, 3, 70, 98)
+    with torch.no_grad():
+        assert (d.model.features(x) - hf(x).last_hidden_state).abs().max() > 1e-2
+
+
+def test_hostile_photographs(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    Image.new("L", (9000, 8000)).save(tmp_path / "huge.png")  # 72 million pixels: refused from the header
+    with pytest.raises(ValueError, match="9000 x 8000 pixels"):
+        dinov2.read_photo(tmp_path / "huge.png")
+    rgb = Image.fromarray(np.random.default_rng(0).integers(0, 255, (60, 80, 3), dtype=np.uint8))
+    rgb.save(tmp_path / "ok.jpg", quality=90)
+    raw = (tmp_path / "ok.jpg").read_bytes()
+    (tmp_path / "cut.jpg").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(ValueError, match="could not be decoded"):
+        dinov2.read_photo(tmp_path / "cut.jpg")
+    rgb.convert("CMYK").save(tmp_path / "cmyk.jpg")
+    rgba = rgb.convert("RGBA")
+    rgba.putalpha(0)
+    rgba.save(tmp_path / "alpha.png")
+    Image.fromarray((np.asarray(rgb.convert("L"), dtype=np.uint16) * 257)).save(tmp_path / "deep.png")  # 16-bit grey
+    for name in ("cmyk.jpg", "alpha.png", "deep.png"):
+        photo = dinov2.read_photo(tmp_path / name)
+        assert photo.mode == "RGB" and photo.size == (80, 60), name
+    deep = np.asarray(dinov2.read_photo(tmp_path / "deep.png"))[..., 0].astype(int)
+    assert np.abs(deep - np.asarray(rgb.convert("L"), dtype=int)).max() <= 1  # scaled back to 8 bits, not clipped

@@ -30,8 +30,12 @@ def test_the_front_end_matches_hfs_feature_extractor():
     torch.testing.assert_close(whisper.mel_filters(80), torch.from_numpy(fe.mel_filters.T).float(), atol=1e-7, rtol=0)
     for seconds in (4.0, 31.0):  # padded to 30 s, and cut to it
         audio = _signal(seconds)
-        ref = fe(audio, sampling_rate=16000, return_tensors="np").input_features
-        torch.testing.assert_close(whisper.log_mel(audio), torch.from_numpy(ref), atol=2e-4, rtol=0)
+        ref = fe(audio, sampling_rate=16000, return_tensors="np").input_features  # its torch path
+        torch.testing.assert_close(whisper.log_mel(audio), torch.from_numpy(ref), atol=1e-4, rtol=0)
+        padded = np.zeros(16000 * 30, np.float32)
+        padded[: min(len(audio), len(padded))] = audio[: len(padded)]
+        ref = fe._np_extract_fbank_features(padded[None], "cpu")  # its numpy path (measured 3.6e-6 away)
+        torch.testing.assert_close(whisper.log_mel(audio), torch.from_numpy(ref).float(), atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="NaN or infinite"):
         whisper.log_mel(np.array([0.0, np.nan], dtype=np.float32))
 
@@ -166,9 +170,45 @@ def test_bad_files_are_named(tmp_path):
     (tmp_path / "w" / "tokenizer.json").unlink()
     with pytest.raises(whisper.WhisperError, match="no tokenizer.json"):
         whisper.load(tmp_path / "w")
+    bad = bytearray(raw)
+    at = raw.index(b"decoder/embeddings/weight\0") + len(b"decoder/embeddings/weight\0")
+    bad[at + 1 + 4 * 2] = 9  # rank 2, two dims, then the dtype id: 9 is no CTranslate2 type
+    (tmp_path / "w" / "model.bin").write_bytes(bytes(bad))
+    with pytest.raises(whisper.WhisperError, match="data type 9, which is not read here"):
+        whisper.read_ct2(tmp_path / "w" / "model.bin")
     (tmp_path / "x.wav").write_bytes(b"RIFF0000WAVEjunk")
     with pytest.raises(ValueError, match="not a PCM WAV file"):
         whisper.read_wav(tmp_path / "x.wav")
+
+
+def _wav(path, samples: np.ndarray, rate: int, channels: int = 1, frames: int | None = None) -> None:
+    import wave
+
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    if frames is not None:  # a header that claims more frames than the file holds
+        raw = bytearray(path.read_bytes())
+        at = raw.index(b"data") + 4
+        raw[at:at + 4] = struct.pack("<I", frames * 2 * channels)
+        path.write_bytes(bytes(raw))
+
+
+def test_hostile_audio(tmp_path):
+    _wav(tmp_path / "empty.wav", np.zeros(0), 16000)
+    assert whisper.read_wav(tmp_path / "empty.wav").shape == (0,)
+    assert whisper.log_mel(np.zeros(0, np.float32)).shape == (1, 80, 3000)  # silence: a valid (flat) input
+    t = np.arange(22050) / 22050
+    _wav(tmp_path / "22k.wav", np.stack([np.sin(2 * np.pi * 300 * t)] * 2, 1).ravel(), 22050, channels=2)
+    x = whisper.read_wav(tmp_path / "22k.wav")  # stereo at 22.05 kHz: averaged and resampled to 16 kHz
+    assert x.shape == (16000,) and abs(float(np.abs(x).max()) - 1.0) < 0.02
+    spectrum = np.abs(np.fft.rfft(x))
+    assert abs(int(spectrum.argmax()) - 300) <= 1  # still a 300 Hz tone
+    _wav(tmp_path / "long.wav", np.zeros(16), 16000, frames=16000 * 60 * 60 * 10)  # the header says 10 hours
+    with pytest.raises(ValueError, match="audio up to an hour is read"):
+        whisper.read_wav(tmp_path / "long.wav")
 
 
 def speak(text: str, path, *, rate: int = 160) -> None:

@@ -256,7 +256,13 @@ def read_photo(path: str | Path):
     if w * h > MAX_PIXELS or min(w, h) < 1:
         raise ValueError(f"{path} is {w} x {h} pixels; photographs up to {MAX_PIXELS:,} pixels are read: resize it")
     try:
-        return image.convert("RGB")
+        if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16-bit or float grey: scaled to 8 bits, not clipped
+            import numpy as np
+
+            arr = np.asarray(image, dtype=np.float32)
+            scale = 257.0 if arr.max() > 255 else 1.0
+            image = Image.fromarray(np.clip(arr / scale, 0, 255).astype(np.uint8))
+        return image.convert("RGB")  # CMYK, palette, grey and alpha (dropped) as RGB
     except OSError as exc:
         raise ValueError(f"{path} could not be decoded ({exc}); is the file complete?") from None
 
