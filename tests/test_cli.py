@@ -13,6 +13,7 @@ def test_demo_trains_and_walks_through(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path / "run"), "--limit", "200", "--epochs", "1"]) == 0
     out = capsys.readouterr().out
     assert "test accuracy" in out and "TF-IDF" in out
+    assert "== 10. Real pretrained vision and speech" in out and (tmp_path / "run" / "media" / "media.json").exists()
     assert (tmp_path / "run" / "model.safetensors").exists()
     assert (tmp_path / "run" / "walkthrough" / "demo.json").exists()
 

@@ -167,8 +167,61 @@ def run_demo(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
     print(f"== 9. A real pretrained LM: SmolLM2-135M (GGUF) in our decoder, a continuation and its induction heads "
           f"-> {out / 'smollm2'}")
     smol = smollm2_step(out / "smollm2")
+    print(f"== 10. Real pretrained vision and speech: DINOv2-small's [CLS] heads on a photograph, Whisper tiny.en's "
+          f"transcript with word times -> {out / 'media'}")
+    media = media_step(out / "media")
     return {"train": results, "walkthrough": summary, "pretrained": real, "show": seen, "heads": measured,
-            "g2p": g2p, "vision": vision, "stats": stats, "smollm2": smol}
+            "g2p": g2p, "vision": vision, "stats": stats, "smollm2": smol, "media": media}
+
+
+DEMO_SPEECH = "The cat sat on the mat and looked at the door."
+
+
+def media_step(out: Path) -> dict:
+    """DINOv2-small on scikit-image's cat: the last layer's [CLS] attention per head over the photograph; Whisper
+    tiny.en on a sentence espeak-ng speaks: the transcript and word times from its alignment heads."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from . import dinov2, whisper
+    from .interpret import dino, speech
+
+    result: dict = {}
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        d = dinov2.load()
+        r = dino.study(d, names=("chelsea",))
+        p = r["photos"]["chelsea"]
+        dino.plot_objects(r, out / "dinov2-cat", "DINOv2-small: the last layer's [CLS] attention per head")
+        best = max(range(len(p["share"])), key=lambda h: p["share"][h])
+        print(f"   DINOv2-small ({len(d.model.encoder.layers)} layers x {d.model.config.encoder.num_heads} heads): on "
+              f"the cat, head {best} puts {p['share'][best]:.0%} of the [CLS] attention on it (its box: "
+              f"{p['area']:.0%} of the picture) -> {out / 'dinov2-cat.png'}")
+        result["dinov2"] = {"share": p["share"], "area": p["area"]}
+    except (dinov2.Dinov2Error, ImportError) as exc:
+        print(f"   DINOv2 skipped: {exc}")
+        result["dinov2"] = {"skipped": str(exc)}
+    try:
+        w = whisper.load()
+        if shutil.which("espeak-ng") is None:
+            raise whisper.WhisperError("the demo speaks its sentence with espeak-ng: apt-get install espeak-ng")
+        with tempfile.TemporaryDirectory() as tmp:
+            wav = Path(tmp) / "speech.wav"
+            subprocess.run(["espeak-ng", "-w", str(wav), DEMO_SPEECH], check=True, capture_output=True)
+            audio = whisper.read_wav(wav)
+        text = w.transcribe(audio)["text"]
+        words = speech.word_timestamps(w, audio, text, w.alignment_heads)
+        print(f"   Whisper tiny.en heard: {text!r}")
+        print("   " + " ".join(f"{x['word']}@{x['start']:.2f}s" for x in words))
+        result["whisper"] = {"spoken": DEMO_SPEECH, "heard": text, "words": words}
+    except whisper.WhisperError as exc:
+        print(f"   Whisper skipped: {exc}")
+        result["whisper"] = {"skipped": str(exc)}
+    print("   more: multihead show dinov2 --image photo.jpg --out runs/photo; multihead transcribe whisper speech.wav "
+          "--timestamps; multihead heads dinov2|whisper --out DIR")
+    atomic_write_json(out / "media.json", result)
+    return result
 
 
 LM_PROMPT = "The three primary colours of light are"
