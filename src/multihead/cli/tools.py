@@ -96,7 +96,7 @@ def register(sub) -> None:
     bench.add_argument("--max-len", type=_count, default=1024, help="lra: tokens per review")
     bench.add_argument("--epochs", type=_count, default=3, help="lra: epochs per variant")
     bench.add_argument("--limit", type=_count, default=None, help="lra: examples per split")
-    bench.add_argument("--batches", type=_ints, default=None, help="decode: comma-separated batch sizes")
+    bench.add_argument("--batches", type=_ints, default=None, help="decode, dinov2: comma-separated batch sizes")
     bench.add_argument("--model", default=None, help="decode: race the shape of this causal LM run (pretrain clm), or "
                                                      "a pretrained LM (smollm2, .gguf, HF folder) against HF loading "
                                                      "the same file")
