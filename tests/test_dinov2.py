@@ -219,3 +219,27 @@ def test_hostile_photographs(tmp_path):
         assert photo.mode == "RGB" and photo.size == (80, 60), name
     deep = np.asarray(dinov2.read_photo(tmp_path / "deep.png"))[..., 0].astype(int)
     assert np.abs(deep - np.asarray(rgb.convert("L"), dtype=int)).max() <= 1  # scaled back to 8 bits, not clipped
+
+
+def test_importance_by_ablation_and_the_pruning_curve(tmp_path, capsys):
+    pytest.importorskip("skimage")
+    import json
+
+    from multihead.cli import main
+    from multihead.interpret import ablation as A
+    from multihead.interpret.patching import ablated
+
+    _export(tmp_path / "d.onnx")
+    out = tmp_path / "imp"
+    assert main(["importance", str(tmp_path / "d.onnx"), "--out", str(out)]) == 0
+    r = json.loads((out / "importance-ablation.json").read_text())
+    imp = torch.tensor(r["importance"])
+    assert imp.shape == (2, 2) and [c["fraction"] for c in r["pruning"]] == list(A.FRACTIONS)
+    assert r["pruning"][0]["score"] == pytest.approx(1.0, abs=1e-6)  # nothing masked: the model agrees with itself
+    # the definition: importance = agreement lost when that head alone is zeroed (= head_mask 0)
+    d = dinov2.load(tmp_path / "d.onnx")
+    score = A.dinov2_scores(d)
+    layer, head = divmod(int(imp.flatten().argmax()), 2)
+    with ablated(d.model, {layer: [head]}):
+        assert 1.0 - score() == pytest.approx(float(imp[layer, head]), abs=1e-5)
+    assert (out / "pruning.png").is_file() and "heads masked" in capsys.readouterr().out

@@ -312,12 +312,65 @@ def cmd_importance(args) -> int:
         from . import pretrained_lm
 
         return pretrained_lm.importance_and_prune(args, prune=False)
+    from ..dinov2 import is_dinov2_source
+    from ..whisper import is_whisper_source
+
+    if is_dinov2_source(args.run) or is_whisper_source(args.run):
+        return _importance_media(args, "dinov2" if is_dinov2_source(args.run) else "whisper")
     tasks.require(args.run, "importance")
 
     result = imp.score_run(args.run, args.method, data=args.data, split=args.split, n=args.n,
                            out=Path(args.out) if args.out else None)
     print(imp.format_table(result["tensor"], result["title"]))
     print(f"wrote {result['json']} and {result['files'][0]}")
+    return 0
+
+
+def _importance_media(args, kind: str) -> int:
+    """``multihead importance dinov2|whisper --out DIR``: each head's importance by zero ablation and the pruning
+    curve (least important heads masked first): DINOv2 by agreement with its unpruned features on the four
+    photographs; Whisper by the reference transcripts' loss, the curve by word error rate, on spoken sentences."""
+    from .._io import Publish, atomic_write_json
+    from ..heads import scores as plots
+    from ..interpret import ablation as A
+    from ..plotting import plain, pyplot, save
+
+    if args.out is None:
+        raise ValueError("pass --out FOLDER: where to write importance-ablation.json and the pictures")
+    if kind == "dinov2":
+        from .. import dinov2
+
+        d = dinov2.load(args.run)
+        model, score = d.model, A.dinov2_scores(d)
+        curve_score, what, curve_what = score, "drop in feature agreement (cosine) when the head is zeroed", \
+            "feature agreement with the unpruned model (cosine)"
+    else:
+        from .. import whisper
+
+        w = whisper.load(args.run)
+        model = w.model
+        score, curve_score = A.whisper_scores(w, n=args.n or 10)
+        what, curve_what = "rise in the reference transcripts' loss (nats/token) when the head is zeroed", \
+            "word error rate of greedy transcripts"
+    importance = A.ablation_importance(model, score, progress=True, desc=f"{kind}: each head zeroed")
+    curve = A.pruning_curve(model, importance, curve_score)
+    result = {"model": str(args.run), "rule": what, "importance": importance.tolist(), "pruning": curve,
+              "curve_metric": curve_what}
+    with Publish(Path(args.out), "importance", overwrite=args.overwrite, sources=(args.run,)) as folder:
+        atomic_write_json(folder / "importance-ablation.json", result)
+        plots.plot(importance, folder / "importance", f"{args.run}: {what}")
+        plt = pyplot()
+        fig, ax = plt.subplots(figsize=(5.5, 3.6))
+        ax.plot([100 * r["fraction"] for r in curve], [r["score"] for r in curve], "o-")
+        ax.set_xlabel("heads masked, least important first (%)")
+        ax.set_ylabel(plain(curve_what), fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.set_title(plain(f"{args.run}: pruning by ablation importance"), fontsize=9)
+        save(fig, folder / "pruning")
+    print(plots.format_table(importance, f"{args.run}: {what}"))
+    for r in curve:
+        print(f"  {100 * r['fraction']:4.0f}% of heads masked ({r['heads_masked']:3d}): {curve_what} {r['score']:.4f}")
+    print(f"wrote importance-ablation.json, importance.png and pruning.png to {args.out}")
     return 0
 
 
@@ -399,8 +452,8 @@ def register(sub) -> None:
     hd.set_defaults(fn=cmd_heads)
 
     im = sub.add_parser("importance", help="per-head importance of a trained run (layers x heads table + heatmap)")
-    im.add_argument("run", help="a run folder, or a pretrained LM (smollm2, .gguf, HF folder): scored by perplexity "
-                                "on held-out IMDB text")
+    im.add_argument("run", help="a run folder, a pretrained LM (smollm2, .gguf, HF folder: scored by perplexity on "
+                                "held-out IMDB text), dinov2 or whisper (by zero ablation, with the pruning curve)")
     im.add_argument("--data", default=None, help="dataset (default: the run's own)")
     im.add_argument("--split", default="validation", help="train | validation | test | all")
     im.add_argument("--method", default="michel", choices=list(METHODS))
