@@ -347,3 +347,21 @@ def test_transcribe_prints_text_and_word_times(tmp_path, capsys):
     (tmp_path / "bad.wav").write_text("not audio")
     assert main(["transcribe", "whisper", str(tmp_path / "bad.wav")]) == 2
     assert "not a PCM WAV file" in capsys.readouterr().err
+
+
+@needs_real
+@pytest.mark.skipif(ESPEAK is None, reason="needs espeak-ng (apt-get install espeak-ng)")
+def test_show_writes_the_cross_attention_pictures_and_pages(tmp_path, capsys):
+    from multihead.cli import main
+
+    speak("Attention reads the past.", tmp_path / "s.wav")
+    out = tmp_path / "show"
+    assert main(["show", "whisper", "--audio", str(tmp_path / "s.wav"), "--out", str(out)]) == 0
+    r = json.loads((out / "speech.json").read_text())
+    assert "past" in r["text"].lower() and r["words"]
+    for name in ("cross_grid.png", "cross.html", "attention.html"):
+        assert (out / name).is_file()
+    page = (out / "cross.html").read_text()
+    assert "0.00s" in page and "Whisper cross-attention" in page
+    assert main(["show", "whisper", "--out", str(tmp_path / "x")]) == 2
+    assert "--audio" in capsys.readouterr().err

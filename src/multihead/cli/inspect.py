@@ -19,6 +19,10 @@ def cmd_show(args) -> int:
 
     if is_dinov2_source(args.model):
         return _show_dinov2(args)
+    from ..whisper import is_whisper_source
+
+    if is_whisper_source(args.model):
+        return _show_whisper(args)
     kind = tasks.kind_of(args.model)
     if kind is not None:
         handler = {"vision": _show_vision, "grounding": _show_grounding, "g2p": _show_g2p}.get(
@@ -119,6 +123,30 @@ def _show_dinov2(args) -> int:
     g = u8.shape[-1] // d.model.config.patch_size
     print(f"{name}: DINOv2-small on its {u8.shape[-1]} x {u8.shape[-1]} centre crop ({g} x {g} patches)")
     print(f"wrote {len(summary['files'])} files to {args.out}; open {Path(args.out) / 'attention.html'} in a browser")
+    return 0
+
+
+def _show_whisper(args) -> int:
+    """``multihead show whisper --audio speech.wav --out DIR``: the transcript with word times, every cross-attention
+    head over time, the cross-attention page (tokens and 20 ms frames) and the decoder's page."""
+    from .. import whisper
+    from .._io import Publish, check_target
+    from ..interpret.speech import show_speech
+
+    if args.audio is None:
+        raise ValueError("pass --audio FILE.wav: the speech Whisper listens to")
+    if args.out is None:
+        raise ValueError("pass --out FOLDER: where to write the pictures and the pages")
+    check_target(args.out, "show", overwrite=args.overwrite, sources=(args.model, args.audio))
+    audio = whisper.read_wav(args.audio)
+    w = whisper.load(args.model)
+    name = Path(args.audio).stem
+    with Publish(Path(args.out), "show", overwrite=args.overwrite, sources=(args.model, args.audio),
+                 check=False) as folder:
+        summary = show_speech(w, audio[: whisper.SAMPLE_RATE * whisper.CHUNK], folder, name=name)
+    print(f"{name}: {summary['text']}")
+    print("  " + " ".join(f"{x['word']}@{x['start']:.2f}s" for x in summary["words"]))
+    print(f"wrote {len(summary['files'])} files to {args.out}; open {Path(args.out) / 'cross.html'} in a browser")
     return 0
 
 
@@ -407,7 +435,8 @@ def register(sub) -> None:
 
     sh = sub.add_parser("show", help="pictures (PNG+SVG) and an offline web page of every head for one text")
     sh.add_argument("model", help="a run folder (classifier, G2P or ViT), minilm, a BERT-family folder, a "
-                                  "pretrained LM (smollm2, .gguf, HF folder), or dinov2 (with --image PHOTO)")
+                                  "pretrained LM (smollm2, .gguf, HF folder), dinov2 (with --image PHOTO) or whisper "
+                                  "(with --audio WAV)")
     sh.add_argument("text", nargs="?", default="", help="the text (a word for G2P runs; none for image runs)")
     sh.add_argument("--index", type=_nonneg, default=None, help="image runs: this test image")
     sh.add_argument("--image", default=None, help="image runs: a .png or .npy image; dinov2: any photograph (.jpg, "
@@ -416,6 +445,7 @@ def register(sub) -> None:
                                                      "\"where is the bag?\" (default: the canvas's own)")
     sh.add_argument("--patch", default=None, help="image runs: ROW,COL of the patch whose attention is drawn "
                                                   "(default the centre)")
+    sh.add_argument("--audio", default=None, help="whisper: a WAV file (its first 30 s)")
     sh.add_argument("--size", type=_count, default=None, help="dinov2: side of the square centre crop in pixels "
                                                              "(default 224; rounded down to whole 14-pixel patches)")
     sh.add_argument("--out", default=None, help="folder to write (G2P runs: default RUN/show/WORD)")

@@ -292,5 +292,71 @@ def plot_heads(r: dict, stem, title: str) -> list:
     return save(fig, stem)
 
 
-__all__ = ["align", "alignment_scores", "cross_attention", "dtw", "format_study", "plot_heads", "sentences", "speak_words", "study",
-           "word_errors", "word_timestamps"]
+@torch.no_grad()
+def show_speech(w, audio: np.ndarray, out: Path, *, name: str = "speech") -> dict:
+    """Whisper on one clip, into ``out``: the transcript with word times; ``cross_grid`` (decoder layers x heads:
+    each head's cross-attention, text tokens x the audio's 20 ms frames, over the log-mel spectrogram);
+    ``cross.html`` (the page's head view: hover a token to see the frames it reads, or a frame to see which
+    tokens read it) and ``attention.html`` (the decoder's self-attention over the transcript)."""
+    from .._io import atomic_write_json
+    from ..plotting import plain, pyplot, save
+    from .maps import AttentionMaps
+    from .page import write_page
+
+    out.mkdir(parents=True, exist_ok=True)
+    r = w.transcribe(audio)
+    tokens = r["tokens"]
+    features = w.features(audio)
+    frames = max(1, min(int(len(audio) / 16000 / FRAME + 0.5), features.shape[-1] // 2))
+    heads = w.alignment_heads or [(len(w.model.decoder.layers) - 1, h) for h in range(w.model.config.decoder.num_heads)]
+    words = align(w, cross_attention(w, features, tokens), tokens, frames, heads) if tokens else []
+    seq = torch.tensor([w.prompt + tokens + [w.eot]])
+    with capture(w.model, ("pattern",)) as cache:
+        w.model.decode(seq, w.model.encode(features))
+    names = cache.attention_modules
+    cross = [cache.pattern(i)[0, :, :, :frames] for i, n in enumerate(names) if n.endswith("cross_attn")]
+    selfs = [cache.pattern(i)[0] for i, n in enumerate(names) if n.endswith("self_attn") and n.startswith("decoder")]
+    labels = [w.tokenizer.decode([t]) for t in seq[0].tolist()]
+    plt = pyplot()
+    rows, cols = len(cross), cross[0].shape[0]
+    fig, axes = plt.subplots(rows + 1, cols, figsize=(2.6 * cols, 1.9 * (rows + 1) + 0.6), squeeze=False)
+    mel = features[0, :, : 2 * frames].numpy()
+    for ax in axes[0]:
+        ax.axis("off")
+    axes[0][0].imshow(mel, origin="lower", aspect="auto", cmap="magma", extent=(0, frames * FRAME, 0, mel.shape[0]))
+    axes[0][0].axis("on")
+    axes[0][0].set_title(plain(f"log-mel, words: {' '.join(x['word'] for x in words)[:60]}"), fontsize=7)
+    for x in words:
+        axes[0][0].axvline(x["start"], color="cyan", lw=0.6)
+    for l, layer in enumerate(cross):
+        for h in range(cols):
+            ax = axes[l + 1][h]
+            im = ax.imshow(layer[h].numpy(), aspect="auto", cmap="viridis", extent=(0, frames * FRAME, len(labels), 0))
+            ax.set_yticks([])
+            if l == rows - 1:
+                ax.set_xlabel("time (s)", fontsize=7)
+            if h == 0:
+                ax.set_ylabel(f"layer {l}", fontsize=8)
+            if l == 0:
+                ax.set_title(f"head {h}", fontsize=8)
+            if (l, h) in {tuple(x) for x in heads}:
+                for spine in ax.spines.values():
+                    spine.set_edgecolor("cyan")
+                    spine.set_linewidth(2.5)
+    fig.colorbar(im, ax=axes[1:, :].ravel().tolist(), fraction=0.02, label="cross-attention weight")
+    fig.suptitle(plain(f"{name}: {r['text']!r}: each head's text tokens (rows) over time (cyan: alignment heads)"),
+                 fontsize=9)
+    files = save(fig, out / "cross_grid")
+    keys = [f"{i * FRAME:.2f}s" for i in range(frames)]
+    files.append(write_page(AttentionMaps(r["text"], labels, [c.float() for c in cross], "Whisper cross-attention",
+                                          starts=[True] * len(labels), key_tokens=keys), out / "cross.html"))
+    files.append(write_page(AttentionMaps(r["text"], labels, [s.float() for s in selfs], "Whisper decoder",
+                                          starts=[True] * len(labels)), out / "attention.html"))
+    summary = {"audio": name, "text": r["text"], "tokens": tokens, "words": words, "alignment_heads": heads,
+               "files": [str(f.relative_to(out)) for f in files]}
+    atomic_write_json(out / "speech.json", summary)
+    return summary
+
+
+__all__ = ["align", "alignment_scores", "cross_attention", "dtw", "format_study", "plot_heads", "sentences",
+           "show_speech", "speak_words", "study", "word_errors", "word_timestamps"]
