@@ -334,27 +334,18 @@ def test_words_spoken_one_by_one_start_where_the_timeline_says():
 
 @needs_real
 @pytest.mark.skipif(ESPEAK is None, reason="needs espeak-ng (apt-get install espeak-ng)")
-def test_transcribe_prints_text_and_word_times(tmp_path, capsys):
+def test_transcribe_and_show_on_spoken_words(tmp_path, capsys):
     from multihead.cli import main
 
     speak("Multi head attention reads the past.", tmp_path / "s.wav")
     assert main(["transcribe", "whisper", str(tmp_path / "s.wav"), "--timestamps", "--json"]) == 0
-    out = capsys.readouterr().out
-    r = json.loads(out.strip().splitlines()[-1])
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert "attention reads the past" in r["text"].lower() and len(r["words"]) == len(r["text"].split())
     starts = [w["start"] for w in r["words"]]
     assert starts == sorted(starts) and starts[-1] < r["seconds"]
     (tmp_path / "bad.wav").write_text("not audio")
     assert main(["transcribe", "whisper", str(tmp_path / "bad.wav")]) == 2
     assert "not a PCM WAV file" in capsys.readouterr().err
-
-
-@needs_real
-@pytest.mark.skipif(ESPEAK is None, reason="needs espeak-ng (apt-get install espeak-ng)")
-def test_show_writes_the_cross_attention_pictures_and_pages(tmp_path, capsys):
-    from multihead.cli import main
-
-    speak("Attention reads the past.", tmp_path / "s.wav")
     out = tmp_path / "show"
     assert main(["show", "whisper", "--audio", str(tmp_path / "s.wav"), "--out", str(out)]) == 0
     r = json.loads((out / "speech.json").read_text())
