@@ -29,6 +29,7 @@ from ..modules.capture import capture
 from .maps import AttentionMaps, Subject
 
 STYLE = """
+[hidden] { display: none !important; }
 body { font-family: system-ui, sans-serif; margin: 16px; color: #222; }
 h1 { font-size: 18px; margin: 0 0 4px; } #text { color: #555; margin: 0 0 10px; white-space: pre-wrap; }
 nav { display: flex; gap: 10px; align-items: center; flex-wrap: wrap; margin-bottom: 8px; }
