@@ -113,3 +113,15 @@ def test_evaluate_refuses_a_split_a_grounding_run_does_not_have(runs, capsys):
     err = capsys.readouterr().err
     assert "held-out test canvases; drop --split validation" in err and "Traceback" not in err
     assert {p: p.read_bytes() for p in runs["grounding"].rglob("*") if p.is_file()} == before
+
+
+def test_a_dataset_typo_suggests_the_closest_built_in_and_is_never_read_as_a_path(tmp_path, capsys, monkeypatch):
+    from multihead.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--data", "digit", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown dataset 'digit'; did you mean digits" in err and str(tmp_path) not in err
+    for name in ("rotten_tomatoes", "cmudict", "fashion_mnist", "digits_qa"):  # every task's built-ins are listed
+        assert name in err
+    assert not (tmp_path / "run").exists()

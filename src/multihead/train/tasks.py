@@ -158,9 +158,32 @@ def require(path: str | Path, verb: str) -> TaskKind:
     return kind.check(verb, path)
 
 
+def builtin_data() -> dict[str, list[str]]:
+    """Every built-in dataset name, by the task that trains on it."""
+    from ..data.datasets import BUILTIN
+    from ..data.images import IMAGE_DATASETS
+    from .grounding import QA_DATASETS
+
+    return {"text classification": list(BUILTIN), "grapheme-to-phoneme": ["cmudict"],
+            "image classification (ViT)": list(IMAGE_DATASETS), "text-image grounding": list(QA_DATASETS)}
+
+
 def for_data(name: str) -> TaskKind:
-    """The task that trains on ``--data name`` (text classification for any name no other task claims)."""
-    return next(k for k in KINDS.values() if k.trains_on(name))
+    """The task that trains on ``--data name`` (text classification for any file no other task claims). A name that
+    is neither a built-in dataset nor a file path (no suffix, nothing there) is refused with the closest built-in
+    names and the full list, before it could be read as a path."""
+    import difflib
+
+    kind = next(k for k in KINDS.values() if k.trains_on(name))
+    if kind.section == "train":
+        builtins = builtin_data()
+        names = [n for group in builtins.values() for n in group]
+        if name not in names and not Path(name).suffix and not Path(name).exists():
+            close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+            listing = "; ".join(f"{task}: {', '.join(ns)}" for task, ns in builtins.items())
+            raise ConfigError(f"unknown dataset {name!r}" + (f"; did you mean {' or '.join(close)}?" if close else "")
+                              + f" Built-ins: {listing}; or give a .csv/.tsv/.jsonl file")
+    return kind
 
 
-__all__ = ["KINDS", "TaskKind", "VERBS", "for_data", "kind_of", "require", "section_of"]
+__all__ = ["KINDS", "TaskKind", "VERBS", "builtin_data", "for_data", "kind_of", "require", "section_of"]
