@@ -249,6 +249,21 @@ class folder_lock:
                 self.fd = None
 
 
+def lock_holder(out: str | Path) -> str | None:
+    """The pid of the process writing folder ``out`` (holding its lock), or None when nobody is."""
+    path = _sibling(Path(out), "lock")
+    if not path.is_file() or str(path) in folder_lock._held:
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)  # closing releases a lock taken here
+    return None
+
+
 # ---------------------------------------------------------------------------------------------------- swaps
 def _renameat2_exchange(a: Path, b: Path) -> bool:
     """Atomically swap two paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
@@ -361,5 +376,5 @@ class Publish:
             self._lock.__exit__(None, None, None)
 
 
-__all__ = ["FolderError", "Publish", "atomic_save_figure", "atomic_write_bytes", "atomic_write_json",
+__all__ = ["FolderError", "Publish", "atomic_save_figure", "atomic_write_bytes", "atomic_write_json", "lock_holder",
            "atomic_write_text", "check_target", "folder_kind", "folder_lock", "recover", "swap_in"]

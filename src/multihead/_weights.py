@@ -21,6 +21,12 @@ class CheckpointError(RuntimeError):
 
 
 def _missing(path: Path) -> CheckpointError:
+    from ._io import lock_holder
+
+    holder = lock_holder(path.parent)
+    if holder is not None:
+        return CheckpointError(f"{path} is not written yet: training in {path.parent} is in progress (locked by pid "
+                               f"{holder}); wait for its first evaluation, or for it to finish")
     if (path.parent / "checkpoint" / "state.json").is_file():
         return CheckpointError(f"{path} is missing: training in {path.parent} stopped before its first evaluation. "
                                f"Continue it with: multihead train --out {path.parent} --resume")

@@ -210,3 +210,28 @@ def test_any_writer_taking_the_lock_cleans_a_killed_swap(tmp_path):
     with _io.folder_lock(out):
         pass
     assert not leftover.exists() and (out / "new").read_text() == "new"
+
+
+def test_a_run_being_trained_is_in_progress_not_stopped(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from multihead._weights import CheckpointError, load_tensors
+
+    run = tmp_path / "run"
+    (run / "checkpoint").mkdir(parents=True)
+    (run / "checkpoint" / "state.json").write_text("{}")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom multihead._io import folder_lock\n"
+                               f"with folder_lock({str(run)!r}):\n    print('held', flush=True)\n    time.sleep(30)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(CheckpointError, match=rf"in progress \(locked by pid {holder.pid}\)"):
+            load_tensors(run / "model.safetensors")
+    finally:
+        holder.kill()
+        holder.wait()
+    time.sleep(0.1)
+    with pytest.raises(CheckpointError, match="stopped before its first evaluation"):  # nobody writes it now
+        load_tensors(run / "model.safetensors")
