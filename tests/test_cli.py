@@ -182,3 +182,13 @@ def test_bench_patch_cases_agree_with_each_other(tmp_path):
     assert torch.allclose(exact["effect"].flatten() + exact["corrupt"], torch.tensor(baseline), atol=1e-5)
     assert suite.build({**case, "impl": "attribution"})()["effect"].shape == (2, 4)
     suite.build({**case, "impl": "forward_backward"})()
+
+
+def test_compare_help_lists_every_variant(capsys):
+    from multihead.train.compare import VARIANTS
+
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the help text
+    for name, (_, _, what) in VARIANTS.items():
+        assert f"{name} ({what})" in out

@@ -205,7 +205,10 @@ def register(sub) -> None:
     cp = sub.add_parser("compare", help="attention variants (MHA, GQA, MLA, gated, sinks, differential, ALiBi, "
                                         "talking heads) trained and measured side by side on one causal LM")
     cp.add_argument("--data", default="imdb", help="texts to pretrain on (built-in or a file)")
-    cp.add_argument("--variants", default="mha,gqa,mla,gated,sinks,diff,alibi", help="comma-separated variants")
+    from ..train.compare import VARIANTS
+
+    cp.add_argument("--variants", default="mha,gqa,mla,gated,sinks,diff,alibi",
+                    help="comma-separated variants, from: " + "; ".join(f"{k} ({v[2]})" for k, v in VARIANTS.items()))
     cp.add_argument("--seeds", type=_count, default=3, help="seeds per variant (0..N-1)")
     cp.add_argument("--steps", type=_count, default=600, help="optimizer steps per run")
     cp.add_argument("--batch-size", type=_count, default=32)
