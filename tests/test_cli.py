@@ -14,6 +14,7 @@ def test_demo_trains_and_walks_through(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "test accuracy" in out and "TF-IDF" in out
     assert "== 10. Real pretrained vision and speech" in out and (tmp_path / "run" / "media" / "media.json").exists()
+    assert "== Done in" in out and "open first" in out  # the closing summary: each step's time, where to look
     assert (tmp_path / "run" / "model.safetensors").exists()
     assert (tmp_path / "run" / "walkthrough" / "demo.json").exists()
 

@@ -141,6 +141,14 @@ def run_demo(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
     config.data.limit = limit
     if epochs is not None:
         config.optim.epochs = epochs
+    steps: list[tuple[str, float]] = []
+    clock = [time.perf_counter()]
+
+    def done(name: str) -> None:
+        now = time.perf_counter()
+        steps.append((name, now - clock[0]))
+        clock[0] = now
+
     print(f"== 1. Train a Transformer classifier from scratch on {config.data.name} -> {out}")
     t0 = time.perf_counter()
     results = train(config, out, overwrite=True)
@@ -149,29 +157,45 @@ def run_demo(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
           f"TF-IDF + logistic regression on the same split: {base.get('test_accuracy', float('nan')):.4f}; "
           f"{time.perf_counter() - t0:.0f}s")
     print(f"   run folder: {out} (model.safetensors, config.json, metrics.jsonl, curves.png, confusion.png)")
+    done("classifier")
     print(f"== 2. Inside multi-head attention -> {out / 'walkthrough'}")
     summary = walkthrough(out / "walkthrough", seed=seed)
+    done("walkthrough")
     print(f"== 3. Real pretrained heads: MiniLM-L6 (6 layers x 12 heads) in our modules -> {out / 'pretrained'}")
     real = pretrained_step(out / "pretrained")
+    done("MiniLM")
     print(f'== 4. Seeing inside: "{SENTENCE}" in the trained classifier and in MiniLM')
     seen = show_step(out, pretrained_ok="skipped" not in real)
+    done("seeing inside")
     print("== 5. Heads, measured: which heads of the demo classifier matter, and pruning them")
     measured = heads_step(out)
+    done("heads and pruning")
     print(f"== 6. MHA in the decoder: causal self-attention + cross-attention, grapheme-to-phoneme on CMUdict "
           f"-> {out / 'g2p'}")
     g2p = g2p_step(out / "g2p", seed=seed, limit=limit, epochs=epochs)
+    done("G2P")
     print(f"== 7. MHA beyond text: a Vision Transformer on images, and where its heads look -> {out / 'vit'}")
     vision = vision_step(out / "vit", seed=seed, limit=limit, epochs=epochs)
+    done("ViT")
     print("== 8. Long inputs: exact per-head statistics from the fast path, no L x L map")
     stats = stats_step(seed=seed)
+    done("long-input statistics")
     print(f"== 9. A real pretrained LM: SmolLM2-135M (GGUF) in our decoder, a continuation and its induction heads "
           f"-> {out / 'smollm2'}")
     smol = smollm2_step(out / "smollm2")
+    done("SmolLM2")
     print(f"== 10. Real pretrained vision and speech: DINOv2-small's [CLS] heads on a photograph, Whisper tiny.en's "
           f"transcript with word times -> {out / 'media'}")
     media = media_step(out / "media")
+    done("DINOv2 and Whisper")
+    total = sum(t for _, t in steps)
+    print(f"== Done in {total / 60:.1f} min: " + ", ".join(f"{n} {t:.0f}s" for n, t in steps))
+    print(f"   everything is in {out}; open first {out / 'walkthrough' / 'cat_sat_heads.png'} (one sentence, every "
+          f"head), then {out / 'show' / 'attention.html'} in a browser (the interactive page), "
+          f"{out / 'vit'} and {out / 'media'} for pictures, and {out / 'g2p'} for the decoder's alignments")
     return {"train": results, "walkthrough": summary, "pretrained": real, "show": seen, "heads": measured,
-            "g2p": g2p, "vision": vision, "stats": stats, "smollm2": smol, "media": media}
+            "g2p": g2p, "vision": vision, "stats": stats, "smollm2": smol, "media": media,
+            "seconds": {n: round(t, 1) for n, t in steps}}
 
 
 DEMO_SPEECH = "The cat sat on the mat and looked at the door."
