@@ -187,7 +187,10 @@ def register(sub) -> None:
                                      "Vision Transformer); writes a run folder")
     t.add_argument("--data", default=None, help="built-in dataset (rotten_tomatoes, imdb, bbc_news, bbc_headlines), "
                                                 "a .csv/.tsv/.jsonl file (default rotten_tomatoes), cmudict "
-                                                "(grapheme-to-phoneme), or fashion_mnist / digits (images, ViT)")
+                                                "(grapheme-to-phoneme), or fashion_mnist / digits (images, ViT: "
+                                                "patch 4 by default, i.e. 49 patches of a 28x28 image and 4 of an 8x8 "
+                                                "digit; the demo trains digits with --set model.patch_size=2, 16 "
+                                                "patches)")
     config_options(t, TRAIN_FLAGS, "[data], [model], [model.encoder], [optim], [run], [pretrained]")
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
     run_folder_options(t)
