@@ -39,6 +39,11 @@ def test_word_and_phoneme_error_rates_by_hand():
     s = G.score(preds, refs)
     assert s["wer"] == pytest.approx(1 / 3) and s["per"] == pytest.approx(1 / 9)
     assert G.edit_distance("kitten", "sitting") == 3 and G.edit_distance([], [1, 2]) == 2
+    # without stress: "K AE0 T" for "K AE1 T" is right, 3 words, 1 deletion over 9 phones as before
+    s = G.score([["K", "AE0", "T"], ["R", "IY2", "D"], ["D", "AO1"]], refs)
+    assert s["wer"] == pytest.approx(1.0) and s["per"] == pytest.approx(3 / 9)
+    assert s["wer_no_stress"] == pytest.approx(1 / 3) and s["per_no_stress"] == pytest.approx(1 / 9)
+    assert G.no_stress(("AH0", "T", "EH1", "N")) == ("AH", "T", "EH", "N")
 
 
 @pytest.mark.parametrize("word,match", [("", "empty word"), ("42", "digits"), ("naïve", "letters outside a-z"),

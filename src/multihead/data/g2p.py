@@ -6,7 +6,9 @@
 * **Split by word**, seeded: every pronunciation of a word is in one split (a word seen in training is never a test
   word); the split is recorded in the run folder (``splits.json``) and checked against the data's fingerprint.
 * **Scores**: word error rate (a word is right when the output equals *any* of its reference pronunciations) and
-  phoneme error rate (edit distance to the closest reference, over that reference's length, summed over words).
+  phoneme error rate (edit distance to the closest reference, over that reference's length, summed over words);
+  both with stress and without it (the stress digits removed from output and references: 39 phones, the scoring of
+  the published CMUdict tables).
 
 Shape legend: ``B`` words in a batch, ``S`` letters (+ EOS), ``T`` phonemes (+ BOS/EOS).
 """
@@ -175,17 +177,30 @@ def edit_distance(a, b) -> int:
     return prev[-1]
 
 
-def score(predictions: list[list[str]], references: list[list[tuple[str, ...]]]) -> dict:
-    """Word and phoneme error rates (see the module docstring)."""
-    if len(predictions) != len(references) or not references:
-        raise ValueError("score needs one prediction per word (and at least one word)")
+def no_stress(phones) -> tuple[str, ...]:
+    """``AH0 T EH1`` -> ``AH T EH``: the 39 phones without CMUdict's stress digits."""
+    return tuple(p.rstrip("012") for p in phones)
+
+
+def _rates(predictions, references) -> tuple[float, float]:
     wrong, edits, length = 0, 0, 0
     for pred, refs in zip(predictions, references):
         pred = tuple(pred)
         wrong += pred not in refs
         d, n = min((edit_distance(pred, r), len(r)) for r in refs)
         edits, length = edits + d, length + n
-    return {"wer": wrong / len(references), "per": edits / max(length, 1), "words": len(references)}
+    return wrong / len(references), edits / max(length, 1)
+
+
+def score(predictions: list[list[str]], references: list[list[tuple[str, ...]]]) -> dict:
+    """Word and phoneme error rates (see the module docstring), with stress (69 phones, as CMUdict writes them) and
+    without it (``*_no_stress``: 39 phones, how the published CMUdict tables score)."""
+    if len(predictions) != len(references) or not references:
+        raise ValueError("score needs one prediction per word (and at least one word)")
+    wer, per = _rates(predictions, references)
+    wer_ns, per_ns = _rates([no_stress(p) for p in predictions],
+                            [list(dict.fromkeys(no_stress(r) for r in refs)) for refs in references])
+    return {"wer": wer, "per": per, "wer_no_stress": wer_ns, "per_no_stress": per_ns, "words": len(references)}
 
 
 def as_tensor_pairs(vocab: G2PVocab, lex: Lexicon) -> tuple[list[list[int]], list[list[int]]]:
@@ -200,4 +215,4 @@ def as_tensor_pairs(vocab: G2PVocab, lex: Lexicon) -> tuple[list[list[int]], lis
 
 
 __all__ = ["BOS", "EOS", "G2PVocab", "Lexicon", "PAD", "apply_split", "as_tensor_pairs", "check_word",
-           "cmudict_path", "collate_pairs", "edit_distance", "load_cmudict", "score", "split_words"]
+           "cmudict_path", "collate_pairs", "edit_distance", "load_cmudict", "no_stress", "score", "split_words"]
