@@ -63,6 +63,8 @@ def test_page_in_chromium_head_and_model_views(browser, tmp_path):
     # a text page has no image view: its section stays hidden (a display rule must not override the attribute)
     assert not page.locator("#image-view").is_visible() and not page.locator("#tab-image").is_visible()
     assert page.locator("#image-view").bounding_box() is None
+    page.click("#how summary")  # the "how to read this page" panel opens and says what each view is
+    assert "Head view" in page.locator("#how").inner_text() and page.locator("#how p").is_visible()
     assert page.locator("#lines text").count() == 2 * 9  # tokens in two columns
     assert page.locator("#heads label").count() == 12
     assert page.locator("#lines line").count() > 0

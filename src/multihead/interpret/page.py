@@ -35,6 +35,7 @@ h1 { font-size: 18px; margin: 0 0 4px; } #text { color: #555; margin: 0 0 10px; 
 nav { display: flex; gap: 10px; align-items: center; flex-wrap: wrap; margin-bottom: 8px; }
 button.tab { padding: 4px 10px; border: 1px solid #999; background: #f4f4f4; cursor: pointer; }
 button.tab.active { background: #333; color: #fff; }
+#how { font-size: 13px; color: #444; margin: 0 0 8px; max-width: 900px; } #how summary { cursor: pointer; }
 #heads { display: flex; flex-wrap: wrap; gap: 4px; margin: 6px 0; }
 #heads label { padding: 2px 6px; border-radius: 3px; color: #fff; cursor: pointer; font-size: 12px; user-select: none; }
 #heads label.off { opacity: 0.25; }
@@ -362,6 +363,12 @@ def page_image(pixels: torch.Tensor, *, patch: int, queries: str, query_offset: 
             "key_offset": key_offset, "pixels": base64.b64encode(grey.numpy().tobytes()).decode()}
 
 
+HOW = ("<p><b>Head view</b>: the tokens in two columns, queries on the left, the keys they read on the right; a "
+       "line per link, darker for more weight. Click a coloured head label to show or hide that head; hover a token to "
+       "keep only its links. <b>Model view</b>: one thumbnail per layer and head (rows: layers); click one to open it "
+       "in the head view. <b>Image view</b> (image models): hover a patch of the picture, or a word of the question, "
+       "and every head of the chosen layer shows over the picture where it looks from there. Pick the layer at the "
+       "top. Everything is in this one file: it works offline.</p>")
 FULL_LIMIT = 128 * 128  # query x key weights per head kept in full; larger maps travel as links + thumbnails
 LINKS_K = 8  # links kept per query and head in links mode
 THUMB = 64  # thumbnail bins per side
@@ -437,7 +444,8 @@ def write_page(maps: "AttentionMaps | LinkMaps", path: Path, *, highlights: dict
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             "<title>multihead attention</title>"
             f"<style>{STYLE}</style></head><body>\n"
-            "<header><h1 id=\"title\"></h1><p id=\"text\"></p></header>\n"
+            "<header><h1 id=\"title\"></h1><p id=\"text\"></p>"
+            f"<details id=\"how\"><summary>How to read this page</summary>{HOW}</details></header>\n"
             "<nav><button class=\"tab active\" id=\"tab-head\">Head view</button>"
             "<button class=\"tab\" id=\"tab-model\">Model view</button>"
             "<button class=\"tab\" id=\"tab-image\" hidden>Image view</button>"
