@@ -59,10 +59,15 @@ def rollout_patches(patterns: list[Tensor], model, residual: float = 0.5) -> Ten
 
 
 def _overlay(ax, image: Tensor, heat: Tensor, size: int, *, mark: tuple[int, int] | None = None, p: int = 1) -> None:
-    """The grey image with ``heat`` ``(grid, grid)`` upsampled (nearest) over it."""
-    up = heat.repeat_interleave(p, 0).repeat_interleave(p, 1)
+    """The grey image with ``heat`` ``(grid, grid)`` upsampled (nearest) over it, scaled to the map's largest value:
+    the colour says how strong, and the opacity grows with it, so weak patches leave the picture readable instead of
+    tinting it."""
+    up = heat.repeat_interleave(p, 0).repeat_interleave(p, 1).float()
+    norm = (up / (float(up.max()) or 1.0)).clamp(0, 1).numpy()
+    rgba = pyplot().get_cmap(HEAT)(norm)
+    rgba[..., 3] = 0.1 + 0.8 * norm
     ax.imshow(image.numpy(), cmap="gray", vmin=0, vmax=255, extent=(0, size, size, 0))
-    ax.imshow(up.numpy(), cmap="inferno", alpha=0.6, extent=(0, size, size, 0), vmin=0, vmax=float(up.max()) or 1.0)
+    ax.imshow(rgba, extent=(0, size, size, 0))
     if mark is not None:
         r, c = mark
         ax.add_patch(pyplot().Rectangle((c * p, r * p), p, p, fill=False, edgecolor="cyan", linewidth=1.5))
@@ -89,9 +94,22 @@ def _grid_figure(maps: list[Tensor], image: Tensor, model, title: str, stem: Pat
                 ax.set_ylabel(f"layer {l}", fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
+    _heat_colorbar(fig, axes)
     files = save(fig, stem)
     plt.close(fig)
     return files
+
+
+HEAT = "inferno"
+
+
+def _heat_colorbar(fig, axes) -> None:
+    """One colorbar for maps drawn by :func:`_overlay` (each scaled to its own largest value)."""
+    import matplotlib as mpl
+
+    bar = fig.colorbar(mpl.cm.ScalarMappable(norm=mpl.colors.Normalize(0, 1), cmap=HEAT), ax=axes, fraction=0.02,
+                       pad=0.01)
+    bar.set_label("weight / the map's largest", fontsize=8)
 
 
 def show_image(model, image_u8: Tensor, labels: list[str] | None, out: Path, *, truth: str | None = None,
@@ -131,6 +149,7 @@ def show_image(model, image_u8: Tensor, labels: list[str] | None, out: Path, *, 
     _overlay(b, grey, roll, grey.shape[-1], p=cfg.patch_size)
     b.set_title("attention rollout of " + what, fontsize=9)
     fig.tight_layout()
+    _heat_colorbar(fig, [a, b])
     files += save(fig, out / "rollout")
     plt.close(fig)
     files.append(image_page(model, patterns, image_u8[0], out / "attention.html", f"{name}{said}"))
