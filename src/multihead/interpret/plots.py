@@ -69,6 +69,12 @@ def plot_grid(maps: AttentionMaps, stem: Path, *, max_labels: int = 24, highligh
     fig, axes = plt.subplots(rows, cols, figsize=(cell * cols + 1, cell * rows + 1), squeeze=False)
     labels_each = n <= 12  # short inputs: token labels on the left column and bottom row
     fs = 5 if n <= 12 else 4
+    # long inputs spread each row over many keys (weights ~1/n): a linear 0..1 scale draws them uniformly dark, so
+    # they get a logarithmic scale from 0.1/n (zeros, e.g. masked keys, at its bottom)
+    import matplotlib as mpl
+
+    norm = mpl.colors.Normalize(0, 1) if n <= 32 else mpl.colors.LogNorm(max(1e-4, 0.1 / n), 1.0, clip=True)
+    shown = None
     for l in range(rows):
         for h in range(cols):
             ax = axes[l][h]
@@ -78,7 +84,9 @@ def plot_grid(maps: AttentionMaps, stem: Path, *, max_labels: int = 24, highligh
                     ax.text(0.5, 0.5, f"L{l}: every head pruned", ha="center", va="center", fontsize=7,
                             color="grey", transform=ax.transAxes)
                 continue
-            ax.imshow(maps.head(l, h).numpy(), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+            w = maps.head(l, h).numpy()
+            shown = ax.imshow(w if n <= 32 else w.clip(norm.vmin, None), cmap="viridis", norm=norm,
+                              interpolation="nearest")
             cap = (highlight or {}).get((l, h))
             ax.set_title(f"L{l} H{h}" + (f"\n{cap}" if cap else ""), fontsize=6, color="red" if cap else "black")
             _label(ax, maps.tokens, max_labels if labels_each else 8, fs, x=(l == rows - 1), y=(h == 0), keys=maps.keys)
@@ -88,6 +96,9 @@ def plot_grid(maps: AttentionMaps, stem: Path, *, max_labels: int = 24, highligh
                     side.set_linewidth(2)
     fig.suptitle(f"{plain(maps.model)}: attention per layer (rows) and head (columns); query rows, key columns\n"
                  f"{_short(maps.text)}", fontsize=9)
+    if shown is not None:
+        bar = fig.colorbar(shown, ax=axes, fraction=0.02, pad=0.01)
+        bar.set_label("attention weight" + ("" if n <= 32 else " (log scale)"), fontsize=8)
     return _save(fig, stem)
 
 
