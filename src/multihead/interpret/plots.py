@@ -113,9 +113,13 @@ def plot_head(maps: AttentionMaps, layer: int, head: int, stem: Path, *, max_lab
     _label(ax, maps.tokens, max_labels, fs, keys=maps.keys)
     ax.set_xlabel("key (attended to)")
     ax.set_ylabel("query (attending)")
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    ax.set_title(f"{plain(maps.model)} layer {layer} head {head}" + (f": {caption}" if caption else "") +
-                 f"\n{_short(maps.text)}", fontsize=10)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="attention weight")
+    # the title wrapped to the figure's width, above the axes and the colorbar (a long caption ran into the bar)
+    import textwrap
+
+    title = f"{plain(maps.model)} layer {layer} head {head}" + (f": {caption}" if caption else "")
+    width = max(40, int(12 * (size + 1.2)))
+    fig.suptitle("\n".join(textwrap.wrap(title, width) + [_short(maps.text)]), fontsize=10)
     return _save(fig, stem)
 
 
