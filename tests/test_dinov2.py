@@ -243,3 +243,22 @@ def test_importance_by_ablation_and_the_pruning_curve(tmp_path, capsys):
     with ablated(d.model, {layer: [head]}):
         assert 1.0 - score() == pytest.approx(float(imp[layer, head]), abs=1e-5)
     assert (out / "pruning.png").is_file() and "heads masked" in capsys.readouterr().out
+
+
+def test_missing_optional_packages_are_named_not_crashed(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from multihead.cli import main
+    from multihead.interpret import dino
+
+    monkeypatch.setitem(sys.modules, "skimage.data", None)  # as if scikit-image were not installed
+    monkeypatch.setitem(sys.modules, "skimage", None)
+    with pytest.raises(ValueError, match="pip install scikit-image"):
+        dino.photo("chelsea")
+    with pytest.raises(ValueError, match="unknown photograph 'dog'"):
+        dino.photo("dog")
+    if REAL:
+        monkeypatch.setitem(sys.modules, "onnxruntime", None)
+        out = tmp_path / "bench.json"
+        assert main(["bench", "dinov2", "--out", str(out)]) == 2
+        assert "pip install onnxruntime" in capsys.readouterr().err and not out.exists()

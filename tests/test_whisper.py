@@ -356,3 +356,23 @@ def test_transcribe_and_show_on_spoken_words(tmp_path, capsys):
     assert "0.00s" in page and "Whisper cross-attention" in page
     assert main(["show", "whisper", "--out", str(tmp_path / "x")]) == 2
     assert "--audio" in capsys.readouterr().err
+
+
+def test_missing_files_peers_and_speech_failures_are_named(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from multihead.cli import main
+    from multihead.interpret import speech as S
+
+    with pytest.raises(ValueError, match="is not a file; pass a WAV file"):
+        whisper.read_wav(tmp_path / "nothing.wav")
+    assert main(["transcribe", "whisper", str(tmp_path / "nothing.wav")]) == 2
+    assert "is not a file" in capsys.readouterr().err
+    monkeypatch.setattr(S.shutil, "which", lambda name: "/bin/false")  # an espeak-ng that fails
+    with pytest.raises(ValueError, match="espeak-ng could not speak 'hello'"):
+        S.speak("hello")
+    if REAL:
+        monkeypatch.setitem(sys.modules, "transformers", None)
+        out = tmp_path / "bench.json"
+        assert main(["bench", "whisper", "--out", str(out)]) == 2
+        assert "pip install transformers" in capsys.readouterr().err and not out.exists()

@@ -204,10 +204,6 @@ DEMO_SPEECH = "The cat sat on the mat and looked at the door."
 def media_step(out: Path) -> dict:
     """DINOv2-small on scikit-image's cat: the last layer's [CLS] attention per head over the photograph; Whisper
     tiny.en on a sentence espeak-ng speaks: the transcript and word times from its alignment heads."""
-    import shutil
-    import subprocess
-    import tempfile
-
     from . import dinov2, whisper
     from .interpret import dino, speech
 
@@ -223,23 +219,18 @@ def media_step(out: Path) -> dict:
               f"the cat, head {best} puts {p['share'][best]:.0%} of the [CLS] attention on it (its box: "
               f"{p['area']:.0%} of the picture) -> {out / 'dinov2-cat.png'}")
         result["dinov2"] = {"share": p["share"], "area": p["area"]}
-    except (dinov2.Dinov2Error, ImportError) as exc:
+    except ValueError as exc:  # the package missing (Dinov2Error), or scikit-image
         print(f"   DINOv2 skipped: {exc}")
         result["dinov2"] = {"skipped": str(exc)}
     try:
         w = whisper.load()
-        if shutil.which("espeak-ng") is None:
-            raise whisper.WhisperError("the demo speaks its sentence with espeak-ng: apt-get install espeak-ng")
-        with tempfile.TemporaryDirectory() as tmp:
-            wav = Path(tmp) / "speech.wav"
-            subprocess.run(["espeak-ng", "-w", str(wav), DEMO_SPEECH], check=True, capture_output=True)
-            audio = whisper.read_wav(wav)
+        audio = speech.speak(DEMO_SPEECH)
         text = w.transcribe(audio)["text"]
         words = speech.word_timestamps(w, audio, text, w.alignment_heads)
         print(f"   Whisper tiny.en heard: {text!r}")
         print("   " + " ".join(f"{x['word']}@{x['start']:.2f}s" for x in words))
         result["whisper"] = {"spoken": DEMO_SPEECH, "heard": text, "words": words}
-    except whisper.WhisperError as exc:
+    except ValueError as exc:  # the package missing (WhisperError), or espeak-ng
         print(f"   Whisper skipped: {exc}")
         result["whisper"] = {"skipped": str(exc)}
     print("   more: multihead show dinov2 --image photo.jpg --out runs/photo; multihead transcribe whisper speech.wav "

@@ -335,6 +335,8 @@ def read_wav(path: str | Path) -> np.ndarray:
     import wave
 
     path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path} is not a file; pass a WAV file (16-bit PCM, any rate)")
     try:
         with wave.open(str(path), "rb") as w:
             channels, width, rate, frames = w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()

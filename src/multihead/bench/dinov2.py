@@ -51,6 +51,11 @@ def run(*, impls=None, batches=None, threads=None, out: Path | None = None, min_
     from .. import dinov2
 
     dinov2.resolve("dinov2")  # the install line now
+    try:
+        import onnxruntime  # noqa: F401  (the peer)
+    except ImportError:
+        raise ValueError("bench dinov2 compares with onnxruntime, which is not installed: pip install onnxruntime") \
+            from None
     cases = [{"impl": i, "batch": b} for b in batches or BATCHES for i in impls or IMPLS]
     results = [run_case(SUITE, c, threads=threads, min_time=min_time)
                for c in tqdm(cases, desc="bench dinov2", disable=not progress)]

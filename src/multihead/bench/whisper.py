@@ -8,7 +8,6 @@ clip (features, encoder, greedy decoding with the KV cache) by each implementati
 """
 from __future__ import annotations
 
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,15 +34,9 @@ def _sentences(n: int) -> list[str]:
 
 
 def _speak(text: str):
-    import subprocess
+    from ..interpret.speech import speak
 
-    from ..interpret.speech import _espeak
-    from ..whisper import read_wav
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "s.wav"
-        subprocess.run([_espeak(), "-w", str(path), text], check=True, capture_output=True)
-        return read_wav(path)
+    return speak(text)
 
 
 def build(case: dict):
@@ -98,6 +91,11 @@ def run(*, clips: int = 10, threads=None, out: Path | None = None, min_time: flo
     from .. import whisper
 
     whisper.resolve("whisper")  # the install line now, not a failure in every worker
+    try:
+        import transformers  # noqa: F401  (the peer)
+    except ImportError:
+        raise ValueError("bench whisper compares with HF transformers, which is not installed: "
+                         "pip install transformers==4.57.6") from None
     checks = parity(clips, progress)
     results = [run_case(SUITE, {"impl": impl}, threads=threads, min_time=min_time)
                for impl in tqdm(IMPLS, desc="bench whisper", disable=not progress)]

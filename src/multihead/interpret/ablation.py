@@ -71,22 +71,13 @@ def whisper_scores(w, n: int = 10):
     """``(loss_score(), wer())`` for Whisper on ``n`` test sentences spoken whole by espeak-ng: minus the mean
     token negative log-likelihood of the reference transcripts (teacher-forced; higher is better), and the word error
     rate of greedy transcripts."""
-    import subprocess
-    import tempfile
-    from pathlib import Path
+    from .speech import sentences, speak, word_errors
 
-    from ..whisper import read_wav
-    from .speech import _espeak, sentences, word_errors
-
-    texts = sentences(n)
     items = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, text in enumerate(texts):
-            path = Path(tmp) / f"{i}.wav"
-            subprocess.run([_espeak(), "-w", str(path), text], check=True, capture_output=True)
-            audio = read_wav(path)
-            tokens = w.prompt + w.tokenizer.encode(" " + text, add_special_tokens=False).ids + [w.eot]
-            items.append((text, audio, w.features(audio), torch.tensor([tokens])))
+    for text in sentences(n):
+        audio = speak(text)
+        tokens = w.prompt + w.tokenizer.encode(" " + text, add_special_tokens=False).ids + [w.eot]
+        items.append((text, audio, w.features(audio), torch.tensor([tokens])))
 
     @torch.no_grad()
     def loss_score() -> float:

@@ -34,10 +34,13 @@ OUTLIER = 4.0  # a token is high-norm when its norm is more than this many times
 def photo(name: str):
     """One of scikit-image's sample photographs (shipped in its wheel; no download) as an ``(H, W, 3)`` uint8
     array."""
-    import skimage.data
-
     if name not in PHOTOS:
         raise ValueError(f"unknown photograph {name!r}; choose from {sorted(PHOTOS)}")
+    try:
+        import skimage.data
+    except ImportError:
+        raise ValueError("the sample photographs come from scikit-image, which is not installed: "
+                         "pip install scikit-image") from None
     return getattr(skimage.data, name)()
 
 

@@ -143,11 +143,27 @@ def sentences(n: int = 50, *, low: int = 6, high: int = 14) -> list[str]:
     return out
 
 
-def _espeak() -> str:
-    path = shutil.which("espeak-ng")
-    if path is None:
+def _espeak_wav(text: str, path: Path, rate: int | None = None) -> None:
+    """``text`` spoken by espeak-ng into the WAV file ``path`` (its own rate: 22,050 Hz)."""
+    espeak = shutil.which("espeak-ng")
+    if espeak is None:
         raise ValueError("speaking test sentences needs espeak-ng: apt-get install espeak-ng")
-    return path
+    try:
+        subprocess.run([espeak, *(["-s", str(rate)] if rate else []), "-w", str(path), text], check=True,
+                       capture_output=True, timeout=60)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        said = (getattr(exc, "stderr", b"") or b"").decode(errors="replace").strip()
+        raise ValueError(f"espeak-ng could not speak {text[:60]!r}: {said or exc}") from None
+
+
+def speak(text: str, *, rate: int | None = None) -> np.ndarray:
+    """``text`` spoken whole by espeak-ng, as 16 kHz mono float audio."""
+    from ..whisper import read_wav
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "speech.wav"
+        _espeak_wav(text, path, rate)
+        return read_wav(path)
 
 
 def _trim(x: np.ndarray, threshold: float = 0.02) -> np.ndarray:
@@ -166,13 +182,12 @@ def speak_words(sentence: str, *, seed: int = 0, rate: int = 160, gaps: tuple[fl
     exact to the sample."""
     from ..whisper import read_wav
 
-    espeak = _espeak()
     rng = random.Random(seed)
     parts, words, t = [np.zeros(int(lead * 16000), np.float32)], [], lead
     with tempfile.TemporaryDirectory() as tmp:
         for i, word in enumerate(sentence.split()):
             path = Path(tmp) / f"{i}.wav"
-            subprocess.run([espeak, "-s", str(rate), "-w", str(path), word], check=True, capture_output=True)
+            _espeak_wav(word, path, rate)
             x = _trim(read_wav(path))
             words.append({"word": word, "start": t, "end": t + len(x) / 16000})
             gap = np.zeros(int(rng.uniform(*gaps) * 16000), np.float32)
@@ -359,4 +374,4 @@ def show_speech(w, audio: np.ndarray, out: Path, *, name: str = "speech") -> dic
 
 
 __all__ = ["align", "alignment_scores", "cross_attention", "dtw", "format_study", "plot_heads", "sentences",
-           "show_speech", "speak_words", "study", "word_errors", "word_timestamps"]
+           "show_speech", "speak", "speak_words", "study", "word_errors", "word_timestamps"]
