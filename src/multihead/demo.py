@@ -226,7 +226,7 @@ def media_step(out: Path) -> dict:
         w = whisper.load()
         audio = speech.speak(DEMO_SPEECH)
         text = w.transcribe(audio)["text"]
-        words = speech.word_timestamps(w, audio, text, w.alignment_heads)
+        words = speech.word_timestamps(w, audio, text, w.timing_heads)
         print(f"   Whisper tiny.en heard: {text!r}")
         print("   " + " ".join(f"{x['word']}@{x['start']:.2f}s" for x in words))
         result["whisper"] = {"spoken": DEMO_SPEECH, "heard": text, "words": words}

@@ -80,7 +80,6 @@ def is_dinov2_source(source: str | Path) -> bool:
 _SUBLAYERS = {"attention/attention/query": "attn.w_q", "attention/attention/key": "attn.w_k",
               "attention/attention/value": "attn.w_v", "attention/output/dense": "attn.w_o",
               "mlp/fc1": "ffn.w_1", "mlp/fc2": "ffn.w_2"}
-_NORMS = {"norm1": "norm1", "norm2": "norm2"}
 
 
 def _targets(node) -> list[tuple[str, str, bool]]:
@@ -99,19 +98,20 @@ def _targets(node) -> list[tuple[str, str, bool]]:
     if module == "embeddings" and node.op_type == "Expand":
         return [(ins[0], "cls", False)]
     if module == "layernorm":
-        prefix = "encoder.final_norm"
+        norm, module = "encoder.final_norm", ""
     elif path[0] == "encoder" and len(path) >= 3 and path[1].startswith("layer."):
         prefix, module = f"encoder.layers.{int(path[1].split('.')[1])}", "/".join(path[2:-1])
+        norm = f"{prefix}.{module}" if module in ("norm1", "norm2") else None
     else:
         return []
+    if norm is not None:  # a LayerNorm: x / std * weight (Mul), + bias (Add_1)
+        what = {("Mul", "Mul"): "weight", ("Add_1", "Add"): "bias"}.get((op, node.op_type))
+        return [(i, f"{norm}.{what}", False) for i in ins] if what else []
     if module in _SUBLAYERS and node.op_type in ("MatMul", "Add"):
         what = "weight" if node.op_type == "MatMul" else "bias"
         return [(i, f"{prefix}.{_SUBLAYERS[module]}.{what}", what == "weight") for i in ins]
     if module in ("layer_scale1", "layer_scale2") and node.op_type == "Mul":
         return [(i, f"{prefix}.ls{module[-1]}", False) for i in ins]
-    if (module in _NORMS or prefix.endswith("final_norm")) and (op, node.op_type) in (("Mul", "Mul"), ("Add_1", "Add")):
-        norm = prefix if prefix.endswith("final_norm") else f"{prefix}.{_NORMS[module]}"
-        return [(i, f"{norm}.{'weight' if op == 'Mul' else 'bias'}", False) for i in ins]
     return []
 
 

@@ -71,9 +71,9 @@ def is_whisper_source(source: str | Path) -> bool:
 def read_ct2(path: Path) -> tuple[str, dict[str, np.ndarray]]:
     """``(spec name, {name: array})`` from a CTranslate2 ``model.bin``; aliases resolved. Arrays are views of one
     read of the file, every size checked against it first."""
-    data = Path(path).read_bytes() if Path(path).stat().st_size < 2 ** 32 else None
-    if data is None:
+    if Path(path).stat().st_size >= 2 ** 32:
         raise WhisperError(f"{path} is over 4 GB; CTranslate2 Whisper files this size are not supported")
+    data = Path(path).read_bytes()
     pos = 0
 
     def take(n: int) -> bytes:
@@ -222,6 +222,13 @@ class Whisper:
     def prompt(self) -> list[int]:
         """``<|startoftranscript|><|notimestamps|>``: English transcription without timestamps (a ``.en`` model)."""
         return [self.token("<|startoftranscript|>"), self.token("<|notimestamps|>")]
+
+    @property
+    def timing_heads(self) -> list[tuple[int, int]]:
+        """The cross-attention heads word times are read from: the alignment heads ``config.json`` names, else every
+        head of the last decoder layer."""
+        last = len(self.model.decoder.layers) - 1
+        return self.alignment_heads or [(last, h) for h in range(self.model.config.decoder.num_heads)]
 
     @property
     def eot(self) -> int:

@@ -75,7 +75,11 @@ def test_ioi_reports_what_its_definitions_say(word_lm):
     for h in r["name_movers"] + r["s_inhibition"]:
         assert h["exact"] == pytest.approx(r["effect"][h["layer"]][h["head"]])
         assert 0.0 <= h["END->IO"] <= 1.0
-    assert -1.0 <= r["correlation"] <= 1.0 and len(r["disagreements"]) == 5
+    exact, approx = torch.tensor(r["effect"]).flatten(), torch.tensor(r["attribution"]).flatten()
+    assert r["correlation"] == pytest.approx(float(torch.corrcoef(torch.stack([exact, approx]))[0, 1]), abs=1e-6)
+    worst = r["disagreements"][0]  # the head where the first-order estimate is furthest from the exact effect
+    assert abs(worst[2] - worst[3]) == pytest.approx(float((exact - approx).abs().max()), abs=1e-6)
+    assert len(r["disagreements"]) == 5
     assert "name movers:" in C.format_ioi(r)
 
 

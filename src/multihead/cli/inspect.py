@@ -46,6 +46,17 @@ def cmd_show(args) -> int:
     return 0
 
 
+def _parse_patch(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    try:
+        patch = tuple(int(v) for v in text.split(","))
+        assert len(patch) == 2
+    except (ValueError, AssertionError):
+        raise ValueError(f"--patch takes ROW,COL (e.g. 3,3), got {text!r}") from None
+    return patch
+
+
 def _show_vision(args) -> int:
     """``multihead show runs/vit --index 17`` / ``--image x.png``: attention over the image, rollout, one patch's
     view, and the mean attention distance per head over 1,000 test images."""
@@ -55,13 +66,7 @@ def _show_vision(args) -> int:
 
     if (args.index is None) == (args.image is None):
         raise ValueError("pass one image: --index N (a test image) or --image FILE.png|.npy")
-    patch = None
-    if args.patch:
-        try:
-            patch = tuple(int(v) for v in args.patch.split(","))
-            assert len(patch) == 2
-        except (ValueError, AssertionError):
-            raise ValueError(f"--patch takes ROW,COL (e.g. 3,3), got {args.patch!r}") from None
+    patch = _parse_patch(args.patch)
     name = f"test-{args.index}" if args.index is not None else Path(args.image).stem
     out = Path(args.out) if args.out else Path(args.model) / "show" / name
     check_target(out, "show", overwrite=args.overwrite, sources=(args.model,))
@@ -87,17 +92,6 @@ def _show_vision(args) -> int:
         " ".join(f"{v:.1f}" for v in d) for d in summary["mean_attention_distance"]))
     print(f"wrote {len(summary['files'])} files to {out}")
     return 0
-
-
-def _parse_patch(text: str | None) -> tuple[int, int] | None:
-    if not text:
-        return None
-    try:
-        patch = tuple(int(v) for v in text.split(","))
-        assert len(patch) == 2
-    except (ValueError, AssertionError):
-        raise ValueError(f"--patch takes ROW,COL (e.g. 3,3), got {text!r}") from None
-    return patch
 
 
 def _show_dinov2(args) -> int:

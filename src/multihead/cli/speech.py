@@ -18,8 +18,7 @@ def cmd_transcribe(args) -> int:
         print(f"(the first {whisper.CHUNK} s of {seconds:.0f} s are transcribed)")
     print(r["text"])
     if args.timestamps:
-        heads = w.alignment_heads or [(len(w.model.decoder.layers) - 1, h) for h in range(w.model.config.decoder.num_heads)]
-        r["words"] = S.word_timestamps(w, audio[: whisper.SAMPLE_RATE * whisper.CHUNK], r["text"], heads)
+        r["words"] = S.word_timestamps(w, audio[: whisper.SAMPLE_RATE * whisper.CHUNK], r["text"], w.timing_heads)
         for word in r["words"]:
             print(f"  {word['start']:6.2f}-{word['end']:6.2f}  {word['word']}")
     if args.json:

@@ -166,7 +166,9 @@ def activation_patching(model: nn.Module, clean, corrupt, metric: Callable[[obje
     model.eval()
     mods = attention_modules(model)
     heads = [m.num_heads for _, m in mods]
-    base_clean = float(_metric(metric, run(model, clean), 1)[0])
+    with capture(model, ("z",), layers=[0], to_cpu=False) as seen:  # the clean metric, and the positions per head
+        base_clean = float(_metric(metric, run(model, clean), 1)[0])
+    length = seen.get_layer("z", 0).shape[2]
     resume = _resumable(model, run, metric)
     kept: dict[int, tuple[list[Tensor], list[Tensor]]] = {}  # rows -> (clean z, corrupted residual inputs)
 
@@ -176,7 +178,6 @@ def activation_patching(model: nn.Module, clean, corrupt, metric: Callable[[obje
                           _first_row(model, corrupt, rows, run=run, resid=True)[1] if resume else [])
         return kept[rows]
 
-    length = activations(1)[0][0].shape[2]
     jobs = [(l, h, p) for l in range(len(mods)) for h in range(heads[l])
             for p in (range(length) if per_position else [None])]
     values = torch.empty(len(jobs))
@@ -304,8 +305,7 @@ def path_patching_each(model: nn.Module, original, new, metric: Callable[[object
     receiver), in batched passes (row ``r`` sends from head ``r``): which heads act on the metric through the
     receivers' ``through`` input. Returns ``{"effect": (layers, H)`` (NaN where a head was not a sender),
     ``"original"}``."""
-    mods = attention_modules(model)
-    _check_heads(model, receivers)
+    mods = _check_heads(model, receivers)
     if senders is None:
         first = min(int(l) for l in receivers)
         senders = [(l, h) for l in range(first) for h in range(mods[l][1].num_heads)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from ..plotting import plain, pyplot, save
 
 import math
+import textwrap
 from pathlib import Path
 
 import torch
@@ -115,8 +116,6 @@ def plot_head(maps: AttentionMaps, layer: int, head: int, stem: Path, *, max_lab
     ax.set_ylabel("query (attending)")
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="attention weight")
     # the title wrapped to the figure's width, above the axes and the colorbar (a long caption ran into the bar)
-    import textwrap
-
     title = f"{plain(maps.model)} layer {layer} head {head}" + (f": {caption}" if caption else "")
     width = max(40, int(12 * (size + 1.2)))
     fig.suptitle("\n".join(textwrap.wrap(title, width) + [_short(maps.text)]), fontsize=10)

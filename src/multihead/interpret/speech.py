@@ -33,6 +33,11 @@ MEDIAN = 7  # median filter width along time, as OpenAI's timing.py
 
 
 @torch.no_grad()
+def audio_frames(audio: np.ndarray, features: Tensor) -> int:
+    """Encoder positions (20 ms each) that hold ``audio`` (the rest of the 30 s window is padding), at least 1."""
+    return max(1, min(int(len(audio) / 16000 / FRAME + 0.5), features.shape[-1] // 2))
+
+
 def cross_attention(w, features: Tensor, tokens: list[int]) -> Tensor:
     """Teacher-forced cross-attention ``(layers, H, T, S)`` of ``prompt + tokens + <|endoftext|>`` over
     ``features`` ``(1, 80, 3000)``."""
@@ -95,7 +100,7 @@ def word_timestamps(w, audio: np.ndarray, text: str, heads: list[tuple[int, int]
     through the cross-attention ``heads`` (see the module docstring)."""
     tokens = w.tokenizer.encode(" " + text.strip(), add_special_tokens=False).ids
     features = w.features(audio)
-    frames = min(int(len(audio) / 16000 / FRAME + 0.5), features.shape[-1] // 2)
+    frames = audio_frames(audio, features)
     return align(w, cross_attention(w, features, tokens), tokens, frames, heads)
 
 
@@ -226,7 +231,7 @@ def study(w, *, n: int = 50, top: int = 6, seed: int = 0, progress: bool = False
         hyp = w.transcribe(audio)["text"]
         tokens = w.tokenizer.encode(" " + text, add_special_tokens=False).ids
         feats = w.features(audio)
-        frames = min(int(len(audio) / 16000 / FRAME + 0.5), feats.shape[-1] // 2)
+        frames = audio_frames(audio, feats)
         cross = cross_attention(w, feats, tokens)
         p = len(w.prompt)
         items.append({"text": text, "hypothesis": hyp, "truth": truth, "tokens": tokens, "frames": frames,
@@ -322,8 +327,8 @@ def show_speech(w, audio: np.ndarray, out: Path, *, name: str = "speech") -> dic
     r = w.transcribe(audio)
     tokens = r["tokens"]
     features = w.features(audio)
-    frames = max(1, min(int(len(audio) / 16000 / FRAME + 0.5), features.shape[-1] // 2))
-    heads = w.alignment_heads or [(len(w.model.decoder.layers) - 1, h) for h in range(w.model.config.decoder.num_heads)]
+    frames = audio_frames(audio, features)
+    heads = w.timing_heads
     words = align(w, cross_attention(w, features, tokens), tokens, frames, heads) if tokens else []
     seq = torch.tensor([w.prompt + tokens + [w.eot]])
     with capture(w.model, ("pattern",)) as cache:
@@ -374,4 +379,4 @@ def show_speech(w, audio: np.ndarray, out: Path, *, name: str = "speech") -> dic
 
 
 __all__ = ["align", "alignment_scores", "cross_attention", "dtw", "format_study", "plot_heads", "sentences",
-           "show_speech", "speak", "speak_words", "study", "word_errors", "word_timestamps"]
+           "audio_frames", "show_speech", "speak", "speak_words", "study", "word_errors", "word_timestamps"]
