@@ -236,3 +236,5 @@ def test_suppressed_tokens_are_never_chosen_and_begin_suppressed_ones_not_first(
         assert not set(row) & set(banned[:2]) and row[0] != f
     # without suppression the same call gives the free run back
     assert mh.generate(model, ids, None, strategy=strategy, max_new_tokens=8).tokens == free.tokens
+    with pytest.raises(ValueError, match=r"suppressed token ids must be >= 0, got \[-3\]"):
+        mh.generate(model, ids, None, strategy=strategy, suppress_tokens=(-3,))

@@ -50,6 +50,9 @@ class GenerationConfig:
         self.stop_tokens = tuple(int(t) for t in self.stop_tokens)
         self.suppress_tokens = tuple(int(t) for t in self.suppress_tokens)
         self.begin_suppress_tokens = tuple(int(t) for t in self.begin_suppress_tokens)
+        bad = [t for t in self.suppress_tokens + self.begin_suppress_tokens if t < 0]
+        if bad:
+            raise ValueError(f"suppressed token ids must be >= 0, got {bad}")
 
 
 def _suppress(logits: Tensor, config: GenerationConfig, first: bool) -> Tensor:
@@ -57,7 +60,7 @@ def _suppress(logits: Tensor, config: GenerationConfig, first: bool) -> Tensor:
     ids = config.suppress_tokens + (config.begin_suppress_tokens if first else ())
     if not ids:
         return logits
-    ids = [i for i in ids if 0 <= i < logits.shape[-1]]
+    ids = [i for i in ids if i < logits.shape[-1]]  # ids past the vocabulary can never be chosen anyway
     logits = logits.clone()
     logits[:, ids] = float("-inf")
     return logits
