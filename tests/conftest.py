@@ -19,7 +19,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-
 def make_sentiment_csv(path, n=600, seed=0):
     """A small learnable task: the label is which of two word lists dominates the text."""
     rng = random.Random(seed)

@@ -1,4 +1,5 @@
 """The command line end to end (small and fast: timings belong to `multihead bench`, not to tests)."""
+
 import json
 import subprocess
 import sys
@@ -40,9 +41,26 @@ def test_backends_lists_capabilities(capsys):
 def test_bench_attention_small_run_writes_json(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "multihead.cli", "bench", "attention", "--lengths", "16", "--modes", "forward",
-         "--impls", "torch_mha,multihead", "--min-time", "0", "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "multihead.cli",
+            "bench",
+            "attention",
+            "--lengths",
+            "16",
+            "--modes",
+            "forward",
+            "--impls",
+            "torch_mha,multihead",
+            "--min-time",
+            "0",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     payload = json.loads(out.read_text())
@@ -91,17 +109,30 @@ def test_bench_long_builds_every_case_and_fits_exponents():
         for mode in suite.MODES:
             suite.build({"impl": impl, "mode": mode, "length": 300})()
     assert suite.estimate_gb("tutorial", "train", 16384) > suite.MEMORY_BUDGET_GB  # skipped, with the reason
-    fits = suite.fit_exponents([{"impl": "x", "mode": "train", "length": n, "peak_mb": n / 10, "seconds_min": n * n}
-                                for n in (1024, 2048, 4096)])
+    fits = suite.fit_exponents(
+        [
+            {"impl": "x", "mode": "train", "length": n, "peak_mb": n / 10, "seconds_min": n * n}
+            for n in (1024, 2048, 4096)
+        ]
+    )
     assert fits["x/train"]["memory"] == 1.0 and fits["x/train"]["time"] == 2.0
 
 
 def test_bench_lra_table_formats_rows():
     from multihead.bench import lra
 
-    text = lra.format_table({"data": "imdb", "max_len": 1024, "epochs": 3, "limit": None,
-                             "rows": [{"variant": "dense", "test_accuracy": 0.85, "seconds_per_epoch": 100.0,
-                                       "peak_rss_mb": 900.0}, {"variant": "window", "error": ["boom"]}]})
+    text = lra.format_table(
+        {
+            "data": "imdb",
+            "max_len": 1024,
+            "epochs": 3,
+            "limit": None,
+            "rows": [
+                {"variant": "dense", "test_accuracy": 0.85, "seconds_per_epoch": 100.0, "peak_rss_mb": 900.0},
+                {"variant": "window", "error": ["boom"]},
+            ],
+        }
+    )
     assert "dense" in text and "0.8500" in text and "boom" in text
     assert set(lra.VARIANTS) == {"dense", "window", "block_sparse", "performer", "linear_elu"}
 
@@ -117,18 +148,35 @@ def test_bench_decode_cases_build_and_cached_equals_recompute():
     torch.manual_seed(0)
     cached = suite.build({**case, "impl": "cached"})().tokens
     torch.manual_seed(0)
-    recomputed = suite.build({**case, "impl": "recompute"})()[:, suite.PROMPT:].tolist()
+    recomputed = suite.build({**case, "impl": "recompute"})()[:, suite.PROMPT :].tolist()
     assert cached == recomputed
     with pytest.raises(ValueError, match="not a causal LM pretraining run"):
-        suite.shape_of_run(__file__ + '.missing')
+        suite.shape_of_run(__file__ + ".missing")
 
 
 def test_bench_stats_small_run_writes_json_with_ratios(tmp_path):
     """`bench stats` at a small length: every case runs in its own process, ratios against SDPA (timings: bench only)."""
     out = tmp_path / "stats.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "multihead.cli", "bench", "stats", "--lengths", "256", "--min-time", "0",
-         "--threads", "1", "--out", str(out)], capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "multihead.cli",
+            "bench",
+            "stats",
+            "--lengths",
+            "256",
+            "--min-time",
+            "0",
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     payload = json.loads(out.read_text())
     rows = {r["impl"]: r for r in payload["results"]}
@@ -150,13 +198,18 @@ def test_bench_kernels_cases_compute_attention_and_ratios_come_from_the_same_run
             suite.build({"impl": impl, "mode": mode, "length": 300, "dtype": "bf16"})()
     assert suite.skip_reason({"impl": "torch_flex", "mode": "train"}) == "skipped: FlexAttention has no backward on CPU"
     assert suite.flops({"impl": "window", "mode": "forward", "length": 4096}) == 4.0 * 4096 * 513 * 64 * 8
-    rows = [{"impl": i, "mode": "forward", "length": 64, "seconds_min": t, "gflops": g}
-            for i, t, g in (("sdpa", 2.0, 1.0), ("torch_flex", 0.5, 4.0), ("window", 1.0, 2.0))]
+    rows = [
+        {"impl": i, "mode": "forward", "length": 64, "seconds_min": t, "gflops": g}
+        for i, t, g in (("sdpa", 2.0, 1.0), ("torch_flex", 0.5, 4.0), ("window", 1.0, 2.0))
+    ]
     for r in rows:
         r["peak_mb"] = 1.0
-    payload = {"matmul_gflops": 8.0, "results": rows, "config": {"dtype": "bf16", "heads": 8, "head_dim": 64,
-                                                                   "window": 256},
-               "machine": {"torch": "x", "threads": 2}}
+    payload = {
+        "matmul_gflops": 8.0,
+        "results": rows,
+        "config": {"dtype": "bf16", "heads": 8, "head_dim": 64, "window": 256},
+        "machine": {"torch": "x", "threads": 2},
+    }
     suite.add_ratios(payload)
     w = rows[2]
     assert w["speedup_vs_sdpa"] == 2.0 and w["time_vs_torch_flex"] == 2.0 and w["fraction_of_matmul"] == 0.25

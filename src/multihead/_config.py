@@ -12,13 +12,14 @@ Ceilings (largest model a config file may ask for) are configurable through the 
 ``MULTIHEAD_MAX_PARAMETERS`` (default 2e9), ``MULTIHEAD_MAX_LAYERS`` (1024), ``MULTIHEAD_MAX_VOCAB`` (2,000,000),
 ``MULTIHEAD_MAX_CLASSES`` (100,000), ``MULTIHEAD_MAX_POSITIONS`` (1,048,576).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
 import os
 import typing
-from functools import lru_cache
+from functools import cache
 
 
 class ConfigError(ValueError):
@@ -40,49 +41,91 @@ def ceiling(name: str, default: float) -> float:
 # (lowest, highest, lowest included, highest included); a str highest names a ceiling(); None = unbounded.
 RANGES: dict[str, dict[str, tuple]] = {
     "EncoderConfig": {
-        "d_model": (1, 1 << 16, True, True), "num_heads": (1, 4096, True, True),
-        "num_layers": (0, "layers", True, True), "d_ff": (1, 1 << 20, True, True),
-        "dropout": (0, 1, True, False), "layer_norm_eps": (0, 1, False, True),
+        "d_model": (1, 1 << 16, True, True),
+        "num_heads": (1, 4096, True, True),
+        "num_layers": (0, "layers", True, True),
+        "d_ff": (1, 1 << 20, True, True),
+        "dropout": (0, 1, True, False),
+        "layer_norm_eps": (0, 1, False, True),
     },
     "AttentionConfig": {
-        "num_kv_heads": (1, 4096, True, True), "dropout": (0, 1, True, False), "mla_latent": (0, 1 << 16, True, True),
-        "mla_rope_dim": (2, 4096, True, True), "head_dim": (1, 4096, True, True),
+        "num_kv_heads": (1, 4096, True, True),
+        "dropout": (0, 1, True, False),
+        "mla_latent": (0, 1 << 16, True, True),
+        "mla_rope_dim": (2, 4096, True, True),
+        "head_dim": (1, 4096, True, True),
     },
     "TextEncoderConfig": {
-        "vocab_size": (1, "vocab", True, True), "max_len": (1, "positions", True, True),
-        "pad_id": (0, None, True, True), "embed_init_std": (0, None, False, True),
+        "vocab_size": (1, "vocab", True, True),
+        "max_len": (1, "positions", True, True),
+        "pad_id": (0, None, True, True),
+        "embed_init_std": (0, None, False, True),
         "type_vocab_size": (0, 1 << 16, True, True),
     },
     "ClassifierConfig": {"num_classes": (1, "classes", True, True)},
     "DataConfig": {
-        "split_seed": (0, None, True, True), "validation": (0, 1, False, False), "test": (0, 1, False, False),
-        "max_len": (3, "positions", True, True), "vocab_size": (8, "vocab", True, True),
-        "min_frequency": (0, None, True, True), "limit": (1, None, True, True),
+        "split_seed": (0, None, True, True),
+        "validation": (0, 1, False, False),
+        "test": (0, 1, False, False),
+        "max_len": (3, "positions", True, True),
+        "vocab_size": (8, "vocab", True, True),
+        "min_frequency": (0, None, True, True),
+        "limit": (1, None, True, True),
     },
     "OptimConfig": {
-        "epochs": (1, 100_000, True, True), "batch_size": (1, 1 << 20, True, True), "lr": (0, 10, False, True),
-        "weight_decay": (0, None, True, True), "warmup": (0, 1, True, True), "clip": (0, None, True, True),
-        "patience": (0, None, True, True), "label_smoothing": (0, 1, True, False),
-        "token_dropout": (0, 1, True, False), "ema_decay": (0, 1, True, False),
+        "epochs": (1, 100_000, True, True),
+        "batch_size": (1, 1 << 20, True, True),
+        "lr": (0, 10, False, True),
+        "weight_decay": (0, None, True, True),
+        "warmup": (0, 1, True, True),
+        "clip": (0, None, True, True),
+        "patience": (0, None, True, True),
+        "label_smoothing": (0, 1, True, False),
+        "token_dropout": (0, 1, True, False),
+        "ema_decay": (0, 1, True, False),
     },
-    "RunConfig": {"seed": (0, (1 << 63) - 1, True, True), "threads": (1, 4096, True, True),
-                  "save_every": (0, None, True, True)},
+    "RunConfig": {
+        "seed": (0, (1 << 63) - 1, True, True),
+        "threads": (1, 4096, True, True),
+        "save_every": (0, None, True, True),
+    },
     "PretrainedConfig": {"layer_decay": (0, 1, False, True)},
     "DecoderConfig": {
-        "d_model": (1, 1 << 16, True, True), "num_heads": (1, 4096, True, True),
-        "num_layers": (0, "layers", True, True), "d_ff": (0, 1 << 20, True, True),
-        "dropout": (0, 1, True, False), "layer_norm_eps": (0, 1, False, True), "rope_theta": (1, 1e12, False, True),
+        "d_model": (1, 1 << 16, True, True),
+        "num_heads": (1, 4096, True, True),
+        "num_layers": (0, "layers", True, True),
+        "d_ff": (0, 1 << 20, True, True),
+        "dropout": (0, 1, True, False),
+        "layer_norm_eps": (0, 1, False, True),
+        "rope_theta": (1, 1e12, False, True),
     },
-    "CausalLMConfig": {"vocab_size": (1, "vocab", True, True), "max_len": (1, "positions", True, True),
-                       "pad_id": (0, None, True, True)},
-    "Seq2SeqConfig": {"src_vocab_size": (1, "vocab", True, True), "tgt_vocab_size": (1, "vocab", True, True),
-                      "max_len": (1, "positions", True, True), "pad_id": (0, None, True, True),
-                      "bos_id": (0, None, True, True)},
-    "G2POptim": {"epochs": (1, 100_000, True, True), "batch_size": (1, 1 << 20, True, True),
-                 "lr": (0, 10, False, True), "warmup": (0, 1, True, True), "weight_decay": (0, None, True, True),
-                 "clip": (0, None, True, True), "label_smoothing": (0, 1, True, False)},
-    "G2PRun": {"seed": (0, (1 << 63) - 1, True, True), "threads": (1, 4096, True, True),
-               "eval_words": (0, None, True, True), "beam": (1, 64, True, True)},
+    "CausalLMConfig": {
+        "vocab_size": (1, "vocab", True, True),
+        "max_len": (1, "positions", True, True),
+        "pad_id": (0, None, True, True),
+    },
+    "Seq2SeqConfig": {
+        "src_vocab_size": (1, "vocab", True, True),
+        "tgt_vocab_size": (1, "vocab", True, True),
+        "max_len": (1, "positions", True, True),
+        "pad_id": (0, None, True, True),
+        "bos_id": (0, None, True, True),
+    },
+    "G2POptim": {
+        "epochs": (1, 100_000, True, True),
+        "batch_size": (1, 1 << 20, True, True),
+        "lr": (0, 10, False, True),
+        "warmup": (0, 1, True, True),
+        "weight_decay": (0, None, True, True),
+        "clip": (0, None, True, True),
+        "label_smoothing": (0, 1, True, False),
+    },
+    "G2PRun": {
+        "seed": (0, (1 << 63) - 1, True, True),
+        "threads": (1, 4096, True, True),
+        "eval_words": (0, None, True, True),
+        "beam": (1, 64, True, True),
+    },
 }
 CEILINGS = {"layers": 1024, "vocab": 2_000_000, "positions": 1 << 20, "classes": 100_000, "parameters": 2e9}
 
@@ -99,17 +142,21 @@ def _range_error(where: str, value, rule: tuple) -> str | None:
     too_high = hi is not None and (value > hi if hi_in else value >= hi)
     if not (too_low or too_high):
         return None
+
     def num(x) -> str:
         return f"{int(x):,}" if float(x).is_integer() and abs(x) >= 1000 else f"{x:g}"
 
     lo_s = "" if lo is None else f"{'[' if lo_in else '('}{num(lo)}"
     hi_s = "inf)" if hi is None else f"{num(hi)}{']' if hi_in else ')'}"
-    extra = (f" (the ceiling MULTIHEAD_MAX_{name.upper()}; raise it in the environment if you mean it)"
-             if name and too_high else "")
+    extra = (
+        f" (the ceiling MULTIHEAD_MAX_{name.upper()}; raise it in the environment if you mean it)"
+        if name and too_high
+        else ""
+    )
     return f"{where} must be in {lo_s or '(-inf'}, {hi_s}, got {value!r}{extra}"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _adapter(cls):
     from pydantic import TypeAdapter
 
@@ -134,8 +181,8 @@ def _format(exc, where: str) -> str:
         loc = ".".join(str(x) for x in err.get("loc", ()))
         field = f"{where}.{loc}" if where and loc else (where or loc or "config")
         msg = err.get("msg", "invalid value")
-        msg = msg[len("Value error, "):] if msg.startswith("Value error, ") else msg
-        msg = msg[len("invalid config: "):] if msg.startswith("invalid config: ") else msg  # a nested config's own
+        msg = msg[len("Value error, ") :] if msg.startswith("Value error, ") else msg
+        msg = msg[len("invalid config: ") :] if msg.startswith("invalid config: ") else msg  # a nested config's own
         got = err.get("input")
         shown = "" if err.get("type") == "value_error" or isinstance(got, dict) else f" (got {got!r})"
         lines.append(f"{field}: {msg}{shown}" if where or loc else f"{msg}{shown}")
@@ -151,8 +198,10 @@ def from_fields(cls, values, where: str = ""):
     if dataclasses.is_dataclass(values) and isinstance(values, cls):
         return values
     if not isinstance(values, dict):
-        raise ConfigError(f"invalid config: {label} must be a table of fields (a JSON object / TOML section), got "
-                          f"{type(values).__name__} {values!r:.80}")
+        raise ConfigError(
+            f"invalid config: {label} must be a table of fields (a JSON object / TOML section), got "
+            f"{type(values).__name__} {values!r:.80}"
+        )
     values = _migrate(values, getattr(cls, "LEGACY_FIELDS", None))
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = set(values) - known
@@ -165,8 +214,10 @@ def from_fields(cls, values, where: str = ""):
         if isinstance(sub, type) and dataclasses.is_dataclass(sub) and isinstance(value, dict):
             values[name] = from_fields(sub, value, f"{where}.{name}" if where else name)
         elif isinstance(value, bool) and sub is not None and not _allows_bool(sub):  # lax mode would take True as 1
-            raise ConfigError(f"invalid config: {where + '.' if where else ''}{name}: expected {_type_name(sub)}, got "
-                              f"{str(value).lower()}")
+            raise ConfigError(
+                f"invalid config: {where + '.' if where else ''}{name}: expected {_type_name(sub)}, got "
+                f"{str(value).lower()}"
+            )
     try:
         obj = _adapter(cls).validate_python(values)
     except ValidationError as exc:
@@ -217,9 +268,12 @@ def check_size(parameters: int, what: str = "the model") -> None:
     otherwise exhaust memory before any other check runs)."""
     limit = ceiling("parameters", CEILINGS["parameters"])
     if parameters > limit:
-        raise ConfigError(f"{what} would have about {parameters:,} parameters, over the ceiling of {limit:,.0f} "
-                          "(MULTIHEAD_MAX_PARAMETERS); check the config's sizes, or raise the ceiling in the "
-                          "environment if you mean it")
+        raise ConfigError(
+            f"{what} would have about {parameters:,} parameters, over the ceiling of {limit:,.0f} "
+            "(MULTIHEAD_MAX_PARAMETERS); check the config's sizes, or raise the ceiling in the "
+            "environment if you mean it"
+        )
+
 
 def flatten(d: dict, prefix: str = "") -> dict:
     """Nested config dict -> ``{"section.key": value}`` (empty dicts kept as values)."""
@@ -244,5 +298,14 @@ def unflatten(flat: dict) -> dict:
     return out
 
 
-__all__ = ["CEILINGS", "ConfigError", "RANGES", "ceiling", "check_ranges", "check_size", "flatten", "from_fields",
-           "unflatten"]
+__all__ = [
+    "CEILINGS",
+    "ConfigError",
+    "RANGES",
+    "ceiling",
+    "check_ranges",
+    "check_size",
+    "flatten",
+    "from_fields",
+    "unflatten",
+]

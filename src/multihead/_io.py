@@ -20,6 +20,7 @@
       .NAME.new/     the folder being built (the writer's own)
       .NAME.lock     flock'ed by the writer; holds its pid
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -85,8 +86,19 @@ def atomic_save_figure(fig, path: str | Path, **kwargs) -> Path:
 RUN_SECTIONS = ("train", "g2p", "pretrain", "vision", "grounding")  # config.json sections of the tasks' run folders
 # What the tasks write into a run folder (besides figures, *.png/*.svg, and folders of our other outputs): an
 # --overwrite that would delete anything else is refused.
-RUN_FILES = {"config.json", "metrics.jsonl", "model.safetensors", "results.json", "splits.json", "tokenizer.json",
-             "vocab.json", "labels.json", "inputs.json", "checkpoint", "encoder"}
+RUN_FILES = {
+    "config.json",
+    "metrics.jsonl",
+    "model.safetensors",
+    "results.json",
+    "splits.json",
+    "tokenizer.json",
+    "vocab.json",
+    "labels.json",
+    "inputs.json",
+    "checkpoint",
+    "encoder",
+}
 OUR_KINDS = ("run", "hf", "show", "heads", "importance", "sweep", "induction", "sinks", "compare", "demo", "circuit")
 
 
@@ -112,12 +124,20 @@ def folder_kind(path: str | Path) -> str:
         if isinstance(cfg, dict) and "model_type" in cfg:
             return "hf"
         return "other"
-    for kind, marker in (("show", "attention.html"), ("show", "cross.html"), ("show", "image.json"),
-                         ("heads", "heads.json"),
-                         ("sweep", "sweep.json"), ("induction", "induction.json"),
-                         ("sinks", "sinks.json"), ("compare", "compare.json"), ("demo", "demo.json"),
-                         ("circuit", "circuit.json"),
-                         ("demo", "pretrained.json"), ("demo", "smollm2.json")):
+    for kind, marker in (
+        ("show", "attention.html"),
+        ("show", "cross.html"),
+        ("show", "image.json"),
+        ("heads", "heads.json"),
+        ("sweep", "sweep.json"),
+        ("induction", "induction.json"),
+        ("sinks", "sinks.json"),
+        ("compare", "compare.json"),
+        ("demo", "demo.json"),
+        ("circuit", "circuit.json"),
+        ("demo", "pretrained.json"),
+        ("demo", "smollm2.json"),
+    ):
         if marker in names:
             return kind
     if any(n.startswith("importance-") and n.endswith(".json") for n in names):
@@ -129,8 +149,12 @@ def foreign_files(folder: Path) -> list[str]:
     """What a run folder holds that no run writes (sorted names): an ``--overwrite`` would delete them."""
     strangers = []
     for p in sorted(Path(folder).iterdir()):
-        ours = (p.name in RUN_FILES or p.name.startswith(".") or p.suffix in (".png", ".svg")
-                or (p.is_dir() and folder_kind(p) in OUR_KINDS))
+        ours = (
+            p.name in RUN_FILES
+            or p.name.startswith(".")
+            or p.suffix in (".png", ".svg")
+            or (p.is_dir() and folder_kind(p) in OUR_KINDS)
+        )
         if not ours:
             strangers.append(p.name + ("/" if p.is_dir() else ""))
     return strangers
@@ -153,34 +177,46 @@ def check_target(out: str | Path, kind: str, *, overwrite: bool = False, sources
             continue
         read = Path(src).resolve()
         if target == read:
-            raise FolderError(f"--out {str(out)!r} is the folder being read; write to another folder (the source "
-                              "is never modified)")
+            raise FolderError(
+                f"--out {str(out)!r} is the folder being read; write to another folder (the source is never modified)"
+            )
         if target in read.parents:
-            raise FolderError(f"--out {str(out)!r} holds {str(src)!r}, which this command reads; write to another "
-                              "folder (inputs are never modified)")
+            raise FolderError(
+                f"--out {str(out)!r} holds {str(src)!r}, which this command reads; write to another "
+                "folder (inputs are never modified)"
+            )
     found = folder_kind(out)
     if found == "file":
         raise FolderError(f"--out {str(out)!r} is a file, not a folder; choose a folder path")
     replaceable = found in ("missing", "empty") or (found == kind and kind not in ("run", "hf"))
     if not replaceable and not overwrite:
         what = _WHAT.get(found, f"{found} output")
-        fix = ("choose another folder (--overwrite replaces only multihead's own output)" if found == "other" else
-               "pass --overwrite to replace it, or choose another folder")
+        fix = (
+            "choose another folder (--overwrite replaces only multihead's own output)"
+            if found == "other"
+            else "pass --overwrite to replace it, or choose another folder"
+        )
         raise FolderError(f"--out {str(out)!r} already holds {what}; {fix}")
     if not replaceable:  # --overwrite: our own output of this kind only
         cwd = Path.cwd().resolve()
         if target == cwd or target in cwd.parents:
-            raise FolderError(f"--out {str(out)!r} is the current directory or holds it; --overwrite would delete "
-                              "everything in it: write to a folder of its own")
+            raise FolderError(
+                f"--out {str(out)!r} is the current directory or holds it; --overwrite would delete "
+                "everything in it: write to a folder of its own"
+            )
         if found != kind:
-            raise FolderError(f"--out {str(out)!r} holds {_WHAT.get(found, f'{found} output')}, not "
-                              f"{_WHAT.get(kind, f'{kind} output')}; --overwrite replaces only that: choose another "
-                              "folder (or remove it yourself)")
+            raise FolderError(
+                f"--out {str(out)!r} holds {_WHAT.get(found, f'{found} output')}, not "
+                f"{_WHAT.get(kind, f'{kind} output')}; --overwrite replaces only that: choose another "
+                "folder (or remove it yourself)"
+            )
         strangers = foreign_files(out) if kind == "run" else []
         if strangers:
-            raise FolderError(f"--out {str(out)!r} is a run folder that also holds {', '.join(strangers[:5])}"
-                              f"{' ...' if len(strangers) > 5 else ''}, which no run writes; --overwrite would delete "
-                              "them: move them out, or choose another folder")
+            raise FolderError(
+                f"--out {str(out)!r} is a run folder that also holds {', '.join(strangers[:5])}"
+                f"{' ...' if len(strangers) > 5 else ''}, which no run writes; --overwrite would delete "
+                "them: move them out, or choose another folder"
+            )
     parent = out.resolve().parent
     probe = parent
     while not probe.exists():  # the nearest existing ancestor must let us create the folder
@@ -209,7 +245,7 @@ class folder_lock:
         self.path = _sibling(Path(out), "lock")
         self.fd: int | None = None
 
-    def __enter__(self) -> "folder_lock":
+    def __enter__(self) -> folder_lock:
         key = str(self.path)
         if key in self._held:
             self._held[key] += 1
@@ -222,16 +258,18 @@ class folder_lock:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                target = self.path.name[1:-len(".lock")]
-                raise FolderError(f"{target!r} is being written by another multihead process (pid {holder}); wait "
-                                  "for it to finish, or stop it, then retry") from None
+                target = self.path.name[1 : -len(".lock")]
+                raise FolderError(
+                    f"{target!r} is being written by another multihead process (pid {holder}); wait "
+                    "for it to finish, or stop it, then retry"
+                ) from None
             raise
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self.fd = fd
         self._held[key] = 1
         try:  # whoever takes the lock first cleans what a killed writer left (a resume too, not only a new build)
-            recover(self.path.parent / self.path.name[1:-len(".lock")])
+            recover(self.path.parent / self.path.name[1 : -len(".lock")])
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -336,8 +374,7 @@ class Publish:
     later writes then go to ``out`` itself, still under the lock.
     """
 
-    def __init__(self, out: str | Path, kind: str, *, overwrite: bool = False, sources: tuple = (),
-                 check: bool = True):
+    def __init__(self, out: str | Path, kind: str, *, overwrite: bool = False, sources: tuple = (), check: bool = True):
         self.out = Path(out)
         self.kind = kind
         self.overwrite = overwrite
@@ -376,5 +413,17 @@ class Publish:
             self._lock.__exit__(None, None, None)
 
 
-__all__ = ["FolderError", "Publish", "atomic_save_figure", "atomic_write_bytes", "atomic_write_json", "lock_holder",
-           "atomic_write_text", "check_target", "folder_kind", "folder_lock", "recover", "swap_in"]
+__all__ = [
+    "FolderError",
+    "Publish",
+    "atomic_save_figure",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "lock_holder",
+    "atomic_write_text",
+    "check_target",
+    "folder_kind",
+    "folder_lock",
+    "recover",
+    "swap_in",
+]

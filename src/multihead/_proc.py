@@ -1,4 +1,5 @@
 """This process's memory counters from ``/proc/self/status`` (Linux); used by the bench harness and the trainer."""
+
 from __future__ import annotations
 
 import re

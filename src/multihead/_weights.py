@@ -4,6 +4,7 @@ header -- compared with a module built on the meta device -- so a config that do
 before any memory is allocated. Used by run folders (:mod:`multihead.train.runfolder`) and HF folders
 (:mod:`multihead.pretrained`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,11 +26,15 @@ def _missing(path: Path) -> CheckpointError:
 
     holder = lock_holder(path.parent)
     if holder is not None:
-        return CheckpointError(f"{path} is not written yet: training in {path.parent} is in progress (locked by pid "
-                               f"{holder}); wait for its first evaluation, or for it to finish")
+        return CheckpointError(
+            f"{path} is not written yet: training in {path.parent} is in progress (locked by pid "
+            f"{holder}); wait for its first evaluation, or for it to finish"
+        )
     if (path.parent / "checkpoint" / "state.json").is_file():
-        return CheckpointError(f"{path} is missing: training in {path.parent} stopped before its first evaluation. "
-                               f"Continue it with: multihead train --out {path.parent} --resume")
+        return CheckpointError(
+            f"{path} is missing: training in {path.parent} stopped before its first evaluation. "
+            f"Continue it with: multihead train --out {path.parent} --resume"
+        )
     return CheckpointError(f"{path} is missing; {path.parent} is not a complete run folder")
 
 
@@ -40,8 +45,9 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not a readable safetensors file ({exc}); it is truncated or corrupt. "
-                              "Restore it or retrain") from None
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file ({exc}); it is truncated or corrupt. Restore it or retrain"
+        ) from None
 
 
 def header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
@@ -54,8 +60,9 @@ def header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
         with safe_open(str(path), "pt") as f:
             return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not a readable safetensors file ({exc}); it is truncated or corrupt. "
-                              "Restore it or retrain") from None
+        raise CheckpointError(
+            f"{path} is not a readable safetensors file ({exc}); it is truncated or corrupt. Restore it or retrain"
+        ) from None
 
 
 def check_shapes(expected: dict[str, tuple], found: dict[str, tuple], path: Path, *, names=None) -> None:
@@ -65,15 +72,20 @@ def check_shapes(expected: dict[str, tuple], found: dict[str, tuple], path: Path
     extra = [k for k in found if k not in expected]
     if missing or extra:
         show = (lambda k: names(k)) if names else (lambda k: k)
-        raise CheckpointError(f"{path} does not fit the model its config describes: "
-                              + (f"missing {[show(k) for k in missing[:4]]}" if missing else "")
-                              + ("; " if missing and extra else "") + (f"unexpected {extra[:4]}" if extra else "")
-                              + f" ({len(missing)} missing, {len(extra)} unexpected); config and weights disagree")
+        raise CheckpointError(
+            f"{path} does not fit the model its config describes: "
+            + (f"missing {[show(k) for k in missing[:4]]}" if missing else "")
+            + ("; " if missing and extra else "")
+            + (f"unexpected {extra[:4]}" if extra else "")
+            + f" ({len(missing)} missing, {len(extra)} unexpected); config and weights disagree"
+        )
     bad = [(k, found[k], expected[k]) for k in expected if tuple(found[k]) != tuple(expected[k])]
     if bad:
         k, got, want = bad[0]
-        raise CheckpointError(f"{path}: {len(bad)} tensors have the wrong shape, e.g. {k} is {got} but the config "
-                              f"implies {want}; config and weights disagree")
+        raise CheckpointError(
+            f"{path}: {len(bad)} tensors have the wrong shape, e.g. {k} is {got} but the config "
+            f"implies {want}; config and weights disagree"
+        )
 
 
 def unique_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -125,14 +137,24 @@ def load_checked(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         meta = f.metadata() or {}
     expected = meta.get("content_sha256")
     if expected is None:
-        raise CheckpointError(f"{path} has no content digest: it was not written by multihead; refusing to load it "
-                              "as a run checkpoint")
+        raise CheckpointError(
+            f"{path} has no content digest: it was not written by multihead; refusing to load it as a run checkpoint"
+        )
     if _content_digest(tensors) != expected:
-        raise CheckpointError(f"{path}: the tensors do not match the digest stored with them: the file was modified "
-                              "after it was written. Restore it or retrain; it was not loaded")
+        raise CheckpointError(
+            f"{path}: the tensors do not match the digest stored with them: the file was modified "
+            "after it was written. Restore it or retrain; it was not loaded"
+        )
     return tensors, meta
 
 
-__all__ = ["CheckpointError", "check_shapes", "header_shapes", "load_checked", "load_tensors", "meta_shapes",
-           "unique_state",
-           "save_checked"]
+__all__ = [
+    "CheckpointError",
+    "check_shapes",
+    "header_shapes",
+    "load_checked",
+    "load_tensors",
+    "meta_shapes",
+    "unique_state",
+    "save_checked",
+]

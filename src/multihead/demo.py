@@ -1,5 +1,6 @@
 """The tutorial's walk-through, run for real: shapes, per-head weights for "The cat sat on the mat.", parity with
 PyTorch, the fully-masked-row fix, and the classifier. Writes a PNG and a JSON summary to the run folder."""
+
 from __future__ import annotations
 
 from ._io import atomic_save_figure, atomic_write_json
@@ -37,8 +38,10 @@ def walkthrough(out: Path, seed: int = 0) -> dict:
     q = torch.randn(1, 8, 5, 64)
     for name, reason in explain(q, q, need_weights=False):
         print(f"   auto, no weights: {name}: {'usable' if reason is None else 'skipped, ' + reason}")
-    print(f"   a sliding window on this CPU: {explain_choice(q, q, mask=SparsePattern(window=2))} "
-          "(on CUDA: FlexAttention, README 'On the GPU')")
+    print(
+        f"   a sliding window on this CPU: {explain_choice(q, q, mask=SparsePattern(window=2))} "
+        "(on CUDA: FlexAttention, README 'On the GPU')"
+    )
 
     print(f'3. Per-head weights for "{SENTENCE}" (untrained weights: the pattern is random, the plumbing is real)')
     tokens = tokenize(SENTENCE)
@@ -46,8 +49,10 @@ def walkthrough(out: Path, seed: int = 0) -> dict:
     ids = torch.tensor([[vocab[t] for t in tokens]])
     model = TransformerClassifier(vocab_size=len(vocab) + 1, d_model=64, heads=8, num_layers=2, num_classes=2).eval()
     captured = {}
-    handles = [layer.attn.hook_pattern.add_hook(lambda w, hook, i=i: captured.__setitem__(i, w.detach()))
-               for i, layer in enumerate(model.encoder.layers)]
+    handles = [
+        layer.attn.hook_pattern.add_hook(lambda w, hook, i=i: captured.__setitem__(i, w.detach()))
+        for i, layer in enumerate(model.encoder.layers)
+    ]
     with torch.no_grad():
         logits = model(ids)
     for h in handles:
@@ -86,8 +91,11 @@ def walkthrough(out: Path, seed: int = 0) -> dict:
     fused = MultiHeadAttention(512, 8, need_weights=False).eval()
     x = torch.randn(2, 1024, 512)
     timings = {}
-    for name, fn in (("tutorial", lambda: tut(x)), ("multihead", lambda: fused(x)),
-                     ("torch_mha_fast_path", lambda: ref(x, x, x, need_weights=False))):
+    for name, fn in (
+        ("tutorial", lambda: tut(x)),
+        ("multihead", lambda: fused(x)),
+        ("torch_mha_fast_path", lambda: ref(x, x, x, need_weights=False)),
+    ):
         with torch.no_grad():
             fn()
             t0 = time.perf_counter()
@@ -134,8 +142,10 @@ def run_demo(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
 
     out = Path(out)
     if folder_kind(out) not in ("missing", "empty", "run"):  # the demo replaces a run, never other files
-        raise FolderError(f"--out {str(out)!r} holds files that are not a multihead run; the demo writes (and "
-                          "replaces) a run folder there: choose another --out")
+        raise FolderError(
+            f"--out {str(out)!r} holds files that are not a multihead run; the demo writes (and "
+            "replaces) a run folder there: choose another --out"
+        )
     config = TrainConfig()
     config.run.seed = seed
     config.data.limit = limit
@@ -153,9 +163,11 @@ def run_demo(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
     t0 = time.perf_counter()
     results = train(config, out, overwrite=True)
     test, base = results["test"], results["baseline_tfidf_logreg"]
-    print(f"   test accuracy {test['accuracy']:.4f} (macro-F1 {test['macro_f1']:.4f}, n={test['n']}); "
-          f"TF-IDF + logistic regression on the same split: {base.get('test_accuracy', float('nan')):.4f}; "
-          f"{time.perf_counter() - t0:.0f}s")
+    print(
+        f"   test accuracy {test['accuracy']:.4f} (macro-F1 {test['macro_f1']:.4f}, n={test['n']}); "
+        f"TF-IDF + logistic regression on the same split: {base.get('test_accuracy', float('nan')):.4f}; "
+        f"{time.perf_counter() - t0:.0f}s"
+    )
     print(f"   run folder: {out} (model.safetensors, config.json, metrics.jsonl, curves.png, confusion.png)")
     done("classifier")
     print(f"== 2. Inside multi-head attention -> {out / 'walkthrough'}")
@@ -170,8 +182,10 @@ def run_demo(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
     print("== 5. Heads, measured: which heads of the demo classifier matter, and pruning them")
     measured = heads_step(out)
     done("heads and pruning")
-    print(f"== 6. MHA in the decoder: causal self-attention + cross-attention, grapheme-to-phoneme on CMUdict "
-          f"-> {out / 'g2p'}")
+    print(
+        f"== 6. MHA in the decoder: causal self-attention + cross-attention, grapheme-to-phoneme on CMUdict "
+        f"-> {out / 'g2p'}"
+    )
     g2p = g2p_step(out / "g2p", seed=seed, limit=limit, epochs=epochs)
     done("G2P")
     print(f"== 7. MHA beyond text: a Vision Transformer on images, and where its heads look -> {out / 'vit'}")
@@ -180,22 +194,38 @@ def run_demo(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
     print("== 8. Long inputs: exact per-head statistics from the fast path, no L x L map")
     stats = stats_step(seed=seed)
     done("long-input statistics")
-    print(f"== 9. A real pretrained LM: SmolLM2-135M (GGUF) in our decoder, a continuation and its induction heads "
-          f"-> {out / 'smollm2'}")
+    print(
+        f"== 9. A real pretrained LM: SmolLM2-135M (GGUF) in our decoder, a continuation and its induction heads "
+        f"-> {out / 'smollm2'}"
+    )
     smol = smollm2_step(out / "smollm2")
     done("SmolLM2")
-    print(f"== 10. Real pretrained vision and speech: DINOv2-small's [CLS] heads on a photograph, Whisper tiny.en's "
-          f"transcript with word times -> {out / 'media'}")
+    print(
+        f"== 10. Real pretrained vision and speech: DINOv2-small's [CLS] heads on a photograph, Whisper tiny.en's "
+        f"transcript with word times -> {out / 'media'}"
+    )
     media = media_step(out / "media")
     done("DINOv2 and Whisper")
     total = sum(t for _, t in steps)
     print(f"== Done in {total / 60:.1f} min: " + ", ".join(f"{n} {t:.0f}s" for n, t in steps))
-    print(f"   everything is in {out}; open first {out / 'walkthrough' / 'cat_sat_heads.png'} (one sentence, every "
-          f"head), then {out / 'show' / 'attention.html'} in a browser (the interactive page), "
-          f"{out / 'vit'} and {out / 'media'} for pictures, and {out / 'g2p'} for the decoder's alignments")
-    return {"train": results, "walkthrough": summary, "pretrained": real, "show": seen, "heads": measured,
-            "g2p": g2p, "vision": vision, "stats": stats, "smollm2": smol, "media": media,
-            "seconds": {n: round(t, 1) for n, t in steps}}
+    print(
+        f"   everything is in {out}; open first {out / 'walkthrough' / 'cat_sat_heads.png'} (one sentence, every "
+        f"head), then {out / 'show' / 'attention.html'} in a browser (the interactive page), "
+        f"{out / 'vit'} and {out / 'media'} for pictures, and {out / 'g2p'} for the decoder's alignments"
+    )
+    return {
+        "train": results,
+        "walkthrough": summary,
+        "pretrained": real,
+        "show": seen,
+        "heads": measured,
+        "g2p": g2p,
+        "vision": vision,
+        "stats": stats,
+        "smollm2": smol,
+        "media": media,
+        "seconds": {n: round(t, 1) for n, t in steps},
+    }
 
 
 DEMO_SPEECH = "The cat sat on the mat and looked at the door."
@@ -215,9 +245,11 @@ def media_step(out: Path) -> dict:
         p = r["photos"]["chelsea"]
         dino.plot_objects(r, out / "dinov2-cat", "DINOv2-small: the last layer's [CLS] attention per head")
         best = max(range(len(p["share"])), key=lambda h: p["share"][h])
-        print(f"   DINOv2-small ({len(d.model.encoder.layers)} layers x {d.model.config.encoder.num_heads} heads): on "
-              f"the cat, head {best} puts {p['share'][best]:.0%} of the [CLS] attention on it (its box: "
-              f"{p['area']:.0%} of the picture) -> {out / 'dinov2-cat.png'}")
+        print(
+            f"   DINOv2-small ({len(d.model.encoder.layers)} layers x {d.model.config.encoder.num_heads} heads): on "
+            f"the cat, head {best} puts {p['share'][best]:.0%} of the [CLS] attention on it (its box: "
+            f"{p['area']:.0%} of the picture) -> {out / 'dinov2-cat.png'}"
+        )
         result["dinov2"] = {"share": p["share"], "area": p["area"]}
     except ValueError as exc:  # the package missing (Dinov2Error), or scikit-image
         print(f"   DINOv2 skipped: {exc}")
@@ -233,8 +265,10 @@ def media_step(out: Path) -> dict:
     except ValueError as exc:  # the package missing (WhisperError), or espeak-ng
         print(f"   Whisper skipped: {exc}")
         result["whisper"] = {"skipped": str(exc)}
-    print("   more: multihead show dinov2 --image photo.jpg --out runs/photo; multihead transcribe whisper speech.wav "
-          "--timestamps; multihead heads dinov2|whisper --out DIR")
+    print(
+        "   more: multihead show dinov2 --image photo.jpg --out runs/photo; multihead transcribe whisper speech.wav "
+        "--timestamps; multihead heads dinov2|whisper --out DIR"
+    )
     atomic_write_json(out / "media.json", result)
     return result
 
@@ -255,8 +289,10 @@ def smollm2_step(out: Path) -> dict:
         print(f"   skipped: {exc}")
         return {"skipped": str(exc)}
     c = p.model.config
-    print(f"   loaded {p.path.name}: {c.decoder.num_layers} layers x {c.decoder.num_heads} query heads "
-          f"({c.decoder.attention.num_kv_heads} key/value heads), RMSNorm, SwiGLU, rotary base {c.decoder.rope_theta:g}")
+    print(
+        f"   loaded {p.path.name}: {c.decoder.num_layers} layers x {c.decoder.num_heads} query heads "
+        f"({c.decoder.attention.num_kv_heads} key/value heads), RMSNorm, SwiGLU, rotary base {c.decoder.rope_theta:g}"
+    )
     ids = p.encode(LM_PROMPT)
     new = generate(p.model, torch.tensor([ids]), None, max_new_tokens=24, stop_tokens=p.eos_ids).tokens[0]
     text = p.decode(new)
@@ -266,16 +302,27 @@ def smollm2_step(out: Path) -> dict:
     pm = scores["prefix_matching"]
     heads = [(l, h, float(pm[l, h])) for l in range(pm.shape[0]) for h in range(pm.shape[1])]
     passing = sorted((x for x in heads if x[2] >= I.INDUCTION), key=lambda x: -x[2])
-    print(f"   induction heads (prefix matching >= {I.INDUCTION}): {len(passing)} of {len(heads)}: " +
-          ", ".join(f"L{l}H{h} {v:.2f}" for l, h, v in passing[:6]))
-    print(f"   masking the top 8 raises the repeated half's loss {check['base']:.2f} -> {check['top']:.2f}; "
-          f"8 random heads: {check['random_mean']:.2f}")
-    print("   more: multihead generate smollm2 \"Hello\" --chat; multihead induction --model smollm2 --out runs/ind; "
-          "multihead sinks smollm2 --out runs/sinks")
+    print(
+        f"   induction heads (prefix matching >= {I.INDUCTION}): {len(passing)} of {len(heads)}: "
+        + ", ".join(f"L{l}H{h} {v:.2f}" for l, h, v in passing[:6])
+    )
+    print(
+        f"   masking the top 8 raises the repeated half's loss {check['base']:.2f} -> {check['top']:.2f}; "
+        f"8 random heads: {check['random_mean']:.2f}"
+    )
+    print(
+        '   more: multihead generate smollm2 "Hello" --chat; multihead induction --model smollm2 --out runs/ind; '
+        "multihead sinks smollm2 --out runs/sinks"
+    )
     out.mkdir(parents=True, exist_ok=True)
-    result = {"prompt": LM_PROMPT, "continuation": text, "prefix_matching": pm.tolist(),
-              "copying": scores["copying"].tolist(), "ablation": check,
-              "induction_heads": [{"layer": l, "head": h, "prefix_matching": round(v, 4)} for l, h, v in passing]}
+    result = {
+        "prompt": LM_PROMPT,
+        "continuation": text,
+        "prefix_matching": pm.tolist(),
+        "copying": scores["copying"].tolist(),
+        "ablation": check,
+        "induction_heads": [{"layer": l, "head": h, "prefix_matching": round(v, 4)} for l, h, v in passing],
+    }
     I.plot_scores(result, out / "induction.png", "SmolLM2-135M: induction heads on repeated random tokens")
     atomic_write_json(out / "smollm2.json", result)
     return result
@@ -300,12 +347,18 @@ def stats_step(*, seed: int = 0, length: int = 4096) -> dict:
     st = attention_stats(q, k, is_causal=True, topk=4)
     seconds = time.perf_counter() - t0
     map_gib = 8 * length * length * 4 / 2**30
-    print(f"   {length:,} tokens, causal: entropy, received mass, distance, first-token mass and top-4 keys of every "
-          f"query of 8 heads in {seconds:.1f}s, {st.nbytes() / 2**20:.1f} MiB of results (the map alone: "
-          f"{map_gib:.1f} GiB)")
+    print(
+        f"   {length:,} tokens, causal: entropy, received mass, distance, first-token mass and top-4 keys of every "
+        f"query of 8 heads in {seconds:.1f}s, {st.nbytes() / 2**20:.1f} MiB of results (the map alone: "
+        f"{map_gib:.1f} GiB)"
+    )
     first = st.mass["first"].mean(-1)[0]
-    print("   per head: mean entropy (nats) " + " ".join(f"{v:.2f}" for v in st.entropy.mean(-1)[0].tolist())
-          + "; first-token share " + " ".join(f"{v:.3f}" for v in first.tolist()))
+    print(
+        "   per head: mean entropy (nats) "
+        + " ".join(f"{v:.2f}" for v in st.entropy.mean(-1)[0].tolist())
+        + "; first-token share "
+        + " ".join(f"{v:.3f}" for v in first.tolist())
+    )
     return {"length": length, "seconds": seconds, "max_entropy_error_1024": diff, "map_gib": map_gib}
 
 
@@ -323,8 +376,10 @@ def vision_step(out: Path, *, seed: int = 0, limit: int | None = None, epochs: i
         fashion_dir()
         config.data.limit, config.optim.epochs = 20000, 3
     except ImageDataError as exc:
-        print(f"   ({str(exc).split(':')[0]}; using scikit-learn's digits instead: apt-get install "
-              "dataset-fashion-mnist for the real thing)")
+        print(
+            f"   ({str(exc).split(':')[0]}; using scikit-learn's digits instead: apt-get install "
+            "dataset-fashion-mnist for the real thing)"
+        )
         config.data.name, config.model.image_size, config.model.patch_size, config.optim.epochs = "digits", 8, 2, 15
     config.model.stem, config.optim.lr = "conv", 2e-3
     config.run.seed, config.run.progress = seed, False
@@ -335,20 +390,31 @@ def vision_step(out: Path, *, seed: int = 0, limit: int | None = None, epochs: i
     t0 = time.perf_counter()
     results = train_vision(config, out, overwrite=True)
     base = results["baseline_pixels_logreg"]
-    print(f"   {results['parameters']:,} parameters, {results['train_minutes']:.1f} min on {results['images']['train']:,} "
-          f"{config.data.name} images: test accuracy {results['test']['accuracy']:.4f}; logistic regression on the "
-          f"pixels, same split: {base['accuracy']:.4f}")
+    print(
+        f"   {results['parameters']:,} parameters, {results['train_minutes']:.1f} min on {results['images']['train']:,} "
+        f"{config.data.name} images: test accuracy {results['test']['accuracy']:.4f}; logistic regression on the "
+        f"pixels, same split: {base['accuracy']:.4f}"
+    )
     run = load_vision_run(out)
     images, labels = held_out_images(run)
-    summary = show_image(run.model, images[:1], run.labels, out / "show", truth=run.labels[int(labels[0])],
-                         name="test-0")
+    summary = show_image(
+        run.model, images[:1], run.labels, out / "show", truth=run.labels[int(labels[0])], name="test-0"
+    )
     dist = attention_distance(run.model, images[:500])
     print(f"   test image 0: predicted {summary['predicted']} (true {summary['true']}); pictures in {out / 'show'}")
-    print("   (a short run: the full `multihead train --data fashion_mnist` reached 0.8998 test accuracy in 19.9 minutes)")
-    print("   mean attention distance per head (pixels), layer by layer: " + "; ".join(
-        " ".join(f"{v:.1f}" for v in d.tolist()) for d in dist) + f"; {time.perf_counter() - t0:.0f}s")
-    return {"results": {k: results[k] for k in ("test", "train_minutes", "parameters", "baseline_pixels_logreg")},
-            "predicted": summary["predicted"], "distance": [d.tolist() for d in dist]}
+    print(
+        "   (a short run: the full `multihead train --data fashion_mnist` reached 0.8998 test accuracy in 19.9 minutes)"
+    )
+    print(
+        "   mean attention distance per head (pixels), layer by layer: "
+        + "; ".join(" ".join(f"{v:.1f}" for v in d.tolist()) for d in dist)
+        + f"; {time.perf_counter() - t0:.0f}s"
+    )
+    return {
+        "results": {k: results[k] for k in ("test", "train_minutes", "parameters", "baseline_pixels_logreg")},
+        "predicted": summary["predicted"],
+        "distance": [d.tolist() for d in dist],
+    }
 
 
 G2P_WORDS = ("attention", "multihead", "photograph", "transformer")
@@ -373,16 +439,21 @@ def g2p_step(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
     t0 = time.perf_counter()
     results = train_g2p(config, out, overwrite=True)
     g, b = results["test_greedy"], results["test_beam"]
-    print(f"   {results['params']:,} parameters, {results['train_minutes']:.1f} min on "
-          f"{results['words']['train']:,} words: test ({g['words']} words) greedy WER {g['wer']:.3f} PER "
-          f"{g['per']:.3f}, beam 3 WER {b['wer']:.3f} PER {b['per']:.3f}")
+    print(
+        f"   {results['params']:,} parameters, {results['train_minutes']:.1f} min on "
+        f"{results['words']['train']:,} words: test ({g['words']} words) greedy WER {g['wer']:.3f} PER "
+        f"{g['per']:.3f}, beam 3 WER {b['wer']:.3f} PER {b['per']:.3f}"
+    )
     run = load_g2p_run(out)
     for row in predict_words(run, list(G2P_WORDS)):
         print(f"   {row['word']:<12} {row['phonemes']}")
-    summary = show_g2p(run, "photograph", out / "show", sample=100, overwrite=True,
-                       log=lambda text: print("   " + text))
-    print(f"   pictures and pages: {out / 'show'} (cross.html: letters on one side, phonemes on the other); "
-          f"{time.perf_counter() - t0:.0f}s. The full model: multihead train --data cmudict --out runs/g2p")
+    summary = show_g2p(
+        run, "photograph", out / "show", sample=100, overwrite=True, log=lambda text: print("   " + text)
+    )
+    print(
+        f"   pictures and pages: {out / 'show'} (cross.html: letters on one side, phonemes on the other); "
+        f"{time.perf_counter() - t0:.0f}s. The full model: multihead train --data cmudict --out runs/g2p"
+    )
     return {"results": results, "show": {k: summary[k] for k in ("word", "phonemes", "monotonicity")}}
 
 
@@ -393,12 +464,15 @@ def heads_step(out: Path) -> dict:
 
     imp = scores.score_run(out, "michel", progress=False)
     print("   " + scores.format_table(imp["tensor"], imp["title"]).replace("\n", "\n   "))
-    curve = P.prune_run(out, out / "pruned", max_drop=0.01, until=1.0, min_time=1.0,
-                        log=lambda text: print("   " + text))
+    curve = P.prune_run(
+        out, out / "pruned", max_drop=0.01, until=1.0, min_time=1.0, log=lambda text: print("   " + text)
+    )
     sp = curve["inference"]["speedup_vs_unpruned"]["pruned"]
-    print(f"   kept within 1 validation point: {curve['pruned']}/{curve['heads']} heads pruned; test accuracy "
-          f"{curve['test_accuracy_pruned']:.4f} (unpruned {curve['base_test_accuracy']:.4f}); inference "
-          f"{sp:.2f}x -> {out / 'pruned'} (pruning.png); for MiniLM: multihead prune RUN --out RUN-pruned")
+    print(
+        f"   kept within 1 validation point: {curve['pruned']}/{curve['heads']} heads pruned; test accuracy "
+        f"{curve['test_accuracy_pruned']:.4f} (unpruned {curve['base_test_accuracy']:.4f}); inference "
+        f"{sp:.2f}x -> {out / 'pruned'} (pruning.png); for MiniLM: multihead prune RUN --out RUN-pruned"
+    )
     return {"importance": imp["scores"], "pruned": curve["pruned"], "test_accuracy": curve["test_accuracy_pruned"]}
 
 
@@ -416,22 +490,30 @@ def show_step(out: Path, *, pretrained_ok: bool = True) -> dict:
         targets.append(("minilm", minilm, out / "pretrained" / "show"))
     for source, subject, folder in targets:
         summary = show(subject, SENTENCE, folder, log=lambda text: print("   " + text.replace("\n", "\n   ")))
-        print(f"   {source}: {len(summary['files'])} files in {folder} ({summary['seconds']['total']:.1f}s); "
-              f"open {folder / 'attention.html'}")
+        print(
+            f"   {source}: {len(summary['files'])} files in {folder} ({summary['seconds']['total']:.1f}s); "
+            f"open {folder / 'attention.html'}"
+        )
         done[str(source)] = {k: summary[k] for k in ("tokens", "heads", "seconds")}
     if minilm is not None:
         texts = D.split(D.load("rotten_tomatoes"), seed=0).test.texts[:200]
         result = roles.analyse(minilm.maps(texts))
         roles.write(result, out / "pretrained" / "heads")
-        print("   MiniLM head roles on 200 rotten_tomatoes test sentences: " +
-              ", ".join(f"{r} {c}" for r, c in result["counts"].items() if c) +
-              f" -> {out / 'pretrained' / 'heads' / 'heads.png'}")
+        print(
+            "   MiniLM head roles on 200 rotten_tomatoes test sentences: "
+            + ", ".join(f"{r} {c}" for r, c in result["counts"].items() if c)
+            + f" -> {out / 'pretrained' / 'heads' / 'heads.png'}"
+        )
         done["roles"] = result["counts"]
     return done
 
 
-SIMILARITY_TEXTS = ["The cat sat on the mat.", "A cat was sitting on a rug.", "The film was a joy to watch.",
-                    "Stock markets fell sharply today."]
+SIMILARITY_TEXTS = [
+    "The cat sat on the mat.",
+    "A cat was sitting on a rug.",
+    "The film was a joy to watch.",
+    "Stock markets fell sharply today.",
+]
 
 
 def pretrained_step(out: Path) -> dict:
@@ -454,8 +536,13 @@ def pretrained_step(out: Path) -> dict:
     for i, text in enumerate(SIMILARITY_TEXTS):
         print(f"     {text:<34}" + " ".join(f"{v:6.3f}" for v in sims[i].tolist()))
     print("   fine-tune it: multihead train --init minilm --data rotten_tomatoes --out runs/minilm-rt")
-    summary = {"path": str(p.path), "parameters": n_params, "tokens": tokens, "texts": SIMILARITY_TEXTS,
-               "cosine": [[round(v, 4) for v in row] for row in sims.tolist()]}
+    summary = {
+        "path": str(p.path),
+        "parameters": n_params,
+        "tokens": tokens,
+        "texts": SIMILARITY_TEXTS,
+        "cosine": [[round(v, 4) for v in row] for row in sims.tolist()],
+    }
     atomic_write_json(out / "pretrained.json", summary)
     return summary
 

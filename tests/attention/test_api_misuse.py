@@ -1,6 +1,7 @@
 """The Python API answers misuse with a ValueError/TypeError that names the fix (before: IndexError, RuntimeError or
 AttributeError from deep inside), NaN inputs give the same answer on every backend, and every capability a backend
 declares holds (a call it claims to run, runs)."""
+
 import math
 
 import numpy as np
@@ -26,8 +27,9 @@ def test_a_nan_query_row_is_nan_on_every_backend(backend):
     out = mh.attention(q, k, v, backend=backend)[0]
     assert torch.isnan(out[0, 0, 1]).all() and not torch.isnan(out[0, 0, [0, 2, 3]]).any()
     assert not torch.isnan(out[0, 1]).any()
-    masked = mh.attention(q, k, v, backend=backend, mask=torch.tensor([[True] * 4, [False] * 4, [True] * 4,
-                                                                       [True] * 4]))[0]
+    masked = mh.attention(
+        q, k, v, backend=backend, mask=torch.tensor([[True] * 4, [False] * 4, [True] * 4, [True] * 4])
+    )[0]
     assert (masked[0, 0, 1] == 0).all()  # a row with no key is zero, NaN query or not (the reference formula's)
 
 
@@ -39,18 +41,27 @@ def test_a_non_finite_scale_is_refused(backend):
             mh.attention(q, k, v, backend=backend, scale=scale)
 
 
-@pytest.mark.parametrize("call, error, message", [
-    (lambda q, k, v: mh.attention(q, k, v, mask=torch.ones(4, dtype=torch.bool)), ValueError, "fewer than 2 dims"),
-    (lambda q, k, v: mh.attention(q, k, v, mask=torch.tensor(True)), ValueError, "key_padding_mask="),
-    (lambda q, k, v: mh.attention(q.long(), k.long(), v.long()), TypeError, "floating point"),
-    (lambda q, k, v: mh.attention(q.numpy(), k, v), TypeError, "torch.from_numpy"),
-    (lambda q, k, v: mh.attention(q, k.to("meta"), v.to("meta")), ValueError, "different devices"),
-    (lambda q, k, v: mh.MultiHeadAttention(8, 2)(np.zeros((1, 3, 8), np.float32)), TypeError, "torch.Tensor"),
-    (lambda q, k, v: mh.MultiHeadAttention(8, 2)(torch.zeros(1, 3, 8, dtype=torch.long)), TypeError,
-     "embed token ids first"),
-    (lambda q, k, v: mh.MultiHeadAttention(8, 2)(torch.zeros(1, 3, 8), key_padding_mask=np.ones((1, 3), bool)),
-     TypeError, "torch.as_tensor"),
-])
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda q, k, v: mh.attention(q, k, v, mask=torch.ones(4, dtype=torch.bool)), ValueError, "fewer than 2 dims"),
+        (lambda q, k, v: mh.attention(q, k, v, mask=torch.tensor(True)), ValueError, "key_padding_mask="),
+        (lambda q, k, v: mh.attention(q.long(), k.long(), v.long()), TypeError, "floating point"),
+        (lambda q, k, v: mh.attention(q.numpy(), k, v), TypeError, "torch.from_numpy"),
+        (lambda q, k, v: mh.attention(q, k.to("meta"), v.to("meta")), ValueError, "different devices"),
+        (lambda q, k, v: mh.MultiHeadAttention(8, 2)(np.zeros((1, 3, 8), np.float32)), TypeError, "torch.Tensor"),
+        (
+            lambda q, k, v: mh.MultiHeadAttention(8, 2)(torch.zeros(1, 3, 8, dtype=torch.long)),
+            TypeError,
+            "embed token ids first",
+        ),
+        (
+            lambda q, k, v: mh.MultiHeadAttention(8, 2)(torch.zeros(1, 3, 8), key_padding_mask=np.ones((1, 3), bool)),
+            TypeError,
+            "torch.as_tensor",
+        ),
+    ],
+)
 def test_misuse_names_the_fix(call, error, message):
     with pytest.raises(error, match=message):
         call(*_qkv())

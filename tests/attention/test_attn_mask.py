@@ -1,5 +1,6 @@
 """The structured mask: parts kept apart down to the kernel that runs them, densified once for the others, validated
 once per call, every part equal to a formula written here on every backend (and on random masks, hypothesis)."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,11 @@ from multihead.attention.attn_mask import split_parts
 from multihead.attention.patterns import SparsePattern
 
 # every exact backend that runs dense masks with gradients on CPU (flex: tests/attention/test_flex.py)
-EXACT = sorted(n for n, b in mh.list_backends().items() if b.capabilities.exact and "tensor" in
-               b.capabilities.mask_parts and "cpu" in b.capabilities.backward_devices)
+EXACT = sorted(
+    n
+    for n, b in mh.list_backends().items()
+    if b.capabilities.exact and "tensor" in b.capabilities.mask_parts and "cpu" in b.capabilities.backward_devices
+)
 
 
 def formula(q, k, v, allowed):
@@ -44,9 +48,11 @@ def allowed_by_hand(b, lq, lk, keep=None, causal=False, offset=None, tensor=None
 
 def qkv(b=2, h=4, g=2, lq=9, lk=9, d=8, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, h, lq, d, generator=gen, dtype=torch.float64),
-            torch.randn(b, g, lk, d, generator=gen, dtype=torch.float64),
-            torch.randn(b, g, lk, d, generator=gen, dtype=torch.float64))
+    return (
+        torch.randn(b, h, lq, d, generator=gen, dtype=torch.float64),
+        torch.randn(b, g, lk, d, generator=gen, dtype=torch.float64),
+        torch.randn(b, g, lk, d, generator=gen, dtype=torch.float64),
+    )
 
 
 CASES = {
@@ -134,8 +140,10 @@ def test_each_backend_gets_its_native_parts_and_one_densified_tensor():
     assert alone.causal and alone.tensor is None  # SDPA's own flag
     offset = AttnMask(causal=True).for_backend(("tensor", "causal_alone"), 3, 9)
     assert not offset.causal and torch.equal(offset.tensor, masks.causal_mask(3, 9))  # KV cache: densified
-    assert split_parts(("key_padding", "causal_square"), {"causal", "key_padding"}, True) == \
-        ({"causal", "key_padding"}, frozenset())
+    assert split_parts(("key_padding", "causal_square"), {"causal", "key_padding"}, True) == (
+        {"causal", "key_padding"},
+        frozenset(),
+    )
     assert split_parts(("key_padding", "causal_square"), {"causal"}, False) == (frozenset(), {"causal"})
 
 
@@ -160,8 +168,14 @@ def test_key_padding_reaches_the_kernel_as_passed(monkeypatch):
     assert len(seen) == 2 and all(kp is keep for kp in seen)
 
     real_elu = linear.elu_attention
-    monkeypatch.setattr(linear, "elu_attention", lambda q, k, v, *, key_padding=None, is_causal=False: (
-        seen.append(key_padding), real_elu(q, k, v, key_padding=key_padding, is_causal=is_causal))[1])
+    monkeypatch.setattr(
+        linear,
+        "elu_attention",
+        lambda q, k, v, *, key_padding=None, is_causal=False: (
+            seen.append(key_padding),
+            real_elu(q, k, v, key_padding=key_padding, is_causal=is_causal),
+        )[1],
+    )
     mha = mh.MultiHeadAttention(32, 4, backend="linear_elu", need_weights=False)
     mha(torch.randn(3, 20, 32), key_padding_mask=keep)
     assert seen[-1] is keep
@@ -190,7 +204,7 @@ def test_static_kv_cache_is_an_offset():
     pos = 6  # queries at positions 6, 7; slots 8.. are empty
     for backend in EXACT:
         out, _ = mh.attention(q, k, v, mask=AttnMask(causal=True, causal_offset=pos), backend=backend)
-        ref, _ = mh.attention(q, k[:, :, :pos + 2], v[:, :, :pos + 2], is_causal=True, backend="reference")
+        ref, _ = mh.attention(q, k[:, :, : pos + 2], v[:, :, : pos + 2], is_causal=True, backend="reference")
         assert (out - ref).abs().max().item() < 1e-10, backend
 
 
@@ -214,12 +228,16 @@ def test_errors_name_the_fix():
 def test_pattern_rule_is_written_once():
     """The dense mask, flex's mask_mod and the window kernel's band all evaluate SparsePattern.rule /
     window_band: the mask_mod over an index grid equals dense()."""
-    for p in (SparsePattern(window=2, dilation=2, global_tokens=(0, 5)), SparsePattern(block=3, random_blocks=1),
-              SparsePattern(window=1, causal=True)):
+    for p in (
+        SparsePattern(window=2, dilation=2, global_tokens=(0, 5)),
+        SparsePattern(block=3, random_blocks=1),
+        SparsePattern(window=1, causal=True),
+    ):
         am = AttnMask(pattern=p, key_padding=torch.arange(11)[None, :] < torch.tensor([11, 6])[:, None])
         mod = am.mask_mod(11, 11)
-        bi, hi, i, j = torch.meshgrid(torch.arange(2), torch.arange(1), torch.arange(11), torch.arange(11),
-                                      indexing="ij")
+        bi, hi, i, j = torch.meshgrid(
+            torch.arange(2), torch.arange(1), torch.arange(11), torch.arange(11), indexing="ij"
+        )
         assert torch.equal(mod(bi, hi, i, j), am.dense(11, 11).expand(2, 1, 11, 11))
 
 
@@ -232,8 +250,13 @@ def test_random_structured_masks_equal_the_formula(b, lq, lk, data):
     offset = data.draw(st.one_of(st.none(), st.integers(-lq, lk))) if causal else None
     tensor = (torch.rand(b, 1, lq, lk, generator=gen) > 0.3) if data.draw(st.booleans()) else None
     window = data.draw(st.one_of(st.none(), st.integers(0, 3))) if lq == lk and offset in (None, 0) else None
-    am = AttnMask(key_padding=keep, causal=causal, causal_offset=offset, tensor=tensor,
-                  pattern=None if window is None else SparsePattern(window=window))
+    am = AttnMask(
+        key_padding=keep,
+        causal=causal,
+        causal_offset=offset,
+        tensor=tensor,
+        pattern=None if window is None else SparsePattern(window=window),
+    )
     backend = data.draw(st.sampled_from(EXACT))
     q, k, v = qkv(b=b, h=2, g=1, lq=lq, lk=lk, seed=int(torch.randint(0, 999, (1,), generator=gen)))
     out, _ = mh.attention(q, k, v, mask=am, backend=backend)

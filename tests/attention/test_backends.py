@@ -4,6 +4,7 @@ Following flash-attention's tests: the plain PyTorch formula computed *in the te
 backend may be at most 2x as far from the fp64 truth on outputs (3x on gradients), plus twice the dtype's rounding
 step at the output's magnitude.
 """
+
 import itertools
 import zlib
 
@@ -15,8 +16,11 @@ from multihead.attention import masks
 
 # exact backends that take dense masks (sparse-pattern and approximate backends have their own tests)
 # (flex has no CPU backward: tests/attention/test_flex.py covers its forward)
-BACKENDS = sorted(n for n, b in mh.list_backends().items() if b.capabilities.exact and not b.capabilities.requires_pattern
-                  and "cpu" in b.capabilities.backward_devices)
+BACKENDS = sorted(
+    n
+    for n, b in mh.list_backends().items()
+    if b.capabilities.exact and not b.capabilities.requires_pattern and "cpu" in b.capabilities.backward_devices
+)
 DTYPES = [torch.float32, torch.bfloat16]
 HEAD_DIMS = [16, 59]
 LENGTHS = [1, 7, 97, 256]
@@ -92,8 +96,9 @@ def test_backend_matches_fp64_reference(backend, dtype, head_dim, L, mask_kind, 
     (q, k, v), mask, is_causal = make_case(mask_kind, L, head_dim, gqa, dtype, gen)
     grad_out = torch.randn(q.shape[:3] + (v.shape[-1],), generator=gen, dtype=torch.float64)
 
-    ref_out, ref_grads = run_with_grads(lambda a, b, c: plain(a, b, c, mask, is_causal)[0], q.double(), k.double(),
-                                        v.double(), grad_out)
+    ref_out, ref_grads = run_with_grads(
+        lambda a, b, c: plain(a, b, c, mask, is_causal)[0], q.double(), k.double(), v.double(), grad_out
+    )
     pt_out, pt_grads = run_with_grads(lambda a, b, c: plain(a, b, c, mask, is_causal)[0], q, k, v, grad_out)
     out, grads = run_with_grads(
         lambda a, b, c: mh.attention(a, b, c, mask=mask, is_causal=is_causal, backend=backend)[0], q, k, v, grad_out
@@ -117,7 +122,9 @@ def test_backend_matches_fp64_reference(backend, dtype, head_dim, L, mask_kind, 
         assert torch.isfinite(g).all(), f"d{name} has NaN/inf"
         g_err = (g - g_ref).abs().max().item()
         g_pt_err = (g_pt - g_ref).abs().max().item()
-        assert g_err <= 3 * g_pt_err + g_atol, f"d{name} error {g_err:.3g} > 3 x PyTorch's {g_pt_err:.3g} + {g_atol:.3g}"
+        assert g_err <= 3 * g_pt_err + g_atol, (
+            f"d{name} error {g_err:.3g} > 3 x PyTorch's {g_pt_err:.3g} + {g_atol:.3g}"
+        )
     assert (grads[0][empty] == 0).all(), "fully masked query rows must get zero dq"
 
 

@@ -1,4 +1,5 @@
 """FlexAttention backend: equals the reference under our masks, where torch.compile works (slow first compile)."""
+
 import pytest
 import torch
 
@@ -24,8 +25,13 @@ def test_flex_equals_reference_for_masks_and_patterns():
     ]
     with torch.no_grad():
         for mask, causal in cases:
-            dense = mask.dense(128) if isinstance(mask, SparsePattern) else mask.dense(128, 128) \
-                if isinstance(mask, AttnMask) else mask
+            dense = (
+                mask.dense(128)
+                if isinstance(mask, SparsePattern)
+                else mask.dense(128, 128)
+                if isinstance(mask, AttnMask)
+                else mask
+            )
             out, _ = mh.attention(q, k, v, mask=mask, is_causal=causal, backend="flex")
             ref, _ = mh.attention(q, k, v, mask=dense, is_causal=causal, backend="reference")
             assert (out - ref).abs().max().item() < 1e-5, (mask if not torch.is_tensor(mask) else "tensor", causal)
@@ -64,8 +70,12 @@ def test_causal_block_masks_from_geometry_at_offsets_and_with_padding():
     k, v = (torch.randn(2, 4, 256, 16, generator=gen) for _ in range(2))
     keep = torch.arange(256)[None, :] < torch.tensor([256, 140])[:, None]
     qs = torch.randn(2, 4, 256, 16, generator=gen)
-    cases = [(qs, AttnMask(causal=True)), (qs, AttnMask(causal=True, key_padding=keep)),
-             (q, AttnMask(causal=True)), (q, AttnMask(causal=True, causal_offset=100, key_padding=keep))]
+    cases = [
+        (qs, AttnMask(causal=True)),
+        (qs, AttnMask(causal=True, key_padding=keep)),
+        (q, AttnMask(causal=True)),
+        (q, AttnMask(causal=True, causal_offset=100, key_padding=keep)),
+    ]
     with torch.no_grad():
         for query, mask in cases:
             lq = query.shape[2]

@@ -1,5 +1,6 @@
 """CUDA checks (skipped without a GPU): backends in bf16 against an fp64 reference on the same device, with the
 same budget as the CPU matrix (2x the error of the plain formula computed in bf16, plus bf16 rounding)."""
+
 import pytest
 import torch
 

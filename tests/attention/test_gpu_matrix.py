@@ -4,6 +4,7 @@ device with the CPU matrix's budget (2x the error of the plain formula computed 
 rounding step of the output's size). Also: auto's CUDA routes run what explain_choice names, the memory-efficient
 backend's CUDA route (compiled FlexAttention) returns the tile loop's lse and gradients, and the statistics' lse pass
 on CUDA equals the CPU one."""
+
 from __future__ import annotations
 
 import pytest
@@ -50,7 +51,7 @@ def _formula(q, k, v, allowed, bias, dtype):
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    s = q @ k.transpose(-1, -2) / D ** 0.5
+    s = q @ k.transpose(-1, -2) / D**0.5
     if bias is not None:
         s = s + bias.to(dtype)
     return torch.softmax(s.masked_fill(~allowed, float("-inf")), -1).nan_to_num(0.0) @ v
@@ -99,8 +100,10 @@ def test_every_capable_backend_within_budget_forward_and_backward(dtype, kind, g
     assert ran >= 2  # the reference and at least one fast path ran every case
 
 
-@pytest.mark.parametrize("mask,expected", [(SparsePattern(window=64), "flex"), (None, "sdpa"),
-                                           (SparsePattern(block=64, causal=True), "flex")])
+@pytest.mark.parametrize(
+    "mask,expected",
+    [(SparsePattern(window=64), "flex"), (None, "sdpa"), (SparsePattern(block=64, causal=True), "flex")],
+)
 def test_auto_on_cuda_runs_what_explain_choice_names(mask, expected):
     if mh.list_backends()["flex"].available():
         pytest.skip("flex unavailable")

@@ -1,4 +1,5 @@
 """Linear attention: exact identities, masking, and Performer's error shrinking as features grow."""
+
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
 """The memory-efficient backend across many tiles: outputs, gradients, lse, causal skipping, weights_for."""
+
 import pytest
 import torch
 
@@ -19,10 +20,16 @@ def _ref(q, k, v, mask, is_causal):
     return w @ v, w
 
 
-@pytest.mark.parametrize("lq,lk,causal,mask_kind,g", [
-    (50, 50, True, None, 4), (37, 61, True, None, 2), (61, 61, False, "bool", 4), (45, 70, False, "float", 1),
-    (64, 64, False, "padding", 2),
-])
+@pytest.mark.parametrize(
+    "lq,lk,causal,mask_kind,g",
+    [
+        (50, 50, True, None, 4),
+        (37, 61, True, None, 2),
+        (61, 61, False, "bool", 4),
+        (45, 70, False, "float", 1),
+        (64, 64, False, "padding", 2),
+    ],
+)
 def test_many_tiles_match_the_reference(lq, lk, causal, mask_kind, g):
     gen = torch.Generator().manual_seed(lq * lk)
     q = torch.randn(2, 4, lq, 24, generator=gen, dtype=torch.float64)
@@ -58,17 +65,25 @@ def test_low_precision_is_accumulated_in_fp32():
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 300, 32, generator=gen) for _ in range(3))
     exact, _ = _ref(q.double(), k.double(), v.double(), None, True)
-    out, _ = memory_efficient_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), is_causal=True, block_q=64,
-                                        block_k=64)
+    out, _ = memory_efficient_attention(
+        q.bfloat16(), k.bfloat16(), v.bfloat16(), is_causal=True, block_q=64, block_k=64
+    )
     naive, _ = _ref(q.bfloat16(), k.bfloat16(), v.bfloat16(), None, True)
     assert out.dtype == torch.bfloat16
     assert (out.double() - exact).abs().max() <= (naive.double() - exact).abs().max()
 
 
-@pytest.mark.parametrize("lq,lk,causal,offset,mask_kind,g", [
-    (50, 50, True, None, None, 4), (37, 61, True, None, None, 2), (20, 70, True, 10, None, 4),
-    (61, 61, False, None, "bool", 4), (45, 70, False, None, "float", 1), (64, 64, True, None, "padding", 2),
-])
+@pytest.mark.parametrize(
+    "lq,lk,causal,offset,mask_kind,g",
+    [
+        (50, 50, True, None, None, 4),
+        (37, 61, True, None, None, 2),
+        (20, 70, True, 10, None, 4),
+        (61, 61, False, None, "bool", 4),
+        (45, 70, False, None, "float", 1),
+        (64, 64, True, None, "padding", 2),
+    ],
+)
 def test_the_flex_route_gives_the_tile_loops_output_and_lse(lq, lk, causal, offset, mask_kind, g):
     """The CUDA route (FlexAttention with lse; checked here through its eager reference on CPU) computes what the
     readable tile loop computes, lse included: bool, float and padding masks, causal at an offset (a query row with

@@ -1,6 +1,7 @@
 """``auto``'s routing by device (issue 18): on CUDA sparse patterns go to FlexAttention with the pattern's block mask,
 dense calls to SDPA; on CPU the window kernels stay first. Checked on CPU through the call description ``auto``
 ranks (CallInfo), so the CUDA routes are tested without a GPU; explain_choice says why."""
+
 from dataclasses import replace
 
 import pytest
@@ -14,9 +15,16 @@ FLEX_OK = mh.list_backends()["flex"].available() is None
 
 
 def call(device="cpu", pattern=None, **kw):
-    base = dict(device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32, need_weights=False,
-                mask_parts=frozenset({pattern} if pattern else ()), dropout_p=0.0, gqa=False, pattern=pattern,
-                sizes=(4096, 4096, 64))
+    base = dict(
+        device=device,
+        dtype=torch.bfloat16 if device == "cuda" else torch.float32,
+        need_weights=False,
+        mask_parts=frozenset({pattern} if pattern else ()),
+        dropout_p=0.0,
+        gqa=False,
+        pattern=pattern,
+        sizes=(4096, 4096, 64),
+    )
     return registry.CallInfo(**{**base, **kw})
 
 

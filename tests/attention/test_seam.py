@@ -1,4 +1,5 @@
 """The kernel seam: registry, capabilities, auto selection, errors that name the fix."""
+
 import pytest
 import torch
 
@@ -45,7 +46,7 @@ def test_register_a_new_backend_and_auto_uses_it():
     try:
         q, k, v = qkv()
         out, _ = mh.attention(q, k, v)
-        assert calls == [pytest.approx(8 ** -0.5)]
+        assert calls == [pytest.approx(8**-0.5)]
         torch.testing.assert_close(out, mh.attention(q, k, v, backend="reference")[0])
         with pytest.raises(ValueError, match="already registered"):
             register_backend("test_spy", Capabilities())(spy)

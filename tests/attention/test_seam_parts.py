@@ -1,6 +1,7 @@
 """The parts a variant plugs into the kernel seam instead of the module: learned sinks as ``attention(...,
 sinks=)`` (native on the reference backend, one exact extra key elsewhere) and ALiBi as a part of ``AttnMask`` (dense
 once per stack, a ``score_mod`` for FlexAttention). Each against a formula written here, in fp64, with gradients."""
+
 import math
 
 import pytest
@@ -21,7 +22,7 @@ def _inputs(seed, b=2, h=4, g=2, lq=7, lk=7, d=8):
     k = torch.randn(b, g, lk, d, dtype=torch.float64, requires_grad=True)
     v = torch.randn(b, g, lk, d, dtype=torch.float64, requires_grad=True)
     keep = torch.ones(b, lk, dtype=torch.bool)
-    keep[1, lk - 2:] = False
+    keep[1, lk - 2 :] = False
     return q, k, v, keep
 
 
@@ -52,8 +53,10 @@ def test_sinks_at_the_seam_equal_their_formula_with_gradients(backend, lq, lk):
     out, w = attention(q, k, v, mask=am, sinks=sinks, backend=backend, need_weights=backend == "reference")
     want, p = _formula(q, k, v, keep, sinks=sinks)
     torch.testing.assert_close(out, want, atol=1e-10, rtol=0)
-    for a, b in zip(torch.autograd.grad(out.square().sum(), [q, k, v, sinks]),
-                    torch.autograd.grad(want.square().sum(), [q, k, v, sinks])):
+    for a, b in zip(
+        torch.autograd.grad(out.square().sum(), [q, k, v, sinks]),
+        torch.autograd.grad(want.square().sum(), [q, k, v, sinks]),
+    ):
         torch.testing.assert_close(a, b, atol=1e-9, rtol=0)
     if w is not None:  # the native path's weights: over the real keys, summing to 1 - the sink's share
         torch.testing.assert_close(w, p, atol=1e-10, rtol=0)
@@ -84,9 +87,9 @@ def test_alibi_as_a_mask_part_equals_its_formula_with_a_cache_offset(backend):
     want, _ = _formula(q, k, v, keep, slopes=slopes)
     torch.testing.assert_close(out, want, atol=1e-10, rtol=0)
     both = attention(q, k, v, mask=am, backend=backend, sinks=torch.ones(4, dtype=torch.float64))[0]
-    torch.testing.assert_close(both, _formula(q, k, v, keep, slopes=slopes, sinks=torch.ones(4,
-                                                                                                 dtype=torch.float64))[0],
-                               atol=1e-10, rtol=0)
+    torch.testing.assert_close(
+        both, _formula(q, k, v, keep, slopes=slopes, sinks=torch.ones(4, dtype=torch.float64))[0], atol=1e-10, rtol=0
+    )
     with pytest.raises(ValueError, match="3 slopes but the call has 4 query heads"):
         attention(q, k, v, mask=AttnMask(alibi=slopes[:3]))
 

@@ -1,4 +1,5 @@
 """Sparse backends equal the reference backend under the pattern's dense mask (outputs and gradients)."""
+
 import pytest
 import torch
 

@@ -1,5 +1,6 @@
 """attention_stats: every statistic equals the value computed from the full fp64 weights (the reference formula,
 written here), under padding, causal, a window pattern, a float bias and GQA, with tiles smaller than the input."""
+
 import math
 
 import pytest
@@ -31,7 +32,7 @@ def _inputs(case, b=2, h=4, lq=23, d=8, seed=0):
     kp = None
     if case.get("key_padding"):
         kp = torch.ones(b, lk, dtype=torch.bool)
-        kp[1, lk - 6:] = False
+        kp[1, lk - 6 :] = False
     mask = case.get("pattern")
     if case.get("bias"):
         mask = torch.randn(1, h, lq, lk, dtype=torch.float64)
@@ -48,9 +49,21 @@ def test_each_statistic_equals_the_full_map(name):
     case = CASES[name]
     q, k, mask, kp = _inputs(case)
     sets = {"evens": torch.arange(0, k.shape[2], 2), "last3": torch.arange(k.shape[2] - 3, k.shape[2])}
-    st = attention_stats(q, k, mask=mask, is_causal=case.get("is_causal", False), key_padding_mask=kp, topk=5,
-                         sets=sets, offsets=(-1, 0, 2), heads=[1, 3], rows=[0, 7, 22], thumbnail=6, block_q=4,
-                         block_k=5)
+    st = attention_stats(
+        q,
+        k,
+        mask=mask,
+        is_causal=case.get("is_causal", False),
+        key_padding_mask=kp,
+        topk=5,
+        sets=sets,
+        offsets=(-1, 0, 2),
+        heads=[1, 3],
+        rows=[0, 7, 22],
+        thumbnail=6,
+        block_q=4,
+        block_k=5,
+    )
     p = _full(q, k, case, mask, kp)
     lq, lk = p.shape[-2:]
     tol = dict(atol=1e-6, rtol=0)
@@ -66,8 +79,9 @@ def test_each_statistic_equals_the_full_map(name):
     torch.testing.assert_close(st.mass["last3"], p[..., -3:].sum(-1), **tol)
     torch.testing.assert_close(st.weights, p[:, [1, 3]][:, :, [0, 7, 22]], **tol)
     bq_, bk_ = torch.arange(lq) * 6 // lq, torch.arange(lk) * 6 // lk  # each position's thumbnail bin
-    want = torch.stack([torch.stack([p[..., bq_ == a, :][..., bk_ == c].mean((-1, -2)) for c in range(6)], -1)
-                        for a in range(6)], -2)
+    want = torch.stack(
+        [torch.stack([p[..., bq_ == a, :][..., bk_ == c].mean((-1, -2)) for c in range(6)], -1) for a in range(6)], -2
+    )
     torch.testing.assert_close(st.thumbnail, want, **tol)
     for o in (-1, 0, 2):  # the weight at key pos(i) + o (0 where that key does not exist)
         want = torch.zeros_like(st.entropy)
@@ -80,8 +94,11 @@ def test_each_statistic_equals_the_full_map(name):
     w, ix = p.topk(5, dim=-1)
     torch.testing.assert_close(st.topk_weight, w, **tol)
     untied = (w[..., :-1] - w[..., 1:]).abs() > 1e-9
-    untied = torch.cat([untied, torch.ones_like(untied[..., :1])], -1) & torch.cat(
-        [torch.ones_like(untied[..., :1]), untied], -1) & (w > 0)
+    untied = (
+        torch.cat([untied, torch.ones_like(untied[..., :1])], -1)
+        & torch.cat([torch.ones_like(untied[..., :1]), untied], -1)
+        & (w > 0)
+    )
     assert torch.equal(st.topk_index[untied], ix[untied])
     # lse: log-sum-exp of the masked scores (the dense mask built here, for the test only)
     scores = q @ k.repeat_interleave(q.shape[1] // k.shape[1], 1).transpose(-2, -1) / math.sqrt(q.shape[-1])
@@ -145,8 +162,9 @@ def test_capture_stats_from_a_model_equals_the_captured_maps():
     from multihead.modules.variants import AttentionConfig
 
     torch.manual_seed(0)
-    enc = TransformerEncoder(EncoderConfig(d_model=32, num_heads=4, attention=AttentionConfig(num_kv_heads=2), num_layers=2,
-                                           dropout=0.0)).eval()
+    enc = TransformerEncoder(
+        EncoderConfig(d_model=32, num_heads=4, attention=AttentionConfig(num_kv_heads=2), num_layers=2, dropout=0.0)
+    ).eval()
     x = torch.randn(2, 40, 32)
     keep = torch.ones(2, 40, dtype=torch.bool)
     keep[1, 25:] = False
@@ -161,6 +179,7 @@ def test_capture_stats_from_a_model_equals_the_captured_maps():
         st, p = cache.stats(layer), maps.pattern(layer)
         torch.testing.assert_close(st.received.float(), p.sum(-2), atol=1e-4, rtol=0)
         torch.testing.assert_close(st.topk_weight.float(), p.topk(3, -1).values, atol=1e-5, rtol=0)
-        torch.testing.assert_close(st.mass["offset-1"][..., 1:].float(),
-                                   torch.diagonal(p, offset=-1, dim1=-2, dim2=-1), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            st.mass["offset-1"][..., 1:].float(), torch.diagonal(p, offset=-1, dim1=-2, dim2=-1), atol=1e-5, rtol=0
+        )
     assert all(m.stats_options == {} for m in enc.modules() if hasattr(m, "stats_options"))  # restored

@@ -1,4 +1,5 @@
 """Built-in datasets, user files, the fixed split, the tokenizer's edge cases, bucketed batching."""
+
 import json
 
 import pytest
@@ -53,8 +54,16 @@ def test_user_files_with_custom_columns(tmp_path, fmt):
 
 def test_conflicting_duplicates_are_dropped(tmp_path):
     path = tmp_path / "d.jsonl"
-    write_rows(path, [{"text": "same", "label": "a"}, {"text": "same ", "label": "b"}, {"text": "x", "label": "a"},
-                      {"text": "y", "label": "b"}], "jsonl")
+    write_rows(
+        path,
+        [
+            {"text": "same", "label": "a"},
+            {"text": "same ", "label": "b"},
+            {"text": "x", "label": "a"},
+            {"text": "y", "label": "b"},
+        ],
+        "jsonl",
+    )
     ds = D.load(str(path))
     assert "same" not in ds.texts and ds.stats["conflicting_dropped"] == 1
 
@@ -95,8 +104,9 @@ def test_tokenizer_edge_cases():
     texts = ["the cat sat on the mat", "a good film", "a bad film", "the mat was good"] * 10
     tok = D.train_tokenizer(texts, vocab_size=200, min_frequency=1)
     assert tok.token_to_id("[PAD]") == 0
-    enc = D.encode(tok, ["", "The cat sat on the mat.", "😀 🎬 great", "猫が座った", "Ünïcödé film", "word " * 500],
-                   max_len=16)
+    enc = D.encode(
+        tok, ["", "The cat sat on the mat.", "😀 🎬 great", "猫が座った", "Ünïcödé film", "word " * 500], max_len=16
+    )
     assert enc.ids[0] == [tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")]  # empty string
     assert D.tokenizer.display_tokens(tok, enc.ids[1])[:4] == ["[CLS]", "the", "cat", "sat"]
     assert tok.token_to_id("[UNK]") in enc.ids[2] and tok.token_to_id("[UNK]") in enc.ids[3]  # unseen scripts
@@ -124,9 +134,13 @@ def test_tokenizer_training_is_deterministic_across_processes():
     import subprocess
     import sys
 
-    code = ("from multihead import data as D; s = D.split(D.load('rotten_tomatoes')); "
-            "import hashlib, json; v = D.train_tokenizer(s.train.texts[:3000], 3000).get_vocab(); "
-            "print(hashlib.sha256(json.dumps(sorted(v.items())).encode()).hexdigest())")
-    digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-               for _ in range(2)}
+    code = (
+        "from multihead import data as D; s = D.split(D.load('rotten_tomatoes')); "
+        "import hashlib, json; v = D.train_tokenizer(s.train.texts[:3000], 3000).get_vocab(); "
+        "print(hashlib.sha256(json.dumps(sorted(v.items())).encode()).hexdigest())"
+    )
+    digests = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        for _ in range(2)
+    }
     assert len(digests) == 1

@@ -1,5 +1,6 @@
 """``data.limit`` has one meaning in every task: at most N items of each split, seeded, stratified by label where
 labels exist, recorded in the run folder."""
+
 from collections import Counter
 
 import pytest

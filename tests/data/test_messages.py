@@ -1,6 +1,7 @@
 """Messages name the right fix: a leading apostrophe is not "digits", a folder given as a data file says it is a
 folder, a stream too short for its rows names the option that sets the row length, and a failed write names its
 file."""
+
 import errno
 import os
 

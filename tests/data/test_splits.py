@@ -1,6 +1,7 @@
 """One split type for every task: the classifier's texts, the images of the ViT and grounding, G2P's lexicons and
 pretraining's texts are all :class:`Splits`, and ``limit`` means one thing on each (at most N per part, seeded,
 stratified by label where there are labels, recorded)."""
+
 from collections import Counter
 
 import pytest

@@ -1,4 +1,5 @@
 """Importance, pruning: physical == masked, a planted head ranks first, whole layers, save/load, the CLI."""
+
 import json
 
 import pytest
@@ -65,7 +66,7 @@ def test_a_planted_decisive_head_ranks_first():
             w = model.encoder.layers[layer].attn.w_o.weight  # (E, H*D)
             for h in range(4):
                 if h != keep_head:
-                    w[:, h * 8:(h + 1) * 8] = 0
+                    w[:, h * 8 : (h + 1) * 8] = 0
         model.fc.weight.mul_(20)  # a confident model, and the labels are its own predictions: the task it solves
         labels = model(ids, keep).argmax(-1).tolist()
     data = ([row[: int(k.sum())] for row, k in zip(ids.tolist(), keep)], labels)
@@ -107,23 +108,54 @@ def test_prune_curve_respects_max_drop():
 
 def test_prune_and_importance_cli_on_a_trained_run(tmp_path, sentiment_csv, capsys):
     run = tmp_path / "run"
-    assert main(["train", "--data", str(sentiment_csv), "--out", str(run), "--epochs", "3", "--d-model", "16",
-                 "--heads", "4", "--layers", "2", "--d-ff", "32", "--vocab-size", "100", "--max-len", "24",
-                 "--text-column", "sentence", "--label-column", "sentiment", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(sentiment_csv),
+                "--out",
+                str(run),
+                "--epochs",
+                "3",
+                "--d-model",
+                "16",
+                "--heads",
+                "4",
+                "--layers",
+                "2",
+                "--d-ff",
+                "32",
+                "--vocab-size",
+                "100",
+                "--max-len",
+                "24",
+                "--text-column",
+                "sentence",
+                "--label-column",
+                "sentiment",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert main(["importance", str(run), "--method", "michel"]) == 0
     assert (run / "importance" / "importance-michel.png").exists()
     payload = json.loads((run / "importance" / "importance-michel.json").read_text())
     assert len(payload["scores"]) == 2 and len(payload["scores"][0]) == 4
     out = tmp_path / "pruned"
-    assert main(["prune", str(run), "--out", str(out), "--max-drop", "0.02", "--min-time", "0.1",
-                 "--speed-at", "0.5"]) == 0
+    assert (
+        main(["prune", str(run), "--out", str(out), "--max-drop", "0.02", "--min-time", "0.1", "--speed-at", "0.5"])
+        == 0
+    )
     result = json.loads((out / "pruning.json").read_text())
     assert result["max_abs_diff_pruned_vs_masked"] <= 1e-6
     assert result["parameters"]["pruned"] <= result["parameters"]["unpruned"]
     assert (out / "pruning.png").exists() and "pruned_50pct" in result["inference"]["seconds"]
     cfg = json.loads((out / "config.json").read_text())["train"]["model"]["encoder"]
-    assert {int(k): v for k, v in (cfg["pruned_heads"] or {}).items()} == \
-        {int(k): v for k, v in result["pruned_heads"].items()}
+    assert {int(k): v for k, v in (cfg["pruned_heads"] or {}).items()} == {
+        int(k): v for k, v in result["pruned_heads"].items()
+    }
     capsys.readouterr()
     assert main(["evaluate", str(out), "--json"]) == 0  # the pruned run loads and evaluates like any run
     assert json.loads(capsys.readouterr().out)["accuracy"] == pytest.approx(result["test_accuracy_pruned"])
@@ -131,17 +163,42 @@ def test_prune_and_importance_cli_on_a_trained_run(tmp_path, sentiment_csv, caps
 
 
 def test_sweep_cli_heads_and_kv_heads(tmp_path, sentiment_csv, capsys):
-    common = ["--data", str(sentiment_csv), "--seeds", "2", "--epochs", "1", "--d-model", "16", "--d-ff", "32",
-              "--vocab-size", "100", "--max-len", "24", "--limit", "60", "--min-time", "0.05",
-              "--text-column", "sentence", "--label-column", "sentiment"]
+    common = [
+        "--data",
+        str(sentiment_csv),
+        "--seeds",
+        "2",
+        "--epochs",
+        "1",
+        "--d-model",
+        "16",
+        "--d-ff",
+        "32",
+        "--vocab-size",
+        "100",
+        "--max-len",
+        "24",
+        "--limit",
+        "60",
+        "--min-time",
+        "0.05",
+        "--text-column",
+        "sentence",
+        "--label-column",
+        "sentiment",
+    ]
     assert main(["sweep", "--heads", "1,4", "--out", str(tmp_path / "h"), *common]) == 0
     s = json.loads((tmp_path / "h" / "sweep.json").read_text())
     assert [r["heads"] for r in s["rows"]] == [1, 4] and [r["d_k"] for r in s["rows"]] == [16, 4]
     assert all(len(r["runs"]) == 2 and r["inference_seconds"] > 0 for r in s["rows"])
     assert len({u["seed"] for u in s["rows"][0]["runs"]}) == 2
     assert (tmp_path / "h" / "sweep.png").exists() and "best by mean: heads=" in capsys.readouterr().out
-    assert main(["sweep", "--kv-heads", "4,1", "--set", "model.encoder.num_heads=4", "--out", str(tmp_path / "kv"),
-                 *common]) == 0
+    assert (
+        main(
+            ["sweep", "--kv-heads", "4,1", "--set", "model.encoder.num_heads=4", "--out", str(tmp_path / "kv"), *common]
+        )
+        == 0
+    )
     kv = json.loads((tmp_path / "kv" / "sweep.json").read_text())
     assert [r["kv_heads"] for r in kv["rows"]] == [4, 1]
     assert kv["rows"][1]["parameters"] < kv["rows"][0]["parameters"]  # MQA: one K/V projection of width d_k

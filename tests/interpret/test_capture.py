@@ -1,4 +1,5 @@
 """capture(): weights equal the reference backend's, outputs unchanged, nothing attached afterwards."""
+
 import pytest
 import torch
 
@@ -6,9 +7,14 @@ import multihead as mh
 from multihead.attention import registry
 from multihead.interpret import capture, run_with_cache
 
-BACKENDS = sorted(n for n, b in mh.list_backends().items()
-                  if b.capabilities.exact and not b.capabilities.requires_pattern
-                  and "cpu" in b.capabilities.backward_devices and b.available() is None)
+BACKENDS = sorted(
+    n
+    for n, b in mh.list_backends().items()
+    if b.capabilities.exact
+    and not b.capabilities.requires_pattern
+    and "cpu" in b.capabilities.backward_devices
+    and b.available() is None
+)
 
 
 def _model(backend):
@@ -31,8 +37,10 @@ def test_captured_weights_equal_the_reference_backends(backend):
     with capture(model) as cache, torch.no_grad():
         model(ids, keep)  # the default, unpadded path
     inputs = {}  # each layer's input, from the padded path (hooks on the blocks need it)
-    handles = [layer.register_forward_pre_hook(lambda m, args, i=i: inputs.__setitem__(i, args[0].detach()))
-               for i, layer in enumerate(model.encoder.layers)]
+    handles = [
+        layer.register_forward_pre_hook(lambda m, args, i=i: inputs.__setitem__(i, args[0].detach()))
+        for i, layer in enumerate(model.encoder.layers)
+    ]
     model.encoder.config.unpad = False
     with torch.no_grad():
         model(ids, keep)
@@ -103,8 +111,16 @@ def test_result_and_resid_are_what_each_head_writes_and_the_stream_after_each_bl
     from multihead.modules.decoder import DecoderConfig
 
     torch.manual_seed(0)
-    lm = CausalLM(CausalLMConfig(vocab_size=30, max_len=16, positional="rope", decoder=DecoderConfig(
-        d_model=32, num_heads=4, num_layers=2, cross_attention=False, norm_first=True, dropout=0.0))).eval()
+    lm = CausalLM(
+        CausalLMConfig(
+            vocab_size=30,
+            max_len=16,
+            positional="rope",
+            decoder=DecoderConfig(
+                d_model=32, num_heads=4, num_layers=2, cross_attention=False, norm_first=True, dropout=0.0
+            ),
+        )
+    ).eval()
     ids = torch.randint(0, 30, (2, 7))
     outs, posts = {}, {}
     hs = []

@@ -1,6 +1,7 @@
 """The IOI experiment's parts on a small random model with a word-level tokenizer (every name one token), against
 their definitions: the prompts, the logit differences, the classes of heads and the path effects that chose them;
 and ``multihead circuit``'s messages. (The induction circuit is checked on the trained toy in test_induction.py.)"""
+
 import sys
 from pathlib import Path
 
@@ -30,9 +31,24 @@ class WordLM:
         self.tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
         self.tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
         torch.manual_seed(0)
-        self.model = CausalLM(CausalLMConfig(vocab_size=len(vocab), max_len=32, positional="rope", decoder=DecoderConfig(
-            d_model=32, num_heads=4, num_layers=3, cross_attention=False, norm_first=True, dropout=0.0, norm="rms",
-            activation="swiglu", attention=AttentionConfig(num_kv_heads=2)))).eval()
+        self.model = CausalLM(
+            CausalLMConfig(
+                vocab_size=len(vocab),
+                max_len=32,
+                positional="rope",
+                decoder=DecoderConfig(
+                    d_model=32,
+                    num_heads=4,
+                    num_layers=3,
+                    cross_attention=False,
+                    norm_first=True,
+                    dropout=0.0,
+                    norm="rms",
+                    activation="swiglu",
+                    attention=AttentionConfig(num_kv_heads=2),
+                ),
+            )
+        ).eval()
 
     def encode(self, text, special=True):
         return self.tokenizer.encode(text).ids
@@ -60,7 +76,9 @@ def test_ioi_reports_what_its_definitions_say(word_lm):
     with torch.no_grad():
         for p in r["pairs"]:
             ids = torch.tensor([word_lm.encode(p["clean"])])
-            diffs.append(float(P.logit_diff(word_lm.encode(p["answer"])[0], word_lm.encode(p["wrong"])[0])(model(ids))[0]))
+            diffs.append(
+                float(P.logit_diff(word_lm.encode(p["answer"])[0], word_lm.encode(p["wrong"])[0])(model(ids))[0])
+            )
     assert r["logit_diff"]["clean"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-5)
     direct = torch.tensor(r["direct"])
     top = sorted(direct.flatten().tolist(), reverse=True)[:1]
@@ -86,8 +104,23 @@ def test_ioi_reports_what_its_definitions_say(word_lm):
 def test_circuit_command_names_what_a_model_lacks(tmp_path, capsys):
     gguf = str(write_gguf(hf_model("llama", rope_scaling=None), tmp_path / "tiny.gguf"))
     # a random model has no induction heads; its byte-level tokenizer splits the names
-    assert main(["circuit", "induction", gguf, "--out", str(tmp_path / "a"), "--no-progress", "--half", "8",
-                 "--sequences", "1"]) == 2
+    assert (
+        main(
+            [
+                "circuit",
+                "induction",
+                gguf,
+                "--out",
+                str(tmp_path / "a"),
+                "--no-progress",
+                "--half",
+                "8",
+                "--sequences",
+                "1",
+            ]
+        )
+        == 2
+    )
     assert "no head of this model has a prefix-matching score" in capsys.readouterr().err
     assert main(["circuit", "ioi", gguf, "--out", str(tmp_path / "b"), "--no-progress"]) == 2
     assert "of the names are one token" in capsys.readouterr().err

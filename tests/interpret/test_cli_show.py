@@ -1,4 +1,5 @@
 """`multihead show` and `multihead heads` end to end, on MiniLM and on a trained run."""
+
 import json
 
 from safetensors.torch import load_file
@@ -38,9 +39,39 @@ def test_heads_table_json_and_picture(tmp_path, capsys):
 
 def test_show_on_a_trained_run(tmp_path, sentiment_csv):
     run = tmp_path / "run"
-    assert main(["train", "--data", str(sentiment_csv), "--out", str(run), "--epochs", "1", "--d-model", "16",
-                 "--heads", "2", "--layers", "2", "--d-ff", "32", "--vocab-size", "100", "--max-len", "24",
-                 "--text-column", "sentence", "--label-column", "sentiment", "--no-progress", "--limit", "60"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(sentiment_csv),
+                "--out",
+                str(run),
+                "--epochs",
+                "1",
+                "--d-model",
+                "16",
+                "--heads",
+                "2",
+                "--layers",
+                "2",
+                "--d-ff",
+                "32",
+                "--vocab-size",
+                "100",
+                "--max-len",
+                "24",
+                "--text-column",
+                "sentence",
+                "--label-column",
+                "sentiment",
+                "--no-progress",
+                "--limit",
+                "60",
+            ]
+        )
+        == 0
+    )
     assert main(["show", str(run), "the film was good", "--out", str(tmp_path / "s"), "--no-rollout"]) == 0
     assert (tmp_path / "s" / "grid.png").exists() and not (tmp_path / "s" / "rollout.png").exists()
     assert load_file(str(tmp_path / "s" / "attention.safetensors"))["layer_1"].shape[0] == 2

@@ -1,5 +1,6 @@
 """Induction heads: the detector on a planted pattern and on random models, the copying score against the V x V
 formula, the toy model's phase change, and the CLI."""
+
 import json
 
 import pytest
@@ -45,9 +46,22 @@ def _tiny_lm(seed=0, heads=4, kv=None):
     from multihead.modules.decoder import DecoderConfig
 
     torch.manual_seed(seed)
-    return CausalLM(CausalLMConfig(vocab_size=30, max_len=64, decoder=DecoderConfig(
-        d_model=32, num_heads=heads, attention=AttentionConfig(num_kv_heads=kv), num_layers=2, d_ff=0, dropout=0.0, norm_first=True,
-        cross_attention=False))).eval()
+    return CausalLM(
+        CausalLMConfig(
+            vocab_size=30,
+            max_len=64,
+            decoder=DecoderConfig(
+                d_model=32,
+                num_heads=heads,
+                attention=AttentionConfig(num_kv_heads=kv),
+                num_layers=2,
+                d_ff=0,
+                dropout=0.0,
+                norm_first=True,
+                cross_attention=False,
+            ),
+        )
+    ).eval()
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -66,8 +80,8 @@ def test_copying_score_equals_the_eigenvalues_of_the_full_ov_circuit(kv):
     dh, group = attn.head_dim, attn.num_heads // attn.num_kv_heads
     for h in range(attn.num_heads):
         j = h // group
-        w_v = attn.w_v.weight.double()[j * dh:(j + 1) * dh]  # (dh, E)
-        w_o = attn.w_o.weight.double()[:, h * dh:(h + 1) * dh]  # (E, dh)
+        w_v = attn.w_v.weight.double()[j * dh : (j + 1) * dh]  # (dh, E)
+        w_o = attn.w_o.weight.double()[:, h * dh : (h + 1) * dh]  # (E, dh)
         full = w_u @ w_o @ w_v @ w_e.T  # (V, V): token attended to -> logits
         lam = torch.linalg.eigvals(full)
         assert scores[1, h].item() == pytest.approx((lam.real.sum() / lam.abs().sum()).item(), abs=1e-6)
@@ -100,8 +114,15 @@ def test_the_toy_models_induction_heads_read_the_previous_token_heads_through_th
 
     cfg = toy["config"]
     # the toy spreads "previous token" over its four layer-0 heads (~0.2 each): all of them are the senders
-    r = induction_circuit(toy["model"], start=cfg["vocab"], low=0, high=cfg["vocab"], half=cfg["half"],
-                          sequences=3, senders=[(0, h) for h in range(4)])
+    r = induction_circuit(
+        toy["model"],
+        start=cfg["vocab"],
+        low=0,
+        high=cfg["vocab"],
+        half=cfg["half"],
+        sequences=3,
+        senders=[(0, h) for h in range(4)],
+    )
     assert {l for l, _, _ in r["receivers"]} == {1}
     m = r["mean"]
     gain = m["original"] - m["first_half"]

@@ -1,4 +1,5 @@
 """The offline page: escaping, and a real headless Chromium (Debian's `chromium`, driven by Playwright)."""
+
 import os
 import shutil
 
@@ -15,8 +16,9 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 def _maps(tokens, layers=2, heads=3):
     torch.manual_seed(0)
     n = len(tokens)
-    return AttentionMaps("text <b>bold?</b>", tokens, [torch.softmax(torch.randn(heads, n, n), -1)
-                                                      for _ in range(layers)], "test-model")
+    return AttentionMaps(
+        "text <b>bold?</b>", tokens, [torch.softmax(torch.randn(heads, n, n), -1) for _ in range(layers)], "test-model"
+    )
 
 
 def test_page_is_self_contained_and_escapes_tokens(tmp_path):
@@ -57,8 +59,7 @@ def test_page_in_chromium_head_and_model_views(browser, tmp_path):
     from multihead.interpret import case_study
 
     maps = load_subject("minilm").maps(case_study.SENTENCE)
-    path = write_page(maps, tmp_path / "attention.html",
-                      highlights=case_study.highlights(case_study.run(maps)))
+    path = write_page(maps, tmp_path / "attention.html", highlights=case_study.highlights(case_study.run(maps)))
     page, problems = _open(browser, path)
     # a text page has no image view: its section stays hidden (a display rule must not override the attribute)
     assert not page.locator("#image-view").is_visible() and not page.locator("#tab-image").is_visible()
@@ -87,7 +88,7 @@ def test_hostile_tokens_show_as_text_in_chromium(browser, tmp_path):
     path = write_page(_maps(EVIL), tmp_path / "evil.html", highlights={(1, 2): "<i>caption</i>"})
     page, problems = _open(browser, path)
     texts = page.locator("#lines text").all_text_contents()  # SVG text has no innerText
-    assert texts[:len(EVIL)] == EVIL  # shown literally
+    assert texts[: len(EVIL)] == EVIL  # shown literally
     assert page.locator("img").count() == 0 and page.locator("i").count() == 0
     assert page.locator("#text").inner_text() == "text <b>bold?</b>"
     page.click("#tab-model")
@@ -109,9 +110,13 @@ def _image_page(tmp_path, queries):
         maps = AttentionMaps("an image", tokens, layers, "ViT")
         image = page_image(pixels, patch=4, queries="patches", query_offset=1, key_offset=1)
     else:  # cross-attention: 5 words attend to 16 patches
-        maps = AttentionMaps("where is the 3 ?", ["where", "is", "the", "3", "?"],
-                             [torch.softmax(torch.randn(4, 5, 16), -1)], "question -> canvas",
-                             key_tokens=[f"patch {r},{c}" for r in range(4) for c in range(4)])
+        maps = AttentionMaps(
+            "where is the 3 ?",
+            ["where", "is", "the", "3", "?"],
+            [torch.softmax(torch.randn(4, 5, 16), -1)],
+            "question -> canvas",
+            key_tokens=[f"patch {r},{c}" for r in range(4) for c in range(4)],
+        )
         image = page_image(pixels, patch=4, queries="tokens")
     return write_page(maps, tmp_path / f"{queries}.html", image=image)
 
@@ -175,8 +180,7 @@ def test_long_pages_carry_links_and_thumbnails_not_maps(tmp_path):
     assert torch.equal(decoded, ix)  # 16-bit little-endian key indices
     q = torch.tensor(list(base64.b64decode(data["links"][1][0]["w"])), dtype=torch.float32).view(300, 8)
     assert ((q / 255) ** 2 - w).abs().max() < 2 * w.max().sqrt() / 255 + 1e-6  # sqrt-coded 8-bit weights
-    torch.testing.assert_close(lm.thumbs[0][1], torch.nn.functional.adaptive_avg_pool2d(maps.layers[0][1][None],
-                                                                                        64)[0])
+    torch.testing.assert_close(lm.thumbs[0][1], torch.nn.functional.adaptive_avg_pool2d(maps.layers[0][1][None], 64)[0])
     small = page_data(_maps(["a", "b", "c"]))
     assert small["mode"] == "full" and "weights" in small
 

@@ -1,4 +1,5 @@
 """``multihead patch`` and ``multihead attribute`` end to end on a small random GGUF model, and their messages."""
+
 import json
 import sys
 from pathlib import Path
@@ -19,8 +20,27 @@ def model(tmp_path_factory):
 def test_patch_writes_effects_and_the_attribution_beside_them(model, tmp_path, capsys):
     out = tmp_path / "patch"
     # " cat" and " heads" are one token each, so the two prompts have the same length
-    assert main(["patch", model, "--clean", "the cat sat on the", "--corrupt", "the heads sat on the",
-                 "--answer", " cat", "--wrong", " heads", "--out", str(out), "--batch", "4"]) == 0
+    assert (
+        main(
+            [
+                "patch",
+                model,
+                "--clean",
+                "the cat sat on the",
+                "--corrupt",
+                "the heads sat on the",
+                "--answer",
+                " cat",
+                "--wrong",
+                " heads",
+                "--out",
+                str(out),
+                "--batch",
+                "4",
+            ]
+        )
+        == 0
+    )
     r = json.loads((out / "importance-patching.json").read_text())
     assert len(r["effect"]) == 2 and len(r["effect"][0]) == 4 and "correlation" in r
     assert (out / "importance.png").stat().st_size > 0
@@ -35,9 +55,13 @@ def test_the_page_escapes_what_it_shows(tmp_path):
     from multihead.interpret.patch_page import write_patch_page
 
     evil = "<img src=x onerror=alert(1)>"
-    result = {"model": evil, "metric": "logit-diff", "effect": [[[0.5, -1.0], [0.0, 0.25]]],
-              "pairs": [{"clean": evil, "corrupt": evil, "answer": " a", "wrong": " b"}],
-              "per_pair": [{"clean": 1.0, "corrupt": 0.0}]}
+    result = {
+        "model": evil,
+        "metric": "logit-diff",
+        "effect": [[[0.5, -1.0], [0.0, 0.25]]],
+        "pairs": [{"clean": evil, "corrupt": evil, "answer": " a", "wrong": " b"}],
+        "per_pair": [{"clean": 1.0, "corrupt": 0.0}],
+    }
     write_patch_page(tmp_path / "p.html", result, tokens=[evil, "b"])
     page = (tmp_path / "p.html").read_text()
     assert evil not in page and "&lt;img src=x onerror=alert(1)&gt;" in page

@@ -2,6 +2,7 @@
 nothing; every head of a layer patched = the layer's attention output patched; zero ablation = head_mask; batched
 patching = one head at a time; attribution patching = exact patching where the metric is linear in z; the logit
 lens's last layer = the logits; bad input named."""
+
 import pytest
 import torch
 from torch import nn
@@ -16,9 +17,22 @@ from multihead.modules.variants import AttentionConfig
 @pytest.fixture(scope="module")
 def lm():
     torch.manual_seed(0)
-    config = CausalLMConfig(vocab_size=40, max_len=32, positional="rope", decoder=DecoderConfig(
-        d_model=32, num_heads=4, num_layers=2, cross_attention=False, norm_first=True, dropout=0.0, norm="rms",
-        activation="swiglu", attention=AttentionConfig(num_kv_heads=2)))
+    config = CausalLMConfig(
+        vocab_size=40,
+        max_len=32,
+        positional="rope",
+        decoder=DecoderConfig(
+            d_model=32,
+            num_heads=4,
+            num_layers=2,
+            cross_attention=False,
+            norm_first=True,
+            dropout=0.0,
+            norm="rms",
+            activation="swiglu",
+            attention=AttentionConfig(num_kv_heads=2),
+        ),
+    )
     return CausalLM(config).eval()
 
 
@@ -183,26 +197,33 @@ def test_bad_input_is_named(lm):
 
 def test_path_patching_without_senders_changes_nothing(lm):
     clean, corrupt = _pair()
-    r = P.path_patching(lm, clean, corrupt, P.logit_diff(5, 6), senders={}, receivers={1: [0, 1, 2, 3]},
-                        through=("q", "k", "v"))
+    r = P.path_patching(
+        lm, clean, corrupt, P.logit_diff(5, 6), senders={}, receivers={1: [0, 1, 2, 3]}, through=("q", "k", "v")
+    )
     assert r["effect"] == 0.0
 
 
 def test_path_patching_from_every_earlier_head_is_patching_the_receivers_inputs():
     torch.manual_seed(0)
-    config = CausalLMConfig(vocab_size=40, max_len=32, positional="rope", decoder=DecoderConfig(
-        d_model=32, num_heads=4, num_layers=2, d_ff=0, cross_attention=False, norm_first=True, dropout=0.0))
+    config = CausalLMConfig(
+        vocab_size=40,
+        max_len=32,
+        positional="rope",
+        decoder=DecoderConfig(
+            d_model=32, num_heads=4, num_layers=2, d_ff=0, cross_attention=False, norm_first=True, dropout=0.0
+        ),
+    )
     model = CausalLM(config).eval()  # attention only: layer 1's inputs change only through layer 0's heads
     clean, corrupt = _pair()
     metric = P.logit_diff(5, 6)
-    r = P.path_patching(model, clean, corrupt, metric, senders={0: [0, 1, 2, 3]}, receivers={1: [0, 1, 2, 3]},
-                        through=("q", "k", "v"))
+    r = P.path_patching(
+        model, clean, corrupt, metric, senders={0: [0, 1, 2, 3]}, receivers={1: [0, 1, 2, 3]}, through=("q", "k", "v")
+    )
     attn = model.decoder.layers[1].self_attn
     seen = {}
     with torch.no_grad():
         with P.ablated(model, {0: [0, 1, 2, 3]}, "resample", reference=corrupt):  # layer 0 from the corrupted run
-            hs = [getattr(attn, f"hook_{w}").add_hook(lambda t, h, w=w: seen.__setitem__(w, t.clone()))
-                  for w in "qkv"]
+            hs = [getattr(attn, f"hook_{w}").add_hook(lambda t, h, w=w: seen.__setitem__(w, t.clone())) for w in "qkv"]
             model(clean)
             for h in hs:
                 h.remove()
@@ -239,9 +260,21 @@ def test_path_patching_through_keys_patches_the_shared_key_value_head(lm):
 @pytest.mark.parametrize("norm", ["rms", "layer"])
 def test_direct_logit_attribution_adds_up_to_the_logit_difference(norm):
     torch.manual_seed(0)
-    config = CausalLMConfig(vocab_size=40, max_len=32, positional="learned", decoder=DecoderConfig(
-        d_model=32, num_heads=4, num_layers=2, cross_attention=False, norm_first=True, dropout=0.0, norm=norm,
-        bias=norm == "layer"))
+    config = CausalLMConfig(
+        vocab_size=40,
+        max_len=32,
+        positional="learned",
+        decoder=DecoderConfig(
+            d_model=32,
+            num_heads=4,
+            num_layers=2,
+            cross_attention=False,
+            norm_first=True,
+            dropout=0.0,
+            norm=norm,
+            bias=norm == "layer",
+        ),
+    )
     model = CausalLM(config).eval()
     ids, _ = _pair()
     r = P.direct_logit_attribution(model, ids, answer=5, wrong=6)
@@ -251,8 +284,13 @@ def test_direct_logit_attribution_adds_up_to_the_logit_difference(norm):
 
 def test_direct_logit_attribution_refuses_what_it_cannot_split():
     torch.manual_seed(0)
-    config = CausalLMConfig(vocab_size=40, max_len=32, decoder=DecoderConfig(
-        d_model=32, num_heads=4, num_layers=1, cross_attention=False, norm_first=False, dropout=0.0))
+    config = CausalLMConfig(
+        vocab_size=40,
+        max_len=32,
+        decoder=DecoderConfig(
+            d_model=32, num_heads=4, num_layers=1, cross_attention=False, norm_first=False, dropout=0.0
+        ),
+    )
     with pytest.raises(ValueError, match="pre-norm"):
         P.direct_logit_attribution(CausalLM(config).eval(), _pair()[0], answer=1)
 
@@ -261,9 +299,13 @@ def _encoder_decoder():
     import multihead as mh
 
     torch.manual_seed(0)
-    cfg = mh.Seq2SeqConfig(src_vocab_size=30, tgt_vocab_size=40, max_len=16,
-                           encoder=mh.EncoderConfig(d_model=32, num_heads=4, num_layers=2, dropout=0.0),
-                           decoder=mh.DecoderConfig(d_model=32, num_heads=4, num_layers=2, dropout=0.0))
+    cfg = mh.Seq2SeqConfig(
+        src_vocab_size=30,
+        tgt_vocab_size=40,
+        max_len=16,
+        encoder=mh.EncoderConfig(d_model=32, num_heads=4, num_layers=2, dropout=0.0),
+        decoder=mh.DecoderConfig(d_model=32, num_heads=4, num_layers=2, dropout=0.0),
+    )
     model = mh.Seq2Seq(cfg).eval()
     g = torch.Generator().manual_seed(2)
     src, tgt = torch.randint(3, 30, (1, 7), generator=g), torch.randint(3, 40, (1, 5), generator=g)

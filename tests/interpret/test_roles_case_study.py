@@ -1,4 +1,5 @@
 """Role rules on constructed heads with known patterns; the case-study search on planted and real heads."""
+
 import torch
 
 from multihead.interpret import AttentionMaps, case_study, roles
@@ -74,8 +75,13 @@ def test_case_study_finds_a_planted_head_and_says_when_none_matches():
 def test_case_study_skips_other_sentences_and_handles_subwords():
     maps = AttentionMaps("x", ["[CLS]", "the", "ca", "##t", "sat", "[SEP]"], [torch.eye(6)[None]], "m")
     assert "skipped" in case_study.run(maps)
-    bpe = AttentionMaps("x", ["[CLS]", "the", "c", "at", "sat", "[SEP]"], [torch.eye(6)[None]], "m",
-                        starts=[True, True, True, False, True, True])
+    bpe = AttentionMaps(
+        "x",
+        ["[CLS]", "the", "c", "at", "sat", "[SEP]"],
+        [torch.eye(6)[None]],
+        "m",
+        starts=[True, True, True, False, True, True],
+    )
     assert case_study.word_positions(bpe, ["the", "cat", "sat"]) == [1, 2, 4]
     assert case_study.is_case_sentence("  the cat sat on the  MAT. ")
 

@@ -1,12 +1,20 @@
 """Random-weight HF causal LMs of each family (small configs, no package needed), saved to a folder, and GGUF files
 written from them with the ``gguf`` package's own writer."""
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=128)
+SMALL = dict(
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
 
 
 def hf_model(family: str, **overrides):
@@ -18,24 +26,44 @@ def hf_model(family: str, **overrides):
         config = T.GPT2Config(vocab_size=300, n_embd=64, n_layer=2, n_head=4, n_positions=128, **overrides)
         model = T.GPT2LMHeadModel(config)
     elif family == "gemma3":  # 6 layers: five with a sliding window of 8 keys, the sixth global
-        config = T.Gemma3TextConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
-                                    num_attention_heads=4, num_key_value_heads=1, head_dim=32,
-                                    query_pre_attn_scalar=32, max_position_embeddings=128, sliding_window=8,
-                                    rope_theta=1e6, rope_local_base_freq=1e4, **overrides)
+        config = T.Gemma3TextConfig(
+            vocab_size=300,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=6,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=32,
+            query_pre_attn_scalar=32,
+            max_position_embeddings=128,
+            sliding_window=8,
+            rope_theta=1e6,
+            rope_local_base_freq=1e4,
+            **overrides,
+        )
         model = T.Gemma3ForCausalLM(config)
     else:
         options = {
-            "llama": dict(rope_theta=1e5, rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
-                                                        "high_freq_factor": 4.0,
-                                                        "original_max_position_embeddings": 32}),
+            "llama": dict(
+                rope_theta=1e5,
+                rope_scaling={
+                    "rope_type": "llama3",
+                    "factor": 4.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 32,
+                },
+            ),
             "qwen2": dict(tie_word_embeddings=True),
             "qwen3": dict(head_dim=24),
             "mistral": dict(sliding_window=None),
         }[family]
-        cls_config, cls_model = {"llama": (T.LlamaConfig, T.LlamaForCausalLM),
-                                 "qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM),
-                                 "qwen3": (T.Qwen3Config, T.Qwen3ForCausalLM),
-                                 "mistral": (T.MistralConfig, T.MistralForCausalLM)}[family]
+        cls_config, cls_model = {
+            "llama": (T.LlamaConfig, T.LlamaForCausalLM),
+            "qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM),
+            "qwen3": (T.Qwen3Config, T.Qwen3ForCausalLM),
+            "mistral": (T.MistralConfig, T.MistralForCausalLM),
+        }[family]
         model = cls_model(cls_config(**{**SMALL, **options, **overrides}))
     model.config._attn_implementation = "eager"  # HF returns attentions only from eager attention
     gen = torch.Generator().manual_seed(1)
@@ -92,11 +120,22 @@ def write_gguf(model, path, *, permute: bool = True, quantize: tuple = (), arch:
     w.add_eos_token_id(0)
     w.add_add_bos_token(True)
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}{% endfor %}")
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
-    layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    layer = {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
     for name, t in model.state_dict().items():
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue
@@ -134,7 +173,7 @@ def write_gemma_gguf(model, path):
     pieces = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{i:02X}>" for i in range(256)]
     words = ["▁the", "▁cat", "▁sat", "▁on", "▁mat", "▁a", "t", "h", "e", "c", "a", "s", "o", "n", "m", "▁"]
     pieces += words + [f"<unused{i}>" for i in range(c.vocab_size - len(pieces) - len(words))]
-    pieces = pieces[:c.vocab_size]
+    pieces = pieces[: c.vocab_size]
     scores = [0.0] * 260 + [-float(i) for i in range(len(pieces) - 260)]
     types = [3, 3, 3, 2] + [6] * 256 + [1] * (len(pieces) - 260)
     w = gguf.GGUFWriter(str(path), "gemma3")
@@ -157,11 +196,21 @@ def write_gemma_gguf(model, path):
     w.add_eos_token_id(1)
     w.add_unk_token_id(3)
     w.add_add_bos_token(True)
-    layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
-             "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
-             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    layer = {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "post_attention_norm",
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "post_ffw_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
     for name, t in model.state_dict().items():
         if name == "lm_head.weight":
             continue

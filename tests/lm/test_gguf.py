@@ -1,5 +1,6 @@
 """GGUF files written by the gguf package's own writer from random HF Llama models: parity with the HF model, the
 RoPE layout, dequantisation against gguf's own, the tokenizer and chat template from the file, hostile files."""
+
 import struct
 
 import numpy as np

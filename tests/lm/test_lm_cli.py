@@ -1,5 +1,6 @@
 """The commands that take a pretrained LM, end to end on small random-weight models (an HF folder and a GGUF file):
 what they print and write, and their messages for bad input."""
+
 import json
 
 import pytest
@@ -39,8 +40,10 @@ def test_generate_refuses_a_prompt_past_the_positions(gguf_model, capsys):
 
 def test_induction_scores_and_ablation_on_a_pretrained_model(gguf_model, tmp_path, capsys):
     out = tmp_path / "ind"
-    assert main(["induction", "--model", gguf_model, "--out", str(out), "--half", "8", "--batch", "2",
-                 "--ablate", "2"]) == 0
+    assert (
+        main(["induction", "--model", gguf_model, "--out", str(out), "--half", "8", "--batch", "2", "--ablate", "2"])
+        == 0
+    )
     r = json.loads((out / "induction.json").read_text())
     assert len(r["prefix_matching"]) == 2 and len(r["prefix_matching"][0]) == 4
     assert set(r["ablation"]) >= {"base", "top", "random_mean", "top_heads"} and len(r["ablation"]["top_heads"]) == 2
@@ -86,8 +89,12 @@ def test_export_then_load_in_hf(gpt2_folder, tmp_path):
 
 def test_sinks_compares_the_three_caches(gguf_model, tmp_path):
     out = tmp_path / "sinks"
-    assert main(["sinks", gguf_model, "--length", "80", "--window", "24", "--band", "24", "--texts", "1",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            ["sinks", gguf_model, "--length", "80", "--window", "24", "--band", "24", "--texts", "1", "--out", str(out)]
+        )
+        == 0
+    )
     r = json.loads((out / "sinks.json").read_text())
     assert set(r["policies"]) == {"full", "window", "sinks"}
 

@@ -1,5 +1,6 @@
 """Each causal-LM family (random weights, no package needed) loaded by us vs HF transformers: logits, every head's
 pattern, greedy generation, the KV cache, sharded folders, export -> HF load, and bad folders."""
+
 import json
 
 import pytest
@@ -88,6 +89,7 @@ def test_head_mask_and_pruning_work_on_a_loaded_model(pair):
     with torch.no_grad():
         masked = model(ids, head_mask=mask)
         import copy
+
         pruned = copy.deepcopy(model)
         pruned.decoder.layers[0].self_attn.prune_heads([0, 1])
         assert (pruned(ids) - masked).abs().max() < 1e-5
@@ -121,8 +123,10 @@ def test_sharded_folder_loads(tmp_path):
 
 
 def test_rope_scalings_match_hf(tmp_path):
-    for scaling in ({"rope_type": "linear", "factor": 2.0},
-                    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}):
+    for scaling in (
+        {"rope_type": "linear", "factor": 2.0},
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    ):
         model = hf_model("llama", rope_scaling=scaling)
         model.save_pretrained(tmp_path / scaling["rope_type"])
         ours = lm.load(tmp_path / scaling["rope_type"])
@@ -159,8 +163,15 @@ def test_hostile_sizes_are_refused_before_anything_is_allocated(tmp_path):
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
-    config = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 32,
-              "intermediate_size": 11008, "vocab_size": 10**12, "max_position_embeddings": 4096}
+    config = {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "intermediate_size": 11008,
+        "vocab_size": 10**12,
+        "max_position_embeddings": 4096,
+    }
     with pytest.raises(LMError, match="ceiling|must be in"):
         lm.load(_folder(tmp_path, config))
     assert time.perf_counter() - start < 5
@@ -236,9 +247,17 @@ def test_mistral_with_a_sliding_window_matches_hf_past_the_window(tmp_path):
 
 
 def test_qwen2_layer_split_windows_are_refused_with_the_fix(tmp_path):
-    config = {"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
-              "intermediate_size": 96, "vocab_size": 300, "max_position_embeddings": 8192, "sliding_window": 4096,
-              "use_sliding_window": True}
+    config = {
+        "model_type": "qwen2",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "intermediate_size": 96,
+        "vocab_size": 300,
+        "max_position_embeddings": 8192,
+        "sliding_window": 4096,
+        "use_sliding_window": True,
+    }
     with pytest.raises(LMError, match="use_sliding_window"):
         lm.load(_folder(tmp_path, config))
 

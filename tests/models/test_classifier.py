@@ -1,4 +1,5 @@
 """TransformerClassifier: the tutorial's signature, masked pooling, configs through JSON."""
+
 import json
 
 import pytest
@@ -11,7 +12,12 @@ def test_tutorial_signature_and_defaults():
     model = mh.TransformerClassifier()  # vocab 10000, d_model 512, 8 heads, 2 layers, 10 classes
     cfg = model.config
     assert (cfg.vocab_size, cfg.encoder.d_model, cfg.encoder.num_heads, cfg.encoder.num_layers, cfg.num_classes) == (
-        10000, 512, 8, 2, 10)
+        10000,
+        512,
+        8,
+        2,
+        10,
+    )
     x = torch.randint(1, 10000, (2, 12))
     assert model(x).shape == (2, 10)
 
@@ -29,8 +35,16 @@ def test_padding_does_not_change_logits():
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned", "rope", "none"])
 @pytest.mark.parametrize("pooling", ["mean", "cls", "max"])
 def test_variants_train_a_step(positional, pooling):
-    model = mh.TransformerClassifier(vocab_size=30, d_model=16, heads=2, num_layers=1, num_classes=2,
-                                     positional=positional, pooling=pooling, norm_first=positional == "rope")
+    model = mh.TransformerClassifier(
+        vocab_size=30,
+        d_model=16,
+        heads=2,
+        num_layers=1,
+        num_classes=2,
+        positional=positional,
+        pooling=pooling,
+        norm_first=positional == "rope",
+    )
     ids = torch.randint(1, 30, (4, 9))
     loss = torch.nn.functional.cross_entropy(model(ids), torch.tensor([0, 1, 0, 1]))
     loss.backward()
@@ -38,8 +52,17 @@ def test_variants_train_a_step(positional, pooling):
 
 
 def test_config_json_round_trip():
-    model = mh.TransformerClassifier(vocab_size=100, d_model=32, heads=4, num_layers=1, num_classes=5,
-                                     positional="learned", pooling="cls", num_kv_heads=2, activation="gelu")
+    model = mh.TransformerClassifier(
+        vocab_size=100,
+        d_model=32,
+        heads=4,
+        num_layers=1,
+        num_classes=5,
+        positional="learned",
+        pooling="cls",
+        num_kv_heads=2,
+        activation="gelu",
+    )
     text = model.config.to_json()
     again = mh.ClassifierConfig.from_json(text)
     assert again == model.config

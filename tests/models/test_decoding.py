@@ -1,6 +1,7 @@
 """MHA's decoder roles: causal self-attention with a KV cache, cross-attention, and generation. Incremental decoding
 equals the full forward pass at every step; padding, GQA/MQA, rotary/learned/sinusoidal positions; beam search
 checked against exhaustive search."""
+
 from __future__ import annotations
 
 import itertools
@@ -15,18 +16,35 @@ from multihead.models.generation import GenerationConfig
 
 def lm(positional="learned", kv=None, max_len=40, layers=2, vocab=50, seed=0):
     torch.manual_seed(seed)
-    return mh.CausalLM(vocab_size=vocab, max_len=max_len, positional=positional,
-                       decoder=mh.DecoderConfig(d_model=32, num_heads=4, num_layers=layers, attention=mh.AttentionConfig(num_kv_heads=kv),
-                                                cross_attention=False, dropout=0.0)).eval()
+    return mh.CausalLM(
+        vocab_size=vocab,
+        max_len=max_len,
+        positional=positional,
+        decoder=mh.DecoderConfig(
+            d_model=32,
+            num_heads=4,
+            num_layers=layers,
+            attention=mh.AttentionConfig(num_kv_heads=kv),
+            cross_attention=False,
+            dropout=0.0,
+        ),
+    ).eval()
 
 
 def s2s(positional="sinusoidal", kv=None, seed=0, tgt_vocab=40):
     torch.manual_seed(seed)
-    cfg = mh.Seq2SeqConfig(src_vocab_size=30, tgt_vocab_size=tgt_vocab, max_len=32, positional=positional,
-                           encoder=mh.EncoderConfig(d_model=32, num_heads=4, num_layers=2, dropout=0.0,
-                                                    attention=mh.AttentionConfig(num_kv_heads=kv)),
-                           decoder=mh.DecoderConfig(d_model=32, num_heads=4, num_layers=2, dropout=0.0,
-                                                    attention=mh.AttentionConfig(num_kv_heads=kv)))
+    cfg = mh.Seq2SeqConfig(
+        src_vocab_size=30,
+        tgt_vocab_size=tgt_vocab,
+        max_len=32,
+        positional=positional,
+        encoder=mh.EncoderConfig(
+            d_model=32, num_heads=4, num_layers=2, dropout=0.0, attention=mh.AttentionConfig(num_kv_heads=kv)
+        ),
+        decoder=mh.DecoderConfig(
+            d_model=32, num_heads=4, num_layers=2, dropout=0.0, attention=mh.AttentionConfig(num_kv_heads=kv)
+        ),
+    )
     return mh.Seq2Seq(cfg).eval()
 
 
@@ -123,8 +141,9 @@ def test_beam_one_is_greedy_and_top_k_one_sampling_is_greedy():
         greedy = mh.generate(model, *inputs, max_new_tokens=10, stop_tokens=(3,))
         beam = mh.generate(model, *inputs, strategy="beam", num_beams=1, max_new_tokens=10, stop_tokens=(3,))
         sample = mh.generate(model, *inputs, strategy="sample", top_k=1, seed=0, max_new_tokens=10, stop_tokens=(3,))
-        nucleus = mh.generate(model, *inputs, strategy="sample", top_p=1e-6, seed=0, max_new_tokens=10,
-                              stop_tokens=(3,))
+        nucleus = mh.generate(
+            model, *inputs, strategy="sample", top_p=1e-6, seed=0, max_new_tokens=10, stop_tokens=(3,)
+        )
         assert greedy.tokens == beam.tokens == sample.tokens == nucleus.tokens
         assert all(3 not in t and len(t) <= 10 for t in greedy.tokens)
     a = mh.generate(lm(), *left_padded(), strategy="sample", seed=5, max_new_tokens=6)
@@ -139,8 +158,17 @@ def test_beam_search_with_enough_beams_is_exhaustive_search():
     src = torch.randint(2, 30, (1, 5))
     steps, stop = 3, 0
     for lp in (0.0, 1.0, 2.0):
-        got = mh.generate(model, src, None, strategy="beam", num_beams=64, max_new_tokens=steps, stop_tokens=(stop,),
-                          length_penalty=lp, early_stopping=False)
+        got = mh.generate(
+            model,
+            src,
+            None,
+            strategy="beam",
+            num_beams=64,
+            max_new_tokens=steps,
+            stop_tokens=(stop,),
+            length_penalty=lp,
+            early_stopping=False,
+        )
         best, best_seq = -float("inf"), None
         with torch.no_grad():
             memory = model.encode(src)
@@ -215,11 +243,20 @@ def test_seq2seq_initialisation_depends_on_the_seed_only():
     import subprocess
     import sys
 
-    code = ("import torch; from multihead.models.seq2seq import Seq2Seq, Seq2SeqConfig; torch.manual_seed(0); "
-            "m = Seq2Seq(Seq2SeqConfig(src_vocab_size=30, tgt_vocab_size=40, max_len=16)); "
-            "print(m.src_embed.weight[0, :4].tolist(), m.tgt_embed.weight[0, :4].tolist())")
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           env={**__import__("os").environ, "PYTHONHASHSEED": str(s)}).stdout for s in range(4)}
+    code = (
+        "import torch; from multihead.models.seq2seq import Seq2Seq, Seq2SeqConfig; torch.manual_seed(0); "
+        "m = Seq2Seq(Seq2SeqConfig(src_vocab_size=30, tgt_vocab_size=40, max_len=16)); "
+        "print(m.src_embed.weight[0, :4].tolist(), m.tgt_embed.weight[0, :4].tolist())"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env={**__import__("os").environ, "PYTHONHASHSEED": str(s)},
+        ).stdout
+        for s in range(4)
+    }
     assert len(outs) == 1 and outs != {""}, outs
 
 
@@ -230,8 +267,9 @@ def test_suppressed_tokens_are_never_chosen_and_begin_suppressed_ones_not_first(
     free = mh.generate(model, ids, None, strategy=strategy, max_new_tokens=8)
     banned = sorted({t for row in free.tokens for t in row})[:3]  # tokens the free run uses
     first = [row[0] for row in free.tokens]
-    out = mh.generate(model, ids, None, strategy=strategy, max_new_tokens=8, suppress_tokens=banned[:2],
-                      begin_suppress_tokens=first)
+    out = mh.generate(
+        model, ids, None, strategy=strategy, max_new_tokens=8, suppress_tokens=banned[:2], begin_suppress_tokens=first
+    )
     for row, f in zip(out.tokens, first):
         assert not set(row) & set(banned[:2]) and row[0] != f
     # without suppression the same call gives the free run back

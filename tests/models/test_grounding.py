@@ -1,6 +1,7 @@
 """Text-image grounding: canvases and questions, the cross-attention model (kdim/vdim from the image width), the
 grounding share against a formula, and the cut: with every cross-attention head masked the answer cannot depend on
 the image, so no model can beat chance."""
+
 import json
 
 import pytest
@@ -15,15 +16,30 @@ from multihead.modules.encoder import EncoderConfig
 
 
 def _model(**text):
-    vision = VisionConfig(image_size=16, patch_size=4, pooling="mean", num_classes=0,
-                          encoder=EncoderConfig(d_model=24, num_heads=2, num_layers=1, d_ff=48, dropout=0.0,
-                                                norm_first=True))
-    tc = DecoderConfig(**{"d_model": 16, "num_heads": 4, "num_layers": 2, "d_ff": 32, "dropout": 0.0,
-                          "norm_first": True, "causal": False, **text})
+    vision = VisionConfig(
+        image_size=16,
+        patch_size=4,
+        pooling="mean",
+        num_classes=0,
+        encoder=EncoderConfig(d_model=24, num_heads=2, num_layers=1, d_ff=48, dropout=0.0, norm_first=True),
+    )
+    tc = DecoderConfig(
+        **{
+            "d_model": 16,
+            "num_heads": 4,
+            "num_layers": 2,
+            "d_ff": 32,
+            "dropout": 0.0,
+            "norm_first": True,
+            "causal": False,
+            **text,
+        }
+    )
     vocab = G.QuestionVocab([str(i) for i in range(10)])
     torch.manual_seed(0)
-    return GroundedQA(GroundingConfig(vocab_size=len(vocab), num_answers=len(vocab.answers), vision=vision,
-                                      text=tc)).eval(), vocab
+    return GroundedQA(
+        GroundingConfig(vocab_size=len(vocab), num_answers=len(vocab.answers), vision=vision, text=tc)
+    ).eval(), vocab
 
 
 def _digits(n=400):
@@ -40,7 +56,7 @@ def test_canvases_hold_four_different_classes_in_their_quadrants_and_questions_h
     assert canvases.shape == (300, 1, 16, 16) and canvases.dtype == torch.uint8
     i = 7
     for q, (r, c) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
-        assert torch.equal(canvases[i, :, 8 * r:8 * r + 8, 8 * c:8 * c + 8], images[specs.items[i, q]])
+        assert torch.equal(canvases[i, :, 8 * r : 8 * r + 8, 8 * c : 8 * c + 8], images[specs.items[i, q]])
     vocab = G.QuestionVocab([str(d) for d in range(10)])
     ids, answers = vocab.batch(specs, labels)
     assert set(specs.kind.tolist()) == {0, 1} and set(specs.quadrant.tolist()) == {0, 1, 2, 3}
@@ -78,8 +94,9 @@ def test_cross_attention_reads_another_width_and_the_question_is_read_both_ways(
     out = model(images, q)
     assert out.shape == (3, len(vocab.answers)) and torch.isfinite(out).all()
     # not causal: the first word's state depends on a later word
-    dec = TransformerDecoder(DecoderConfig(d_model=16, num_heads=4, num_layers=1, dropout=0.0, causal=False,
-                                           memory_dim=24)).eval()
+    dec = TransformerDecoder(
+        DecoderConfig(d_model=16, num_heads=4, num_layers=1, dropout=0.0, causal=False, memory_dim=24)
+    ).eval()
     x, mem = torch.randn(1, 5, 16), torch.randn(1, 7, 24)
     y = x.clone()
     y[0, 4] += 1.0
@@ -118,8 +135,11 @@ def test_grounding_share_is_the_mass_on_the_asked_quadrant():
         for h in range(3):
             per = []
             for b in range(5):
-                rows = [sum(float(w[b, h, t, n]) for n in range(16) if quad[n] == quadrant[b])
-                        for t in range(4) if questions[b, t] != 0]
+                rows = [
+                    sum(float(w[b, h, t, n]) for n in range(16) if quad[n] == quadrant[b])
+                    for t in range(4)
+                    if questions[b, t] != 0
+                ]
                 per.append(sum(rows) / len(rows))
             want[layer, h] = sum(per) / 5
     torch.testing.assert_close(share.double(), want, atol=1e-6, rtol=0)

@@ -1,5 +1,6 @@
 """StreamingLLM caches (sinks + sliding window, positions within the cache): exactness against a full forward pass
 over the kept tokens, refusals, and the three-policy comparison."""
+
 import pytest
 import torch
 
@@ -12,9 +13,27 @@ from multihead.modules.kv_cache import KVCache
 
 def lm(positional="rope", max_len=16, kv=None, seed=0, layers=2):
     torch.manual_seed(seed)
-    return CausalLM(CausalLMConfig(vocab_size=50, max_len=max_len, positional=positional, decoder=DecoderConfig(
-        d_model=32, num_heads=4, attention=AttentionConfig(num_kv_heads=kv), num_layers=layers, d_ff=64, dropout=0.0, norm_first=True,
-        cross_attention=False))).eval().double()
+    return (
+        CausalLM(
+            CausalLMConfig(
+                vocab_size=50,
+                max_len=max_len,
+                positional=positional,
+                decoder=DecoderConfig(
+                    d_model=32,
+                    num_heads=4,
+                    attention=AttentionConfig(num_kv_heads=kv),
+                    num_layers=layers,
+                    d_ff=64,
+                    dropout=0.0,
+                    norm_first=True,
+                    cross_attention=False,
+                ),
+            )
+        )
+        .eval()
+        .double()
+    )
 
 
 @pytest.mark.parametrize("sinks, window, kv", [(4, 6, None), (0, 6, None), (2, 5, 2), (1, 2, 1)])
@@ -28,7 +47,7 @@ def test_streaming_cache_equals_a_full_forward_over_the_kept_tokens(sinks, windo
     with torch.no_grad():
         model(ids[:, :3], cache=cache)  # a short prompt first (no eviction yet), then one token per step
         for t in range(3, ids.shape[1]):
-            got = model(ids[:, t: t + 1], cache=cache)[:, -1]
+            got = model(ids[:, t : t + 1], cache=cache)[:, -1]
             kept = list(range(min(sinks, t + 1))) + list(range(max(sinks, t + 1 - window), t + 1))
             want = model(ids[:, kept])[:, -1]  # a plain forward pass: the kept tokens at positions 0..n-1
             assert torch.allclose(got, want, atol=1e-10), f"step {t}"
@@ -46,13 +65,13 @@ def test_every_layer_keeps_exactly_the_full_caches_entries_of_the_kept_tokens():
     stream, raw = model.new_cache(sinks=sinks, window=window), {}
     with torch.no_grad():
         for t in range(ids.shape[1]):
-            model(ids[:, t: t + 1], cache=stream)
+            model(ids[:, t : t + 1], cache=stream)
     kept = list(range(sinks)) + list(range(ids.shape[1] - window, ids.shape[1]))
     # the reference: the same tokens fed one by one with each token's own (sinks + window) context, recorded per layer
     ref = model.new_cache(sinks=sinks, window=window)
     with torch.no_grad():
         for t in range(ids.shape[1]):
-            model(ids[:, t: t + 1], cache=ref)
+            model(ids[:, t : t + 1], cache=ref)
             for i, c in enumerate(ref.self_attn):
                 raw[(i, t)] = (c.k[:, :, -1].clone(), c.v[:, :, -1].clone())  # the token just added
     for i, c in enumerate(stream.self_attn):

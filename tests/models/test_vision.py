@@ -1,4 +1,5 @@
 """The Vision Transformer on our encoder blocks: patch shapes, errors, pruning, capture, attention distance, IDX."""
+
 import gzip
 import json
 
@@ -22,8 +23,10 @@ def _vit(**kw):
     return VisionTransformer(VisionConfig(**{"image_size": 8, "patch_size": 2, "encoder": enc, **kw})).eval()
 
 
-@pytest.mark.parametrize("image_size,patch,channels,stem", [(8, 2, 1, "patch"), (8, 4, 1, "conv"), (28, 4, 1, "patch"),
-                                                            (28, 7, 3, "conv"), (12, 1, 2, "patch")])
+@pytest.mark.parametrize(
+    "image_size,patch,channels,stem",
+    [(8, 2, 1, "patch"), (8, 4, 1, "conv"), (28, 4, 1, "patch"), (28, 7, 3, "conv"), (12, 1, 2, "patch")],
+)
 def test_patch_embedding_shapes(image_size, patch, channels, stem):
     for pooling in ("cls", "mean"):
         m = _vit(image_size=image_size, patch_size=patch, channels=channels, stem=stem, pooling=pooling)
@@ -90,8 +93,8 @@ def test_capture_on_a_vit_and_mean_attention_distance_against_the_formula():
         p[0, 2, 1 + q, 1:] = 0.25  # uniform over the 4 patches
         p[0, 3, 1 + q, 1 + (q ^ 1)] = 1.0  # the horizontal neighbour: 4 pixels
     d = mean_attention_distance([p], m)[0]
-    uniform = (0 + 4 + 4 + 4 * 2 ** 0.5) / 4
-    assert torch.allclose(d, torch.tensor([0.0, 4 * 2 ** 0.5, uniform, 4.0]), atol=1e-5)
+    uniform = (0 + 4 + 4 + 4 * 2**0.5) / 4
+    assert torch.allclose(d, torch.tensor([0.0, 4 * 2**0.5, uniform, 4.0]), atol=1e-5)
 
 
 def _write_idx(path, array, *, gz=True, code=0x08):
@@ -135,7 +138,12 @@ def test_fashion_mnist_from_a_folder_of_idx_files(tmp_path, monkeypatch):
         _write_idx(tmp_path / f"{split}-labels-idx1-ubyte.gz", rng.integers(0, 10, n, dtype=np.uint8))
     monkeypatch.setenv(I.FASHION_ENV, str(tmp_path))
     s = I._fashion(validation=10)
-    assert s.train.image_shape == (1, 28, 28) and len(s.train[1]) == 50 and len(s.validation[1]) == 10 and len(s.test[1]) == 20
+    assert (
+        s.train.image_shape == (1, 28, 28)
+        and len(s.train[1]) == 50
+        and len(s.validation[1]) == 10
+        and len(s.test[1]) == 20
+    )
     assert s.label_names[7] == "Sneaker" and s.train[0].dtype == torch.uint8
 
 

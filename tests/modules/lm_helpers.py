@@ -1,5 +1,6 @@
 """Shared by the variant tests: a small causal LM with one attention option set, and its logits decoded step by
 step through the KV cache (to compare with one full forward pass)."""
+
 import torch
 
 from multihead.models.seq2seq import CausalLM, CausalLMConfig
@@ -11,8 +12,16 @@ def small_lm(seed: int, positional: str = "rope", *, layers: int = 2, max_len: i
     """d_model 32, 4 heads, pre-LN, vocabulary 50, in eval mode; ``option``: AttentionConfig fields (gate=True,
     ...)."""
     torch.manual_seed(seed)
-    dec = DecoderConfig(d_model=32, num_heads=4, num_layers=layers, d_ff=64, dropout=0.0, cross_attention=False,
-                        norm_first=True, attention=AttentionConfig(**option))
+    dec = DecoderConfig(
+        d_model=32,
+        num_heads=4,
+        num_layers=layers,
+        d_ff=64,
+        dropout=0.0,
+        cross_attention=False,
+        norm_first=True,
+        attention=AttentionConfig(**option),
+    )
     return CausalLM(CausalLMConfig(vocab_size=50, max_len=max_len, positional=positional, decoder=dec)).eval()
 
 
@@ -21,8 +30,9 @@ def stepwise(lm: CausalLM, ids: torch.Tensor, prefix: int) -> tuple[torch.Tensor
     """``(logits (B, T, V), cache)``: the first ``prefix`` tokens in one call, then one token per call, all through
     one KV cache."""
     cache = lm.new_cache()
-    steps = [lm(ids[:, :prefix], cache=cache)] + [lm(ids[:, t:t + 1], cache=cache)
-                                                 for t in range(prefix, ids.shape[1])]
+    steps = [lm(ids[:, :prefix], cache=cache)] + [
+        lm(ids[:, t : t + 1], cache=cache) for t in range(prefix, ids.shape[1])
+    ]
     return torch.cat(steps, 1), cache
 
 

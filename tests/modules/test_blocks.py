@@ -1,4 +1,5 @@
 """Positional encodings, FeedForward, EncoderBlock (parity with nn.TransformerEncoderLayer), TransformerEncoder."""
+
 import math
 
 import pytest
@@ -66,8 +67,9 @@ def _copy_torch_layer(torch_layer: nn.TransformerEncoderLayer, ours: mh.EncoderB
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 @pytest.mark.parametrize("padded", [False, True])
 def test_encoder_block_matches_torch_layer(norm_first, activation, padded):
-    ref = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, activation=activation, batch_first=True,
-                                     norm_first=norm_first).eval()
+    ref = nn.TransformerEncoderLayer(
+        32, 4, 64, dropout=0.0, activation=activation, batch_first=True, norm_first=norm_first
+    ).eval()
     ours = mh.EncoderBlock(32, 4, 64, dropout=0.0, activation=activation, norm_first=norm_first).eval()
     _copy_torch_layer(ref, ours)
     x = torch.randn(3, 6, 32)
@@ -87,8 +89,17 @@ def test_encoder_block_gradients_and_hooks():
     block = mh.EncoderBlock(16, 2, dropout=0.1)
     x = torch.randn(2, 5, 16, requires_grad=True)
     names = sorted(n for n in mh.hook_points(block))
-    assert names == ["attn.hook_k", "attn.hook_pattern", "attn.hook_q", "attn.hook_stats", "attn.hook_v", "attn.hook_z",
-                     "hook_attn_out", "hook_mlp_out", "hook_resid_post"]
+    assert names == [
+        "attn.hook_k",
+        "attn.hook_pattern",
+        "attn.hook_q",
+        "attn.hook_stats",
+        "attn.hook_v",
+        "attn.hook_z",
+        "hook_attn_out",
+        "hook_mlp_out",
+        "hook_resid_post",
+    ]
     block(x).sum().backward()
     assert torch.isfinite(x.grad).all()
     assert all(p.grad is not None for p in block.parameters())
@@ -123,8 +134,9 @@ def test_feedforward_activation_error():
 def test_unpadded_path_equals_padded_path(norm_first):
     """Packing real tokens (no work on padding) gives the padded computation's values on real tokens, and grads."""
     torch.manual_seed(0)
-    packed = mh.TransformerEncoder(d_model=32, num_heads=4, num_layers=2, dropout=0.0, norm_first=norm_first,
-                                   num_kv_heads=2, rotary=True)
+    packed = mh.TransformerEncoder(
+        d_model=32, num_heads=4, num_layers=2, dropout=0.0, norm_first=norm_first, num_kv_heads=2, rotary=True
+    )
     padded = mh.TransformerEncoder(packed.config.__class__(**{**packed.config.to_dict(), "unpad": False}))
     padded.load_state_dict(packed.state_dict())
     x = torch.randn(3, 7, 32)

@@ -1,5 +1,6 @@
 """The decoding fast paths: the transposed-weight product of one or two rows, the grouped-query decoding step
 without expanded keys, and the rotary angles shared by a stack's layers -- each equal to the plain computation."""
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,13 +18,17 @@ def test_transposed_product_equals_linear_and_follows_weight_updates():
         assert "_transposed" in layer.__dict__  # the path was taken (one row, widening, CPU, no grad)
         assert torch.allclose(first, F.linear(x, layer.weight, layer.bias), atol=1e-6)
         layer.weight.mul_(2)  # an in-place update (an optimizer step) makes a new copy
-        assert torch.allclose(fastpath.linear(x, layer.weight, layer.bias, layer),
-                              F.linear(x, layer.weight, layer.bias), atol=1e-6)
+        assert torch.allclose(
+            fastpath.linear(x, layer.weight, layer.bias, layer), F.linear(x, layer.weight, layer.bias), atol=1e-6
+        )
 
 
 def test_transposed_product_is_not_used_with_grad_many_rows_or_narrowing():
-    for layer, x, grad in ((nn.Linear(16, 48), torch.randn(1, 16), True), (nn.Linear(16, 48), torch.randn(3, 16), False),
-                           (nn.Linear(48, 16), torch.randn(1, 48), False)):
+    for layer, x, grad in (
+        (nn.Linear(16, 48), torch.randn(1, 16), True),
+        (nn.Linear(16, 48), torch.randn(3, 16), False),
+        (nn.Linear(48, 16), torch.randn(1, 48), False),
+    ):
         with torch.set_grad_enabled(grad):
             out = fastpath.linear(x, layer.weight, layer.bias, layer)
         assert "_transposed" not in layer.__dict__

@@ -1,5 +1,6 @@
 """Multi-head Latent Attention: the formula written here (fp64, gradients), absorbed decoding == the plain path,
 the latent cache's size, pruning == masking, capture, and a causal LM that decodes through it."""
+
 import math
 
 import pytest
@@ -18,7 +19,7 @@ def _rope(x, pos):  # rotate-half RoPE, base 10000, written out (frequencies rou
     inv = (10000 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)).double()
     ang = pos[:, None].double() * inv[None]  # (L, d/2)
     cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
@@ -58,8 +59,16 @@ def test_mla_equals_its_formula_in_both_forms(absorb, backend):
 
 def test_absorbed_decoding_equals_the_plain_forward_and_the_cache_is_small():
     torch.manual_seed(1)
-    dec = DecoderConfig(d_model=64, num_heads=8, num_layers=2, d_ff=128, dropout=0.0, cross_attention=False,
-                        norm_first=True, attention=AttentionConfig(mla_latent=16, mla_rope_dim=8))
+    dec = DecoderConfig(
+        d_model=64,
+        num_heads=8,
+        num_layers=2,
+        d_ff=128,
+        dropout=0.0,
+        cross_attention=False,
+        norm_first=True,
+        attention=AttentionConfig(mla_latent=16, mla_rope_dim=8),
+    )
     lm = CausalLM(CausalLMConfig(vocab_size=60, max_len=64, positional="none", decoder=dec)).eval()
     ids = torch.randint(1, 60, (3, 14))
     with torch.no_grad():
@@ -104,10 +113,20 @@ def test_capture_stats_on_mla_equals_the_formula(absorb):
     pos = torch.arange(n)
     c = x @ m.w_dkv.weight.T
     c = c / torch.sqrt(c.square().mean(-1, keepdim=True) + 1e-6) * m.kv_norm.weight
-    k = torch.cat([(c @ m.w_uk.weight.T).view(2, n, h, d).transpose(1, 2),
-                   _rope(x @ m.w_kr.weight.T, pos)[:, None].expand(2, h, n, r)], -1)
-    q = torch.cat([(x @ m.w_uq.weight.T).view(2, n, h, d).transpose(1, 2),
-                   _rope((x @ m.w_qr.weight.T).view(2, n, h, r).transpose(1, 2), pos)], -1)
+    k = torch.cat(
+        [
+            (c @ m.w_uk.weight.T).view(2, n, h, d).transpose(1, 2),
+            _rope(x @ m.w_kr.weight.T, pos)[:, None].expand(2, h, n, r),
+        ],
+        -1,
+    )
+    q = torch.cat(
+        [
+            (x @ m.w_uq.weight.T).view(2, n, h, d).transpose(1, 2),
+            _rope((x @ m.w_qr.weight.T).view(2, n, h, r).transpose(1, 2), pos),
+        ],
+        -1,
+    )
     s = (q @ k.transpose(-2, -1) / math.sqrt(d + r)).masked_fill(pos[None, :] > pos[:, None], -math.inf)
     p = torch.softmax(s, -1)
     with capture(m, ("stats",)) as cap, torch.no_grad():

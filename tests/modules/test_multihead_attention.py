@@ -1,4 +1,5 @@
 """MultiHeadAttention: tutorial snippets, nn.MultiheadAttention parity, masks, heads, hooks, bad input."""
+
 import warnings
 
 import pytest
@@ -74,12 +75,24 @@ def test_from_torch_parity(kind, mask_kind, average):
         kpm = torch.zeros(b, lk, dtype=torch.bool)
         kpm[0, -2:] = True  # True = pad (PyTorch)
     with torch.no_grad():
-        o_ref, w_ref = ref(query, key, value, attn_mask=attn_mask, key_padding_mask=kpm, need_weights=True,
-                           average_attn_weights=average)
-        o, w = ours(query, key, value,
-                    mask=None if attn_mask is None else masks.from_torch_mask(attn_mask),
-                    key_padding_mask=None if kpm is None else ~kpm,
-                    need_weights=True, average_attn_weights=average)
+        o_ref, w_ref = ref(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            key_padding_mask=kpm,
+            need_weights=True,
+            average_attn_weights=average,
+        )
+        o, w = ours(
+            query,
+            key,
+            value,
+            mask=None if attn_mask is None else masks.from_torch_mask(attn_mask),
+            key_padding_mask=None if kpm is None else ~kpm,
+            need_weights=True,
+            average_attn_weights=average,
+        )
     torch.testing.assert_close(o, o_ref, rtol=0, atol=1e-5)
     torch.testing.assert_close(w, w_ref, rtol=0, atol=1e-5)
 
@@ -191,8 +204,13 @@ def test_hook_points_read_and_edit():
         for name in ("hook_q", "hook_k", "hook_v", "hook_pattern", "hook_z")
     ]
     base, _ = mha(x)
-    assert seen == {"hook_q": (1, 4, 6, 8), "hook_k": (1, 4, 6, 8), "hook_v": (1, 4, 6, 8),
-                    "hook_pattern": (1, 4, 6, 6), "hook_z": (1, 4, 6, 8)}
+    assert seen == {
+        "hook_q": (1, 4, 6, 8),
+        "hook_k": (1, 4, 6, 8),
+        "hook_v": (1, 4, 6, 8),
+        "hook_pattern": (1, 4, 6, 6),
+        "hook_z": (1, 4, 6, 8),
+    }
     for h in handles:
         h.remove()
     # capturing the pattern leaves the output unchanged and equals the reference weights
@@ -282,6 +300,7 @@ def test_prune_heads_equals_masking_them(kv):
     mha.prune_heads([0, 1])  # every head gone: only the output bias remains
     out, _ = mha(x)
     assert mha.pruned_heads == [0, 1, 2, 3] and torch.allclose(out, mha.w_o.bias.expand(2, 5, 32))
+
 
 def test_the_inference_qkv_projection_follows_weight_changes():
     """Without autograd, self-attention projects q, k, v with one matmul over the stacked weights; the stack is

@@ -1,5 +1,6 @@
 """Modern MHA variants as options of the one MultiHeadAttention: gated attention and ALiBi, each against a
 plain-PyTorch formula written here (fp64, outputs and gradients), with pruning and the KV cache."""
+
 import math
 
 import pytest
@@ -66,9 +67,9 @@ def test_variant_equals_its_formula_with_gradients(gate, alibi, causal):
 
 
 def test_alibi_slopes_follow_the_paper():
-    torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0 ** -k for k in range(1, 9)]))
+    torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0**-k for k in range(1, 9)]))
     s6 = alibi_slopes(6)  # 4 slopes of n=4, then every other of n=8
-    torch.testing.assert_close(s6, torch.tensor([2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3]))
+    torch.testing.assert_close(s6, torch.tensor([2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3]))
 
 
 @pytest.mark.parametrize("gate,alibi", [(True, False), (False, True)])
@@ -94,8 +95,9 @@ def test_cached_decoding_equals_the_full_forward(variant):
 
 def test_alibi_runs_at_four_times_the_trained_length_and_learned_positions_cannot():
     torch.manual_seed(3)
-    dec = DecoderConfig(d_model=32, num_heads=4, num_layers=1, d_ff=64, dropout=0.0, cross_attention=False,
-                        norm_first=True)
+    dec = DecoderConfig(
+        d_model=32, num_heads=4, num_layers=1, d_ff=64, dropout=0.0, cross_attention=False, norm_first=True
+    )
     alibi = CausalLM(CausalLMConfig(vocab_size=50, max_len=16, positional="alibi", decoder=dec)).eval()
     assert not any("pos" in n for n, _ in alibi.named_parameters())  # no position embedding
     with torch.no_grad():
@@ -168,7 +170,7 @@ def _diff_formula(m, x, *, causal, keep):
     def soft(a, c):
         return torch.softmax((a @ c.transpose(-2, -1) / math.sqrt(d // 2)).masked_fill(~allowed, -math.inf), -1)
 
-    a1, a2 = soft(q[..., : d // 2], k[..., : d // 2]), soft(q[..., d // 2:], k[..., d // 2:])
+    a1, a2 = soft(q[..., : d // 2], k[..., : d // 2]), soft(q[..., d // 2 :], k[..., d // 2 :])
     lq, lk = m.lambda_q.double(), m.lambda_k.double()
     lam = torch.exp((lq[0] * lk[0]).sum()) - torch.exp((lq[1] * lk[1]).sum()) + m.lambda_init
     o = (a1 - lam * a2) @ v  # (B, H, N, D)
@@ -247,11 +249,14 @@ def test_talking_heads_equal_their_formula(causal):
         m.prune_heads([0])
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(differential=True, talking_heads=True), "cannot be combined"),
-    (dict(sinks=True, differential=True), "sink_logits would never be used"),
-    (dict(sinks=True, talking_heads=True), "sink_logits would never be used"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(differential=True, talking_heads=True), "cannot be combined"),
+        (dict(sinks=True, differential=True), "sink_logits would never be used"),
+        (dict(sinks=True, talking_heads=True), "sink_logits would never be used"),
+    ],
+)
 def test_combinations_that_cannot_train_are_refused_at_construction(options, message):
     """Before: accepted, and talk_logits/talk_weights (or sink_logits) never received a gradient."""
     with pytest.raises(ValueError, match=message):
@@ -267,8 +272,10 @@ def test_mla_refuses_the_options_it_would_ignore(flag):
         small_lm(0, mla_latent=8, **{flag: True})
 
 
-@pytest.mark.parametrize("options", [dict(), dict(gate=True), dict(alibi=True), dict(sinks=True),
-                                     dict(differential=True), dict(talking_heads=True)])
+@pytest.mark.parametrize(
+    "options",
+    [dict(), dict(gate=True), dict(alibi=True), dict(sinks=True), dict(differential=True), dict(talking_heads=True)],
+)
 def test_every_parameter_of_every_accepted_variant_gets_a_gradient(options):
     torch.manual_seed(0)
     m = build_attention(16, 2, **options)
@@ -295,8 +302,9 @@ def test_hook_stats_fires_on_the_variant_paths_with_the_maps_own_read_outs(optio
         torch.testing.assert_close(st.mass["first"].double(), w[..., 0], atol=1e-6, rtol=0)
         torch.testing.assert_close(st.mass["offset-1"][..., 1:].double(), w.diagonal(-1, -2, -1), atol=1e-6, rtol=0)
         i = torch.arange(9.0)
-        torch.testing.assert_close(st.distance.double(), (w * (i[:, None] - i[None, :]).abs()).sum(-1), atol=1e-5,
-                                   rtol=0)
+        torch.testing.assert_close(
+            st.distance.double(), (w * (i[:, None] - i[None, :]).abs()).sum(-1), atol=1e-5, rtol=0
+        )
         torch.testing.assert_close(st.topk_weight.double(), w.topk(3, -1).values, atol=1e-6, rtol=0)
         assert torch.isfinite(st.entropy).all() and (st.entropy >= 0).all()
 

@@ -1,5 +1,6 @@
 """Variants that take their parts from the kernel seam: ALiBi as one mask part per stack (densified once, swapped
 for a pruned layer's own slopes; differential attention's half maps), learned sinks and ALiBi in MLA's two forms."""
+
 import math
 
 import pytest
@@ -63,8 +64,13 @@ def test_mla_takes_alibi_and_sinks_from_the_seam_in_both_forms(absorb):
     out = m(x, is_causal=True, absorb=absorb)[0]
     q, k, v = seen["q"], seen["k"], seen["v"]
     scale_fix = math.sqrt(q.shape[-1]) / math.sqrt(m.head_dim + m.rope_dim)  # MLA scales by (d_h + d_r)^-1/2
-    z = _softmax_formula(q * scale_fix, k.expand(-1, 4, -1, -1), v.expand(-1, 4, -1, -1), sinks=m.sink_logits,
-                         slopes=tuple(alibi_slopes(4).tolist()))
+    z = _softmax_formula(
+        q * scale_fix,
+        k.expand(-1, 4, -1, -1),
+        v.expand(-1, 4, -1, -1),
+        sinks=m.sink_logits,
+        slopes=tuple(alibi_slopes(4).tolist()),
+    )
     if absorb:
         z = torch.einsum("bhlc,hdc->bhld", z, m.w_uv.weight.view(4, 8, 12))
     want = z.transpose(1, 2).reshape(2, 9, 32) @ m.w_o.weight.T

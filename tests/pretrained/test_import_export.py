@@ -1,4 +1,5 @@
 """Importer errors, pytorch_model.bin, and import -> export -> HF load -> same outputs (pruned heads included)."""
+
 import json
 import shutil
 
@@ -17,8 +18,15 @@ TEXTS = ["The cat sat on the mat.", "Fine-tuning needs the right weights in the 
 
 def _tiny_bert(folder, *, safe=True, **overrides):
     """A random 2-layer BERT saved by HF itself (with the MiniLM tokenizer files)."""
-    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                  intermediate_size=64, max_position_embeddings=64, **overrides)
+    cfg = transformers.BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        **overrides,
+    )
     torch.manual_seed(0)
     model = transformers.BertModel(cfg).eval()
     model.save_pretrained(str(folder), safe_serialization=safe)
@@ -93,11 +101,14 @@ def _config(folder, **changes):
     (folder / "config.json").write_text(json.dumps(cfg))
 
 
-@pytest.mark.parametrize("kind, words", [
-    ("roberta", "RoBERTa offsets position ids"),
-    ("gpt2", "causal decoder"),
-    ("t5", "only BERT-family encoders"),
-])
+@pytest.mark.parametrize(
+    "kind, words",
+    [
+        ("roberta", "RoBERTa offsets position ids"),
+        ("gpt2", "causal decoder"),
+        ("t5", "only BERT-family encoders"),
+    ],
+)
 def test_unsupported_model_types_say_why(tmp_path, kind, words):
     _tiny_bert(tmp_path)
     _config(tmp_path, model_type=kind)
@@ -174,7 +185,9 @@ def test_export_refuses_non_bert_layouts(tmp_path):
     import multihead as mh
 
     model = mh.TransformerClassifier(100, 16, 2, 1, 2)  # sinusoidal positions, no embedding norm
-    with pytest.raises(PretrainedError, match="only BERT-layout encoders.*positional='sinusoidal'.*embedding LayerNorm"):
+    with pytest.raises(
+        PretrainedError, match="only BERT-layout encoders.*positional='sinusoidal'.*embedding LayerNorm"
+    ):
         pretrained.export(model, None, tmp_path)
 
 
@@ -191,9 +204,20 @@ def test_non_bert_encoders_round_trip_in_multihead_s_own_layout(tmp_path):
     from multihead.modules.encoder import EncoderConfig
 
     tok = pretrained.load_tokenizer(pretrained.resolve("minilm"))
-    cfg = TextEncoderConfig(vocab_size=tok.get_vocab_size(), max_len=48, positional="rope",
-                            encoder=EncoderConfig(d_model=32, num_heads=4, attention=AttentionConfig(num_kv_heads=2), num_layers=2, d_ff=64,
-                                                  norm_first=True, dropout=0.0))
+    cfg = TextEncoderConfig(
+        vocab_size=tok.get_vocab_size(),
+        max_len=48,
+        positional="rope",
+        encoder=EncoderConfig(
+            d_model=32,
+            num_heads=4,
+            attention=AttentionConfig(num_kv_heads=2),
+            num_layers=2,
+            d_ff=64,
+            norm_first=True,
+            dropout=0.0,
+        ),
+    )
     torch.manual_seed(0)
     model = TextEncoder(cfg).eval()
     model.encoder.prune_heads({1: [0, 1]})
@@ -217,8 +241,13 @@ def test_own_layout_with_foreign_tensors_is_refused(tmp_path):
     from multihead.modules.encoder import EncoderConfig
 
     tok = pretrained.load_tokenizer(pretrained.resolve("minilm"))
-    model = TextEncoder(TextEncoderConfig(vocab_size=tok.get_vocab_size(), max_len=16, encoder=EncoderConfig(
-        d_model=16, num_heads=2, num_layers=1, d_ff=32, norm_first=True)))
+    model = TextEncoder(
+        TextEncoderConfig(
+            vocab_size=tok.get_vocab_size(),
+            max_len=16,
+            encoder=EncoderConfig(d_model=16, num_heads=2, num_layers=1, d_ff=32, norm_first=True),
+        )
+    )
     out = pretrained.export(model, tok, tmp_path / "own", layout="auto")
     tensors = load_file(str(out / "model.safetensors"))
     save_file({**tensors, "extra.weight": torch.zeros(3)}, str(out / "model.safetensors"))

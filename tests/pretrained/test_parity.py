@@ -3,6 +3,7 @@
 HF transformers is a test-only reference pinned to 4.57.6: 5.x ignores head_mask, has no prune_heads and returns no
 attentions without eager attention, all of which these tests (and the pruning ones) compare against.
 """
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,9 +19,14 @@ TEXTS = [
     "Hello!",
     "Stock markets fell sharply after the announcement, dragging technology shares down.",
 ]
-BACKENDS = sorted(n for n, b in mh.list_backends().items() if b.capabilities.exact and not b.capabilities.requires_pattern
-                  and "cpu" in b.capabilities.backward_devices
-                  and b.available() is None)  # available() returns why not
+BACKENDS = sorted(
+    n
+    for n, b in mh.list_backends().items()
+    if b.capabilities.exact
+    and not b.capabilities.requires_pattern
+    and "cpu" in b.capabilities.backward_devices
+    and b.available() is None
+)  # available() returns why not
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
 """Fixtures of the hostile-input suite (helpers in robust_helpers.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path

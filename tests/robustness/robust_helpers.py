@@ -1,5 +1,6 @@
 """Helpers for the hostile-input suite: run the real CLI in a subprocess, check that bad input gets a clear message
 (exit 2, ``error: ...``, never a Python traceback), and that files that existed before are byte-identical after."""
+
 from __future__ import annotations
 
 import hashlib
@@ -7,7 +8,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-
 
 
 def run_cli(*args, cwd=None, env=None, timeout=600, check_no_traceback=True, subprocess_=False):
@@ -18,8 +18,15 @@ def run_cli(*args, cwd=None, env=None, timeout=600, check_no_traceback=True, sub
     if subprocess_:
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         full_env.pop("MULTIHEAD_DEBUG", None)
-        proc = subprocess.run([sys.executable, "-m", "multihead.cli", *map(str, args)], cwd=cwd, env=full_env,
-                              capture_output=True, text=True, timeout=timeout, errors="replace")
+        proc = subprocess.run(
+            [sys.executable, "-m", "multihead.cli", *map(str, args)],
+            cwd=cwd,
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            errors="replace",
+        )
     else:
         proc = _in_process([str(a) for a in args], cwd=cwd, env=env)
     if check_no_traceback:
@@ -79,13 +86,38 @@ def snapshot(folder: Path) -> dict[str, str]:
     folder = Path(folder)
     if not folder.exists():
         return {}
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def tiny_train_args(data: Path, out: Path, *extra) -> list:
-    return ["train", "--data", data, "--text-column", "sentence", "--label-column", "sentiment", "--out", out,
-            "--epochs", "1", "--d-model", "16", "--heads", "2", "--layers", "2", "--d-ff", "32",
-            "--vocab-size", "300", "--no-progress", "--threads", "1", *extra]
-
-
+    return [
+        "train",
+        "--data",
+        data,
+        "--text-column",
+        "sentence",
+        "--label-column",
+        "sentiment",
+        "--out",
+        out,
+        "--epochs",
+        "1",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--layers",
+        "2",
+        "--d-ff",
+        "32",
+        "--vocab-size",
+        "300",
+        "--no-progress",
+        "--threads",
+        "1",
+        *extra,
+    ]

@@ -1,5 +1,6 @@
 """Hostile input to the decoder/G2P surface: bad words, corrupt G2P run folders, flags that do not apply. Each gets
 exit 2 and a message naming the fix, no traceback, and nothing written."""
+
 from __future__ import annotations
 
 import json
@@ -46,10 +47,14 @@ def test_classifier_flags_do_not_apply_to_g2p_and_nothing_is_written(tmp_path):
 
 
 def test_model_inputs_are_checked_before_allocation():
-    lm = mh.CausalLM(vocab_size=20, max_len=8, decoder=mh.DecoderConfig(d_model=8, num_heads=2, num_layers=1,
-                                                                         cross_attention=False))
-    for ids, match in ((torch.tensor([[1, 99]]), "outside"), (torch.tensor([[1.0, 2.0]]), "integer token ids"),
-                       (torch.ones(1, 9, dtype=torch.long), "beyond the 8 positions")):
+    lm = mh.CausalLM(
+        vocab_size=20, max_len=8, decoder=mh.DecoderConfig(d_model=8, num_heads=2, num_layers=1, cross_attention=False)
+    )
+    for ids, match in (
+        (torch.tensor([[1, 99]]), "outside"),
+        (torch.tensor([[1.0, 2.0]]), "integer token ids"),
+        (torch.ones(1, 9, dtype=torch.long), "beyond the 8 positions"),
+    ):
         try:
             lm(ids)
         except (ValueError, TypeError) as exc:

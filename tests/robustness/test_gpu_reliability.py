@@ -1,5 +1,6 @@
 """The reliability fixes on CUDA (skipped without a GPU): flex takes every documented mask shape and causal
 Lq != Lk, and is exact at the lengths where the CPU kernel is wrong; empty sequences give zeros on the device."""
+
 from __future__ import annotations
 
 import pytest
@@ -32,8 +33,10 @@ def test_flex_on_cuda_every_mask_shape_and_odd_lengths(dtype, tol, length):
         allowed = torch.ones(2, 2, length, length, dtype=torch.bool, device="cuda")
         if mask is not None:
             allowed = allowed & mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-        assert (out.double() - _formula(q, k, v, allowed)).abs().max() < tol, (length, None if mask is None
-                                                                                 else mask.dim())
+        assert (out.double() - _formula(q, k, v, allowed)).abs().max() < tol, (
+            length,
+            None if mask is None else mask.dim(),
+        )
     kk, vv = (torch.randn(2, 2, 2 * length, 64, device="cuda", generator=gen, dtype=dtype) for _ in range(2))
     with torch.no_grad():
         out, _ = mh.attention(q, kk, vv, is_causal=True, backend="flex")

@@ -1,5 +1,6 @@
 """Bad input is answered with a message that names the fix, never a traceback, and nothing is written (defects 6, 7
 and 9 of the reliability issue)."""
+
 from __future__ import annotations
 
 import json
@@ -16,10 +17,16 @@ def _csv(path: Path, text: str, encoding: str = "utf-8") -> Path:
 
 
 # ---------------------------------------------------------------------------------------------------- 6. numbers
-@pytest.mark.parametrize("flag, value, fragment", [
-    ("--batch-size", "-5", "optim.batch_size"), ("--threads", "-1", "run.threads"), ("--epochs", "0", "optim.epochs"),
-    ("--lr", "nan", "finite"), ("--max-len", "2", "data.max_len"),
-])
+@pytest.mark.parametrize(
+    "flag, value, fragment",
+    [
+        ("--batch-size", "-5", "optim.batch_size"),
+        ("--threads", "-1", "run.threads"),
+        ("--epochs", "0", "optim.epochs"),
+        ("--lr", "nan", "finite"),
+        ("--max-len", "2", "data.max_len"),
+    ],
+)
 def test_train_numbers_out_of_range_are_refused(tmp_path, data_csv, flag, value, fragment):
     out = tmp_path / "run"
     refused(run_cli(*tiny_train_args(data_csv, out, flag, value)), fragment)
@@ -80,10 +87,15 @@ def test_bom_is_stripped_from_the_header(tmp_path):
     assert "40 examples" in proc.stdout
 
 
-@pytest.mark.parametrize("content, fragment", [
-    ("[1, 2]\n", "a JSON list, not an object"), ("42\n", "a JSON int, not an object"),
-    ('{"text": "a", "label": [1]}\n', "JSON list"), ('{"text": 5, "label": "a"}\n', "not a string"),
-])
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        ("[1, 2]\n", "a JSON list, not an object"),
+        ("42\n", "a JSON int, not an object"),
+        ('{"text": "a", "label": [1]}\n', "JSON list"),
+        ('{"text": 5, "label": "a"}\n', "not a string"),
+    ],
+)
 def test_jsonl_lines_that_are_not_objects_are_refused(tmp_path, content, fragment):
     refused(run_cli("data", _csv(tmp_path / "d.jsonl", content)), "d.jsonl:1", fragment)
 
@@ -115,11 +127,18 @@ def test_out_of_another_kind_is_refused(tmp_path, data_csv):
     assert (other / "notes.txt").read_text() == "mine"
 
 
-@pytest.mark.parametrize("setting, fragment", [
-    ("optim.epochs=\"3\"x", "optim.epochs"), ("model.encoder.num_layers=[1]", "model.encoder.num_layers"),
-    ("optim.lr=true", "optim.lr"), ("run.seed=-1", "run.seed"), ("nosection=1", "unknown"),
-    ("optim.nofield=1", "unknown optim fields"), ("=1", "section.key=value"),
-])
+@pytest.mark.parametrize(
+    "setting, fragment",
+    [
+        ('optim.epochs="3"x', "optim.epochs"),
+        ("model.encoder.num_layers=[1]", "model.encoder.num_layers"),
+        ("optim.lr=true", "optim.lr"),
+        ("run.seed=-1", "run.seed"),
+        ("nosection=1", "unknown"),
+        ("optim.nofield=1", "unknown optim fields"),
+        ("=1", "section.key=value"),
+    ],
+)
 def test_wrong_types_in_set_are_refused_and_leave_no_folder(tmp_path, data_csv, setting, fragment):
     out = tmp_path / "run"
     refused(run_cli(*tiny_train_args(data_csv, out, "--set", setting)), fragment)
@@ -127,15 +146,32 @@ def test_wrong_types_in_set_are_refused_and_leave_no_folder(tmp_path, data_csv, 
     assert run_cli(*tiny_train_args(data_csv, out)).returncode == 0  # the retry is not blocked
 
 
-@pytest.mark.parametrize("toml, fragment", [
-    ("[optim]\nlr = \"fast\"\n", "optim.lr"), ("[optim\nlr = 1\n", "not valid TOML"),
-    ("[model.encoder]\nnum_heads = 0\n", "model.encoder.num_heads"), ("optim = 3\n", "optim must be a table"),
-])
+@pytest.mark.parametrize(
+    "toml, fragment",
+    [
+        ('[optim]\nlr = "fast"\n', "optim.lr"),
+        ("[optim\nlr = 1\n", "not valid TOML"),
+        ("[model.encoder]\nnum_heads = 0\n", "model.encoder.num_heads"),
+        ("optim = 3\n", "optim must be a table"),
+    ],
+)
 def test_wrong_toml_is_refused(tmp_path, data_csv, toml, fragment):
     cfg = tmp_path / "c.toml"
     cfg.write_text(toml)
-    proc = run_cli("train", "--data", data_csv, "--text-column", "sentence", "--label-column", "sentiment", "--out",
-                   tmp_path / "run", "--config", cfg, "--no-progress")  # no flags: they would win over the file
+    proc = run_cli(
+        "train",
+        "--data",
+        data_csv,
+        "--text-column",
+        "sentence",
+        "--label-column",
+        "sentiment",
+        "--out",
+        tmp_path / "run",
+        "--config",
+        cfg,
+        "--no-progress",
+    )  # no flags: they would win over the file
     refused(proc, fragment)
     assert not (tmp_path / "run").exists()
 
@@ -156,19 +192,25 @@ def _corrupt(run: Path, name: str, content: str) -> None:
     (run / name).write_text(content)
 
 
-@pytest.mark.parametrize("name, content, fragment", [
-    ("config.json", '{"model": {}}', "no 'train' section"),
-    ("config.json", "[1, 2]", "JSON list"),
-    ("config.json", "{not json", "not valid JSON"),
-    ("labels.json", '{"a": 0, "b": 1}', "JSON dict"),
-    ("labels.json", '"ab"', "JSON str"),
-    ("labels.json", '["a", "a"]', "distinct class names"),
-    ("tokenizer.json", '{"version": "1.0", "model": 5}', "not a readable tokenizer"),
-])
+@pytest.mark.parametrize(
+    "name, content, fragment",
+    [
+        ("config.json", '{"model": {}}', "no 'train' section"),
+        ("config.json", "[1, 2]", "JSON list"),
+        ("config.json", "{not json", "not valid JSON"),
+        ("labels.json", '{"a": 0, "b": 1}', "JSON dict"),
+        ("labels.json", '"ab"', "JSON str"),
+        ("labels.json", '["a", "a"]', "distinct class names"),
+        ("tokenizer.json", '{"version": "1.0", "model": 5}', "not a readable tokenizer"),
+    ],
+)
 def test_corrupt_run_files_get_messages(run_copy, name, content, fragment):
     _corrupt(run_copy, name, content)
-    for cmd in (["predict", run_copy, "good"], ["evaluate", run_copy], ["show", run_copy, "good", "--out",
-                                                                      run_copy.parent / "show"]):
+    for cmd in (
+        ["predict", run_copy, "good"],
+        ["evaluate", run_copy],
+        ["show", run_copy, "good", "--out", run_copy.parent / "show"],
+    ):
         refused(run_cli(*cmd), fragment)
 
 

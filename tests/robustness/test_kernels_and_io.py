@@ -1,6 +1,7 @@
 """The attention entry point and the file layer under hostile input: flex with every mask shape and at lengths where
 PyTorch's compiled CPU kernel is wrong (defect 5), float padding masks, empty sequences; atomic writes when the
 rename fails, the swap and its recovery."""
+
 from __future__ import annotations
 
 import os
@@ -169,22 +170,29 @@ def test_lock_is_exclusive_across_processes_and_reentrant_within_one(tmp_path):
     with _io.folder_lock(out):
         with _io.folder_lock(out):  # re-entrant
             pass
-        code = ("import sys; from multihead import _io\n"
-                "try:\n    _io.folder_lock(sys.argv[1]).__enter__()\nexcept _io.FolderError as e:\n"
-                "    print(e); sys.exit(3)\n")
+        code = (
+            "import sys; from multihead import _io\n"
+            "try:\n    _io.folder_lock(sys.argv[1]).__enter__()\nexcept _io.FolderError as e:\n"
+            "    print(e); sys.exit(3)\n"
+        )
         proc = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True)
         assert proc.returncode == 3 and f"pid {os.getpid()}" in proc.stdout
     proc = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True)
     assert proc.returncode == 0  # released
 
 
-@pytest.mark.parametrize("setup, kind", [
-    (lambda p: None, "missing"), (lambda p: p.mkdir(), "empty"), (lambda p: p.write_text("x"), "file"),
-    (lambda p: (p.mkdir(), (p / "config.json").write_text('{"train": {}}')), "run"),
-    (lambda p: (p.mkdir(), (p / "config.json").write_text('{"model_type": "bert"}')), "hf"),
-    (lambda p: (p.mkdir(), (p / "attention.html").write_text("")), "show"),
-    (lambda p: (p.mkdir(), (p / "notes.txt").write_text("")), "other"),
-])
+@pytest.mark.parametrize(
+    "setup, kind",
+    [
+        (lambda p: None, "missing"),
+        (lambda p: p.mkdir(), "empty"),
+        (lambda p: p.write_text("x"), "file"),
+        (lambda p: (p.mkdir(), (p / "config.json").write_text('{"train": {}}')), "run"),
+        (lambda p: (p.mkdir(), (p / "config.json").write_text('{"model_type": "bert"}')), "hf"),
+        (lambda p: (p.mkdir(), (p / "attention.html").write_text("")), "show"),
+        (lambda p: (p.mkdir(), (p / "notes.txt").write_text("")), "other"),
+    ],
+)
 def test_folder_kinds(tmp_path, setup, kind):
     p = tmp_path / "x"
     setup(p)
@@ -222,9 +230,16 @@ def test_a_run_being_trained_is_in_progress_not_stopped(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoint").mkdir(parents=True)
     (run / "checkpoint" / "state.json").write_text("{}")
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom multihead._io import folder_lock\n"
-                               f"with folder_lock({str(run)!r}):\n    print('held', flush=True)\n    time.sleep(30)"],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom multihead._io import folder_lock\n"
+            f"with folder_lock({str(run)!r}):\n    print('held', flush=True)\n    time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(CheckpointError, match=rf"in progress \(locked by pid {holder.pid}\)"):

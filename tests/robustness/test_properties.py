@@ -1,5 +1,6 @@
 """Property-based tests (hypothesis): the mask converters, the data readers and the attention entry point, on random
 shapes, masks, dtypes and texts, against formulas written here."""
+
 from __future__ import annotations
 
 import csv
@@ -87,8 +88,7 @@ def attention_calls(draw):
 @given(attention_calls(), st.sampled_from(["reference", "sdpa", "memory_efficient", "auto"]))
 def test_attention_equals_the_fp64_formula(call, backend):
     q, k, v, mask, causal = call
-    out, w = mh.attention(q, k, v, mask=mask, is_causal=causal, backend=backend,
-                          need_weights=backend == "reference")
+    out, w = mh.attention(q, k, v, mask=mask, is_causal=causal, backend=backend, need_weights=backend == "reference")
     allowed = torch.ones(q.shape[0], q.shape[1], q.shape[2], k.shape[2], dtype=torch.bool)
     if mask is not None:
         allowed = allowed & mask
@@ -106,10 +106,12 @@ def test_attention_equals_the_fp64_formula(call, backend):
 
 
 # ---------------------------------------------------------------------------------------------------- data readers
-texts = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00\r"), min_size=1,
-                max_size=40).filter(lambda t: t.strip())
-labels = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00\r"), min_size=1,
-                 max_size=8).filter(lambda t: t.strip())
+texts = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00\r"), min_size=1, max_size=40
+).filter(lambda t: t.strip())
+labels = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00\r"), min_size=1, max_size=8
+).filter(lambda t: t.strip())
 
 
 @FAST

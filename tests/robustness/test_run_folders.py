@@ -1,5 +1,6 @@
 """Run folders are never lost or mixed: transactions, locks, refusals (defects 1-4 of the reliability issue, and the
 resume/interrupt cases). Every test runs the real CLI in a subprocess."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,13 @@ from multihead._io import folder_kind
 
 def _spawn(*args) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "multihead.cli", *map(str, args)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "multihead.cli", *map(str, args)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _kill_when(proc: subprocess.Popen, condition, timeout: float = 300) -> bool:
@@ -39,8 +45,11 @@ def _kill_when(proc: subprocess.Popen, condition, timeout: float = 300) -> bool:
 
 def _is_complete_run(folder: Path) -> bool:
     names = {"config.json", "tokenizer.json", "labels.json", "splits.json"}
-    return (folder_kind(folder) == "run" and names <= {p.name for p in folder.iterdir()}
-            and (folder / "checkpoint" / "state.json").is_file())
+    return (
+        folder_kind(folder) == "run"
+        and names <= {p.name for p in folder.iterdir()}
+        and (folder / "checkpoint" / "state.json").is_file()
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- 1. overwrite

@@ -1,5 +1,6 @@
 """Hostile sizes are refused before anything is allocated (defect 8); analysis works on valid but unusual inputs:
 pruned layers, text that looks like maths, long texts (defect 10)."""
+
 from __future__ import annotations
 
 import json
@@ -19,13 +20,16 @@ def _edit_config(run: Path, section: str, **values) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- 8. sizes
-@pytest.mark.parametrize("section, values, fragment", [
-    ("model.encoder", {"num_layers": 10**6}, "MULTIHEAD_MAX_LAYERS"),
-    ("model", {"vocab_size": 10**7}, "MULTIHEAD_MAX_VOCAB"),
-    ("model", {"num_classes": 10**6}, "MULTIHEAD_MAX_CLASSES"),
-    ("model.encoder", {"num_layers": 500}, "does not fit"),  # under the ceiling: the weights' header decides
-    ("model.encoder", {"d_model": 4096}, "wrong shape"),
-])
+@pytest.mark.parametrize(
+    "section, values, fragment",
+    [
+        ("model.encoder", {"num_layers": 10**6}, "MULTIHEAD_MAX_LAYERS"),
+        ("model", {"vocab_size": 10**7}, "MULTIHEAD_MAX_VOCAB"),
+        ("model", {"num_classes": 10**6}, "MULTIHEAD_MAX_CLASSES"),
+        ("model.encoder", {"num_layers": 500}, "does not fit"),  # under the ceiling: the weights' header decides
+        ("model.encoder", {"d_model": 4096}, "wrong shape"),
+    ],
+)
 def test_hostile_run_config_is_refused_before_building(run_copy, section, values, fragment):
     _edit_config(run_copy, section, **values)
     before = snapshot(run_copy)
@@ -35,16 +39,20 @@ def test_hostile_run_config_is_refused_before_building(run_copy, section, values
 
 def test_ceilings_are_configurable(run_copy):
     refused(run_cli("predict", run_copy, "good", env={"MULTIHEAD_MAX_LAYERS": "1"}), "MULTIHEAD_MAX_LAYERS")
-    refused(run_cli("predict", run_copy, "good", env={"MULTIHEAD_MAX_PARAMETERS": "1000"}),
-            "MULTIHEAD_MAX_PARAMETERS")
+    refused(run_cli("predict", run_copy, "good", env={"MULTIHEAD_MAX_PARAMETERS": "1000"}), "MULTIHEAD_MAX_PARAMETERS")
     assert run_cli("predict", run_copy, "good", env={"MULTIHEAD_MAX_LAYERS": "2"}).returncode == 0
 
 
-@pytest.mark.parametrize("values, fragment", [
-    ({"num_hidden_layers": 10**6}, "MULTIHEAD_MAX_LAYERS"), ({"vocab_size": 10**7}, "MULTIHEAD_MAX_VOCAB"),
-    ({"num_hidden_layers": 5}, "disagree"), ({"hidden_size": 768}, "wrong shape"),
-    ({"vocab_size": "many"}, "positive integers"),
-])
+@pytest.mark.parametrize(
+    "values, fragment",
+    [
+        ({"num_hidden_layers": 10**6}, "MULTIHEAD_MAX_LAYERS"),
+        ({"vocab_size": 10**7}, "MULTIHEAD_MAX_VOCAB"),
+        ({"num_hidden_layers": 5}, "disagree"),
+        ({"hidden_size": 768}, "wrong shape"),
+        ({"vocab_size": "many"}, "positive integers"),
+    ],
+)
 def test_hostile_hf_config_is_refused_before_building(tmp_path, values, fragment):
     from multihead import pretrained
 
@@ -93,8 +101,19 @@ def test_show_heads_importance_on_a_run_with_a_pruned_layer(layer_pruned_run, da
     proc = run_cli("show", layer_pruned_run, "a good film", "--out", tmp_path / "show")
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "show" / "grid.png").is_file() and (tmp_path / "show" / "attention.html").is_file()
-    proc = run_cli("heads", layer_pruned_run, "--data", data_csv, "--text-column", "sentence", "--label-column",
-                   "sentiment", "--n", "20", "--json")
+    proc = run_cli(
+        "heads",
+        layer_pruned_run,
+        "--data",
+        data_csv,
+        "--text-column",
+        "sentence",
+        "--label-column",
+        "sentiment",
+        "--n",
+        "20",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     assert len(json.loads(proc.stdout)["heads"]) == 1  # the one head left
     for method in ("michel", "confidence", "loo"):

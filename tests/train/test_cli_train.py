@@ -1,4 +1,5 @@
 """The CLI end to end on a small file: train, evaluate, predict, resume after SIGKILL, bad input."""
+
 import json
 import os
 import signal
@@ -12,26 +13,58 @@ import torch
 from multihead.cli import main
 from multihead.train import CheckpointError, load_run
 
-SMALL = ["--d-model", "32", "--heads", "4", "--layers", "1", "--d-ff", "64", "--max-len", "32", "--vocab-size", "200",
-         "--text-column", "sentence", "--label-column", "sentiment", "--threads", "1", "--no-progress"]
+SMALL = [
+    "--d-model",
+    "32",
+    "--heads",
+    "4",
+    "--layers",
+    "1",
+    "--d-ff",
+    "64",
+    "--max-len",
+    "32",
+    "--vocab-size",
+    "200",
+    "--text-column",
+    "sentence",
+    "--label-column",
+    "sentiment",
+    "--threads",
+    "1",
+    "--no-progress",
+]
 
 
 def cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "multihead.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "multihead.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory, sentiment_csv):
     out = tmp_path_factory.mktemp("runs") / "small"
-    assert main(["train", "--data", str(sentiment_csv), "--out", str(out), "--epochs", "6", "--lr", "3e-3", *SMALL]) == 0
+    assert (
+        main(["train", "--data", str(sentiment_csv), "--out", str(out), "--epochs", "6", "--lr", "3e-3", *SMALL]) == 0
+    )
     return out
 
 
 def test_run_folder_contents(trained_run):
     names = {p.name for p in trained_run.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "labels.json", "metrics.jsonl", "splits.json",
-            "results.json", "curves.png", "confusion.png", "checkpoint"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "labels.json",
+        "metrics.jsonl",
+        "splits.json",
+        "results.json",
+        "curves.png",
+        "confusion.png",
+        "checkpoint",
+    } <= names
     results = json.loads((trained_run / "results.json").read_text())
     assert results["test"]["accuracy"] >= 0.9  # the task is easy: 2 of ~10 words decide the label
     assert results["baseline_tfidf_logreg"]["test_accuracy"] > 0.5
@@ -103,9 +136,22 @@ def test_toml_config_and_overrides(tmp_path, sentiment_csv):
     from multihead.cli import build_parser, train_config_from_args
 
     toml = tmp_path / "c.toml"
-    toml.write_text('[optim]\nepochs = 7\nlr = 0.0005\n[model.encoder]\nd_model = 48\nnum_heads = 6\n')
-    args = build_parser().parse_args(["train", "--out", "x", "--config", str(toml), "--lr", "0.002",
-                                      "--set", "optim.label_smoothing=0.1", "--data", str(sentiment_csv)])
+    toml.write_text("[optim]\nepochs = 7\nlr = 0.0005\n[model.encoder]\nd_model = 48\nnum_heads = 6\n")
+    args = build_parser().parse_args(
+        [
+            "train",
+            "--out",
+            "x",
+            "--config",
+            str(toml),
+            "--lr",
+            "0.002",
+            "--set",
+            "optim.label_smoothing=0.1",
+            "--data",
+            str(sentiment_csv),
+        ]
+    )
     c = train_config_from_args(args)
     assert (c.optim.epochs, c.optim.lr, c.optim.label_smoothing) == (7, 0.002, 0.1)
     assert (c.model.encoder.d_model, c.model.encoder.num_heads, c.data.name) == (48, 6, str(sentiment_csv))
@@ -116,15 +162,31 @@ def test_toml_config_and_overrides(tmp_path, sentiment_csv):
 
 
 def test_resume_after_sigkill_matches_uninterrupted(tmp_path, sentiment_csv):
-    common = ["--data", sentiment_csv, "--epochs", "3", "--batch-size", "8", "--save-every", "5", "--lr", "3e-3",
-              "--patience", "0", *SMALL]
+    common = [
+        "--data",
+        sentiment_csv,
+        "--epochs",
+        "3",
+        "--batch-size",
+        "8",
+        "--save-every",
+        "5",
+        "--lr",
+        "3e-3",
+        "--patience",
+        "0",
+        *SMALL,
+    ]
     full = tmp_path / "full"
     proc = cli("train", "--out", full, *common)
     assert proc.returncode == 0, proc.stderr
 
     killed = tmp_path / "killed"
-    p = subprocess.Popen([sys.executable, "-m", "multihead.cli", "train", "--out", str(killed), *map(str, common)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "multihead.cli", "train", "--out", str(killed), *map(str, common)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     state = killed / "checkpoint" / "state.json"
     deadline = time.time() + 120
     while time.time() < deadline:  # wait for a mid-epoch checkpoint of the second epoch
@@ -149,8 +211,9 @@ def test_resume_after_sigkill_matches_uninterrupted(tmp_path, sentiment_csv):
 
     wa, wb = load_file(str(full / "model.safetensors")), load_file(str(killed / "model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    evals = lambda run: [json.loads(x)["val_accuracy"] for x in (run / "metrics.jsonl").read_text().splitlines()
-                         if '"eval"' in x]
+    evals = lambda run: [
+        json.loads(x)["val_accuracy"] for x in (run / "metrics.jsonl").read_text().splitlines() if '"eval"' in x
+    ]
     assert evals(full) == evals(killed)
 
 

@@ -9,6 +9,7 @@ One exception, by design: the key projection's bias. It adds ``q . b_k`` to ever
 softmax cancels, so its gradient is exactly zero in exact arithmetic; what reaches it is round-off noise, which AdamW
 normalises into learning-rate-sized steps (measured 2e-4 apart). It is compared only for finiteness.
 """
+
 import json
 import socket
 import subprocess
@@ -17,9 +18,35 @@ import sys
 import torch
 from safetensors.torch import load_file
 
-ARGS = ["--d-model", "32", "--heads", "4", "--layers", "1", "--d-ff", "64", "--max-len", "32", "--vocab-size", "200",
-        "--text-column", "sentence", "--label-column", "sentiment", "--threads", "1", "--no-progress", "--epochs", "1",
-        "--batch-size", "16", "--dropout", "0", "--patience", "0"]
+ARGS = [
+    "--d-model",
+    "32",
+    "--heads",
+    "4",
+    "--layers",
+    "1",
+    "--d-ff",
+    "64",
+    "--max-len",
+    "32",
+    "--vocab-size",
+    "200",
+    "--text-column",
+    "sentence",
+    "--label-column",
+    "sentiment",
+    "--threads",
+    "1",
+    "--no-progress",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "16",
+    "--dropout",
+    "0",
+    "--patience",
+    "0",
+]
 
 
 def free_port() -> int:
@@ -30,13 +57,33 @@ def free_port() -> int:
 
 def test_two_process_ddp_matches_single_process(tmp_path, sentiment_csv):
     ddp_out, single_out = tmp_path / "ddp", tmp_path / "single"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-           "--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "multihead.cli", "train",
-           "--data", str(sentiment_csv), "--out", str(ddp_out), "--device", "cpu", *ARGS]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        "-m",
+        "multihead.cli",
+        "train",
+        "--data",
+        str(sentiment_csv),
+        "--out",
+        str(ddp_out),
+        "--device",
+        "cpu",
+        *ARGS,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = subprocess.run([sys.executable, "-m", "multihead.cli", "train", "--data", str(sentiment_csv), "--out",
-                           str(single_out), *ARGS], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "multihead.cli", "train", "--data", str(sentiment_csv), "--out", str(single_out), *ARGS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     ddp = json.loads((ddp_out / "results.json").read_text())

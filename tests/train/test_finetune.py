@@ -1,4 +1,5 @@
 """Fine-tuning a pretrained encoder from the command line: the run folder works with evaluate/predict/embed/export."""
+
 import json
 
 import pytest
@@ -13,9 +14,33 @@ from multihead.train.harness import param_groups
 @pytest.fixture(scope="module")
 def finetuned(tmp_path_factory, sentiment_csv):
     out = tmp_path_factory.mktemp("runs") / "ft"
-    assert main(["train", "--init", "minilm", "--data", str(sentiment_csv), "--out", str(out), "--limit", "160",
-                 "--epochs", "2", "--max-len", "32", "--text-column", "sentence", "--label-column", "sentiment",
-                 "--threads", "2", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--init",
+                "minilm",
+                "--data",
+                str(sentiment_csv),
+                "--out",
+                str(out),
+                "--limit",
+                "160",
+                "--epochs",
+                "2",
+                "--max-len",
+                "32",
+                "--text-column",
+                "sentence",
+                "--label-column",
+                "sentiment",
+                "--threads",
+                "2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -71,14 +96,24 @@ def test_layer_decay_gives_lower_rates_to_lower_layers():
     named = dict(model.named_parameters())
     assert lr_of[id(named["fc.weight"])] == oc.lr
     assert lr_of[id(named["encoder.layers.5.attn.w_q.weight"])] == oc.lr * 0.5
-    assert lr_of[id(named["encoder.layers.0.attn.w_q.weight"])] == oc.lr * 0.5 ** 6
-    assert lr_of[id(named["embed.weight"])] == oc.lr * 0.5 ** 7
+    assert lr_of[id(named["encoder.layers.0.attn.w_q.weight"])] == oc.lr * 0.5**6
+    assert lr_of[id(named["embed.weight"])] == oc.lr * 0.5**7
     assert sum(len(g["params"]) for g in groups) == len(named)
 
 
 def test_embed_cli_prints_similarities(capsys):
-    assert main(["embed", "minilm", "The cat sat on the mat.", "A cat was sitting on a rug.",
-                 "Stock markets fell sharply today."]) == 0
+    assert (
+        main(
+            [
+                "embed",
+                "minilm",
+                "The cat sat on the mat.",
+                "A cat was sitting on a rug.",
+                "Stock markets fell sharply today.",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.strip().startswith("[")]
     sims = [[float(v) for v in r.split()[-3:]] for r in rows]
@@ -86,6 +121,23 @@ def test_embed_cli_prints_similarities(capsys):
 
 
 def test_bad_init_name_is_a_clear_error(capsys, tmp_path, sentiment_csv):
-    assert main(["train", "--init", "bertbase", "--data", str(sentiment_csv), "--out", str(tmp_path / "x"),
-                 "--text-column", "sentence", "--label-column", "sentiment", "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--init",
+                "bertbase",
+                "--data",
+                str(sentiment_csv),
+                "--out",
+                str(tmp_path / "x"),
+                "--text-column",
+                "sentence",
+                "--label-column",
+                "sentiment",
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     assert "neither a known short name (minilm) nor a folder" in capsys.readouterr().err

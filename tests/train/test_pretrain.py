@@ -1,4 +1,5 @@
 """Masked-LM pretraining: the masking statistics, the loss, packing, the run folder, resume after SIGKILL, --init."""
+
 import json
 import math
 import os
@@ -14,8 +15,25 @@ import torch.nn.functional as F
 from multihead.cli import main
 from multihead.data.masking import IGNORE, mask_tokens, word_starts
 
-TINY = ["--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64", "--seq-len", "32", "--vocab-size", "300",
-        "--batch-size", "8", "--threads", "1", "--no-progress"]
+TINY = [
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--layers",
+    "1",
+    "--d-ff",
+    "64",
+    "--seq-len",
+    "32",
+    "--vocab-size",
+    "300",
+    "--batch-size",
+    "8",
+    "--threads",
+    "1",
+    "--no-progress",
+]
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +46,9 @@ def corpus(tmp_path_factory):
 
 
 def cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "multihead.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "multihead.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
 
 
 # ------------------------------------------------------------------------------------------------ masking
@@ -72,8 +91,14 @@ def test_whole_word_masking_selects_every_piece_of_a_word_or_none(corpus):
     enc = tok.encode(" ".join(corpus.read_text().splitlines()[:40]), add_special_tokens=False)
     ids = torch.tensor(enc.ids[:1600]).view(4, -1)
     maskable = torch.ones_like(ids, dtype=torch.bool)
-    _, labels = mask_tokens(ids, maskable=maskable, mask_id=tok.token_to_id("[MASK]"), vocab_size=300,
-                            generator=torch.Generator().manual_seed(0), word_start=starts)
+    _, labels = mask_tokens(
+        ids,
+        maskable=maskable,
+        mask_id=tok.token_to_id("[MASK]"),
+        vocab_size=300,
+        generator=torch.Generator().manual_seed(0),
+        word_start=starts,
+    )
     selected = labels != IGNORE
     words_seen = 0
     for r in range(ids.shape[0]):
@@ -105,9 +130,14 @@ def _tiny_mlm(vocab=50):
     from multihead.modules.encoder import EncoderConfig
 
     torch.manual_seed(0)
-    cfg = TextEncoderConfig(vocab_size=vocab, max_len=16, positional="learned", embed_norm=True, embed_init_std=0.02,
-                            encoder=EncoderConfig(d_model=16, num_heads=2, num_layers=1, d_ff=32, dropout=0.0,
-                                                  activation="gelu"))
+    cfg = TextEncoderConfig(
+        vocab_size=vocab,
+        max_len=16,
+        positional="learned",
+        embed_norm=True,
+        embed_init_std=0.02,
+        encoder=EncoderConfig(d_model=16, num_heads=2, num_layers=1, d_ff=32, dropout=0.0, activation="gelu"),
+    )
     return MaskedLM(cfg).eval()
 
 
@@ -124,8 +154,9 @@ def test_mlm_loss_counts_the_selected_positions_only():
     expected = sum(-F.log_softmax(full[b, l], -1)[labels[b, l]] for b, l in sel.nonzero().tolist())
     assert count == 4 and torch.allclose(loss, expected, atol=1e-5)
     assert correct == int((full[sel].argmax(-1) == labels[sel]).sum())
-    assert torch.allclose(loss, F.cross_entropy(full.flatten(0, 1), labels.flatten(), ignore_index=IGNORE,
-                                                reduction="sum"), atol=1e-5)
+    assert torch.allclose(
+        loss, F.cross_entropy(full.flatten(0, 1), labels.flatten(), ignore_index=IGNORE, reduction="sum"), atol=1e-5
+    )
     # what the model is told at unselected positions' labels cannot matter: they are ignored
     labels2 = labels.clone()
     labels2[~sel] = IGNORE
@@ -161,15 +192,42 @@ def test_batch_rows_visit_every_row_once_per_pass():
 @pytest.fixture(scope="module")
 def pretrained_run(tmp_path_factory, corpus):
     out = tmp_path_factory.mktemp("runs") / "mlm"
-    assert main(["pretrain", "--data", str(corpus), "--out", str(out), "--steps", "80", "--eval-every", "40",
-                 "--lr", "3e-3", *TINY]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--data",
+                str(corpus),
+                "--out",
+                str(out),
+                "--steps",
+                "80",
+                "--eval-every",
+                "40",
+                "--lr",
+                "3e-3",
+                *TINY,
+            ]
+        )
+        == 0
+    )
     return out
 
 
 def test_run_folder_and_learning(pretrained_run):
     out = pretrained_run
-    for name in ("config.json", "tokenizer.json", "splits.json", "metrics.jsonl", "model.safetensors", "curves.png",
-                 "results.json", "encoder/config.json", "encoder/model.safetensors", "encoder/tokenizer.json"):
+    for name in (
+        "config.json",
+        "tokenizer.json",
+        "splits.json",
+        "metrics.jsonl",
+        "model.safetensors",
+        "curves.png",
+        "results.json",
+        "encoder/config.json",
+        "encoder/model.safetensors",
+        "encoder/tokenizer.json",
+    ):
         assert (out / name).is_file(), name
     r = json.loads((out / "results.json").read_text())
     assert r["steps"] == 80 and r["tokens"] == 80 * 8 * 32
@@ -205,8 +263,27 @@ def test_init_from_a_pretraining_run_fine_tunes(pretrained_run, tmp_path):
     out = tmp_path / "ft"
     csv = tmp_path / "s.csv"
     csv.write_text("text,label\n" + "".join(f"good fun film {i},pos\nbad dull film {i},neg\n" for i in range(100)))
-    assert main(["train", "--init", str(pretrained_run), "--data", str(csv), "--out", str(out), "--epochs", "4",
-                 "--lr", "2e-3", "--threads", "1", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--init",
+                str(pretrained_run),
+                "--data",
+                str(csv),
+                "--out",
+                str(out),
+                "--epochs",
+                "4",
+                "--lr",
+                "2e-3",
+                "--threads",
+                "1",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     cfg = json.loads((out / "config.json").read_text())["train"]
     assert cfg["data"]["max_len"] == 32  # cut to the encoder's positions, not refused
     assert json.loads((out / "results.json").read_text())["test"]["accuracy"] >= 0.9
@@ -220,8 +297,27 @@ def test_the_bert_layout_exports_an_hf_folder_and_fine_tunes(tmp_path, corpus):
 
     transformers = pytest.importorskip("transformers")
     out = tmp_path / "mlm"
-    assert main(["pretrain", "--data", str(corpus), "--out", str(out), "--steps", "10", "--eval-every", "10",
-                 "--set", "model.encoder.norm_first=false", "--set", "model.positional=learned", *TINY]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--data",
+                str(corpus),
+                "--out",
+                str(out),
+                "--steps",
+                "10",
+                "--eval-every",
+                "10",
+                "--set",
+                "model.encoder.norm_first=false",
+                "--set",
+                "model.positional=learned",
+                *TINY,
+            ]
+        )
+        == 0
+    )
     assert json.loads((out / "encoder" / "config.json").read_text())["model_type"] == "bert"
     ours = pretrained.load(out).model
     hf = transformers.BertModel.from_pretrained(str(out / "encoder")).eval()
@@ -230,8 +326,25 @@ def test_the_bert_layout_exports_an_hf_folder_and_fine_tunes(tmp_path, corpus):
         assert torch.allclose(hf(ids).last_hidden_state, ours(ids), atol=1e-5)
     csv = tmp_path / "s.csv"
     csv.write_text("text,label\n" + "".join(f"good fun film {i},pos\nbad dull film {i},neg\n" for i in range(50)))
-    assert main(["train", "--init", str(out), "--data", str(csv), "--out", str(tmp_path / "ft"), "--epochs", "1",
-                 "--threads", "1", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--init",
+                str(out),
+                "--data",
+                str(csv),
+                "--out",
+                str(tmp_path / "ft"),
+                "--epochs",
+                "1",
+                "--threads",
+                "1",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     model_cfg = json.loads((tmp_path / "ft" / "config.json").read_text())["train"]["model"]
     assert model_cfg["encoder"]["norm_first"] is False and model_cfg["positional"] == "learned"
 
@@ -242,8 +355,11 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path, corpus):
     proc = cli("pretrain", "--out", full, *common)
     assert proc.returncode == 0, proc.stderr
     killed = tmp_path / "killed"
-    p = subprocess.Popen([sys.executable, "-m", "multihead.cli", "pretrain", "--out", str(killed),
-                          *map(str, common)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "multihead.cli", "pretrain", "--out", str(killed), *map(str, common)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     state = killed / "checkpoint" / "state.json"
     deadline = time.time() + 120
     while time.time() < deadline:  # wait for a checkpoint past the start
@@ -263,19 +379,23 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path, corpus):
 
     wa, wb = load_file(str(full / "model.safetensors")), load_file(str(killed / "model.safetensors"))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-    evals = lambda run: [json.loads(x)["val_loss"] for x in (run / "metrics.jsonl").read_text().splitlines()
-                         if '"eval"' in x]
+    evals = lambda run: [
+        json.loads(x)["val_loss"] for x in (run / "metrics.jsonl").read_text().splitlines() if '"eval"' in x
+    ]
     assert evals(full) == evals(killed) and len(evals(full)) == 2
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--objective", "clm2"], "objective.name must be one of"),
-    (["--steps", "0"], "optim.steps must be >= 1"),
-    (["--mask-prob", "1.5"], "objective.mask_prob must be in"),
-    (["--data", "no/such/file.txt"], "does not exist"),
-    (["--data", "nonsense_name"], "unknown dataset"),
-    (["--set", "optim.stepz=3"], "unknown optim fields"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--objective", "clm2"], "objective.name must be one of"),
+        (["--steps", "0"], "optim.steps must be >= 1"),
+        (["--mask-prob", "1.5"], "objective.mask_prob must be in"),
+        (["--data", "no/such/file.txt"], "does not exist"),
+        (["--data", "nonsense_name"], "unknown dataset"),
+        (["--set", "optim.stepz=3"], "unknown optim fields"),
+    ],
+)
 def test_bad_input_is_named(tmp_path, capsys, corpus, args, message):
     argv = ["pretrain", "--out", str(tmp_path / "x"), "--data", str(corpus), *TINY, *args]
     assert main(argv) == 2
@@ -309,20 +429,47 @@ def test_clm_loss_is_next_token_cross_entropy():
     from multihead.train.pretrain import clm_loss
 
     torch.manual_seed(0)
-    model = CausalLM(CausalLMConfig(vocab_size=40, max_len=16, decoder=DecoderConfig(
-        d_model=16, num_heads=2, num_layers=1, d_ff=32, dropout=0.0, norm_first=True, cross_attention=False))).eval()
+    model = CausalLM(
+        CausalLMConfig(
+            vocab_size=40,
+            max_len=16,
+            decoder=DecoderConfig(
+                d_model=16, num_heads=2, num_layers=1, d_ff=32, dropout=0.0, norm_first=True, cross_attention=False
+            ),
+        )
+    ).eval()
     rows = torch.randint(0, 40, (3, 12))
     loss, count, correct = clm_loss(model, rows)
-    expected = sum(-F.log_softmax(model(rows[b: b + 1, : t + 1])[0, -1], -1)[rows[b, t + 1]]
-                   for b in range(3) for t in range(11))  # each prefix alone: the formula, position by position
+    expected = sum(
+        -F.log_softmax(model(rows[b : b + 1, : t + 1])[0, -1], -1)[rows[b, t + 1]] for b in range(3) for t in range(11)
+    )  # each prefix alone: the formula, position by position
     assert count == 33 and torch.allclose(loss, expected, atol=1e-4)
 
 
 @pytest.fixture(scope="module")
 def clm_run(tmp_path_factory, corpus):
     out = tmp_path_factory.mktemp("runs") / "clm"
-    assert main(["pretrain", "--objective", "clm", "--data", str(corpus), "--out", str(out), "--steps", "60",
-                 "--eval-every", "30", "--lr", "3e-3", *TINY]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--objective",
+                "clm",
+                "--data",
+                str(corpus),
+                "--out",
+                str(out),
+                "--steps",
+                "60",
+                "--eval-every",
+                "30",
+                "--lr",
+                "3e-3",
+                *TINY,
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -367,9 +514,26 @@ def test_two_process_ddp_pretraining_matches_one_process(tmp_path, corpus):
         port = sock.getsockname()[1]
     args = ["--data", str(corpus), "--steps", "12", "--eval-every", "12", "--dropout", "0", *TINY]
     ddp, single = tmp_path / "ddp", tmp_path / "single"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-                           "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "multihead.cli", "pretrain",
-                           "--out", str(ddp), *args], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=1",
+            "--nproc_per_node=2",
+            "--master_addr=127.0.0.1",
+            f"--master_port={port}",
+            "-m",
+            "multihead.cli",
+            "pretrain",
+            "--out",
+            str(ddp),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert cli("pretrain", "--out", single, *args).returncode == 0
     r = json.loads((ddp / "results.json").read_text())
@@ -397,8 +561,25 @@ def test_heads_from_statistics_on_inputs_longer_than_training(pretrained_run, tm
     """`heads ENCODER --max-len 512 --concat --from stats`: a rotary encoder trained on 32-token rows read at 512
     tokens, roles from exact statistics (no map); a learned-position model is refused a longer --max-len."""
     enc = str(pretrained_run / "encoder")
-    assert main(["heads", enc, "--data", "rotten_tomatoes", "--max-len", "512", "--concat", "--n", "2",
-                 "--from", "stats", "--json"]) == 0
+    assert (
+        main(
+            [
+                "heads",
+                enc,
+                "--data",
+                "rotten_tomatoes",
+                "--max-len",
+                "512",
+                "--concat",
+                "--n",
+                "2",
+                "--from",
+                "stats",
+                "--json",
+            ]
+        )
+        == 0
+    )
     r = json.loads(capsys.readouterr().out)
     assert r["computed_from"] == "stats" and r["tokens"] == 2 * 512 and r["data"]["max_len"] == 512
     assert sum(r["counts"].values()) == 2 and r["peak_rss_mib"] > 0 and r["seconds"] >= 0
@@ -433,9 +614,29 @@ def test_show_on_an_input_longer_than_1024_tokens_builds_no_map(pretrained_run, 
 def test_a_causal_lm_with_alibi_and_gated_attention_pretrains_and_generates(tmp_path, corpus, capsys):
     """The variants are config options of the same pretraining command: ALiBi (no position table) and the gate."""
     out = tmp_path / "clm"
-    assert main(["pretrain", "--objective", "clm", "--data", str(corpus), "--out", str(out), "--steps", "20",
-                 "--eval-every", "20", "--set", "causal.positional=alibi", "--set", "causal.decoder.gate=true",
-                 *TINY]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--objective",
+                "clm",
+                "--data",
+                str(corpus),
+                "--out",
+                str(out),
+                "--steps",
+                "20",
+                "--eval-every",
+                "20",
+                "--set",
+                "causal.positional=alibi",
+                "--set",
+                "causal.decoder.gate=true",
+                *TINY,
+            ]
+        )
+        == 0
+    )
     config = json.loads((out / "config.json").read_text())["pretrain"]["causal"]
     attn = config["decoder"]["attention"]  # the flat --set key (causal.decoder.gate) read into the nested config
     assert config["positional"] == "alibi" and attn["alibi"] and attn["gate"]
@@ -451,9 +652,37 @@ def test_a_causal_lm_with_alibi_and_gated_attention_pretrains_and_generates(tmp_
 def test_compare_trains_and_measures_each_variant(tmp_path, capsys):
     """`multihead compare`: one run folder per variant x seed with the measured numbers; a finished run is reused."""
     out = tmp_path / "cmp"
-    args = ["compare", "--data", "rotten_tomatoes", "--variants", "mha,mla,alibi", "--seeds", "1", "--steps", "6",
-            "--batch-size", "4", "--seq-len", "24", "--d-model", "32", "--heads", "4", "--layers", "1", "--d-ff",
-            "128", "--vocab-size", "300", "--limit", "200", "--threads", "1", "--out", str(out)]
+    args = [
+        "compare",
+        "--data",
+        "rotten_tomatoes",
+        "--variants",
+        "mha,mla,alibi",
+        "--seeds",
+        "1",
+        "--steps",
+        "6",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "24",
+        "--d-model",
+        "32",
+        "--heads",
+        "4",
+        "--layers",
+        "1",
+        "--d-ff",
+        "128",
+        "--vocab-size",
+        "300",
+        "--limit",
+        "200",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     payload = json.loads((out / "compare.json").read_text())
     s = payload["summary"]

@@ -2,6 +2,7 @@
 first optimizer step or at validation leaves what was at --out byte-identical, for every task (the run harness does
 this once). Before, the new run was published as soon as its step-0 checkpoint existed, so the old run was lost and
 --resume failed the same way forever."""
+
 from __future__ import annotations
 
 import hashlib
@@ -12,13 +13,29 @@ import pytest
 
 from multihead.cli import main
 
-TEXT = ["--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "32", "--vocab-size", "300", "--threads", "1",
-        "--no-progress"]
+TEXT = [
+    "--d-model",
+    "16",
+    "--heads",
+    "2",
+    "--layers",
+    "1",
+    "--d-ff",
+    "32",
+    "--vocab-size",
+    "300",
+    "--threads",
+    "1",
+    "--no-progress",
+]
 
 
 def snapshot(folder: Path) -> dict:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -32,14 +49,65 @@ def texts(tmp_path_factory, sentiment_csv):
 
 def _args(kind: str, texts: dict, out: Path) -> list[str]:
     if kind == "classifier":
-        return ["train", "--data", str(texts["csv"]), "--text-column", "sentence", "--label-column", "sentiment",
-                "--epochs", "1", "--out", str(out), *TEXT]
+        return [
+            "train",
+            "--data",
+            str(texts["csv"]),
+            "--text-column",
+            "sentence",
+            "--label-column",
+            "sentiment",
+            "--epochs",
+            "1",
+            "--out",
+            str(out),
+            *TEXT,
+        ]
     if kind == "clm":
-        return ["pretrain", "--objective", "clm", "--data", str(texts["corpus"]), "--steps", "4", "--eval-every", "4",
-                "--seq-len", "32", "--batch-size", "8", "--out", str(out), *TEXT]
-    return ["train", "--data", "digits", "--epochs", "1", "--d-model", "16", "--heads", "2", "--layers", "1",
-            "--set", "model.encoder.d_ff=32", "--set", "model.patch_size=4", "--set", "data.limit=64", "--threads",
-            "1", "--no-progress", "--out", str(out), "--set", "run.baseline=false"]
+        return [
+            "pretrain",
+            "--objective",
+            "clm",
+            "--data",
+            str(texts["corpus"]),
+            "--steps",
+            "4",
+            "--eval-every",
+            "4",
+            "--seq-len",
+            "32",
+            "--batch-size",
+            "8",
+            "--out",
+            str(out),
+            *TEXT,
+        ]
+    return [
+        "train",
+        "--data",
+        "digits",
+        "--epochs",
+        "1",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--set",
+        "model.encoder.d_ff=32",
+        "--set",
+        "model.patch_size=4",
+        "--set",
+        "data.limit=64",
+        "--threads",
+        "1",
+        "--no-progress",
+        "--out",
+        str(out),
+        "--set",
+        "run.baseline=false",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +125,7 @@ def test_an_overwrite_that_fails_at_its_first_step_leaves_the_old_run(kind, runs
     run = tmp_path / "run"
     shutil.copytree(runs[kind], run)
     before = snapshot(run)
-    bad = ["--set", "causal.decoder.backend=window"] if kind == "clm" else ["--set",
-                                                                                     "model.encoder.backend=window"]
+    bad = ["--set", "causal.decoder.backend=window"] if kind == "clm" else ["--set", "model.encoder.backend=window"]
     assert main(_args(kind, texts, run) + ["--overwrite", *bad]) == 2  # the first forward cannot run this backend
     assert "SparsePattern" in capsys.readouterr().err
     assert snapshot(run) == before

@@ -2,6 +2,7 @@
 built or written (exit 2, the field named), sizes are estimated with every table they imply, and a run's files are
 checked before they are read into memory. Each case finished with a NaN model, crashed (exit 70) or exhausted memory
 before."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,29 @@ import pytest
 
 from multihead.cli import main
 
-TINY = ["--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "32", "--seq-len", "32", "--vocab-size", "300",
-        "--batch-size", "8", "--threads", "1", "--no-progress", "--steps", "3", "--eval-every", "3"]
+TINY = [
+    "--d-model",
+    "16",
+    "--heads",
+    "2",
+    "--layers",
+    "1",
+    "--d-ff",
+    "32",
+    "--seq-len",
+    "32",
+    "--vocab-size",
+    "300",
+    "--batch-size",
+    "8",
+    "--threads",
+    "1",
+    "--no-progress",
+    "--steps",
+    "3",
+    "--eval-every",
+    "3",
+]
 
 
 @pytest.fixture(scope="module")
@@ -31,28 +53,52 @@ def clm_run(tmp_path_factory, corpus):
     return out
 
 
-@pytest.mark.parametrize("setting, field", [
-    ("causal.decoder.layer_norm_eps=-1", "causal.decoder.layer_norm_eps"),
-    ("optim.lr=1e30", "optim.lr"),
-    ("causal.max_len=0", "causal.max_len"),
-    ("causal.decoder.attention.num_kv_heads=0", "num_kv_heads"),
-    ("run.eval_rows=0", "run.eval_rows"),
-    ("objective.mask_replace=2", "objective.mask_replace"),
-    ("optim.lr=nan", "optim.lr"),
-])
+@pytest.mark.parametrize(
+    "setting, field",
+    [
+        ("causal.decoder.layer_norm_eps=-1", "causal.decoder.layer_norm_eps"),
+        ("optim.lr=1e30", "optim.lr"),
+        ("causal.max_len=0", "causal.max_len"),
+        ("causal.decoder.attention.num_kv_heads=0", "num_kv_heads"),
+        ("run.eval_rows=0", "run.eval_rows"),
+        ("objective.mask_replace=2", "objective.mask_replace"),
+        ("optim.lr=nan", "optim.lr"),
+    ],
+)
 def test_pretraining_settings_out_of_range_are_refused_before_anything(tmp_path, corpus, capsys, setting, field):
     out = tmp_path / "r"
-    assert main(["pretrain", "--objective", "clm", "--data", str(corpus), "--out", str(out), *TINY,
-                 "--set", setting]) == 2
+    assert (
+        main(["pretrain", "--objective", "clm", "--data", str(corpus), "--out", str(out), *TINY, "--set", setting]) == 2
+    )
     assert field in capsys.readouterr().err and not out.exists()
 
 
 def test_a_position_table_counts_toward_the_size_ceiling(tmp_path, corpus, capsys):
     """A learned table of 1M positions x 65,536 wide is 2.7e11 parameters: refused before allocation."""
     out = tmp_path / "r"
-    assert main(["pretrain", "--objective", "clm", "--data", str(corpus), "--out", str(out), *TINY, "--set",
-                 "causal.positional=learned", "--set", "causal.max_len=1000000", "--set",
-                 "causal.decoder.d_model=65536", "--set", "causal.decoder.num_heads=1"]) == 2
+    assert (
+        main(
+            [
+                "pretrain",
+                "--objective",
+                "clm",
+                "--data",
+                str(corpus),
+                "--out",
+                str(out),
+                *TINY,
+                "--set",
+                "causal.positional=learned",
+                "--set",
+                "causal.max_len=1000000",
+                "--set",
+                "causal.decoder.d_model=65536",
+                "--set",
+                "causal.decoder.num_heads=1",
+            ]
+        )
+        == 2
+    )
     assert "parameters, over the ceiling" in capsys.readouterr().err
 
 
@@ -90,11 +136,14 @@ def test_the_generation_config_refuses_them_too():
             GenerationConfig(strategy="sample", temperature=t)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["evaluate", "RUN", "--beam", "1000000"], "beam width in [1, 64]"),
-    (["induction", "--out", "OUT", "--half", "100000000"], "[1, 1024]"),
-    (["bench", "attention", "--modes", "sideways"], "no modes ['sideways']"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["evaluate", "RUN", "--beam", "1000000"], "beam width in [1, 64]"),
+        (["induction", "--out", "OUT", "--half", "100000000"], "[1, 1024]"),
+        (["bench", "attention", "--modes", "sideways"], "no modes ['sideways']"),
+    ],
+)
 def test_options_without_a_bound_are_bounded(argv, message, tmp_path, capsys):
     argv = [str(tmp_path / "x") if a in ("RUN", "OUT") else a for a in argv]
     try:
@@ -114,7 +163,7 @@ def test_g2p_beam_is_bounded_in_the_library_too():
     from multihead.train.g2p import transcribe
 
     with pytest.raises(ValueError, match=r"beam must be in \[1, 64\]"):
-        transcribe(None, None, ["word"], beam=10 ** 6)
+        transcribe(None, None, ["word"], beam=10**6)
 
 
 def test_bench_out_that_is_a_folder_is_refused_before_running(tmp_path, capsys):
@@ -130,9 +179,25 @@ def test_a_prompt_longer_than_the_model_asks_for_a_shorter_prompt(clm_run, capsy
 
 
 def test_a_nested_config_error_is_said_once(capsys, tmp_path, corpus):
-    assert main(["pretrain", "--objective", "clm", "--data", str(corpus), "--out", str(tmp_path / "r"), *TINY,
-                 "--set", "causal.decoder.attention.differential=true", "--set",
-                 "causal.decoder.attention.talking_heads=true"]) == 2
+    assert (
+        main(
+            [
+                "pretrain",
+                "--objective",
+                "clm",
+                "--data",
+                str(corpus),
+                "--out",
+                str(tmp_path / "r"),
+                *TINY,
+                "--set",
+                "causal.decoder.attention.differential=true",
+                "--set",
+                "causal.decoder.attention.talking_heads=true",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("invalid config") == 1 and "config: invalid" not in err and "causal.decoder.attention" in err
 

@@ -1,4 +1,5 @@
 """``multihead train --data digits``: the ViT run folder end to end, resume, predict, evaluate, refused flags."""
+
 import json
 
 import numpy as np
@@ -7,8 +8,29 @@ import pytest
 from multihead.cli import main
 from train_helpers import assert_resume_matches_straight
 
-SMALL = ["--d-model", "32", "--heads", "4", "--layers", "2", "--set", "model.encoder.d_ff=64",
-         "--set", "model.patch_size=2", "--set", "model.stem=conv", "--set", "model.stem_channels=16", "--batch-size", "64", "--lr", "3e-3", "--threads", "1", "--no-progress"]
+SMALL = [
+    "--d-model",
+    "32",
+    "--heads",
+    "4",
+    "--layers",
+    "2",
+    "--set",
+    "model.encoder.d_ff=64",
+    "--set",
+    "model.patch_size=2",
+    "--set",
+    "model.stem=conv",
+    "--set",
+    "model.stem_channels=16",
+    "--batch-size",
+    "64",
+    "--lr",
+    "3e-3",
+    "--threads",
+    "1",
+    "--no-progress",
+]
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +41,17 @@ def digits_run(tmp_path_factory):
 
 
 def test_a_vit_learns_digits_with_the_baseline_beside_it(digits_run):
-    for name in ("config.json", "labels.json", "splits.json", "model.safetensors", "metrics.jsonl", "results.json",
-                 "confusion.png", "curves.png", "checkpoint/state.json"):
+    for name in (
+        "config.json",
+        "labels.json",
+        "splits.json",
+        "model.safetensors",
+        "metrics.jsonl",
+        "results.json",
+        "confusion.png",
+        "curves.png",
+        "checkpoint/state.json",
+    ):
         assert (digits_run / name).is_file(), name
     r = json.loads((digits_run / "results.json").read_text())
     assert r["test"]["n"] == 179 and r["images"]["train"] == 1439  # 10 % of each class (rounded) held out twice
@@ -54,7 +85,11 @@ def test_predict_and_evaluate_on_a_vit_run(digits_run, tmp_path, capsys):
 def test_resume_continues_to_the_same_weights(tmp_path, monkeypatch):
     """Two epochs straight == interrupted after the first epoch's checkpoint, then --resume (order and augmentation
     are seeded by epoch and step)."""
-    assert_resume_matches_straight(tmp_path, monkeypatch, ["--data", "digits", "--epochs", "2", "--set", "data.limit=256", "--set", "run.baseline=false", *SMALL])
+    assert_resume_matches_straight(
+        tmp_path,
+        monkeypatch,
+        ["--data", "digits", "--epochs", "2", "--set", "data.limit=256", "--set", "run.baseline=false", *SMALL],
+    )
 
 
 def test_text_only_flags_are_refused_by_name(tmp_path, capsys):
@@ -75,7 +110,7 @@ def test_show_on_a_vit_run(digits_run, tmp_path, capsys):
     roll = summary["rollout"]
     assert len(roll) == 4 and abs(sum(map(sum, roll)) - 1) < 1e-4  # a distribution over the 4x4 patches
     dist = summary["mean_attention_distance"]
-    assert len(dist) == 2 and all(0 <= v <= 8 * 2 ** 0.5 for layer in dist for v in layer)
+    assert len(dist) == 2 and all(0 <= v <= 8 * 2**0.5 for layer in dist for v in layer)
     assert "mean attention distance" in capsys.readouterr().out
     assert main(["show", str(digits_run), "--index", "3", "--patch", "9,9", "--out", str(tmp_path / "bad")]) == 2
     assert "outside the 4x4 patch grid" in capsys.readouterr().err
@@ -89,8 +124,25 @@ def test_importance_and_prune_work_on_a_vit_run_unchanged(digits_run, tmp_path, 
     assert payload["n"] == 179 and len(payload["scores"]) == 2 and len(payload["scores"][0]) == 4
     assert "images" in capsys.readouterr().out
     out = tmp_path / "pruned"
-    assert main(["prune", str(digits_run), "--out", str(out), "--step", "0.25", "--max-drop", "0.3",
-                 "--min-time", "0.1", "--threads", "1"]) == 0
+    assert (
+        main(
+            [
+                "prune",
+                str(digits_run),
+                "--out",
+                str(out),
+                "--step",
+                "0.25",
+                "--max-drop",
+                "0.3",
+                "--min-time",
+                "0.1",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     r = json.loads((out / "pruning.json").read_text())
     assert r["max_abs_diff_pruned_vs_masked"] < 1e-4  # the pruned model computes what the masked one did
     # the chosen mask keeps validation within --max-drop 0.3; test may differ by a few of its 179 images

@@ -2,6 +2,7 @@
 pretrain, G2P, ViT, grounding, compare, prune, export or show with --overwrite leaves the target byte-identical to
 before, or holding the complete new output, or (a failure after a new run was published, i.e. after it trained and
 validated) a run that --resume completes; no input file is ever touched."""
+
 from __future__ import annotations
 
 import errno
@@ -21,23 +22,147 @@ def _commands(inputs: dict, out: Path) -> dict[str, tuple[list[str], str]]:
     """name -> (argv, the file a complete output holds)."""
     text = ["--vocab-size", "300", "--d-ff", "32", *SMALL]
     return {
-        "train": (["train", "--data", inputs["csv"], "--text-column", "sentence", "--label-column", "sentiment",
-                   "--epochs", "1", "--out", out, *text], "results.json"),
-        "pretrain": (["pretrain", "--objective", "clm", "--data", inputs["corpus"], "--steps", "3", "--eval-every", "3",
-                      "--seq-len", "32", "--batch-size", "8", "--out", out, *text], "results.json"),
-        "g2p": (["train", "--data", "cmudict", "--limit", "200", "--epochs", "1", "--batch-size", "64", "--d-ff", "32",
-                 "--set", "run.eval_words=10", "--set", "data.test_limit=10", "--set", "run.beam=1", "--out", out,
-                 *SMALL], "results.json"),
-        "vision": (["train", "--data", "digits", "--epochs", "1", "--set", "model.encoder.d_ff=32", "--set",
-                    "model.patch_size=4", "--set", "data.limit=64", "--set", "run.baseline=false", "--out", out,
-                    *SMALL], "results.json"),
-        "grounding": (["train", "--data", "digits_qa", "--epochs", "1", "--set", "model.text.d_ff=32", "--set",
-                       "model.vision.encoder.d_model=16", "--set", "model.vision.encoder.num_layers=1", "--set",
-                       "data.canvases=64", "--set", "data.validation=16", "--set", "data.test=16", "--out", out,
-                       *SMALL], "results.json"),
-        "compare": (["compare", "--data", inputs["corpus"], "--variants", "mha", "--seeds", "1", "--steps", "2",
-                     "--batch-size", "4", "--seq-len", "24", "--d-model", "16", "--heads", "2", "--layers", "1",
-                     "--d-ff", "32", "--vocab-size", "300", "--threads", "1", "--out", out], "compare.json"),
+        "train": (
+            [
+                "train",
+                "--data",
+                inputs["csv"],
+                "--text-column",
+                "sentence",
+                "--label-column",
+                "sentiment",
+                "--epochs",
+                "1",
+                "--out",
+                out,
+                *text,
+            ],
+            "results.json",
+        ),
+        "pretrain": (
+            [
+                "pretrain",
+                "--objective",
+                "clm",
+                "--data",
+                inputs["corpus"],
+                "--steps",
+                "3",
+                "--eval-every",
+                "3",
+                "--seq-len",
+                "32",
+                "--batch-size",
+                "8",
+                "--out",
+                out,
+                *text,
+            ],
+            "results.json",
+        ),
+        "g2p": (
+            [
+                "train",
+                "--data",
+                "cmudict",
+                "--limit",
+                "200",
+                "--epochs",
+                "1",
+                "--batch-size",
+                "64",
+                "--d-ff",
+                "32",
+                "--set",
+                "run.eval_words=10",
+                "--set",
+                "data.test_limit=10",
+                "--set",
+                "run.beam=1",
+                "--out",
+                out,
+                *SMALL,
+            ],
+            "results.json",
+        ),
+        "vision": (
+            [
+                "train",
+                "--data",
+                "digits",
+                "--epochs",
+                "1",
+                "--set",
+                "model.encoder.d_ff=32",
+                "--set",
+                "model.patch_size=4",
+                "--set",
+                "data.limit=64",
+                "--set",
+                "run.baseline=false",
+                "--out",
+                out,
+                *SMALL,
+            ],
+            "results.json",
+        ),
+        "grounding": (
+            [
+                "train",
+                "--data",
+                "digits_qa",
+                "--epochs",
+                "1",
+                "--set",
+                "model.text.d_ff=32",
+                "--set",
+                "model.vision.encoder.d_model=16",
+                "--set",
+                "model.vision.encoder.num_layers=1",
+                "--set",
+                "data.canvases=64",
+                "--set",
+                "data.validation=16",
+                "--set",
+                "data.test=16",
+                "--out",
+                out,
+                *SMALL,
+            ],
+            "results.json",
+        ),
+        "compare": (
+            [
+                "compare",
+                "--data",
+                inputs["corpus"],
+                "--variants",
+                "mha",
+                "--seeds",
+                "1",
+                "--steps",
+                "2",
+                "--batch-size",
+                "4",
+                "--seq-len",
+                "24",
+                "--d-model",
+                "16",
+                "--heads",
+                "2",
+                "--layers",
+                "1",
+                "--d-ff",
+                "32",
+                "--vocab-size",
+                "300",
+                "--threads",
+                "1",
+                "--out",
+                out,
+            ],
+            "compare.json",
+        ),
         "prune": (["prune", inputs["run"], "--out", out, "--min-time", "0", "--threads", "1"], "pruning.json"),
         "export": (["export", "minilm", "--out", out], "model.safetensors"),  # a BERT-layout model
         "show": (["show", inputs["run"], "a good film", "--out", out], "attention.html"),
@@ -45,8 +170,11 @@ def _commands(inputs: dict, out: Path) -> dict[str, tuple[list[str], str]]:
 
 
 def _digest(folder: Path) -> dict:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +185,29 @@ def inputs(tmp_path_factory, sentiment_csv):
     corpus = root / "corpus.txt"
     corpus.write_text("\n".join(load_texts("rotten_tomatoes")[:200]) + "\n")
     run = root / "run"
-    assert main(["train", "--data", str(sentiment_csv), "--text-column", "sentence", "--label-column", "sentiment",
-                 "--epochs", "1", "--out", str(run), "--vocab-size", "300", "--d-ff", "32", *SMALL]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(sentiment_csv),
+                "--text-column",
+                "sentence",
+                "--label-column",
+                "sentiment",
+                "--epochs",
+                "1",
+                "--out",
+                str(run),
+                "--vocab-size",
+                "300",
+                "--d-ff",
+                "32",
+                *SMALL,
+            ]
+        )
+        == 0
+    )
     return {"csv": str(sentiment_csv), "corpus": str(corpus), "run": str(run)}
 
 
@@ -75,8 +224,9 @@ def outputs(tmp_path_factory, inputs):
     return made
 
 
-@pytest.mark.parametrize("name", ["train", "pretrain", "g2p", "vision", "grounding", "compare", "prune", "export",
-                                  "show"])
+@pytest.mark.parametrize(
+    "name", ["train", "pretrain", "g2p", "vision", "grounding", "compare", "prune", "export", "show"]
+)
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fail_at=st.integers(min_value=1, max_value=40))
 def test_a_write_failing_anywhere_leaves_the_old_output_or_the_new_one(name, fail_at, inputs, outputs, monkeypatch):

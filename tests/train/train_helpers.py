@@ -1,4 +1,5 @@
 """Shared by the image-task training tests: an interrupted run, resumed, ends where a straight one does."""
+
 import json
 
 import torch
@@ -36,4 +37,7 @@ def assert_resume_matches_straight(tmp_path, monkeypatch, common: list[str]) -> 
 
     a, b = weights(full), weights(part)
     assert all(torch.equal(a[k], b[k]) for k in a if k.startswith("model."))
-    assert json.loads((part / "results.json").read_text())["test"] == json.loads((full / "results.json").read_text())["test"]
+    assert (
+        json.loads((part / "results.json").read_text())["test"]
+        == json.loads((full / "results.json").read_text())["test"]
+    )

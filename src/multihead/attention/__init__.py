@@ -1,4 +1,5 @@
 """Attention kernels behind one entry point, and the mask convention. See :mod:`.registry`."""
+
 from . import masks
 from .attn_mask import AttnMask
 from .registry import (

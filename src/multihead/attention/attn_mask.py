@@ -22,10 +22,11 @@ per call (:meth:`AttnMask.check`), then gives each backend only the parts that b
 Consumers read it three ways: :meth:`dense` (the reference formula), :meth:`mask_mod`
 / :meth:`score_mod` (FlexAttention), or the fields themselves (sparse and linear kernels).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Collection, Optional
+from collections.abc import Collection
 
 import torch
 from torch import Tensor
@@ -42,9 +43,16 @@ PARTS = {
     "causal_alone": "causal with Lq == Lk and offset 0 as the only part (a kernel flag such as SDPA's is_causal)",
     "alibi": "ALiBi distance biases, one slope per head (a score_mod for FlexAttention)",
 }
-_WORDS = {"tensor": "dense masks", "key_padding": "key-padding masks", "causal": "causal",
-          "causal_square": "causal (Lq == Lk)", "causal_alone": "causal (Lq == Lk, alone)",
-          "window": "window patterns", "block": "block patterns", "alibi": "ALiBi biases"}
+_WORDS = {
+    "tensor": "dense masks",
+    "key_padding": "key-padding masks",
+    "causal": "causal",
+    "causal_square": "causal (Lq == Lk)",
+    "causal_alone": "causal (Lq == Lk, alone)",
+    "window": "window patterns",
+    "block": "block patterns",
+    "alibi": "ALiBi biases",
+}
 
 
 def split_parts(natives: Collection[str], parts: Collection[str], square_causal: bool) -> tuple[frozenset, frozenset]:
@@ -66,8 +74,10 @@ def split_parts(natives: Collection[str], parts: Collection[str], square_causal:
 def describe(parts: Collection[str], square_causal: bool = True) -> str:
     """Parts in words, for messages: ``describe({"key_padding", "causal_square"})`` -> "key-padding masks and causal
     (Lq == Lk)"; a call's causal part that is not square reads "causal with Lq != Lk or an offset"."""
-    words = [_WORDS.get(p, p) if p != "causal" or square_causal else "causal with Lq != Lk or an offset"
-             for p in sorted(parts)]
+    words = [
+        _WORDS.get(p, p) if p != "causal" or square_causal else "causal with Lq != Lk or an offset"
+        for p in sorted(parts)
+    ]
     return " and ".join(words) if len(words) < 3 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
@@ -75,32 +85,38 @@ def describe(parts: Collection[str], square_causal: bool = True) -> str:
 class AttnMask:
     """A structured attention mask (see the module docstring). Immutable; ``with_*`` methods return new ones."""
 
-    key_padding: Optional[Tensor] = None  # (b, j) bool, True = real key
+    key_padding: Tensor | None = None  # (b, j) bool, True = real key
     causal: bool = False
-    causal_offset: Optional[int] = None  # query i sits at position i + offset; None = Lk - Lq (bottom right)
-    pattern: Optional[SparsePattern] = None  # geometry only (its causal flag is lifted into ``causal``)
-    tensor: Optional[Tensor] = None  # bool (True = may attend) or float (added), broadcastable to (b, h, i, j)
-    alibi: Optional[tuple] = None  # ALiBi slopes, one float per query head: -slope_h * |pos(i) - j| is added
+    causal_offset: int | None = None  # query i sits at position i + offset; None = Lk - Lq (bottom right)
+    pattern: SparsePattern | None = None  # geometry only (its causal flag is lifted into ``causal``)
+    tensor: Tensor | None = None  # bool (True = may attend) or float (added), broadcastable to (b, h, i, j)
+    alibi: tuple | None = None  # ALiBi slopes, one float per query head: -slope_h * |pos(i) - j| is added
     _checked: tuple = field(default=(), repr=False, compare=False)  # the (b, h, i, j, device, dtype) last checked
-    _memo: Optional[dict] = field(default=None, init=False, repr=False, compare=False)  # for_backend's results
+    _memo: dict | None = field(default=None, init=False, repr=False, compare=False)  # for_backend's results
 
     def __post_init__(self) -> None:
         if self.pattern is not None and self.pattern.causal:  # one causal flag, here
             object.__setattr__(self, "causal", True)
             object.__setattr__(self, "pattern", replace(self.pattern, causal=False))
         if self.causal_offset is not None and not isinstance(self.causal_offset, int):
-            raise TypeError(f"causal_offset must be an int (query i sits at key position i + offset), got "
-                            f"{type(self.causal_offset).__name__}")
+            raise TypeError(
+                f"causal_offset must be an int (query i sits at key position i + offset), got "
+                f"{type(self.causal_offset).__name__}"
+            )
         if self.alibi is not None:
             slopes = self.alibi.tolist() if isinstance(self.alibi, Tensor) else self.alibi
             object.__setattr__(self, "alibi", tuple(float(x) for x in slopes))
         kp = self.key_padding
         if kp is not None and not isinstance(kp, Tensor):
-            raise TypeError(f"key_padding_mask must be a torch.Tensor, (B, Lk) bool with True = real token; got "
-                            f"{type(kp).__module__}.{type(kp).__name__}: convert it with torch.as_tensor(mask)")
+            raise TypeError(
+                f"key_padding_mask must be a torch.Tensor, (B, Lk) bool with True = real token; got "
+                f"{type(kp).__module__}.{type(kp).__name__}: convert it with torch.as_tensor(mask)"
+            )
         if self.tensor is not None and not isinstance(self.tensor, Tensor):
-            raise TypeError(f"mask must be a torch.Tensor; got {type(self.tensor).__module__}."
-                            f"{type(self.tensor).__name__}: convert it with torch.as_tensor(mask)")
+            raise TypeError(
+                f"mask must be a torch.Tensor; got {type(self.tensor).__module__}."
+                f"{type(self.tensor).__name__}: convert it with torch.as_tensor(mask)"
+            )
         if kp is not None and kp.dtype != torch.bool:  # a 0/1 float mask would be added to the scores as a bias
             raise TypeError(
                 f"key_padding_mask must be bool (True = real token), got {kp.dtype}. An HF-style 0/1 attention_mask "
@@ -112,7 +128,7 @@ class AttnMask:
 
     # ------------------------------------------------------------------ building
     @classmethod
-    def of(cls, mask=None, *, is_causal: bool = False, key_padding: Tensor | None = None) -> Optional["AttnMask"]:
+    def of(cls, mask=None, *, is_causal: bool = False, key_padding: Tensor | None = None) -> AttnMask | None:
         """The structured form of what callers pass: ``None``, a bool/float tensor, a :class:`SparsePattern`, or an
         ``AttnMask``; ``is_causal`` and ``key_padding`` add those parts. Returns None when nothing is masked."""
         if isinstance(mask, AttnMask):
@@ -129,19 +145,23 @@ class AttnMask:
             out = replace(out, causal=True, _checked=())
         if key_padding is not None:
             if out.key_padding is not None:
-                raise ValueError("two key-padding masks for one call: pass it once (key_padding_mask= or the "
-                                 "AttnMask's key_padding)")
+                raise ValueError(
+                    "two key-padding masks for one call: pass it once (key_padding_mask= or the AttnMask's key_padding)"
+                )
             out = replace(out, key_padding=key_padding, _checked=())
         return out if out.parts else None
 
-    def with_alibi(self, slopes) -> "AttnMask":
+    def with_alibi(self, slopes) -> AttnMask:
         """This mask with the ALiBi part ``slopes`` (one per query head; a tuple, list or tensor); the same mask when
         it already has them (a stack's mask passed through every layer keeps its validation and dense form)."""
-        slopes = None if slopes is None else tuple(float(x) for x in (slopes.tolist() if isinstance(slopes, Tensor)
-                                                                       else slopes))
+        slopes = (
+            None
+            if slopes is None
+            else tuple(float(x) for x in (slopes.tolist() if isinstance(slopes, Tensor) else slopes))
+        )
         return self if slopes == self.alibi else replace(self, alibi=slopes, _checked=())
 
-    def with_pattern(self, pattern: SparsePattern | None) -> "AttnMask":
+    def with_pattern(self, pattern: SparsePattern | None) -> AttnMask:
         if pattern is None or (self.pattern == replace(pattern, causal=False) and self.causal >= pattern.causal):
             return self  # already there (a model's mask passed through every layer keeps its validation)
         if self.pattern is not None and self.pattern != replace(pattern, causal=False):
@@ -173,7 +193,7 @@ class AttnMask:
         return self.causal and lq == lk and self.offset(lq, lk) == 0
 
     # ------------------------------------------------------------------ validation (once per call)
-    def check(self, b: int, h: int, lq: int, lk: int, device: torch.device, dtype: torch.dtype) -> "AttnMask":
+    def check(self, b: int, h: int, lq: int, lk: int, device: torch.device, dtype: torch.dtype) -> AttnMask:
         """Validate every part against ``(B, H, Lq, Lk)`` on ``device`` (errors name the fix); a float tensor part is
         cast to ``dtype``. Returns the checked mask; checking it again for the same call shape costs nothing."""
         target = (b, h, lq, lk, str(device), dtype)
@@ -189,18 +209,22 @@ class AttnMask:
         kp = self.key_padding
         if kp is not None:
             if tuple(kp.shape) != (b, lk):
-                raise ValueError(f"key_padding_mask must be (B, Lk)=({b}, {lk}) with True = real token, got shape "
-                                 f"{tuple(kp.shape)}")
+                raise ValueError(
+                    f"key_padding_mask must be (B, Lk)=({b}, {lk}) with True = real token, got shape {tuple(kp.shape)}"
+                )
             if kp.device != device:
-                raise ValueError(f"key_padding_mask is on {kp.device} but q is on {device}; move it with "
-                                 ".to(q.device)")
+                raise ValueError(f"key_padding_mask is on {kp.device} but q is on {device}; move it with .to(q.device)")
             _masks.warn_if_inverted_padding(kp)
         if self.alibi is not None and len(self.alibi) != h:
-            raise ValueError(f"the mask's ALiBi part has {len(self.alibi)} slopes but the call has {h} query heads; "
-                             "give one slope per head (multihead.modules.attention.alibi_slopes(num_heads))")
+            raise ValueError(
+                f"the mask's ALiBi part has {len(self.alibi)} slopes but the call has {h} query heads; "
+                "give one slope per head (multihead.modules.attention.alibi_slopes(num_heads))"
+            )
         if self.pattern is not None and lq != lk:
-            raise ValueError(f"SparsePattern masks describe self-attention (Lq == Lk); got Lq={lq}, Lk={lk}. Build "
-                             "cross-attention without pattern=")
+            raise ValueError(
+                f"SparsePattern masks describe self-attention (Lq == Lk); got Lq={lq}, Lk={lk}. Build "
+                "cross-attention without pattern="
+            )
         if self.pattern is not None and self.causal and self.offset(lq, lk) != 0:
             raise ValueError("a SparsePattern's causal rule has offset 0; drop causal_offset= or the pattern")
         if t is self.tensor:  # remember on this very object: a mask shared by every layer is checked once
@@ -216,7 +240,7 @@ class AttnMask:
         slopes = torch.tensor(self.alibi, dtype=torch.float64, device=device)
         return (-slopes[:, None, None] * dist)[None].to(dtype)  # (1, h, i, j)
 
-    def dense(self, lq: int, lk: int, device=None) -> Optional[Tensor]:
+    def dense(self, lq: int, lk: int, device=None) -> Tensor | None:
         """Every part merged into one tensor broadcastable to ``(B, H, Lq, Lk)``: bool (True = may attend), or
         float when the tensor part is a float bias or there is an ALiBi part (-inf where a bool part forbids; the
         tensor part's float dtype, else fp32). None when nothing is masked."""
@@ -232,7 +256,7 @@ class AttnMask:
             out = _masks.merge_masks(out, _masks.causal_mask(lq, lk, offset=self.offset(lq, lk), device=device))
         return out
 
-    def for_backend(self, natives: Collection[str], lq: int, lk: int, device=None) -> Optional["AttnMask"]:
+    def for_backend(self, natives: Collection[str], lq: int, lk: int, device=None) -> AttnMask | None:
         """This mask as a backend declaring ``natives`` (``mask_parts`` + ``patterns``) takes it: its native parts
         as they are, the rest densified into the tensor part, once. A causal part that forbids nothing (every query
         at or after the last key: one decoding step over its cache) is dropped first. Remembered on this mask: a
@@ -249,21 +273,30 @@ class AttnMask:
         memo[key] = out
         return out
 
-    def _for_backend(self, natives: Collection[str], lq: int, lk: int, device=None) -> Optional["AttnMask"]:
+    def _for_backend(self, natives: Collection[str], lq: int, lk: int, device=None) -> AttnMask | None:
         if self.causal and self.pattern is None and self.offset(lq, lk) >= lk - 1:
             rest_of = replace(self, causal=False, causal_offset=None, _checked=self._checked)
             return rest_of.for_backend(natives, lq, lk, device) if rest_of.parts else None
         kept, rest = split_parts(natives, self.parts, self.square_causal(lq, lk))
         if not rest:
             return self
-        drop = replace(self, key_padding=self.key_padding if "key_padding" in kept else None,
-                       causal=self.causal and "causal" in kept, alibi=self.alibi if "alibi" in kept else None,
-                       pattern=self.pattern if self.pattern is not None and self.pattern.kind in kept else None,
-                       tensor=None, _checked=())
-        moved = replace(self, key_padding=None if "key_padding" in kept else self.key_padding,
-                        causal=self.causal and "causal" not in kept, alibi=None if "alibi" in kept else self.alibi,
-                        pattern=None if self.pattern is not None and self.pattern.kind in kept else self.pattern,
-                        _checked=())
+        drop = replace(
+            self,
+            key_padding=self.key_padding if "key_padding" in kept else None,
+            causal=self.causal and "causal" in kept,
+            alibi=self.alibi if "alibi" in kept else None,
+            pattern=self.pattern if self.pattern is not None and self.pattern.kind in kept else None,
+            tensor=None,
+            _checked=(),
+        )
+        moved = replace(
+            self,
+            key_padding=None if "key_padding" in kept else self.key_padding,
+            causal=self.causal and "causal" not in kept,
+            alibi=None if "alibi" in kept else self.alibi,
+            pattern=None if self.pattern is not None and self.pattern.kind in kept else self.pattern,
+            _checked=(),
+        )
         return replace(drop, tensor=moved.dense(lq, lk, device), _checked=self._checked)
 
     # ------------------------------------------------------------------ FlexAttention form
@@ -323,11 +356,20 @@ class AttnMask:
     def cache_key(self, lq: int, lk: int, device) -> tuple:
         """Equal keys mean equal masks: the geometry, plus each tensor's storage, layout and version counter (bumped
         by every in-place write, so an edited, reused buffer never matches a stale entry)."""
-        return (self.pattern, self.causal, self.offset(lq, lk) if self.causal or self.alibi is not None else None, self.alibi,
-                _identity(self.key_padding), _identity(self.tensor), lq, lk, str(device))
+        return (
+            self.pattern,
+            self.causal,
+            self.offset(lq, lk) if self.causal or self.alibi is not None else None,
+            self.alibi,
+            _identity(self.key_padding),
+            _identity(self.tensor),
+            lq,
+            lk,
+            str(device),
+        )
 
 
-def _identity(t: Optional[Tensor]) -> Optional[tuple]:
+def _identity(t: Tensor | None) -> tuple | None:
     if t is None:
         return None
     return (t.data_ptr(), tuple(t.shape), t.stride(), str(t.dtype), t._version)

@@ -16,6 +16,7 @@ Both go to ``BlockMask.from_kv_blocks`` with the pattern's ``mask_mod`` (index a
 which decides the pairs inside the partial tiles. Index data: ``(L / block)^2`` int32 slots (FlexAttention's layout),
 of which each row fills a few (all for global rows).
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,8 +27,9 @@ from .patterns import SparsePattern
 FLEX_BLOCK = 128  # FlexAttention's default tile
 
 
-def kv_blocks(pattern: SparsePattern, length: int, *, causal: bool = False, block: int = FLEX_BLOCK
-              ) -> tuple[Tensor, Tensor]:
+def kv_blocks(
+    pattern: SparsePattern, length: int, *, causal: bool = False, block: int = FLEX_BLOCK
+) -> tuple[Tensor, Tensor]:
     """``(kv_num_blocks (Qb,), kv_indices (Qb, KVb))`` int32 (the first ``kv_num_blocks[i]`` slots used): the key tiles each query tile of ``block`` positions
     may touch under ``pattern`` (a superset of the pairs it allows; the mask_mod decides inside the tiles)."""
     nb = -(-length // block)
@@ -56,10 +58,13 @@ def kv_blocks(pattern: SparsePattern, length: int, *, causal: bool = False, bloc
         layout = pattern.block_layout(-(-length // pb))  # (pattern blocks, pattern blocks) bool
         for i in range(nb):
             a, b = i * block, min((i + 1) * block, length)
-            hit = layout[a // pb: (b - 1) // pb + 1].any(0).nonzero().flatten()  # pattern key blocks
+            hit = layout[a // pb : (b - 1) // pb + 1].any(0).nonzero().flatten()  # pattern key blocks
             starts, ends = hit * pb // block, torch.clamp((hit + 1) * pb - 1, max=length - 1) // block
-            tiles = torch.unique(torch.cat([torch.arange(s, e + 1) for s, e in zip(starts.tolist(), ends.tolist())])
-                                 if len(hit) else torch.zeros(0, dtype=torch.long))
+            tiles = torch.unique(
+                torch.cat([torch.arange(s, e + 1) for s, e in zip(starts.tolist(), ends.tolist())])
+                if len(hit)
+                else torch.zeros(0, dtype=torch.long)
+            )
             if causal:
                 tiles = tiles[tiles <= i]
             rows.append(tiles)
@@ -68,12 +73,13 @@ def kv_blocks(pattern: SparsePattern, length: int, *, causal: bool = False, bloc
     num = torch.tensor([len(r) for r in rows], dtype=torch.int32)
     idx = torch.zeros(nb, nb, dtype=torch.int32)
     for i, r in enumerate(rows):
-        idx[i, :len(r)] = r.to(torch.int32)
+        idx[i, : len(r)] = r.to(torch.int32)
     return num, idx
 
 
-def full_tiles(pattern: SparsePattern, length: int, num: Tensor, idx: Tensor, *, causal: bool = False,
-               block: int = FLEX_BLOCK) -> Tensor:
+def full_tiles(
+    pattern: SparsePattern, length: int, num: Tensor, idx: Tensor, *, causal: bool = False, block: int = FLEX_BLOCK
+) -> Tensor:
     """``(Qb, KVb)`` bool over the slots of :func:`kv_blocks`: True where the listed tile is allowed entirely (every
     query of the tile may attend every key of the tile), so the kernel need not evaluate ``mask_mod`` in it. A subset
     (never a superset) of the truly full tiles: global tokens and dilated windows make no tile full."""
@@ -105,8 +111,11 @@ def pattern_block_mask(mask, length: int, device=None, *, block: int = FLEX_BLOC
     padding, applied by its mask_mod inside the partial tiles), built from the pattern's geometry: no ``L x L``."""
     num, idx = kv_blocks(mask.pattern, length, causal=mask.causal, block=block)
     listed = torch.arange(idx.shape[1])[None, :] < num[:, None].long()
-    full = (full_tiles(mask.pattern, length, num, idx, causal=mask.causal, block=block)
-            if mask.key_padding is None else torch.zeros_like(listed))
+    full = (
+        full_tiles(mask.pattern, length, num, idx, causal=mask.causal, block=block)
+        if mask.key_padding is None
+        else torch.zeros_like(listed)
+    )
     return _from_tiles(mask, idx, listed, full, length, length, device, block)
 
 
@@ -134,15 +143,23 @@ def _from_tiles(mask, idx: Tensor, listed: Tensor, full: Tensor, lq: int, lk: in
     part_num, part_idx = _compact(idx, listed & ~full)
     full_num, full_idx = _compact(idx, full)
     put = lambda t: t[None, None].to(device)  # noqa: E731  (batch and head axes)
-    return BlockMask.from_kv_blocks(put(part_num), put(part_idx), put(full_num), put(full_idx), BLOCK_SIZE=block,
-                                    mask_mod=mask.mask_mod(lq, lk, device), seq_lengths=(lq, lk))
+    return BlockMask.from_kv_blocks(
+        put(part_num),
+        put(part_idx),
+        put(full_num),
+        put(full_idx),
+        BLOCK_SIZE=block,
+        mask_mod=mask.mask_mod(lq, lk, device),
+        seq_lengths=(lq, lk),
+    )
 
 
 def _compact(idx: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
     """The slots of ``idx`` where ``keep``, moved to the front of each row: ``(counts (Qb,), indices (Qb, KVb))``."""
     order = torch.argsort((~keep).int(), dim=1, stable=True)
-    return keep.sum(1).to(torch.int32), torch.where(torch.gather(keep, 1, order), torch.gather(idx, 1, order),
-                                                    torch.zeros_like(idx))
+    return keep.sum(1).to(torch.int32), torch.where(
+        torch.gather(keep, 1, order), torch.gather(idx, 1, order), torch.zeros_like(idx)
+    )
 
 
 __all__ = ["FLEX_BLOCK", "causal_block_mask", "full_tiles", "kv_blocks", "pattern_block_mask"]

@@ -11,6 +11,7 @@
 ``compiled=True`` runs ``torch.compile(flex_attention)`` (the fast kernel; on CPU inference only, and no lse);
 ``compiled=False`` runs FlexAttention's eager reference (materialises the scores: for checking this code on CPU).
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -51,8 +52,14 @@ def block_mask(mask: AttnMask | None, b: int, lq: int, lk: int, device):
             _BLOCK_MASKS[key] = causal_block_mask(mask, lq, lk, device)
         else:
             per_batch, per_head = mask.mask_mod_axes()
-            _BLOCK_MASKS[key] = create_block_mask(mask.mask_mod(lq, lk, device), b if per_batch else None,
-                                                  _heads(mask) if per_head else None, lq, lk, device=device)
+            _BLOCK_MASKS[key] = create_block_mask(
+                mask.mask_mod(lq, lk, device),
+                b if per_batch else None,
+                _heads(mask) if per_head else None,
+                lq,
+                lk,
+                device=device,
+            )
     return _BLOCK_MASKS[key]
 
 
@@ -61,8 +68,9 @@ def _heads(mask: AttnMask) -> int:
     return t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)).shape[1]
 
 
-def flex_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttnMask | None, scale: float, *, lse: bool = False,
-                   compiled: bool = True):
+def flex_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: AttnMask | None, scale: float, *, lse: bool = False, compiled: bool = True
+):
     """``out`` ``(b, h, i, dv)``, or ``(out, lse (b, h, i))`` with ``lse=True``: softmax attention under every part
     of ``mask``; ``k``/``v`` may have fewer heads (GQA)."""
     from torch.nn.attention import flex_attention as fa

@@ -16,6 +16,7 @@ here: PyTorch ``nn.MultiheadAttention`` (``True`` = ignore) and HF transformers 
 
 A query row whose keys are all masked gives a zero output and zero weights (not NaN) on every backend.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -140,8 +141,10 @@ def check_mask(mask: Tensor, target: tuple[int, int, int, int], *, name: str = "
             f"For a 0/1 integer mask use `{name}.bool()` (if 1 = attend) or `~{name}.bool()` (if 1 = ignore)."
         )
     if mask.dim() < 2:
-        raise ValueError(f"{name} of shape {tuple(mask.shape)} has fewer than 2 dims; a mask is (Lq, Lk) or larger, "
-                         "broadcastable to (B, H, Lq, Lk). Keys to ignore go in key_padding_mask= as (B, Lk)")
+        raise ValueError(
+            f"{name} of shape {tuple(mask.shape)} has fewer than 2 dims; a mask is (Lq, Lk) or larger, "
+            "broadcastable to (B, H, Lq, Lk). Keys to ignore go in key_padding_mask= as (B, Lk)"
+        )
     if mask.dim() > 4:
         raise ValueError(f"{name} has {mask.dim()} dims; expected at most 4, broadcastable to (B, H, Lq, Lk)={target}")
     shape = (1,) * (4 - mask.dim()) + tuple(mask.shape)

@@ -2,6 +2,7 @@
 explicit softmax weights (the reference formula, also used for captured and hooked weights). No backend imports
 another backend; they all import from here.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -23,7 +24,7 @@ def expand_kv(x: Tensor, num_heads: int) -> Tensor:
     return x[:, :, None].expand(b, g, num_heads // g, j, d).reshape(b, num_heads, j, d)  # (b, h, j, d)
 
 
-def probabilities(q: Tensor, k: Tensor, mask: "AttnMask | None", scale: float, sinks: Tensor | None = None) -> Tensor:
+def probabilities(q: Tensor, k: Tensor, mask: AttnMask | None, scale: float, sinks: Tensor | None = None) -> Tensor:
     """Softmax weights ``(b, h, i, j)`` in q's dtype under a structured ``mask`` (every part applied through its
     dense form); rows with no allowed key are zero. ``sinks`` ``(h,)``: a logit per head that joins every row's
     denominator (the rows then sum to ``1 - sink share``)."""
@@ -49,7 +50,7 @@ def probabilities(q: Tensor, k: Tensor, mask: "AttnMask | None", scale: float, s
     return zero_rows(p, row_ok).to(q.dtype)
 
 
-def with_sink_key(q: Tensor, k: Tensor, v: Tensor, mask: "AttnMask | None", sinks: Tensor, scale: float):
+def with_sink_key(q: Tensor, k: Tensor, v: Tensor, mask: AttnMask | None, sinks: Tensor, scale: float):
     """Learned sinks as one extra key, exactly, for kernels that cannot take them: q ``(b, h, i, d)`` gains a feature
     ``sink_h / scale``, keys a 0 feature, and a first key (feature 1, value 0) scores ``sink_h`` for every query of
     head h (GQA included: the per-head logit rides on the query). The mask shifts by one key (an ALiBi part is made
@@ -68,8 +69,11 @@ def with_sink_key(q: Tensor, k: Tensor, v: Tensor, mask: "AttnMask | None", sink
     t = mask.tensor
     if mask.alibi is not None:  # distances are to the real keys: densified before the shift
         t = _masks.merge_masks(mask.alibi_bias(lq, lk, q.device, q.dtype), t)
-    kp = None if mask.key_padding is None else torch.cat(
-        [mask.key_padding.new_ones(mask.key_padding.shape[0], 1), mask.key_padding], 1)
+    kp = (
+        None
+        if mask.key_padding is None
+        else torch.cat([mask.key_padding.new_ones(mask.key_padding.shape[0], 1), mask.key_padding], 1)
+    )
     if t is not None and t.shape[-1] != 1:
         col = torch.ones_like(t[..., :1]) if t.dtype == torch.bool else torch.zeros_like(t[..., :1])
         t = torch.cat([col, t], -1)

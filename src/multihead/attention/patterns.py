@@ -15,6 +15,7 @@ Each rule is written once, as a function of query and key *positions* (:meth:`Sp
 :func:`window_band` for the band itself): the dense mask, FlexAttention's ``mask_mod`` and the sparse kernels' tiles
 all evaluate it on their own index tensors.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -60,7 +61,7 @@ class SparsePattern:
     def kind(self) -> str:
         return "window" if self.window is not None else "block"
 
-    def with_causal(self, causal: bool = True) -> "SparsePattern":
+    def with_causal(self, causal: bool = True) -> SparsePattern:
         return replace(self, causal=self.causal or causal)
 
     def block_layout(self, num_blocks: int) -> Tensor:

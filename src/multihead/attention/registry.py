@@ -30,18 +30,19 @@ at by its ``boost`` (e.g. FlexAttention for sparse patterns on CUDA, where its c
 block mask beats our own window kernel; on CPU the window kernel stays first). :func:`explain` lists the backends in
 that order with the reason each capable one was skipped; :func:`explain_choice` says it in one sentence.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from .attn_mask import AttnMask, describe, split_parts
 
-BackendFn = Callable[..., "tuple[Tensor, Optional[Tensor]]"]
+BackendFn = Callable[..., "tuple[Tensor, Tensor | None]"]
 
 
 @dataclass(frozen=True)
@@ -70,17 +71,17 @@ class Backend:
     capabilities: Capabilities
     priority: int = 0  # higher is tried first by ``auto``
     description: str = ""
-    available: Callable[[], Optional[str]] = field(default=lambda: None)  # returns a reason when unavailable
-    check: Callable[["CallInfo"], Optional[str]] = field(default=lambda call: None)  # per-call reason, or None
+    available: Callable[[], str | None] = field(default=lambda: None)  # returns a reason when unavailable
+    check: Callable[[CallInfo], str | None] = field(default=lambda call: None)  # per-call reason, or None
     # per-call rank raise and its reason (``(extra, why)``), or None: the calls this backend is fastest at
-    boost: Callable[["CallInfo"], Optional[tuple[int, str]]] = field(default=lambda call: None)
+    boost: Callable[[CallInfo], tuple[int, str] | None] = field(default=lambda call: None)
 
-    def rank(self, call: "CallInfo") -> tuple[int, Optional[str]]:
+    def rank(self, call: CallInfo) -> tuple[int, str | None]:
         """``(rank, why)``: ``auto`` tries higher ranks first; ``why`` says what raised it above ``priority``."""
         up = self.boost(call)
         return (self.priority, None) if up is None else (self.priority + up[0], up[1])
 
-    def why_not(self, call: "CallInfo") -> Optional[str]:
+    def why_not(self, call: CallInfo) -> str | None:
         """None when this backend can honour ``call``, else the reason it cannot."""
         unavailable = self.available()
         if unavailable:
@@ -110,8 +111,11 @@ class Backend:
             lq, lk, d = call.sizes if call.sizes else (0, 0, 0)
             call = replace(call, square_causal=False, sizes=(lq, lk + 1, d + 1) if call.sizes else ())
         if c.requires_pattern and call.pattern not in c.patterns:
-            return (f"runs only SparsePattern masks of kind {'/'.join(c.patterns)}; pass mask=SparsePattern(...)"
-                    if call.pattern is None else f"does not run {call.pattern} patterns")
+            return (
+                f"runs only SparsePattern masks of kind {'/'.join(c.patterns)}; pass mask=SparsePattern(...)"
+                if call.pattern is None
+                else f"does not run {call.pattern} patterns"
+            )
         natives = c.mask_parts + c.patterns
         _, rest = split_parts(natives, call.mask_parts, call.square_causal)
         if rest and "tensor" not in natives:
@@ -128,7 +132,7 @@ class CallInfo:
     dropout_p: float
     gqa: bool
     exact: bool = True
-    pattern: Optional[str] = None  # the SparsePattern kind, when the mask has one
+    pattern: str | None = None  # the SparsePattern kind, when the mask has one
     square_causal: bool = False  # the causal part has Lq == Lk and offset 0
     needs_grad: bool = False  # grad mode is on and an input requires grad
     sizes: tuple = ()  # (Lq, Lk, D): for backends whose correctness depends on the shape (see flex)
@@ -144,17 +148,25 @@ def register_backend(
     *,
     priority: int = 0,
     description: str = "",
-    available: Callable[[], Optional[str]] | None = None,
-    check: Callable[[CallInfo], Optional[str]] | None = None,
-    boost: Callable[[CallInfo], Optional[tuple[int, str]]] | None = None,
+    available: Callable[[], str | None] | None = None,
+    check: Callable[[CallInfo], str | None] | None = None,
+    boost: Callable[[CallInfo], tuple[int, str] | None] | None = None,
 ) -> Callable[[BackendFn], BackendFn]:
     """Decorator registering ``fn`` as attention backend ``name`` (see the module docstring for the signature)."""
 
     def deco(fn: BackendFn) -> BackendFn:
         if name in _REGISTRY:
             raise ValueError(f"attention backend {name!r} is already registered")
-        _REGISTRY[name] = Backend(name, fn, capabilities, priority, description, available or (lambda: None),
-                                  check or (lambda call: None), boost or (lambda call: None))
+        _REGISTRY[name] = Backend(
+            name,
+            fn,
+            capabilities,
+            priority,
+            description,
+            available or (lambda: None),
+            check or (lambda call: None),
+            boost or (lambda call: None),
+        )
         return fn
 
     return deco
@@ -169,9 +181,7 @@ def get_backend(name: str) -> Backend:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(
-            f"unknown attention backend {name!r}; choose one of {sorted(_REGISTRY)} or 'auto'"
-        ) from None
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {sorted(_REGISTRY)} or 'auto'") from None
 
 
 def check_backend_name(name: str) -> str:
@@ -180,8 +190,9 @@ def check_backend_name(name: str) -> str:
     return name
 
 
-def _call_info(q: Tensor, k: Tensor, mask: AttnMask | None, dropout_p: float, need_weights: bool,
-               exact: bool, sinks: bool = False) -> CallInfo:
+def _call_info(
+    q: Tensor, k: Tensor, mask: AttnMask | None, dropout_p: float, need_weights: bool, exact: bool, sinks: bool = False
+) -> CallInfo:
     lq, lk = q.shape[2], k.shape[2]
     return CallInfo(
         device=q.device.type,
@@ -235,15 +246,31 @@ def ranked(call: CallInfo) -> list[Backend]:
     return sorted(_REGISTRY.values(), key=lambda b: -b.rank(call)[0])
 
 
-def explain(q: Tensor, k: Tensor, *, mask=None, dropout_p: float = 0.0, need_weights: bool = False,
-            exact: bool = True, sinks: bool = False) -> list[tuple[str, Optional[str]]]:
+def explain(
+    q: Tensor,
+    k: Tensor,
+    *,
+    mask=None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+    exact: bool = True,
+    sinks: bool = False,
+) -> list[tuple[str, str | None]]:
     """For each backend in ``auto``'s order: ``(name, None)`` if capable, else ``(name, reason it was skipped)``."""
     call = _call_info(q, k, AttnMask.of(mask), dropout_p, need_weights, exact, sinks)
     return [(b.name, b.why_not(call)) for b in ranked(call)]
 
 
-def explain_choice(q: Tensor, k: Tensor, *, mask=None, dropout_p: float = 0.0, need_weights: bool = False,
-                   exact: bool = True, sinks: bool = False) -> str:
+def explain_choice(
+    q: Tensor,
+    k: Tensor,
+    *,
+    mask=None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+    exact: bool = True,
+    sinks: bool = False,
+) -> str:
     """``auto``'s choice for this call in words: the backend, why it ranks first, and why each backend ranked above
     it was skipped, e.g. ``"flex (rank 25: sparse patterns on cuda ...); skipped: ..."``."""
     call = _call_info(q, k, AttnMask.of(mask), dropout_p, need_weights, exact, sinks)
@@ -262,11 +289,14 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             fix = f"torch.from_numpy({name})" if type(t).__module__ == "numpy" else f"torch.as_tensor({name})"
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__module__}.{type(t).__name__}; convert it "
-                            f"with {fix}")
+            raise TypeError(
+                f"{name} must be a torch.Tensor, got {type(t).__module__}.{type(t).__name__}; convert it with {fix}"
+            )
         if not t.is_floating_point():
-            raise TypeError(f"{name} must be floating point, got {t.dtype}; cast it with {name}.float() (attention "
-                            "takes float16, bfloat16, float32 or float64)")
+            raise TypeError(
+                f"{name} must be floating point, got {t.dtype}; cast it with {name}.float() (attention "
+                "takes float16, bfloat16, float32 or float64)"
+            )
         if t.dim() != 4:
             raise ValueError(
                 f"{name} must be 4-D (B, H, L, D), got shape {tuple(t.shape)}; "
@@ -287,8 +317,10 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype}); cast them to one dtype")
     if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v are on different devices ({q.device}, {k.device}, {v.device}); move them to one "
-                         "with .to(q.device)")
+        raise ValueError(
+            f"q, k, v are on different devices ({q.device}, {k.device}, {v.device}); move them to one "
+            "with .to(q.device)"
+        )
 
 
 def _prepare(q: Tensor, k: Tensor, v: Tensor, mask, is_causal: bool, scale) -> tuple[AttnMask | None, float]:
@@ -399,8 +431,9 @@ def _check_sinks(sinks: Tensor | None, q: Tensor) -> None:
         raise ValueError(f"sinks are on {sinks.device} but q is on {q.device}; move them with .to(q.device)")
 
 
-def attention_weights(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
-                      scale: float | None = None, sinks: Tensor | None = None) -> Tensor:
+def attention_weights(
+    q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False, scale: float | None = None, sinks: Tensor | None = None
+) -> Tensor:
     """Per-head weights ``softmax(q k^T * scale + mask)`` ``(B, H, Lq, Lk)``, fully masked rows zero: the same
     preparation as :func:`attention` (one validation), then the reference formula (``sinks`` as there)."""
     from .ops import probabilities

@@ -22,6 +22,7 @@ Rows with no allowed key have ``lse = -inf`` and zero weights, entropy, distance
 With learned sinks (``sinks=``, a logit per head in every denominator) ``lse`` includes the sink's term, so every
 statistic is over the real keys with their true weights (which sum to ``1 - sink[b, h, i]``, the sink's share).
 """
+
 from __future__ import annotations
 
 import math
@@ -61,8 +62,18 @@ class AttentionStats:
         return torch.isfinite(self.lse) if self.sink is None else self.sink < 1
 
     def nbytes(self) -> int:
-        ts = [self.lse, self.entropy, self.received, self.distance, *self.mass.values(), self.topk_index,
-              self.topk_weight, self.weights, self.thumbnail, self.sink]
+        ts = [
+            self.lse,
+            self.entropy,
+            self.received,
+            self.distance,
+            *self.mass.values(),
+            self.topk_index,
+            self.topk_weight,
+            self.weights,
+            self.thumbnail,
+            self.sink,
+        ]
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
 
@@ -75,12 +86,15 @@ def _key_sets(sets: dict | None, b: int, lk: int, device) -> dict[str, Tensor]:
         s = torch.as_tensor(s, device=device)
         if s.dtype == torch.bool:
             if s.shape not in ((lk,), (b, lk)):
-                raise ValueError(f"key set {name!r} as a bool mask must be (Lk,) or (B, Lk) = ({b}, {lk}); got "
-                                 f"{tuple(s.shape)}")
+                raise ValueError(
+                    f"key set {name!r} as a bool mask must be (Lk,) or (B, Lk) = ({b}, {lk}); got {tuple(s.shape)}"
+                )
             out[name] = s.expand(b, lk).clone()
         else:
             if s.dim() != 1 or s.is_floating_point() or (s.numel() and (int(s.min()) < 0 or int(s.max()) >= lk)):
-                raise ValueError(f"key set {name!r} must be key indices in [0, {lk}) or a bool mask; got {s.tolist()[:8]}")
+                raise ValueError(
+                    f"key set {name!r} must be key indices in [0, {lk}) or a bool mask; got {s.tolist()[:8]}"
+                )
             m = torch.zeros(b, lk, dtype=torch.bool, device=device)
             m[:, s] = True
             out[name] = m
@@ -136,7 +150,9 @@ class _Tiles:
             allowed = self.mask_mod(self.b_idx, self.h_idx, ii, jj)
             if not bool(allowed.any()):
                 return None
-        s = torch.matmul(self.q[:, :, i0:i1].to(self.work) * self.scale, self.k[:, :, j0:j1].to(self.work).transpose(-2, -1))
+        s = torch.matmul(
+            self.q[:, :, i0:i1].to(self.work) * self.scale, self.k[:, :, j0:j1].to(self.work).transpose(-2, -1)
+        )
         if self.score_mod is not None:
             s = self.score_mod(s, self.b_idx, self.h_idx, ii, jj)
         if allowed is None and self.causal_offset is not None and j1 - 1 > i0 + self.causal_offset:
@@ -172,11 +188,24 @@ def _as_list(x, n: int, what: str) -> list[int] | None:
 
 
 @torch.no_grad()
-def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
-                    key_padding_mask: Tensor | None = None, scale: float | None = None, topk: int = 8,
-                    sets: dict | None = None, offsets=(), heads=None, rows=None, thumbnail: int = 0,
-                    sinks: Tensor | None = None, block_q: int = BLOCK_Q,
-                    block_k: int = BLOCK_K) -> AttentionStats:
+def attention_stats(
+    q: Tensor,
+    k: Tensor,
+    *,
+    mask=None,
+    is_causal: bool = False,
+    key_padding_mask: Tensor | None = None,
+    scale: float | None = None,
+    topk: int = 8,
+    sets: dict | None = None,
+    offsets=(),
+    heads=None,
+    rows=None,
+    thumbnail: int = 0,
+    sinks: Tensor | None = None,
+    block_q: int = BLOCK_Q,
+    block_k: int = BLOCK_K,
+) -> AttentionStats:
     """Exact statistics of ``softmax(q k^T * scale + mask)`` per head, in memory linear in length.
 
     Args:
@@ -200,7 +229,9 @@ def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
     b, h, lq, d = q.shape
     lk = k.shape[2]
     if topk < 0 or block_q < 1 or block_k < 1:
-        raise ValueError(f"topk must be >= 0 and the blocks >= 1; got topk={topk}, block_q={block_q}, block_k={block_k}")
+        raise ValueError(
+            f"topk must be >= 0 and the blocks >= 1; got topk={topk}, block_q={block_q}, block_k={block_k}"
+        )
     am = AttnMask.of(mask, is_causal=is_causal, key_padding=key_padding_mask)
     if am is not None:
         am = am.check(b, h, lq, lk, q.device, q.dtype)
@@ -290,7 +321,9 @@ def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
             elif j0 >= pos[-1]:  # every key at or after every query
                 distance[:, :, i0:i1] += red[..., 1] - pos * red[..., 0]
             else:  # the tile crosses the diagonal
-                distance[:, :, i0:i1] += torch.matmul(p[..., None, :], (pos[:, None] - keys[None, j0:j1]).abs()[..., None])[..., 0, 0]
+                distance[:, :, i0:i1] += torch.matmul(
+                    p[..., None, :], (pos[:, None] - keys[None, j0:j1]).abs()[..., None]
+                )[..., 0, 0]
             for o in offsets:  # the weight on key pos(i) + o, for the rows whose key lies in this tile
                 target = pos + o - j0  # (bq,)
                 ok = (target >= 0) & (target < j1 - j0)
@@ -309,17 +342,38 @@ def attention_stats(q: Tensor, k: Tensor, *, mask=None, is_causal: bool = False,
         if kk and cand_w:
             w, ix = torch.cat(cand_w, -1), torch.cat(cand_i, -1)
             best, order = w.topk(min(kk, w.shape[-1]), dim=-1)
-            top_w[:, :, i0:i1, :best.shape[-1]], top_i[:, :, i0:i1, :best.shape[-1]] = best, ix.gather(-1, order)
+            top_w[:, :, i0:i1, : best.shape[-1]], top_i[:, :, i0:i1, : best.shape[-1]] = best, ix.gather(-1, order)
     if thumb is not None:
         thumb /= bin_q.sum(0)[:, None] * bin_k.sum(0)[None, :]  # sums -> means over each bin
     top_w = top_w.clamp_min(0)  # slots never filled (rows with fewer allowed keys than k) read 0
-    return AttentionStats(lse=lse, entropy=entropy, received=received, distance=distance, mass=mass,
-                          topk_index=top_i if kk else None, topk_weight=top_w if kk else None, weights=weights,
-                          heads=heads_l, rows=rows_l, thumbnail=thumb, sink=sink)
+    return AttentionStats(
+        lse=lse,
+        entropy=entropy,
+        received=received,
+        distance=distance,
+        mass=mass,
+        topk_index=top_i if kk else None,
+        topk_weight=top_w if kk else None,
+        weights=weights,
+        heads=heads_l,
+        rows=rows_l,
+        thumbnail=thumb,
+        sink=sink,
+    )
 
 
-def map_stats(w: Tensor, *, offset: int | None = None, topk: int = 8, sets: dict | None = None, offsets=(),
-              heads=None, rows=None, thumbnail: int = 0, **_tiles) -> AttentionStats:
+def map_stats(
+    w: Tensor,
+    *,
+    offset: int | None = None,
+    topk: int = 8,
+    sets: dict | None = None,
+    offsets=(),
+    heads=None,
+    rows=None,
+    thumbnail: int = 0,
+    **_tiles,
+) -> AttentionStats:
     """The statistics of an explicit map ``w`` ``(B, H, Lq, Lk)`` that is not one softmax of ``q k^T`` per head:
     differential attention's ``A1 - lambda A2`` and talking heads' mixed weights, whose layers build the map anyway.
     ``received``, ``distance``, ``mass``, top-k, exact rows and the thumbnail are the same linear read-outs of ``w``
@@ -328,8 +382,10 @@ def map_stats(w: Tensor, *, offset: int | None = None, topk: int = 8, sets: dict
     one). Rows of zeros have ``lse = -inf`` and zero statistics. ``offset`` places query ``i`` at key ``i + offset``
     (default ``Lk - Lq``)."""
     if not isinstance(w, Tensor) or w.dim() != 4 or not w.is_floating_point():
-        raise ValueError(f"map_stats takes a floating (B, H, Lq, Lk) map, got "
-                         f"{tuple(w.shape) if isinstance(w, Tensor) else type(w).__name__}")
+        raise ValueError(
+            f"map_stats takes a floating (B, H, Lq, Lk) map, got "
+            f"{tuple(w.shape) if isinstance(w, Tensor) else type(w).__name__}"
+        )
     b, h, lq, lk = w.shape
     work = torch.promote_types(w.dtype, torch.float32)
     w = w.to(work)
@@ -358,11 +414,19 @@ def map_stats(w: Tensor, *, offset: int | None = None, topk: int = 8, sets: dict
         bin_q = torch.nn.functional.one_hot(torch.arange(lq, device=w.device) * tq // max(lq, 1), tq).to(work)
         bin_k = torch.nn.functional.one_hot(torch.arange(lk, device=w.device) * tk // max(lk, 1), tk).to(work)
         thumb = (bin_q.T @ w @ bin_k) / (bin_q.sum(0)[:, None] * bin_k.sum(0)[None, :])
-    return AttentionStats(lse=lse, entropy=entropy, received=w.sum(-2),
-                          distance=(w * (pos[:, None] - keys[None, :]).abs()).sum(-1), mass=mass,
-                          topk_index=top_i, topk_weight=top_w,
-                          weights=w[:, heads_l][:, :, rows_l] if heads_l is not None else None,
-                          heads=heads_l, rows=rows_l, thumbnail=thumb)
+    return AttentionStats(
+        lse=lse,
+        entropy=entropy,
+        received=w.sum(-2),
+        distance=(w * (pos[:, None] - keys[None, :]).abs()).sum(-1),
+        mass=mass,
+        topk_index=top_i,
+        topk_weight=top_w,
+        weights=w[:, heads_l][:, :, rows_l] if heads_l is not None else None,
+        heads=heads_l,
+        rows=rows_l,
+        thumbnail=thumb,
+    )
 
 
 __all__ = ["AttentionStats", "attention_stats", "map_stats"]

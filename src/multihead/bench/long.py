@@ -16,6 +16,7 @@ One multi-head self-attention layer, d_model 256, 4 heads (d_k 64), batch 1, fp3
 Cases the machine cannot hold are skipped before they run (the estimate is stated), not crashed into.
 ``--device cuda --dtype bf16`` runs every case on the GPU in that dtype (default lengths 4k-64k there).
 """
+
 from __future__ import annotations
 
 from .._io import atomic_save_figure
@@ -33,8 +34,18 @@ D_MODEL, HEADS, WINDOW = 256, 4, 256
 LENGTHS = [1024, 2048, 4096, 8192, 16384]
 CUDA_LENGTHS = [4096, 16384, 65536]
 MODES = ["forward", "train"]
-IMPLS = ["tutorial", "torch_mha", "sdpa", "memory_efficient", "window", "block_sparse", "flex_window", "performer",
-         "linear_elu", "torch_flex_window"]
+IMPLS = [
+    "tutorial",
+    "torch_mha",
+    "sdpa",
+    "memory_efficient",
+    "window",
+    "block_sparse",
+    "flex_window",
+    "performer",
+    "linear_elu",
+    "torch_flex_window",
+]
 FLEX = {"flex_window", "torch_flex_window"}  # no backward on CPU
 QUADRATIC = {"tutorial", "torch_mha"}  # build L x L per head
 MEMORY_BUDGET_GB = 14.0
@@ -137,8 +148,18 @@ def build(case: dict):
     return step
 
 
-def run(*, lengths=None, modes=None, impls=None, threads=None, out: Path | None = None, min_time: float = 1.0,
-        progress=True, device: str = "cpu", dtype: str = "fp32") -> dict:
+def run(
+    *,
+    lengths=None,
+    modes=None,
+    impls=None,
+    threads=None,
+    out: Path | None = None,
+    min_time: float = 1.0,
+    progress=True,
+    device: str = "cpu",
+    dtype: str = "fp32",
+) -> dict:
     from tqdm import tqdm
 
     cases, results = [], []
@@ -154,11 +175,14 @@ def run(*, lengths=None, modes=None, impls=None, threads=None, out: Path | None 
         elif c["impl"] in FLEX and c["mode"] == "train" and device == "cpu":
             results.append({**c, "error": "skipped: FlexAttention has no backward on CPU"})
         else:
-            results.append(run_case(SUITE, c, threads=threads, min_time=min_time, timeout=900,
-                                    min_repeats=2))
-    payload = {"suite": "long", "config": {"d_model": D_MODEL, "heads": HEADS, "batch": 1, "window": WINDOW,
-                                           "device": device, "dtype": dtype},
-               "machine": machine_info(threads, device), "results": results, "fits": fit_exponents(results)}
+            results.append(run_case(SUITE, c, threads=threads, min_time=min_time, timeout=900, min_repeats=2))
+    payload = {
+        "suite": "long",
+        "config": {"d_model": D_MODEL, "heads": HEADS, "batch": 1, "window": WINDOW, "device": device, "dtype": dtype},
+        "machine": machine_info(threads, device),
+        "results": results,
+        "fits": fit_exponents(results),
+    }
     _ratios(payload)
     if out is not None:
         write_json(out, payload)
@@ -172,8 +196,9 @@ def _ratios(payload: dict) -> None:
         ref = base.get((r["mode"], r["length"]))
         if ref and "error" not in r:
             r["speedup_vs_sdpa"] = ref["seconds_min"] / r["seconds_min"]
-    peer = {(r["mode"], r["length"]): r for r in payload["results"]
-            if r["impl"] == "torch_flex_window" and "error" not in r}
+    peer = {
+        (r["mode"], r["length"]): r for r in payload["results"] if r["impl"] == "torch_flex_window" and "error" not in r
+    }
     for r in payload["results"]:
         ref = peer.get((r["mode"], r["length"]))
         if ref and "error" not in r and r["impl"] in ("window", "flex_window"):
@@ -185,12 +210,18 @@ def fit_exponents(results: list[dict]) -> dict:
     out = {}
     for impl in {r["impl"] for r in results}:
         for mode in MODES:
-            pts = [(r["length"], r["peak_mb"], r["seconds_min"]) for r in results
-                   if r["impl"] == impl and r["mode"] == mode and "error" not in r and r.get("peak_mb")]
+            pts = [
+                (r["length"], r["peak_mb"], r["seconds_min"])
+                for r in results
+                if r["impl"] == impl and r["mode"] == mode and "error" not in r and r.get("peak_mb")
+            ]
             if len(pts) >= 3:
                 xs = [math.log(p[0]) for p in pts]
-                out[f"{impl}/{mode}"] = {"memory": _slope(xs, [math.log(max(p[1], 1e-3)) for p in pts]),
-                                         "time": _slope(xs, [math.log(p[2]) for p in pts]), "points": len(pts)}
+                out[f"{impl}/{mode}"] = {
+                    "memory": _slope(xs, [math.log(max(p[1], 1e-3)) for p in pts]),
+                    "time": _slope(xs, [math.log(p[2]) for p in pts]),
+                    "points": len(pts),
+                }
     return out
 
 
@@ -208,13 +239,17 @@ def plot(payload: dict, path: Path) -> None:
     colour = {impl: f"C{i}" for i, impl in enumerate(IMPLS)}  # one colour per implementation in every panel
     for col, mode in enumerate(MODES):
         for impl in IMPLS:
-            pts = sorted((r["length"], r["seconds_min"], r["peak_mb"]) for r in payload["results"]
-                         if r["impl"] == impl and r["mode"] == mode and "error" not in r)
+            pts = sorted(
+                (r["length"], r["seconds_min"], r["peak_mb"])
+                for r in payload["results"]
+                if r["impl"] == impl and r["mode"] == mode and "error" not in r
+            )
             if not pts:
                 continue
             axes[0][col].plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=impl, color=colour[impl])
-            axes[1][col].plot([p[0] for p in pts], [max(p[2] or 0, 0.1) for p in pts], "o-", label=impl,
-                              color=colour[impl])
+            axes[1][col].plot(
+                [p[0] for p in pts], [max(p[2] or 0, 0.1) for p in pts], "o-", label=impl, color=colour[impl]
+            )
         axes[0][col].set_title(f"{mode}: time (s)", fontsize=10)
         axes[1][col].set_title(f"{mode}: peak memory above baseline (MiB)", fontsize=10)
         for ax in (axes[0][col], axes[1][col]):
@@ -225,8 +260,11 @@ def plot(payload: dict, path: Path) -> None:
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7)
     m, c = payload["machine"], payload["config"]
-    fig.suptitle(f"one MHA layer, d_model {D_MODEL}, {HEADS} heads, batch 1, {c.get('dtype', 'fp32')}, "
-                 f"{m.get('gpu') or str(m['threads']) + ' threads'}", fontsize=10)
+    fig.suptitle(
+        f"one MHA layer, d_model {D_MODEL}, {HEADS} heads, batch 1, {c.get('dtype', 'fp32')}, "
+        f"{m.get('gpu') or str(m['threads']) + ' threads'}",
+        fontsize=10,
+    )
     fig.tight_layout()
     atomic_save_figure(fig, path, dpi=100)
     plt.close(fig)
@@ -234,19 +272,25 @@ def plot(payload: dict, path: Path) -> None:
 
 def format_table(payload: dict) -> str:
     m = payload["machine"]
-    lines = [f"torch {m['torch']} on {m.get('gpu') or str(m['threads']) + ' threads'}, "
-             f"{payload['config'].get('dtype', 'fp32')}; speed-up = dense SDPA time / this time; vs flex = this time / "
-             "PyTorch's own FlexAttention window layer",
-             f"{'L':>6} {'mode':<8}{'impl':<18}{'min ms':>10}{'peak MiB':>10}{'vs sdpa':>9}{'vs flex':>9}"]
+    lines = [
+        f"torch {m['torch']} on {m.get('gpu') or str(m['threads']) + ' threads'}, "
+        f"{payload['config'].get('dtype', 'fp32')}; speed-up = dense SDPA time / this time; vs flex = this time / "
+        "PyTorch's own FlexAttention window layer",
+        f"{'L':>6} {'mode':<8}{'impl':<18}{'min ms':>10}{'peak MiB':>10}{'vs sdpa':>9}{'vs flex':>9}",
+    ]
     for r in payload["results"]:
         if "error" in r:
             lines.append(f"{r['length']:>6} {r['mode']:<8}{r['impl']:<18} {r['error']}")
             continue
         sp, fx = r.get("speedup_vs_sdpa"), r.get("time_vs_torch_flex")
-        lines.append(f"{r['length']:>6} {r['mode']:<8}{r['impl']:<18}{1e3 * r['seconds_min']:>10.1f}"
-                     f"{r['peak_mb'] or 0:>10.0f}{(f'{sp:.2f}x' if sp else '-'):>9}{(f'{fx:.2f}x' if fx else '-'):>9}")
-    lines.append("fitted exponents (peak memory ~ L^a, time ~ L^b): " + ", ".join(
-        f"{k} a={v['memory']} b={v['time']}" for k, v in sorted(payload["fits"].items())))
+        lines.append(
+            f"{r['length']:>6} {r['mode']:<8}{r['impl']:<18}{1e3 * r['seconds_min']:>10.1f}"
+            f"{r['peak_mb'] or 0:>10.0f}{(f'{sp:.2f}x' if sp else '-'):>9}{(f'{fx:.2f}x' if fx else '-'):>9}"
+        )
+    lines.append(
+        "fitted exponents (peak memory ~ L^a, time ~ L^b): "
+        + ", ".join(f"{k} a={v['memory']} b={v['time']}" for k, v in sorted(payload["fits"].items()))
+    )
     return "\n".join(lines)
 
 
@@ -257,5 +301,13 @@ def default_out() -> Path:
 def from_args(args, out: Path) -> dict:
     """``multihead bench long`` (the suite protocol in :mod:`multihead.bench`)."""
     check_impls(args.impls, IMPLS)
-    return run(lengths=args.lengths, modes=args.modes, impls=args.impls, threads=args.threads, out=out,
-               min_time=args.min_time, device=getattr(args, "device", "cpu"), dtype=getattr(args, "dtype", "fp32"))
+    return run(
+        lengths=args.lengths,
+        modes=args.modes,
+        impls=args.impls,
+        threads=args.threads,
+        out=out,
+        min_time=args.min_time,
+        device=getattr(args, "device", "cpu"),
+        dtype=getattr(args, "dtype", "fp32"),
+    )

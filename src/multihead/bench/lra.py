@@ -6,6 +6,7 @@ BigBird block-sparse, Performer, elu linear attention. Reported: test accuracy, 
 memory of the whole training process. Tay et al. 2020 (LRA) is the published reference for how the families
 compare: on text, sparse and linear variants land within a few points of the dense Transformer.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,14 +24,39 @@ VARIANTS = {
 }
 
 
-def run(out_dir: Path, *, data: str = "imdb", max_len: int = 1024, epochs: int = 3, limit: int | None = None,
-        variants=None, threads: int | None = None, extra=(), log=print) -> dict:
+def run(
+    out_dir: Path,
+    *,
+    data: str = "imdb",
+    max_len: int = 1024,
+    epochs: int = 3,
+    limit: int | None = None,
+    variants=None,
+    threads: int | None = None,
+    extra=(),
+    log=print,
+) -> dict:
     rows = []
     for name in variants or VARIANTS:
         folder = out_dir / name
-        cmd = [sys.executable, "-m", "multihead.cli", "train", "--data", data, "--max-len", str(max_len),
-               "--epochs", str(epochs), "--out", str(folder), "--overwrite", "--no-progress", *VARIANTS[name],
-               *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "multihead.cli",
+            "train",
+            "--data",
+            data,
+            "--max-len",
+            str(max_len),
+            "--epochs",
+            str(epochs),
+            "--out",
+            str(folder),
+            "--overwrite",
+            "--no-progress",
+            *VARIANTS[name],
+            *extra,
+        ]
         if limit:
             cmd += ["--limit", str(limit)]
         if threads:
@@ -44,27 +70,41 @@ def run(out_dir: Path, *, data: str = "imdb", max_len: int = 1024, epochs: int =
         r = json.loads((folder / "results.json").read_text())
         evals = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
         epoch_s = [e["epoch_seconds"] for e in evals if e.get("event") == "eval"]
-        rows.append({"variant": name, "test_accuracy": r["test"]["accuracy"], "macro_f1": r["test"]["macro_f1"],
-                     "best_epoch": r["best_epoch"], "seconds_per_epoch": sum(epoch_s) / len(epoch_s),
-                     "peak_rss_mb": r.get("peak_rss_mb"), "parameters": r["parameters"],
-                     "truncated_test": r["truncated"]["test"], "wall_seconds": time.perf_counter() - t0,
-                     "threads": r["threads"]})
-        log(f"{name}: test accuracy {r['test']['accuracy']:.4f}, {rows[-1]['seconds_per_epoch']:.0f}s/epoch, "
-            f"peak {rows[-1]['peak_rss_mb']:.0f} MiB")
+        rows.append(
+            {
+                "variant": name,
+                "test_accuracy": r["test"]["accuracy"],
+                "macro_f1": r["test"]["macro_f1"],
+                "best_epoch": r["best_epoch"],
+                "seconds_per_epoch": sum(epoch_s) / len(epoch_s),
+                "peak_rss_mb": r.get("peak_rss_mb"),
+                "parameters": r["parameters"],
+                "truncated_test": r["truncated"]["test"],
+                "wall_seconds": time.perf_counter() - t0,
+                "threads": r["threads"],
+            }
+        )
+        log(
+            f"{name}: test accuracy {r['test']['accuracy']:.4f}, {rows[-1]['seconds_per_epoch']:.0f}s/epoch, "
+            f"peak {rows[-1]['peak_rss_mb']:.0f} MiB"
+        )
     payload = {"suite": "lra", "data": data, "max_len": max_len, "epochs": epochs, "limit": limit, "rows": rows}
     return payload
 
 
 def format_table(payload: dict) -> str:
-    lines = [f"{payload['data']} at max_len {payload['max_len']}, {payload['epochs']} epochs"
-             + (f", {payload['limit']} examples per split" if payload["limit"] else ""),
-             f"{'variant':<14}{'test acc':>9}{'s/epoch':>9}{'peak MiB':>10}"]
+    lines = [
+        f"{payload['data']} at max_len {payload['max_len']}, {payload['epochs']} epochs"
+        + (f", {payload['limit']} examples per split" if payload["limit"] else ""),
+        f"{'variant':<14}{'test acc':>9}{'s/epoch':>9}{'peak MiB':>10}",
+    ]
     for r in payload["rows"]:
         if "error" in r:
             lines.append(f"{r['variant']:<14} {r['error']}")
         else:
-            lines.append(f"{r['variant']:<14}{r['test_accuracy']:>9.4f}{r['seconds_per_epoch']:>9.0f}"
-                         f"{r['peak_rss_mb']:>10.0f}")
+            lines.append(
+                f"{r['variant']:<14}{r['test_accuracy']:>9.4f}{r['seconds_per_epoch']:>9.0f}{r['peak_rss_mb']:>10.0f}"
+            )
     return "\n".join(lines)
 
 
@@ -76,7 +116,13 @@ def from_args(args, out: Path) -> dict:
     """``multihead bench lra`` (the suite protocol in :mod:`multihead.bench`): trains into ``--runs``."""
     from .._io import atomic_write_json
 
-    payload = run(Path(args.runs), max_len=args.max_len, epochs=args.epochs, limit=args.limit, variants=args.impls,
-                  threads=args.threads)
+    payload = run(
+        Path(args.runs),
+        max_len=args.max_len,
+        epochs=args.epochs,
+        limit=args.limit,
+        variants=args.impls,
+        threads=args.threads,
+    )
     atomic_write_json(out, payload)
     return payload

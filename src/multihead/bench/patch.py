@@ -15,6 +15,7 @@ here, each case in a fresh process (default model ``smollm2``; any pretrained LM
 Inputs: two rows of held-out IMDB text of ``--lengths`` tokens (default 128, 1024, 4096); the metric is the next
 token's probability at the last position. Reported: seconds, peak memory above the start, ratios in the same run.
 """
+
 from __future__ import annotations
 
 import time
@@ -56,29 +57,35 @@ def build(case: dict):
     if impl == "attribution":
         return lambda: P.attribution_patching(model, clean, corrupt, metric)
     if impl == "forward_backward":
+
         def step():
             model.zero_grad(set_to_none=True)
             metric(model(corrupt)).sum().backward()
+
         return step
     if impl == "exact_baseline":
+
         @torch.no_grad()
         def step():
             with capture(model, ("pattern", "q", "k", "v", "z")) as cache:  # cache everything, as such tools do
                 model(clean)
             mods = cache.attention_modules
             out = []
-            for layer, name in enumerate(mods):
+            for name in mods:
                 z_clean = cache[f"{name}.hook_z"]
                 attn = dict(model.named_modules())[name]
                 for head in range(attn.num_heads):
+
                     def edit(z, hook, head=head, z_clean=z_clean):
                         z = z.clone()
                         z[:, head] = z_clean[:, head]
                         return z
+
                     h = attn.hook_z.add_hook(edit)
                     out.append(float(metric(model(corrupt))[0]))
                     h.remove()
             return out
+
         return step
     raise ValueError(f"unknown implementation {impl!r}; choose from {IMPLS}")
 
@@ -87,8 +94,16 @@ def flops(case: dict) -> float:
     return 0.0
 
 
-def run(*, model: str = "smollm2", lengths=None, impls=None, threads=None, out: Path | None = None,
-        min_time: float = 0.0, progress: bool = True) -> dict:
+def run(
+    *,
+    model: str = "smollm2",
+    lengths=None,
+    impls=None,
+    threads=None,
+    out: Path | None = None,
+    min_time: float = 0.0,
+    progress: bool = True,
+) -> dict:
     from tqdm import tqdm
 
     from .. import lm
@@ -114,8 +129,12 @@ def run(*, model: str = "smollm2", lengths=None, impls=None, threads=None, out: 
             r["time_vs_forward_backward"] = r["seconds_min"] / same["forward_backward"]["seconds_min"]
             if same["forward_backward"].get("peak_mb"):
                 r["memory_vs_forward_backward"] = (r.get("peak_mb") or 0) / same["forward_backward"]["peak_mb"]
-    payload = {"suite": "patch", "config": {"model": model, "metric": "probability of one token, last position"},
-               "machine": machine_info(threads), "results": results}
+    payload = {
+        "suite": "patch",
+        "config": {"model": model, "metric": "probability of one token, last position"},
+        "machine": machine_info(threads),
+        "results": results,
+    }
     if out is not None:
         write_json(out, payload)
     return payload
@@ -123,9 +142,11 @@ def run(*, model: str = "smollm2", lengths=None, impls=None, threads=None, out: 
 
 def format_table(payload: dict) -> str:
     m = payload["machine"]
-    lines = [f"torch {m['torch']}, {m['threads']} threads; model {payload['config']['model']}; every head patched "
-             "clean -> corrupted",
-             f"{'tokens':>7} {'impl':<17}{'seconds':>9}{'peak MiB':>10}  ratio"]
+    lines = [
+        f"torch {m['torch']}, {m['threads']} threads; model {payload['config']['model']}; every head patched "
+        "clean -> corrupted",
+        f"{'tokens':>7} {'impl':<17}{'seconds':>9}{'peak MiB':>10}  ratio",
+    ]
     for r in payload["results"]:
         if "error" in r:
             lines.append(f"{r['length']:>7} {r['impl']:<17} {r['error']}")
@@ -137,7 +158,9 @@ def format_table(payload: dict) -> str:
             ratio = f"{r['time_vs_forward_backward']:.2f}x the time of one forward+backward"
             if "memory_vs_forward_backward" in r:
                 ratio += f", {r['memory_vs_forward_backward']:.2f}x its peak memory"
-        lines.append(f"{r['length']:>7} {r['impl']:<17}{r['seconds_min']:>9.2f}{(r.get('peak_mb') or 0):>10.0f}  {ratio}")
+        lines.append(
+            f"{r['length']:>7} {r['impl']:<17}{r['seconds_min']:>9.2f}{(r.get('peak_mb') or 0):>10.0f}  {ratio}"
+        )
     return "\n".join(lines)
 
 
@@ -147,5 +170,11 @@ def default_out() -> Path:
 
 def from_args(args, out: Path) -> dict:
     """``multihead bench patch [--model LM] [--lengths ...] [--impls ...]``."""
-    return run(model=getattr(args, "model", None) or "smollm2", lengths=args.lengths, impls=args.impls,
-               threads=args.threads, out=out, min_time=args.min_time or 0.0)
+    return run(
+        model=getattr(args, "model", None) or "smollm2",
+        lengths=args.lengths,
+        impls=args.impls,
+        threads=args.threads,
+        out=out,
+        min_time=args.min_time or 0.0,
+    )

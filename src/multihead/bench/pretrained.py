@@ -5,6 +5,7 @@ kept at 128), as real text is. ``inference`` = eval + no_grad forward to the las
 mean-pooled loss, backward and an AdamW step (fine-tuning). Peers: HF with ``attn_implementation="sdpa"`` (its
 default, the same PyTorch kernel we call) and ``"eager"``. HF transformers is needed for the peers only.
 """
+
 from __future__ import annotations
 
 import time
@@ -42,8 +43,9 @@ def _forward(impl: str):
     try:
         import transformers
     except ImportError:
-        raise SystemExit("HF transformers is not installed (pip install transformers==4.57.6); it is only a peer") \
-            from None
+        raise SystemExit(
+            "HF transformers is not installed (pip install transformers==4.57.6); it is only a peer"
+        ) from None
     model = transformers.BertModel.from_pretrained(str(path), attn_implementation=impl.split("_")[1])
     return model, lambda ids, keep: model(input_ids=ids, attention_mask=keep.long()).last_hidden_state
 
@@ -65,8 +67,7 @@ def build(case: dict):
     return make_step(model, lambda: fwd(ids, keep), train=case["mode"] == "train", loss=pooled_loss, lr=1e-5)
 
 
-def run(*, modes=None, impls=None, threads=None, out: Path | None = None, min_time: float = 2.0,
-        progress=True) -> dict:
+def run(*, modes=None, impls=None, threads=None, out: Path | None = None, min_time: float = 2.0, progress=True) -> dict:
     from tqdm import tqdm
 
     cases = []
@@ -75,8 +76,10 @@ def run(*, modes=None, impls=None, threads=None, out: Path | None = None, min_ti
         for mode in modes or MODES:
             for impl in impls or IMPLS:
                 cases.append({"impl": impl, "mode": mode, "padded": padded, "tokens": int(keep.sum())})
-    results = [run_case(SUITE, c, threads=threads, min_time=min_time)
-               for c in tqdm(cases, desc="bench pretrained", disable=not progress)]
+    results = [
+        run_case(SUITE, c, threads=threads, min_time=min_time)
+        for c in tqdm(cases, desc="bench pretrained", disable=not progress)
+    ]
     base = {(r["mode"], r["padded"]): r for r in results if r["impl"] == BASELINE and "error" not in r}
     for r in results:
         if "error" in r:
@@ -85,27 +88,39 @@ def run(*, modes=None, impls=None, threads=None, out: Path | None = None, min_ti
         ref = base.get((r["mode"], r["padded"]))
         if ref:
             r[f"speedup_vs_{BASELINE}"] = ref["seconds_min"] / r["seconds_min"]
-    payload = {"suite": "pretrained", "config": {"model": "minilm (all-MiniLM-L6-v2: 6 layers, 12 heads, d 384)",
-                                                  "batch": BATCH, "length": LENGTH, "baseline": BASELINE},
-               "machine": machine_info(threads), "results": results}
+    payload = {
+        "suite": "pretrained",
+        "config": {
+            "model": "minilm (all-MiniLM-L6-v2: 6 layers, 12 heads, d 384)",
+            "batch": BATCH,
+            "length": LENGTH,
+            "baseline": BASELINE,
+        },
+        "machine": machine_info(threads),
+        "results": results,
+    }
     if out is not None:
         write_json(out, payload)
     return payload
 
 
 def format_table(payload: dict) -> str:
-    lines = [f"torch {payload['machine']['torch']}, {payload['machine']['threads']} threads; MiniLM-L6 weights, "
-             f"batch {BATCH} x {LENGTH}; speed-up = HF BertModel (sdpa) time / this time",
-             f"{'mode':<11}{'padded':<8}{'impl':<11}{'min ms':>9}{'median ms':>11}{'tokens/s':>10}{'speed-up':>10}"
-             f"{'peak MiB':>10}"]
+    lines = [
+        f"torch {payload['machine']['torch']}, {payload['machine']['threads']} threads; MiniLM-L6 weights, "
+        f"batch {BATCH} x {LENGTH}; speed-up = HF BertModel (sdpa) time / this time",
+        f"{'mode':<11}{'padded':<8}{'impl':<11}{'min ms':>9}{'median ms':>11}{'tokens/s':>10}{'speed-up':>10}"
+        f"{'peak MiB':>10}",
+    ]
     for r in payload["results"]:
         if "error" in r:
             lines.append(f"{r['mode']:<11}{str(r['padded']):<8}{r['impl']:<11} {r['error']}")
             continue
         sp = r.get(f"speedup_vs_{BASELINE}")
-        lines.append(f"{r['mode']:<11}{str(r['padded']):<8}{r['impl']:<11}{1e3 * r['seconds_min']:>9.1f}"
-                     f"{1e3 * r['seconds']:>11.1f}{r['tokens_per_second']:>10.0f}"
-                     f"{(f'{sp:.2f}x' if sp else '-'):>10}{r['peak_mb'] or 0:>10.0f}")
+        lines.append(
+            f"{r['mode']:<11}{str(r['padded']):<8}{r['impl']:<11}{1e3 * r['seconds_min']:>9.1f}"
+            f"{1e3 * r['seconds']:>11.1f}{r['tokens_per_second']:>10.0f}"
+            f"{(f'{sp:.2f}x' if sp else '-'):>10}{r['peak_mb'] or 0:>10.0f}"
+        )
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@ Batch 1, 8 heads, head dim 64, fp32, L in {1k, 4k, 16k, 32k}; q, k, v random and
 * ``full_map`` -- ``softmax(q k^T)`` materialised ``(1, 8, L, L)`` and the same statistics read from it: what
   ``capture`` does today. Skipped, with its estimate, where the map cannot fit.
 """
+
 from __future__ import annotations
 
 import math
@@ -63,8 +64,9 @@ def flops(case: dict) -> float:
     return per_pass * passes
 
 
-def run(*, lengths=None, impls=None, threads=None, out: Path | None = None, min_time: float = 1.0,
-        progress=True) -> dict:
+def run(
+    *, lengths=None, impls=None, threads=None, out: Path | None = None, min_time: float = 1.0, progress=True
+) -> dict:
     from tqdm import tqdm
 
     check_impls(impls, IMPLS)
@@ -74,11 +76,17 @@ def run(*, lengths=None, impls=None, threads=None, out: Path | None = None, min_
         if c["impl"] == "full_map" and map_gb(c["length"]) > MEMORY_BUDGET_GB:
             results.append({**c, "error": f"skipped: the map needs ~{map_gb(c['length']):.0f} GiB"})
             continue
-        results.append(run_case(SUITE, c, threads=threads, min_time=min_time, timeout=1800,
-                                min_repeats=1 if c["length"] >= 16384 else 2))
-    payload = {"suite": "stats", "config": {"heads": HEADS, "head_dim": HEAD_DIM, "batch": 1, "dtype": "float32",
-                                            "topk": TOPK},
-               "machine": machine_info(threads), "results": results}
+        results.append(
+            run_case(
+                SUITE, c, threads=threads, min_time=min_time, timeout=1800, min_repeats=1 if c["length"] >= 16384 else 2
+            )
+        )
+    payload = {
+        "suite": "stats",
+        "config": {"heads": HEADS, "head_dim": HEAD_DIM, "batch": 1, "dtype": "float32", "topk": TOPK},
+        "machine": machine_info(threads),
+        "results": results,
+    }
     base = {r["length"]: r for r in results if r["impl"] == "sdpa" and "error" not in r}
     for r in results:
         ref = base.get(r["length"])
@@ -92,16 +100,20 @@ def run(*, lengths=None, impls=None, threads=None, out: Path | None = None, min_
 
 
 def format_table(payload: dict) -> str:
-    lines = [f"torch {payload['machine']['torch']}, {payload['machine']['threads']} threads; batch 1, {HEADS} heads, "
-             f"head dim {HEAD_DIM}, fp32; ratios against the SDPA forward at the same L",
-             f"{'L':>6} {'impl':<18}{'seconds':>10}{'peak MiB':>10}{'time x':>8}{'memory x':>10}"]
+    lines = [
+        f"torch {payload['machine']['torch']}, {payload['machine']['threads']} threads; batch 1, {HEADS} heads, "
+        f"head dim {HEAD_DIM}, fp32; ratios against the SDPA forward at the same L",
+        f"{'L':>6} {'impl':<18}{'seconds':>10}{'peak MiB':>10}{'time x':>8}{'memory x':>10}",
+    ]
     for r in payload["results"]:
         if "error" in r:
             lines.append(f"{r['length']:>6} {r['impl']:<18} {r['error']}")
             continue
         t, m = r.get("time_vs_sdpa"), r.get("memory_vs_sdpa")
-        lines.append(f"{r['length']:>6} {r['impl']:<18}{r['seconds_min']:>10.3f}{r['peak_mb'] or 0:>10.0f}"
-                     f"{(f'{t:.2f}' if t else '-'):>8}{(f'{m:.2f}' if m else '-'):>10}")
+        lines.append(
+            f"{r['length']:>6} {r['impl']:<18}{r['seconds_min']:>10.3f}{r['peak_mb'] or 0:>10.0f}"
+            f"{(f'{t:.2f}' if t else '-'):>8}{(f'{m:.2f}' if m else '-'):>10}"
+        )
     return "\n".join(lines)
 
 

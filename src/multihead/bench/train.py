@@ -5,6 +5,7 @@ Both: embedding (vocab 10,000) -> sinusoidal positions -> 2 post-LN blocks (d_mo
 an AdamW step; ``inference`` = eval + no_grad forward. ``padded`` cases draw lengths in [16, 128] per sequence, as
 real text does (PyTorch's encoder then takes its nested-tensor fast path in inference).
 """
+
 from __future__ import annotations
 
 import time
@@ -69,8 +70,13 @@ def build(case: dict):
     model = _model(case["impl"])
     ids, keep = _batch(case["padded"])
     y = torch.randint(0, 2, (BATCH,))
-    return make_step(model, lambda: model(ids, keep), train=case["mode"] == "train",
-                     loss=lambda logits: nn.functional.cross_entropy(logits, y), lr=1e-4)
+    return make_step(
+        model,
+        lambda: model(ids, keep),
+        train=case["mode"] == "train",
+        loss=lambda logits: nn.functional.cross_entropy(logits, y),
+        lr=1e-4,
+    )
 
 
 def run(*, threads=None, out: Path | None = None, min_time: float = 2.0, progress=True) -> dict:
@@ -82,32 +88,49 @@ def run(*, threads=None, out: Path | None = None, min_time: float = 2.0, progres
         for mode in MODES:
             for impl in IMPLS:
                 cases.append({"impl": impl, "mode": mode, "padded": padded, "tokens": int(keep.sum())})
-    results = [run_case(SUITE, c, threads=threads, min_time=min_time)
-               for c in tqdm(cases, desc="bench train", disable=not progress)]
+    results = [
+        run_case(SUITE, c, threads=threads, min_time=min_time)
+        for c in tqdm(cases, desc="bench train", disable=not progress)
+    ]
     base = {(r["mode"], r["padded"]): r for r in results if r["impl"] == "torch_encoder" and "error" not in r}
     for r in results:
         ref = base.get((r["mode"], r["padded"]))
         if ref and "error" not in r:
             r["speedup_vs_torch_encoder"] = ref["seconds_min"] / r["seconds_min"]
             r["tokens_per_second"] = r["tokens"] / r["seconds_min"]
-    payload = {"suite": "train", "config": {"d_model": D_MODEL, "heads": HEADS, "layers": LAYERS, "d_ff": D_FF,
-                                             "batch": BATCH, "length": LENGTH, "vocab": VOCAB},
-               "machine": machine_info(threads), "results": results}
+    payload = {
+        "suite": "train",
+        "config": {
+            "d_model": D_MODEL,
+            "heads": HEADS,
+            "layers": LAYERS,
+            "d_ff": D_FF,
+            "batch": BATCH,
+            "length": LENGTH,
+            "vocab": VOCAB,
+        },
+        "machine": machine_info(threads),
+        "results": results,
+    }
     if out is not None:
         write_json(out, payload)
     return payload
 
 
 def format_table(payload: dict) -> str:
-    lines = [f"torch {payload['machine']['torch']}, {payload['machine']['threads']} threads; batch {BATCH} x {LENGTH}, "
-             f"d_model {D_MODEL}, {HEADS} heads, {LAYERS} layers",
-             f"{'mode':<10}{'padded':<8}{'impl':<15}{'min ms':>9}{'tokens/s':>11}{'speed-up':>10}{'peak MiB':>10}"]
+    lines = [
+        f"torch {payload['machine']['torch']}, {payload['machine']['threads']} threads; batch {BATCH} x {LENGTH}, "
+        f"d_model {D_MODEL}, {HEADS} heads, {LAYERS} layers",
+        f"{'mode':<10}{'padded':<8}{'impl':<15}{'min ms':>9}{'tokens/s':>11}{'speed-up':>10}{'peak MiB':>10}",
+    ]
     for r in payload["results"]:
         if "error" in r:
             lines.append(f"{r['mode']:<10}{str(r['padded']):<8}{r['impl']:<15} {r['error']}")
             continue
-        lines.append(f"{r['mode']:<10}{str(r['padded']):<8}{r['impl']:<15}{1e3 * r['seconds_min']:>9.1f}"
-                     f"{r['tokens_per_second']:>11.0f}{r['speedup_vs_torch_encoder']:>9.2f}x{r['peak_mb'] or 0:>10.0f}")
+        lines.append(
+            f"{r['mode']:<10}{str(r['padded']):<8}{r['impl']:<15}{1e3 * r['seconds_min']:>9.1f}"
+            f"{r['tokens_per_second']:>11.0f}{r['speedup_vs_torch_encoder']:>9.2f}x{r['peak_mb'] or 0:>10.0f}"
+        )
     return "\n".join(lines)
 
 

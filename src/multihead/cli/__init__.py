@@ -10,6 +10,7 @@ A new subcommand: a ``cmd_*`` handler and its ``sub.add_parser(...)`` lines in t
 validated at parse time with the types in ``args.py``), calling one library function. Nothing below the CLI imports
 it (import-linter's layers contract).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,9 @@ def _check_argv(argv: list[str]) -> None:
             arg.encode("utf-8")
         except UnicodeEncodeError:
             shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-            raise ValueError(f"argument {i} ({shown!r}) is not valid UTF-8 text; pass UTF-8 (e.g. convert it with "
-                             "iconv -t UTF-8)") from None
+            raise ValueError(
+                f"argument {i} ({shown!r}) is not valid UTF-8 text; pass UTF-8 (e.g. convert it with iconv -t UTF-8)"
+            ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,8 +65,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (DataError, CheckpointError, RunExistsError, PretrainedError, FolderError, FileNotFoundError,
-            ValueError) as exc:
+    except (
+        DataError,
+        CheckpointError,
+        RunExistsError,
+        PretrainedError,
+        FolderError,
+        FileNotFoundError,
+        ValueError,
+    ) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # permissions, a full disk, a folder where a file was expected
@@ -77,9 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug, not bad input: say so, without a traceback unless asked
         if os.environ.get("MULTIHEAD_DEBUG"):
             raise
-        print(f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}\n"
-              f"This is a bug in multihead, not in your input. Please report it at {BUG_REPORT} with the command you "
-              "ran (MULTIHEAD_DEBUG=1 shows the traceback).", file=sys.stderr)
+        print(
+            f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}\n"
+            f"This is a bug in multihead, not in your input. Please report it at {BUG_REPORT} with the command you "
+            "ran (MULTIHEAD_DEBUG=1 shows the traceback).",
+            file=sys.stderr,
+        )
         return 70
 
 

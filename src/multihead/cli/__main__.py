@@ -1,4 +1,5 @@
 """``python -m multihead.cli``: the same as the ``multihead`` command."""
+
 import sys
 
 from . import main

@@ -1,6 +1,7 @@
 """Argument types and helpers shared by the subcommands: numbers checked at parse time, ``--set`` paths, texts
 from arguments or a file.
 """
+
 from __future__ import annotations
 
 import argparse

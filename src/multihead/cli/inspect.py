@@ -1,6 +1,7 @@
 """``multihead show``, ``heads``, ``importance`` and ``prune``: looking inside a model (pictures, the page, head
 roles, head importance and pruning). The task registry says which run kinds each takes.
 """
+
 from __future__ import annotations
 
 import sys
@@ -26,23 +27,29 @@ def cmd_show(args) -> int:
     kind = tasks.kind_of(args.model)
     if kind is not None:
         handler = {"vision": _show_vision, "grounding": _show_grounding, "g2p": _show_g2p}.get(
-            kind.check("show", args.model).section)
+            kind.check("show", args.model).section
+        )
         if handler is not None:
             return handler(args)
     if args.out is None:
         raise ValueError("pass --out FOLDER: where to write the pictures and the page")
     check_target(args.out, "show", overwrite=args.overwrite, sources=(args.model,))
     if not args.text.strip():
-        raise ValueError("the text to show is empty; pass a sentence, e.g. \"The cat sat on the mat.\"")
+        raise ValueError('the text to show is empty; pass a sentence, e.g. "The cat sat on the mat."')
     subject = load_subject(args.model)
     if args.max_len:
         lift_max_len(subject, args.max_len)
-    summary = show(subject, args.text, Path(args.out), heads=args.heads, rollout=not args.no_rollout,
-                   overwrite=args.overwrite)
-    print(f"{len(summary['tokens'])} tokens: {' '.join(summary['tokens'][:40])}"
-          f"{' ...' if len(summary['tokens']) > 40 else ''}")
-    print(f"wrote {len(summary['files'])} files to {args.out} in {summary['seconds']['total']:.1f}s; open "
-          f"{Path(args.out) / 'attention.html'} in a browser (works offline)")
+    summary = show(
+        subject, args.text, Path(args.out), heads=args.heads, rollout=not args.no_rollout, overwrite=args.overwrite
+    )
+    print(
+        f"{len(summary['tokens'])} tokens: {' '.join(summary['tokens'][:40])}"
+        f"{' ...' if len(summary['tokens']) > 40 else ''}"
+    )
+    print(
+        f"wrote {len(summary['files'])} files to {args.out} in {summary['seconds']['total']:.1f}s; open "
+        f"{Path(args.out) / 'attention.html'} in a browser (works offline)"
+    )
     return 0
 
 
@@ -76,20 +83,26 @@ def _show_vision(args) -> int:
     if args.index is not None:
         if not 0 <= args.index < len(labels):
             raise ValueError(f"--index {args.index} is outside the test split (0..{len(labels) - 1})")
-        image, truth = images[args.index:args.index + 1], run.labels[int(labels[args.index])]
+        image, truth = images[args.index : args.index + 1], run.labels[int(labels[args.index])]
     else:
         image = read_image(args.image, run.model.config)
     with Publish(out, "show", overwrite=args.overwrite, sources=(args.model,), check=False) as folder:
         summary = show_image(run.model, image, run.labels, folder, truth=truth, patch=patch, name=name)
         sample = images[:1000]
         dist = attention_distance(run.model, sample)
-        summary["files"] += [str(f.relative_to(folder)) for f in plot_distance(
-            dist, run.model, folder / "distance", f"mean attention distance, {len(sample)} test images")]
+        summary["files"] += [
+            str(f.relative_to(folder))
+            for f in plot_distance(
+                dist, run.model, folder / "distance", f"mean attention distance, {len(sample)} test images"
+            )
+        ]
         summary["mean_attention_distance"] = [d.tolist() for d in dist]
         atomic_write_json(folder / "image.json", summary)
     print(f"{name}: predicted {summary['predicted']}" + (f" (true {truth})" if truth else ""))
-    print("mean attention distance (pixels) per layer: " + "; ".join(
-        " ".join(f"{v:.1f}" for v in d) for d in summary["mean_attention_distance"]))
+    print(
+        "mean attention distance (pixels) per layer: "
+        + "; ".join(" ".join(f"{v:.1f}" for v in d) for d in summary["mean_attention_distance"])
+    )
     print(f"wrote {len(summary['files'])} files to {out}")
     return 0
 
@@ -111,8 +124,9 @@ def _show_dinov2(args) -> int:
     d = dinov2.load(args.model)
     u8, x = dinov2.square(photo, size=args.size or 224, patch=d.model.config.patch_size)
     name = Path(args.image).stem
-    with Publish(Path(args.out), "show", overwrite=args.overwrite, sources=(args.model, args.image),
-                 check=False) as folder:
+    with Publish(
+        Path(args.out), "show", overwrite=args.overwrite, sources=(args.model, args.image), check=False
+    ) as folder:
         summary = show_image(d.model, u8, None, folder, patch=patch, name=name, inputs=x)
     g = u8.shape[-1] // d.model.config.patch_size
     print(f"{name}: DINOv2-small on its {u8.shape[-1]} x {u8.shape[-1]} centre crop ({g} x {g} patches)")
@@ -135,8 +149,9 @@ def _show_whisper(args) -> int:
     audio = whisper.read_wav(args.audio)
     w = whisper.load(args.model)
     name = Path(args.audio).stem
-    with Publish(Path(args.out), "show", overwrite=args.overwrite, sources=(args.model, args.audio),
-                 check=False) as folder:
+    with Publish(
+        Path(args.out), "show", overwrite=args.overwrite, sources=(args.model, args.audio), check=False
+    ) as folder:
         summary = show_speech(w, audio[: whisper.SAMPLE_RATE * whisper.CHUNK], folder, name=name)
     print(f"{name}: {summary['text']}")
     print("  " + " ".join(f"{x['word']}@{x['start']:.2f}s" for x in summary["words"]))
@@ -154,8 +169,10 @@ def _show_grounding(args) -> int:
     from ..train.grounding import load_grounding_run, test_canvases
 
     if args.index is None or args.image is not None:
-        raise ValueError("pass --index N (a held-out test canvas) and optionally --question \"where is the bag?\" "
-                         "(default: the canvas's own question)")
+        raise ValueError(
+            'pass --index N (a held-out test canvas) and optionally --question "where is the bag?" '
+            "(default: the canvas's own question)"
+        )
     out = Path(args.out) if args.out else Path(args.model) / "show" / f"canvas-{args.index}"
     check_target(out, "show", overwrite=args.overwrite, sources=(args.model,))
     run = load_grounding_run(args.model)
@@ -166,14 +183,15 @@ def _show_grounding(args) -> int:
     if not args.index < len(data.answers):
         raise ValueError(f"--index {args.index} is outside the test canvases (0..{len(data.answers) - 1})")
     i = args.index
-    q = data.questions[i:i + 1] if question is None else torch.tensor([question], dtype=torch.long)
+    q = data.questions[i : i + 1] if question is None else torch.tensor([question], dtype=torch.long)
     truth = run.answers[int(data.answers[i])] if question is None else None
     with Publish(out, "show", overwrite=args.overwrite, sources=(args.model,), check=False) as folder:
-        summary = show_grounding(run.model, data.canvases[i:i + 1], q, vocab, folder, truth=truth,
-                                 name=f"canvas-{i}")
+        summary = show_grounding(run.model, data.canvases[i : i + 1], q, vocab, folder, truth=truth, name=f"canvas-{i}")
         atomic_write_json(folder / "canvas.json", summary)
-    print(f"canvas {i}: {summary['question']} -> {summary['answer']} ({summary['probability']:.2f})"
-          + (f"; true {truth}" if truth else ""))
+    print(
+        f"canvas {i}: {summary['question']} -> {summary['answer']} ({summary['probability']:.2f})"
+        + (f"; true {truth}" if truth else "")
+    )
     print(f"wrote {len(summary['files'])} files to {out}")
     return 0
 
@@ -242,8 +260,13 @@ def cmd_heads(args) -> int:
     else:  # exact statistics on the model's own (fused) path: no L x L map is built
         stats, tokens = subject_head_stats(subject, texts, batch_size=1 if subject.max_len > 1024 else 32)
         result = roles.summarise(stats, subject.name, len(texts), tokens, "stats")
-    result["data"] = {"name": args.data, "split": args.split, "n": len(texts), "concatenated": bool(args.concat),
-                      "max_len": subject.max_len}
+    result["data"] = {
+        "name": args.data,
+        "split": args.split,
+        "n": len(texts),
+        "concatenated": bool(args.concat),
+        "max_len": subject.max_len,
+    }
     result["seconds"] = round(time.perf_counter() - t0, 2)
     result["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     if args.json:
@@ -290,8 +313,10 @@ def _heads_dinov2(args) -> int:
         dino.plot_norms(r, folder / "norms", f"{args.model}: patch-token norms in the residual stream")
     print(dino.format_study(r))
     if compare is not None:
-        print(f"{args.compare}: mean attention distance per layer " + " ".join(f"{float(v):.1f}"
-                                                                             for v in compare[0].mean(1)))
+        print(
+            f"{args.compare}: mean attention distance per layer "
+            + " ".join(f"{float(v):.1f}" for v in compare[0].mean(1))
+        )
     print(f"wrote heads.json, objects.png, distance.png and norms.png to {args.out}")
     return 0
 
@@ -308,15 +333,24 @@ def _heads_causal(args) -> int:
 
     run = load_pretrain_run(args.model)
     if run.config.objective.name != "clm":
-        raise ValueError(f"{args.model} is a masked-LM run; its encoder's heads are analysed on text: multihead heads "
-                         f"{Path(args.model) / 'encoder'}")
+        raise ValueError(
+            f"{args.model} is a masked-LM run; its encoder's heads are analysed on text: multihead heads "
+            f"{Path(args.model) / 'encoder'}"
+        )
     half = max(2, min(64, (run.config.causal.max_len - 1) // 2))
-    scores = I.induction_scores(run.model, half=half, batch=min(args.n, 64), low=len(SPECIALS) + 1,
-                                start=run.tokenizer.token_to_id(SEP))
-    result = {"model": str(args.model), "rule": f"induction: prefix-matching score >= {I.INDUCTION}",
-              "half": half, "prefix_matching": scores["prefix_matching"].tolist(),
-              "copying": scores["copying"].tolist(), "roles": I.induction_roles(scores["prefix_matching"]),
-              "loss_first_half": scores["loss_first_half"], "loss_second_half": scores["loss_second_half"]}
+    scores = I.induction_scores(
+        run.model, half=half, batch=min(args.n, 64), low=len(SPECIALS) + 1, start=run.tokenizer.token_to_id(SEP)
+    )
+    result = {
+        "model": str(args.model),
+        "rule": f"induction: prefix-matching score >= {I.INDUCTION}",
+        "half": half,
+        "prefix_matching": scores["prefix_matching"].tolist(),
+        "copying": scores["copying"].tolist(),
+        "roles": I.induction_roles(scores["prefix_matching"]),
+        "loss_first_half": scores["loss_first_half"],
+        "loss_second_half": scores["loss_second_half"],
+    }
     print(json.dumps(result) if args.json else I.format_scores(result))
     if args.out:
         with Publish(args.out, "heads", overwrite=args.overwrite, sources=(args.model,)) as folder:
@@ -341,8 +375,9 @@ def cmd_importance(args) -> int:
         return _importance_media(args, "dinov2" if is_dinov2_source(args.run) else "whisper")
     tasks.require(args.run, "importance")
 
-    result = imp.score_run(args.run, args.method, data=args.data, split=args.split, n=args.n,
-                           out=Path(args.out) if args.out else None)
+    result = imp.score_run(
+        args.run, args.method, data=args.data, split=args.split, n=args.n, out=Path(args.out) if args.out else None
+    )
     print(imp.format_table(result["tensor"], result["title"]))
     print(f"wrote {result['json']} and {result['files'][0]}")
     return 0
@@ -364,20 +399,30 @@ def _importance_media(args, kind: str) -> int:
 
         d = dinov2.load(args.run)
         model, score = d.model, A.dinov2_scores(d)
-        curve_score, what, curve_what = score, "drop in feature agreement (cosine) when the head is zeroed", \
-            "feature agreement with the unpruned model (cosine)"
+        curve_score, what, curve_what = (
+            score,
+            "drop in feature agreement (cosine) when the head is zeroed",
+            "feature agreement with the unpruned model (cosine)",
+        )
     else:
         from .. import whisper
 
         w = whisper.load(args.run)
         model = w.model
         score, curve_score = A.whisper_scores(w, n=args.n or 10)
-        what, curve_what = "rise in the reference transcripts' loss (nats/token) when the head is zeroed", \
-            "word error rate of greedy transcripts"
+        what, curve_what = (
+            "rise in the reference transcripts' loss (nats/token) when the head is zeroed",
+            "word error rate of greedy transcripts",
+        )
     importance = A.ablation_importance(model, score, progress=True, desc=f"{kind}: each head zeroed")
     curve = A.pruning_curve(model, importance, curve_score)
-    result = {"model": str(args.run), "rule": what, "importance": importance.tolist(), "pruning": curve,
-              "curve_metric": curve_what}
+    result = {
+        "model": str(args.run),
+        "rule": what,
+        "importance": importance.tolist(),
+        "pruning": curve,
+        "curve_metric": curve_what,
+    }
     with Publish(Path(args.out), "importance", overwrite=args.overwrite, sources=(args.run,)) as folder:
         atomic_write_json(folder / "importance-ablation.json", result)
         plots.plot(importance, folder / "importance", f"{args.run}: {what}")
@@ -410,15 +455,29 @@ def cmd_prune(args) -> int:
     tasks.require(args.run, "prune")
     if args.threads:
         torch.set_num_threads(args.threads)
-    r = P.prune_run(args.run, Path(args.out), overwrite=args.overwrite, data=args.data, method=args.method, step=args.step,
-                    max_drop=args.max_drop, until=args.until, speed_at=args.speed_at, min_time=args.min_time)
+    r = P.prune_run(
+        args.run,
+        Path(args.out),
+        overwrite=args.overwrite,
+        data=args.data,
+        method=args.method,
+        step=args.step,
+        max_drop=args.max_drop,
+        until=args.until,
+        speed_at=args.speed_at,
+        min_time=args.min_time,
+    )
     speed = r["inference"]
-    print(f"chosen: {r['pruned']}/{r['heads']} heads pruned ({r['fraction']:.0%}); test accuracy "
-          f"{r['test_accuracy_pruned']:.4f} vs {r['base_test_accuracy']:.4f} unpruned; "
-          f"|pruned - masked| = {r['max_abs_diff_pruned_vs_masked']:.1e}")
+    print(
+        f"chosen: {r['pruned']}/{r['heads']} heads pruned ({r['fraction']:.0%}); test accuracy "
+        f"{r['test_accuracy_pruned']:.4f} vs {r['base_test_accuracy']:.4f} unpruned; "
+        f"|pruned - masked| = {r['max_abs_diff_pruned_vs_masked']:.1e}"
+    )
     for name, sec in speed["seconds"].items():
-        print(f"  inference {name:<14} {sec:7.3f}s per test pass ({speed['speedup_vs_unpruned'][name]:.2f}x), "
-              f"batch 32, {speed['threads']} threads")
+        print(
+            f"  inference {name:<14} {sec:7.3f}s per test pass ({speed['speedup_vs_unpruned'][name]:.2f}x), "
+            f"batch 32, {speed['threads']} threads"
+        )
     print(f"pruned run: {args.out} (pruning.json, pruning.png)")
     return 0
 
@@ -428,32 +487,51 @@ def register(sub) -> None:
     from ..heads.scores import METHODS
 
     sh = sub.add_parser("show", help="pictures (PNG+SVG) and an offline web page of every head for one text")
-    sh.add_argument("model", help="a run folder (classifier, G2P or ViT), minilm, a BERT-family folder, a "
-                                  "pretrained LM (smollm2, .gguf, HF folder), dinov2 (with --image PHOTO) or whisper "
-                                  "(with --audio WAV)")
+    sh.add_argument(
+        "model",
+        help="a run folder (classifier, G2P or ViT), minilm, a BERT-family folder, a "
+        "pretrained LM (smollm2, .gguf, HF folder), dinov2 (with --image PHOTO) or whisper "
+        "(with --audio WAV)",
+    )
     sh.add_argument("text", nargs="?", default="", help="the text (a word for G2P runs; none for image runs)")
     sh.add_argument("--index", type=_nonneg, default=None, help="image runs: this test image")
-    sh.add_argument("--image", default=None, help="image runs: a .png or .npy image; dinov2: any photograph (.jpg, "
-                                                  ".png)")
-    sh.add_argument("--question", default=None, help="grounding runs: a question about the canvas, e.g. "
-                                                     "\"where is the bag?\" (default: the canvas's own)")
-    sh.add_argument("--patch", default=None, help="image runs: ROW,COL of the patch whose attention is drawn "
-                                                  "(default the centre)")
+    sh.add_argument(
+        "--image", default=None, help="image runs: a .png or .npy image; dinov2: any photograph (.jpg, .png)"
+    )
+    sh.add_argument(
+        "--question",
+        default=None,
+        help='grounding runs: a question about the canvas, e.g. "where is the bag?" (default: the canvas\'s own)',
+    )
+    sh.add_argument(
+        "--patch", default=None, help="image runs: ROW,COL of the patch whose attention is drawn (default the centre)"
+    )
     sh.add_argument("--audio", default=None, help="whisper: a WAV file (its first 30 s)")
-    sh.add_argument("--size", type=_count, default=None, help="dinov2: side of the square centre crop in pixels "
-                                                             "(default 224; rounded down to whole 14-pixel patches)")
+    sh.add_argument(
+        "--size",
+        type=_count,
+        default=None,
+        help="dinov2: side of the square centre crop in pixels (default 224; rounded down to whole 14-pixel patches)",
+    )
     sh.add_argument("--out", default=None, help="folder to write (G2P runs: default RUN/show/WORD)")
     sh.add_argument("--heads", type=_head_list, default=None, help="heads to draw at full size, e.g. 1:8,5:3")
     sh.add_argument("--no-rollout", action="store_true", help="skip the attention-rollout picture")
-    sh.add_argument("--max-len", type=_count, default=None, help="tokens read (rotary models read any length; over "
-                                                              "1,024 the page is built from statistics, no map)")
+    sh.add_argument(
+        "--max-len",
+        type=_count,
+        default=None,
+        help="tokens read (rotary models read any length; over 1,024 the page is built from statistics, no map)",
+    )
     sh.add_argument("--overwrite", action="store_true", help="replace a folder of other files at --out")
     sh.set_defaults(fn=cmd_show)
 
     hd = sub.add_parser("heads", help="per-head statistics and role labels over a corpus sample")
-    hd.add_argument("model", help="a run folder, minilm, a BERT-family folder, a pretrained LM (smollm2, .gguf, HF "
-                                  "folder: IMDB test text cut into --n inputs of --max-len tokens), dinov2 "
-                                  "(photographs) or whisper (synthesized speech)")
+    hd.add_argument(
+        "model",
+        help="a run folder, minilm, a BERT-family folder, a pretrained LM (smollm2, .gguf, HF "
+        "folder: IMDB test text cut into --n inputs of --max-len tokens), dinov2 "
+        "(photographs) or whisper (synthesized speech)",
+    )
     hd.add_argument("--data", default="rotten_tomatoes", help="built-in dataset or a .csv/.tsv/.jsonl file")
     hd.add_argument("--n", type=_count, default=200, help="texts to use (default 200)")
     hd.add_argument("--split", default="test", choices=["test", "all"], help="the fixed test split, or all rows")
@@ -461,23 +539,34 @@ def register(sub) -> None:
     hd.add_argument("--label-column", default="label")
     hd.add_argument("--max-len", type=_count, default=None, help="tokens per input (rotary models read any length)")
     hd.add_argument("--concat", action="store_true", help="join consecutive texts into inputs of --max-len tokens")
-    hd.add_argument("--from", dest="source", choices=["maps", "stats"], default=None,
-                    help="compute from full maps or from exact statistics in linear memory (default: stats above "
-                         "1,024 tokens)")
+    hd.add_argument(
+        "--from",
+        dest="source",
+        choices=["maps", "stats"],
+        default=None,
+        help="compute from full maps or from exact statistics in linear memory (default: stats above 1,024 tokens)",
+    )
     hd.add_argument("--out", default=None, help="write heads.json and heads.png/.svg here")
-    hd.add_argument("--size", type=_count, default=None, help="dinov2: pixels on the photographs' shorter side "
-                                                             "(default 224)")
-    hd.add_argument("--compare", default=None, help="dinov2: a ViT run folder whose attention distance is drawn "
-                                                    "beside")
-    hd.add_argument("--sentences", type=_count, default=50, help="whisper: sentences spoken word by word by espeak-ng "
-                                                                "(half choose the heads, half measure them)")
+    hd.add_argument(
+        "--size", type=_count, default=None, help="dinov2: pixels on the photographs' shorter side (default 224)"
+    )
+    hd.add_argument("--compare", default=None, help="dinov2: a ViT run folder whose attention distance is drawn beside")
+    hd.add_argument(
+        "--sentences",
+        type=_count,
+        default=50,
+        help="whisper: sentences spoken word by word by espeak-ng (half choose the heads, half measure them)",
+    )
     hd.add_argument("--json", action="store_true")
     hd.add_argument("--overwrite", action="store_true", help="replace a folder of other files at --out")
     hd.set_defaults(fn=cmd_heads)
 
     im = sub.add_parser("importance", help="per-head importance of a trained run (layers x heads table + heatmap)")
-    im.add_argument("run", help="a run folder, a pretrained LM (smollm2, .gguf, HF folder: scored by perplexity on "
-                                "held-out IMDB text), dinov2 or whisper (by zero ablation, with the pruning curve)")
+    im.add_argument(
+        "run",
+        help="a run folder, a pretrained LM (smollm2, .gguf, HF folder: scored by perplexity on "
+        "held-out IMDB text), dinov2 or whisper (by zero ablation, with the pruning curve)",
+    )
     im.add_argument("--data", default=None, help="dataset (default: the run's own)")
     im.add_argument("--split", default="validation", help="train | validation | test | all")
     im.add_argument("--method", default="michel", choices=list(METHODS))
@@ -494,13 +583,21 @@ def register(sub) -> None:
     pu.add_argument("--step", type=_fraction, default=0.1, help="fraction of remaining heads masked per round")
     pu.add_argument("--max-drop", type=_fraction, default=0.01, help="largest validation accuracy loss accepted")
     pu.add_argument("--until", type=_fraction, default=0.0, help="continue the curve until this fraction is pruned")
-    pu.add_argument("--speed-at", type=_fraction, default=None,
-                    help="also time a model pruned to this fraction (e.g. 0.5), from the curve")
+    pu.add_argument(
+        "--speed-at",
+        type=_fraction,
+        default=None,
+        help="also time a model pruned to this fraction (e.g. 0.5), from the curve",
+    )
     pu.add_argument("--min-time", type=_seconds, default=3.0, help="seconds of timing per model")
     pu.add_argument("--threads", type=_count, default=None)
-    pu.add_argument("--fractions", type=_fraction, nargs="+", default=[0.2, 0.4],
-                    help="pretrained LMs: fractions of query heads pruned (whole GQA groups)")
+    pu.add_argument(
+        "--fractions",
+        type=_fraction,
+        nargs="+",
+        default=[0.2, 0.4],
+        help="pretrained LMs: fractions of query heads pruned (whole GQA groups)",
+    )
     pu.add_argument("--n", type=_count, default=None, help="pretrained LMs: rows of 256 held-out tokens to score on")
     pu.add_argument("--overwrite", action="store_true", help="replace an existing run at --out")
     pu.set_defaults(fn=cmd_prune)
-

@@ -1,6 +1,7 @@
 """``multihead patch``, ``multihead attribute`` and ``multihead circuit``: causal interventions on the heads of a
 causal LM (a pretrained one -- smollm2, a .gguf file, an HF folder -- or a ``multihead pretrain --objective clm``
 run)."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,10 @@ def _load(source: str):
         def one(text: str) -> int:
             ids = p.encode(text, special=False)
             if len(ids) != 1:
-                raise LMError(f"{text!r} is {len(ids)} tokens for this model ({ids}); the answer must be one token "
-                              "(names usually need a leading space, e.g. \" Mary\")")
+                raise LMError(
+                    f"{text!r} is {len(ids)} tokens for this model ({ids}); the answer must be one token "
+                    '(names usually need a leading space, e.g. " Mary")'
+                )
             return ids[0]
 
         return p.model, lambda text: p.encode(text), one, p.token_texts
@@ -54,8 +57,10 @@ def _pairs(args) -> list[dict]:
             try:
                 row = json.loads(line)
             except ValueError as exc:
-                raise ValueError(f"{args.file}:{n} is not JSON ({exc}); each line holds {{\"clean\": ..., \"corrupt\": "
-                                 "..., \"answer\": ..., \"wrong\": ...}}") from None
+                raise ValueError(
+                    f'{args.file}:{n} is not JSON ({exc}); each line holds {{"clean": ..., "corrupt": '
+                    '..., "answer": ..., "wrong": ...}}'
+                ) from None
             if not isinstance(row, dict) or not {"clean", "corrupt", "answer"} <= set(row):
                 raise ValueError(f"{args.file}:{n} needs the keys clean, corrupt and answer (wrong for logit-diff)")
             rows.append(row)
@@ -63,8 +68,9 @@ def _pairs(args) -> list[dict]:
             raise ValueError(f"{args.file} holds no pairs")
         return rows
     if args.clean is None or args.corrupt is None or args.answer is None:
-        raise ValueError("pass --clean TEXT --corrupt TEXT --answer TOKEN (and --wrong TOKEN for logit-diff), or "
-                         "--file pairs.jsonl")
+        raise ValueError(
+            "pass --clean TEXT --corrupt TEXT --answer TOKEN (and --wrong TOKEN for logit-diff), or --file pairs.jsonl"
+        )
     return [{"clean": args.clean, "corrupt": args.corrupt, "answer": args.answer, "wrong": args.wrong}]
 
 
@@ -80,23 +86,29 @@ def cmd_patch(args) -> int:
     check_target(args.out, "importance", overwrite=args.overwrite, sources=(args.model,))
     pairs = _pairs(args)
     if args.metric == "logit-diff" and any(not p.get("wrong") for p in pairs):
-        raise ValueError("--metric logit-diff needs --wrong TOKEN (or \"wrong\" in every line of --file)")
+        raise ValueError('--metric logit-diff needs --wrong TOKEN (or "wrong" in every line of --file)')
     model, encode, one, texts = _load(args.model)
     exact, approx, values = [], [], []
     for pair in pairs:
         clean, corrupt = torch.tensor([encode(pair["clean"])]), torch.tensor([encode(pair["corrupt"])])
         answer = one(pair["answer"])
-        metric = P.logit_diff(answer, one(pair["wrong"])) if args.metric == "logit-diff" \
-            else P.token_probability(answer)
+        metric = (
+            P.logit_diff(answer, one(pair["wrong"])) if args.metric == "logit-diff" else P.token_probability(answer)
+        )
         r = P.activation_patching(model, clean, corrupt, metric, batch_size=args.batch, per_position=args.positions)
         exact.append(r["effect"])
         values.append({"clean": r["clean"], "corrupt": r["corrupt"]})
         if not args.positions:
             approx.append(P.attribution_patching(model, clean, corrupt, metric)["effect"])
     effect = torch.stack(exact).mean(0)
-    result = {"model": str(args.model), "metric": args.metric, "pairs": pairs, "per_pair": values,
-              "effect": effect.tolist(), "rule": "effect = metric(corrupted run with the head's clean activation) - "
-                                                 "metric(corrupted run)"}
+    result = {
+        "model": str(args.model),
+        "metric": args.metric,
+        "pairs": pairs,
+        "per_pair": values,
+        "effect": effect.tolist(),
+        "rule": "effect = metric(corrupted run with the head's clean activation) - metric(corrupted run)",
+    }
     if approx:
         est = torch.stack(approx).mean(0)
         result["attribution"] = est.tolist()
@@ -104,16 +116,22 @@ def cmd_patch(args) -> int:
     with Publish(Path(args.out), "importance", overwrite=args.overwrite, sources=(args.model,)) as folder:
         atomic_write_json(folder / "importance-patching.json", result)
         grid = effect.abs().amax(-1) if args.positions else effect
-        plots.plot(grid, folder / "importance", f"{args.model}: activation patching ({args.metric}, clean -> "
-                                                 f"corrupted, mean of {len(pairs)} pairs)")
+        plots.plot(
+            grid,
+            folder / "importance",
+            f"{args.model}: activation patching ({args.metric}, clean -> corrupted, mean of {len(pairs)} pairs)",
+        )
         write_patch_page(folder / "patch.html", result, tokens=texts(encode(pairs[0]["corrupt"])))
-    print(plots.format_table(effect if not args.positions else effect.abs().amax(-1),
-                             f"activation patching, {args.metric}: clean {values[0]['clean']:.3f}, corrupted "
-                             f"{values[0]['corrupt']:.3f} (first pair)"))
+    print(
+        plots.format_table(
+            effect if not args.positions else effect.abs().amax(-1),
+            f"activation patching, {args.metric}: clean {values[0]['clean']:.3f}, corrupted "
+            f"{values[0]['corrupt']:.3f} (first pair)",
+        )
+    )
     if approx:
         print(f"attribution patching vs exact over all heads: correlation {result['correlation']:.3f}")
-    print(f"wrote {Path(args.out) / 'importance-patching.json'}, importance.png and patch.html (open it in a "
-          "browser)")
+    print(f"wrote {Path(args.out) / 'importance-patching.json'}, importance.png and patch.html (open it in a browser)")
     return 0
 
 
@@ -127,12 +145,16 @@ def cmd_attribute(args) -> int:
     ids = torch.tensor([encode(args.text)])
     r = P.direct_logit_attribution(model, ids, one(args.answer), one(args.wrong) if args.wrong else None)
     heads = r["heads"]
-    top = sorted(((float(heads[l, h]), l, h) for l in range(heads.shape[0]) for h in range(heads.shape[1])),
-                 key=lambda t: -abs(t[0]))[:args.top]
+    top = sorted(
+        ((float(heads[l, h]), l, h) for l in range(heads.shape[0]) for h in range(heads.shape[1])),
+        key=lambda t: -abs(t[0]),
+    )[: args.top]
     what = f"logit[{args.answer!r}]" + (f" - logit[{args.wrong!r}]" if args.wrong else "")
     print(f"{what} = {r['check']['logit_difference']:.3f}; parts add up to {r['check']['sum_of_parts']:.3f}")
-    print(f"  embedding {r['embed']:+.3f}, MLPs {float(r['mlp'].sum()):+.3f}, heads {float(heads.sum()):+.3f}, "
-          f"biases {r['bias'] + r['final_bias']:+.3f}")
+    print(
+        f"  embedding {r['embed']:+.3f}, MLPs {float(r['mlp'].sum()):+.3f}, heads {float(heads.sum()):+.3f}, "
+        f"biases {r['bias'] + r['final_bias']:+.3f}"
+    )
     print("  heads writing most directly: " + ", ".join(f"L{l}H{h} {v:+.3f}" for v, l, h in top))
     if args.json:
         print(json.dumps({**r, "heads": heads.tolist(), "mlp": r["mlp"].tolist()}))
@@ -154,11 +176,20 @@ def cmd_circuit(args) -> int:
     if args.task == "induction":
         vocab = p.model.config.vocab_size
         low = min(1000, vocab // 10)  # ordinary tokens, past the special ones
-        r = C.induction_circuit(p.model, start=p.bos_id if p.bos_id is not None else low, low=low, half=args.half,
-                                sequences=args.sequences, seed=args.seed, progress=progress)
+        r = C.induction_circuit(
+            p.model,
+            start=p.bos_id if p.bos_id is not None else low,
+            low=low,
+            half=args.half,
+            sequences=args.sequences,
+            seed=args.seed,
+            progress=progress,
+        )
         text, draw = C.format_induction(r), C.plot_induction
-        title = (f"{p.name}: the induction circuit (K-composition), {args.sequences} sequences of 2 x {args.half} "
-                 "random tokens")
+        title = (
+            f"{p.name}: the induction circuit (K-composition), {args.sequences} sequences of 2 x {args.half} "
+            "random tokens"
+        )
     else:
         r = C.ioi(p, pairs=args.pairs, seed=args.seed, progress=progress)
         text, draw = C.format_ioi(r), C.plot_ioi
@@ -176,13 +207,16 @@ def register(sub) -> None:
     """This module's subcommands, each declared beside its handler."""
     from .args import _count
 
-    pa = sub.add_parser("patch", help="activation patching of every head of a causal LM (clean -> corrupted), with "
-                                      "attribution patching beside it; heat map + JSON")
+    pa = sub.add_parser(
+        "patch",
+        help="activation patching of every head of a causal LM (clean -> corrupted), with "
+        "attribution patching beside it; heat map + JSON",
+    )
     pa.add_argument("model", help="smollm2, a .gguf file, an HF folder, or a causal LM pretraining run")
     pa.add_argument("--clean", default=None, help="the clean prompt")
     pa.add_argument("--corrupt", default=None, help="the corrupted prompt (same number of tokens)")
-    pa.add_argument("--answer", default=None, help="the token the clean prompt should predict, e.g. \" Mary\"")
-    pa.add_argument("--wrong", default=None, help="logit-diff: the competing token, e.g. \" John\"")
+    pa.add_argument("--answer", default=None, help='the token the clean prompt should predict, e.g. " Mary"')
+    pa.add_argument("--wrong", default=None, help='logit-diff: the competing token, e.g. " John"')
     pa.add_argument("--file", default=None, help="pairs.jsonl: one {clean, corrupt, answer, wrong} per line")
     pa.add_argument("--metric", choices=["logit-diff", "prob"], default="logit-diff")
     pa.add_argument("--positions", action="store_true", help="patch every head at every position separately")
@@ -191,19 +225,24 @@ def register(sub) -> None:
     pa.add_argument("--overwrite", action="store_true")
     pa.set_defaults(fn=cmd_patch)
 
-    at = sub.add_parser("attribute", help="direct logit attribution: what each head and MLP writes to the next "
-                                          "token's logit (difference)")
+    at = sub.add_parser(
+        "attribute",
+        help="direct logit attribution: what each head and MLP writes to the next token's logit (difference)",
+    )
     at.add_argument("model", help="smollm2, a .gguf file, an HF folder, or a causal LM pretraining run")
     at.add_argument("text", help="the prompt")
-    at.add_argument("--answer", required=True, help="the next token to explain, e.g. \" Paris\"")
+    at.add_argument("--answer", required=True, help='the next token to explain, e.g. " Paris"')
     at.add_argument("--wrong", default=None, help="a competing token: attribute the logit difference")
     at.add_argument("--top", type=_count, default=10, help="heads listed")
     at.add_argument("--json", action="store_true")
     at.set_defaults(fn=cmd_attribute)
 
-    ci = sub.add_parser("circuit", help="look for a circuit of the literature in a pretrained LM with path and "
-                                        "activation patching: induction (K-composition) or ioi (indirect object "
-                                        "identification)")
+    ci = sub.add_parser(
+        "circuit",
+        help="look for a circuit of the literature in a pretrained LM with path and "
+        "activation patching: induction (K-composition) or ioi (indirect object "
+        "identification)",
+    )
     ci.add_argument("task", choices=["induction", "ioi"])
     ci.add_argument("model", help="smollm2, a .gguf file or an HF model folder")
     ci.add_argument("--out", required=True, help="folder for circuit.json and circuit.png")

@@ -1,6 +1,7 @@
 """``multihead generate``, ``sinks`` and ``induction``: causal language models (streaming generation, attention sinks
 and the StreamingLLM cache, induction heads).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,18 +31,24 @@ def cmd_generate(args) -> int:
         tasks.require(args.run, "generate")
     run = load_pretrain_run(args.run)
     if run.config.objective.name != "clm":
-        raise ValueError(f"{args.run} is a {run.config.objective.name} run; generation needs a causal LM: "
-                         "multihead pretrain --objective clm")
+        raise ValueError(
+            f"{args.run} is a {run.config.objective.name} run; generation needs a causal LM: "
+            "multihead pretrain --objective clm"
+        )
     tok, positions = run.tokenizer, run.config.causal.max_len
     sep = tok.token_to_id(SEP)
     ids = [sep, *tok.encode(args.prompt, add_special_tokens=False).ids]  # [SEP] = the start of a new text
     if len(ids) >= positions:  # no room for even one new token: a shorter --max-new cannot help
-        raise ValueError(f"the prompt is {len(ids)} tokens with the start marker, and the model has {positions} "
-                         f"positions: shorten the prompt to at most {positions - 2} tokens")
+        raise ValueError(
+            f"the prompt is {len(ids)} tokens with the start marker, and the model has {positions} "
+            f"positions: shorten the prompt to at most {positions - 2} tokens"
+        )
     if len(ids) + args.max_new > positions:
-        raise ValueError(f"the prompt ({len(ids)} tokens with the start marker) plus --max-new {args.max_new} exceeds "
-                         f"the model's {positions} positions; use --max-new {positions - len(ids)} or less, or a "
-                         "shorter prompt")
+        raise ValueError(
+            f"the prompt ({len(ids)} tokens with the start marker) plus --max-new {args.max_new} exceeds "
+            f"the model's {positions} positions; use --max-new {positions - len(ids)} or less, or a "
+            "shorter prompt"
+        )
     if args.threads:
         torch.set_num_threads(args.threads)
     out = list(ids)
@@ -55,15 +62,22 @@ def cmd_generate(args) -> int:
         out.append(int(tokens[0]))
         text = tok.decode(out[1:])
         if args.stream:
-            sys.stdout.write(text[len(shown[0]):] if text.startswith(shown[0]) else "\n" + text)
+            sys.stdout.write(text[len(shown[0]) :] if text.startswith(shown[0]) else "\n" + text)
             sys.stdout.flush()
         shown[0] = text
 
-    options = dict(strategy="sample" if args.sample else "greedy", max_new_tokens=args.max_new, stop_tokens=(sep,),
-                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    options = dict(
+        strategy="sample" if args.sample else "greedy",
+        max_new_tokens=args.max_new,
+        stop_tokens=(sep,),
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
     generate(run.model, torch.tensor([ids]), None, streamer=stream, **options)
     if not args.stream:
-        sys.stdout.write(shown[0][len(tok.decode(ids[1:])):])
+        sys.stdout.write(shown[0][len(tok.decode(ids[1:])) :])
     sys.stdout.write("\n")
     return 0
 
@@ -88,17 +102,21 @@ def cmd_sinks(args) -> int:
         check_target(args.out, "sinks", overwrite=args.overwrite, sources=(args.run,))
     run = load_pretrain_run(args.run)
     if run.config.objective.name != "clm" or run.config.causal.positional != "rope":
-        raise ValueError(f"{args.run}: the cache comparison needs a causal LM with rotary positions (positions within "
-                         "a window cache); train one with: multihead pretrain --objective clm --set "
-                         "causal.positional=\"rope\"")
+        raise ValueError(
+            f"{args.run}: the cache comparison needs a causal LM with rotary positions (positions within "
+            "a window cache); train one with: multihead pretrain --objective clm --set "
+            'causal.positional="rope"'
+        )
     trained = run.config.causal.max_len
     length = args.length or 4 * trained
     window = args.window or trained // 2
     band = args.band or trained // 2
     if length < 2 * band or length <= window + args.sinks:  # a curve needs two bands and text past the cache
-        raise ValueError(f"--length {length} is too short to compare the caches: it must exceed the window plus the "
-                         f"sinks ({window} + {args.sinks}) and hold two bands of {band} tokens; pass a larger "
-                         f"--length (default 4x the trained rows: {4 * trained})")
+        raise ValueError(
+            f"--length {length} is too short to compare the caches: it must exceed the window plus the "
+            f"sinks ({window} + {args.sinks}) and hold two bands of {band} tokens; pass a larger "
+            f"--length (default 4x the trained rows: {4 * trained})"
+        )
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = held_out_rows(run, length)[: args.texts]
@@ -130,8 +148,10 @@ def cmd_induction(args) -> int:
         atomic_write_json(folder / "induction.json", r)
         I.plot_toy(r, folder / "induction.png")
     print(I.format_scores({**r, "half": config.half}))
-    print(f"phase change (repeated-half loss < half the first half's) at step {r['phase_change_step']}; best head "
-          f"L{best[0]}H{best[1]} prefix matching {best[2]:.2f}")
+    print(
+        f"phase change (repeated-half loss < half the first half's) at step {r['phase_change_step']}; best head "
+        f"L{best[0]}H{best[1]} prefix matching {best[2]:.2f}"
+    )
     print(f"wrote {Path(args.out) / 'induction.json'} and induction.png")
     return 0
 
@@ -140,28 +160,48 @@ def register(sub) -> None:
     """This module's subcommands, each declared beside its handler."""
     from ..interpret.induction import ToyConfig as ToyDefaults
 
-    ge = sub.add_parser("generate", help="continue a prompt with a causal LM run (multihead pretrain --objective "
-                                         "clm), streaming tokens; KV-cached decoding")
-    ge.add_argument("run", help="pretraining run folder (objective clm), or a pretrained LM: smollm2, a .gguf file, "
-                                "an HF Llama-family or GPT-2 folder")
+    ge = sub.add_parser(
+        "generate",
+        help="continue a prompt with a causal LM run (multihead pretrain --objective "
+        "clm), streaming tokens; KV-cached decoding",
+    )
+    ge.add_argument(
+        "run",
+        help="pretraining run folder (objective clm), or a pretrained LM: smollm2, a .gguf file, "
+        "an HF Llama-family or GPT-2 folder",
+    )
     ge.add_argument("--chat", action="store_true", help="pretrained LMs: wrap the prompt in the model's chat template")
     ge.add_argument("prompt", nargs="?", default="", help="text to continue (default: start a new text)")
     ge.add_argument("--max-new", type=_count, default=50, help="new tokens at most (stops early at the end of a text)")
     ge.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    ge.add_argument("--temperature", type=_number(float, 1e-3, 1e3, "a temperature in [0.001, 1000]"), default=1.0,
-                    help="sampling temperature")
+    ge.add_argument(
+        "--temperature",
+        type=_number(float, 1e-3, 1e3, "a temperature in [0.001, 1000]"),
+        default=1.0,
+        help="sampling temperature",
+    )
     ge.add_argument("--top-k", type=_nonneg, default=0, help="sample from the k most likely tokens (0: all)")
-    ge.add_argument("--top-p", type=_number(float, 1e-6, 1.0, "a probability in (0, 1]"), default=1.0,
-                    help="nucleus sampling: the smallest set reaching p")
+    ge.add_argument(
+        "--top-p",
+        type=_number(float, 1e-6, 1.0, "a probability in (0, 1]"),
+        default=1.0,
+        help="nucleus sampling: the smallest set reaching p",
+    )
     ge.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     ge.add_argument("--threads", type=_count, default=None, help="torch threads")
     ge.add_argument("--no-stream", dest="stream", action="store_false", help="print the text once, at the end")
     ge.set_defaults(fn=cmd_generate)
 
-    sk = sub.add_parser("sinks", help="attention sinks: perplexity on long held-out text with a full, a sliding-"
-                                      "window and a window + sinks cache (StreamingLLM), for a rotary causal LM run")
-    sk.add_argument("run", help="pretraining run folder (objective clm, positional rope), or a pretrained LM "
-                                "(smollm2, .gguf, HF folder): held-out IMDB reviews concatenated")
+    sk = sub.add_parser(
+        "sinks",
+        help="attention sinks: perplexity on long held-out text with a full, a sliding-"
+        "window and a window + sinks cache (StreamingLLM), for a rotary causal LM run",
+    )
+    sk.add_argument(
+        "run",
+        help="pretraining run folder (objective clm, positional rope), or a pretrained LM "
+        "(smollm2, .gguf, HF folder): held-out IMDB reviews concatenated",
+    )
     sk.add_argument("--length", type=_count, default=None, help="tokens per text (default 4x the trained row length)")
     sk.add_argument("--window", type=_count, default=None, help="window of recent tokens (default half a trained row)")
     sk.add_argument("--sinks", type=_nonneg, default=4, help="first tokens kept by the sinks cache (paper: 4)")
@@ -172,22 +212,36 @@ def register(sub) -> None:
     sk.add_argument("--overwrite", action="store_true")
     sk.set_defaults(fn=cmd_sinks)
 
-    ind = sub.add_parser("induction", help="induction heads form: a 2-layer attention-only model trained on "
-                                           "repeated random tokens (loss curves, prefix-matching scores, PNG)")
+    ind = sub.add_parser(
+        "induction",
+        help="induction heads form: a 2-layer attention-only model trained on "
+        "repeated random tokens (loss curves, prefix-matching scores, PNG)",
+    )
     ind.add_argument("--out", required=True, help="folder for induction.json and induction.png")
     ind.add_argument("--steps", type=_count, default=ToyDefaults.steps, help="training steps")
     ind.add_argument("--heads", type=_count, default=ToyDefaults.num_heads, help="heads per layer")
-    ind.add_argument("--half", type=_number(int, 1, 1024, "an integer in [1, 1024]"), default=ToyDefaults.half,
-                     help="random tokens before the repeat")
-    ind.add_argument("--vocab", type=_number(int, 2, 65536, "an integer in [2, 65536]"), default=ToyDefaults.vocab,
-                     help="token ids the random tokens are drawn from (small: repeats inside a half blur the score)")
+    ind.add_argument(
+        "--half",
+        type=_number(int, 1, 1024, "an integer in [1, 1024]"),
+        default=ToyDefaults.half,
+        help="random tokens before the repeat",
+    )
+    ind.add_argument(
+        "--vocab",
+        type=_number(int, 2, 65536, "an integer in [2, 65536]"),
+        default=ToyDefaults.vocab,
+        help="token ids the random tokens are drawn from (small: repeats inside a half blur the score)",
+    )
     ind.add_argument("--seed", type=int, default=0)
-    ind.add_argument("--model", default=None, help="score a pretrained LM's heads instead of training the toy model "
-                                                   "(smollm2, a .gguf file, an HF folder), with the ablation check")
+    ind.add_argument(
+        "--model",
+        default=None,
+        help="score a pretrained LM's heads instead of training the toy model "
+        "(smollm2, a .gguf file, an HF folder), with the ablation check",
+    )
     ind.add_argument("--batch", type=_count, default=8, help="--model: repeated-token sequences scored")
     ind.add_argument("--ablate", type=_count, default=10, help="--model: top induction heads masked in the check")
     ind.add_argument("--threads", type=_count, default=None)
     ind.add_argument("--overwrite", action="store_true")
     ind.add_argument("--no-progress", action="store_true")
     ind.set_defaults(fn=cmd_induction)
-

@@ -3,6 +3,7 @@ folder) where they take a run folder: ``generate``, ``sinks``, ``heads``, ``indu
 ``prune`` and ``export``. Each handler here is called by the command's own handler when its source is an LM
 (:func:`multihead.lm.is_lm_source`), so that a command decides what its source is in one place.
 """
+
 from __future__ import annotations
 
 import sys
@@ -32,8 +33,10 @@ def generate(args) -> int:
         raise ValueError("the prompt encodes to no tokens and the model adds no start token; pass a prompt")
     limit = p.model.config.max_len
     if len(ids) + args.max_new > limit:
-        raise ValueError(f"the prompt ({len(ids)} tokens) plus --max-new {args.max_new} exceeds the model's {limit} "
-                         f"positions; use --max-new {max(limit - len(ids), 0)} or a shorter prompt")
+        raise ValueError(
+            f"the prompt ({len(ids)} tokens) plus --max-new {args.max_new} exceeds the model's {limit} "
+            f"positions; use --max-new {max(limit - len(ids), 0)} or a shorter prompt"
+        )
     out, shown = [], [""]
 
     def stream(tokens, alive) -> None:
@@ -42,14 +45,20 @@ def generate(args) -> int:
         out.append(int(tokens[0]))
         text = p.tokenizer.decode(out, skip_special_tokens=True)
         if args.stream:
-            sys.stdout.write(text[len(shown[0]):] if text.startswith(shown[0]) else "\n" + text)
+            sys.stdout.write(text[len(shown[0]) :] if text.startswith(shown[0]) else "\n" + text)
             sys.stdout.flush()
         shown[0] = text
 
     sys.stdout.write(args.prompt if not args.chat else "")
-    options = dict(strategy="sample" if args.sample else "greedy", max_new_tokens=args.max_new,
-                   stop_tokens=p.eos_ids, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                   seed=args.seed)
+    options = dict(
+        strategy="sample" if args.sample else "greedy",
+        max_new_tokens=args.max_new,
+        stop_tokens=p.eos_ids,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
     run(p.model, torch.tensor([ids]), None, streamer=stream, **options)
     if not args.stream:
         sys.stdout.write(shown[0])
@@ -70,8 +79,10 @@ def sinks(args) -> int:
     window = args.window or 256
     band = args.band or window
     if length <= window + args.sinks or length < 2 * band:
-        raise ValueError(f"--length {length} must exceed the window plus the sinks ({window} + {args.sinks}) and hold "
-                         f"two bands of {band} tokens")
+        raise ValueError(
+            f"--length {length} must exceed the window plus the sinks ({window} + {args.sinks}) and hold "
+            f"two bands of {band} tokens"
+        )
     rows = held_out_rows(p, rows=args.texts, length=length)
     result = S.compare(p.model, rows, window=window, sinks=args.sinks, band=band, progress=True)
     result["model"] = str(args.run)
@@ -91,13 +102,28 @@ def induction(args) -> int:
     low = min(1000, p.model.config.vocab_size // 10)  # ordinary tokens (past the special ones)
     start = p.bos_id if p.bos_id is not None else low
     scores = I.induction_scores(p.model, half=args.half, batch=args.batch, low=low, start=start, seed=args.seed)
-    check = I.ablation(p.model, scores["prefix_matching"], k=args.ablate, half=args.half, batch=args.batch, low=low,
-                       start=start, seed=args.seed + 1)
-    result = {"model": str(args.model), "half": args.half, "batch": args.batch,
-              "rule": f"induction: prefix-matching score >= {I.INDUCTION}",
-              "prefix_matching": scores["prefix_matching"].tolist(), "copying": scores["copying"].tolist(),
-              "roles": I.induction_roles(scores["prefix_matching"]), "loss_first_half": scores["loss_first_half"],
-              "loss_second_half": scores["loss_second_half"], "ablation": check}
+    check = I.ablation(
+        p.model,
+        scores["prefix_matching"],
+        k=args.ablate,
+        half=args.half,
+        batch=args.batch,
+        low=low,
+        start=start,
+        seed=args.seed + 1,
+    )
+    result = {
+        "model": str(args.model),
+        "half": args.half,
+        "batch": args.batch,
+        "rule": f"induction: prefix-matching score >= {I.INDUCTION}",
+        "prefix_matching": scores["prefix_matching"].tolist(),
+        "copying": scores["copying"].tolist(),
+        "roles": I.induction_roles(scores["prefix_matching"]),
+        "loss_first_half": scores["loss_first_half"],
+        "loss_second_half": scores["loss_second_half"],
+        "ablation": check,
+    }
     heads = [(l, h, v) for l, row in enumerate(result["prefix_matching"]) for h, v in enumerate(row)]
     passing = sorted((x for x in heads if x[2] >= I.INDUCTION), key=lambda x: -x[2])
     result["induction_heads"] = [{"layer": l, "head": h, "prefix_matching": round(v, 4)} for l, h, v in passing]
@@ -105,11 +131,15 @@ def induction(args) -> int:
         atomic_write_json(folder / "induction.json", result)
         I.plot_scores(result, folder / "induction.png", f"{args.model}: induction heads on repeated random tokens")
     print(I.format_scores(result))
-    print(f"{len(passing)} of {len(heads)} heads pass the rule; top: " +
-          ", ".join(f"L{l}H{h} {v:.2f}" for l, h, v in passing[:8]))
-    print(f"ablation: repeated-half loss {check['base']:.3f} -> {check['top']:.3f} with the top {check['k']} "
-          f"induction heads masked, {check['random_mean']:.3f} (mean of {len(check['random'])} draws) with "
-          f"{check['k']} random heads masked")
+    print(
+        f"{len(passing)} of {len(heads)} heads pass the rule; top: "
+        + ", ".join(f"L{l}H{h} {v:.2f}" for l, h, v in passing[:8])
+    )
+    print(
+        f"ablation: repeated-half loss {check['base']:.3f} -> {check['top']:.3f} with the top {check['k']} "
+        f"induction heads masked, {check['random_mean']:.3f} (mean of {len(check['random'])} draws) with "
+        f"{check['k']} random heads masked"
+    )
     print(f"wrote {Path(args.out) / 'induction.json'} and induction.png")
     return 0
 
@@ -155,8 +185,10 @@ def heads(args) -> int:
     result["seconds"] = round(seconds, 2)
     result["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     print(json.dumps(result) if args.json else roles.format_table(result))
-    print(f"{source}: {len(texts)} x {length} tokens in {seconds:.1f}s, peak RSS {result['peak_rss_mib']:.0f} MiB",
-          file=sys.stderr if args.json else sys.stdout)
+    print(
+        f"{source}: {len(texts)} x {length} tokens in {seconds:.1f}s, peak RSS {result['peak_rss_mib']:.0f} MiB",
+        file=sys.stderr if args.json else sys.stdout,
+    )
     if args.out:
         files = roles.write(result, Path(args.out), overwrite=args.overwrite)
         print(f"wrote {', '.join(str(f) for f in files)}", file=sys.stderr if args.json else sys.stdout)
@@ -186,9 +218,14 @@ def importance_and_prune(args, *, prune: bool) -> int:
     scores = H.importance(p.model, score_rows, progress=True)
     layers, h = scores.shape
     kv = p.model.decoder.layers[0].self_attn.num_kv_heads
-    result = {"model": str(args.run), "method": "michel (|d loss / d head mask|, layer-normalised)",
-              "scored_on": f"{n} x {length} tokens of IMDB test reviews", "judged_on": f"another {n} x {length} tokens",
-              "importance": scores.tolist(), "perplexity": H.perplexity(p.model, judge_rows)}
+    result = {
+        "model": str(args.run),
+        "method": "michel (|d loss / d head mask|, layer-normalised)",
+        "scored_on": f"{n} x {length} tokens of IMDB test reviews",
+        "judged_on": f"another {n} x {length} tokens",
+        "importance": scores.tolist(),
+        "perplexity": H.perplexity(p.model, judge_rows),
+    }
     if prune:
         prompt = score_rows[:1, :64]
         base_speed = H.decode_speed(p.model, prompt)
@@ -203,21 +240,25 @@ def importance_and_prune(args, *, prune: bool) -> int:
             for layer, hs in chosen.items():
                 pruned.decoder.layers[layer].self_attn.prune_heads(hs)
             result["fractions"][str(frac)] = {
-                "heads_pruned": sum(len(v) for v in chosen.values()), "of": layers * h,
+                "heads_pruned": sum(len(v) for v in chosen.values()),
+                "of": layers * h,
                 "perplexity_pruned": H.perplexity(pruned, judge_rows),
                 "perplexity_masked": masked,
                 "perplexity_random_groups_masked": H.perplexity(p.model, judge_rows, H.mask_of(rnd, layers, h)),
                 "decode_tokens_per_s": round(H.decode_speed(pruned, prompt), 1),
-                "pruned_heads": {str(k): v for k, v in chosen.items()}}
+                "pruned_heads": {str(k): v for k, v in chosen.items()},
+            }
     with Publish(out, "importance", overwrite=getattr(args, "overwrite", False), sources=(args.run,)) as folder:
         atomic_write_json(folder / "importance-michel.json", result)
         plots.plot(scores, folder / "importance", f"{args.run}: head importance (Michel et al.), per layer")
     print(plots.format_table(scores, f"head importance of {args.run} (rows: layers)"))
     print(f"perplexity on held-out IMDB text: {result['perplexity']:.2f}")
     for frac, r in result.get("fractions", {}).items():
-        print(f"prune {float(frac):.0%} ({r['heads_pruned']}/{r['of']} query heads, whole GQA groups): perplexity "
-              f"{r['perplexity_pruned']:.2f} (random groups masked: {r['perplexity_random_groups_masked']:.2f}); "
-              f"decode {r['decode_tokens_per_s']:.1f} tokens/s vs {result['decode_tokens_per_s']['unpruned']:.1f}")
+        print(
+            f"prune {float(frac):.0%} ({r['heads_pruned']}/{r['of']} query heads, whole GQA groups): perplexity "
+            f"{r['perplexity_pruned']:.2f} (random groups masked: {r['perplexity_random_groups_masked']:.2f}); "
+            f"decode {r['decode_tokens_per_s']:.1f} tokens/s vs {result['decode_tokens_per_s']['unpruned']:.1f}"
+        )
     print(f"wrote {out / 'importance-michel.json'} and importance.png")
     return 0
 
@@ -229,6 +270,8 @@ def export(args) -> int:
     check_target(args.out, "hf", overwrite=args.overwrite, sources=(args.source,))
     p = _load(args.source)
     out = lm.export(p.model, args.out, tokenizer=p.tokenizer, overwrite=args.overwrite, sources=(args.source,))
-    print(f"wrote an HF folder to {out} (config.json, model.safetensors, tokenizer.json); load it with "
-          "transformers.AutoModelForCausalLM.from_pretrained")
+    print(
+        f"wrote an HF folder to {out} (config.json, model.safetensors, tokenizer.json); load it with "
+        "transformers.AutoModelForCausalLM.from_pretrained"
+    )
     return 0

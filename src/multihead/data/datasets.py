@@ -4,6 +4,7 @@ Every dataset is de-duplicated (same text after whitespace normalisation: first 
 two different labels are dropped and counted), then split with a seeded, stratified 80/10/10 split that depends only
 on the data and the seed, so it is fixed across runs. The split is recorded in each run folder (``splits.json``).
 """
+
 from __future__ import annotations
 
 import csv
@@ -44,9 +45,10 @@ class TextDataset:
         index = {n: i for i, n in enumerate(self.label_names)}
         return [index[x] for x in self.labels]
 
-    def subset(self, indices: list[int]) -> "TextDataset":
-        return TextDataset(self.name, [self.texts[i] for i in indices], [self.labels[i] for i in indices],
-                           self.label_names, {})
+    def subset(self, indices: list[int]) -> TextDataset:
+        return TextDataset(
+            self.name, [self.texts[i] for i in indices], [self.labels[i] for i in indices], self.label_names, {}
+        )
 
     def fingerprint(self) -> str:
         h = hashlib.sha256()
@@ -56,8 +58,6 @@ class TextDataset:
             h.update(t.encode())
             h.update(b"\x01")
         return h.hexdigest()[:16]
-
-
 
 
 # ---------------------------------------------------------------------------------------------------- loading
@@ -105,8 +105,10 @@ def _decode(path: Path) -> str:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
-        raise DataError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); save "
-                        f"the file as UTF-8, e.g. iconv -f latin1 -t utf-8 {path} > fixed{path.suffix}") from None
+        raise DataError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); save "
+            f"the file as UTF-8, e.g. iconv -f latin1 -t utf-8 {path} > fixed{path.suffix}"
+        ) from None
 
 
 def _csv_rows(path: Path, text: str, delimiter: str) -> tuple[list[str], list[tuple[int, dict]]]:
@@ -126,12 +128,16 @@ def _csv_rows(path: Path, text: str, delimiter: str) -> tuple[list[str], list[tu
             if not cells:
                 continue
             if len(cells) != len(header):
-                raise DataError(f"{path}:{line}: {len(cells)} cells but the header has {len(header)} "
-                                f"({header}); check the quoting and separators on that line")
+                raise DataError(
+                    f"{path}:{line}: {len(cells)} cells but the header has {len(header)} "
+                    f"({header}); check the quoting and separators on that line"
+                )
             rows.append((line, dict(zip(header, cells))))
     except csv.Error as exc:
-        raise DataError(f"{path}:{start}: malformed {'TSV' if delimiter == chr(9) else 'CSV'} ({exc}) in the row "
-                        f"starting on line {start}; a quote is probably left open: check the quotes there") from None
+        raise DataError(
+            f"{path}:{start}: malformed {'TSV' if delimiter == chr(9) else 'CSV'} ({exc}) in the row "
+            f"starting on line {start}; a quote is probably left open: check the quotes there"
+        ) from None
     return header, rows
 
 
@@ -145,8 +151,10 @@ def _jsonl_rows(path: Path, text: str) -> tuple[list[str], list[tuple[int, dict]
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{n}: not valid JSON ({exc.msg}); each line must be one JSON object") from None
         if not isinstance(obj, dict):
-            raise DataError(f"{path}:{n}: a JSON {type(obj).__name__}, not an object; each line must be an object "
-                            'such as {"text": "...", "label": "..."}')
+            raise DataError(
+                f"{path}:{n}: a JSON {type(obj).__name__}, not an object; each line must be an object "
+                'such as {"text": "...", "label": "..."}'
+            )
         rows.append((n, obj))
     return sorted({k for _, r in rows for k in r}), rows
 
@@ -154,11 +162,15 @@ def _jsonl_rows(path: Path, text: str) -> tuple[list[str], list[tuple[int, dict]
 def _cell(path: Path, line: int, row: dict, column: str, what: str) -> str:
     value = row.get(column)
     if value is None or (isinstance(value, str) and not value.strip()):
-        raise DataError(f"{path}:{line}: the {what} ({column!r}) is {'missing' if value is None else 'empty'}; "
-                        f"fill it in or remove the row")
+        raise DataError(
+            f"{path}:{line}: the {what} ({column!r}) is {'missing' if value is None else 'empty'}; "
+            f"fill it in or remove the row"
+        )
     if isinstance(value, (dict, list)):
-        raise DataError(f"{path}:{line}: the {what} ({column!r}) is a JSON {type(value).__name__}; it must be a "
-                        "string" + (" or a number" if what == "label" else ""))
+        raise DataError(
+            f"{path}:{line}: the {what} ({column!r}) is a JSON {type(value).__name__}; it must be a "
+            "string" + (" or a number" if what == "label" else "")
+        )
     if what == "text" and not isinstance(value, str):
         raise DataError(f"{path}:{line}: the text ({column!r}) is {value!r}, not a string")
     return value if isinstance(value, str) else json.dumps(value)
@@ -179,8 +191,10 @@ def _read_user_file(path: Path, text_column: str, label_column: str | None) -> t
     if path.is_dir():
         raise DataError(f"data file {str(path)!r} is a folder; give the .csv, .tsv or .jsonl file inside it")
     if not path.exists():
-        raise DataError(f"data file {str(path)!r} does not exist; give a path to a .csv, .tsv or .jsonl file, "
-                        f"or a built-in dataset: {', '.join(BUILTIN)}")
+        raise DataError(
+            f"data file {str(path)!r} does not exist; give a path to a .csv, .tsv or .jsonl file, "
+            f"or a built-in dataset: {', '.join(BUILTIN)}"
+        )
     suffix = path.suffix.lower()
     if suffix not in (".csv", ".tsv", ".jsonl", ".json"):
         raise DataError(f"unsupported data file type {suffix!r} for {path}; use .csv, .tsv or .jsonl")
@@ -192,17 +206,20 @@ def _read_user_file(path: Path, text_column: str, label_column: str | None) -> t
         columns, rows = _jsonl_rows(path, text)
     for col in (text_column, label_column):
         if col is not None and rows and col not in columns:
-            raise DataError(f"{path} has no column {col!r}; its columns are {columns}. "
-                            "Choose with --text-column / --label-column")
+            raise DataError(
+                f"{path} has no column {col!r}; its columns are {columns}. Choose with --text-column / --label-column"
+            )
     texts = [_cell(path, line, r, text_column, "text") for line, r in rows]
     labels = None if label_column is None else [_cell(path, line, r, label_column, "label") for line, r in rows]
     twins = _numeric_twins(labels or [])
     if twins:
         import sys
 
-        print(f"warning: {path}: labels {twins} are different strings for the same number; they are kept as "
-              "separate classes, exactly as written. Write each label one way if they mean one class",
-              file=sys.stderr)
+        print(
+            f"warning: {path}: labels {twins} are different strings for the same number; they are kept as "
+            "separate classes, exactly as written. Write each label one way if they mean one class",
+            file=sys.stderr,
+        )
     return texts, labels
 
 
@@ -238,8 +255,9 @@ def load(name_or_path: str, *, text_column: str = "text", label_column: str = "l
     else:
         path = Path(name_or_path)
         if not path.suffix and not path.exists():
-            raise DataError(f"unknown dataset {name_or_path!r}; built-ins: {', '.join(BUILTIN)}; "
-                            "or give a .csv/.tsv/.jsonl path")
+            raise DataError(
+                f"unknown dataset {name_or_path!r}; built-ins: {', '.join(BUILTIN)}; or give a .csv/.tsv/.jsonl path"
+            )
         texts, labels = _read_user_file(path, text_column, label_column)
         name = str(path)
     if not texts:
@@ -258,13 +276,17 @@ def load_texts(name_or_path: str, *, text_column: str = "text") -> list[str]:
         if path.is_dir():
             raise DataError(f"data file {str(path)!r} is a folder; give the .txt file inside it")
         if not path.is_file():
-            raise DataError(f"data file {str(path)!r} does not exist; give a .txt file (one text per line), a "
-                            f".csv/.tsv/.jsonl file with a text column, or a built-in dataset: {', '.join(BUILTIN)}")
+            raise DataError(
+                f"data file {str(path)!r} does not exist; give a .txt file (one text per line), a "
+                f".csv/.tsv/.jsonl file with a text column, or a built-in dataset: {', '.join(BUILTIN)}"
+            )
         texts = [line for line in _decode(path).splitlines() if line.strip()]
     else:
         if not path.suffix and not path.exists():
-            raise DataError(f"unknown dataset {name_or_path!r}; built-ins: {', '.join(BUILTIN)}; or give a .txt, "
-                            ".csv, .tsv or .jsonl path")
+            raise DataError(
+                f"unknown dataset {name_or_path!r}; built-ins: {', '.join(BUILTIN)}; or give a .txt, "
+                ".csv, .tsv or .jsonl path"
+            )
         texts, _ = _read_user_file(path, text_column, None)
     texts = list(dict.fromkeys(t for t in texts if t.strip()))
     if not texts:
@@ -306,7 +328,9 @@ def split(data: TextDataset, *, seed: int = 0, validation: float = 0.1, test: fl
     if not 0 < validation < 1 or not 0 < test < 1 or validation + test >= 1:
         raise DataError(f"validation ({validation}) and test ({test}) fractions must be in (0, 1) and sum below 1")
     if len(data.label_names) < 2:
-        raise DataError(f"dataset {data.name!r} has a single class {data.label_names}; classification needs two or more")
+        raise DataError(
+            f"dataset {data.name!r} has a single class {data.label_names}; classification needs two or more"
+        )
     rng = random.Random(seed)
     parts: dict[str, list[int]] = {"train": [], "validation": [], "test": []}
     by_class: dict[str, list[int]] = {}
@@ -318,25 +342,44 @@ def split(data: TextDataset, *, seed: int = 0, validation: float = 0.1, test: fl
         n_test = round(len(idx) * test)
         n_val = round(len(idx) * validation)
         parts["test"] += idx[:n_test]
-        parts["validation"] += idx[n_test:n_test + n_val]
-        parts["train"] += idx[n_test + n_val:]
+        parts["validation"] += idx[n_test : n_test + n_val]
+        parts["train"] += idx[n_test + n_val :]
     for k in parts:
         parts[k].sort()
     if not parts["train"] or not parts["validation"] or not parts["test"]:
         raise DataError(f"dataset {data.name!r} ({len(data)} rows) is too small to split into train/validation/test")
-    record = {"dataset": data.name, "seed": seed, "fractions": {"validation": validation, "test": test},
-              "fingerprint": data.fingerprint(), **{k: v for k, v in parts.items()}}
-    return Splits(data.subset(parts["train"]), data.subset(parts["validation"]), data.subset(parts["test"]), record,
-                  data.name, data.label_names)
+    record = {
+        "dataset": data.name,
+        "seed": seed,
+        "fractions": {"validation": validation, "test": test},
+        "fingerprint": data.fingerprint(),
+        **{k: v for k, v in parts.items()},
+    }
+    return Splits(
+        data.subset(parts["train"]),
+        data.subset(parts["validation"]),
+        data.subset(parts["test"]),
+        record,
+        data.name,
+        data.label_names,
+    )
 
 
 def apply_split(data: TextDataset, record: dict) -> Splits:
     """Re-create a recorded split; refuses if the data changed since it was recorded."""
     if data.fingerprint() != record["fingerprint"]:
-        raise DataError(f"dataset {data.name!r} differs from the one this run was split on (fingerprint "
-                        f"{data.fingerprint()} != {record['fingerprint']}); evaluate with --split all instead")
-    return Splits(data.subset(record["train"]), data.subset(record["validation"]), data.subset(record["test"]), record,
-                  data.name, data.label_names)
+        raise DataError(
+            f"dataset {data.name!r} differs from the one this run was split on (fingerprint "
+            f"{data.fingerprint()} != {record['fingerprint']}); evaluate with --split all instead"
+        )
+    return Splits(
+        data.subset(record["train"]),
+        data.subset(record["validation"]),
+        data.subset(record["test"]),
+        record,
+        data.name,
+        data.label_names,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- card
@@ -367,9 +410,11 @@ def card(data: TextDataset, splits: Splits | None = None) -> dict:
 
 
 def format_card(info: dict) -> str:
-    lines = [f"dataset {info['name']}: {info['examples']} examples after de-duplication "
-             f"({info.get('duplicates_removed', 0)} duplicates removed, "
-             f"{info.get('conflicting_dropped', 0)} texts with conflicting labels dropped)"]
+    lines = [
+        f"dataset {info['name']}: {info['examples']} examples after de-duplication "
+        f"({info.get('duplicates_removed', 0)} duplicates removed, "
+        f"{info.get('conflicting_dropped', 0)} texts with conflicting labels dropped)"
+    ]
     if "splits" in info:
         lines.append("splits: " + ", ".join(f"{k} {v}" for k, v in info["splits"].items()))
     lines.append("classes:")

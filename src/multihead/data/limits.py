@@ -5,11 +5,12 @@ Text classification, grapheme-to-phoneme (words, no labels), pretraining (texts,
 all cut their splits with :func:`limit_indices`; the run folder's ``splits.json`` records the cut
 (:func:`limit_record`), so a reader of the folder knows which examples a smoke run saw.
 """
+
 from __future__ import annotations
 
 import random
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def limit_indices(n: int, keep: int | None, seed: int, labels: Sequence[int] | None = None) -> list[int]:

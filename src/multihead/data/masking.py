@@ -12,6 +12,7 @@ piece of a selected word: with our tokenizer a word starts at a token whose text
 Randomness comes from an explicit ``torch.Generator``: a run seeds one per step, so the masks of step *n* are the
 same whether or not the run was interrupted and resumed before it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,17 +30,26 @@ def word_starts(tokenizer) -> Tensor:
     return out
 
 
-def mask_tokens(ids: Tensor, *, maskable: Tensor, mask_id: int, vocab_size: int, generator: torch.Generator,
-                prob: float = 0.15, replace: tuple[float, float] = (0.8, 0.1),
-                word_start: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def mask_tokens(
+    ids: Tensor,
+    *,
+    maskable: Tensor,
+    mask_id: int,
+    vocab_size: int,
+    generator: torch.Generator,
+    prob: float = 0.15,
+    replace: tuple[float, float] = (0.8, 0.1),
+    word_start: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
     """``ids (B, L)`` -> ``(inputs, labels)``: BERT's 80/10/10 corruption of a ``prob`` share of ``maskable``
     positions (bool ``(B, L)``). ``replace = (p_mask, p_random)``: of the selected positions, ``p_mask`` become
     ``mask_id`` and ``p_random`` a uniform random id in ``[0, vocab_size)``; the rest keep their token. With
     ``word_start`` (bool ``(V,)``, see :func:`word_starts`) whole words are selected: every maskable piece of a
     selected word shares its first piece's draw."""
     if ids.dim() != 2 or maskable.shape != ids.shape:
-        raise ValueError(f"ids must be (B, L) and maskable the same shape; got {tuple(ids.shape)} and "
-                         f"{tuple(maskable.shape)}")
+        raise ValueError(
+            f"ids must be (B, L) and maskable the same shape; got {tuple(ids.shape)} and {tuple(maskable.shape)}"
+        )
     if not 0.0 < prob < 1.0:
         raise ValueError(f"prob must be in (0, 1), got {prob}")
     p_mask, p_random = replace

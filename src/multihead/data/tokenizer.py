@@ -7,6 +7,7 @@ hash-map order, so the same texts give a different vocabulary in every process (
 measured ~40 of 10,000 tokens differing on Rotten Tomatoes), which would make a seeded run irreproducible. With the
 marker inside the alphabet, BPE training is deterministic (a test trains in two processes and compares).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,8 +21,9 @@ PAD, UNK, CLS, SEP = "[PAD]", "[UNK]", "[CLS]", "[SEP]"
 SPECIALS = [PAD, UNK, CLS, SEP]  # PAD is id 0: the classifier's pad_id
 
 
-def train_tokenizer(texts: list[str], vocab_size: int = 10000, min_frequency: int = 2, *,
-                    extra_specials: tuple[str, ...] = ()) -> Tokenizer:
+def train_tokenizer(
+    texts: list[str], vocab_size: int = 10000, min_frequency: int = 2, *, extra_specials: tuple[str, ...] = ()
+) -> Tokenizer:
     """A BPE vocabulary of at most ``vocab_size`` tokens (specials included) learned from ``texts``;
     ``extra_specials`` (e.g. ``[MASK]`` for pretraining) get the ids after :data:`SPECIALS`."""
     specials = [*SPECIALS, *extra_specials]
@@ -29,11 +31,13 @@ def train_tokenizer(texts: list[str], vocab_size: int = 10000, min_frequency: in
         raise ValueError(f"vocab_size must be at least {len(specials) + 1}, got {vocab_size}")
     tok = Tokenizer(BPE(unk_token=UNK))
     tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.BertPreTokenizer(),
-                                                 pre_tokenizers.Metaspace(prepend_scheme="always")])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.BertPreTokenizer(), pre_tokenizers.Metaspace(prepend_scheme="always")]
+    )
     tok.decoder = decoders.Metaspace(prepend_scheme="always")
-    trainer = BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
-                         show_progress=False)
+    trainer = BpeTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials, show_progress=False
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
 
@@ -59,8 +63,10 @@ def load_tokenizer(path: Path) -> Tokenizer:
     try:
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # the Rust parser raises its own exception type
-        raise DataError(f"{path} is not a readable tokenizer ({str(exc)[:120]}); the file is damaged: restore it from "
-                        "a copy or train the run again (--overwrite)") from None
+        raise DataError(
+            f"{path} is not a readable tokenizer ({str(exc)[:120]}); the file is damaged: restore it from "
+            "a copy or train the run again (--overwrite)"
+        ) from None
 
 
 @dataclass

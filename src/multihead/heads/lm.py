@@ -4,6 +4,7 @@ are pruned by whole key/value groups (a GQA group shares one key/value head: rem
 removes that key/value head too, which is what makes the pruned model faster), and the result is judged by
 perplexity on other held-out text and by decode speed.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,9 +33,11 @@ def held_out_rows(lm, *, rows: int, length: int, data: str = "imdb", skip: int =
         if len(ids) >= need:
             break
     if len(ids) < need:
-        raise ValueError(f"the {data} test split holds {len(ids):,} tokens, fewer than {need:,}; ask for fewer rows "
-                         "or a shorter length")
-    cut = torch.tensor(ids[skip * body: need]).view(rows, body)
+        raise ValueError(
+            f"the {data} test split holds {len(ids):,} tokens, fewer than {need:,}; ask for fewer rows "
+            "or a shorter length"
+        )
+    cut = torch.tensor(ids[skip * body : need]).view(rows, body)
     return torch.cat([torch.full((rows, len(bos)), bos[0], dtype=torch.long), cut], 1) if bos else cut
 
 
@@ -47,7 +50,7 @@ def _loss(model, ids: Tensor, head_mask: Tensor | None = None) -> Tensor:
 def perplexity(model, ids: Tensor, head_mask: Tensor | None = None, batch_size: int = 4) -> float:
     total, count = 0.0, 0
     for start in range(0, len(ids), batch_size):
-        chunk = ids[start:start + batch_size]
+        chunk = ids[start : start + batch_size]
         total += float(_loss(model, chunk, head_mask)) * chunk.shape[0]
         count += chunk.shape[0]
     return math.exp(total / count)
@@ -67,7 +70,7 @@ def importance(model, ids: Tensor, batch_size: int = 2, progress: bool = False) 
         p.requires_grad_(False)
     try:
         for start in tqdm(range(0, len(ids), batch_size), desc="importance", disable=not progress, leave=False):
-            _loss(model, ids[start:start + batch_size], mask).backward()
+            _loss(model, ids[start : start + batch_size], mask).backward()
     finally:
         for p in model.parameters():
             p.requires_grad_(True)

@@ -5,6 +5,7 @@ current mask, and evaluates on the validation split (and, for the report, on the
 validation accuracy stays within ``max_drop`` of the unpruned model; the last mask within it is kept and the model is
 pruned physically (``encoder.prune_heads``), saved with ``pruned_heads`` in its config, and reloaded to check.
 """
+
 from __future__ import annotations
 
 from .._io import atomic_write_json
@@ -19,8 +20,18 @@ import torch
 from .scores import head_shape, importance, loss_with, model_mask, present
 
 
-def prune_curve(model, val, test=None, *, method: str = "michel", step: float = 0.1, max_drop: float = 0.01,
-                score_data=None, until: float = 0.0, log=print) -> dict:
+def prune_curve(
+    model,
+    val,
+    test=None,
+    *,
+    method: str = "michel",
+    step: float = 0.1,
+    max_drop: float = 0.01,
+    score_data=None,
+    until: float = 0.0,
+    log=print,
+) -> dict:
     """Rounds of masking. ``val``/``test``/``score_data``: ``(ids, labels)``; scores come from ``score_data``
     (default ``val``). The curve continues past ``max_drop`` until ``until`` of the heads are pruned (1.0: all);
     the chosen mask always respects ``max_drop``. Returns ``{"rounds": [...], "mask": chosen mask, ...}``; each
@@ -31,11 +42,18 @@ def prune_curve(model, val, test=None, *, method: str = "michel", step: float = 
     score_ids, score_labels = score_data or val
     _, base_val = loss_with(model, *val, mask)
     base_test = loss_with(model, *test, mask)[1] if test else None
-    rounds = [{"pruned": 0, "fraction": 0.0, "val_accuracy": base_val, "test_accuracy": base_test,
-               "heads_pruned": [], "mask": mask.int().tolist()}]
+    rounds = [
+        {
+            "pruned": 0,
+            "fraction": 0.0,
+            "val_accuracy": base_val,
+            "test_accuracy": base_test,
+            "heads_pruned": [],
+            "mask": mask.int().tolist(),
+        }
+    ]
     best = mask.clone()
-    log(f"round 0: {total} heads, validation accuracy {base_val:.4f}" +
-        (f", test {base_test:.4f}" if test else ""))
+    log(f"round 0: {total} heads, validation accuracy {base_val:.4f}" + (f", test {base_test:.4f}" if test else ""))
     within = True
     while mask.sum() > 0:
         scores = importance(model, score_ids, score_labels, method, mask)
@@ -48,11 +66,21 @@ def prune_curve(model, val, test=None, *, method: str = "michel", step: float = 
         _, acc = loss_with(model, *val, mask)
         test_acc = loss_with(model, *test, mask)[1] if test else None
         pruned = total - int(mask.sum())
-        rounds.append({"pruned": pruned, "fraction": pruned / total, "val_accuracy": acc, "test_accuracy": test_acc,
-                       "heads_pruned": [[i // heads, i % heads] for i in drop], "mask": mask.int().tolist()})
+        rounds.append(
+            {
+                "pruned": pruned,
+                "fraction": pruned / total,
+                "val_accuracy": acc,
+                "test_accuracy": test_acc,
+                "heads_pruned": [[i // heads, i % heads] for i in drop],
+                "mask": mask.int().tolist(),
+            }
+        )
         ok = acc >= base_val - max_drop
-        log(f"round {len(rounds) - 1}: pruned {pruned}/{total} ({pruned / total:.0%}), validation accuracy "
-            f"{acc:.4f}" + (f", test {test_acc:.4f}" if test else "") + ("" if ok else "  (beyond max-drop)"))
+        log(
+            f"round {len(rounds) - 1}: pruned {pruned}/{total} ({pruned / total:.0%}), validation accuracy "
+            f"{acc:.4f}" + (f", test {test_acc:.4f}" if test else "") + ("" if ok else "  (beyond max-drop)")
+        )
         if ok and within:
             best = mask.clone()
         else:
@@ -60,9 +88,18 @@ def prune_curve(model, val, test=None, *, method: str = "michel", step: float = 
             if pruned / total >= until:
                 break
     chosen = total - int(best.sum())
-    return {"method": method, "step": step, "max_drop": max_drop, "heads": total, "rounds": rounds,
-            "mask": best.int().tolist(), "pruned": chosen, "fraction": chosen / total,
-            "base_val_accuracy": base_val, "base_test_accuracy": base_test}
+    return {
+        "method": method,
+        "step": step,
+        "max_drop": max_drop,
+        "heads": total,
+        "rounds": rounds,
+        "mask": best.int().tolist(),
+        "pruned": chosen,
+        "fraction": chosen / total,
+        "base_val_accuracy": base_val,
+        "base_test_accuracy": base_test,
+    }
 
 
 def mask_to_heads(mask) -> dict[int, list[int]]:
@@ -82,8 +119,13 @@ def plot_curve(result: dict, stem: Path, title: str) -> list[Path]:
     ax.plot(x, [e["val_accuracy"] for e in r], "o-", label="validation")
     if r[0]["test_accuracy"] is not None:
         ax.plot(x, [e["test_accuracy"] for e in r], "s-", label="test")
-    ax.axhline(result["base_val_accuracy"] - result["max_drop"], color="grey", ls="--", lw=1,
-               label=f"validation - {result['max_drop']:g} (stop)")
+    ax.axhline(
+        result["base_val_accuracy"] - result["max_drop"],
+        color="grey",
+        ls="--",
+        lw=1,
+        label=f"validation - {result['max_drop']:g} (stop)",
+    )
     ax.axvline(100 * result["fraction"], color="red", ls=":", lw=1, label=f"chosen: {100 * result['fraction']:.0f}%")
     ax.set_xlabel("heads pruned (%)")
     ax.set_ylabel("accuracy")
@@ -111,8 +153,9 @@ def write_pruned_run(run, heads: dict[int, list[int]], out: Path, extra: dict) -
     task = "vision" if "vision" in cfg else "train"
     cfg[task]["model"] = run.config.model.to_dict()  # now with encoder.pruned_heads
     cfg["pruned_from"] = {"run": str(run.path), **extra}
-    save_checked(out / "model.safetensors", {k: v.detach().cpu().contiguous()
-                                             for k, v in run.model.state_dict().items()})
+    save_checked(
+        out / "model.safetensors", {k: v.detach().cpu().contiguous() for k, v in run.model.state_dict().items()}
+    )
     atomic_write_json(out / "config.json", cfg)
     return out
 
@@ -137,13 +180,29 @@ def time_inference(models: dict, ids, *, batch_size: int = 32, min_time: float =
                     m(*inputs)
                 best[name] = min(best[name], time.perf_counter() - t0)
             rounds += 1
-    return {"seconds": best, "rounds": rounds, "batch_size": batch_size, "examples": len(ids),
-            "threads": torch.get_num_threads()}
+    return {
+        "seconds": best,
+        "rounds": rounds,
+        "batch_size": batch_size,
+        "examples": len(ids),
+        "threads": torch.get_num_threads(),
+    }
 
 
-def prune_run(run_path, out: Path, *, data: str | None = None, method: str = "michel", step: float = 0.1,
-              max_drop: float = 0.01, until: float = 0.0, speed_at: float | None = None, min_time: float = 3.0,
-              overwrite: bool = False, log=print) -> dict:
+def prune_run(
+    run_path,
+    out: Path,
+    *,
+    data: str | None = None,
+    method: str = "michel",
+    step: float = 0.1,
+    max_drop: float = 0.01,
+    until: float = 0.0,
+    speed_at: float | None = None,
+    min_time: float = 3.0,
+    overwrite: bool = False,
+    log=print,
+) -> dict:
     """The whole ``multihead prune``: curve on validation (test recorded), physically pruned run folder in ``out``
     (reloaded and checked against the masked model), inference timed side by side; ``out/pruning.{json,png}``.
     The new run is built beside ``out`` and swapped in when complete; an existing run at ``out`` is replaced only
@@ -152,8 +211,19 @@ def prune_run(run_path, out: Path, *, data: str | None = None, method: str = "mi
 
     check_target(out, "run", overwrite=overwrite, sources=(run_path,))  # before the (slow) curve
     with Publish(out, "run", overwrite=overwrite, sources=(run_path,)) as folder:
-        result = _prune_into(run_path, folder, data=data, method=method, step=step, max_drop=max_drop, until=until,
-                             speed_at=speed_at, min_time=min_time, log=log, target=out)
+        result = _prune_into(
+            run_path,
+            folder,
+            data=data,
+            method=method,
+            step=step,
+            max_drop=max_drop,
+            until=until,
+            speed_at=speed_at,
+            min_time=min_time,
+            log=log,
+            target=out,
+        )
     return result
 
 
@@ -163,8 +233,16 @@ def _prune_into(run_path, out: Path, *, data, method, step, max_drop, until, spe
 
     run, _, parts, _ = labelled(run_path, data, ("validation", "test"))  # one read of the data
     (val_ids, val_y), (test_ids, test_y) = parts["validation"], parts["test"]
-    curve = prune_curve(run.model, (val_ids, val_y), (test_ids, test_y), method=method, step=step,
-                        max_drop=max_drop, until=max(speed_at or 0.0, until), log=log)
+    curve = prune_curve(
+        run.model,
+        (val_ids, val_y),
+        (test_ids, test_y),
+        method=method,
+        step=step,
+        max_drop=max_drop,
+        until=max(speed_at or 0.0, until),
+        log=log,
+    )
     chosen = mask_to_heads(curve["mask"])
     masked = torch.tensor(curve["mask"], dtype=torch.float32)
     unpruned = copy.deepcopy(run.model)  # write_pruned_run prunes run.model in place
@@ -180,10 +258,17 @@ def _prune_into(run_path, out: Path, *, data, method, step, max_drop, until, spe
     with torch.no_grad():
         diff = (pruned.model(*inputs) - unpruned(*inputs, head_mask=model_mask(unpruned, masked))).abs().max().item()
     acc = loss_with(pruned.model, test_ids, test_y, present(pruned.model))[1]
-    curve.update(run=str(run_path), out=str(target), pruned_heads=chosen, test_accuracy_pruned=acc,
-                 max_abs_diff_pruned_vs_masked=diff,
-                 parameters={"unpruned": sum(p.numel() for p in unpruned.parameters()),
-                             "pruned": sum(p.numel() for p in pruned.model.parameters())})
+    curve.update(
+        run=str(run_path),
+        out=str(target),
+        pruned_heads=chosen,
+        test_accuracy_pruned=acc,
+        max_abs_diff_pruned_vs_masked=diff,
+        parameters={
+            "unpruned": sum(p.numel() for p in unpruned.parameters()),
+            "pruned": sum(p.numel() for p in pruned.model.parameters()),
+        },
+    )
     models = {"unpruned": unpruned, "pruned": pruned.model}
     if speed_at:
         target = min(curve["rounds"], key=lambda r: abs(r["fraction"] - speed_at))

@@ -13,6 +13,7 @@ Scores and masks live on the *original* head grid ``(layers, H)``: on a physical
 the heads that are gone -- a whole layer, possibly -- score ``nan`` ("nothing"), and the others keep their original
 numbers, so a score table reads the same before and after pruning.
 """
+
 from __future__ import annotations
 
 from .._io import atomic_write_json
@@ -26,7 +27,6 @@ from torch import Tensor, nn
 from ..data import length_sorted
 
 
-
 def labelled_batches(data, labels, batch_size: int):
     """``(inputs, keep, y)`` batches of labelled examples: token ids (a list of lists; ``inputs = (ids, keep)``,
     ``keep`` the real tokens) or uint8 images ``(N, C, H, W)`` (``inputs = (images,)`` as floats, ``keep`` None: every
@@ -35,7 +35,7 @@ def labelled_batches(data, labels, batch_size: int):
         from ..data.images import to_float
 
         for i in range(0, len(data), batch_size):
-            yield (to_float(data[i:i + batch_size]),), None, torch.as_tensor(labels[i:i + batch_size])
+            yield (to_float(data[i : i + batch_size]),), None, torch.as_tensor(labels[i : i + batch_size])
         return
     for chunk, x, keep in length_sorted(data, batch_size):
         yield (x, keep), keep, torch.tensor([labels[i] for i in chunk])
@@ -86,8 +86,9 @@ def michel(model: nn.Module, ids, labels, mask: Tensor | None = None, batch_size
     total = torch.zeros(layers, heads)
     model.eval()  # no dropout: the score is about the trained function
     for inputs, _, y in labelled_batches(ids, labels, batch_size):
-        loss = F.cross_entropy(model(*_on(inputs, device), head_mask=model_mask(model, head_mask)),
-                               y.to(device), reduction="sum")
+        loss = F.cross_entropy(
+            model(*_on(inputs, device), head_mask=model_mask(model, head_mask)), y.to(device), reduction="sum"
+        )
         (grad,) = torch.autograd.grad(loss, head_mask)
         total += grad.detach().abs().cpu()
     total = total / total.norm(dim=1, keepdim=True).clamp_min(1e-12)  # L2 per layer (Michel et al. 2019)
@@ -95,8 +96,9 @@ def michel(model: nn.Module, ids, labels, mask: Tensor | None = None, batch_size
 
 
 @torch.no_grad()
-def attention_focus(model: nn.Module, ids, labels, mask: Tensor | None = None, batch_size: int = 32
-                    ) -> tuple[Tensor, Tensor]:
+def attention_focus(
+    model: nn.Module, ids, labels, mask: Tensor | None = None, batch_size: int = 32
+) -> tuple[Tensor, Tensor]:
     """Mean max weight (confidence) and mean entropy per head, over real query tokens."""
     from ..modules.capture import capture
 
@@ -133,8 +135,9 @@ def loss_with(model: nn.Module, ids, labels, mask: Tensor) -> tuple[float, float
         return r["loss"], r["accuracy"]
     from ..train.evaluation import evaluate_ids
 
-    r = evaluate_ids(model, ids, labels, model.fc.out_features, next(model.parameters()).device,
-                     head_mask=model_mask(model, mask))
+    r = evaluate_ids(
+        model, ids, labels, model.fc.out_features, next(model.parameters()).device, head_mask=model_mask(model, mask)
+    )
     return r["loss"], r["accuracy"]
 
 
@@ -153,8 +156,9 @@ def leave_one_out(model: nn.Module, ids, labels, mask: Tensor | None = None, pro
     return out
 
 
-def importance(model: nn.Module, ids, labels, method: str = "michel", mask: Tensor | None = None,
-               progress: bool = False) -> Tensor:
+def importance(
+    model: nn.Module, ids, labels, method: str = "michel", mask: Tensor | None = None, progress: bool = False
+) -> Tensor:
     """``(layers, heads)`` scores by ``method`` (see the module docstring); higher = more important."""
     if method not in METHODS:
         raise ValueError(f"unknown importance method {method!r}; choose from {list(METHODS)}")
@@ -183,8 +187,7 @@ def format_table(scores: Tensor, title: str = "") -> str:
     layers, heads = scores.shape
     lines = ([title] if title else []) + ["layer " + "".join(f"{'H' + str(h):>8}" for h in range(heads))]
     for l in range(layers):
-        lines.append(f"{l:>5} " + "".join(f"{'-':>8}" if math.isnan(v) else f"{v:>8.3f}"
-                                          for v in scores[l].tolist()))
+        lines.append(f"{l:>5} " + "".join(f"{'-':>8}" if math.isnan(v) else f"{v:>8.3f}" for v in scores[l].tolist()))
     return "\n".join(lines)
 
 
@@ -239,8 +242,16 @@ def labelled(run_path, data: str | None, splits: tuple[str, ...]):
     return run, name, {s: parts[s][:2] for s in splits}, "texts"
 
 
-def score_run(run_path, method: str = "michel", *, data: str | None = None, split: str = "validation",
-              n: int | None = None, out=None, progress: bool = True) -> dict:
+def score_run(
+    run_path,
+    method: str = "michel",
+    *,
+    data: str | None = None,
+    split: str = "validation",
+    n: int | None = None,
+    out=None,
+    progress: bool = True,
+) -> dict:
     """Score a run folder's heads on ``split`` of ``data``; writes ``importance-<method>.json`` and a heatmap to
     ``out`` (default ``RUN/importance``)."""
     from pathlib import Path
@@ -255,13 +266,30 @@ def score_run(run_path, method: str = "michel", *, data: str | None = None, spli
         ids, labels = ids[:n], labels[:n]
     scores = importance(run.model, ids, labels, method, progress=progress)
     title = f"{run_path}: {method} head importance on {name} [{split}], {len(ids)} {what}"
-    payload = {"run": str(run_path), "method": method, "data": name, "split": split, "n": len(ids),
-               "scores": [[None if v != v else round(v, 6) for v in row] for row in scores.tolist()]}
+    payload = {
+        "run": str(run_path),
+        "method": method,
+        "data": name,
+        "split": split,
+        "n": len(ids),
+        "scores": [[None if v != v else round(v, 6) for v in row] for row in scores.tolist()],
+    }
     with folder_lock(out):  # other methods' files in the folder are kept; each file is replaced atomically
         atomic_write_json(out / f"importance-{method}.json", payload)
         files = plot(scores, out / f"importance-{method}", title)
     return {**payload, "tensor": scores, "title": title, "json": out / f"importance-{method}.json", "files": files}
 
 
-__all__ = ["METHODS", "attention_focus", "labelled", "labelled_batches", "format_table", "importance", "leave_one_out", "loss_with", "michel",
-           "plot", "score_run"]
+__all__ = [
+    "METHODS",
+    "attention_focus",
+    "labelled",
+    "labelled_batches",
+    "format_table",
+    "importance",
+    "leave_one_out",
+    "loss_with",
+    "michel",
+    "plot",
+    "score_run",
+]

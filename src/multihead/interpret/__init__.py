@@ -7,6 +7,7 @@
 * :mod:`.roles` -- per-head statistics over a corpus and rule-based role labels;
 * :mod:`.case_study` -- the tutorial's "The cat sat on the mat." links, searched over all heads.
 """
+
 from ..modules.capture import Cache, capture, run_with_cache
 from .maps import AttentionMaps, Subject, load_subject
 

@@ -7,9 +7,10 @@ Importance of a head = how much the score drops when that head alone is zeroed (
 least important heads first, a growing fraction of all of them, and measures the score again. Attention modules are
 numbered in the model's order (Whisper: the 4 encoder layers, then each decoder layer's self- and cross-attention).
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -64,6 +65,7 @@ def dinov2_scores(d, *, size: int = 224):
     def score() -> float:
         sims = [torch.nn.functional.cosine_similarity(d.model.features(x), r, dim=-1).mean() for x, r in zip(xs, refs)]
         return float(torch.stack(sims).mean())
+
     return score
 
 
@@ -83,8 +85,8 @@ def whisper_scores(w, n: int = 10):
     def loss_score() -> float:
         total, count = 0.0, 0
         for _, _, feats, seq in items:
-            logits = w.model(feats, seq[:, :-1])[:, len(w.prompt) - 1:]
-            target = seq[:, len(w.prompt):]
+            logits = w.model(feats, seq[:, :-1])[:, len(w.prompt) - 1 :]
+            target = seq[:, len(w.prompt) :]
             total += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum"))
             count += target.numel()
         return -total / count

@@ -6,6 +6,7 @@ is represented by its first sub-token. For each kind of link, every
 head where *all* its pairs hold is reported with the mean weight of those pairs, strongest first; when no head
 qualifies, the closest head (highest mean weight) is reported as such.
 """
+
 from __future__ import annotations
 
 import re
@@ -49,14 +50,21 @@ def search(maps: AttentionMaps, pairs: list[tuple[int, int]]) -> list[dict]:
         for h in range(w.shape[0]):
             a = w[h].masked_fill(~words, -1.0)  # (L, L): specials cannot be the strongest link
             if all(int(a[q].argmax()) == k for q, k in pairs):
-                found.append({"layer": l, "head": h, "weight": round(float(sum(w[h, q, k] for q, k in pairs)
-                                                                             / len(pairs)), 4)})
+                found.append(
+                    {"layer": l, "head": h, "weight": round(float(sum(w[h, q, k] for q, k in pairs) / len(pairs)), 4)}
+                )
     return sorted(found, key=lambda r: -r["weight"])
 
 
 def closest(maps: AttentionMaps, pairs: list[tuple[int, int]]) -> dict:
-    best = max(((l, h, float(sum(w[h, q, k] for q, k in pairs) / len(pairs)))
-                for l, w in enumerate(maps.layers) for h in range(w.shape[0])), key=lambda r: r[2])
+    best = max(
+        (
+            (l, h, float(sum(w[h, q, k] for q, k in pairs) / len(pairs)))
+            for l, w in enumerate(maps.layers)
+            for h in range(w.shape[0])
+        ),
+        key=lambda r: r[2],
+    )
     return {"layer": best[0], "head": best[1], "weight": round(best[2], 4)}
 
 
@@ -70,10 +78,13 @@ def run(maps: AttentionMaps) -> dict:
     for kind, links in LINKS.items():
         pairs = [(pos[q], pos[k]) for q, k in links]
         heads = search(maps, pairs)
-        out[kind] = {"pairs": [f"{WORDS[a]}({pos[a]}) -> {WORDS[b]}({pos[b]})" for a, b in links],
-                     "heads": heads, "closest": None if heads else closest(maps, pairs),
-                     # every pair is also "the next token": a positional head matches it without any grammar
-                     "adjacent": all(k - q == 1 for q, k in pairs)}
+        out[kind] = {
+            "pairs": [f"{WORDS[a]}({pos[a]}) -> {WORDS[b]}({pos[b]})" for a, b in links],
+            "heads": heads,
+            "closest": None if heads else closest(maps, pairs),
+            # every pair is also "the next token": a positional head matches it without any grammar
+            "adjacent": all(k - q == 1 for q, k in pairs),
+        }
     return out
 
 
@@ -86,8 +97,10 @@ def format_results(results: dict) -> str:
         return f"case study skipped: {results['skipped']}"
     lines = []
     for kind, r in results.items():
-        lines.append(f"{kind}: {', '.join(r['pairs'])}" +
-                     ("  (each key is also the next token: next-token heads match too)" if r["adjacent"] else ""))
+        lines.append(
+            f"{kind}: {', '.join(r['pairs'])}"
+            + ("  (each key is also the next token: next-token heads match too)" if r["adjacent"] else "")
+        )
         if r["heads"]:
             for f in r["heads"][:5]:
                 lines.append(f"   layer {f['layer']} head {f['head']}: strongest word link, mean weight {f['weight']}")
@@ -95,8 +108,10 @@ def format_results(results: dict) -> str:
                 lines.append(f"   ... and {len(r['heads']) - 5} more heads")
         else:
             c = r["closest"]
-            lines.append(f"   no head has it as its strongest word link; closest: layer {c['layer']} head "
-                         f"{c['head']}, mean weight {c['weight']}")
+            lines.append(
+                f"   no head has it as its strongest word link; closest: layer {c['layer']} head "
+                f"{c['head']}, mean weight {c['weight']}"
+            )
     return "\n".join(lines)
 
 

@@ -22,10 +22,11 @@
 ``model`` and ``encode(text, special=)``). Both return plain dicts that :func:`plot_induction` / :func:`plot_ioi`
 draw.
 """
+
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -37,8 +38,28 @@ from ..plotting import plain, pyplot, save
 
 PREVIOUS = 0.4  # a previous-token head puts at least this mean weight on the key just before the query
 
-NAMES = ["Mary", "John", "Emma", "Paul", "Sarah", "Anna", "Tom", "James", "Alice", "David", "Kate", "Bob", "Lisa",
-         "Mark", "Laura", "Peter", "Jane", "Mike", "Amy", "Chris"]
+NAMES = [
+    "Mary",
+    "John",
+    "Emma",
+    "Paul",
+    "Sarah",
+    "Anna",
+    "Tom",
+    "James",
+    "Alice",
+    "David",
+    "Kate",
+    "Bob",
+    "Lisa",
+    "Mark",
+    "Laura",
+    "Peter",
+    "Jane",
+    "Mike",
+    "Amy",
+    "Chris",
+]
 TEMPLATES = [
     "When {A} and {B} went to the store, {S} gave a drink to",
     "After {A} and {B} went to the park, {S} gave a ball to",
@@ -69,14 +90,26 @@ def _logprob(ids: Tensor, part: slice) -> Callable[[Tensor], Tensor]:
     def metric(logits: Tensor) -> Tensor:
         lp = logits[:, shift].float().log_softmax(-1)
         return lp.gather(-1, target.expand(lp.shape[0], -1)[..., None])[..., 0].mean(-1)
+
     return metric
 
 
 @torch.no_grad()
-def induction_circuit(model, *, start: int, low: int = 0, high: int | None = None, half: int = 32,
-                      sequences: int = 4, threshold: float = INDUCTION, previous: float = PREVIOUS,
-                      senders: list[tuple[int, int]] | None = None, receivers: list[tuple[int, int]] | None = None,
-                      seed: int = 0, progress: bool = False) -> dict:
+def induction_circuit(
+    model,
+    *,
+    start: int,
+    low: int = 0,
+    high: int | None = None,
+    half: int = 32,
+    sequences: int = 4,
+    threshold: float = INDUCTION,
+    previous: float = PREVIOUS,
+    senders: list[tuple[int, int]] | None = None,
+    receivers: list[tuple[int, int]] | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> dict:
     """The K-composition check of the induction circuit (see the module docstring) of a CausalLM on ``sequences``
     seeded sequences: ``start``, then ``half`` tokens drawn from ``[low, high)`` (default: the whole vocabulary),
     repeated once. Receivers are the heads with a prefix-matching score >= ``threshold``, senders the heads before
@@ -96,19 +129,23 @@ def induction_circuit(model, *, start: int, low: int = 0, high: int | None = Non
     prev = torch.stack([p.diagonal(-1, -2, -1)[..., 1:].mean((0, -1)) for p in patterns])  # (layers, H)
     receivers = _heads(prefix >= threshold) if receivers is None else [(int(l), int(h)) for l, h in receivers]
     if not receivers:
-        raise ValueError(f"no head of this model has a prefix-matching score >= {threshold} (best "
-                         f"{float(prefix.max()):.2f}): it has no induction heads to look into")
+        raise ValueError(
+            f"no head of this model has a prefix-matching score >= {threshold} (best "
+            f"{float(prefix.max()):.2f}): it has no induction heads to look into"
+        )
     first = min(l for l, _ in receivers)
     if senders is None:
         senders = [(l, h) for l, h in _heads(prev >= previous) if l < first]
     senders = [(int(l), int(h)) for l, h in senders]
     if not senders:
-        raise ValueError(f"no head before layer {first} (the first induction head) puts >= {previous} of its weight "
-                         "on the previous token")
+        raise ValueError(
+            f"no head before layer {first} (the first induction head) puts >= {previous} of its weight "
+            "on the previous token"
+        )
     send, recv = _as_dict(senders), _as_dict(receivers)
     rows, per_sender = [], []
     for i in tqdm(range(sequences), desc="induction circuit", disable=not progress):
-        original, new = ids[i:i + 1], ids[sequences + i:sequences + i + 1]  # new: another random sequence
+        original, new = ids[i : i + 1], ids[sequences + i : sequences + i + 1]  # new: another random sequence
         metric = _logprob(original, slice(half + 2, 2 * half + 1))
         row = {}
         for path in ("q", "k", "v"):
@@ -119,34 +156,51 @@ def induction_circuit(model, *, start: int, low: int = 0, high: int | None = Non
                 row[name] = float(metric(model(original))[0])
         row["first_half"] = float(_logprob(original, slice(2, half + 1))(model(original))[0])
         rows.append(row)
-        per_sender.append(P.path_patching_each(model, original, new, metric, receivers=recv, through="k",
-                                               senders=senders)["effect"])
+        per_sender.append(
+            P.path_patching_each(model, original, new, metric, receivers=recv, through="k", senders=senders)["effect"]
+        )
     mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
     each = torch.stack(per_sender).mean(0)
-    return {"half": half, "sequences": sequences, "seed": seed,
-            "rule": {"receivers": f"prefix-matching score >= {threshold}",
-                     "senders": f"previous-token score >= {previous}, before layer {first}",
-                     "metric": "mean log-probability of the repeated half's tokens r_2..r_n"},
-            "prefix_matching": prefix.tolist(), "previous_token": prev.tolist(),
-            "senders": [[l, h, float(prev[l, h])] for l, h in senders],
-            "receivers": [[l, h, float(prefix[l, h])] for l, h in receivers],
-            "rows": rows, "mean": mean,
-            "sender_through_k": [[l, h, float(each[l, h])] for l, h in senders]}
+    return {
+        "half": half,
+        "sequences": sequences,
+        "seed": seed,
+        "rule": {
+            "receivers": f"prefix-matching score >= {threshold}",
+            "senders": f"previous-token score >= {previous}, before layer {first}",
+            "metric": "mean log-probability of the repeated half's tokens r_2..r_n",
+        },
+        "prefix_matching": prefix.tolist(),
+        "previous_token": prev.tolist(),
+        "senders": [[l, h, float(prev[l, h])] for l, h in senders],
+        "receivers": [[l, h, float(prefix[l, h])] for l, h in receivers],
+        "rows": rows,
+        "mean": mean,
+        "sender_through_k": [[l, h, float(each[l, h])] for l, h in senders],
+    }
 
 
 def format_induction(r: dict) -> str:
     m = r["mean"]
     gain = m["original"] - m["first_half"]
-    lines = ["previous-token heads (senders): " + ", ".join(f"L{l}H{h} {s:.2f}" for l, h, s in r["senders"]),
-             "induction heads (receivers):     " + ", ".join(f"L{l}H{h} {s:.2f}" for l, h, s in r["receivers"]),
-             f"mean log-probability of the repeated half over {r['sequences']} sequences of 2 x {r['half']} tokens:",
-             f"  original {m['original']:.2f}; first half (nothing to copy) {m['first_half']:.2f}: copying gain "
-             f"{gain:.2f} nats"]
-    for key, what in (("q", "senders -> induction heads' queries"), ("k", "senders -> induction heads' keys"),
-                      ("v", "senders -> induction heads' values"), ("senders_resampled", "senders resampled"),
-                      ("induction_resampled", "induction heads resampled")):
-        lines.append(f"  {what:<38} {m[key]:7.2f}  ({m[key] - m['original']:+.2f}, "
-                     f"{(m['original'] - m[key]) / gain:.0%} of the gain)")
+    lines = [
+        "previous-token heads (senders): " + ", ".join(f"L{l}H{h} {s:.2f}" for l, h, s in r["senders"]),
+        "induction heads (receivers):     " + ", ".join(f"L{l}H{h} {s:.2f}" for l, h, s in r["receivers"]),
+        f"mean log-probability of the repeated half over {r['sequences']} sequences of 2 x {r['half']} tokens:",
+        f"  original {m['original']:.2f}; first half (nothing to copy) {m['first_half']:.2f}: copying gain "
+        f"{gain:.2f} nats",
+    ]
+    for key, what in (
+        ("q", "senders -> induction heads' queries"),
+        ("k", "senders -> induction heads' keys"),
+        ("v", "senders -> induction heads' values"),
+        ("senders_resampled", "senders resampled"),
+        ("induction_resampled", "induction heads resampled"),
+    ):
+        lines.append(
+            f"  {what:<38} {m[key]:7.2f}  ({m[key] - m['original']:+.2f}, "
+            f"{(m['original'] - m[key]) / gain:.0%} of the gain)"
+        )
     top = sorted(r["sender_through_k"], key=lambda t: t[2])[:5]
     lines.append("  each sender alone through the keys: " + ", ".join(f"L{l}H{h} {v:+.2f}" for l, h, v in top))
     return "\n".join(lines)
@@ -158,8 +212,15 @@ def plot_induction(r: dict, path, title: str) -> None:
     plt = pyplot()
     m = r["mean"]
     keys = ["original", "q", "k", "v", "senders_resampled", "induction_resampled", "first_half"]
-    labels = ["original", "path via\nqueries", "path via\nkeys", "path via\nvalues", "previous-token\nheads resampled",
-              "induction heads\nresampled", "first half\n(no copying)"]
+    labels = [
+        "original",
+        "path via\nqueries",
+        "path via\nkeys",
+        "path via\nvalues",
+        "previous-token\nheads resampled",
+        "induction heads\nresampled",
+        "first half\n(no copying)",
+    ]
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [3, 2]})
     colors = ["#4c72b0", "#8c8c8c", "#c44e52", "#8c8c8c", "#dd8452", "#dd8452", "#55a868"]
     a.bar(range(len(keys)), [m[k] for k in keys], color=colors)
@@ -184,15 +245,21 @@ def ioi_prompts(lm, n: int = 16, *, seed: int = 0, names=NAMES, templates=TEMPLA
     wrong " B". Templates are used in turn, names drawn without repeats within a prompt (seeded)."""
     single = [x for x in names if len(lm.encode(" " + x, special=False)) == 1]
     if len(single) < 3:
-        raise ValueError(f"fewer than 3 of the names are one token for this tokenizer ({single}); pass names= that "
-                         "are")
+        raise ValueError(f"fewer than 3 of the names are one token for this tokenizer ({single}); pass names= that are")
     rng = random.Random(seed)
     out = []
     for i in range(n):
         a, b, c = rng.sample(single, 3)
         t = templates[i % len(templates)]
-        out.append({"clean": t.format(A=a, B=b, S=b), "corrupt": t.format(A=a, B=b, S=c), "answer": " " + a,
-                    "wrong": " " + b, "template": t})
+        out.append(
+            {
+                "clean": t.format(A=a, B=b, S=b),
+                "corrupt": t.format(A=a, B=b, S=c),
+                "answer": " " + a,
+                "wrong": " " + b,
+                "template": t,
+            }
+        )
     return out
 
 
@@ -201,8 +268,10 @@ def _positions(ids: list[int], io: int, s: int) -> dict:
     s_at = [i for i, t in enumerate(ids) if t == s]
     io_at = [i for i, t in enumerate(ids) if t == io]
     if len(s_at) != 2 or len(io_at) != 1:
-        raise ValueError(f"an IOI prompt holds the subject twice and the indirect object once; found {len(s_at)} and "
-                         f"{len(io_at)} (a name split into several tokens, or in the template)")
+        raise ValueError(
+            f"an IOI prompt holds the subject twice and the indirect object once; found {len(s_at)} and "
+            f"{len(io_at)} (a name split into several tokens, or in the template)"
+        )
     return {"IO": io_at[0], "S1": s_at[0], "S2": s_at[1], "END": len(ids) - 1}
 
 
@@ -214,8 +283,16 @@ def _top(scores: Tensor, k: int, sign: float = 1.0) -> list[tuple[int, int]]:
 
 
 @torch.no_grad()
-def ioi(lm, *, pairs: int = 16, seed: int = 0, movers: int = 3, inhibitors: int = 4, batch_size: int = 32,
-        progress: bool = False) -> dict:
+def ioi(
+    lm,
+    *,
+    pairs: int = 16,
+    seed: int = 0,
+    movers: int = 3,
+    inhibitors: int = 4,
+    batch_size: int = 32,
+    progress: bool = False,
+) -> dict:
     """The IOI circuit of ``lm`` (see the module docstring), averaged over ``pairs`` prompts. Returns the logit
     differences, every head's exact and attribution-patching effect, its direct logit attribution, the attention
     scores at the paper's positions, the heads of each class found here and the path-patching effects that found
@@ -240,8 +317,14 @@ def ioi(lm, *, pairs: int = 16, seed: int = 0, movers: int = 3, inhibitors: int 
         with capture(model, ("pattern",)) as cache:
             model(clean)
         pats = torch.stack([p[0] for p in cache.patterns()])  # (layers, H, L, L)
-        attn.append({"END->IO": pats[..., pos["END"], pos["IO"]], "END->S2": pats[..., pos["END"], pos["S2"]],
-                     "S2->S1": pats[..., pos["S2"], pos["S1"]], "S2->S1+1": pats[..., pos["S2"], pos["S1"] + 1]})
+        attn.append(
+            {
+                "END->IO": pats[..., pos["END"], pos["IO"]],
+                "END->S2": pats[..., pos["END"], pos["S2"]],
+                "S2->S1": pats[..., pos["S2"], pos["S1"]],
+                "S2->S1+1": pats[..., pos["S2"], pos["S1"] + 1],
+            }
+        )
     exact_m, approx_m, dla_m = torch.stack(exact).mean(0), torch.stack(approx).mean(0), torch.stack(dla).mean(0)
     attn_m = {k: torch.stack([a[k] for a in attn]).mean(0) for k in attn[0]}
     clean_diff = sum(d[0] for d in diffs) / len(diffs)
@@ -250,68 +333,113 @@ def ioi(lm, *, pairs: int = 16, seed: int = 0, movers: int = 3, inhibitors: int 
     # who steers the name movers (through their queries), and who those heads read (through their values)
     path_q = []
     for clean, corrupt, io, s, _ in tqdm(enc, desc="IOI: path patching into the name movers", disable=not progress):
-        path_q.append(P.path_patching_each(model, clean, corrupt, P.logit_diff(io, s), receivers=_as_dict(name_movers),
-                                           through="q", batch_size=batch_size)["effect"])
+        path_q.append(
+            P.path_patching_each(
+                model,
+                clean,
+                corrupt,
+                P.logit_diff(io, s),
+                receivers=_as_dict(name_movers),
+                through="q",
+                batch_size=batch_size,
+            )["effect"]
+        )
     path_q_m = torch.stack(path_q).mean(0)
     s_inhibition = _top(path_q_m, inhibitors, sign=-1.0)  # senders whose corruption lowers the logit difference most
     path_v_m = None
     readers: list[tuple[int, int]] = []
     if s_inhibition:
         path_v = []
-        for clean, corrupt, io, s, _ in tqdm(enc, desc="IOI: path patching into the S-inhibition heads",
-                                             disable=not progress):
-            path_v.append(P.path_patching_each(model, clean, corrupt, P.logit_diff(io, s),
-                                               receivers=_as_dict(s_inhibition), through="v",
-                                               batch_size=batch_size)["effect"])
+        for clean, corrupt, io, s, _ in tqdm(
+            enc, desc="IOI: path patching into the S-inhibition heads", disable=not progress
+        ):
+            path_v.append(
+                P.path_patching_each(
+                    model,
+                    clean,
+                    corrupt,
+                    P.logit_diff(io, s),
+                    receivers=_as_dict(s_inhibition),
+                    through="v",
+                    batch_size=batch_size,
+                )["effect"]
+            )
         path_v_m = torch.stack(path_v).mean(0)
         readers = _top(path_v_m, inhibitors, sign=-1.0)
     flat = torch.stack([exact_m.flatten(), approx_m.flatten()])
     keep = ~flat.isnan().any(0)
 
     def named(heads):
-        return [{"layer": l, "head": h, "exact": float(exact_m[l, h]), "attribution": float(approx_m[l, h]),
-                 "direct": float(dla_m[l, h]), **{k: float(v[l, h]) for k, v in attn_m.items()},
-                 "path_q": float(path_q_m[l, h]) if not path_q_m[l, h].isnan() else None,
-                 "path_v": float(path_v_m[l, h]) if path_v_m is not None and not path_v_m[l, h].isnan() else None}
-                for l, h in heads]
+        return [
+            {
+                "layer": l,
+                "head": h,
+                "exact": float(exact_m[l, h]),
+                "attribution": float(approx_m[l, h]),
+                "direct": float(dla_m[l, h]),
+                **{k: float(v[l, h]) for k, v in attn_m.items()},
+                "path_q": float(path_q_m[l, h]) if not path_q_m[l, h].isnan() else None,
+                "path_v": float(path_v_m[l, h]) if path_v_m is not None and not path_v_m[l, h].isnan() else None,
+            }
+            for l, h in heads
+        ]
 
     disagree = (exact_m - approx_m).abs().nan_to_num(0).flatten().argsort(descending=True)[:5]
     width = exact_m.shape[1]
-    return {"pairs": prompts, "seed": seed, "logit_diff": {"clean": clean_diff,
-                                                           "corrupt": sum(d[1] for d in diffs) / len(diffs)},
-            "effect": exact_m.tolist(), "attribution": approx_m.tolist(), "direct": dla_m.tolist(),
-            "attention": {k: v.tolist() for k, v in attn_m.items()},
-            "path_into_name_movers_q": path_q_m.tolist(),
-            "path_into_s_inhibition_v": None if path_v_m is None else path_v_m.tolist(),
-            "correlation": float(torch.corrcoef(flat[:, keep])[0, 1]),
-            "disagreements": [[int(i) // width, int(i) % width, float(exact_m.flatten()[i]),
-                               float(approx_m.flatten()[i])] for i in disagree],
-            "name_movers": named(name_movers), "negative_name_movers": named(negative),
-            "s_inhibition": named(s_inhibition), "read_by_s_inhibition": named(readers),
-            "rule": {"effect": "logit diff (IO - S) of the corrupted run with the head's clean z, minus the corrupted "
-                               "run's", "name movers": f"the {movers} heads of highest direct logit attribution",
-                     "negative name movers": "the heads of lowest (negative) direct logit attribution",
-                     "s_inhibition": f"the {inhibitors} earlier heads whose corrupted z, path patched into the name "
-                                     "movers' queries, lowers the logit difference most",
-                     "read_by_s_inhibition": "the same, into the S-inhibition heads' values"}}
+    return {
+        "pairs": prompts,
+        "seed": seed,
+        "logit_diff": {"clean": clean_diff, "corrupt": sum(d[1] for d in diffs) / len(diffs)},
+        "effect": exact_m.tolist(),
+        "attribution": approx_m.tolist(),
+        "direct": dla_m.tolist(),
+        "attention": {k: v.tolist() for k, v in attn_m.items()},
+        "path_into_name_movers_q": path_q_m.tolist(),
+        "path_into_s_inhibition_v": None if path_v_m is None else path_v_m.tolist(),
+        "correlation": float(torch.corrcoef(flat[:, keep])[0, 1]),
+        "disagreements": [
+            [int(i) // width, int(i) % width, float(exact_m.flatten()[i]), float(approx_m.flatten()[i])]
+            for i in disagree
+        ],
+        "name_movers": named(name_movers),
+        "negative_name_movers": named(negative),
+        "s_inhibition": named(s_inhibition),
+        "read_by_s_inhibition": named(readers),
+        "rule": {
+            "effect": "logit diff (IO - S) of the corrupted run with the head's clean z, minus the corrupted run's",
+            "name movers": f"the {movers} heads of highest direct logit attribution",
+            "negative name movers": "the heads of lowest (negative) direct logit attribution",
+            "s_inhibition": f"the {inhibitors} earlier heads whose corrupted z, path patched into the name "
+            "movers' queries, lowers the logit difference most",
+            "read_by_s_inhibition": "the same, into the S-inhibition heads' values",
+        },
+    }
 
 
 def format_ioi(r: dict) -> str:
     ld = r["logit_diff"]
-    lines = [f"IOI over {len(r['pairs'])} prompts: logit difference IO - S {ld['clean']:.2f} clean, {ld['corrupt']:.2f} "
-             "corrupted (S2 replaced by a third name)",
-             f"attribution vs exact patching over every head: correlation {r['correlation']:.2f}; largest "
-             "disagreements " + ", ".join(f"L{l}H{h} {e:+.2f} exact vs {a:+.2f}" for l, h, e, a in r["disagreements"][:3])]
+    lines = [
+        f"IOI over {len(r['pairs'])} prompts: logit difference IO - S {ld['clean']:.2f} clean, {ld['corrupt']:.2f} "
+        "corrupted (S2 replaced by a third name)",
+        f"attribution vs exact patching over every head: correlation {r['correlation']:.2f}; largest "
+        "disagreements " + ", ".join(f"L{l}H{h} {e:+.2f} exact vs {a:+.2f}" for l, h, e, a in r["disagreements"][:3]),
+    ]
     for key, what, cols in (
-            ("name_movers", "name movers", ("direct", "exact", "END->IO", "END->S2")),
-            ("negative_name_movers", "negative name movers", ("direct", "exact", "END->IO", "END->S2")),
-            ("s_inhibition", "S-inhibition (path into name movers' queries)", ("path_q", "exact", "direct", "END->S2")),
-            ("read_by_s_inhibition", "read by S-inhibition (path into their values)",
-             ("path_v", "exact", "S2->S1", "S2->S1+1"))):
+        ("name_movers", "name movers", ("direct", "exact", "END->IO", "END->S2")),
+        ("negative_name_movers", "negative name movers", ("direct", "exact", "END->IO", "END->S2")),
+        ("s_inhibition", "S-inhibition (path into name movers' queries)", ("path_q", "exact", "direct", "END->S2")),
+        (
+            "read_by_s_inhibition",
+            "read by S-inhibition (path into their values)",
+            ("path_v", "exact", "S2->S1", "S2->S1+1"),
+        ),
+    ):
         lines.append(f"{what}:")
         for h in r[key]:
-            lines.append(f"  L{h['layer']}H{h['head']}  " + "  ".join(
-                f"{c} {h[c]:+.2f}" if h[c] is not None else f"{c} -" for c in cols))
+            lines.append(
+                f"  L{h['layer']}H{h['head']}  "
+                + "  ".join(f"{c} {h[c]:+.2f}" if h[c] is not None else f"{c} -" for c in cols)
+            )
     return "\n".join(lines)
 
 
@@ -319,8 +447,12 @@ def plot_ioi(r: dict, path, title: str) -> None:
     """Exact patching, attribution patching, direct logit attribution and the path effect into the name movers'
     queries, layers x heads, one diverging colour scale each."""
     plt = pyplot()
-    panels = [("effect", "activation patching (exact)"), ("attribution", "attribution patching"),
-              ("direct", "direct logit attribution"), ("path_into_name_movers_q", "path patching into name movers' q")]
+    panels = [
+        ("effect", "activation patching (exact)"),
+        ("attribution", "attribution patching"),
+        ("direct", "direct logit attribution"),
+        ("path_into_name_movers_q", "path patching into name movers' q"),
+    ]
     fig, axes = plt.subplots(1, 4, figsize=(16, 6))
     for ax, (key, what) in zip(axes, panels):
         grid = torch.tensor(r[key])
@@ -335,5 +467,14 @@ def plot_ioi(r: dict, path, title: str) -> None:
     save(fig, path)
 
 
-__all__ = ["NAMES", "TEMPLATES", "format_induction", "format_ioi", "induction_circuit", "ioi", "ioi_prompts",
-           "plot_induction", "plot_ioi"]
+__all__ = [
+    "NAMES",
+    "TEMPLATES",
+    "format_induction",
+    "format_ioi",
+    "induction_circuit",
+    "ioi",
+    "ioi_prompts",
+    "plot_induction",
+    "plot_ioi",
+]

@@ -13,6 +13,7 @@ the literature measured with the rules stated here:
   residual-stream norm after a layer is far above the rest (here: more than ``outlier`` times the median token norm of
   that image and layer), where they sit, and how much of the last layer's [CLS] attention they take.
 """
+
 from __future__ import annotations
 
 import torch
@@ -39,8 +40,9 @@ def photo(name: str):
     try:
         import skimage.data
     except ImportError:
-        raise ValueError("the sample photographs come from scikit-image, which is not installed: "
-                         "pip install scikit-image") from None
+        raise ValueError(
+            "the sample photographs come from scikit-image, which is not installed: pip install scikit-image"
+        ) from None
     return getattr(skimage.data, name)()
 
 
@@ -50,9 +52,11 @@ def run(model, x: Tensor) -> dict:
     with capture(model, ("pattern", "resid")) as cache:
         model.features(x)
     p = model.config.patch_size
-    return {"patterns": [w[0] for w in cache.patterns()],
-            "resid": [cache.get_layer("resid", i)[0] for i in range(len(cache.attention_modules))],
-            "grid": (x.shape[2] // p, x.shape[3] // p)}
+    return {
+        "patterns": [w[0] for w in cache.patterns()],
+        "resid": [cache.get_layer("resid", i)[0] for i in range(len(cache.attention_modules))],
+        "grid": (x.shape[2] // p, x.shape[3] // p),
+    }
 
 
 def cls_maps(patterns: list[Tensor], grid: tuple[int, int], offset: int = 1) -> list[Tensor]:
@@ -102,8 +106,14 @@ def high_norm_tokens(resid: list[Tensor], outlier: float = OUTLIER, offset: int 
         norms = x[offset:].norm(dim=-1)
         med = float(norms.median())
         idx = (norms > outlier * med).nonzero().flatten().tolist()
-        out.append({"median": med, "max_ratio": float(norms.max() / med), "tokens": idx,
-                    "norms": [round(float(v), 3) for v in norms]})
+        out.append(
+            {
+                "median": med,
+                "max_ratio": float(norms.max() / med),
+                "tokens": idx,
+                "norms": [round(float(v), 3) for v in norms],
+            }
+        )
     return out
 
 
@@ -129,44 +139,68 @@ def study(d, names=("chelsea", "astronaut", "coffee", "rocket"), *, size: int = 
         norms = high_norm_tokens(r["resid"])
         hi = norms[-1]["tokens"]
         cls_mean = last.mean(0).flatten()
-        photos[name] = {"object": PHOTOS[name]["object"], "box": PHOTOS[name]["box"], "image_hw": list(image.shape[:2]),
-                        "input_hw": list(x.shape[2:]), "grid": list(r["grid"]), **scores,
-                        "cls_last": [m.tolist() for m in last], "norms": norms,
-                        "high_norm_cls_share": float(cls_mean[hi].sum()) if hi else 0.0,
-                        "high_norm_patch_share": len(hi) / cls_mean.numel()}
+        photos[name] = {
+            "object": PHOTOS[name]["object"],
+            "box": PHOTOS[name]["box"],
+            "image_hw": list(image.shape[:2]),
+            "input_hw": list(x.shape[2:]),
+            "grid": list(r["grid"]),
+            **scores,
+            "cls_last": [m.tolist() for m in last],
+            "norms": norms,
+            "high_norm_cls_share": float(cls_mean[hi].sum()) if hi else 0.0,
+            "high_norm_patch_share": len(hi) / cls_mean.numel(),
+        }
     dist = torch.stack(distances).mean(0)  # (layers, H)
     shares = torch.tensor([photos[n]["share"] for n in names])  # (photos, H)
     areas = torch.tensor([photos[n]["area"] for n in names])
-    return {"size": size, "photos": photos, "distance": dist.tolist(),
-            "rule": {"object": f"share of the last layer's [CLS] attention on patches whose centre is in the box; "
-                               f"Jaccard of the patches holding the top {MASS:.0%} of it and the box",
-                     "distance": "attention-weighted pixel distance from each patch query to the patches, at the "
-                                 "model's input resolution, mean over queries and photographs",
-                     "high_norm": f"patch tokens whose norm after a layer exceeds {OUTLIER} x the median of that "
-                                  "image and layer"},
-            "mean": {"share_best_head": float(shares.max(1).values.mean()), "share_mean_head": float(shares.mean()),
-                     "area": float(areas.mean()),
-                     "jaccard_best_head": float(torch.tensor([max(photos[n]["jaccard"]) for n in names]).mean())}}
+    return {
+        "size": size,
+        "photos": photos,
+        "distance": dist.tolist(),
+        "rule": {
+            "object": f"share of the last layer's [CLS] attention on patches whose centre is in the box; "
+            f"Jaccard of the patches holding the top {MASS:.0%} of it and the box",
+            "distance": "attention-weighted pixel distance from each patch query to the patches, at the "
+            "model's input resolution, mean over queries and photographs",
+            "high_norm": f"patch tokens whose norm after a layer exceeds {OUTLIER} x the median of that "
+            "image and layer",
+        },
+        "mean": {
+            "share_best_head": float(shares.max(1).values.mean()),
+            "share_mean_head": float(shares.mean()),
+            "area": float(areas.mean()),
+            "jaccard_best_head": float(torch.tensor([max(photos[n]["jaccard"]) for n in names]).mean()),
+        },
+    }
 
 
 def format_study(r: dict) -> str:
-    lines = [f"[CLS] attention of the last layer on the object (input {r['size']} px on the shorter side):",
-             f"{'photograph':<11}{'object':<20}{'box area':>9}{'best head':>11}{'mean head':>11}{'Jaccard':>9}"]
+    lines = [
+        f"[CLS] attention of the last layer on the object (input {r['size']} px on the shorter side):",
+        f"{'photograph':<11}{'object':<20}{'box area':>9}{'best head':>11}{'mean head':>11}{'Jaccard':>9}",
+    ]
     for name, p in r["photos"].items():
         best = max(range(len(p["share"])), key=lambda h: p["share"][h])
-        lines.append(f"{name:<11}{p['object']:<20}{p['area']:>9.2f}{p['share'][best]:>8.2f} h{best}"
-                     f"{sum(p['share']) / len(p['share']):>11.2f}{max(p['jaccard']):>9.2f}")
+        lines.append(
+            f"{name:<11}{p['object']:<20}{p['area']:>9.2f}{p['share'][best]:>8.2f} h{best}"
+            f"{sum(p['share']) / len(p['share']):>11.2f}{max(p['jaccard']):>9.2f}"
+        )
     dist = torch.tensor(r["distance"])
     lines.append("mean attention distance (pixels) per layer: " + " ".join(f"{float(v):.0f}" for v in dist.mean(1)))
-    lines.append("  head range in the first / last layer: "
-                 f"{float(dist[0].min()):.0f}-{float(dist[0].max()):.0f} / {float(dist[-1].min()):.0f}-"
-                 f"{float(dist[-1].max()):.0f}")
+    lines.append(
+        "  head range in the first / last layer: "
+        f"{float(dist[0].min()):.0f}-{float(dist[0].max()):.0f} / {float(dist[-1].min()):.0f}-"
+        f"{float(dist[-1].max()):.0f}"
+    )
     for name, p in r["photos"].items():
         worst = max(range(len(p["norms"])), key=lambda i: p["norms"][i]["max_ratio"])
-        lines.append(f"high-norm tokens in {name}: largest norm / median {p['norms'][worst]['max_ratio']:.1f} "
-                     f"(layer {worst}); in the last layer {len(p['norms'][-1]['tokens'])} tokens "
-                     f"({p['high_norm_patch_share']:.1%} of the patches) take {p['high_norm_cls_share']:.1%} of "
-                     "the [CLS] attention")
+        lines.append(
+            f"high-norm tokens in {name}: largest norm / median {p['norms'][worst]['max_ratio']:.1f} "
+            f"(layer {worst}); in the last layer {len(p['norms'][-1]['tokens'])} tokens "
+            f"({p['high_norm_patch_share']:.1%} of the patches) take {p['high_norm_cls_share']:.1%} of "
+            "the [CLS] attention"
+        )
     return "\n".join(lines)
 
 
@@ -180,8 +214,9 @@ def plot_objects(r: dict, stem, title: str) -> list:
     plt = pyplot()
     names = list(r["photos"])
     heads = len(r["photos"][names[0]]["share"])
-    fig, axes = plt.subplots(len(names), heads + 1, figsize=(2.1 * (heads + 1) + 0.8, 1.9 * len(names) + 0.6),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(names), heads + 1, figsize=(2.1 * (heads + 1) + 0.8, 1.9 * len(names) + 0.6), squeeze=False
+    )
     for row, name in zip(axes, names):
         p = r["photos"][name]
         image = photo(name)
@@ -195,8 +230,9 @@ def plot_objects(r: dict, stem, title: str) -> list:
         for hd in range(heads):
             ax = row[hd + 1]
             ax.imshow(grey, cmap="gray", extent=(0, w, h, 0))
-            im = ax.imshow(np.array(p["cls_last"][hd]), cmap="inferno", alpha=0.7, extent=(0, w, h, 0), vmin=0,
-                           vmax=vmax)
+            im = ax.imshow(
+                np.array(p["cls_last"][hd]), cmap="inferno", alpha=0.7, extent=(0, w, h, 0), vmin=0, vmax=vmax
+            )
             ax.add_patch(plt.Rectangle((left, top), right - left, bottom - top, fill=False, edgecolor="cyan", lw=0.8))
             ax.set_title(f"head {hd}: {p['share'][hd]:.0%} on it", fontsize=8)
         bar = fig.colorbar(im, ax=list(row), fraction=0.015, pad=0.01)
@@ -255,8 +291,14 @@ def plot_distances(distances: dict, stem, title: str) -> list:
     for ax, (name, (dist, size)) in zip(axes[0], distances.items()):
         dist = torch.as_tensor(dist)
         for l in range(dist.shape[0]):
-            ax.scatter([l] * dist.shape[1], dist[l].tolist(), s=16, color="tab:blue", alpha=0.8,
-                       label="a head" if l == 0 else None)
+            ax.scatter(
+                [l] * dist.shape[1],
+                dist[l].tolist(),
+                s=16,
+                color="tab:blue",
+                alpha=0.8,
+                label="a head" if l == 0 else None,
+            )
         ax.plot(range(dist.shape[0]), dist.mean(1).tolist(), "k--", lw=1, label="layer mean")
         ax.set_xlabel("layer (depth)")
         ax.set_ylabel("mean attention distance (pixels)")
@@ -270,5 +312,20 @@ def plot_distances(distances: dict, stem, title: str) -> list:
     return save(fig, stem)
 
 
-__all__ = ["MASS", "OUTLIER", "PHOTOS", "box_mask", "cls_maps", "format_study", "high_norm_tokens",
-           "object_scores", "photo", "plot_distances", "plot_norms", "plot_objects", "run", "study", "top_mass"]
+__all__ = [
+    "MASS",
+    "OUTLIER",
+    "PHOTOS",
+    "box_mask",
+    "cls_maps",
+    "format_study",
+    "high_norm_tokens",
+    "object_scores",
+    "photo",
+    "plot_distances",
+    "plot_norms",
+    "plot_objects",
+    "run",
+    "study",
+    "top_mass",
+]

@@ -17,6 +17,7 @@ over a sample of held-out words (English spelling is read left to right, so alig
     OUT/monotonicity.{png,svg}     layers x heads heatmap of the score;  OUT/summary.json (scores, pronunciation)
     OUT/cross.html, encoder.html, decoder.html   offline pages
 """
+
 from __future__ import annotations
 
 import time
@@ -99,8 +100,9 @@ def show_g2p(run, word: str, out: Path, *, sample: int = 200, overwrite: bool = 
     maps = {
         "encoder": AttentionMaps(word, letters, kinds["encoder"], f"{name} encoder self-attention"),
         "decoder": AttentionMaps(word, produced, kinds["decoder"], f"{name} decoder causal self-attention"),
-        "cross": AttentionMaps(word, produced, kinds["cross"], f"{name} cross-attention (phoneme -> letters)",
-                               key_tokens=letters),
+        "cross": AttentionMaps(
+            word, produced, kinds["cross"], f"{name} cross-attention (phoneme -> letters)", key_tokens=letters
+        ),
     }
     from ..data.g2p import apply_split, load_cmudict
     from ..train.runfolder import read_json
@@ -116,18 +118,33 @@ def show_g2p(run, word: str, out: Path, *, sample: int = 200, overwrite: bool = 
         for kind, m in maps.items():
             files += plots.plot_grid(m, folder / f"{kind}_grid")
             files.append(write_page(m, folder / f"{kind}.html"))
-        files += plots.plot_head(maps["cross"], best[0], best[1], folder / "alignment",
-                                 caption=f"monotonicity {scores[best].item():.2f} over {n} held-out words")
+        files += plots.plot_head(
+            maps["cross"],
+            best[0],
+            best[1],
+            folder / "alignment",
+            caption=f"monotonicity {scores[best].item():.2f} over {n} held-out words",
+        )
         files += _plot_scores(scores, n, folder / "monotonicity")
-        summary = {"word": word, "phonemes": " ".join(phonemes), "letters": letters,
-                   "monotonicity": {"held_out_words": n, "per_head": scores.tolist(), "this_word": word_scores.tolist(),
-                                    "most_monotonic": {"layer": best[0], "head": best[1]}},
-                   "seconds": round(time.perf_counter() - t0, 2)}
+        summary = {
+            "word": word,
+            "phonemes": " ".join(phonemes),
+            "letters": letters,
+            "monotonicity": {
+                "held_out_words": n,
+                "per_head": scores.tolist(),
+                "this_word": word_scores.tolist(),
+                "most_monotonic": {"layer": best[0], "head": best[1]},
+            },
+            "seconds": round(time.perf_counter() - t0, 2),
+        }
         atomic_write_json(folder / "summary.json", summary)
     summary["files"] = [str(target / Path(f).name) for f in files]
     log(f"{word}: {' '.join(phonemes)}")
-    log("cross-attention monotonicity (share of steps whose strongest letter does not move back; "
-        f"mean over {n} held-out words), layers x heads:")
+    log(
+        "cross-attention monotonicity (share of steps whose strongest letter does not move back; "
+        f"mean over {n} held-out words), layers x heads:"
+    )
     for layer, row in enumerate(scores.tolist()):
         log(f"  layer {layer}: " + " ".join(f"{v:.2f}" for v in row))
     return summary
@@ -137,8 +154,9 @@ def _plot_scores(scores: Tensor, n: int, stem: Path) -> list[Path]:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(1.2 * scores.shape[1] + 2, 0.9 * scores.shape[0] + 1.5))
     im = ax.imshow(scores.numpy(), cmap="viridis", vmin=0, vmax=1)
-    for (l, h), v in zip([(l, h) for l in range(scores.shape[0]) for h in range(scores.shape[1])],
-                         scores.flatten().tolist()):
+    for (l, h), v in zip(
+        [(l, h) for l in range(scores.shape[0]) for h in range(scores.shape[1])], scores.flatten().tolist()
+    ):
         ax.text(h, l, f"{v:.2f}", ha="center", va="center", color="white" if v < 0.6 else "black", fontsize=9)
     ax.set_xticks(range(scores.shape[1]), [f"H{h}" for h in range(scores.shape[1])])
     ax.set_yticks(range(scores.shape[0]), [f"L{l}" for l in range(scores.shape[0])])

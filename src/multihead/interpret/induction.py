@@ -20,6 +20,7 @@ length varies per batch, so that no positional shortcut solves the task; see :cl
 the repeated half falls far below the first half's (which no model can predict) once an induction head forms -- the
 phase change -- and the step where that happens is reported with both curves.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,7 +28,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..modules.capture import attention_modules, capture
 
@@ -62,9 +63,13 @@ def induction_scores(model, *, half: int = 32, batch: int = 16, low: int = 0, st
         logits = model(ids)
     model.train(was)
     loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="none").view(batch, -1)
-    return {"prefix_matching": prefix_matching(cache.patterns(), half), "copying": copying_scores(model),
-            "loss_first_half": float(loss[:, :half].mean()), "loss_second_half": float(loss[:, half + 1:].mean()),
-            "half": half}
+    return {
+        "prefix_matching": prefix_matching(cache.patterns(), half),
+        "copying": copying_scores(model),
+        "loss_first_half": float(loss[:, :half].mean()),
+        "loss_second_half": float(loss[:, half + 1 :].mean()),
+        "half": half,
+    }
 
 
 @torch.no_grad()
@@ -82,7 +87,7 @@ def copying_scores(model) -> Tensor:
         scores = []
         for i in range(h):
             j = i // group  # the key/value head this query head reads
-            a = w_v[j * dh:(j + 1) * dh] @ mid @ w_o[:, i * dh:(i + 1) * dh]  # (dh, dh)
+            a = w_v[j * dh : (j + 1) * dh] @ mid @ w_o[:, i * dh : (i + 1) * dh]  # (dh, dh)
             lam = torch.linalg.eigvals(a.double())
             scores.append(float(lam.real.sum() / lam.abs().sum().clamp_min(1e-30)))
         rows.append(torch.tensor(scores))
@@ -110,15 +115,26 @@ class ToyConfig:
     def __post_init__(self) -> None:
         from .._config import check_rules
 
-        check_rules([("vocab", self.vocab >= 2, ">= 2"), ("half", self.half >= 2, ">= 2"),
-                     ("d_model", self.d_model >= 1 and self.d_model % max(self.num_heads, 1) == 0,
-                      "a positive multiple of num_heads"), ("num_heads", self.num_heads >= 1, ">= 1"),
-                     ("num_layers", self.num_layers >= 1, ">= 1"), ("steps", self.steps >= 1, ">= 1"),
-                     ("batch_size", self.batch_size >= 1, ">= 1"), ("lr", self.lr > 0, "> 0"),
-                     ("eval_every", self.eval_every >= 1, ">= 1")])
+        check_rules(
+            [
+                ("vocab", self.vocab >= 2, ">= 2"),
+                ("half", self.half >= 2, ">= 2"),
+                (
+                    "d_model",
+                    self.d_model >= 1 and self.d_model % max(self.num_heads, 1) == 0,
+                    "a positive multiple of num_heads",
+                ),
+                ("num_heads", self.num_heads >= 1, ">= 1"),
+                ("num_layers", self.num_layers >= 1, ">= 1"),
+                ("steps", self.steps >= 1, ">= 1"),
+                ("batch_size", self.batch_size >= 1, ">= 1"),
+                ("lr", self.lr > 0, "> 0"),
+                ("eval_every", self.eval_every >= 1, ">= 1"),
+            ]
+        )
 
 
-def train_toy(config: ToyConfig = ToyConfig(), *, progress: bool = False) -> dict:
+def train_toy(config: ToyConfig | None = None, *, progress: bool = False) -> dict:
     """Train a 2-layer attention-only CausalLM on repeated random tokens; every ``eval_every`` steps record the loss
     on each half and every head's prefix-matching score (fixed evaluation sequences). Returns the history, the
     phase-change step (the first evaluation at which the second half's loss is below half the first half's) and the
@@ -128,11 +144,24 @@ def train_toy(config: ToyConfig = ToyConfig(), *, progress: bool = False) -> dic
     from ..models.seq2seq import CausalLM, CausalLMConfig
     from ..modules.decoder import DecoderConfig
 
+    config = config or ToyConfig()
     torch.manual_seed(config.seed)
-    model = CausalLM(CausalLMConfig(vocab_size=config.vocab + 1, max_len=1 + 2 * config.half, positional="learned",
-                                    decoder=DecoderConfig(d_model=config.d_model, num_heads=config.num_heads,
-                                                          num_layers=config.num_layers, d_ff=0, dropout=0.0,
-                                                          norm_first=True, cross_attention=False)))
+    model = CausalLM(
+        CausalLMConfig(
+            vocab_size=config.vocab + 1,
+            max_len=1 + 2 * config.half,
+            positional="learned",
+            decoder=DecoderConfig(
+                d_model=config.d_model,
+                num_heads=config.num_heads,
+                num_layers=config.num_layers,
+                d_ff=0,
+                dropout=0.0,
+                norm_first=True,
+                cross_attention=False,
+            ),
+        )
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(config.seed + 1)
     start = config.vocab  # a token of its own marks the start
@@ -140,9 +169,14 @@ def train_toy(config: ToyConfig = ToyConfig(), *, progress: bool = False) -> dic
     for step in tqdm(range(config.steps + 1), desc="induction toy", disable=not progress):
         if step % config.eval_every == 0:
             s = induction_scores(model, half=config.half, batch=64, low=0, start=start, seed=12345)
-            history.append({"step": step, "loss_first_half": s["loss_first_half"],
-                            "loss_second_half": s["loss_second_half"],
-                            "prefix_matching": s["prefix_matching"].tolist()})
+            history.append(
+                {
+                    "step": step,
+                    "loss_first_half": s["loss_first_half"],
+                    "loss_second_half": s["loss_second_half"],
+                    "prefix_matching": s["prefix_matching"].tolist(),
+                }
+            )
         if step == config.steps:
             break
         half = config.half
@@ -156,10 +190,17 @@ def train_toy(config: ToyConfig = ToyConfig(), *, progress: bool = False) -> dic
         opt.zero_grad(set_to_none=True)
     final = induction_scores(model, half=config.half, batch=64, low=0, start=start, seed=12345)
     phase = next((h["step"] for h in history if h["loss_second_half"] < 0.5 * h["loss_first_half"]), None)
-    return {"config": asdict(config), "history": history, "phase_change_step": phase,
-            "prefix_matching": final["prefix_matching"].tolist(), "copying": final["copying"].tolist(),
-            "loss_first_half": final["loss_first_half"], "loss_second_half": final["loss_second_half"],
-            "uniform_loss": math.log(config.vocab), "model": model}
+    return {
+        "config": asdict(config),
+        "history": history,
+        "phase_change_step": phase,
+        "prefix_matching": final["prefix_matching"].tolist(),
+        "copying": final["copying"].tolist(),
+        "loss_first_half": final["loss_first_half"],
+        "loss_second_half": final["loss_second_half"],
+        "uniform_loss": math.log(config.vocab),
+        "model": model,
+    }
 
 
 def plot_toy(result: dict, path) -> None:
@@ -197,8 +238,18 @@ def plot_toy(result: dict, path) -> None:
 
 
 @torch.no_grad()
-def ablation(model, prefix: Tensor, *, k: int = 10, half: int = 32, batch: int = 16, low: int = 0, start: int = 0,
-             seed: int = 1, draws: int = 5) -> dict:
+def ablation(
+    model,
+    prefix: Tensor,
+    *,
+    k: int = 10,
+    half: int = 32,
+    batch: int = 16,
+    low: int = 0,
+    start: int = 0,
+    seed: int = 1,
+    draws: int = 5,
+) -> dict:
     """The causal check of Olsson et al.: the loss on the repeated half of fresh repeated-token sequences with the
     ``k`` heads of highest prefix-matching score masked (``head_mask``), against ``k`` random heads masked (the
     mean over ``draws`` seeded draws) and nothing masked."""
@@ -209,7 +260,7 @@ def ablation(model, prefix: Tensor, *, k: int = 10, half: int = 32, batch: int =
     def loss(mask) -> float:
         logits = model(ids, head_mask=mask)
         per = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="none")
-        return float(per.view(batch, -1)[:, half + 1:].mean())
+        return float(per.view(batch, -1)[:, half + 1 :].mean())
 
     def mask_of(flat) -> Tensor:
         m = torch.ones(layers * heads)
@@ -218,9 +269,14 @@ def ablation(model, prefix: Tensor, *, k: int = 10, half: int = 32, batch: int =
 
     top = prefix.flatten().argsort(descending=True)[:k]
     random = [loss(mask_of(torch.randperm(layers * heads, generator=g)[:k])) for _ in range(draws)]
-    return {"k": k, "base": loss(None), "top": loss(mask_of(top)), "random": random,
-            "random_mean": sum(random) / len(random),
-            "top_heads": [[int(i) // heads, int(i) % heads] for i in top]}
+    return {
+        "k": k,
+        "base": loss(None),
+        "top": loss(mask_of(top)),
+        "random": random,
+        "random_mean": sum(random) / len(random),
+        "top_heads": [[int(i) // heads, int(i) % heads] for i in top],
+    }
 
 
 def plot_scores(result: dict, path, title: str) -> None:
@@ -231,8 +287,10 @@ def plot_scores(result: dict, path, title: str) -> None:
     plt = pyplot()
     pm, cp = result["prefix_matching"], result["copying"]
     fig, axes = plt.subplots(1, 2, figsize=(10, max(4, 0.22 * len(pm) + 1.5)))
-    for ax, data, name, cmap, lim in ((axes[0], pm, "prefix-matching score", "viridis", (0, 1)),
-                                      (axes[1], cp, "copying score (OV eigenvalues)", "RdBu_r", (-1, 1))):
+    for ax, data, name, cmap, lim in (
+        (axes[0], pm, "prefix-matching score", "viridis", (0, 1)),
+        (axes[1], cp, "copying score (OV eigenvalues)", "RdBu_r", (-1, 1)),
+    ):
         im = ax.imshow(data, aspect="auto", cmap=cmap, vmin=lim[0], vmax=lim[1])
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
@@ -250,14 +308,18 @@ def format_scores(scores: dict) -> str:
     """A layers x heads table of prefix-matching / copying scores, induction heads starred."""
     pm, cp = scores["prefix_matching"], scores["copying"]
     heads = len(pm[0])
-    lines = [f"prefix-matching / copying score per head (repeated random tokens, half = {scores['half']}); "
-             f"* = induction (prefix matching >= {INDUCTION})",
-             "layer " + "".join(f"{'head ' + str(h):>14}" for h in range(heads))]
+    lines = [
+        f"prefix-matching / copying score per head (repeated random tokens, half = {scores['half']}); "
+        f"* = induction (prefix matching >= {INDUCTION})",
+        "layer " + "".join(f"{'head ' + str(h):>14}" for h in range(heads)),
+    ]
     for l, (row_p, row_c) in enumerate(zip(pm, cp)):
         cells = [f"{float(p):.2f}/{float(c):+.2f}{'*' if float(p) >= INDUCTION else ' '}" for p, c in zip(row_p, row_c)]
         lines.append(f"{l:>5} " + "".join(f"{c:>14}" for c in cells))
-    lines.append(f"loss per token: first half {scores['loss_first_half']:.3f} (random), repeated half "
-                 f"{scores['loss_second_half']:.3f}")
+    lines.append(
+        f"loss per token: first half {scores['loss_first_half']:.3f} (random), repeated half "
+        f"{scores['loss_second_half']:.3f}"
+    )
     return "\n".join(lines)
 
 
@@ -266,5 +328,17 @@ def induction_roles(prefix: Tensor) -> list[list[str]]:
     return [["induction" if float(v) >= INDUCTION else "-" for v in row] for row in prefix]
 
 
-__all__ = ["INDUCTION", "ToyConfig", "ablation", "copying_scores", "plot_scores", "format_scores", "induction_roles", "induction_scores", "plot_toy",
-           "prefix_matching", "repeated_tokens", "train_toy"]
+__all__ = [
+    "INDUCTION",
+    "ToyConfig",
+    "ablation",
+    "copying_scores",
+    "plot_scores",
+    "format_scores",
+    "induction_roles",
+    "induction_scores",
+    "plot_toy",
+    "prefix_matching",
+    "repeated_tokens",
+    "train_toy",
+]

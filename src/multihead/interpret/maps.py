@@ -1,4 +1,5 @@
 """Attention maps of one text: tokens and every layer's per-head weights, from a pretrained encoder or a run."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,8 +46,12 @@ class AttentionMaps:
         return self.layers[layer][head]
 
     def to_dict(self, digits: int = 4) -> dict:
-        return {"text": self.text, "tokens": self.tokens, "model": self.model,
-                "layers": [[[[round(v, digits) for v in row] for row in h] for h in w.tolist()] for w in self.layers]}
+        return {
+            "text": self.text,
+            "tokens": self.tokens,
+            "model": self.model,
+            "layers": [[[[round(v, digits) for v in row] for row in h] for h in w.tolist()] for w in self.layers],
+        }
 
 
 @dataclass
@@ -81,7 +86,7 @@ class Subject:
         self.model.eval()
         out = []
         for start in range(0, len(texts), batch_size):
-            chunk = texts[start:start + batch_size]
+            chunk = texts[start : start + batch_size]
             ids, keep = self.encode(chunk)
             with capture(self.model) as cache:
                 self.model(ids, keep)
@@ -90,8 +95,9 @@ class Subject:
                 n = int(keep[row].sum())
                 tokens, starts = self.display(ids[row, :n].tolist())
                 cut = max(0, len(self.tokenizer.encode(text, add_special_tokens=False).ids) + 2 - n)
-                out.append(AttentionMaps(text, tokens, [p[row, :, :n, :n].float() for p in patterns], self.name,
-                                         starts, cut))
+                out.append(
+                    AttentionMaps(text, tokens, [p[row, :, :n, :n].float() for p in patterns], self.name, starts, cut)
+                )
         return out[0] if single else out
 
 
@@ -129,8 +135,12 @@ def load_subject(source: str | Path, *, sentence_embeddings: bool = False) -> Su
     loaded = load(source)
     if loaded.kind == "lm":
         return LMSubject(loaded.source, loaded.model, loaded.tokenizer, loaded.max_len, lm=loaded.detail)
-    return Subject(loaded.source, loaded.model, loaded.tokenizer,
-                   loaded.sentence_max_len if sentence_embeddings else loaded.max_len)
+    return Subject(
+        loaded.source,
+        loaded.model,
+        loaded.tokenizer,
+        loaded.sentence_max_len if sentence_embeddings else loaded.max_len,
+    )
 
 
 def is_special(token: str) -> bool:
@@ -151,8 +161,10 @@ def lift_max_len(subject, max_len: int) -> None:
     positional = getattr(config, "positional", "learned")
     table = getattr(config, "max_len", subject.max_len)
     if max_len > table and positional == "learned":
-        raise ValueError(f"{subject.name} has learned positions for {table} tokens; --max-len {max_len} needs a model "
-                         "with rotary positions (e.g. a pretrain run's encoder) or at most " + str(table))
+        raise ValueError(
+            f"{subject.name} has learned positions for {table} tokens; --max-len {max_len} needs a model "
+            "with rotary positions (e.g. a pretrain run's encoder) or at most " + str(table)
+        )
     if config is not None and max_len > table:
         config.max_len = max_len
     subject.max_len = max_len
@@ -170,9 +182,19 @@ def concatenated(subject, texts: list[str], n: int) -> list[str]:
             if len(out) == n:
                 break
     if len(out) < n:
-        raise ValueError(f"the data holds {len(out)} inputs of {subject.max_len} tokens; pass a smaller --n or "
-                         "--max-len")
+        raise ValueError(
+            f"the data holds {len(out)} inputs of {subject.max_len} tokens; pass a smaller --n or --max-len"
+        )
     return out
 
 
-__all__ = ["AttentionMaps", "LMSubject", "Subject", "is_punctuation", "is_special", "concatenated", "lift_max_len", "load_subject"]
+__all__ = [
+    "AttentionMaps",
+    "LMSubject",
+    "Subject",
+    "is_punctuation",
+    "is_special",
+    "concatenated",
+    "lift_max_len",
+    "load_subject",
+]

@@ -13,6 +13,7 @@ inserts tokens with ``textContent``: text such as ``<img src=x onerror=alert(1)>
 One module over the usual size on purpose: the page's HTML, its inline script and the data it embeds are
 written together and must agree field by field.
 """
+
 from __future__ import annotations
 
 from .._io import atomic_write_text
@@ -357,18 +358,28 @@ def page_image(pixels: torch.Tensor, *, patch: int, queries: str, query_offset: 
     grey = pixels.float().mean(0).round().clamp(0, 255).to(torch.uint8)  # (S, S)
     size = grey.shape[-1]
     if grey.dim() != 2 or grey.shape[0] != size or size % patch:
-        raise ValueError(f"the image view takes square pictures tiled by the patch; got {tuple(pixels.shape)} with "
-                         f"patch {patch}")
-    return {"size": size, "patch": patch, "grid": size // patch, "queries": queries, "query_offset": query_offset,
-            "key_offset": key_offset, "pixels": base64.b64encode(grey.numpy().tobytes()).decode()}
+        raise ValueError(
+            f"the image view takes square pictures tiled by the patch; got {tuple(pixels.shape)} with patch {patch}"
+        )
+    return {
+        "size": size,
+        "patch": patch,
+        "grid": size // patch,
+        "queries": queries,
+        "query_offset": query_offset,
+        "key_offset": key_offset,
+        "pixels": base64.b64encode(grey.numpy().tobytes()).decode(),
+    }
 
 
-HOW = ("<p><b>Head view</b>: the tokens in two columns, queries on the left, the keys they read on the right; a "
-       "line per link, darker for more weight. Click a coloured head label to show or hide that head; hover a token to "
-       "keep only its links. <b>Model view</b>: one thumbnail per layer and head (rows: layers); click one to open it "
-       "in the head view. <b>Image view</b> (image models): hover a patch of the picture, or a word of the question, "
-       "and every head of the chosen layer shows over the picture where it looks from there. Pick the layer at the "
-       "top. Everything is in this one file: it works offline.</p>")
+HOW = (
+    "<p><b>Head view</b>: the tokens in two columns, queries on the left, the keys they read on the right; a "
+    "line per link, darker for more weight. Click a coloured head label to show or hide that head; hover a token to "
+    "keep only its links. <b>Model view</b>: one thumbnail per layer and head (rows: layers); click one to open it "
+    "in the head view. <b>Image view</b> (image models): hover a patch of the picture, or a word of the question, "
+    "and every head of the chosen layer shows over the picture where it looks from there. Pick the layer at the "
+    "top. Everything is in this one file: it works offline.</p>"
+)
 FULL_LIMIT = 128 * 128  # query x key weights per head kept in full; larger maps travel as links + thumbnails
 LINKS_K = 8  # links kept per query and head in links mode
 THUMB = 64  # thumbnail bins per side
@@ -396,15 +407,16 @@ class LinkMaps:
         return [w.shape[0] for w in self.weight]
 
     @classmethod
-    def from_maps(cls, maps: AttentionMaps, k: int = LINKS_K, thumb: int = THUMB) -> "LinkMaps":
+    def from_maps(cls, maps: AttentionMaps, k: int = LINKS_K, thumb: int = THUMB) -> LinkMaps:
         index, weight, thumbs = [], [], []
         for w in maps.layers:  # (H, Lq, Lk)
             v, i = w.float().topk(min(k, w.shape[-1]), dim=-1)
             index.append(i)
             weight.append(v)
             tq, tk = min(thumb, w.shape[1]), min(thumb, w.shape[2])
-            thumbs.append(torch.nn.functional.adaptive_avg_pool2d(w.float(), (tq, tk)) if w.shape[0] else
-                          w.new_zeros(0, tq, tk))
+            thumbs.append(
+                torch.nn.functional.adaptive_avg_pool2d(w.float(), (tq, tk)) if w.shape[0] else w.new_zeros(0, tq, tk)
+            )
         return cls(maps.text, maps.tokens, index, weight, thumbs, maps.model, maps.key_tokens)
 
 
@@ -412,13 +424,19 @@ def _b64(t: Tensor) -> str:
     return base64.b64encode(t.contiguous().numpy().tobytes()).decode()
 
 
-def page_data(maps: "AttentionMaps | LinkMaps", highlights: dict | None = None, image: dict | None = None) -> dict:
+def page_data(maps: AttentionMaps | LinkMaps, highlights: dict | None = None, image: dict | None = None) -> dict:
     """The page's data: full 8-bit maps when they are small (and always for the image view), else top-k links per
     query (16-bit key index, 8-bit ``sqrt`` of the weight: 1e-4 is still 3/255) and 8-bit thumbnails scaled to each
     head's largest bin."""
-    common = {"model": maps.model, "text": maps.text, "tokens": maps.tokens, "key_tokens": maps.keys,
-              "heads": maps.heads, "image": image,
-              "highlights": [{"layer": l, "head": h, "caption": c} for (l, h), c in sorted((highlights or {}).items())]}
+    common = {
+        "model": maps.model,
+        "text": maps.text,
+        "tokens": maps.tokens,
+        "key_tokens": maps.keys,
+        "heads": maps.heads,
+        "image": image,
+        "highlights": [{"layer": l, "head": h, "caption": c} for (l, h), c in sorted((highlights or {}).items())],
+    }
     full = isinstance(maps, AttentionMaps) and (image is not None or len(maps.tokens) * len(maps.keys) <= FULL_LIMIT)
     if full:
         enc = [[_b64((w[h].clamp(0, 1) * 255).round().to(torch.uint8)) for h in range(w.shape[0])] for w in maps.layers]
@@ -427,37 +445,49 @@ def page_data(maps: "AttentionMaps | LinkMaps", highlights: dict | None = None, 
         raise ValueError(f"the page indexes keys with 16 bits; {len(maps.keys)} keys is too many")
     lm = maps if isinstance(maps, LinkMaps) else LinkMaps.from_maps(maps)
     k = lm.weight[0].shape[-1] if lm.weight else 0
-    links = [[{"i": _b64(i[h].to(torch.int32).to(torch.uint16) if hasattr(torch, "uint16") else i[h].short()),
-               "w": _b64((w[h].clamp(0, 1).sqrt() * 255).round().to(torch.uint8))} for h in range(w.shape[0])]
-             for i, w in zip(lm.index, lm.weight)]
-    thumbs = [[_b64((t[h] / t[h].max().clamp_min(1e-12) * 255).round().to(torch.uint8)) for h in range(t.shape[0])]
-              for t in lm.thumbs]
+    links = [
+        [
+            {
+                "i": _b64(i[h].to(torch.int32).to(torch.uint16) if hasattr(torch, "uint16") else i[h].short()),
+                "w": _b64((w[h].clamp(0, 1).sqrt() * 255).round().to(torch.uint8)),
+            }
+            for h in range(w.shape[0])
+        ]
+        for i, w in zip(lm.index, lm.weight)
+    ]
+    thumbs = [
+        [_b64((t[h] / t[h].max().clamp_min(1e-12) * 255).round().to(torch.uint8)) for h in range(t.shape[0])]
+        for t in lm.thumbs
+    ]
     shape = list(lm.thumbs[0].shape[1:]) if lm.thumbs else [0, 0]
     return {**common, "mode": "links", "k": k, "links": links, "thumbs": thumbs, "thumb": shape}
 
 
-def write_page(maps: "AttentionMaps | LinkMaps", path: Path, *, highlights: dict | None = None,
-               image: dict | None = None) -> Path:
+def write_page(
+    maps: AttentionMaps | LinkMaps, path: Path, *, highlights: dict | None = None, image: dict | None = None
+) -> Path:
     """Write the page for ``maps`` to ``path``; ``highlights`` maps ``(layer, head)`` to a caption; ``image``
     (:func:`page_image`) adds the image view."""
-    html = ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            "<title>multihead attention</title>"
-            f"<style>{STYLE}</style></head><body>\n"
-            "<header><h1 id=\"title\"></h1><p id=\"text\"></p>"
-            f"<details id=\"how\"><summary>How to read this page</summary>{HOW}</details></header>\n"
-            "<nav><button class=\"tab active\" id=\"tab-head\">Head view</button>"
-            "<button class=\"tab\" id=\"tab-model\">Model view</button>"
-            "<button class=\"tab\" id=\"tab-image\" hidden>Image view</button>"
-            "<label>Layer <select id=\"layer\"></select></label><span id=\"current\"></span></nav>\n"
-            "<section id=\"head-view\"><div id=\"heads\"></div><div id=\"headmap\" hidden><p id=\"headmap-caption\">"
-            "</p><canvas id=\"headmap-canvas\"></canvas></div><svg id=\"lines\"></svg></section>\n"
-            "<section id=\"model-view\" hidden><div id=\"grid\"></div></section>\n"
-            "<section id=\"image-view\" hidden><div><canvas id=\"picture\"></canvas><div id=\"image-queries\"></div>"
-            "</div><div><p id=\"image-caption\"></p><div id=\"image-heads\"></div></div></section>\n"
-            "<section id=\"found\"></section>\n"
-            f"<script type=\"application/json\" id=\"data\">{_json_for_script(page_data(maps, highlights, image))}</script>\n"
-            f"<script>{SCRIPT}</script>\n</body></html>\n")
+    html = (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        "<title>multihead attention</title>"
+        f"<style>{STYLE}</style></head><body>\n"
+        '<header><h1 id="title"></h1><p id="text"></p>'
+        f'<details id="how"><summary>How to read this page</summary>{HOW}</details></header>\n'
+        '<nav><button class="tab active" id="tab-head">Head view</button>'
+        '<button class="tab" id="tab-model">Model view</button>'
+        '<button class="tab" id="tab-image" hidden>Image view</button>'
+        '<label>Layer <select id="layer"></select></label><span id="current"></span></nav>\n'
+        '<section id="head-view"><div id="heads"></div><div id="headmap" hidden><p id="headmap-caption">'
+        '</p><canvas id="headmap-canvas"></canvas></div><svg id="lines"></svg></section>\n'
+        '<section id="model-view" hidden><div id="grid"></div></section>\n'
+        '<section id="image-view" hidden><div><canvas id="picture"></canvas><div id="image-queries"></div>'
+        '</div><div><p id="image-caption"></p><div id="image-heads"></div></div></section>\n'
+        '<section id="found"></section>\n'
+        f'<script type="application/json" id="data">{_json_for_script(page_data(maps, highlights, image))}</script>\n'
+        f"<script>{SCRIPT}</script>\n</body></html>\n"
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, html)
     return path
@@ -476,8 +506,14 @@ def subject_link_maps(subject: Subject, text: str, *, k: int = 8, thumb: int = 6
         subject.model(ids, keep)
     layers = [cache.stats(i) for i in range(len(cache.attention_modules))]
     cut = max(0, len(subject.tokenizer.encode(text, add_special_tokens=False).ids) + 2 - n)
-    return LinkMaps(text, tokens, [st.topk_index[0] for st in layers], [st.topk_weight[0].float() for st in layers],
-                    [st.thumbnail[0].float() for st in layers], subject.name), cut
+    return LinkMaps(
+        text,
+        tokens,
+        [st.topk_index[0] for st in layers],
+        [st.topk_weight[0].float() for st in layers],
+        [st.thumbnail[0].float() for st in layers],
+        subject.name,
+    ), cut
 
 
 __all__ = ["LinkMaps", "page_data", "page_image", "subject_link_maps", "write_page"]

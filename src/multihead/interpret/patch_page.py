@@ -3,6 +3,7 @@ patching effect as a layers x heads grid coloured on a diverging scale (hover a 
 patching beside it where it was computed, the heads of largest effect in a table, per-position effects of those
 heads over the prompt's tokens when positions were patched, and the prompts themselves. Every text is escaped.
 """
+
 from __future__ import annotations
 
 import html
@@ -45,8 +46,11 @@ def _color(v: float, lim: float) -> str:
 
 def _grid(values: Tensor, title: str, other: Tensor | None, other_name: str) -> str:
     lim = float(values.nan_to_num(0).abs().max())
-    rows = [f"<div><h2>{html.escape(title)}</h2><table class='grid'><tr><th></th>"
-            + "".join(f"<th>{h}</th>" for h in range(values.shape[1])) + "</tr>"]
+    rows = [
+        f"<div><h2>{html.escape(title)}</h2><table class='grid'><tr><th></th>"
+        + "".join(f"<th>{h}</th>" for h in range(values.shape[1]))
+        + "</tr>"
+    ]
     for l in range(values.shape[0]):
         cells = []
         for h in range(values.shape[1]):
@@ -70,49 +74,75 @@ def write_patch_page(path: Path, result: dict, *, tokens: list[str] | None = Non
     grid = effect.gather(-1, effect.nan_to_num(0).abs().argmax(-1, keepdim=True))[..., 0] if per_position else effect
     attribution = torch.tensor(result["attribution"]) if result.get("attribution") is not None else None
     metric = html.escape(result["metric"])
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Activation patching: "
-             f"{html.escape(str(result['model']))}</title><style>{STYLE}</style></head><body>",
-             f"<h1>Activation patching of every head: {html.escape(str(result['model']))}</h1>",
-             "<p class='how'>Each cell is one head (row: layer, column: head). Its colour is the change of the metric ("
-             f"{metric}) when that head's output in the corrupted run is replaced by its output in the clean run: red "
-             "heads carry what the clean prompt adds, blue heads push the other way. Hover a cell for its value"
-             + (" and the attribution-patching estimate (one forward and one backward pass)" if attribution is not None
-                else "") + ". Effects are the mean over the prompt pairs listed below.</p>",
-             "<div class='grids'>",
-             _grid(grid, "exact (activation patching)" + (": largest effect over positions" if per_position else ""),
-                   attribution, "attribution")]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>Activation patching: "
+        f"{html.escape(str(result['model']))}</title><style>{STYLE}</style></head><body>",
+        f"<h1>Activation patching of every head: {html.escape(str(result['model']))}</h1>",
+        "<p class='how'>Each cell is one head (row: layer, column: head). Its colour is the change of the metric ("
+        f"{metric}) when that head's output in the corrupted run is replaced by its output in the clean run: red "
+        "heads carry what the clean prompt adds, blue heads push the other way. Hover a cell for its value"
+        + (
+            " and the attribution-patching estimate (one forward and one backward pass)"
+            if attribution is not None
+            else ""
+        )
+        + ". Effects are the mean over the prompt pairs listed below.</p>",
+        "<div class='grids'>",
+        _grid(
+            grid,
+            "exact (activation patching)" + (": largest effect over positions" if per_position else ""),
+            attribution,
+            "attribution",
+        ),
+    ]
     if attribution is not None:
         parts.append(_grid(attribution, "attribution patching (first-order estimate)", grid, "exact"))
     parts.append("</div>")
     flat = grid.nan_to_num(0).flatten()
     order = flat.abs().argsort(descending=True)[:12]
     width = grid.shape[1]
-    parts.append("<h2>Heads of largest effect</h2><table class='top'><tr><th>head</th><th>exact</th>"
-                 + ("<th>attribution</th>" if attribution is not None else "") + "</tr>")
+    parts.append(
+        "<h2>Heads of largest effect</h2><table class='top'><tr><th>head</th><th>exact</th>"
+        + ("<th>attribution</th>" if attribution is not None else "")
+        + "</tr>"
+    )
     for i in order.tolist():
         l, h = divmod(i, width)
-        parts.append(f"<tr><td>L{l}H{h}</td><td>{float(grid[l, h]):+.4f}</td>"
-                     + (f"<td>{float(attribution[l, h]):+.4f}</td>" if attribution is not None else "") + "</tr>")
+        parts.append(
+            f"<tr><td>L{l}H{h}</td><td>{float(grid[l, h]):+.4f}</td>"
+            + (f"<td>{float(attribution[l, h]):+.4f}</td>" if attribution is not None else "")
+            + "</tr>"
+        )
     parts.append("</table>")
     if result.get("correlation") is not None:
-        parts.append(f"<p class='how'>Attribution vs exact over every head: correlation "
-                     f"{result['correlation']:.3f}.</p>")
+        parts.append(
+            f"<p class='how'>Attribution vs exact over every head: correlation {result['correlation']:.3f}.</p>"
+        )
     if per_position and tokens is not None:
-        parts.append("<h2>Where in the prompt (the heads above, per position)</h2><p class='how'>Each token's colour "
-                     "is the head's effect when patched at that position alone.</p>")
+        parts.append(
+            "<h2>Where in the prompt (the heads above, per position)</h2><p class='how'>Each token's colour "
+            "is the head's effect when patched at that position alone.</p>"
+        )
         for i in order[:6].tolist():
             l, h = divmod(i, width)
             row = effect[l, h]
             lim = float(row.abs().max())
-            spans = "".join(f"<span style='background:{_color(float(v), lim)}' title='{float(v):+.4f}'>"
-                            f"{html.escape(t)}</span>" for t, v in zip(tokens, row.tolist()))
+            spans = "".join(
+                f"<span style='background:{_color(float(v), lim)}' title='{float(v):+.4f}'>{html.escape(t)}</span>"
+                for t, v in zip(tokens, row.tolist())
+            )
             parts.append(f"<div class='tokens'><b>L{l}H{h}</b> {spans}</div>")
-    parts.append("<h2>Prompt pairs</h2><table class='pairs'><tr><th>clean</th><th>corrupted</th><th>answer</th>"
-                 "<th>wrong</th><th>metric clean / corrupted</th></tr>")
+    parts.append(
+        "<h2>Prompt pairs</h2><table class='pairs'><tr><th>clean</th><th>corrupted</th><th>answer</th>"
+        "<th>wrong</th><th>metric clean / corrupted</th></tr>"
+    )
     for pair, v in zip(result["pairs"], result["per_pair"]):
         cells = [str(pair.get("clean")), str(pair.get("corrupt")), repr(pair.get("answer")), repr(pair.get("wrong"))]
-        parts.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells)
-                     + f"<td>{v['clean']:.3f} / {v['corrupt']:.3f}</td></tr>")
+        parts.append(
+            "<tr>"
+            + "".join(f"<td>{html.escape(c)}</td>" for c in cells)
+            + f"<td>{v['clean']:.3f} / {v['corrupt']:.3f}</td></tr>"
+        )
     parts.append("</table></body></html>")
     atomic_write_text(path, "\n".join(parts))
 

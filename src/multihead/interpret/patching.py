@@ -19,11 +19,12 @@ Definitions (each checked by a test against its plain form):
 ``model`` is any multihead model; ``run(model, inputs)`` turns inputs into the output the metric reads (default
 ``model(inputs)``, e.g. a CausalLM's logits ``(B, T, V)``); ``metric(output) -> (B,)`` one number per row.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -41,8 +42,10 @@ def _repeat(inputs, n: int):
     if isinstance(inputs, tuple):
         return tuple(_repeat(t, n) for t in inputs)
     if not isinstance(inputs, Tensor) or inputs.shape[0] != 1:
-        raise ValueError(f"activation patching takes one clean and one corrupted input (batch 1), got shape "
-                         f"{getattr(inputs, 'shape', type(inputs).__name__)}")
+        raise ValueError(
+            f"activation patching takes one clean and one corrupted input (batch 1), got shape "
+            f"{getattr(inputs, 'shape', type(inputs).__name__)}"
+        )
     return inputs.expand(n, *inputs.shape[1:]).contiguous()
 
 
@@ -50,19 +53,24 @@ def _check_pair(clean, corrupt) -> None:
     a = clean if not isinstance(clean, tuple) else clean[0]
     b = corrupt if not isinstance(corrupt, tuple) else corrupt[0]
     if tuple(a.shape) != tuple(b.shape):
-        raise ValueError(f"the clean and corrupted inputs must have the same shape to patch position by position: "
-                         f"clean {tuple(a.shape)} ({a.shape[-1]} tokens), corrupted {tuple(b.shape)} "
-                         f"({b.shape[-1]} tokens); pad or rephrase one of them to the other's length")
+        raise ValueError(
+            f"the clean and corrupted inputs must have the same shape to patch position by position: "
+            f"clean {tuple(a.shape)} ({a.shape[-1]} tokens), corrupted {tuple(b.shape)} "
+            f"({b.shape[-1]} tokens); pad or rephrase one of them to the other's length"
+        )
 
 
 def _metric(metric, out, rows: int) -> Tensor:
     value = metric(out)
     if not isinstance(value, Tensor) or value.shape != (rows,):
-        raise ValueError(f"the metric must return one number per batch row, a tensor of shape ({rows},); got "
-                         f"{tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__}")
+        raise ValueError(
+            f"the metric must return one number per batch row, a tensor of shape ({rows},); got "
+            f"{tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__}"
+        )
     if not bool(torch.isfinite(value).all()):
-        raise ValueError("the metric is not finite on these inputs (NaN or inf); check the answer tokens and the "
-                         "metric function")
+        raise ValueError(
+            "the metric is not finite on these inputs (NaN or inf); check the answer tokens and the metric function"
+        )
     return value
 
 
@@ -77,8 +85,9 @@ def _check_heads(model, heads: dict[int, list[int]]) -> list[tuple[str, nn.Modul
     mods = attention_modules(model)
     for layer, hs in heads.items():
         if not 0 <= int(layer) < len(mods):
-            raise ValueError(f"layer {layer} does not exist: the model has {len(mods)} attention layers (0.."
-                             f"{len(mods) - 1})")
+            raise ValueError(
+                f"layer {layer} does not exist: the model has {len(mods)} attention layers (0..{len(mods) - 1})"
+            )
         h = mods[int(layer)][1].num_heads
         bad = [x for x in hs if not 0 <= int(x) < h]
         if bad:
@@ -87,8 +96,9 @@ def _check_heads(model, heads: dict[int, list[int]]) -> list[tuple[str, nn.Modul
 
 
 @contextmanager
-def ablated(model: nn.Module, heads: dict[int, list[int]], mode: str = "zero", *, reference=None,
-            run: Callable = _run) -> Iterator[None]:
+def ablated(
+    model: nn.Module, heads: dict[int, list[int]], mode: str = "zero", *, reference=None, run: Callable = _run
+) -> Iterator[None]:
     """Inside the block, ``heads`` (``{layer: [head, ...]}``) are ablated on every forward pass: ``zero``, ``mean``
     (their mean ``z`` over the batch and positions of ``reference`` inputs) or ``resample`` (their ``z`` on
     ``reference`` inputs, which must have the batch shape of the inputs run inside)."""
@@ -109,10 +119,13 @@ def ablated(model: nn.Module, heads: dict[int, list[int]], mode: str = "zero", *
                 z[:, hs] = ref[layer][:, hs].mean(dim=(0, 2), keepdim=True).to(z.dtype)
             else:
                 if ref[layer].shape != z.shape:
-                    raise ValueError(f"resample ablation needs reference inputs of the same batch shape: reference "
-                                     f"{tuple(ref[layer].shape)} vs inputs {tuple(z.shape)}")
+                    raise ValueError(
+                        f"resample ablation needs reference inputs of the same batch shape: reference "
+                        f"{tuple(ref[layer].shape)} vs inputs {tuple(z.shape)}"
+                    )
                 z[:, hs] = ref[layer][:, hs].to(z.dtype)
             return z
+
         return edit
 
     try:
@@ -138,11 +151,14 @@ def _first_row(model, inputs, rows: int, *, run: Callable, resid: bool) -> tuple
     zs: dict[int, Tensor] = {}
     seen: list[Tensor] = []
     mods = attention_modules(model)
-    handles = [m.hook_z.add_hook(lambda t, hook, i=i: zs.__setitem__(i, t[:1].clone())) for i, (_, m) in
-               enumerate(mods)]
+    handles = [
+        m.hook_z.add_hook(lambda t, hook, i=i: zs.__setitem__(i, t[:1].clone())) for i, (_, m) in enumerate(mods)
+    ]
     if resid:
-        handles += [b.register_forward_pre_hook(lambda mod, args: seen.append(args[0][:1].clone()))
-                    for b in model.decoder.layers]
+        handles += [
+            b.register_forward_pre_hook(lambda mod, args: seen.append(args[0][:1].clone()))
+            for b in model.decoder.layers
+        ]
     try:
         run(model, _repeat(inputs, rows))
     finally:
@@ -152,8 +168,16 @@ def _first_row(model, inputs, rows: int, *, run: Callable, resid: bool) -> tuple
 
 
 @torch.no_grad()
-def activation_patching(model: nn.Module, clean, corrupt, metric: Callable[[object], Tensor], *,
-                        run: Callable = _run, batch_size: int = 32, per_position: bool = False) -> dict:
+def activation_patching(
+    model: nn.Module,
+    clean,
+    corrupt,
+    metric: Callable[[object], Tensor],
+    *,
+    run: Callable = _run,
+    batch_size: int = 32,
+    per_position: bool = False,
+) -> dict:
     """Every head's effect when its ``z`` is copied from the clean run into the corrupted one (see the module
     docstring); with ``per_position``, every head at every position separately. Returns ``{"effect": (layers, H)``
     (or ``(layers, H, L)``), ``"clean"``, ``"corrupt"``: the metric on each input}``.
@@ -174,12 +198,18 @@ def activation_patching(model: nn.Module, clean, corrupt, metric: Callable[[obje
 
     def activations(rows: int) -> tuple[list[Tensor], list[Tensor]]:
         if rows not in kept:
-            kept[rows] = (_first_row(model, clean, rows, run=run, resid=False)[0],
-                          _first_row(model, corrupt, rows, run=run, resid=True)[1] if resume else [])
+            kept[rows] = (
+                _first_row(model, clean, rows, run=run, resid=False)[0],
+                _first_row(model, corrupt, rows, run=run, resid=True)[1] if resume else [],
+            )
         return kept[rows]
 
-    jobs = [(l, h, p) for l in range(len(mods)) for h in range(heads[l])
-            for p in (range(length) if per_position else [None])]
+    jobs = [
+        (l, h, p)
+        for l in range(len(mods))
+        for h in range(heads[l])
+        for p in (range(length) if per_position else [None])
+    ]
     values = torch.empty(len(jobs))
     step = max(1, batch_size - 1)
     if resume:  # one group per layer, started there
@@ -190,7 +220,7 @@ def activation_patching(model: nn.Module, clean, corrupt, metric: Callable[[obje
     corrupt_value = None
     for start_layer, members in groups:
         for start in range(0, len(members), step):
-            chunk = members[start:start + step]
+            chunk = members[start : start + step]
             rows = len(chunk) + 1  # the last row stays unpatched: the baseline of this pass
             clean_z, resid_in = activations(rows)
             by_layer: dict[int, list[tuple[int, int, int | None]]] = {}
@@ -199,8 +229,8 @@ def activation_patching(model: nn.Module, clean, corrupt, metric: Callable[[obje
                 by_layer.setdefault(l, []).append((r, h, p))
             handles = []
 
-            def hook_for(layer: int, items):
-                def edit(z: Tensor, hook, clean_z=clean_z) -> Tensor:
+            def hook_for(layer: int, items, clean_z=clean_z):
+                def edit(z: Tensor, hook) -> Tensor:
                     z = z.clone()
                     src = clean_z[layer][0]  # (H, L, D)
                     for r, h, p in items:
@@ -209,14 +239,19 @@ def activation_patching(model: nn.Module, clean, corrupt, metric: Callable[[obje
                         else:
                             z[r, h, p] = src[h, p]
                     return z
+
                 return edit
 
             try:
                 for layer, items in by_layer.items():
                     handles.append(mods[layer][1].hook_z.add_hook(hook_for(layer, items)))
                 if resume:
-                    out = model(_repeat(corrupt, rows), resid=resid_in[start_layer].expand(rows, -1, -1),
-                                start_at_layer=start_layer, logits_at=metric.position)
+                    out = model(
+                        _repeat(corrupt, rows),
+                        resid=resid_in[start_layer].expand(rows, -1, -1),
+                        start_at_layer=start_layer,
+                        logits_at=metric.position,
+                    )
                     value = _metric(read, out, rows)
                 else:
                     value = _metric(metric, run(model, _repeat(corrupt, rows)), rows)
@@ -233,8 +268,9 @@ def activation_patching(model: nn.Module, clean, corrupt, metric: Callable[[obje
     return {"effect": effect, "clean": base_clean, "corrupt": corrupt_value}
 
 
-def attribution_patching(model: nn.Module, clean, corrupt, metric: Callable[[object], Tensor], *,
-                         run: Callable = _run) -> dict:
+def attribution_patching(
+    model: nn.Module, clean, corrupt, metric: Callable[[object], Tensor], *, run: Callable = _run
+) -> dict:
     """First-order estimates of every head's patching effect from one forward and one backward pass on the
     corrupted input: ``sum over positions and dims of (z_clean - z_corrupt) * d metric / d z``. Returns
     ``{"effect": (layers, H), "corrupt": metric}``; no parameter gradient is kept."""
@@ -250,6 +286,7 @@ def attribution_patching(model: nn.Module, clean, corrupt, metric: Callable[[obj
             leaf = z.detach().requires_grad_(True)  # the graph from here on; nothing before it is kept
             leaves[layer] = leaf
             return leaf
+
         return edit
 
     wanted = [p.requires_grad for p in model.parameters()]
@@ -271,14 +308,22 @@ def attribution_patching(model: nn.Module, clean, corrupt, metric: Callable[[obj
     for i, leaf in leaves.items():
         grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
         est = ((clean_z[i].to(leaf.dtype) - leaf.detach()) * grad).sum(dim=(0, 2, 3))  # (H,)
-        effect[i, :est.shape[0]] = est.float()
+        effect[i, : est.shape[0]] = est.float()
     return {"effect": effect, "corrupt": float(value.detach()[0])}
 
 
 @torch.no_grad()
-def path_patching(model: nn.Module, original, new, metric: Callable[[object], Tensor], *,
-                  senders: dict[int, list[int]], receivers: dict[int, list[int]], through="k",
-                  run: Callable = _run) -> dict:
+def path_patching(
+    model: nn.Module,
+    original,
+    new,
+    metric: Callable[[object], Tensor],
+    *,
+    senders: dict[int, list[int]],
+    receivers: dict[int, list[int]],
+    through="k",
+    run: Callable = _run,
+) -> dict:
     """The effect of the ``senders``' outputs on the ``metric`` that flows only through the ``receivers``'
     ``through`` input (``q``, ``k`` or ``v``, or several: ``("q", "k", "v")``; Wang et al. 2022, Goldowsky-Dill et
     al. 2023), in three passes:
@@ -298,9 +343,18 @@ def path_patching(model: nn.Module, original, new, metric: Callable[[object], Te
 
 
 @torch.no_grad()
-def path_patching_each(model: nn.Module, original, new, metric: Callable[[object], Tensor], *,
-                       receivers: dict[int, list[int]], through="q", senders: list[tuple[int, int]] | None = None,
-                       run: Callable = _run, batch_size: int = 32) -> dict:
+def path_patching_each(
+    model: nn.Module,
+    original,
+    new,
+    metric: Callable[[object], Tensor],
+    *,
+    receivers: dict[int, list[int]],
+    through="q",
+    senders: list[tuple[int, int]] | None = None,
+    run: Callable = _run,
+    batch_size: int = 32,
+) -> dict:
     """:func:`path_patching` of every sender head on its own (default: every head in a layer before the first
     receiver), in batched passes (row ``r`` sends from head ``r``): which heads act on the metric through the
     receivers' ``through`` input. Returns ``{"effect": (layers, H)`` (NaN where a head was not a sender),
@@ -317,8 +371,9 @@ def path_patching_each(model: nn.Module, original, new, metric: Callable[[object
     return {"effect": out, "original": base}
 
 
-def _path_effects(model, original, new, metric, sender_sets: list[dict], receivers: dict, through, run,
-                  batch_size: int) -> tuple[Tensor, float]:
+def _path_effects(
+    model, original, new, metric, sender_sets: list[dict], receivers: dict, through, run, batch_size: int
+) -> tuple[Tensor, float]:
     """Steps 1-3 of :func:`path_patching` for each sender set, ``batch_size - 1`` sets and a baseline row per pass:
     ``(effects (len(sender_sets),), metric on original)``."""
     paths = (through,) if isinstance(through, str) else tuple(through)
@@ -342,12 +397,12 @@ def _path_effects(model, original, new, metric, sender_sets: list[dict], receive
         return sorted({h // per for h in hs})
 
     for start in range(0, len(sender_sets), step):
-        chunk = sender_sets[start:start + step]
+        chunk = sender_sets[start : start + step]
         rows = len(chunk) + 1
         inputs = _repeat(original, rows)
         handles, recorded = [], {}
 
-        def freeze(layer: int):
+        def freeze(layer: int, chunk=chunk, rows=rows):
             send = [(r, [int(h) for h in s[layer]]) for r, s in enumerate(chunk) if s.get(layer)]
 
             def edit(z: Tensor, hook) -> Tensor:
@@ -355,6 +410,7 @@ def _path_effects(model, original, new, metric, sender_sets: list[dict], receive
                 for r, hs in send:
                     z[r, hs] = z_new[layer][0, hs].to(z.dtype)
                 return z
+
             return edit
 
         try:
@@ -363,8 +419,11 @@ def _path_effects(model, original, new, metric, sender_sets: list[dict], receive
             for layer in receivers:
                 mod = mods[int(layer)][1]
                 for path in paths:
-                    handles.append(getattr(mod, f"hook_{path}").add_hook(
-                        lambda t, h, key=(int(layer), path): recorded.__setitem__(key, t.clone())))
+                    handles.append(
+                        getattr(mod, f"hook_{path}").add_hook(
+                            lambda t, h, key=(int(layer), path), recorded=recorded: recorded.__setitem__(key, t.clone())
+                        )
+                    )
             run(model, inputs)
         finally:
             for h in handles:
@@ -376,7 +435,7 @@ def _path_effects(model, original, new, metric, sender_sets: list[dict], receive
                 for path in paths:
                     idx = groups(mod, [int(h) for h in hs], path)
 
-                    def put(t: Tensor, hook, key=(int(layer), path), idx=idx) -> Tensor:
+                    def put(t: Tensor, hook, key=(int(layer), path), idx=idx, recorded=recorded) -> Tensor:
                         t = t.clone()
                         t[:, idx] = recorded[key][:, idx].to(t.dtype)
                         return t
@@ -429,8 +488,10 @@ def direct_logit_attribution(model, ids: Tensor, answer: int, wrong: int | None 
     (layers, H), "mlp": (layers,), "embed", "bias", "final_bias", "total", "check"}``."""
     blocks = model.decoder.layers
     if not all(b.norm_first and b.post_norms is None for b in blocks):
-        raise ValueError("direct logit attribution reads the residual stream of pre-norm blocks without output norms; "
-                         "this model's blocks are post-norm or sandwich-normed")
+        raise ValueError(
+            "direct logit attribution reads the residual stream of pre-norm blocks without output norms; "
+            "this model's blocks are post-norm or sandwich-normed"
+        )
     parts: dict[str, Tensor] = {}
     zs: dict[int, Tensor] = {}
     handles = []
@@ -439,8 +500,11 @@ def direct_logit_attribution(model, ids: Tensor, answer: int, wrong: int | None 
             handles.append(b.self_attn.hook_z.add_hook(lambda t, h, i=i: zs.__setitem__(i, t.detach())))
             handles.append(b.hook_mlp_out.add_hook(lambda t, h, i=i: parts.__setitem__(f"mlp{i}", t.detach())))
         embed_in = {}
-        handles.append(model.decoder.register_forward_pre_hook(
-            lambda mod, args, kwargs: embed_in.__setitem__("x", args[0].detach()), with_kwargs=True))
+        handles.append(
+            model.decoder.register_forward_pre_hook(
+                lambda mod, args, kwargs: embed_in.__setitem__("x", args[0].detach()), with_kwargs=True
+            )
+        )
         model(ids)
     finally:
         for h in handles:
@@ -484,8 +548,9 @@ def direct_logit_attribution(model, ids: Tensor, answer: int, wrong: int | None 
         return (v * gain if gain is not None else v) @ direction
 
     head_scores = torch.stack([read(h) for h in heads])  # (layers, H)
-    out_bias = sum((b.self_attn.w_o.bias for b in blocks if b.self_attn.w_o.bias is not None),
-                   torch.zeros_like(x_embed))
+    out_bias = sum(
+        (b.self_attn.w_o.bias for b in blocks if b.self_attn.w_o.bias is not None), torch.zeros_like(x_embed)
+    )
     mlp_scores = torch.stack([read(v) for v in mlps])
     embed_score = read(x_embed)
     bias_score = read(out_bias)
@@ -493,8 +558,15 @@ def direct_logit_attribution(model, ids: Tensor, answer: int, wrong: int | None 
     total = float(head_scores.sum() + mlp_scores.sum() + embed_score + bias_score) + final_bias
     logits = model(ids)[0, position]
     true = float(logits[answer] - (0 if wrong is None else logits[wrong]))
-    return {"heads": head_scores, "mlp": mlp_scores, "embed": float(embed_score), "bias": float(bias_score),
-            "final_bias": final_bias, "total": total, "check": {"sum_of_parts": total, "logit_difference": true}}
+    return {
+        "heads": head_scores,
+        "mlp": mlp_scores,
+        "embed": float(embed_score),
+        "bias": float(bias_score),
+        "final_bias": final_bias,
+        "total": total,
+        "check": {"sum_of_parts": total, "logit_difference": true},
+    }
 
 
 @torch.no_grad()
@@ -513,5 +585,16 @@ def logit_lens(model, ids: Tensor) -> list[Tensor]:
     return [model.lm_head(norm(x) if norm is not None else x) for x in seen]
 
 
-__all__ = ["LogitMetric", "ablated", "activation_patching", "attribution_patching", "head_outputs", "logit_diff", "logit_lens",
-           "path_patching", "path_patching_each", "token_probability", "direct_logit_attribution"]
+__all__ = [
+    "LogitMetric",
+    "ablated",
+    "activation_patching",
+    "attribution_patching",
+    "head_outputs",
+    "logit_diff",
+    "logit_lens",
+    "path_patching",
+    "path_patching_each",
+    "token_probability",
+    "direct_logit_attribution",
+]

@@ -8,6 +8,7 @@
 Long inputs stay legible: tick labels are thinned to at most ``max_labels`` evenly spaced tokens, and figures grow
 with the input up to a cap (a 512-token head is 24 inches, 150 labels).
 """
+
 from __future__ import annotations
 
 from ..plotting import plain, pyplot, save
@@ -32,8 +33,15 @@ def _ticks(tokens: list[str], max_labels: int) -> tuple[list[int], list[str]]:
     return pos, [plain(tokens[i] if len(tokens[i]) <= 14 else tokens[i][:13] + "…") for i in pos]
 
 
-def _label(ax, tokens: list[str], max_labels: int, fontsize: float, x: bool = True, y: bool = True,
-           keys: list[str] | None = None) -> None:
+def _label(
+    ax,
+    tokens: list[str],
+    max_labels: int,
+    fontsize: float,
+    x: bool = True,
+    y: bool = True,
+    keys: list[str] | None = None,
+) -> None:
     """Query tokens on the y axis, key tokens (``keys``, default the same) on the x axis."""
     if x:
         kpos, knames = _ticks(tokens if keys is None else keys, max_labels)
@@ -82,12 +90,21 @@ def plot_grid(maps: AttentionMaps, stem: Path, *, max_labels: int = 24, highligh
             if h >= maps.heads[l]:
                 ax.axis("off")
                 if h == 0:  # a layer whose heads were all pruned: say so rather than leave a blank row
-                    ax.text(0.5, 0.5, f"L{l}: every head pruned", ha="center", va="center", fontsize=7,
-                            color="grey", transform=ax.transAxes)
+                    ax.text(
+                        0.5,
+                        0.5,
+                        f"L{l}: every head pruned",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="grey",
+                        transform=ax.transAxes,
+                    )
                 continue
             w = maps.head(l, h).numpy()
-            shown = ax.imshow(w if n <= 32 else w.clip(norm.vmin, None), cmap="viridis", norm=norm,
-                              interpolation="nearest")
+            shown = ax.imshow(
+                w if n <= 32 else w.clip(norm.vmin, None), cmap="viridis", norm=norm, interpolation="nearest"
+            )
             cap = (highlight or {}).get((l, h))
             ax.set_title(f"L{l} H{h}" + (f"\n{cap}" if cap else ""), fontsize=6, color="red" if cap else "black")
             _label(ax, maps.tokens, max_labels if labels_each else 8, fs, x=(l == rows - 1), y=(h == 0), keys=maps.keys)
@@ -95,16 +112,20 @@ def plot_grid(maps: AttentionMaps, stem: Path, *, max_labels: int = 24, highligh
                 for side in ax.spines.values():
                     side.set_edgecolor("red")
                     side.set_linewidth(2)
-    fig.suptitle(f"{plain(maps.model)}: attention per layer (rows) and head (columns); query rows, key columns\n"
-                 f"{_short(maps.text)}", fontsize=9)
+    fig.suptitle(
+        f"{plain(maps.model)}: attention per layer (rows) and head (columns); query rows, key columns\n"
+        f"{_short(maps.text)}",
+        fontsize=9,
+    )
     if shown is not None:
         bar = fig.colorbar(shown, ax=axes, fraction=0.02, pad=0.01)
         bar.set_label("attention weight" + ("" if n <= 32 else " (log scale)"), fontsize=8)
     return _save(fig, stem)
 
 
-def plot_head(maps: AttentionMaps, layer: int, head: int, stem: Path, *, max_labels: int = 150,
-              caption: str = "") -> list[Path]:
+def plot_head(
+    maps: AttentionMaps, layer: int, head: int, stem: Path, *, max_labels: int = 150, caption: str = ""
+) -> list[Path]:
     plt = _plt()
     n = len(maps.tokens)
     size = min(24.0, max(5.0, 0.28 * n))
@@ -152,8 +173,11 @@ def plot_rollout(maps: AttentionMaps, stem: Path, *, max_labels: int = 60) -> li
     im = ax.imshow(rollout(maps).numpy(), cmap="magma", norm=PowerNorm(0.5), interpolation="nearest")
     _label(ax, maps.tokens, max_labels, max(5.0, min(10.0, 400 / max(1, min(n, max_labels)))))
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    ax.set_title(f"{plain(maps.model)}: attention rollout over {maps.num_layers} layers (Abnar & Zuidema 2020)\n"
-                 f"{_short(maps.text)}", fontsize=10)
+    ax.set_title(
+        f"{plain(maps.model)}: attention rollout over {maps.num_layers} layers (Abnar & Zuidema 2020)\n"
+        f"{_short(maps.text)}",
+        fontsize=10,
+    )
     return _save(fig, stem)
 
 

@@ -20,6 +20,7 @@ Role rules, checked in this order (the first that holds names the head):
 5. ``broad`` (Clark et al. 2019) -- mean normalised entropy >= 0.75 (close to uniform over the text);
 6. ``mixed`` -- none of the above.
 """
+
 from __future__ import annotations
 
 from .._io import Publish, atomic_write_json
@@ -37,16 +38,36 @@ SINK = 0.5
 BROAD = 0.75
 # "induction" is not read from text statistics: `multihead heads` on a causal LM sets it from the prefix-matching
 # score on repeated random tokens (multihead.interpret.induction), over whatever the text rules said.
-ROLES = ["induction", "previous token", "next token", "self", "delimiter sink", "first-token sink", "punctuation",
-         "broad", "mixed"]
-STATS = ["entropy", "entropy_norm", "distance", "to_prev", "to_next", "to_self", "to_cls", "to_sep", "to_first",
-         "to_punct",
-         "argmax_prev", "argmax_next", "argmax_self"]
+ROLES = [
+    "induction",
+    "previous token",
+    "next token",
+    "self",
+    "delimiter sink",
+    "first-token sink",
+    "punctuation",
+    "broad",
+    "mixed",
+]
+STATS = [
+    "entropy",
+    "entropy_norm",
+    "distance",
+    "to_prev",
+    "to_next",
+    "to_self",
+    "to_cls",
+    "to_sep",
+    "to_first",
+    "to_punct",
+    "argmax_prev",
+    "argmax_next",
+    "argmax_self",
+]
 
 
 def _empty(heads: list[int]) -> list[list[dict]]:
-    return [[{k: 0.0 for k in STATS} | {"_rows": 0, "_rows_prev": 0, "_rows_next": 0} for _ in range(h)]
-            for h in heads]
+    return [[{k: 0.0 for k in STATS} | {"_rows": 0, "_rows_prev": 0, "_rows_next": 0} for _ in range(h)] for h in heads]
 
 
 def _add(sums: list[list[dict]], layer: int, per: dict, n: int) -> None:
@@ -66,8 +87,7 @@ def _means(sums: list[list[dict]]) -> list[list[dict]]:
         for s in layer:
             d = {}
             for k in STATS:
-                denom = s["_rows_prev"] if k == "argmax_prev" else s["_rows_next"] if k == "argmax_next" \
-                    else s["_rows"]
+                denom = s["_rows_prev"] if k == "argmax_prev" else s["_rows_next"] if k == "argmax_next" else s["_rows"]
                 d[k] = s[k] / max(1, denom)
             row.append(d)
         out.append(row)
@@ -75,8 +95,12 @@ def _means(sums: list[list[dict]]) -> list[list[dict]]:
 
 
 def _token_sets(tokens: list[str]) -> dict[str, torch.Tensor]:
-    return {"cls": torch.tensor([t == "[CLS]" for t in tokens]), "sep": torch.tensor([t == "[SEP]" for t in tokens]),
-            "first": torch.arange(len(tokens)) == 0, "punct": torch.tensor([is_punctuation(t) for t in tokens])}
+    return {
+        "cls": torch.tensor([t == "[CLS]" for t in tokens]),
+        "sep": torch.tensor([t == "[SEP]" for t in tokens]),
+        "first": torch.arange(len(tokens)) == 0,
+        "punct": torch.tensor([is_punctuation(t) for t in tokens]),
+    }
 
 
 def head_stats(corpus: list[AttentionMaps]) -> list[list[dict]]:
@@ -97,16 +121,26 @@ def head_stats(corpus: list[AttentionMaps]) -> list[list[dict]]:
             top = p.argmax(-1)  # (H, L)
             prev = torch.diagonal(p, offset=-1, dim1=1, dim2=2)  # (H, L-1): row i -> key i-1
             nxt = torch.diagonal(p, offset=1, dim1=1, dim2=2)  # (H, L-1): row i -> key i+1
-            _add(sums, l, {
-                "entropy": ent.sum(-1), "entropy_norm": ent.sum(-1) / math.log(n),
-                "distance": (p * dist).sum(-1).sum(-1), "to_prev": prev.sum(-1), "to_next": nxt.sum(-1),
-                "to_self": torch.diagonal(p, dim1=1, dim2=2).sum(-1),
-                "to_cls": p[..., sets["cls"]].sum((-1, -2)), "to_sep": p[..., sets["sep"]].sum((-1, -2)),
-                "to_first": p[..., 0].sum(-1), "to_punct": p[..., sets["punct"]].sum((-1, -2)),
-                "argmax_prev": (top[:, 1:] == idx[1:] - 1).float().sum(-1),
-                "argmax_next": (top[:, :-1] == idx[:-1] + 1).float().sum(-1),
-                "argmax_self": (top == idx).float().sum(-1),
-            }, n)
+            _add(
+                sums,
+                l,
+                {
+                    "entropy": ent.sum(-1),
+                    "entropy_norm": ent.sum(-1) / math.log(n),
+                    "distance": (p * dist).sum(-1).sum(-1),
+                    "to_prev": prev.sum(-1),
+                    "to_next": nxt.sum(-1),
+                    "to_self": torch.diagonal(p, dim1=1, dim2=2).sum(-1),
+                    "to_cls": p[..., sets["cls"]].sum((-1, -2)),
+                    "to_sep": p[..., sets["sep"]].sum((-1, -2)),
+                    "to_first": p[..., 0].sum(-1),
+                    "to_punct": p[..., sets["punct"]].sum((-1, -2)),
+                    "argmax_prev": (top[:, 1:] == idx[1:] - 1).float().sum(-1),
+                    "argmax_next": (top[:, :-1] == idx[:-1] + 1).float().sum(-1),
+                    "argmax_self": (top == idx).float().sum(-1),
+                },
+                n,
+            )
     return _means(sums)
 
 
@@ -119,7 +153,7 @@ def stats_options(token_rows: list[list[str]], length: int) -> dict:
     sets = {k: torch.zeros(len(token_rows), length, dtype=torch.bool) for k in ("cls", "sep", "first", "punct")}
     for r, tokens in enumerate(token_rows):
         for k, v in _token_sets(tokens).items():
-            sets[k][r, :len(tokens)] = v
+            sets[k][r, : len(tokens)] = v
     return {**STATS_OPTIONS, "sets": sets}
 
 
@@ -138,16 +172,26 @@ def head_stats_from_stats(records) -> list[list[dict]]:
             ent = st.entropy[r, :, :n].float()  # (H, n)
             top = st.topk_index[r, :, :n, 0]  # (H, n)
             m = {k: v[r, :, :n].float() for k, v in st.mass.items()}
-            _add(sums, l, {
-                "entropy": ent.sum(-1), "entropy_norm": ent.sum(-1) / math.log(n),
-                "distance": st.distance[r, :, :n].float().sum(-1), "to_prev": m["offset-1"].sum(-1),
-                "to_next": m["offset+1"][:, :n - 1].sum(-1), "to_self": m["offset+0"].sum(-1),
-                "to_cls": m["cls"].sum(-1), "to_sep": m["sep"].sum(-1), "to_first": m["first"].sum(-1),
-                "to_punct": m["punct"].sum(-1),
-                "argmax_prev": (top[:, 1:] == idx[1:] - 1).float().sum(-1),
-                "argmax_next": (top[:, :-1] == idx[:-1] + 1).float().sum(-1),
-                "argmax_self": (top == idx).float().sum(-1),
-            }, n)
+            _add(
+                sums,
+                l,
+                {
+                    "entropy": ent.sum(-1),
+                    "entropy_norm": ent.sum(-1) / math.log(n),
+                    "distance": st.distance[r, :, :n].float().sum(-1),
+                    "to_prev": m["offset-1"].sum(-1),
+                    "to_next": m["offset+1"][:, : n - 1].sum(-1),
+                    "to_self": m["offset+0"].sum(-1),
+                    "to_cls": m["cls"].sum(-1),
+                    "to_sep": m["sep"].sum(-1),
+                    "to_first": m["first"].sum(-1),
+                    "to_punct": m["punct"].sum(-1),
+                    "argmax_prev": (top[:, 1:] == idx[1:] - 1).float().sum(-1),
+                    "argmax_next": (top[:, :-1] == idx[:-1] + 1).float().sum(-1),
+                    "argmax_self": (top == idx).float().sum(-1),
+                },
+                n,
+            )
     if sums is None:
         raise ValueError("head statistics need at least one text")
     return _means(sums)
@@ -178,23 +222,37 @@ def analyse(corpus: list[AttentionMaps]) -> dict:
 
 def summarise(stats: list[list[dict]], model: str, texts: int, tokens: int, source: str = "maps") -> dict:
     """Roles and counts from per-head statistics (from maps or from :func:`head_stats_from_stats`)."""
-    heads = [{"layer": l, "head": h, "role": role(s), **{k: round(v, 4) for k, v in s.items()}}
-             for l, layer in enumerate(stats) for h, s in enumerate(layer)]
+    heads = [
+        {"layer": l, "head": h, "role": role(s), **{k: round(v, 4) for k, v in s.items()}}
+        for l, layer in enumerate(stats)
+        for h, s in enumerate(layer)
+    ]
     counts = {r: sum(1 for x in heads if x["role"] == r) for r in ROLES}
-    return {"model": model, "texts": texts, "tokens": tokens, "computed_from": source,
-            "rules": {"positional": POSITIONAL, "sink": SINK, "broad": BROAD}, "counts": counts, "heads": heads}
+    return {
+        "model": model,
+        "texts": texts,
+        "tokens": tokens,
+        "computed_from": source,
+        "rules": {"positional": POSITIONAL, "sink": SINK, "broad": BROAD},
+        "counts": counts,
+        "heads": heads,
+    }
 
 
 def format_table(result: dict) -> str:
-    lines = [f"{result['model']}: {result['texts']} texts, {result['tokens']} tokens; roles: " +
-             ", ".join(f"{r} {c}" for r, c in result["counts"].items() if c),
-             f"{'layer':>5} {'head':>4}  {'role':<17}{'entropy':>8}{'norm':>6}{'dist':>8}{'prev':>6}{'next':>6}"
-             f"{'self':>6}{'cls':>6}{'sep':>6}{'first':>6}{'punct':>6}{'top=prev':>9}{'top=next':>9}"]
+    lines = [
+        f"{result['model']}: {result['texts']} texts, {result['tokens']} tokens; roles: "
+        + ", ".join(f"{r} {c}" for r, c in result["counts"].items() if c),
+        f"{'layer':>5} {'head':>4}  {'role':<17}{'entropy':>8}{'norm':>6}{'dist':>8}{'prev':>6}{'next':>6}"
+        f"{'self':>6}{'cls':>6}{'sep':>6}{'first':>6}{'punct':>6}{'top=prev':>9}{'top=next':>9}",
+    ]
     for x in result["heads"]:
-        lines.append(f"{x['layer']:>5} {x['head']:>4}  {x['role']:<17}{x['entropy']:>8.2f}{x['entropy_norm']:>6.2f}"
-                     f"{x['distance']:>8.2f}{x['to_prev']:>6.2f}{x['to_next']:>6.2f}{x['to_self']:>6.2f}"
-                     f"{x['to_cls']:>6.2f}{x['to_sep']:>6.2f}{x.get('to_first', 0.0):>6.2f}{x['to_punct']:>6.2f}{x['argmax_prev']:>9.2f}"
-                     f"{x['argmax_next']:>9.2f}")
+        lines.append(
+            f"{x['layer']:>5} {x['head']:>4}  {x['role']:<17}{x['entropy']:>8.2f}{x['entropy_norm']:>6.2f}"
+            f"{x['distance']:>8.2f}{x['to_prev']:>6.2f}{x['to_next']:>6.2f}{x['to_self']:>6.2f}"
+            f"{x['to_cls']:>6.2f}{x['to_sep']:>6.2f}{x.get('to_first', 0.0):>6.2f}{x['to_punct']:>6.2f}{x['argmax_prev']:>9.2f}"
+            f"{x['argmax_next']:>9.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -217,15 +275,18 @@ def plot_roles(result: dict, stem: Path) -> list[Path]:
         ent[x["layer"], x["head"]] = x["entropy_norm"]
         dist[x["layer"], x["head"]] = x["distance"]
     colours = ["#1f77b4", "#17becf", "#9467bd", "#d62728", "#ff7f0e", "#2ca02c", "#c7c7c7"]
-    fig, axes = plt.subplots(1, 3, figsize=(3 * max(4, 0.6 * cols) + 2, 0.7 * layers + 2.5),
-                             gridspec_kw={"width_ratios": [1.4, 1, 1]})
+    fig, axes = plt.subplots(
+        1, 3, figsize=(3 * max(4, 0.6 * cols) + 2, 0.7 * layers + 2.5), gridspec_kw={"width_ratios": [1.4, 1, 1]}
+    )
     axes[0].imshow(grid.numpy(), cmap=ListedColormap(colours), vmin=-0.5, vmax=len(ROLES) - 0.5, aspect="auto")
     for x in result["heads"]:
         short = {"previous token": "prev", "next token": "next", "delimiter sink": "sink", "punctuation": "punct"}
         axes[0].text(x["head"], x["layer"], short.get(x["role"], x["role"]), ha="center", va="center", fontsize=6)
     axes[0].set_title("role (rules in multihead.interpret.roles)", fontsize=9)
-    for ax, data, title, cmap in ((axes[1], ent, "mean normalised entropy", "viridis"),
-                                  (axes[2], dist, "mean attention distance (tokens)", "magma")):
+    for ax, data, title, cmap in (
+        (axes[1], ent, "mean normalised entropy", "viridis"),
+        (axes[2], dist, "mean attention distance (tokens)", "magma"),
+    ):
         im = ax.imshow(data.numpy(), cmap=cmap, aspect="auto")
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
         ax.set_title(title, fontsize=9)
@@ -256,9 +317,9 @@ def subject_head_stats(subject: Subject, texts: list[str], batch_size: int = 32)
     records, tokens = [], 0
     with torch.no_grad():
         for start in range(0, len(texts), batch_size):
-            chunk = texts[start:start + batch_size]
+            chunk = texts[start : start + batch_size]
             ids, keep = subject.encode(chunk)
-            rows = [subject.display(ids[r, :int(keep[r].sum())].tolist())[0] for r in range(len(chunk))]
+            rows = [subject.display(ids[r, : int(keep[r].sum())].tolist())[0] for r in range(len(chunk))]
             with capture(subject.model, ("stats",), stats=stats_options(rows, ids.shape[1])) as cache:
                 subject.model(ids, keep)
             layers = [cache.stats(i) for i in range(len(cache.attention_modules))]
@@ -267,5 +328,14 @@ def subject_head_stats(subject: Subject, texts: list[str], batch_size: int = 32)
     return head_stats_from_stats(records), tokens
 
 
-__all__ = ["ROLES", "STATS", "analyse", "format_table", "head_stats", "plot_roles", "role", "subject_head_stats",
-           "write"]
+__all__ = [
+    "ROLES",
+    "STATS",
+    "analyse",
+    "format_table",
+    "head_stats",
+    "plot_roles",
+    "role",
+    "subject_head_stats",
+    "write",
+]

@@ -12,6 +12,7 @@ Inputs over 1,024 tokens (models that read them: rotary positions, ``--max-len``
 head's top-8 links per token and a thumbnail, computed as exact statistics on the model's own path, and
 ``links.safetensors`` holds them (``layer_{l}.index`` / ``.weight`` ``(H, L, 8)``, ``.thumbnail`` ``(H, 64, 64)``).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,12 +29,20 @@ from .maps import LONG, AttentionMaps, Subject
 from .page import write_page
 
 
-def show(subject: Subject, text: str, out: Path, *, heads: list[tuple[int, int]] | None = None,
-         rollout: bool = True, overwrite: bool = False, log=print) -> dict:
+def show(
+    subject: Subject,
+    text: str,
+    out: Path,
+    *,
+    heads: list[tuple[int, int]] | None = None,
+    rollout: bool = True,
+    overwrite: bool = False,
+    log=print,
+) -> dict:
     """Write every picture and the page for ``text`` to ``out``, built aside and swapped in whole (a folder of
     another kind is refused unless ``overwrite``)."""
     if not isinstance(text, str) or not text.strip():
-        raise ValueError("the text to show is empty; pass a sentence, e.g. \"The cat sat on the mat.\"")
+        raise ValueError('the text to show is empty; pass a sentence, e.g. "The cat sat on the mat."')
     target = Path(out)
     with Publish(target, "show", overwrite=overwrite, sources=(subject.name,)) as out:
         summary = _show(subject, text, out, heads=heads, rollout=rollout, log=log)
@@ -48,23 +57,39 @@ def _show_long(subject: Subject, text: str, out: Path, *, heads, log) -> dict:
 
     t0 = time.perf_counter()
     if heads:
-        raise ValueError(f"--heads draws full maps, which inputs over {LONG} tokens do not build; open the page: it "
-                         "draws any head's map from its stored links")
+        raise ValueError(
+            f"--heads draws full maps, which inputs over {LONG} tokens do not build; open the page: it "
+            "draws any head's map from its stored links"
+        )
     lm, cut = subject_link_maps(subject, text)
     if cut:
-        log(f"note: the text has {cut} more tokens than the model's {len(lm.tokens)}-token limit; only the first part "
-            "is shown")
+        log(
+            f"note: the text has {cut} more tokens than the model's {len(lm.tokens)}-token limit; only the first part "
+            "is shown"
+        )
     files = [write_page(lm, out / "attention.html")]
     tensors = {}
     for l in range(len(lm.weight)):
-        tensors.update({f"layer_{l}.index": lm.index[l].to(torch.int32).contiguous(),
-                        f"layer_{l}.weight": lm.weight[l].contiguous(), f"layer_{l}.thumbnail": lm.thumbs[l].contiguous()})
+        tensors.update(
+            {
+                f"layer_{l}.index": lm.index[l].to(torch.int32).contiguous(),
+                f"layer_{l}.weight": lm.weight[l].contiguous(),
+                f"layer_{l}.thumbnail": lm.thumbs[l].contiguous(),
+            }
+        )
     atomic_write_bytes(out / "links.safetensors", save(tensors))
     atomic_write_text(out / "tokens.json", json.dumps(lm.tokens, ensure_ascii=False))
     files += [out / "links.safetensors", out / "tokens.json"]
-    return {"model": subject.name, "text": text[:2000], "tokens": lm.tokens, "heads": lm.heads, "truncated": cut,
-            "computed_from": "stats", "files": [str(f) for f in files],
-            "seconds": {"total": round(time.perf_counter() - t0, 3)}}
+    return {
+        "model": subject.name,
+        "text": text[:2000],
+        "tokens": lm.tokens,
+        "heads": lm.heads,
+        "truncated": cut,
+        "computed_from": "stats",
+        "files": [str(f) for f in files],
+        "seconds": {"total": round(time.perf_counter() - t0, 3)},
+    }
 
 
 def _show(subject: Subject, text: str, out: Path, *, heads, rollout: bool, log) -> dict:
@@ -73,8 +98,10 @@ def _show(subject: Subject, text: str, out: Path, *, heads, rollout: bool, log) 
     t0 = time.perf_counter()
     maps: AttentionMaps = subject.maps(text)
     if getattr(maps, "truncated", 0):
-        log(f"note: the text has {maps.truncated} more tokens than the model's {len(maps.tokens)}-token limit; "
-            "only the first part is shown")
+        log(
+            f"note: the text has {maps.truncated} more tokens than the model's {len(maps.tokens)}-token limit; "
+            "only the first part is shown"
+        )
     t_model = time.perf_counter() - t0
     highlights: dict = {}
     summary: dict = {"model": subject.name, "text": text, "tokens": maps.tokens, "heads": maps.heads}
@@ -95,11 +122,15 @@ def _show(subject: Subject, text: str, out: Path, *, heads, rollout: bool, log) 
     for l, h in chosen:
         files += plots.plot_head(maps, l, h, out / f"head_L{l}_H{h}", caption=highlights.get((l, h), ""))
     files.append(write_page(maps, out / "attention.html", highlights=highlights))
-    atomic_write_bytes(out / "attention.safetensors",
-                       save({f"layer_{l}": w.contiguous() for l, w in enumerate(maps.layers)}))
+    atomic_write_bytes(
+        out / "attention.safetensors", save({f"layer_{l}": w.contiguous() for l, w in enumerate(maps.layers)})
+    )
     atomic_write_text(out / "tokens.json", json.dumps(maps.tokens, ensure_ascii=False))
-    summary.update(truncated=getattr(maps, "truncated", 0), files=[str(f) for f in files], seconds={"model": round(t_model, 3),
-                                                           "total": round(time.perf_counter() - t0, 3)})
+    summary.update(
+        truncated=getattr(maps, "truncated", 0),
+        files=[str(f) for f in files],
+        seconds={"model": round(t_model, 3), "total": round(time.perf_counter() - t0, 3)},
+    )
     return summary
 
 

@@ -13,6 +13,7 @@
   to the sample. The timestamps come from forced alignment of the reference text (the alignment itself is
   measured, not the recogniser); the word error rate of the free transcripts is reported beside it.
 """
+
 from __future__ import annotations
 
 import random
@@ -113,7 +114,7 @@ def align(w, cross: Tensor, tokens: list[int], frames: int, heads: list[tuple[in
     weights = _median_filter((weights - mean) / std.clamp_min(1e-10), MEDIAN)
     # the row of the query that predicts each text token, after one row for the prompt's first query: a path must
     # start at frame 0, and that row takes the silence before the first word (else the first word starts at 0)
-    matrix = weights.mean(0)[p - 2:p - 1 + len(tokens)]
+    matrix = weights.mean(0)[p - 2 : p - 1 + len(tokens)]
     rows, cols = dtw(-matrix.double().numpy())
     rows = rows - 1  # text tokens from 0; -1: the leading row
     starts = [float(cols[np.argmax(rows == t)]) * FRAME for t in range(len(tokens))]
@@ -154,8 +155,12 @@ def _espeak_wav(text: str, path: Path, rate: int | None = None) -> None:
     if espeak is None:
         raise ValueError("speaking test sentences needs espeak-ng: apt-get install espeak-ng")
     try:
-        subprocess.run([espeak, *(["-s", str(rate)] if rate else []), "-w", str(path), text], check=True,
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            [espeak, *(["-s", str(rate)] if rate else []), "-w", str(path), text],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
         said = (getattr(exc, "stderr", b"") or b"").decode(errors="replace").strip()
         raise ValueError(f"espeak-ng could not speak {text[:60]!r}: {said or exc}") from None
@@ -177,11 +182,12 @@ def _trim(x: np.ndarray, threshold: float = 0.02) -> np.ndarray:
     hop = 80
     peaks = np.abs(x[: len(x) // hop * hop]).reshape(-1, hop).max(1)
     loud = np.nonzero(peaks >= threshold * peaks.max())[0]
-    return x[loud[0] * hop:(loud[-1] + 1) * hop] if len(loud) else x
+    return x[loud[0] * hop : (loud[-1] + 1) * hop] if len(loud) else x
 
 
-def speak_words(sentence: str, *, seed: int = 0, rate: int = 160, gaps: tuple[float, float] = (0.1, 0.4),
-                lead: float = 0.3) -> tuple[np.ndarray, list[dict]]:
+def speak_words(
+    sentence: str, *, seed: int = 0, rate: int = 160, gaps: tuple[float, float] = (0.1, 0.4), lead: float = 0.3
+) -> tuple[np.ndarray, list[dict]]:
     """``sentence`` spoken one word at a time by espeak-ng, words joined by silences drawn from ``gaps`` seconds
     (seeded), after ``lead`` seconds of silence: ``(16 kHz audio, [{"word", "start", "end"}])`` with every time
     exact to the sample."""
@@ -204,6 +210,7 @@ def speak_words(sentence: str, *, seed: int = 0, rate: int = 160, gaps: tuple[fl
 def word_errors(reference: str, hypothesis: str) -> tuple[int, int]:
     """``(edits, reference words)``: the word-level Levenshtein distance after lowercasing and removing
     punctuation (substitutions, insertions and deletions each count 1)."""
+
     def norm(s: str) -> list[str]:
         return re.sub(r"[^a-z0-9' ]", " ", s.lower()).split()
 
@@ -234,9 +241,17 @@ def study(w, *, n: int = 50, top: int = 6, seed: int = 0, progress: bool = False
         frames = audio_frames(audio, feats)
         cross = cross_attention(w, feats, tokens)
         p = len(w.prompt)
-        items.append({"text": text, "hypothesis": hyp, "truth": truth, "tokens": tokens, "frames": frames,
-                      "cross": cross[..., :frames].clone(),
-                      "scores": alignment_scores(cross, p - 1, p - 1 + len(tokens), frames)})
+        items.append(
+            {
+                "text": text,
+                "hypothesis": hyp,
+                "truth": truth,
+                "tokens": tokens,
+                "frames": frames,
+                "cross": cross[..., :frames].clone(),
+                "scores": alignment_scores(cross, p - 1, p - 1 + len(tokens), frames),
+            }
+        )
 
     def errors_of(group, heads) -> list[float]:
         out = []
@@ -250,33 +265,57 @@ def study(w, *, n: int = 50, top: int = 6, seed: int = 0, progress: bool = False
     scores = torch.stack([it["scores"] for it in items[:half]]).mean(0)  # (layers, H)
     layers, width = scores.shape
     every = [(l, h) for l in range(layers) for h in range(width)]
-    per_head = torch.tensor([float(np.mean(np.abs(errors_of(items[:half], [lh]))) if items else np.nan) for lh in
-                             tqdm(every, desc="each head alone", disable=not progress)]).view(layers, width)
+    per_head = torch.tensor(
+        [
+            float(np.mean(np.abs(errors_of(items[:half], [lh]))) if items else np.nan)
+            for lh in tqdm(every, desc="each head alone", disable=not progress)
+        ]
+    ).view(layers, width)
     found = [every[int(i)] for i in per_head.nan_to_num(float("inf")).flatten().argsort()[:top]]
-    choices = {"found here": found, "OpenAI's alignment heads": [tuple(h) for h in w.alignment_heads],
-               "every head": every}
-    errors = {k: errors_of(items[half:], v) for k, v in tqdm(choices.items(), desc="aligning", disable=not progress)
-              if v}
+    choices = {
+        "found here": found,
+        "OpenAI's alignment heads": [tuple(h) for h in w.alignment_heads],
+        "every head": every,
+    }
+    errors = {
+        k: errors_of(items[half:], v) for k, v in tqdm(choices.items(), desc="aligning", disable=not progress) if v
+    }
     edits = [word_errors(it["text"], it["hypothesis"]) for it in items]
-    return {"sentences": len(items), "selected_on": half, "measured_on": len(items) - half,
-            "alignment_scores": scores.tolist(), "head_start_error_ms": (1000 * per_head).tolist(),
-            "heads": {k: [list(h) for h in v] for k, v in choices.items()},
-            "start_error_ms": {k: {"mean": 1000 * float(np.mean(np.abs(v))), "median": 1000 * float(np.median(np.abs(v))),
-                                   "p90": 1000 * float(np.percentile(np.abs(v), 90)),
-                                   "bias": 1000 * float(np.mean(v)), "words": len(v)}
-                               for k, v in errors.items() if v},
-            "wer": sum(e for e, _ in edits) / max(1, sum(r for _, r in edits)),
-            "examples": [{"text": it["text"], "hypothesis": it["hypothesis"]} for it in items[:5]]}
+    return {
+        "sentences": len(items),
+        "selected_on": half,
+        "measured_on": len(items) - half,
+        "alignment_scores": scores.tolist(),
+        "head_start_error_ms": (1000 * per_head).tolist(),
+        "heads": {k: [list(h) for h in v] for k, v in choices.items()},
+        "start_error_ms": {
+            k: {
+                "mean": 1000 * float(np.mean(np.abs(v))),
+                "median": 1000 * float(np.median(np.abs(v))),
+                "p90": 1000 * float(np.percentile(np.abs(v), 90)),
+                "bias": 1000 * float(np.mean(v)),
+                "words": len(v),
+            }
+            for k, v in errors.items()
+            if v
+        },
+        "wer": sum(e for e, _ in edits) / max(1, sum(r for _, r in edits)),
+        "examples": [{"text": it["text"], "hypothesis": it["hypothesis"]} for it in items[:5]],
+    }
 
 
 def format_study(r: dict) -> str:
-    lines = [f"{r['sentences']} sentences spoken word by word by espeak-ng; heads chosen on {r['selected_on']}, "
-             f"timestamps measured on {r['measured_on']}",
-             "alignment heads found here (lowest word-start error alone, on the first half): "
-             + ", ".join(f"L{l}H{h}" for l, h in r["heads"]["found here"])]
+    lines = [
+        f"{r['sentences']} sentences spoken word by word by espeak-ng; heads chosen on {r['selected_on']}, "
+        f"timestamps measured on {r['measured_on']}",
+        "alignment heads found here (lowest word-start error alone, on the first half): "
+        + ", ".join(f"L{l}H{h}" for l, h in r["heads"]["found here"]),
+    ]
     for name, e in r["start_error_ms"].items():
-        lines.append(f"  word-start error through {name:<26} mean {e['mean']:6.1f} ms, median {e['median']:6.1f} ms, "
-                     f"90th percentile {e['p90']:6.1f} ms, mean signed {e['bias']:+6.1f} ms ({e['words']} words)")
+        lines.append(
+            f"  word-start error through {name:<26} mean {e['mean']:6.1f} ms, median {e['median']:6.1f} ms, "
+            f"90th percentile {e['p90']:6.1f} ms, mean signed {e['bias']:+6.1f} ms ({e['words']} words)"
+        )
     lines.append(f"word error rate of greedy transcripts: {r['wer']:.1%}")
     return "\n".join(lines)
 
@@ -288,17 +327,30 @@ def plot_heads(r: dict, stem, title: str) -> list:
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    panels = [(np.array(r["alignment_scores"]), "alignment score (token order vs attention centre in time)", "viridis",
-               "correlation"),
-              (np.array(r["head_start_error_ms"]), "word-start error through the head alone (ms)", "magma_r", "ms")]
+    panels = [
+        (
+            np.array(r["alignment_scores"]),
+            "alignment score (token order vs attention centre in time)",
+            "viridis",
+            "correlation",
+        ),
+        (np.array(r["head_start_error_ms"]), "word-start error through the head alone (ms)", "magma_r", "ms"),
+    ]
     openai = {tuple(h) for h in r["heads"].get("OpenAI's alignment heads", [])}
     found = {tuple(h) for h in r["heads"]["found here"]}
     for ax, (grid, what, cmap, unit) in zip(axes, panels):
         im = ax.imshow(grid, cmap=cmap, aspect="auto")
         for (l, h), v in np.ndenumerate(grid):
             mark = "*" if (l, h) in found else ""
-            ax.text(h, l, f"{v:.2f}{mark}" if unit == "correlation" else f"{v:.0f}{mark}", ha="center", va="center",
-                    fontsize=7, color="white" if (grid[l, h] < np.nanmean(grid)) == (cmap == "viridis") else "black")
+            ax.text(
+                h,
+                l,
+                f"{v:.2f}{mark}" if unit == "correlation" else f"{v:.0f}{mark}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if (grid[l, h] < np.nanmean(grid)) == (cmap == "viridis") else "black",
+            )
             if (l, h) in openai:
                 ax.add_patch(plt.Rectangle((h - 0.5, l - 0.5), 1, 1, fill=False, edgecolor="cyan", lw=2))
         ax.set_xticks(range(grid.shape[1]))
@@ -364,19 +416,57 @@ def show_speech(w, audio: np.ndarray, out: Path, *, name: str = "speech") -> dic
                     spine.set_edgecolor("cyan")
                     spine.set_linewidth(2.5)
     fig.colorbar(im, ax=axes[1:, :].ravel().tolist(), fraction=0.02, label="cross-attention weight")
-    fig.suptitle(plain(f"{name}: {r['text']!r}: each head's text tokens (rows) over time (cyan: alignment heads)"),
-                 fontsize=9)
+    fig.suptitle(
+        plain(f"{name}: {r['text']!r}: each head's text tokens (rows) over time (cyan: alignment heads)"), fontsize=9
+    )
     files = save(fig, out / "cross_grid")
     keys = [f"{i * FRAME:.2f}s" for i in range(frames)]
-    files.append(write_page(AttentionMaps(r["text"], labels, [c.float() for c in cross], "Whisper cross-attention",
-                                          starts=[True] * len(labels), key_tokens=keys), out / "cross.html"))
-    files.append(write_page(AttentionMaps(r["text"], labels, [s.float() for s in selfs], "Whisper decoder",
-                                          starts=[True] * len(labels)), out / "attention.html"))
-    summary = {"audio": name, "text": r["text"], "tokens": tokens, "words": words, "alignment_heads": heads,
-               "files": [str(f.relative_to(out)) for f in files]}
+    files.append(
+        write_page(
+            AttentionMaps(
+                r["text"],
+                labels,
+                [c.float() for c in cross],
+                "Whisper cross-attention",
+                starts=[True] * len(labels),
+                key_tokens=keys,
+            ),
+            out / "cross.html",
+        )
+    )
+    files.append(
+        write_page(
+            AttentionMaps(
+                r["text"], labels, [s.float() for s in selfs], "Whisper decoder", starts=[True] * len(labels)
+            ),
+            out / "attention.html",
+        )
+    )
+    summary = {
+        "audio": name,
+        "text": r["text"],
+        "tokens": tokens,
+        "words": words,
+        "alignment_heads": heads,
+        "files": [str(f.relative_to(out)) for f in files],
+    }
     atomic_write_json(out / "speech.json", summary)
     return summary
 
 
-__all__ = ["align", "alignment_scores", "cross_attention", "dtw", "format_study", "plot_heads", "sentences",
-           "audio_frames", "show_speech", "speak", "speak_words", "study", "word_errors", "word_timestamps"]
+__all__ = [
+    "align",
+    "alignment_scores",
+    "cross_attention",
+    "dtw",
+    "format_study",
+    "plot_heads",
+    "sentences",
+    "audio_frames",
+    "show_speech",
+    "speak",
+    "speak_words",
+    "study",
+    "word_errors",
+    "word_timestamps",
+]

@@ -11,6 +11,7 @@ first tokens are evicted, because heads park their surplus attention on the firs
 window + 4 sinks stays close to the full cache within the trained length and stable beyond it. Also measured: the
 share of each head's attention on the first cached slot (the first token for ``full`` and ``sinks``).
 """
+
 from __future__ import annotations
 
 import math
@@ -45,48 +46,76 @@ def stream(model, ids: torch.Tensor, *, policy: str, window: int, sinks: int = 4
         logits = model(ids[:, :1], cache=cache)[:, -1]
         for t in tqdm(range(1, ids.shape[1]), desc=f"{policy} cache", leave=False, disable=not progress):
             losses.append(F.cross_entropy(logits.float(), ids[:, t], reduction="none"))
-            logits = model(ids[:, t: t + 1], cache=cache)[:, -1]
+            logits = model(ids[:, t : t + 1], cache=cache)[:, -1]
             shares.append(torch.stack([p[:, :, -1, 0].float().mean(0) for p in cap.patterns()]))  # (layers, H)
     model.train(was)
     return {"loss": torch.stack(losses, 1), "first_share": torch.stack(shares)}
 
 
-def compare(model, ids: torch.Tensor, *, window: int, sinks: int = 4, band: int | None = None,
-            progress: bool = False) -> dict:
+def compare(
+    model, ids: torch.Tensor, *, window: int, sinks: int = 4, band: int | None = None, progress: bool = False
+) -> dict:
     """The three policies on the same text: perplexity per band of ``band`` positions (default: the window),
     overall, and the first token's share of attention per layer and head (averaged over the steps after the
     first ``window`` tokens, where the policies differ)."""
     band = band or window
-    out = {"window": window, "sinks": sinks, "band": band, "length": ids.shape[1], "batch": ids.shape[0],
-           "trained_length": model.config.max_len, "policies": {}}
+    out = {
+        "window": window,
+        "sinks": sinks,
+        "band": band,
+        "length": ids.shape[1],
+        "batch": ids.shape[0],
+        "trained_length": model.config.max_len,
+        "policies": {},
+    }
     for policy in POLICIES:
         r = stream(model, ids, policy=policy, window=window, sinks=sinks, progress=progress)
         loss = r["loss"]  # (B, N-1): predicting positions 1..N-1
         bands = []
         for start in range(0, loss.shape[1], band):
-            chunk = loss[:, start: start + band]
-            bands.append({"from": start + 1, "to": start + chunk.shape[1],
-                          "perplexity": math.exp(min(float(chunk.mean()), 50.0))})
+            chunk = loss[:, start : start + band]
+            bands.append(
+                {
+                    "from": start + 1,
+                    "to": start + chunk.shape[1],
+                    "perplexity": math.exp(min(float(chunk.mean()), 50.0)),
+                }
+            )
         late = r["first_share"][window:] if r["first_share"].shape[0] > window else r["first_share"]
-        out["policies"][policy] = {"perplexity": math.exp(min(float(loss.mean()), 50.0)), "bands": bands,
-                                   "first_share": late.mean(0).tolist()}
+        out["policies"][policy] = {
+            "perplexity": math.exp(min(float(loss.mean()), 50.0)),
+            "bands": bands,
+            "first_share": late.mean(0).tolist(),
+        }
     return out
 
 
 def format_table(result: dict) -> str:
     bands = result["policies"]["full"]["bands"]
     head = f"{'cache':<26}" + "".join(f"{b['from']:>5}-{b['to']:<5}" for b in bands) + f"{'all':>8}"
-    lines = [f"perplexity by position band; trained on rows of {result['trained_length']} tokens, text of "
-             f"{result['length']} tokens x {result['batch']}, window {result['window']}, sinks {result['sinks']}",
-             head]
-    names = {"full": "full cache", "window": f"window {result['window']}",
-             "sinks": f"window {result['window']} + {result['sinks']} sinks"}
+    lines = [
+        f"perplexity by position band; trained on rows of {result['trained_length']} tokens, text of "
+        f"{result['length']} tokens x {result['batch']}, window {result['window']}, sinks {result['sinks']}",
+        head,
+    ]
+    names = {
+        "full": "full cache",
+        "window": f"window {result['window']}",
+        "sinks": f"window {result['window']} + {result['sinks']} sinks",
+    }
     for policy, r in result["policies"].items():
-        lines.append(f"{names[policy]:<26}" + "".join(f"{b['perplexity']:>11.1f}" for b in r["bands"])
-                     + f"{r['perplexity']:>8.1f}")
-    lines.append("first cached slot's share of attention (mean over heads, per layer, after the window fills): " +
-                 "; ".join(f"{p} " + " ".join(f"{sum(row) / len(row):.2f}" for row in r["first_share"])
-                           for p, r in result["policies"].items()))
+        lines.append(
+            f"{names[policy]:<26}"
+            + "".join(f"{b['perplexity']:>11.1f}" for b in r["bands"])
+            + f"{r['perplexity']:>8.1f}"
+        )
+    lines.append(
+        "first cached slot's share of attention (mean over heads, per layer, after the window fills): "
+        + "; ".join(
+            f"{p} " + " ".join(f"{sum(row) / len(row):.2f}" for row in r["first_share"])
+            for p, r in result["policies"].items()
+        )
+    )
     return "\n".join(lines)
 
 
@@ -98,8 +127,11 @@ def plot(result: dict, path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for policy, r in result["policies"].items():
         mids = [(x["from"] + x["to"]) / 2 for x in r["bands"]]
-        label = {"full": "full cache", "window": f"window {result['window']}",
-                 "sinks": f"window {result['window']} + {result['sinks']} sinks"}.get(policy, policy)
+        label = {
+            "full": "full cache",
+            "window": f"window {result['window']}",
+            "sinks": f"window {result['window']} + {result['sinks']} sinks",
+        }.get(policy, policy)
         a.plot(mids, [x["perplexity"] for x in r["bands"]], marker="o", label=label)
     if result["trained_length"] < result["length"]:  # only where the text runs past it
         a.axvline(result["trained_length"], color="grey", ls=":", label="trained length")
@@ -117,8 +149,9 @@ def plot(result: dict, path) -> None:
     for ax in (a,):
         ax.grid(alpha=0.3)
     if result.get("model"):
-        fig.suptitle(f"{result['model']}: streaming with three KV caches, {result['batch']} text(s) of "
-                     f"{result['length']} tokens")
+        fig.suptitle(
+            f"{result['model']}: streaming with three KV caches, {result['batch']} text(s) of {result['length']} tokens"
+        )
     fig.tight_layout()
     atomic_save_figure(fig, path, dpi=110)
     plt.close(fig)

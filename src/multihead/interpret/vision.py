@@ -12,6 +12,7 @@
 
 Every figure is PNG and SVG; ``image.json`` records the prediction and the numbers drawn.
 """
+
 from __future__ import annotations
 
 import math
@@ -75,8 +76,9 @@ def _overlay(ax, image: Tensor, heat: Tensor, size: int, *, mark: tuple[int, int
     ax.set_yticks([])
 
 
-def _grid_figure(maps: list[Tensor], image: Tensor, model, title: str, stem: Path, *,
-                 mark: tuple[int, int] | None = None) -> list[Path]:
+def _grid_figure(
+    maps: list[Tensor], image: Tensor, model, title: str, stem: Path, *, mark: tuple[int, int] | None = None
+) -> list[Path]:
     plt = pyplot()
     rows, cols = len(maps), max([m.shape[0] for m in maps] + [1])
     size, p = image.shape[-1], model.config.patch_size
@@ -107,13 +109,23 @@ def _heat_colorbar(fig, axes) -> None:
     """One colorbar for maps drawn by :func:`_overlay` (each scaled to its own largest value)."""
     import matplotlib as mpl
 
-    bar = fig.colorbar(mpl.cm.ScalarMappable(norm=mpl.colors.Normalize(0, 1), cmap=HEAT), ax=axes, fraction=0.02,
-                       pad=0.01)
+    bar = fig.colorbar(
+        mpl.cm.ScalarMappable(norm=mpl.colors.Normalize(0, 1), cmap=HEAT), ax=axes, fraction=0.02, pad=0.01
+    )
     bar.set_label("weight / the map's largest", fontsize=8)
 
 
-def show_image(model, image_u8: Tensor, labels: list[str] | None, out: Path, *, truth: str | None = None,
-               patch: tuple[int, int] | None = None, name: str = "image", inputs: Tensor | None = None) -> dict:
+def show_image(
+    model,
+    image_u8: Tensor,
+    labels: list[str] | None,
+    out: Path,
+    *,
+    truth: str | None = None,
+    patch: tuple[int, int] | None = None,
+    name: str = "image",
+    inputs: Tensor | None = None,
+) -> dict:
     """Write the pictures for one square uint8 image ``(1, C, S, S)`` into ``out`` (created); returns the
     summary. ``inputs``: the model's float input when it is not ``to_float(image_u8)`` (e.g. DINOv2's ImageNet
     normalisation); ``labels`` None for a backbone (no prediction)."""
@@ -126,19 +138,31 @@ def show_image(model, image_u8: Tensor, labels: list[str] | None, out: Path, *, 
     g = image_u8.shape[-1] // cfg.patch_size
     patch = (g // 2, g // 2) if patch is None else patch
     if not (0 <= patch[0] < g and 0 <= patch[1] < g):
-        raise ValueError(f"--patch {patch[0]},{patch[1]} is outside the {g}x{g} patch grid (rows and columns 0..{g - 1})")
+        raise ValueError(
+            f"--patch {patch[0]},{patch[1]} is outside the {g}x{g} patch grid (rows and columns 0..{g - 1})"
+        )
     patterns, probs = image_patterns(model, to_float(image_u8) if inputs is None else inputs)
     grey = image_u8[0].float().mean(0)  # (H, W)
     pred = labels[int(probs.argmax())] if probs is not None and labels else None
     cls = 0 if cfg.patch_offset else None
     what = "[CLS]" if cls == 0 else "mean patch query"
     said = "" if pred is None else f" (predicted {pred}{'' if truth is None else f', true {truth}'})"
-    files = _grid_figure([_query_over_patches(w, model, cls) for w in patterns], grey, model,
-                         f"{name}: {what} attention per head{said}", out / "cls_grid")
+    files = _grid_figure(
+        [_query_over_patches(w, model, cls) for w in patterns],
+        grey,
+        model,
+        f"{name}: {what} attention per head{said}",
+        out / "cls_grid",
+    )
     q = cfg.patch_offset + patch[0] * g + patch[1]
-    files += _grid_figure([_query_over_patches(w, model, q) for w in patterns], grey, model,
-                          f"{name}: where patch (row {patch[0]}, column {patch[1]}) looks, per head", out / "patch_grid",
-                          mark=patch)
+    files += _grid_figure(
+        [_query_over_patches(w, model, q) for w in patterns],
+        grey,
+        model,
+        f"{name}: where patch (row {patch[0]}, column {patch[1]}) looks, per head",
+        out / "patch_grid",
+        mark=patch,
+    )
     roll = rollout_patches(patterns, model)
     plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(6, 3.2))
@@ -153,10 +177,16 @@ def show_image(model, image_u8: Tensor, labels: list[str] | None, out: Path, *, 
     files += save(fig, out / "rollout")
     plt.close(fig)
     files.append(image_page(model, patterns, image_u8[0], out / "attention.html", f"{name}{said}"))
-    summary = {"image": name, "predicted": pred, "true": truth,
-               "probabilities": {} if probs is None else {lab: round(float(v), 5) for lab, v in zip(labels, probs)},
-               "patch": list(patch), "rollout": roll.tolist(),
-               "files": [str(f.relative_to(out)) for f in files], "seconds": time.perf_counter() - t0}
+    summary = {
+        "image": name,
+        "predicted": pred,
+        "true": truth,
+        "probabilities": {} if probs is None else {lab: round(float(v), 5) for lab, v in zip(labels, probs)},
+        "patch": list(patch),
+        "rollout": roll.tolist(),
+        "files": [str(f.relative_to(out)) for f in files],
+        "seconds": time.perf_counter() - t0,
+    }
     atomic_write_json(out / "image.json", summary)
     return summary
 
@@ -171,13 +201,15 @@ def image_page(model, patterns: list[Tensor], image_u8: Tensor, path: Path, text
     g, o = image_u8.shape[-1] // cfg.patch_size, cfg.patch_offset
     tokens = ["[CLS]"] * o + [f"patch {r},{c}" for r in range(g) for c in range(g)]
     maps = AttentionMaps(text, tokens, [p.float() for p in patterns], "ViT")
-    return write_page(maps, path, image=page_image(image_u8, patch=cfg.patch_size, queries="patches",
-                                                    query_offset=o, key_offset=o))
+    return write_page(
+        maps, path, image=page_image(image_u8, patch=cfg.patch_size, queries="patches", query_offset=o, key_offset=o)
+    )
 
 
 @torch.no_grad()
-def show_grounding(model, canvas_u8: Tensor, question: Tensor, vocab, out: Path, *, truth: str | None = None,
-                   name: str = "canvas") -> dict:
+def show_grounding(
+    model, canvas_u8: Tensor, question: Tensor, vocab, out: Path, *, truth: str | None = None, name: str = "canvas"
+) -> dict:
     """A :class:`~multihead.models.grounding.GroundedQA`'s view of one canvas ``(1, C, H, W)`` uint8 and question
     ``(1, T)``: ``cross_grid`` (layers x heads: the question's cross-attention over the canvas, mean over its words)
     and ``words`` (each word's attention, mean over the last layer's heads). Returns the summary."""
@@ -199,26 +231,46 @@ def show_grounding(model, canvas_u8: Tensor, question: Tensor, vocab, out: Path,
     grey = canvas_u8[0].float().mean(0)
     answer = vocab.answers[int(probs.argmax())]
     text = " ".join(words)
-    files = _grid_figure(maps, grey, vit, f"{name}: \"{text}\" -> {answer}{'' if truth is None else f' (true {truth})'}"
-                         " -- cross-attention of the question per head", out / "cross_grid")
+    files = _grid_figure(
+        maps,
+        grey,
+        vit,
+        f'{name}: "{text}" -> {answer}{"" if truth is None else f" (true {truth})"}'
+        " -- cross-attention of the question per head",
+        out / "cross_grid",
+    )
     last = patterns[-1][:, real].mean(0)  # (T, N), mean over the last layer's heads
-    files += _grid_figure([last.reshape(-1, g, g)], grey, vit, "each word's attention (last layer, mean of heads)",
-                          out / "words")
+    files += _grid_figure(
+        [last.reshape(-1, g, g)], grey, vit, "each word's attention (last layer, mean of heads)", out / "words"
+    )
     from .maps import AttentionMaps
     from .page import page_image, write_page
 
     keys = [f"patch {r},{c}" for r in range(g) for c in range(g)]
-    maps = AttentionMaps(f"{text} -> {answer}", words, [p[:, real].float() for p in patterns], "question -> canvas",
-                         key_tokens=keys)
-    files.append(write_page(maps, out / "attention.html",
-                            image=page_image(canvas_u8[0], patch=vit.config.patch_size, queries="tokens")))
+    maps = AttentionMaps(
+        f"{text} -> {answer}", words, [p[:, real].float() for p in patterns], "question -> canvas", key_tokens=keys
+    )
+    files.append(
+        write_page(
+            maps, out / "attention.html", image=page_image(canvas_u8[0], patch=vit.config.patch_size, queries="tokens")
+        )
+    )
     quad = quadrant_of_patches(vit.config)
-    share = [[[float(p[h, real][:, quad == q].sum(-1).mean()) for q in range(4)] for h in range(p.shape[0])]
-             for p in patterns]
-    summary = {"canvas": name, "question": text + "", "answer": answer, "probability": float(probs.max()),
-               "true": truth, "words": words,
-               "share_by_quadrant": share,  # [layer][head][quadrant]: the question's mass on each quadrant
-               "files": [str(f.relative_to(out)) for f in files], "seconds": time.perf_counter() - t0}
+    share = [
+        [[float(p[h, real][:, quad == q].sum(-1).mean()) for q in range(4)] for h in range(p.shape[0])]
+        for p in patterns
+    ]
+    summary = {
+        "canvas": name,
+        "question": text + "",
+        "answer": answer,
+        "probability": float(probs.max()),
+        "true": truth,
+        "words": words,
+        "share_by_quadrant": share,  # [layer][head][quadrant]: the question's mass on each quadrant
+        "files": [str(f.relative_to(out)) for f in files],
+        "seconds": time.perf_counter() - t0,
+    }
     return summary
 
 
@@ -231,7 +283,7 @@ def attention_distance(model, images_u8: Tensor, *, batch_size: int = 256) -> li
     model.eval()
     total, n = None, 0
     for i in range(0, len(images_u8), batch_size):
-        chunk = images_u8[i:i + batch_size]
+        chunk = images_u8[i : i + batch_size]
         with capture(model, ("pattern",)) as cache:
             model(to_float(chunk))
         d = mean_attention_distance(cache.patterns(), model)
@@ -247,8 +299,13 @@ def plot_distance(distances: list[Tensor], model, stem: Path, title: str = "") -
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for l, d in enumerate(distances):
         ax.scatter([l] * len(d), d.tolist(), s=18, color="tab:blue", alpha=0.8, label="a head" if l == 0 else None)
-    ax.plot(range(len(distances)), [float(d.mean()) if len(d) else math.nan for d in distances], "k--", lw=1,
-            label="layer mean")
+    ax.plot(
+        range(len(distances)),
+        [float(d.mean()) if len(d) else math.nan for d in distances],
+        "k--",
+        lw=1,
+        label="layer mean",
+    )
     ax.set_xlabel("layer (depth)")
     ax.set_ylabel("mean attention distance (pixels)")
     ax.set_xticks(range(len(distances)))
@@ -262,4 +319,12 @@ def plot_distance(distances: list[Tensor], model, stem: Path, title: str = "") -
     return files
 
 
-__all__ = ["attention_distance", "image_page", "image_patterns", "plot_distance", "rollout_patches", "show_grounding", "show_image"]
+__all__ = [
+    "attention_distance",
+    "image_page",
+    "image_patterns",
+    "plot_distance",
+    "rollout_patches",
+    "show_grounding",
+    "show_image",
+]

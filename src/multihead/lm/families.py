@@ -30,11 +30,12 @@ GPT-2 (``model_type`` gpt2; its ``Conv1D`` weights are stored ``(in, out)``: tra
 
 A new family plugs in here: one :class:`Family` with its config reader, writer and name table.
 """
+
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -91,11 +92,17 @@ def _checked(build: Callable[[], CausalLMConfig]) -> CausalLMConfig:
 LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _LLAMA_ACT = {"silu": "swiglu", "swish": "swiglu", "gelu_pytorch_tanh": "geglu", "gelu_tanh": "geglu"}
 _LLAMA_LAYER = [  # HF suffix under model.layers.{i}. -> ours under decoder.layers.{i}.
-    ("input_layernorm", "norms.0"), ("post_attention_layernorm", "norms.1"),
-    ("self_attn.q_proj", "self_attn.w_q"), ("self_attn.k_proj", "self_attn.w_k"),
-    ("self_attn.v_proj", "self_attn.w_v"), ("self_attn.o_proj", "self_attn.w_o"),
-    ("self_attn.q_norm", "self_attn.q_norm"), ("self_attn.k_norm", "self_attn.k_norm"),
-    ("mlp.gate_proj", "ffn.w_gate"), ("mlp.up_proj", "ffn.w_1"), ("mlp.down_proj", "ffn.w_2"),
+    ("input_layernorm", "norms.0"),
+    ("post_attention_layernorm", "norms.1"),
+    ("self_attn.q_proj", "self_attn.w_q"),
+    ("self_attn.k_proj", "self_attn.w_k"),
+    ("self_attn.v_proj", "self_attn.w_v"),
+    ("self_attn.o_proj", "self_attn.w_o"),
+    ("self_attn.q_norm", "self_attn.q_norm"),
+    ("self_attn.k_norm", "self_attn.k_norm"),
+    ("mlp.gate_proj", "ffn.w_gate"),
+    ("mlp.up_proj", "ffn.w_1"),
+    ("mlp.down_proj", "ffn.w_2"),
 ]
 
 
@@ -107,40 +114,66 @@ def llama_config(hf: dict, *, backend: str = "auto") -> CausalLMConfig:
     if head_dim is not None:
         head_dim = _int(hf, "head_dim")
     elif e % heads:
-        raise LMError(f"config.json: hidden_size {e} is not divisible by num_attention_heads {heads} and no head_dim "
-                      "is given")
+        raise LMError(
+            f"config.json: hidden_size {e} is not divisible by num_attention_heads {heads} and no head_dim is given"
+        )
     act = hf.get("hidden_act", "silu")
     if act not in _LLAMA_ACT:
-        raise LMError(f"config.json: hidden_act {act!r} is not supported for a gated MLP; supported: "
-                      f"{sorted(_LLAMA_ACT)}")
+        raise LMError(
+            f"config.json: hidden_act {act!r} is not supported for a gated MLP; supported: {sorted(_LLAMA_ACT)}"
+        )
     if _float(hf, "partial_rotary_factor", 1.0) != 1.0:
         raise LMError("config.json: partial_rotary_factor != 1 (rotary on part of each head) is not supported")
     if hf.get("pretraining_tp", 1) not in (1, None):
-        raise LMError("config.json: pretraining_tp > 1 (tensor-parallel slices of the MLP) is not supported; "
-                      "set it to 1 (the weights are the same)")
+        raise LMError(
+            "config.json: pretraining_tp > 1 (tensor-parallel slices of the MLP) is not supported; "
+            "set it to 1 (the weights are the same)"
+        )
     max_len = _int(hf, "max_position_embeddings", 4096)
     window = hf.get("sliding_window")
     if window is not None and kind != "mistral" and hf.get("use_sliding_window", False):
-        raise LMError("config.json: use_sliding_window with max_window_layers (Qwen2's layer split) is not "
-                      "supported; set use_sliding_window to false")
+        raise LMError(
+            "config.json: use_sliding_window with max_window_layers (Qwen2's layer split) is not "
+            "supported; set use_sliding_window to false"
+        )
     window = _int(hf, "sliding_window") if window is not None and kind == "mistral" else None  # every layer
     # Qwen2 puts biases on q, k, v but not on the output; Llama's attention_bias covers all four
     qkv_bias = True if kind == "qwen2" else _bool(hf, "attention_bias", False)
     out_bias = False if kind == "qwen2" else qkv_bias
-    attention = AttentionConfig(num_kv_heads=kv, dropout=0.0, backend=backend, head_dim=head_dim,
-                                qk_norm=kind == "qwen3")
+    attention = AttentionConfig(
+        num_kv_heads=kv, dropout=0.0, backend=backend, head_dim=head_dim, qk_norm=kind == "qwen3"
+    )
     decoder = DecoderConfig(
-        d_model=e, num_heads=heads, num_layers=_int(hf, "num_hidden_layers"), d_ff=_int(hf, "intermediate_size"),
-        dropout=0.0, activation=_LLAMA_ACT[act], norm_first=True, norm="rms",
-        layer_norm_eps=_float(hf, "rms_norm_eps", 1e-6), bias=qkv_bias, out_bias=out_bias,
-        ffn_bias=_bool(hf, "mlp_bias", False), cross_attention=False, attention=attention,
-        rope_theta=_float(hf, "rope_theta", 10000.0), rope_scaling=hf.get("rope_scaling"), sliding_window=window)
+        d_model=e,
+        num_heads=heads,
+        num_layers=_int(hf, "num_hidden_layers"),
+        d_ff=_int(hf, "intermediate_size"),
+        dropout=0.0,
+        activation=_LLAMA_ACT[act],
+        norm_first=True,
+        norm="rms",
+        layer_norm_eps=_float(hf, "rms_norm_eps", 1e-6),
+        bias=qkv_bias,
+        out_bias=out_bias,
+        ffn_bias=_bool(hf, "mlp_bias", False),
+        cross_attention=False,
+        attention=attention,
+        rope_theta=_float(hf, "rope_theta", 10000.0),
+        rope_scaling=hf.get("rope_scaling"),
+        sliding_window=window,
+    )
     pad = hf.get("pad_token_id")
     pad = hf.get("eos_token_id") if not isinstance(pad, int) else pad
-    return _checked(lambda: CausalLMConfig(
-        vocab_size=_int(hf, "vocab_size"), max_len=max_len, positional="rope",
-        pad_id=pad if isinstance(pad, int) and pad >= 0 else 0,
-        tie_embeddings=_bool(hf, "tie_word_embeddings", False), decoder=decoder))  # HF default: untied
+    return _checked(
+        lambda: CausalLMConfig(
+            vocab_size=_int(hf, "vocab_size"),
+            max_len=max_len,
+            positional="rope",
+            pad_id=pad if isinstance(pad, int) and pad >= 0 else 0,
+            tie_embeddings=_bool(hf, "tie_word_embeddings", False),
+            decoder=decoder,
+        )
+    )  # HF default: untied
 
 
 def _layer_names(config: CausalLMConfig, layer: list[tuple[str, str]]) -> dict[str, str]:
@@ -171,19 +204,43 @@ def llama_export(state: dict[str, Tensor], config: CausalLMConfig) -> dict[str, 
 def llama_hf_config(config: CausalLMConfig, model: CausalLM) -> dict:
     d, a = config.decoder, config.decoder.attention
     first = model.decoder.layers[0].self_attn
-    kind = "qwen3" if a.qk_norm else "qwen2" if d.bias and d.out_bias is False else \
-        "mistral" if d.sliding_window is not None else "llama"
+    kind = (
+        "qwen3"
+        if a.qk_norm
+        else "qwen2"
+        if d.bias and d.out_bias is False
+        else "mistral"
+        if d.sliding_window is not None
+        else "llama"
+    )
     hf = {
-        "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                           "mistral": "MistralForCausalLM"}[kind]],
-        "model_type": kind, "hidden_size": d.d_model, "num_hidden_layers": d.num_layers,
-        "num_attention_heads": d.num_heads, "num_key_value_heads": a.num_kv_heads or d.num_heads,
-        "head_dim": first.head_dim, "intermediate_size": model.decoder.layers[0].ffn.w_1.out_features,
+        "architectures": [
+            {
+                "llama": "LlamaForCausalLM",
+                "qwen2": "Qwen2ForCausalLM",
+                "qwen3": "Qwen3ForCausalLM",
+                "mistral": "MistralForCausalLM",
+            }[kind]
+        ],
+        "model_type": kind,
+        "hidden_size": d.d_model,
+        "num_hidden_layers": d.num_layers,
+        "num_attention_heads": d.num_heads,
+        "num_key_value_heads": a.num_kv_heads or d.num_heads,
+        "head_dim": first.head_dim,
+        "intermediate_size": model.decoder.layers[0].ffn.w_1.out_features,
         "hidden_act": {"swiglu": "silu", "geglu": "gelu_pytorch_tanh"}[d.activation],
-        "max_position_embeddings": config.max_len, "rms_norm_eps": d.layer_norm_eps, "rope_theta": d.rope_theta,
-        "rope_scaling": d.rope_scaling, "tie_word_embeddings": config.tie_embeddings, "vocab_size": config.vocab_size,
-        "attention_bias": bool(d.bias), "mlp_bias": bool(d.bias if d.ffn_bias is None else d.ffn_bias),
-        "attention_dropout": 0.0, "pad_token_id": config.pad_id, "torch_dtype": "float32",
+        "max_position_embeddings": config.max_len,
+        "rms_norm_eps": d.layer_norm_eps,
+        "rope_theta": d.rope_theta,
+        "rope_scaling": d.rope_scaling,
+        "tie_word_embeddings": config.tie_embeddings,
+        "vocab_size": config.vocab_size,
+        "attention_bias": bool(d.bias),
+        "mlp_bias": bool(d.bias if d.ffn_bias is None else d.ffn_bias),
+        "attention_dropout": 0.0,
+        "pad_token_id": config.pad_id,
+        "torch_dtype": "float32",
     }
     if kind != "llama":
         hf.pop("attention_bias")
@@ -221,12 +278,19 @@ _LLAMA_IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.masked_bias)$")
 # ---------------------------------------------------------------------------------------------------- Gemma 3
 GEMMA3_TYPES = ("gemma3_text",)
 _GEMMA3_LAYER = [  # HF suffix under model.layers.{i}. -> ours under decoder.layers.{i}.
-    ("input_layernorm", "norms.0"), ("post_attention_layernorm", "post_norms.0"),
-    ("pre_feedforward_layernorm", "norms.1"), ("post_feedforward_layernorm", "post_norms.1"),
-    ("self_attn.q_proj", "self_attn.w_q"), ("self_attn.k_proj", "self_attn.w_k"),
-    ("self_attn.v_proj", "self_attn.w_v"), ("self_attn.o_proj", "self_attn.w_o"),
-    ("self_attn.q_norm", "self_attn.q_norm"), ("self_attn.k_norm", "self_attn.k_norm"),
-    ("mlp.gate_proj", "ffn.w_gate"), ("mlp.up_proj", "ffn.w_1"), ("mlp.down_proj", "ffn.w_2"),
+    ("input_layernorm", "norms.0"),
+    ("post_attention_layernorm", "post_norms.0"),
+    ("pre_feedforward_layernorm", "norms.1"),
+    ("post_feedforward_layernorm", "post_norms.1"),
+    ("self_attn.q_proj", "self_attn.w_q"),
+    ("self_attn.k_proj", "self_attn.w_k"),
+    ("self_attn.v_proj", "self_attn.w_v"),
+    ("self_attn.o_proj", "self_attn.w_o"),
+    ("self_attn.q_norm", "self_attn.q_norm"),
+    ("self_attn.k_norm", "self_attn.k_norm"),
+    ("mlp.gate_proj", "ffn.w_gate"),
+    ("mlp.up_proj", "ffn.w_1"),
+    ("mlp.down_proj", "ffn.w_2"),
 ]
 
 
@@ -260,24 +324,51 @@ def gemma3_config(hf: dict, *, backend: str = "auto") -> CausalLMConfig:
     if hf.get("use_bidirectional_attention"):
         raise LMError("config.json: use_bidirectional_attention=true (an embedding model) is not supported")
     if _float(hf, "query_pre_attn_scalar", head_dim) != head_dim:
-        raise LMError(f"config.json: query_pre_attn_scalar={hf['query_pre_attn_scalar']} differs from head_dim "
-                      f"{head_dim}; only the 1/sqrt(head_dim) scale is supported")
-    attention = AttentionConfig(num_kv_heads=_int(hf, "num_key_value_heads", heads), dropout=0.0, backend=backend,
-                                head_dim=head_dim, qk_norm=True)
+        raise LMError(
+            f"config.json: query_pre_attn_scalar={hf['query_pre_attn_scalar']} differs from head_dim "
+            f"{head_dim}; only the 1/sqrt(head_dim) scale is supported"
+        )
+    attention = AttentionConfig(
+        num_kv_heads=_int(hf, "num_key_value_heads", heads),
+        dropout=0.0,
+        backend=backend,
+        head_dim=head_dim,
+        qk_norm=True,
+    )
     window = hf.get("sliding_window")
     decoder = DecoderConfig(
-        d_model=e, num_heads=heads, num_layers=layers, d_ff=_int(hf, "intermediate_size"), dropout=0.0,
-        activation="geglu", norm_first=True, norm="rms", layer_norm_eps=_float(hf, "rms_norm_eps", 1e-6),
-        bias=_bool(hf, "attention_bias", False), ffn_bias=False, cross_attention=False, attention=attention,
-        rope_theta=_float(hf, "rope_theta", 1e6), rope_scaling=hf.get("rope_scaling"), sandwich_norm=True,
+        d_model=e,
+        num_heads=heads,
+        num_layers=layers,
+        d_ff=_int(hf, "intermediate_size"),
+        dropout=0.0,
+        activation="geglu",
+        norm_first=True,
+        norm="rms",
+        layer_norm_eps=_float(hf, "rms_norm_eps", 1e-6),
+        bias=_bool(hf, "attention_bias", False),
+        ffn_bias=False,
+        cross_attention=False,
+        attention=attention,
+        rope_theta=_float(hf, "rope_theta", 1e6),
+        rope_scaling=hf.get("rope_scaling"),
+        sandwich_norm=True,
         sliding_window=None if window is None else _int(hf, "sliding_window"),
         global_every=_global_every(hf, layers) if window is not None else 0,
-        rope_local_theta=_float(hf, "rope_local_base_freq", 10000.0))
+        rope_local_theta=_float(hf, "rope_local_base_freq", 10000.0),
+    )
     pad = hf.get("pad_token_id", 0)
-    return _checked(lambda: CausalLMConfig(
-        vocab_size=_int(hf, "vocab_size"), max_len=_int(hf, "max_position_embeddings", 32768), positional="rope",
-        pad_id=pad if isinstance(pad, int) and pad >= 0 else 0, embed_scale=True,
-        tie_embeddings=_bool(hf, "tie_word_embeddings", True), decoder=decoder))
+    return _checked(
+        lambda: CausalLMConfig(
+            vocab_size=_int(hf, "vocab_size"),
+            max_len=_int(hf, "max_position_embeddings", 32768),
+            positional="rope",
+            pad_id=pad if isinstance(pad, int) and pad >= 0 else 0,
+            embed_scale=True,
+            tie_embeddings=_bool(hf, "tie_word_embeddings", True),
+            decoder=decoder,
+        )
+    )
 
 
 def gemma3_names(config: CausalLMConfig) -> dict[str, str]:
@@ -305,18 +396,34 @@ def gemma3_export(state: dict[str, Tensor], config: CausalLMConfig) -> dict[str,
 def gemma3_hf_config(config: CausalLMConfig, model: CausalLM) -> dict:
     d, a = config.decoder, config.decoder.attention
     n = d.global_every
-    return {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": d.d_model,
-            "num_hidden_layers": d.num_layers, "num_attention_heads": d.num_heads,
-            "num_key_value_heads": a.num_kv_heads or d.num_heads, "head_dim": model.decoder.layers[0].self_attn.head_dim,
-            "query_pre_attn_scalar": model.decoder.layers[0].self_attn.head_dim,
-            "intermediate_size": model.decoder.layers[0].ffn.w_1.out_features, "hidden_activation": "gelu_pytorch_tanh",
-            "max_position_embeddings": config.max_len, "rms_norm_eps": d.layer_norm_eps, "rope_theta": d.rope_theta,
-            "rope_local_base_freq": d.rope_local_theta or d.rope_theta, "rope_scaling": d.rope_scaling,
-            "sliding_window": d.sliding_window, "tie_word_embeddings": config.tie_embeddings,
-            "layer_types": ["full_attention" if not d.is_local(i) else "sliding_attention"
-                            for i in range(d.num_layers)] if n or d.sliding_window else None,
-            "vocab_size": config.vocab_size, "attention_bias": bool(d.bias), "pad_token_id": config.pad_id,
-            "attn_logit_softcapping": None, "final_logit_softcapping": None, "torch_dtype": "float32"}
+    return {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "hidden_size": d.d_model,
+        "num_hidden_layers": d.num_layers,
+        "num_attention_heads": d.num_heads,
+        "num_key_value_heads": a.num_kv_heads or d.num_heads,
+        "head_dim": model.decoder.layers[0].self_attn.head_dim,
+        "query_pre_attn_scalar": model.decoder.layers[0].self_attn.head_dim,
+        "intermediate_size": model.decoder.layers[0].ffn.w_1.out_features,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": config.max_len,
+        "rms_norm_eps": d.layer_norm_eps,
+        "rope_theta": d.rope_theta,
+        "rope_local_base_freq": d.rope_local_theta or d.rope_theta,
+        "rope_scaling": d.rope_scaling,
+        "sliding_window": d.sliding_window,
+        "tie_word_embeddings": config.tie_embeddings,
+        "layer_types": ["full_attention" if not d.is_local(i) else "sliding_attention" for i in range(d.num_layers)]
+        if n or d.sliding_window
+        else None,
+        "vocab_size": config.vocab_size,
+        "attention_bias": bool(d.bias),
+        "pad_token_id": config.pad_id,
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": None,
+        "torch_dtype": "float32",
+    }
 
 
 def gemma3_problems(config: CausalLMConfig) -> list[str]:
@@ -345,15 +452,30 @@ def gpt2_config(hf: dict, *, backend: str = "auto") -> CausalLMConfig:
         raise LMError("config.json: scale_attn_weights=false (unscaled dot products) is not supported")
     inner = hf.get("n_inner")
     decoder = DecoderConfig(
-        d_model=e, num_heads=heads, num_layers=_int(hf, "n_layer"),
-        d_ff=4 * e if inner is None else _int(hf, "n_inner"), dropout=_float(hf, "resid_pdrop", 0.1),
-        activation=_GPT2_ACT[act], norm_first=True, norm="layer", layer_norm_eps=_float(hf, "layer_norm_epsilon", 1e-5),
-        bias=True, cross_attention=False, attention=AttentionConfig(dropout=0.0, backend=backend))
+        d_model=e,
+        num_heads=heads,
+        num_layers=_int(hf, "n_layer"),
+        d_ff=4 * e if inner is None else _int(hf, "n_inner"),
+        dropout=_float(hf, "resid_pdrop", 0.1),
+        activation=_GPT2_ACT[act],
+        norm_first=True,
+        norm="layer",
+        layer_norm_eps=_float(hf, "layer_norm_epsilon", 1e-5),
+        bias=True,
+        cross_attention=False,
+        attention=AttentionConfig(dropout=0.0, backend=backend),
+    )
     pad = hf.get("pad_token_id", hf.get("eos_token_id", 0))
-    return _checked(lambda: CausalLMConfig(
-        vocab_size=_int(hf, "vocab_size"), max_len=_int(hf, "n_positions", hf.get("n_ctx", 1024)),
-        positional="learned", pad_id=pad if isinstance(pad, int) and pad >= 0 else 0,
-        tie_embeddings=_bool(hf, "tie_word_embeddings", True), decoder=decoder))
+    return _checked(
+        lambda: CausalLMConfig(
+            vocab_size=_int(hf, "vocab_size"),
+            max_len=_int(hf, "n_positions", hf.get("n_ctx", 1024)),
+            positional="learned",
+            pad_id=pad if isinstance(pad, int) and pad >= 0 else 0,
+            tie_embeddings=_bool(hf, "tie_word_embeddings", True),
+            decoder=decoder,
+        )
+    )
 
 
 def _gpt2_key(name: str) -> str:
@@ -370,11 +492,22 @@ def gpt2_import(tensors: dict[str, Tensor], config: CausalLMConfig) -> dict[str,
         if name == "lm_head.weight" and config.tie_embeddings:
             continue  # the tied copy of wte
         m = re.fullmatch(r"transformer\.h\.(\d+)\.(.+)\.(weight|bias)", name)
-        if name in ("transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.weight",
-                    "transformer.ln_f.bias", "lm_head.weight"):
-            out[{"transformer.wte.weight": "embed.weight", "transformer.wpe.weight": "pos.embedding.weight",
-                 "transformer.ln_f.weight": "decoder.final_norm.weight",
-                 "transformer.ln_f.bias": "decoder.final_norm.bias", "lm_head.weight": "lm_head.weight"}[name]] = t
+        if name in (
+            "transformer.wte.weight",
+            "transformer.wpe.weight",
+            "transformer.ln_f.weight",
+            "transformer.ln_f.bias",
+            "lm_head.weight",
+        ):
+            out[
+                {
+                    "transformer.wte.weight": "embed.weight",
+                    "transformer.wpe.weight": "pos.embedding.weight",
+                    "transformer.ln_f.weight": "decoder.final_norm.weight",
+                    "transformer.ln_f.bias": "decoder.final_norm.bias",
+                    "lm_head.weight": "lm_head.weight",
+                }[name]
+            ] = t
         elif m is not None and int(m.group(1)) < config.decoder.num_layers:
             i, part, p = int(m.group(1)), m.group(2), m.group(3)
             ours = f"decoder.layers.{i}."
@@ -396,9 +529,12 @@ def gpt2_import(tensors: dict[str, Tensor], config: CausalLMConfig) -> dict[str,
 
 
 def gpt2_export(state: dict[str, Tensor], config: CausalLMConfig) -> dict[str, Tensor]:
-    out = {"transformer.wte.weight": state["embed.weight"], "transformer.wpe.weight": state["pos.embedding.weight"],
-           "transformer.ln_f.weight": state["decoder.final_norm.weight"],
-           "transformer.ln_f.bias": state["decoder.final_norm.bias"]}
+    out = {
+        "transformer.wte.weight": state["embed.weight"],
+        "transformer.wpe.weight": state["pos.embedding.weight"],
+        "transformer.ln_f.weight": state["decoder.final_norm.weight"],
+        "transformer.ln_f.bias": state["decoder.final_norm.bias"],
+    }
     if not config.tie_embeddings:
         out["lm_head.weight"] = state["lm_head.weight"]
     for i in range(config.decoder.num_layers):
@@ -406,8 +542,9 @@ def gpt2_export(state: dict[str, Tensor], config: CausalLMConfig) -> dict[str, T
         for n, part in ((0, "ln_1"), (1, "ln_2")):
             for p in ("weight", "bias"):
                 out[f"{hf}{part}.{p}"] = state[f"{ours}norms.{n}.{p}"]
-        out[f"{hf}attn.c_attn.weight"] = torch.cat([state[f"{ours}self_attn.{w}.weight"]
-                                                    for w in ("w_q", "w_k", "w_v")]).t().contiguous()
+        out[f"{hf}attn.c_attn.weight"] = (
+            torch.cat([state[f"{ours}self_attn.{w}.weight"] for w in ("w_q", "w_k", "w_v")]).t().contiguous()
+        )
         out[f"{hf}attn.c_attn.bias"] = torch.cat([state[f"{ours}self_attn.{w}.bias"] for w in ("w_q", "w_k", "w_v")])
         for part, target in (("attn.c_proj", "self_attn.w_o"), ("mlp.c_fc", "ffn.w_1"), ("mlp.c_proj", "ffn.w_2")):
             out[f"{hf}{part}.weight"] = state[f"{ours}{target}.weight"].t().contiguous()
@@ -417,12 +554,24 @@ def gpt2_export(state: dict[str, Tensor], config: CausalLMConfig) -> dict[str, T
 
 def gpt2_hf_config(config: CausalLMConfig, model: CausalLM) -> dict:
     d = config.decoder
-    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": d.d_model, "n_head": d.num_heads,
-            "n_layer": d.num_layers, "n_inner": model.decoder.layers[0].ffn.w_1.out_features,
-            "n_positions": config.max_len, "n_ctx": config.max_len, "vocab_size": config.vocab_size,
-            "activation_function": {v: k for k, v in _GPT2_ACT.items() if k != "gelu_pytorch_tanh"}[d.activation],
-            "layer_norm_epsilon": d.layer_norm_eps, "resid_pdrop": d.dropout, "embd_pdrop": d.dropout,
-            "attn_pdrop": 0.0, "tie_word_embeddings": config.tie_embeddings, "torch_dtype": "float32"}
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "n_embd": d.d_model,
+        "n_head": d.num_heads,
+        "n_layer": d.num_layers,
+        "n_inner": model.decoder.layers[0].ffn.w_1.out_features,
+        "n_positions": config.max_len,
+        "n_ctx": config.max_len,
+        "vocab_size": config.vocab_size,
+        "activation_function": {v: k for k, v in _GPT2_ACT.items() if k != "gelu_pytorch_tanh"}[d.activation],
+        "layer_norm_epsilon": d.layer_norm_eps,
+        "resid_pdrop": d.dropout,
+        "embd_pdrop": d.dropout,
+        "attn_pdrop": 0.0,
+        "tie_word_embeddings": config.tie_embeddings,
+        "torch_dtype": "float32",
+    }
 
 
 def gpt2_problems(config: CausalLMConfig) -> list[str]:
@@ -444,13 +593,17 @@ def gpt2_problems(config: CausalLMConfig) -> list[str]:
 # ---------------------------------------------------------------------------------------------------- the table
 def _expect(name: str, t, shape: tuple) -> None:
     if tuple(t.shape) != shape:
-        raise LMError(f"tensor {name!r} has shape {tuple(t.shape)} but config.json implies {shape}; config.json and "
-                      "the weights disagree")
+        raise LMError(
+            f"tensor {name!r} has shape {tuple(t.shape)} but config.json implies {shape}; config.json and "
+            "the weights disagree"
+        )
 
 
 def _unexpected(name: str, t, config: CausalLMConfig) -> LMError:
-    return LMError(f"unexpected tensor {name!r} {tuple(t.shape)}: not part of a {config.decoder.num_layers}-layer "
-                   "model of this family; config.json and the weights disagree")
+    return LMError(
+        f"unexpected tensor {name!r} {tuple(t.shape)}: not part of a {config.decoder.num_layers}-layer "
+        "model of this family; config.json and the weights disagree"
+    )
 
 
 def _rename(tensors: dict[str, Tensor], table: dict[str, str], ignored: re.Pattern) -> dict[str, Tensor]:
@@ -463,8 +616,10 @@ def _rename(tensors: dict[str, Tensor], table: dict[str, str], ignored: re.Patte
         elif name == "lm_head.weight":  # a tied checkpoint that stores the copy anyway
             continue
         else:
-            raise LMError(f"unexpected tensor {name!r} {tuple(t.shape)}: not part of the model config.json "
-                          "describes; config.json and the weights disagree")
+            raise LMError(
+                f"unexpected tensor {name!r} {tuple(t.shape)}: not part of the model config.json "
+                "describes; config.json and the weights disagree"
+            )
     return out
 
 
@@ -485,8 +640,9 @@ class Family:
 FAMILIES = {
     "llama": Family("llama", LLAMA_TYPES, llama_config, llama_import, llama_export, llama_hf_config, llama_problems),
     "gpt2": Family("gpt2", ("gpt2",), gpt2_config, gpt2_import, gpt2_export, gpt2_hf_config, gpt2_problems),
-    "gemma3": Family("gemma3", GEMMA3_TYPES, gemma3_config, gemma3_import, gemma3_export, gemma3_hf_config,
-                     gemma3_problems),
+    "gemma3": Family(
+        "gemma3", GEMMA3_TYPES, gemma3_config, gemma3_import, gemma3_export, gemma3_hf_config, gemma3_problems
+    ),
 }
 _WHY_NOT = {
     "gemma": "Gemma scales embeddings by sqrt(d) and offsets its norms by one; not supported yet",
@@ -504,8 +660,11 @@ def family_of(hf: dict) -> Family:
             return family
     known = sorted(t for f in FAMILIES.values() for t in f.model_types)
     why = _WHY_NOT.get(kind, "")
-    raise LMError(f"model_type {kind!r} is not a supported causal LM" + (f" ({why})" if why else "") +
-                  f"; supported model types: {', '.join(known)}")
+    raise LMError(
+        f"model_type {kind!r} is not a supported causal LM"
+        + (f" ({why})" if why else "")
+        + f"; supported model types: {', '.join(known)}"
+    )
 
 
 def family_for_model(config: CausalLMConfig) -> Family:

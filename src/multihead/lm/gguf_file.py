@@ -8,6 +8,7 @@ pairs ``(x[2i], x[2i+1])``; our rotary (and HF's) rotates ``(x[i], x[i + D/2])``
 permutation per head, so that one rotary implementation serves both sources. A wrong layout gives a model that
 runs and talks nonsense, so the tests check it both ways.
 """
+
 from __future__ import annotations
 
 import struct
@@ -22,24 +23,44 @@ from .families import LMError
 MAGIC = b"GGUF"
 MAX_COUNT = 1 << 20  # tensors or metadata entries a header may declare
 _LAYER = {  # GGUF suffix under blk.{i}. -> HF suffix under model.layers.{i}.
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
-_GEMMA3_LAYER = {**_LAYER, "ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
-                 "post_ffw_norm": "post_feedforward_layernorm"}
+_GEMMA3_LAYER = {
+    **_LAYER,
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 _LAYERS = {"llama": _LAYER, "gemma3": _GEMMA3_LAYER}
-_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-           "output.weight": "lm_head.weight"}
+_GLOBAL = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 # pre-tokenizer regexes by tokenizer.ggml.pre, as llama.cpp applies them (llama-vocab.cpp)
 _GPT2_REGEX = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"""
-_LLAMA3_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
-                 r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+_LLAMA3_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+    r"""\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 PRE_TOKENIZERS = {  # name -> (split digits one by one first, regex)
-    "gpt-2": (False, _GPT2_REGEX), "default": (False, _GPT2_REGEX),
-    "smollm": (True, _GPT2_REGEX), "starcoder": (True, _GPT2_REGEX), "refact": (True, _GPT2_REGEX),
-    "llama-bpe": (False, _LLAMA3_REGEX), "llama3": (False, _LLAMA3_REGEX),
+    "gpt-2": (False, _GPT2_REGEX),
+    "default": (False, _GPT2_REGEX),
+    "smollm": (True, _GPT2_REGEX),
+    "starcoder": (True, _GPT2_REGEX),
+    "refact": (True, _GPT2_REGEX),
+    "llama-bpe": (False, _LLAMA3_REGEX),
+    "llama3": (False, _LLAMA3_REGEX),
 }
 
 
@@ -53,14 +74,18 @@ def check_header(path: Path) -> None:
     except OSError as exc:
         raise LMError(f"cannot read {path}: {exc.strerror or exc}") from None
     if len(head) < 24 or head[:4] != MAGIC:
-        raise LMError(f"{path} is not a GGUF file (it does not start with the GGUF magic and header); pass a .gguf "
-                      "file, an HF model folder, or a short name")
+        raise LMError(
+            f"{path} is not a GGUF file (it does not start with the GGUF magic and header); pass a .gguf "
+            "file, an HF model folder, or a short name"
+        )
     version, tensors, entries = struct.unpack("<IQQ", head[4:24])
     if version not in (2, 3):
         raise LMError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
     if tensors > MAX_COUNT or entries > MAX_COUNT or tensors * 24 + entries * 16 > size:
-        raise LMError(f"{path}: the header declares {tensors:,} tensors and {entries:,} metadata entries, more than "
-                      f"a {size:,}-byte file can hold; the file is truncated or corrupt")
+        raise LMError(
+            f"{path}: the header declares {tensors:,} tensors and {entries:,} metadata entries, more than "
+            f"a {size:,}-byte file can hold; the file is truncated or corrupt"
+        )
 
 
 class GGUFFile:
@@ -74,8 +99,10 @@ class GGUFFile:
         try:
             self.reader = gguf.GGUFReader(self.path)
         except (ValueError, IndexError, KeyError, TypeError, OverflowError, struct.error, OSError) as exc:
-            raise LMError(f"{self.path} could not be read as GGUF ({type(exc).__name__}: {str(exc)[:160]}); the file "
-                          "is truncated or corrupt: download or convert it again") from None
+            raise LMError(
+                f"{self.path} could not be read as GGUF ({type(exc).__name__}: {str(exc)[:160]}); the file "
+                "is truncated or corrupt: download or convert it again"
+            ) from None
         self.tensors = {t.name: t for t in self.reader.tensors}
 
     def get(self, key: str, default=None):
@@ -103,8 +130,9 @@ class GGUFFile:
         try:
             array = quants.dequantize(t.data, t.tensor_type)
         except (NotImplementedError, ValueError, quants.QuantError) as exc:
-            raise LMError(f"{self.path}: tensor {name!r} of type {t.tensor_type.name} cannot be dequantised "
-                          f"({exc})") from None
+            raise LMError(
+                f"{self.path}: tensor {name!r} of type {t.tensor_type.name} cannot be dequantised ({exc})"
+            ) from None
         # a copy: unquantised tensors come back as views of the read-only memory map
         return torch.from_numpy(np.array(array, dtype=np.float32)).reshape(self.shape(name))
 
@@ -115,8 +143,10 @@ def hf_config(g: GGUFFile) -> dict:
     if arch == "gemma3":
         return _gemma3_config(g)
     if arch != "llama":
-        raise LMError(f"{g.path}: GGUF architecture {arch!r} is not supported; multihead reads 'llama' (Llama, "
-                      "SmolLM2, Mistral conversions) and 'gemma3' GGUF files; for other models use an HF folder")
+        raise LMError(
+            f"{g.path}: GGUF architecture {arch!r} is not supported; multihead reads 'llama' (Llama, "
+            "SmolLM2, Mistral conversions) and 'gemma3' GGUF files; for other models use an HF folder"
+        )
 
     def need(key: str):
         value = g.get(f"llama.{key}")
@@ -136,15 +166,20 @@ def hf_config(g: GGUFFile) -> dict:
         raise LMError(f"{g.path}: per-frequency rope factors (rope_freqs, Llama 3.1 style) are not supported yet")
     tokens = g.get("tokenizer.ggml.tokens")
     hf = {
-        "model_type": "llama", "hidden_size": e, "num_attention_heads": heads,
+        "model_type": "llama",
+        "hidden_size": e,
+        "num_attention_heads": heads,
         "num_key_value_heads": g.get("llama.attention.head_count_kv", heads),
-        "num_hidden_layers": need("block_count"), "intermediate_size": need("feed_forward_length"),
+        "num_hidden_layers": need("block_count"),
+        "intermediate_size": need("feed_forward_length"),
         "max_position_embeddings": g.get("llama.context_length", 2048),
         "rms_norm_eps": float(g.get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
         "rope_theta": float(g.get("llama.rope.freq_base", 10000.0)),
         "vocab_size": g.get("llama.vocab_size", len(tokens) if tokens else None),
-        "tie_word_embeddings": "output.weight" not in g.tensors, "hidden_act": "silu",
-        "bos_token_id": g.get("tokenizer.ggml.bos_token_id"), "eos_token_id": g.get("tokenizer.ggml.eos_token_id"),
+        "tie_word_embeddings": "output.weight" not in g.tensors,
+        "hidden_act": "silu",
+        "bos_token_id": g.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": g.get("tokenizer.ggml.eos_token_id"),
         "pad_token_id": g.get("tokenizer.ggml.padding_token_id"),
     }
     scaling = g.get("llama.rope.scaling.type")
@@ -154,14 +189,14 @@ def hf_config(g: GGUFFile) -> dict:
             raise LMError(f"{g.path}: rope scaling {scaling!r} is not supported (linear and yarn are)")
         hf["rope_scaling"] = {"rope_type": scaling, "factor": factor}
         if scaling == "yarn":
-            hf["rope_scaling"]["original_max_position_embeddings"] = g.get(
-                "llama.rope.scaling.original_context_length")
+            hf["rope_scaling"]["original_max_position_embeddings"] = g.get("llama.rope.scaling.original_context_length")
     return hf
 
 
 def _gemma3_config(g: GGUFFile) -> dict:
     """Gemma 3's metadata as an HF ``gemma3_text`` config: every 6th layer global (llama.cpp's rule for Gemma 3),
     the local layers' rotary base 1e4 (not stored in the file)."""
+
     def need(key: str):
         value = g.get(f"gemma3.{key}")
         if value is None:
@@ -175,18 +210,25 @@ def _gemma3_config(g: GGUFFile) -> dict:
     tokens = g.get("tokenizer.ggml.tokens")
     window = g.get("gemma3.attention.sliding_window")
     return {
-        "model_type": "gemma3_text", "hidden_size": need("embedding_length"),
+        "model_type": "gemma3_text",
+        "hidden_size": need("embedding_length"),
         "num_attention_heads": need("attention.head_count"),
         "num_key_value_heads": g.get("gemma3.attention.head_count_kv", need("attention.head_count")),
-        "head_dim": head_dim, "query_pre_attn_scalar": head_dim,
-        "num_hidden_layers": layers, "intermediate_size": need("feed_forward_length"),
+        "head_dim": head_dim,
+        "query_pre_attn_scalar": head_dim,
+        "num_hidden_layers": layers,
+        "intermediate_size": need("feed_forward_length"),
         "max_position_embeddings": g.get("gemma3.context_length", 32768),
         "rms_norm_eps": float(g.get("gemma3.attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": float(g.get("gemma3.rope.freq_base", 1e6)), "rope_local_base_freq": 10000.0,
-        "sliding_window": window, "sliding_window_pattern": 6,
-        "vocab_size": len(tokens) if tokens else None, "tie_word_embeddings": "output.weight" not in g.tensors,
+        "rope_theta": float(g.get("gemma3.rope.freq_base", 1e6)),
+        "rope_local_base_freq": 10000.0,
+        "sliding_window": window,
+        "sliding_window_pattern": 6,
+        "vocab_size": len(tokens) if tokens else None,
+        "tie_word_embeddings": "output.weight" not in g.tensors,
         "hidden_activation": "gelu_pytorch_tanh",
-        "bos_token_id": g.get("tokenizer.ggml.bos_token_id"), "eos_token_id": g.get("tokenizer.ggml.eos_token_id"),
+        "bos_token_id": g.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": g.get("tokenizer.ggml.eos_token_id"),
         "pad_token_id": g.get("tokenizer.ggml.padding_token_id"),
     }
 
@@ -200,12 +242,19 @@ def hf_names(g: GGUFFile, layers: int) -> dict[str, str]:
             out[name] = _GLOBAL[name]
             continue
         parts = name.split(".")
-        if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in table \
-                and int(parts[1]) < layers:
+        if (
+            len(parts) == 4
+            and parts[0] == "blk"
+            and parts[1].isdigit()
+            and parts[2] in table
+            and int(parts[1]) < layers
+        ):
             out[name] = f"model.layers.{parts[1]}.{table[parts[2]]}.{parts[3]}"
         else:
-            raise LMError(f"{g.path}: unexpected tensor {name!r}: not part of a {layers}-layer {g.architecture} "
-                          "model; the metadata and the tensors disagree")
+            raise LMError(
+                f"{g.path}: unexpected tensor {name!r}: not part of a {layers}-layer {g.architecture} "
+                "model; the metadata and the tensors disagree"
+            )
     return out
 
 
@@ -254,32 +303,40 @@ def tokenizer(g: GGUFFile):
     if kind == "llama":
         return _sentencepiece(g)
     if kind != "gpt2":
-        raise LMError(f"{g.path}: tokenizer model {kind!r} is not supported; multihead rebuilds byte-level BPE "
-                      "('gpt2') and SentencePiece ('llama') tokenizers from GGUF metadata")
+        raise LMError(
+            f"{g.path}: tokenizer model {kind!r} is not supported; multihead rebuilds byte-level BPE "
+            "('gpt2') and SentencePiece ('llama') tokenizers from GGUF metadata"
+        )
     tokens, merges = g.get("tokenizer.ggml.tokens"), g.get("tokenizer.ggml.merges")
     if not tokens or merges is None:
         raise LMError(f"{g.path}: the GGUF metadata lacks tokenizer.ggml.tokens or .merges")
     pre = g.get("tokenizer.ggml.pre", "default")
     if pre not in PRE_TOKENIZERS:
-        raise LMError(f"{g.path}: pre-tokenizer {pre!r} is not known to multihead (known: "
-                      f"{', '.join(sorted(PRE_TOKENIZERS))}); an unknown one would split text differently from the "
-                      "model's training")
+        raise LMError(
+            f"{g.path}: pre-tokenizer {pre!r} is not known to multihead (known: "
+            f"{', '.join(sorted(PRE_TOKENIZERS))}); an unknown one would split text differently from the "
+            "model's training"
+        )
     digits, regex = PRE_TOKENIZERS[pre]
     vocab = {t: i for i, t in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     tok = Tokenizer(BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
     steps = [pre_tokenizers.Digits(individual_digits=True)] if digits else []
-    steps += [pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
-              pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    steps += [
+        pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ]
     tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
     tok.decoder = decoders.ByteLevel()
     types = g.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types)
-                            if k in (3, 4)])  # control and user-defined tokens stay whole
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k in (3, 4)]
+    )  # control and user-defined tokens stay whole
     bos = g.get("tokenizer.ggml.bos_token_id")
     if g.get("tokenizer.ggml.add_bos_token", False) and isinstance(bos, int) and 0 <= bos < len(tokens):
-        tok.post_processor = processors.TemplateProcessing(single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A $B",
-                                                           special_tokens=[(tokens[bos], bos)])
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A $B", special_tokens=[(tokens[bos], bos)]
+        )
     return tok
 
 
@@ -302,8 +359,9 @@ def _sentencepiece(g: GGUFFile):
             t = "▁" * len(t)
         vocab.append((t, float(score)))
     unk = g.get("tokenizer.ggml.unknown_token_id", 0)
-    tok = Tokenizer(Unigram(vocab, unk_id=unk if isinstance(unk, int) and 0 <= unk < len(tokens) else 0,
-                            byte_fallback=True))
+    tok = Tokenizer(
+        Unigram(vocab, unk_id=unk if isinstance(unk, int) and 0 <= unk < len(tokens) else 0, byte_fallback=True)
+    )
     tok.normalizer = normalizers.Replace(" ", "▁")
     steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
     if g.get("tokenizer.ggml.add_space_prefix", False):
@@ -312,13 +370,18 @@ def _sentencepiece(g: GGUFFile):
     tok.decoder = decoders.Sequence(steps)
     types = g.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     # control tokens (<bos>, <start_of_turn>, ...) and non-blank user-defined ones stay whole, under their own ids
-    tok.add_special_tokens([AddedToken(v[0], special=k == 3, normalized=False) for v, k in zip(vocab, types)
-                            if (k == 3 or (k == 4 and v[0].strip("▁"))) and v[0]])
+    tok.add_special_tokens(
+        [
+            AddedToken(v[0], special=k == 3, normalized=False)
+            for v, k in zip(vocab, types)
+            if (k == 3 or (k == 4 and v[0].strip("▁"))) and v[0]
+        ]
+    )
     bos = g.get("tokenizer.ggml.bos_token_id")
     if g.get("tokenizer.ggml.add_bos_token", False) and isinstance(bos, int) and 0 <= bos < len(tokens):
-        tok.post_processor = processors.TemplateProcessing(single=f"{vocab[bos][0]} $A",
-                                                           pair=f"{vocab[bos][0]} $A $B",
-                                                           special_tokens=[(vocab[bos][0], bos)])
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{vocab[bos][0]} $A", pair=f"{vocab[bos][0]} $A $B", special_tokens=[(vocab[bos][0], bos)]
+        )
     return tok
 
 

@@ -1,4 +1,5 @@
 """The tutorial's end-to-end model: token ids -> embedding -> positions -> encoder blocks -> pooling -> linear."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -36,13 +37,23 @@ class TransformerClassifier(TextEncoder):
     (e.g. ``encoder.layers.0.attn.hook_pattern``).
     """
 
-    def __init__(self, vocab_size: int = 10000, d_model: int = 512, heads: int = 8, num_layers: int = 2,
-                 num_classes: int = 10, *, config: ClassifierConfig | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        vocab_size: int = 10000,
+        d_model: int = 512,
+        heads: int = 8,
+        num_layers: int = 2,
+        num_classes: int = 10,
+        *,
+        config: ClassifierConfig | None = None,
+        **kwargs,
+    ) -> None:
         if config is None:
             enc_keys = {f.name for f in fields(EncoderConfig)} | set(EncoderConfig.LEGACY_FIELDS)  # + attention's
             enc_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in enc_keys}
-            encoder = EncoderConfig.from_dict(dict(d_model=d_model, num_heads=heads, num_layers=num_layers,
-                                                   **enc_kwargs))
+            encoder = EncoderConfig.from_dict(
+                dict(d_model=d_model, num_heads=heads, num_layers=num_layers, **enc_kwargs)
+            )
             config = ClassifierConfig(vocab_size=vocab_size, num_classes=num_classes, encoder=encoder, **kwargs)
         elif kwargs:
             raise TypeError(f"pass either config= or keyword options, not both (got {sorted(kwargs)})")
@@ -50,13 +61,18 @@ class TransformerClassifier(TextEncoder):
         self.fc = nn.Linear(config.encoder.d_model, config.num_classes)
 
     @classmethod
-    def from_config(cls, config: ClassifierConfig | dict) -> "TransformerClassifier":
+    def from_config(cls, config: ClassifierConfig | dict) -> TransformerClassifier:
         if isinstance(config, dict):
             config = ClassifierConfig.from_dict(config)
         return cls(config=config)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                head_mask: Tensor | None = None, token_type_ids: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        head_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+    ) -> Tensor:
         """``input_ids`` ``(B, L)``; ``attention_mask`` ``(B, L)`` True/1 = real token (default: ids != pad_id);
         ``head_mask`` ``(num_layers, H)``. Returns logits ``(B, num_classes)``."""
         x, keep = self.features(input_ids, attention_mask, head_mask, token_type_ids)

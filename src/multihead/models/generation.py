@@ -5,6 +5,7 @@ stop), for any model with the decoding protocol (``prefill``/``step``, see :mod:
 the new tokens of every input (stop token excluded), their scores, and -- when ``output_attentions=True`` -- the
 per-step self- and cross-attention weights of every layer (read through the modules' ``hook_pattern``).
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -41,8 +42,10 @@ class GenerationConfig:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not (TEMPERATURES[0] <= self.temperature <= TEMPERATURES[1]):  # NaN fails too
-            raise ValueError(f"temperature must be in [{TEMPERATURES[0]}, {TEMPERATURES[1]:g}], got {self.temperature} "
-                             "(below it the softmax overflows; use strategy='greedy' for argmax)")
+            raise ValueError(
+                f"temperature must be in [{TEMPERATURES[0]}, {TEMPERATURES[1]:g}], got {self.temperature} "
+                "(below it the softmax overflows; use strategy='greedy' for argmax)"
+            )
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0 or self.num_beams < 1:
@@ -80,8 +83,10 @@ def generate(model, *inputs, config: GenerationConfig | None = None, streamer=No
     after every step (greedy and sampling) with the tokens just chosen and which rows are still generating."""
     config = GenerationConfig(**options) if config is None else config
     if streamer is not None and config.strategy == "beam":
-        raise ValueError("beam search cannot stream: its best hypothesis is known only at the end; use greedy or "
-                         "sample with a streamer")
+        raise ValueError(
+            "beam search cannot stream: its best hypothesis is known only at the end; use greedy or "
+            "sample with a streamer"
+        )
     was_training = model.training
     model.eval()
     try:
@@ -191,15 +196,19 @@ def _beam(model, inputs, config: GenerationConfig, record) -> Generated:
             break
         rows = (torch.arange(b)[:, None] * k + parents).view(-1).to(logits.device)
         cache.reorder(rows)
-        logp = _suppress(model.step(next_tokens.view(-1).to(logits.device), cache).float(), config,
-                         first=False).log_softmax(-1)
+        logp = _suppress(
+            model.step(next_tokens.view(-1).to(logits.device), cache).float(), config, first=False
+        ).log_softmax(-1)
         record.step(rows)
     tokens, scores = [], []
     for i in range(b):
         pool = finished[i] or []
         if not done[i]:  # unfinished beams compete too (they ran out of max_new_tokens)
-            pool = pool + [(ranked(float(beam_scores[i, j]), len(seqs[i][j])), seqs[i][j], float(beam_scores[i, j]))
-                           for j in range(k) if beam_scores[i, j] > float("-inf")]
+            pool = pool + [
+                (ranked(float(beam_scores[i, j]), len(seqs[i][j])), seqs[i][j], float(beam_scores[i, j]))
+                for j in range(k)
+                if beam_scores[i, j] > float("-inf")
+            ]
         best = max(pool, key=lambda h: h[0])
         tokens.append(best[1])
         scores.append(best[0])
@@ -226,11 +235,15 @@ def _attention_recorder(model, enabled: bool):
     handles = []
     if enabled:
         for layer in model.decoder.layers:
-            handles.append(layer.self_attn.hook_pattern.add_hook(
-                lambda w, hook: rec.current["self"].append(w.detach().cpu())))
+            handles.append(
+                layer.self_attn.hook_pattern.add_hook(lambda w, hook: rec.current["self"].append(w.detach().cpu()))
+            )
             if layer.cross_attn is not None:
-                handles.append(layer.cross_attn.hook_pattern.add_hook(
-                    lambda w, hook: rec.current["cross"].append(w.detach().cpu())))
+                handles.append(
+                    layer.cross_attn.hook_pattern.add_hook(
+                        lambda w, hook: rec.current["cross"].append(w.detach().cpu())
+                    )
+                )
     try:
         yield rec
     finally:

@@ -13,6 +13,7 @@ the same block, hooks, ``head_mask`` and pictures as every other role. The answe
 only, so everything the model knows about the image has passed through the cross-attention heads: masking them all
 (``cross_head_mask``) leaves the question alone, i.e. chance.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -32,14 +33,23 @@ def _default_vision() -> VisionConfig:
     # keys their place from the first step. (Measured on Fashion-MNIST canvases: both learned and sine-cosine
     # positions sit at the question-only loss for the first ~800 steps; the sine-cosine run then broke through;
     # the learned one was not run that long.)
-    return VisionConfig(image_size=56, patch_size=7, stem="patch", pooling="mean", positional="sincos", num_classes=0,
-                        encoder=EncoderConfig(d_model=128, num_heads=4, num_layers=3, d_ff=256, dropout=0.0,
-                                              activation="gelu", norm_first=True))
+    return VisionConfig(
+        image_size=56,
+        patch_size=7,
+        stem="patch",
+        pooling="mean",
+        positional="sincos",
+        num_classes=0,
+        encoder=EncoderConfig(
+            d_model=128, num_heads=4, num_layers=3, d_ff=256, dropout=0.0, activation="gelu", norm_first=True
+        ),
+    )
 
 
 def _default_text() -> DecoderConfig:
-    return DecoderConfig(d_model=64, num_heads=4, num_layers=2, d_ff=128, dropout=0.0, activation="gelu",
-                         norm_first=True, causal=False)
+    return DecoderConfig(
+        d_model=64, num_heads=4, num_layers=2, d_ff=128, dropout=0.0, activation="gelu", norm_first=True, causal=False
+    )
 
 
 @dataclass
@@ -58,30 +68,36 @@ class GroundingConfig:
             self.vision = VisionConfig.from_dict(self.vision, "vision")
         if isinstance(self.text, dict):
             self.text = DecoderConfig.from_dict(self.text)
-        check_rules([
-            ("vocab_size", 2 <= self.vocab_size <= 100_000, "in [2, 100000]"),
-            ("max_question", 1 <= self.max_question <= 512, "in [1, 512]"),
-            ("num_answers", self.num_answers >= 2, ">= 2"),
-            ("vision.num_classes", self.vision.num_classes == 0, "0 (the ViT is the image encoder here)"),
-            ("vision.pooling", self.vision.pooling == "mean", "mean (the keys are the patches; no [CLS] token)"),
-            ("text.cross_attention", self.text.cross_attention, "true (the question reads the image through it)"),
-            ("text.causal", not self.text.causal, "false (the question is read whole)"),
-            ("text.d_model", self.text.d_model % self.text.num_heads == 0, "a multiple of text.num_heads"),
-        ])
+        check_rules(
+            [
+                ("vocab_size", 2 <= self.vocab_size <= 100_000, "in [2, 100000]"),
+                ("max_question", 1 <= self.max_question <= 512, "in [1, 512]"),
+                ("num_answers", self.num_answers >= 2, ">= 2"),
+                ("vision.num_classes", self.vision.num_classes == 0, "0 (the ViT is the image encoder here)"),
+                ("vision.pooling", self.vision.pooling == "mean", "mean (the keys are the patches; no [CLS] token)"),
+                ("text.cross_attention", self.text.cross_attention, "true (the question reads the image through it)"),
+                ("text.causal", not self.text.causal, "false (the question is read whole)"),
+                ("text.d_model", self.text.d_model % self.text.num_heads == 0, "a multiple of text.num_heads"),
+            ]
+        )
         self.text.memory_dim = self.vision.encoder.d_model
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict, where: str = "") -> "GroundingConfig":
+    def from_dict(cls, d: dict, where: str = "") -> GroundingConfig:
         return from_fields(cls, d, where)
 
     def parameter_estimate(self) -> int:
         t = self.text
-        per_layer = 2 * 4 * t.d_model ** 2 + 2 * t.d_model * (t.d_ff or 4 * t.d_model)
-        return self.vision.parameter_estimate() + (self.vocab_size + self.max_question) * t.d_model \
-            + t.num_layers * per_layer + t.d_model * self.num_answers
+        per_layer = 2 * 4 * t.d_model**2 + 2 * t.d_model * (t.d_ff or 4 * t.d_model)
+        return (
+            self.vision.parameter_estimate()
+            + (self.vocab_size + self.max_question) * t.d_model
+            + t.num_layers * per_layer
+            + t.d_model * self.num_answers
+        )
 
 
 class GroundedQA(nn.Module):
@@ -104,22 +120,31 @@ class GroundedQA(nn.Module):
         self.hook_question = HookPoint()
         self.fc = nn.Linear(e, config.num_answers)
 
-    def forward(self, images: Tensor, questions: Tensor, *, head_mask: Tensor | None = None,
-                cross_head_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        images: Tensor,
+        questions: Tensor,
+        *,
+        head_mask: Tensor | None = None,
+        cross_head_mask: Tensor | None = None,
+    ) -> Tensor:
         """``head_mask``: the ViT's heads (one row per layer); ``cross_head_mask``: the question stack's
         cross-attention heads (one row per layer; all zeros cuts the image off)."""
         c = self.config
         if questions.dim() != 2 or questions.dtype != torch.long:
             raise ValueError(f"questions must be (B, T) int64 word ids; got {tuple(questions.shape)} {questions.dtype}")
         if questions.shape[1] > c.max_question or questions.shape[0] != images.shape[0]:
-            raise ValueError(f"questions {tuple(questions.shape)} must have the images' batch ({images.shape[0]}) and "
-                             f"at most {c.max_question} tokens")
+            raise ValueError(
+                f"questions {tuple(questions.shape)} must have the images' batch ({images.shape[0]}) and "
+                f"at most {c.max_question} tokens"
+            )
         if questions.numel() and (int(questions.min()) < 0 or int(questions.max()) >= c.vocab_size):
-            raise ValueError(f"question ids must be in [0, {c.vocab_size}); got {int(questions.min())}.."
-                             f"{int(questions.max())}")
+            raise ValueError(
+                f"question ids must be in [0, {c.vocab_size}); got {int(questions.min())}..{int(questions.max())}"
+            )
         patches = self.vision.features(images, head_mask)  # (B, N, E_img)
         real = questions != 0  # (B, T)
-        x = self.embed(questions) + self.pos[:, :questions.shape[1]]
+        x = self.embed(questions) + self.pos[:, : questions.shape[1]]
         x = self.text(x, patches, key_padding_mask=real, cross_head_mask=cross_head_mask)  # (B, T, E_txt)
         w = real.unsqueeze(-1).to(x.dtype)
         pooled = self.hook_question((x * w).sum(1) / w.sum(1).clamp_min(1))

@@ -8,6 +8,7 @@ The encoder keeps its own parameter names under ``encoder.``, so after pretraini
 :func:`multihead.pretrained.export` writes ``model.encoder`` as an HF ``BertModel`` folder that
 ``multihead train --init`` fine-tunes like MiniLM.
 """
+
 from __future__ import annotations
 
 import torch
@@ -45,8 +46,10 @@ class MaskedLM(nn.Module):
         h = self.encoder(input_ids, attention_mask)  # (B, L, E)
         if select is not None:
             if select.shape != input_ids.shape:
-                raise ValueError(f"select must be a (B, L) bool mask like input_ids {tuple(input_ids.shape)}, got "
-                                 f"{tuple(select.shape)}")
+                raise ValueError(
+                    f"select must be a (B, L) bool mask like input_ids {tuple(input_ids.shape)}, got "
+                    f"{tuple(select.shape)}"
+                )
             h = h[select]  # (N, E)
         return self.head(h)
 

@@ -9,6 +9,7 @@ so a padded row computes exactly what it would alone.
 
 Shape legend: ``B`` batch, ``T`` target positions, ``S`` source positions, ``E`` d_model, ``V`` vocabulary.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,19 +40,24 @@ def _check_ids(ids: Tensor, vocab: int, name: str) -> None:
     if ids.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"{name} must be integer token ids, got {ids.dtype}")
     if ids.dim() != 2:
-        raise ValueError(f"{name} must be (B, L), got shape {tuple(ids.shape)}" +
-                         (f" (add a batch axis: {name}.unsqueeze(0))" if ids.dim() == 1 else ""))
+        raise ValueError(
+            f"{name} must be (B, L), got shape {tuple(ids.shape)}"
+            + (f" (add a batch axis: {name}.unsqueeze(0))" if ids.dim() == 1 else "")
+        )
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-        raise ValueError(f"{name} holds ids outside [0, {vocab}): {int(ids.min())}..{int(ids.max())}; the "
-                         "tokenizer and the model's vocab_size disagree")
+        raise ValueError(
+            f"{name} holds ids outside [0, {vocab}): {int(ids.min())}..{int(ids.max())}; the "
+            "tokenizer and the model's vocab_size disagree"
+        )
 
 
 def _check_keep(keep: Tensor | None, ids: Tensor, name: str) -> Tensor:
     if keep is None:
         return torch.ones_like(ids, dtype=torch.bool)
     if keep.dtype != torch.bool or keep.shape != ids.shape:
-        raise ValueError(f"{name} must be bool {tuple(ids.shape)} with True = real token, got {keep.dtype} "
-                         f"{tuple(keep.shape)}")
+        raise ValueError(
+            f"{name} must be bool {tuple(ids.shape)} with True = real token, got {keep.dtype} {tuple(keep.shape)}"
+        )
     return keep
 
 
@@ -73,8 +79,9 @@ class CausalLMConfig:
         if self.positional not in CAUSAL_POSITIONALS:
             raise ValueError(f"unknown positional encoding {self.positional!r}; choose one of {CAUSAL_POSITIONALS}")
         if self.decoder.cross_attention:
-            raise ValueError("a CausalLM's decoder has no cross-attention; set decoder.cross_attention=False "
-                             "(or use Seq2Seq)")
+            raise ValueError(
+                "a CausalLM's decoder has no cross-attention; set decoder.cross_attention=False (or use Seq2Seq)"
+            )
         self.decoder.rotary = self.positional == "rope"
         self.decoder.attention.alibi = self.positional == "alibi"
 
@@ -82,7 +89,7 @@ class CausalLMConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "CausalLMConfig":
+    def from_dict(cls, d: dict) -> CausalLMConfig:
         return from_fields(cls, d)
 
     def parameter_estimate(self) -> int:
@@ -105,17 +112,26 @@ class CausalLM(nn.Module):
         e = config.decoder.d_model
         self.embed = nn.Embedding(config.vocab_size, e)
         nn.init.normal_(self.embed.weight, std=0.02)
-        self.pos = build_positional("none" if config.positional == "alibi" else config.positional, e, config.max_len,
-                                    config.decoder.dropout)
+        self.pos = build_positional(
+            "none" if config.positional == "alibi" else config.positional, e, config.max_len, config.decoder.dropout
+        )
         self.drop = nn.Dropout(config.decoder.dropout) if self.pos is None else nn.Identity()
         self.decoder = TransformerDecoder(config.decoder)
         self.lm_head = nn.Linear(e, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
 
-    def forward(self, ids: Tensor, keep: Tensor | None = None, *, cache: KVCache | None = None,
-                head_mask: Tensor | None = None, resid: Tensor | None = None, start_at_layer: int = 0,
-                logits_at: int | None = None) -> Tensor:
+    def forward(
+        self,
+        ids: Tensor,
+        keep: Tensor | None = None,
+        *,
+        cache: KVCache | None = None,
+        head_mask: Tensor | None = None,
+        resid: Tensor | None = None,
+        start_at_layer: int = 0,
+        logits_at: int | None = None,
+    ) -> Tensor:
         """Logits ``(B, T, V)`` for every position of ``ids`` ``(B, T)`` (``keep``: True = real token). With a
         ``cache``, ``ids`` are the new tokens after the cached ones and the cache is extended.
 
@@ -137,7 +153,7 @@ class CausalLM(nn.Module):
         if resid is None:
             x = self.embed(ids)  # (B, T, E)
             if self.config.embed_scale:
-                x = x * torch.tensor(self.config.decoder.d_model ** 0.5, dtype=x.dtype)
+                x = x * torch.tensor(self.config.decoder.d_model**0.5, dtype=x.dtype)
             x = self.drop(x) if self.pos is None else self.pos(x, positions=positions)
         else:
             if resid.shape[:2] != ids.shape:
@@ -147,8 +163,14 @@ class CausalLM(nn.Module):
             full_keep = None
         else:
             full_keep = keep if cache is None or cache.key_padding is None else torch.cat([cache.key_padding, keep], 1)
-        x = self.decoder(x, key_padding_mask=full_keep, cache=cache, positions=positions, head_mask=head_mask,
-                         start_at_layer=start_at_layer)
+        x = self.decoder(
+            x,
+            key_padding_mask=full_keep,
+            cache=cache,
+            positions=positions,
+            head_mask=head_mask,
+            start_at_layer=start_at_layer,
+        )
         if cache is not None:
             cache.key_padding = full_keep
             cache.next_position = keep.long().sum(-1) + (0 if before is None else before)
@@ -161,16 +183,22 @@ class CausalLM(nn.Module):
     def _check_streaming(self, keep: Tensor, rolling: bool) -> None:
         what = "a streaming (sinks + window) cache" if rolling else "running past max_len (extrapolate=True)"
         if rolling and self.config.decoder.sliding_window is not None:
-            raise ValueError("a streaming (sinks + window) cache cannot serve a model with sliding-window layers: "
-                             "their window is counted in cache slots; use the full cache")
+            raise ValueError(
+                "a streaming (sinks + window) cache cannot serve a model with sliding-window layers: "
+                "their window is counted in cache slots; use the full cache"
+            )
         # no table, any length: rotary (positions computed), ALiBi (distances), none (MLA's own rotary key, or none)
         if self.config.positional not in ("rope", "alibi", "none") or (rolling and self.config.positional != "rope"):
-            raise ValueError(f"{what} needs rotary positions: a {self.config.positional!r} position table has no "
-                             f"entry beyond max_len={self.config.max_len}; build the model with positional='rope'"
-                             + ("" if rolling else " (or 'alibi')"))
+            raise ValueError(
+                f"{what} needs rotary positions: a {self.config.positional!r} position table has no "
+                f"entry beyond max_len={self.config.max_len}; build the model with positional='rope'"
+                + ("" if rolling else " (or 'alibi')")
+            )
         if rolling and not bool(keep.all()):
-            raise ValueError("a streaming cache takes unpadded rows (every row the same length): positions are "
-                             "slots in the cache, shared by the batch")
+            raise ValueError(
+                "a streaming cache takes unpadded rows (every row the same length): positions are "
+                "slots in the cache, shared by the batch"
+            )
 
     # ------------------------------------------------------------------ the decoding protocol
     def new_cache(self, *, sinks: int | None = None, window: int | None = None) -> KVCache:
@@ -185,8 +213,10 @@ class CausalLM(nn.Module):
         an empty one to fill, e.g. :meth:`new_cache` with a window)."""
         checked = _check_keep(keep, ids, "keep")
         if ids.shape[1] == 0 or not bool(checked[:, -1].all()):
-            raise ValueError("prompts must be left-padded and non-empty: the last column of every row must be a "
-                             "real token (pad on the left, e.g. data.collate(..., left=True))")
+            raise ValueError(
+                "prompts must be left-padded and non-empty: the last column of every row must be a "
+                "real token (pad on the left, e.g. data.collate(..., left=True))"
+            )
         cache = self.decoder.new_cache() if cache is None else cache
         return self(ids, keep, cache=cache)[:, -1], cache  # keep None: no padding to carry through the cache
 
@@ -218,8 +248,10 @@ class Seq2SeqConfig:
         if self.positional not in POSITIONALS:
             raise ValueError(f"unknown positional encoding {self.positional!r}; choose one of {POSITIONALS}")
         if self.encoder.d_model != self.decoder.d_model:
-            raise ValueError(f"encoder d_model {self.encoder.d_model} != decoder d_model {self.decoder.d_model}; "
-                             "cross-attention needs one width")
+            raise ValueError(
+                f"encoder d_model {self.encoder.d_model} != decoder d_model {self.decoder.d_model}; "
+                "cross-attention needs one width"
+            )
         if not self.decoder.cross_attention:
             raise ValueError("a Seq2Seq decoder needs cross-attention; set decoder.cross_attention=True")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
@@ -230,7 +262,7 @@ class Seq2SeqConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Seq2SeqConfig":
+    def from_dict(cls, d: dict) -> Seq2SeqConfig:
         return from_fields(cls, d)
 
     def parameter_estimate(self) -> int:
@@ -257,7 +289,7 @@ class Seq2Seq(nn.Module):
         self.src_embed = self.tgt_embed if config.share_embeddings else nn.Embedding(config.src_vocab_size, e)
         # in a fixed order (a set's order follows object addresses: the same seed gave different weights per process)
         for emb in dict.fromkeys((self.tgt_embed, self.src_embed)):
-            nn.init.normal_(emb.weight, std=e ** -0.5)
+            nn.init.normal_(emb.weight, std=e**-0.5)
         self.src_pos = build_positional(config.positional, e, config.max_len, config.encoder.dropout)
         self.tgt_pos = build_positional(config.positional, e, config.max_len, config.decoder.dropout)
         self.encoder = TransformerEncoder(config.encoder)
@@ -276,8 +308,16 @@ class Seq2Seq(nn.Module):
             x = self.src_pos(x)
         return self.encoder(x, key_padding_mask=src_keep)
 
-    def decode(self, tgt: Tensor, memory: Tensor, src_keep: Tensor | None = None, tgt_keep: Tensor | None = None, *,
-               cache: KVCache | None = None, head_mask: Tensor | None = None) -> Tensor:
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_keep: Tensor | None = None,
+        tgt_keep: Tensor | None = None,
+        *,
+        cache: KVCache | None = None,
+        head_mask: Tensor | None = None,
+    ) -> Tensor:
         """Logits ``(B, T, V)`` for target positions ``tgt`` (teacher forcing, or the new ones after ``cache``)."""
         _check_ids(tgt, self.config.tgt_vocab_size, "tgt")
         tgt_keep = _check_keep(tgt_keep, tgt, "tgt_keep")
@@ -287,18 +327,27 @@ class Seq2Seq(nn.Module):
         x = self.tgt_embed(tgt) * self.scale
         if self.tgt_pos is not None:
             x = self.tgt_pos(x, positions=positions)
-        full_keep = tgt_keep if cache is None or cache.key_padding is None else \
-            torch.cat([cache.key_padding, tgt_keep], 1)
-        x = self.decoder(x, memory, key_padding_mask=full_keep, memory_key_padding_mask=src_keep, cache=cache,
-                         positions=positions, head_mask=head_mask)
+        full_keep = (
+            tgt_keep if cache is None or cache.key_padding is None else torch.cat([cache.key_padding, tgt_keep], 1)
+        )
+        x = self.decoder(
+            x,
+            memory,
+            key_padding_mask=full_keep,
+            memory_key_padding_mask=src_keep,
+            cache=cache,
+            positions=positions,
+            head_mask=head_mask,
+        )
         if cache is not None:
             cache.key_padding = full_keep
             cache.next_position = tgt_keep.long().sum(-1) + (0 if before is None else before)
             cache.memory_keep = src_keep
         return self.out(x)
 
-    def forward(self, src: Tensor, tgt: Tensor, src_keep: Tensor | None = None,
-                tgt_keep: Tensor | None = None) -> Tensor:
+    def forward(
+        self, src: Tensor, tgt: Tensor, src_keep: Tensor | None = None, tgt_keep: Tensor | None = None
+    ) -> Tensor:
         """Teacher forcing: logits ``(B, T, V)`` predicting ``tgt[:, 1:]`` from ``tgt[:, :-1]`` when ``tgt``
         starts with BOS (the caller shifts)."""
         return self.decode(tgt, self.encode(src, src_keep), src_keep, tgt_keep)

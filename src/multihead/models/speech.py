@@ -10,6 +10,7 @@ backends and the KV cache work unchanged, and the decoding protocol (``prefill``
 :func:`~multihead.models.generation.generate` run greedy and beam search with the cross-attention keys and values
 computed once.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -26,13 +27,22 @@ from ..modules.positional import check_positions
 
 
 def _encoder() -> EncoderConfig:
-    return EncoderConfig(d_model=384, num_heads=6, num_layers=4, d_ff=1536, dropout=0.0, activation="gelu",
-                         norm_first=True)
+    return EncoderConfig(
+        d_model=384, num_heads=6, num_layers=4, d_ff=1536, dropout=0.0, activation="gelu", norm_first=True
+    )
 
 
 def _decoder() -> DecoderConfig:
-    return DecoderConfig(d_model=384, num_heads=6, num_layers=4, d_ff=1536, dropout=0.0, activation="gelu",
-                         norm_first=True, cross_attention=True)
+    return DecoderConfig(
+        d_model=384,
+        num_heads=6,
+        num_layers=4,
+        d_ff=1536,
+        dropout=0.0,
+        activation="gelu",
+        norm_first=True,
+        cross_attention=True,
+    )
 
 
 @dataclass
@@ -58,7 +68,7 @@ class SpeechConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "SpeechConfig":
+    def from_dict(cls, d: dict) -> SpeechConfig:
         return from_fields(cls, d)
 
 
@@ -89,8 +99,10 @@ class SpeechSeq2Seq(nn.Module):
         """``features`` ``(B, n_mels, frames)`` -> memory ``(B, S, E)``."""
         c = self.config
         if features.dim() != 3 or features.shape[1] != c.n_mels or features.shape[2] != self.frames:
-            raise ValueError(f"features must be (B, {c.n_mels}, {self.frames}) log-mel frames (30 s of audio; "
-                             f"shorter audio is padded with silence first); got {tuple(features.shape)}")
+            raise ValueError(
+                f"features must be (B, {c.n_mels}, {self.frames}) log-mel frames (30 s of audio; "
+                f"shorter audio is padded with silence first); got {tuple(features.shape)}"
+            )
         x = F.gelu(self.conv1(features))
         x = F.gelu(self.conv2(x)).transpose(1, 2)  # (B, S, E)
         return self.encoder(x + self.enc_pos[: x.shape[1]].to(x.dtype))
@@ -100,8 +112,9 @@ class SpeechSeq2Seq(nn.Module):
         if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"tokens must be integer ids (B, T), got {tuple(tokens.shape)} {tokens.dtype}")
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size):
-            raise ValueError(f"token ids must be in [0, {self.config.vocab_size}); got {int(tokens.min())}.."
-                             f"{int(tokens.max())}")
+            raise ValueError(
+                f"token ids must be in [0, {self.config.vocab_size}); got {int(tokens.min())}..{int(tokens.max())}"
+            )
         before = 0 if cache is None or cache.next_position is None else int(cache.next_position[0])
         positions = torch.arange(before, before + tokens.shape[1], device=tokens.device)
         check_positions(positions[None], self.config.max_target_positions)

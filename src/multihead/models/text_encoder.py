@@ -5,6 +5,7 @@ Embeddings are ``word + position (+ token type)``; BERT-family models then apply
 (:class:`multihead.TransformerClassifier`) is this encoder plus pooling and a linear head, with the same parameter
 names, so a pretrained encoder's weights load into it directly.
 """
+
 from __future__ import annotations
 
 import json
@@ -113,13 +114,16 @@ class TextEncoder(nn.Module):
             raise TypeError(f"input_ids must be integer token ids, got {input_ids.dtype}")
         b, l = input_ids.shape
         if l > self.config.max_len:
-            raise ValueError(f"sequence length {l} exceeds max_len={self.config.max_len}; truncate the input "
-                             "or build the model with a larger max_len")
+            raise ValueError(
+                f"sequence length {l} exceeds max_len={self.config.max_len}; truncate the input "
+                "or build the model with a larger max_len"
+            )
         if attention_mask is None:
             return (input_ids != self.config.pad_id) if self.config.pad_id is not None else None
         if attention_mask.shape != (b, l):
-            raise ValueError(f"attention_mask must be (B, L)=({b}, {l}), True/1 = real token, "
-                             f"got {tuple(attention_mask.shape)}")
+            raise ValueError(
+                f"attention_mask must be (B, L)=({b}, {l}), True/1 = real token, got {tuple(attention_mask.shape)}"
+            )
         return attention_mask.bool()
 
     def embeddings(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
@@ -137,8 +141,13 @@ class TextEncoder(nn.Module):
             x = self.embed_dropout(self.embed_norm(x))
         return self.hook_embed(x)
 
-    def features(self, input_ids: Tensor, attention_mask: Tensor | None = None, head_mask: Tensor | None = None,
-                 token_type_ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def features(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        head_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """Token states ``(B, L, E)`` and the bool real-token mask ``(B, L)``. Padded positions hold zeros on the
         unpadded fast path (they are never computed); only real positions are meaningful."""
         b, l = input_ids.shape if input_ids.dim() == 2 else (0, 0)
@@ -160,16 +169,27 @@ class TextEncoder(nn.Module):
         w = keep.to(x.dtype).unsqueeze(-1)  # (B, L, 1)
         return (x * w).sum(1) / w.sum(1).clamp_min(1e-9)  # (B, E)
 
-    def sentence_embeddings(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, normalize: bool = True,
-                            token_type_ids: Tensor | None = None) -> Tensor:
+    def sentence_embeddings(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        *,
+        normalize: bool = True,
+        token_type_ids: Tensor | None = None,
+    ) -> Tensor:
         """Sentence embeddings ``(B, E)``: pooled token states (``config.pooling``), L2-normalised by default
         (sentence-transformers' ``Pooling`` + ``Normalize``)."""
         x, keep = self.features(input_ids, attention_mask, token_type_ids=token_type_ids)
         pooled = self.pool(x, keep)
         return F.normalize(pooled, p=2, dim=-1) if normalize else pooled
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, head_mask: Tensor | None = None,
-                token_type_ids: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        head_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+    ) -> Tensor:
         """``input_ids`` ``(B, L)``; ``attention_mask`` ``(B, L)`` True/1 = real token (default: ids != pad_id);
         ``head_mask`` ``(num_layers, H)``. Returns token states ``(B, L, E)``."""
         return self.features(input_ids, attention_mask, head_mask, token_type_ids)[0]

@@ -17,6 +17,7 @@ Positions are learned (the paper) or fixed 2-D sine-cosine (MoCo v3, MAE); pooli
 or the mean of the patch tokens. Token 0 is [CLS] when ``pooling="cls"``; patch ``(r, c)`` is token
 ``1 + r * grid + c`` then (``patch_offset``).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -34,8 +35,9 @@ VISION_POSITIONALS = ("learned", "sincos")
 
 
 def _default_encoder() -> EncoderConfig:
-    return EncoderConfig(d_model=128, num_heads=4, num_layers=4, d_ff=256, dropout=0.0, activation="gelu",
-                         norm_first=True)
+    return EncoderConfig(
+        d_model=128, num_heads=4, num_layers=4, d_ff=256, dropout=0.0, activation="gelu", norm_first=True
+    )
 
 
 @dataclass
@@ -61,30 +63,44 @@ class VisionConfig:
             self.encoder = EncoderConfig.from_dict(self.encoder)
         from .._config import check_rules
 
-        check_rules([
-            ("stem", self.stem in STEMS, f"one of {', '.join(STEMS)}"),
-            ("pooling", self.pooling in VISION_POOLINGS, f"one of {', '.join(VISION_POOLINGS)}"),
-            ("positional", self.positional in VISION_POSITIONALS, f"one of {', '.join(VISION_POSITIONALS)}"),
-            ("image_size", 1 <= self.image_size <= 4096, "in [1, 4096]"),
-            ("channels", 1 <= self.channels <= 64, "in [1, 64]"),
-            ("patch_size", 1 <= self.patch_size <= self.image_size, "in [1, image_size]"),
-            ("stem_channels", 1 <= self.stem_channels <= 4096, "in [1, 4096]"),
-            ("num_classes", self.num_classes == 0 or self.num_classes >= 2, "0 (a backbone) or >= 2"),
-            ("position_grid", self.position_grid is None or 1 <= self.position_grid <= 1024, "None or in [1, 1024]"),
-        ])
+        check_rules(
+            [
+                ("stem", self.stem in STEMS, f"one of {', '.join(STEMS)}"),
+                ("pooling", self.pooling in VISION_POOLINGS, f"one of {', '.join(VISION_POOLINGS)}"),
+                ("positional", self.positional in VISION_POSITIONALS, f"one of {', '.join(VISION_POSITIONALS)}"),
+                ("image_size", 1 <= self.image_size <= 4096, "in [1, 4096]"),
+                ("channels", 1 <= self.channels <= 64, "in [1, 64]"),
+                ("patch_size", 1 <= self.patch_size <= self.image_size, "in [1, image_size]"),
+                ("stem_channels", 1 <= self.stem_channels <= 4096, "in [1, 4096]"),
+                ("num_classes", self.num_classes == 0 or self.num_classes >= 2, "0 (a backbone) or >= 2"),
+                (
+                    "position_grid",
+                    self.position_grid is None or 1 <= self.position_grid <= 1024,
+                    "None or in [1, 1024]",
+                ),
+            ]
+        )
         if self.position_grid is not None and self.positional != "learned":
-            raise ValueError("position_grid interpolates a learned position table; sine-cosine positions are computed "
-                             "for any grid: drop position_grid or set positional='learned'")
+            raise ValueError(
+                "position_grid interpolates a learned position table; sine-cosine positions are computed "
+                "for any grid: drop position_grid or set positional='learned'"
+            )
         if self.image_size % self.patch_size:
             fits = [p for p in range(1, self.image_size + 1) if self.image_size % p == 0]
-            raise ValueError(f"image_size={self.image_size} is not divisible by patch_size={self.patch_size}: the "
-                             f"patches would not tile the image; choose patch_size from {fits}")
+            raise ValueError(
+                f"image_size={self.image_size} is not divisible by patch_size={self.patch_size}: the "
+                f"patches would not tile the image; choose patch_size from {fits}"
+            )
         if self.positional == "sincos" and self.encoder.d_model % 4:
-            raise ValueError(f"2-D sine-cosine positions split d_model into 4 parts; d_model={self.encoder.d_model} "
-                             "is not a multiple of 4")
+            raise ValueError(
+                f"2-D sine-cosine positions split d_model into 4 parts; d_model={self.encoder.d_model} "
+                "is not a multiple of 4"
+            )
         if self.encoder.rotary:
-            raise ValueError("rotary positions are 1-D; a ViT uses learned or 2-D sine-cosine positions "
-                             "(positional='learned' or 'sincos')")
+            raise ValueError(
+                "rotary positions are 1-D; a ViT uses learned or 2-D sine-cosine positions "
+                "(positional='learned' or 'sincos')"
+            )
 
     @property
     def grid(self) -> int:
@@ -93,7 +109,7 @@ class VisionConfig:
 
     @property
     def num_patches(self) -> int:
-        return self.grid ** 2
+        return self.grid**2
 
     @property
     def patch_offset(self) -> int:
@@ -104,17 +120,16 @@ class VisionConfig:
         e, enc = self.encoder.d_model, self.encoder
         d_ff = enc.d_ff or 4 * e
         inner = self.stem_channels if self.stem == "conv" else self.channels
-        stem = (9 * self.channels * self.stem_channels + 9 * self.stem_channels ** 2) if self.stem == "conv" else 0
+        stem = (9 * self.channels * self.stem_channels + 9 * self.stem_channels**2) if self.stem == "conv" else 0
         per_layer = 4 * e * e + 2 * e * d_ff
-        positions = (self.position_grid ** 2 if self.position_grid else self.num_patches) + 1
-        return stem + inner * self.patch_size ** 2 * e + positions * e + enc.num_layers * per_layer \
-            + e * self.num_classes
+        positions = (self.position_grid**2 if self.position_grid else self.num_patches) + 1
+        return stem + inner * self.patch_size**2 * e + positions * e + enc.num_layers * per_layer + e * self.num_classes
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict, where: str = "") -> "VisionConfig":
+    def from_dict(cls, d: dict, where: str = "") -> VisionConfig:
         return from_fields(cls, d, where)
 
 
@@ -123,8 +138,9 @@ def sincos_2d(grid: int, dim: int) -> Tensor:
     each as 1-D sine-cosine features (Vaswani et al.'s frequencies)."""
     quarter = dim // 4
     omega = 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float64) / quarter)  # (dim/4,)
-    rows, cols = torch.meshgrid(torch.arange(grid, dtype=torch.float64), torch.arange(grid, dtype=torch.float64),
-                                indexing="ij")
+    rows, cols = torch.meshgrid(
+        torch.arange(grid, dtype=torch.float64), torch.arange(grid, dtype=torch.float64), indexing="ij"
+    )
     out = []
     for coord in (rows.flatten(), cols.flatten()):
         angles = coord[:, None] * omega[None]  # (N, dim/4)
@@ -141,8 +157,9 @@ class PatchEmbedding(nn.Module):
         c, e, p = config.channels, config.encoder.d_model, config.patch_size
         if config.stem == "conv":
             s = config.stem_channels
-            self.stem = nn.Sequential(nn.Conv2d(c, s, 3, padding=1), nn.GELU(), nn.Conv2d(s, s, 3, padding=1),
-                                      nn.GELU())
+            self.stem = nn.Sequential(
+                nn.Conv2d(c, s, 3, padding=1), nn.GELU(), nn.Conv2d(s, s, 3, padding=1), nn.GELU()
+            )
             c = s
         else:
             self.stem = None
@@ -168,7 +185,7 @@ class VisionTransformer(nn.Module):
         e = config.encoder.d_model
         self.patch_embed = PatchEmbedding(config)
         self.cls = nn.Parameter(torch.zeros(1, 1, e)) if config.pooling == "cls" else None
-        tokens = (config.position_grid ** 2 if config.position_grid else config.num_patches) + config.patch_offset
+        tokens = (config.position_grid**2 if config.position_grid else config.num_patches) + config.patch_offset
         if config.positional == "learned":
             self.pos = nn.Parameter(torch.randn(1, tokens, e) * 0.02)
         else:
@@ -182,24 +199,35 @@ class VisionTransformer(nn.Module):
         self.fc = nn.Linear(e, config.num_classes) if config.num_classes else None
 
     @classmethod
-    def from_config(cls, config: VisionConfig) -> "VisionTransformer":
+    def from_config(cls, config: VisionConfig) -> VisionTransformer:
         return cls(config)
 
     def check_images(self, images: Tensor) -> None:
         c = self.config
         want = (c.channels, c.image_size, c.image_size)
         if images.dim() == 3 and images.shape[0] == c.channels:
-            raise ValueError(f"images must be (B, C, H, W); got one image {tuple(images.shape)}: add a batch axis "
-                             "with images.unsqueeze(0)")
+            raise ValueError(
+                f"images must be (B, C, H, W); got one image {tuple(images.shape)}: add a batch axis "
+                "with images.unsqueeze(0)"
+            )
         if c.position_grid is not None:  # any size tiled by whole patches
             p = c.patch_size
-            if images.dim() != 4 or images.shape[1] != c.channels or images.shape[2] % p or images.shape[3] % p \
-                    or min(images.shape[2:]) < p:
-                raise ValueError(f"images must be (B, {c.channels}, H, W) with H and W multiples of the patch size {p} "
-                                 f"(e.g. {c.image_size} x {c.image_size}); got {tuple(images.shape)}")
+            if (
+                images.dim() != 4
+                or images.shape[1] != c.channels
+                or images.shape[2] % p
+                or images.shape[3] % p
+                or min(images.shape[2:]) < p
+            ):
+                raise ValueError(
+                    f"images must be (B, {c.channels}, H, W) with H and W multiples of the patch size {p} "
+                    f"(e.g. {c.image_size} x {c.image_size}); got {tuple(images.shape)}"
+                )
         elif images.dim() != 4 or tuple(images.shape[1:]) != want:
-            raise ValueError(f"images must be (B, {c.channels}, {c.image_size}, {c.image_size}) for this model "
-                             f"(channels={c.channels}, image_size={c.image_size}); got {tuple(images.shape)}")
+            raise ValueError(
+                f"images must be (B, {c.channels}, {c.image_size}, {c.image_size}) for this model "
+                f"(channels={c.channels}, image_size={c.image_size}); got {tuple(images.shape)}"
+            )
         if not images.is_floating_point():
             raise TypeError(f"images must be float (e.g. data.images.to_float(uint8_images)); got {images.dtype}")
 
@@ -247,8 +275,9 @@ class VisionTransformer(nn.Module):
         return torch.stack([rows.flatten(), cols.flatten()], 1)
 
 
-def mean_attention_distance(patterns: list[Tensor], model: VisionTransformer,
-                            grid: tuple[int, int] | None = None) -> list[Tensor]:
+def mean_attention_distance(
+    patterns: list[Tensor], model: VisionTransformer, grid: tuple[int, int] | None = None
+) -> list[Tensor]:
     """Dosovitskiy et al.'s Fig. 7: per layer and head, the pixel distance between each patch query and the patches
     it attends to, weighted by the attention, averaged over queries and images. ``patterns`` are the layers'
     ``(B, H, T, T)`` weights (of images with ``grid`` ``(rows, cols)`` patches; default ``image_size``'s); [CLS]

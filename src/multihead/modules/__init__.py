@@ -1,4 +1,5 @@
 """Modules: they own parameters and reshapes and call the kernel seam; ``(B, H, L, D)`` inside."""
+
 from .attention import MultiHeadAttention
 from .capture import Cache, capture, run_with_cache
 from .decoder import DecoderBlock, DecoderConfig, TransformerDecoder

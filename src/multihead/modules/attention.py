@@ -6,6 +6,7 @@ Shape legend: ``B`` batch, ``Lq``/``Lk`` query/key length, ``E`` d_model, ``H`` 
 One module over the usual size on purpose: the projections' layout is private to the class and shared by its
 forward, packed forward, pruning and the ``nn.MultiheadAttention`` converters.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,6 +28,7 @@ def alibi_slope_values(num_heads: int) -> tuple[float, ...]:
     """ALiBi's head slopes (Press et al. 2022) as numbers (what an ``AttnMask``'s ALiBi part holds): ``2^(-8 i / n)``
     for ``i = 1..n`` when ``n`` is a power of two; otherwise those of the next lower power of two, then every other
     slope of the next higher one."""
+
     def power_of_two(n: int) -> list[float]:
         start = 2 ** (-8 / n)
         return [start ** (i + 1) for i in range(n)]
@@ -242,8 +244,9 @@ class MultiHeadAttention(nn.Module):
             if self.hook_pattern.active:  # analysis sees an empty layer, (B, 0, Lq, Lk)
                 self.hook_pattern(query.new_zeros(b, 0, lq, lk))
             out = self.w_o(query.new_zeros(b, lq, 0))  # (B, Lq, E)
-            return out, (query.new_zeros(b, lq, lk) if average_attn_weights else query.new_zeros(b, 0, lq, lk)) \
-                if need_weights else None
+            return out, (
+                query.new_zeros(b, lq, lk) if average_attn_weights else query.new_zeros(b, 0, lq, lk)
+            ) if need_weights else None
 
         if key is query and value is query and not torch.is_grad_enabled() and self.fuse_qkv_at_inference:
             q, k, v = self._packed_qkv(query)  # one matmul instead of three (decoding is overhead-bound)
@@ -270,8 +273,10 @@ class MultiHeadAttention(nn.Module):
                 cache.store(k, v)
         elif cache is not None and getattr(cache, "rolling", False):  # StreamingLLM: positions within the cache
             if not rotate:
-                raise ValueError("a streaming (sinks + window) cache gives keys their slot in the cache as position; "
-                                 "that needs rotary positions (build the model with positional='rope')")
+                raise ValueError(
+                    "a streaming (sinks + window) cache gives keys their slot in the cache as position; "
+                    "that needs rotary positions (build the model with positional='rope')"
+                )
             k, v = cache.append(k, v)  # unrotated, evicted to sinks + window: (B, G, slots, D)
             q = self.rotary.rotate(q, k.shape[2] - lq)  # the queries are the last slots
             k = self.rotary.rotate(k, 0)
@@ -351,16 +356,15 @@ class MultiHeadAttention(nn.Module):
             if mask.dim() == 3:
                 mask = mask.unsqueeze(1)  # (B, Lq|1, Lk) -> (B, 1, Lq|1, Lk): shared by heads
             elif mask.dim() not in (2, 4):
-                raise ValueError(
-                    f"mask must be (Lq, Lk), (B, Lq, Lk) or (B, H, Lq, Lk), got shape {tuple(mask.shape)}"
-                )
+                raise ValueError(f"mask must be (Lq, Lk), (B, Lq, Lk) or (B, H, Lq, Lk), got shape {tuple(mask.shape)}")
         am = AttnMask.of(mask, is_causal=is_causal, key_padding=key_padding_mask)
         if self.pattern is not None:
             am = (am or AttnMask()).with_pattern(self.pattern)
         return am
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: AttnMask | None, head_mask, need_weights: bool,
-                rotate: bool = True):
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: AttnMask | None, head_mask, need_weights: bool, rotate: bool = True
+    ):
         """Rotary, hooks, the kernel and the head mask on split heads: returns ``z`` ``(B, H, Lq, D)``, weights.
         ``mask`` is the structured mask, passed to the kernel seam as it is."""
         if rotate and self.rotary is not None:
@@ -372,8 +376,17 @@ class MultiHeadAttention(nn.Module):
             backend = "auto"  # the fused backends return no weights: auto picks one that does
         return self._kernel(q, k, v, mask, head_mask, need_weights, p, backend)
 
-    def _kernel(self, q: Tensor, k: Tensor, v: Tensor, mask: AttnMask | None, head_mask, need_weights: bool, p: float,
-                backend: str):
+    def _kernel(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: AttnMask | None,
+        head_mask,
+        need_weights: bool,
+        p: float,
+        backend: str,
+    ):
         """The attention of rotated, hooked heads, the head mask applied: ``z`` ``(B, H, Lq, D)`` and the weights.
         What a variant that replaces the softmax map overrides (:mod:`multihead.modules.variants`). With a pattern
         hook attached, the entry point computes the weights explicitly and passes them through the hook (which may
@@ -385,7 +398,14 @@ class MultiHeadAttention(nn.Module):
 
             self.hook_stats(attention_stats(q, k, mask=mask, sinks=sinks, **self.stats_options))
         z, weights = attention(
-            q, k, v, mask=mask, dropout_p=p, need_weights=need_weights, backend=backend, weights_hook=hook,
+            q,
+            k,
+            v,
+            mask=mask,
+            dropout_p=p,
+            need_weights=need_weights,
+            backend=backend,
+            weights_hook=hook,
             sinks=None if sinks is None else sinks.to(q.dtype),
         )  # (B, H, Lq, D)
         z = self.hook_z(z)  # (B, H, Lq, D)
@@ -415,19 +435,21 @@ class MultiHeadAttention(nn.Module):
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, t, width in (("query", query, self.d_model), ("key", key, self.kdim), ("value", value, self.vdim)):
             if not isinstance(t, Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__module__}.{type(t).__name__}; "
-                                f"convert it with torch.as_tensor({name})")
+                raise TypeError(
+                    f"{name} must be a torch.Tensor, got {type(t).__module__}.{type(t).__name__}; "
+                    f"convert it with torch.as_tensor({name})"
+                )
             if not t.is_floating_point():  # (float dtypes may differ from the weights' under autocast)
-                raise TypeError(f"{name} must be floating point, got {t.dtype}: embed token ids first, or cast with "
-                                f"{name}.float()")
+                raise TypeError(
+                    f"{name} must be floating point, got {t.dtype}: embed token ids first, or cast with {name}.float()"
+                )
             if t.dim() != 3:
                 hint = f" (add a batch axis: {name}.unsqueeze(0))" if t.dim() == 2 else ""
                 raise ValueError(f"{name} must be (B, L, {width}), got shape {tuple(t.shape)}{hint}")
             if t.shape[-1] != width:
                 fix = "kdim=" if name == "key" else "vdim=" if name == "value" else "d_model="
                 raise ValueError(
-                    f"{name} has width {t.shape[-1]} but the module expects {width}; "
-                    f"build it with {fix}{t.shape[-1]}"
+                    f"{name} has width {t.shape[-1]} but the module expects {width}; build it with {fix}{t.shape[-1]}"
                 )
         if key.shape[:2] != value.shape[:2]:
             raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must share (B, Lk)")
@@ -483,7 +505,7 @@ class MultiHeadAttention(nn.Module):
 
     # ------------------------------------------------------------------ interop
     @classmethod
-    def from_torch(cls, mha: nn.MultiheadAttention, *, backend: str = "auto") -> "MultiHeadAttention":
+    def from_torch(cls, mha: nn.MultiheadAttention, *, backend: str = "auto") -> MultiHeadAttention:
         """Build from ``nn.MultiheadAttention``, copying its weights (output is batch-first)."""
         if mha.bias_k is not None or mha.add_zero_attn:
             raise ValueError(
@@ -491,8 +513,9 @@ class MultiHeadAttention(nn.Module):
                 "build it without those options"
             )
         bias = mha.in_proj_bias is not None
-        new = cls(mha.embed_dim, mha.num_heads, dropout=mha.dropout, bias=bias, kdim=mha.kdim, vdim=mha.vdim,
-                  backend=backend)
+        new = cls(
+            mha.embed_dim, mha.num_heads, dropout=mha.dropout, bias=bias, kdim=mha.kdim, vdim=mha.vdim, backend=backend
+        )
         e = mha.embed_dim
         with torch.no_grad():
             if mha._qkv_same_embed_dim:
@@ -518,14 +541,27 @@ class MultiHeadAttention(nn.Module):
         if self.rotary is not None:
             raise ValueError("nn.MultiheadAttention has no rotary embeddings; build without rotary=")
         if self.pruned_heads:
-            raise ValueError("a pruned module has fewer heads than d_model allows; nn.MultiheadAttention cannot hold it")
+            raise ValueError(
+                "a pruned module has fewer heads than d_model allows; nn.MultiheadAttention cannot hold it"
+            )
         if self.num_heads * self.head_dim != self.d_model or self.q_norm is not None:
-            raise ValueError("nn.MultiheadAttention has heads of d_model / num_heads and no QK-norm; this module has "
-                             "its own head_dim or QK-norm")
+            raise ValueError(
+                "nn.MultiheadAttention has heads of d_model / num_heads and no QK-norm; this module has "
+                "its own head_dim or QK-norm"
+            )
         bias = self.w_q.bias is not None
         w = self.w_q.weight
-        mha = nn.MultiheadAttention(self.d_model, self.num_heads, dropout=self.dropout, bias=bias, kdim=self.kdim,
-                                    vdim=self.vdim, batch_first=True, device=w.device, dtype=w.dtype)
+        mha = nn.MultiheadAttention(
+            self.d_model,
+            self.num_heads,
+            dropout=self.dropout,
+            bias=bias,
+            kdim=self.kdim,
+            vdim=self.vdim,
+            batch_first=True,
+            device=w.device,
+            dtype=w.dtype,
+        )
         with torch.no_grad():
             if mha._qkv_same_embed_dim:
                 mha.in_proj_weight.copy_(torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight]))

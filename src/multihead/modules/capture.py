@@ -14,18 +14,27 @@ each attention module computes its weights explicitly (``softmax(q k^T / sqrt(d)
 backend's formula) and applies them, whatever backend it is set to: fused backends return no weights, and this is
 how weights are obtained from them. Outputs agree with the un-captured run to rounding (tested).
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
 
-WHAT = {"pattern": "hook_pattern", "q": "hook_q", "k": "hook_k", "v": "hook_v", "z": "hook_z", "stats": "hook_stats",
-        "result": "hook_result", "resid": "hook_resid_post"}
+WHAT = {
+    "pattern": "hook_pattern",
+    "q": "hook_q",
+    "k": "hook_k",
+    "v": "hook_v",
+    "z": "hook_z",
+    "stats": "hook_stats",
+    "result": "hook_result",
+    "resid": "hook_resid_post",
+}
 
 
 def _block_of(name: str) -> str:
@@ -45,8 +54,9 @@ class Cache(dict):
         owner = self.attention_modules[layer]
         name = f"{_block_of(owner) if what == 'resid' else owner}.{WHAT[what]}"
         if name not in self:
-            raise KeyError(f"{name} was not captured; capture with what=({what!r}, ...) and run the model inside the "
-                           "with-block")
+            raise KeyError(
+                f"{name} was not captured; capture with what=({what!r}, ...) and run the model inside the with-block"
+            )
         return self[name]
 
     def pattern(self, layer: int) -> Tensor:
@@ -67,14 +77,22 @@ def attention_modules(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
 
     mods = [(n, m) for n, m in model.named_modules() if isinstance(m, (MultiHeadAttention, MultiHeadLatentAttention))]
     if not mods:
-        raise ValueError(f"{type(model).__name__} has no multihead MultiHeadAttention modules to capture; pass a "
-                         "multihead model (TransformerClassifier, TextEncoder, pretrained.load(...).model)")
+        raise ValueError(
+            f"{type(model).__name__} has no multihead MultiHeadAttention modules to capture; pass a "
+            "multihead model (TransformerClassifier, TextEncoder, pretrained.load(...).model)"
+        )
     return mods
 
 
 @contextmanager
-def capture(model: nn.Module, what: Iterable[str] = ("pattern",), *, layers: Iterable[int] | None = None,
-            to_cpu: bool = True, stats: dict | None = None) -> Iterator[Cache]:
+def capture(
+    model: nn.Module,
+    what: Iterable[str] = ("pattern",),
+    *,
+    layers: Iterable[int] | None = None,
+    to_cpu: bool = True,
+    stats: dict | None = None,
+) -> Iterator[Cache]:
     """Record ``what`` of every attention module (or those in ``layers``, indices in layer order) during the forward
     passes run inside the block, only what is asked; a second forward pass overwrites the first one's entries:
 
@@ -102,6 +120,7 @@ def capture(model: nn.Module, what: Iterable[str] = ("pattern",), *, layers: Ite
                 t = t.detach() if transform is None else transform(t.detach())
                 t = t.cpu() if to_cpu else t
             cache[key] = t  # stats: an AttentionStats (computed without autograd)
+
         return record
 
     try:
@@ -121,8 +140,10 @@ def capture(model: nn.Module, what: Iterable[str] = ("pattern",), *, layers: Ite
                         handles.append(block.hook_resid_post.add_hook(recorder(key)))
                 elif w == "result":
                     if getattr(mod, "w_gate", None) is not None:
-                        raise ValueError(f"{name} has gated heads: what a head writes depends on the gate's input too;"
-                                         " capture z instead")
+                        raise ValueError(
+                            f"{name} has gated heads: what a head writes depends on the gate's input too;"
+                            " capture z instead"
+                        )
                     w_o = mod.w_o.weight.detach()
 
                     def per_head(z: Tensor, w_o=w_o) -> Tensor:

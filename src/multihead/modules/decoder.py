@@ -9,6 +9,7 @@ the encoder's output, the annotated transformer's ``mha(q, k, v, mask)``). Witho
 
 Shape legend: ``B`` batch, ``T`` target (decoder) positions this call, ``S`` source positions, ``E`` d_model.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -63,14 +64,17 @@ class DecoderConfig:
         if isinstance(self.attention, dict):
             self.attention = AttentionConfig.from_dict(self.attention)
         if self.attention.pattern is not None:
-            raise ValueError("sparse patterns describe an encoder's self-attention; a decoder's causal attention "
-                             "takes none: drop attention.pattern")
+            raise ValueError(
+                "sparse patterns describe an encoder's self-attention; a decoder's causal attention "
+                "takes none: drop attention.pattern"
+            )
         if self.norm not in NORMS:
             raise ValueError(f"unknown norm {self.norm!r}; choose one of {NORMS}")
         check_activation(self.activation)
         if self.sliding_window is not None and (self.sliding_window < 1 or not self.causal or self.cross_attention):
-            raise ValueError(f"sliding_window={self.sliding_window}: a causal decoder-only stack takes a window of at "
-                             "least 1 key")
+            raise ValueError(
+                f"sliding_window={self.sliding_window}: a causal decoder-only stack takes a window of at least 1 key"
+            )
         if self.global_every < 0:
             raise ValueError(f"global_every must be >= 0, got {self.global_every}")
         if self.sliding_window is not None and self.attention.mla_latent:
@@ -90,7 +94,7 @@ class DecoderConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "DecoderConfig":
+    def from_dict(cls, d: dict) -> DecoderConfig:
         return from_fields(cls, d)
 
 
@@ -105,26 +109,50 @@ class DecoderBlock(nn.Module):
     ``cross_attn`` is ``(B, H, T, S)``: which source positions each target position reads).
     """
 
-    def __init__(self, d_model: int, num_heads: int, d_ff: int | None = None, dropout: float = 0.1, *,
-                 attention: AttentionConfig | None = None, activation: str = "relu", norm_first: bool = False,
-                 layer_norm_eps: float = 1e-5, bias: bool = True, rotary: nn.Module | None = None,
-                 cross_attention: bool = True, memory_dim: int | None = None, layer_index: int = 0,
-                 norm: str = "layer", out_bias: bool | None = None, ffn_bias: bool | None = None,
-                 sandwich_norm: bool = False) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int | None = None,
+        dropout: float = 0.1,
+        *,
+        attention: AttentionConfig | None = None,
+        activation: str = "relu",
+        norm_first: bool = False,
+        layer_norm_eps: float = 1e-5,
+        bias: bool = True,
+        rotary: nn.Module | None = None,
+        cross_attention: bool = True,
+        memory_dim: int | None = None,
+        layer_index: int = 0,
+        norm: str = "layer",
+        out_bias: bool | None = None,
+        ffn_bias: bool | None = None,
+        sandwich_norm: bool = False,
+    ) -> None:
         super().__init__()
         self.norm_first = norm_first
         attention = AttentionConfig() if attention is None else attention
-        self.self_attn = attention.build(d_model, num_heads, bias=bias, rotary=rotary, layer_index=layer_index,
-                                         out_bias=out_bias, norm_eps=layer_norm_eps)
-        self.cross_attn = attention.cross.build(d_model, num_heads, bias=bias, kdim=memory_dim) \
-            if cross_attention else None
+        self.self_attn = attention.build(
+            d_model,
+            num_heads,
+            bias=bias,
+            rotary=rotary,
+            layer_index=layer_index,
+            out_bias=out_bias,
+            norm_eps=layer_norm_eps,
+        )
+        self.cross_attn = (
+            attention.cross.build(d_model, num_heads, bias=bias, kdim=memory_dim) if cross_attention else None
+        )
         ffn_bias = bias if ffn_bias is None else ffn_bias
         self.ffn = FeedForward(d_model, d_ff, dropout, activation, ffn_bias) if d_ff != 0 else None  # 0: attention-only
         n = (3 if cross_attention else 2) - (self.ffn is None)
         self.norms = nn.ModuleList(make_norm(norm, d_model, layer_norm_eps) for _ in range(n))
         # Gemma's sandwich: each sublayer's output normalised again before the residual add (pre-LN blocks only)
-        self.post_norms = nn.ModuleList(make_norm(norm, d_model, layer_norm_eps) for _ in range(n)) \
-            if sandwich_norm else None
+        self.post_norms = (
+            nn.ModuleList(make_norm(norm, d_model, layer_norm_eps) for _ in range(n)) if sandwich_norm else None
+        )
         if sandwich_norm and not norm_first:
             raise ValueError("sandwich_norm adds output norms to pre-LN blocks: set norm_first=True")
         self.dropouts = nn.ModuleList(nn.Dropout(dropout) for _ in range(n))
@@ -133,23 +161,42 @@ class DecoderBlock(nn.Module):
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
-    def forward(self, x: Tensor, memory: Tensor | None = None, *, self_mask: AttnMask | None = None,
-                memory_mask: AttnMask | None = None, cache: tuple[LayerKV, LayerKV] | None = None,
-                positions: Tensor | None = None, head_mask: Tensor | None = None,
-                cross_head_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        self_mask: AttnMask | None = None,
+        memory_mask: AttnMask | None = None,
+        cache: tuple[LayerKV, LayerKV] | None = None,
+        positions: Tensor | None = None,
+        head_mask: Tensor | None = None,
+        cross_head_mask: Tensor | None = None,
+    ) -> Tensor:
         """``x`` ``(B, T, E)``; ``memory`` ``(B, S, memory_dim)`` (the encoder's output; None for decoder-only);
         ``self_mask``/``memory_mask`` structured masks built once by the stack; ``cache`` this layer's
         ``(self, cross)`` caches."""
         self_cache, cross_cache = (None, None) if cache is None else cache
-        sublayers = [(lambda h: self.self_attn(h, mask=self_mask, cache=self_cache, positions=positions,
-                                               head_mask=head_mask, need_weights=False)[0], self.hook_attn_out)]
+        sublayers = [
+            (
+                lambda h: self.self_attn(
+                    h, mask=self_mask, cache=self_cache, positions=positions, head_mask=head_mask, need_weights=False
+                )[0],
+                self.hook_attn_out,
+            )
+        ]
         if self.cross_attn is not None:
             if memory is None and (cross_cache is None or cross_cache.k is None):
                 raise ValueError("this decoder has cross-attention: pass memory= (the encoder's output)")
             src = x if memory is None else memory  # with a filled cross cache the memory is not projected again
-            sublayers.append((lambda h: self.cross_attn(h, src, mask=memory_mask, cache=cross_cache,
-                                                        head_mask=cross_head_mask, need_weights=False)[0],
-                              self.hook_cross_out))
+            sublayers.append(
+                (
+                    lambda h: self.cross_attn(
+                        h, src, mask=memory_mask, cache=cross_cache, head_mask=cross_head_mask, need_weights=False
+                    )[0],
+                    self.hook_cross_out,
+                )
+            )
         if self.ffn is not None:
             sublayers.append((self.ffn, self.hook_mlp_out))
         posts = self.post_norms if self.post_norms is not None else [_identity] * len(self.norms)
@@ -175,20 +222,35 @@ class TransformerDecoder(nn.Module):
         config = DecoderConfig.from_dict(overrides) if config is None else config  # flat attention fields read too
         self.config = config
         head_dim = config.attention.head_dim or config.d_model // config.num_heads
-        rotary = RotaryEmbedding(config.attention.rotary_dim(head_dim), config.rope_theta,
-                                 scaling=config.rope_scaling) if config.rotary else None
+        rotary = (
+            RotaryEmbedding(config.attention.rotary_dim(head_dim), config.rope_theta, scaling=config.rope_scaling)
+            if config.rotary
+            else None
+        )
         # local (sliding-window) layers may rotate with their own base (Gemma 3: 1e4 local, 1e6 global)
         local_rotary = rotary
         if config.rotary and config.sliding_window is not None and config.rope_local_theta is not None:
             local_rotary = RotaryEmbedding(config.attention.rotary_dim(head_dim), config.rope_local_theta)
         self.layers = nn.ModuleList(
-            DecoderBlock(config.d_model, config.num_heads, config.d_ff, config.dropout, attention=config.attention,
-                         activation=config.activation, norm_first=config.norm_first,
-                         layer_norm_eps=config.layer_norm_eps, bias=config.bias,
-                         rotary=local_rotary if config.is_local(i) else rotary,
-                         cross_attention=config.cross_attention, memory_dim=config.memory_dim, layer_index=i,
-                         norm=config.norm, out_bias=config.out_bias, ffn_bias=config.ffn_bias,
-                         sandwich_norm=config.sandwich_norm)
+            DecoderBlock(
+                config.d_model,
+                config.num_heads,
+                config.d_ff,
+                config.dropout,
+                attention=config.attention,
+                activation=config.activation,
+                norm_first=config.norm_first,
+                layer_norm_eps=config.layer_norm_eps,
+                bias=config.bias,
+                rotary=local_rotary if config.is_local(i) else rotary,
+                cross_attention=config.cross_attention,
+                memory_dim=config.memory_dim,
+                layer_index=i,
+                norm=config.norm,
+                out_bias=config.out_bias,
+                ffn_bias=config.ffn_bias,
+                sandwich_norm=config.sandwich_norm,
+            )
             for i in range(config.num_layers)
         )
         self.local = [config.is_local(i) for i in range(config.num_layers)]
@@ -199,10 +261,19 @@ class TransformerDecoder(nn.Module):
     def new_cache(self) -> KVCache:
         return KVCache(len(self.layers))
 
-    def forward(self, x: Tensor, memory: Tensor | None = None, *, key_padding_mask: Tensor | None = None,
-                memory_key_padding_mask: Tensor | None = None, cache: KVCache | None = None,
-                positions: Tensor | None = None, head_mask: Tensor | None = None,
-                cross_head_mask: Tensor | None = None, start_at_layer: int = 0) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        memory_key_padding_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        positions: Tensor | None = None,
+        head_mask: Tensor | None = None,
+        cross_head_mask: Tensor | None = None,
+        start_at_layer: int = 0,
+    ) -> Tensor:
         """``x`` ``(B, T, E)`` new target positions; ``key_padding_mask`` ``(B, cached + T)`` bool, True = real
         token (every self-attention key, cached ones included); ``memory_key_padding_mask`` ``(B, S)``. The causal
         mask is bottom-right aligned, so ``T`` new queries after ``cached`` keys see exactly their past.
@@ -225,10 +296,16 @@ class TransformerDecoder(nn.Module):
         for i in range(start_at_layer, len(self.layers)):
             layer = self.layers[i]
             layer_cache = None if cache is None else (cache.self_attn[i], cache.cross_attn[i])
-            x = layer(x, memory, self_mask=local_mask if self.local[i] else self_mask, memory_mask=memory_mask,
-                      cache=layer_cache, positions=positions,
-                      head_mask=None if head_mask is None else head_mask[i],
-                      cross_head_mask=None if cross_head_mask is None else cross_head_mask[i])
+            x = layer(
+                x,
+                memory,
+                self_mask=local_mask if self.local[i] else self_mask,
+                memory_mask=memory_mask,
+                cache=layer_cache,
+                positions=positions,
+                head_mask=None if head_mask is None else head_mask[i],
+                cross_head_mask=None if cross_head_mask is None else cross_head_mask[i],
+            )
         return x if self.final_norm is None else self.final_norm(x)
 
     def _local_mask(self, new: int, cache: KVCache | None, key_padding: Tensor | None, device) -> AttnMask:

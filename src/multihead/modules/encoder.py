@@ -1,5 +1,6 @@
 """Encoder block and stack: x -> MHA -> residual + LayerNorm -> FFN -> residual + LayerNorm (post-LN, the tutorial's),
 or the pre-LN variant with ``norm_first=True``."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -43,8 +44,10 @@ class EncoderConfig:
         if isinstance(self.attention, dict):
             self.attention = AttentionConfig.from_dict(self.attention)
         if self.attention.mla_latent:
-            raise ValueError("Multi-head Latent Attention caches a decoder's keys and values; an encoder has no cache: "
-                             "set attention.mla_latent=0 (use a decoder for MLA)")
+            raise ValueError(
+                "Multi-head Latent Attention caches a decoder's keys and values; an encoder has no cache: "
+                "set attention.mla_latent=0 (use a decoder for MLA)"
+            )
         if self.layer_scale is not None and not self.norm_first:
             raise ValueError("layer_scale scales the sublayers of pre-LN blocks: set norm_first=True")
         if self.pruned_heads:  # JSON turns the layer keys into strings
@@ -54,7 +57,7 @@ class EncoderConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "EncoderConfig":
+    def from_dict(cls, d: dict) -> EncoderConfig:
         return from_fields(cls, d)
 
 
@@ -105,14 +108,29 @@ class EncoderBlock(nn.Module):
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, *, key_padding_mask: Tensor | None = None,
-                is_causal: bool = False, head_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        is_causal: bool = False,
+        head_mask: Tensor | None = None,
+    ) -> Tensor:
         """``x`` ``(B, L, E)``; masks as in :meth:`MultiHeadAttention.forward` (True = may attend / real token), or
         an :class:`~multihead.attention.attn_mask.AttnMask` in ``mask``."""
 
-        return self._residuals(x, lambda h: self.attn(h, mask=mask, key_padding_mask=key_padding_mask,
-                                                      is_causal=is_causal, head_mask=head_mask,
-                                                      need_weights=False)[0])
+        return self._residuals(
+            x,
+            lambda h: self.attn(
+                h,
+                mask=mask,
+                key_padding_mask=key_padding_mask,
+                is_causal=is_causal,
+                head_mask=head_mask,
+                need_weights=False,
+            )[0],
+        )
 
     def forward_packed(self, x: Tensor, index: Tensor, keep: Tensor, *, head_mask: Tensor | None = None) -> Tensor:
         """The same block on packed real tokens ``x`` ``(N, E)`` (see :meth:`MultiHeadAttention.forward_packed`).
@@ -149,10 +167,20 @@ class TransformerEncoder(nn.Module):
         head_dim = config.attention.head_dim or config.d_model // config.num_heads
         rotary = RotaryEmbedding(config.attention.rotary_dim(head_dim)) if config.rotary else None
         self.layers = nn.ModuleList(
-            EncoderBlock(config.d_model, config.num_heads, config.d_ff, config.dropout, attention=config.attention,
-                         activation=config.activation, norm_first=config.norm_first,
-                         layer_norm_eps=config.layer_norm_eps, bias=config.bias, rotary=rotary, layer_index=i,
-                         layer_scale=config.layer_scale)
+            EncoderBlock(
+                config.d_model,
+                config.num_heads,
+                config.d_ff,
+                config.dropout,
+                attention=config.attention,
+                activation=config.activation,
+                norm_first=config.norm_first,
+                layer_norm_eps=config.layer_norm_eps,
+                bias=config.bias,
+                rotary=rotary,
+                layer_index=i,
+                layer_scale=config.layer_scale,
+            )
             for i in range(config.num_layers)
         )
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else None
@@ -179,17 +207,28 @@ class TransformerEncoder(nn.Module):
         done = {i: list(layer.attn.pruned_heads) for i, layer in enumerate(self.layers) if layer.attn.pruned_heads}
         self.config.pruned_heads = done or None
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, *, key_padding_mask: Tensor | None = None,
-                is_causal: bool = False, head_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        is_causal: bool = False,
+        head_mask: Tensor | None = None,
+    ) -> Tensor:
         """``x`` ``(B, L, E)``; ``head_mask`` ``(num_layers, H)``, or a list of per-layer ``(H_l,)`` when pruning left
         layers with different head counts, or None: one scale per layer and head."""
         if head_mask is not None and len(head_mask) != len(self.layers):
-            raise ValueError(
-                f"head_mask must have one row per layer ({len(self.layers)}), got {len(head_mask)} rows"
-            )
-        if (self.config.unpad and key_padding_mask is not None and mask is None and not is_causal
-                and key_padding_mask.dtype == torch.bool and key_padding_mask.dim() == 2
-                and not any(layer.block_hooks_active for layer in self.layers)):
+            raise ValueError(f"head_mask must have one row per layer ({len(self.layers)}), got {len(head_mask)} rows")
+        if (
+            self.config.unpad
+            and key_padding_mask is not None
+            and mask is None
+            and not is_causal
+            and key_padding_mask.dtype == torch.bool
+            and key_padding_mask.dim() == 2
+            and not any(layer.block_hooks_active for layer in self.layers)
+        ):
             return self._forward_unpadded(x, key_padding_mask, head_mask)
         # the structured mask, built once here and passed unchanged to every layer (validated once, in the seam)
         attn_mask = self.layers[0].attn.build_mask(mask, key_padding_mask, is_causal) if len(self.layers) else None

@@ -7,6 +7,7 @@ Decoding one token per step is almost all such products, so it shortens a SmolLM
 It applies only under ``torch.no_grad()`` on CPU, and costs a second copy of those weights (about 330 MB for
 SmolLM2-135M), made on first use and remade when the weight changes. Turn it off with ``fastpath.ENABLED = False``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,8 +21,13 @@ ROWS = 2  # at most this many rows (tokens x batch) take the path; above it BLAS
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None, owner) -> Tensor:
     """``F.linear(x, weight, bias)``, through the transposed copy kept on ``owner`` where it is faster."""
     out_features, in_features = weight.shape
-    if (not ENABLED or torch.is_grad_enabled() or x.device.type != "cpu" or out_features <= in_features
-            or x.numel() > ROWS * in_features):
+    if (
+        not ENABLED
+        or torch.is_grad_enabled()
+        or x.device.type != "cpu"
+        or out_features <= in_features
+        or x.numel() > ROWS * in_features
+    ):
         return F.linear(x, weight, bias)
     stamp = (weight.data_ptr(), weight._version, weight.dtype, weight.shape)
     kept = owner.__dict__.get("_transposed")

@@ -1,4 +1,5 @@
 """Position-wise feed-forward network (plain or gated) and the norms a block may use."""
+
 from __future__ import annotations
 
 import torch.nn.functional as F
@@ -43,8 +44,9 @@ class FeedForward(nn.Module):
     """``Linear(E, F) -> activation -> dropout -> Linear(F, E)`` applied to each position of ``(B, L, E)``; with a
     gated activation (``swiglu``, ``geglu``): ``W_2(act(x W_gate) * x W_1)``."""
 
-    def __init__(self, d_model: int, d_ff: int | None = None, dropout: float = 0.0, activation: str = "relu",
-                 bias: bool = True) -> None:
+    def __init__(
+        self, d_model: int, d_ff: int | None = None, dropout: float = 0.0, activation: str = "relu", bias: bool = True
+    ) -> None:
         super().__init__()
         check_activation(activation)
         d_ff = 4 * d_model if d_ff is None else d_ff

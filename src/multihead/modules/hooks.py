@@ -5,9 +5,10 @@ A :class:`HookPoint` is an identity module placed where analysis code may read o
 tensor replaces the activation. Modules ask :attr:`HookPoint.active` before computing anything only a hook needs
 (such as the attention weights on a fused backend), so an unused hook point costs nothing.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -37,7 +38,7 @@ class HookPoint(nn.Module):
     def active(self) -> bool:
         return bool(self._forward_hooks) or bool(self._forward_pre_hooks)
 
-    def add_hook(self, fn: Callable[[Tensor, "HookPoint"], Tensor | None]) -> torch.utils.hooks.RemovableHandle:
+    def add_hook(self, fn: Callable[[Tensor, HookPoint], Tensor | None]) -> torch.utils.hooks.RemovableHandle:
         """Register ``fn(activation, hook) -> replacement | None``; returns a handle with ``.remove()``."""
         return self.register_forward_hook(lambda module, args, out: fn(out, module))
 

@@ -11,6 +11,7 @@ multi-query layer caches only its ``G`` key/value heads (:meth:`KVCache.nbytes` 
 ``KVCache`` also carries what the whole decoder needs between steps: the real-token mask of every cached position
 (batched prompts of different lengths are left-padded) and the position reached by each row.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -45,10 +46,13 @@ class LayerKV:
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add the new positions' keys/values; returns all of them (cached first)."""
         n = k.shape[2]
-        if self._k is not None and (k.shape[:2] != self._k.shape[:2] or k.shape[3] != self._k.shape[3]
-                                    or v.shape[3] != self._v.shape[3]):
-            raise ValueError(f"the cache holds keys (B, G, L, D)={tuple(self.k.shape)} but this step brings "
-                             f"{tuple(k.shape)}; use one cache per batch (KVCache.reorder for beams)")
+        if self._k is not None and (
+            k.shape[:2] != self._k.shape[:2] or k.shape[3] != self._k.shape[3] or v.shape[3] != self._v.shape[3]
+        ):
+            raise ValueError(
+                f"the cache holds keys (B, G, L, D)={tuple(self.k.shape)} but this step brings "
+                f"{tuple(k.shape)}; use one cache per batch (KVCache.reorder for beams)"
+            )
         if self.length + n > self.capacity:
             cap = max(2 * self.capacity, self.length + n, 64)
             grow_k = k.new_empty(k.shape[0], k.shape[1], cap, k.shape[3])
@@ -57,8 +61,8 @@ class LayerKV:
                 grow_k[:, :, : self.length] = self.k
                 grow_v[:, :, : self.length] = self.v
             self._k, self._v = grow_k, grow_v
-        self._k[:, :, self.length: self.length + n] = k
-        self._v[:, :, self.length: self.length + n] = v
+        self._k[:, :, self.length : self.length + n] = k
+        self._v[:, :, self.length : self.length + n] = v
         self.length += n
         return self.k, self.v
 
@@ -108,17 +112,21 @@ class StreamingKV(LayerKV):
         """Add unrotated keys/values; evict what falls out of the window; returns the cached ones in slot order."""
         n = k.shape[2]
         if n > 1 and self.length + n > self.capacity:
-            raise ValueError(f"this streaming cache holds {self.length} of {self.capacity} tokens; once it fills, feed "
-                             f"one token per step (got {n}): each query of a chunk would need its own window")
+            raise ValueError(
+                f"this streaming cache holds {self.length} of {self.capacity} tokens; once it fills, feed "
+                f"one token per step (got {n}): each query of a chunk would need its own window"
+            )
         if self._k is not None and (k.shape[:2] != self._k.shape[:2] or k.shape[3] != self._k.shape[3]):
-            raise ValueError(f"the cache holds keys (B, G, L, D)={tuple(self._k.shape)} but this step brings "
-                             f"{tuple(k.shape)}; use one cache per batch")
+            raise ValueError(
+                f"the cache holds keys (B, G, L, D)={tuple(self._k.shape)} but this step brings "
+                f"{tuple(k.shape)}; use one cache per batch"
+            )
         keys = k if self._k is None else torch.cat([self._k, k], 2)  # (B, G, L + n, D)
         values = v if self._v is None else torch.cat([self._v, v], 2)
         if keys.shape[2] > self.capacity:  # keep the sinks, drop the oldest window token(s)
             s = self.sinks
-            keys = torch.cat([keys[:, :, :s], keys[:, :, keys.shape[2] - self.window:]], 2)
-            values = torch.cat([values[:, :, :s], values[:, :, values.shape[2] - self.window:]], 2)
+            keys = torch.cat([keys[:, :, :s], keys[:, :, keys.shape[2] - self.window :]], 2)
+            values = torch.cat([values[:, :, :s], values[:, :, values.shape[2] - self.window :]], 2)
         self._k, self._v = keys, values
         self.length = keys.shape[2]
         self.seen += n
@@ -143,7 +151,7 @@ class KVCache:
     extrapolate: bool = False
 
     @classmethod
-    def streaming(cls, num_layers: int, *, sinks: int = 4, window: int = 1024) -> "KVCache":
+    def streaming(cls, num_layers: int, *, sinks: int = 4, window: int = 1024) -> KVCache:
         """A cache of :class:`StreamingKV` layers (``sinks`` first tokens + a ``window`` of recent ones): bounded
         memory, positions within the cache (rotary models only)."""
         return cls(num_layers, self_attn=[StreamingKV(sinks, window) for _ in range(num_layers)])

@@ -23,6 +23,7 @@ kernel seam as for MHA -- an ALiBi part of the mask, a sink logit per head passe
 both forms. Query compression (the paper's ``c_q``) is left out: at our sizes it
 saves parameters, not cache.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,14 +40,29 @@ from .positional import RotaryEmbedding
 
 
 class MultiHeadLatentAttention(nn.Module):
-    def __init__(self, d_model: int, num_heads: int, *, kv_latent: int = 64, rope_dim: int = 16,
-                 head_dim: int | None = None, dropout: float = 0.0, backend: str = "auto", bias: bool = False,
-                 need_weights: bool = False, max_len: int = 4096, alibi: bool = False, sinks: bool = False) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        kv_latent: int = 64,
+        rope_dim: int = 16,
+        head_dim: int | None = None,
+        dropout: float = 0.0,
+        backend: str = "auto",
+        bias: bool = False,
+        need_weights: bool = False,
+        max_len: int = 4096,
+        alibi: bool = False,
+        sinks: bool = False,
+    ) -> None:
         super().__init__()
         head_dim = d_model // num_heads if head_dim is None else head_dim
         if num_heads <= 0 or head_dim <= 0 or kv_latent <= 0 or rope_dim <= 0 or rope_dim % 2:
-            raise ValueError(f"MLA needs num_heads, head_dim, kv_latent > 0 and an even rope_dim > 0; got "
-                             f"num_heads={num_heads}, head_dim={head_dim}, kv_latent={kv_latent}, rope_dim={rope_dim}")
+            raise ValueError(
+                f"MLA needs num_heads, head_dim, kv_latent > 0 and an even rope_dim > 0; got "
+                f"num_heads={num_heads}, head_dim={head_dim}, kv_latent={kv_latent}, rope_dim={rope_dim}"
+            )
         self.d_model, self.num_heads, self.head_dim = d_model, num_heads, head_dim
         self.kv_latent, self.rope_dim = kv_latent, rope_dim
         self.num_kv_heads = num_heads  # for code that reads it (GQA does not apply: one latent serves every head)
@@ -69,18 +85,32 @@ class MultiHeadLatentAttention(nn.Module):
         self.pruned_heads: list[int] = []
 
     def extra_repr(self) -> str:
-        return (f"d_model={self.d_model}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
-                f"kv_latent={self.kv_latent}, rope_dim={self.rope_dim}")
+        return (
+            f"d_model={self.d_model}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
+            f"kv_latent={self.kv_latent}, rope_dim={self.rope_dim}"
+        )
 
     def cache_numbers_per_token(self) -> int:
         """Numbers this layer caches per token (``d_c + d_r``; MHA: ``2 H d_h``)."""
         return self.kv_latent + self.rope_dim
 
     # ------------------------------------------------------------------ forward
-    def forward(self, query: Tensor, key: Tensor | None = None, value: Tensor | None = None, mask=None, *,
-                key_padding_mask: Tensor | None = None, is_causal: bool = False, head_mask: Tensor | None = None,
-                need_weights: bool | None = None, cache: LayerKV | None = None, positions: Tensor | None = None,
-                absorb: bool | None = None, **_ignored) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        mask=None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        is_causal: bool = False,
+        head_mask: Tensor | None = None,
+        need_weights: bool | None = None,
+        cache: LayerKV | None = None,
+        positions: Tensor | None = None,
+        absorb: bool | None = None,
+        **_ignored,
+    ) -> tuple[Tensor, Tensor | None]:
         """Self-attention over ``query`` ``(B, L, E)`` (MLA is self-attention; ``key``/``value`` must be omitted).
         ``absorb``: the absorbed form (default: when a cache is given)."""
         if (key is not None and key is not query) or (value is not None and value is not query):
@@ -120,8 +150,18 @@ class MultiHeadLatentAttention(nn.Module):
             k = torch.cat([lat, k_rope], -1)  # (B, 1, Lk, d_c + d_r)
             q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(lat)
             self._stats(q, k, mask, scale, sinks)
-            z, weights = attention(q, k, v, mask=mask, dropout_p=p, need_weights=need_weights, backend=backend,
-                                   scale=scale, weights_hook=hook, sinks=sinks)  # (B, H, Lq, d_c)
+            z, weights = attention(
+                q,
+                k,
+                v,
+                mask=mask,
+                dropout_p=p,
+                need_weights=need_weights,
+                backend=backend,
+                scale=scale,
+                weights_hook=hook,
+                sinks=sinks,
+            )  # (B, H, Lq, d_c)
             w_uv = self.w_uv.weight.view(h, d, self.kv_latent)  # (H, d_h, d_c)
             z = torch.einsum("bhlc,hdc->bhld", z, w_uv)  # (B, H, Lq, d_h)
         else:  # the plain form: per-head keys and values up-projected from the latents
@@ -132,8 +172,18 @@ class MultiHeadLatentAttention(nn.Module):
             k = torch.cat([k_c, k_rope.expand(b, h, lk, r)], -1)  # (B, H, Lk, d_h + d_r)
             q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
             self._stats(q, k, mask, scale, sinks)
-            z, weights = attention(q, k, v, mask=mask, dropout_p=p, need_weights=need_weights, backend=backend,
-                                   scale=scale, weights_hook=hook, sinks=sinks)  # (B, H, Lq, d_h)
+            z, weights = attention(
+                q,
+                k,
+                v,
+                mask=mask,
+                dropout_p=p,
+                need_weights=need_weights,
+                backend=backend,
+                scale=scale,
+                weights_hook=hook,
+                sinks=sinks,
+            )  # (B, H, Lq, d_h)
         z = self.hook_z(z)
         if head_mask is not None:
             hm = head_mask.to(z.dtype)

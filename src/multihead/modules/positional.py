@@ -1,4 +1,5 @@
 """Positional encodings: sinusoidal (the tutorial's), learned, and rotary (RoPE)."""
+
 from __future__ import annotations
 
 import math
@@ -38,9 +39,11 @@ def check_positions(positions: Tensor, max_len: int) -> None:
 def _check_length(length: int, offset: int, positions: Tensor | None, max_len: int) -> None:
     last = offset + length if positions is None else (int(positions.max()) + 1 if positions.numel() else 0)
     if last > max_len:
-        raise ValueError(f"position {last - 1} is beyond the {max_len} positions this model has (max_len={max_len}); "
-                         "shorten the input or the generation (max_new_tokens), or raise max_len when building the "
-                         "model")
+        raise ValueError(
+            f"position {last - 1} is beyond the {max_len} positions this model has (max_len={max_len}); "
+            "shorten the input or the generation (max_new_tokens), or raise max_len when building the "
+            "model"
+        )
 
 
 class LearnedPositionalEncoding(nn.Module):
@@ -70,8 +73,9 @@ class RotaryEmbedding(nn.Module):
     last ``Lq`` positions (as with a KV cache).
     """
 
-    def __init__(self, head_dim: int, base: float = 10000.0, max_len: int = 4096, *,
-                 scaling: dict | None = None) -> None:
+    def __init__(
+        self, head_dim: int, base: float = 10000.0, max_len: int = 4096, *, scaling: dict | None = None
+    ) -> None:
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"rotary embeddings need an even head_dim, got {head_dim}; change d_model or num_heads")
@@ -82,8 +86,15 @@ class RotaryEmbedding(nn.Module):
     def _cos_sin(self, length: int, offset: int, device, dtype, positions: Tensor | None = None):
         # one rotary module serves every layer of a stack, and the layers of one call ask for the same angles:
         # the last answer is kept (keyed on the positions tensor itself, held here, so its identity is not reused)
-        key = (positions, None if positions is None else positions._version, length, offset, device, dtype,
-               self.inv_freq._version)
+        key = (
+            positions,
+            None if positions is None else positions._version,
+            length,
+            offset,
+            device,
+            dtype,
+            self.inv_freq._version,
+        )
         memo = self.__dict__.get("_memo")
         if memo is not None and memo[0][0] is key[0] and memo[0][1:] == key[1:]:
             return memo[1]
@@ -111,8 +122,9 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self._cos_sin(x.shape[-2], offset, x.device, x.dtype, positions)
         return x * cos + self._rotate_half(x) * sin
 
-    def rotate_pair(self, q: Tensor, k: Tensor, offset: int = 0, positions: Tensor | None = None
-                    ) -> tuple[Tensor, Tensor]:
+    def rotate_pair(
+        self, q: Tensor, k: Tensor, offset: int = 0, positions: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """:meth:`rotate` of queries and keys at the same positions (new tokens entering a cache): the angles are
         computed once."""
         if q.shape[-2] != k.shape[-2]:
@@ -128,8 +140,9 @@ class RotaryEmbedding(nn.Module):
 ROPE_SCALINGS = ("default", "linear", "llama3", "yarn")
 
 
-def rope_frequencies(head_dim: int, base: float = 10000.0, scaling: dict | None = None, max_len: int = 4096
-                     ) -> tuple[Tensor, float]:
+def rope_frequencies(
+    head_dim: int, base: float = 10000.0, scaling: dict | None = None, max_len: int = 4096
+) -> tuple[Tensor, float]:
     """RoPE's inverse frequencies ``(D/2,)`` and the factor on cos/sin, for ``scaling`` as HF configs spell it
     (``rope_scaling``: ``{"rope_type": "linear" | "llama3" | "yarn", "factor": ..., ...}``; None: plain RoPE).
 
@@ -141,13 +154,15 @@ def rope_frequencies(head_dim: int, base: float = 10000.0, scaling: dict | None 
     if not (isinstance(base, (int, float)) and math.isfinite(base) and base > 1):
         raise ValueError(f"rope theta (base) must be a finite number > 1, got {base!r}")
     dims = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-    inv_freq = 1.0 / (base ** dims)  # (D/2,), as HF computes it (bit-identical frequencies)
+    inv_freq = 1.0 / (base**dims)  # (D/2,), as HF computes it (bit-identical frequencies)
     if not scaling:
         return inv_freq, 1.0
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind not in ROPE_SCALINGS:
-        raise ValueError(f"rope scaling {kind!r} is not supported; supported: {ROPE_SCALINGS} (dynamic NTK and "
-                         "LongRoPE change the frequencies with the input length)")
+        raise ValueError(
+            f"rope scaling {kind!r} is not supported; supported: {ROPE_SCALINGS} (dynamic NTK and "
+            "LongRoPE change the frequencies with the input length)"
+        )
     if kind == "default":
         return inv_freq, 1.0
     factor = scaling.get("factor")

@@ -14,6 +14,7 @@ Where each variant lives:
 Everything else -- projections, rotary, the KV cache, hooks, ``head_mask``, ``capture``, statistics (of the explicit
 map for the subclasses, :func:`multihead.attention.stats.map_stats`) -- is inherited.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,13 +31,17 @@ from .attention import MultiHeadAttention
 def check_variants(*, differential: bool = False, talking_heads: bool = False, sinks: bool = False) -> None:
     """Refuse the variant combinations that cannot work, with the reason (never a silently unused parameter)."""
     if differential and talking_heads:
-        raise ValueError("differential attention and talking heads cannot be combined: each replaces the per-head "
-                         "softmax map (a difference of two maps; maps mixed across heads) and the two would leave "
-                         "talk_logits/talk_weights without a gradient; choose one")
+        raise ValueError(
+            "differential attention and talking heads cannot be combined: each replaces the per-head "
+            "softmax map (a difference of two maps; maps mixed across heads) and the two would leave "
+            "talk_logits/talk_weights without a gradient; choose one"
+        )
     if sinks and (differential or talking_heads):
         other = "differential attention" if differential else "talking heads"
-        raise ValueError(f"learned sinks cannot be combined with {other}: its map is not one softmax per head whose "
-                         "denominator a sink logit could join, so sink_logits would never be used; choose one")
+        raise ValueError(
+            f"learned sinks cannot be combined with {other}: its map is not one softmax per head whose "
+            "denominator a sink logit could join, so sink_logits would never be used; choose one"
+        )
 
 
 @dataclass
@@ -62,47 +67,90 @@ class AttentionConfig:
     def __post_init__(self) -> None:
         check_variants(differential=self.differential, talking_heads=self.talking_heads, sinks=self.sinks)
         if self.mla_latent:
-            other = [n for n in ("gate", "differential", "talking_heads", "pattern", "head_dim", "qk_norm")
-                     if getattr(self, n)]
+            other = [
+                n
+                for n in ("gate", "differential", "talking_heads", "pattern", "head_dim", "qk_norm")
+                if getattr(self, n)
+            ]
             if other:
-                raise ValueError(f"Multi-head Latent Attention (mla_latent={self.mla_latent}) does not take "
-                                 f"{', '.join(other)}: it has one softmax over its latent and no per-head output to "
-                                 "gate; turn those off or set mla_latent=0 (ALiBi and sinks it takes)")
+                raise ValueError(
+                    f"Multi-head Latent Attention (mla_latent={self.mla_latent}) does not take "
+                    f"{', '.join(other)}: it has one softmax over its latent and no per-head output to "
+                    "gate; turn those off or set mla_latent=0 (ALiBi and sinks it takes)"
+                )
         if self.pattern is not None and (self.sinks or self.differential or self.talking_heads):
-            raise ValueError("a sparse pattern runs one softmax per head on a sparse kernel; it cannot take sinks, "
-                             "differential attention or talking heads: drop the pattern or the variant")
+            raise ValueError(
+                "a sparse pattern runs one softmax per head on a sparse kernel; it cannot take sinks, "
+                "differential attention or talking heads: drop the pattern or the variant"
+            )
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "AttentionConfig":
+    def from_dict(cls, d: dict) -> AttentionConfig:
         return from_fields(cls, d)
 
     @property
-    def cross(self) -> "AttentionConfig":
+    def cross(self) -> AttentionConfig:
         """The options a cross-attention takes from this config (heads, dropout, backend; no variant)."""
-        return AttentionConfig(num_kv_heads=self.num_kv_heads, dropout=self.dropout, backend=self.backend,
-                               head_dim=self.head_dim)
+        return AttentionConfig(
+            num_kv_heads=self.num_kv_heads, dropout=self.dropout, backend=self.backend, head_dim=self.head_dim
+        )
 
-    def build(self, d_model: int, num_heads: int, *, bias: bool = True, rotary: nn.Module | None = None,
-              kdim: int | None = None, layer_index: int = 0, need_weights: bool = False,
-              out_bias: bool | None = None, norm_eps: float = 1e-6) -> nn.Module:
+    def build(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        bias: bool = True,
+        rotary: nn.Module | None = None,
+        kdim: int | None = None,
+        layer_index: int = 0,
+        need_weights: bool = False,
+        out_bias: bool | None = None,
+        norm_eps: float = 1e-6,
+    ) -> nn.Module:
         """The attention module of this config for a stack of width ``d_model`` with ``num_heads`` heads."""
         if self.mla_latent:
             from .mla import MultiHeadLatentAttention
 
             if out_bias not in (None, bias):
                 raise ValueError("Multi-head Latent Attention takes one bias setting for all its projections")
-            return MultiHeadLatentAttention(d_model, num_heads, kv_latent=self.mla_latent, rope_dim=self.mla_rope_dim,
-                                            dropout=self.dropout, backend=self.backend, bias=bias, alibi=self.alibi,
-                                            sinks=self.sinks, need_weights=need_weights)
-        return build_attention(d_model, num_heads, num_kv_heads=self.num_kv_heads, dropout=self.dropout, bias=bias,
-                               backend=self.backend, need_weights=need_weights, rotary=rotary, kdim=kdim, vdim=kdim,
-                               pattern=self.pattern, gate=self.gate, alibi=self.alibi, sinks=self.sinks,
-                               differential=self.differential, talking_heads=self.talking_heads,
-                               layer_index=layer_index, out_bias=out_bias, head_dim=self.head_dim,
-                               qk_norm=norm_eps if self.qk_norm else None)
+            return MultiHeadLatentAttention(
+                d_model,
+                num_heads,
+                kv_latent=self.mla_latent,
+                rope_dim=self.mla_rope_dim,
+                dropout=self.dropout,
+                backend=self.backend,
+                bias=bias,
+                alibi=self.alibi,
+                sinks=self.sinks,
+                need_weights=need_weights,
+            )
+        return build_attention(
+            d_model,
+            num_heads,
+            num_kv_heads=self.num_kv_heads,
+            dropout=self.dropout,
+            bias=bias,
+            backend=self.backend,
+            need_weights=need_weights,
+            rotary=rotary,
+            kdim=kdim,
+            vdim=kdim,
+            pattern=self.pattern,
+            gate=self.gate,
+            alibi=self.alibi,
+            sinks=self.sinks,
+            differential=self.differential,
+            talking_heads=self.talking_heads,
+            layer_index=layer_index,
+            out_bias=out_bias,
+            head_dim=self.head_dim,
+            qk_norm=norm_eps if self.qk_norm else None,
+        )
 
     def rotary_dim(self, head_dim: int) -> int:
         """The width a stack's shared rotary module rotates (differential attention rotates each half)."""
@@ -111,15 +159,30 @@ class AttentionConfig:
 
 # Flat fields the encoder/decoder configs had before AttentionConfig: config.json files and ``--set`` keys that
 # still name them are read into the nested config (``model.encoder.num_kv_heads`` = ``...attention.num_kv_heads``).
-LEGACY_FIELDS = {"num_kv_heads": "attention.num_kv_heads", "attn_dropout": "attention.dropout",
-                 "backend": "attention.backend", "pattern": "attention.pattern", "gate": "attention.gate",
-                 "alibi": "attention.alibi", "sinks": "attention.sinks", "differential": "attention.differential",
-                 "talking_heads": "attention.talking_heads", "mla_latent": "attention.mla_latent",
-                 "mla_rope_dim": "attention.mla_rope_dim"}
+LEGACY_FIELDS = {
+    "num_kv_heads": "attention.num_kv_heads",
+    "attn_dropout": "attention.dropout",
+    "backend": "attention.backend",
+    "pattern": "attention.pattern",
+    "gate": "attention.gate",
+    "alibi": "attention.alibi",
+    "sinks": "attention.sinks",
+    "differential": "attention.differential",
+    "talking_heads": "attention.talking_heads",
+    "mla_latent": "attention.mla_latent",
+    "mla_rope_dim": "attention.mla_rope_dim",
+}
 
 
-def build_attention(d_model: int, num_heads: int, *, differential: bool = False, talking_heads: bool = False,
-                    layer_index: int = 0, **options) -> MultiHeadAttention:
+def build_attention(
+    d_model: int,
+    num_heads: int,
+    *,
+    differential: bool = False,
+    talking_heads: bool = False,
+    layer_index: int = 0,
+    **options,
+) -> MultiHeadAttention:
     """The attention module for these options: :class:`DifferentialAttention`, :class:`TalkingHeadsAttention` or
     plain :class:`MultiHeadAttention` (``options``: its keyword arguments: ``num_kv_heads``, ``gate``, ``alibi``,
     ``sinks``, ``rotary``, ``backend``, ...). Impossible combinations are refused here, with the reason."""
@@ -178,8 +241,10 @@ class DifferentialAttention(MultiHeadAttention):
         # each head's q and k split in halves, two softmax maps over the same values, (A1 - lambda A2) V,
         # RMS-normalised per head and scaled by (1 - lambda_init)
         if self.head_dim % 2:
-            raise ValueError(f"differential attention splits each head's q and k in two; head_dim={self.head_dim} "
-                             "is odd: choose d_model / num_heads even")
+            raise ValueError(
+                f"differential attention splits each head's q and k in two; head_dim={self.head_dim} "
+                "is odd: choose d_model / num_heads even"
+            )
         half = self.head_dim // 2
         self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer_index)
         self.lambda_q = nn.Parameter(torch.randn(2, half) * 0.1)  # lambda = exp(q1.k1) - exp(q2.k2) + init
@@ -197,14 +262,25 @@ class DifferentialAttention(MultiHeadAttention):
         adjacent), the values repeated for both; then ``A1 V - lambda A2 V``, RMSNorm per head, ``1 - lambda_init``."""
         b, h, lq, d = q.shape
         g = k.shape[1]
-        halves = lambda t, n: t.view(b, n, t.shape[2], 2, d // 2).transpose(2, 3).reshape(b, 2 * n, t.shape[2], d // 2)
+
+        def halves(t: Tensor, n: int) -> Tensor:
+            return t.view(b, n, t.shape[2], 2, d // 2).transpose(2, 3).reshape(b, 2 * n, t.shape[2], d // 2)
+
         want = need_weights or self.hook_pattern.active or self.hook_stats.active
         if mask is not None and mask.alibi is not None:  # each head's slope for both of its half heads
             mask = mask.with_alibi([m for m in mask.alibi for _ in range(2)])
         if want and backend != "auto" and not get_backend(backend).capabilities.returns_weights:
             backend = "auto"
-        z2, w2 = attention(halves(q, h), halves(k, g), v.repeat_interleave(2, dim=1), mask=mask, dropout_p=p,
-                           need_weights=want, backend=backend, scale=(d // 2) ** -0.5)  # (B, 2H, Lq, D)
+        z2, w2 = attention(
+            halves(q, h),
+            halves(k, g),
+            v.repeat_interleave(2, dim=1),
+            mask=mask,
+            dropout_p=p,
+            need_weights=want,
+            backend=backend,
+            scale=(d // 2) ** -0.5,
+        )  # (B, 2H, Lq, D)
         lam = self.differential_lambda().to(z2.dtype)
         z2 = z2.view(b, h, 2, lq, d)
         z = self.diff_norm(z2[:, :, 0] - lam * z2[:, :, 1]) * (1 - self.lambda_init)  # (B, H, Lq, D)
@@ -248,8 +324,13 @@ class TalkingHeadsAttention(MultiHeadAttention):
         work = torch.promote_types(q.dtype, torch.float32)
         s = torch.matmul(q, k.transpose(-2, -1)).to(work) * q.shape[-1] ** -0.5  # (B, H, Lq, Lk)
         s = torch.einsum("bhij,hg->bgij", s, self.talk_logits.to(work))
-        dense = None if mask is None else mask.check(q.shape[0], h, q.shape[2], k.shape[2], q.device,
-                                                     q.dtype).dense(q.shape[2], k.shape[2], q.device)
+        dense = (
+            None
+            if mask is None
+            else mask.check(q.shape[0], h, q.shape[2], k.shape[2], q.device, q.dtype).dense(
+                q.shape[2], k.shape[2], q.device
+            )
+        )
         row_ok = None
         if dense is not None:
             if dense.dtype == torch.bool:
@@ -271,9 +352,17 @@ class TalkingHeadsAttention(MultiHeadAttention):
 
     def prune_heads(self, heads) -> None:
         if sorted(set(int(x) for x in heads)):
-            raise ValueError("talking-heads attention mixes its heads: removing one changes every other, so it cannot "
-                             "be pruned physically; mask heads with head_mask= instead")
+            raise ValueError(
+                "talking-heads attention mixes its heads: removing one changes every other, so it cannot "
+                "be pruned physically; mask heads with head_mask= instead"
+            )
 
 
-__all__ = ["AttentionConfig", "DifferentialAttention", "LEGACY_FIELDS", "TalkingHeadsAttention", "build_attention",
-           "check_variants"]
+__all__ = [
+    "AttentionConfig",
+    "DifferentialAttention",
+    "LEGACY_FIELDS",
+    "TalkingHeadsAttention",
+    "build_attention",
+    "check_variants",
+]

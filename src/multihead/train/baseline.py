@@ -1,4 +1,5 @@
 """TF-IDF + logistic regression on the same split: tells whether attention earned its keep."""
+
 from __future__ import annotations
 
 import time
@@ -22,5 +23,4 @@ def tfidf_baseline(splits, Cs=(0.25, 1.0, 4.0, 16.0)) -> dict:
             best = (acc, c, clf)
     acc_val, c, clf = best
     test_acc = sum(p == y for p, y in zip(clf.predict(xte), splits.test.labels)) / len(splits.test)
-    return {"test_accuracy": test_acc, "validation_accuracy": acc_val, "C": c,
-            "seconds": time.perf_counter() - t0}
+    return {"test_accuracy": test_acc, "validation_accuracy": acc_val, "C": c, "seconds": time.perf_counter() - t0}

@@ -1,5 +1,6 @@
 """What ``--resume`` needs: the weights' moving average (EMA) and the full training state (model, EMA, optimizer,
 RNG, scheduler, position) saved as one digest-checked safetensors file plus ``state.json`` in ``RUN/checkpoint/``."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -46,8 +47,10 @@ def load_model_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> No
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     tied = set(model.state_dict()) - set(model_tensors(model))
     if unexpected or set(missing) - tied:
-        raise CheckpointError(f"the weights do not fit the model: missing {sorted(set(missing) - tied)[:5]}, "
-                              f"unexpected {sorted(unexpected)[:5]}")
+        raise CheckpointError(
+            f"the weights do not fit the model: missing {sorted(set(missing) - tied)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}"
+        )
 
 
 def read_task_config(path: Path, section: str, config_cls):
@@ -73,7 +76,7 @@ def load_task_weights(path: Path, config, build) -> nn.Module:
     return model.eval()
 
 
-def state_tensors(model, opt, ema: "EMA | None" = None) -> dict[str, torch.Tensor]:
+def state_tensors(model, opt, ema: EMA | None = None) -> dict[str, torch.Tensor]:
     tensors = {f"model.{k}": v for k, v in model_tensors(model).items()}
     if ema is not None:
         tensors.update({f"ema.{k}": v for k, v in ema.shadow.items()})
@@ -86,7 +89,7 @@ def state_tensors(model, opt, ema: "EMA | None" = None) -> dict[str, torch.Tenso
     return tensors
 
 
-def restore_state(model, opt, tensors: dict[str, torch.Tensor], ema: "EMA | None" = None) -> None:
+def restore_state(model, opt, tensors: dict[str, torch.Tensor], ema: EMA | None = None) -> None:
     load_model_tensors(model, {k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
     if ema is not None:
         ema.shadow = {k[4:]: v.clone() for k, v in tensors.items() if k.startswith("ema.")}
@@ -98,7 +101,7 @@ def restore_state(model, opt, tensors: dict[str, torch.Tensor], ema: "EMA | None
     torch.set_rng_state(tensors["rng.torch"])
 
 
-def save_checkpoint(out: Path, model, opt, sched, position: dict, ema: "EMA | None" = None) -> None:
+def save_checkpoint(out: Path, model, opt, sched, position: dict, ema: EMA | None = None) -> None:
     ckpt = out / "checkpoint"
     ckpt.mkdir(parents=True, exist_ok=True)
     name = f"state-{position['step']:08d}.safetensors"
@@ -109,7 +112,7 @@ def save_checkpoint(out: Path, model, opt, sched, position: dict, ema: "EMA | No
             old.unlink()
 
 
-def restore_checkpoint(out: Path, model, opt, sched, ema: "EMA | None" = None) -> dict:
+def restore_checkpoint(out: Path, model, opt, sched, ema: EMA | None = None) -> dict:
     """Load ``out/checkpoint`` into model, optimizer, RNG, EMA and schedule (the lr set from the schedule, which
     ``load_state_dict`` leaves stale); returns the saved ``state.json`` (the run's position)."""
     state = read_json(out / "checkpoint" / "state.json", dict)
@@ -128,4 +131,15 @@ def keep_metrics(path: Path, lines: int) -> None:
         atomic_write_bytes(path, "".join(kept).encode())
 
 
-__all__ = ["EMA", "keep_metrics", "load_task_weights", "read_task_config", "restore_checkpoint", "load_model_tensors", "model_tensors", "restore_state", "save_checkpoint", "state_tensors"]
+__all__ = [
+    "EMA",
+    "keep_metrics",
+    "load_task_weights",
+    "read_task_config",
+    "restore_checkpoint",
+    "load_model_tensors",
+    "model_tensors",
+    "restore_state",
+    "save_checkpoint",
+    "state_tensors",
+]

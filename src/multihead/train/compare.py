@@ -27,6 +27,7 @@ they were trained on). Throughput is reported as the fastest seed (interference 
 every seed's number is in the JSON). ``OUT/compare.json``
 and ``OUT/compare.png`` hold the means and standard deviations over seeds.
 """
+
 from __future__ import annotations
 
 import math
@@ -61,8 +62,19 @@ def parse_variants(text: str) -> list[str]:
     return names
 
 
-def variant_config(name: str, *, data: str, seed: int, steps: int, batch_size: int, seq_len: int, lr: float,
-                   threads: int | None, size: dict | None = None, data_options: dict | None = None):
+def variant_config(
+    name: str,
+    *,
+    data: str,
+    seed: int,
+    steps: int,
+    batch_size: int,
+    seq_len: int,
+    lr: float,
+    threads: int | None,
+    size: dict | None = None,
+    data_options: dict | None = None,
+):
     """The pretraining config of one variant: the shared recipe, ``size`` (``causal.decoder`` fields: d_model,
     num_heads, num_layers, d_ff) and ``data_options`` (``data`` fields: limit, vocab_size) for all, then the
     variant's own option."""
@@ -70,10 +82,13 @@ def variant_config(name: str, *, data: str, seed: int, steps: int, batch_size: i
     from .pretrain import PretrainConfig
 
     decoder, positional, _ = VARIANTS[name]
-    over = {"data": {"name": data, "seq_len": seq_len, **(data_options or {})}, "objective": {"name": "clm"},
-            "causal": {"positional": positional, "max_len": seq_len, "decoder": {**(size or {}), **decoder}},
-            "optim": {"steps": steps, "batch_size": batch_size, "lr": lr},
-            "run": {"seed": seed, "threads": threads, "progress": False, "eval_every": steps}}
+    over = {
+        "data": {"name": data, "seq_len": seq_len, **(data_options or {})},
+        "objective": {"name": "clm"},
+        "causal": {"positional": positional, "max_len": seq_len, "decoder": {**(size or {}), **decoder}},
+        "optim": {"steps": steps, "batch_size": batch_size, "lr": lr},
+        "run": {"seed": seed, "threads": threads, "progress": False, "eval_every": steps},
+    }
     return PretrainConfig.from_dict(merge(PretrainConfig().to_dict(), over))
 
 
@@ -102,8 +117,10 @@ def matched_ffn(variants: list[str], **kwargs) -> dict[str, int]:
         slope = (p1 - p0) / 64
         width = base_ff + round((target - p0) / slope)
         if width < 1:
-            raise ValueError(f"{name} has {p0 - target:,} more parameters than mha outside the FFN at this size, more "
-                             f"than an FFN of width {base_ff} holds; pass a larger --d-ff or --no-match-params")
+            raise ValueError(
+                f"{name} has {p0 - target:,} more parameters than mha outside the FFN at this size, more "
+                f"than an FFN of width {base_ff} holds; pass a larger --d-ff or --no-match-params"
+            )
         out[name] = width
     return out
 
@@ -143,24 +160,50 @@ def measure(path: Path, *, long_factor: int = 4) -> dict:
     piece_logits = model(pieces)[:, :-1].reshape(long_rows.shape[0], long_factor, n - 1, -1)
     targets = long_rows[:, 1:].reshape(long_rows.shape[0], -1)
     inside = torch.ones(long_rows.shape[1] - 1, dtype=torch.bool)
-    inside[n - 1::n] = False  # targets that start a piece
+    inside[n - 1 :: n] = False  # targets that start a piece
     ce = torch.nn.functional.cross_entropy
     long_ppl = math.exp(float(ce(long_logits[:, inside].flatten(0, 1).float(), targets[:, inside].flatten())))
     piece_targets = long_rows.reshape(long_rows.shape[0], long_factor, n)[:, :, 1:]
     piece_ppl = math.exp(float(ce(piece_logits.flatten(0, 2).float(), piece_targets.flatten())))
-    return {"kv_cache_bytes_per_token": cache_bytes, "decode_tokens_per_second": decode,
-            "first_token_share": first, "long_perplexity": long_ppl, "pieces_perplexity": piece_ppl,
-            "long_factor": long_factor}
+    return {
+        "kv_cache_bytes_per_token": cache_bytes,
+        "decode_tokens_per_second": decode,
+        "first_token_share": first,
+        "long_perplexity": long_ppl,
+        "pieces_perplexity": piece_ppl,
+        "long_factor": long_factor,
+    }
 
 
-def run_compare(*, data: str, variants: list[str], seeds: list[int], out: Path, steps: int, batch_size: int,
-                seq_len: int, lr: float, threads: int | None = None, size: dict | None = None,
-                data_options: dict | None = None, match_params: bool = True, overwrite: bool = False,
-                log=print) -> dict:
+def run_compare(
+    *,
+    data: str,
+    variants: list[str],
+    seeds: list[int],
+    out: Path,
+    steps: int,
+    batch_size: int,
+    seq_len: int,
+    lr: float,
+    threads: int | None = None,
+    size: dict | None = None,
+    data_options: dict | None = None,
+    match_params: bool = True,
+    overwrite: bool = False,
+    log=print,
+) -> dict:
     from .._io import folder_lock
 
-    common = dict(data=data, seed=seeds[0] if seeds else 0, steps=steps, batch_size=batch_size, seq_len=seq_len,
-                  lr=lr, threads=threads, data_options=data_options)
+    common = dict(
+        data=data,
+        seed=seeds[0] if seeds else 0,
+        steps=steps,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        lr=lr,
+        threads=threads,
+        data_options=data_options,
+    )
     size = dict(size or {})
     # every variant's config and model shape is checked before any run trains (meta device: no memory)
     ffn = matched_ffn(variants, size=size, **common) if match_params else {}
@@ -170,9 +213,22 @@ def run_compare(*, data: str, variants: list[str], seeds: list[int], out: Path, 
     out = Path(out)
     with folder_lock(out):  # one comparison writes a folder at a time (each run inside is locked by pretrain too)
         out.mkdir(parents=True, exist_ok=True)
-        return _run_locked(data=data, variants=variants, seeds=seeds, out=out, steps=steps, batch_size=batch_size,
-                           seq_len=seq_len, lr=lr, threads=threads, sizes=sizes, data_options=data_options,
-                           matched=match_params, overwrite=overwrite, log=log)
+        return _run_locked(
+            data=data,
+            variants=variants,
+            seeds=seeds,
+            out=out,
+            steps=steps,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            lr=lr,
+            threads=threads,
+            sizes=sizes,
+            data_options=data_options,
+            matched=match_params,
+            overwrite=overwrite,
+            log=log,
+        )
 
 
 # run settings that do not change what a run learns, and fields pretraining fills in from the data (the vocabulary
@@ -188,8 +244,23 @@ def _same_recipe(stored: dict, cfg) -> bool:
     return stored == want
 
 
-def _run_locked(*, data, variants, seeds, out: Path, steps, batch_size, seq_len, lr, threads, sizes, data_options,
-                matched, overwrite, log) -> dict:
+def _run_locked(
+    *,
+    data,
+    variants,
+    seeds,
+    out: Path,
+    steps,
+    batch_size,
+    seq_len,
+    lr,
+    threads,
+    sizes,
+    data_options,
+    matched,
+    overwrite,
+    log,
+) -> dict:
     from .pretrain import pretrain
     from .runfolder import read_json
 
@@ -197,20 +268,33 @@ def _run_locked(*, data, variants, seeds, out: Path, steps, batch_size, seq_len,
     for name in variants:
         for seed in seeds:
             folder = out / f"{name}-s{seed}"
-            cfg = variant_config(name, data=data, seed=seed, steps=steps, batch_size=batch_size, seq_len=seq_len,
-                                 lr=lr, threads=threads, size=sizes[name], data_options=data_options)
+            cfg = variant_config(
+                name,
+                data=data,
+                seed=seed,
+                steps=steps,
+                batch_size=batch_size,
+                seq_len=seq_len,
+                lr=lr,
+                threads=threads,
+                size=sizes[name],
+                data_options=data_options,
+            )
             kind = folder_kind(folder)
             if kind not in ("missing", "empty", "run"):  # never trained over, even with --overwrite
-                raise FolderError(f"{folder} holds files that are not a run of this comparison; move them out, or "
-                                  "use another --out")
+                raise FolderError(
+                    f"{folder} holds files that are not a run of this comparison; move them out, or use another --out"
+                )
             done = (folder / "results.json").is_file()
             if kind == "run" and not _same_recipe(read_json(folder / "config.json", dict).get("pretrain", {}), cfg):
                 stale.append(folder.name)  # finished or not: another recipe is replaced only with --overwrite
                 done = False
             plan.append((name, seed, folder, cfg, done))
     if stale and not overwrite:
-        raise ValueError(f"{', '.join(stale)} in {out} were trained with another recipe (steps, size, data or "
-                         "parameter matching differ); use another --out, or --overwrite to retrain them")
+        raise ValueError(
+            f"{', '.join(stale)} in {out} were trained with another recipe (steps, size, data or "
+            "parameter matching differ); use another --out, or --overwrite to retrain them"
+        )
     rows = []
     for name, seed, folder, cfg, done in plan:
         if done:
@@ -220,16 +304,35 @@ def _run_locked(*, data, variants, seeds, out: Path, steps, batch_size, seq_len,
             log(f"{name} seed {seed}: training {steps} steps -> {folder}")
             results = pretrain(cfg, folder, overwrite=True)
         m = measure(folder)
-        rows.append({"variant": name, "seed": seed, "d_ff": cfg.causal.decoder.d_ff,
-                     "perplexity": results["validation"]["perplexity"],
-                     "parameters": results["parameters"], "train_tokens_per_second": results["tokens_per_second"],
-                     "minutes": results["minutes"], **m})
-        log(f"  perplexity {rows[-1]['perplexity']:.1f}, cache {m['kv_cache_bytes_per_token']:.0f} B/token, "
+        rows.append(
+            {
+                "variant": name,
+                "seed": seed,
+                "d_ff": cfg.causal.decoder.d_ff,
+                "perplexity": results["validation"]["perplexity"],
+                "parameters": results["parameters"],
+                "train_tokens_per_second": results["tokens_per_second"],
+                "minutes": results["minutes"],
+                **m,
+            }
+        )
+        log(
+            f"  perplexity {rows[-1]['perplexity']:.1f}, cache {m['kv_cache_bytes_per_token']:.0f} B/token, "
             f"decode {m['decode_tokens_per_second']:.0f} tok/s, first-token share "
-            + " ".join(f"{v:.3f}" for v in m["first_token_share"]))
-    payload = {"data": data, "steps": steps, "batch_size": batch_size, "seq_len": seq_len, "lr": lr, "seeds": seeds,
-               "matched_parameters": matched, "variants": {v: VARIANTS[v][2] for v in variants}, "runs": rows,
-               "summary": summarise(rows, variants)}
+            + " ".join(f"{v:.3f}" for v in m["first_token_share"])
+        )
+    payload = {
+        "data": data,
+        "steps": steps,
+        "batch_size": batch_size,
+        "seq_len": seq_len,
+        "lr": lr,
+        "seeds": seeds,
+        "matched_parameters": matched,
+        "variants": {v: VARIANTS[v][2] for v in variants},
+        "runs": rows,
+        "summary": summarise(rows, variants),
+    }
     atomic_write_json(out / "compare.json", payload)
     plot(payload, out / "compare.png")
     return payload
@@ -250,8 +353,9 @@ def summarise(rows: list[dict], variants: list[str]) -> dict:
             s[k] = (max(r[k] for r in rs), 0.0)
         s["parameters"] = rs[0]["parameters"]
         s["d_ff"] = rs[0].get("d_ff")
-        s["first_token_share"] = [statistics.fmean(r["first_token_share"][l] for r in rs)
-                                  for l in range(len(rs[0]["first_token_share"]))]
+        s["first_token_share"] = [
+            statistics.fmean(r["first_token_share"][l] for r in rs) for l in range(len(rs[0]["first_token_share"]))
+        ]
         for k in ("long_perplexity", "pieces_perplexity"):
             got = [r[k] for r in rs if r.get(k) is not None]
             s[k] = _mean_std(got) if got else None
@@ -263,17 +367,21 @@ def summarise(rows: list[dict], variants: list[str]) -> dict:
 def format_table(payload: dict) -> str:
     matched = "parameters matched through the FFN width" if payload.get("matched_parameters") else "one FFN width"
     factor = payload["runs"][0]["long_factor"] if payload["runs"] else 4
-    lines = [f"{payload['data']}, {payload['steps']} steps x {payload['batch_size']} rows x {payload['seq_len']} "
-             f"tokens, seeds {payload['seeds']} (mean +- std; tokens/s: the fastest seed), {matched}",
-             f"{'variant':<9}{'d_ff':>5}{'params':>11}{'val ppl':>15}{f'{factor}x: one pass':>16}{'in pieces':>16}"
-             f"{'KV B/tok':>10}"
-             f"{'train tok/s':>13}{'decode tok/s':>14}  first-token share by layer"]
+    lines = [
+        f"{payload['data']}, {payload['steps']} steps x {payload['batch_size']} rows x {payload['seq_len']} "
+        f"tokens, seeds {payload['seeds']} (mean +- std; tokens/s: the fastest seed), {matched}",
+        f"{'variant':<9}{'d_ff':>5}{'params':>11}{'val ppl':>15}{f'{factor}x: one pass':>16}{'in pieces':>16}"
+        f"{'KV B/tok':>10}"
+        f"{'train tok/s':>13}{'decode tok/s':>14}  first-token share by layer",
+    ]
     for v, s in payload["summary"].items():
         (pm, ps), long, pieces = s["perplexity"], s.get("long_perplexity"), s.get("pieces_perplexity")
         long_text = "".join(f"{x[0]:>9.1f} +-{x[1]:>5.1f}" if x else f"{'-':>16}" for x in (long, pieces))
-        lines.append(f"{v:<9}{s.get('d_ff') or '':>5}{s['parameters']:>11,}{pm:>8.1f} +-{ps:>5.1f}{long_text}"
-                     f"{s['kv_cache_bytes_per_token'][0]:>10.0f}{s['train_tokens_per_second'][0]:>13.0f}"
-                     f"{s['decode_tokens_per_second'][0]:>14.0f}  " + " ".join(f"{x:.3f}" for x in s["first_token_share"]))
+        lines.append(
+            f"{v:<9}{s.get('d_ff') or '':>5}{s['parameters']:>11,}{pm:>8.1f} +-{ps:>5.1f}{long_text}"
+            f"{s['kv_cache_bytes_per_token'][0]:>10.0f}{s['train_tokens_per_second'][0]:>13.0f}"
+            f"{s['decode_tokens_per_second'][0]:>14.0f}  " + " ".join(f"{x:.3f}" for x in s["first_token_share"])
+        )
     return "\n".join(lines)
 
 
@@ -286,13 +394,22 @@ def plot(payload: dict, path: Path) -> None:
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(14, 4))
     x = list(range(len(names)))
     factor = payload["runs"][0]["long_factor"] if payload["runs"] else 4
-    bars = [("perplexity", "validation, trained length", "C0"),
-            ("pieces_perplexity", f"{factor}x-length texts, in trained-length pieces", "C2"),
-            ("long_perplexity", f"the same texts in one pass ({factor}x the trained length)", "C3")]
+    bars = [
+        ("perplexity", "validation, trained length", "C0"),
+        ("pieces_perplexity", f"{factor}x-length texts, in trained-length pieces", "C2"),
+        ("long_perplexity", f"the same texts in one pass ({factor}x the trained length)", "C3"),
+    ]
     for slot, (key, label, colour) in enumerate(bars):
         vals = [s[n].get(key) or (float("nan"), 0.0) for n in names]
-        a.bar([i + (slot - 1) * 0.27 for i in x], [m for m, _ in vals], 0.27, yerr=[sd for _, sd in vals], capsize=2,
-              label=label, color=colour)
+        a.bar(
+            [i + (slot - 1) * 0.27 for i in x],
+            [m for m, _ in vals],
+            0.27,
+            yerr=[sd for _, sd in vals],
+            capsize=2,
+            label=label,
+            color=colour,
+        )
     a.set_xticks(x, names)
     a.set_yscale("log")
     a.legend(fontsize=7)
@@ -311,5 +428,13 @@ def plot(payload: dict, path: Path) -> None:
     plt.close(fig)
 
 
-__all__ = ["VARIANTS", "format_table", "matched_ffn", "measure", "parameter_count", "parse_variants", "run_compare",
-           "variant_config"]
+__all__ = [
+    "VARIANTS",
+    "format_table",
+    "matched_ffn",
+    "measure",
+    "parameter_count",
+    "parse_variants",
+    "run_compare",
+    "variant_config",
+]

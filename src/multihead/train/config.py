@@ -1,4 +1,5 @@
 """Training configuration: one dataclass per concern, saved together in the run folder's ``config.json``."""
+
 from __future__ import annotations
 
 import sys
@@ -64,8 +65,16 @@ class PretrainedConfig:
 # What `--init` changes besides the weights (applied before a config file and flags, which still win).
 # Chosen on rotten_tomatoes' validation split; see README "Pretrained heads".
 FINETUNE_DEFAULTS = {
-    "optim": {"lr": 1e-4, "epochs": 3, "batch_size": 32, "warmup": 0.1, "weight_decay": 0.01, "patience": 2,
-              "embed_init": "model", "ema_decay": 0.0},
+    "optim": {
+        "lr": 1e-4,
+        "epochs": 3,
+        "batch_size": 32,
+        "warmup": 0.1,
+        "weight_decay": 0.01,
+        "patience": 2,
+        "embed_init": "model",
+        "ema_decay": 0.0,
+    },
 }
 
 
@@ -74,9 +83,13 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     # A small model suits a 2-core CPU and 7k-sentence data sets; measured on rotten_tomatoes (3 seeds): learned
     # positions and N(0, 0.02) embeddings beat sinusoidal + N(0, 1) by ~3 points and converge in 2-5 epochs.
-    model: ClassifierConfig = field(default_factory=lambda: ClassifierConfig(
-        positional="learned", embed_init_std=0.02,
-        encoder=EncoderConfig(d_model=64, num_heads=4, num_layers=1, d_ff=128, dropout=0.3)))
+    model: ClassifierConfig = field(
+        default_factory=lambda: ClassifierConfig(
+            positional="learned",
+            embed_init_std=0.02,
+            encoder=EncoderConfig(d_model=64, num_heads=4, num_layers=1, d_ff=128, dropout=0.3),
+        )
+    )
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
     pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)
@@ -85,15 +98,18 @@ class TrainConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
+    def from_dict(cls, d: dict) -> TrainConfig:
         if not isinstance(d, dict):
-            raise ConfigError(f"invalid config: a train config is a table with sections data, model, optim, run, "
-                              f"pretrained; got {type(d).__name__}")
+            raise ConfigError(
+                f"invalid config: a train config is a table with sections data, model, optim, run, "
+                f"pretrained; got {type(d).__name__}"
+            )
         d = dict(d)
         unknown = set(d) - {"data", "model", "optim", "run", "pretrained"}
         if unknown:
-            raise ConfigError(f"invalid config: unknown sections {sorted(map(str, unknown))}; use data, model, optim, "
-                              "run, pretrained")
+            raise ConfigError(
+                f"invalid config: unknown sections {sorted(map(str, unknown))}; use data, model, optim, run, pretrained"
+            )
         config = cls(
             data=from_fields(DataConfig, d.get("data", {}), "data"),
             model=from_fields(ClassifierConfig, d["model"], "model") if "model" in d else cls().model,
@@ -105,7 +121,7 @@ class TrainConfig:
         return config
 
 
-def layered(explicit: dict | None = None) -> "TrainConfig":
+def layered(explicit: dict | None = None) -> TrainConfig:
     """Config layering, one place: defaults < fine-tuning defaults (when ``explicit`` names a pretrained encoder, as
     ``--init`` does) < ``explicit`` (a TOML file < flags < ``--set``, merged in that order by the caller).
     Validated (types, ranges, ceilings) before it is returned."""
@@ -128,13 +144,13 @@ def _pretrained_positions(name) -> int | None:
         return None  # the model's own loading reports what is wrong with it
 
 
-def finetune_config(name: str, overrides: dict | None = None) -> "TrainConfig":
+def finetune_config(name: str, overrides: dict | None = None) -> TrainConfig:
     """A config that fine-tunes pretrained encoder ``name`` (``FINETUNE_DEFAULTS``, then ``overrides``)."""
     base = merge(merge(TrainConfig().to_dict(), FINETUNE_DEFAULTS), {"pretrained": {"name": name}})
     return TrainConfig.from_dict(merge(base, overrides or {}))
 
 
-def _check(config: "TrainConfig") -> None:
+def _check(config: TrainConfig) -> None:
     if config.optim.embed_init not in ("svd", "model"):
         raise ConfigError(f"optim.embed_init must be 'svd' or 'model', got {config.optim.embed_init!r}")
     if config.optim.select not in ("accuracy", "loss"):
@@ -154,8 +170,9 @@ def load_toml(path: str | Path) -> dict:
         with path.open("rb") as f:
             return tomllib.load(f)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config file {str(path)!r} is not valid TOML ({exc}); see the README for an example") \
-            from None
+        raise ConfigError(
+            f"config file {str(path)!r} is not valid TOML ({exc}); see the README for an example"
+        ) from None
 
 
 def merge(base: dict, overrides: dict) -> dict:

@@ -1,4 +1,5 @@
 """Distributed data parallel set-up from ``torchrun``'s environment (gloo on CPU, nccl on GPU)."""
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """``optim.embed_init = "svd"``: token embeddings from latent semantic analysis of the training split (a truncated SVD
 of the token-document matrix), measured +1.5 points and half the spread across seeds on rotten_tomatoes."""
+
 from __future__ import annotations
 
 import torch
@@ -32,8 +33,7 @@ def svd_embeddings(ids: list[list[int]], vocab_size: int, dim: int, seed: int = 
 def init_embeddings(model, prepared, seed: int) -> None:
     """Overwrite the embedding rows of tokens seen in the training split (``prepared.encoded["train"]``) with LSA
     vectors; the padding row stays zero, unseen tokens keep their random init."""
-    vectors = svd_embeddings(prepared.encoded["train"].ids, model.embed.num_embeddings, model.embed.embedding_dim,
-                             seed)
+    vectors = svd_embeddings(prepared.encoded["train"].ids, model.embed.num_embeddings, model.embed.embedding_dim, seed)
     used = vectors.norm(dim=1) > 0
     with torch.no_grad():
         model.embed.weight[used] = vectors[used].to(model.embed.weight.dtype)

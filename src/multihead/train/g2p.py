@@ -17,6 +17,7 @@ The recipe (defaults): 3+3 pre-LN blocks, d_model 128, 4 heads, FFN 512, dropout
 output embedding; AdamW (lr 1e-3, weight decay 0.01), 4% linear warm-up then cosine decay to 0, label smoothing 0.1,
 gradient clipping 1.0; length-bucketed batches of 128 pronunciations.
 """
+
 from __future__ import annotations
 
 import json
@@ -75,8 +76,14 @@ def _default_model() -> Seq2SeqConfig:
     # random masks cost ~20% of a CPU step. Measured after one epoch (validation WER): dropout 0.1 / lr 1e-3 0.619,
     # dropout 0 / lr 1e-3 0.566, dropout 0 / lr 2e-3 0.554.
     side = dict(d_model=128, num_heads=4, num_layers=3, d_ff=512, dropout=0.0, norm_first=True)
-    return Seq2SeqConfig(src_vocab_size=len(G.SPECIALS) + len(G.LETTERS), tgt_vocab_size=3, max_len=64,
-                         positional="sinusoidal", encoder=EncoderConfig(**side), decoder=DecoderConfig(**side))
+    return Seq2SeqConfig(
+        src_vocab_size=len(G.SPECIALS) + len(G.LETTERS),
+        tgt_vocab_size=3,
+        max_len=64,
+        positional="sinusoidal",
+        encoder=EncoderConfig(**side),
+        decoder=DecoderConfig(**side),
+    )
 
 
 @dataclass
@@ -89,27 +96,37 @@ class G2PConfig:
     def __post_init__(self) -> None:
         """Ranges, checked before anything is read, allocated or written."""
         o, r, d = self.optim, self.run, self.data
-        rules = [("optim.epochs", o.epochs >= 1, ">= 1"), ("optim.batch_size", o.batch_size >= 1, ">= 1"),
-                 ("optim.lr", o.lr > 0, "> 0"), ("optim.warmup", 0 <= o.warmup < 1, "in [0, 1)"),
-                 ("optim.weight_decay", o.weight_decay >= 0, ">= 0"), ("optim.clip", o.clip >= 0, ">= 0"),
-                 ("optim.label_smoothing", 0 <= o.label_smoothing < 1, "in [0, 1)"),
-                 ("run.eval_words", r.eval_words >= 1, ">= 1"), ("run.beam", r.beam >= 1, ">= 1"),
-                 ("data.limit", d.limit is None or d.limit >= 1, ">= 1"),
-                 ("data.test_limit", d.test_limit is None or d.test_limit >= 1, ">= 1")]
+        rules = [
+            ("optim.epochs", o.epochs >= 1, ">= 1"),
+            ("optim.batch_size", o.batch_size >= 1, ">= 1"),
+            ("optim.lr", o.lr > 0, "> 0"),
+            ("optim.warmup", 0 <= o.warmup < 1, "in [0, 1)"),
+            ("optim.weight_decay", o.weight_decay >= 0, ">= 0"),
+            ("optim.clip", o.clip >= 0, ">= 0"),
+            ("optim.label_smoothing", 0 <= o.label_smoothing < 1, "in [0, 1)"),
+            ("run.eval_words", r.eval_words >= 1, ">= 1"),
+            ("run.beam", r.beam >= 1, ">= 1"),
+            ("data.limit", d.limit is None or d.limit >= 1, ">= 1"),
+            ("data.test_limit", d.test_limit is None or d.test_limit >= 1, ">= 1"),
+        ]
         check_rules(rules)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "G2PConfig":
+    def from_dict(cls, d: dict) -> G2PConfig:
         return from_fields(cls, d)
 
 
 # flags of `multihead train` that mean something here: override path -> G2P config path(s)
 _FLAG_PATHS = {
-    "optim.epochs": ["optim.epochs"], "optim.batch_size": ["optim.batch_size"], "optim.lr": ["optim.lr"],
-    "optim.weight_decay": ["optim.weight_decay"], "optim.warmup": ["optim.warmup"], "optim.clip": ["optim.clip"],
+    "optim.epochs": ["optim.epochs"],
+    "optim.batch_size": ["optim.batch_size"],
+    "optim.lr": ["optim.lr"],
+    "optim.weight_decay": ["optim.weight_decay"],
+    "optim.warmup": ["optim.warmup"],
+    "optim.clip": ["optim.clip"],
     "model.encoder.d_model": ["model.encoder.d_model", "model.decoder.d_model"],
     "model.encoder.num_heads": ["model.encoder.num_heads", "model.decoder.num_heads"],
     "model.encoder.num_kv_heads": ["model.encoder.num_kv_heads", "model.decoder.num_kv_heads"],
@@ -118,8 +135,11 @@ _FLAG_PATHS = {
     "model.encoder.dropout": ["model.encoder.dropout", "model.decoder.dropout"],
     "model.encoder.backend": ["model.encoder.backend", "model.decoder.backend"],
     "model.encoder.norm_first": ["model.encoder.norm_first", "model.decoder.norm_first"],
-    "model.positional": ["model.positional"], "data.limit": ["data.limit"], "run.seed": ["run.seed"],
-    "run.threads": ["run.threads"], "run.progress": ["run.progress"],
+    "model.positional": ["model.positional"],
+    "data.limit": ["data.limit"],
+    "run.seed": ["run.seed"],
+    "run.threads": ["run.threads"],
+    "run.progress": ["run.progress"],
 }
 
 
@@ -141,8 +161,10 @@ def config_from_overrides(over: dict) -> G2PConfig:
         else:
             unknown.append(key)
     if unknown:
-        raise ConfigError(f"invalid config: {', '.join(sorted(unknown))} do not apply to grapheme-to-phoneme training "
-                          f"(--data cmudict); its fields are: {', '.join(sorted(base))}")
+        raise ConfigError(
+            f"invalid config: {', '.join(sorted(unknown))} do not apply to grapheme-to-phoneme training "
+            f"(--data cmudict); its fields are: {', '.join(sorted(base))}"
+        )
     return G2PConfig.from_dict(unflatten(out))
 
 
@@ -158,11 +180,15 @@ def prepare(config: G2PConfig, out: Path | None = None, *, resume: bool = False)
     if resume and out is not None and (out / "splits.json").exists():
         record = read_json(out / "splits.json", dict)
     else:
-        record = G.split_words(lex, seed=config.data.split_seed, validation=config.data.validation,
-                               test=config.data.test)
+        record = G.split_words(
+            lex, seed=config.data.split_seed, validation=config.data.validation, test=config.data.test
+        )
     splits = G.apply_split(lex, record).limit(config.data.limit, config.data.split_seed)  # at most N words a split
-    vocab = G.G2PVocab.from_dict(read_json(out / "vocab.json", dict)) if resume and out is not None \
+    vocab = (
+        G.G2PVocab.from_dict(read_json(out / "vocab.json", dict))
+        if resume and out is not None
         else G.G2PVocab.from_lexicon(lex)
+    )
     return G2PPrepared(splits, vocab)
 
 
@@ -177,8 +203,9 @@ MAX_BEAM = 64
 
 
 @torch.no_grad()
-def transcribe(model: Seq2Seq, vocab: G.G2PVocab, words: list[str], *, beam: int = 1, batch_size: int = 256,
-               device="cpu") -> list[list[str]]:
+def transcribe(
+    model: Seq2Seq, vocab: G.G2PVocab, words: list[str], *, beam: int = 1, batch_size: int = 256, device="cpu"
+) -> list[list[str]]:
     """Pronunciations of ``words`` (already checked), greedy (``beam=1``) or beam search (``beam`` up to
     :data:`MAX_BEAM`: each step scores beam x vocabulary hypotheses per word)."""
     if not 1 <= beam <= MAX_BEAM:
@@ -200,8 +227,9 @@ def evaluate_lexicon(model: Seq2Seq, vocab: G.G2PVocab, lex: G.Lexicon, *, beam:
 
 
 # ---------------------------------------------------------------------------------------------------- training
-def train_g2p(config: G2PConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False,
-              given: dict | None = None) -> dict:
+def train_g2p(
+    config: G2PConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False, given: dict | None = None
+) -> dict:
     """Train, evaluate and save a G2P run folder; returns ``results.json``'s contents."""
     return run_task(G2PTask, config, out, resume=resume, overwrite=overwrite, given=given)
 
@@ -239,8 +267,9 @@ class G2PTask(Task):
         local = batch[part]
         s, s_keep, t_in, t_out, t_keep = G.collate_pairs([self.src[i] for i in local], [self.tgt[i] for i in local])
         logits = model(s, t_in, s_keep, t_keep)  # (B, T, V)
-        loss = F.cross_entropy(logits.flatten(0, 1), t_out.flatten(), ignore_index=-100,
-                               label_smoothing=self.config.optim.label_smoothing)
+        loss = F.cross_entropy(
+            logits.flatten(0, 1), t_out.flatten(), ignore_index=-100, label_smoothing=self.config.optim.label_smoothing
+        )
         n = int((t_out != -100).sum())
         return Step(loss, n, {"loss": loss.item() * n, "n": n})
 
@@ -253,8 +282,10 @@ class G2PTask(Task):
         return _finish(path, self.config, self.prep, minutes=run["seconds"] / 60)
 
     def epoch_message(self, epoch: int, event: dict) -> str:
-        return (f"epoch {epoch + 1}: loss {event['train_loss']:.4f} | validation WER {event['val_wer']:.4f} PER "
-                f"{event['val_per']:.4f}{' *' if event['best'] else ''} | {event['minutes']:.1f} min")
+        return (
+            f"epoch {epoch + 1}: loss {event['train_loss']:.4f} | validation WER {event['val_wer']:.4f} PER "
+            f"{event['val_per']:.4f}{' *' if event['best'] else ''} | {event['minutes']:.1f} min"
+        )
 
 
 def _finish(path: Path, config: G2PConfig, prep: G2PPrepared, *, minutes: float) -> dict:
@@ -267,16 +298,25 @@ def _finish(path: Path, config: G2PConfig, prep: G2PPrepared, *, minutes: float)
     greedy_s = time.perf_counter() - t
     t = time.perf_counter()
     beam = evaluate_lexicon(run.model, run.vocab, test, beam=config.run.beam)
-    results = {"task": "g2p", "dataset": "cmudict", "test_greedy": greedy, "test_beam": beam,
-               "train_minutes": minutes, "threads": config.run.threads, "params": sum(
-                   p.numel() for p in run.model.parameters()), "words": prep.splits.sizes(),
-               "decode_seconds": {"greedy": greedy_s, "beam": time.perf_counter() - t}}
+    results = {
+        "task": "g2p",
+        "dataset": "cmudict",
+        "test_greedy": greedy,
+        "test_beam": beam,
+        "train_minutes": minutes,
+        "threads": config.run.threads,
+        "params": sum(p.numel() for p in run.model.parameters()),
+        "words": prep.splits.sizes(),
+        "decode_seconds": {"greedy": greedy_s, "beam": time.perf_counter() - t},
+    }
     atomic_write_json(path / "results.json", results)
     plot_curve(path)
     if config.run.progress:
-        print(f"test ({greedy['words']} words): greedy WER {greedy['wer']:.4f} PER {greedy['per']:.4f}; beam "
-              f"{config.run.beam} WER {beam['wer']:.4f} PER {beam['per']:.4f} (without stress: "
-              f"{beam['wer_no_stress']:.4f} / {beam['per_no_stress']:.4f}); {minutes:.1f} min of training")
+        print(
+            f"test ({greedy['words']} words): greedy WER {greedy['wer']:.4f} PER {greedy['per']:.4f}; beam "
+            f"{config.run.beam} WER {beam['wer']:.4f} PER {beam['per']:.4f} (without stress: "
+            f"{beam['wer_no_stress']:.4f} / {beam['per_no_stress']:.4f}); {minutes:.1f} min of training"
+        )
     return results
 
 
@@ -336,5 +376,13 @@ def evaluate_run(run: G2PRunFolder, split: str = "test", *, beam: int = 1) -> di
     return {**evaluate_lexicon(run.model, run.vocab, splits[split], beam=beam), "split": split}
 
 
-__all__ = ["G2PConfig", "config_from_overrides", "evaluate_run", "is_g2p_run", "load_g2p_run", "predict_words",
-           "train_g2p", "transcribe"]
+__all__ = [
+    "G2PConfig",
+    "config_from_overrides",
+    "evaluate_run",
+    "is_g2p_run",
+    "load_g2p_run",
+    "predict_words",
+    "train_g2p",
+    "transcribe",
+]

@@ -16,6 +16,7 @@ The grounding share is what the question's cross-attention puts on the quadrant 
 asked-for item is, or the place asked about), averaged over the question's tokens and the test canvases; chance
 (uniform over the patches) is 0.25.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -37,7 +38,10 @@ from .harness import run_task
 from .vision import VisionOptim, VisionRun, VisionTask, merge_overrides, optim_rules, plot_curves
 
 QA_DATASETS = {"fashion_mnist_qa": "fashion_mnist", "digits_qa": "digits"}  # --data name -> the images it is built of
-_SIZES = {"fashion_mnist": (7, 50_000, 2_000, 10_000), "digits": (4, 20_000, 1_000, 2_000)}  # patch, canvases/epoch, val, test
+_SIZES = {
+    "fashion_mnist": (7, 50_000, 2_000, 10_000),
+    "digits": (4, 20_000, 1_000, 2_000),
+}  # patch, canvases/epoch, val, test
 
 
 def is_qa_dataset(name: str) -> bool:
@@ -68,14 +72,16 @@ class GroundingTrainConfig:
 
     def __post_init__(self) -> None:
         d = self.data
-        check_rules([
-            ("data.name", is_qa_dataset(d.name), f"one of {', '.join(QA_DATASETS)}"),
-            ("data.canvases", d.canvases is None or 1 <= d.canvases <= 10_000_000, "in [1, 10000000]"),
-            ("data.validation", d.validation is None or 1 <= d.validation <= 1_000_000, "in [1, 1000000]"),
-            ("data.test", d.test is None or 1 <= d.test <= 1_000_000, "in [1, 1000000]"),
-            ("data.limit", d.limit is None or d.limit >= 8, ">= 8"),
-            *optim_rules(self.optim),
-        ])
+        check_rules(
+            [
+                ("data.name", is_qa_dataset(d.name), f"one of {', '.join(QA_DATASETS)}"),
+                ("data.canvases", d.canvases is None or 1 <= d.canvases <= 10_000_000, "in [1, 10000000]"),
+                ("data.validation", d.validation is None or 1 <= d.validation <= 1_000_000, "in [1, 1000000]"),
+                ("data.test", d.test is None or 1 <= d.test <= 1_000_000, "in [1, 1000000]"),
+                ("data.limit", d.limit is None or d.limit >= 8, ">= 8"),
+                *optim_rules(self.optim),
+            ]
+        )
 
     @property
     def images(self) -> str:
@@ -91,7 +97,7 @@ class GroundingTrainConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "GroundingTrainConfig":
+    def from_dict(cls, d: dict) -> GroundingTrainConfig:
         return from_fields(cls, d)
 
 
@@ -100,7 +106,7 @@ def config_from_overrides(over: dict) -> GroundingTrainConfig:
     ``--layers``...) set the question stack; the image encoder is set with ``--set model.vision.encoder.X=``."""
     flat = flatten(over)
     for k in [k for k in flat if k.startswith("model.encoder.")]:  # the shared flags name the text stack here
-        flat["model.text." + k[len("model.encoder."):]] = flat.pop(k)
+        flat["model.text." + k[len("model.encoder.") :]] = flat.pop(k)
     merged = merge_overrides(flat, GroundingTrainConfig(), "the grounding task")
     images = QA_DATASETS.get(merged["data.name"])
     if images:  # the canvas is two images a side; the default patch keeps 4x4 patches per item
@@ -134,15 +140,22 @@ def held_out(split: tuple[torch.Tensor, torch.Tensor], n: int, seed: int, vocab:
 
 
 @torch.no_grad()
-def answer(model: GroundedQA, canvases: torch.Tensor, questions: torch.Tensor, *, batch_size: int = 256,
-           cross_head_mask=None, patterns: bool = False) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+def answer(
+    model: GroundedQA,
+    canvases: torch.Tensor,
+    questions: torch.Tensor,
+    *,
+    batch_size: int = 256,
+    cross_head_mask=None,
+    patterns: bool = False,
+) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
     """Answer probabilities ``(N, answers)`` for uint8 canvases; with ``patterns``, also each cross-attention layer's
     weights ``(N, H, T, patches)``."""
     model.eval()
     probs, pats = [], []
     layers = [i for i, (n, _) in enumerate(attention_modules(model)) if ".cross_attn" in n]
     for i in range(0, len(canvases), batch_size):
-        x, q = I.to_float(canvases[i:i + batch_size]), questions[i:i + batch_size]
+        x, q = I.to_float(canvases[i : i + batch_size]), questions[i : i + batch_size]
         if patterns:
             with capture(model, ("pattern",), layers=layers) as cache:
                 out = model(x, q, cross_head_mask=cross_head_mask)
@@ -158,22 +171,33 @@ def score(model: GroundedQA, data: HeldOut, *, cross_head_mask=None, patterns: b
     """Accuracy overall and per question kind, loss; with ``patterns`` the grounding share per layer and head."""
     probs, pats = answer(model, data.canvases, data.questions, cross_head_mask=cross_head_mask, patterns=patterns)
     right = probs.argmax(-1) == data.answers
-    out = {"accuracy": right.float().mean().item(), "n": len(right),
-           "loss": F.nll_loss(probs.clamp_min(1e-12).log(), data.answers).item()}
+    out = {
+        "accuracy": right.float().mean().item(),
+        "n": len(right),
+        "loss": F.nll_loss(probs.clamp_min(1e-12).log(), data.answers).item(),
+    }
     for k, kind in enumerate(G.KINDS):
         sel = data.specs.kind == k
         out[kind] = right[sel].float().mean().item() if sel.any() else float("nan")
     if patterns:
         share = grounding_share(pats, data.questions, data.specs.quadrant, model.config.vision)  # (layers, H)
         out["grounding_share"] = share.tolist()
-        out["grounding_best"] = {"share": share.max().item(), "layer": int(share.max(1).values.argmax()),
-                                 "head": int(share.flatten().argmax() % share.shape[1])}
+        out["grounding_best"] = {
+            "share": share.max().item(),
+            "layer": int(share.max(1).values.argmax()),
+            "head": int(share.flatten().argmax() % share.shape[1]),
+        }
         out["grounding_mean"] = share.mean().item()
-        out["grounding_by_kind"] = {kind: grounding_share([p[data.specs.kind == k] for p in pats],
-                                                          data.questions[data.specs.kind == k],
-                                                          data.specs.quadrant[data.specs.kind == k],
-                                                          model.config.vision).tolist()
-                                    for k, kind in enumerate(G.KINDS) if (data.specs.kind == k).any()}
+        out["grounding_by_kind"] = {
+            kind: grounding_share(
+                [p[data.specs.kind == k] for p in pats],
+                data.questions[data.specs.kind == k],
+                data.specs.quadrant[data.specs.kind == k],
+                model.config.vision,
+            ).tolist()
+            for k, kind in enumerate(G.KINDS)
+            if (data.specs.kind == k).any()
+        }
     return out
 
 
@@ -183,8 +207,14 @@ def masked_cross(model: GroundedQA) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------- training
-def train_grounding(config: GroundingTrainConfig, out: str | Path, *, resume: bool = False,
-                    overwrite: bool = False, given: dict | None = None) -> dict:
+def train_grounding(
+    config: GroundingTrainConfig,
+    out: str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    given: dict | None = None,
+) -> dict:
     return run_task(GroundingTask, config, out, resume=resume, overwrite=overwrite, given=given)
 
 
@@ -204,8 +234,10 @@ class GroundingTask(VisionTask):
         cfg.model.max_question = self.vocab.max_len
         c, h, _ = self.splits.train.image_shape
         if (c, 2 * h) != (cfg.model.vision.channels, cfg.model.vision.image_size):
-            raise ConfigError(f"the canvases are {c}x{2 * h}x{2 * h}; model.vision has channels "
-                              f"{cfg.model.vision.channels}, image_size {cfg.model.vision.image_size}")
+            raise ConfigError(
+                f"the canvases are {c}x{2 * h}x{2 * h}; model.vision has channels "
+                f"{cfg.model.vision.channels}, image_size {cfg.model.vision.image_size}"
+            )
         n, v, t = cfg.sizes()
         self.n_train = n
         seed = cfg.run.seed
@@ -236,25 +268,35 @@ class GroundingTask(VisionTask):
         test = score(run.model, self.test, patterns=True)
         cut = score(run.model, self.test, cross_head_mask=masked_cross(run.model))
         results = {
-            "task": "text-image grounding", "dataset": cfg.data.name, "best_epoch": pos["best_epoch"],
-            "test": test, "cross_heads_masked": cut,
+            "task": "text-image grounding",
+            "dataset": cfg.data.name,
+            "best_epoch": pos["best_epoch"],
+            "test": test,
+            "cross_heads_masked": cut,
             "chance": {"where": 1 / 4, "what": 1 / len(self.vocab.class_names), "grounding_share": 0.25},
             "validation": score(run.model, self.val),
-            "train_minutes": pos["minutes"], "threads": cfg.run.threads,
+            "train_minutes": pos["minutes"],
+            "threads": cfg.run.threads,
             "parameters": sum(p.numel() for p in run.model.parameters()),
-            "canvases": {"train_per_epoch": self.n_train, "validation": len(self.val.answers),
-                         "test": len(self.test.answers), "patches": cfg.model.vision.num_patches},
+            "canvases": {
+                "train_per_epoch": self.n_train,
+                "validation": len(self.val.answers),
+                "test": len(self.test.answers),
+                "patches": cfg.model.vision.num_patches,
+            },
             "answers": self.vocab.answers,
         }
         atomic_write_json(path / "results.json", results)
         plot_curves(path)
         plot_share(test["grounding_share"], path / "grounding")
         if cfg.run.progress:
-            print(f"test accuracy {test['accuracy']:.4f} (where {test['where']:.4f}, what {test['what']:.4f}; "
-                  f"{test['n']} canvases); cross-attention masked: {cut['accuracy']:.4f} (where {cut['where']:.4f}, "
-                  f"what {cut['what']:.4f}); grounding share best {test['grounding_best']['share']:.3f} (layer "
-                  f"{test['grounding_best']['layer']} head {test['grounding_best']['head']}), mean "
-                  f"{test['grounding_mean']:.3f} (chance 0.25); {pos['minutes']:.1f} min of training")
+            print(
+                f"test accuracy {test['accuracy']:.4f} (where {test['where']:.4f}, what {test['what']:.4f}; "
+                f"{test['n']} canvases); cross-attention masked: {cut['accuracy']:.4f} (where {cut['where']:.4f}, "
+                f"what {cut['what']:.4f}); grounding share best {test['grounding_best']['share']:.3f} (layer "
+                f"{test['grounding_best']['layer']} head {test['grounding_best']['head']}), mean "
+                f"{test['grounding_mean']:.3f} (chance 0.25); {pos['minutes']:.1f} min of training"
+            )
         return results
 
 
@@ -287,7 +329,7 @@ class GroundingRunFolder:
 
     @property
     def vocab(self) -> G.QuestionVocab:
-        return G.QuestionVocab(self.answers[len(G.QUADRANTS):])
+        return G.QuestionVocab(self.answers[len(G.QUADRANTS) :])
 
 
 def is_grounding_run(path: str | Path) -> bool:
@@ -310,10 +352,28 @@ def test_canvases(run: GroundingRunFolder) -> HeldOut:
 def evaluate_run(run: GroundingRunFolder) -> dict:
     """Accuracy and loss on the run's held-out test canvases, overall and per question kind."""
     r = score(run.model, test_canvases(run))
-    return {"dataset": run.config.data.name, "split": "test", "accuracy": r["accuracy"], "loss": r["loss"],
-            "n": r["n"], "by_kind": {k: r[k] for k in G.KINDS}}
+    return {
+        "dataset": run.config.data.name,
+        "split": "test",
+        "accuracy": r["accuracy"],
+        "loss": r["loss"],
+        "n": r["n"],
+        "by_kind": {k: r[k] for k in G.KINDS},
+    }
 
 
-__all__ = ["GroundingTrainConfig", "QA_DATASETS", "answer", "config_from_overrides", "evaluate_run", "held_out",
-           "is_grounding_run",
-           "is_qa_dataset", "load_grounding_run", "masked_cross", "score", "test_canvases", "train_grounding"]
+__all__ = [
+    "GroundingTrainConfig",
+    "QA_DATASETS",
+    "answer",
+    "config_from_overrides",
+    "evaluate_run",
+    "held_out",
+    "is_grounding_run",
+    "is_qa_dataset",
+    "load_grounding_run",
+    "masked_cross",
+    "score",
+    "test_canvases",
+    "train_grounding",
+]

@@ -28,6 +28,7 @@ checkpoint use, the best checkpoint by the task's validation score, early stoppi
 global batch is the same for any process count; each rank takes ``batch[rank::world]``, its mean loss weighted so
 that DDP's gradient average equals the global mean) and a check that the replicas agree at the end.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -171,8 +172,10 @@ class Task:
     def epoch_message(self, epoch: int, event: dict) -> str:
         """The line printed after each validation (when ``run.progress``)."""
         vals = ", ".join(f"{k[4:]} {v:.4f}" for k, v in event.items() if k.startswith("val_") and isinstance(v, float))
-        return (f"epoch {epoch + 1}: train loss {event.get('train_loss', float('nan')):.4f} | validation {vals}"
-                f"{' *' if event.get('best') else ''} | {event['minutes']:.1f} min")
+        return (
+            f"epoch {epoch + 1}: train loss {event.get('train_loss', float('nan')):.4f} | validation {vals}"
+            f"{' *' if event.get('best') else ''} | {event['minutes']:.1f} min"
+        )
 
 
 # ------------------------------------------------------------------------------------------------- the run folder
@@ -225,8 +228,10 @@ def check_inputs(out: Path, config, task_cls: type[Task]) -> None:
         return
     changed = provenance.changes(read_json(path, dict), provenance.record(task_cls.inputs(config)))
     if changed:
-        raise ConfigError(f"--resume continues {out} on the inputs it started with, and they changed: "
-                          f"{'; '.join(changed)}. Restore them, or start a new run (another --out, or --overwrite)")
+        raise ConfigError(
+            f"--resume continues {out} on the inputs it started with, and they changed: "
+            f"{'; '.join(changed)}. Restore them, or start a new run (another --out, or --overwrite)"
+        )
 
 
 def recorded_config(out: Path, task_cls: type[Task], given: dict | None = None):
@@ -234,17 +239,23 @@ def recorded_config(out: Path, task_cls: type[Task], given: dict | None = None):
     differ from it are refused by name, matching ones accepted."""
     section = task_cls.section
     if not (out / "checkpoint" / "state.json").exists():
-        raise CheckpointError(f"nothing to resume in {out}: it holds no checkpoint/state.json. Start a new run: drop "
-                              "--resume (add --overwrite to replace what is there)")
+        raise CheckpointError(
+            f"nothing to resume in {out}: it holds no checkpoint/state.json. Start a new run: drop "
+            "--resume (add --overwrite to replace what is there)"
+        )
     recorded = read_json(out / "config.json", dict)
     if section not in recorded:
-        raise CheckpointError(f"nothing to resume in {out}: it is not a {section} run folder (its config.json has no "
-                              f"{section!r} section); drop --resume to start one")
+        raise CheckpointError(
+            f"nothing to resume in {out}: it is not a {section} run folder (its config.json has no "
+            f"{section!r} section); drop --resume to start one"
+        )
     conflicts = resume_conflicts(recorded[section], given or {}, task_cls.config_from_overrides)
     if conflicts:
-        raise ConfigError(f"--resume continues {out} exactly as it was started; these options differ from the "
-                          f"recorded run: {'; '.join(conflicts)}. Drop them to resume, or start a new run (another "
-                          "--out, or --overwrite)")
+        raise ConfigError(
+            f"--resume continues {out} exactly as it was started; these options differ from the "
+            f"recorded run: {'; '.join(conflicts)}. Drop them to resume, or start a new run (another "
+            "--out, or --overwrite)"
+        )
     try:
         config = task_cls.config_from_dict(recorded[section])
     except (ValueError, KeyError, TypeError) as exc:
@@ -257,8 +268,7 @@ def recorded_config(out: Path, task_cls: type[Task], given: dict | None = None):
     return config
 
 
-def start_config(out: Path, config, task_cls: type[Task], *, resume: bool, overwrite: bool,
-                 given: dict | None = None):
+def start_config(out: Path, config, task_cls: type[Task], *, resume: bool, overwrite: bool, given: dict | None = None):
     """The config a run at ``out`` runs with: the recorded one on ``resume`` (see :func:`recorded_config`);
     otherwise ``config``, after refusing to replace an existing run without ``overwrite``. Applies (or records) the
     thread count: a resumed run gets the count it was started with, so its reductions run in the same order."""
@@ -268,8 +278,10 @@ def start_config(out: Path, config, task_cls: type[Task], *, resume: bool, overw
         config = recorded_config(out, task_cls, given)
         check_inputs(out, config, task_cls)
     elif folder_kind(out) == "run" and not overwrite:
-        raise RunExistsError(f"{out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
-                             "or choose another --out")
+        raise RunExistsError(
+            f"{out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
+            "or choose another --out"
+        )
     else:  # before any data is read: a folder of other files, or one holding an input, is refused
         check_target(out, "run", overwrite=overwrite, sources=tuple(task_cls.inputs(config).values()))
         absolute_inputs(config, task_cls)
@@ -305,8 +317,16 @@ class run_folder:
             self._inner.__exit__(*exc)
 
 
-def run_task(task_cls: type[Task], config, out: str | Path, *, resume: bool = False, overwrite: bool = False,
-             given: dict | None = None, device: torch.device | None = None) -> dict:
+def run_task(
+    task_cls: type[Task],
+    config,
+    out: str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    given: dict | None = None,
+    device: torch.device | None = None,
+) -> dict:
     """Train ``task_cls`` on ``config`` into the run folder ``out`` (see the module docstring); returns the
     results (also ``results.json``; empty on ranks other than 0)."""
     out = Path(out)
@@ -333,8 +353,10 @@ def param_groups(model: nn.Module, lr: float, weight_decay: float, *, no_decay_n
         no_decay = p.dim() < 2 or name in no_decay_names
         scale = lr_scale(name) if lr_scale else 1.0
         groups.setdefault((scale, no_decay), []).append(p)
-    return [{"params": ps, "lr": lr * scale, "weight_decay": 0.0 if nd else weight_decay}
-            for (scale, nd), ps in sorted(groups.items(), key=lambda kv: (-kv[0][0], kv[0][1]))]
+    return [
+        {"params": ps, "lr": lr * scale, "weight_decay": 0.0 if nd else weight_decay}
+        for (scale, nd), ps in sorted(groups.items(), key=lambda kv: (-kv[0][0], kv[0][1]))
+    ]
 
 
 def warmup_schedule(opt: torch.optim.Optimizer, total: int, warmup: float, decay: str = "linear"):
@@ -363,8 +385,11 @@ def replicas_agree(model: nn.Module, dist_info) -> dict:
     flat = torch.cat([p.detach().reshape(-1).float().cpu() for p in unwrap(model).parameters()])
     gathered = [torch.empty_like(flat) for _ in range(dist_info.world_size)]
     torch.distributed.all_gather(gathered, flat)
-    return {"world_size": dist_info.world_size, "backend": torch.distributed.get_backend(),
-            "max_param_diff_across_ranks": max((g - gathered[0]).abs().max().item() for g in gathered)}
+    return {
+        "world_size": dist_info.world_size,
+        "backend": torch.distributed.get_backend(),
+        "max_param_diff_across_ranks": max((g - gathered[0]).abs().max().item() for g in gathered),
+    }
 
 
 def _zero_stats() -> dict:
@@ -373,9 +398,21 @@ def _zero_stats() -> dict:
 
 def fresh_position(world_size: int = 1) -> dict:
     """Where a run stands; saved in every checkpoint, so a resume continues mid-epoch with the same statistics."""
-    return {"epoch": 0, "batch": 0, "step": 0, "best_score": -math.inf, "best_epoch": -1, "bad_epochs": 0,
-            "seconds": 0.0, "tokens": 0, "metrics_lines": 0, "world_size": world_size, "stopped": False,
-            "epoch_stats": _zero_stats(), "window": _zero_stats()}
+    return {
+        "epoch": 0,
+        "batch": 0,
+        "step": 0,
+        "best_score": -math.inf,
+        "best_epoch": -1,
+        "bad_epochs": 0,
+        "seconds": 0.0,
+        "tokens": 0,
+        "metrics_lines": 0,
+        "world_size": world_size,
+        "stopped": False,
+        "epoch_stats": _zero_stats(),
+        "window": _zero_stats(),
+    }
 
 
 class Loop:
@@ -387,9 +424,12 @@ class Loop:
         self.task, self.folder, self.dist = task, folder, dist_info
         self.main, self.world, self.rank = dist_info.is_main, dist_info.world_size, dist_info.rank
         self.model = task.model.to(task.device)
-        self.opt = torch.optim.AdamW(param_groups(self.model, oc.lr, oc.weight_decay,
-                                                  no_decay_names=task.no_decay_names, lr_scale=task.lr_scale),
-                                     lr=oc.lr)
+        self.opt = torch.optim.AdamW(
+            param_groups(
+                self.model, oc.lr, oc.weight_decay, no_decay_names=task.no_decay_names, lr_scale=task.lr_scale
+            ),
+            lr=oc.lr,
+        )
         self.total = task.total_steps()
         self.sched = warmup_schedule(self.opt, self.total, oc.warmup, task.schedule)
         self.ema = EMA(self.model, task.ema_decay) if task.ema_decay > 0 else None
@@ -401,12 +441,16 @@ class Loop:
             state = restore_checkpoint(path, self.model, self.opt, self.sched, self.ema)
             missing = set(self.position) - set(state)
             if missing:
-                raise CheckpointError(f"{path / 'checkpoint'} was written by an older multihead (its position lacks "
-                                      f"{', '.join(sorted(missing))}); it cannot be resumed: start a new run")
+                raise CheckpointError(
+                    f"{path / 'checkpoint'} was written by an older multihead (its position lacks "
+                    f"{', '.join(sorted(missing))}); it cannot be resumed: start a new run"
+                )
             if state["world_size"] != self.world:
-                raise ConfigError(f"{path} was trained with {state['world_size']} process(es); resume it with the "
-                                  f"same count (torchrun --nproc_per_node {state['world_size']}): how each batch is "
-                                  "split across processes, and their random draws, depend on it")
+                raise ConfigError(
+                    f"{path} was trained with {state['world_size']} process(es); resume it with the "
+                    f"same count (torchrun --nproc_per_node {state['world_size']}): how each batch is "
+                    "split across processes, and their random draws, depend on it"
+                )
             self.position = {k: state[k] for k in self.position}
             if self.main:
                 keep_metrics(path / "metrics.jsonl", self.position["metrics_lines"])
@@ -462,9 +506,17 @@ class Loop:
         if not self.main:
             return {}
         self.publish()  # a run with nothing to validate (no batches) is published when it ends
-        results = task.finish(self.folder.path, {"seconds": pos["seconds"], "best_epoch": pos["best_epoch"],
-                                                 "stopped_early": pos["stopped"], "step": pos["step"],
-                                                 "tokens": pos["tokens"], "world_size": self.world})
+        results = task.finish(
+            self.folder.path,
+            {
+                "seconds": pos["seconds"],
+                "best_epoch": pos["best_epoch"],
+                "stopped_early": pos["stopped"],
+                "step": pos["step"],
+                "tokens": pos["tokens"],
+                "world_size": self.world,
+            },
+        )
         if ddp:
             results["distributed"] = ddp
         atomic_write_json(self.folder.path / "results.json", results)
@@ -479,8 +531,13 @@ class Loop:
         batches = task.batches(epoch)
         self.model.train()
         label = f"epoch {epoch + 1}/{task.epochs}" if task.epochs > 1 or not task.validate_every else task.section
-        bar = tqdm(total=len(batches), initial=pos["batch"], desc=label, disable=not (self.main and cfg.run.progress),
-                   leave=False)
+        bar = tqdm(
+            total=len(batches),
+            initial=pos["batch"],
+            desc=label,
+            disable=not (self.main and cfg.run.progress),
+            leave=False,
+        )
         t_epoch, tokens_before = self._clock(), pos["tokens"]
         save_every = getattr(cfg.run, "save_every", 0)
         for bi in range(pos["batch"], len(batches)):
@@ -491,9 +548,11 @@ class Loop:
             pos["batch"] = bi + 1
             win = pos["epoch_stats"]
             bar.update(1)
-            bar.set_postfix(loss=f"{win['loss'] / max(win['n'], 1):.3f}", **(
-                {"acc": f"{win['correct'] / max(win['n'], 1):.3f}"} if task.reports_accuracy else {}),
-                tok_s=f"{(pos['tokens'] - tokens_before) / max(self._clock() - t_epoch, 1e-9):.0f}")
+            bar.set_postfix(
+                loss=f"{win['loss'] / max(win['n'], 1):.3f}",
+                **({"acc": f"{win['correct'] / max(win['n'], 1):.3f}"} if task.reports_accuracy else {}),
+                tok_s=f"{(pos['tokens'] - tokens_before) / max(self._clock() - t_epoch, 1e-9):.0f}",
+            )
             last = bi + 1 == len(batches)
             if task.validate_every and (pos["step"] % task.validate_every == 0 or last):
                 self.validate(epoch, bar)
@@ -505,8 +564,18 @@ class Loop:
         bar.close()
         if not task.validate_every:
             seconds = self._clock() - t_epoch
-            self.validate(epoch, bar, {"epoch_seconds": seconds, **({"tokens_per_second": (
-                pos["tokens"] - tokens_before) / max(seconds, 1e-9)} if pos["tokens"] else {})})
+            self.validate(
+                epoch,
+                bar,
+                {
+                    "epoch_seconds": seconds,
+                    **(
+                        {"tokens_per_second": (pos["tokens"] - tokens_before) / max(seconds, 1e-9)}
+                        if pos["tokens"]
+                        else {}
+                    ),
+                },
+            )
         pos.update(epoch=epoch + 1, batch=0, epoch_stats=_zero_stats())
         pos["stopped"] = bool(task.patience and pos["bad_epochs"] >= task.patience)
         self.save()
@@ -533,8 +602,17 @@ class Loop:
         pos["tokens"] += int(out.stats.get("tokens", 0))
         pos["seconds"] = self._clock()
         if pos["step"] % task.log_every == 0 or pos["step"] == self.total:
-            self.log({"event": "train", **self._epoch_field(epoch), "step": pos["step"], **self._stats(pos["window"]),
-                      "lr": self.sched.get_last_lr()[0], **self._throughput(), "minutes": pos["seconds"] / 60})
+            self.log(
+                {
+                    "event": "train",
+                    **self._epoch_field(epoch),
+                    "step": pos["step"],
+                    **self._stats(pos["window"]),
+                    "lr": self.sched.get_last_lr()[0],
+                    **self._throughput(),
+                    "minutes": pos["seconds"] / 60,
+                }
+            )
             pos["window"] = _zero_stats()
 
     def validate(self, epoch: int, bar, timing: dict | None = None) -> None:
@@ -552,14 +630,25 @@ class Loop:
             pos["best_score"], pos["best_epoch"], pos["bad_epochs"] = val["score"], epoch + 1, 0
             if self.main and task.keep_best:
                 fmt = task.model_format or f"multihead.{type(scored).__name__}"
-                save_checked(self.folder.path / "model.safetensors", model_tensors(scored),
-                             {"format": fmt, "epoch": str(epoch + 1)})
+                save_checked(
+                    self.folder.path / "model.safetensors",
+                    model_tensors(scored),
+                    {"format": fmt, "epoch": str(epoch + 1)},
+                )
         else:
             pos["bad_epochs"] += 1
         train = {} if task.validate_every else {f"train_{k}": v for k, v in self._stats(pos["epoch_stats"]).items()}
-        event = {"event": "eval", **self._epoch_field(epoch), "step": pos["step"], **train, **task.eval_fields(val),
-                 "minutes": pos["seconds"] / 60, **(timing or {}), "threads": torch.get_num_threads(),
-                 **({"best": improved} if task.keep_best else {})}
+        event = {
+            "event": "eval",
+            **self._epoch_field(epoch),
+            "step": pos["step"],
+            **train,
+            **task.eval_fields(val),
+            "minutes": pos["seconds"] / 60,
+            **(timing or {}),
+            "threads": torch.get_num_threads(),
+            **({"best": improved} if task.keep_best else {}),
+        }
         self.log(event)
         if self.main and task.config.run.progress:
             bar.write(task.epoch_message(epoch, event))
@@ -588,6 +677,19 @@ class Loop:
         return int(t.item())
 
 
-__all__ = ["Loop", "RESUME_MAY_CHANGE", "RunExistsError", "Step", "Task", "param_groups", "recorded_config",
-           "replicas_agree", "resume_conflicts", "run_folder", "run_task", "start_config", "unwrap",
-           "warmup_schedule"]
+__all__ = [
+    "Loop",
+    "RESUME_MAY_CHANGE",
+    "RunExistsError",
+    "Step",
+    "Task",
+    "param_groups",
+    "recorded_config",
+    "replicas_agree",
+    "resume_conflicts",
+    "run_folder",
+    "run_task",
+    "start_config",
+    "unwrap",
+    "warmup_schedule",
+]

@@ -1,4 +1,5 @@
 """Load a run folder and use it: predict texts, evaluate on a dataset. Nothing is unpickled."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,35 +32,48 @@ def load_run(path: str | Path, device: str = "cpu") -> Run:
         raise CheckpointError(f"run folder {str(path)!r} does not exist; pass the --out folder of a training run")
     recorded = read_json(path / "config.json", dict)
     if not isinstance(recorded.get("train"), dict):
-        raise CheckpointError(f"{path / 'config.json'} has no 'train' section: {path} is not a multihead run folder"
-                              + (" (it looks like an HF model folder: load it by its path as a pretrained model)"
-                                 if "model_type" in recorded else ""))
+        raise CheckpointError(
+            f"{path / 'config.json'} has no 'train' section: {path} is not a multihead run folder"
+            + (
+                " (it looks like an HF model folder: load it by its path as a pretrained model)"
+                if "model_type" in recorded
+                else ""
+            )
+        )
     try:
         config = TrainConfig.from_dict(recorded["train"])  # types, ranges and size ceilings
     except ValueError as exc:
         raise CheckpointError(f"{path / 'config.json'}: {exc}") from None
     labels = read_json(path / "labels.json", list)
     if not labels or not all(isinstance(x, str) for x in labels) or len(set(labels)) != len(labels):
-        raise CheckpointError(f"{path / 'labels.json'} must be a list of distinct class names (strings), one per "
-                              "model output; it is corrupt")
+        raise CheckpointError(
+            f"{path / 'labels.json'} must be a list of distinct class names (strings), one per "
+            "model output; it is corrupt"
+        )
     if len(labels) != config.model.num_classes:
         raise CheckpointError(f"labels.json has {len(labels)} classes but the model has {config.model.num_classes}")
-    check_shapes(meta_shapes(lambda: TransformerClassifier.from_config(config.model)),
-                 header_shapes(path / "model.safetensors"), path / "model.safetensors")  # before allocating
+    check_shapes(
+        meta_shapes(lambda: TransformerClassifier.from_config(config.model)),
+        header_shapes(path / "model.safetensors"),
+        path / "model.safetensors",
+    )  # before allocating
     if not (path / "tokenizer.json").exists():
         raise CheckpointError(f"{path / 'tokenizer.json'} is missing; the run folder is incomplete")
     try:
         tokenizer = D.load_tokenizer(path / "tokenizer.json")
     except Exception as exc:  # the tokenizers library raises plain Exception for a malformed file
-        raise CheckpointError(f"{path / 'tokenizer.json'} is not a readable tokenizer file "
-                              f"({str(exc).splitlines()[0][:200]}); it is corrupt") from None
+        raise CheckpointError(
+            f"{path / 'tokenizer.json'} is not a readable tokenizer file "
+            f"({str(exc).splitlines()[0][:200]}); it is corrupt"
+        ) from None
     tensors, _ = load_checked(path / "model.safetensors")
     model = TransformerClassifier.from_config(config.model)
     try:
         model.load_state_dict(tensors)
     except RuntimeError as exc:
-        raise CheckpointError(f"{path / 'model.safetensors'} does not fit the model in config.json: "
-                              f"{str(exc).splitlines()[0]}") from None
+        raise CheckpointError(
+            f"{path / 'model.safetensors'} does not fit the model in config.json: {str(exc).splitlines()[0]}"
+        ) from None
     return Run(path, config, model.to(device).eval(), tokenizer, labels)
 
 
@@ -70,13 +84,24 @@ def predict(run: Run, texts: list[str]) -> list[dict]:
     out = []
     for text, p in zip(texts, probs.tolist()):
         best = max(range(len(p)), key=p.__getitem__)
-        out.append({"text": text, "label": run.labels[best],
-                    "probabilities": {name: round(v, 6) for name, v in zip(run.labels, p)}})
+        out.append(
+            {
+                "text": text,
+                "label": run.labels[best],
+                "probabilities": {name: round(v, 6) for name, v in zip(run.labels, p)},
+            }
+        )
     return out
 
 
-def examples(run: Run, data: str | None = None, *, splits: tuple[str, ...] = ("test",),
-             text_column: str | None = None, label_column: str | None = None) -> tuple[str, dict]:
+def examples(
+    run: Run,
+    data: str | None = None,
+    *,
+    splits: tuple[str, ...] = ("test",),
+    text_column: str | None = None,
+    label_column: str | None = None,
+) -> tuple[str, dict]:
     """``(dataset name, {split: (token ids, label indices, texts truncated)})`` for ``splits`` (train/validation/
     test: the run's recorded split; all: every row) of ``data`` (default: the dataset the run was trained on),
     from one read of the data."""
@@ -85,8 +110,10 @@ def examples(run: Run, data: str | None = None, *, splits: tuple[str, ...] = ("t
     ds = D.load(name, text_column=text_column or dc.text_column, label_column=label_column or dc.label_column)
     unknown = sorted(set(ds.labels) - set(run.labels))
     if unknown:
-        raise D.DataError(f"labels {unknown} in {name!r} are not among the model's classes {run.labels}; evaluate on "
-                          "data with the same label set (or map the labels first)")
+        raise D.DataError(
+            f"labels {unknown} in {name!r} are not among the model's classes {run.labels}; evaluate on "
+            "data with the same label set (or map the labels first)"
+        )
     parts = {}
     recorded = None
     for one in splits:
@@ -94,11 +121,14 @@ def examples(run: Run, data: str | None = None, *, splits: tuple[str, ...] = ("t
             parts[one] = ds
         elif one in ("train", "validation", "test"):
             if name != D.canonical_name(dc.name):
-                raise D.DataError(f"{name!r} is not the dataset this run was trained on ({dc.name!r}), so it has "
-                                  "no recorded split; use --split all")
+                raise D.DataError(
+                    f"{name!r} is not the dataset this run was trained on ({dc.name!r}), so it has "
+                    "no recorded split; use --split all"
+                )
             if recorded is None:
-                recorded = dict(zip(("train", "validation", "test"),
-                                    D.apply_split(ds, read_json(run.path / "splits.json"))))
+                recorded = dict(
+                    zip(("train", "validation", "test"), D.apply_split(ds, read_json(run.path / "splits.json")))
+                )
             parts[one] = recorded[one]
         else:
             raise D.DataError(f"unknown split {one!r}; choose train, validation, test or all")
@@ -110,8 +140,14 @@ def examples(run: Run, data: str | None = None, *, splits: tuple[str, ...] = ("t
     return name, out
 
 
-def evaluate(run: Run, data: str | None = None, *, split: str = "test", text_column: str | None = None,
-             label_column: str | None = None) -> dict:
+def evaluate(
+    run: Run,
+    data: str | None = None,
+    *,
+    split: str = "test",
+    text_column: str | None = None,
+    label_column: str | None = None,
+) -> dict:
     """Accuracy, macro-F1 and confusion on ``split`` of ``data`` (see :func:`examples`)."""
     name, parts = examples(run, data, splits=(split,), text_column=text_column, label_column=label_column)
     ids, labels, truncated = parts[split]

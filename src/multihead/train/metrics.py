@@ -1,4 +1,5 @@
 """Classification metrics and plots."""
+
 from __future__ import annotations
 
 from .._io import atomic_save_figure
@@ -44,13 +45,20 @@ def plot_confusion(matrix: list[list[int]], labels: list[str], path: Path, title
     if k <= 20:  # counts in the cells while they are readable
         for i in range(k):
             for j in range(k):
-                ax.text(j, i, str(matrix[i][j]), ha="center", va="center",
-                        color="white" if matrix[i][j] > top / 2 else "black")
+                ax.text(
+                    j,
+                    i,
+                    str(matrix[i][j]),
+                    ha="center",
+                    va="center",
+                    color="white" if matrix[i][j] > top / 2 else "black",
+                )
     step = max(1, -(-k // 40))  # at most 40 labelled ticks per axis
     ticks = list(range(0, k, step))
     names = [plain(labels[i][:24]) for i in ticks]
-    ax.set_xticks(ticks, names, rotation=45 if k <= 12 else 90, ha="right" if k <= 12 else "center",
-                  fontsize=10 if k <= 12 else 6)
+    ax.set_xticks(
+        ticks, names, rotation=45 if k <= 12 else 90, ha="right" if k <= 12 else "center", fontsize=10 if k <= 12 else 6
+    )
     ax.set_yticks(ticks, names, fontsize=10 if k <= 12 else 6)
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")

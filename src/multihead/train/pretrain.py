@@ -33,6 +33,7 @@ every file written atomically, ``--resume`` after a kill continues bit-identical
 One module over the usual size on purpose: the pretraining config, its data preparation, the two objectives and
 the task that runs them describe one run folder format and change together.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,8 +58,18 @@ from ..modules.decoder import DecoderConfig
 from ..modules.encoder import EncoderConfig
 from .checkpoint import model_tensors
 from .harness import Step, Task, run_task
-from .runfolder import (CheckpointError, atomic_write_bytes, atomic_write_json, check_shapes, header_shapes,
-                        is_task_run, load_checked, meta_shapes, read_json, save_checked)
+from .runfolder import (
+    CheckpointError,
+    atomic_write_bytes,
+    atomic_write_json,
+    check_shapes,
+    header_shapes,
+    is_task_run,
+    load_checked,
+    meta_shapes,
+    read_json,
+    save_checked,
+)
 
 MASK = "[MASK]"
 OBJECTIVES = ("mlm", "clm")
@@ -113,17 +124,36 @@ def _default_model() -> TextEncoderConfig:
     # own layout (HF's BertModel holds neither), which `train --init` reads; `--set model.encoder.norm_first=false
     # --set model.positional=learned` gives the BERT layout and an HF folder. No dropout: at this size and budget the
     # model underfits (and dropout's masks cost ~20% of a CPU step).
-    return TextEncoderConfig(vocab_size=8000, max_len=128, positional="rope", embed_init_std=0.02, embed_norm=True,
-                             encoder=EncoderConfig(d_model=128, num_heads=4, num_layers=4, d_ff=512, dropout=0.0,
-                                                   activation="gelu", norm_first=True))
+    return TextEncoderConfig(
+        vocab_size=8000,
+        max_len=128,
+        positional="rope",
+        embed_init_std=0.02,
+        embed_norm=True,
+        encoder=EncoderConfig(
+            d_model=128, num_heads=4, num_layers=4, d_ff=512, dropout=0.0, activation="gelu", norm_first=True
+        ),
+    )
 
 
 def _default_causal() -> CausalLMConfig:
     # GPT-2 layout (pre-LN blocks with a final norm, GELU, tied input/output embeddings) with rotary positions, so
     # that a cache can re-number positions within a window (`multihead sinks`, StreamingLLM); sized like the MLM.
-    return CausalLMConfig(vocab_size=8000, max_len=128, positional="rope",
-                          decoder=DecoderConfig(d_model=128, num_heads=4, num_layers=4, d_ff=512, dropout=0.0,
-                                                activation="gelu", norm_first=True, cross_attention=False))
+    return CausalLMConfig(
+        vocab_size=8000,
+        max_len=128,
+        positional="rope",
+        decoder=DecoderConfig(
+            d_model=128,
+            num_heads=4,
+            num_layers=4,
+            d_ff=512,
+            dropout=0.0,
+            activation="gelu",
+            norm_first=True,
+            cross_attention=False,
+        ),
+    )
 
 
 @dataclass
@@ -142,18 +172,25 @@ class PretrainConfig:
             ("objective.name", ob.name in OBJECTIVES, f"one of {', '.join(OBJECTIVES)}"),
             ("objective.mask_prob", 0 < ob.mask_prob < 1, "in (0, 1)"),
             ("objective.mask_replace", 0 <= ob.mask_replace <= 1, "in [0, 1]"),
-            ("objective.random_replace", 0 <= ob.random_replace <= 1 - ob.mask_replace,
-             "in [0, 1 - objective.mask_replace]"),
+            (
+                "objective.random_replace",
+                0 <= ob.random_replace <= 1 - ob.mask_replace,
+                "in [0, 1 - objective.mask_replace]",
+            ),
             ("data.validation", 0 < d.validation < 0.5, "in (0, 0.5)"),
             ("data.seq_len", 8 <= d.seq_len <= 4096, "in [8, 4096]"),
             ("data.vocab_size", 16 <= d.vocab_size <= 1_000_000, "in [16, 1000000]"),
             ("data.min_frequency", d.min_frequency >= 1, ">= 1"),
             ("data.limit", d.limit is None or d.limit >= 2, ">= 2"),
-            ("optim.steps", o.steps >= 1, ">= 1"), ("optim.batch_size", o.batch_size >= 1, ">= 1"),
-            ("optim.lr", 0 < o.lr <= 10, "> 0 and at most 10"), ("optim.warmup", 0 <= o.warmup < 1, "in [0, 1)"),
-            ("optim.weight_decay", o.weight_decay >= 0, ">= 0"), ("optim.clip", o.clip >= 0, ">= 0"),
+            ("optim.steps", o.steps >= 1, ">= 1"),
+            ("optim.batch_size", o.batch_size >= 1, ">= 1"),
+            ("optim.lr", 0 < o.lr <= 10, "> 0 and at most 10"),
+            ("optim.warmup", 0 <= o.warmup < 1, "in [0, 1)"),
+            ("optim.weight_decay", o.weight_decay >= 0, ">= 0"),
+            ("optim.clip", o.clip >= 0, ">= 0"),
             ("run.save_every", r.save_every >= 0, ">= 0 (0: only at the end)"),
-            ("run.eval_every", r.eval_every >= 1, ">= 1"), ("run.eval_rows", r.eval_rows >= 1, ">= 1"),
+            ("run.eval_every", r.eval_every >= 1, ">= 1"),
+            ("run.eval_rows", r.eval_rows >= 1, ">= 1"),
         ]
         check_rules(rules)
 
@@ -161,7 +198,7 @@ class PretrainConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "PretrainConfig":
+    def from_dict(cls, d: dict) -> PretrainConfig:
         return from_fields(cls, d)
 
 
@@ -209,8 +246,10 @@ def prepare(config: PretrainConfig, out: Path | None = None, *, resume: bool = F
     dc = config.data
     texts = run_texts(config)
     if len(texts) < 2:
-        raise D.DataError(f"--data {dc.name!r} holds {len(texts)} text(s); pretraining needs at least two (one is "
-                          "held out for validation)")
+        raise D.DataError(
+            f"--data {dc.name!r} holds {len(texts)} text(s); pretraining needs at least two (one is "
+            "held out for validation)"
+        )
     if resume and out is not None and (out / "splits.json").exists():
         record = read_json(out / "splits.json", dict)
     else:
@@ -226,13 +265,14 @@ def prepare(config: PretrainConfig, out: Path | None = None, *, resume: bool = F
     sep_id = tok.token_to_id(D.tokenizer.SEP)
     encoded = {k: [e.ids for e in tok.encode_batch(v, add_special_tokens=False)] for k, v in parts.items()}
     rows = {k: pack(v, dc.seq_len, sep_id, cls_id) for k, v in encoded.items()}
-    return Packed(tok, rows["train"], rows["validation"], record, parts.sizes(),
-                  {k: sum(map(len, v)) for k, v in encoded.items()})
+    return Packed(
+        tok, rows["train"], rows["validation"], record, parts.sizes(), {k: sum(map(len, v)) for k, v in encoded.items()}
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- objectives
 def step_seed(seed: int, step: int) -> int:
-    return (seed * 1_000_003 + step) % (2 ** 63)
+    return (seed * 1_000_003 + step) % (2**63)
 
 
 def mlm_loss(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int, int]:
@@ -269,8 +309,12 @@ class MaskedLMObjective:
 
     @staticmethod
     def model_config(config: PretrainConfig, tok) -> PretrainConfig:
-        mc = {**config.model.to_dict(), "vocab_size": tok.get_vocab_size(), "max_len": config.data.seq_len,
-              "pad_id": tok.token_to_id(D.tokenizer.PAD)}
+        mc = {
+            **config.model.to_dict(),
+            "vocab_size": tok.get_vocab_size(),
+            "max_len": config.data.seq_len,
+            "pad_id": tok.token_to_id(D.tokenizer.PAD),
+        }
         config.model = TextEncoderConfig.from_dict(mc, "model")
         return config
 
@@ -281,9 +325,16 @@ class MaskedLMObjective:
     def batch(self, rows: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(inputs, labels)``: the rows corrupted with the masks of ``seed``."""
         ids = rows.long()
-        return mask_tokens(ids, maskable=~torch.isin(ids, self.specials), mask_id=self.mask_id,
-                           vocab_size=self.vocab_size, generator=torch.Generator().manual_seed(seed), prob=self.prob,
-                           replace=self.replace, word_start=self.word_start)
+        return mask_tokens(
+            ids,
+            maskable=~torch.isin(ids, self.specials),
+            mask_id=self.mask_id,
+            vocab_size=self.vocab_size,
+            generator=torch.Generator().manual_seed(seed),
+            prob=self.prob,
+            replace=self.replace,
+            word_start=self.word_start,
+        )
 
     loss = staticmethod(mlm_loss)
 
@@ -298,8 +349,12 @@ class CausalLMObjective:
 
     @staticmethod
     def model_config(config: PretrainConfig, tok) -> PretrainConfig:
-        mc = {**config.causal.to_dict(), "vocab_size": tok.get_vocab_size(), "max_len": config.data.seq_len,
-              "pad_id": tok.token_to_id(D.tokenizer.PAD)}
+        mc = {
+            **config.causal.to_dict(),
+            "vocab_size": tok.get_vocab_size(),
+            "max_len": config.data.seq_len,
+            "pad_id": tok.token_to_id(D.tokenizer.PAD),
+        }
         config.causal = CausalLMConfig.from_dict(mc)
         return config
 
@@ -318,14 +373,15 @@ OBJECTIVE_CLASSES = {"mlm": MaskedLMObjective, "clm": CausalLMObjective}
 
 
 @torch.no_grad()
-def evaluate_objective(model: nn.Module, rows: torch.Tensor, objective, *, batch_size: int = 64,
-                       seed: int = 12345) -> dict:
+def evaluate_objective(
+    model: nn.Module, rows: torch.Tensor, objective, *, batch_size: int = 64, seed: int = 12345
+) -> dict:
     """Loss, perplexity and accuracy over the predicted tokens of ``rows`` (masked LM: masks fixed by ``seed``)."""
     was = model.training
     model.eval()
     total, n, right = 0.0, 0, 0
     for i in range(0, len(rows), batch_size):
-        loss, count, correct = objective.loss(model, *objective.batch(rows[i: i + batch_size], step_seed(seed, i)))
+        loss, count, correct = objective.loss(model, *objective.batch(rows[i : i + batch_size], step_seed(seed, i)))
         total, n, right = total + loss.item(), n + count, right + correct
     model.train(was)
     mean = total / max(n, 1)
@@ -333,8 +389,9 @@ def evaluate_objective(model: nn.Module, rows: torch.Tensor, objective, *, batch
 
 
 # ---------------------------------------------------------------------------------------------------- the run
-def pretrain(config: PretrainConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False,
-             given: dict | None = None) -> dict:
+def pretrain(
+    config: PretrainConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False, given: dict | None = None
+) -> dict:
     """Pretrain, validate and save a run folder; returns the results dict (also ``results.json``)."""
     return run_task(PretrainTask, config, out, resume=resume, overwrite=overwrite, given=given)
 
@@ -376,8 +433,9 @@ class PretrainTask(Task):
         return self.config.optim.steps
 
     def batches(self, epoch: int) -> _StepRows:
-        return _StepRows(self.config.optim.steps, len(self.data.train), self.config.optim.batch_size,
-                         self.config.run.seed)
+        return _StepRows(
+            self.config.optim.steps, len(self.data.train), self.config.optim.batch_size, self.config.run.seed
+        )
 
     def write_start(self, path: Path) -> None:
         atomic_write_json(path / "config.json", {"pretrain": self.config.to_dict()})
@@ -390,8 +448,11 @@ class PretrainTask(Task):
         # train on exactly what one process would
         parts = self.objective.batch(self.data.train[rows], step_seed(self.config.run.seed, step))
         loss, count, correct = self.objective.loss(model, *(t[part] for t in parts))
-        return Step(loss / max(count, 1), count, {"loss": loss.item(), "n": count, "correct": correct,
-                                                  "tokens": len(rows) * self.data.train.shape[1]})
+        return Step(
+            loss / max(count, 1),
+            count,
+            {"loss": loss.item(), "n": count, "correct": correct, "tokens": len(rows) * self.data.train.shape[1]},
+        )
 
     def validate(self, model: nn.Module) -> dict:
         val = evaluate_objective(model, self.data.validation[: self.config.run.eval_rows], self.objective)
@@ -399,34 +460,59 @@ class PretrainTask(Task):
 
     def epoch_message(self, epoch: int, event: dict) -> str:
         what = "masked" if self.config.objective.name == "mlm" else "next-token"
-        return (f"step {event['step']}: validation loss {event['val_loss']:.4f}, perplexity "
-                f"{event['val_perplexity']:.1f}, {what} accuracy {event['val_accuracy']:.4f} | "
-                f"{event['minutes']:.1f} min")
+        return (
+            f"step {event['step']}: validation loss {event['val_loss']:.4f}, perplexity "
+            f"{event['val_perplexity']:.1f}, {what} accuracy {event['val_accuracy']:.4f} | "
+            f"{event['minutes']:.1f} min"
+        )
 
     def finish(self, path: Path, run: dict) -> dict:
         from .. import pretrained
 
         cfg = self.config
         pos = run
-        save_checked(path / "model.safetensors", model_tensors(self.model),
-                     {"format": f"multihead.{type(self.model).__name__}", "step": str(pos["step"])})
+        save_checked(
+            path / "model.safetensors",
+            model_tensors(self.model),
+            {"format": f"multihead.{type(self.model).__name__}", "step": str(pos["step"])},
+        )
         if cfg.objective.name == "mlm":  # the encoder, for `train --init`
-            pretrained.export(self.model.encoder, self.data.tokenizer, path / "encoder", overwrite=True, layout="auto",
-                              extra_config={"multihead_pretraining": {"objective": cfg.objective.name,
-                                                                      "steps": pos["step"], "data": cfg.data.name}})
+            pretrained.export(
+                self.model.encoder,
+                self.data.tokenizer,
+                path / "encoder",
+                overwrite=True,
+                layout="auto",
+                extra_config={
+                    "multihead_pretraining": {
+                        "objective": cfg.objective.name,
+                        "steps": pos["step"],
+                        "data": cfg.data.name,
+                    }
+                },
+            )
         val = evaluate_objective(self.model, self.data.validation, self.objective)
         results = {
-            "objective": cfg.objective.name, "data": cfg.data.name, "steps": pos["step"], "tokens": pos["tokens"],
-            "minutes": pos["seconds"] / 60, "tokens_per_second": pos["tokens"] / max(pos["seconds"], 1e-9),
-            "threads": torch.get_num_threads(), "world_size": run["world_size"],
+            "objective": cfg.objective.name,
+            "data": cfg.data.name,
+            "steps": pos["step"],
+            "tokens": pos["tokens"],
+            "minutes": pos["seconds"] / 60,
+            "tokens_per_second": pos["tokens"] / max(pos["seconds"], 1e-9),
+            "threads": torch.get_num_threads(),
+            "world_size": run["world_size"],
             "parameters": sum(p.numel() for p in self.model.parameters()),
-            "non_embedding_parameters": sum(p.numel() for n, p in self.model.named_parameters()
-                                            if "embed" not in n and not n.startswith("pe.") and ".pe." not in n
-                                            and not n.startswith("pos.")),
-            "texts": self.data.texts, "text_tokens": self.data.tokens,
+            "non_embedding_parameters": sum(
+                p.numel()
+                for n, p in self.model.named_parameters()
+                if "embed" not in n and not n.startswith("pe.") and ".pe." not in n and not n.startswith("pos.")
+            ),
+            "texts": self.data.texts,
+            "text_tokens": self.data.tokens,
             "rows": {"train": len(self.data.train), "validation": len(self.data.validation)},
             "passes": pos["tokens"] / max(1, self.data.train.numel()),
-            "validation": val, "encoder": str(path / "encoder") if cfg.objective.name == "mlm" else None,
+            "validation": val,
+            "encoder": str(path / "encoder") if cfg.objective.name == "mlm" else None,
         }
         plot_curves(path / "metrics.jsonl", path / "curves.png")
         return results
@@ -446,13 +532,17 @@ def load_pretrain_run(path: str | Path, device: str = "cpu") -> LanguageModelRun
 
     path = Path(path)
     if not is_pretrain_run(path):
-        raise CheckpointError(f"{path} is not a pretraining run folder (no config.json with a 'pretrain' section); "
-                              "make one with: multihead pretrain --objective clm --out RUN")
+        raise CheckpointError(
+            f"{path} is not a pretraining run folder (no config.json with a 'pretrain' section); "
+            "make one with: multihead pretrain --objective clm --out RUN"
+        )
     config = PretrainConfig.from_dict(read_json(path / "config.json", dict)["pretrain"])
     weights = path / "model.safetensors"
     if not weights.is_file():
-        raise CheckpointError(f"{path} has no model.safetensors yet: the run has not finished; finish it with: "
-                              f"multihead pretrain --out {path} --resume")
+        raise CheckpointError(
+            f"{path} has no model.safetensors yet: the run has not finished; finish it with: "
+            f"multihead pretrain --out {path} --resume"
+        )
     tok = D.load_tokenizer(path / "tokenizer.json")
     build = OBJECTIVE_CLASSES[config.objective.name].build
     check_shapes(meta_shapes(lambda: build(config)), header_shapes(weights), weights)  # before anything is allocated
@@ -470,8 +560,10 @@ def held_out_rows(run: LanguageModelRun, length: int, *, as_trained: bool = Fals
     texts = run_texts(cfg)
     record = read_json(run.path / "splits.json", dict)
     if record.get("n") != len(texts):
-        raise D.DataError(f"{cfg.data.name!r} now holds {len(texts)} texts but the run split {record.get('n')}; the "
-                          "data changed since the run was trained")
+        raise D.DataError(
+            f"{cfg.data.name!r} now holds {len(texts)} texts but the run split {record.get('n')}; the "
+            "data changed since the run was trained"
+        )
     held = apply_text_split(texts, record, cfg.data.name).validation
     ids = [e.ids for e in run.tokenizer.encode_batch(held, add_special_tokens=False)]
     cls = run.tokenizer.token_to_id(D.tokenizer.CLS) if as_trained and cfg.objective.name == "mlm" else None
@@ -511,6 +603,22 @@ def plot_curves(metrics: Path, out: Path) -> None:
     plt.close(fig)
 
 
-__all__ = ["CausalLMObjective", "MaskedLMObjective", "OBJECTIVES", "OBJECTIVE_CLASSES", "Packed", "PretrainConfig",
-           "LanguageModelRun", "batch_rows", "held_out_rows", "clm_loss", "evaluate_objective", "is_pretrain_run", "load_pretrain_run", "mlm_loss", "pack", "prepare",
-           "pretrain"]
+__all__ = [
+    "CausalLMObjective",
+    "MaskedLMObjective",
+    "OBJECTIVES",
+    "OBJECTIVE_CLASSES",
+    "Packed",
+    "PretrainConfig",
+    "LanguageModelRun",
+    "batch_rows",
+    "held_out_rows",
+    "clm_loss",
+    "evaluate_objective",
+    "is_pretrain_run",
+    "load_pretrain_run",
+    "mlm_loss",
+    "pack",
+    "prepare",
+    "pretrain",
+]

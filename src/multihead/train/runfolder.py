@@ -18,6 +18,7 @@ swapped in by one rename once it is resumable (config, tokenizer, labels, split 
 on files are replaced one by one, atomically, while ``.RUN.lock`` is held. Before a model is built from the folder,
 ``config.json`` is validated and the shapes it implies are compared with ``model.safetensors``'s header.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,10 @@ def read_json(path: Path, kind: type | None = None):
     except UnicodeDecodeError:
         raise CheckpointError(f"{path} is not UTF-8 text; it is corrupt") from None
     if kind is not None and not isinstance(value, kind):
-        raise CheckpointError(f"{path} holds a JSON {type(value).__name__}, expected "
-                              f"{'an object' if kind is dict else 'a list'}; it is corrupt or not a multihead file")
+        raise CheckpointError(
+            f"{path} holds a JSON {type(value).__name__}, expected "
+            f"{'an object' if kind is dict else 'a list'}; it is corrupt or not a multihead file"
+        )
     return value
 
 
@@ -62,5 +65,16 @@ def is_task_run(path, section: str) -> bool:
     return isinstance(cfg, dict) and section in cfg
 
 
-__all__ = ["CheckpointError", "is_task_run", "atomic_write_bytes", "atomic_write_json", "check_shapes", "header_shapes",
-           "load_checked", "load_tensors", "meta_shapes", "read_json", "save_checked"]
+__all__ = [
+    "CheckpointError",
+    "is_task_run",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "check_shapes",
+    "header_shapes",
+    "load_checked",
+    "load_tensors",
+    "meta_shapes",
+    "read_json",
+    "save_checked",
+]

@@ -10,13 +10,14 @@ at a time. A task that a command does not apply to answers with the reason and t
 A new task plugs in here: a :class:`~multihead.train.harness.Task` subclass in its own module, and one
 ``TaskKind`` entry in :data:`KINDS` (its section, the data it trains on, its loader, and the verbs it refuses).
 """
+
 from __future__ import annotations
 
 import importlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from .._config import ConfigError
 
@@ -54,7 +55,7 @@ class TaskKind:
     def load_run(self, path, device: str = "cpu"):
         return getattr(self._module(), self.load)(path, device=device)
 
-    def check(self, verb: str, path) -> "TaskKind":
+    def check(self, verb: str, path) -> TaskKind:
         """``self``, when ``verb`` applies to this task's runs; otherwise a ConfigError with the reason and the verb
         that does."""
         if verb in self.refuses:
@@ -87,44 +88,104 @@ def _never(name: str) -> bool:
 
 
 _NOT_LM = "it is not a causal language model; pretrain one with: multihead pretrain --objective clm --out RUN"
-_NO_TEXT = ("heads reads text: a text classifier, a pretrained encoder or a language model; look at this run's "
-            "attention with: multihead show RUN")
+_NO_TEXT = (
+    "heads reads text: a text classifier, a pretrained encoder or a language model; look at this run's "
+    "attention with: multihead show RUN"
+)
 _NO_TEXT_IMAGES = _NO_TEXT.replace("RUN", "RUN --index N")
 _NO_EXPORT = "export writes text encoders as HF folders; the run's weights are RUN/model.safetensors"
 
 # Order matters for --data: the first kind whose trains_on accepts the name trains on it (text last: the fallback).
-KINDS: dict[str, TaskKind] = {k.section: k for k in (
-    TaskKind("g2p", "grapheme-to-phoneme", "multihead.train.g2p", "G2PTask", "train_g2p", "load_g2p_run", _g2p_data,
-             {"heads": _NO_TEXT, "importance": _NO_TEXT, "prune": _NO_TEXT, "generate": _NOT_LM,
-              "sinks": _NOT_LM, "embed": "embed reads text classifiers and encoders; transcribe words with: "
-              "multihead predict RUN WORD", "export": _NO_EXPORT}),
-    TaskKind("vision", "image classification", "multihead.train.vision", "VisionTask", "train_vision",
-             "load_vision_run", _image_data,
-             {"heads": _NO_TEXT_IMAGES, "generate": _NOT_LM, "sinks": _NOT_LM,
-              "embed": "embed reads text; classify images with: multihead predict RUN --index N", "export": _NO_EXPORT}),
-    TaskKind("grounding", "text-image grounding", "multihead.train.grounding", "GroundingTask", "train_grounding",
-             "load_grounding_run", _qa_data,
-             {"predict": "its questions are about canvases of the test split: ask one with "
-                         "multihead show RUN --index N --question \"where is the bag?\"",
-              "heads": _NO_TEXT_IMAGES, "importance": _NO_TEXT_IMAGES, "prune": _NO_TEXT_IMAGES, "generate": _NOT_LM,
-              "sinks": _NOT_LM,
-              "embed": "embed reads text; ask a question with: multihead show RUN --index N --question \"...\"",
-              "export": _NO_EXPORT}),
-    TaskKind("pretrain", "pretraining", "multihead.train.pretrain", "PretrainTask", "pretrain", "load_pretrain_run",
-             _never,
-             {"predict": "a pretrained language model has no classes; continue a prompt with: multihead generate "
-                         "RUN \"text\" (causal LM), or fine-tune the encoder with: multihead train --init RUN "
-                         "(masked LM)",
-              "show": "show reads text classifiers and encoders; for a masked LM show its encoder: multihead show "
-                      "RUN/encoder \"text\" --out FOLDER; for a causal LM: multihead heads RUN",
-              "importance": "importance scores a classifier's heads; for a language model: multihead heads RUN",
-              "prune": "prune needs a classifier's score; fine-tune the encoder first: multihead train --init RUN",
-              "embed": "embed reads sentence encoders; a masked LM's encoder is RUN/encoder: multihead embed "
-                       "RUN/encoder \"text\"",
-              "export": "the masked LM's encoder is already an HF folder: RUN/encoder"}),
-    TaskKind("train", "text classification", "multihead.train.trainer", "ClassifierTask", "train", "load_run",
-             _text_data, {"generate": _NOT_LM, "sinks": _NOT_LM}),
-)}
+KINDS: dict[str, TaskKind] = {
+    k.section: k
+    for k in (
+        TaskKind(
+            "g2p",
+            "grapheme-to-phoneme",
+            "multihead.train.g2p",
+            "G2PTask",
+            "train_g2p",
+            "load_g2p_run",
+            _g2p_data,
+            {
+                "heads": _NO_TEXT,
+                "importance": _NO_TEXT,
+                "prune": _NO_TEXT,
+                "generate": _NOT_LM,
+                "sinks": _NOT_LM,
+                "embed": "embed reads text classifiers and encoders; transcribe words with: multihead predict RUN WORD",
+                "export": _NO_EXPORT,
+            },
+        ),
+        TaskKind(
+            "vision",
+            "image classification",
+            "multihead.train.vision",
+            "VisionTask",
+            "train_vision",
+            "load_vision_run",
+            _image_data,
+            {
+                "heads": _NO_TEXT_IMAGES,
+                "generate": _NOT_LM,
+                "sinks": _NOT_LM,
+                "embed": "embed reads text; classify images with: multihead predict RUN --index N",
+                "export": _NO_EXPORT,
+            },
+        ),
+        TaskKind(
+            "grounding",
+            "text-image grounding",
+            "multihead.train.grounding",
+            "GroundingTask",
+            "train_grounding",
+            "load_grounding_run",
+            _qa_data,
+            {
+                "predict": "its questions are about canvases of the test split: ask one with "
+                'multihead show RUN --index N --question "where is the bag?"',
+                "heads": _NO_TEXT_IMAGES,
+                "importance": _NO_TEXT_IMAGES,
+                "prune": _NO_TEXT_IMAGES,
+                "generate": _NOT_LM,
+                "sinks": _NOT_LM,
+                "embed": 'embed reads text; ask a question with: multihead show RUN --index N --question "..."',
+                "export": _NO_EXPORT,
+            },
+        ),
+        TaskKind(
+            "pretrain",
+            "pretraining",
+            "multihead.train.pretrain",
+            "PretrainTask",
+            "pretrain",
+            "load_pretrain_run",
+            _never,
+            {
+                "predict": "a pretrained language model has no classes; continue a prompt with: multihead generate "
+                'RUN "text" (causal LM), or fine-tune the encoder with: multihead train --init RUN '
+                "(masked LM)",
+                "show": "show reads text classifiers and encoders; for a masked LM show its encoder: multihead show "
+                'RUN/encoder "text" --out FOLDER; for a causal LM: multihead heads RUN',
+                "importance": "importance scores a classifier's heads; for a language model: multihead heads RUN",
+                "prune": "prune needs a classifier's score; fine-tune the encoder first: multihead train --init RUN",
+                "embed": "embed reads sentence encoders; a masked LM's encoder is RUN/encoder: multihead embed "
+                'RUN/encoder "text"',
+                "export": "the masked LM's encoder is already an HF folder: RUN/encoder",
+            },
+        ),
+        TaskKind(
+            "train",
+            "text classification",
+            "multihead.train.trainer",
+            "ClassifierTask",
+            "train",
+            "load_run",
+            _text_data,
+            {"generate": _NOT_LM, "sinks": _NOT_LM},
+        ),
+    )
+}
 
 
 def section_of(path: str | Path) -> str | None:
@@ -151,9 +212,13 @@ def require(path: str | Path, verb: str) -> TaskKind:
     if kind is None and ((p / "config.json").is_file() or (p / "labels.json").is_file()):
         kind = KINDS["train"]  # a damaged run folder: its loader says what is wrong with it
     if kind is None:
-        what = ("does not exist" if not p.exists() else "is not a folder" if not p.is_dir() else
-                "is not a multihead run folder (its config.json has none of the sections "
-                f"{', '.join(KINDS)})")
+        what = (
+            "does not exist"
+            if not p.exists()
+            else "is not a folder"
+            if not p.is_dir()
+            else f"is not a multihead run folder (its config.json has none of the sections {', '.join(KINDS)})"
+        )
         raise ConfigError(f"{path} {what}; pass the --out folder of a training run")
     return kind.check(verb, path)
 
@@ -164,8 +229,12 @@ def builtin_data() -> dict[str, list[str]]:
     from ..data.images import IMAGE_DATASETS
     from .grounding import QA_DATASETS
 
-    return {"text classification": list(BUILTIN), "grapheme-to-phoneme": ["cmudict"],
-            "image classification (ViT)": list(IMAGE_DATASETS), "text-image grounding": list(QA_DATASETS)}
+    return {
+        "text classification": list(BUILTIN),
+        "grapheme-to-phoneme": ["cmudict"],
+        "image classification (ViT)": list(IMAGE_DATASETS),
+        "text-image grounding": list(QA_DATASETS),
+    }
 
 
 def for_data(name: str) -> TaskKind:
@@ -181,8 +250,11 @@ def for_data(name: str) -> TaskKind:
         if name not in names and not Path(name).suffix and not Path(name).exists():
             close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
             listing = "; ".join(f"{task}: {', '.join(ns)}" for task, ns in builtins.items())
-            raise ConfigError(f"unknown dataset {name!r}" + (f"; did you mean {' or '.join(close)}?" if close else "")
-                              + f" Built-ins: {listing}; or give a .csv/.tsv/.jsonl file")
+            raise ConfigError(
+                f"unknown dataset {name!r}"
+                + (f"; did you mean {' or '.join(close)}?" if close else "")
+                + f" Built-ins: {listing}; or give a .csv/.tsv/.jsonl file"
+            )
     return kind
 
 

@@ -4,6 +4,7 @@
 linear decay -> epochs over length-bucketed batches (validation every epoch, best checkpoint, early stopping,
 resumable checkpoints) -> test metrics, baseline, plots. It runs unchanged under ``torchrun`` (DDP).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,8 +42,9 @@ def _device(config: TrainConfig) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ConfigError(f"invalid config: run.device {name!r} is not a device; use auto, cpu, cuda or cuda:N") \
-            from None
+        raise ConfigError(
+            f"invalid config: run.device {name!r} is not a device; use auto, cpu, cuda or cuda:N"
+        ) from None
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"invalid config: run.device {name!r}: multihead trains on cpu or cuda")
     if device.type == "cuda":
@@ -84,14 +86,23 @@ def build_model(config: TrainConfig, prepared: Prepared) -> TransformerClassifie
         enc = pretrained.encoder_config(hf, backend=config.model.encoder.attention.backend)
         enc.encoder.unpad = config.model.encoder.unpad
         if config.data.max_len > enc.max_len:
-            raise ValueError(f"data.max_len={config.data.max_len} exceeds the pretrained model's "
-                             f"{enc.max_len} positions; pass --max-len {enc.max_len} or less")
-        mc = ClassifierConfig.from_dict({**enc.to_dict(), "pooling": config.model.pooling,
-                                         "num_classes": len(prepared.labels)})
+            raise ValueError(
+                f"data.max_len={config.data.max_len} exceeds the pretrained model's "
+                f"{enc.max_len} positions; pass --max-len {enc.max_len} or less"
+            )
+        mc = ClassifierConfig.from_dict(
+            {**enc.to_dict(), "pooling": config.model.pooling, "num_classes": len(prepared.labels)}
+        )
     else:
-        mc = ClassifierConfig.from_dict({**config.model.to_dict(), "vocab_size": prepared.tokenizer.get_vocab_size(),
-                                         "num_classes": len(prepared.labels), "max_len": config.data.max_len,
-                                         "pad_id": 0})
+        mc = ClassifierConfig.from_dict(
+            {
+                **config.model.to_dict(),
+                "vocab_size": prepared.tokenizer.get_vocab_size(),
+                "num_classes": len(prepared.labels),
+                "max_len": config.data.max_len,
+                "pad_id": 0,
+            }
+        )
     config.model = mc
     return TransformerClassifier.from_config(mc)
 
@@ -127,15 +138,19 @@ def _write_run_files(out: Path, config: TrainConfig, prepared: Prepared, resume:
         atomic_write_json(out / "splits.json", prepared.splits.record)
     for name, enc in prepared.encoded.items():
         if enc.truncated:
-            print(f"note: {enc.truncated} of {len(enc.ids)} {name} texts were longer than max_len="
-                  f"{config.data.max_len} tokens and were truncated")
+            print(
+                f"note: {enc.truncated} of {len(enc.ids)} {name} texts were longer than max_len="
+                f"{config.data.max_len} tokens and were truncated"
+            )
 
 
-def train(config: TrainConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False,
-          given: dict | None = None) -> dict:
+def train(
+    config: TrainConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False, given: dict | None = None
+) -> dict:
     """Train, evaluate and save a run folder; returns the results dict (also written to ``results.json``)."""
-    return run_task(ClassifierTask, config, out, resume=resume, overwrite=overwrite, given=given,
-                    device=_device(config))
+    return run_task(
+        ClassifierTask, config, out, resume=resume, overwrite=overwrite, given=given, device=_device(config)
+    )
 
 
 class ClassifierTask(Task):
@@ -160,8 +175,9 @@ class ClassifierTask(Task):
         self.labels_train = self.prepared.splits.train.label_ids()
         self.lengths = [len(x) for x in self.train_ids]
         tok = self.prepared.tokenizer
-        self.special_ids = torch.tensor([i for i in (tok.token_to_id(t) for t in D.tokenizer.SPECIALS)
-                                         if i is not None])
+        self.special_ids = torch.tensor(
+            [i for i in (tok.token_to_id(t) for t in D.tokenizer.SPECIALS) if i is not None]
+        )
         self.num_layers = len(self.model.encoder.layers)
 
     def lr_scale(self, name: str) -> float:
@@ -187,46 +203,66 @@ class ClassifierTask(Task):
         x, mask, y = x.to(self.device), mask.to(self.device), y.to(self.device)
         logits = model(x, mask)
         loss = F.cross_entropy(logits.float(), y, reduction="sum", label_smoothing=oc.label_smoothing)
-        return Step(loss / len(local), len(local), {
-            "loss": loss.item(), "n": len(local), "correct": int((logits.argmax(-1) == y).sum()),
-            "tokens": int(mask.sum()) * part.step})  # this rank's real tokens, times the process count
+        return Step(
+            loss / len(local),
+            len(local),
+            {
+                "loss": loss.item(),
+                "n": len(local),
+                "correct": int((logits.argmax(-1) == y).sum()),
+                "tokens": int(mask.sum()) * part.step,
+            },
+        )  # this rank's real tokens, times the process count
 
     def validate(self, model: nn.Module) -> dict:
         p = self.prepared
-        val = evaluate_ids(model, p.encoded["validation"].ids, p.splits.validation.label_ids(), len(p.labels),
-                           self.device)
+        val = evaluate_ids(
+            model, p.encoded["validation"].ids, p.splits.validation.label_ids(), len(p.labels), self.device
+        )
         score = val["accuracy"] if self.config.optim.select == "accuracy" else -val["loss"]
         return {"score": score, "loss": val["loss"], "accuracy": val["accuracy"], "macro_f1": val["macro_f1"]}
 
     def epoch_message(self, epoch: int, event: dict) -> str:
-        return (f"epoch {epoch + 1}: train loss {event['train_loss']:.4f} acc {event['train_accuracy']:.4f} | "
-                f"val loss {event['val_loss']:.4f} acc {event['val_accuracy']:.4f}{' *' if event['best'] else ''} | "
-                f"{event['minutes']:.1f} min")
+        return (
+            f"epoch {epoch + 1}: train loss {event['train_loss']:.4f} acc {event['train_accuracy']:.4f} | "
+            f"val loss {event['val_loss']:.4f} acc {event['val_accuracy']:.4f}{' *' if event['best'] else ''} | "
+            f"{event['minutes']:.1f} min"
+        )
 
     @staticmethod
     def summary(results: dict) -> list[str]:
         t, b = results["test"], results["baseline_tfidf_logreg"]
-        lines = [f"test accuracy {t['accuracy']:.4f}, macro-F1 {t['macro_f1']:.4f} (n={t['n']}, best epoch "
-                 f"{results['best_epoch']}, {results['train_seconds']:.0f}s on {results['threads']} threads)"]
+        lines = [
+            f"test accuracy {t['accuracy']:.4f}, macro-F1 {t['macro_f1']:.4f} (n={t['n']}, best epoch "
+            f"{results['best_epoch']}, {results['train_seconds']:.0f}s on {results['threads']} threads)"
+        ]
         if "test_accuracy" in b:
             lines.append(f"baseline TF-IDF + logistic regression on the same split: {b['test_accuracy']:.4f}")
         return lines
 
     def finish(self, path: Path, run: dict) -> dict:
-        return finish(path, self.config, self.prepared, self.device, train_seconds=run["seconds"],
-                      stopped_early=run["stopped_early"])
+        return finish(
+            path,
+            self.config,
+            self.prepared,
+            self.device,
+            train_seconds=run["seconds"],
+            stopped_early=run["stopped_early"],
+        )
 
 
-def finish(out: Path, config: TrainConfig, prepared: Prepared, device, *, train_seconds: float,
-           stopped_early: bool) -> dict:
+def finish(
+    out: Path, config: TrainConfig, prepared: Prepared, device, *, train_seconds: float, stopped_early: bool
+) -> dict:
     """Best weights -> test metrics, baseline, plots, results.json."""
     tensors, meta = load_checked(out / "model.safetensors")
     model = TransformerClassifier.from_config(config.model).to(device)
     model.load_state_dict(tensors)
     num_classes = len(prepared.labels)
     test = evaluate_ids(model, prepared.encoded["test"].ids, prepared.splits.test.label_ids(), num_classes, device)
-    val = evaluate_ids(model, prepared.encoded["validation"].ids, prepared.splits.validation.label_ids(),
-                       num_classes, device)
+    val = evaluate_ids(
+        model, prepared.encoded["validation"].ids, prepared.splits.validation.label_ids(), num_classes, device
+    )
     from .baseline import tfidf_baseline
 
     try:
@@ -248,8 +284,12 @@ def finish(out: Path, config: TrainConfig, prepared: Prepared, device, *, train_
         "baseline_tfidf_logreg": baseline,
     }
     atomic_write_json(out / "results.json", results)
-    plot_confusion(test["confusion"], prepared.labels, out / "confusion.png",
-                   f"{config.data.name} test: accuracy {test['accuracy']:.3f}")
+    plot_confusion(
+        test["confusion"],
+        prepared.labels,
+        out / "confusion.png",
+        f"{config.data.name} test: accuracy {test['accuracy']:.3f}",
+    )
     if (out / "metrics.jsonl").exists():
         plot_curves(out / "metrics.jsonl", out / "curves.png")
     return results

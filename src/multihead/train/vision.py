@@ -20,6 +20,7 @@ epochs. ``--set model.stem=patch`` gives the paper's plain patch embedding.
 The baseline beside it (``results.json``'s ``baseline_pixels_logreg``): scikit-learn's logistic regression on the raw
 pixels, same split.
 """
+
 from __future__ import annotations
 
 import json
@@ -71,10 +72,15 @@ class VisionRun:
 
 def optim_rules(o: VisionOptim) -> list[tuple[str, bool, str]]:
     """The optimizer's ranges, shared by every task on this loop (image classification, grounding)."""
-    return [("optim.epochs", o.epochs >= 1, ">= 1"), ("optim.batch_size", o.batch_size >= 1, ">= 1"),
-            ("optim.lr", o.lr > 0, "> 0"), ("optim.warmup", 0 <= o.warmup < 1, "in [0, 1)"),
-            ("optim.weight_decay", o.weight_decay >= 0, ">= 0"), ("optim.clip", o.clip >= 0, ">= 0"),
-            ("optim.label_smoothing", 0 <= o.label_smoothing < 1, "in [0, 1)")]
+    return [
+        ("optim.epochs", o.epochs >= 1, ">= 1"),
+        ("optim.batch_size", o.batch_size >= 1, ">= 1"),
+        ("optim.lr", o.lr > 0, "> 0"),
+        ("optim.warmup", 0 <= o.warmup < 1, "in [0, 1)"),
+        ("optim.weight_decay", o.weight_decay >= 0, ">= 0"),
+        ("optim.clip", o.clip >= 0, ">= 0"),
+        ("optim.label_smoothing", 0 <= o.label_smoothing < 1, "in [0, 1)"),
+    ]
 
 
 @dataclass
@@ -90,26 +96,48 @@ class VisionTrainConfig:
     def __post_init__(self) -> None:
         """Ranges, checked before anything is read, allocated or written."""
         d = self.data
-        check_rules([
-            ("data.name", I.is_image_dataset(d.name), f"one of {', '.join(I.IMAGE_DATASETS)}"),
-            ("data.limit", d.limit is None or d.limit >= 8, ">= 8"), ("data.shift", d.shift is None or 0 <= d.shift <= 16, "in [0, 16]"),
-            *optim_rules(self.optim),
-        ])
+        check_rules(
+            [
+                ("data.name", I.is_image_dataset(d.name), f"one of {', '.join(I.IMAGE_DATASETS)}"),
+                ("data.limit", d.limit is None or d.limit >= 8, ">= 8"),
+                ("data.shift", d.shift is None or 0 <= d.shift <= 16, "in [0, 16]"),
+                *optim_rules(self.optim),
+            ]
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "VisionTrainConfig":
+    def from_dict(cls, d: dict) -> VisionTrainConfig:
         return from_fields(cls, d)
 
 
 # flags of `multihead train` that mean something here (the rest are refused by name)
-_FLAGS = {"optim.epochs", "optim.batch_size", "optim.lr", "optim.weight_decay", "optim.warmup", "optim.clip",
-          "optim.label_smoothing", "model.encoder.d_model", "model.encoder.num_heads", "model.encoder.num_kv_heads",
-          "model.encoder.num_layers", "model.encoder.d_ff", "model.encoder.dropout", "model.encoder.backend",
-          "model.encoder.norm_first", "model.positional", "model.pooling", "data.limit", "data.name", "run.seed",
-          "run.threads", "run.progress"}
+_FLAGS = {
+    "optim.epochs",
+    "optim.batch_size",
+    "optim.lr",
+    "optim.weight_decay",
+    "optim.warmup",
+    "optim.clip",
+    "optim.label_smoothing",
+    "model.encoder.d_model",
+    "model.encoder.num_heads",
+    "model.encoder.num_kv_heads",
+    "model.encoder.num_layers",
+    "model.encoder.d_ff",
+    "model.encoder.dropout",
+    "model.encoder.backend",
+    "model.encoder.norm_first",
+    "model.positional",
+    "model.pooling",
+    "data.limit",
+    "data.name",
+    "run.seed",
+    "run.threads",
+    "run.progress",
+}
 
 
 def merge_overrides(flat: dict, defaults, task: str, flags=frozenset()) -> dict:
@@ -118,8 +146,10 @@ def merge_overrides(flat: dict, defaults, task: str, flags=frozenset()) -> dict:
     base = flatten(defaults.to_dict())
     unknown = [k for k in flat if k not in base and k not in flags]
     if unknown:
-        raise ConfigError(f"invalid config: {', '.join(sorted(unknown))} do not apply to {task} (--data "
-                          f"{flat.get('data.name', base['data.name'])}); its fields are: {', '.join(sorted(base))}")
+        raise ConfigError(
+            f"invalid config: {', '.join(sorted(unknown))} do not apply to {task} (--data "
+            f"{flat.get('data.name', base['data.name'])}); its fields are: {', '.join(sorted(base))}"
+        )
     return {**base, **flat}
 
 
@@ -147,19 +177,22 @@ def _model_config(config: VisionTrainConfig, splits: Splits) -> VisionConfig:
     mc.update(image_size=h, channels=c, num_classes=len(splits.label_names))
     if h % mc["patch_size"]:  # e.g. digits (8x8) with the default patch 4 fits; say what does otherwise
         fits = [p for p in range(1, h + 1) if h % p == 0]
-        raise ConfigError(f"patch_size={mc['patch_size']} does not tile {h}x{h} images; choose one of {fits} "
-                          "(--set model.patch_size=...)")
+        raise ConfigError(
+            f"patch_size={mc['patch_size']} does not tile {h}x{h} images; choose one of {fits} "
+            "(--set model.patch_size=...)"
+        )
     return VisionConfig.from_dict(mc, "model")
 
 
 @torch.no_grad()
-def predict_images(model: VisionTransformer, images: torch.Tensor, *, batch_size: int = 512,
-                   head_mask=None) -> torch.Tensor:
+def predict_images(
+    model: VisionTransformer, images: torch.Tensor, *, batch_size: int = 512, head_mask=None
+) -> torch.Tensor:
     """Class probabilities ``(N, C)`` for uint8 images ``(N, C, H, W)``."""
     model.eval()
     out = []
     for i in range(0, len(images), batch_size):
-        out.append(torch.softmax(model(I.to_float(images[i:i + batch_size]), head_mask=head_mask).float(), -1))
+        out.append(torch.softmax(model(I.to_float(images[i : i + batch_size]), head_mask=head_mask).float(), -1))
     return torch.cat(out) if out else torch.empty(0, model.config.num_classes)
 
 
@@ -185,13 +218,22 @@ def pixel_baseline(splits: Splits) -> dict:
         warnings.simplefilter("ignore", category=ConvergenceWarning)
         clf.fit(x_train, splits.train[1].numpy())
     acc = float((clf.predict(x_test) == splits.test[1].numpy()).mean())
-    return {"model": "logistic regression on raw pixels (scikit-learn, lbfgs, 200 iterations)", "accuracy": acc,
-            "seconds": time.perf_counter() - t}
+    return {
+        "model": "logistic regression on raw pixels (scikit-learn, lbfgs, 200 iterations)",
+        "accuracy": acc,
+        "seconds": time.perf_counter() - t,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------- training
-def train_vision(config: VisionTrainConfig, out: str | Path, *, resume: bool = False, overwrite: bool = False,
-                 given: dict | None = None) -> dict:
+def train_vision(
+    config: VisionTrainConfig,
+    out: str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    given: dict | None = None,
+) -> dict:
     """Train, evaluate and save an image-classification run folder; returns ``results.json``'s contents."""
     return run_task(VisionTask, config, out, resume=resume, overwrite=overwrite, given=given)
 
@@ -271,12 +313,15 @@ class VisionTask(Task):
         inputs, y = tuple(x[part] for x in inputs), y[part]
         logits = model(*inputs)
         loss = F.cross_entropy(logits, y, label_smoothing=self.config.optim.label_smoothing)
-        return Step(loss, len(y), {"loss": loss.item() * len(y), "n": len(y),
-                                   "correct": int((logits.argmax(-1) == y).sum())})
+        return Step(
+            loss, len(y), {"loss": loss.item() * len(y), "n": len(y), "correct": int((logits.argmax(-1) == y).sum())}
+        )
 
     def epoch_message(self, epoch: int, event: dict) -> str:
-        return (f"epoch {epoch + 1}: train loss {event['train_loss']:.4f} acc {event['train_accuracy']:.4f} | val acc "
-                f"{event['val_accuracy']:.4f}{' *' if event['best'] else ''} | {event['minutes']:.1f} min")
+        return (
+            f"epoch {epoch + 1}: train loss {event['train_loss']:.4f} acc {event['train_accuracy']:.4f} | val acc "
+            f"{event['val_accuracy']:.4f}{' *' if event['best'] else ''} | {event['minutes']:.1f} min"
+        )
 
 
 def finish(path: Path, config: VisionTrainConfig, splits: Splits, *, minutes: float, best_epoch: int) -> dict:
@@ -285,21 +330,30 @@ def finish(path: Path, config: VisionTrainConfig, splits: Splits, *, minutes: fl
     val = evaluate_images(run.model, *splits.validation)
     baseline = pixel_baseline(splits) if config.run.baseline else None
     results = {
-        "task": "image classification", "dataset": config.data.name,
+        "task": "image classification",
+        "dataset": config.data.name,
         "test": {k: test[k] for k in ("accuracy", "macro_f1", "per_class_f1", "loss", "n", "confusion")},
         "validation": {k: val[k] for k in ("accuracy", "macro_f1", "loss", "n")},
         "best_epoch": best_epoch,
-        "train_minutes": minutes, "threads": config.run.threads,
+        "train_minutes": minutes,
+        "threads": config.run.threads,
         "parameters": sum(p.numel() for p in run.model.parameters()),
-        "model": {"stem": config.model.stem, "patch_size": config.model.patch_size, "tokens":
-                  config.model.num_patches + config.model.patch_offset},
-        "images": {"train": len(splits.train[1]), "validation": len(splits.validation[1]),
-                   "test": len(splits.test[1])},
-        "labels": splits.label_names, "baseline_pixels_logreg": baseline,
+        "model": {
+            "stem": config.model.stem,
+            "patch_size": config.model.patch_size,
+            "tokens": config.model.num_patches + config.model.patch_offset,
+        },
+        "images": {"train": len(splits.train[1]), "validation": len(splits.validation[1]), "test": len(splits.test[1])},
+        "labels": splits.label_names,
+        "baseline_pixels_logreg": baseline,
     }
     atomic_write_json(path / "results.json", results)
-    plot_confusion(test["confusion"], splits.label_names, path / "confusion.png",
-                   f"{config.data.name} test: accuracy {test['accuracy']:.3f}")
+    plot_confusion(
+        test["confusion"],
+        splits.label_names,
+        path / "confusion.png",
+        f"{config.data.name} test: accuracy {test['accuracy']:.3f}",
+    )
     plot_curves(path)
     if config.run.progress:
         extra = f"; pixel logistic regression {baseline['accuracy']:.4f}" if baseline else ""
@@ -361,8 +415,10 @@ def _read_npy(path: Path, want: tuple):
         read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, _, dtype = read_header(f)
         if dtype.hasobject or dtype.kind not in "uif":
-            raise I.ImageDataError(f"{path} could not be read as an image: it holds {dtype} values; an image is "
-                                   "numbers (uint8 0..255 or floats)")
+            raise I.ImageDataError(
+                f"{path} could not be read as an image: it holds {dtype} values; an image is "
+                "numbers (uint8 0..255 or floats)"
+            )
         if tuple(shape) not in (want, want[1:]) or (len(shape) == 2 and want[0] != 1):
             raise _wrong_size(path, shape, want)
         f.seek(0)
@@ -427,5 +483,14 @@ def held_out_images(run: VisionRunFolder) -> tuple[torch.Tensor, torch.Tensor]:
     return I.load_images(run.config.data.name, path=run.config.data.path, seed=run.config.data.split_seed).test
 
 
-__all__ = ["VisionTrainConfig", "config_from_overrides", "evaluate_images", "is_vision_run", "load_vision_run",
-           "pixel_baseline", "predict_images", "read_image", "train_vision"]
+__all__ = [
+    "VisionTrainConfig",
+    "config_from_overrides",
+    "evaluate_images",
+    "is_vision_run",
+    "load_vision_run",
+    "pixel_baseline",
+    "predict_images",
+    "read_image",
+    "train_vision",
+]

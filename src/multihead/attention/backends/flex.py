@@ -15,6 +15,7 @@ fp64 formula on a slice of the real call (the mask's rules evaluated on the samp
 ``L x L`` dense mask); a shape that fails is declined with that reason from then on (``auto`` skips flex there, a
 named call gets the reason and the backends that can run it).
 """
+
 from __future__ import annotations
 
 import shutil
@@ -73,23 +74,27 @@ def _verify(q, k, v, out, *, mask, scale) -> None:
     expected = torch.empty(nb, h, len(rows), v.shape[-1], dtype=torch.float64)
     for head in range(h):  # the mask's own rules on the sampled rows' indices: nothing Lq x Lk is built
         h_i = torch.full((1, 1, 1, 1), head)
-        scores = (q[:nb, head:head + 1, rows].double() @ k[:nb, head // rep:head // rep + 1].double().transpose(-1, -2))
+        scores = q[:nb, head : head + 1, rows].double() @ k[:nb, head // rep : head // rep + 1].double().transpose(
+            -1, -2
+        )
         scores = scores * scale  # (nb, 1, rows, Lk)
         if score_mod is not None:
             scores = score_mod(scores, b_i, h_i, i, j)
         if mask_mod is not None:
             scores = scores.masked_fill(~mask_mod(b_i, h_i, i, j), float("-inf"))
-        vs = v[:nb, head // rep:head // rep + 1].double()
-        expected[:, head:head + 1] = (torch.softmax(scores, dim=-1) @ vs).nan_to_num(0.0)  # no key: zeros
+        vs = v[:nb, head // rep : head // rep + 1].double()
+        expected[:, head : head + 1] = (torch.softmax(scores, dim=-1) @ vs).nan_to_num(0.0)  # no key: zeros
     got = out[:nb, :, rows].double()
     bad = not bool(torch.isfinite(got).all())
     err = 0.0 if bad else float((got - expected).abs().max())
     tol = 1e-3 if q.dtype in (torch.float32, torch.float64) else 5e-2
     if bad or err > tol:
-        _VERDICTS[key] = (f"declines this shape on CPU: PyTorch's compiled FlexAttention kernel returned "
-                          f"{'NaN' if bad else f'values off by {err:.2g}'} against the fp64 formula at Lq={lq}, "
-                          f"Lk={lk}, D={q.shape[3]} ({q.dtype}); a PyTorch CPU bug at some lengths. Use backend='sdpa' "
-                          "or 'reference' (auto skips flex here)")
+        _VERDICTS[key] = (
+            f"declines this shape on CPU: PyTorch's compiled FlexAttention kernel returned "
+            f"{'NaN' if bad else f'values off by {err:.2g}'} against the fp64 formula at Lq={lq}, "
+            f"Lk={lk}, D={q.shape[3]} ({q.dtype}); a PyTorch CPU bug at some lengths. Use backend='sdpa' "
+            "or 'reference' (auto skips flex here)"
+        )
         raise ValueError(f"attention backend 'flex' {_VERDICTS[key]}")
     _VERDICTS[key] = None
 
@@ -105,9 +110,13 @@ def _boost(call):
 
 @register_backend(
     "flex",
-    Capabilities(returns_weights=False, supports_dropout=False, mask_parts=("tensor", "key_padding", "causal",
-                                                                                      "alibi"),
-                 patterns=("window", "block"), backward_devices=("cuda",)),
+    Capabilities(
+        returns_weights=False,
+        supports_dropout=False,
+        mask_parts=("tensor", "key_padding", "causal", "alibi"),
+        patterns=("window", "block"),
+        backward_devices=("cuda",),
+    ),
     priority=-5,
     description="FlexAttention (torch.compile): masks as mask_mod/score_mod, skips empty blocks; no CPU backward",
     available=_why_unavailable,

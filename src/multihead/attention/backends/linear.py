@@ -12,6 +12,7 @@ Masks: key padding (``(B, Lk)`` bool, True = real key) and causal with ``Lq == L
 :class:`~multihead.attention.attn_mask.AttnMask`; the registry declines other masks with the fix. No weights, no
 dropout.
 """
+
 from __future__ import annotations
 
 import math
@@ -58,7 +59,7 @@ def _linear(fq: Tensor, fk: Tensor, v: Tensor, keep: Tensor | None, causal: bool
     out = []
     tri = None
     for i0 in range(0, length, chunk):
-        qc, kc, vc = fq[:, :, i0:i0 + chunk], fk[:, :, i0:i0 + chunk], v[:, :, i0:i0 + chunk]
+        qc, kc, vc = fq[:, :, i0 : i0 + chunk], fk[:, :, i0 : i0 + chunk], v[:, :, i0 : i0 + chunk]
         n = qc.shape[2]
         if tri is None or tri.shape[0] != n:
             tri = torch.ones(n, n, dtype=torch.bool, device=fq.device).tril()
@@ -85,12 +86,21 @@ def performer_features(x: Tensor, w: Tensor, scale: float, is_query: bool) -> Te
     return torch.exp(logits - stab) / math.sqrt(w.shape[0])
 
 
-def performer_attention(q, k, v, *, num_features: int = 256, seed: int = 0, key_padding: Tensor | None = None,
-                        is_causal: bool = False, scale: float | None = None) -> Tensor:
+def performer_attention(
+    q,
+    k,
+    v,
+    *,
+    num_features: int = 256,
+    seed: int = 0,
+    key_padding: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Tensor:
     """FAVOR+ attention ``(b, h, i, d)``; ``key_padding`` ``(b, j)`` bool, True = real key."""
     _causal_square(q, k, is_causal)
     b, h, lq, d = q.shape
-    scale = d ** -0.5 if scale is None else scale
+    scale = d**-0.5 if scale is None else scale
     work = torch.promote_types(q.dtype, torch.float32)
     keep = key_padding
     k, v = expand_kv(k, h).to(work), expand_kv(v, h).to(work)
@@ -117,8 +127,9 @@ def _causal_square(q, k, is_causal):
 
 @register_backend(
     "performer",
-    Capabilities(returns_weights=False, supports_dropout=False, exact=False,
-                 mask_parts=("key_padding", "causal_square")),
+    Capabilities(
+        returns_weights=False, supports_dropout=False, exact=False, mask_parts=("key_padding", "causal_square")
+    ),
     priority=-10,
     description="Performer FAVOR+ (256 positive orthogonal random features): O(L), approximates softmax",
 )
@@ -129,8 +140,9 @@ def performer_backend(q, k, v, *, mask, dropout_p, scale, need_weights):
 
 @register_backend(
     "linear_elu",
-    Capabilities(returns_weights=False, supports_dropout=False, exact=False,
-                 mask_parts=("key_padding", "causal_square")),
+    Capabilities(
+        returns_weights=False, supports_dropout=False, exact=False, mask_parts=("key_padding", "causal_square")
+    ),
     priority=-10,
     description="linear attention with elu(x)+1 features (Katharopoulos et al. 2020): O(L), not softmax",
 )

@@ -16,6 +16,7 @@ block mask from index arithmetic) with its log-sum-exp returned (:mod:`multihead
 loop of tile launches is ~250x slower than SDPA on an H200. ``kernel="tiles"`` forces the loop anywhere,
 ``kernel="flex"`` forces FlexAttention (on CPU its eager reference, forward only: for checking this route).
 """
+
 from __future__ import annotations
 
 import math
@@ -36,8 +37,8 @@ def _tile(q_blk: Tensor, k_blk: Tensor, mask: Tensor | None, causal_offset: int 
     s = torch.matmul(q_blk, k_blk.transpose(-2, -1))  # q_blk is pre-scaled
     bq, bk = s.shape[-2], s.shape[-1]
     if mask is not None:
-        m = mask[..., i0:i0 + bq, :] if mask.shape[-2] > 1 else mask  # size-1 axes broadcast: never slice them
-        m = m[..., j0:j0 + bk] if m.shape[-1] > 1 else m
+        m = mask[..., i0 : i0 + bq, :] if mask.shape[-2] > 1 else mask  # size-1 axes broadcast: never slice them
+        m = m[..., j0 : j0 + bk] if m.shape[-1] > 1 else m
         s = s.masked_fill(~m, -math.inf) if m.dtype == torch.bool else s + m.to(s.dtype)
     if causal_offset is not None and j0 + bk - 1 > i0 + causal_offset:  # tile crosses the diagonal
         i = torch.arange(i0, i0 + bq, device=s.device)[:, None]
@@ -52,7 +53,7 @@ def _forward(q, k, v, mask, causal_offset, scale, block_q, block_k):
     out = torch.empty(b, h, lq, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = torch.empty(b, h, lq, 1, dtype=q.dtype, device=q.device)
     for i0 in range(0, lq, block_q):
-        qi = q[:, :, i0:i0 + block_q] * scale  # (b, h, bq, d)
+        qi = q[:, :, i0 : i0 + block_q] * scale  # (b, h, bq, d)
         bq = qi.shape[2]
         m = torch.full((b, h, bq, 1), -math.inf, dtype=q.dtype, device=q.device)
         l = torch.zeros(b, h, bq, 1, dtype=q.dtype, device=q.device)
@@ -60,17 +61,17 @@ def _forward(q, k, v, mask, causal_offset, scale, block_q, block_k):
         for j0 in range(0, lk, block_k):
             if causal_offset is not None and j0 > i0 + bq - 1 + causal_offset:
                 break  # every later tile is above the diagonal
-            s = _tile(qi, k[:, :, j0:j0 + block_k], mask, causal_offset, i0, j0)  # (b, h, bq, bk)
+            s = _tile(qi, k[:, :, j0 : j0 + block_k], mask, causal_offset, i0, j0)  # (b, h, bq, bk)
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
             shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # rows with nothing yet
             p = torch.exp(s - shift)  # (b, h, bq, bk)
             corr = torch.exp(m - shift)
             l = l * corr + p.sum(-1, keepdim=True)
-            acc = acc * corr + torch.matmul(p, v[:, :, j0:j0 + block_k])  # (b, h, bq, d)
+            acc = acc * corr + torch.matmul(p, v[:, :, j0 : j0 + block_k])  # (b, h, bq, d)
             m = m_new
         empty = l == 0  # no allowed key (the entry point never sends such rows; direct calls may)
-        out[:, :, i0:i0 + bq] = torch.where(empty, torch.zeros_like(acc), acc / l.clamp_min(1e-30))
-        lse[:, :, i0:i0 + bq] = torch.where(empty, torch.full_like(m, -math.inf), m + torch.log(l.clamp_min(1e-30)))
+        out[:, :, i0 : i0 + bq] = torch.where(empty, torch.zeros_like(acc), acc / l.clamp_min(1e-30))
+        lse[:, :, i0 : i0 + bq] = torch.where(empty, torch.full_like(m, -math.inf), m + torch.log(l.clamp_min(1e-30)))
     return out, lse
 
 
@@ -79,28 +80,28 @@ def _backward(q, k, v, lse, dout, mask, causal_offset, scale, block_q, block_k):
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     safe_lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
     for i0 in range(0, lq, block_q):
-        qi = q[:, :, i0:i0 + block_q] * scale
+        qi = q[:, :, i0 : i0 + block_q] * scale
         bq = qi.shape[2]
-        doi, li = dout[:, :, i0:i0 + bq], safe_lse[:, :, i0:i0 + bq]
+        doi, li = dout[:, :, i0 : i0 + bq], safe_lse[:, :, i0 : i0 + bq]
         # delta = rowsum(P * dP), summed tile by tile exactly as softmax's own backward does. (FlashAttention uses
         # the equal rowsum(dO * O); its different rounding leaves dQ, dK a few ulps off where they cancel to 0.)
         di = torch.zeros(qi.shape[:3] + (1,), dtype=q.dtype, device=q.device)
         for j0 in range(0, lk, block_k):
             if causal_offset is not None and j0 > i0 + bq - 1 + causal_offset:
                 break
-            p = torch.exp(_tile(qi, k[:, :, j0:j0 + block_k], mask, causal_offset, i0, j0) - li)
-            di += (p * torch.matmul(doi, v[:, :, j0:j0 + block_k].transpose(-2, -1))).sum(-1, keepdim=True)
+            p = torch.exp(_tile(qi, k[:, :, j0 : j0 + block_k], mask, causal_offset, i0, j0) - li)
+            di += (p * torch.matmul(doi, v[:, :, j0 : j0 + block_k].transpose(-2, -1))).sum(-1, keepdim=True)
         dqi = torch.zeros_like(qi)
         for j0 in range(0, lk, block_k):
             if causal_offset is not None and j0 > i0 + bq - 1 + causal_offset:
                 break
-            kj, vj = k[:, :, j0:j0 + block_k], v[:, :, j0:j0 + block_k]
+            kj, vj = k[:, :, j0 : j0 + block_k], v[:, :, j0 : j0 + block_k]
             p = torch.exp(_tile(qi, kj, mask, causal_offset, i0, j0) - li)  # (b, h, bq, bk), recomputed
-            dv[:, :, j0:j0 + block_k] += torch.matmul(p.transpose(-2, -1), doi)
+            dv[:, :, j0 : j0 + block_k] += torch.matmul(p.transpose(-2, -1), doi)
             ds = p * (torch.matmul(doi, vj.transpose(-2, -1)) - di)  # (b, h, bq, bk)
             dqi += torch.matmul(ds, kj)
-            dk[:, :, j0:j0 + block_k] += torch.matmul(ds.transpose(-2, -1), qi)  # qi carries the scale
-        dq[:, :, i0:i0 + bq] = dqi * scale
+            dk[:, :, j0 : j0 + block_k] += torch.matmul(ds.transpose(-2, -1), qi)  # qi carries the scale
+        dq[:, :, i0 : i0 + bq] = dqi * scale
     return dq, dk, dv
 
 
@@ -120,18 +121,37 @@ class _MemoryEfficient(torch.autograd.Function):
         q, k, v, lse, mask = ctx.saved_tensors
         causal_offset, scale, block_q, block_k = ctx.args
         work = torch.promote_types(q.dtype, torch.float32)
-        dq, dk, dv = _backward(q.to(work), k.to(work), v.to(work), lse, dout.to(work),
-                               mask if ctx.has_mask else None, causal_offset, scale, block_q, block_k)
+        dq, dk, dv = _backward(
+            q.to(work),
+            k.to(work),
+            v.to(work),
+            lse,
+            dout.to(work),
+            mask if ctx.has_mask else None,
+            causal_offset,
+            scale,
+            block_q,
+            block_k,
+        )
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
 KERNELS = ("auto", "tiles", "flex")
 
 
-def memory_efficient_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None,
-                               is_causal: bool = False, causal_offset: int | None = None, scale: float | None = None,
-                               block_q: int = BLOCK_Q, block_k: int = BLOCK_K, kernel: str = "auto"
-                               ) -> tuple[Tensor, Tensor]:
+def memory_efficient_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    causal_offset: int | None = None,
+    scale: float | None = None,
+    block_q: int = BLOCK_Q,
+    block_k: int = BLOCK_K,
+    kernel: str = "auto",
+) -> tuple[Tensor, Tensor]:
     """``(out, lse)``: ``out`` ``(b, h, i, d)`` exactly as softmax attention, ``lse`` ``(b, h, i, 1)`` (-inf for
     rows with no allowed key). ``k``/``v`` may have fewer heads (GQA). Causal is bottom-right aligned unless
     ``causal_offset`` says where query 0 sits (see :func:`multihead.masks.causal_mask`). ``kernel``: ``"auto"``
@@ -166,8 +186,17 @@ def _flex_route(q, k, v, mask, is_causal, causal_offset, scale) -> tuple[Tensor,
     return out, lse.detach()[..., None].to(torch.promote_types(q.dtype, torch.float32))  # as the loop's
 
 
-def weights_for(q: Tensor, k: Tensor, lse: Tensor, *, heads=None, rows=None, mask: Tensor | None = None,
-                is_causal: bool = False, scale: float | None = None) -> Tensor:
+def weights_for(
+    q: Tensor,
+    k: Tensor,
+    lse: Tensor,
+    *,
+    heads=None,
+    rows=None,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> Tensor:
     """Softmax weights of chosen ``heads`` (indices) and query ``rows`` (indices) only, from the saved ``lse``:
     ``(b, len(heads), len(rows), j)``; nothing else of ``Lq x Lk`` is built."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -197,8 +226,9 @@ def weights_for(q: Tensor, k: Tensor, lse: Tensor, *, heads=None, rows=None, mas
 def memory_efficient_backend(q, k, v, *, mask, dropout_p, scale, need_weights):
     if mask is None:
         return memory_efficient_attention(q, k, v, scale=scale)[0], None
-    out, _ = memory_efficient_attention(q, k, v, mask=mask.tensor, is_causal=mask.causal,
-                                        causal_offset=mask.offset(q.shape[2], k.shape[2]), scale=scale)
+    out, _ = memory_efficient_attention(
+        q, k, v, mask=mask.tensor, is_causal=mask.causal, causal_offset=mask.offset(q.shape[2], k.shape[2]), scale=scale
+    )
     return out, None
 
 

@@ -5,6 +5,7 @@ learned sinks natively (their logit joins each row's softmax denominator). Softm
 low-precision inputs (fp64 stays fp64); masked scores are filled with ``-finfo(dtype).max`` of the softmax's dtype
 (never ``-1e9``, which overflows fp16).
 """
+
 from __future__ import annotations
 
 import torch

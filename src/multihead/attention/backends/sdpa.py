@@ -3,6 +3,7 @@
 Never materialises ``Lq x Lk`` on its fused kernels and returns no weights. On CPU, PyTorch silently falls back to
 its slower MATH kernel when ``dropout_p > 0`` or when the mask requires grad: keep attention dropout at 0 for speed.
 """
+
 from __future__ import annotations
 
 import torch.nn.functional as F
@@ -27,7 +28,12 @@ def sdpa_attention(q, k, v, *, mask, dropout_p, scale, need_weights):
     if g != h:  # grouped-query: expand views (CPU kernels do not take enable_gqa on every path)
         k, v = expand_kv(k, h), expand_kv(v, h)
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=None if mask is None else mask.tensor, dropout_p=dropout_p,
-        is_causal=mask is not None and mask.causal, scale=scale,
+        q,
+        k,
+        v,
+        attn_mask=None if mask is None else mask.tensor,
+        dropout_p=dropout_p,
+        is_causal=mask is not None and mask.causal,
+        scale=scale,
     )  # (b, h, i, d); causal arrives here only alone and square (its top-left flag agrees then)
     return out, None

@@ -12,6 +12,7 @@ SparsePattern` as ``mask`` and never build ``L x L``:
 
 Each equals the reference backend under ``pattern.dense(L)`` (tests). Arithmetic in fp32 for half types.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,8 +44,9 @@ def _fused(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float) -> Te
     return zero_rows(F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale), row_ok)
 
 
-def _dense_rows(q_rows: Tensor, rows: Tensor, k: Tensor, v: Tensor, key_ok: Tensor | None, causal: bool,
-                scale: float) -> Tensor:
+def _dense_rows(
+    q_rows: Tensor, rows: Tensor, k: Tensor, v: Tensor, key_ok: Tensor | None, causal: bool, scale: float
+) -> Tensor:
     """Full attention for selected query ``rows`` (global tokens): ``(b, h, len(rows), d)``."""
     s = torch.matmul(q_rows * scale, k.transpose(-2, -1))  # (b, h, r, L)
     allowed = torch.ones_like(s, dtype=torch.bool)
@@ -104,8 +106,9 @@ def _window_global(q, k, v, w: int, causal: bool, key_ok: Tensor | None, globals
     sg = torch.matmul(q_blk, k[:, :, g].transpose(-2, -1)[:, :, None])  # (b, h, nb, c, G)
     allowed_g = torch.ones(1, 1, nb, c, len(globals_), dtype=torch.bool, device=q.device)
     if causal:
-        allowed_g = allowed_g & causal_allowed(torch.arange(lp, device=q.device).view(1, 1, nb, c, 1),
-                                               g.view(1, 1, 1, 1, -1), 0)
+        allowed_g = allowed_g & causal_allowed(
+            torch.arange(lp, device=q.device).view(1, 1, nb, c, 1), g.view(1, 1, 1, 1, -1), 0
+        )
     if key_ok is not None:
         allowed_g = allowed_g & key_ok[:, :, g][:, :, None, None, :]
     lead = max(allowed.shape[0], allowed_g.shape[0])
@@ -117,14 +120,21 @@ def _window_global(q, k, v, w: int, causal: bool, key_ok: Tensor | None, globals
     return out
 
 
-def window_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePattern, scale: float | None = None, *,
-                     key_padding: Tensor | None = None) -> Tensor:
+def window_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    pattern: SparsePattern,
+    scale: float | None = None,
+    *,
+    key_padding: Tensor | None = None,
+) -> Tensor:
     """Sliding-window attention ``(b, h, L, d)`` for ``pattern`` (``window``, ``dilation``, ``global_tokens``,
     ``causal``) over real keys ``key_padding`` ``(b, L)`` bool; see the module docstring."""
     if pattern.kind != "window":
         raise ValueError("window_attention needs SparsePattern(window=...); use block_sparse for block patterns")
     b, h, length, d = q.shape
-    scale = d ** -0.5 if scale is None else scale
+    scale = d**-0.5 if scale is None else scale
     dtype = q.dtype
     work = torch.promote_types(dtype, torch.float32)
     q, k, v = q.to(work), expand_kv(k, h).to(work), expand_kv(v, h).to(work)
@@ -151,14 +161,21 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePattern, sc
     return out.to(dtype)
 
 
-def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePattern, scale: float | None = None, *,
-                           key_padding: Tensor | None = None) -> Tensor:
+def block_sparse_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    pattern: SparsePattern,
+    scale: float | None = None,
+    *,
+    key_padding: Tensor | None = None,
+) -> Tensor:
     """BigBird-style block-sparse attention ``(b, h, L, d)`` over real keys ``key_padding`` ``(b, L)`` bool; only the
     layout's key blocks are computed."""
     if pattern.kind != "block":
         raise ValueError("block_sparse_attention needs SparsePattern(block=...)")
     b, h, length, d = q.shape
-    scale = d ** -0.5 if scale is None else scale
+    scale = d**-0.5 if scale is None else scale
     dtype = q.dtype
     work = torch.promote_types(dtype, torch.float32)
     q, k, v = q.to(work), expand_kv(k, h).to(work), expand_kv(v, h).to(work)
@@ -175,8 +192,9 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePatte
         cols = layout[i].nonzero().flatten()
         idx[i, : len(cols)] = cols
         valid[i, : len(cols)] = True
-    key_ok = torch.ones(b, length, dtype=torch.bool, device=q.device) if key_padding is None \
-        else key_padding.to(q.device)
+    key_ok = (
+        torch.ones(b, length, dtype=torch.bool, device=q.device) if key_padding is None else key_padding.to(q.device)
+    )
     key_ok = F.pad(key_ok, (0, lp - length)).view(b, 1, nb, bs)  # (b, 1, nb, bs)
     q_blk = F.pad(q, (0, 0, 0, lp - length)).view(b, h, nb, bs, d)
     k_blk = F.pad(k, (0, 0, 0, lp - length)).view(b, h, nb, bs, d)
@@ -200,11 +218,12 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePatte
     body = _fused(qr, gather(k_blk), gather(v_blk), allowed, scale)
     body = body.view(b, nr, h, bs, -1).transpose(1, 2)  # (b, h, nr, bs, dv)
     out = torch.zeros(b, h, lp, v.shape[-1], dtype=work, device=q.device)
-    out[:, :, g * bs:] = body.reshape(b, h, -1, v.shape[-1])
+    out[:, :, g * bs :] = body.reshape(b, h, -1, v.shape[-1])
     if g:
         grow = torch.arange(min(g * bs, length), device=q.device)
-        out[:, :, : len(grow)] = _dense_rows(q[:, :, grow], grow, k, v, key_ok.view(b, 1, lp)[..., :length],
-                                             pattern.causal, scale)
+        out[:, :, : len(grow)] = _dense_rows(
+            q[:, :, grow], grow, k, v, key_ok.view(b, 1, lp)[..., :length], pattern.causal, scale
+        )
     return out[:, :, :length].to(dtype)
 
 
@@ -217,8 +236,13 @@ def _pattern(mask):
 
 @register_backend(
     "window",
-    Capabilities(returns_weights=False, supports_dropout=False, mask_parts=("key_padding", "causal_square"),
-                 patterns=("window",), requires_pattern=True),
+    Capabilities(
+        returns_weights=False,
+        supports_dropout=False,
+        mask_parts=("key_padding", "causal_square"),
+        patterns=("window",),
+        requires_pattern=True,
+    ),
     priority=20,
     description="sliding window (+ dilation, global tokens), O(L w) time and memory; SparsePattern masks",
 )
@@ -228,8 +252,13 @@ def window_backend(q, k, v, *, mask, dropout_p, scale, need_weights):
 
 @register_backend(
     "block_sparse",
-    Capabilities(returns_weights=False, supports_dropout=False, mask_parts=("key_padding", "causal_square"),
-                 patterns=("block",), requires_pattern=True),
+    Capabilities(
+        returns_weights=False,
+        supports_dropout=False,
+        mask_parts=("key_padding", "causal_square"),
+        patterns=("block",),
+        requires_pattern=True,
+    ),
     priority=20,
     description="BigBird block-sparse (window + global + random blocks), skips empty blocks; SparsePattern masks",
 )
