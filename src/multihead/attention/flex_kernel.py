@@ -65,6 +65,8 @@ def block_mask(mask: AttnMask | None, b: int, lq: int, lk: int, device):
 
 def _heads(mask: AttnMask) -> int:
     t = mask.tensor
+    if t is None:
+        return 1
     return t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)).shape[1]
 
 

@@ -61,6 +61,20 @@ class SparsePattern:
     def kind(self) -> str:
         return "window" if self.window is not None else "block"
 
+    @property
+    def window_size(self) -> int:
+        """The window of a sliding-window pattern (``window``, checked to be set)."""
+        if self.window is None:
+            raise ValueError("this SparsePattern is block-sparse; it has no window")
+        return self.window
+
+    @property
+    def block_size(self) -> int:
+        """The block of a block-sparse pattern (``block``, checked to be set)."""
+        if self.block is None:
+            raise ValueError("this SparsePattern is a sliding window; it has no block")
+        return self.block
+
     def with_causal(self, causal: bool = True) -> SparsePattern:
         return replace(self, causal=self.causal or causal)
 
@@ -89,13 +103,13 @@ class SparsePattern:
         if self.kind == "window":
             g = torch.zeros(length, dtype=torch.bool, device=device)
             g[[t for t in self.global_tokens if 0 <= t < length]] = True
-            w, dil = self.window, self.dilation
+            w, dil = self.window_size, self.dilation
 
             def allowed(i, j):
                 ok = window_band(i - j, w, dil)
                 return (ok | g[i] | g[j]) if self.global_tokens else ok
         else:
-            layout, bs = self.block_layout(-(-length // self.block)).to(device), self.block
+            layout, bs = self.block_layout(-(-length // self.block_size)).to(device), self.block_size
 
             def allowed(i, j):
                 return layout[i // bs, j // bs]

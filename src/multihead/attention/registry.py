@@ -210,7 +210,9 @@ def _call_info(
     )
 
 
-_RESOLVED: dict = {}  # (name, call, registered names) -> backend: a stack's layers make the same call in turn
+_RESOLVED: dict[
+    tuple, Backend
+] = {}  # (name, call, registered names) -> backend: a stack's layers make the same call in turn
 
 
 def resolve(name: str, call: CallInfo) -> Backend:
@@ -218,7 +220,7 @@ def resolve(name: str, call: CallInfo) -> Backend:
     remembered per call description and set of registered backends (a decoding step's 30 layers ask once)."""
     key = (name, call, tuple(_REGISTRY))
     found = _RESOLVED.get(key)
-    if found is not None and _REGISTRY.get(found.name) is found:
+    if found is not None and found is _REGISTRY.get(found.name):
         return found
     backend = _resolve(name, call)
     if len(_RESOLVED) > 256:
@@ -274,7 +276,7 @@ def explain_choice(
     """``auto``'s choice for this call in words: the backend, why it ranks first, and why each backend ranked above
     it was skipped, e.g. ``"flex (rank 25: sparse patterns on cuda ...); skipped: ..."``."""
     call = _call_info(q, k, AttnMask.of(mask), dropout_p, need_weights, exact, sinks)
-    skipped = []
+    skipped: list[str] = []
     for b in ranked(call):
         reason = b.why_not(call)
         if reason is None:
@@ -411,13 +413,13 @@ def attention(
         if am is not None and am.tensor is not None:
             tensor, row_ok = open_empty_rows(am.tensor)
             am = replace(am, tensor=tensor) if row_ok is not None else am
-    out, weights = chosen.fn(q, k, v, mask=am, dropout_p=dropout_p, scale=scale, need_weights=need_weights, **extra)
+    out, kept = chosen.fn(q, k, v, mask=am, dropout_p=dropout_p, scale=scale, need_weights=need_weights, **extra)
     if nan_q is not None:  # e.g. SDPA's CPU kernels turn a NaN query row into zeros: NaN, as on every other backend
         out = out.masked_fill(nan_q, math.nan)
     out = zero_rows(out, row_ok)
-    if not need_weights or weights is None:
+    if not need_weights or kept is None:
         return out, None
-    weights = zero_rows(weights, row_ok)
+    weights = zero_rows(kept, row_ok)
     return out, (weights[..., 1:] if sinks is not None and not extra else weights)
 
 

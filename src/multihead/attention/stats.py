@@ -275,7 +275,7 @@ def attention_stats(
     mass.update({f"offset{o:+d}": zeros(b, h, lq) for o in offsets})
     top_w = torch.full((b, h, lq, kk), -1.0, dtype=work, device=q.device)
     top_i = torch.zeros(b, h, lq, kk, dtype=torch.long, device=q.device)
-    weights = zeros(b, len(heads_l), len(rows_l), lk) if heads_l is not None else None
+    weights = zeros(b, len(heads_l), len(rows_l or []), lk) if heads_l is not None else None
     row_pos = {r: n for n, r in enumerate(rows_l or [])}
     if thumbnail < 0:
         raise ValueError(f"thumbnail must be >= 0 bins per side; got {thumbnail}")
@@ -334,8 +334,8 @@ def attention_stats(
                 w, ix = _tile_topk(p, kk)
                 cand_w.append(w)
                 cand_i.append(ix + j0)
-            for n, r in local:
-                weights[:, :, n, j0:j1] = p[:, heads_l, r]
+            for slot, r in local:
+                weights[:, :, slot, j0:j1] = p[:, heads_l, r]  # type: ignore[index]  # local is empty without weights
             if thumb is not None:  # (T, bq) @ (b, h, bq, bk) @ (bk, T)
                 thumb += bin_q[i0:i1].T @ (p @ bin_k[j0:j1])
         entropy[:, :, i0:i1] = -plogp

@@ -23,7 +23,10 @@ GROUPS = (tools, training, runs, inspect, lm, interventions, speech)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
     p = argparse.ArgumentParser(prog="multihead", description="Multi-head attention: train, inspect, prune, run fast.")
+    p.add_argument("--version", action="version", version=f"multihead {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     for group in GROUPS:
         group.register(sub)
@@ -64,7 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = build_parser().parse_args(argv)
     try:
-        return args.fn(args)
+        code = args.fn(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handlers below, not at interpreter exit
+        return code
+    except BrokenPipeError:  # the reader went away (`multihead backends | head`): stop quietly, as shell tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (
         DataError,
         CheckpointError,

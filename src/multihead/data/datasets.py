@@ -64,7 +64,10 @@ class TextDataset:
 def _package_dir(module: str, pip_name: str) -> Path:
     spec = importlib.util.find_spec(module)  # does not import (and run) the package
     if spec is None or not spec.submodule_search_locations:
-        raise DataError(f"the built-in dataset needs the {pip_name!r} package: pip install {pip_name}")
+        raise DataError(
+            f"the built-in dataset needs the {pip_name!r} package: pip install {pip_name} "
+            "(or every built-in dataset: pip install 'multihead[data]')"
+        )
     return Path(list(spec.submodule_search_locations)[0])
 
 

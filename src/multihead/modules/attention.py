@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import struct
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -20,6 +21,9 @@ from ..attention import patterns as _patterns
 from ..attention.attn_mask import AttnMask
 from ..attention.registry import attention, check_backend_name, get_backend
 from . import fastpath
+
+if TYPE_CHECKING:
+    from .positional import Rotary
 from .hooks import HookPoint
 from .kv_cache import LayerKV
 
@@ -104,6 +108,11 @@ class MultiHeadAttention(nn.Module):
         on a fused backend.
     """
 
+    rotary: Rotary | None
+    q_norm: nn.Module | None
+    k_norm: nn.Module | None
+    w_gate: nn.Linear | None
+
     def __init__(
         self,
         d_model: int,
@@ -116,7 +125,7 @@ class MultiHeadAttention(nn.Module):
         vdim: int | None = None,
         backend: str = "auto",
         need_weights: bool = True,
-        rotary: nn.Module | None = None,
+        rotary: Rotary | None = None,
         pattern=None,
         gate: bool = False,
         alibi: bool = False,
@@ -252,11 +261,11 @@ class MultiHeadAttention(nn.Module):
             q, k, v = self._packed_qkv(query)  # one matmul instead of three (decoding is overhead-bound)
             q, k, v = q.view(b, lq, h, d), k.view(b, lk, g, d), v.view(b, lk, g, d)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|G, L, D)
-            if self.q_norm is not None:
+            if self.q_norm is not None and self.k_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
         else:
             q = self.w_q(query).view(b, lq, h, d).transpose(1, 2)  # (B, H, Lq, D)
-            if cache is not None and cache.static and cache.k is not None:  # cross-attention: the source's, once
+            if cache is not None and cache.static and cache.k is not None and cache.v is not None:  # the source's, once
                 k, v = cache.k, cache.v  # (B, G, Ls, D)
             else:
                 k = self.w_k(key).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
@@ -265,32 +274,32 @@ class MultiHeadAttention(nn.Module):
                     k = self.k_norm(k)
             if self.q_norm is not None:
                 q = self.q_norm(q)
-        rotate = self.rotary is not None
+        rotary = self.rotary  # still to apply: None once q and k are rotated
         if cache is not None and cache.static:
-            if rotate:
+            if rotary is not None:
                 raise ValueError("rotary embeddings rotate self-attention; build cross-attention without rotary=")
             if cache.k is None:
                 cache.store(k, v)
         elif cache is not None and getattr(cache, "rolling", False):  # StreamingLLM: positions within the cache
-            if not rotate:
+            if rotary is None:
                 raise ValueError(
                     "a streaming (sinks + window) cache gives keys their slot in the cache as position; "
                     "that needs rotary positions (build the model with positional='rope')"
                 )
             k, v = cache.append(k, v)  # unrotated, evicted to sinks + window: (B, G, slots, D)
-            q = self.rotary.rotate(q, k.shape[2] - lq)  # the queries are the last slots
-            k = self.rotary.rotate(k, 0)
-            rotate = False
+            q = rotary.rotate(q, k.shape[2] - lq)  # the queries are the last slots
+            k = rotary.rotate(k, 0)
+            rotary = None
         elif cache is not None:  # self-attention: rotate the new positions where they sit, then append them
-            if rotate:
-                q, k = self.rotary.rotate_pair(q, k, cache.length, positions)
-                rotate = False
+            if rotary is not None:
+                q, k = rotary.rotate_pair(q, k, cache.length, positions)
+                rotary = None
             k, v = cache.append(k, v)  # (B, G, cached + Lq, D)
-        elif rotate and positions is not None:
-            q, k = self.rotary.rotate_pair(q, k, 0, positions)
-            rotate = False
+        elif rotary is not None and positions is not None:
+            q, k = rotary.rotate_pair(q, k, 0, positions)
+            rotary = None
         am = self._with_alibi(self.build_mask(mask, key_padding_mask, is_causal))
-        z, weights = self._attend(q, k, v, am, head_mask, need_weights, rotate=rotate)
+        z, weights = self._attend(q, k, v, am, head_mask, need_weights, rotate=rotary is not None)
         z = z.transpose(1, 2).reshape(b, lq, h * d)  # (B, H, Lq, D) -> (B, Lq, E)
         if self.w_gate is not None:
             z = z * torch.sigmoid(self.w_gate(query))
@@ -323,7 +332,7 @@ class MultiHeadAttention(nn.Module):
             return full.view(b, l, heads, d).transpose(1, 2)
 
         q, k, v = pad(self.w_q(x), h), pad(self.w_k(x), g), pad(self.w_v(x), g)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         am = self._with_alibi(self.build_mask(key_padding_mask=keep))
         z, _ = self._attend(q, k, v, am, head_mask, False)  # (B, H, L, D)

@@ -18,12 +18,16 @@ how weights are obtained from them. Outputs agree with the un-captured run to ro
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 from collections.abc import Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
+
+if TYPE_CHECKING:
+    from .mla import MultiHeadLatentAttention
 
 WHAT = {
     "pattern": "hook_pattern",
@@ -72,7 +76,7 @@ class Cache(dict):
         return [self.pattern(i) for i in range(len(self.attention_modules))]
 
 
-def attention_modules(model: nn.Module) -> list[tuple[str, MultiHeadAttention]]:
+def attention_modules(model: nn.Module) -> list[tuple[str, MultiHeadAttention | MultiHeadLatentAttention]]:
     from .mla import MultiHeadLatentAttention
 
     mods = [(n, m) for n, m in model.named_modules() if isinstance(m, (MultiHeadAttention, MultiHeadLatentAttention))]

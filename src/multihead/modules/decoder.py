@@ -13,6 +13,7 @@ Shape legend: ``B`` batch, ``T`` target (decoder) positions this call, ``S`` sou
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Sequence
 from typing import ClassVar
 
 import torch
@@ -26,7 +27,7 @@ from .variants import LEGACY_FIELDS, AttentionConfig
 from .feedforward import NORMS, FeedForward, check_activation, make_norm
 from .hooks import HookPoint
 from .kv_cache import KVCache, LayerKV
-from .positional import RotaryEmbedding
+from .positional import Rotary, RotaryEmbedding
 
 
 @dataclass
@@ -121,7 +122,7 @@ class DecoderBlock(nn.Module):
         norm_first: bool = False,
         layer_norm_eps: float = 1e-5,
         bias: bool = True,
-        rotary: nn.Module | None = None,
+        rotary: Rotary | None = None,
         cross_attention: bool = True,
         memory_dim: int | None = None,
         layer_index: int = 0,
@@ -177,7 +178,7 @@ class DecoderBlock(nn.Module):
         ``self_mask``/``memory_mask`` structured masks built once by the stack; ``cache`` this layer's
         ``(self, cross)`` caches."""
         self_cache, cross_cache = (None, None) if cache is None else cache
-        sublayers = [
+        sublayers: list[tuple[Callable[[Tensor], Tensor], HookPoint]] = [
             (
                 lambda h: self.self_attn(
                     h, mask=self_mask, cache=self_cache, positions=positions, head_mask=head_mask, need_weights=False
@@ -185,13 +186,14 @@ class DecoderBlock(nn.Module):
                 self.hook_attn_out,
             )
         ]
-        if self.cross_attn is not None:
+        cross = self.cross_attn
+        if cross is not None:
             if memory is None and (cross_cache is None or cross_cache.k is None):
                 raise ValueError("this decoder has cross-attention: pass memory= (the encoder's output)")
             src = x if memory is None else memory  # with a filled cross cache the memory is not projected again
             sublayers.append(
                 (
-                    lambda h: self.cross_attn(
+                    lambda h: cross(
                         h, src, mask=memory_mask, cache=cross_cache, head_mask=cross_head_mask, need_weights=False
                     )[0],
                     self.hook_cross_out,
@@ -199,13 +201,15 @@ class DecoderBlock(nn.Module):
             )
         if self.ffn is not None:
             sublayers.append((self.ffn, self.hook_mlp_out))
-        posts = self.post_norms if self.post_norms is not None else [_identity] * len(self.norms)
+        posts: Iterable[Callable[[Tensor], Tensor]] = (
+            self.post_norms if self.post_norms is not None else [_identity] * len(self.norms)
+        )
         for (fn, hook), norm, post, drop in zip(sublayers, self.norms, posts, self.dropouts):
-            drop = drop if self.training else _identity  # (a module call per sublayer saved when decoding)
+            dropout = drop if self.training else _identity  # (a module call per sublayer saved when decoding)
             if self.norm_first:
-                x = x + drop(hook(post(fn(norm(x)))))
+                x = x + dropout(hook(post(fn(norm(x)))))
             else:
-                x = norm(x + drop(hook(fn(x))))
+                x = norm(x + dropout(hook(fn(x))))
         return self.hook_resid_post(x)
 
 
@@ -216,6 +220,8 @@ def _identity(x: Tensor) -> Tensor:
 class TransformerDecoder(nn.Module):
     """A stack of :class:`DecoderBlock` over target embeddings ``(B, T, E)`` (additive positions are added by the
     caller; rotary ones live inside the self-attention). Pre-LN stacks end with a final LayerNorm."""
+
+    layers: Sequence[DecoderBlock]  # an nn.ModuleList of them
 
     def __init__(self, config: DecoderConfig | None = None, **overrides) -> None:
         super().__init__()
@@ -231,7 +237,7 @@ class TransformerDecoder(nn.Module):
         local_rotary = rotary
         if config.rotary and config.sliding_window is not None and config.rope_local_theta is not None:
             local_rotary = RotaryEmbedding(config.attention.rotary_dim(head_dim), config.rope_local_theta)
-        self.layers = nn.ModuleList(
+        self.layers = nn.ModuleList(  # type: ignore[assignment]  # (the Sequence above)
             DecoderBlock(
                 config.d_model,
                 config.num_heads,
@@ -308,11 +314,13 @@ class TransformerDecoder(nn.Module):
             )
         return x if self.final_norm is None else self.final_norm(x)
 
-    def _local_mask(self, new: int, cache: KVCache | None, key_padding: Tensor | None, device) -> AttnMask:
+    def _local_mask(self, new: int, cache: KVCache | None, key_padding: Tensor | None, device) -> AttnMask | None:
         """The sliding-window layers' mask, built once per call: a causal window pattern (run by the sparse window
         backend, never densified) when the call holds every key; the same band as a small ``(new, keys)`` mask
         when earlier keys sit in a cache (decoding steps)."""
         w = self.config.sliding_window
+        if w is None:
+            raise ValueError("this stack has no sliding-window layers (sliding_window=None)")
         cached = 0 if cache is None else cache.self_attn[0].length
         if cached == 0:
             return AttnMask.of(SparsePattern(window=w - 1, causal=True), key_padding=key_padding)

@@ -4,6 +4,7 @@ or the pre-LN variant with ``norm_first=True``."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
@@ -12,9 +13,10 @@ from torch import Tensor, nn
 
 from .._config import from_fields
 
+from .attention import MultiHeadAttention
 from .feedforward import FeedForward
 from .hooks import HookPoint
-from .positional import RotaryEmbedding
+from .positional import Rotary, RotaryEmbedding
 from .variants import LEGACY_FIELDS, AttentionConfig
 
 
@@ -74,6 +76,10 @@ class EncoderBlock(nn.Module):
     ``hook_mlp_out``, ``hook_resid_post``; and the attention's own under ``attn.``.
     """
 
+    attn: MultiHeadAttention
+    ls1: nn.Parameter | None
+    ls2: nn.Parameter | None
+
     def __init__(
         self,
         d_model: int,
@@ -86,14 +92,17 @@ class EncoderBlock(nn.Module):
         norm_first: bool = False,
         layer_norm_eps: float = 1e-5,
         bias: bool = True,
-        rotary: nn.Module | None = None,
+        rotary: Rotary | None = None,
         layer_index: int = 0,
         layer_scale: float | None = None,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
         attention = AttentionConfig() if attention is None else attention
-        self.attn = attention.build(d_model, num_heads, bias=bias, rotary=rotary, layer_index=layer_index)
+        attn = attention.build(d_model, num_heads, bias=bias, rotary=rotary, layer_index=layer_index)
+        if not isinstance(attn, MultiHeadAttention):
+            raise ValueError("an encoder block has no key/value cache for MLA: set attention.mla_latent=0")
+        self.attn = attn
         self.ffn = FeedForward(d_model, d_ff, dropout, activation, bias)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
@@ -160,13 +169,15 @@ class TransformerEncoder(nn.Module):
     """A stack of :class:`EncoderBlock` over embeddings ``(B, L, E)`` (positions are added by the caller, except
     rotary ones, which live inside attention). Pre-LN stacks end with a final LayerNorm."""
 
+    layers: Sequence[EncoderBlock]  # an nn.ModuleList of them
+
     def __init__(self, config: EncoderConfig | None = None, **overrides) -> None:
         super().__init__()
         config = EncoderConfig.from_dict(overrides) if config is None else config  # flat attention fields read too
         self.config = config
         head_dim = config.attention.head_dim or config.d_model // config.num_heads
         rotary = RotaryEmbedding(config.attention.rotary_dim(head_dim)) if config.rotary else None
-        self.layers = nn.ModuleList(
+        self.layers = nn.ModuleList(  # type: ignore[assignment]  # (the Sequence above)
             EncoderBlock(
                 config.d_model,
                 config.num_heads,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import fastpath
 
-ACTIVATIONS = {  # ReLU in place: no extra (B, L, F) buffer
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {  # ReLU in place: no extra (B, L, F) buffer
     "relu": lambda: nn.ReLU(inplace=True),
     "gelu": nn.GELU,  # exact (erf), BERT's "gelu"
     "gelu_tanh": lambda: nn.GELU(approximate="tanh"),  # HF "gelu_new" / "gelu_pytorch_tanh" (GPT-2)
@@ -15,7 +17,7 @@ ACTIVATIONS = {  # ReLU in place: no extra (B, L, F) buffer
 }
 # Gated units (Shazeer 2020, "GLU variants"): act(x W_gate) * (x W_1), then W_2. SwiGLU is Llama's/Qwen's/Mistral's
 # MLP (gate_proj, up_proj, down_proj); GeGLU (tanh GELU) is Gemma's.
-GATED = {"swiglu": F.silu, "geglu": lambda t: F.gelu(t, approximate="tanh")}
+GATED: dict[str, Callable[[Tensor], Tensor]] = {"swiglu": F.silu, "geglu": lambda t: F.gelu(t, approximate="tanh")}
 NORMS = ("layer", "rms")  # LayerNorm (Ba et al. 2016) or RMSNorm (Zhang & Sennrich 2019: no centring, no bias)
 
 

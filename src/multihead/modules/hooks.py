@@ -9,12 +9,15 @@ tensor replaces the activation. Modules ask :attr:`HookPoint.active` before comp
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
 
 
 from torch.nn.modules import module as _module
+
+_T = TypeVar("_T")
 
 
 def _global_hooks() -> bool:
@@ -26,10 +29,10 @@ class HookPoint(nn.Module):
     """Identity with a stable name; forward hooks on it read or replace the activation. Without hooks a call
     returns its input without entering ``nn.Module.__call__`` (a decoding step passes ~20 hook points per layer)."""
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: _T) -> _T:
         return x
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def __call__(self, x: _T) -> _T:
         if self._forward_hooks or self._forward_pre_hooks or _global_hooks():
             return super().__call__(x)
         return x

@@ -45,32 +45,37 @@ class LayerKV:
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add the new positions' keys/values; returns all of them (cached first)."""
-        n = k.shape[2]
-        if self._k is not None and (
-            k.shape[:2] != self._k.shape[:2] or k.shape[3] != self._k.shape[3] or v.shape[3] != self._v.shape[3]
+        n, have = k.shape[2], self.length
+        old_k, old_v = self._k, self._v
+        if (
+            old_k is not None
+            and old_v is not None
+            and (k.shape[:2] != old_k.shape[:2] or k.shape[3] != old_k.shape[3] or v.shape[3] != old_v.shape[3])
         ):
             raise ValueError(
-                f"the cache holds keys (B, G, L, D)={tuple(self.k.shape)} but this step brings "
+                f"the cache holds keys (B, G, L, D)={tuple(old_k[:, :, :have].shape)} but this step brings "
                 f"{tuple(k.shape)}; use one cache per batch (KVCache.reorder for beams)"
             )
-        if self.length + n > self.capacity:
-            cap = max(2 * self.capacity, self.length + n, 64)
-            grow_k = k.new_empty(k.shape[0], k.shape[1], cap, k.shape[3])
-            grow_v = v.new_empty(v.shape[0], v.shape[1], cap, v.shape[3])
-            if self.length:
-                grow_k[:, :, : self.length] = self.k
-                grow_v[:, :, : self.length] = self.v
-            self._k, self._v = grow_k, grow_v
-        self._k[:, :, self.length : self.length + n] = k
-        self._v[:, :, self.length : self.length + n] = v
-        self.length += n
-        return self.k, self.v
+        if old_k is None or old_v is None or have + n > old_k.shape[2]:
+            cap = max(2 * self.capacity, have + n, 64)
+            new_k = k.new_empty(k.shape[0], k.shape[1], cap, k.shape[3])
+            new_v = v.new_empty(v.shape[0], v.shape[1], cap, v.shape[3])
+            if have and old_k is not None and old_v is not None:
+                new_k[:, :, :have] = old_k[:, :, :have]
+                new_v[:, :, :have] = old_v[:, :, :have]
+            self._k, self._v = new_k, new_v
+        else:
+            new_k, new_v = old_k, old_v
+        new_k[:, :, have : have + n] = k
+        new_v[:, :, have : have + n] = v
+        self.length = have + n
+        return new_k[:, :, : self.length], new_v[:, :, : self.length]
 
     def store(self, k: Tensor, v: Tensor) -> None:
         self._k, self._v, self.length = k, v, k.shape[2]
 
     def reorder(self, index: Tensor) -> None:
-        if self._k is not None:
+        if self._k is not None and self._v is not None:
             self._k, self._v = self._k.index_select(0, index), self._v.index_select(0, index)
 
     def nbytes(self) -> int:

@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
 
+class Rotary(Protocol):
+    """What attention needs of a rotary module (:class:`RotaryEmbedding`, or a wrapper with the same methods)."""
+
+    def rotate(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor: ...
+
+    def rotate_pair(
+        self, q: Tensor, k: Tensor, offset: int = 0, positions: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]: ...
+
+    def __call__(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]: ...
+
+
 class SinusoidalPositionalEncoding(nn.Module):
+    pe: Tensor
+
     """Vaswani et al.'s fixed encoding added to ``(B, L, E)`` embeddings: ``PE[p, 2i] = sin(p / 10000^(2i/E))``."""
 
     def __init__(self, d_model: int, max_len: int = 5000, dropout: float = 0.0) -> None:
@@ -65,6 +80,8 @@ class LearnedPositionalEncoding(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
+    inv_freq: Tensor
+
     """Rotary position embedding (Su et al. 2021), applied to q and k inside attention.
 
     Rotates pairs ``(x[..., i], x[..., i + D/2])`` by angle ``p * base^(-2i/D)`` (the "rotate half" layout used by

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -26,6 +27,10 @@ from torch import Tensor, nn
 from .._config import from_fields
 from ..attention.registry import attention, get_backend
 from .attention import MultiHeadAttention
+from .positional import Rotary
+
+if TYPE_CHECKING:
+    from .mla import MultiHeadLatentAttention
 
 
 def check_variants(*, differential: bool = False, talking_heads: bool = False, sinks: bool = False) -> None:
@@ -104,13 +109,13 @@ class AttentionConfig:
         num_heads: int,
         *,
         bias: bool = True,
-        rotary: nn.Module | None = None,
+        rotary: Rotary | None = None,
         kdim: int | None = None,
         layer_index: int = 0,
         need_weights: bool = False,
         out_bias: bool | None = None,
         norm_eps: float = 1e-6,
-    ) -> nn.Module:
+    ) -> MultiHeadAttention | MultiHeadLatentAttention:
         """The attention module of this config for a stack of width ``d_model`` with ``num_heads`` heads."""
         if self.mla_latent:
             from .mla import MultiHeadLatentAttention
@@ -198,7 +203,7 @@ class _HalfRotary(nn.Module):
     """A rotary module of ``D / 2`` applied to each half of ``(B, H, L, D)`` heads (differential attention rotates
     its two q/k halves separately, as the paper): the same methods as :class:`RotaryEmbedding`."""
 
-    def __init__(self, inner: nn.Module) -> None:
+    def __init__(self, inner: Rotary) -> None:
         super().__init__()
         self.inner = inner
 
@@ -215,7 +220,9 @@ class _HalfRotary(nn.Module):
     def rotate(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         return self._join(self.inner.rotate(self._split(x), offset, positions), x.shape[1])
 
-    def rotate_pair(self, q: Tensor, k: Tensor, offset: int = 0, positions: Tensor | None = None):
+    def rotate_pair(
+        self, q: Tensor, k: Tensor, offset: int = 0, positions: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         a, b = self.inner.rotate_pair(self._split(q), self._split(k), offset, positions)
         return self._join(a, q.shape[1]), self._join(b, k.shape[1])
 
@@ -285,7 +292,7 @@ class DifferentialAttention(MultiHeadAttention):
         z2 = z2.view(b, h, 2, lq, d)
         z = self.diff_norm(z2[:, :, 0] - lam * z2[:, :, 1]) * (1 - self.lambda_init)  # (B, H, Lq, D)
         weights = None
-        if want:
+        if want and w2 is not None:
             w2 = w2.view(b, h, 2, lq, -1)
             weights = w2[:, :, 0] - lam * w2[:, :, 1]  # (B, H, Lq, Lk): the differential map
             self._map_stats(weights, mask)

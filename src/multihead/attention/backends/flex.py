@@ -41,8 +41,8 @@ def _why_unavailable() -> str | None:
 _VERDICTS: dict = {}  # CPU: (Lq, Lk, D, dtype) -> None (verified) or the reason it is declined
 
 
-def _verdict_key(lq, lk, d, dtype) -> tuple:
-    return (lq, lk, d, str(dtype))
+def _verdict_key(sizes: tuple, dtype) -> tuple:
+    return (*sizes, str(dtype))
 
 
 def _check(call) -> str | None:
@@ -50,14 +50,14 @@ def _check(call) -> str | None:
         return None
     if call.dtype == torch.float64:  # the CPU inductor kernel fails on it after compiling (PyTorch 2.13)
         return "does not run float64 on CPU (PyTorch's compiled FlexAttention kernel fails there); use float32"
-    return _VERDICTS.get(_verdict_key(*call.sizes, call.dtype))
+    return _VERDICTS.get(_verdict_key(call.sizes, call.dtype))
 
 
 def _verify(q, k, v, out, *, mask, scale) -> None:
     """Compare ``out`` with the fp64 formula under the same mask (every batch and head when small, else batch 0 and
     128 query rows, one head at a time: a few MiB at 16k keys; rows with no allowed key must be zero), once per shape
     on CPU; raise (and remember) when PyTorch's compiled kernel got it wrong."""
-    key = _verdict_key(q.shape[2], k.shape[2], q.shape[3], q.dtype)
+    key = _verdict_key((q.shape[2], k.shape[2], q.shape[3]), q.dtype)
     if key in _VERDICTS:
         if _VERDICTS[key]:
             raise ValueError(f"attention backend 'flex' {_VERDICTS[key]}")

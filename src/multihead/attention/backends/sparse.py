@@ -142,9 +142,9 @@ def window_attention(
     globals_ = sorted(t for t in set(pattern.global_tokens) if 0 <= t < length)
     dil = pattern.dilation
     if dil == 1 and globals_:
-        return _window_global(q, k, v, pattern.window, pattern.causal, key_ok, globals_, scale).to(dtype)
+        return _window_global(q, k, v, pattern.window_size, pattern.causal, key_ok, globals_, scale).to(dtype)
     if dil == 1:
-        return _window_fused(q, k, v, pattern.window, pattern.causal, key_ok, scale).to(dtype)
+        return _window_fused(q, k, v, pattern.window_size, pattern.causal, key_ok, scale).to(dtype)
     if globals_:
         raise ValueError("global tokens with dilation > 1 are not supported; use dilation=1 or no global tokens")
     lp = -(-length // dil) * dil  # residue classes: position p -> class p % dil, index p // dil
@@ -156,7 +156,7 @@ def window_attention(
     ok = torch.ones(b, 1, length, dtype=torch.bool, device=q.device) if key_ok is None else key_ok
     ok = F.pad(ok, (0, lp - length)).view(b, 1, lp // dil, dil).transpose(2, 3)  # (b, 1, dil, lp/dil)
     ok = ok.expand(b, h, dil, lp // dil).reshape(b, h * dil, lp // dil)
-    out = _window_fused(split(q), split(k), split(v), pattern.window, pattern.causal, ok, scale)
+    out = _window_fused(split(q), split(k), split(v), pattern.window_size, pattern.causal, ok, scale)
     out = out.view(b, h, dil, lp // dil, -1).transpose(2, 3).reshape(b, h, lp, -1)[:, :, :length]
     return out.to(dtype)
 
@@ -179,7 +179,7 @@ def block_sparse_attention(
     dtype = q.dtype
     work = torch.promote_types(dtype, torch.float32)
     q, k, v = q.to(work), expand_kv(k, h).to(work), expand_kv(v, h).to(work)
-    bs = pattern.block
+    bs = pattern.block_size
     nb = -(-length // bs)
     lp = nb * bs
     layout = pattern.block_layout(nb).to(q.device)  # (nb, nb)
