@@ -148,7 +148,7 @@ def run_demo(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
         )
     config = TrainConfig()
     config.run.seed = seed
-    config.data.limit = limit
+    config.data.limit = config.data.eval_limit = limit
     if epochs is not None:
         config.optim.epochs = epochs
     steps: list[tuple[str, float]] = []
@@ -384,7 +384,7 @@ def vision_step(out: Path, *, seed: int = 0, limit: int | None = None, epochs: i
     config.model.stem, config.optim.lr = "conv", 2e-3
     config.run.seed, config.run.progress = seed, False
     if limit:
-        config.data.limit = min(limit, config.data.limit or limit)
+        config.data.limit = config.data.eval_limit = min(limit, config.data.limit or limit)
     if epochs:
         config.optim.epochs = epochs
     t0 = time.perf_counter()
@@ -434,6 +434,7 @@ def g2p_step(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
     config.run.seed, config.run.eval_words, config.run.beam, config.run.progress = seed, 300, 3, False
     if limit:
         config.data.limit = config.data.test_limit = config.run.eval_words = min(limit, 1000)
+        config.data.eval_limit = config.data.limit
     if epochs:
         config.optim.epochs = epochs
     t0 = time.perf_counter()

@@ -33,9 +33,9 @@ def test_unlabelled_limit_is_a_seeded_sample_and_none_keeps_all():
 def test_image_runs_cut_every_split_the_same_way_and_record_it():
     from multihead.data import images as I
 
-    splits = I.load_images("digits", seed=0).limit(50, 0)
+    splits = I.load_images("digits", seed=0).limit(50, 0, eval_keep=50)
     for part in (splits.train, splits.validation, splits.test):
         assert len(part[1]) == 50 and len(set(part[1].tolist())) == 10  # every digit kept
-    assert splits.record["limit"] == {"per_split": 50, "seed": 0, "stratified_by_label": True}
-    again = I.load_images("digits", seed=0).limit(50, 0)
+    assert splits.record["limit"] == {"train": 50, "evaluation": 50, "seed": 0, "stratified_by_label": True}
+    again = I.load_images("digits", seed=0).limit(50, 0, eval_keep=50)
     assert torch.equal(again.train[0], splits.train[0])

@@ -36,11 +36,15 @@ def test_every_task_splits_into_the_one_type():
 @pytest.mark.parametrize("task", ["classifier", "images", "g2p"])
 def test_limit_means_one_thing_on_every_part_kind(task):
     full = _every_task_split()[task]
-    cut = full.limit(30, seed=3)
-    assert all(len(part) == min(30, len(whole)) for part, whole in zip(cut, full))
+    cut = full.limit(30, seed=3, eval_keep=20)
+    assert len(cut.train) == min(30, len(full.train))
+    assert len(cut.validation) == min(20, len(full.validation)) and len(cut.test) == min(20, len(full.test))
     labelled = task != "g2p"
-    assert cut.record["limit"] == {"per_split": 30, "seed": 3, "stratified_by_label": labelled}
-    assert full.limit(30, seed=3).sizes() == cut.sizes()  # seeded
+    assert cut.record["limit"] == {"train": 30, "evaluation": 20, "seed": 3, "stratified_by_label": labelled}
+    assert full.limit(30, seed=3, eval_keep=20).sizes() == cut.sizes()  # seeded
+    train_only = full.limit(30, seed=3)  # validation and test stay whole unless asked
+    assert train_only.sizes() == {**full.sizes(), "train": min(30, len(full.train))}
+    assert train_only.validation is full.validation and train_only.test is full.test
     if labelled:  # each class keeps its share of the 30, within one item
         whole, part = Counter(full.train.label_ids()), Counter(cut.train.label_ids())
         for c, n in whole.items():

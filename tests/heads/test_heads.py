@@ -180,6 +180,8 @@ def test_sweep_cli_heads_and_kv_heads(tmp_path, sentiment_csv, capsys):
         "24",
         "--limit",
         "60",
+        "--eval-limit",
+        "60",
         "--min-time",
         "0.05",
         "--text-column",

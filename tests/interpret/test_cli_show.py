@@ -68,6 +68,8 @@ def test_show_on_a_trained_run(tmp_path, sentiment_csv):
                 "--no-progress",
                 "--limit",
                 "60",
+                "--eval-limit",
+                "60",
             ]
         )
         == 0

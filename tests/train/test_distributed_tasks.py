@@ -19,6 +19,8 @@ TASKS = {
         "cmudict",
         "--limit",
         "200",
+        "--eval-limit",
+        "200",
         "--epochs",
         "1",
         "--batch-size",
@@ -65,6 +67,8 @@ TASKS = {
         "run.baseline=false",
         "--set",
         "data.limit=512",
+        "--set",
+        "data.eval_limit=512",
     ],
     "grounding": [
         "--data",

@@ -26,6 +26,8 @@ def finetuned(tmp_path_factory, sentiment_csv):
                 str(out),
                 "--limit",
                 "160",
+                "--eval-limit",
+                "160",
                 "--epochs",
                 "2",
                 "--max-len",

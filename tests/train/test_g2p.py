@@ -13,6 +13,8 @@ from multihead.data import g2p as G
 SMALL = [
     "--limit",
     "300",
+    "--eval-limit",
+    "300",
     "--epochs",
     "1",
     "--d-model",

@@ -242,6 +242,8 @@ COMPARE = [
     "300",
     "--limit",
     "200",
+    "--eval-limit",
+    "200",
     "--threads",
     "1",
 ]

@@ -100,6 +100,8 @@ def _args(kind: str, texts: dict, out: Path) -> list[str]:
         "model.patch_size=4",
         "--set",
         "data.limit=64",
+        "--set",
+        "data.eval_limit=64",
         "--threads",
         "1",
         "--no-progress",

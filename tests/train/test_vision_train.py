@@ -88,7 +88,19 @@ def test_resume_continues_to_the_same_weights(tmp_path, monkeypatch):
     assert_resume_matches_straight(
         tmp_path,
         monkeypatch,
-        ["--data", "digits", "--epochs", "2", "--set", "data.limit=256", "--set", "run.baseline=false", *SMALL],
+        [
+            "--data",
+            "digits",
+            "--epochs",
+            "2",
+            "--set",
+            "data.limit=256",
+            "--set",
+            "data.eval_limit=256",
+            "--set",
+            "run.baseline=false",
+            *SMALL,
+        ],
     )
 
 

@@ -253,13 +253,15 @@ def explain(
     k: Tensor,
     *,
     mask=None,
+    is_causal: bool = False,
     dropout_p: float = 0.0,
     need_weights: bool = False,
     exact: bool = True,
     sinks: bool = False,
 ) -> list[tuple[str, str | None]]:
-    """For each backend in ``auto``'s order: ``(name, None)`` if capable, else ``(name, reason it was skipped)``."""
-    call = _call_info(q, k, AttnMask.of(mask), dropout_p, need_weights, exact, sinks)
+    """For each backend in ``auto``'s order: ``(name, None)`` if capable, else ``(name, reason it was skipped)``.
+    The call is described as :func:`attention` takes it (``mask``, ``is_causal``, ...)."""
+    call = _call_info(q, k, AttnMask.of(mask, is_causal=is_causal), dropout_p, need_weights, exact, sinks)
     return [(b.name, b.why_not(call)) for b in ranked(call)]
 
 
@@ -268,6 +270,7 @@ def explain_choice(
     k: Tensor,
     *,
     mask=None,
+    is_causal: bool = False,
     dropout_p: float = 0.0,
     need_weights: bool = False,
     exact: bool = True,
@@ -275,7 +278,7 @@ def explain_choice(
 ) -> str:
     """``auto``'s choice for this call in words: the backend, why it ranks first, and why each backend ranked above
     it was skipped, e.g. ``"flex (rank 25: sparse patterns on cuda ...); skipped: ..."``."""
-    call = _call_info(q, k, AttnMask.of(mask), dropout_p, need_weights, exact, sinks)
+    call = _call_info(q, k, AttnMask.of(mask, is_causal=is_causal), dropout_p, need_weights, exact, sinks)
     skipped: list[str] = []
     for b in ranked(call):
         reason = b.why_not(call)

@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
         print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted; files written so far are complete (every write is atomic)", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # training says what it saved and how to resume (RunInterrupted)
+        print(str(exc) or "interrupted; files written so far are complete (every write is atomic)", file=sys.stderr)
         return 130
     except Exception as exc:  # a bug, not bad input: say so, without a traceback unless asked
         if os.environ.get("MULTIHEAD_DEBUG"):

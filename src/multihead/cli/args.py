@@ -96,6 +96,13 @@ def run_folder_options(p) -> None:
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--log",
+        choices=("none", "tensorboard"),
+        default=None,
+        help="experiment tracking: tensorboard writes event files in RUN/tensorboard (loss, lr, metrics, the "
+        "curves); offline, nothing leaves the machine",
+    )
 
 
 def config_options(p, flags: dict, sections: str) -> None:

@@ -32,7 +32,12 @@ TRAIN_FLAGS = {  # flag -> (config path, type, help)
     "vocab_size": ("data.vocab_size", int, "subword vocabulary size (from-scratch runs)"),
     "text_column": ("data.text_column", str, "text column of a user file"),
     "label_column": ("data.label_column", str, "label column of a user file"),
-    "limit": ("data.limit", int, "at most N examples of each split: seeded, stratified by label (smoke tests)"),
+    "limit": (
+        "data.limit",
+        int,
+        "at most N training examples: seeded, stratified by label (validation and test stay whole)",
+    ),
+    "eval_limit": ("data.eval_limit", int, "at most N examples of validation and of test (default: all of them)"),
     "seed": ("run.seed", int, "training seed"),
     "threads": ("run.threads", int, "torch threads (default: torch's choice)"),
     "device": ("run.device", str, "auto | cpu | cuda"),
@@ -61,10 +66,21 @@ def train_overrides(args) -> dict:
             _set_path(over, path, value)
     if args.compile:
         _set_path(over, "run.compile", True)
+    if getattr(args, "log", None):
+        _set_path(over, "run.log", args.log)
     if args.no_progress:
         _set_path(over, "run.progress", False)
     _apply_sets(over, args.set)
     return merge(toml, over)
+
+
+def with_preset(section: str, args, explicit: dict) -> dict:
+    """``--preset NAME``'s overrides (:mod:`multihead.train.presets`) under what the command line asks for."""
+    from ..train import presets
+    from ..train.config import merge
+
+    data = (explicit.get("data") or {}).get("name", "")
+    return merge(presets.preset(section, getattr(args, "preset", None), data), explicit)
 
 
 def train_config_from_args(args):
@@ -84,7 +100,7 @@ def cmd_train(args) -> int:
         if args.data
         else (tasks.kind_of(args.out) if args.resume else None) or tasks.KINDS["train"]
     )
-    given = train_overrides(args)
+    given = with_preset(kind.section, args, train_overrides(args))
     config = kind.config_from_overrides(given)  # validated before anything is read or written
     results = kind.run(config, Path(args.out), resume=args.resume, overwrite=args.overwrite, given=given)
     if results:  # rank 0 (other ranks of a torchrun job write nothing and return no results)
@@ -109,7 +125,7 @@ PRETRAIN_FLAGS = {  # flag -> (config path, type, help)
     "d_ff": ("model.encoder.d_ff", int, "feed-forward width"),
     "dropout": ("model.encoder.dropout", float, "residual/FFN/embedding dropout"),
     "mask_prob": ("objective.mask_prob", float, "share of tokens selected for prediction (BERT: 0.15)"),
-    "limit": ("data.limit", int, "at most N texts, a seeded sample (smoke tests)"),
+    "limit": ("data.limit", int, "at most N texts read, a seeded sample, before the held-out split (quick runs)"),
     "seed": ("run.seed", int, "seed of the masks, the row order and the initial weights"),
     "threads": ("run.threads", int, "torch threads (default: torch's choice)"),
     "save_every": ("run.save_every", int, "steps between resumable checkpoints"),
@@ -133,8 +149,10 @@ def cmd_pretrain(args) -> int:
         _set_path(flags, "objective.whole_word", True)
     if args.no_progress:
         _set_path(flags, "run.progress", False)
+    if args.log:
+        _set_path(flags, "run.log", args.log)
     _apply_sets(flags, args.set)
-    explicit = merge(over, flags)
+    explicit = with_preset("pretrain", args, merge(over, flags))
     config = config_from_overrides(explicit)  # validated before any work
     r = pretrain(config, Path(args.out), resume=args.resume, overwrite=args.overwrite, given=explicit)
     if r:
@@ -220,6 +238,17 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def preset_option(p) -> None:
+    from ..train import presets
+
+    p.add_argument(
+        "--preset",
+        choices=sorted({n for s in presets.PRESETS.values() for n in s}),
+        default=None,
+        help="a named recipe under your flags: " + presets.describe(),
+    )
+
+
 def register(sub) -> None:
     """This module's subcommands, each declared beside its handler."""
     t = sub.add_parser(
@@ -239,6 +268,7 @@ def register(sub) -> None:
         "patches)",
     )
     config_options(t, TRAIN_FLAGS, "[data], [model], [model.encoder], [optim], [run], [pretrained]")
+    preset_option(t)
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
     run_folder_options(t)
     t.set_defaults(fn=cmd_train)
@@ -255,6 +285,7 @@ def register(sub) -> None:
         "never read), a .txt file (one text per line) or .csv/.tsv/.jsonl",
     )
     config_options(pt, PRETRAIN_FLAGS, "[data], [objective], [model], [optim], [run]")
+    preset_option(pt)
     pt.add_argument("--whole-word", action="store_true", help="mask whole words (all pieces of a selected word)")
     run_folder_options(pt)
     pt.set_defaults(fn=cmd_pretrain)

@@ -1,5 +1,7 @@
-"""The one meaning of ``data.limit`` in every task: keep at most ``n`` items of each split, a seeded random choice,
+"""The one meaning of ``data.limit`` in every task: keep at most ``n`` training items, a seeded random choice,
 stratified by label where the items have labels (each class keeps its share of the ``n``), in their original order.
+Validation and test stay whole unless ``data.eval_limit`` cuts them the same way (a smaller model is then compared on
+the same held-out items as the full one). Pretraining, which has no test part, cuts the texts it reads.
 
 Text classification, grapheme-to-phoneme (words, no labels), pretraining (texts, no labels), images and grounding
 all cut their splits with :func:`limit_indices`; the run folder's ``splits.json`` records the cut
@@ -39,11 +41,12 @@ def limit_indices(n: int, keep: int | None, seed: int, labels: Sequence[int] | N
     return sorted(chosen)
 
 
-def limit_record(keep: int | None, seed: int, stratified: bool) -> dict | None:
-    """What ``splits.json`` says about the cut (None: no limit)."""
-    if keep is None:
+def limit_record(keep: int | None, seed: int, stratified: bool, eval_keep: int | None = None) -> dict | None:
+    """What ``splits.json`` says about the cut (None: no limit): at most ``train`` training items and ``evaluation``
+    items of each held-out part (None: all of them)."""
+    if keep is None and eval_keep is None:
         return None
-    return {"per_split": keep, "seed": seed, "stratified_by_label": stratified}
+    return {"train": keep, "evaluation": eval_keep, "seed": seed, "stratified_by_label": stratified}
 
 
 __all__ = ["limit_indices", "limit_record"]

@@ -44,25 +44,27 @@ class Splits(Generic[T]):
             raise KeyError(f"no {name!r} part; this split has {[n for n, _ in self.items()]}")
         return getattr(self, name)
 
-    def limit(self, keep: int | None, seed: int) -> Splits[T]:
-        """The one meaning of ``data.limit`` (:mod:`multihead.data.limits`): at most ``keep`` items of each part, a
-        seeded choice, stratified by label where the parts have labels, in their original order; the cut is added to
-        the record. ``keep`` None or 0: this split unchanged."""
-        if not keep:
+    def limit(self, keep: int | None, seed: int, *, eval_keep: int | None = None) -> Splits[T]:
+        """The one meaning of ``data.limit`` (:mod:`multihead.data.limits`): at most ``keep`` training items, and at
+        most ``eval_keep`` items of the validation and test parts (None: all of them); a seeded choice, stratified by
+        label where the parts have labels, in their original order; the cut is added to the record. Both None or 0:
+        this split unchanged."""
+        keep, eval_keep = keep or None, eval_keep or None
+        if keep is None and eval_keep is None:
             return self
         labelled = hasattr(self.train, "label_ids")
 
-        def cut(part):
-            if part is None:
-                return None
-            return part.subset(limit_indices(len(part), keep, seed, part.label_ids() if labelled else None))
+        def cut(part, n):
+            if part is None or n is None:
+                return part
+            return part.subset(limit_indices(len(part), n, seed, part.label_ids() if labelled else None))
 
         return replace(
             self,
-            train=cut(self.train),
-            validation=cut(self.validation),
-            test=cut(self.test),
-            record={**self.record, "limit": limit_record(keep, seed, labelled)},
+            train=cut(self.train, keep),
+            validation=cut(self.validation, eval_keep),
+            test=cut(self.test, eval_keep),
+            record={**self.record, "limit": limit_record(keep, seed, labelled, eval_keep)},
         )
 
     def sizes(self) -> dict[str, int]:

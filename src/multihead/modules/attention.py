@@ -84,11 +84,10 @@ class MultiHeadAttention(nn.Module):
         alibi: ALiBi (Press et al. 2022): ``-m_h |pos(i) - j|`` added to the scores, slopes ``2^(-8 h / H)``; the
             ALiBi part of the call's :class:`AttnMask` (bottom-right aligned, so a KV cache sees the same distances).
             A stack puts it in the mask it builds once for every layer (densified once, or a FlexAttention
-            ``score_mod``); a standalone call adds it here.
-        (Differential attention and talking heads replace the per-head softmax map: they are the subclasses
-        :class:`~multihead.modules.variants.DifferentialAttention` and
-        :class:`~multihead.modules.variants.TalkingHeadsAttention`; :func:`~multihead.modules.variants.build_attention`
-        picks the class from the options.)
+            ``score_mod``); a standalone call adds it here. (Differential attention and talking heads replace the
+            per-head softmax map: they are the subclasses :class:`~multihead.modules.variants.DifferentialAttention`
+            and :class:`~multihead.modules.variants.TalkingHeadsAttention`;
+            :func:`~multihead.modules.variants.build_attention` picks the class from the options.)
         sinks: learned attention sinks: a logit ``sink_h`` per head joins every softmax denominator (the weights
             then sum to ``1 - sink share``), passed to the kernel seam (``attention(..., sinks=)``), which runs them
             natively where a backend can and as one exact extra key elsewhere; weights, ``hook_pattern`` and
@@ -98,6 +97,7 @@ class MultiHeadAttention(nn.Module):
             ``backend="auto"`` a sparse backend runs it without building ``L x L``.
 
     Hook points (read or edit with forward hooks; see :mod:`multihead.modules.hooks`):
+
         ``hook_q`` ``(B, H, Lq, D)``, ``hook_k``/``hook_v`` ``(B, G, Lk, D)`` (after rotary),
         ``hook_pattern`` ``(B, H, Lq, Lk)`` weights after softmax (editing them changes the output),
         ``hook_z`` ``(B, H, Lq, D)`` per-head outputs before ``head_mask`` and the output projection,

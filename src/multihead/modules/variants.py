@@ -234,12 +234,11 @@ class _HalfRotary(nn.Module):
 class DifferentialAttention(MultiHeadAttention):
     """Differential attention (Ye et al. 2025, arXiv 2410.05258).
 
-    differential: differential attention (Ye et al. 2025): per head ``(softmax(q1 k1^T) - lambda softmax(q2 k2^T))
-        v`` with q, k split in halves (scale ``(D/2)^-1/2``; a rotary module of ``D / 2`` rotates each half),
-        ``lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init``, ``lambda_init = 0.8 - 0.6 exp(-0.3
-        layer_index)``, then RMSNorm per head and ``* (1 - lambda_init)``. One kernel call over ``2H`` half
-        heads; ``hook_pattern`` and weights are the differential map ``A1 - lambda A2`` (read-only).
-    ``layer_index`` sets ``lambda_init``. Not with learned sinks.
+    Per head ``(softmax(q1 k1^T) - lambda softmax(q2 k2^T)) v`` with q, k split in halves (scale ``(D/2)^-1/2``; a
+    rotary module of ``D / 2`` rotates each half), ``lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init``,
+    ``lambda_init = 0.8 - 0.6 exp(-0.3 layer_index)``, then RMSNorm per head and ``* (1 - lambda_init)``. One kernel
+    call over ``2H`` half heads; ``hook_pattern`` and weights are the differential map ``A1 - lambda A2``
+    (read-only). ``layer_index`` sets ``lambda_init``. Not with learned sinks.
     """
 
     def __init__(self, d_model: int, num_heads: int, *, layer_index: int = 0, **options) -> None:
@@ -307,11 +306,10 @@ class DifferentialAttention(MultiHeadAttention):
 class TalkingHeadsAttention(MultiHeadAttention):
     """Talking-heads attention (Shazeer et al. 2020, arXiv 2003.02436).
 
-    talking_heads: talking-heads attention (Shazeer et al. 2020): ``s'_g = sum_h P_l[h, g] s_h`` before the
-        softmax and ``w'_g = sum_h P_w[h, g] w_h`` after it, ``P`` learned ``H x H`` (identity at start). Needs
-        the explicit ``L x L`` weights of every head (no fused kernel can mix heads): memory is quadratic. Heads
-        are mixed, so removing one changes the others: ``prune_heads`` is refused (``head_mask`` still works).
-    Not with learned sinks.
+    ``s'_g = sum_h P_l[h, g] s_h`` before the softmax and ``w'_g = sum_h P_w[h, g] w_h`` after it, ``P`` learned
+    ``H x H`` (identity at start). Needs the explicit ``L x L`` weights of every head (no fused kernel can mix
+    heads): memory is quadratic. Heads are mixed, so removing one changes the others: ``prune_heads`` is refused
+    (``head_mask`` still works). Not with learned sinks.
     """
 
     def __init__(self, d_model: int, num_heads: int, **options) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,7 +24,8 @@ class DataConfig:
     max_len: int = 256  # tokens per text, [CLS] and [SEP] included; longer texts are cut (and counted)
     vocab_size: int = 10000
     min_frequency: int = 2
-    limit: int | None = None  # at most N examples of each split, seeded, stratified by label (smoke tests)
+    limit: int | None = None  # at most N training examples, seeded, stratified by label (quick runs)
+    eval_limit: int | None = None  # at most N examples of validation and of test (None: all of them)
 
 
 @dataclass
@@ -52,6 +55,7 @@ class RunConfig:
     compile: bool = False  # torch.compile the model (slow first step; no gain measured on a 2-core CPU)
     save_every: int = 200  # steps between resumable checkpoints (and at every epoch end)
     progress: bool = True
+    log: Literal["none", "tensorboard"] = "none"  # experiment tracking: TensorBoard event files in RUN/tensorboard
 
 
 @dataclass

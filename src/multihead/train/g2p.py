@@ -20,6 +20,8 @@ gradient clipping 1.0; length-bucketed batches of 128 pronunciations.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -47,7 +49,8 @@ class G2PData:
     split_seed: int = 0
     validation: float = 0.05
     test: float = 0.05
-    limit: int | None = None  # at most N words of each split, a seeded sample (smoke tests)
+    limit: int | None = None  # at most N training words, a seeded sample (quick runs)
+    eval_limit: int | None = None  # at most N words of validation and of test (None: all of them)
     test_limit: int | None = None  # test words scored at the end (quick runs); None: the whole test split
 
 
@@ -68,6 +71,7 @@ class G2PRun:
     threads: int | None = None
     progress: bool = True
     eval_words: int = 2000  # validation words decoded (greedy) after each epoch
+    log: Literal["none", "tensorboard"] = "none"  # experiment tracking: TensorBoard event files in RUN/tensorboard
     beam: int = 5  # beam width of the final test evaluation
 
 
@@ -107,6 +111,7 @@ class G2PConfig:
             ("run.eval_words", r.eval_words >= 1, ">= 1"),
             ("run.beam", r.beam >= 1, ">= 1"),
             ("data.limit", d.limit is None or d.limit >= 1, ">= 1"),
+            ("data.eval_limit", d.eval_limit is None or d.eval_limit >= 1, ">= 1"),
             ("data.test_limit", d.test_limit is None or d.test_limit >= 1, ">= 1"),
         ]
         check_rules(rules)
@@ -137,6 +142,7 @@ _FLAG_PATHS = {
     "model.encoder.norm_first": ["model.encoder.norm_first", "model.decoder.norm_first"],
     "model.positional": ["model.positional"],
     "data.limit": ["data.limit"],
+    "data.eval_limit": ["data.eval_limit"],
     "run.seed": ["run.seed"],
     "run.threads": ["run.threads"],
     "run.progress": ["run.progress"],
@@ -183,7 +189,9 @@ def prepare(config: G2PConfig, out: Path | None = None, *, resume: bool = False)
         record = G.split_words(
             lex, seed=config.data.split_seed, validation=config.data.validation, test=config.data.test
         )
-    splits = G.apply_split(lex, record).limit(config.data.limit, config.data.split_seed)  # at most N words a split
+    splits = G.apply_split(lex, record).limit(
+        config.data.limit, config.data.split_seed, eval_keep=config.data.eval_limit
+    )
     vocab = (
         G.G2PVocab.from_dict(read_json(out / "vocab.json", dict))
         if resume and out is not None

@@ -56,7 +56,8 @@ class GroundingData:
     canvases: int | None = None  # training canvases per epoch (default 50,000; digits 20,000)
     validation: int | None = None  # validation canvases (default 2,000; digits 1,000)
     test: int | None = None  # held-out test canvases (default 10,000; digits 2,000)
-    limit: int | None = None  # at most N images of each split, seeded, stratified by class (smoke tests)
+    limit: int | None = None  # at most N training images, seeded, stratified by class (quick runs)
+    eval_limit: int | None = None  # at most N images of validation and of test (None: all of them)
 
 
 def _default_optim() -> VisionOptim:
@@ -79,6 +80,7 @@ class GroundingTrainConfig:
                 ("data.validation", d.validation is None or 1 <= d.validation <= 1_000_000, "in [1, 1000000]"),
                 ("data.test", d.test is None or 1 <= d.test <= 1_000_000, "in [1, 1000000]"),
                 ("data.limit", d.limit is None or d.limit >= 8, ">= 8"),
+                ("data.eval_limit", d.eval_limit is None or d.eval_limit >= 8, ">= 8"),
                 *optim_rules(self.optim),
             ]
         )
@@ -119,7 +121,7 @@ def config_from_overrides(over: dict) -> GroundingTrainConfig:
 
 def _prepare(config: GroundingTrainConfig) -> Splits:
     splits = I.load_images(config.images, path=config.data.path, seed=config.data.split_seed)
-    return splits.limit(config.data.limit, config.data.split_seed)
+    return splits.limit(config.data.limit, config.data.split_seed, eval_keep=config.data.eval_limit)
 
 
 @dataclass

@@ -27,6 +27,16 @@ each validation), gradient clipping, an optional moving average of the weights (
 checkpoint use, the best checkpoint by the task's validation score, early stopping, DDP under ``torchrun`` (the
 global batch is the same for any process count; each rank takes ``batch[rank::world]``, its mean loss weighted so
 that DDP's gradient average equals the global mean) and a check that the replicas agree at the end.
+
+**Experiment tracking** (``run.log = "tensorboard"``, ``--log tensorboard``): every event of ``metrics.jsonl`` also
+goes to TensorBoard event files in ``RUN/tensorboard/`` (``train/loss``, ``train/lr``, ``eval/val_accuracy``...), and
+the pictures the task draws at the end (curves, confusion) as images; nothing leaves the machine. A resume purges the
+events logged after its checkpoint, as ``metrics.jsonl`` drops its lines.
+
+**Ctrl-C** (SIGINT, single process): the step under way finishes, a checkpoint of that step is saved and
+:class:`RunInterrupted` says how to resume (``--resume`` continues bit-identically). A new run interrupted before its
+first validation is published if ``--out`` held nothing (it is resumable); one that would replace an existing run
+leaves that run untouched, as any run that has not validated yet. A second Ctrl-C stops at once.
 """
 
 from __future__ import annotations
@@ -54,7 +64,7 @@ class RunExistsError(FileExistsError):
 
 
 # Options a resumed run may change: they do not alter what is computed.
-RESUME_MAY_CHANGE = {"run.progress", "run.save_every"}
+RESUME_MAY_CHANGE = {"run.progress", "run.save_every", "run.log"}
 # Config fields that may name a file or folder the run reads: recorded (absolute path, content digest) in
 # inputs.json, never inside the folder an --overwrite replaces, and checked unchanged on --resume.
 INPUT_FIELDS = ("data.name", "data.path", "pretrained.name")
@@ -317,6 +327,10 @@ class run_folder:
             self._inner.__exit__(*exc)
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training: the message says what was saved and how to continue."""
+
+
 def run_task(
     task_cls: type[Task],
     config,
@@ -463,6 +477,47 @@ class Loop:
             self.save()
 
     # ------------------------------------------------------------------------------------------------------------
+    # ------------------------------------------------------------------------------------------------ tracking
+    def _open_tracker(self) -> None:
+        """A TensorBoard writer in ``RUN/tensorboard`` when the run asks for one (rank 0)."""
+        self.tracker = None
+        kind = getattr(self.task.config.run, "log", "none")
+        if not self.main or kind == "none":
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ConfigError(
+                "--log tensorboard needs the tensorboard package: pip install 'multihead[tensorboard]' (or drop --log)"
+            ) from None
+        self.tracker = SummaryWriter(str(self.folder.path / "tensorboard"), purge_step=self.position["step"] + 1)
+
+    def _track(self, event: dict) -> None:
+        if self.tracker is None:
+            return
+        for key, value in event.items():
+            if (
+                key not in ("event", "step", "epoch")
+                and isinstance(value, (int, float))
+                and not isinstance(value, bool)
+            ):
+                self.tracker.add_scalar(f"{event['event']}/{key}", value, event["step"])
+        self.tracker.flush()
+
+    def _track_pictures(self) -> None:
+        """The task's finished pictures (curves, confusion...) as TensorBoard images, then the writer closed."""
+        if self.tracker is None:
+            return
+        import numpy as np
+        from PIL import Image
+
+        for png in sorted(self.folder.path.glob("*.png")):
+            with Image.open(png) as im:
+                self.tracker.add_image(
+                    png.stem, np.asarray(im.convert("RGB")), self.position["step"], dataformats="HWC"
+                )
+        self.tracker.close()
+
     def save(self) -> None:
         if self.main:
             save_checkpoint(self.folder.path, unwrap(self.model), self.opt, self.sched, self.position, self.ema)
@@ -477,6 +532,7 @@ class Loop:
             except OSError as exc:  # name the file (a full disk does not)
                 raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
             self.position["metrics_lines"] += 1
+            self._track(event)
 
     def _clock(self) -> float:
         return time.perf_counter() - self._t0
@@ -487,10 +543,57 @@ class Loop:
         if self.published:
             return
         self.save()
+        if self.tracker is not None:  # its files move with the folder; the writer continues there
+            self.tracker.close()
         self.folder.commit()
         self.published = True
+        if self.tracker is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tracker = SummaryWriter(str(self.folder.path / "tensorboard"))
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self.interrupted:  # a second Ctrl-C: stop now (the last checkpoint stays)
+            raise KeyboardInterrupt
+        self.interrupted = True
+        print("\ninterrupted: finishing this step and saving a checkpoint (Ctrl-C again to stop at once)", flush=True)
+
+    def _stop_here(self, bar) -> None:
+        """Save the current step and raise :class:`RunInterrupted` with the way to continue."""
+        bar.close()
+        pos, out = self.position, getattr(self.folder, "out", self.folder.path)
+        where = f"step {pos['step']} (epoch {pos['epoch'] + 1}, batch {pos['batch']})"
+        if not self.published and getattr(self.folder, "overwrite", False) and Path(out).exists():
+            raise RunInterrupted(
+                f"interrupted at {where}, before the first validation: the run at {out} is unchanged (a new run "
+                "replaces it only once it has trained and validated); nothing to resume"
+            )
+        if self.published:
+            self.save()
+        else:
+            self.publish()  # saves, then swaps the staged run in: it is resumable where the user asked for it
+        raise RunInterrupted(
+            f"interrupted at {where}; its checkpoint is saved in {out}/checkpoint. Continue with the same command "
+            "and --resume"
+        )
 
     def run(self) -> dict:
+        import signal
+        import threading
+
+        self.interrupted = False
+        self._open_tracker()
+        catch = self.world == 1 and threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, self._on_sigint) if catch else None
+        try:
+            return self._run()
+        finally:
+            if catch:
+                signal.signal(signal.SIGINT, previous)
+            if self.tracker is not None:
+                self.tracker.close()
+
+    def _run(self) -> dict:
         task, pos = self.task, self.position
         if task.compile:
             self.model = torch.compile(self.model)
@@ -520,6 +623,7 @@ class Loop:
         if ddp:
             results["distributed"] = ddp
         atomic_write_json(self.folder.path / "results.json", results)
+        self._track_pictures()
         return results
 
     def run_epoch(self, epoch: int) -> None:
@@ -561,6 +665,8 @@ class Loop:
                     self.publish()
             if save_every and pos["step"] % save_every == 0 and not last:
                 self.save()
+            if self.interrupted and self.main:
+                self._stop_here(bar)
         bar.close()
         if not task.validate_every:
             seconds = self._clock() - t_epoch

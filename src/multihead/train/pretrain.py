@@ -36,6 +36,8 @@ the task that runs them describe one run folder format and change together.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -114,6 +116,7 @@ class PretrainRun:
     eval_every: int = 500  # steps between validations (and at the end)
     eval_rows: int = 256  # validation rows scored each time (fixed masks)
     progress: bool = True
+    log: Literal["none", "tensorboard"] = "none"  # experiment tracking: TensorBoard event files in RUN/tensorboard
 
 
 def _default_model() -> TextEncoderConfig:

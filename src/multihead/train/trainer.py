@@ -63,7 +63,7 @@ def prepare(config: TrainConfig, out: Path | None = None, *, resume: bool = Fals
         splits = D.apply_split(dataset, read_json(out / "splits.json"))
     else:
         splits = D.split(dataset, seed=dc.split_seed, validation=dc.validation, test=dc.test)
-    splits = splits.limit(dc.limit, dc.split_seed)  # the one meaning: at most N of each split, stratified by label
+    splits = splits.limit(dc.limit, dc.split_seed, eval_keep=dc.eval_limit)  # seeded, stratified by label
     if resume and out is not None and (out / "tokenizer.json").exists():
         tok = D.load_tokenizer(out / "tokenizer.json")
     elif config.pretrained.name:

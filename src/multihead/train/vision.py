@@ -23,6 +23,8 @@ pixels, same split.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -47,7 +49,8 @@ class VisionData:
     name: str = "fashion_mnist"  # fashion_mnist | digits
     path: str | None = None  # folder of Fashion-MNIST's IDX files (default: $MULTIHEAD_FASHION_MNIST, then Debian's)
     split_seed: int = 0
-    limit: int | None = None  # at most N images of each split, seeded, stratified by class (smoke tests)
+    limit: int | None = None  # at most N training images, seeded, stratified by class (quick runs)
+    eval_limit: int | None = None  # at most N images of validation and of test (None: all of them)
     shift: int | None = None  # augmentation: random shifts of up to this many pixels (0: none; None: size / 14)
 
 
@@ -68,6 +71,7 @@ class VisionRun:
     threads: int | None = None
     progress: bool = True
     baseline: bool = True  # fit the pixel logistic-regression baseline at the end
+    log: Literal["none", "tensorboard"] = "none"  # experiment tracking: TensorBoard event files in RUN/tensorboard
 
 
 def optim_rules(o: VisionOptim) -> list[tuple[str, bool, str]]:
@@ -100,6 +104,7 @@ class VisionTrainConfig:
             [
                 ("data.name", I.is_image_dataset(d.name), f"one of {', '.join(I.IMAGE_DATASETS)}"),
                 ("data.limit", d.limit is None or d.limit >= 8, ">= 8"),
+                ("data.eval_limit", d.eval_limit is None or d.eval_limit >= 8, ">= 8"),
                 ("data.shift", d.shift is None or 0 <= d.shift <= 16, "in [0, 16]"),
                 *optim_rules(self.optim),
             ]
@@ -166,7 +171,7 @@ def config_from_overrides(over: dict) -> VisionTrainConfig:
 # ---------------------------------------------------------------------------------------------------- data
 def prepare(config: VisionTrainConfig) -> Splits:
     splits = I.load_images(config.data.name, path=config.data.path, seed=config.data.split_seed)
-    return splits.limit(config.data.limit, config.data.split_seed)
+    return splits.limit(config.data.limit, config.data.split_seed, eval_keep=config.data.eval_limit)
 
 
 def _model_config(config: VisionTrainConfig, splits: Splits) -> VisionConfig:
