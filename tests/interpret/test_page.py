@@ -215,3 +215,29 @@ def test_long_page_in_chromium_scrolls_hovers_and_draws_a_head_map(browser, tmp_
     page.locator(".thumb[data-layer='1'][data-head='1']").click()
     assert page.locator("#headmap").is_visible() and "stored links" in page.locator("#headmap-caption").inner_text()
     assert problems == []
+
+
+def test_head_map_is_readable_at_any_length_and_zooms(browser, tmp_path):
+    """A 6-token map fills the 480-pixel frame (not a 6-pixel speck); + zooms around the centre and makes the frame
+    scroll; hovering reads a weight; fit shows it whole again."""
+    maps = _maps(["the", "cat", "sat", "on", "the", "mat"], layers=1, heads=2)
+    page, problems = _open(browser, write_page(maps, tmp_path / "short.html"))
+    page.click("#tab-model")
+    page.locator(".thumb[data-layer='0'][data-head='1']").click()
+    box = page.locator("#headmap-canvas").bounding_box()
+    assert box["width"] >= 400 and abs(box["width"] - box["height"]) < 2
+    frame = page.locator("#headmap-frame")
+    assert frame.evaluate("f => f.scrollWidth <= f.clientWidth + 1")  # fit: nothing to scroll
+    page.click("#zoom-in")
+    assert page.locator("#headmap-canvas").bounding_box()["width"] >= 1.9 * box["width"]
+    assert frame.evaluate("f => f.scrollWidth > f.clientWidth + 100 && f.scrollLeft > 0")  # zoomed around the centre
+    assert page.locator("#headmap-zoom").inner_text() == "2.0x"
+    page.click("#zoom-fit")
+    assert abs(page.locator("#headmap-canvas").bounding_box()["width"] - box["width"]) < 2
+    b = page.locator("#headmap-canvas").bounding_box()
+    page.mouse.move(b["x"] + b["width"] * (2.5 / 6), b["y"] + b["height"] * (1.5 / 6))  # query 1, key 2
+    expected = float(maps.layers[0][1, 1, 2])
+    text = page.locator("#headmap-hover").inner_text()
+    assert text.startswith('query 1 "cat" -> key 2 "sat": ') and abs(float(text.split(": ")[1]) - expected) < 0.01
+    assert "darker = more attention" in page.locator("#headmap-caption").inner_text()
+    assert problems == []

@@ -44,8 +44,10 @@ button.tab.active { background: #333; color: #fff; }
 #grid { display: grid; gap: 6px; } .cell { text-align: center; font-size: 10px; cursor: pointer; }
 .cell canvas { width: 72px; height: 72px; image-rendering: pixelated; border: 1px solid #ccc; display: block; }
 .cell.hl canvas { border: 2px solid #d62728; } #found button { margin: 2px; }
-#headmap canvas { max-width: 360px; image-rendering: pixelated; border: 1px solid #ccc; }
-#headmap p { font-size: 12px; margin: 4px 0; }
+#headmap-frame { width: 480px; height: 480px; max-width: 90vw; overflow: auto; border: 1px solid #ccc;
+cursor: grab; background: #fff; } #headmap-frame.drag { cursor: grabbing; }
+#headmap-canvas { display: block; image-rendering: pixelated; }
+#headmap p { font-size: 12px; margin: 4px 0; } #headmap button { margin-right: 4px; min-width: 28px; }
 #image-view { display: flex; gap: 16px; flex-wrap: wrap; } #picture { width: 280px; height: 280px;
 image-rendering: pixelated; border: 1px solid #999; cursor: crosshair; }
 #image-heads { display: flex; flex-wrap: wrap; gap: 8px; align-content: flex-start; max-width: 760px; }
@@ -183,31 +185,81 @@ SCRIPT = r"""
     }
     drawHeadMap();
   }
-  function drawHeadMap() {  // one selected head: its map drawn from the stored data (links: the top-k of each row)
+  // One selected head's map, drawn from the stored data (links: the top-k of each row) at up to 2048 pixels a side,
+  // shown in a 480-pixel frame at any length: "fit" shows it whole, + / - (or the mouse wheel) zoom around the
+  // pointer, dragging pans. Colour: the square root of each weight over the head's largest, so that the faint
+  // weights of long inputs stay visible; hovering reads the weight under the pointer.
+  let zoom = 1, hm = null;  // hm: the head on display
+  function drawHeadMap() {
     const box = document.getElementById("headmap");
     if (selected.size !== 1) { box.hidden = true; return; }
-    const h = [...selected][0], S = Math.min(512, Math.max(NQ, NK)), sq = S / NQ, sk = S / NK;
+    const h = [...selected][0], S = Math.min(2048, Math.max(NQ, NK)), sq = S / NQ, sk = S / NK;
     const canvas = document.getElementById("headmap-canvas");
     canvas.width = Math.max(1, Math.round(NK * sk)); canvas.height = Math.max(1, Math.round(NQ * sq));
     const ctx = canvas.getContext("2d"), img = ctx.createImageData(canvas.width, canvas.height);
     const val = new Float32Array(canvas.width * canvas.height);
+    let top = 0;
     for (let i = 0; i < NQ; i++) {
       const y = Math.min(canvas.height - 1, Math.floor(i * sq));
       for (const [j, v] of rowLinks(layer, h, i, LINKS ? D.k : NK)) {
         const p = y * canvas.width + Math.min(canvas.width - 1, Math.floor(j * sk));
         if (v > val[p]) val[p] = v;
+        if (v > top) top = v;
       }
     }
     for (let p = 0; p < val.length; p++) {
-      const v = val[p];
+      const v = top > 0 ? Math.sqrt(val[p] / top) : 0;
       img.data[4 * p] = Math.round(255 * (1 - v)); img.data[4 * p + 1] = Math.round(255 * (1 - 0.8 * v));
       img.data[4 * p + 2] = Math.round(255 - 100 * v); img.data[4 * p + 3] = 255;
     }
     ctx.putImageData(img, 0, 0);
+    hm = {h: h, canvas: canvas};
     document.getElementById("headmap-caption").textContent = "layer " + layer + " head " + h + ": " +
       (LINKS ? "the " + D.k + " largest weights of every row (the stored links)" : "every weight") +
-      (S < Math.max(NQ, NK) ? ", the largest in each pixel" : "");
+      (S < Math.max(NQ, NK) ? ", the largest in each pixel" : "") + "; query tokens down, key tokens across; " +
+      "darker = more attention (square root of the weight over this head's largest, " + top.toFixed(3) + ")";
     box.hidden = false;
+    setZoom(zoom);
+  }
+  function setZoom(z, cx, cy) {  // z = 1 fits the frame; (cx, cy): the frame point that stays put
+    const frame = document.getElementById("headmap-frame"), canvas = document.getElementById("headmap-canvas");
+    const fw = frame.clientWidth || 480, fh = frame.clientHeight || 480;  // (480: the frame's size while hidden)
+    const fit = Math.min(fw / canvas.width, fh / canvas.height);
+    const old = canvas.getBoundingClientRect();
+    zoom = Math.max(1, Math.min(64, z));
+    const w = canvas.width * fit * zoom, ht = canvas.height * fit * zoom;
+    if (cx === undefined) { cx = fw / 2; cy = fh / 2; }
+    const fx = (frame.scrollLeft + cx) / (old.width || 1), fy = (frame.scrollTop + cy) / (old.height || 1);
+    canvas.style.width = w + "px"; canvas.style.height = ht + "px";
+    frame.scrollLeft = fx * w - cx; frame.scrollTop = fy * ht - cy;
+    document.getElementById("headmap-zoom").textContent = zoom === 1 ? "fit" : zoom.toFixed(1) + "x";
+  }
+  function setupHeadMap() {
+    const frame = document.getElementById("headmap-frame"), canvas = document.getElementById("headmap-canvas");
+    document.getElementById("zoom-in").onclick = () => setZoom(zoom * 2);
+    document.getElementById("zoom-out").onclick = () => setZoom(zoom / 2);
+    document.getElementById("zoom-fit").onclick = () => setZoom(1);
+    frame.addEventListener("wheel", (e) => {
+      e.preventDefault();
+      const r = frame.getBoundingClientRect();
+      setZoom(zoom * (e.deltaY < 0 ? 1.25 : 0.8), e.clientX - r.left, e.clientY - r.top);
+    }, {passive: false});
+    let drag = null;
+    frame.addEventListener("mousedown", (e) => {
+      drag = {x: e.clientX, y: e.clientY, l: frame.scrollLeft, t: frame.scrollTop}; frame.classList.add("drag");
+    });
+    window.addEventListener("mouseup", () => { drag = null; frame.classList.remove("drag"); });
+    frame.addEventListener("mousemove", (e) => {
+      if (drag) { frame.scrollLeft = drag.l - (e.clientX - drag.x); frame.scrollTop = drag.t - (e.clientY - drag.y); }
+      if (!hm) return;
+      const r = canvas.getBoundingClientRect();
+      const i = Math.floor((e.clientY - r.top) / r.height * NQ), j = Math.floor((e.clientX - r.left) / r.width * NK);
+      if (i < 0 || j < 0 || i >= NQ || j >= NK) return;
+      const hit = rowLinks(layer, hm.h, i, LINKS ? D.k : NK).find((x) => x[0] === j);
+      document.getElementById("headmap-hover").textContent = "query " + i + " " + JSON.stringify(D.tokens[i]) +
+        " -> key " + j + " " + JSON.stringify(KT[j]) + ": " +
+        (hit ? hit[1].toFixed(4) : LINKS ? "below the stored top " + D.k : "0");
+    });
   }
   function drawGrid() {
     const grid = document.getElementById("grid"); grid.replaceChildren();
@@ -315,6 +367,7 @@ SCRIPT = r"""
     document.getElementById("tab-model").classList.toggle("active", name === "model");
     document.getElementById("tab-image").classList.toggle("active", name === "image");
     if (name === "image") drawImageView();
+    if (name === "head" && !document.getElementById("headmap").hidden) setZoom(zoom);  // laid out only now
   }
   document.getElementById("title").textContent = D.model + ": attention, " + D.heads.length + " layers";
   document.getElementById("text").textContent = D.text.length > 600 ? D.text.slice(0, 600) + " \u2026" : D.text;
@@ -337,7 +390,7 @@ SCRIPT = r"""
     pending = true;
     requestAnimationFrame(() => { pending = false; drawLines(); });
   });
-  drawTokens(); setLayer(0); drawGrid(); setupImage(); tab(IM ? "image" : "head");
+  drawTokens(); setLayer(0); drawGrid(); setupImage(); setupHeadMap(); tab(IM ? "image" : "head");
   document.body.setAttribute("data-ready", "1");
 })();
 """
@@ -376,7 +429,8 @@ HOW = (
     "<p><b>Head view</b>: the tokens in two columns, queries on the left, the keys they read on the right; a "
     "line per link, darker for more weight. Click a coloured head label to show or hide that head; hover a token to "
     "keep only its links. <b>Model view</b>: one thumbnail per layer and head (rows: layers); click one to open it "
-    "in the head view. <b>Image view</b> (image models): hover a patch of the picture, or a word of the question, "
+    "in the head view, where its map opens under the head labels: + and - (or the mouse wheel) zoom, dragging "
+    "pans, and hovering reads the weight of a query and key. <b>Image view</b> (image models): hover a patch of the picture, or a word of the question, "
     "and every head of the chosen layer shows over the picture where it looks from there. Pick the layer at the "
     "top. Everything is in this one file: it works offline.</p>"
 )
@@ -479,8 +533,11 @@ def write_page(
         '<button class="tab" id="tab-model">Model view</button>'
         '<button class="tab" id="tab-image" hidden>Image view</button>'
         '<label>Layer <select id="layer"></select></label><span id="current"></span></nav>\n'
-        '<section id="head-view"><div id="heads"></div><div id="headmap" hidden><p id="headmap-caption">'
-        '</p><canvas id="headmap-canvas"></canvas></div><svg id="lines"></svg></section>\n'
+        '<section id="head-view"><div id="heads"></div><div id="headmap" hidden><p id="headmap-caption"></p>'
+        '<p><button id="zoom-out" title="zoom out">-</button><button id="zoom-in" title="zoom in">+</button>'
+        '<button id="zoom-fit" title="show the whole map">fit</button> <span id="headmap-zoom">fit</span>'
+        ' (wheel: zoom, drag: pan)</p><div id="headmap-frame"><canvas id="headmap-canvas"></canvas></div>'
+        '<p id="headmap-hover"></p></div><svg id="lines"></svg></section>\n'
         '<section id="model-view" hidden><div id="grid"></div></section>\n'
         '<section id="image-view" hidden><div><canvas id="picture"></canvas><div id="image-queries"></div>'
         '</div><div><p id="image-caption"></p><div id="image-heads"></div></div></section>\n'
