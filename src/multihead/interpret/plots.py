@@ -69,20 +69,28 @@ def rollout(maps: AttentionMaps, residual: float = 0.5) -> Tensor:
     return out
 
 
+def _scale(n: int):
+    """The colour scale of an attention map over ``n`` keys: 0..1 for short inputs; long inputs spread each row over
+    many keys (weights ~1/n), which a linear 0..1 scale draws uniformly dark, so they get a logarithmic scale from
+    0.1/n (zeros, e.g. masked keys, at its bottom). Returns the norm and how to prepare a map for it."""
+    import matplotlib as mpl
+
+    if n <= 32:
+        return mpl.colors.Normalize(0, 1), lambda w: w, "attention weight"
+    norm = mpl.colors.LogNorm(max(1e-4, 0.1 / n), 1.0, clip=True)
+    return norm, lambda w: w.clip(norm.vmin, None), "attention weight (log scale)"
+
+
 def plot_grid(maps: AttentionMaps, stem: Path, *, max_labels: int = 24, highlight: dict | None = None) -> list[Path]:
     """Every layer (rows) x head (columns). ``highlight`` maps ``(layer, head)`` to a caption drawn in red."""
     plt = _plt()
     rows, cols = maps.num_layers, max(maps.heads + [1])
     n = len(maps.tokens)
     cell = 1.5 if n <= 32 else 1.8
-    fig, axes = plt.subplots(rows, cols, figsize=(cell * cols + 1, cell * rows + 1), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(cell * cols + 1, cell * rows + 1), squeeze=False, layout="constrained")
     labels_each = n <= 12  # short inputs: token labels on the left column and bottom row
     fs = 5 if n <= 12 else 4
-    # long inputs spread each row over many keys (weights ~1/n): a linear 0..1 scale draws them uniformly dark, so
-    # they get a logarithmic scale from 0.1/n (zeros, e.g. masked keys, at its bottom)
-    import matplotlib as mpl
-
-    norm = mpl.colors.Normalize(0, 1) if n <= 32 else mpl.colors.LogNorm(max(1e-4, 0.1 / n), 1.0, clip=True)
+    norm, prep, what = _scale(len(maps.keys))
     shown = None
     for l in range(rows):
         for h in range(cols):
@@ -102,9 +110,7 @@ def plot_grid(maps: AttentionMaps, stem: Path, *, max_labels: int = 24, highligh
                     )
                 continue
             w = maps.head(l, h).numpy()
-            shown = ax.imshow(
-                w if n <= 32 else w.clip(norm.vmin, None), cmap="viridis", norm=norm, interpolation="nearest"
-            )
+            shown = ax.imshow(prep(w), cmap="viridis", norm=norm, interpolation="nearest")
             cap = (highlight or {}).get((l, h))
             ax.set_title(f"L{l} H{h}" + (f"\n{cap}" if cap else ""), fontsize=6, color="red" if cap else "black")
             _label(ax, maps.tokens, max_labels if labels_each else 8, fs, x=(l == rows - 1), y=(h == 0), keys=maps.keys)
@@ -119,7 +125,7 @@ def plot_grid(maps: AttentionMaps, stem: Path, *, max_labels: int = 24, highligh
     )
     if shown is not None:
         bar = fig.colorbar(shown, ax=axes, fraction=0.02, pad=0.01)
-        bar.set_label("attention weight" + ("" if n <= 32 else " (log scale)"), fontsize=8)
+        bar.set_label(what, fontsize=8)
     return _save(fig, stem)
 
 
@@ -130,12 +136,13 @@ def plot_head(
     n = len(maps.tokens)
     size = min(24.0, max(5.0, 0.28 * n))
     fig, ax = plt.subplots(figsize=(size + 1.2, size))
-    im = ax.imshow(maps.head(layer, head).numpy(), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+    norm, prep, what = _scale(len(maps.keys))
+    im = ax.imshow(prep(maps.head(layer, head).numpy()), cmap="viridis", norm=norm, interpolation="nearest")
     fs = max(5.0, min(10.0, 400 / max(1, min(n, max_labels))))
     _label(ax, maps.tokens, max_labels, fs, keys=maps.keys)
     ax.set_xlabel("key (attended to)")
     ax.set_ylabel("query (attending)")
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="attention weight")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label=what)
     # the title wrapped to the figure's width, above the axes and the colorbar (a long caption ran into the bar)
     title = f"{plain(maps.model)} layer {layer} head {head}" + (f": {caption}" if caption else "")
     width = max(40, int(12 * (size + 1.2)))
@@ -147,7 +154,9 @@ def plot_layer_mean(maps: AttentionMaps, stem: Path, *, max_labels: int = 40) ->
     plt = _plt()
     cols = min(maps.num_layers, 4)
     rows = math.ceil(maps.num_layers / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.6 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols + 0.8, 3.6 * rows), squeeze=False, layout="constrained")
+    norm, prep, what = _scale(len(maps.keys))
+    shown = None
     for i in range(rows * cols):
         ax = axes[i // cols][i % cols]
         if i >= maps.num_layers:
@@ -155,10 +164,12 @@ def plot_layer_mean(maps: AttentionMaps, stem: Path, *, max_labels: int = 40) ->
             continue
         w = maps.layers[i]
         mean = w.mean(0) if w.shape[0] else torch.zeros(len(maps.tokens), len(maps.keys))
-        ax.imshow(mean.numpy(), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+        shown = ax.imshow(prep(mean.numpy()), cmap="viridis", norm=norm, interpolation="nearest")
         ax.set_title(f"layer {i}: mean of {w.shape[0]} heads", fontsize=8)
         _label(ax, maps.tokens, max_labels, 6, keys=maps.keys)
     fig.suptitle(f"{plain(maps.model)}: average attention per layer\n{_short(maps.text)}", fontsize=9)
+    if shown is not None:
+        fig.colorbar(shown, ax=axes, fraction=0.02, pad=0.01).set_label(what, fontsize=8)
     return _save(fig, stem)
 
 
