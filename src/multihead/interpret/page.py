@@ -53,7 +53,8 @@ image-rendering: pixelated; border: 1px solid #999; cursor: crosshair; }
 #image-heads { display: flex; flex-wrap: wrap; gap: 8px; align-content: flex-start; max-width: 760px; }
 #image-heads canvas { width: 168px; height: 168px; image-rendering: pixelated; border: 1px solid #ccc; display: block; }
 #image-queries span { display: inline-block; padding: 2px 6px; margin: 2px; border: 1px solid #bbb; cursor: default; }
-#image-queries span.focus { background: #333; color: #fff; } #image-caption { font-size: 13px; margin: 6px 0; }
+#image-queries span.focus { background: #333; color: #fff; }
+#image-caption { font-size: 13px; margin: 6px 0; max-width: 720px; }
 """
 
 SCRIPT = r"""
@@ -291,7 +292,16 @@ SCRIPT = r"""
   const IM = D.image || null;
   let imageQuery = IM ? IM.query_offset + (IM.queries === "patches" ? (IM.grid >> 1) * IM.grid + (IM.grid >> 1) : 0) : 0;
   let grey = null;
+  // inferno (perceptually uniform, dark to bright), 9 stops interpolated
+  const INFERNO = [[0, 0, 4], [40, 11, 84], [101, 21, 110], [159, 42, 99], [212, 72, 66], [245, 125, 21],
+    [250, 193, 39], [252, 255, 164], [252, 255, 164]];
+  function inferno(v) {
+    const t = Math.max(0, Math.min(1, v)) * 7, i = Math.floor(t), f = t - i, a = INFERNO[i], c = INFERNO[i + 1];
+    return [a[0] + f * (c[0] - a[0]), a[1] + f * (c[1] - a[1]), a[2] + f * (c[2] - a[2])];
+  }
   function drawPicture(ctx, heat) {  // grey picture, optionally with a heat map (NK-sized row) over its patches
+    // the heat, scaled to the map's largest value, is blended in with an opacity that grows with it: where a head
+    // does not look the photograph shows as it is; where it looks most, the colour (inferno) covers it
     const S = IM.size, img = ctx.createImageData(S, S);
     let top = 0;
     if (heat) for (let j = 0; j < IM.grid * IM.grid; j++) top = Math.max(top, heat[IM.key_offset + j]);
@@ -300,12 +310,14 @@ SCRIPT = r"""
       let r = g, gg = g, b = g;
       if (heat) {
         const v = top > 0 ? heat[IM.key_offset + Math.floor(y / IM.patch) * IM.grid + Math.floor(x / IM.patch)] / top : 0;
-        r = 0.35 * g + 0.65 * 255 * Math.min(1, 1.6 * v); gg = 0.35 * g + 0.65 * 255 * Math.max(0, 1.6 * v - 0.6); b = 0.35 * g + 0.65 * 80 * (1 - v);
+        const c = inferno(v), a = 0.85 * Math.sqrt(v);
+        r = (1 - a) * g + a * c[0]; gg = (1 - a) * g + a * c[1]; b = (1 - a) * g + a * c[2];
       }
       img.data[4 * p] = r; img.data[4 * p + 1] = gg; img.data[4 * p + 2] = b; img.data[4 * p + 3] = 255;
     }
     ctx.putImageData(img, 0, 0);
   }
+
   function queryName(q) {
     if (IM.queries !== "patches") return "\u201c" + D.tokens[q] + "\u201d";
     if (q < IM.query_offset) return D.tokens[q];
@@ -325,7 +337,8 @@ SCRIPT = r"""
     for (const s of document.querySelectorAll("#image-queries span"))
       s.classList.toggle("focus", Number(s.getAttribute("data-index")) === imageQuery);
     document.getElementById("image-caption").textContent =
-      "layer " + layer + ": where each head looks from " + queryName(imageQuery);
+      "layer " + layer + ": where each head looks from " + queryName(imageQuery) +
+      " (each head's map scaled to its largest weight: brighter and more opaque = more attention)";
     const box = document.getElementById("image-heads"); box.replaceChildren();
     for (let h = 0; h < D.heads[layer]; h++) {
       const cell = el("div", {"class": "cell", "data-head": h});
