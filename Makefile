@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench setup clean
+.PHONY: demo test docs bench setup clean
 
 setup: $(STAMP)
 
@@ -35,8 +35,12 @@ test: $(STAMP)
 	$(VENV)/bin/mypy           # the public API (files listed in pyproject.toml)
 	$(PY) -m pytest -q
 
+docs: $(STAMP)   # the guides, the API reference from the docstrings and the results, offline; a warning fails it
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	@echo "docs: open docs/_build/html/index.html"
+
 bench: $(STAMP)
 	$(VENV)/bin/multihead bench attention
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache docs/_build

@@ -19,7 +19,7 @@ Layout (the architecture at a glance):
 * Ground floor, under everything: :mod:`multihead._io` (atomic files, locks, folder swaps), :mod:`multihead._config`
   (config validation and size ceilings), :mod:`multihead._weights` (checked safetensors), :mod:`multihead.plotting`.
 
-The layers are checked by ``lint-imports`` (``pyproject.toml``); README "Architecture" says where new code goes.
+The layers are checked by ``lint-imports`` (``pyproject.toml``); docs/architecture.md says where new code goes.
 """
 
 from .attention import (

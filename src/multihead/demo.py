@@ -40,7 +40,7 @@ def walkthrough(out: Path, seed: int = 0) -> dict:
         print(f"   auto, no weights: {name}: {'usable' if reason is None else 'skipped, ' + reason}")
     print(
         f"   a sliding window on this CPU: {explain_choice(q, q, mask=SparsePattern(window=2))} "
-        "(on CUDA: FlexAttention, README 'On the GPU')"
+        "(on CUDA: FlexAttention; docs/efficient-attention.md, 'On the GPU')"
     )
 
     print(f'3. Per-head weights for "{SENTENCE}" (untrained weights: the pattern is random, the plumbing is real)')
@@ -363,25 +363,26 @@ def stats_step(*, seed: int = 0, length: int = 4096) -> dict:
 
 
 def vision_step(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int | None = None) -> dict:
-    """A hybrid ViT trained for about two minutes on 20,000 Fashion-MNIST images (digits when Debian's
-    dataset-fashion-mnist is not installed), its test accuracy beside the pixel baseline, and its attention on one
-    test image (``multihead train --data fashion_mnist`` trains the full model). ``limit``/``epochs`` (a smoke run)
-    cap the images per split and the epochs."""
+    """A hybrid ViT trained for about two minutes with the quick preset (``multihead train --data fashion_mnist
+    --preset quick``; digits when Debian's dataset-fashion-mnist is not installed), its test accuracy beside the
+    pixel baseline, and its attention on one test image. ``limit``/``epochs`` (a smoke run) cap the images and the
+    epochs."""
     from .data.images import ImageDataError, fashion_dir
     from .interpret.vision import attention_distance, show_image
-    from .train.vision import VisionTrainConfig, held_out_images, load_vision_run, train_vision
+    from .train import presets
+    from .train.config import merge
+    from .train.vision import config_from_overrides, held_out_images, load_vision_run, train_vision
 
-    config = VisionTrainConfig()
+    data = "fashion_mnist"
     try:
         fashion_dir()
-        config.data.limit, config.optim.epochs = 20000, 3
     except ImageDataError as exc:
         print(
             f"   ({str(exc).split(':')[0]}; using scikit-learn's digits instead: apt-get install "
             "dataset-fashion-mnist for the real thing)"
         )
-        config.data.name, config.model.image_size, config.model.patch_size, config.optim.epochs = "digits", 8, 2, 15
-    config.model.stem, config.optim.lr = "conv", 2e-3
+        data = "digits"
+    config = config_from_overrides(merge(presets.preset("vision", "quick", data), {"data": {"name": data}}))
     config.run.seed, config.run.progress = seed, False
     if limit:
         config.data.limit = config.data.eval_limit = min(limit, config.data.limit or limit)
@@ -402,9 +403,11 @@ def vision_step(out: Path, *, seed: int = 0, limit: int | None = None, epochs: i
     )
     dist = attention_distance(run.model, images[:500])
     print(f"   test image 0: predicted {summary['predicted']} (true {summary['true']}); pictures in {out / 'show'}")
-    print(
-        "   (a short run: the full `multihead train --data fashion_mnist` reached 0.8998 test accuracy in 19.9 minutes)"
-    )
+    if data == "fashion_mnist":
+        print(
+            "   (a short run: the full `multihead train --data fashion_mnist` reached 0.8998 test accuracy in 19.9 "
+            "minutes)"
+        )
     print(
         "   mean attention distance per head (pixels), layer by layer: "
         + "; ".join(" ".join(f"{v:.1f}" for v in d.tolist()) for d in dist)
@@ -421,17 +424,15 @@ G2P_WORDS = ("attention", "multihead", "photograph", "transformer")
 
 
 def g2p_step(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int | None = None) -> dict:
-    """A small encoder-decoder trained for under two minutes on CMUdict (a subset), its pronunciations, and where its
-    cross-attention looks (``multihead train --data cmudict`` trains the full model). ``limit``/``epochs`` (a smoke
-    run) cap the words per split and the epochs."""
+    """A small encoder-decoder trained for about two minutes on CMUdict with the quick preset (``multihead train
+    --data cmudict --preset quick``), its pronunciations, and where its cross-attention looks. ``limit``/``epochs``
+    (a smoke run) cap the words and the epochs."""
     from .interpret.g2p import show_g2p
-    from .train.g2p import G2PConfig, load_g2p_run, predict_words, train_g2p
+    from .train import presets
+    from .train.g2p import config_from_overrides, load_g2p_run, predict_words, train_g2p
 
-    config = G2PConfig()
-    for side in (config.model.encoder, config.model.decoder):
-        side.d_model, side.num_heads, side.num_layers, side.d_ff = 64, 4, 2, 256
-    config.data.limit, config.data.test_limit, config.optim.epochs, config.optim.lr = 40000, 1000, 3, 2e-3
-    config.run.seed, config.run.eval_words, config.run.beam, config.run.progress = seed, 300, 3, False
+    config = config_from_overrides(presets.preset("g2p", "quick", "cmudict"))
+    config.run.seed, config.run.progress = seed, False
     if limit:
         config.data.limit = config.data.test_limit = config.run.eval_words = min(limit, 1000)
         config.data.eval_limit = config.data.limit
@@ -443,7 +444,7 @@ def g2p_step(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
     print(
         f"   {results['params']:,} parameters, {results['train_minutes']:.1f} min on "
         f"{results['words']['train']:,} words: test ({g['words']} words) greedy WER {g['wer']:.3f} PER "
-        f"{g['per']:.3f}, beam 3 WER {b['wer']:.3f} PER {b['per']:.3f}"
+        f"{g['per']:.3f} (without stress marks {g['wer_no_stress']:.3f}), beam 3 WER {b['wer']:.3f} PER {b['per']:.3f}"
     )
     run = load_g2p_run(out)
     for row in predict_words(run, list(G2P_WORDS)):

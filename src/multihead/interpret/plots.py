@@ -87,7 +87,9 @@ def plot_grid(maps: AttentionMaps, stem: Path, *, max_labels: int = 24, highligh
     rows, cols = maps.num_layers, max(maps.heads + [1])
     n = len(maps.tokens)
     cell = 1.5 if n <= 32 else 1.8
-    fig, axes = plt.subplots(rows, cols, figsize=(cell * cols + 1, cell * rows + 1), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(cell * cols + 1, cell * rows + 1), squeeze=False, layout="constrained"
+    )
     labels_each = n <= 12  # short inputs: token labels on the left column and bottom row
     fs = 5 if n <= 12 else 4
     norm, prep, what = _scale(len(maps.keys))

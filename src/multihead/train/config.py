@@ -67,7 +67,7 @@ class PretrainedConfig:
 
 
 # What `--init` changes besides the weights (applied before a config file and flags, which still win).
-# Chosen on rotten_tomatoes' validation split; see README "Pretrained heads".
+# Chosen on rotten_tomatoes' validation split; see docs/pretrained-encoders.md.
 FINETUNE_DEFAULTS = {
     "optim": {
         "lr": 1e-4,
@@ -175,7 +175,7 @@ def load_toml(path: str | Path) -> dict:
             return tomllib.load(f)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(
-            f"config file {str(path)!r} is not valid TOML ({exc}); see the README for an example"
+            f"config file {str(path)!r} is not valid TOML ({exc}); see docs/classification.md for an example"
         ) from None
 
 

@@ -56,12 +56,12 @@ PRESETS: dict[str, dict[str, tuple[str, Overrides]]] = {
     },
     "pretrain": {
         "quick": (
-            "a 3-layer 128-wide causal or masked LM, 800 steps of 32 x 64 tokens, a 4,000-token vocabulary",
+            "a 3-layer 128-wide causal or masked LM, 500 steps of 32 x 64 tokens, a 4,000-token vocabulary",
             {
                 "data": {"seq_len": 64, "vocab_size": 4000},
                 "model": {"encoder": {"d_model": 128, "num_heads": 4, "num_layers": 3, "d_ff": 512}},
-                "optim": {"steps": 800, "batch_size": 32},
-                "run": {"eval_every": 400},
+                "optim": {"steps": 500, "batch_size": 32},
+                "run": {"eval_every": 250},
             },
         ),
     },

@@ -90,7 +90,7 @@ def optim_rules(o: VisionOptim) -> list[tuple[str, bool, str]]:
 @dataclass
 class VisionTrainConfig:
     data: VisionData = field(default_factory=VisionData)
-    # The hybrid stem by default. Measured side by side on Fashion-MNIST (12 epochs, 2 cores; README): hybrid test
+    # The hybrid stem by default. Measured side by side on Fashion-MNIST (12 epochs, 2 cores; docs/vision.md): hybrid test
     # 0.8998 in 19.9 min, plain 0.8966 in 15.4 min -- about equal per minute, the hybrid ends a little higher;
     # --set model.stem=patch for the paper's ViT.
     model: VisionConfig = field(default_factory=lambda: VisionConfig(stem="conv"))
