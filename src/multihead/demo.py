@@ -383,7 +383,7 @@ def vision_step(out: Path, *, seed: int = 0, limit: int | None = None, epochs: i
         )
         data = "digits"
     config = config_from_overrides(merge(presets.preset("vision", "quick", data), {"data": {"name": data}}))
-    config.run.seed, config.run.progress = seed, False
+    config.run.seed, config.run.progress = seed, True  # a bar per epoch (it clears when the epoch ends)
     if limit:
         config.data.limit = config.data.eval_limit = min(limit, config.data.limit or limit)
     if epochs:
@@ -432,7 +432,7 @@ def g2p_step(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
     from .train.g2p import config_from_overrides, load_g2p_run, predict_words, train_g2p
 
     config = config_from_overrides(presets.preset("g2p", "quick", "cmudict"))
-    config.run.seed, config.run.progress = seed, False
+    config.run.seed, config.run.progress = seed, True
     if limit:
         config.data.limit = config.data.test_limit = config.run.eval_words = min(limit, 1000)
         config.data.eval_limit = config.data.limit
