@@ -655,7 +655,11 @@ class Loop:
             bar.set_postfix(
                 loss=f"{win['loss'] / max(win['n'], 1):.3f}",
                 **({"acc": f"{win['correct'] / max(win['n'], 1):.3f}"} if task.reports_accuracy else {}),
-                tok_s=f"{(pos['tokens'] - tokens_before) / max(self._clock() - t_epoch, 1e-9):.0f}",
+                **(  # tasks that count tokens (text); others (G2P words, images) show no tokens/s
+                    {"tok_s": f"{(pos['tokens'] - tokens_before) / max(self._clock() - t_epoch, 1e-9):.0f}"}
+                    if pos["tokens"]
+                    else {}
+                ),
             )
             last = bi + 1 == len(batches)
             if task.validate_every and (pos["step"] % task.validate_every == 0 or last):
