@@ -62,9 +62,10 @@ from .modules import (
     hook_points,
 )
 
+from ._version import __version__ as __version__
+
 PositionalEncoding = SinusoidalPositionalEncoding  # the tutorial's name
 
-__version__ = "0.1.0"
 __all__ = [
     "AttnMask",
     "AttentionConfig",

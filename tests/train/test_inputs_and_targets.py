@@ -242,8 +242,6 @@ COMPARE = [
     "300",
     "--limit",
     "200",
-    "--eval-limit",
-    "200",
     "--threads",
     "1",
 ]

@@ -23,7 +23,7 @@ GROUPS = (tools, training, runs, inspect, lm, interventions, speech)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
+    from .._version import __version__
 
     p = argparse.ArgumentParser(prog="multihead", description="Multi-head attention: train, inspect, prune, run fast.")
     p.add_argument("--version", action="version", version=f"multihead {__version__}")
