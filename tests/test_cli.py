@@ -260,3 +260,15 @@ def test_a_closed_pipe_ends_quietly():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141
     assert err == "", err
+
+
+def test_train_help_names_every_registered_backend(capsys):
+    import pytest as _pytest
+
+    import multihead as mh
+
+    with _pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in [*mh.list_backends(), "auto"]:  # the help's hand-written list follows the registry
+        assert name in text, name

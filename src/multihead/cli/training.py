@@ -24,7 +24,12 @@ TRAIN_FLAGS = {  # flag -> (config path, type, help)
     "layers": ("model.encoder.num_layers", int, "encoder blocks"),
     "d_ff": ("model.encoder.d_ff", int, "feed-forward width"),
     "dropout": ("model.encoder.dropout", float, "residual/FFN/embedding dropout"),
-    "backend": ("model.encoder.backend", str, "attention backend (auto, sdpa, reference, ...)"),
+    "backend": (
+        "model.encoder.backend",
+        str,
+        "attention backend: auto (the best capable one for each call), reference, sdpa, memory_efficient, flex, "
+        "window, block_sparse, performer or linear_elu (multihead backends describes each)",
+    ),
     "norm_first": ("model.encoder.norm_first", lambda s: s.lower() in ("1", "true", "yes"), "pre-LN (true/false)"),
     "positional": ("model.positional", str, "sinusoidal | learned | rope | none"),
     "pooling": ("model.pooling", str, "mean | cls"),
