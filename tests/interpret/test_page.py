@@ -240,4 +240,6 @@ def test_head_map_is_readable_at_any_length_and_zooms(browser, tmp_path):
     text = page.locator("#headmap-hover").inner_text()
     assert text.startswith('query 1 "cat" -> key 2 "sat": ') and abs(float(text.split(": ")[1]) - expected) < 0.01
     assert "darker = more attention" in page.locator("#headmap-caption").inner_text()
+    page.set_viewport_size({"width": 1280, "height": 900})
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280  # nothing runs off the side
     assert problems == []
