@@ -71,6 +71,7 @@ RANGES: dict[str, dict[str, tuple]] = {
         "vocab_size": (8, "vocab", True, True),
         "min_frequency": (0, None, True, True),
         "limit": (1, None, True, True),
+        "eval_limit": (1, None, True, True),
     },
     "OptimConfig": {
         "epochs": (1, 100_000, True, True),

@@ -206,3 +206,35 @@ def test_the_causal_lm_summary_reports_next_token_accuracy(tmp_path, corpus, cap
     assert main(["pretrain", "--objective", "clm", "--data", str(corpus), "--out", str(tmp_path / "r"), *TINY]) == 0
     out = capsys.readouterr().out
     assert "next-token accuracy" in out and "masked accuracy" not in out
+
+
+@pytest.mark.parametrize(
+    ("data", "value", "message"),
+    [
+        ("rotten_tomatoes", "0", "data.eval_limit"),
+        ("cmudict", "0", "data.eval_limit must be >= 1"),
+        ("digits", "7", "data.eval_limit must be >= 8"),
+    ],
+)
+def test_eval_limit_out_of_range_is_refused_before_the_data_is_read(tmp_path, capsys, monkeypatch, data, value, message):
+    """Every task checks --eval-limit with its config, before a dataset is read or --out is touched."""
+    from multihead.data import datasets, g2p, images
+
+    def never(*a, **k):
+        raise AssertionError("the data was read before the config was checked")
+
+    for module, name in ((datasets, "load"), (g2p, "load_cmudict"), (images, "load_images")):
+        monkeypatch.setattr(module, name, never)
+    out = tmp_path / "run"
+    assert main(["train", "--data", data, "--eval-limit", value, "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and not out.exists()
+
+
+def test_an_unknown_preset_names_the_task_s_presets():
+    from multihead._config import ConfigError
+    from multihead.train import presets
+
+    with pytest.raises(ConfigError, match="unknown preset 'huge' for this task; its presets: quick"):
+        presets.preset("g2p", "huge", "cmudict")
+    assert presets.preset("train", None, "rotten_tomatoes") == {}
