@@ -263,11 +263,9 @@ def test_a_closed_pipe_ends_quietly():
 
 
 def test_train_help_names_every_registered_backend(capsys):
-    import pytest as _pytest
-
     import multihead as mh
 
-    with _pytest.raises(SystemExit):
+    with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     for name in [*mh.list_backends(), "auto"]:  # the help's hand-written list follows the registry

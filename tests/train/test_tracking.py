@@ -55,3 +55,14 @@ def test_unknown_tracker_is_refused_by_name(tmp_path, sentiment_csv, capsys):
     assert main(["train", "--out", str(run), "--data", str(sentiment_csv), *TEXT, "--set", "run.log=wandb"]) == 2
     err = capsys.readouterr().err
     assert "run.log" in err and "tensorboard" in err and not run.exists()
+
+
+def test_missing_tensorboard_is_named_and_nothing_is_written(tmp_path, sentiment_csv, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if the package were not installed
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), "--data", str(sentiment_csv), *TEXT, "--log", "tensorboard"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'multihead[tensorboard]'" in err and "Traceback" not in err
+    assert not run.exists() and not (tmp_path / ".run.new").exists()

@@ -216,7 +216,9 @@ def test_the_causal_lm_summary_reports_next_token_accuracy(tmp_path, corpus, cap
         ("digits", "7", "data.eval_limit must be >= 8"),
     ],
 )
-def test_eval_limit_out_of_range_is_refused_before_the_data_is_read(tmp_path, capsys, monkeypatch, data, value, message):
+def test_eval_limit_out_of_range_is_refused_before_the_data_is_read(
+    tmp_path, capsys, monkeypatch, data, value, message
+):
     """Every task checks --eval-limit with its config, before a dataset is read or --out is touched."""
     from multihead.data import datasets, g2p, images
 

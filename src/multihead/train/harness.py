@@ -484,13 +484,17 @@ class Loop:
         kind = getattr(self.task.config.run, "log", "none")
         if not self.main or kind == "none":
             return
+        self.tracker = self._writer(purge_step=self.position["step"] + 1)
+
+    def _writer(self, purge_step: int | None = None):
+        """A TensorBoard writer in the run folder where it is now (staged, then published)."""
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise ConfigError(
                 "--log tensorboard needs the tensorboard package: pip install 'multihead[tensorboard]' (or drop --log)"
             ) from None
-        self.tracker = SummaryWriter(str(self.folder.path / "tensorboard"), purge_step=self.position["step"] + 1)
+        return SummaryWriter(str(self.folder.path / "tensorboard"), purge_step=purge_step)
 
     def _track(self, event: dict) -> None:
         if self.tracker is None:
@@ -505,7 +509,8 @@ class Loop:
         self.tracker.flush()
 
     def _track_pictures(self) -> None:
-        """The task's finished pictures (curves, confusion...) as TensorBoard images, then the writer closed."""
+        """The task's finished pictures (curves, confusion...) as TensorBoard images (:meth:`run` closes the
+        writer)."""
         if self.tracker is None:
             return
         import numpy as np
@@ -516,7 +521,6 @@ class Loop:
                 self.tracker.add_image(
                     png.stem, np.asarray(im.convert("RGB")), self.position["step"], dataformats="HWC"
                 )
-        self.tracker.close()
 
     def save(self) -> None:
         if self.main:
@@ -548,9 +552,7 @@ class Loop:
         self.folder.commit()
         self.published = True
         if self.tracker is not None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tracker = SummaryWriter(str(self.folder.path / "tensorboard"))
+            self.tracker = self._writer()
 
     def _on_sigint(self, signum, frame) -> None:
         if self.interrupted:  # a second Ctrl-C: stop now (the last checkpoint stays)
