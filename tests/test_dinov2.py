@@ -217,9 +217,11 @@ def test_show_and_heads_run_on_a_dinov2_file(tmp_path, capsys):
 
 def test_a_wrong_tensor_mapping_fails_the_parity_check(tmp_path, monkeypatch):
     hf = _export(tmp_path / "d.onnx")
-    swapped = dict(dinov2._SUBLAYERS)
-    swapped["attention/attention/query"], swapped["attention/attention/key"] = "attn.w_k", "attn.w_q"
-    monkeypatch.setattr(dinov2, "_SUBLAYERS", swapped)  # query and key matrices exchanged, as an order mix-up would
+    from multihead.pretrained.families import dinov2 as family
+
+    swapped = dict(family._SUBLAYERS)
+    swapped["attention.attention.query"], swapped["attention.attention.key"] = "attn.w_k", "attn.w_q"
+    monkeypatch.setattr(family, "_SUBLAYERS", swapped)  # query and key matrices exchanged, as an order mix-up would
     d = dinov2.load(tmp_path / "d.onnx")
     x = torch.randn(1, 3, 70, 98)
     with torch.no_grad():

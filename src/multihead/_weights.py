@@ -67,24 +67,26 @@ def header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
 
 def check_shapes(expected: dict[str, tuple], found: dict[str, tuple], path: Path, *, names=None) -> None:
     """Refuse weights that do not fit the model a config describes -- checked on shapes alone, before building it.
-    ``names`` maps our parameter names to the file's, for messages."""
+    ``names`` maps the names of ``expected`` to the file's, for messages. The one shape check of the package: run
+    folders, checkpoints and every foreign format (:mod:`multihead.pretrained.state`) go through it."""
+    show = names if names else (lambda k: k)
     missing = [k for k in expected if k not in found]
     extra = [k for k in found if k not in expected]
     if missing or extra:
-        show = (lambda k: names(k)) if names else (lambda k: k)
+        parts = [f"missing {[show(k) for k in missing[:4]]}"] if missing else []
+        if extra:
+            parts.append(f"unexpected tensor {extra[0]!r} (unexpected tensors: {extra[:4]})")
         raise CheckpointError(
             f"{path} does not fit the model its config describes: "
-            + (f"missing {[show(k) for k in missing[:4]]}" if missing else "")
-            + ("; " if missing and extra else "")
-            + (f"unexpected {extra[:4]}" if extra else "")
+            + "; ".join(parts)
             + f" ({len(missing)} missing, {len(extra)} unexpected); config and weights disagree"
         )
     bad = [(k, found[k], expected[k]) for k in expected if tuple(found[k]) != tuple(expected[k])]
     if bad:
         k, got, want = bad[0]
         raise CheckpointError(
-            f"{path}: {len(bad)} tensors have the wrong shape, e.g. {k} is {got} but the config "
-            f"implies {want}; config and weights disagree"
+            f"{path}: {len(bad)} tensors have the wrong shape, e.g. {show(k)} is {tuple(got)} but the config "
+            f"implies {tuple(want)}; config and weights disagree"
         )
 
 

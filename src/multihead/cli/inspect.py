@@ -15,22 +15,17 @@ def cmd_show(args) -> int:
     from .._io import check_target
     from ..interpret import load_subject
     from ..interpret.show import show
-    from ..dinov2 import is_dinov2_source
-    from ..train import tasks
+    from ..loading import route
 
-    if is_dinov2_source(args.model):
-        return _show_dinov2(args)
-    from ..whisper import is_whisper_source
-
-    if is_whisper_source(args.model):
-        return _show_whisper(args)
-    kind = tasks.kind_of(args.model)
-    if kind is not None:
-        handler = {"vision": _show_vision, "grounding": _show_grounding, "g2p": _show_g2p}.get(
-            kind.check("show", args.model).section
-        )
-        if handler is not None:
-            return handler(args)
+    handler = {
+        "dinov2": _show_dinov2,
+        "whisper": _show_whisper,
+        "run:vision": _show_vision,
+        "run:grounding": _show_grounding,
+        "run:g2p": _show_g2p,
+    }.get(route(args.model, "show"))
+    if handler is not None:
+        return handler(args)
     if args.out is None:
         raise ValueError("pass --out FOLDER: where to write the pictures and the page")
     check_target(args.out, "show", overwrite=args.overwrite, sources=(args.model,))
@@ -221,26 +216,17 @@ def cmd_heads(args) -> int:
         from .._io import check_target
 
         check_target(args.out, "heads", overwrite=args.overwrite, sources=(args.model,))
-    from ..train import tasks
-    from ..lm import is_lm_source
+    from ..loading import route
+    from . import pretrained_lm, speech
 
-    if is_lm_source(args.model):
-        from . import pretrained_lm
-
-        return pretrained_lm.heads(args)
-    from ..dinov2 import is_dinov2_source
-
-    if is_dinov2_source(args.model):
-        return _heads_dinov2(args)
-    from ..whisper import is_whisper_source
-
-    if is_whisper_source(args.model):
-        from .speech import cmd_heads_whisper
-
-        return cmd_heads_whisper(args)
-    kind = tasks.kind_of(args.model)
-    if kind is not None and kind.check("heads", args.model).section == "pretrain":
-        return _heads_causal(args)
+    handler = {
+        "lm": pretrained_lm.heads,
+        "dinov2": _heads_dinov2,
+        "whisper": speech.cmd_heads_whisper,
+        "run:pretrain": _heads_causal,
+    }.get(route(args.model, "heads"))
+    if handler is not None:
+        return handler(args)
     import resource
     import time
 
@@ -361,18 +347,15 @@ def _heads_causal(args) -> int:
 
 def cmd_importance(args) -> int:
     from ..heads import scores as imp
+    from ..loading import route
     from ..train import tasks
-    from ..lm import is_lm_source
+    from . import pretrained_lm
 
-    if is_lm_source(args.run):
-        from . import pretrained_lm
-
+    where = route(args.run, "importance")
+    if where == "lm":
         return pretrained_lm.importance_and_prune(args, prune=False)
-    from ..dinov2 import is_dinov2_source
-    from ..whisper import is_whisper_source
-
-    if is_dinov2_source(args.run) or is_whisper_source(args.run):
-        return _importance_media(args, "dinov2" if is_dinov2_source(args.run) else "whisper")
+    if where in ("dinov2", "whisper"):
+        return _importance_media(args, where)
     tasks.require(args.run, "importance")
 
     result = imp.score_run(
@@ -445,12 +428,11 @@ def cmd_prune(args) -> int:
     import torch
 
     from ..heads import prune as P
+    from ..loading import route
     from ..train import tasks
-    from ..lm import is_lm_source
+    from . import pretrained_lm
 
-    if is_lm_source(args.run):
-        from . import pretrained_lm
-
+    if route(args.run, "prune") == "lm":
         return pretrained_lm.importance_and_prune(args, prune=True)
     tasks.require(args.run, "prune")
     if args.threads:

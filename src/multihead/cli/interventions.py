@@ -11,9 +11,10 @@ from pathlib import Path
 def _load(source: str):
     """``(model, encode(text) -> ids, token(text) -> one id, texts(ids) -> token strings)`` for a pretrained LM or
     a causal LM run."""
-    from ..lm import LMError, is_lm_source
+    from ..lm import LMError
+    from ..loading import route
 
-    if is_lm_source(source):
+    if route(source, "patch") == "lm":
         from .. import lm
 
         p = lm.load(source)
@@ -167,9 +168,10 @@ def cmd_circuit(args) -> int:
     from .._io import Publish, atomic_write_json, check_target
     from .. import lm
     from ..interpret import circuits as C
+    from ..loading import route
 
     check_target(args.out, "circuit", overwrite=args.overwrite, sources=(args.model,))
-    if not lm.is_lm_source(args.model):
+    if route(args.model, "circuit") != "lm":
         raise ValueError(f"{args.model} is not a pretrained LM: pass smollm2, a .gguf file or an HF model folder")
     p = lm.load(args.model)
     progress = not args.no_progress

