@@ -123,6 +123,13 @@ def is_run(path: str | Path) -> bool:
     return folder_kind(path) == "run" or (path / "labels.json").is_file()
 
 
+def task_of(path: str | Path):
+    """The :class:`~multihead.train.tasks.TaskKind` that wrote the run folder ``path`` (None: not a run folder)."""
+    from .train import tasks
+
+    return tasks.kind_of(path)
+
+
 def kind(source: str | Path) -> SourceKind:
     """What ``source`` is (nothing but headers and config files is read). A source that is nothing we read is
     refused with what would be, and a near-miss short name with the name meant."""
@@ -222,4 +229,4 @@ def load(source: str | Path, *, device: str = "cpu", backend: str = "auto", text
     return Loaded(str(source), "speech", w.model.to(device), w.tokenizer, n, n, w, fam, fmt)
 
 
-__all__ = ["LM_READ", "Loaded", "REFUSES", "SourceKind", "is_run", "kind", "load", "route"]
+__all__ = ["LM_READ", "Loaded", "REFUSES", "SourceKind", "is_run", "kind", "load", "route", "task_of"]

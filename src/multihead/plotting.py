@@ -40,3 +40,38 @@ def save(fig, stem: str | Path, *, formats: tuple[str, ...] = ("png", "svg"), dp
 
 
 __all__ = ["plain", "pyplot", "save"]
+
+
+def head_grid(scores, stem: str | Path, title: str) -> list[Path]:
+    """A layers x heads grid of scores (NaN: a pruned head, left blank), each value written in its cell, with a
+    colorbar; PNG + SVG."""
+    import math
+
+    plt = pyplot()
+    layers, heads = scores.shape
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * heads + 2), max(2.5, 0.5 * layers + 1.5)))
+    im = ax.imshow(scores.numpy(), cmap="viridis", aspect="auto")
+    for l in range(layers):
+        for h in range(heads):
+            v = float(scores[l, h])
+            if not math.isnan(v):
+                ax.text(h, l, f"{v:.2f}", ha="center", va="center", fontsize=6, color="white")
+    ax.set_xticks(range(heads))
+    ax.set_yticks(range(layers))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_title(plain(title), fontsize=9)
+    return save(fig, stem)
+
+
+def curve(xs, ys, stem: str | Path, *, xlabel: str, ylabel: str, title: str) -> list[Path]:
+    """One measured curve (points joined), gridded; PNG + SVG."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    ax.plot(list(xs), list(ys), "o-")
+    ax.set_xlabel(plain(xlabel))
+    ax.set_ylabel(plain(ylabel), fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.set_title(plain(title), fontsize=9)
+    return save(fig, stem)

@@ -367,59 +367,18 @@ def cmd_importance(args) -> int:
 
 
 def _importance_media(args, kind: str) -> int:
-    """``multihead importance dinov2|whisper --out DIR``: each head's importance by zero ablation and the pruning
-    curve (least important heads masked first): DINOv2 by agreement with its unpruned features on the four
-    photographs; Whisper by the reference transcripts' loss, the curve by word error rate, on spoken sentences."""
-    from .._io import Publish, atomic_write_json
-    from ..heads import scores as plots
-    from ..interpret import ablation as A
-    from ..plotting import plain, pyplot, save
+    """``multihead importance dinov2|whisper --out DIR``: :func:`multihead.interpret.ablation.media_importance`."""
+    from ..heads.scores import format_table
+    from ..interpret.ablation import media_importance
 
     if args.out is None:
         raise ValueError("pass --out FOLDER: where to write importance-ablation.json and the pictures")
-    if kind == "dinov2":
-        from .. import dinov2
-
-        d = dinov2.load(args.run)
-        model, score = d.model, A.dinov2_scores(d)
-        curve_score, what, curve_what = (
-            score,
-            "drop in feature agreement (cosine) when the head is zeroed",
-            "feature agreement with the unpruned model (cosine)",
+    r = media_importance(args.run, kind, args.out, n=args.n, overwrite=args.overwrite)
+    print(format_table(r["importance"], f"{args.run}: {r['rule']}"))
+    for p in r["pruning"]:
+        print(
+            f"  {100 * p['fraction']:4.0f}% of heads masked ({p['heads_masked']:3d}): {r['curve_metric']} {p['score']:.4f}"
         )
-    else:
-        from .. import whisper
-
-        w = whisper.load(args.run)
-        model = w.model
-        score, curve_score = A.whisper_scores(w, n=args.n or 10)
-        what, curve_what = (
-            "rise in the reference transcripts' loss (nats/token) when the head is zeroed",
-            "word error rate of greedy transcripts",
-        )
-    importance = A.ablation_importance(model, score, progress=True, desc=f"{kind}: each head zeroed")
-    curve = A.pruning_curve(model, importance, curve_score)
-    result = {
-        "model": str(args.run),
-        "rule": what,
-        "importance": importance.tolist(),
-        "pruning": curve,
-        "curve_metric": curve_what,
-    }
-    with Publish(Path(args.out), "importance", overwrite=args.overwrite, sources=(args.run,)) as folder:
-        atomic_write_json(folder / "importance-ablation.json", result)
-        plots.plot(importance, folder / "importance", f"{args.run}: {what}")
-        plt = pyplot()
-        fig, ax = plt.subplots(figsize=(5.5, 3.6))
-        ax.plot([100 * r["fraction"] for r in curve], [r["score"] for r in curve], "o-")
-        ax.set_xlabel("heads masked, least important first (%)")
-        ax.set_ylabel(plain(curve_what), fontsize=8)
-        ax.grid(alpha=0.3)
-        ax.set_title(plain(f"{args.run}: pruning by ablation importance"), fontsize=9)
-        save(fig, folder / "pruning")
-    print(plots.format_table(importance, f"{args.run}: {what}"))
-    for r in curve:
-        print(f"  {100 * r['fraction']:4.0f}% of heads masked ({r['heads_masked']:3d}): {curve_what} {r['score']:.4f}")
     print(f"wrote importance-ablation.json, importance.png and pruning.png to {args.out}")
     return 0
 

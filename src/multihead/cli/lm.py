@@ -17,7 +17,6 @@ def cmd_generate(args) -> int:
 
     from ..data.tokenizer import SEP
     from ..models.generation import generate
-    from ..train import tasks
     from ..train.pretrain import load_pretrain_run
     from ..loading import route
     from . import pretrained_lm
@@ -26,8 +25,6 @@ def cmd_generate(args) -> int:
         return pretrained_lm.generate(args)
     if args.chat:
         raise ValueError("--chat applies a pretrained LM's chat template; a pretraining run has none")
-    if tasks.kind_of(args.run) is not None:  # a run of another task: say why not, and what works
-        tasks.require(args.run, "generate")
     run = load_pretrain_run(args.run)
     if run.config.objective.name != "clm":
         raise ValueError(
@@ -87,15 +84,12 @@ def cmd_sinks(args) -> int:
 
     from .._io import check_target
     from ..interpret import streaming as S
-    from ..train import tasks
     from ..train.pretrain import held_out_rows, load_pretrain_run
     from ..loading import route
     from . import pretrained_lm
 
     if route(args.run, "sinks") == "lm":
         return pretrained_lm.sinks(args)
-    if tasks.kind_of(args.run) is not None:  # a run of another task: say why not, and what works
-        tasks.require(args.run, "sinks")
     if args.out:
         check_target(args.out, "sinks", overwrite=args.overwrite, sources=(args.run,))
     run = load_pretrain_run(args.run)

@@ -98,12 +98,11 @@ def train_config_from_args(args):
 def cmd_train(args) -> int:
     """``multihead train``: the task is the data's (``--data cmudict``: G2P, images: the ViT, ``*_qa``: grounding,
     anything else: text classification) or, on ``--resume`` without ``--data``, the recorded run's."""
+    from ..loading import task_of
     from ..train import tasks
 
     kind = (
-        tasks.for_data(args.data)
-        if args.data
-        else (tasks.kind_of(args.out) if args.resume else None) or tasks.KINDS["train"]
+        tasks.for_data(args.data) if args.data else (task_of(args.out) if args.resume else None) or tasks.KINDS["train"]
     )
     given = with_preset(kind.section, args, train_overrides(args))
     config = kind.config_from_overrides(given)  # validated before anything is read or written

@@ -247,7 +247,9 @@ def _prune_into(run_path, out: Path, *, data, method, step, max_drop, until, spe
     masked = torch.tensor(curve["mask"], dtype=torch.float32)
     unpruned = copy.deepcopy(run.model)  # write_pruned_run prunes run.model in place
     write_pruned_run(run, chosen, out, {"method": method, "max_drop": max_drop, "step": step})
-    kind = tasks.kind_of(run_path) or tasks.KINDS["train"]
+    from ..loading import task_of
+
+    kind = task_of(run_path) or tasks.KINDS["train"]
     if kind.section == "vision":  # reloaded from the new folder: shapes come from config.json
         pruned = kind.load_run(out)
     else:

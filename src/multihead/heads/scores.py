@@ -183,7 +183,9 @@ METHODS = {
 }
 
 
-def format_table(scores: Tensor, title: str = "") -> str:
+def format_table(scores, title: str = "") -> str:
+    """A layers x heads table of ``scores`` (a tensor or nested lists; NaN: a pruned head, shown as -)."""
+    scores = torch.as_tensor(scores, dtype=torch.float32)
     layers, heads = scores.shape
     lines = ([title] if title else []) + ["layer " + "".join(f"{'H' + str(h):>8}" for h in range(heads))]
     for l in range(layers):
@@ -192,35 +194,19 @@ def format_table(scores: Tensor, title: str = "") -> str:
 
 
 def plot(scores: Tensor, stem, title: str) -> list:
-    from ..plotting import pyplot
+    """The scores as a layers x heads grid (:func:`multihead.plotting.head_grid`)."""
+    from ..plotting import head_grid
 
-    plt = pyplot()
-
-    from ..plotting import plain, save as _save
-
-    layers, heads = scores.shape
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * heads + 2), max(2.5, 0.5 * layers + 1.5)))
-    im = ax.imshow(scores.numpy(), cmap="viridis", aspect="auto")
-    for l in range(layers):
-        for h in range(heads):
-            v = float(scores[l, h])
-            if not math.isnan(v):
-                ax.text(h, l, f"{v:.2f}", ha="center", va="center", fontsize=6, color="white")
-    ax.set_xticks(range(heads))
-    ax.set_yticks(range(layers))
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    ax.set_title(plain(title), fontsize=9)
-    return _save(fig, stem)
+    return head_grid(scores, stem, title)
 
 
 def labelled(run_path, data: str | None, splits: tuple[str, ...]):
     """A run (text classifier or ViT) and splits of its labelled examples, read once: ``(run, data name, {split:
     (examples, labels)}, "texts" | "images")``; text runs may be scored on other ``data``, image runs on their own."""
-    from ..train import tasks
 
-    kind = tasks.kind_of(run_path)
+    from ..loading import task_of
+
+    kind = task_of(run_path)
     if kind is not None and kind.section == "vision":
         from ..data.images import load_images
         from ..train.vision import load_vision_run

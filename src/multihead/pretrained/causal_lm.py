@@ -176,6 +176,10 @@ def load(
     path = resolve(name_or_path)
     fmt = FORMATS["gguf" if path.is_file() else "hf"]
     with raised_as(LMError):
+        if fmt.name == "hf":  # a model type we do not read is refused before the weights are looked at
+            from .formats.hf import read_config
+
+            family_of(read_config(path))
         read = fmt.read(path)
         family = family_of(read.config)
         if fmt.name == "gguf":  # the tokenizer is checked against the config before any weight is read
