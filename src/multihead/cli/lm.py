@@ -9,6 +9,18 @@ from pathlib import Path
 from .args import _count, _nonneg, _number
 
 
+def _is_lm(source: str, verb: str) -> bool:
+    """Whether ``source`` is a pretrained LM (anything else goes to the pretraining run's loader, whose messages
+    name what a run folder needs)."""
+    from ..loading import route
+    from ..pretrained import SourceError
+
+    try:
+        return route(source, verb) == "lm"
+    except SourceError:
+        return False
+
+
 def cmd_generate(args) -> int:
     """``multihead generate RUN "prompt"``: continue a prompt with a causal LM run, streaming tokens (KV cache)."""
     import sys
@@ -18,10 +30,9 @@ def cmd_generate(args) -> int:
     from ..data.tokenizer import SEP
     from ..models.generation import generate
     from ..train.pretrain import load_pretrain_run
-    from ..loading import route
     from . import pretrained_lm
 
-    if route(args.run, "generate") == "lm":
+    if _is_lm(args.run, "generate"):
         return pretrained_lm.generate(args)
     if args.chat:
         raise ValueError("--chat applies a pretrained LM's chat template; a pretraining run has none")
@@ -85,10 +96,9 @@ def cmd_sinks(args) -> int:
     from .._io import check_target
     from ..interpret import streaming as S
     from ..train.pretrain import held_out_rows, load_pretrain_run
-    from ..loading import route
     from . import pretrained_lm
 
-    if route(args.run, "sinks") == "lm":
+    if _is_lm(args.run, "sinks"):
         return pretrained_lm.sinks(args)
     if args.out:
         check_target(args.out, "sinks", overwrite=args.overwrite, sources=(args.run,))

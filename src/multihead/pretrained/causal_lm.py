@@ -179,7 +179,8 @@ def load(
         if fmt.name == "hf":  # a model type we do not read is refused before the weights are looked at
             from .formats.hf import read_config
 
-            family_of(read_config(path))
+            hf = read_config(path)
+            family_of(hf).config(hf, backend=backend)
         read = fmt.read(path)
         family = family_of(read.config)
         if fmt.name == "gguf":  # the tokenizer is checked against the config before any weight is read

