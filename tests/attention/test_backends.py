@@ -172,3 +172,18 @@ def test_matches_torch_sdpa_square_causal():
     for backend in BACKENDS:
         out, _ = mh.attention(q, k, v, is_causal=True, backend=backend)
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_float_bias_in_another_dtype_than_the_queries_gives_the_same_answer_on_sdpa():
+    # an fp32 ALiBi bias with -inf padding and fp64 queries: PyTorch's CPU kernel alone gets such rows wrong
+    from multihead.attention import AttnMask, attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 9, 6, dtype=torch.float64) for _ in range(3))
+    keep = torch.ones(2, 9, dtype=torch.bool)
+    keep[1, 6:] = False
+    mask = AttnMask(key_padding=keep, alibi=(0.25, 0.0625, 0.0156, 0.0039))
+    bias = mask.dense(9, 9).double()
+    want = torch.softmax(q @ k.transpose(-2, -1) / 6**0.5 + bias, -1) @ v
+    out = attention(q, k, v, mask=mask, backend="sdpa")
+    torch.testing.assert_close(out[0] if isinstance(out, tuple) else out, want, atol=1e-12, rtol=0)

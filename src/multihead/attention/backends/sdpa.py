@@ -27,11 +27,16 @@ def sdpa_attention(q, k, v, *, mask, dropout_p, scale, need_weights):
         return out.reshape(b, h, 1, out.shape[-1]), None  # (the value width may differ from d: MLA)
     if g != h:  # grouped-query: expand views (CPU kernels do not take enable_gqa on every path)
         k, v = expand_kv(k, h), expand_kv(v, h)
+    bias = None if mask is None else mask.tensor
+    if bias is not None and bias.is_floating_point() and bias.dtype != q.dtype:
+        # a float bias in another dtype than the queries (an fp32 ALiBi bias, fp64 queries): PyTorch's CPU kernel
+        # gives wrong rows for it once it holds -inf (padding), so the bias is cast to the queries' dtype
+        bias = bias.to(q.dtype)
     out = F.scaled_dot_product_attention(
         q,
         k,
         v,
-        attn_mask=None if mask is None else mask.tensor,
+        attn_mask=bias,
         dropout_p=dropout_p,
         is_causal=mask is not None and mask.causal,
         scale=scale,
