@@ -25,58 +25,37 @@ from ._io import folder_kind
 LM_READ = 512  # tokens a causal LM reads by default in show/heads (--max-len lifts it: rotary positions)
 
 _ENCODER_ONLY = "it is an encoder, not a causal LM: generation and caches take smollm2, a .gguf file or an HF LM folder"
-_NOT_TEXT = "it does not read text"
+_TEXT_VERBS = (
+    "generate",
+    "sinks",
+    "induction",
+    "patch",
+    "attribute",
+    "circuit",
+    "embed",
+    "export",
+    "evaluate",
+    "predict",
+    "prune",
+)  # the verbs that read text: a model that does not refuses them all
 # What each kind of foreign model refuses, and why (the verbs are those of multihead.train.tasks.VERBS and more).
 REFUSES: dict[str, dict[str, str]] = {
     "encoder": {
-        "generate": _ENCODER_ONLY,
-        "sinks": _ENCODER_ONLY,
-        "induction": _ENCODER_ONLY,
-        "patch": _ENCODER_ONLY,
-        "attribute": _ENCODER_ONLY,
-        "circuit": _ENCODER_ONLY,
-        "prune": (
-            "pruning with a recovery curve is for run folders; fine-tune it first (multihead train --init "
-            "minilm) or use importance"
-        ),
+        **{v: _ENCODER_ONLY for v in ("generate", "sinks", "induction", "patch", "attribute", "circuit")},
+        "prune": "pruning with a recovery curve is for run folders; fine-tune it first (multihead train --init "
+        "minilm) or use importance",
     },
     "lm": {
         "embed": "sentence embeddings take an encoder (minilm, an HF BERT folder, a classifier run)",
         "evaluate": "evaluate takes a classifier run; a causal LM is measured by `multihead sinks` (perplexity)",
         "predict": "predict takes a classifier run; continue text with `multihead generate`",
     },
-    "vision": {
-        v: f"{_NOT_TEXT}: DINOv2 looks at photographs (show/heads/importance --image)"
-        for v in (
-            "generate",
-            "sinks",
-            "induction",
-            "patch",
-            "attribute",
-            "circuit",
-            "embed",
-            "export",
-            "evaluate",
-            "predict",
-            "prune",
-        )
-    },
-    "speech": {
-        v: f"{_NOT_TEXT} as a prompt: Whisper transcribes audio (show/heads/importance, transcribe)"
-        for v in (
-            "generate",
-            "sinks",
-            "induction",
-            "patch",
-            "attribute",
-            "circuit",
-            "embed",
-            "export",
-            "evaluate",
-            "predict",
-            "prune",
-        )
-    },
+    "vision": dict.fromkeys(
+        _TEXT_VERBS, "it does not read text: DINOv2 looks at photographs (show/heads/importance --image)"
+    ),
+    "speech": dict.fromkeys(
+        _TEXT_VERBS, "it does not read text as a prompt: Whisper transcribes audio (show/heads/importance, transcribe)"
+    ),
 }
 
 

@@ -18,7 +18,6 @@ For compatibility this package also exports the BERT-family API it had as a modu
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,11 +56,12 @@ class Identified:
 
 
 def _model_type(folder: Path) -> object:
+    from .formats.hf import read_config
+
     try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        return read_config(folder).get("model_type")
+    except SourceError:
         return None
-    return config.get("model_type") if isinstance(config, dict) else None
 
 
 def identify(source: str | Path) -> Identified | None:

@@ -176,18 +176,19 @@ def load(
     path = resolve(name_or_path)
     fmt = FORMATS["gguf" if path.is_file() else "hf"]
     with raised_as(LMError):
-        if fmt.name == "hf":  # a model type we do not read is refused before the weights are looked at
+        if fmt.name == "hf":  # a model type or size we do not read is refused before the weights are looked at
             from .formats.hf import read_config
 
             hf = read_config(path)
             family_of(hf).config(hf, backend=backend)
         read = fmt.read(path)
         family = family_of(read.config)
+        config = family.config(read.config, backend=backend)
         if fmt.name == "gguf":  # the tokenizer is checked against the config before any weight is read
-            tok_info = _gguf_tokenizer(read.meta["gguf"], path, family.config(read.config).vocab_size)
+            tok_info = _gguf_tokenizer(read.meta["gguf"], path, config.vocab_size)
         else:
             tok_info = _folder_tokenizer(path, read.config)
-    model, _ = family.as_family().model_from(read, backend=backend, progress=progress)
+    model, _ = family.as_family().model_from(read, progress=progress, config=config)
     return bundle(str(name_or_path), path, model, read.config, family.name, tok_info, device)
 
 

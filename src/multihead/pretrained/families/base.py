@@ -53,17 +53,20 @@ class Family:
     why_not: dict[str, str] = field(default_factory=dict)
     error: type[SourceError] = SourceError
 
-    def model_from(self, read, *, backend: str = "auto", progress: bool = False) -> tuple[nn.Module, Any]:
-        """``(model, our config)`` from what a format reader found: the config read and checked, every tensor's shape
-        checked against the model it describes (on the meta device), then the tensors fetched, renamed and copied.
-        Raises this family's error class."""
+    def model_from(
+        self, read, *, backend: str = "auto", progress: bool = False, config: Any = None
+    ) -> tuple[nn.Module, Any]:
+        """``(model, our config)`` from what a format reader found: the config read and checked (or ``config``, when
+        the caller already made it from the same file), every tensor's shape checked against the model it describes
+        (on the meta device), then the tensors fetched, renamed and copied. Raises this family's error class."""
         from tqdm import tqdm
 
         from ..state import check_state, import_state
 
         with raised_as(self.error):
             adapter = self.adapter(read.format)
-            config = self.config(adapter.config(read) if adapter.config else read.config, backend=backend)
+            if config is None:
+                config = self.config(adapter.config(read) if adapter.config else read.config, backend=backend)
             found = {}
             for name, t in read.tensors.items():
                 n = adapter.canonical(name)

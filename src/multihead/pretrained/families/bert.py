@@ -446,12 +446,12 @@ def load(name_or_path: str | Path = "minilm", *, backend: str = "auto", device: 
 
     folder = resolve(name_or_path)
     hf = read_hf_config(folder)
-    encoder_config(hf, backend=backend)  # a model type or size that is refused says so before any weight is read
+    config = encoder_config(hf, backend=backend)  # a refused model type or size says so before any weight is read
     family = NATIVE_FAMILY if hf.get("model_type") == NATIVE else FAMILY
     with raised_as(PretrainedError):
         tensors = hf_format.read_tensors(folder)
     ignored = sorted(k for k in tensors if family is FAMILY and _IGNORED.search(_hf_key(k)))
-    model, config = family.model_from(Read(folder, "hf", hf, tensors), backend=backend)
+    model, _ = family.model_from(Read(folder, "hf", hf, tensors), config=config)
     return bundle(str(name_or_path), folder, model, hf, ignored, device)
 
 

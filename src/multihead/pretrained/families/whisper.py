@@ -66,12 +66,22 @@ def resolve(name_or_path: str | Path = "whisper") -> Path:
 
 
 # ---------------------------------------------------------------------------------------------------- model
-def config_from(tensors: dict[str, np.ndarray]) -> SpeechConfig:
-    """The architecture from the tensors' shapes (and the stored head counts)."""
+def config_from(tensors: dict) -> SpeechConfig:
+    """The architecture from CTranslate2's tensors: shapes, and the stored head counts (arrays, or the format
+    reader's lazy tensors)."""
+    return whisper_config(_ct2_hf_config(tensors))
+
+
+def _ct2_hf_config(tensors: dict) -> dict:
+    """An HF ``WhisperConfig`` dict from CTranslate2's tensors (CTranslate2 stores no architecture besides them)."""
 
     def count(prefix: str) -> int:
         found = [re.match(rf"{prefix}/layer_(\d+)/", k) for k in tensors]
         return 1 + max([int(m.group(1)) for m in found if m] or [-1])
+
+    def scalar(name: str) -> int:
+        t = tensors[name]
+        return int(t.get() if hasattr(t, "get") else t)
 
     need = (
         "encoder/conv1/weight",
@@ -80,23 +90,27 @@ def config_from(tensors: dict[str, np.ndarray]) -> SpeechConfig:
         "decoder/num_heads",
         "encoder/position_encodings/encodings",
         "decoder/position_encodings/encodings",
+        "encoder/layer_0/ffn/linear_0/weight",
     )
     missing = [k for k in need if k not in tensors]
     if missing:
         raise WhisperError(f"not a CTranslate2 Whisper model: {missing} missing")
     vocab, e = tensors["decoder/embeddings/weight"].shape
-    d_ff = tensors["encoder/layer_0/ffn/linear_0/weight"].shape[0]
-    common = dict(d_model=int(e), d_ff=int(d_ff), dropout=0.0, activation="gelu", norm_first=True)
-    return SpeechConfig(
-        n_mels=int(tensors["encoder/conv1/weight"].shape[1]),
-        vocab_size=int(vocab),
-        max_source_positions=int(tensors["encoder/position_encodings/encodings"].shape[0]),
-        max_target_positions=int(tensors["decoder/position_encodings/encodings"].shape[0]),
-        encoder=EncoderConfig(num_heads=int(tensors["encoder/num_heads"]), num_layers=count("encoder"), **common),
-        decoder=DecoderConfig(
-            num_heads=int(tensors["decoder/num_heads"]), num_layers=count("decoder"), cross_attention=True, **common
-        ),
-    )
+    d_ff = int(tensors["encoder/layer_0/ffn/linear_0/weight"].shape[0])
+    return {
+        "model_type": "whisper",
+        "d_model": int(e),
+        "vocab_size": int(vocab),
+        "num_mel_bins": int(tensors["encoder/conv1/weight"].shape[1]),
+        "max_source_positions": int(tensors["encoder/position_encodings/encodings"].shape[0]),
+        "max_target_positions": int(tensors["decoder/position_encodings/encodings"].shape[0]),
+        "encoder_layers": count("encoder"),
+        "decoder_layers": count("decoder"),
+        "encoder_attention_heads": scalar("encoder/num_heads"),
+        "decoder_attention_heads": scalar("decoder/num_heads"),
+        "encoder_ffn_dim": d_ff,
+        "decoder_ffn_dim": d_ff,  # as CTranslate2's Whisper spec: one FFN width
+    }
 
 
 def state_from(tensors: dict[str, np.ndarray], config: SpeechConfig) -> dict[str, Tensor]:
@@ -269,37 +283,35 @@ def _hf_to_ours(tensors: dict[str, Tensor], config: SpeechConfig) -> dict[str, T
 
 
 def whisper_config(hf: dict, *, backend: str = "auto") -> SpeechConfig:
-    """Our :class:`SpeechConfig` from an HF ``WhisperConfig`` dict, or (CTranslate2) from the tensors' shapes."""
+    """Our :class:`SpeechConfig` from an HF ``WhisperConfig`` dict (CTranslate2's folders give one too:
+    :func:`config_from`)."""
     from ..._config import check_ranges
     from .causal import _int
 
     with raised_as(WhisperError):
-        if "arrays" in hf:  # a CTranslate2 folder: the architecture is in the shapes
-            config = config_from(hf["arrays"])
-        else:
-            if hf.get("scale_embedding") or hf.get("activation_function", "gelu") != "gelu":
-                raise WhisperError("config.json: scale_embedding or an activation other than gelu is not supported")
-            e = _int(hf, "d_model")
-            common = dict(d_model=e, dropout=0.0, activation="gelu", norm_first=True)
-            config = SpeechConfig(
-                n_mels=_int(hf, "num_mel_bins", 80),
-                vocab_size=_int(hf, "vocab_size"),
-                max_source_positions=_int(hf, "max_source_positions", 1500),
-                max_target_positions=_int(hf, "max_target_positions", 448),
-                encoder=EncoderConfig(
-                    num_heads=_int(hf, "encoder_attention_heads"),
-                    num_layers=_int(hf, "encoder_layers"),
-                    d_ff=_int(hf, "encoder_ffn_dim"),
-                    **common,
-                ),
-                decoder=DecoderConfig(
-                    num_heads=_int(hf, "decoder_attention_heads"),
-                    num_layers=_int(hf, "decoder_layers"),
-                    d_ff=_int(hf, "decoder_ffn_dim"),
-                    cross_attention=True,
-                    **common,
-                ),
-            )
+        if hf.get("scale_embedding") or hf.get("activation_function", "gelu") != "gelu":
+            raise WhisperError("config.json: scale_embedding or an activation other than gelu is not supported")
+        e = _int(hf, "d_model")
+        common = dict(d_model=e, dropout=0.0, activation="gelu", norm_first=True)
+        config = SpeechConfig(
+            n_mels=_int(hf, "num_mel_bins", 80),
+            vocab_size=_int(hf, "vocab_size"),
+            max_source_positions=_int(hf, "max_source_positions", 1500),
+            max_target_positions=_int(hf, "max_target_positions", 448),
+            encoder=EncoderConfig(
+                num_heads=_int(hf, "encoder_attention_heads"),
+                num_layers=_int(hf, "encoder_layers"),
+                d_ff=_int(hf, "encoder_ffn_dim"),
+                **common,
+            ),
+            decoder=DecoderConfig(
+                num_heads=_int(hf, "decoder_attention_heads"),
+                num_layers=_int(hf, "decoder_layers"),
+                d_ff=_int(hf, "decoder_ffn_dim"),
+                cross_attention=True,
+                **common,
+            ),
+        )
         try:
             check_ranges(config.encoder, "config.json encoder")
             check_ranges(config.decoder, "config.json decoder")
@@ -318,7 +330,11 @@ FAMILY = Family(
     {
         "hf": Adapter(_hf_to_ours, _hf_expected, tolerated=("proj_out.weight",)),
         "ct2": Adapter(
-            lambda t, c: state_from(t, c), ct2_shapes, ignored=_CT2_SCALARS, tolerated=("decoder/projection/weight",)
+            state_from,
+            ct2_shapes,
+            ignored=_CT2_SCALARS,
+            tolerated=("decoder/projection/weight",),
+            config=lambda read: _ct2_hf_config(read.tensors),
         ),
     },
     why_not={

@@ -91,8 +91,8 @@ def read_ct2(path: Path) -> tuple[str, dict[str, np.ndarray]]:
 
 def read(path: Path) -> Read:
     """The tensors under CTranslate2's names (as float32 when fetched), ``config.json`` as ``meta`` and, as the
-    config, ``model_type`` from the spec name plus the arrays themselves (CTranslate2 stores no architecture: the
-    family reads it from the shapes)."""
+    config, ``model_type`` from the spec name (CTranslate2 stores no architecture: the family reads it from the
+    shapes and the stored head counts)."""
     from .hf import read_json
 
     folder = Path(path)
@@ -102,7 +102,7 @@ def read(path: Path) -> Read:
         k: Lazy(tuple(int(d) for d in a.shape), lambda a=a: torch.from_numpy(np.array(a, dtype=np.float32)))
         for k, a in arrays.items()
     }
-    config = {"model_type": SPECS.get(spec, spec), "ct2_spec": spec, "arrays": arrays}
+    config = {"model_type": SPECS.get(spec, spec), "ct2_spec": spec}
     return Read(folder, "ct2", config, tensors, meta)
 
 
