@@ -357,3 +357,21 @@ def test_the_same_interventions_run_on_encoders_encoder_decoders_and_vision_mode
     a = P.attribution_patching(model, clean, corrupt, metric, run=run)
     assert a["effect"].shape == (modules, 4) and torch.isfinite(a["effect"]).all()
     assert float(torch.corrcoef(torch.stack([a["effect"].flatten(), r["effect"].flatten()]))[0, 1]) > 0
+
+
+def test_patch_pairs_is_the_mean_of_each_pairs_patching(lm):
+    torch.manual_seed(3)
+    pairs = [(torch.randint(0, 40, (1, 8)), torch.randint(0, 40, (1, 8)), P.logit_diff(3, 7)) for _ in range(3)]
+    r = P.patch_pairs(lm, pairs, batch_size=5)
+    each = [P.activation_patching(lm, c, x, m)["effect"] for c, x, m in pairs]
+    torch.testing.assert_close(r["effect"], torch.stack(each).mean(0), atol=1e-6, rtol=0)
+    est = torch.stack([P.attribution_patching(lm, c, x, m)["effect"] for c, x, m in pairs]).mean(0)
+    torch.testing.assert_close(r["attribution"], est, atol=1e-6, rtol=0)
+    a, b = r["effect"].flatten(), est.flatten()
+    pearson = ((a - a.mean()) * (b - b.mean())).sum() / ((a - a.mean()).norm() * (b - b.mean()).norm())
+    assert abs(r["correlation"] - float(pearson)) < 1e-5
+    per_pos = P.patch_pairs(lm, pairs[:1], per_position=True)
+    assert per_pos["effect"].dim() == 3 and "attribution" not in per_pos
+    torch.testing.assert_close(P.per_head(per_pos["effect"]), per_pos["effect"].abs().amax(-1))
+    with pytest.raises(ValueError, match="at least one"):
+        P.patch_pairs(lm, [])

@@ -77,8 +77,6 @@ def _pairs(args) -> list[dict]:
 
 def cmd_patch(args) -> int:
     """Activation patching of every head (and attribution patching beside it), averaged over the pairs."""
-    import torch
-
     from .._io import Publish, atomic_write_json, check_target
     from ..heads import scores as plots
     from ..interpret import patching as P
@@ -89,19 +87,18 @@ def cmd_patch(args) -> int:
     if args.metric == "logit-diff" and any(not p.get("wrong") for p in pairs):
         raise ValueError('--metric logit-diff needs --wrong TOKEN (or "wrong" in every line of --file)')
     model, encode, one, texts = _load(args.model)
-    exact, approx, values = [], [], []
-    for pair in pairs:
-        clean, corrupt = torch.tensor([encode(pair["clean"])]), torch.tensor([encode(pair["corrupt"])])
+
+    def metric(pair):
         answer = one(pair["answer"])
-        metric = (
-            P.logit_diff(answer, one(pair["wrong"])) if args.metric == "logit-diff" else P.token_probability(answer)
-        )
-        r = P.activation_patching(model, clean, corrupt, metric, batch_size=args.batch, per_position=args.positions)
-        exact.append(r["effect"])
-        values.append({"clean": r["clean"], "corrupt": r["corrupt"]})
-        if not args.positions:
-            approx.append(P.attribution_patching(model, clean, corrupt, metric)["effect"])
-    effect = torch.stack(exact).mean(0)
+        return P.logit_diff(answer, one(pair["wrong"])) if args.metric == "logit-diff" else P.token_probability(answer)
+
+    r = P.patch_pairs(
+        model,
+        [(P.as_batch(encode(p["clean"])), P.as_batch(encode(p["corrupt"])), metric(p)) for p in pairs],
+        batch_size=args.batch,
+        per_position=args.positions,
+    )
+    effect, values = r["effect"], r["per_pair"]
     result = {
         "model": str(args.model),
         "metric": args.metric,
@@ -110,13 +107,12 @@ def cmd_patch(args) -> int:
         "effect": effect.tolist(),
         "rule": "effect = metric(corrupted run with the head's clean activation) - metric(corrupted run)",
     }
-    if approx:
-        est = torch.stack(approx).mean(0)
-        result["attribution"] = est.tolist()
-        result["correlation"] = float(torch.corrcoef(torch.stack([effect.flatten(), est.flatten()]))[0, 1])
+    if "attribution" in r:
+        result["attribution"] = r["attribution"].tolist()
+        result["correlation"] = r["correlation"]
     with Publish(Path(args.out), "importance", overwrite=args.overwrite, sources=(args.model,)) as folder:
         atomic_write_json(folder / "importance-patching.json", result)
-        grid = effect.abs().amax(-1) if args.positions else effect
+        grid = P.per_head(effect)
         plots.plot(
             grid,
             folder / "importance",
@@ -125,12 +121,12 @@ def cmd_patch(args) -> int:
         write_patch_page(folder / "patch.html", result, tokens=texts(encode(pairs[0]["corrupt"])))
     print(
         plots.format_table(
-            effect if not args.positions else effect.abs().amax(-1),
+            P.per_head(effect),
             f"activation patching, {args.metric}: clean {values[0]['clean']:.3f}, corrupted "
             f"{values[0]['corrupt']:.3f} (first pair)",
         )
     )
-    if approx:
+    if "correlation" in result:
         print(f"attribution patching vs exact over all heads: correlation {result['correlation']:.3f}")
     print(f"wrote {Path(args.out) / 'importance-patching.json'}, importance.png and patch.html (open it in a browser)")
     return 0

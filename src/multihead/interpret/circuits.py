@@ -306,13 +306,16 @@ def ioi(
         clean, corrupt = lm.encode(p["clean"]), lm.encode(p["corrupt"])
         io, s = lm.encode(p["answer"], special=False)[0], lm.encode(p["wrong"], special=False)[0]
         enc.append((torch.tensor([clean]), torch.tensor([corrupt]), io, s, _positions(clean, io, s)))
-    exact, approx, dla, attn, diffs = [], [], [], [], []
-    for clean, corrupt, io, s, pos in tqdm(enc, desc="IOI: every head patched", disable=not progress):
-        metric = P.logit_diff(io, s)
-        r = P.activation_patching(model, clean, corrupt, metric, batch_size=batch_size)
-        exact.append(r["effect"])
-        diffs.append((r["clean"], r["corrupt"]))
-        approx.append(P.attribution_patching(model, clean, corrupt, metric)["effect"])
+    patched = P.patch_pairs(
+        model,
+        [(clean, corrupt, P.logit_diff(io, s)) for clean, corrupt, io, s, _ in enc],
+        batch_size=batch_size,
+        progress=progress,
+        desc="IOI: every head patched",
+    )
+    diffs = [(v["clean"], v["corrupt"]) for v in patched["per_pair"]]
+    dla, attn = [], []
+    for clean, _, io, s, pos in enc:
         dla.append(P.direct_logit_attribution(model, clean, io, s)["heads"])
         with capture(model, ("pattern",)) as cache:
             model(clean)
@@ -325,7 +328,7 @@ def ioi(
                 "S2->S1+1": pats[..., pos["S2"], pos["S1"] + 1],
             }
         )
-    exact_m, approx_m, dla_m = torch.stack(exact).mean(0), torch.stack(approx).mean(0), torch.stack(dla).mean(0)
+    exact_m, approx_m, dla_m = patched["effect"], patched["attribution"], torch.stack(dla).mean(0)
     attn_m = {k: torch.stack([a[k] for a in attn]).mean(0) for k in attn[0]}
     clean_diff = sum(d[0] for d in diffs) / len(diffs)
     name_movers = _top(dla_m, movers)

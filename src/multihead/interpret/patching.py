@@ -468,6 +468,54 @@ class LogitMetric:
         return row[:, self.answer] - row[:, self.wrong]
 
 
+def as_batch(ids) -> Tensor:
+    """Token ids (a list) as the one-row batch ``(1, L)`` the patching functions take."""
+    return torch.tensor([list(ids)], dtype=torch.long)
+
+
+def per_head(effect: Tensor) -> Tensor:
+    """``(layers, H)`` from an effect that may be per position ``(layers, H, L)``: the largest magnitude over
+    positions."""
+    return effect.abs().amax(-1) if effect.dim() == 3 else effect
+
+
+def patch_pairs(
+    model: nn.Module,
+    pairs,
+    *,
+    batch_size: int = 32,
+    per_position: bool = False,
+    attribution: bool = True,
+    progress: bool = False,
+    desc: str = "every head patched",
+) -> dict:
+    """Exact activation patching of every head (and attribution patching beside it), averaged over prompt pairs.
+
+    ``pairs``: ``(clean ids (1, L), corrupted ids (1, L), metric)`` triples. Returns ``effect`` (the mean exact
+    effect, ``(layers, H)`` or ``(layers, H, L)`` with ``per_position``), ``per_pair`` (each pair's exact effect and
+    its clean/corrupted metric values), and, unless ``per_position`` or ``attribution=False``, ``attribution`` (the
+    mean first-order estimate) and ``correlation`` (Pearson's r between the two over every head)."""
+    from tqdm import tqdm
+
+    exact, approx, values = [], [], []
+    for clean, corrupt, metric in tqdm(list(pairs), desc=desc, disable=not progress):
+        r = activation_patching(model, clean, corrupt, metric, batch_size=batch_size, per_position=per_position)
+        exact.append(r["effect"])
+        values.append({"clean": r["clean"], "corrupt": r["corrupt"]})
+        if attribution and not per_position:
+            approx.append(attribution_patching(model, clean, corrupt, metric)["effect"])
+    if not exact:
+        raise ValueError("patch_pairs needs at least one (clean, corrupted, metric) pair")
+    effect = torch.stack(exact).mean(0)
+    out = {"effect": effect, "per_pair": values, "exact": exact}
+    if approx:
+        est = torch.stack(approx).mean(0)
+        out["attribution"] = est
+        out["approx"] = approx
+        out["correlation"] = float(torch.corrcoef(torch.stack([effect.flatten(), est.flatten()]))[0, 1])
+    return out
+
+
 def logit_diff(answer: int, wrong: int, position: int = -1) -> LogitMetric:
     """``logits[:, position, answer] - logits[:, position, wrong]`` of a CausalLM's ``(B, T, V)`` logits."""
     return LogitMetric(int(answer), int(wrong), int(position))
@@ -586,6 +634,9 @@ def logit_lens(model, ids: Tensor) -> list[Tensor]:
 
 
 __all__ = [
+    "as_batch",
+    "patch_pairs",
+    "per_head",
     "LogitMetric",
     "ablated",
     "activation_patching",
