@@ -85,7 +85,7 @@ def test_an_hf_whisper_folder_loads_with_parity_to_hf(hf_whisper):
     w = whisper.load(folder)
     assert w.tokenizer is None  # a folder without tokenizer.json runs on ids; text asks for the tokenizer
     with pytest.raises(whisper.WhisperError, match="no tokenizer.json"):
-        w.prompt
+        _ = w.prompt
     feats = torch.randn(2, 80, 3000)
     tokens = torch.tensor([[1, 5, 9, 14], [1, 7, 3, 3]])
     with torch.no_grad():
