@@ -196,62 +196,20 @@ def heads(args) -> int:
 
 
 def importance_and_prune(args, *, prune: bool) -> int:
-    """Michel et al.'s importance by perplexity on held-out IMDB text; with ``prune``, whole GQA groups masked and
-    then removed at each fraction, perplexity (on other held-out text) and decode speed before and after."""
-    import copy
-
-    import torch
-
-    from .._io import Publish, atomic_write_json, check_target
+    """``importance``/``prune`` on a pretrained LM: :func:`multihead.heads.lm.importance_report`."""
+    from .._io import check_target
     from ..heads import lm as H
-    from ..heads import scores as plots
+    from ..heads.scores import format_table
 
     out = Path(args.out) if args.out else None
     if out is None:
         raise ValueError("pass --out FOLDER: where to write the scores (a pretrained model has no run folder)")
-    check_target(out, "importance", overwrite=getattr(args, "overwrite", False), sources=(args.run,))
+    overwrite = getattr(args, "overwrite", False)
+    check_target(out, "importance", overwrite=overwrite, sources=(args.run,))
     p = _load(args.run, getattr(args, "threads", None))
-    n = args.n or 16
-    length = min(256, p.model.config.max_len)
-    rows = H.held_out_rows(p, rows=2 * n, length=length)  # read and encoded once: half to score, half to judge
-    score_rows, judge_rows = rows[:n], rows[n:]
-    scores = H.importance(p.model, score_rows, progress=True)
-    layers, h = scores.shape
-    kv = p.model.decoder.layers[0].self_attn.num_kv_heads
-    result = {
-        "model": str(args.run),
-        "method": "michel (|d loss / d head mask|, layer-normalised)",
-        "scored_on": f"{n} x {length} tokens of IMDB test reviews",
-        "judged_on": f"another {n} x {length} tokens",
-        "importance": scores.tolist(),
-        "perplexity": H.perplexity(p.model, judge_rows),
-    }
-    if prune:
-        prompt = score_rows[:1, :64]
-        base_speed = H.decode_speed(p.model, prompt)
-        result["decode_tokens_per_s"] = {"unpruned": round(base_speed, 1)}
-        result["fractions"] = {}
-        gen = torch.Generator().manual_seed(0)
-        for frac in args.fractions:
-            chosen = H.groups_to_prune(scores, kv, frac)
-            rnd = H.groups_to_prune(torch.rand(layers, h, generator=gen), kv, frac)
-            masked = H.perplexity(p.model, judge_rows, H.mask_of(chosen, layers, h))
-            pruned = copy.deepcopy(p.model)
-            for layer, hs in chosen.items():
-                pruned.decoder.layers[layer].self_attn.prune_heads(hs)
-            result["fractions"][str(frac)] = {
-                "heads_pruned": sum(len(v) for v in chosen.values()),
-                "of": layers * h,
-                "perplexity_pruned": H.perplexity(pruned, judge_rows),
-                "perplexity_masked": masked,
-                "perplexity_random_groups_masked": H.perplexity(p.model, judge_rows, H.mask_of(rnd, layers, h)),
-                "decode_tokens_per_s": round(H.decode_speed(pruned, prompt), 1),
-                "pruned_heads": {str(k): v for k, v in chosen.items()},
-            }
-    with Publish(out, "importance", overwrite=getattr(args, "overwrite", False), sources=(args.run,)) as folder:
-        atomic_write_json(folder / "importance-michel.json", result)
-        plots.plot(scores, folder / "importance", f"{args.run}: head importance (Michel et al.), per layer")
-    print(plots.format_table(scores, f"head importance of {args.run} (rows: layers)"))
+    fractions = args.fractions if prune else ()
+    result = H.importance_report(p, out, source=str(args.run), n=args.n or 16, fractions=fractions, overwrite=overwrite)
+    print(format_table(result["importance"], f"head importance of {args.run} (rows: layers)"))
     print(f"perplexity on held-out IMDB text: {result['perplexity']:.2f}")
     for frac, r in result.get("fractions", {}).items():
         print(

@@ -120,3 +120,54 @@ def decode_speed(model, prompt: Tensor, new_tokens: int = 64, repeats: int = 2) 
 
 
 __all__ = ["decode_speed", "group_scores", "groups_to_prune", "held_out_rows", "importance", "mask_of", "perplexity"]
+
+
+def importance_report(lm, out, *, source: str, n: int = 16, fractions=(), overwrite: bool = False) -> dict:
+    """Michel et al.'s importance by perplexity on held-out IMDB text, written to ``out``
+    (``importance-michel.json``, ``importance.png``); with ``fractions``, whole GQA groups masked and then removed
+    at each fraction: perplexity (on other held-out text) and decode speed before and after, beside randomly chosen
+    groups masked. Returns the JSON's content."""
+    import copy
+    from pathlib import Path
+
+    from .._io import Publish, atomic_write_json
+    from ..plotting import head_grid
+
+    length = min(256, lm.model.config.max_len)
+    rows = held_out_rows(lm, rows=2 * n, length=length)  # read and encoded once: half to score, half to judge
+    score_rows, judge_rows = rows[:n], rows[n:]
+    scores = importance(lm.model, score_rows, progress=True)
+    layers, h = scores.shape
+    kv = lm.model.decoder.layers[0].self_attn.num_kv_heads
+    result = {
+        "model": source,
+        "method": "michel (|d loss / d head mask|, layer-normalised)",
+        "scored_on": f"{n} x {length} tokens of IMDB test reviews",
+        "judged_on": f"another {n} x {length} tokens",
+        "importance": scores.tolist(),
+        "perplexity": perplexity(lm.model, judge_rows),
+    }
+    if fractions:
+        prompt = score_rows[:1, :64]
+        result["decode_tokens_per_s"] = {"unpruned": round(decode_speed(lm.model, prompt), 1)}
+        result["fractions"] = {}
+        gen = torch.Generator().manual_seed(0)
+        for frac in fractions:
+            chosen = groups_to_prune(scores, kv, frac)
+            rnd = groups_to_prune(torch.rand(layers, h, generator=gen), kv, frac)
+            pruned = copy.deepcopy(lm.model)
+            for layer, hs in chosen.items():
+                pruned.decoder.layers[layer].self_attn.prune_heads(hs)
+            result["fractions"][str(frac)] = {
+                "heads_pruned": sum(len(v) for v in chosen.values()),
+                "of": layers * h,
+                "perplexity_pruned": perplexity(pruned, judge_rows),
+                "perplexity_masked": perplexity(lm.model, judge_rows, mask_of(chosen, layers, h)),
+                "perplexity_random_groups_masked": perplexity(lm.model, judge_rows, mask_of(rnd, layers, h)),
+                "decode_tokens_per_s": round(decode_speed(pruned, prompt), 1),
+                "pruned_heads": {str(k): v for k, v in chosen.items()},
+            }
+    with Publish(Path(out), "importance", overwrite=overwrite, sources=(source,)) as folder:
+        atomic_write_json(folder / "importance-michel.json", result)
+        head_grid(scores, folder / "importance", f"{source}: head importance (Michel et al.), per layer")
+    return result
