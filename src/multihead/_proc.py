@@ -13,3 +13,11 @@ def status_kib(field: str) -> int:
         return int(m.group(1)) if m else 0
     except OSError:
         return 0
+
+
+def set_threads(n: int | None) -> None:
+    """Use ``n`` CPU threads for PyTorch's kernels (``--threads``); None leaves PyTorch's choice."""
+    if n:
+        import torch
+
+        torch.set_num_threads(n)

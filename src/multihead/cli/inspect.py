@@ -157,7 +157,7 @@ def _show_whisper(args) -> int:
 def _show_grounding(args) -> int:
     """``multihead show runs/qa --index 3 [--question "where is the bag?"]``: a test canvas, the model's answer, and each
     cross-attention head's attention of the question over the canvas."""
-    import torch
+    from ..data.batching import as_batch
 
     from .._io import Publish, atomic_write_json, check_target
     from ..interpret.vision import show_grounding
@@ -178,7 +178,7 @@ def _show_grounding(args) -> int:
     if not args.index < len(data.answers):
         raise ValueError(f"--index {args.index} is outside the test canvases (0..{len(data.answers) - 1})")
     i = args.index
-    q = data.questions[i : i + 1] if question is None else torch.tensor([question], dtype=torch.long)
+    q = data.questions[i : i + 1] if question is None else as_batch(question)
     truth = run.answers[int(data.answers[i])] if question is None else None
     with Publish(out, "show", overwrite=args.overwrite, sources=(args.model,), check=False) as folder:
         summary = show_grounding(run.model, data.canvases[i : i + 1], q, vocab, folder, truth=truth, name=f"canvas-{i}")
@@ -269,7 +269,6 @@ def _heads_dinov2(args) -> int:
     """``multihead heads dinov2 --out DIR``: on scikit-image's photographs, the last layer's [CLS] attention on the
     object (a stated box), the mean attention distance per head against depth (beside a ViT run's with
     ``--compare``), and high-norm tokens."""
-    import torch
 
     from .. import dinov2
     from .._io import Publish, atomic_write_json
@@ -279,12 +278,12 @@ def _heads_dinov2(args) -> int:
         raise ValueError("pass --out FOLDER: where to write heads.json and the pictures")
     compare = None
     if args.compare:
-        from ..interpret.vision import attention_distance
+        from ..interpret.vision import attention_distance_grid
         from ..train.vision import held_out_images, load_vision_run
 
         run = load_vision_run(args.compare)
         images, _ = held_out_images(run)
-        compare = (torch.stack(attention_distance(run.model, images[:1000])), run.model.config.image_size)
+        compare = (attention_distance_grid(run.model, images[:1000]), run.model.config.image_size)
     d = dinov2.load(args.model)
     r = dino.study(d, size=args.size or 224)
     with Publish(Path(args.out), "heads", overwrite=args.overwrite, sources=(args.model,)) as folder:
@@ -384,7 +383,7 @@ def _importance_media(args, kind: str) -> int:
 
 
 def cmd_prune(args) -> int:
-    import torch
+    from .._proc import set_threads
 
     from ..heads import prune as P
     from ..loading import route
@@ -394,8 +393,7 @@ def cmd_prune(args) -> int:
     if route(args.run, "prune") == "lm":
         return pretrained_lm.importance_and_prune(args, prune=True)
     tasks.require(args.run, "prune")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     r = P.prune_run(
         args.run,
         Path(args.out),
@@ -423,10 +421,7 @@ def cmd_prune(args) -> int:
     return 0
 
 
-def register(sub) -> None:
-    """This module's subcommands, each declared beside its handler."""
-    from ..heads.scores import METHODS
-
+def _parser_show(sub) -> None:
     sh = sub.add_parser("show", help="pictures (PNG+SVG) and an offline web page of every head for one text")
     sh.add_argument(
         "model",
@@ -466,6 +461,8 @@ def register(sub) -> None:
     sh.add_argument("--overwrite", action="store_true", help="replace a folder of other files at --out")
     sh.set_defaults(fn=cmd_show)
 
+
+def _parser_heads(sub) -> None:
     hd = sub.add_parser("heads", help="per-head statistics and role labels over a corpus sample")
     hd.add_argument(
         "model",
@@ -502,6 +499,10 @@ def register(sub) -> None:
     hd.add_argument("--overwrite", action="store_true", help="replace a folder of other files at --out")
     hd.set_defaults(fn=cmd_heads)
 
+
+def _parser_importance(sub) -> None:
+    from ..heads.scores import METHODS
+
     im = sub.add_parser("importance", help="per-head importance of a trained run (layers x heads table + heatmap)")
     im.add_argument(
         "run",
@@ -515,6 +516,10 @@ def register(sub) -> None:
     im.add_argument("--out", default=None, help="folder for JSON + PNG (default RUN/importance)")
     im.add_argument("--overwrite", action="store_true", help="pretrained LMs: replace the folder at --out")
     im.set_defaults(fn=cmd_importance)
+
+
+def _parser_prune(sub) -> None:
+    from ..heads.scores import METHODS
 
     pu = sub.add_parser("prune", help="iterative head pruning on validation, then a physically pruned run folder")
     pu.add_argument("run")
@@ -542,3 +547,11 @@ def register(sub) -> None:
     pu.add_argument("--n", type=_count, default=None, help="pretrained LMs: rows of 256 held-out tokens to score on")
     pu.add_argument("--overwrite", action="store_true", help="replace an existing run at --out")
     pu.set_defaults(fn=cmd_prune)
+
+
+def register(sub) -> None:
+    """This module's subcommands, each declared beside its handler."""
+    _parser_show(sub)
+    _parser_heads(sub)
+    _parser_importance(sub)
+    _parser_prune(sub)

@@ -134,12 +134,12 @@ def cmd_patch(args) -> int:
 
 def cmd_attribute(args) -> int:
     """Direct logit attribution of the next token after a text."""
-    import torch
+    from ..data.batching import as_batch
 
     from ..interpret import patching as P
 
     model, encode, one, _ = _load(args.model)
-    ids = torch.tensor([encode(args.text)])
+    ids = as_batch(encode(args.text))
     r = P.direct_logit_attribution(model, ids, one(args.answer), one(args.wrong) if args.wrong else None)
     heads = r["heads"]
     top = sorted(

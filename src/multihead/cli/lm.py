@@ -13,21 +13,45 @@ def _is_lm(source: str, verb: str) -> bool:
     """Whether ``source`` is a pretrained LM (anything else goes to the pretraining run's loader, whose messages
     name what a run folder needs)."""
     from ..loading import route
-    from ..pretrained import SourceError
+    from ..pretrained import FAMILIES, SourceError, names
 
+    entry = names.short_name(source)
+    if entry is not None:  # a bundled LM whose package may be missing: its loader names the install line
+        return FAMILIES[entry.family].kind == "lm"
     try:
         return route(source, verb) == "lm"
     except SourceError:
         return False
 
 
+def _prompt_ids(run, prompt: str, max_new: int):
+    """``(tokenizer, start id, prompt ids)`` for a pretraining run, checked to leave room for ``max_new`` tokens."""
+    from ..data.tokenizer import SEP
+
+    tok, positions = run.tokenizer, run.config.causal.max_len
+    sep = tok.token_to_id(SEP)
+    ids = [sep, *tok.encode(prompt, add_special_tokens=False).ids]  # [SEP] = the start of a new text
+    if len(ids) >= positions:  # no room for even one new token: a shorter --max-new cannot help
+        raise ValueError(
+            f"the prompt is {len(ids)} tokens with the start marker, and the model has {positions} "
+            f"positions: shorten the prompt to at most {positions - 2} tokens"
+        )
+    if len(ids) + max_new > positions:
+        raise ValueError(
+            f"the prompt ({len(ids)} tokens with the start marker) plus --max-new {max_new} exceeds "
+            f"the model's {positions} positions; use --max-new {positions - len(ids)} or less, or a "
+            "shorter prompt"
+        )
+    return tok, sep, ids
+
+
 def cmd_generate(args) -> int:
     """``multihead generate RUN "prompt"``: continue a prompt with a causal LM run, streaming tokens (KV cache)."""
     import sys
 
-    import torch
+    from .._proc import set_threads
+    from ..data.batching import as_batch
 
-    from ..data.tokenizer import SEP
     from ..models.generation import generate
     from ..train.pretrain import load_pretrain_run
     from . import pretrained_lm
@@ -42,22 +66,8 @@ def cmd_generate(args) -> int:
             f"{args.run} is a {run.config.objective.name} run; generation needs a causal LM: "
             "multihead pretrain --objective clm"
         )
-    tok, positions = run.tokenizer, run.config.causal.max_len
-    sep = tok.token_to_id(SEP)
-    ids = [sep, *tok.encode(args.prompt, add_special_tokens=False).ids]  # [SEP] = the start of a new text
-    if len(ids) >= positions:  # no room for even one new token: a shorter --max-new cannot help
-        raise ValueError(
-            f"the prompt is {len(ids)} tokens with the start marker, and the model has {positions} "
-            f"positions: shorten the prompt to at most {positions - 2} tokens"
-        )
-    if len(ids) + args.max_new > positions:
-        raise ValueError(
-            f"the prompt ({len(ids)} tokens with the start marker) plus --max-new {args.max_new} exceeds "
-            f"the model's {positions} positions; use --max-new {positions - len(ids)} or less, or a "
-            "shorter prompt"
-        )
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    tok, sep, ids = _prompt_ids(run, args.prompt, args.max_new)
+    set_threads(args.threads)
     out = list(ids)
     shown = [tok.decode(out[1:])]
     sys.stdout.write(shown[0])
@@ -82,7 +92,7 @@ def cmd_generate(args) -> int:
         top_p=args.top_p,
         seed=args.seed,
     )
-    generate(run.model, torch.tensor([ids]), None, streamer=stream, **options)
+    generate(run.model, as_batch(ids), None, streamer=stream, **options)
     if not args.stream:
         sys.stdout.write(shown[0][len(tok.decode(ids[1:])) :])
     sys.stdout.write("\n")
@@ -91,7 +101,7 @@ def cmd_generate(args) -> int:
 
 def cmd_sinks(args) -> int:
     """``multihead sinks RUN``: StreamingLLM's three caches on held-out text longer than the trained rows."""
-    import torch
+    from .._proc import set_threads
 
     from .._io import check_target
     from ..interpret import streaming as S
@@ -119,8 +129,7 @@ def cmd_sinks(args) -> int:
             f"sinks ({window} + {args.sinks}) and hold two bands of {band} tokens; pass a larger "
             f"--length (default 4x the trained rows: {4 * trained})"
         )
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     rows = held_out_rows(run, length)[: args.texts]
     result = S.compare(run.model, rows.long(), window=window, sinks=args.sinks, band=band)
     result["model"] = str(args.run)
@@ -130,7 +139,7 @@ def cmd_sinks(args) -> int:
 
 def cmd_induction(args) -> int:
     """``multihead induction``: the phase change of Olsson et al. in a 2-layer attention-only model."""
-    import torch
+    from .._proc import set_threads
 
     from .._io import Publish, atomic_write_json, check_target
     from ..interpret import induction as I
@@ -141,8 +150,7 @@ def cmd_induction(args) -> int:
         return pretrained_lm.induction(args)
     check_target(args.out, "induction", overwrite=args.overwrite)
     config = I.ToyConfig(steps=args.steps, seed=args.seed, num_heads=args.heads, half=args.half, vocab=args.vocab)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     r = I.train_toy(config, progress=not args.no_progress)
     r.pop("model")
     best = max(((l, h, v) for l, row in enumerate(r["prefix_matching"]) for h, v in enumerate(row)), key=lambda t: t[2])
@@ -158,10 +166,7 @@ def cmd_induction(args) -> int:
     return 0
 
 
-def register(sub) -> None:
-    """This module's subcommands, each declared beside its handler."""
-    from ..interpret.induction import ToyConfig as ToyDefaults
-
+def _parser_generate(sub) -> None:
     ge = sub.add_parser(
         "generate",
         help="continue a prompt with a causal LM run (multihead pretrain --objective "
@@ -194,6 +199,8 @@ def register(sub) -> None:
     ge.add_argument("--no-stream", dest="stream", action="store_false", help="print the text once, at the end")
     ge.set_defaults(fn=cmd_generate)
 
+
+def _parser_sinks(sub) -> None:
     sk = sub.add_parser(
         "sinks",
         help="attention sinks: perplexity on long held-out text with a full, a sliding-"
@@ -213,6 +220,10 @@ def register(sub) -> None:
     sk.add_argument("--out", default=None, help="write sinks.json and sinks.png here")
     sk.add_argument("--overwrite", action="store_true")
     sk.set_defaults(fn=cmd_sinks)
+
+
+def _parser_induction(sub) -> None:
+    from ..interpret.induction import ToyConfig as ToyDefaults
 
     ind = sub.add_parser(
         "induction",
@@ -247,3 +258,10 @@ def register(sub) -> None:
     ind.add_argument("--overwrite", action="store_true")
     ind.add_argument("--no-progress", action="store_true")
     ind.set_defaults(fn=cmd_induction)
+
+
+def register(sub) -> None:
+    """This module's subcommands, each declared beside its handler."""
+    _parser_generate(sub)
+    _parser_sinks(sub)
+    _parser_induction(sub)

@@ -11,18 +11,17 @@ from pathlib import Path
 
 
 def _load(source: str, threads: int | None = None):
-    import torch
+    from .._proc import set_threads
 
     from .. import lm
 
-    if threads:
-        torch.set_num_threads(threads)
+    set_threads(threads)
     return lm.load(source, progress=True)
 
 
 def generate(args) -> int:
     """Continue a prompt (or, with ``--chat``, answer it through the model's chat template), streaming tokens."""
-    import torch
+    from ..data.batching import as_batch
 
     from ..models.generation import generate as run
 
@@ -59,7 +58,7 @@ def generate(args) -> int:
         top_p=args.top_p,
         seed=args.seed,
     )
-    run(p.model, torch.tensor([ids]), None, streamer=stream, **options)
+    run(p.model, as_batch(ids), None, streamer=stream, **options)
     if not args.stream:
         sys.stdout.write(shown[0])
     sys.stdout.write("\n")

@@ -253,8 +253,7 @@ def preset_option(p) -> None:
     )
 
 
-def register(sub) -> None:
-    """This module's subcommands, each declared beside its handler."""
+def _parser_train(sub) -> None:
     t = sub.add_parser(
         "train",
         help="train a Transformer text classifier (or, with --data cmudict, a "
@@ -277,6 +276,8 @@ def register(sub) -> None:
     run_folder_options(t)
     t.set_defaults(fn=cmd_train)
 
+
+def _parser_pretrain(sub) -> None:
     pt = sub.add_parser(
         "pretrain",
         help="self-supervised pretraining on unlabelled text (masked LM); writes a "
@@ -294,6 +295,8 @@ def register(sub) -> None:
     run_folder_options(pt)
     pt.set_defaults(fn=cmd_pretrain)
 
+
+def _parser_compare(sub) -> None:
     cp = sub.add_parser(
         "compare",
         help="attention variants (MHA, GQA, MLA, gated, sinks, differential, ALiBi, "
@@ -330,6 +333,8 @@ def register(sub) -> None:
     cp.add_argument("--overwrite", action="store_true")
     cp.set_defaults(fn=cmd_compare)
 
+
+def _parser_sweep(sub) -> None:
     sw = sub.add_parser("sweep", help="train one model per head count (fixed d_model) and seed; table, JSON, PNG")
     sw.add_argument("--data", default=None, help="dataset (default rotten_tomatoes)")
     sw.add_argument("--out", required=True, help="folder for the runs and sweep.json")
@@ -349,3 +354,11 @@ def register(sub) -> None:
     sw.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="any other config field")
     sw.add_argument("--overwrite", action="store_true", help="write into a folder of other files at --out")
     sw.set_defaults(fn=cmd_sweep, compile=False, no_progress=True, seed=None)
+
+
+def register(sub) -> None:
+    """This module's subcommands, each declared beside its handler."""
+    _parser_train(sub)
+    _parser_pretrain(sub)
+    _parser_compare(sub)
+    _parser_sweep(sub)

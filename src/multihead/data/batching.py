@@ -37,6 +37,11 @@ def length_sorted(ids: list[list[int]], batch_size: int, *, pad_id: int = 0):
         yield chunk, x, mask
 
 
+def as_batch(ids) -> torch.Tensor:
+    """One sequence of token ids (a list) as the one-row batch ``(1, L)`` models take."""
+    return torch.tensor([list(ids)], dtype=torch.long)
+
+
 def collate(ids: list[list[int]], pad_id: int = 0, *, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(B, L)`` token ids padded with ``pad_id`` and the bool mask ``(B, L)``, True = real token. ``left=True``
     pads on the left (prompts for generation: every row's last column is real)."""

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models.seq2seq import CausalLM
+from ..data.batching import as_batch
 from ..modules.capture import attention_modules, capture
 
 
@@ -466,11 +467,6 @@ class LogitMetric:
         if self.wrong is None:
             return row.softmax(-1)[:, self.answer]
         return row[:, self.answer] - row[:, self.wrong]
-
-
-def as_batch(ids) -> Tensor:
-    """Token ids (a list) as the one-row batch ``(1, L)`` the patching functions take."""
-    return torch.tensor([list(ids)], dtype=torch.long)
 
 
 def per_head(effect: Tensor) -> Tensor:

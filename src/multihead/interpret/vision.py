@@ -275,6 +275,11 @@ def show_grounding(
 
 
 @torch.no_grad()
+def attention_distance_grid(model, images_u8: Tensor) -> Tensor:
+    """:func:`attention_distance` as one ``(layers, H)`` tensor."""
+    return torch.stack(attention_distance(model, images_u8))
+
+
 def attention_distance(model, images_u8: Tensor, *, batch_size: int = 256) -> list[Tensor]:
     """Mean attention distance in pixels per layer ``(H,)``, averaged over ``images_u8`` ``(N, C, H, W)``."""
     from ..data.images import to_float
