@@ -9,9 +9,14 @@ Layout (the architecture at a glance):
   ``TransformerEncoder``; hook points for analysis.
 * :mod:`multihead.models` -- ``TextEncoder`` (BERT-like backbone) and ``TransformerClassifier`` on it, dataclass configs.
 * :mod:`multihead.data` -- datasets and readers (validated, read as written), splits, tokenizer, batching.
-* :mod:`multihead.pretrained` -- BERT-family weights (``minilm``) loaded into those modules, and exported back.
+* :mod:`multihead.pretrained` -- foreign models into those modules: file formats (HF folders, GGUF, ONNX,
+  CTranslate2) x model families (BERT, Llama/Mistral/Qwen2/Qwen3, Gemma 3, GPT-2, DINOv2, Whisper), one short-name
+  table (``minilm``, ``smollm2``, ``dinov2``, ``whisper``); a new format plugs in at ``pretrained/formats``, a new
+  family at ``pretrained/families``. ``multihead.lm``, ``multihead.dinov2`` and ``multihead.whisper`` are their
+  per-family entry points.
 * :mod:`multihead.train` -- configs and their layering, the trainer, evaluation, checkpoints, run folders.
-* :mod:`multihead.loading` -- ``load(source)``: a run folder, a pretrained name or an HF folder.
+* :mod:`multihead.loading` -- the source registry: ``kind(source)`` says what a source is (a run of any task or a
+  foreign model) and what it refuses; ``load(source)`` (also ``multihead.load``) loads it.
 * :mod:`multihead.interpret` -- capture attention through hook points, pictures, an offline page, head roles.
 * :mod:`multihead.heads` -- head importance, iterative and physical pruning, the head-count sweep.
 * :mod:`multihead.bench` -- one harness timing our backends and PyTorch peers in the same run.
@@ -62,7 +67,18 @@ from .modules import (
     hook_points,
 )
 
+from .modules.capture import capture, run_with_cache
 from ._version import __version__ as __version__
+
+
+def __getattr__(name: str):
+    """``multihead.load`` (:func:`multihead.loading.load`), imported when first asked for: loading reaches the
+    training and reading code, which ``import multihead`` does not need."""
+    if name == "load":
+        from .loading import load
+
+        return load
+    raise AttributeError(f"module 'multihead' has no attribute {name!r}")
 
 PositionalEncoding = SinusoidalPositionalEncoding  # the tutorial's name
 
@@ -96,9 +112,12 @@ __all__ = [
     "attention",
     "attention_weights",
     "explain",
+    "capture",
     "explain_choice",
     "hook_points",
     "list_backends",
+    "load",
     "masks",
     "register_backend",
+    "run_with_cache",
 ]
