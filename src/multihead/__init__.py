@@ -80,6 +80,7 @@ def __getattr__(name: str):
         return load
     raise AttributeError(f"module 'multihead' has no attribute {name!r}")
 
+
 PositionalEncoding = SinusoidalPositionalEncoding  # the tutorial's name
 
 __all__ = [

@@ -217,10 +217,11 @@ def cmd_heads(args) -> int:
 
         check_target(args.out, "heads", overwrite=args.overwrite, sources=(args.model,))
     from ..loading import route
-    from . import pretrained_lm, speech
+    from . import lm as lm_commands
+    from . import speech
 
     handler = {
-        "lm": pretrained_lm.heads,
+        "lm": lm_commands.heads_lm,
         "dinov2": _heads_dinov2,
         "whisper": speech.cmd_heads_whisper,
         "run:pretrain": _heads_causal,
@@ -348,11 +349,11 @@ def cmd_importance(args) -> int:
     from ..heads import scores as imp
     from ..loading import route
     from ..train import tasks
-    from . import pretrained_lm
+    from . import lm as lm_commands
 
     where = route(args.run, "importance")
     if where == "lm":
-        return pretrained_lm.importance_and_prune(args, prune=False)
+        return lm_commands.importance_lm(args, prune=False)
     if where in ("dinov2", "whisper"):
         return _importance_media(args, where)
     tasks.require(args.run, "importance")
@@ -388,10 +389,10 @@ def cmd_prune(args) -> int:
     from ..heads import prune as P
     from ..loading import route
     from ..train import tasks
-    from . import pretrained_lm
+    from . import lm as lm_commands
 
     if route(args.run, "prune") == "lm":
-        return pretrained_lm.importance_and_prune(args, prune=True)
+        return lm_commands.importance_lm(args, prune=True)
     tasks.require(args.run, "prune")
     set_threads(args.threads)
     r = P.prune_run(

@@ -259,10 +259,10 @@ def cmd_embed(args) -> int:
 
 def cmd_export(args) -> int:
     from ..loading import route
-    from . import pretrained_lm
+    from . import lm as lm_commands
 
     if route(args.source, "export") == "lm":
-        return pretrained_lm.export(args)
+        return lm_commands.export_lm(args)
     from .. import pretrained
     from ..loading import load
 
