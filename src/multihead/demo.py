@@ -3,7 +3,7 @@ PyTorch, the fully-masked-row fix, and the classifier. Writes a PNG and a JSON s
 
 from __future__ import annotations
 
-from ._io import atomic_save_figure, atomic_write_json
+from ._io import atomic_write_json
 
 import re
 import time
@@ -16,6 +16,7 @@ from .attention import explain, explain_choice, list_backends
 from .attention.patterns import SparsePattern
 from .models import TransformerClassifier
 from .modules import MultiHeadAttention
+from .plotting import save as save_figure
 
 SENTENCE = "The cat sat on the mat."
 
@@ -130,8 +131,7 @@ def _plot_heads(weights: torch.Tensor, tokens: list[str], path: Path) -> None:
         ax.set_yticks(range(len(tokens)), tokens, fontsize=7)
     fig.suptitle("layer 0 attention weights (query rows, key columns)")
     fig.tight_layout()
-    atomic_save_figure(fig, path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, formats=("png",), dpi=100)
 
 
 def run_demo(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int | None = None) -> dict:

@@ -9,6 +9,7 @@ affected.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from ._io import atomic_save_figure
@@ -75,3 +76,66 @@ def curve(xs, ys, stem: str | Path, *, xlabel: str, ylabel: str, title: str) -> 
     ax.grid(alpha=0.3)
     ax.set_title(plain(title), fontsize=9)
     return save(fig, stem)
+
+
+@dataclass(frozen=True)
+class Line:
+    """One curve of a training run: the value ``y`` of ``metrics.jsonl``'s ``event`` lines (times ``scale``)."""
+
+    y: str
+    label: str
+    event: str = "eval"
+    style: str = "o-"
+    scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One axes of a training-curve figure: its lines against the value ``x`` of the same events."""
+
+    x: str
+    lines: tuple[Line, ...]
+    xlabel: str
+    ylabel: str
+    yscale: str = "linear"
+
+
+def plot_curves(
+    metrics_path: str | Path,
+    stem: str | Path,
+    panels: tuple[Panel, ...],
+    *,
+    title: str | None = None,
+    formats: tuple[str, ...] = ("png", "svg"),
+) -> list[Path]:
+    """A run's training curves from its ``metrics.jsonl``, one panel side by side per :class:`Panel`; nothing is
+    written (and ``[]`` returned) when no line has a point yet. Every task's curves are drawn here."""
+    import json
+
+    events = [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
+    points = {
+        (i, j): [(e[p.x], e[l.y] * l.scale) for e in events if e.get("event") == l.event and l.y in e and p.x in e]
+        for i, p in enumerate(panels)
+        for j, l in enumerate(p.lines)
+    }
+    if not any(points.values()):
+        return []
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(11, 4) if len(panels) > 1 else (6, 4), squeeze=False)
+    for i, (p, ax) in enumerate(zip(panels, axes[0])):
+        labelled = False
+        for j, l in enumerate(p.lines):
+            if points[i, j]:
+                xs, ys = zip(*points[i, j])
+                ax.plot(xs, ys, l.style, label=plain(l.label) if l.label else None)
+                labelled = labelled or bool(l.label)
+        ax.set_xlabel(plain(p.xlabel))
+        ax.set_ylabel(plain(p.ylabel))
+        ax.set_yscale(p.yscale)
+        ax.grid(alpha=0.3)
+        if labelled:
+            ax.legend()
+    if title:
+        axes[0][0].set_title(plain(title), fontsize=10)
+    fig.tight_layout()
+    return save(fig, Path(stem).with_suffix(""), formats=formats)

@@ -17,7 +17,7 @@ FLOPs counted: projections ``8 B L E^2`` + scores and weighted sum ``4 B L^2 E``
 
 from __future__ import annotations
 
-from .._io import atomic_save_figure
+from ..plotting import save as save_figure
 
 import time
 from pathlib import Path
@@ -225,7 +225,7 @@ def plot(payload: dict, path: Path) -> None:
             ax.grid(True, which="both", alpha=0.3)
         axes[0][col].legend(fontsize=8)
     fig.tight_layout()
-    atomic_save_figure(fig, path, dpi=110)
+    save_figure(fig, path, formats=("png",), dpi=110)
     plt.close(fig)
 
 

@@ -19,7 +19,7 @@ Cases the machine cannot hold are skipped before they run (the estimate is state
 
 from __future__ import annotations
 
-from .._io import atomic_save_figure
+from ..plotting import save as save_figure
 
 import math
 import time
@@ -266,7 +266,7 @@ def plot(payload: dict, path: Path) -> None:
         fontsize=10,
     )
     fig.tight_layout()
-    atomic_save_figure(fig, path, dpi=100)
+    save_figure(fig, path, formats=("png",), dpi=100)
     plt.close(fig)
 
 

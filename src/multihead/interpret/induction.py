@@ -205,7 +205,7 @@ def train_toy(config: ToyConfig | None = None, *, progress: bool = False) -> dic
 
 def plot_toy(result: dict, path) -> None:
     """Loss on each half and the best prefix-matching score per layer, over training steps."""
-    from .._io import atomic_save_figure
+    from ..plotting import save as save_figure
     from ..plotting import pyplot
 
     plt = pyplot()
@@ -233,7 +233,7 @@ def plot_toy(result: dict, path) -> None:
         ax.grid(alpha=0.3)
     fig.suptitle("Induction heads form: 2-layer attention-only model on repeated random tokens")
     fig.tight_layout()
-    atomic_save_figure(fig, path, dpi=110)
+    save_figure(fig, path, formats=("png",), dpi=110)
     plt.close(fig)
 
 
@@ -281,7 +281,7 @@ def ablation(
 
 def plot_scores(result: dict, path, title: str) -> None:
     """Prefix-matching (left) and copying (right) score of every head, layers x heads, with colorbars."""
-    from .._io import atomic_save_figure
+    from ..plotting import save as save_figure
     from ..plotting import pyplot
 
     plt = pyplot()
@@ -300,7 +300,7 @@ def plot_scores(result: dict, path, title: str) -> None:
         axes[0].add_patch(plt.Rectangle((entry["head"] - 0.5, entry["layer"] - 0.5), 1, 1, fill=False, ec="red"))
     fig.suptitle(title + f" (red: >= {INDUCTION})")
     fig.tight_layout()
-    atomic_save_figure(fig, path, dpi=110)
+    save_figure(fig, path, formats=("png",), dpi=110)
     plt.close(fig)
 
 

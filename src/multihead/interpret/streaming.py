@@ -120,7 +120,7 @@ def format_table(result: dict) -> str:
 
 
 def plot(result: dict, path) -> None:
-    from .._io import atomic_save_figure
+    from ..plotting import save as save_figure
     from ..plotting import pyplot
 
     plt = pyplot()
@@ -153,7 +153,7 @@ def plot(result: dict, path) -> None:
             f"{result['model']}: streaming with three KV caches, {result['batch']} text(s) of {result['length']} tokens"
         )
     fig.tight_layout()
-    atomic_save_figure(fig, path, dpi=110)
+    save_figure(fig, path, formats=("png",), dpi=110)
     plt.close(fig)
 
 

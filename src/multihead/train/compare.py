@@ -37,7 +37,8 @@ from pathlib import Path
 
 import torch
 
-from .._io import FolderError, atomic_save_figure, atomic_write_json, folder_kind
+from .._io import FolderError, atomic_write_json, folder_kind
+from ..plotting import save as save_figure
 
 VARIANTS: dict[str, tuple[dict, str, str]] = {  # name -> (causal.decoder overrides, positional, description)
     "mha": ({}, "rope", "multi-head attention, rotary positions"),
@@ -424,8 +425,7 @@ def plot(payload: dict, path: Path) -> None:
     for ax in (a, b):
         ax.tick_params(axis="x", rotation=45, labelsize=8)
     fig.tight_layout()
-    atomic_save_figure(fig, path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, formats=("png",), dpi=100)
 
 
 __all__ = [

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -329,24 +328,19 @@ def _finish(path: Path, config: G2PConfig, prep: G2PPrepared, *, minutes: float)
 
 
 def plot_curve(path: Path) -> None:
-    from ..plotting import pyplot, save
+    """Validation word and phoneme error rates against training minutes (``curve.png``/``.svg``)."""
+    from ..plotting import Line, Panel, plot_curves as draw
 
-    events = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    evals = [e for e in events if e.get("event") == "eval"]
-    if not evals:
-        return
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([e["minutes"] for e in evals], [100 * e["val_wer"] for e in evals], "o-", label="word error rate")
-    ax.plot([e["minutes"] for e in evals], [100 * e["val_per"] for e in evals], "s-", label="phoneme error rate")
-    ax.set_xlabel("training minutes")
-    ax.set_ylabel("validation error (%)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title("CMUdict G2P: validation error against training time", fontsize=10)
-    fig.tight_layout()
-    save(fig, path / "curve")
-    plt.close(fig)
+    lines = (
+        Line("val_wer", "word error rate", scale=100.0),
+        Line("val_per", "phoneme error rate", style="s-", scale=100.0),
+    )
+    draw(
+        path / "metrics.jsonl",
+        path / "curve",
+        (Panel("minutes", lines, "training minutes", "validation error (%)"),),
+        title="CMUdict G2P: validation error against training time",
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- loading

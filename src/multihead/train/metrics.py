@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from .._io import atomic_save_figure
-
-import json
 from pathlib import Path
+
+from ..plotting import save as save_figure
 
 
 def confusion_matrix(y_true: list[int], y_pred: list[int], num_classes: int) -> list[list[int]]:
@@ -64,33 +63,29 @@ def plot_confusion(matrix: list[list[int]], labels: list[str], path: Path, title
     ax.set_ylabel("true")
     ax.set_title(plain(title))
     fig.tight_layout()
-    atomic_save_figure(fig, path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, formats=("png",), dpi=110)
 
 
 def plot_curves(metrics_path: Path, path: Path) -> None:
-    from ..plotting import pyplot
+    """The text classifier's curves: losses by step, accuracies by epoch (``path``: a .png)."""
+    from ..plotting import Line, Panel, plot_curves as draw
 
-    plt = pyplot()
-
-    events = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    steps = [e for e in events if e.get("event") == "train"]
-    evals = [e for e in events if e.get("event") == "eval"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    if steps:
-        a.plot([e["step"] for e in steps], [e["loss"] for e in steps], label="train loss (last 50 steps)")
-    if evals:
-        a.plot([e["step"] for e in evals], [e["val_loss"] for e in evals], marker="o", label="validation loss")
-        b.plot([e["epoch"] for e in evals], [e["val_accuracy"] for e in evals], marker="o", label="validation")
-        b.plot([e["epoch"] for e in evals], [e["train_accuracy"] for e in evals], marker="o", label="train (running)")
-    a.set_xlabel("step")
-    a.set_ylabel("loss")
-    a.legend()
-    b.set_xlabel("epoch")
-    b.set_ylabel("accuracy")
-    b.legend()
-    for ax in (a, b):
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    atomic_save_figure(fig, path, dpi=110)
-    plt.close(fig)
+    draw(
+        metrics_path,
+        path,
+        (
+            Panel(
+                "step",
+                (Line("loss", "train loss (last 50 steps)", "train", "-"), Line("val_loss", "validation loss")),
+                "step",
+                "loss",
+            ),
+            Panel(
+                "epoch",
+                (Line("val_accuracy", "validation"), Line("train_accuracy", "train (running)")),
+                "epoch",
+                "accuracy",
+            ),
+        ),
+        formats=("png",),
+    )

@@ -49,7 +49,6 @@ from torch import nn
 
 from .. import data as D
 from .._config import check_rules, from_fields
-from .._io import atomic_save_figure
 from ..data.limits import limit_indices, limit_record
 from ..data.masking import IGNORE, mask_tokens, word_starts
 from ..data.packing import apply_text_split, batch_rows, pack, split_texts
@@ -583,27 +582,29 @@ def evaluate_run(run: LanguageModelRun) -> dict:
 
 
 def plot_curves(metrics: Path, out: Path) -> None:
-    from ..plotting import pyplot
+    """Pretraining's curves: losses by step, validation perplexity by minute (``out``: a .png)."""
+    from ..plotting import Line, Panel, plot_curves as draw
 
-    plt = pyplot()
-    events = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    train = [e for e in events if e["event"] == "train"]
-    evals = [e for e in events if e["event"] == "eval"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    a.plot([e["step"] for e in train], [e["loss"] for e in train], label="train (masked tokens, last 50 steps)")
-    a.plot([e["step"] for e in evals], [e["val_loss"] for e in evals], marker="o", label="validation")
-    a.set_xlabel("step")
-    a.set_ylabel("MLM loss (nats per masked token)")
-    b.plot([e["minutes"] for e in evals], [e["val_perplexity"] for e in evals], marker="o")
-    b.set_xlabel("minutes of training")
-    b.set_ylabel("validation perplexity (masked tokens)")
-    b.set_yscale("log")
-    a.legend()
-    for ax in (a, b):
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    atomic_save_figure(fig, out, dpi=110)
-    plt.close(fig)
+    draw(
+        metrics,
+        out,
+        (
+            Panel(
+                "step",
+                (Line("loss", "train (masked tokens, last 50 steps)", "train", "-"), Line("val_loss", "validation")),
+                "step",
+                "MLM loss (nats per masked token)",
+            ),
+            Panel(
+                "minutes",
+                (Line("val_perplexity", ""),),
+                "minutes of training",
+                "validation perplexity (masked tokens)",
+                "log",
+            ),
+        ),
+        formats=("png",),
+    )
 
 
 __all__ = [

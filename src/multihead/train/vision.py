@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -367,23 +366,11 @@ def finish(path: Path, config: VisionTrainConfig, splits: Splits, *, minutes: fl
 
 
 def plot_curves(path: Path) -> None:
-    from ..plotting import pyplot, save
+    """The image task's accuracies against training minutes (``curves.png``/``.svg``)."""
+    from ..plotting import Line, Panel, plot_curves as draw
 
-    events = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    evals = [e for e in events if e.get("event") == "eval"]
-    if not evals:
-        return
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([e["minutes"] for e in evals], [e["train_accuracy"] for e in evals], "o-", label="train (augmented)")
-    ax.plot([e["minutes"] for e in evals], [e["val_accuracy"] for e in evals], "s-", label="validation")
-    ax.set_xlabel("training minutes")
-    ax.set_ylabel("accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    save(fig, path / "curves")
-    plt.close(fig)
+    lines = (Line("train_accuracy", "train (augmented)"), Line("val_accuracy", "validation", style="s-"))
+    draw(path / "metrics.jsonl", path / "curves", (Panel("minutes", lines, "training minutes", "accuracy"),))
 
 
 # ---------------------------------------------------------------------------------------------------- loading
