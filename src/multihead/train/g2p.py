@@ -20,9 +20,9 @@ gradient clipping 1.0; length-bucketed batches of 128 pronunciations.
 
 from __future__ import annotations
 
-from typing import Literal
 
 import time
+from .epochs import EpochOptim, EpochRun, optim_rules
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -54,23 +54,16 @@ class G2PData:
 
 
 @dataclass
-class G2POptim:
+class G2POptim(EpochOptim):
     epochs: int = 13  # about 55 minutes on 2 cores at the default size
-    batch_size: int = 128
     lr: float = 2e-3
     warmup: float = 0.04
     weight_decay: float = 0.01
-    clip: float = 1.0
-    label_smoothing: float = 0.1
 
 
 @dataclass
-class G2PRun:
-    seed: int = 0
-    threads: int | None = None
-    progress: bool = True
+class G2PRun(EpochRun):
     eval_words: int = 2000  # validation words decoded (greedy) after each epoch
-    log: Literal["none", "tensorboard"] = "none"  # experiment tracking: TensorBoard event files in RUN/tensorboard
     beam: int = 5  # beam width of the final test evaluation
 
 
@@ -100,13 +93,7 @@ class G2PConfig:
         """Ranges, checked before anything is read, allocated or written."""
         o, r, d = self.optim, self.run, self.data
         rules = [
-            ("optim.epochs", o.epochs >= 1, ">= 1"),
-            ("optim.batch_size", o.batch_size >= 1, ">= 1"),
-            ("optim.lr", o.lr > 0, "> 0"),
-            ("optim.warmup", 0 <= o.warmup < 1, "in [0, 1)"),
-            ("optim.weight_decay", o.weight_decay >= 0, ">= 0"),
-            ("optim.clip", o.clip >= 0, ">= 0"),
-            ("optim.label_smoothing", 0 <= o.label_smoothing < 1, "in [0, 1)"),
+            *optim_rules(o),
             ("run.eval_words", r.eval_words >= 1, ">= 1"),
             ("run.beam", r.beam >= 1, ">= 1"),
             ("data.limit", d.limit is None or d.limit >= 1, ">= 1"),

@@ -23,9 +23,9 @@ pixels, same split.
 
 from __future__ import annotations
 
-from typing import Literal
 
 import time
+from .epochs import EpochOptim, EpochRun, optim_rules
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -54,36 +54,13 @@ class VisionData:
 
 
 @dataclass
-class VisionOptim:
+class VisionOptim(EpochOptim):
     epochs: int = 12  # ~1.5 min per Fashion-MNIST epoch on 2 cores (hybrid stem)
-    batch_size: int = 128
-    lr: float = 1e-3
-    warmup: float = 0.05
-    weight_decay: float = 0.05
-    clip: float = 1.0
-    label_smoothing: float = 0.1
 
 
 @dataclass
-class VisionRun:
-    seed: int = 0
-    threads: int | None = None
-    progress: bool = True
+class VisionRun(EpochRun):
     baseline: bool = True  # fit the pixel logistic-regression baseline at the end
-    log: Literal["none", "tensorboard"] = "none"  # experiment tracking: TensorBoard event files in RUN/tensorboard
-
-
-def optim_rules(o: VisionOptim) -> list[tuple[str, bool, str]]:
-    """The optimizer's ranges, shared by every task on this loop (image classification, grounding)."""
-    return [
-        ("optim.epochs", o.epochs >= 1, ">= 1"),
-        ("optim.batch_size", o.batch_size >= 1, ">= 1"),
-        ("optim.lr", o.lr > 0, "> 0"),
-        ("optim.warmup", 0 <= o.warmup < 1, "in [0, 1)"),
-        ("optim.weight_decay", o.weight_decay >= 0, ">= 0"),
-        ("optim.clip", o.clip >= 0, ">= 0"),
-        ("optim.label_smoothing", 0 <= o.label_smoothing < 1, "in [0, 1)"),
-    ]
 
 
 @dataclass
