@@ -207,3 +207,91 @@ def test_pytorch_model_bin_is_read_as_plain_tensors_for_every_family(hf_whisper,
         torch.testing.assert_close(
             whisper.load(binary).model(feats, tokens), whisper.load(folder).model(feats, tokens), atol=0, rtol=0
         )
+
+
+def _copy_config(src, dst, **changes):
+    dst.mkdir()
+    config = json.loads((src / "config.json").read_text())
+    config.update(changes)
+    (dst / "config.json").write_text(json.dumps(config))
+    (dst / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes())
+    return dst
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"hidden_size": 10**7}, "hidden_size|d_model|ceiling|must be"),
+        ({"num_hidden_layers": "two"}, "num_hidden_layers='two'"),
+        ({"layer_norm_eps": "x"}, "layer_norm_eps='x'; it must be a number"),
+        ({"hidden_size": 97}, "not divisible by num_attention_heads"),
+        ({"image_size": 50}, "not a multiple of patch_size"),
+        ({"use_swiglu_ffn": True}, "SwiGLU"),
+    ],
+)
+def test_a_bad_hf_dinov2_config_is_refused_before_anything_is_allocated(hf_dinov2, tmp_path, changes, message):
+    import tracemalloc
+
+    _, folder = hf_dinov2
+    bad = _copy_config(folder, tmp_path / "bad", **changes)
+    tracemalloc.start()
+    with pytest.raises(dinov2.Dinov2Error, match=message):
+        dinov2.load(bad)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 50 << 20  # a 10^7-wide model would need terabytes: refused from the config alone
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"d_model": 10**7}, "d_model|ceiling|must be"),
+        ({"encoder_layers": -1}, "encoder_layers=-1"),
+        ({"scale_embedding": True}, "scale_embedding"),
+    ],
+)
+def test_a_bad_hf_whisper_config_is_refused_before_anything_is_allocated(hf_whisper, tmp_path, changes, message):
+    _, folder = hf_whisper
+    with pytest.raises(whisper.WhisperError, match=message):
+        whisper.load(_copy_config(folder, tmp_path / "bad", **changes))
+
+
+def test_hostile_hf_folder_files_are_refused_with_their_reason(hf_dinov2, tmp_path):
+    from multihead.pretrained.formats import hf
+
+    _, folder = hf_dinov2
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    (deep / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(SourceError, match="nests deeper|not valid JSON"):
+        hf.read_config(deep)
+    huge = tmp_path / "huge"
+    huge.mkdir()
+    (huge / "config.json").write_text('{"a": "' + "x" * (5 << 20) + '"}')
+    with pytest.raises(SourceError, match="a few kilobytes"):
+        hf.read_config(huge)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "config.json").write_bytes((folder / "config.json").read_bytes())
+    (shards / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": 3}}))
+    with pytest.raises(SourceError, match="must name files"):
+        hf.weight_files(shards)
+    (shards / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "../../etc/passwd"}}))
+    with pytest.raises(SourceError, match="not a file in"):
+        hf.weight_files(shards)
+
+
+def test_the_command_line_answers_a_bad_hf_folder_with_exit_2_and_no_traceback(hf_dinov2, tmp_path, capsys):
+    from multihead.cli import main
+
+    _, folder = hf_dinov2
+    bad = _copy_config(folder, tmp_path / "bad", layer_norm_eps="x")
+    out = tmp_path / "out"
+    assert main(["heads", str(bad), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "layer_norm_eps='x'" in err and "Traceback" not in err
+    assert not out.exists()
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "config.json").write_text(json.dumps({"model_type": "t5"}))
+    assert main(["show", str(tmp_path / "odd"), "The cat sat.", "--out", str(out)]) == 2
+    assert "relative position buckets" in capsys.readouterr().err and not out.exists()
