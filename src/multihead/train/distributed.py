@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 
 @dataclass
@@ -44,3 +45,20 @@ def teardown(info: DistInfo) -> None:
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    model = getattr(model, "module", model)  # DDP
+    return getattr(model, "_orig_mod", model)  # torch.compile
+
+
+def replicas_agree(model: nn.Module, dist_info) -> dict:
+    """DDP keeps replicas in sync; verify it rather than assume it: the largest parameter difference across ranks."""
+    flat = torch.cat([p.detach().reshape(-1).float().cpu() for p in unwrap(model).parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(dist_info.world_size)]
+    torch.distributed.all_gather(gathered, flat)
+    return {
+        "world_size": dist_info.world_size,
+        "backend": torch.distributed.get_backend(),
+        "max_param_diff_across_ranks": max((g - gathered[0]).abs().max().item() for g in gathered),
+    }

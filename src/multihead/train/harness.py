@@ -1,6 +1,7 @@
 """The run harness: one run folder, one resume policy and one training loop under every task.
 
-(One module on purpose, over the usual size: the run folder, the resume policy and the loop change together.)
+The resume policy and the run folder's staging live in :mod:`.runfolder`, DDP's helpers in :mod:`.distributed` and
+experiment tracking in :mod:`.tracking`; this module is the :class:`Task` contract, :func:`run_task` and the loop.
 
 A task (the text classifier, MLM/CLM pretraining, G2P, the ViT, grounding, ...) is a :class:`Task` subclass that
 supplies only what differs: its data and model (built in ``__init__``), the batches of an epoch, the loss of a
@@ -46,28 +47,30 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from .._config import ConfigError, flatten
-from .._io import Publish, check_target, folder_kind, folder_lock
-from . import distributed
+from .._config import ConfigError
+from . import distributed, tracking
+from .distributed import replicas_agree, unwrap
 from .checkpoint import EMA, keep_metrics, model_tensors, restore_checkpoint, save_checkpoint
-from .runfolder import CheckpointError, atomic_write_json, read_json, save_checked
-
-
-class RunExistsError(FileExistsError):
-    pass
-
-
-# Options a resumed run may change: they do not alter what is computed.
-RESUME_MAY_CHANGE = {"run.progress", "run.save_every", "run.log"}
-# Config fields that may name a file or folder the run reads: recorded (absolute path, content digest) in
-# inputs.json, never inside the folder an --overwrite replaces, and checked unchanged on --resume.
-INPUT_FIELDS = ("data.name", "data.path", "pretrained.name")
+from .runfolder import (  # noqa: F401  (the resume policy is the run folder's; kept importable from here)
+    INPUT_FIELDS,
+    RESUME_MAY_CHANGE,
+    CheckpointError,
+    RunExistsError,
+    absolute_inputs,
+    atomic_write_json,
+    check_inputs,
+    read_json,
+    recorded_config,
+    resume_conflicts,
+    run_folder,
+    save_checked,
+    start_config,
+)
 
 
 @dataclass
@@ -188,145 +191,6 @@ class Task:
         )
 
 
-# ------------------------------------------------------------------------------------------------- the run folder
-def resume_conflicts(recorded: dict, given: dict, rebuild=None) -> list[str]:
-    """The options given again on a resume (``given``, the command line's nested overrides) that differ from a run's
-    ``recorded`` config section. With ``rebuild`` (the task's ``config_from_overrides``) the options are compared in
-    the task's own terms: e.g. G2P's ``--d-model`` sets the encoder's and the decoder's width, and ``--data
-    cmudict`` names the task rather than a field."""
-    from ..data import canonical_name
-
-    if rebuild is None:
-        fields = flatten(given)
-    else:
-        built, base, named = flatten(rebuild(given).to_dict()), flatten(rebuild({}).to_dict()), set(flatten(given))
-        fields = {p: v for p, v in built.items() if p in named or base.get(p) != v}
-    have = flatten(recorded)
-    found = []
-    for path, value in fields.items():
-        if path in RESUME_MAY_CHANGE:
-            continue
-        if path == "data.name" and isinstance(value, str) and canonical_name(value) == have.get(path):
-            continue
-        if path in INPUT_FIELDS and _same_path(value, have.get(path)):  # a relative path given from elsewhere
-            continue
-        if have.get(path) != value:
-            found.append(f"{path}={value!r} (recorded: {have.get(path)!r})")
-    return found
-
-
-def _same_path(a, b) -> bool:
-    return isinstance(a, str) and isinstance(b, str) and Path(a).exists() and Path(a).resolve() == Path(b).resolve()
-
-
-def absolute_inputs(config, task_cls: type[Task]) -> None:
-    """Input fields that name an existing relative path become absolute: a run resumes, and its analyses find the
-    data, from any directory."""
-    for dotted, value in task_cls.inputs(config).items():
-        section, _, name = dotted.partition(".")
-        if Path(value).exists() and not Path(value).is_absolute() and hasattr(getattr(config, section), name):
-            setattr(getattr(config, section), name, str(Path(value).resolve()))
-
-
-def check_inputs(out: Path, config, task_cls: type[Task]) -> None:
-    """Refuse a resume whose inputs changed since the run started (``inputs.json``; runs written before it existed
-    are not checked)."""
-    from ..data import provenance
-
-    path = out / "inputs.json"
-    if not path.exists():
-        return
-    changed = provenance.changes(read_json(path, dict), provenance.record(task_cls.inputs(config)))
-    if changed:
-        raise ConfigError(
-            f"--resume continues {out} on the inputs it started with, and they changed: "
-            f"{'; '.join(changed)}. Restore them, or start a new run (another --out, or --overwrite)"
-        )
-
-
-def recorded_config(out: Path, task_cls: type[Task], given: dict | None = None):
-    """The config of the run at ``out`` to resume: ``config.json[section]``, validated; options in ``given`` that
-    differ from it are refused by name, matching ones accepted."""
-    section = task_cls.section
-    if not (out / "checkpoint" / "state.json").exists():
-        raise CheckpointError(
-            f"nothing to resume in {out}: it holds no checkpoint/state.json. Start a new run: drop "
-            "--resume (add --overwrite to replace what is there)"
-        )
-    recorded = read_json(out / "config.json", dict)
-    if section not in recorded:
-        raise CheckpointError(
-            f"nothing to resume in {out}: it is not a {section} run folder (its config.json has no "
-            f"{section!r} section); drop --resume to start one"
-        )
-    conflicts = resume_conflicts(recorded[section], given or {}, task_cls.config_from_overrides)
-    if conflicts:
-        raise ConfigError(
-            f"--resume continues {out} exactly as it was started; these options differ from the "
-            f"recorded run: {'; '.join(conflicts)}. Drop them to resume, or start a new run (another "
-            "--out, or --overwrite)"
-        )
-    try:
-        config = task_cls.config_from_dict(recorded[section])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{out / 'config.json'}: {exc}") from None
-    flat = flatten(given or {})
-    for key in RESUME_MAY_CHANGE:  # e.g. --no-progress on a resume
-        section_name, name = key.split(".")
-        if key in flat and hasattr(getattr(config, section_name, None), name):
-            setattr(getattr(config, section_name), name, flat[key])
-    return config
-
-
-def start_config(out: Path, config, task_cls: type[Task], *, resume: bool, overwrite: bool, given: dict | None = None):
-    """The config a run at ``out`` runs with: the recorded one on ``resume`` (see :func:`recorded_config`);
-    otherwise ``config``, after refusing to replace an existing run without ``overwrite``. Applies (or records) the
-    thread count: a resumed run gets the count it was started with, so its reductions run in the same order."""
-    if resume and overwrite:
-        raise ConfigError("--resume continues the run in --out and --overwrite replaces it; pass one of them")
-    if resume:
-        config = recorded_config(out, task_cls, given)
-        check_inputs(out, config, task_cls)
-    elif folder_kind(out) == "run" and not overwrite:
-        raise RunExistsError(
-            f"{out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
-            "or choose another --out"
-        )
-    else:  # before any data is read: a folder of other files, or one holding an input, is refused
-        check_target(out, "run", overwrite=overwrite, sources=tuple(task_cls.inputs(config).values()))
-        absolute_inputs(config, task_cls)
-    if config.run.threads:
-        torch.set_num_threads(config.run.threads)
-    else:
-        config.run.threads = torch.get_num_threads()
-    return config
-
-
-class run_folder:
-    """Where a run writes, with ``path`` and ``commit()``: a new (or overwritten) run is built in ``.NAME.new``
-    beside ``out`` and swapped in by :meth:`commit` (the old run stays whole until then); a resumed run is written
-    in place. Rank 0 holds the folder's lock throughout; other ranks write nothing."""
-
-    def __init__(self, out: Path, *, resume: bool, overwrite: bool, main: bool = True) -> None:
-        self.out, self.resume, self.overwrite, self.main = out, resume, overwrite, main
-
-    def __enter__(self):
-        if not self.main:
-            self._inner = None
-            return SimpleNamespace(path=self.out, commit=lambda: self.out)
-        if self.resume:
-            self._inner = folder_lock(self.out)
-            self._inner.__enter__()
-            return SimpleNamespace(path=self.out, commit=lambda: self.out)
-        self._inner = Publish(self.out, "run", overwrite=self.overwrite)
-        self._inner.__enter__()
-        return self._inner
-
-    def __exit__(self, *exc) -> None:
-        if self._inner is not None:
-            self._inner.__exit__(*exc)
-
-
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C during training: the message says what was saved and how to continue."""
 
@@ -387,23 +251,6 @@ def warmup_schedule(opt: torch.optim.Optimizer, total: int, warmup: float, decay
         return max(0.0, (total - step) / max(1, total - warm))
 
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    model = getattr(model, "module", model)  # DDP
-    return getattr(model, "_orig_mod", model)  # torch.compile
-
-
-def replicas_agree(model: nn.Module, dist_info) -> dict:
-    """DDP keeps replicas in sync; verify it rather than assume it: the largest parameter difference across ranks."""
-    flat = torch.cat([p.detach().reshape(-1).float().cpu() for p in unwrap(model).parameters()])
-    gathered = [torch.empty_like(flat) for _ in range(dist_info.world_size)]
-    torch.distributed.all_gather(gathered, flat)
-    return {
-        "world_size": dist_info.world_size,
-        "backend": torch.distributed.get_backend(),
-        "max_param_diff_across_ranks": max((g - gathered[0]).abs().max().item() for g in gathered),
-    }
 
 
 def _zero_stats() -> dict:
@@ -477,51 +324,6 @@ class Loop:
             self.save()
 
     # ------------------------------------------------------------------------------------------------------------
-    # ------------------------------------------------------------------------------------------------ tracking
-    def _open_tracker(self) -> None:
-        """A TensorBoard writer in ``RUN/tensorboard`` when the run asks for one (rank 0)."""
-        self.tracker = None
-        kind = getattr(self.task.config.run, "log", "none")
-        if not self.main or kind == "none":
-            return
-        self.tracker = self._writer(purge_step=self.position["step"] + 1)
-
-    def _writer(self, purge_step: int | None = None):
-        """A TensorBoard writer in the run folder where it is now (staged, then published)."""
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise ConfigError(
-                "--log tensorboard needs the tensorboard package: pip install 'multihead[tensorboard]' (or drop --log)"
-            ) from None
-        return SummaryWriter(str(self.folder.path / "tensorboard"), purge_step=purge_step)
-
-    def _track(self, event: dict) -> None:
-        if self.tracker is None:
-            return
-        for key, value in event.items():
-            if (
-                key not in ("event", "step", "epoch")
-                and isinstance(value, (int, float))
-                and not isinstance(value, bool)
-            ):
-                self.tracker.add_scalar(f"{event['event']}/{key}", value, event["step"])
-        self.tracker.flush()
-
-    def _track_pictures(self) -> None:
-        """The task's finished pictures (curves, confusion...) as TensorBoard images (:meth:`run` closes the
-        writer)."""
-        if self.tracker is None:
-            return
-        import numpy as np
-        from PIL import Image
-
-        for png in sorted(self.folder.path.glob("*.png")):
-            with Image.open(png) as im:
-                self.tracker.add_image(
-                    png.stem, np.asarray(im.convert("RGB")), self.position["step"], dataformats="HWC"
-                )
-
     def save(self) -> None:
         if self.main:
             save_checkpoint(self.folder.path, unwrap(self.model), self.opt, self.sched, self.position, self.ema)
@@ -536,7 +338,8 @@ class Loop:
             except OSError as exc:  # name the file (a full disk does not)
                 raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
             self.position["metrics_lines"] += 1
-            self._track(event)
+            if self.tracker is not None:
+                self.tracker.event(event)
 
     def _clock(self) -> float:
         return time.perf_counter() - self._t0
@@ -552,7 +355,7 @@ class Loop:
         self.folder.commit()
         self.published = True
         if self.tracker is not None:
-            self.tracker = self._writer()
+            self.tracker.reopen(self.folder.path)
 
     def _on_sigint(self, signum, frame) -> None:
         if self.interrupted:  # a second Ctrl-C: stop now (the last checkpoint stays)
@@ -584,7 +387,7 @@ class Loop:
         import threading
 
         self.interrupted = False
-        self._open_tracker()
+        self.tracker = tracking.open(self.task.config, self.folder.path, self.position["step"] + 1, self.main)
         catch = self.world == 1 and threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGINT, self._on_sigint) if catch else None
         try:
@@ -625,7 +428,8 @@ class Loop:
         if ddp:
             results["distributed"] = ddp
         atomic_write_json(self.folder.path / "results.json", results)
-        self._track_pictures()
+        if self.tracker is not None:
+            self.tracker.pictures(self.folder.path, self.position["step"])
         return results
 
     def run_epoch(self, epoch: int) -> None:
