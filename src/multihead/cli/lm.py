@@ -27,6 +27,19 @@ def _is_lm(source: str, verb: str) -> bool:
         return False
 
 
+def _decoding(args, stop_tokens) -> dict:
+    """``generate``'s decoding options from the command line (greedy, or sampling with its knobs)."""
+    return dict(
+        strategy="sample" if args.sample else "greedy",
+        max_new_tokens=args.max_new,
+        stop_tokens=stop_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+
+
 def _prompt_ids(run, prompt: str, max_new: int):
     """``(tokenizer, start id, prompt ids)`` for a pretraining run, checked to leave room for ``max_new`` tokens."""
     from ..data.tokenizer import SEP
@@ -85,15 +98,7 @@ def cmd_generate(args) -> int:
             sys.stdout.flush()
         shown[0] = text
 
-    options = dict(
-        strategy="sample" if args.sample else "greedy",
-        max_new_tokens=args.max_new,
-        stop_tokens=(sep,),
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-    )
+    options = _decoding(args, (sep,))
     generate(run.model, as_batch(ids), None, streamer=stream, **options)
     if not args.stream:
         sys.stdout.write(shown[0][len(tok.decode(ids[1:])) :])
@@ -205,15 +210,7 @@ def generate_lm(args) -> int:
         shown[0] = text
 
     sys.stdout.write(args.prompt if not args.chat else "")
-    options = dict(
-        strategy="sample" if args.sample else "greedy",
-        max_new_tokens=args.max_new,
-        stop_tokens=p.eos_ids,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-    )
+    options = _decoding(args, p.eos_ids)
     run(p.model, as_batch(ids), None, streamer=stream, **options)
     if not args.stream:
         sys.stdout.write(shown[0])
