@@ -38,6 +38,44 @@ class FolderError(RuntimeError):
     """A folder that cannot be written (busy, of another kind, a file, unwritable); the message says what to do."""
 
 
+# ---------------------------------------------------------------------------------------------------- reading JSON
+MAX_JSON_BYTES = 4 << 20  # configs, indexes and tokenizer configs are kilobytes
+MAX_JSON_DEPTH = 64  # HF configs nest a handful of levels (a vision config inside a multimodal one)
+
+
+class JSONFileError(ValueError):
+    """A JSON file that is missing, too large, not UTF-8, not JSON, or nested deeper than any config."""
+
+
+def read_json_file(path: str | Path, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH):
+    """The JSON value in ``path``, its size checked before it is read and its nesting after (every config, index
+    and tokenizer config multihead reads from a folder it was handed goes through here)."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise JSONFileError(f"{path} is {size:,} bytes; such a file is a few kilobytes (at most {max_bytes:,} are read)")
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise JSONFileError(f"{path} is not UTF-8 text") from None
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise JSONFileError(f"{path} nests deeper than {max_depth} levels, deeper than any config") from None
+    except json.JSONDecodeError as exc:
+        raise JSONFileError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > max_depth:
+            raise JSONFileError(f"{path} nests deeper than {max_depth} levels, deeper than any config")
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return value
+
+
 # ---------------------------------------------------------------------------------------------------- files
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -116,7 +154,7 @@ def folder_kind(path: str | Path) -> str:
         return "empty"
     if "config.json" in names:
         try:
-            cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+            cfg = read_json_file(path / "config.json")
         except (OSError, ValueError):
             return "other"
         if isinstance(cfg, dict) and any(section in cfg for section in RUN_SECTIONS):
@@ -415,6 +453,8 @@ class Publish:
 
 __all__ = [
     "FolderError",
+    "JSONFileError",
+    "read_json_file",
     "Publish",
     "atomic_save_figure",
     "atomic_write_bytes",

@@ -13,9 +13,10 @@ from .args import _count, _nonneg, _number
 
 
 def _is_lm(source: str, verb: str) -> bool:
-    """Whether ``source`` is a pretrained LM (anything else goes to the pretraining run's loader, whose messages
-    name what a run folder needs)."""
-    from ..loading import route
+    """Whether ``source`` is a pretrained LM. A run folder (even a damaged one) goes to the pretraining run's loader,
+    whose messages name what a run folder needs; anything else that is not an LM is refused with the source
+    registry's message (a near-miss short name, a corrupt config, a model of another kind)."""
+    from ..loading import is_run, route
     from ..pretrained import FAMILIES, SourceError, names
 
     entry = names.short_name(source)
@@ -24,7 +25,9 @@ def _is_lm(source: str, verb: str) -> bool:
     try:
         return route(source, verb) == "lm"
     except SourceError:
-        return False
+        if is_run(source):
+            return False
+        raise
 
 
 def _decoding(args, stop_tokens) -> dict:
@@ -379,9 +382,10 @@ def export_lm(args) -> int:
 
     check_target(args.out, "hf", overwrite=args.overwrite, sources=(args.source,))
     p = _load_lm(args.source)
-    out = lm.export(p.model, args.out, tokenizer=p.tokenizer, overwrite=args.overwrite, sources=(args.source,))
+    out = lm.export(p.model, args.out, pretrained=p, overwrite=args.overwrite, sources=(args.source,))
     print(
-        f"wrote an HF folder to {out} (config.json, model.safetensors, tokenizer.json); load it with "
+        f"wrote an HF folder to {out} (config.json, generation_config.json, model.safetensors, tokenizer.json, "
+        "tokenizer_config.json with the chat template); load it with "
         "transformers.AutoModelForCausalLM.from_pretrained"
     )
     return 0

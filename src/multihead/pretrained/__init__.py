@@ -55,13 +55,6 @@ class Identified:
     why: str = ""
 
 
-def _model_type(folder: Path) -> object:
-    from .formats.hf import read_config
-
-    try:
-        return read_config(folder).get("model_type")
-    except SourceError:
-        return None
 
 
 def identify(source: str | Path) -> Identified | None:
@@ -82,9 +75,10 @@ def identify(source: str | Path) -> Identified | None:
         return Identified(path, fmt, FAMILIES["dinov2"])
     if fmt.name == "ct2":
         return Identified(path, fmt, FAMILIES["whisper"])
-    kind = _model_type(path)
-    try:
-        return Identified(path, fmt, family_of({"model_type": kind}))
+    from .formats.hf import read_config
+
+    try:  # a config that cannot be read says why, as a model type that is not read does
+        return Identified(path, fmt, family_of({"model_type": read_config(path).get("model_type")}))
     except SourceError as exc:
         return Identified(path, fmt, None, why=str(exc))
 

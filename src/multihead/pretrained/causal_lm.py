@@ -10,7 +10,6 @@ every tensor's shape against the config (from file headers) before the model is 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +35,7 @@ class PretrainedLM:
     eos_ids: tuple[int, ...] = ()
     chat_template: str | None = None
     special: dict = field(default_factory=dict)  # bos/eos/pad token strings
+    chat_source: str = ""  # the file (and entry) the chat template came from, named in its errors
 
     def encode(self, text: str, *, special: bool = True) -> list[int]:
         """Token ids of ``text`` (with BOS where the model's tokenizer adds one, unless ``special=False``)."""
@@ -55,21 +55,17 @@ class PretrainedLM:
 
     def chat(self, messages: list[dict] | str, *, add_generation_prompt: bool = True) -> str:
         """The prompt text of ``messages`` (``[{"role": "user", "content": ...}]``, or one user string) through the
-        model's chat template (jinja2, sandboxed); refused when the files carry none."""
+        model's chat template, rendered in jinja2's sandbox with bounded time, memory and output
+        (:mod:`multihead.pretrained.chat`); refused when the files carry none."""
         if self.chat_template is None:
             raise LMError(f"{self.name} carries no chat template; pass the prompt as plain text (without --chat)")
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from .chat import render
 
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-
-        def raise_exception(message):
-            raise LMError(f"the chat template refused the messages: {message}")
-
-        env.globals["raise_exception"] = raise_exception
-        return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **self.special
+        source = self.chat_source or str(self.path)
+        return render(
+            self.chat_template, source, messages, add_generation_prompt=add_generation_prompt, special=self.special
         )
 
     def token_texts(self, ids) -> list[str]:
@@ -106,7 +102,7 @@ def _gguf_tokenizer(g, path: Path, vocab_size: int):
     from .formats import gguf as gguf_file
 
     tok = gguf_file.tokenizer(g)
-    if tok.get_vocab_size() > vocab_size:
+    if tok.get_vocab_size(with_added_tokens=True) > vocab_size:
         raise LMError(
             f"{path}: the tokenizer has {tok.get_vocab_size()} tokens but the model {vocab_size} "
             "embeddings; the file is inconsistent"
@@ -123,19 +119,21 @@ def _gguf_tokenizer(g, path: Path, vocab_size: int):
         for k in ("bos", "eos", "pad")
         if isinstance(info[k], int) and 0 <= info[k] < len(tokens)
     }
-    return tok, info["bos"], info["eos"], info["chat_template"], special
+    source = f"{path} (metadata tokenizer.chat_template)"
+    return tok, info["bos"], info["eos"], info["chat_template"], special, source
 
 
 def _folder_tokenizer(folder: Path, hf: dict):
     from tokenizers import Tokenizer, decoders, pre_tokenizers
     from tokenizers.models import BPE
 
-    cfg = {}
-    if (folder / "tokenizer_config.json").is_file():
-        try:
-            cfg = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
-        except ValueError as exc:
-            raise LMError(f"{folder / 'tokenizer_config.json'} is not valid JSON ({exc})") from None
+    from .formats.hf import read_json
+
+    cfg = (
+        read_json(folder / "tokenizer_config.json", "tokenizer config")
+        if (folder / "tokenizer_config.json").is_file()
+        else {}
+    )
     if (folder / "tokenizer.json").is_file():
         try:
             tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
@@ -145,7 +143,12 @@ def _folder_tokenizer(folder: Path, hf: dict):
                 f"({str(exc).splitlines()[0][:200]}); it is corrupt"
             ) from None
     elif (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():  # GPT-2's original files
-        tok = Tokenizer(BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt")))
+        try:
+            tok = Tokenizer(BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt")))
+        except Exception as exc:  # noqa: BLE001  (as above)
+            raise LMError(
+                f"{folder}: vocab.json and merges.txt do not make a tokenizer ({exc}); they are corrupt"
+            ) from None
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
     else:
@@ -153,18 +156,50 @@ def _folder_tokenizer(folder: Path, hf: dict):
     if tok is not None:
         tok.no_padding()
         tok.no_truncation()
+        _check_tokenizer_fits(tok, folder, hf)
 
     def token(key: str):
         v = cfg.get(key)
         return v.get("content") if isinstance(v, dict) else v
 
     special = {k: token(k) for k in ("bos_token", "eos_token", "pad_token") if isinstance(token(k), str)}
-    bos = hf.get("bos_token_id")
-    eos = hf.get("eos_token_id")
-    template = cfg.get("chat_template")
+    generation = (
+        read_json(folder / "generation_config.json", "generation config")
+        if (folder / "generation_config.json").is_file()
+        else {}
+    )
+    bos = generation.get("bos_token_id", hf.get("bos_token_id"))
+    eos = generation.get("eos_token_id", hf.get("eos_token_id"))
+    template, source = cfg.get("chat_template"), f"{folder / 'tokenizer_config.json'} (chat_template)"
     if template is None and (folder / "chat_template.jinja").is_file():
-        template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
-    return tok, bos, eos, template if isinstance(template, str) else None, special
+        path = folder / "chat_template.jinja"
+        if path.stat().st_size > MAX_TEMPLATE_BYTES:
+            raise LMError(f"{path} is {path.stat().st_size:,} bytes; a chat template is a few kilobytes: remove it")
+        try:
+            template, source = path.read_text(encoding="utf-8"), str(path)
+        except UnicodeDecodeError:
+            raise LMError(f"{path} is not UTF-8 text; a chat template is jinja2 text: remove or fix it") from None
+    if template is not None and not isinstance(template, str):
+        raise LMError(f"the chat template in {source} is a {type(template).__name__}, not text; remove it or fix it")
+    return tok, bos, eos, template, special, source
+
+
+MAX_TEMPLATE_BYTES = 1 << 20
+
+
+def _check_tokenizer_fits(tok, folder: Path, hf: dict) -> None:
+    """Every token the tokenizer can produce (its added tokens included) must have an embedding row."""
+    vocab = hf.get("vocab_size")
+    if not isinstance(vocab, int):
+        return  # the family's config check names a missing or mistyped vocab_size
+    size = tok.get_vocab_size(with_added_tokens=True)
+    top = max(tok.get_vocab(with_added_tokens=True).values(), default=-1)
+    if size > vocab or top >= vocab:
+        raise LMError(
+            f"{folder / 'tokenizer.json'}: the tokenizer has ids up to {top} but the model has {vocab} embeddings "
+            "(config.json's vocab_size); its added tokens name ids the model cannot read: use the tokenizer files "
+            "of the model the weights came from"
+        )
 
 
 def load(
@@ -194,11 +229,13 @@ def load(
 
 def bundle(name: str, path: Path, model, hf: dict, family: str, tok_info, device: str = "cpu") -> PretrainedLM:
     """The LM with its tokenizer and the special tokens its files name (ids past the vocabulary dropped)."""
-    tok, bos, eos, template, special = tok_info
+    tok, bos, eos, template, special, source = tok_info
     vocab = model.config.vocab_size
     eos_ids = tuple(e for e in (eos if isinstance(eos, list) else [eos]) if isinstance(e, int) and 0 <= e < vocab)
     bos = bos if isinstance(bos, int) and 0 <= bos < vocab else None  # an id past the vocabulary names no token
-    return PretrainedLM(name, path, model.to(device).eval(), tok, hf, family, bos, eos_ids, template, special)
+    return PretrainedLM(
+        name, path, model.to(device).eval(), tok, hf, family, bos, eos_ids, template, special, chat_source=source
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- export
@@ -207,14 +244,18 @@ def export(
     folder: str | Path,
     *,
     tokenizer=None,
+    pretrained: PretrainedLM | None = None,
     overwrite: bool = False,
     sources: tuple = (),
     extra_config: dict | None = None,
 ) -> Path:
     """Write a :class:`CausalLM` (pretrained, pruned or trained here) as an HF folder that ``transformers``
-    loads: ``config.json`` of the family whose layout holds it, ``model.safetensors``, ``tokenizer.json``. Pruned
-    heads are not expressible in HF's Llama or GPT-2 configs (one head count for every layer): refused, with the
-    reason. The folder is built aside and swapped in whole."""
+    loads: ``config.json`` of the family whose layout holds it, ``model.safetensors``, ``tokenizer.json``. With
+    ``pretrained`` (the bundle the model came from) everything generation needs travels too: its tokenizer, the
+    BOS/EOS/pad ids in ``config.json`` and ``generation_config.json``, the special tokens and the chat template in
+    ``tokenizer_config.json``, so that generation from the folder stops where generation from the source does.
+    Pruned heads are not expressible in HF's Llama or GPT-2 configs (one head count for every layer): refused, with
+    the reason. The folder is built aside and swapped in whole."""
     from safetensors.torch import save
 
     from .._io import Publish, atomic_write_bytes, atomic_write_json
@@ -231,14 +272,39 @@ def export(
         )
     state = {k: v.detach().float().cpu().contiguous() for k, v in unique_state(model).items()}
     tensors = family.to_hf(state, config)
-    hf = {**family.hf_config(config, model), **(extra_config or {})}
+    ids = _special_ids(pretrained) if pretrained is not None else {}
+    hf = {**family.hf_config(config, model), **ids, **(extra_config or {})}
+    tokenizer = tokenizer if tokenizer is not None or pretrained is None else pretrained.tokenizer
     target = Path(folder)
     with Publish(target, "hf", overwrite=overwrite, sources=sources) as out:
         atomic_write_bytes(out / "model.safetensors", save(tensors, metadata={"format": "pt"}))
         atomic_write_json(out / "config.json", hf)
         if tokenizer is not None:
             atomic_write_bytes(out / "tokenizer.json", tokenizer.to_str().encode())
+        if pretrained is not None:
+            atomic_write_json(out / "generation_config.json", ids)
+            atomic_write_json(out / "tokenizer_config.json", _tokenizer_config(pretrained, config.max_len))
     return target
+
+
+def _special_ids(p: PretrainedLM) -> dict:
+    """BOS/EOS/pad ids as HF's configs write them (one EOS as a number, several as a list)."""
+    ids: dict = {}
+    if p.bos_id is not None:
+        ids["bos_token_id"] = p.bos_id
+    if p.eos_ids:
+        ids["eos_token_id"] = p.eos_ids[0] if len(p.eos_ids) == 1 else list(p.eos_ids)
+    pad = p.hf_config.get("pad_token_id")
+    if isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < p.model.config.vocab_size:
+        ids["pad_token_id"] = pad
+    return ids
+
+
+def _tokenizer_config(p: PretrainedLM, max_len: int) -> dict:
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len, **p.special}
+    if p.chat_template is not None:
+        cfg["chat_template"] = p.chat_template
+    return cfg
 
 
 __all__ = ["LMError", "PretrainedLM", "SHORT_NAMES", "bundle", "export", "is_lm_source", "load", "resolve"]

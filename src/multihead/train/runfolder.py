@@ -21,7 +21,6 @@ on files are replaced one by one, atomically, while ``.RUN.lock`` is held. Befor
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from types import SimpleNamespace
@@ -29,6 +28,7 @@ from types import SimpleNamespace
 import torch
 
 from .._config import ConfigError, flatten
+from .._io import JSONFileError, read_json_file  # noqa: E402
 from .._io import Publish, atomic_write_bytes, atomic_write_json, check_target, folder_kind, folder_lock  # noqa: F401
 from .._weights import (  # noqa: F401  (re-exported: the run folder's weights are safetensors with a digest)
     CheckpointError,
@@ -46,11 +46,9 @@ def read_json(path: Path, kind: type | None = None):
     if not path.is_file():
         raise CheckpointError(f"{path} is missing; {path.parent} is not a complete multihead run folder")
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); it is corrupt") from None
-    except UnicodeDecodeError:
-        raise CheckpointError(f"{path} is not UTF-8 text; it is corrupt") from None
+        value = read_json_file(path)
+    except JSONFileError as exc:
+        raise CheckpointError(f"{exc}; it is corrupt") from None
     if kind is not None and not isinstance(value, kind):
         raise CheckpointError(
             f"{path} holds a JSON {type(value).__name__}, expected "
@@ -64,7 +62,7 @@ def is_task_run(path, section: str) -> bool:
     ``pretrain``): how each task recognises its own runs without raising on other folders."""
     p = Path(path) / "config.json"
     try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
+        cfg = read_json_file(p)
     except (OSError, ValueError):
         return False
     return isinstance(cfg, dict) and section in cfg

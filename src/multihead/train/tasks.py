@@ -14,12 +14,12 @@ A new task plugs in here: a :class:`~multihead.train.harness.Task` subclass in i
 from __future__ import annotations
 
 import importlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable
 
 from .._config import ConfigError
+from .._io import read_json_file
 
 VERBS = ("evaluate", "predict", "show", "heads", "importance", "prune", "generate", "sinks", "embed", "export")
 
@@ -191,7 +191,7 @@ KINDS: dict[str, TaskKind] = {
 def section_of(path: str | Path) -> str | None:
     """The task section of ``path``'s ``config.json`` (None for anything that is not a readable run folder)."""
     try:
-        cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+        cfg = read_json_file(Path(path) / "config.json")
     except (OSError, ValueError):
         return None
     if not isinstance(cfg, dict):

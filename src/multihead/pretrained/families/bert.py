@@ -25,7 +25,6 @@ reads, so that the two directions cannot drift apart.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ import torch
 from torch import Tensor
 
 from ..._config import check_ranges, from_fields
+from ..._io import read_json_file
 from ...models.text_encoder import TextEncoder, TextEncoderConfig
 from ...modules.encoder import EncoderConfig
 from ...modules.variants import AttentionConfig
@@ -103,7 +103,7 @@ def resolve(name_or_path: str | Path) -> Path:
 
 def _is_pretraining_run(path: Path) -> bool:
     try:
-        return "pretrain" in json.loads((path / "config.json").read_text(encoding="utf-8"))
+        return "pretrain" in read_json_file(path / "config.json")
     except (OSError, ValueError, TypeError):
         return False
 
@@ -302,7 +302,11 @@ def load_tokenizer(folder: Path):
     elif (folder / "vocab.txt").exists():
         lower = True
         if (folder / "tokenizer_config.json").exists():
-            lower = json.loads((folder / "tokenizer_config.json").read_text()).get("do_lower_case", True)
+            lower = hf_format.read_json(folder / "tokenizer_config.json", "tokenizer config").get("do_lower_case", True)
+            if not isinstance(lower, bool):
+                raise PretrainedError(
+                    f"{folder / 'tokenizer_config.json'}: do_lower_case is {lower!r}, not true or false"
+                )
         tok = Tokenizer(WordPiece.from_file(str(folder / "vocab.txt"), unk_token="[UNK]"))
         tok.normalizer = normalizers.BertNormalizer(
             clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lower
@@ -467,7 +471,10 @@ def bundle(name: str, folder: Path, model: TextEncoder, hf: dict, ignored: list[
     max_seq = config.max_len
     st = folder / "sentence_bert_config.json"
     if st.exists():
-        max_seq = min(max_seq, json.loads(st.read_text()).get("max_seq_length", max_seq))
+        limit = hf_format.read_json(st, "sentence-transformers config").get("max_seq_length", max_seq)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise PretrainedError(f"{st}: max_seq_length is {limit!r}, not a positive integer")
+        max_seq = min(max_seq, limit)
     return Pretrained(name, folder, model.to(device).eval(), tokenizer, hf, max_seq, ignored)
 
 

@@ -20,10 +20,10 @@ from torch import Tensor
 
 from ..errors import LMError
 from ..state import Lazy
-from . import Read
+from . import Read, gguf_layout as layout
+from .gguf_layout import scan
 
-MAGIC = b"GGUF"
-MAX_COUNT = 1 << 20  # tensors or metadata entries a header may declare
+MAGIC = layout.MAGIC
 _LAYER = {  # GGUF suffix under blk.{i}. -> HF suffix under model.layers.{i}.
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -67,50 +67,141 @@ PRE_TOKENIZERS = {  # name -> (split digits one by one first, regex)
 
 
 def check_header(path: Path) -> None:
-    """The fixed header (magic, version, counts) before the reader maps anything: a clear message for a file that
-    is not GGUF, is truncated, or declares absurd counts."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(24)
-    except OSError as exc:
-        raise LMError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(head) < 24 or head[:4] != MAGIC:
-        raise LMError(
-            f"{path} is not a GGUF file (it does not start with the GGUF magic and header); pass a .gguf "
-            "file, an HF model folder, or a short name"
-        )
-    version, tensors, entries = struct.unpack("<IQQ", head[4:24])
-    if version not in (2, 3):
-        raise LMError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
-    if tensors > MAX_COUNT or entries > MAX_COUNT or tensors * 24 + entries * 16 > size:
-        raise LMError(
-            f"{path}: the header declares {tensors:,} tensors and {entries:,} metadata entries, more than "
-            f"a {size:,}-byte file can hold; the file is truncated or corrupt"
-        )
+    """The file's layout (header, metadata, tensor index, data section) checked before the ``gguf`` package reads
+    it: :func:`multihead.pretrained.formats.gguf_layout.scan`."""
+    scan(path)
+
+
+# what each metadata entry multihead reads must hold (keys under the architecture's prefix without it)
+_KINDS = {
+    "block_count": "int",
+    "embedding_length": "int",
+    "feed_forward_length": "int",
+    "context_length": "int",
+    "vocab_size": "int",
+    "attention.head_count": "int",
+    "attention.head_count_kv": "int",
+    "attention.key_length": "int",
+    "attention.value_length": "int",
+    "attention.sliding_window": "int",
+    "rope.dimension_count": "int",
+    "rope.scaling.original_context_length": "int",
+    "attention.layer_norm_rms_epsilon": "float",
+    "rope.freq_base": "float",
+    "rope.scaling.factor": "float",
+    "rope.scaling.type": "str",
+    "general.architecture": "str",
+    "tokenizer.ggml.model": "str",
+    "tokenizer.ggml.pre": "str",
+    "tokenizer.chat_template": "str",
+    "tokenizer.ggml.tokens": "str[]",
+    "tokenizer.ggml.merges": "str[]",
+    "tokenizer.ggml.token_type": "int[]",
+    "tokenizer.ggml.scores": "float[]",
+    "tokenizer.ggml.bos_token_id": "int",
+    "tokenizer.ggml.eos_token_id": "int",
+    "tokenizer.ggml.padding_token_id": "int",
+    "tokenizer.ggml.unknown_token_id": "int",
+    "tokenizer.ggml.add_bos_token": "bool",
+    "tokenizer.ggml.add_space_prefix": "bool",
+}
+_KIND_WORDS = {
+    "int": "an integer",
+    "float": "a number",
+    "str": "a string",
+    "bool": "a boolean",
+    "str[]": "an array of strings",
+    "int[]": "an array of integers",
+    "float[]": "an array of numbers",
+}
+
+
+def _holds(f: layout.Field, kind: str) -> bool:
+    if kind == "int":
+        return f.vtype in layout.INTEGERS
+    if kind == "float":
+        return f.vtype in layout.FLOATS | layout.INTEGERS
+    if kind == "str":
+        return f.vtype == layout.STRING
+    if kind == "bool":
+        return f.vtype == 7
+    items = {"str[]": {layout.STRING}, "int[]": layout.INTEGERS, "float[]": layout.FLOATS | layout.INTEGERS}[kind]
+    return f.vtype == layout.ARRAY and (f.count == 0 or f.item in items)
+
+
+def _kind(key: str) -> str | None:
+    if key in _KINDS:
+        return _KINDS[key]
+    return _KINDS.get(key.split(".", 1)[1]) if "." in key and not key.startswith("tokenizer.") else None
+
+
+# tensor types: norms are F32 (llama.cpp's converter never quantises a 1-D tensor); every other weight is a float type
+# or a quantisation type the gguf package dequantises (integer types hold no weights)
+_FLOAT_TYPES = {"F32", "F16", "BF16"}
+
+
+def _allowed_types() -> set[str]:
+    from gguf import quants
+
+    return _FLOAT_TYPES | {t.name for t in quants._type_traits}
 
 
 class GGUFFile:
-    """A GGUF file's metadata and tensor index (memory-mapped; tensors are read when asked for)."""
+    """A GGUF file's metadata and tensor index (memory-mapped; tensors are read when asked for). The layout is
+    checked first (:mod:`.gguf_layout`); metadata is typed on access; each tensor's type is checked for its role."""
 
     def __init__(self, path: str | Path) -> None:
         import gguf
 
         self.path = Path(path)
-        check_header(self.path)
+        self.layout = scan(self.path)
         try:
             self.reader = gguf.GGUFReader(self.path)
-        except (ValueError, IndexError, KeyError, TypeError, OverflowError, struct.error, OSError) as exc:
+        except (
+            ValueError,
+            IndexError,
+            KeyError,
+            TypeError,
+            OverflowError,
+            RecursionError,
+            struct.error,
+            OSError,
+        ) as exc:
             raise LMError(
                 f"{self.path} could not be read as GGUF ({type(exc).__name__}: {str(exc)[:160]}); the file "
                 "is truncated or corrupt: download or convert it again"
             ) from None
         self.tensors = {t.name: t for t in self.reader.tensors}
+        self._check_types()
+
+    def _check_types(self) -> None:
+        allowed = _allowed_types()
+        for name, t in self.tensors.items():
+            kind = t.tensor_type.name
+            if name.endswith("norm.weight") and kind != "F32":
+                raise LMError(
+                    f"{self.path}: tensor {name!r} is stored as {kind}; norm weights are F32 in every GGUF file "
+                    "llama.cpp writes: the file was altered or converted wrongly, convert it again"
+                )
+            if kind not in allowed:
+                raise LMError(
+                    f"{self.path}: tensor {name!r} is stored as {kind}, which holds no weights; weights are F32, F16, "
+                    "BF16 or a quantisation type (Q4_0, Q8_0, Q4_K, ...): the file is corrupt, convert it again"
+                )
 
     def get(self, key: str, default=None):
+        """The value of metadata ``key`` (``default`` when absent), refused when it is not of the type multihead
+        reads there (a string epsilon, an integer chat template, integers for tokens)."""
         field = self.reader.fields.get(key)
         if field is None:
             return default
+        kind, entry = _kind(key), self.layout.fields.get(key)
+        if kind is not None and entry is not None and not _holds(entry, kind):
+            raise LMError(
+                f"{self.path}: metadata {key} is {layout.type_name(entry.vtype, entry.item)} but must be "
+                f"{_KIND_WORDS[kind]}; the file is corrupt or was written by a converter multihead does not know: "
+                "convert it again with llama.cpp's convert_hf_to_gguf.py"
+            )
         try:
             return field.contents()
         except (ValueError, IndexError, UnicodeDecodeError) as exc:
@@ -131,7 +222,7 @@ class GGUFFile:
         t = self.tensors[name]
         try:
             array = quants.dequantize(t.data, t.tensor_type)
-        except (NotImplementedError, ValueError, quants.QuantError) as exc:
+        except (NotImplementedError, ValueError, TypeError, quants.QuantError) as exc:
             raise LMError(
                 f"{self.path}: tensor {name!r} of type {t.tensor_type.name} cannot be dequantised ({exc})"
             ) from None
@@ -346,9 +437,14 @@ def tokenizer(g: GGUFFile):
             "model's training"
         )
     digits, regex = PRE_TOKENIZERS[pre]
-    vocab = {t: i for i, t in enumerate(tokens)}
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
-    tok = Tokenizer(BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+    vocab = _vocabulary(g, tokens)
+    pairs = _merges(g, merges, vocab)
+    try:
+        tok = Tokenizer(BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+    except Exception as exc:  # noqa: BLE001  (the tokenizers library raises plain Exception)
+        raise LMError(
+            f"{g.path}: the vocabulary and merges do not make a tokenizer ({exc}); the file is corrupt"
+        ) from None
     steps = [pre_tokenizers.Digits(individual_digits=True)] if digits else []
     steps += [
         pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
@@ -356,7 +452,7 @@ def tokenizer(g: GGUFFile):
     ]
     tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
     tok.decoder = decoders.ByteLevel()
-    types = g.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    types = _token_types(g, len(tokens))
     tok.add_special_tokens(
         [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k in (3, 4)]
     )  # control and user-defined tokens stay whole
@@ -366,6 +462,50 @@ def tokenizer(g: GGUFFile):
             single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A $B", special_tokens=[(tokens[bos], bos)]
         )
     return tok
+
+
+def _vocabulary(g: GGUFFile, tokens: list[str]) -> dict[str, int]:
+    """Token -> id; a token listed twice is refused (the tokenizer would give one of its ids and never the other)."""
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        if t in vocab:
+            raise LMError(
+                f"{g.path}: token {t[:40]!r} is listed twice in tokenizer.ggml.tokens (ids {vocab[t]} and {i}); "
+                "the vocabulary is corrupt: convert the model again"
+            )
+        vocab[t] = i
+    return vocab
+
+
+def _merges(g: GGUFFile, merges: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """Each merge ``"a b"`` as ``(a, b)``; both parts and their join must be tokens of the vocabulary."""
+    pairs = []
+    for i, m in enumerate(merges):
+        parts = m.split(" ")
+        if len(parts) != 2 or not all(parts):
+            raise LMError(
+                f"{g.path}: merge {i} of tokenizer.ggml.merges is {m[:40]!r}, not two tokens separated by one "
+                "space; the tokenizer is corrupt: convert the model again"
+            )
+        for t in (*parts, parts[0] + parts[1]):
+            if t not in vocab:
+                raise LMError(
+                    f"{g.path}: merge {i} ({m[:40]!r}) uses {t[:40]!r}, which is not in tokenizer.ggml.tokens; the "
+                    "tokenizer is corrupt: convert the model again"
+                )
+        pairs.append((parts[0], parts[1]))
+    return pairs
+
+
+def _token_types(g: GGUFFile, n: int) -> list[int]:
+    types = g.get("tokenizer.ggml.token_type")
+    if types is None:
+        return [1] * n
+    if len(types) != n:
+        raise LMError(
+            f"{g.path}: tokenizer.ggml.token_type has {len(types):,} entries for {n:,} tokens; the file is corrupt"
+        )
+    return types
 
 
 def _sentencepiece(g: GGUFFile):
@@ -379,6 +519,7 @@ def _sentencepiece(g: GGUFFile):
     tokens, scores = g.get("tokenizer.ggml.tokens"), g.get("tokenizer.ggml.scores")
     if not tokens or scores is None or len(scores) != len(tokens):
         raise LMError(f"{g.path}: the GGUF metadata lacks tokenizer.ggml.tokens or .scores (or they differ in length)")
+    _vocabulary(g, tokens)
     vocab = []
     for t, score in zip(tokens, scores):
         if t == "<0x09>":
@@ -396,7 +537,7 @@ def _sentencepiece(g: GGUFFile):
         tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
         steps.append(decoders.Strip(content=" ", left=1))
     tok.decoder = decoders.Sequence(steps)
-    types = g.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    types = _token_types(g, len(tokens))
     # control tokens (<bos>, <start_of_turn>, ...) and non-blank user-defined ones stay whole, under their own ids
     tok.add_special_tokens(
         [

@@ -11,7 +11,6 @@ copied. Many BERT and GPT-2 folders exist only in this format, which is why it i
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -27,21 +26,18 @@ def claims(path: Path) -> bool:
 
 
 def read_json(path: Path, what: str = "config") -> dict:
-    """A JSON object from ``path``; a missing, huge, invalid or non-object file is refused with the reason."""
+    """A JSON object from ``path``; a missing, huge, invalid, deeply nested or non-object file is refused with the
+    reason (:func:`multihead._io.read_json_file`)."""
+    from ..._io import JSONFileError, read_json_file
+
+    if not path.exists():
+        raise SourceError(f"{path.parent} has no {path.name}; an HF model folder needs config.json and its weights")
     try:
-        size = path.stat().st_size
-    except OSError:
-        raise SourceError(
-            f"{path.parent} has no {path.name}; an HF model folder needs config.json and its weights"
-        ) from None
-    if size > MAX_CONFIG_BYTES:
-        raise SourceError(f"{path} is {size:,} bytes; an HF {what} is a few kilobytes: the file is not one")
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise SourceError(f"{path} is not valid JSON ({exc}); the folder's {what} is corrupt") from None
-    except RecursionError:
-        raise SourceError(f"{path} nests deeper than any HF {what}; the file is not one") from None
+        value = read_json_file(path, max_bytes=MAX_CONFIG_BYTES)
+    except JSONFileError as exc:
+        raise SourceError(f"{exc}; the folder's {what} is corrupt: it is not an HF {what}") from None
+    except OSError as exc:
+        raise SourceError(f"cannot read {path}: {exc.strerror or exc}") from None
     if not isinstance(value, dict):
         raise SourceError(f"{path} holds a JSON {type(value).__name__}, not an object; it is not an HF {what}")
     return value
