@@ -54,7 +54,9 @@ def read_json_file(path: str | Path, *, max_bytes: int = MAX_JSON_BYTES, max_dep
     try:
         size = path.stat().st_size
         if size > max_bytes:
-            raise JSONFileError(f"{path} is {size:,} bytes; such a file is a few kilobytes (at most {max_bytes:,} are read)")
+            raise JSONFileError(
+                f"{path} is {size:,} bytes; such a file is a few kilobytes (at most {max_bytes:,} are read)"
+            )
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise JSONFileError(f"{path} is not UTF-8 text") from None

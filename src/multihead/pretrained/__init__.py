@@ -55,8 +55,6 @@ class Identified:
     why: str = ""
 
 
-
-
 def identify(source: str | Path) -> Identified | None:
     """The format and family of a short name, file or folder (None: nothing here is a foreign model; a missing
     package of a short name raises with the install line)."""

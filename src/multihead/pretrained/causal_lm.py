@@ -218,7 +218,16 @@ def load(
             family_of(hf).config(hf, backend=backend)
         read = fmt.read(path)
         family = family_of(read.config)
-        config = family.config(read.config, backend=backend)
+        try:
+            config = family.config(read.config, backend=backend)
+        except LMError as exc:
+            if fmt.name != "gguf":
+                raise
+            raise LMError(  # the config came from the file's metadata, not a config.json: name the file
+                f"{path}: its metadata describes a model multihead cannot build "
+                f"({str(exc).replace('config.json: ', '').replace('config.json ', '')}); the file is corrupt or "
+                "the model is not one multihead reads"
+            ) from None
         if fmt.name == "gguf":  # the tokenizer is checked against the config before any weight is read
             tok_info = _gguf_tokenizer(read.meta["gguf"], path, config.vocab_size)
         else:

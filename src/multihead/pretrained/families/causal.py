@@ -120,8 +120,6 @@ def llama_config(hf: dict, *, backend: str = "auto") -> CausalLMConfig:
         raise LMError(
             f"config.json: hidden_act {act!r} is not supported for a gated MLP; supported: {sorted(_LLAMA_ACT)}"
         )
-    if _float(hf, "partial_rotary_factor", 1.0) != 1.0:
-        raise LMError("config.json: partial_rotary_factor != 1 (rotary on part of each head) is not supported")
     if hf.get("pretraining_tp", 1) not in (1, None):
         raise LMError(
             "config.json: pretraining_tp > 1 (tensor-parallel slices of the MLP) is not supported; "
@@ -162,16 +160,19 @@ def llama_config(hf: dict, *, backend: str = "auto") -> CausalLMConfig:
     )
     pad = hf.get("pad_token_id")
     pad = hf.get("eos_token_id") if not isinstance(pad, int) else pad
-    return _checked(
+    config = _checked(
         lambda: CausalLMConfig(
             vocab_size=_int(hf, "vocab_size"),
             max_len=max_len,
             positional="rope",
             pad_id=pad if isinstance(pad, int) and pad >= 0 else 0,
-            tie_embeddings=_bool(hf, "tie_word_embeddings", False),
+            tie_embeddings=_bool(hf, "tie_word_embeddings", False),  # HF default: untied
             decoder=decoder,
         )
-    )  # HF default: untied
+    )
+    if _float(hf, "partial_rotary_factor", 1.0) != 1.0:  # after the sizes: a huge width is named as such
+        raise LMError("config.json: partial_rotary_factor != 1 (rotary on part of each head) is not supported")
+    return config
 
 
 def _layer_names(config: CausalLMConfig, layer: list[tuple[str, str]]) -> dict[str, str]:

@@ -253,8 +253,6 @@ def hf_config(g: GGUFFile) -> dict:
         if not isinstance(v, int) or v < 1:
             raise LMError(f"{g.path}: llama.{k}={v!r}; it must be a positive integer")
     rope_dims = g.get("llama.rope.dimension_count", e // heads)
-    if rope_dims != e // heads:
-        raise LMError(f"{g.path}: rotary on {rope_dims} of {e // heads} head dimensions is not supported")
     if "rope_freqs.weight" in g.tensors:
         raise LMError(f"{g.path}: per-frequency rope factors (rope_freqs, Llama 3.1 style) are not supported yet")
     tokens = g.get("tokenizer.ggml.tokens")
@@ -271,6 +269,7 @@ def hf_config(g: GGUFFile) -> dict:
         "vocab_size": g.get("llama.vocab_size", len(tokens) if tokens else None),
         "tie_word_embeddings": "output.weight" not in g.tensors,
         "hidden_act": "silu",
+        "partial_rotary_factor": rope_dims / (e // heads) if e >= heads else 1.0,  # refused by the family unless 1
         "bos_token_id": g.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": g.get("tokenizer.ggml.eos_token_id"),
         "pad_token_id": g.get("tokenizer.ggml.padding_token_id"),

@@ -275,8 +275,7 @@ def _check_data(cur: _Cursor, layout: Layout) -> None:
     room = layout.size - layout.data_start
     if room < 0:
         raise cur.fail(f"the data section would start at byte {layout.data_start:,}, past the end of the file")
-    end = 0
-    for t in sorted(layout.tensors, key=lambda t: t.offset):
+    for t in layout.tensors:
         if t.offset % layout.alignment:
             raise cur.fail(
                 f"tensor {t.name!r} starts at offset {t.offset:,}, not a multiple of the file's alignment "
@@ -287,6 +286,8 @@ def _check_data(cur: _Cursor, layout: Layout) -> None:
                 f"tensor {t.name!r} spans bytes {t.offset:,} to {t.offset + t.nbytes:,} of a data section of "
                 f"{room:,} bytes"
             )
+    end = 0
+    for t in sorted(layout.tensors, key=lambda t: t.offset):
         if t.offset < end:
             raise cur.fail(
                 f"tensor {t.name!r} starts at offset {t.offset:,}, inside the tensor before it (which ends at {end:,})"
