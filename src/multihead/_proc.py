@@ -15,9 +15,23 @@ def status_kib(field: str) -> int:
         return 0
 
 
+def max_threads() -> int:
+    """The most CPU threads a command may ask for: four per CPU. More only slow PyTorch's kernels down, and
+    thousands exhaust the memory their stacks reserve."""
+    import os
+
+    return 4 * (os.cpu_count() or 1)
+
+
 def set_threads(n: int | None) -> None:
-    """Use ``n`` CPU threads for PyTorch's kernels (``--threads``); None leaves PyTorch's choice."""
+    """Use ``n`` CPU threads for PyTorch's kernels (``--threads``); None leaves PyTorch's choice. More than
+    :func:`max_threads` is refused (``ValueError``) before any thread is made."""
     if n:
         import torch
 
+        if n > max_threads():
+            raise ValueError(
+                f"{n} threads asked for, on a machine with {max_threads() // 4} CPUs; more than {max_threads()} only "
+                f"slow it down (and thousands exhaust memory): pass --threads {max_threads() // 4} or fewer"
+            )
         torch.set_num_threads(n)

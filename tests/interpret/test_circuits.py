@@ -125,3 +125,26 @@ def test_circuit_command_names_what_a_model_lacks(tmp_path, capsys):
     assert main(["circuit", "ioi", gguf, "--out", str(tmp_path / "b"), "--no-progress"]) == 2
     assert "of the names are one token" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_circuit_never_replaces_a_folder_holding_the_users_files_or_the_current_directory(
+    tmp_path, capsys, monkeypatch
+):
+    gguf = str(write_gguf(hf_model("llama", rope_scaling=None), tmp_path / "tiny.gguf"))
+    earlier = tmp_path / "circuit"
+    earlier.mkdir()
+    (earlier / "circuit.json").write_text("{}")
+    (earlier / "circuit.png").write_bytes(b"png")
+    (earlier / "notes.txt").write_text("my notes")
+    argv = ["circuit", "induction", gguf, "--no-progress", "--half", "8", "--sequences", "1"]
+    for extra in ([], ["--overwrite"]):
+        assert main([*argv, "--out", str(earlier), *extra]) == 2
+        err = capsys.readouterr().err
+        assert "notes.txt, which multihead did not write" in err and "internal error" not in err
+    (earlier / "notes.txt").unlink()
+    monkeypatch.chdir(earlier)  # --out . inside an earlier circuit folder: the current directory is never replaced
+    for extra in ([], ["--overwrite"]):
+        assert main([*argv, "--out", ".", *extra]) == 2
+        assert "is the current directory" in capsys.readouterr().err
+    assert sorted(p.name for p in earlier.iterdir()) == ["circuit.json", "circuit.png"]
+    assert (earlier / "circuit.json").read_text() == "{}"

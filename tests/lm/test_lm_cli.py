@@ -132,3 +132,30 @@ def test_show_writes_the_page_for_a_long_input_in_links_mode(gguf_model, tmp_pat
         assert page.locator("#current").inner_text() == "layer 0, 4 heads"
         browser.close()
     assert problems == []
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["attribute", "MODEL", "", "--answer", "the"], None),  # None: refused only where the text gives no token
+        (["attribute", "MODEL", "hello " * 17000, "--answer", "the"], "the model reads at most"),
+        (["generate", "MODEL", "hello " * 17000], "exceeds the model's"),
+        (["generate", "MODEL", "hi", "--max-new", str(10**20)], "exceeds the model's"),
+        (["generate", "MODEL", "hi", "--threads", str(10**6)], "four per CPU at most"),
+    ],
+)
+@pytest.mark.parametrize("source", ["gguf", "hf"])
+def test_prompts_and_options_out_of_range_are_refused(gguf_model, gpt2_folder, capsys, argv, message, source):
+    model = gguf_model if source == "gguf" else gpt2_folder
+    argv = [model if a == "MODEL" else a for a in argv]
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # refused by the argument parser
+        code = exc.code
+    err = capsys.readouterr().err
+    assert "internal error" not in err and "Traceback" not in err
+    if message is None:  # the GGUF model adds a start token, so "" is a prompt; GPT-2's folder adds none
+        assert code == (0 if source == "gguf" else 2)
+        assert source == "gguf" or "encodes to no tokens" in err
+    else:
+        assert code == 2 and message in err, err

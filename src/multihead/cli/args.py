@@ -35,6 +35,13 @@ def _number(kind: type, lo: float, hi: float, what: str):
 _count = _number(int, 1, float("inf"), "a positive integer")  # batch sizes, thread counts, N, epochs
 
 
+def _threads(text: str) -> int:
+    """``--threads``: a positive integer, at most four per CPU (:func:`multihead._proc.max_threads`)."""
+    from .._proc import max_threads
+
+    return _number(int, 1, max_threads(), f"a thread count in [1, {max_threads()}] (four per CPU at most)")(text)
+
+
 _nonneg = _number(int, 0, float("inf"), "an integer >= 0")  # counts where 0 means none / all
 
 

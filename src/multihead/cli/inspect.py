@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..interpret.maps import concatenated, lift_max_len
-from .args import _count, _fraction, _head_list, _nonneg, _seconds
+from .args import _count, _threads, _fraction, _head_list, _nonneg, _seconds
 
 
 def cmd_show(args) -> int:
@@ -537,7 +537,7 @@ def _parser_prune(sub) -> None:
         help="also time a model pruned to this fraction (e.g. 0.5), from the curve",
     )
     pu.add_argument("--min-time", type=_seconds, default=3.0, help="seconds of timing per model")
-    pu.add_argument("--threads", type=_count, default=None)
+    pu.add_argument("--threads", type=_threads, default=None)
     pu.add_argument(
         "--fractions",
         type=_fraction,

@@ -28,7 +28,7 @@ def _load(source: str):
                 )
             return ids[0]
 
-        return p.model, lambda text: p.encode(text), one, p.token_texts
+        return p.model, _checked(p.encode, p.model.config.max_len), one, p.token_texts
     from ..data.tokenizer import SEP
     from ..train.pretrain import load_pretrain_run
 
@@ -46,7 +46,24 @@ def _load(source: str):
             raise ValueError(f"{text!r} is {len(ids)} tokens for this model; the answer must be one token")
         return ids[0]
 
-    return run.model, encode, one_run, lambda ids: [tok.id_to_token(int(i)) or "?" for i in ids]
+    texts = lambda ids: [tok.id_to_token(int(i)) or "?" for i in ids]  # noqa: E731
+    return run.model, _checked(encode, run.config.causal.max_len), one_run, texts
+
+
+def _checked(encode, limit: int):
+    """``encode`` refusing a text that gives no tokens (nothing to predict from) or more than the model's positions."""
+
+    def run(text: str) -> list[int]:
+        ids = encode(text)
+        if not ids:
+            raise ValueError(
+                f"the text {text!r} encodes to no tokens and the model adds no start token: pass some text to predict from"
+            )
+        if len(ids) > limit:
+            raise ValueError(f"the text is {len(ids):,} tokens and the model reads at most {limit:,}: shorten it")
+        return ids
+
+    return run
 
 
 def _pairs(args) -> list[dict]:

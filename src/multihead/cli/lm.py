@@ -9,13 +9,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .args import _count, _nonneg, _number
+from .args import _count, _threads, _nonneg, _number
 
 
 def _is_lm(source: str, verb: str) -> bool:
-    """Whether ``source`` is a pretrained LM. A run folder (even a damaged one) goes to the pretraining run's loader,
-    whose messages name what a run folder needs; anything else that is not an LM is refused with the source
-    registry's message (a near-miss short name, a corrupt config, a model of another kind)."""
+    """Whether ``source`` is a pretrained LM. A model file or folder that is not one, and a name that is no short
+    name, are refused with the source registry's message (a near-miss short name, a corrupt config, a model of
+    another kind); anything else (run folders, even damaged ones, and other folders) goes to the pretraining run's
+    loader, whose messages name what a run folder needs."""
     from ..loading import is_run, route
     from ..pretrained import FAMILIES, SourceError, names
 
@@ -25,9 +26,12 @@ def _is_lm(source: str, verb: str) -> bool:
     try:
         return route(source, verb) == "lm"
     except SourceError:
-        if is_run(source):
-            return False
-        raise
+        path = Path(source)
+        a_name = not path.exists() and "/" not in str(source)  # a short name, perhaps misspelt ("smol")
+        a_model = path.is_file() or (path / "config.json").is_file()  # a model file or folder it cannot read
+        if not is_run(source) and (a_name or a_model):
+            raise
+        return False
 
 
 def _decoding(args, stop_tokens) -> dict:
@@ -420,7 +424,7 @@ def _parser_generate(sub) -> None:
         help="nucleus sampling: the smallest set reaching p",
     )
     ge.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
-    ge.add_argument("--threads", type=_count, default=None, help="torch threads")
+    ge.add_argument("--threads", type=_threads, default=None, help="torch threads")
     ge.add_argument("--no-stream", dest="stream", action="store_false", help="print the text once, at the end")
     ge.set_defaults(fn=cmd_generate)
 
@@ -441,7 +445,7 @@ def _parser_sinks(sub) -> None:
     sk.add_argument("--sinks", type=_nonneg, default=4, help="first tokens kept by the sinks cache (paper: 4)")
     sk.add_argument("--band", type=_count, default=None, help="positions per perplexity band (default half a row)")
     sk.add_argument("--texts", type=_count, default=8, help="held-out streams averaged")
-    sk.add_argument("--threads", type=_count, default=None)
+    sk.add_argument("--threads", type=_threads, default=None)
     sk.add_argument("--out", default=None, help="write sinks.json and sinks.png here")
     sk.add_argument("--overwrite", action="store_true")
     sk.set_defaults(fn=cmd_sinks)
@@ -479,7 +483,7 @@ def _parser_induction(sub) -> None:
     )
     ind.add_argument("--batch", type=_count, default=8, help="--model: repeated-token sequences scored")
     ind.add_argument("--ablate", type=_count, default=10, help="--model: top induction heads masked in the check")
-    ind.add_argument("--threads", type=_count, default=None)
+    ind.add_argument("--threads", type=_threads, default=None)
     ind.add_argument("--overwrite", action="store_true")
     ind.add_argument("--no-progress", action="store_true")
     ind.set_defaults(fn=cmd_induction)

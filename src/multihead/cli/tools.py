@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .args import _count, _ints, _seconds, _words
+from .args import _count, _threads, _ints, _seconds, _words
 
 
 def cmd_demo(args) -> int:
@@ -100,7 +100,7 @@ def register(sub) -> None:
     bench.add_argument("--lengths", type=_ints, default=None, help="comma-separated sequence lengths")
     bench.add_argument("--modes", type=_words, default=None, help="forward,train")
     bench.add_argument("--impls", type=_words, default=None, help="comma-separated implementations")
-    bench.add_argument("--threads", type=_count, default=None, help="torch threads (default: what torch picks)")
+    bench.add_argument("--threads", type=_threads, default=None, help="torch threads (default: what torch picks)")
     bench.add_argument("--device", default="cpu", help="cpu | cuda (attention, long, decode, kernels)")
     bench.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16 (attention, long, decode, kernels)")
     bench.add_argument("--min-time", type=_seconds, default=1.0, help="seconds of timed repeats per case")

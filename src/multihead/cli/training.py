@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .args import config_options, run_folder_options, _apply_sets, _count, _ints, _seconds, _set_path
+from .args import config_options, run_folder_options, _apply_sets, _count, _threads, _ints, _seconds, _set_path
 
 
 TRAIN_FLAGS = {  # flag -> (config path, type, help)
@@ -44,7 +44,7 @@ TRAIN_FLAGS = {  # flag -> (config path, type, help)
     ),
     "eval_limit": ("data.eval_limit", int, "at most N examples of validation and of test (default: all of them)"),
     "seed": ("run.seed", int, "training seed"),
-    "threads": ("run.threads", int, "torch threads (default: torch's choice)"),
+    "threads": ("run.threads", _threads, "torch threads (default: torch's choice)"),
     "device": ("run.device", str, "auto | cpu | cuda"),
     "save_every": ("run.save_every", int, "steps between resumable checkpoints"),
     "init": (
@@ -131,7 +131,7 @@ PRETRAIN_FLAGS = {  # flag -> (config path, type, help)
     "mask_prob": ("objective.mask_prob", float, "share of tokens selected for prediction (BERT: 0.15)"),
     "limit": ("data.limit", int, "at most N texts read, a seeded sample, before the held-out split (quick runs)"),
     "seed": ("run.seed", int, "seed of the masks, the row order and the initial weights"),
-    "threads": ("run.threads", int, "torch threads (default: torch's choice)"),
+    "threads": ("run.threads", _threads, "torch threads (default: torch's choice)"),
     "save_every": ("run.save_every", int, "steps between resumable checkpoints"),
     "eval_every": ("run.eval_every", int, "steps between validations"),
 }
@@ -328,7 +328,7 @@ def _parser_compare(sub) -> None:
     )
     cp.add_argument("--vocab-size", type=_count, default=None)
     cp.add_argument("--limit", type=_count, default=None, help="use N texts (smoke tests)")
-    cp.add_argument("--threads", type=_count, default=None)
+    cp.add_argument("--threads", type=_threads, default=None)
     cp.add_argument("--out", required=True, help="folder for one run per variant x seed and compare.json/.png")
     cp.add_argument("--overwrite", action="store_true")
     cp.set_defaults(fn=cmd_compare)

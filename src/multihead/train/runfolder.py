@@ -187,7 +187,9 @@ def start_config(out: Path, config, task_cls, *, resume: bool, overwrite: bool, 
         check_target(out, "run", overwrite=overwrite, sources=tuple(task_cls.inputs(config).values()))
         absolute_inputs(config, task_cls)
     if config.run.threads:
-        torch.set_num_threads(config.run.threads)
+        from .._proc import set_threads
+
+        set_threads(config.run.threads)
     else:
         config.run.threads = torch.get_num_threads()
     return config

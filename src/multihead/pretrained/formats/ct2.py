@@ -80,12 +80,19 @@ def read_ct2(path: Path) -> tuple[str, dict[str, np.ndarray]]:
             raise SourceError(
                 f"{path}: {key} declares {nbytes:,} bytes for shape {dims} of {dtype}; the file is damaged"
             )
+        if key in tensors:
+            raise SourceError(f"{path}: tensor {key!r} is stored twice; the file is damaged")
         tensors[key] = np.frombuffer(take(nbytes), dtype=dtype).reshape(dims)
     if pos < len(data):
         for _ in range(u("I")):
             alias, target = string(), string()
-            if target in tensors:
-                tensors[alias] = tensors[target]
+            if target not in tensors or alias in tensors:
+                raise SourceError(
+                    f"{path}: alias {alias!r} -> {target!r} names no tensor, or a name already taken; the file is damaged"
+                )
+            tensors[alias] = tensors[target]
+    if pos != len(data):
+        raise SourceError(f"{path}: {len(data) - pos:,} bytes follow the last entry; the file is damaged")
     return name, tensors
 
 
@@ -97,6 +104,12 @@ def read(path: Path) -> Read:
 
     folder = Path(path)
     spec, arrays = read_ct2(folder / "model.bin")
+    quantised = [k for k, a in arrays.items() if a.ndim >= 1 and a.dtype.kind in "iu" or k.endswith("weight_scale")]
+    if quantised:  # int8 weights are only meaningful with their scales, which a float model does not apply
+        raise SourceError(
+            f"{folder / 'model.bin'} holds quantised weights ({quantised[0]}, ...); multihead reads float32 and "
+            "float16 CTranslate2 models: convert it again with --quantization float16"
+        )
     meta = read_json(folder / "config.json", "CTranslate2 config") if (folder / "config.json").is_file() else {}
     tensors = {
         k: Lazy(tuple(int(d) for d in a.shape), lambda a=a: torch.from_numpy(np.array(a, dtype=np.float32)))

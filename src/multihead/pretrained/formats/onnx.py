@@ -43,6 +43,40 @@ def read_graph(path: Path):
         raise SourceError(f"{path} is not a readable ONNX file ({exc})") from None
 
 
+_FLOATS = {1: 4, 10: 2, 11: 8, 16: 2}  # TensorProto data types read as weights: FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+def _check_initializer(path: Path, t) -> None:
+    """A weight's header against its payload, before it is read: a float type, stored in the file (not external
+    data), as many bytes as its dims say."""
+    what = f"{path}: initializer {t.name!r}"
+    if t.data_type not in _FLOATS:
+        raise SourceError(f"{what} has ONNX data type {t.data_type}, not a float type; it holds no weights")
+    if t.data_location == 1 or t.external_data:
+        raise SourceError(f"{what} is stored in an external file; multihead reads single-file ONNX models only")
+    if any(d < 0 for d in t.dims):
+        raise SourceError(f"{what} has negative dimensions {list(t.dims)}; the file is corrupt")
+    n = math.prod(t.dims)
+    if t.raw_data:
+        if len(t.raw_data) != n * _FLOATS[t.data_type]:
+            raise SourceError(
+                f"{what} holds {len(t.raw_data):,} bytes for dims {list(t.dims)} ({n * _FLOATS[t.data_type]:,} "
+                "expected); the file is corrupt: export it again"
+            )
+    else:
+        stored = (
+            len(t.double_data)
+            if t.data_type == 11
+            else len(t.int32_data)
+            if t.data_type in (10, 16)
+            else len(t.float_data)
+        )
+        if stored != n:
+            raise SourceError(
+                f"{what} holds {stored:,} values for dims {list(t.dims)}; the file is corrupt: export it again"
+            )
+
+
 _NORMS = ("norm1", "norm2", "layernorm", "layernorm_before", "layernorm_after", "LayerNorm")
 
 
@@ -122,6 +156,8 @@ def read(path: Path) -> Read:
 
         return read_one
 
+    for name in {n for n, _ in wanted.values()} | {pos[0], cls_pos[0]}:
+        _check_initializer(path, inits[name])
     tensors = {}
     for hf, (name, transpose) in wanted.items():
         dims = tuple(int(d) for d in inits[name].dims)
