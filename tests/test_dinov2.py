@@ -294,3 +294,67 @@ def test_missing_optional_packages_are_named_not_crashed(tmp_path, monkeypatch, 
         out = tmp_path / "bench.json"
         assert main(["bench", "dinov2", "--out", str(out)]) == 2
         assert "pip install onnxruntime" in capsys.readouterr().err and not out.exists()
+
+
+def _edited(src, dst, edit):
+    """A copy of an ONNX file with ``edit(initializer)`` applied to the [CLS] token's initializer."""
+    import onnx
+
+    m = onnx.load(str(src))
+    cls = max(m.graph.initializer, key=lambda t: tuple(t.dims) == (1, 1, 128) and "cls" in t.name)
+    edit(cls)
+    onnx.save(m, str(dst))
+    return dst
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("short", r"holds 508 bytes for dims \[1, 1, 128\] \(512 expected\)"),
+        ("int", "not a float type"),
+        ("external", "stored in an external file"),
+    ],
+)
+def test_initializers_that_disagree_with_their_headers_are_refused(tmp_path, case, message):
+    _export(tmp_path / "d.onnx")
+
+    def edit(t):
+        if case == "short":
+            t.raw_data = t.raw_data[:-4]
+        elif case == "int":
+            t.data_type = 7  # INT64: as many bytes for half the values
+        else:
+            t.data_location = 1
+            entry = t.external_data.add()
+            entry.key, entry.value = "location", "weights.bin"
+
+    bad = _edited(tmp_path / "d.onnx", tmp_path / "bad.onnx", edit)
+    with pytest.raises(dinov2.Dinov2Error, match=message):
+        dinov2.load(bad)
+
+
+@pytest.mark.timeout(300)
+def test_byte_flips_and_truncations_of_an_onnx_file_never_escape_as_anything_but_a_refusal(tmp_path):
+    """Any byte of the protobuf flipped, or the file cut anywhere: refused with Dinov2Error, or a model that loads
+    and runs (a flipped weight is a different model no reader can tell: ONNX has no checksum)."""
+    import numpy as np
+
+    _export(tmp_path / "d.onnx")
+    raw = (tmp_path / "d.onnx").read_bytes()
+    rng = np.random.default_rng(0)
+    image = torch.randn(1, 3, 70, 70)
+    for n in range(25):
+        bad = bytearray(raw)
+        at = int(rng.integers(0, len(raw)))
+        bad[at] ^= 1 << int(rng.integers(0, 8))
+        (tmp_path / "f.onnx").write_bytes(bytes(bad))
+        try:
+            d = dinov2.load(tmp_path / "f.onnx")
+        except dinov2.Dinov2Error:
+            continue
+        with torch.no_grad():
+            assert d.model(image).shape[0] == 1
+    for cut in sorted(rng.integers(1, len(raw), size=8)):
+        (tmp_path / "c.onnx").write_bytes(raw[:cut])
+        with pytest.raises(dinov2.Dinov2Error):
+            dinov2.load(tmp_path / "c.onnx")

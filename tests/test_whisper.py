@@ -414,3 +414,52 @@ def test_missing_files_peers_and_speech_failures_are_named(tmp_path, monkeypatch
         out = tmp_path / "bench.json"
         assert main(["bench", "whisper", "--out", str(out)]) == 2
         assert "pip install transformers" in capsys.readouterr().err and not out.exists()
+
+
+def _load_or_refuse(folder):
+    """The model's logits on a fixed input, or None when the folder is refused (any other exception fails)."""
+    try:
+        w = whisper.load(folder)
+    except whisper.WhisperError:
+        return None
+    with torch.no_grad():
+        feats = whisper.log_mel(_signal(1.0))
+        return w.model.decode(torch.tensor([[51, 52, 9]]), w.model.encode(feats))
+
+
+@pytest.mark.timeout(300)
+def test_byte_flips_and_truncations_of_a_ctranslate2_file_never_escape_as_anything_but_a_refusal(tmp_path):
+    """A header byte flipped (a name's length, a rank, a dim, a dtype id, a byte count, an alias) or the file cut
+    anywhere: refused with WhisperError, or a model that loads and runs; never another exception, a hang, or a read
+    past the file. (A flipped weight is a different model that no reader can tell: the format has no checksum.)"""
+    write_ct2(_random_hf(), tmp_path / "w")
+    raw = (tmp_path / "w" / "model.bin").read_bytes()
+    rng = np.random.default_rng(0)
+    for n in range(30):
+        bad = bytearray(raw)
+        at = int(rng.integers(0, len(raw)))
+        bad[at] ^= 1 << int(rng.integers(0, 8))
+        (tmp_path / "w" / "model.bin").write_bytes(bytes(bad))
+        out = _load_or_refuse(tmp_path / "w")
+        assert out is None or out.shape == (1, 3, 64)
+    for cut in sorted(rng.integers(1, len(raw), size=10)):
+        (tmp_path / "w" / "model.bin").write_bytes(raw[:cut])
+        assert _load_or_refuse(tmp_path / "w") is None
+
+
+def test_ctranslate2_entries_that_disagree_with_the_file_are_refused(tmp_path):
+    write_ct2(_random_hf(), tmp_path / "w")
+    path = tmp_path / "w" / "model.bin"
+    raw = path.read_bytes()
+    path.write_bytes(raw + b"\0" * 7)  # bytes after the last entry
+    with pytest.raises(whisper.WhisperError, match="7 bytes follow the last entry"):
+        whisper.load(tmp_path / "w")
+    first, second = b"encoder/layer_0/ffn/linear_0/weight\0", b"encoder/layer_0/ffn/linear_1/weight\0"
+    path.write_bytes(raw.replace(second, first))  # the same name twice: one of them would be lost
+    with pytest.raises(whisper.WhisperError, match="is stored twice"):
+        whisper.load(tmp_path / "w")
+    alias = b"decoder/projection/weight\0"
+    target = b"decoder/embeddings/wXight\0"  # the alias's target, misspelt (same length)
+    path.write_bytes(raw[: raw.rindex(alias) + len(alias)] + struct.pack("<H", len(target)) + target)
+    with pytest.raises(whisper.WhisperError, match="names no tensor"):
+        whisper.load(tmp_path / "w")
