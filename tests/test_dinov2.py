@@ -343,7 +343,7 @@ def test_byte_flips_and_truncations_of_an_onnx_file_never_escape_as_anything_but
     raw = (tmp_path / "d.onnx").read_bytes()
     rng = np.random.default_rng(0)
     image = torch.randn(1, 3, 70, 70)
-    for n in range(25):
+    for _ in range(25):
         bad = bytearray(raw)
         at = int(rng.integers(0, len(raw)))
         bad[at] ^= 1 << int(rng.integers(0, 8))

@@ -435,7 +435,7 @@ def test_byte_flips_and_truncations_of_a_ctranslate2_file_never_escape_as_anythi
     write_ct2(_random_hf(), tmp_path / "w")
     raw = (tmp_path / "w" / "model.bin").read_bytes()
     rng = np.random.default_rng(0)
-    for n in range(30):
+    for _ in range(30):
         bad = bytearray(raw)
         at = int(rng.integers(0, len(raw)))
         bad[at] ^= 1 << int(rng.integers(0, 8))
