@@ -225,6 +225,12 @@ def test_hostile_audio(tmp_path):
     _wav(tmp_path / "long.wav", np.zeros(16), 16000, frames=16000 * 60 * 60 * 10)  # the header says 10 hours
     with pytest.raises(ValueError, match="audio up to an hour is read"):
         whisper.read_wav(tmp_path / "long.wav")
+    _wav(tmp_path / "cut.wav", np.zeros(16), 16000, frames=16000)  # a second declared, 16 samples present
+    with pytest.raises(ValueError, match="declares 16,000 frames, more than the 76-byte file holds"):
+        whisper.read_wav(tmp_path / "cut.wav")
+    raw = (tmp_path / "22k.wav").read_bytes()
+    (tmp_path / "odd.wav").write_bytes(raw[:-3])  # a partial last frame: whole frames are read
+    assert whisper.read_wav(tmp_path / "odd.wav").shape[0] in (15999, 16000)
 
 
 def speak(text: str, path, *, rate: int = 160) -> None:

@@ -512,9 +512,15 @@ def read_wav(path: str | Path) -> np.ndarray:
                 )
             if frames > rate * 60 * 60:
                 raise ValueError(f"{path} holds {frames / rate / 60:.0f} minutes; audio up to an hour is read")
+            if frames * channels * width > path.stat().st_size:
+                raise ValueError(
+                    f"{path}: the header declares {frames:,} frames, more than the {path.stat().st_size:,}-byte file "
+                    "holds; the file is truncated or corrupt: export it again"
+                )
             raw = w.readframes(frames)
     except (wave.Error, EOFError) as exc:
         raise ValueError(f"{path} is not a PCM WAV file ({exc}); convert it to 16-bit PCM WAV") from None
+    raw = raw[: len(raw) // (channels * width) * channels * width]  # whole frames only
     dtype = {1: np.uint8, 2: np.int16, 4: np.int32}[width]
     x = np.frombuffer(raw, dtype=dtype).astype(np.float32)
     x = (x - 128.0) / 128.0 if width == 1 else x / float(2 ** (8 * width - 1))
