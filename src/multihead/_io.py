@@ -168,6 +168,7 @@ def folder_kind(path: str | Path) -> str:
         ("show", "attention.html"),
         ("show", "cross.html"),
         ("show", "image.json"),
+        ("show", "explain.html"),
         ("heads", "heads.json"),
         ("sweep", "sweep.json"),
         ("induction", "induction.json"),

@@ -26,6 +26,7 @@ LM_READ = 512  # tokens a causal LM reads by default in show/heads (--max-len li
 
 _ENCODER_ONLY = "it is an encoder, not a causal LM: generation and caches take smollm2, a .gguf file or an HF LM folder"
 _TEXT_VERBS = (
+    "explain",
     "generate",
     "sinks",
     "induction",

@@ -463,6 +463,53 @@ def _parser_show(sub) -> None:
     sh.set_defaults(fn=cmd_show)
 
 
+def cmd_explain(args) -> int:
+    """``multihead explain TEXT``: the tutorial's steps on a real model's layer, one offline page."""
+    from .._io import Publish, atomic_write_json, check_target
+    from ..interpret import load_subject
+    from ..interpret.explain import explain, write_explain_page
+    from ..loading import route
+
+    check_target(args.out, "show", overwrite=args.overwrite, sources=(args.model,))
+    route(args.model, "explain")  # a model that reads no text says so
+    if not args.text.strip():
+        raise ValueError('pass a text to walk through, e.g. "The cat sat on the mat."')
+    data = explain(load_subject(args.model), args.text, layer=args.layer, head=args.head)
+    with Publish(Path(args.out), "show", overwrite=args.overwrite, sources=(args.model,)) as folder:
+        write_explain_page(data, folder / "explain.html")
+        atomic_write_json(
+            folder / "explain.json", {k: data[k] for k in ("model", "text", "tokens", "layer", "head", "why", "checks")}
+        )
+    print(
+        f"{data['model']}, layer {data['layer']} head {data['head']} ({data['why']}): {len(data['tokens'])} tokens, "
+        f"d_model {data['d_model']}, d_k {data['d_k']}; the page's arithmetic matches the model within "
+        f"{max(data['checks'].values()):.1e}"
+    )
+    print(f"wrote {Path(args.out) / 'explain.html'}: open it in a browser")
+    return 0
+
+
+def _parser_explain(sub) -> None:
+    ex = sub.add_parser(
+        "explain",
+        help="the tutorial's steps (X, Q/K/V, QK^T, scaling, mask, softmax, weights x V, concat, W^O) with a real "
+        "model's numbers, as one offline page",
+    )
+    ex.add_argument("text", help='the text, e.g. "The cat sat on the mat."')
+    ex.add_argument(
+        "--model",
+        default="minilm",
+        help="minilm (default), a BERT-family folder, a classifier run, or a pretrained LM (smollm2, .gguf, HF folder)",
+    )
+    ex.add_argument(
+        "--layer", type=_nonneg, default=None, help="attention layer (default: the determiner -> noun head's)"
+    )
+    ex.add_argument("--head", type=_nonneg, default=None, help="head (default: the determiner -> noun head)")
+    ex.add_argument("--out", required=True, help="folder for explain.html")
+    ex.add_argument("--overwrite", action="store_true", help="replace an earlier page at --out")
+    ex.set_defaults(fn=cmd_explain)
+
+
 def _parser_heads(sub) -> None:
     hd = sub.add_parser("heads", help="per-head statistics and role labels over a corpus sample")
     hd.add_argument(
@@ -553,6 +600,7 @@ def _parser_prune(sub) -> None:
 def register(sub) -> None:
     """This module's subcommands, each declared beside its handler."""
     _parser_show(sub)
+    _parser_explain(sub)
     _parser_heads(sub)
     _parser_importance(sub)
     _parser_prune(sub)

@@ -44,7 +44,7 @@ TRAIN_FLAGS = {  # flag -> (config path, type, help)
     ),
     "eval_limit": ("data.eval_limit", int, "at most N examples of validation and of test (default: all of them)"),
     "seed": ("run.seed", int, "training seed"),
-    "threads": ("run.threads", _threads, "torch threads (default: torch's choice)"),
+    "threads": ("run.threads", int, "torch threads (default: torch's choice)"),
     "device": ("run.device", str, "auto | cpu | cuda"),
     "save_every": ("run.save_every", int, "steps between resumable checkpoints"),
     "init": (
@@ -131,7 +131,7 @@ PRETRAIN_FLAGS = {  # flag -> (config path, type, help)
     "mask_prob": ("objective.mask_prob", float, "share of tokens selected for prediction (BERT: 0.15)"),
     "limit": ("data.limit", int, "at most N texts read, a seeded sample, before the held-out split (quick runs)"),
     "seed": ("run.seed", int, "seed of the masks, the row order and the initial weights"),
-    "threads": ("run.threads", _threads, "torch threads (default: torch's choice)"),
+    "threads": ("run.threads", int, "torch threads (default: torch's choice)"),
     "save_every": ("run.save_every", int, "steps between resumable checkpoints"),
     "eval_every": ("run.eval_every", int, "steps between validations"),
 }

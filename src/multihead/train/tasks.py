@@ -21,7 +21,19 @@ from collections.abc import Callable
 from .._config import ConfigError
 from .._io import read_json_file
 
-VERBS = ("evaluate", "predict", "show", "heads", "importance", "prune", "generate", "sinks", "embed", "export")
+VERBS = (
+    "evaluate",
+    "predict",
+    "show",
+    "explain",
+    "heads",
+    "importance",
+    "prune",
+    "generate",
+    "sinks",
+    "embed",
+    "export",
+)
 
 
 @dataclass(frozen=True)
@@ -94,6 +106,10 @@ _NO_TEXT = (
 )
 _NO_TEXT_IMAGES = _NO_TEXT.replace("RUN", "RUN --index N")
 _NO_EXPORT = "export writes text encoders as HF folders; the run's weights are RUN/model.safetensors"
+_NO_EXPLAIN = (
+    "explain walks one text through a text model's self-attention (a classifier run, minilm, a language model); "
+    "look at this run's attention with: multihead show RUN"
+)
 
 # Order matters for --data: the first kind whose trains_on accepts the name trains on it (text last: the fallback).
 KINDS: dict[str, TaskKind] = {
@@ -114,6 +130,7 @@ KINDS: dict[str, TaskKind] = {
                 "generate": _NOT_LM,
                 "sinks": _NOT_LM,
                 "embed": "embed reads text classifiers and encoders; transcribe words with: multihead predict RUN WORD",
+                "explain": _NO_EXPLAIN,
                 "export": _NO_EXPORT,
             },
         ),
@@ -130,6 +147,7 @@ KINDS: dict[str, TaskKind] = {
                 "generate": _NOT_LM,
                 "sinks": _NOT_LM,
                 "embed": "embed reads text; classify images with: multihead predict RUN --index N",
+                "explain": _NO_EXPLAIN,
                 "export": _NO_EXPORT,
             },
         ),
@@ -150,6 +168,7 @@ KINDS: dict[str, TaskKind] = {
                 "generate": _NOT_LM,
                 "sinks": _NOT_LM,
                 "embed": 'embed reads text; ask a question with: multihead show RUN --index N --question "..."',
+                "explain": _NO_EXPLAIN,
                 "export": _NO_EXPORT,
             },
         ),
@@ -167,6 +186,8 @@ KINDS: dict[str, TaskKind] = {
                 "(masked LM)",
                 "show": "show reads text classifiers and encoders; for a masked LM show its encoder: multihead show "
                 'RUN/encoder "text" --out FOLDER; for a causal LM: multihead heads RUN',
+                "explain": "explain reads text classifiers, encoders and pretrained LMs; for a masked LM explain its "
+                'encoder: multihead explain "text" --model RUN/encoder',
                 "importance": "importance scores a classifier's heads; for a language model: multihead heads RUN",
                 "prune": "prune needs a classifier's score; fine-tune the encoder first: multihead train --init RUN",
                 "embed": "embed reads sentence encoders; a masked LM's encoder is RUN/encoder: multihead embed "
