@@ -59,8 +59,13 @@ def test_page_in_chromium_head_and_model_views(browser, tmp_path):
     from multihead.interpret import case_study
 
     maps = load_subject("minilm").maps(case_study.SENTENCE)
-    path = write_page(maps, tmp_path / "attention.html", highlights=case_study.highlights(case_study.run(maps)))
+    highlights = case_study.highlights(case_study.run(maps))
+    path = write_page(maps, tmp_path / "attention.html", highlights=highlights)
     page, problems = _open(browser, path)
+    (l0, h0) = next(iter(highlights))  # the page opens on the case study's first head, alone, with its map
+    assert page.locator("#current").inner_text() == f"layer {l0}, head {h0}"
+    assert page.locator("#headmap").is_visible() and page.locator("#heads label:not(.off)").count() == 1
+    page.select_option("#layer", "0")  # another layer: every head of it
     # a text page has no image view: its section stays hidden (a display rule must not override the attribute)
     assert not page.locator("#image-view").is_visible() and not page.locator("#tab-image").is_visible()
     assert page.locator("#image-view").bounding_box() is None

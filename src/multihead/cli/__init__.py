@@ -22,12 +22,35 @@ from .training import train_config_from_args, train_overrides  # noqa: F401  (us
 GROUPS = (tools, training, runs, inspect, lm, interventions, speech)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse without prefix matching (``--dat`` is not taken for ``--data``: a misspelt flag is refused, not
+    guessed) and with a suggestion for a near-miss flag."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def unknown(self, extra: list[str]) -> None:
+        """Refuse ``extra`` (arguments no option takes) with this parser's usage and the flags meant."""
+        import difflib
+
+        flags = [o for a in self._actions for o in a.option_strings]
+        meant = [
+            f"{close[0]} for {e.split('=')[0]}"
+            for e in extra
+            if e.startswith("-") and (close := difflib.get_close_matches(e.split("=")[0], flags, n=1))
+        ]
+        self.error(
+            f"unrecognized arguments: {' '.join(extra)}" + (f" (did you mean {', '.join(meant)}?)" if meant else "")
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .._version import __version__
 
-    p = argparse.ArgumentParser(prog="multihead", description="Multi-head attention: train, inspect, prune, run fast.")
+    p = Parser(prog="multihead", description="Multi-head attention: train, inspect, prune, run fast.")
     p.add_argument("--version", action="version", version=f"multihead {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     for group in GROUPS:
         group.register(sub)
     return p
@@ -65,7 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    args = build_parser().parse_args(argv)
+    if not sys.stderr.isatty():  # a log, not a terminal: a progress line every 30 s, not one per update
+        os.environ.setdefault("TQDM_MININTERVAL", "30")
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # refused by the subcommand's own parser: its usage, and the flag meant
+        parser._subparsers._group_actions[0].choices[args.command].unknown(extra)  # type: ignore[union-attr]
     try:
         code = args.fn(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handlers below, not at interpreter exit

@@ -382,7 +382,8 @@ SCRIPT = r"""
     if (name === "image") drawImageView();
     if (name === "head" && !document.getElementById("headmap").hidden) setZoom(zoom);  // laid out only now
   }
-  document.getElementById("title").textContent = D.model + ": attention, " + D.heads.length + " layers";
+  document.getElementById("title").textContent = D.model + ": attention, " + D.heads.length +
+    (D.heads.length === 1 ? " layer" : " layers");
   document.getElementById("text").textContent = D.text.length > 600 ? D.text.slice(0, 600) + " \u2026" : D.text;
   const sel = document.getElementById("layer");
   for (let l = 0; l < D.heads.length; l++) sel.appendChild(el("option", {value: l}, "layer " + l));
@@ -403,7 +404,9 @@ SCRIPT = r"""
     pending = true;
     requestAnimationFrame(() => { pending = false; drawLines(); });
   });
-  drawTokens(); setLayer(0); drawGrid(); setupImage(); setupHeadMap(); tab(IM ? "image" : "head");
+  drawTokens(); setLayer(D.start.layer); drawGrid(); setupImage(); setupHeadMap();
+  selected = new Set([D.start.head]); drawHeads(); drawLines();  // one head first: its links, its map
+  tab(IM ? "image" : "head");
   document.body.setAttribute("data-ready", "1");
 })();
 """
@@ -491,11 +494,39 @@ def _b64(t: Tensor) -> str:
     return base64.b64encode(t.contiguous().numpy().tobytes()).decode()
 
 
-def page_data(maps: AttentionMaps | LinkMaps, highlights: dict | None = None, image: dict | None = None) -> dict:
+def start_head(maps: AttentionMaps | LinkMaps, highlights: dict | None = None) -> tuple[int, int]:
+    """The head the page opens on: the first highlighted one (the case study's, an induction head...), else the
+    most focused head (the largest mean weight a query puts on one key other than itself and the first token), so
+    that a reader meets one head's links, not every head's at once."""
+    if highlights:
+        return next(iter(highlights))
+    if not isinstance(maps, AttentionMaps) or len(maps.tokens) < 3 or maps.key_tokens is not None:
+        return (0, 0)
+    best, where = -1.0, (0, 0)
+    for l, w in enumerate(maps.layers):
+        if w.shape[0] == 0:
+            continue
+        x = w[:, 1:, 1:].clone()  # queries past the first token, keys past the first token (the usual sink)
+        x[:, torch.eye(x.shape[1], dtype=torch.bool)] = 0
+        focus = x.max(-1).values.mean(-1)  # (H,)
+        h = int(focus.argmax())
+        if float(focus[h]) > best:
+            best, where = float(focus[h]), (l, h)
+    return where
+
+
+def page_data(
+    maps: AttentionMaps | LinkMaps,
+    highlights: dict | None = None,
+    image: dict | None = None,
+    start: tuple[int, int] | None = None,
+) -> dict:
     """The page's data: full 8-bit maps when they are small (and always for the image view), else top-k links per
     query (16-bit key index, 8-bit ``sqrt`` of the weight: 1e-4 is still 3/255) and 8-bit thumbnails scaled to each
-    head's largest bin."""
+    head's largest bin. ``start``: the head the page opens on (default :func:`start_head`)."""
+    l0, h0 = start if start is not None else start_head(maps, highlights)
     common = {
+        "start": {"layer": l0, "head": h0},
         "model": maps.model,
         "text": maps.text,
         "tokens": maps.tokens,
@@ -531,10 +562,16 @@ def page_data(maps: AttentionMaps | LinkMaps, highlights: dict | None = None, im
 
 
 def write_page(
-    maps: AttentionMaps | LinkMaps, path: Path, *, highlights: dict | None = None, image: dict | None = None
+    maps: AttentionMaps | LinkMaps,
+    path: Path,
+    *,
+    highlights: dict | None = None,
+    image: dict | None = None,
+    start: tuple[int, int] | None = None,
 ) -> Path:
-    """Write the page for ``maps`` to ``path``; ``highlights`` maps ``(layer, head)`` to a caption; ``image``
-    (:func:`page_image`) adds the image view."""
+    """Write the page for ``maps`` to ``path``; ``highlights`` maps ``(layer, head)`` to a caption (the first one is
+    where the page opens, unless ``start`` names another head); ``image`` (:func:`page_image`) adds the image
+    view."""
     html = (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -555,7 +592,7 @@ def write_page(
         '<section id="image-view" hidden><div><canvas id="picture"></canvas><div id="image-queries"></div>'
         '</div><div><p id="image-caption"></p><div id="image-heads"></div></div></section>\n'
         '<section id="found"></section>\n'
-        f'<script type="application/json" id="data">{_json_for_script(page_data(maps, highlights, image))}</script>\n'
+        f'<script type="application/json" id="data">{_json_for_script(page_data(maps, highlights, image, start))}</script>\n'
         f"<script>{SCRIPT}</script>\n</body></html>\n"
     )
     path.parent.mkdir(parents=True, exist_ok=True)
