@@ -18,6 +18,10 @@ def test_demo_trains_and_walks_through(tmp_path, capsys):
     assert "== Done in" in out and "open first" in out  # the closing summary: each step's time, where to look
     assert (tmp_path / "run" / "model.safetensors").exists()
     assert (tmp_path / "run" / "walkthrough" / "demo.json").exists()
+    assert (tmp_path / "run" / "walkthrough" / "explain.html").exists()  # the tutorial's steps, a trained model
+    from multihead._io import foreign_files
+
+    assert foreign_files(tmp_path / "run") == []  # a second demo may replace this folder: it holds nothing else
 
 
 def test_walkthrough_writes_a_summary(tmp_path, capsys):

@@ -178,6 +178,7 @@ def folder_kind(path: str | Path) -> str:
         ("circuit", "circuit.json"),
         ("demo", "pretrained.json"),
         ("demo", "smollm2.json"),
+        ("demo", "media.json"),
     ):
         if marker in names:
             return kind

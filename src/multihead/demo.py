@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from ._io import atomic_write_json
 
-import re
 import time
 from pathlib import Path
 
@@ -14,18 +13,16 @@ from torch import nn
 
 from .attention import explain, explain_choice, list_backends
 from .attention.patterns import SparsePattern
-from .models import TransformerClassifier
 from .modules import MultiHeadAttention
 from .plotting import save as save_figure
 
 SENTENCE = "The cat sat on the mat."
 
 
-def tokenize(text: str) -> list[str]:
-    return re.findall(r"\w+|[^\w\s]", text.lower())
-
-
-def walkthrough(out: Path, seed: int = 0) -> dict:
+def walkthrough(out: Path, seed: int = 0, run: Path | None = None) -> dict:
+    """The tutorial's call, the backends, a trained model's heads on the tutorial's sentence (MiniLM; without its
+    package, the classifier trained in ``run``) with the tutorial's steps as a page, parity with PyTorch, the fully
+    masked row, and the fused path's speed."""
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     summary: dict = {}
@@ -44,29 +41,8 @@ def walkthrough(out: Path, seed: int = 0) -> dict:
         "(on CUDA: FlexAttention; docs/efficient-attention.md, 'On the GPU')"
     )
 
-    print(f'3. Per-head weights for "{SENTENCE}" (untrained weights: the pattern is random, the plumbing is real)')
-    tokens = tokenize(SENTENCE)
-    vocab = {t: i + 1 for i, t in enumerate(dict.fromkeys(tokens))}
-    ids = torch.tensor([[vocab[t] for t in tokens]])
-    model = TransformerClassifier(vocab_size=len(vocab) + 1, d_model=64, heads=8, num_layers=2, num_classes=2).eval()
-    captured = {}
-    handles = [
-        layer.attn.hook_pattern.add_hook(lambda w, hook, i=i: captured.__setitem__(i, w.detach()))
-        for i, layer in enumerate(model.encoder.layers)
-    ]
-    with torch.no_grad():
-        logits = model(ids)
-    for h in handles:
-        h.remove()
-    weights = captured[0][0]  # (H, L, L) of layer 0
-    for head in range(weights.shape[0]):
-        top = weights[head].argmax(-1).tolist()
-        links = ", ".join(f"{tokens[i]}->{tokens[j]}" for i, j in enumerate(top))
-        print(f"   layer 0 head {head}: strongest links {links}")
-    png = out / "cat_sat_heads.png"
-    _plot_heads(weights, tokens, png)
-    print(f"   heatmaps: {png}")
-    summary["cat_sat"] = {"tokens": tokens, "logits": logits[0].tolist(), "png": str(png)}
+    print(f'3. Per-head weights for "{SENTENCE}" in a trained model, and the tutorial\'s steps with its numbers')
+    summary["cat_sat"] = _trained_heads(out, run)
 
     print("4. Parity with nn.MultiheadAttention (weights copied with from_torch)")
     ref = nn.MultiheadAttention(512, 8, batch_first=True).eval()
@@ -111,30 +87,95 @@ def walkthrough(out: Path, seed: int = 0) -> dict:
     return summary
 
 
-def _plot_heads(weights: torch.Tensor, tokens: list[str], path: Path) -> None:
-    from .plotting import pyplot
+def _trained_heads(out: Path, run: Path | None) -> dict:
+    """A trained model's heads on the tutorial's sentence: the layer of its determiner -> noun head, every head
+    drawn with that one outlined (``cat_sat_heads.png``), and the tutorial's steps on that head as a page
+    (``explain.html``, :mod:`multihead.interpret.explain`)."""
+    from .interpret import load_subject
+    from .interpret.explain import explain, write_explain_page
+    from .pretrained import PretrainedError
+
+    try:
+        subject, what = load_subject("minilm"), "MiniLM-L6 (pretrained)"
+    except PretrainedError as exc:
+        if run is None:
+            print(f"   skipped: {exc}")
+            return {"skipped": str(exc)}
+        print(f"   (MiniLM is not installed, {exc}; the classifier trained in step 1 instead)")
+        subject, what = load_subject(run), "the demo's classifier (trained in step 1)"
+    d = explain(subject, SENTENCE)
+    tokens, weights = d["tokens"], torch.tensor(d["weights"])
+    l, h = d["layer"], d["head"]
+    print(f"   {what}, layer {l} of {d['layers']}: head {h} is the determiner -> noun head ({d['why']})")
+    for head in range(weights.shape[0]):
+        top = weights[head].argmax(-1).tolist()
+        links = ", ".join(f"{tokens[i]}->{tokens[j]}" for i, j in enumerate(top))
+        print(f"   {'*' if head == h else ' '} head {head:>2}: each token's strongest link: {links}")
+    png = out / "cat_sat_heads.png"
+    _plot_heads(weights, tokens, png, title=f'{what}, layer {l}: every head on "{SENTENCE}"', chosen=h)
+    page = write_explain_page(d, out / "explain.html")
+    print(f"   heatmaps: {png} (* and the red frame: head {h}); the tutorial's steps with these numbers: {page}")
+    return {"model": what, "layer": l, "head": h, "tokens": tokens, "png": str(png), "explain": str(page)}
+
+
+def _plot_heads(weights: torch.Tensor, tokens: list[str], path: Path, *, title: str, chosen: int) -> None:
+    """Every head of one layer (rows: queries, columns: keys), one colour scale with its bar, ``chosen`` framed."""
+    from .plotting import plain, pyplot
 
     plt = pyplot()
 
     h = weights.shape[0]
-    cols = 4
+    cols = 4 if h <= 8 else 6
     rows = (h + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3 * cols, 3 * rows), squeeze=False)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(2.6 * cols + 1, 2.6 * rows + 0.8), squeeze=False, layout="constrained"
+    )
+    image = None
     for i in range(rows * cols):
         ax = axes[i // cols][i % cols]
         if i >= h:
             ax.axis("off")
             continue
-        ax.imshow(weights[i].numpy(), cmap="viridis", vmin=0, vmax=1)
-        ax.set_title(f"head {i}", fontsize=9)
-        ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=7)
-        ax.set_yticks(range(len(tokens)), tokens, fontsize=7)
-    fig.suptitle("layer 0 attention weights (query rows, key columns)")
-    fig.tight_layout()
+        image = ax.imshow(weights[i].numpy(), cmap="viridis", vmin=0, vmax=1)
+        ax.set_title(
+            f"head {i}" + (": determiner -> noun" if i == chosen else ""),
+            fontsize=8,
+            color="#d62728" if i == chosen else "black",
+        )
+        ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=6)
+        ax.set_yticks(range(len(tokens)), tokens, fontsize=6)
+        if i == chosen:
+            for side in ax.spines.values():
+                side.set_edgecolor("#d62728")
+                side.set_linewidth(2.5)
+    fig.colorbar(image, ax=axes, fraction=0.02, pad=0.01, label="attention weight (each row sums to 1)")
+    fig.suptitle(plain(title) + " (rows: queries, columns: keys)", fontsize=10)
     save_figure(fig, path, formats=("png",), dpi=100)
 
 
-def run_demo(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int | None = None) -> dict:
+def _threads(threads: int | None) -> int | None:
+    """The thread count for the demo: ``threads`` if given; on a busy machine one thread (with 2 threads and other
+    work on 2 cores, an epoch ran 6-15x slower than with 1), said so; else PyTorch's choice."""
+    import os
+
+    from ._proc import set_threads
+
+    if threads is None and hasattr(os, "getloadavg"):
+        load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+        if load >= 0.75 * cpus:
+            threads = 1
+            print(
+                f"   the machine is busy (load {load:.1f} on {cpus} CPUs): the demo uses 1 thread, which suffers "
+                "least from the other work; every step will still be slower than the times in the README. Pass "
+                "--threads N to choose, or run it when the machine is idle"
+            )
+    set_threads(threads)
+    return threads
+
+
+def run_demo(
+    out: Path, *, seed: int = 0, limit: int | None = None, epochs: int | None = None, threads: int | None = None
+) -> dict:
     """``make demo``: train the default classifier on rotten_tomatoes into ``out`` (test accuracy beside the TF-IDF
     baseline), then the attention walk-through into ``out/walkthrough``. Later steps add to the same run folder."""
     from ._io import FolderError, folder_kind
@@ -146,8 +187,9 @@ def run_demo(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
             f"--out {str(out)!r} holds files that are not a multihead run; the demo writes (and "
             "replaces) a run folder there: choose another --out"
         )
+    threads = _threads(threads)
     config = TrainConfig()
-    config.run.seed = seed
+    config.run.seed, config.run.threads = seed, threads
     config.data.limit = config.data.eval_limit = limit
     if epochs is not None:
         config.optim.epochs = epochs
@@ -171,7 +213,7 @@ def run_demo(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
     print(f"   run folder: {out} (model.safetensors, config.json, metrics.jsonl, curves.png, confusion.png)")
     done("classifier")
     print(f"== 2. Inside multi-head attention -> {out / 'walkthrough'}")
-    summary = walkthrough(out / "walkthrough", seed=seed)
+    summary = walkthrough(out / "walkthrough", seed=seed, run=out)
     done("walkthrough")
     print(f"== 3. Real pretrained heads: MiniLM-L6 (6 layers x 12 heads) in our modules -> {out / 'pretrained'}")
     real = pretrained_step(out / "pretrained")
@@ -208,10 +250,25 @@ def run_demo(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
     done("DINOv2 and Whisper")
     total = sum(t for _, t in steps)
     print(f"== Done in {total / 60:.1f} min: " + ", ".join(f"{n} {t:.0f}s" for n, t in steps))
+    print(f"   everything is in {out}; open first, in a browser:")
+    firsts = [
+        (
+            out / "pretrained" / "show" / "attention.html",
+            "MiniLM's heads on the cat sentence; it opens on the determiner -> noun head",
+        ),
+        (out / "walkthrough" / "explain.html", "the tutorial's steps, Q K V to W^O, with that head's own numbers"),
+        (
+            out / "smollm2" / "attention.html",
+            "SmolLM2 reading a sentence twice; it opens on its strongest induction "
+            "head, which looks back to the word after the earlier copy",
+        ),
+        (out / "walkthrough" / "cat_sat_heads.png", "every head of that MiniLM layer at once"),
+    ]
+    for n, (path, what) in enumerate((p, w) for p, w in firsts if p.exists()):
+        print(f"   {n + 1}. {path}: {what}")
     print(
-        f"   everything is in {out}; open first {out / 'walkthrough' / 'cat_sat_heads.png'} (one sentence, every "
-        f"head), then {out / 'show' / 'attention.html'} in a browser (the interactive page), "
-        f"{out / 'vit'} and {out / 'media'} for pictures, and {out / 'g2p'} for the decoder's alignments"
+        f"   then {out / 'show' / 'attention.html'} (the classifier trained in step 1), {out / 'vit'} and "
+        f"{out / 'media'} for pictures, and {out / 'g2p'} for the decoder's alignments"
     )
     return {
         "train": results,
@@ -315,6 +372,9 @@ def smollm2_step(out: Path) -> dict:
         "multihead sinks smollm2 --out runs/sinks"
     )
     out.mkdir(parents=True, exist_ok=True)
+    if passing:
+        page = _induction_page(p, passing[:3], out / "attention.html")
+        print(f"   {page}: a sentence read twice, the page opened on induction head L{passing[0][0]}H{passing[0][1]}")
     result = {
         "prompt": LM_PROMPT,
         "continuation": text,
@@ -326,6 +386,25 @@ def smollm2_step(out: Path) -> dict:
     I.plot_scores(result, out / "induction.png", "SmolLM2-135M: induction heads on repeated random tokens")
     atomic_write_json(out / "smollm2.json", result)
     return result
+
+
+REPEATED = "The old lighthouse keeper painted the red door every spring."
+
+
+def _induction_page(p, heads: list[tuple[int, int, float]], path: Path) -> Path:
+    """The attention page of ``p`` on a sentence read twice, the given induction heads highlighted (the page opens
+    on the first): in the second copy each of them looks at the token after the same token's earlier occurrence."""
+    from .interpret.maps import LMSubject
+    from .interpret.page import write_page
+
+    subject = LMSubject("SmolLM2-135M", p.model, p.tokenizer, p.model.config.max_len, lm=p)
+    maps = subject.maps(f"{REPEATED} {REPEATED}")
+    captions = {
+        (l, h): f"induction head (prefix matching {v:.2f} on repeated random tokens): in the second copy, each word "
+        "looks at the word that followed it the first time"
+        for l, h, v in heads
+    }
+    return write_page(maps, path, highlights=captions)
 
 
 def stats_step(*, seed: int = 0, length: int = 4096) -> dict:

@@ -40,23 +40,35 @@ def save(fig, stem: str | Path, *, formats: tuple[str, ...] = ("png", "svg"), dp
     return paths
 
 
-__all__ = ["plain", "pyplot", "save"]
+__all__ = ["SIGNED", "curve", "head_grid", "plain", "plot_curves", "pyplot", "save"]
+
+
+SIGNED = "RdBu_r"  # every signed effect (patching, attribution, circuits, the patching page): red +, blue -
 
 
 def head_grid(scores, stem: str | Path, title: str) -> list[Path]:
     """A layers x heads grid of scores (NaN: a pruned head, left blank), each value written in its cell, with a
-    colorbar; PNG + SVG."""
+    colorbar; PNG + SVG. Scores of both signs (patching effects) use :data:`SIGNED` on a scale symmetric about 0
+    (red helps, blue hurts); scores of one sign use viridis on their own range."""
     import math
+
+    import torch
 
     plt = pyplot()
     layers, heads = scores.shape
     fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * heads + 2), max(2.5, 0.5 * layers + 1.5)))
-    im = ax.imshow(scores.numpy(), cmap="viridis", aspect="auto")
+    finite = scores[torch.isfinite(scores)]
+    signed = finite.numel() > 0 and float(finite.min()) < 0 < float(finite.max())
+    if signed:
+        lim = float(finite.abs().max())
+        im = ax.imshow(scores.numpy(), cmap=SIGNED, vmin=-lim, vmax=lim, aspect="auto")
+    else:
+        im = ax.imshow(scores.numpy(), cmap="viridis", aspect="auto")
     for l in range(layers):
         for h in range(heads):
             v = float(scores[l, h])
             if not math.isnan(v):
-                ax.text(h, l, f"{v:.2f}", ha="center", va="center", fontsize=6, color="white")
+                ax.text(h, l, f"{v:.2f}", ha="center", va="center", fontsize=6, color="black" if signed else "white")
     ax.set_xticks(range(heads))
     ax.set_yticks(range(layers))
     ax.set_xlabel("head")

@@ -13,7 +13,7 @@ def cmd_demo(args) -> int:
     if args.walkthrough_only:
         walkthrough(Path(args.out), seed=args.seed)
     else:
-        run_demo(Path(args.out), seed=args.seed, limit=args.limit, epochs=args.epochs)
+        run_demo(Path(args.out), seed=args.seed, limit=args.limit, epochs=args.epochs, threads=args.threads)
     return 0
 
 
@@ -90,6 +90,9 @@ def register(sub) -> None:
     d.add_argument("--limit", type=_count, default=None, help="examples per split (a quick smoke run)")
     d.add_argument("--epochs", type=_count, default=None, help="override the training epochs")
     d.add_argument("--walkthrough-only", action="store_true", help="skip training; only the attention walk-through")
+    d.add_argument(
+        "--threads", type=_threads, default=None, help="torch threads (default: torch's choice; 1 on a busy machine)"
+    )
     d.set_defaults(fn=cmd_demo)
 
     b = sub.add_parser("backends", help="list the registered attention backends and their capabilities")

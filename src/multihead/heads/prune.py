@@ -282,7 +282,11 @@ def _prune_into(run_path, out: Path, *, data, method, step, max_drop, until, spe
     speed["speedup_vs_unpruned"] = {k: speed["seconds"]["unpruned"] / v for k, v in speed["seconds"].items()}
     curve["inference"] = speed
     atomic_write_json(Path(out) / "pruning.json", curve)
-    plot_curve(curve, Path(out) / "pruning", f"{run_path}: iterative pruning ({method}, {step:.0%} per round)")
+    plot_curve(
+        curve,
+        Path(out) / "pruning",
+        f"{run_path}: iterative pruning ({method}; each round removes {step:.0%} of the remaining heads, at least one)",
+    )
     return curve
 
 

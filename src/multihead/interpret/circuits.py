@@ -34,7 +34,7 @@ from torch import Tensor
 from . import patching as P
 from .induction import INDUCTION, prefix_matching, repeated_tokens
 from ..modules.capture import capture
-from ..plotting import plain, pyplot, save
+from ..plotting import SIGNED, plain, pyplot, save
 
 PREVIOUS = 0.4  # a previous-token head puts at least this mean weight on the key just before the query
 
@@ -311,7 +311,7 @@ def ioi(
         [(clean, corrupt, P.logit_diff(io, s)) for clean, corrupt, io, s, _ in enc],
         batch_size=batch_size,
         progress=progress,
-        desc="IOI: every head patched",
+        desc="IOI stage 1 of 3: every head patched",
     )
     diffs = [(v["clean"], v["corrupt"]) for v in patched["per_pair"]]
     dla, attn = [], []
@@ -335,7 +335,9 @@ def ioi(
     negative = _top(dla_m, max(1, movers - 1), sign=-1.0)
     # who steers the name movers (through their queries), and who those heads read (through their values)
     path_q = []
-    for clean, corrupt, io, s, _ in tqdm(enc, desc="IOI: path patching into the name movers", disable=not progress):
+    for clean, corrupt, io, s, _ in tqdm(
+        enc, desc="IOI stage 2 of 3: path patching into the name movers", disable=not progress
+    ):
         path_q.append(
             P.path_patching_each(
                 model,
@@ -354,7 +356,7 @@ def ioi(
     if s_inhibition:
         path_v = []
         for clean, corrupt, io, s, _ in tqdm(
-            enc, desc="IOI: path patching into the S-inhibition heads", disable=not progress
+            enc, desc="IOI stage 3 of 3: path patching into the S-inhibition heads", disable=not progress
         ):
             path_v.append(
                 P.path_patching_each(
@@ -460,7 +462,7 @@ def plot_ioi(r: dict, path, title: str) -> None:
     for ax, (key, what) in zip(axes, panels):
         grid = torch.tensor(r[key])
         lim = float(grid.nan_to_num(0).abs().max()) or 1.0
-        im = ax.imshow(grid, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
+        im = ax.imshow(grid, cmap=SIGNED, vmin=-lim, vmax=lim, aspect="auto")  # red helps, blue hurts
         ax.set_title(what, fontsize=10)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")

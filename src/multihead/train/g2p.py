@@ -305,12 +305,11 @@ def _finish(path: Path, config: G2PConfig, prep: G2PPrepared, *, minutes: float)
     }
     atomic_write_json(path / "results.json", results)
     plot_curve(path)
-    if config.run.progress:
-        print(
-            f"test ({greedy['words']} words): greedy WER {greedy['wer']:.4f} PER {greedy['per']:.4f}; beam "
-            f"{config.run.beam} WER {beam['wer']:.4f} PER {beam['per']:.4f} (without stress: "
-            f"{beam['wer_no_stress']:.4f} / {beam['per_no_stress']:.4f}); {minutes:.1f} min of training"
-        )
+    print(  # the result, with or without progress bars (--no-progress hides the bars only)
+        f"test ({greedy['words']} words): greedy WER {greedy['wer']:.4f} PER {greedy['per']:.4f}; beam "
+        f"{config.run.beam} WER {beam['wer']:.4f} PER {beam['per']:.4f} (without stress: "
+        f"{beam['wer_no_stress']:.4f} / {beam['per_no_stress']:.4f}); {minutes:.1f} min of training"
+    )
     return results
 
 
