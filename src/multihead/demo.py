@@ -230,7 +230,7 @@ def run_demo(
     )
     g2p = g2p_step(out / "g2p", seed=seed, limit=limit, epochs=epochs)
     done("G2P")
-    print(f"== 7. MHA beyond text: a Vision Transformer on images, and where its heads look -> {out / 'vit'}")
+    print(f"== 7. MHA beyond text: a Vision Transformer on images of digits, and where its heads look -> {out / 'vit'}")
     vision = vision_step(out / "vit", seed=seed, limit=limit, epochs=epochs)
     done("ViT")
     print("== 8. Long inputs: exact per-head statistics from the fast path, no L x L map")
@@ -304,8 +304,9 @@ def media_step(out: Path) -> dict:
         best = max(range(len(p["share"])), key=lambda h: p["share"][h])
         print(
             f"   DINOv2-small ({len(d.model.encoder.layers)} layers x {d.model.config.encoder.num_heads} heads): on "
-            f"the cat, head {best} puts {p['share'][best]:.0%} of the [CLS] attention on it (its box: "
-            f"{p['area']:.0%} of the picture) -> {out / 'dinov2-cat.png'}"
+            f"the cat, head {best} puts {p['share'][best]:.0%} of the last layer's [CLS] attention inside the cat's "
+            f"box, which covers {p['area']:.0%} of the picture ({p['share'][best] / max(p['area'], 1e-9):.2f}x "
+            f"uniform attention) -> {out / 'dinov2-cat.png'}"
         )
         result["dinov2"] = {"share": p["share"], "area": p["area"]}
     except ValueError as exc:  # the package missing (Dinov2Error), or scikit-image
@@ -442,25 +443,17 @@ def stats_step(*, seed: int = 0, length: int = 4096) -> dict:
 
 
 def vision_step(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int | None = None) -> dict:
-    """A hybrid ViT trained for about two minutes with the quick preset (``multihead train --data fashion_mnist
-    --preset quick``; digits when Debian's dataset-fashion-mnist is not installed), its test accuracy beside the
-    pixel baseline, and its attention on one test image. ``limit``/``epochs`` (a smoke run) cap the images and the
-    epochs."""
-    from .data.images import ImageDataError, fashion_dir
+    """A hybrid ViT trained with the quick preset on scikit-learn's digits (``multihead train --data digits --preset
+    quick``), its test accuracy beside logistic regression on the pixels, and its attention on one test image.
+    Digits, not Fashion-MNIST: in the minutes a demo step has, no recipe tried on Fashion-MNIST beat the pixel
+    baseline (the quick preset: 0.767 against 0.834); the full recipe does (0.8998 in 20 minutes), and the step says
+    where it is. ``limit``/``epochs`` (a smoke run) cap the images and the epochs."""
     from .interpret.vision import attention_distance, show_image
     from .train import presets
     from .train.config import merge
     from .train.vision import config_from_overrides, held_out_images, load_vision_run, train_vision
 
-    data = "fashion_mnist"
-    try:
-        fashion_dir()
-    except ImageDataError as exc:
-        print(
-            f"   ({str(exc).split(':')[0]}; using scikit-learn's digits instead: apt-get install "
-            "dataset-fashion-mnist for the real thing)"
-        )
-        data = "digits"
+    data = "digits"
     config = config_from_overrides(merge(presets.preset("vision", "quick", data), {"data": {"name": data}}))
     config.run.seed, config.run.progress = seed, True  # a bar per epoch (it clears when the epoch ends)
     if limit:
@@ -470,10 +463,12 @@ def vision_step(out: Path, *, seed: int = 0, limit: int | None = None, epochs: i
     t0 = time.perf_counter()
     results = train_vision(config, out, overwrite=True)
     base = results["baseline_pixels_logreg"]
+    acc = results["test"]["accuracy"]
+    verdict = "above" if acc > base["accuracy"] else "NOT above (a smoke run, or too few epochs)"
     print(
         f"   {results['parameters']:,} parameters, {results['train_minutes']:.1f} min on {results['images']['train']:,} "
-        f"{config.data.name} images: test accuracy {results['test']['accuracy']:.4f}; logistic regression on the "
-        f"pixels, same split: {base['accuracy']:.4f}"
+        f"8x8 digit images: test accuracy {acc:.4f}, {verdict} logistic regression on the pixels of the same split "
+        f"({base['accuracy']:.4f})"
     )
     run = load_vision_run(out)
     images, labels = held_out_images(run)
@@ -482,11 +477,11 @@ def vision_step(out: Path, *, seed: int = 0, limit: int | None = None, epochs: i
     )
     dist = attention_distance(run.model, images[:500])
     print(f"   test image 0: predicted {summary['predicted']} (true {summary['true']}); pictures in {out / 'show'}")
-    if data == "fashion_mnist":
-        print(
-            "   (a short run: the full `multihead train --data fashion_mnist` reached 0.8998 test accuracy in 19.9 "
-            "minutes)"
-        )
+    print(
+        "   Fashion-MNIST (28x28 photographs of clothes): multihead train --data fashion_mnist --out runs/fashion "
+        "reaches 0.8998 test accuracy in 19.9 minutes on 2 cores; in the 3 minutes a demo step has, its quick preset "
+        "reaches 0.767, below logistic regression on the pixels (0.834), which is why the demo trains digits"
+    )
     print(
         "   mean attention distance per head (pixels), layer by layer: "
         + "; ".join(" ".join(f"{v:.1f}" for v in d.tolist()) for d in dist)

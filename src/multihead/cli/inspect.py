@@ -122,7 +122,17 @@ def _show_dinov2(args) -> int:
     with Publish(
         Path(args.out), "show", overwrite=args.overwrite, sources=(args.model, args.image), check=False
     ) as folder:
-        summary = show_image(d.model, u8, None, folder, patch=patch, name=name, inputs=x)
+        summary = show_image(
+            d.model,
+            u8,
+            None,
+            folder,
+            patch=patch,
+            name=name,
+            inputs=x,
+            model_name="DINOv2-small",
+            note=dinov2.ARTIFACTS,
+        )
     g = u8.shape[-1] // d.model.config.patch_size
     print(f"{name}: DINOv2-small on its {u8.shape[-1]} x {u8.shape[-1]} centre crop ({g} x {g} patches)")
     print(f"wrote {len(summary['files'])} files to {args.out}; open {Path(args.out) / 'attention.html'} in a browser")

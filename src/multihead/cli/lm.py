@@ -303,6 +303,9 @@ def induction_lm(args) -> int:
     return 0
 
 
+MAP_BUDGET = 1 << 30  # bytes of attention maps heads keeps; past it, the exact statistics (no map) are used
+
+
 def heads_lm(args) -> int:
     """Head roles of a pretrained LM on real text (previous token, first-token sink, broad, ...) with induction
     heads marked from repeated random tokens; from exact statistics (no map) at long lengths."""
@@ -324,7 +327,9 @@ def heads_lm(args) -> int:
     rows = held_out_rows(p, rows=args.n, length=length)
     starts = len(p.encode(""))  # a start token the tokenizer adds (and adds again when the text is encoded)
     texts = [p.decode(r[starts:]) for r in rows.tolist()]
-    source = args.source or ("stats" if length > 1024 else "maps")
+    c = p.model.config.decoder
+    map_bytes = len(texts) * c.num_layers * c.num_heads * length * length * 4  # every map of every text, float32
+    source = args.source or ("stats" if length > 1024 or map_bytes > MAP_BUDGET else "maps")
     t0 = time.perf_counter()
     if source == "maps":
         result = roles.analyse(subject.maps(texts, batch_size=1))

@@ -234,13 +234,19 @@ def plot_objects(r: dict, stem, title: str) -> list:
                 np.array(p["cls_last"][hd]), cmap="inferno", alpha=0.7, extent=(0, w, h, 0), vmin=0, vmax=vmax
             )
             ax.add_patch(plt.Rectangle((left, top), right - left, bottom - top, fill=False, edgecolor="cyan", lw=0.8))
-            ax.set_title(f"head {hd}: {p['share'][hd]:.0%} on it", fontsize=8)
+            ax.set_title(f"head {hd}: {p['share'][hd]:.0%} in a box of {p['area']:.0%}", fontsize=8)
         bar = fig.colorbar(im, ax=list(row), fraction=0.015, pad=0.01)
         bar.set_label("weight", fontsize=7)
         for ax in row:
             ax.set_xticks([])
             ax.set_yticks([])
-    fig.suptitle(plain(title + " (colour: the [CLS] query's weight per patch; box: the object)"), fontsize=10)
+    fig.suptitle(
+        plain(
+            title + " (colour: the [CLS] query's weight per patch; box: the object; a head beats uniform attention "
+            "when its share in the box exceeds the box's share of the picture)"
+        ),
+        fontsize=10,
+    )
     return save(fig, stem)
 
 

@@ -239,19 +239,48 @@ def summarise(stats: list[list[dict]], model: str, texts: int, tokens: int, sour
     }
 
 
+COLUMNS = [  # (header, key, width, meaning)
+    ("entropy", "entropy", 8, "entropy of a query's weights (nats)"),
+    ("norm", "entropy_norm", 6, "entropy / its maximum (1: uniform)"),
+    ("dist", "distance", 8, "mean distance to the keys attended (tokens)"),
+    ("prev", "to_prev", 6, "weight on the previous token"),
+    ("next", "to_next", 6, "on the next token"),
+    ("self", "to_self", 6, "on itself"),
+    ("cls", "to_cls", 6, "on [CLS]"),
+    ("sep", "to_sep", 6, "on [SEP]"),
+    ("first", "to_first", 6, "on the first token"),
+    ("punct", "to_punct", 6, "on punctuation"),
+    ("top=prev", "argmax_prev", 9, "share of queries whose strongest key is the previous token"),
+    ("top=next", "argmax_next", 9, "the same for the next token"),
+]
+MAX_ROWS = 60  # more heads than this: each role's heads listed, the full table in heads.json
+
+
 def format_table(result: dict) -> str:
+    """The roles as text: one row per head (columns that are 0 for every head, such as [CLS] and [SEP] in a model
+    without them, left out; their meanings on the first line), or, for more than :data:`MAX_ROWS` heads, each role
+    with its heads."""
+    heads = result["heads"]
+    cols = [c for c in COLUMNS if any(abs(x.get(c[1], 0.0)) > 0 for x in heads)]
+    first = f"{result['model']}: {result['texts']} texts, {result['tokens']} tokens; roles: " + ", ".join(
+        f"{r} {c}" for r, c in result["counts"].items() if c
+    )
+    if len(heads) > MAX_ROWS:
+        lines = [first + f" ({len(heads)} heads: each role's heads below; every measure of every head in heads.json)"]
+        for role in ROLES:
+            found = [f"L{x['layer']}H{x['head']}" for x in heads if x["role"] == role]
+            if found:
+                shown = ", ".join(found[:24]) + (f" ... and {len(found) - 24} more" if len(found) > 24 else "")
+                lines.append(f"  {role:<17} {len(found):>3}: {shown}")
+        return "\n".join(lines)
     lines = [
-        f"{result['model']}: {result['texts']} texts, {result['tokens']} tokens; roles: "
-        + ", ".join(f"{r} {c}" for r, c in result["counts"].items() if c),
-        f"{'layer':>5} {'head':>4}  {'role':<17}{'entropy':>8}{'norm':>6}{'dist':>8}{'prev':>6}{'next':>6}"
-        f"{'self':>6}{'cls':>6}{'sep':>6}{'first':>6}{'punct':>6}{'top=prev':>9}{'top=next':>9}",
+        first + "; columns: " + "; ".join(f"{h}: {m}" for h, _, _, m in cols),
+        f"{'layer':>5} {'head':>4}  {'role':<17}" + "".join(f"{h:>{w}}" for h, _, w, _ in cols),
     ]
-    for x in result["heads"]:
+    for x in heads:
         lines.append(
-            f"{x['layer']:>5} {x['head']:>4}  {x['role']:<17}{x['entropy']:>8.2f}{x['entropy_norm']:>6.2f}"
-            f"{x['distance']:>8.2f}{x['to_prev']:>6.2f}{x['to_next']:>6.2f}{x['to_self']:>6.2f}"
-            f"{x['to_cls']:>6.2f}{x['to_sep']:>6.2f}{x.get('to_first', 0.0):>6.2f}{x['to_punct']:>6.2f}{x['argmax_prev']:>9.2f}"
-            f"{x['argmax_next']:>9.2f}"
+            f"{x['layer']:>5} {x['head']:>4}  {x['role']:<17}"
+            + "".join(f"{x.get(k, 0.0):>{w}.2f}" for _, k, w, _ in cols)
         )
     return "\n".join(lines)
 

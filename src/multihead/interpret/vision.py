@@ -82,7 +82,9 @@ def _grid_figure(
     plt = pyplot()
     rows, cols = len(maps), max([m.shape[0] for m in maps] + [1])
     size, p = image.shape[-1], model.config.patch_size
-    fig, axes = plt.subplots(rows, cols, figsize=(1.6 * cols + 0.6, 1.6 * rows + 0.8), squeeze=False)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(1.6 * cols + 0.9, 1.6 * rows + 0.9), squeeze=False, layout="constrained"
+    )  # constrained: the title, the row labels and the colorbar each get their own room
     for l, m in enumerate(maps):
         for h in range(cols):
             ax = axes[l][h]
@@ -95,7 +97,6 @@ def _grid_figure(
             if h == 0:
                 ax.set_ylabel(f"layer {l}", fontsize=8)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
     _heat_colorbar(fig, axes)
     files = save(fig, stem)
     plt.close(fig)
@@ -125,10 +126,13 @@ def show_image(
     patch: tuple[int, int] | None = None,
     name: str = "image",
     inputs: Tensor | None = None,
+    model_name: str = "ViT",
+    note: str | None = None,
 ) -> dict:
     """Write the pictures for one square uint8 image ``(1, C, S, S)`` into ``out`` (created); returns the
     summary. ``inputs``: the model's float input when it is not ``to_float(image_u8)`` (e.g. DINOv2's ImageNet
-    normalisation); ``labels`` None for a backbone (no prediction)."""
+    normalisation); ``labels`` None for a backbone (no prediction); ``model_name`` titles the page; ``note`` is
+    printed under the rollout (what a reader should know about this model's maps)."""
     from .._io import atomic_write_json
     from ..data.images import to_float
 
@@ -172,11 +176,13 @@ def show_image(
     a.set_yticks([])
     _overlay(b, grey, roll, grey.shape[-1], p=cfg.patch_size)
     b.set_title("attention rollout of " + what, fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.12 if note else 0, 1, 1))
+    if note:
+        fig.text(0.02, 0.01, note, fontsize=6.5, wrap=True, va="bottom")
     _heat_colorbar(fig, [a, b])
     files += save(fig, out / "rollout")
     plt.close(fig)
-    files.append(image_page(model, patterns, image_u8[0], out / "attention.html", f"{name}{said}"))
+    files.append(image_page(model, patterns, image_u8[0], out / "attention.html", f"{name}{said}", model_name))
     summary = {
         "image": name,
         "predicted": pred,
@@ -191,18 +197,24 @@ def show_image(
     return summary
 
 
-def image_page(model, patterns: list[Tensor], image_u8: Tensor, path: Path, text: str) -> Path:
+def image_page(model, patterns: list[Tensor], image_u8: Tensor, path: Path, text: str, model_name: str = "ViT") -> Path:
     """The offline page (:mod:`multihead.interpret.page`) of a ViT's self-attention on one image ``(C, H, W)``,
-    with the image view: hover a patch, see where every head looks from it."""
+    with the image view: hover a patch, see where every head looks from it. It opens on the last layer, on the head
+    whose [CLS] query (or first patch) is most focused."""
     from .maps import AttentionMaps
     from .page import page_image, write_page
 
     cfg = model.config
     g, o = image_u8.shape[-1] // cfg.patch_size, cfg.patch_offset
     tokens = ["[CLS]"] * o + [f"patch {r},{c}" for r in range(g) for c in range(g)]
-    maps = AttentionMaps(text, tokens, [p.float() for p in patterns], "ViT")
+    maps = AttentionMaps(text, tokens, [p.float() for p in patterns], model_name)
+    last = maps.layers[-1]  # (H, N, N)
+    start = (len(maps.layers) - 1, int(last[:, 0, o:].max(-1).values.argmax()))
     return write_page(
-        maps, path, image=page_image(image_u8, patch=cfg.patch_size, queries="patches", query_offset=o, key_offset=o)
+        maps,
+        path,
+        image=page_image(image_u8, patch=cfg.patch_size, queries="patches", query_offset=o, key_offset=o),
+        start=start,
     )
 
 

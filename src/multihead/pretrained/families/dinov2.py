@@ -243,6 +243,11 @@ def preprocess(image, *, size: int = 224, patch: int = 14) -> Tensor:
 
 
 MAX_PIXELS = 64_000_000  # a photograph larger than this is refused before it is decoded
+ARTIFACTS = (
+    "A bright patch far from the object is one of DINOv2's high-norm 'artifact' tokens: large ViTs trained without "
+    "register tokens store global information in a few background patches, and attention gathers there (Darcet et "
+    "al. 2024, Vision Transformers Need Registers)."
+)
 
 
 def read_photo(path: str | Path):
@@ -313,6 +318,7 @@ def load(name_or_path: str | Path = "dinov2", *, backend: str = "auto") -> Dinov
 
 
 __all__ = [
+    "ARTIFACTS",
     "Dinov2",
     "Dinov2Error",
     "INSTALL",
