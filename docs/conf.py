@@ -18,5 +18,7 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": True}
 html_theme = "furo"
+html_static_path = ["_static"]
+html_css_files = ["multihead.css"]  # long command lines wrap instead of scrolling sideways
 html_title = f"multihead {release}"
 suppress_warnings = ["myst.header"]

@@ -403,8 +403,8 @@ def export_lm(args) -> int:
 def _parser_generate(sub) -> None:
     ge = sub.add_parser(
         "generate",
-        help="continue a prompt with a causal LM run (multihead pretrain --objective "
-        "clm), streaming tokens; KV-cached decoding",
+        help="continue a prompt with a pretrained LM (smollm2, a .gguf file, an HF folder) or a causal LM run "
+        "(multihead pretrain --objective clm), streaming tokens; --chat applies the model's chat template",
     )
     ge.add_argument(
         "run",

@@ -295,7 +295,11 @@ def register(sub) -> None:
     )
     e.set_defaults(fn=cmd_evaluate)
 
-    pr = sub.add_parser("predict", help="classify texts; prints JSON lines with label and probabilities")
+    pr = sub.add_parser(
+        "predict",
+        help="use a run: classify texts (JSON lines with label and probabilities), pronounce words (G2P runs) or "
+        "classify test images (ViT runs)",
+    )
     pr.add_argument("run")
     pr.add_argument("texts", nargs="*")
     pr.add_argument("--file", default=None, help="one text per line, or .jsonl with a 'text' field")
@@ -317,7 +321,11 @@ def register(sub) -> None:
     em.add_argument("--batch-size", type=_count, default=32)
     em.set_defaults(fn=cmd_embed)
 
-    ex = sub.add_parser("export", help="write an encoder (pretrained or a run's) as an HF BertModel folder")
+    ex = sub.add_parser(
+        "export",
+        help="write a model as an HF folder: an encoder (pretrained or a run's) as BertModel, a pretrained LM as "
+        "Llama/Qwen/GPT-2 with its tokenizer, special tokens and chat template",
+    )
     ex.add_argument(
         "source",
         help="minilm, a BERT-family folder, or a run folder; or a pretrained LM (smollm2, .gguf, "

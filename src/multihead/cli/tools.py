@@ -84,7 +84,9 @@ def register(sub) -> None:
     """This module's subcommands, each declared beside its handler."""
     from ..bench import SUITES
 
-    d = sub.add_parser("demo", help="the tutorial's walk-through, run for real")
+    d = sub.add_parser(
+        "demo", help="the tour of the whole product on built-in data and the bundled models (what `make demo` runs)"
+    )
     d.add_argument("--out", default="runs/demo", help="run folder (default runs/demo)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--limit", type=_count, default=None, help="examples per split (a quick smoke run)")

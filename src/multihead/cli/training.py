@@ -280,8 +280,8 @@ def _parser_train(sub) -> None:
 def _parser_pretrain(sub) -> None:
     pt = sub.add_parser(
         "pretrain",
-        help="self-supervised pretraining on unlabelled text (masked LM); writes a "
-        "run folder whose encoder `train --init` fine-tunes",
+        help="self-supervised pretraining on unlabelled text: a masked LM (whose encoder `train --init` "
+        "fine-tunes) or, with --objective clm, a causal LM; writes a run folder",
     )
     pt.add_argument(
         "--data",

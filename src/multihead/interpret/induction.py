@@ -285,19 +285,25 @@ def plot_scores(result: dict, path, title: str) -> None:
     from ..plotting import pyplot
 
     plt = pyplot()
+    from ..plotting import SIGNED
+
     pm, cp = result["prefix_matching"], result["copying"]
+    span = max((abs(float(v)) for row in cp for v in row), default=1.0) or 1.0  # copying scores are often small
     fig, axes = plt.subplots(1, 2, figsize=(10, max(4, 0.22 * len(pm) + 1.5)))
     for ax, data, name, cmap, lim in (
         (axes[0], pm, "prefix-matching score", "viridis", (0, 1)),
-        (axes[1], cp, "copying score (OV eigenvalues)", "RdBu_r", (-1, 1)),
+        (axes[1], cp, f"copying score (OV eigenvalues; scale +-{span:.2f})", SIGNED, (-span, span)),
     ):
         im = ax.imshow(data, aspect="auto", cmap=cmap, vmin=lim[0], vmax=lim[1])
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
-        ax.set_title(name)
+        ax.set_xticks(range(len(data[0])))
+        ax.set_yticks(range(len(data)), [str(l) for l in range(len(data))], fontsize=6 if len(data) > 12 else 9)
+        ax.set_title(name, fontsize=10)
         fig.colorbar(im, ax=ax, fraction=0.046)
     for entry in result.get("induction_heads", []):
-        axes[0].add_patch(plt.Rectangle((entry["head"] - 0.5, entry["layer"] - 0.5), 1, 1, fill=False, ec="red"))
+        for ax in axes:
+            ax.add_patch(plt.Rectangle((entry["head"] - 0.5, entry["layer"] - 0.5), 1, 1, fill=False, ec="red"))
     fig.suptitle(title + f" (red: >= {INDUCTION})")
     fig.tight_layout()
     save_figure(fig, path, formats=("png",), dpi=110)
