@@ -129,7 +129,8 @@ def test_show_writes_the_page_for_a_long_input_in_links_mode(gguf_model, tmp_pat
         page.on("pageerror", lambda exc: problems.append(str(exc)))
         page.goto((out / "attention.html").as_uri())
         page.wait_for_selector("body[data-ready='1']", timeout=60000)
-        assert page.locator("#current").inner_text() == "layer 0, 4 heads"
+        assert page.locator("#current").inner_text() == "layer 0, head 0"  # one head first, with its map
+        assert page.locator("#headmap").is_visible()
         browser.close()
     assert problems == []
 
