@@ -37,7 +37,8 @@ def walkthrough(out: Path, seed: int = 0, run: Path | None = None) -> dict:
     for name, reason in explain(q, q, need_weights=False):
         print(f"   auto, no weights: {name}: {'usable' if reason is None else 'skipped, ' + reason}")
     print(
-        f"   a sliding window on this CPU: {explain_choice(q, q, mask=SparsePattern(window=2))} "
+        f"   a sliding window on this CPU: {explain_choice(q, q, mask=SparsePattern(window=2))} (rank: the order in "
+        "which auto tries backends) "
         "(on CUDA: FlexAttention; docs/efficient-attention.md, 'On the GPU')"
     )
 
@@ -210,6 +211,13 @@ def run_demo(
         f"TF-IDF + logistic regression on the same split: {base.get('test_accuracy', float('nan')):.4f}; "
         f"{time.perf_counter() - t0:.0f}s"
     )
+    if test["accuracy"] <= base.get("test_accuracy", 0.0):
+        print(
+            "   below the TF-IDF baseline, and it stays there: a Transformer trained from scratch on 8,530 short "
+            "sentences scores 0.744 +- 0.010 over seeds 0-4 against TF-IDF's 0.758 (one run's standard error on 852 "
+            "test sentences is about 1.5 points); it is here to be looked inside. Pretrained weights beat the "
+            "baseline: multihead train --init minilm --data rotten_tomatoes --out runs/minilm-rt reaches 0.823"
+        )
     print(f"   run folder: {out} (model.safetensors, config.json, metrics.jsonl, curves.png, confusion.png)")
     done("classifier")
     print(f"== 2. Inside multi-head attention -> {out / 'walkthrough'}")
@@ -544,6 +552,10 @@ def heads_step(out: Path) -> dict:
     from .heads import scores
 
     imp = scores.score_run(out, "michel", progress=False)
+    print(
+        "   importance of each head (Michel et al. 2019: how much the validation loss moves when the head's output is "
+        "scaled, |d loss / d mask|, normalised per layer):"
+    )
     print("   " + scores.format_table(imp["tensor"], imp["title"]).replace("\n", "\n   "))
     curve = P.prune_run(
         out, out / "pruned", max_drop=0.01, until=1.0, min_time=1.0, log=lambda text: print("   " + text)
@@ -552,7 +564,8 @@ def heads_step(out: Path) -> dict:
     print(
         f"   kept within 1 validation point: {curve['pruned']}/{curve['heads']} heads pruned; test accuracy "
         f"{curve['test_accuracy_pruned']:.4f} (unpruned {curve['base_test_accuracy']:.4f}); inference "
-        f"{sp:.2f}x -> {out / 'pruned'} (pruning.png); for MiniLM: multihead prune RUN --out RUN-pruned"
+        f"{sp:.2f}x as fast as the unpruned model -> {out / 'pruned'} (pruning.png); for MiniLM: multihead prune RUN "
+        "--out RUN-pruned"
     )
     return {"importance": imp["scores"], "pruned": curve["pruned"], "test_accuracy": curve["test_accuracy_pruned"]}
 
@@ -569,7 +582,9 @@ def show_step(out: Path, *, pretrained_ok: bool = True) -> dict:
     minilm = load_subject("minilm") if pretrained_ok else None  # loaded once, for the pictures and the roles
     if minilm is not None:
         targets.append(("minilm", minilm, out / "pretrained" / "show"))
+    names = {str(out): "the demo's classifier (trained in step 1)", "minilm": "MiniLM-L6 (pretrained)"}
     for source, subject, folder in targets:
+        print(f"   {names.get(str(source), source)}: the heads that make the tutorial's links")
         summary = show(subject, SENTENCE, folder, log=lambda text: print("   " + text.replace("\n", "\n   ")))
         print(
             f"   {source}: {len(summary['files'])} files in {folder} ({summary['seconds']['total']:.1f}s); "

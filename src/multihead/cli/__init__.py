@@ -88,8 +88,6 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if not sys.stderr.isatty():  # a log, not a terminal: a progress line every 30 s, not one per update
-        os.environ.setdefault("TQDM_MININTERVAL", "30")
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # refused by the subcommand's own parser: its usage, and the flag meant

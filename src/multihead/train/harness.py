@@ -458,7 +458,8 @@ class Loop:
             pos["batch"] = bi + 1
             win = pos["epoch_stats"]
             bar.update(1)
-            bar.set_postfix(
+            bar.set_postfix(  # no refresh of its own: the bar redraws at its interval (every 30 s in a log)
+                refresh=False,
                 loss=f"{win['loss'] / max(win['n'], 1):.3f}",
                 **({"acc": f"{win['correct'] / max(win['n'], 1):.3f}"} if task.reports_accuracy else {}),
                 **(  # tasks that count tokens (text); others (G2P words, images) show no tokens/s
