@@ -6,18 +6,17 @@ hostile text stays text."""
 from __future__ import annotations
 
 import math
-import os
-import shutil
 
 import pytest
 import torch
+
+from browser import open_page
 
 from multihead.cli import main
 from multihead.interpret.explain import explain, write_explain_page
 from multihead.interpret.maps import Subject
 from multihead.modules.capture import capture
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 EVIL = "The <img src=x onerror=alert(1)> cat </script><script>alert(2)</script> sat on the mat."
 
 
@@ -97,27 +96,8 @@ def test_bad_layers_heads_and_variants_are_refused(subject, tmp_path, capsys):
     assert not (tmp_path / "e").exists()
 
 
-@pytest.fixture(scope="module")
-def browser():
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("no Chromium: install Debian's `chromium` package (apt-get install chromium); .ci/run does")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
-
-
 def _open(browser, path):
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    problems = []
-    page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
-    page.on("pageerror", lambda exc: problems.append(str(exc)))
-    page.on("dialog", lambda d: (problems.append("dialog: " + d.message), d.dismiss()))
-    page.goto(path.as_uri())
-    page.wait_for_selector("body[data-ready='1']", timeout=20000)
-    return page, problems
+    return open_page(browser, path, viewport={"width": 1280, "height": 900})
 
 
 def _table(page, id_):

@@ -1,16 +1,14 @@
 """The offline page: escaping, and a real headless Chromium (Debian's `chromium`, driven by Playwright)."""
 
-import os
-import shutil
-
 import pytest
 import torch
+
+from browser import open_page
 
 from multihead.interpret import AttentionMaps
 from multihead.interpret.page import write_page
 
 EVIL = ["[CLS]", "<img src=x onerror=alert(1)>", "</script><script>alert(2)</script>", "a&amp;b", "<!--", "[SEP]"]
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
 def _maps(tokens, layers=2, heads=3):
@@ -29,29 +27,8 @@ def test_page_is_self_contained_and_escapes_tokens(tmp_path):
     assert "https://" not in html  # no CDN, no network
 
 
-@pytest.fixture(scope="module")
-def browser():
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("no Chromium: install Debian's `chromium` package (apt-get install chromium); .ci/run does")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("playwright is not installed: pip install -e '.[dev]'")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
-
-
 def _open(browser, path):
-    page = browser.new_page()
-    problems = []
-    page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
-    page.on("pageerror", lambda exc: problems.append(str(exc)))
-    page.on("dialog", lambda d: (problems.append("dialog: " + d.message), d.dismiss()))
-    page.goto(path.as_uri())
-    page.wait_for_selector("body[data-ready='1']", timeout=20000)
-    return page, problems
+    return open_page(browser, path)
 
 
 def test_page_in_chromium_head_and_model_views(browser, tmp_path):
