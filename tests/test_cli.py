@@ -307,3 +307,18 @@ def test_thread_counts_past_four_per_cpu_are_refused_before_any_thread_is_made()
     with pytest.raises(ValueError, match="pass --threads"):
         set_threads(10**6)
     assert torch.get_num_threads() == before and max_threads() == 4 * (os.cpu_count() or 1)
+
+
+def test_misspelt_flags_and_names_are_refused_with_what_was_meant(tmp_path, capsys):
+    """No prefix matching (``--dat`` is not taken for ``--data``); an unknown flag gets the subcommand's usage and
+    the flag meant; a near-miss model name gets the short name meant, whatever the command."""
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--dat", "rotten_tomatoes", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "usage: multihead train" in err and "did you mean --data for --dat?" in err
+    assert main(["generate", "smol", "hi"]) == 2
+    assert "did you mean smollm2?" in capsys.readouterr().err
+    assert main(["heads", "smollm3"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean smollm2?" in err and "minilm, smollm2, dinov2, whisper" in err
+    assert not (tmp_path / "r").exists()
