@@ -358,7 +358,9 @@ def _section(step: str, body: str) -> str:
 
 
 def write_explain_page(data: dict, path: str | Path) -> Path:
-    """One offline page of :func:`explain`'s steps (data in a JSON block, every token inserted as text)."""
+    """One offline page of :func:`explain`'s steps (data in a JSON block, every token inserted as text). The weights
+    are left out: the page computes them from q and k, which is what it shows."""
+    page = {k: v for k, v in data.items() if k != "weights"}
     body = (
         '<h1 id="title"></h1><p class="note" id="text"></p>'
         '<p class="note"><span class="shape" id="sizes"></span> · <span id="which"></span> · <span id="why"></span></p>'
@@ -431,7 +433,7 @@ def write_explain_page(data: dict, path: str | Path) -> Path:
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>multi-head attention, step by step</title><style>{STYLE}</style></head>\n<body>\n{body}\n"
-        f'<script type="application/json" id="data">{_json_for_script(data)}</script>\n'
+        f'<script type="application/json" id="data">{_json_for_script(page)}</script>\n'
         f"<script>{SCRIPT}</script>\n</body></html>\n"
     )
     path = Path(path)
