@@ -462,7 +462,8 @@ class LogitMetric:
     wrong: int | None = None
     position: int = -1
 
-    def __call__(self, logits: Tensor) -> Tensor:
+    def __call__(self, logits) -> Tensor:
+        logits = getattr(logits, "logits", logits)  # an HF model's output (CausalLMOutput) holds them
         row = logits[:, self.position].float()
         if self.wrong is None:
             return row.softmax(-1)[:, self.answer]

@@ -41,8 +41,14 @@ WHAT = {
 }
 
 
-def _block_of(name: str) -> str:
-    """The block holding attention module ``name`` (``decoder.layers.3.self_attn`` -> ``decoder.layers.3``)."""
+def _block_of(name: str, named: dict | None = None) -> str:
+    """The block holding attention module ``name`` (``decoder.layers.3.self_attn`` -> ``decoder.layers.3``): with
+    ``named`` (the model's modules), the nearest enclosing module that has a ``hook_resid_post``."""
+    if named is not None:
+        parts = name.split(".")
+        for i in range(len(parts) - 1, -1, -1):
+            if hasattr(named.get(".".join(parts[:i])), "hook_resid_post"):
+                return ".".join(parts[:i])
     return name.rsplit(".", 1)[0] if "." in name else ""
 
 
@@ -53,10 +59,11 @@ class Cache(dict):
     def __init__(self, attention_modules: list[str]):
         super().__init__()
         self.attention_modules = attention_modules
+        self.blocks: dict[str, str] = {}  # attention module -> the block whose residual stream was captured
 
     def get_layer(self, what: str, layer: int) -> Tensor:
         owner = self.attention_modules[layer]
-        name = f"{_block_of(owner) if what == 'resid' else owner}.{WHAT[what]}"
+        name = f"{self.blocks.get(owner, _block_of(owner)) if what == 'resid' else owner}.{WHAT[what]}"
         if name not in self:
             raise KeyError(
                 f"{name} was not captured; capture with what=({what!r}, ...) and run the model inside the with-block"
@@ -80,10 +87,13 @@ def attention_modules(model: nn.Module) -> list[tuple[str, MultiHeadAttention | 
     from .mla import MultiHeadLatentAttention
 
     mods = [(n, m) for n, m in model.named_modules() if isinstance(m, (MultiHeadAttention, MultiHeadLatentAttention))]
+    if not mods:  # an HF model after multihead.hf.attach: each attention layer carries its record
+        mods = [(n, m.__dict__["_multihead"]) for n, m in model.named_modules() if "_multihead" in m.__dict__]
     if not mods:
         raise ValueError(
             f"{type(model).__name__} has no multihead MultiHeadAttention modules to capture; pass a "
-            "multihead model (TransformerClassifier, TextEncoder, pretrained.load(...).model)"
+            "multihead model (TransformerClassifier, TextEncoder, pretrained.load(...).model), or attach an HF "
+            "model first (multihead.hf.attach(model))"
         )
     return mods
 
@@ -135,10 +145,11 @@ def capture(
                 mod.stats_options = dict(stats or {})
             for w in what:
                 if w == "resid":
-                    block = named.get(_block_of(name))
+                    block = named.get(_block_of(name, named))
                     if block is None or not hasattr(block, "hook_resid_post"):
                         raise ValueError(f"{name} sits in no block with a residual stream hook (hook_resid_post)")
-                    key = f"{_block_of(name)}.hook_resid_post"
+                    cache.blocks[name] = _block_of(name, named)
+                    key = f"{cache.blocks[name]}.hook_resid_post"
                     if key not in blocks_seen:  # a decoder block holds two attention modules
                         blocks_seen.add(key)
                         handles.append(block.hook_resid_post.add_hook(recorder(key)))

@@ -1,0 +1,505 @@
+"""Attach multihead to an HF transformers model through HF's own attention registry.
+
+HF models since transformers 4.48 call attention through one table, ``ALL_ATTENTION_FUNCTIONS[config.
+_attn_implementation]`` (``AttentionInterface``): every attention layer hands the function its rotated queries
+``(B, H, Lq, D)``, its keys and values ``(B, Hkv, Lk, D)`` (not repeated for GQA), the mask the model built, the
+scale, and per-architecture extras (``sliding_window``, ``softcap``, ``s_aux`` sinks). :func:`attach` registers
+multihead's function under the name ``"multihead"`` (and HF's SDPA mask builder beside it, so a causal model with no
+padding passes no ``L x L`` mask at all), switches the model's configs to it, and gives every layer that calls the
+registry multihead's hook points as children:
+
+* on each attention layer: ``hook_q``, ``hook_k``, ``hook_v`` (after rotary; keys and values with the model's
+  ``Hkv`` heads), ``hook_pattern`` (weights, computed only while hooked), ``hook_z`` (per-head outputs before the
+  output projection) and ``hook_stats`` (exact statistics from tiles, without the ``Lq x Lk`` map);
+* on each block (an entry of the model's layer list): ``hook_resid_pre``, ``hook_resid_post``, ``hook_attn_out``
+  (what its attention part returns), and where the architecture has them ``hook_mlp_out`` and ``hook_resid_mid``
+  (the residual stream between attention and MLP of a sequential pre-norm block).
+
+The attention itself runs on multihead's kernel seam (every exact backend, GQA without expanding K/V, sinks); the
+soft-capped scores of Gemma 2 run as the reference formula with the cap. :func:`detach` restores the model's own
+implementation and removes every hook point. Layers whose attention does not go through the registry cannot be
+seen this way: :func:`why_not` names them, and :func:`attach` refuses such a model rather than miss them silently.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
+
+import torch
+from torch import Tensor, nn
+
+from ..attention import attention
+from ..attention.attn_mask import AttnMask
+from ..attention.ops import expand_kv, zero_rows
+from ..modules.hooks import HookPoint
+from ..pretrained.errors import SourceError
+
+NAME = "multihead"  # the name in HF's AttentionInterface and AttentionMaskInterface
+INSTALL = "pip install 'multihead[hf]'"
+ATTENTION_HOOKS = ("hook_q", "hook_k", "hook_v", "hook_pattern", "hook_z", "hook_stats")
+BLOCK_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
+_MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
+_OUT_NAMES = ("o_proj", "out_proj", "c_proj", "dense", "o", "wo", "out_lin")
+# The norm whose input is the residual stream between attention and MLP, per model type: only sequential pre-norm
+# blocks have one (parallel blocks such as GPT-NeoX's and Phi's, and post-norm blocks, have no such point).
+_MID_NORM = {
+    **dict.fromkeys(
+        ("llama", "mistral", "mixtral", "qwen2", "qwen3", "granite", "phi3", "starcoder2", "persimmon", "stablelm"),
+        "post_attention_layernorm",
+    ),
+    **dict.fromkeys(("gemma2", "gemma3", "gemma3_text"), "pre_feedforward_layernorm"),
+    **dict.fromkeys(("gpt2", "gpt_bigcode"), "ln_2"),
+    **dict.fromkeys(("opt", "whisper"), "final_layer_norm"),
+}
+
+
+class AttachError(SourceError):
+    """A model multihead cannot attach to (the message says why and what works instead)."""
+
+
+def _transformers():
+    try:
+        import transformers  # noqa: F401
+        from transformers import masking_utils, modeling_utils
+    except ImportError:
+        raise AttachError(f"attaching to HF models needs transformers: {INSTALL}") from None
+    return modeling_utils, masking_utils
+
+
+# ------------------------------------------------------------------------------------------ which layers route
+_ROUTES: dict[type, bool] = {}
+
+
+def routes(cls: type) -> bool:
+    """Whether ``cls.forward`` calls HF's attention registry (read from its source, once per class)."""
+    if cls not in _ROUTES:
+        try:
+            src = inspect.getsource(inspect.unwrap(cls.forward))
+        except (OSError, TypeError):
+            src = ""
+        _ROUTES[cls] = "ALL_ATTENTION_FUNCTIONS" in src
+    return _ROUTES[cls]
+
+
+def _attention_layers(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], list[tuple[str, nn.Module]]]:
+    """``(routed, bypassing)``: the layers that call the registry, and attention-named layers that compute
+    attention without it (no routed layer inside or around them)."""
+    named = list(model.named_modules())
+    routed = [(n, m) for n, m in named if routes(type(m))]
+    prefixes = [n for n, _ in routed]
+
+    def related(name: str) -> bool:
+        return any(p == name or p.startswith(name + ".") or name.startswith(p + ".") for p in prefixes)
+
+    bypassing = [
+        (n, m)
+        for n, m in named
+        if "attention" in type(m).__name__.lower()
+        and not routes(type(m))
+        and not related(n)
+        and any(isinstance(c, nn.Linear) or type(c).__name__ == "Conv1D" for c in m.modules())
+    ]
+    return routed, bypassing
+
+
+def why_not(model: nn.Module) -> str | None:
+    """Why :func:`attach` cannot take ``model`` (None: it can)."""
+    modeling_utils, _ = _transformers()
+    if not isinstance(model, modeling_utils.PreTrainedModel):
+        return (
+            f"{type(model).__name__} is not an HF transformers model (PreTrainedModel); multihead's own modules "
+            "have the hook points already"
+        )
+    if is_attached(model):
+        return f"{type(model).__name__} is already attached; call multihead.hf.detach(model) first"
+    routed, bypassing = _attention_layers(model)
+    arch = getattr(model.config, "model_type", type(model).__name__)
+    import transformers
+
+    if bypassing:
+        names = sorted({type(m).__name__ for _, m in bypassing})
+        where = ", ".join(n for n, _ in bypassing[:3]) + (" ..." if len(bypassing) > 3 else "")
+        return (
+            f"{arch}: its attention class {', '.join(names)} ({where}) computes attention itself instead of calling "
+            f"transformers' attention registry (ALL_ATTENTION_FUNCTIONS) in transformers {transformers.__version__}, "
+            "so multihead would not see those layers"
+            + ("" if routed else "; newer transformers releases route more architectures through the registry")
+        )
+    if not routed:
+        return f"{arch}: no layer of {type(model).__name__} calls transformers' attention registry"
+    return None
+
+
+# ------------------------------------------------------------------------------------------ the record per layer
+def _int(obj, names) -> int | None:
+    for n in names:
+        v = getattr(obj, n, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def _output_projection(name: str, module: nn.Module, named: dict[str, nn.Module]) -> nn.Module | None:
+    for n in _OUT_NAMES:
+        c = getattr(module, n, None)
+        if isinstance(c, nn.Linear) or type(c).__name__ == "Conv1D":
+            return c
+    parent = named.get(name.rsplit(".", 1)[0]) if "." in name else None  # ViT, DINOv2: attention.output.dense
+    dense = getattr(getattr(parent, "output", None), "dense", None)
+    return dense if isinstance(dense, nn.Linear) else None
+
+
+class AttachedAttention:
+    """multihead's view of one attached HF attention layer: its hook points (children of the HF module, so that
+    ``capture`` names them ``model.layers.0.self_attn.hook_pattern``), its head counts, the output projection
+    ``w_o`` (``(E, H*D)``, as multihead's modules have it), ``stats_options`` for ``hook_stats`` and the kernel
+    seam's ``backend``."""
+
+    w_gate = None  # no gated heads
+
+    def __init__(self, name: str, module: nn.Module, named: dict[str, nn.Module], backend: str):
+        cfg = getattr(module, "config", None)
+        h = _int(module, ("num_heads", "num_attention_heads", "n_heads", "n_head")) or _int(
+            cfg, ("num_attention_heads", "n_head", "n_heads")
+        )
+        groups = _int(module, ("num_key_value_groups",))
+        g = _int(module, ("num_key_value_heads", "num_kv_heads")) or (
+            h // groups if h and groups else _int(cfg, ("num_key_value_heads",)) if groups else h
+        )
+        d = _int(module, ("head_dim", "head_size", "attention_head_size")) or _int(cfg, ("head_dim",))
+        if d is None and h:
+            d = (_int(cfg, ("hidden_size", "n_embd", "d_model")) or 0) // h or None
+        self.name, self.num_heads, self.num_kv_heads, self.head_dim = name, h, g, d
+        self.backend = backend
+        self.stats_options: dict = {}
+        self.out_proj = _output_projection(name, module, named)
+        for hook in ATTENTION_HOOKS:
+            setattr(self, hook, getattr(module, hook))
+
+    @property
+    def w_o(self):
+        """The output projection's weight as ``(E, H*D)`` (HF's GPT-2 ``Conv1D`` stores it transposed)."""
+        if self.out_proj is None:
+            raise ValueError(f"{self.name}: multihead found no output projection to split per head")
+        w = self.out_proj.weight
+        return SimpleNamespace(weight=w.t() if type(self.out_proj).__name__ == "Conv1D" else w)
+
+    def observe(self, q: Tensor, k: Tensor) -> None:
+        """The head counts as the tensors show them (the truth where the module's attributes were ambiguous)."""
+        self.num_heads, self.num_kv_heads, self.head_dim = q.shape[1], k.shape[1], q.shape[-1]
+
+
+# ------------------------------------------------------------------------------------------ the attention function
+def _mask(attention_mask, module: nn.Module, lq: int, lk: int, is_causal) -> AttnMask | None:
+    """HF's mask as multihead's structured one. None from HF's SDPA mask builder means causal (or nothing, for an
+    encoder): the fused path then builds nothing ``Lq x Lk``."""
+    if attention_mask is None:
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        return AttnMask(causal=True) if causal and lq > 1 else None
+    m = attention_mask
+    if m.dim() == 4 and m.shape[-1] != lk:
+        m = m[..., :lk]
+    if m.dtype == torch.bool:
+        return AttnMask(tensor=m)
+    low = torch.finfo(m.dtype).min / 2
+    blocked = m <= low
+    if bool(((m == 0) | blocked).all()):
+        return AttnMask(tensor=~blocked)  # an additive 0 / min mask is a bool mask
+    return AttnMask(tensor=m.masked_fill(blocked, -math.inf))  # a real bias (T5's positions) stays a bias
+
+
+def _with_bias(am: AttnMask | None, bias: Tensor | None, lk: int) -> AttnMask | None:
+    """T5's relative-position bias (transformers 5 passes it beside the mask) added to the mask as a float part."""
+    if bias is None:
+        return am
+    bias = bias[..., :lk]
+    if am is None:
+        return AttnMask(tensor=bias)
+    if am.tensor is None:
+        return replace(am, tensor=bias)
+    if am.tensor.dtype == torch.bool:
+        return replace(am, tensor=bias.masked_fill(~am.tensor, -math.inf))
+    return replace(am, tensor=am.tensor + bias)
+
+
+def _capped(q: Tensor, k: Tensor, am: AttnMask | None, scale: float, cap: float, sinks: Tensor | None) -> Tensor:
+    """Soft-capped weights (Gemma 2): ``softmax(cap tanh(q k^T scale / cap) + mask)``, fp32, empty rows zero."""
+    acc = torch.promote_types(q.dtype, torch.float32)
+    s = torch.matmul(q.to(acc), expand_kv(k, q.shape[1]).to(acc).transpose(-2, -1)) * scale
+    s = torch.tanh(s / cap) * cap
+    dense = None if am is None else am.dense(q.shape[2], k.shape[2], q.device)
+    row_ok = None
+    if dense is not None:
+        neg = -torch.finfo(acc).max
+        s = s.masked_fill(~dense, neg) if dense.dtype == torch.bool else (s + dense.to(acc)).clamp_min(neg)
+        row_ok = (s > neg).any(-1, keepdim=True)
+    if sinks is not None:
+        b, h, i, _ = s.shape
+        p = torch.softmax(torch.cat([sinks.to(acc).view(1, h, 1, 1).expand(b, h, i, 1), s], -1), -1)[..., 1:]
+    else:
+        p = torch.softmax(s, -1)
+    return zero_rows(p, row_ok).to(q.dtype)
+
+
+def multihead_attention_forward(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[Tensor, Tensor | None]:
+    """HF's attention-function signature on multihead's kernel seam and hook points; returns ``(B, Lq, H, D)`` and
+    the weights when the caller asked for them (``output_attentions``)."""
+    rec: AttachedAttention | None = module.__dict__.get("_multihead")
+    q, k, v = query, key, value
+    if rec is not None:
+        rec.observe(q, k)
+        q, k, v = rec.hook_q(q), rec.hook_k(k), rec.hook_v(v)
+    lq, lk = q.shape[2], k.shape[2]
+    am = _with_bias(_mask(attention_mask, module, lq, lk, is_causal), kwargs.get("position_bias"), lk)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scaling is None else float(scaling)
+    cap = kwargs.get("softcap")
+    sinks = kwargs.get("s_aux")
+    sinks = None if sinks is None else sinks.to(q.dtype)
+    p = float(dropout) if module.training else 0.0
+    want = bool(kwargs.get("output_attentions", False))
+    pattern = rec.hook_pattern if rec is not None and rec.hook_pattern.active else None
+    if cap:
+        w = _capped(q, k, am, scale, float(cap), sinks)
+        if rec is not None and rec.hook_stats.active:
+            from ..attention.stats import map_stats
+
+            rec.hook_stats(map_stats(w.detach(), offset=lk - lq, **rec.stats_options))
+        w = pattern(w) if pattern is not None else w
+        dropped = nn.functional.dropout(w, p=p) if p > 0 else w
+        z = torch.matmul(dropped, expand_kv(v, q.shape[1]))
+        weights = w if want else None
+    else:
+        if rec is not None and rec.hook_stats.active:
+            from ..attention.stats import attention_stats
+
+            rec.hook_stats(attention_stats(q, k, mask=am, scale=scale, sinks=sinks, **rec.stats_options))
+        z, weights = attention(
+            q,
+            k,
+            v,
+            mask=am,
+            scale=scale,
+            dropout_p=p,
+            need_weights=want,
+            backend=rec.backend if rec is not None else "auto",
+            weights_hook=pattern,
+            sinks=sinks,
+        )
+    if rec is not None:
+        z = rec.hook_z(z)
+    head_mask = kwargs.get("head_mask")
+    if head_mask is not None:  # HF's eager head_mask scales each head's weights: the same as scaling its output
+        z = z * head_mask
+    return z.transpose(1, 2).contiguous(), weights
+
+
+# ------------------------------------------------------------------------------------------ attach and detach
+@dataclass
+class Attached:
+    """What :func:`attach` changed on a model, to undo it: the attention layers (name -> record), the blocks'
+    names, the configs' previous implementations and the hook handles."""
+
+    model: nn.Module
+    layers: dict[str, AttachedAttention]
+    blocks: list[str]
+    configs: list[tuple[object, object]] = field(default_factory=list)
+    handles: list = field(default_factory=list)
+    added: list[tuple[nn.Module, str]] = field(default_factory=list)
+
+    def detach(self) -> None:
+        detach(self.model)
+
+
+def is_attached(model: nn.Module) -> bool:
+    return isinstance(model.__dict__.get("_multihead_attached"), Attached)
+
+
+def attached(model: nn.Module) -> Attached:
+    """The :class:`Attached` record of an attached model (a ValueError naming :func:`attach` otherwise)."""
+    a = model.__dict__.get("_multihead_attached")
+    if not isinstance(a, Attached):
+        raise AttachError(f"{type(model).__name__} is not attached; call multihead.hf.attach(model) first")
+    return a
+
+
+def _register() -> None:
+    modeling_utils, masking_utils = _transformers()
+    modeling_utils.AttentionInterface.register(NAME, multihead_attention_forward)
+    sdpa_mask = masking_utils.AttentionMaskInterface._global_mapping["sdpa"]
+    masking_utils.AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+def _configs(model: nn.Module) -> list:
+    """Every config object the model and its parts read their attention implementation from."""
+    seen: dict[int, object] = {}
+
+    def add(c) -> None:
+        if c is None or id(c) in seen or not hasattr(c, "_attn_implementation_internal"):
+            return
+        seen[id(c)] = c
+        for key in getattr(c, "sub_configs", {}) or {}:
+            add(getattr(c, key, None))
+
+    add(getattr(model, "config", None))
+    for m in model.modules():
+        add(getattr(m, "config", None))
+    return list(seen.values())
+
+
+def _block_of(name: str, named: dict[str, nn.Module]) -> str | None:
+    """The entry of a layer list holding ``name`` (``model.layers.3``); the outermost one (T5's ``block.3`` holds a
+    list of sub-layers)."""
+    parts = name.split(".")
+    for i in range(1, len(parts) + 1):
+        parent = ".".join(parts[: i - 1]) if i > 1 else ""
+        if isinstance(named.get(parent), nn.ModuleList) and parts[i - 1].isdigit():
+            return ".".join(parts[:i])
+    return None
+
+
+def _first(x):
+    return x[0] if isinstance(x, tuple) else x
+
+
+def _replace_first(x, new):
+    return (new, *x[1:]) if isinstance(x, tuple) else new
+
+
+def _hook_block(att: Attached, name: str, block: nn.Module, attn_child: str | None, model_type: str) -> None:
+    def add(obj: nn.Module, hook: str) -> HookPoint:
+        if hook in obj._modules or hasattr(obj, hook):
+            raise AttachError(f"{name} already has an attribute {hook!r}; multihead will not overwrite it")
+        hp = HookPoint()
+        obj.add_module(hook, hp)
+        att.added.append((obj, hook))
+        return hp
+
+    pre, post = add(block, "hook_resid_pre"), add(block, "hook_resid_post")
+
+    def before(mod, args, kwargs):
+        if not pre.active:
+            return None
+        if args:
+            return (pre(args[0]), *args[1:]), kwargs
+        if "hidden_states" in kwargs:
+            return args, {**kwargs, "hidden_states": pre(kwargs["hidden_states"])}
+        return None
+
+    def after(mod, args, kwargs, out):
+        return _replace_first(out, post(_first(out))) if post.active else None
+
+    att.handles.append(block.register_forward_pre_hook(before, with_kwargs=True))
+    att.handles.append(block.register_forward_hook(after, with_kwargs=True))
+
+    def output_hook(child: nn.Module, hook: str) -> None:
+        hp = add(block, hook)
+        att.handles.append(
+            child.register_forward_hook(lambda m, a, out: _replace_first(out, hp(_first(out))) if hp.active else None)
+        )
+
+    if attn_child is not None:
+        output_hook(block.get_submodule(attn_child), "hook_attn_out")
+    mlp = next((getattr(block, n) for n in _MLP_NAMES if isinstance(getattr(block, n, None), nn.Module)), None)
+    if mlp is not None:
+        output_hook(mlp, "hook_mlp_out")
+    norm = getattr(block, _MID_NORM.get(model_type, ""), None)
+    if isinstance(norm, nn.Module) and not getattr(getattr(block, "config", None), "use_parallel_residual", False):
+        mid = add(block, "hook_resid_mid")
+        att.handles.append(
+            norm.register_forward_pre_hook(lambda m, args: (mid(args[0]), *args[1:]) if mid.active else None)
+        )
+
+
+def attach(model: nn.Module, *, backend: str = "auto") -> Attached:
+    """Give ``model`` (an HF ``PreTrainedModel``) multihead's attention function and hook points (see the module
+    docstring); returns the :class:`Attached` record (also kept on the model). ``backend``: the kernel seam's
+    backend for every layer (``auto`` picks the fastest exact one). Refuses, with the reason, a model that is not
+    an HF model, is already attached, or has attention layers that bypass HF's registry (:func:`why_not`)."""
+    from ..attention.registry import check_backend_name
+
+    why = why_not(model)
+    if why is not None:
+        raise AttachError(why)
+    check_backend_name(backend)
+    _register()
+    named = dict(model.named_modules())
+    routed, _ = _attention_layers(model)
+    model_type = str(getattr(model.config, "model_type", ""))
+    att = Attached(model, {}, [])
+    try:
+        for c in _configs(model):
+            att.configs.append((c, c._attn_implementation_internal))
+            c._attn_implementation_internal = NAME
+        for name, module in routed:
+            for hook in ATTENTION_HOOKS:
+                if hook in module._modules or hasattr(module, hook):
+                    raise AttachError(f"{name} already has an attribute {hook!r}; multihead will not overwrite it")
+                module.add_module(hook, HookPoint())
+                att.added.append((module, hook))
+            rec = AttachedAttention(name, module, named, backend)
+            module.__dict__["_multihead"] = rec
+            att.layers[name] = rec
+        for name, _ in routed:
+            block = _block_of(name, named)
+            if block is None or block in att.blocks:
+                continue
+            att.blocks.append(block)
+            child = name[len(block) + 1 :].split(".")[0] if name != block else None
+            _hook_block(att, block, named[block], child, model_type)
+    except BaseException:
+        _undo(att)
+        raise
+    model.__dict__["_multihead_attached"] = att
+    return att
+
+
+def _undo(att: Attached) -> None:
+    for h in att.handles:
+        h.remove()
+    for obj, hook in att.added:
+        obj._modules.pop(hook, None)
+    for name in att.layers:
+        att.model.get_submodule(name).__dict__.pop("_multihead", None)
+    for c, old in reversed(att.configs):
+        c._attn_implementation_internal = old
+    att.handles.clear()
+    att.added.clear()
+
+
+def detach(model: nn.Module) -> nn.Module:
+    """Undo :func:`attach`: the model's own attention implementation back, every hook point and hook removed.
+    Returns the model."""
+    att = attached(model)
+    _undo(att)
+    del model.__dict__["_multihead_attached"]
+    return model
+
+
+__all__ = [
+    "ATTENTION_HOOKS",
+    "AttachError",
+    "Attached",
+    "AttachedAttention",
+    "BLOCK_HOOKS",
+    "NAME",
+    "attach",
+    "attached",
+    "detach",
+    "is_attached",
+    "multihead_attention_forward",
+    "routes",
+    "why_not",
+]

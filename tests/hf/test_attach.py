@@ -1,0 +1,235 @@
+"""multihead.hf.attach on 33 HF architectures built from small configs (random weights, no download), under the
+installed transformers (4.57.6 in .venv, 5.x in .venv-peers: `make test` runs this file in both).
+
+For every architecture that routes attention through HF's registry: attached outputs equal HF's own; every
+``hook_pattern`` equals HF eager's ``output_attentions``; the exact statistics equal those of the patterns; a head
+patched with its own activation changes nothing; zero-ablating a head equals zeroing its slice of the output
+projection's input by hand; on GQA models, editing one key/value head changes only the query heads that share it.
+Every other architecture is refused with its attention class named, and only those expected to be."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="pip install 'multihead[hf]'")
+
+from multihead import hf  # noqa: E402
+from multihead.interpret.patching import ablated, activation_patching, attribution_patching  # noqa: E402
+from multihead.modules import capture  # noqa: E402
+
+from .archs import ARCHS  # noqa: E402
+
+MAJOR = int(transformers.__version__.split(".")[0])
+# What each transformers line computes outside its attention registry (their attention classes say so in source).
+REFUSED = {
+    4: {"stablelm", "falcon", "gptj", "bloom", "bert", "roberta", "distilbert", "electra", "t5"},
+    5: {"falcon", "bloom"},
+}[MAJOR]
+ATTACHED = sorted(set(ARCHS) - REFUSED)
+
+
+def _hf_attentions(out) -> list[torch.Tensor]:
+    """Every attention map an HF output holds (encoder, decoder, cross, both CLIP towers)."""
+    found = []
+    for key, value in out.items():
+        if "attentions" in key and isinstance(value, tuple):
+            found += [t for t in value if isinstance(t, torch.Tensor)]
+        elif hasattr(value, "items"):
+            found += _hf_attentions(value)
+    return found
+
+
+@pytest.fixture(scope="module")
+def built():
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = ARCHS[name].build()
+        return cache[name]
+
+    return get
+
+
+def test_the_expected_architectures_are_refused_with_the_reason(built):
+    for name in sorted(REFUSED):
+        model = built(name)
+        why = hf.why_not(model)
+        assert why is not None and "attention registry" in why, name
+        assert "Attention" in why  # the class that bypasses it is named
+        with pytest.raises(hf.AttachError, match="computes attention itself"):
+            hf.attach(model)
+        assert not hf.is_attached(model)
+
+
+@pytest.mark.parametrize("name", ATTACHED)
+def test_attached_matches_hf(name, built):
+    arch, model = ARCHS[name], built(name)
+    x = arch.inputs()
+    with torch.no_grad():
+        ref = arch.tensor(arch.run(model, x))
+    att = hf.attach(model)
+    try:
+        assert att.layers, name
+        with torch.no_grad():
+            out = arch.tensor(arch.run(model, x))
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+        # patterns and statistics, against HF eager's output_attentions on the same weights
+        with capture(model, ("pattern", "stats")) as cache, torch.no_grad():
+            arch.run(model, x)
+        ours = cache.patterns()
+        eager = ARCHS[name].build()
+        eager.set_attn_implementation("eager")
+        with torch.no_grad():
+            theirs = _hf_attentions(arch.run(eager, x, output_attentions=True))
+        assert len(theirs) == len(ours), (len(theirs), len(ours))
+        unused = list(range(len(theirs)))
+        for i, p in enumerate(ours):
+            match = next(
+                (j for j in unused if theirs[j].shape == p.shape and torch.allclose(theirs[j], p, atol=1e-5)), None
+            )
+            assert match is not None, f"{name}: layer {att.blocks and list(att.layers)[i]} has no equal HF pattern"
+            unused.remove(match)
+            st = cache.stats(i)
+            ent = -(p * p.clamp_min(1e-30).log()).sum(-1)
+            torch.testing.assert_close(st.entropy, ent, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(st.received, p.sum(-2), atol=1e-4, rtol=1e-4)
+            top = p.topk(min(3, p.shape[-1]), -1).values
+            torch.testing.assert_close(st.topk_weight[..., : top.shape[-1]], top, atol=1e-5, rtol=1e-5)
+
+        # a head patched with its own activation changes nothing
+        def run(m, inputs):
+            return arch.tensor(arch.run(m, inputs))
+
+        def metric(t):
+            return t.flatten(1)[:, :16].sum(-1)
+
+        r = activation_patching(model, x, x, metric, run=run)
+        assert r["effect"].abs().max() < 1e-5, name
+        a = attribution_patching(model, x, x, metric, run=run)
+        assert a["effect"].abs().max() < 1e-6
+
+        # zero-ablating head 1 of the first attention layer = zeroing its columns of the output projection's input
+        first = att.layers[next(iter(att.layers))]
+        d = first.head_dim
+        with ablated(model, {0: [1]}), torch.no_grad():
+            ablated_out = run(model, x)
+
+        def zero_slice(mod, args):
+            t = args[0].clone()
+            t[..., d : 2 * d] = 0
+            return (t, *args[1:])
+
+        handle = first.out_proj.register_forward_pre_hook(zero_slice)
+        try:
+            with torch.no_grad():
+                by_hand = run(model, x)
+        finally:
+            handle.remove()
+        torch.testing.assert_close(ablated_out, by_hand, atol=1e-6, rtol=1e-6)
+        assert (ablated_out - out).abs().max() > 1e-6  # the ablation did something
+    finally:
+        hf.detach(model)
+    assert not any(n.endswith("hook_z") for n, _ in model.named_modules())
+    with torch.no_grad():
+        torch.testing.assert_close(arch.tensor(arch.run(model, x)), ref, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name", [n for n in ATTACHED if ARCHS[n].gqa])
+def test_gqa_key_patching_touches_only_the_heads_sharing_it(name, built):
+    arch, model = ARCHS[name], built(name)
+    x, other = arch.inputs(0), arch.inputs(1)
+    att = hf.attach(model)
+    try:
+        layer = att.layers[next(iter(att.layers))]
+        h, g = layer.num_heads, layer.num_kv_heads
+        assert g < h
+        with capture(model, ("k", "z"), layers=[0]) as donor, torch.no_grad():
+            arch.run(model, other)
+        with capture(model, ("z",), layers=[0]) as clean, torch.no_grad():
+            arch.run(model, x)
+        shared = 1  # key/value head 1 of layer 0 taken from the other input
+        handle = layer.hook_k.add_hook(
+            lambda k, hook: torch.cat([k[:, :shared], donor.get_layer("k", 0)[:, 1:2], k[:, 2:]], 1)
+        )
+        try:
+            with capture(model, ("z",), layers=[0]) as patched, torch.no_grad():
+                arch.run(model, x)
+        finally:
+            handle.remove()
+        per = h // g
+        group = range(shared * per, (shared + 1) * per)
+        zc, zp = clean.get_layer("z", 0), patched.get_layer("z", 0)
+        for head in range(h):
+            changed = (zc[:, head] - zp[:, head]).abs().max() > 1e-6
+            assert changed == (head in group), (name, head, list(group))
+    finally:
+        hf.detach(model)
+
+
+def test_hostile_attach_calls(built):
+    model = built("llama")
+    hf.attach(model)
+    try:
+        with pytest.raises(hf.AttachError, match="already attached"):
+            hf.attach(model)
+    finally:
+        hf.detach(model)
+    with pytest.raises(hf.AttachError, match="not attached"):
+        hf.detach(model)
+    with pytest.raises(hf.AttachError, match="not an HF transformers model"):
+        hf.attach(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="backend"):
+        hf.attach(model, backend="nonsense")
+    assert not hf.is_attached(model)
+
+
+def test_a_custom_attention_class_is_refused_by_name(built):
+    """A user's own attention module that computes softmax itself would be invisible: attach refuses the model."""
+    model = ARCHS["llama"].build()
+
+    class MyAttention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.o = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+
+        def forward(self, hidden_states, **kw):
+            return self.o(torch.softmax(self.q(hidden_states), -1)), None
+
+    model.model.layers[1].self_attn = MyAttention()
+    with pytest.raises(hf.AttachError, match=r"MyAttention \(model.layers.1.self_attn\)"):
+        hf.attach(model)
+    assert model.config._attn_implementation != hf.NAME
+
+
+def test_capture_of_resid_and_block_hooks(built):
+    arch, model = ARCHS["llama"], built("llama")
+    x = arch.inputs()
+    att = hf.attach(model)
+    try:
+        seen = {}
+        block = model.model.layers[0]
+        for hook in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out"):
+            getattr(block, hook).add_hook(lambda t, h, hook=hook: seen.__setitem__(hook, t))
+        with torch.no_grad():
+            arch.run(model, x)
+        torch.testing.assert_close(seen["hook_resid_pre"] + seen["hook_attn_out"], seen["hook_resid_mid"])
+        torch.testing.assert_close(seen["hook_resid_mid"] + seen["hook_mlp_out"], seen["hook_resid_post"])
+        for hook in list(seen):
+            getattr(block, hook)._forward_hooks.clear()
+        # an edit through hook_resid_pre reaches the output
+        block.hook_resid_pre.add_hook(lambda t, h: t * 0)
+        with torch.no_grad():
+            zeroed = arch.tensor(arch.run(model, x))
+        block.hook_resid_pre._forward_hooks.clear()
+        with torch.no_grad():
+            plain = arch.tensor(arch.run(model, x))
+        assert (zeroed - plain).abs().max() > 1e-4
+        with capture(model, ("resid",)) as cache, torch.no_grad():
+            arch.run(model, x)
+        assert cache.get_layer("resid", 1).shape == (1, 10, 64)
+        assert att.blocks == ["model.layers.0", "model.layers.1"]
+    finally:
+        hf.detach(model)
