@@ -4,9 +4,23 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test docs bench setup clean
+PEERS := .venv-peers
+PEERS_STAMP := $(PEERS)/.installed
+
+.PHONY: demo test docs bench setup peers clean
 
 setup: $(STAMP)
+
+# The second environment: transformers 5.x (what users of TransformerLens 4.3 and nnsight have) with both peers.
+# `make test` runs the attach tests here too; `multihead bench peers` runs the peers from here.
+peers: $(PEERS_STAMP)
+
+$(PEERS_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(PEERS)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[data]' transformers==5.24.0 \
+		transformer-lens==4.3.0 nnsight==0.8.1 pytest pytest-timeout
+	touch $(PEERS_STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,12 +42,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/multihead demo --out runs/demo
 
-test: $(STAMP)
+test: $(STAMP) $(PEERS_STAMP)
 	$(VENV)/bin/lint-imports   # the layering in pyproject.toml: no module imports a layer above its own
 	$(VENV)/bin/ruff check src tests docs
 	$(VENV)/bin/ruff format --check src tests docs
 	$(VENV)/bin/mypy           # the public API (files listed in pyproject.toml)
 	$(PY) -m pytest -q
+	$(PEERS)/bin/python -m pytest -q tests/hf   # attach under transformers 5.x
 
 docs: $(STAMP)   # the guides, the API reference from the docstrings and the results, offline; a warning fails it
 	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
@@ -43,4 +58,4 @@ bench: $(STAMP)
 	$(VENV)/bin/multihead bench attention
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache docs/_build
+	rm -rf $(VENV) $(PEERS) runs .pytest_cache docs/_build

@@ -51,6 +51,30 @@ REFUSES: dict[str, dict[str, str]] = {
         "evaluate": "evaluate takes a classifier run; a causal LM is measured by `multihead sinks` (perplexity)",
         "predict": "predict takes a classifier run; continue text with `multihead generate`",
     },
+    # An HF causal LM of an architecture with no native family, read by transformers and attached
+    # (multihead.hf): maps and exact statistics of every head; the verbs below need multihead's own decoder.
+    "attached": {
+        **dict.fromkeys(
+            (
+                "generate",
+                "sinks",
+                "induction",
+                "patch",
+                "attribute",
+                "circuit",
+                "importance",
+                "prune",
+                "export",
+                "explain",
+            ),
+            "this command needs multihead's own decoder (its KV cache, residual stream and weights), which reads "
+            "Llama, Mistral, Qwen2/3, Gemma 3 and GPT-2 folders; for this architecture use show and heads, or "
+            "patch and attribute from Python on the attached model (multihead.hf.attach)",
+        ),
+        "embed": "sentence embeddings take an encoder (minilm, an HF BERT folder, a classifier run)",
+        "evaluate": "evaluate takes a classifier run; a causal LM is measured by `multihead sinks` (perplexity)",
+        "predict": "predict takes a classifier run",
+    },
     "vision": dict.fromkeys(
         _TEXT_VERBS, "it does not read text: DINOv2 looks at photographs (show/heads/importance --image)"
     ),
@@ -80,12 +104,16 @@ class SourceKind:
         ``whisper``, ``llama``, ``bert``...), so that a command picks its handler from one table."""
         if self.name == "run":
             return f"run:{self.task.section}" if self.task is not None else "run:train"
+        if self.family is None:
+            return "attached"
         return self.name if self.name in ("encoder", "lm") else self.family.name
 
     @property
     def title(self) -> str:
         if self.name == "run":
             return f"a {self.task.title} run" if self.task is not None else "a run folder"
+        if self.family is None:
+            return "an HF causal LM read by transformers and attached"
         return f"{self.family.title} ({self.format} format)"
 
     def check(self, verb: str) -> SourceKind:
@@ -127,6 +155,13 @@ def kind(source: str | Path) -> SourceKind:
             f"{text} is not a model multihead reads: pass a run folder, an HF model folder (config.json + "
             f"safetensors), a .gguf or .onnx file, a CTranslate2 folder, or one of {pretrained.names.listing()}"
         )
+    if found.family is None and found.format.name == "hf" and found.path.is_dir():
+        from .hf.folder import why_not_folder
+
+        why = why_not_folder(found.path)
+        if why is None:  # no native family, but transformers reads it: attached
+            return SourceKind(text, "lm", found.path, format="hf", refuses=REFUSES["attached"])
+        raise pretrained.SourceError(f"{found.path}: {found.why}; nor is it read attached: {why}")
     if found.family is None:
         raise pretrained.SourceError(f"{found.path}: {found.why}")
     family = found.family
@@ -182,6 +217,12 @@ def load(source: str | Path, *, device: str = "cpu", backend: str = "auto", text
         return Loaded(
             str(source), "run", run.model, run.tokenizer, run.config.data.max_len, run.config.data.max_len, run
         )
+    if k.family is None:  # an HF causal LM read attached
+        from .hf.folder import load as load_attached
+
+        p = load_attached(k.path, backend=backend, device=device)
+        n = min(LM_READ, p.model.config.max_len)
+        return Loaded(str(source), "lm", p.model, p.tokenizer, n, n, p, p.family, "hf")
     fam, fmt = k.family.name, k.format
     if k.name == "lm":
         from . import lm

@@ -1,0 +1,114 @@
+"""HF folders of architectures with no native reader, from the command line: read by transformers, attached, and
+analysed by `show` and `heads`; hostile folders refused before anything is allocated."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="pip install 'multihead[hf]'")
+
+from multihead import hf, loading  # noqa: E402
+from multihead.cli import main  # noqa: E402
+from multihead.modules import capture  # noqa: E402
+
+from .archs import ARCHS  # noqa: E402
+
+
+def _folder(tmp_path_factory, name: str, **config):
+    import transformers
+    from tokenizers import ByteLevelBPETokenizer
+
+    folder = tmp_path_factory.mktemp(name)
+    cfg = transformers.AutoConfig.for_model(name, **{**ARCHS[name].config, "vocab_size": 300, **config})
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder, safe_serialization=True)
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(["the cat sat on the mat, and the dog sat on the log"] * 10, vocab_size=280)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def neox(tmp_path_factory):
+    return _folder(tmp_path_factory, "gpt_neox")
+
+
+def test_the_registry_says_attached_and_the_model_equals_hf(neox):
+    import transformers
+
+    k = loading.kind(neox)
+    assert k.route == "attached" and k.name == "lm"
+    loaded = loading.load(neox)
+    assert loaded.family == "hf:gpt_neox"
+    ref = transformers.AutoModelForCausalLM.from_pretrained(neox).eval()
+    ids = torch.tensor([loaded.detail.encode("the cat sat on the mat")])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(ids), ref(ids).logits, atol=1e-5, rtol=1e-5)
+        # head_mask zeroes a head's output as multihead's own LMs do
+        mask = torch.ones(2, 4)
+        mask[1, 2] = 0
+        with capture(loaded.model, ("z",)) as cache:
+            masked = loaded.model(ids, head_mask=mask)
+        assert not torch.equal(masked, loaded.model(ids))
+        assert cache.get_layer("z", 1)[:, 2].abs().max() > 0  # hook_z sees the output before the mask, as ours
+
+
+def test_heads_from_maps_and_from_statistics_agree(neox, tmp_path):
+    a, b = tmp_path / "maps", tmp_path / "stats"
+    assert main(["heads", str(neox), "--n", "2", "--max-len", "48", "--from", "maps", "--out", str(a)]) == 0
+    assert main(["heads", str(neox), "--n", "2", "--max-len", "48", "--from", "stats", "--out", str(b)]) == 0
+    ra, rb = (json.loads((f / "heads.json").read_text()) for f in (a, b))
+    assert len(ra["heads"]) == 8
+    assert [h["role"] for h in ra["heads"]] == [h["role"] for h in rb["heads"]]
+    for x, y in zip(ra["heads"], rb["heads"]):
+        assert abs(x["to_first"] - y["to_first"]) < 1e-3 and abs(x["entropy"] - y["entropy"]) < 1e-3
+
+
+def test_show_writes_the_page(neox, tmp_path):
+    out = tmp_path / "show"
+    assert main(["show", str(neox), "the cat sat on the mat", "--out", str(out)]) == 0
+    assert (out / "attention.html").stat().st_size > 0
+
+
+def test_commands_that_need_our_decoder_say_so(neox, capsys):
+    assert main(["generate", str(neox), "the cat"]) == 2
+    err = capsys.readouterr().err
+    assert "needs multihead's own decoder" in err and "show and heads" in err
+
+
+def test_hostile_folders(tmp_path_factory, tmp_path, capsys):
+    # an architecture nobody knows
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    (unknown / "config.json").write_text(json.dumps({"model_type": "nonsense_arch", "hidden_size": 8}))
+    assert main(["heads", str(unknown), "--n", "1"]) == 2
+    assert "'nonsense_arch' is not an architecture transformers" in capsys.readouterr().err
+
+    # absurd sizes: refused from the parameter count on the meta device, before anything is allocated
+    import resource
+
+    huge = _folder(tmp_path_factory, "gpt_neox")
+    cfg = json.loads((huge / "config.json").read_text())
+    cfg.update(hidden_size=1 << 20, intermediate_size=1 << 22, num_hidden_layers=64)
+    (huge / "config.json").write_text(json.dumps(cfg))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert main(["heads", str(huge), "--n", "1"]) == 2
+    assert "over the ceiling" in capsys.readouterr().err
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 2 * 1024 * 1024  # KiB: under 2 GiB more
+
+    # pickle weights only: not opened
+    pickled = _folder(tmp_path_factory, "gpt_neox")
+    for f in pickled.glob("*.safetensors"):
+        f.rename(f.with_name("pytorch_model.bin"))
+    with pytest.raises(hf.AttachError, match="pickle files, which multihead does not open"):
+        loading.load(pickled)
+
+    # an encoder architecture multihead reads natively is not sent here; a non-causal one is named
+    vit = tmp_path / "vit"
+    vit.mkdir()
+    (vit / "config.json").write_text(json.dumps({"model_type": "vit"}))
+    assert main(["heads", str(vit), "--n", "1"]) == 2
+    assert "vit is not a causal LM" in capsys.readouterr().err
