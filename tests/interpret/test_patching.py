@@ -375,3 +375,31 @@ def test_patch_pairs_is_the_mean_of_each_pairs_patching(lm):
     torch.testing.assert_close(P.per_head(per_pos["effect"]), per_pos["effect"].abs().amax(-1))
     with pytest.raises(ValueError, match="at least one"):
         P.patch_pairs(lm, [])
+
+
+def test_attribution_patching_uses_the_whole_derivative_through_later_layers(lm):
+    """Each head's gradient is d metric / d z through every later layer (their attention included), as autograd
+    gives it on the plain model: written here with retain_grad on every layer's z."""
+    clean, corrupt = _pair()
+    metric = P.logit_diff(5, 6)
+    approx = P.attribution_patching(lm, clean, corrupt, metric)["effect"]
+    zs_clean = P.head_outputs(lm, clean)
+    kept = []
+
+    def keep(z, hook):
+        z.retain_grad()
+        kept.append(z)
+        return z
+
+    from multihead.modules.capture import attention_modules
+
+    handles = [m.hook_z.add_hook(keep) for _, m in attention_modules(lm)]
+    try:
+        with torch.enable_grad():
+            metric(lm(corrupt)).sum().backward()
+    finally:
+        for h in handles:
+            h.remove()
+        lm.zero_grad(set_to_none=True)
+    plain = torch.stack([((c - z.detach()) * z.grad).sum((0, 2, 3)) for c, z in zip(zs_clean, kept)])
+    torch.testing.assert_close(approx, plain, atol=1e-5, rtol=1e-4)

@@ -14,6 +14,7 @@ SUITES = {
     "patch": "multihead.bench.patch",
     "whisper": "multihead.bench.whisper",
     "dinov2": "multihead.bench.dinov2",
+    "peers": "multihead.bench.peers",
 }
 # the suites that take ``--device cuda`` / ``--dtype bf16|fp16`` (the others measure CPU fp32 runs)
 ON_DEVICE = ("attention", "long", "decode", "kernels")

@@ -38,6 +38,23 @@ def _run(model, inputs):
     return model(inputs)
 
 
+def _for_metric(model, run: Callable, metric) -> Callable:
+    """An attached HF causal LM scored by a :class:`LogitMetric` at a position from the end projects only the last
+    positions to the vocabulary (HF's ``logits_to_keep``), as multihead's own LMs do when patching resumes."""
+    import inspect
+
+    if run is not _run or not isinstance(metric, LogitMetric) or metric.position >= 0:
+        return run
+    if "_multihead_attached" not in model.__dict__:
+        return run
+    try:
+        takes = "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return run
+    keep = -metric.position
+    return (lambda m, x: m(x, logits_to_keep=keep)) if takes else run
+
+
 def _repeat(inputs, n: int):
     """``inputs`` (a tensor with batch 1, or a tuple of them) repeated ``n`` times along the batch axis."""
     if isinstance(inputs, tuple):
@@ -189,6 +206,7 @@ def activation_patching(
     runs the whole model on every pass."""
     _check_pair(clean, corrupt)
     model.eval()
+    run = _for_metric(model, run, metric)
     mods = attention_modules(model)
     heads = [m.num_heads for _, m in mods]
     with capture(model, ("z",), layers=[0], to_cpu=False) as seen:  # the clean metric, and the positions per head
@@ -277,6 +295,7 @@ def attribution_patching(
     ``{"effect": (layers, H), "corrupt": metric}``; no parameter gradient is kept."""
     _check_pair(clean, corrupt)
     model.eval()
+    run = _for_metric(model, run, metric)
     mods = attention_modules(model)
     clean_z = head_outputs(model, clean, run=run)
     leaves: dict[int, Tensor] = {}
@@ -284,9 +303,14 @@ def attribution_patching(
 
     def hook_for(layer: int):
         def edit(z: Tensor, hook) -> Tensor:
-            leaf = z.detach().requires_grad_(True)  # the graph from here on; nothing before it is kept
-            leaves[layer] = leaf
-            return leaf
+            # The first layer's z starts the graph (nothing before it is kept); every later z stays in it, so its
+            # gradient is the whole derivative, through the later layers' attention too.
+            if not z.requires_grad:
+                z = z.detach().requires_grad_(True)
+            else:
+                z.retain_grad()
+            leaves[layer] = z
+            return z
 
         return edit
 
