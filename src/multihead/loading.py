@@ -55,25 +55,15 @@ REFUSES: dict[str, dict[str, str]] = {
     # (multihead.hf): maps and exact statistics of every head; the verbs below need multihead's own decoder.
     "attached": {
         **dict.fromkeys(
-            (
-                "generate",
-                "sinks",
-                "induction",
-                "patch",
-                "attribute",
-                "circuit",
-                "importance",
-                "prune",
-                "export",
-                "explain",
-            ),
-            "this command needs multihead's own decoder (its KV cache, residual stream and weights), which reads "
-            "Llama, Mistral, Qwen2/3, Gemma 3 and GPT-2 folders; for this architecture use show and heads, or "
-            "patch and attribute from Python on the attached model (multihead.hf.attach)",
+            ("sinks", "attribute", "circuit", "importance", "prune", "export", "explain"),
+            "this command needs multihead's own decoder (its cache windows, residual stream and weights), which "
+            "reads Llama, Mistral, Qwen2/3, Gemma 3 and GPT-2 folders; for this architecture use show, heads, "
+            "induction, patch and generate, or capture and patching from Python on the attached model "
+            "(multihead.hf.attach)",
         ),
         "embed": "sentence embeddings take an encoder (minilm, an HF BERT folder, a classifier run)",
         "evaluate": "evaluate takes a classifier run; a causal LM is measured by `multihead sinks` (perplexity)",
-        "predict": "predict takes a classifier run",
+        "predict": "predict takes a classifier run; continue text with `multihead generate`",
     },
     "vision": dict.fromkeys(
         _TEXT_VERBS, "it does not read text: DINOv2 looks at photographs (show/heads/importance --image)"

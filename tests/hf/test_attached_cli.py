@@ -74,9 +74,39 @@ def test_show_writes_the_page(neox, tmp_path):
 
 
 def test_commands_that_need_our_decoder_say_so(neox, capsys):
-    assert main(["generate", str(neox), "the cat"]) == 2
+    assert main(["sinks", str(neox)]) == 2
     err = capsys.readouterr().err
-    assert "needs multihead's own decoder" in err and "show and heads" in err
+    assert "needs multihead's own decoder" in err and "show, heads" in err
+
+
+def test_generate_continues_as_hf_does(neox, capsys):
+    import transformers
+
+    p = loading.load(neox).detail
+    ids = torch.tensor([p.encode("the cat sat")])
+    ref = transformers.AutoModelForCausalLM.from_pretrained(neox).eval()
+    want = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, pad_token_id=0)
+    streamed = []
+    got = p.model.generate(ids, max_new_tokens=6, streamer=lambda t, alive: streamed.append(int(t[0])))
+    assert got[0].tolist() == want[0, ids.shape[1] :].tolist() == streamed
+    assert main(["generate", str(neox), "the cat sat", "--max-new", "6", "--no-stream"]) == 0
+    assert capsys.readouterr().out.strip() == "the cat sat" + p.tokenizer.decode(streamed, skip_special_tokens=True)
+
+
+def test_patch_and_induction_from_the_command_line(neox, tmp_path):
+    out = tmp_path / "patch"
+    argv = ["patch", str(neox), "--clean", "the cat sat on the mat", "--corrupt", "the dog sat on the mat"]
+    assert main([*argv, "--answer", " the", "--wrong", " mat", "--out", str(out)]) == 0
+    r = json.loads((out / "importance-patching.json").read_text())
+    assert torch.tensor(r["effect"]).shape == (2, 4) and torch.isfinite(torch.tensor(r["effect"])).all()
+    ind = tmp_path / "induction"
+    assert (
+        main(["induction", "--model", str(neox), "--out", str(ind), "--half", "6", "--batch", "2", "--ablate", "2"])
+        == 0
+    )
+    s = json.loads((ind / "induction.json").read_text())
+    assert torch.tensor(s["prefix_matching"]).shape == (2, 4)
+    assert torch.tensor(s["copying"]).isnan().all()  # GPT-NeoX fuses q, k and v: no separate value projection
 
 
 def test_hostile_folders(tmp_path_factory, tmp_path, capsys):

@@ -14,10 +14,10 @@ def _load(source: str):
     from ..lm import LMError
     from ..loading import route
 
-    if route(source, "patch") == "lm":
-        from .. import lm
+    if route(source, "patch") in ("lm", "attached"):
+        from .lm import _load_lm
 
-        p = lm.load(source)
+        p = _load_lm(source)
 
         def one(text: str) -> int:
             ids = p.encode(text, special=False)

@@ -24,7 +24,7 @@ def _is_lm(source: str, verb: str) -> bool:
     if entry is not None:  # a bundled LM whose package may be missing: its loader names the install line
         return FAMILIES[entry.family].kind == "lm"
     try:
-        return route(source, verb) == "lm"
+        return route(source, verb) in ("lm", "attached")
     except SourceError:
         path = Path(source)
         a_name = not path.exists() and "/" not in str(source)  # a short name, perhaps misspelt ("smol")
@@ -184,6 +184,13 @@ def _load_lm(source: str, threads: int | None = None):
     from .. import lm
 
     set_threads(threads)
+    from ..loading import kind
+
+    k = kind(source)
+    if k.name == "lm" and k.family is None:  # an HF causal LM with no native family: read and attached
+        from ..hf.folder import load
+
+        return load(k.path)
     return lm.load(source, progress=True)
 
 
@@ -218,7 +225,10 @@ def generate_lm(args) -> int:
 
     sys.stdout.write(args.prompt if not args.chat else "")
     options = _decoding(args, p.eos_ids)
-    run(p.model, as_batch(ids), None, streamer=stream, **options)
+    if hasattr(p.model, "hf"):  # attached: HF's generate loop with multihead's attention
+        p.model.generate(as_batch(ids), streamer=stream, **options)
+    else:
+        run(p.model, as_batch(ids), None, streamer=stream, **options)
     if not args.stream:
         sys.stdout.write(shown[0])
     sys.stdout.write("\n")

@@ -176,8 +176,20 @@ class AttachedAttention:
         self.backend = backend
         self.stats_options: dict = {}
         self.out_proj = _output_projection(name, module, named)
+        self._module = module
         for hook in ATTENTION_HOOKS:
             setattr(self, hook, getattr(module, hook))
+
+    @property
+    def w_v(self):
+        """The value projection's weight ``(Hkv*D, E)`` where the layer has a separate one (None where q, k and v
+        share one fused matrix, whose layout differs per architecture)."""
+        module = self._module
+        for n in ("v_proj", "value", "v", "v_lin"):
+            c = getattr(module, n, None)
+            if isinstance(c, nn.Linear):
+                return c
+        return None
 
     @property
     def w_o(self):

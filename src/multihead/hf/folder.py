@@ -87,6 +87,69 @@ class AttachedLM(nn.Module):
             for h in handles:
                 h.remove()
 
+    @property
+    def embed(self) -> nn.Module:
+        """The token embedding (``weight`` ``(V, E)``), as multihead's LMs name it."""
+        return self.hf.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Module:
+        """The unembedding (``weight`` ``(V, E)``)."""
+        return self.hf.get_output_embeddings()
+
+    @torch.no_grad()
+    def generate(
+        self,
+        ids: Tensor,
+        *,
+        strategy: str = "greedy",
+        max_new_tokens: int = 32,
+        stop_tokens=(),
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        streamer=None,
+    ) -> Tensor:
+        """Continue ``ids`` ``(B, L)`` with HF's own ``generate`` loop (its KV cache) running multihead's attention;
+        the options are :func:`multihead.models.generation.generate`'s (greedy or sampling), and ``streamer(tokens
+        (B,), alive (B,))`` is called with every new token. Returns the new tokens ``(B, n)``."""
+        from transformers.generation.streamers import BaseStreamer
+
+        if strategy not in ("greedy", "sample"):
+            raise ValueError(f"an attached HF model decodes greedy or sample, not {strategy!r}")
+
+        class Stream(BaseStreamer):
+            prompt_seen = False
+
+            def put(self, value) -> None:
+                if not self.prompt_seen:  # HF hands the prompt over first
+                    self.prompt_seen = True
+                    return
+                if streamer is not None:
+                    tokens = value.view(-1)
+                    streamer(tokens, torch.ones_like(tokens, dtype=torch.bool))
+
+            def end(self) -> None:
+                pass
+
+        if seed is not None:  # as multihead's sampling: a seed makes it repeatable, none draws a fresh one
+            torch.manual_seed(seed)
+        sample = strategy == "sample"
+        out = self.hf.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=sample,
+            temperature=temperature if sample else None,
+            top_k=(top_k or None) if sample else None,
+            top_p=top_p if sample else None,
+            eos_token_id=list(stop_tokens) or None,
+            pad_token_id=self.config.pad_id,
+            streamer=Stream(),
+        )
+        return out[:, ids.shape[1] :]
+
 
 def load(path: str | Path, *, backend: str = "auto", device: str = "cpu"):
     """The HF causal-LM folder ``path`` read by transformers (safetensors only), attached, with its tokenizer, as

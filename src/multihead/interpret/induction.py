@@ -81,6 +81,9 @@ def copying_scores(model) -> Tensor:
     for _, attn in attention_modules(model):
         h, dh = attn.num_heads, attn.head_dim
         group = h // attn.num_kv_heads
+        if getattr(attn, "w_v", None) is None:  # an attached HF layer with fused q, k, v: not split here
+            rows.append(torch.full((h,), float("nan")))
+            continue
         w_v = attn.w_v.weight.float()  # (Hkv * dh, E)
         w_o = attn.w_o.weight.float()  # (E, H * dh)
         mid = w_e.T @ w_u  # (E, E): embed -> unembed through the residual stream
