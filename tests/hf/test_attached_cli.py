@@ -67,10 +67,11 @@ def test_heads_from_maps_and_from_statistics_agree(neox, tmp_path):
         assert abs(x["to_first"] - y["to_first"]) < 1e-3 and abs(x["entropy"] - y["entropy"]) < 1e-3
 
 
-def test_show_writes_the_page(neox, tmp_path):
+def test_show_writes_the_page(neox, tmp_path, capsys):
     out = tmp_path / "show"
     assert main(["show", str(neox), "the cat sat on the mat", "--out", str(out)]) == 0
     assert (out / "attention.html").stat().st_size > 0
+    assert "gpt_neox: no native multihead family; read with transformers and attached" in capsys.readouterr().err
 
 
 def test_commands_that_need_our_decoder_say_so(neox, capsys):

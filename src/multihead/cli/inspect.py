@@ -11,6 +11,16 @@ from ..interpret.maps import concatenated, lift_max_len
 from .args import _count, _threads, _fraction, _head_list, _nonneg, _seconds
 
 
+def _say_attached(p) -> None:
+    """One line on stderr when a model was read by transformers and attached (no native family reads it)."""
+    family = getattr(p, "family", "") or ""
+    if family.startswith("hf:"):
+        print(
+            f"{family[3:]}: no native multihead family; read with transformers and attached (multihead.hf)",
+            file=sys.stderr,
+        )
+
+
 def cmd_show(args) -> int:
     from .._io import check_target
     from ..interpret import load_subject
@@ -32,6 +42,7 @@ def cmd_show(args) -> int:
     if not args.text.strip():
         raise ValueError('the text to show is empty; pass a sentence, e.g. "The cat sat on the mat."')
     subject = load_subject(args.model)
+    _say_attached(getattr(subject, "lm", None))
     if args.max_len:
         lift_max_len(subject, args.max_len)
     summary = show(
@@ -244,6 +255,7 @@ def cmd_heads(args) -> int:
     from ..interpret.roles import subject_head_stats
 
     subject = load_subject(args.model)
+    _say_attached(getattr(subject, "lm", None))
     if args.max_len:
         lift_max_len(subject, args.max_len)
     ds = D.load(args.data, text_column=args.text_column, label_column=args.label_column)

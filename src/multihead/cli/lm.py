@@ -189,8 +189,11 @@ def _load_lm(source: str, threads: int | None = None):
     k = kind(source)
     if k.name == "lm" and k.family is None:  # an HF causal LM with no native family: read and attached
         from ..hf.folder import load
+        from .inspect import _say_attached
 
-        return load(k.path)
+        p = load(k.path)
+        _say_attached(p)
+        return p
     return lm.load(source, progress=True)
 
 
