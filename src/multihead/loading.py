@@ -55,11 +55,11 @@ REFUSES: dict[str, dict[str, str]] = {
     # (multihead.hf): maps and exact statistics of every head; the verbs below need multihead's own decoder.
     "attached": {
         **dict.fromkeys(
-            ("sinks", "attribute", "circuit", "importance", "prune", "export", "explain"),
-            "this command needs multihead's own decoder (its cache windows, residual stream and weights), which "
+            ("sinks", "circuit", "importance", "prune", "export", "explain"),
+            "this command needs multihead's own decoder (its cache windows, circuit searches and weights), which "
             "reads Llama, Mistral, Qwen2/3, Gemma 3 and GPT-2 folders; for this architecture use show, heads, "
-            "induction, patch and generate, or capture and patching from Python on the attached model "
-            "(multihead.hf.attach)",
+            "induction, patch, attribute and generate, or capture, path patching and the logit lens from Python "
+            "on the attached model (multihead.hf.attach)",
         ),
         "embed": "sentence embeddings take an encoder (minilm, an HF BERT folder, a classifier run)",
         "evaluate": "evaluate takes a classifier run; a causal LM is measured by `multihead sinks` (perplexity)",

@@ -110,6 +110,13 @@ def test_patch_and_induction_from_the_command_line(neox, tmp_path):
     assert torch.tensor(s["copying"]).isnan().all()  # GPT-NeoX fuses q, k and v: no separate value projection
 
 
+def test_attribute_splits_the_logit_difference(neox, capsys):
+    assert main(["attribute", str(neox), "the cat sat on the", "--answer", " mat", "--wrong", " log", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert abs(r["check"]["sum_of_parts"] - r["check"]["logit_difference"]) < 1e-4
+    assert torch.tensor(r["heads"]).shape == (2, 4)
+
+
 def test_hostile_folders(tmp_path_factory, tmp_path, capsys):
     # an architecture nobody knows
     unknown = tmp_path / "unknown"

@@ -69,3 +69,37 @@ def test_path_patching_agrees(pair, through):
     b = P.path_patching(attached, clean, corrupt, metric, **kw)
     assert abs(a["effect"]) > 1e-5
     assert abs(a["effect"] - b["effect"]) < 1e-4 + 1e-3 * abs(a["effect"])
+
+
+def test_direct_logit_attribution_and_the_logit_lens_agree(pair):
+    native, attached = pair
+    clean, _, _ = _inputs()
+    a = P.direct_logit_attribution(native, clean, answer=5, wrong=6)
+    b = P.direct_logit_attribution(attached, clean, answer=5, wrong=6)
+    torch.testing.assert_close(a["heads"], b["heads"], atol=1e-4, rtol=1e-3)
+    torch.testing.assert_close(a["mlp"], b["mlp"], atol=1e-4, rtol=1e-3)
+    assert abs(b["check"]["sum_of_parts"] - b["check"]["logit_difference"]) < 1e-4
+    la, lb = P.logit_lens(native, clean), P.logit_lens(attached, clean)
+    assert len(la) == len(lb) == 2
+    for x, y in zip(la, lb):
+        torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-3)
+    torch.testing.assert_close(lb[-1], attached(clean).logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gpt_neox", "phi3", "gpt2", "olmo2"])
+def test_direct_logit_attribution_adds_up_or_is_refused(name):
+    """Pre-norm blocks (parallel or sequential, LayerNorm or RMSNorm) split exactly; OLMo 2 normalises what its
+    blocks add, so its parts cannot add up, and that is refused with the reason."""
+    model = ARCHS[name].build()
+    hf.attach(model)
+    try:
+        ids = ARCHS[name].inputs()[0]
+        if name == "olmo2":
+            with pytest.raises(ValueError, match="does not split into head and MLP outputs"):
+                P.direct_logit_attribution(model, ids, answer=5, wrong=6)
+            return
+        r = P.direct_logit_attribution(model, ids, answer=5, wrong=6)
+        assert abs(r["check"]["sum_of_parts"] - r["check"]["logit_difference"]) < 1e-4
+        assert r["heads"].shape == (2, 4)
+    finally:
+        hf.detach(model)

@@ -478,6 +478,28 @@ def attach(model: nn.Module, *, backend: str = "auto") -> Attached:
     return att
 
 
+def final_norm(model: nn.Module) -> nn.Module | None:
+    """The norm an HF causal LM applies to the residual stream before its unembedding (None: none found)."""
+    base = getattr(model, "base_model", model)
+    for name in ("norm", "final_layernorm", "final_layer_norm", "ln_f", "norm_f"):
+        m = getattr(base, name, None)
+        if isinstance(m, nn.Module) and getattr(m, "weight", None) is not None:
+            return m
+    return None
+
+
+def norm_parts(norm: nn.Module | None) -> tuple[str, Tensor | None, Tensor | None, float]:
+    """``(kind, gain, shift, eps)`` of a final norm: ``kind`` ``rms`` (x / rms(x) * gain), ``layer``
+    (LayerNorm) or ``none``; Gemma's RMSNorm scales by ``1 + weight``."""
+    if norm is None:
+        return "none", None, None, 0.0
+    eps = float(getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", None) or 1e-6)
+    if isinstance(norm, nn.LayerNorm):
+        return "layer", norm.weight, norm.bias, eps
+    gain = norm.weight + 1 if "gemma" in type(norm).__name__.lower() else norm.weight
+    return "rms", gain, None, eps
+
+
 def _undo(att: Attached) -> None:
     for h in att.handles:
         h.remove()
@@ -510,7 +532,9 @@ __all__ = [
     "attach",
     "attached",
     "detach",
+    "final_norm",
     "is_attached",
+    "norm_parts",
     "multihead_attention_forward",
     "routes",
     "why_not",

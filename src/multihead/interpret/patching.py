@@ -555,6 +555,9 @@ def direct_logit_attribution(model, ids: Tensor, answer: int, wrong: int | None 
     (``1 / rms``, or LayerNorm's ``1 / std`` with the mean removed) is frozen at its value on this input, so the
     parts add up to the logit difference exactly (``check`` holds the sum and the true value). Returns ``{"heads":
     (layers, H), "mlp": (layers,), "embed", "bias", "final_bias", "total", "check"}``."""
+    hf_model = getattr(model, "hf", model)
+    if "_multihead_attached" in hf_model.__dict__:
+        return _attached_dla(hf_model, ids, answer, wrong, position)
     blocks = model.decoder.layers
     if not all(b.norm_first and b.post_norms is None for b in blocks):
         raise ValueError(
@@ -638,10 +641,98 @@ def direct_logit_attribution(model, ids: Tensor, answer: int, wrong: int | None 
     }
 
 
+def _attached_dla(model, ids: Tensor, answer: int, wrong: int | None, position: int) -> dict:
+    """:func:`direct_logit_attribution` on an attached HF causal LM: the residual stream read through the block
+    hooks (``hook_resid_pre`` of the first block, every head's ``hook_z``, ``hook_mlp_out``), the final norm's scale
+    frozen. Blocks that normalise what they add (OLMo 2, Gemma 2's post-norms) do not split this way: the parts
+    then do not add up to the logit difference, and that is refused."""
+    from ..hf.attach import attached, final_norm, norm_parts
+
+    att = attached(model)
+    blocks = [model.get_submodule(b) for b in att.blocks]
+    recs = [[r for n, r in att.layers.items() if n.startswith(b + ".")] for b in att.blocks]
+    if any(len(r) != 1 for r in recs) or any(not hasattr(b, "hook_mlp_out") for b in blocks):
+        raise ValueError(
+            "direct logit attribution reads decoder blocks of one attention layer and one MLP; this model's blocks "
+            "differ (an encoder-decoder, or an MLP multihead does not find)"
+        )
+    zs: dict[int, Tensor] = {}
+    mlps: dict[int, Tensor] = {}
+    seen: dict[str, Tensor] = {}
+    handles = []
+    try:
+        for i, (b, (rec,)) in enumerate(zip(blocks, recs)):
+            handles.append(rec.hook_z.add_hook(lambda t, h, i=i: zs.__setitem__(i, t.detach())))
+            handles.append(b.hook_mlp_out.add_hook(lambda t, h, i=i: mlps.__setitem__(i, t.detach())))
+        handles.append(blocks[0].hook_resid_pre.add_hook(lambda t, h: seen.__setitem__("embed", t.detach())))
+        logits = model(ids).logits[0, position]
+    finally:
+        for h in handles:
+            h.remove()
+    w_u = model.get_output_embeddings().weight
+    direction = w_u[answer] - (0 if wrong is None else w_u[wrong])
+    x_embed = seen["embed"][0, position]
+    heads, mlp_parts, bias = [], [], torch.zeros_like(x_embed)
+    for i, (rec,) in enumerate(recs):
+        z = zs[i][0, :, position]  # (H, D)
+        w = rec.w_o.weight
+        heads.append(torch.einsum("hd,ehd->he", z, w.reshape(w.shape[0], rec.num_heads, rec.head_dim)))
+        if getattr(rec.out_proj, "bias", None) is not None:
+            bias = bias + rec.out_proj.bias
+        mlp_parts.append(mlps[i][0, position])
+    resid = x_embed + sum(h.sum(0) for h in heads) + bias + sum(mlp_parts)
+    kind, gain, shift, eps = norm_parts(final_norm(model))
+    center = kind == "layer"
+    mean = resid.mean() if center else 0.0
+    scale = torch.rsqrt((resid - mean).pow(2).mean() + eps) if kind != "none" else torch.ones(())
+
+    def read(v: Tensor) -> Tensor:
+        if center:
+            v = v - v.mean(-1, keepdim=True)
+        v = v * scale
+        return (v * gain if gain is not None else v) @ direction
+
+    head_scores = torch.stack([read(h) for h in heads])
+    mlp_scores = torch.stack([read(v) for v in mlp_parts])
+    embed_score, bias_score = float(read(x_embed)), float(read(bias))
+    final_bias = float(shift @ direction) if shift is not None else 0.0
+    total = float(head_scores.sum() + mlp_scores.sum()) + embed_score + bias_score + final_bias
+    true = float(logits[answer] - (0 if wrong is None else logits[wrong]))
+    if abs(total - true) > 1e-3 * max(1.0, abs(true)):
+        raise ValueError(
+            f"{model.config.model_type}: its residual stream does not split into head and MLP outputs (the parts add "
+            f"up to {total:.4f}, the logit difference is {true:.4f}): its blocks normalise what they add, or its "
+            "final norm or unembedding is not the plain kind (a soft-capped or scaled head)"
+        )
+    return {
+        "heads": head_scores,
+        "mlp": mlp_scores,
+        "embed": embed_score,
+        "bias": bias_score,
+        "final_bias": final_bias,
+        "total": total,
+        "check": {"sum_of_parts": total, "logit_difference": true},
+    }
+
+
 @torch.no_grad()
 def logit_lens(model, ids: Tensor) -> list[Tensor]:
     """A CausalLM's next-token logits read from the residual stream after every layer (``hook_resid_post``)
     through the final norm and the output projection: ``(B, T, V)`` per layer. The last equals the model's logits."""
+    hf_model = getattr(model, "hf", model)
+    if "_multihead_attached" in hf_model.__dict__:  # an attached HF causal LM: its blocks' hook_resid_post
+        from ..hf.attach import attached, final_norm
+
+        blocks = [hf_model.get_submodule(b) for b in attached(hf_model).blocks]
+        norm, head = final_norm(hf_model), hf_model.get_output_embeddings()
+        seen_hf: list[Tensor] = []
+        handles = [b.hook_resid_post.add_hook(lambda t, hook: seen_hf.append(t.detach())) for b in blocks]
+        try:
+            hf_model(ids)
+        finally:
+            for h in handles:
+                h.remove()
+        return [head(norm(x) if norm is not None else x) for x in seen_hf]
     blocks = model.decoder.layers
     seen: list[Tensor] = []
     handles = [b.hook_resid_post.add_hook(lambda t, hook: seen.append(t.detach())) for b in blocks]
