@@ -724,25 +724,17 @@ def logit_lens(model, ids: Tensor) -> list[Tensor]:
         from ..hf.attach import attached, final_norm
 
         blocks = [hf_model.get_submodule(b) for b in attached(hf_model).blocks]
-        norm, head = final_norm(hf_model), hf_model.get_output_embeddings()
-        seen_hf: list[Tensor] = []
-        handles = [b.hook_resid_post.add_hook(lambda t, hook: seen_hf.append(t.detach())) for b in blocks]
-        try:
-            hf_model(ids)
-        finally:
-            for h in handles:
-                h.remove()
-        return [head(norm(x) if norm is not None else x) for x in seen_hf]
-    blocks = model.decoder.layers
+        norm, head, runner = final_norm(hf_model), hf_model.get_output_embeddings(), hf_model
+    else:
+        blocks, norm, head, runner = model.decoder.layers, model.decoder.final_norm, model.lm_head, model
     seen: list[Tensor] = []
     handles = [b.hook_resid_post.add_hook(lambda t, hook: seen.append(t.detach())) for b in blocks]
     try:
-        model(ids)
+        runner(ids)
     finally:
         for h in handles:
             h.remove()
-    norm = model.decoder.final_norm
-    return [model.lm_head(norm(x) if norm is not None else x) for x in seen]
+    return [head(norm(x) if norm is not None else x) for x in seen]
 
 
 __all__ = [
