@@ -140,12 +140,20 @@ def test_the_read_pairs_cover_the_bundled_models_formats():
 
 @pytest.mark.parametrize(
     "model_type,why",
-    [("roberta", "padding_idx"), ("vit", "LayerScale"), ("gpt_neox", "partial rotary"), ("clip", "text and a vision")],
+    [("vit", "LayerScale"), ("clip", "text and a vision")],
 )
 def test_a_model_type_we_do_not_read_is_refused_with_the_reason(tmp_path, model_type, why):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
     with pytest.raises(SourceError, match=why):
         loading.kind(tmp_path)
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "gpt_neox"])
+def test_a_causal_lm_type_with_no_native_family_is_read_attached(tmp_path, model_type):
+    pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    k = loading.kind(tmp_path)
+    assert (k.name, k.route, k.family) == ("lm", "attached", None)
 
 
 def test_kind_answers_once_what_every_source_is(tmp_path, hf_dinov2):
