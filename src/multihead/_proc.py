@@ -6,10 +6,11 @@ import re
 from pathlib import Path
 
 
-def status_kib(field: str) -> int:
-    """A ``/proc/self/status`` field in KiB, e.g. ``VmHWM`` (peak resident) or ``VmRSS``; 0 when unavailable."""
+def status_kib(field: str, pid: int | str = "self") -> int:
+    """A ``/proc/<pid>/status`` field in KiB (this process by default), e.g. ``VmHWM`` (peak resident) or
+    ``VmRSS``; 0 when unavailable."""
     try:
-        m = re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text())
+        m = re.search(rf"{field}:\s+(\d+)", Path(f"/proc/{pid}/status").read_text())
         return int(m.group(1)) if m else 0
     except OSError:
         return 0

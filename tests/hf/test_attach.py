@@ -90,7 +90,7 @@ def test_attached_matches_hf(name, built):
             match = next(
                 (j for j in unused if theirs[j].shape == p.shape and torch.allclose(theirs[j], p, atol=1e-5)), None
             )
-            assert match is not None, f"{name}: layer {att.blocks and list(att.layers)[i]} has no equal HF pattern"
+            assert match is not None, f"{name}: {list(att.layers)[i]} has no equal HF pattern"
             unused.remove(match)
             st = cache.stats(i)
             ent = -(p * p.clamp_min(1e-30).log()).sum(-1)

@@ -150,3 +150,17 @@ def test_hostile_folders(tmp_path_factory, tmp_path, capsys):
     (vit / "config.json").write_text(json.dumps({"model_type": "vit"}))
     assert main(["heads", str(vit), "--n", "1"]) == 2
     assert "vit is not a causal LM" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "edit", [{"num_attention_heads": 0}, {"hidden_size": "wide"}, {"num_hidden_layers": -3}, {"vocab_size": None}]
+)
+def test_a_config_transformers_cannot_build_is_refused(tmp_path_factory, capsys, edit):
+    folder = _folder(tmp_path_factory, "gpt_neox")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, **edit}))
+    before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    assert main(["heads", str(folder), "--n", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "internal error" not in err and str(folder) in err
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before  # nothing written into it

@@ -283,26 +283,17 @@ def worker(spec: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- the parent
-def _peak_rss_kib(pid: int) -> int:
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0
-    for line in text.splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
 def run_case(python: str, spec: dict, cap_gib: float, timeout: float) -> dict:
     """One case in a fresh process of ``python``, stopped when its resident memory passes ``cap_gib``."""
+    from .._proc import status_kib
+
     env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.Popen(
         [python, "-m", SUITE, json.dumps(spec)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
     start, killed = time.monotonic(), None
     while proc.poll() is None:
-        if _peak_rss_kib(proc.pid) > cap_gib * 2**20:
+        if status_kib("VmRSS", proc.pid) > cap_gib * 2**20:
             proc.kill()
             killed = f"out of memory: stopped at the {cap_gib:g} GiB cap"
         elif time.monotonic() - start > timeout:

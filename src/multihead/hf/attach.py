@@ -166,9 +166,10 @@ class AttachedAttention:
             cfg, ("num_attention_heads", "n_head", "n_heads")
         )
         groups = _int(module, ("num_key_value_groups",))
-        g = _int(module, ("num_key_value_heads", "num_kv_heads")) or (
-            h // groups if h and groups else _int(cfg, ("num_key_value_heads",)) if groups else h
-        )
+        g = _int(module, ("num_key_value_heads", "num_kv_heads"))
+        if g is None and groups and h:
+            g = h // groups
+        g = g or h  # no grouping attribute: one key/value head per query head (the tensors correct it on a call)
         d = _int(module, ("head_dim", "head_size", "attention_head_size")) or _int(cfg, ("head_dim",))
         if d is None and h:
             d = (_int(cfg, ("hidden_size", "n_embd", "d_model")) or 0) // h or None
@@ -207,10 +208,20 @@ class AttachedAttention:
 # ------------------------------------------------------------------------------------------ the attention function
 def _mask(attention_mask, module: nn.Module, lq: int, lk: int, is_causal) -> AttnMask | None:
     """HF's mask as multihead's structured one. None from HF's SDPA mask builder means causal (or nothing, for an
-    encoder): the fused path then builds nothing ``Lq x Lk``."""
+    encoder): the fused path then builds nothing ``Lq x Lk``. A tensor mask is converted once per call of the model
+    (every layer gets the same mask object; the conversion is kept on it and dies with it), not once per layer."""
     if attention_mask is None:
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         return AttnMask(causal=True) if causal and lq > 1 else None
+    kept = getattr(attention_mask, "_multihead_mask", None)
+    if kept is not None and kept[:2] == (attention_mask._version, lk):
+        return kept[2]
+    am = _convert(attention_mask, lk)
+    attention_mask._multihead_mask = (attention_mask._version, lk, am)
+    return am
+
+
+def _convert(attention_mask: Tensor, lk: int) -> AttnMask:
     m = attention_mask
     if m.dim() == 4 and m.shape[-1] != lk:
         m = m[..., :lk]

@@ -31,13 +31,16 @@ def _model_type(path: Path) -> tuple[str | None, dict]:
 
 def why_not_folder(path: str | Path) -> str | None:
     """Why the HF folder ``path`` cannot be loaded attached (None: it can be), from its config alone."""
+    return _why_not_type(_model_type(Path(path))[0])
+
+
+def _why_not_type(kind: str | None) -> str | None:
     try:
         import transformers
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     except ImportError:
         return f"reading it needs transformers, which is not installed: {INSTALL}"
-    kind, hf = _model_type(Path(path))
     if kind not in CONFIG_MAPPING_NAMES:
         return (
             f"model_type {kind!r} is not an architecture transformers {transformers.__version__} knows "
@@ -158,22 +161,22 @@ def load(path: str | Path, *, backend: str = "auto", device: str = "cpu"):
     from ..pretrained.causal_lm import _folder_tokenizer, bundle
 
     path = Path(path)
-    why = why_not_folder(path)
+    kind, hf = _model_type(path)
+    why = _why_not_type(kind)
     if why is not None:
         raise AttachError(f"{path}: {why}")
-    kind, hf = _model_type(path)
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM
 
     transformers.logging.set_verbosity_error()
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
-    except (ValueError, TypeError, KeyError, OSError) as exc:
+    except Exception as exc:  # noqa: BLE001  transformers 5 validates with huggingface_hub's own error classes
         raise AttachError(f"{path / 'config.json'}: transformers cannot read it ({str(exc)[:300]})") from None
     with torch.device("meta"):  # sizes first: nothing is allocated for a config that would not fit
         try:
             skeleton = AutoModelForCausalLM.from_config(config)
-        except (ValueError, TypeError, RuntimeError, OverflowError) as exc:
+        except Exception as exc:  # noqa: BLE001  (as above: whatever a hostile config makes the constructors raise)
             raise AttachError(
                 f"{path / 'config.json'} describes no buildable {kind} model ({str(exc)[:300]})"
             ) from None
