@@ -35,6 +35,9 @@ class GenerationConfig:
     output_attentions: bool = False
     suppress_tokens: tuple[int, ...] = ()  # never chosen (their logits set to -inf before every choice)
     begin_suppress_tokens: tuple[int, ...] = ()  # not chosen as the first new token (Whisper: no blank, no end)
+    # a KV cache policy (a name in multihead.modules.kv_policy.KV_POLICIES or a KVPolicy) and its budget
+    kv_policy: object = None
+    kv_budget: int | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -53,6 +56,11 @@ class GenerationConfig:
         self.stop_tokens = tuple(int(t) for t in self.stop_tokens)
         self.suppress_tokens = tuple(int(t) for t in self.suppress_tokens)
         self.begin_suppress_tokens = tuple(int(t) for t in self.begin_suppress_tokens)
+        if self.kv_policy is not None and self.strategy == "beam":
+            raise ValueError(
+                "beam search reorders rows, and a KV policy evicts keys per row: use greedy or sample with "
+                "kv_policy, or drop kv_policy for beam search"
+            )
         bad = [t for t in self.suppress_tokens + self.begin_suppress_tokens if t < 0]
         if bad:
             raise ValueError(f"suppressed token ids must be >= 0, got {bad}")
@@ -118,7 +126,13 @@ def _sample_or_greedy(model, inputs, config: GenerationConfig, record, streamer=
     if config.strategy == "sample":
         gen = torch.Generator(device=inputs[0].device)
         gen.manual_seed(config.seed if config.seed is not None else torch.seed())
-    logits, cache = model.prefill(*inputs)
+    if config.kv_policy is not None:
+        if not hasattr(model, "_check_policy"):
+            raise ValueError(f"KV policies serve decoder-only language models; {type(model).__name__} has none")
+        empty = model.new_cache(policy=config.kv_policy, budget=config.kv_budget)
+        logits, cache = model.prefill(*inputs, cache=empty)
+    else:
+        logits, cache = model.prefill(*inputs)
     record.step()
     b = logits.shape[0]
     done = torch.zeros(b, dtype=torch.bool, device=logits.device)

@@ -146,6 +146,11 @@ class CausalLM(nn.Module):
         before = None if cache is None else cache.next_position
         positions = _positions(keep, before)
         rolling = cache is not None and cache.rolling
+        if cache is not None and cache.policy is not None and not bool(keep.all()):
+            raise ValueError(
+                "a KV-policy cache evicts keys per row and takes unpadded rows (every prompt the same length): "
+                "run padded prompts one at a time, or use the full cache"
+            )
         if rolling or (cache is not None and cache.extrapolate):
             self._check_streaming(keep, rolling)
         elif self.config.positional != "alibi":  # ALiBi has no table: any length runs (max_len: the trained one)
@@ -201,12 +206,59 @@ class CausalLM(nn.Module):
             )
 
     # ------------------------------------------------------------------ the decoding protocol
-    def new_cache(self, *, sinks: int | None = None, window: int | None = None) -> KVCache:
-        """An empty cache; with ``window`` a StreamingLLM cache of ``sinks`` (default 4) first tokens plus the last
-        ``window`` ones (rotary models)."""
-        if window is None:
-            return self.decoder.new_cache()
-        return KVCache.streaming(len(self.decoder.layers), sinks=4 if sinks is None else sinks, window=window)
+    def new_cache(
+        self,
+        *,
+        sinks: int | None = None,
+        window: int | None = None,
+        policy=None,
+        budget: int | None = None,
+        record: bool = False,
+        **options,
+    ) -> KVCache:
+        """An empty cache. ``window``: a StreamingLLM cache of ``sinks`` (default 4) first tokens plus the last
+        ``window`` ones, at positions within the cache (rotary models).
+
+        ``policy``: a :class:`~multihead.modules.kv_policy.KVPolicy` or its name in
+        :data:`~multihead.modules.kv_policy.KV_POLICIES` (``full``, ``window``, ``h2o``, ``snapkv``,
+        ``head-aware``) with its ``budget`` (keys kept per head) and ``options`` (``full_heads=`` for
+        ``head-aware``). ``record=True``: every key is kept and the prompt's scores recorded, so that
+        :meth:`KVCache.compress` applies any policy to one prefill."""
+        if policy is None and not record:
+            if budget is not None or options:
+                raise ValueError("budget= and policy options need policy= (a name in KV_POLICIES or a KVPolicy)")
+            if window is None:
+                return self.decoder.new_cache()
+            return KVCache.streaming(len(self.decoder.layers), sinks=4 if sinks is None else sinks, window=window)
+        if window is not None:
+            raise ValueError("window= makes a StreamingLLM cache; with policy= use policy='window' and budget=")
+        from ..modules.kv_policy import make_policy, policy_cache
+
+        self._check_policy()
+        made = make_policy("full" if policy is None else policy, budget, **options)
+        dec = self.decoder
+        w = dec.config.sliding_window
+        return policy_cache(
+            made,
+            [layer.self_attn.num_kv_heads for layer in dec.layers],
+            [w if local else None for local in dec.local],
+            record=record,
+        )
+
+    def _check_policy(self) -> None:
+        if self.config.positional == "alibi":
+            raise ValueError(
+                "KV policies keep keys at their original positions, and ALiBi's per-head distances are built into "
+                "the mask of the whole call: use a rotary model, or the full cache"
+            )
+        kinds = {type(layer.self_attn).__name__ for layer in self.decoder.layers}
+        from ..modules.attention import MultiHeadAttention
+
+        if not all(isinstance(layer.self_attn, MultiHeadAttention) for layer in self.decoder.layers):
+            raise ValueError(
+                f"KV policies evict cached keys per head; {', '.join(sorted(kinds))} caches a compressed latent "
+                "instead (Multi-head Latent Attention): use the full cache"
+            )
 
     def prefill(self, ids: Tensor, keep: Tensor | None = None, cache: KVCache | None = None) -> tuple[Tensor, KVCache]:
         """Run the (left-padded) prompt once: the last position's logits ``(B, V)`` and the filled cache (``cache``:

@@ -290,6 +290,10 @@ class MultiHeadAttention(nn.Module):
             q = rotary.rotate(q, k.shape[2] - lq)  # the queries are the last slots
             k = rotary.rotate(k, 0)
             rotary = None
+        elif cache is not None and getattr(cache, "grouped", False):  # a KV policy: it appends, attends, evicts
+            if rotary is not None:
+                q, k = rotary.rotate_pair(q, k, cache.seen, positions)
+                rotary = None
         elif cache is not None:  # self-attention: rotate the new positions where they sit, then append them
             if rotary is not None:
                 q, k = rotary.rotate_pair(q, k, cache.length, positions)
@@ -299,7 +303,10 @@ class MultiHeadAttention(nn.Module):
             q, k = rotary.rotate_pair(q, k, 0, positions)
             rotary = None
         am = self._with_alibi(self.build_mask(mask, key_padding_mask, is_causal))
-        z, weights = self._attend(q, k, v, am, head_mask, need_weights, rotate=rotary is not None)
+        if cache is not None and getattr(cache, "grouped", False):
+            z, weights = cache.attend(self, q, k, v, am, positions, head_mask, need_weights)
+        else:
+            z, weights = self._attend(q, k, v, am, head_mask, need_weights, rotate=rotary is not None)
         z = z.transpose(1, 2).reshape(b, lq, h * d)  # (B, H, Lq, D) -> (B, Lq, E)
         if self.w_gate is not None:
             z = z * torch.sigmoid(self.w_gate(query))

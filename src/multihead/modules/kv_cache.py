@@ -154,6 +154,8 @@ class KVCache:
     memory_keep: Tensor | None = None  # (B, S) the source's real tokens (encoder-decoder models)
     # a rotary model may run past its trained length with this cache (measuring what happens there); False: refused
     extrapolate: bool = False
+    # the KVPolicy its self-attention layers follow (multihead.modules.kv_policy); None: every key is kept
+    policy: object | None = None
 
     @classmethod
     def streaming(cls, num_layers: int, *, sinks: int = 4, window: int = 1024) -> KVCache:
@@ -179,6 +181,24 @@ class KVCache:
     def nbytes(self) -> int:
         """Bytes held by the cache's key and value buffers (self-attention buffers grow by doubling)."""
         return sum(c.nbytes() for c in self.self_attn + self.cross_attn)
+
+    def kv_nbytes(self) -> int:
+        """Bytes of the cached keys and values alone, as filled (what a KV policy saves): no spare capacity, no
+        bookkeeping. Under a policy, each layer's kept keys and values."""
+        total = 0
+        for c in self.self_attn + self.cross_attn:
+            if hasattr(c, "kv_nbytes"):
+                total += c.kv_nbytes()
+            elif c.k is not None and c.v is not None:
+                total += c.k.numel() * c.k.element_size() + c.v.numel() * c.v.element_size()
+        return total
+
+    def compress(self, policy) -> KVCache:
+        """What ``policy`` (a :class:`~multihead.modules.kv_policy.KVPolicy`) keeps of this recorded cache's
+        prompt, as a new cache; this one is unchanged (:func:`multihead.modules.kv_policy.compress`)."""
+        from .kv_policy import compress
+
+        return compress(self, policy)
 
     def reorder(self, index: Tensor) -> None:
         """Keep rows ``index`` (beam search: each surviving beam's parent), in place. Cross-attention caches are
