@@ -292,7 +292,7 @@ class MultiHeadAttention(nn.Module):
             rotary = None
         elif cache is not None and getattr(cache, "grouped", False):  # a KV policy: it appends, attends, evicts
             if rotary is not None:
-                q, k = rotary.rotate_pair(q, k, cache.seen, positions)
+                q, k = rotary.rotate_pair(q, k, cache.seen, positions)  # type: ignore[attr-defined]
                 rotary = None
         elif cache is not None:  # self-attention: rotate the new positions where they sit, then append them
             if rotary is not None:
@@ -304,7 +304,7 @@ class MultiHeadAttention(nn.Module):
             rotary = None
         am = self._with_alibi(self.build_mask(mask, key_padding_mask, is_causal))
         if cache is not None and getattr(cache, "grouped", False):
-            z, weights = cache.attend(self, q, k, v, am, positions, head_mask, need_weights)
+            z, weights = cache.attend(self, q, k, v, am, positions, head_mask, need_weights)  # type: ignore[attr-defined]
         else:
             z, weights = self._attend(q, k, v, am, head_mask, need_weights, rotate=rotary is not None)
         z = z.transpose(1, 2).reshape(b, lq, h * d)  # (B, H, Lq, D) -> (B, Lq, E)

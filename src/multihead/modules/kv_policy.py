@@ -386,11 +386,11 @@ class PolicyKV(LayerKV):
         return None if not self.groups else self._one().buffers.v
 
     @property
-    def length(self) -> int:  # type: ignore[override]  # the most keys any head holds
+    def length(self) -> int:  # the most keys any head holds
         return max((g.length for g in self.groups), default=0) if self.groups else 0
 
     @length.setter
-    def length(self, value: int) -> None:  # LayerKV.__init__ sets it
+    def length(self, value: int) -> None:  # LayerKV.__init__ sets it; the groups hold the lengths
         pass
 
     def _one(self) -> _Group:
@@ -416,7 +416,9 @@ class PolicyKV(LayerKV):
 
     def kv_nbytes(self) -> int:
         """Bytes of the kept keys and values alone (what the policy saves), as filled."""
-        return sum(t.numel() * t.element_size() for g in self.groups or [] for t in (g.buffers.k, g.buffers.v) if t is not None)
+        return sum(
+            t.numel() * t.element_size() for g in self.groups or [] for t in (g.buffers.k, g.buffers.v) if t is not None
+        )
 
     def _start(self, g: int, h: int) -> list[_Group]:
         if self.groups is None:
@@ -459,11 +461,10 @@ class PolicyKV(LayerKV):
             else:
                 z, weights = module._attend(qg, kk, vv, gmask, head_mask, need_weights, rotate=False)
             self._score(grp, qg, kk, positions, kpos, gsinks, prompt)
-            room = 1
-            index = grp.rule.keep(grp.pos, grp.score, prompt=prompt) if not self.record else None
+            index = grp.rule.keep(kpos, grp.score, prompt=prompt) if not self.record else None
             if self.window is not None:  # a sliding-window layer: only the last window - 1 keys can be read again
-                index = SinksWindow(0, max(self.window - 1, 1)).keep(grp.pos, None, prompt=prompt)
-            grp.evict(index, room)
+                index = SinksWindow(0, max(self.window - 1, 1)).keep(kpos, None, prompt=prompt)
+            grp.evict(index, room=1)
             zs.append(z)
         self.seen += nq
         if not multi:
@@ -507,9 +508,7 @@ class PolicyKV(LayerKV):
         grp.observe(_per_kv_head(s, g))
 
 
-def policy_cache(
-    policy: KVPolicy, num_kv_heads: Sequence[int], windows: Sequence[int | None], *, record: bool = False
-):
+def policy_cache(policy: KVPolicy, num_kv_heads: Sequence[int], windows: Sequence[int | None], *, record: bool = False):
     """A :class:`~multihead.modules.kv_cache.KVCache` whose self-attention layers follow ``policy``:
     ``num_kv_heads[i]`` and ``windows[i]`` (the sliding window, None for a global layer) per layer. Under ``full``
     the global layers get the plain :class:`LayerKV` (bit-identical to a cache made without a policy). ``record``:

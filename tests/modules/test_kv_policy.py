@@ -1,0 +1,347 @@
+"""KV policies, each checked against a definition written here: a window policy equals a window mask on a full call,
+H2O keeps the keys with the largest accumulated attention (a step-by-step reimplementation with sets), SnapKV keeps
+what its observation window attends to (explicit sums and pooling), the head-aware split equals a per-head mask,
+the full policy equals today's cache exactly, evicted memory is released, and bad budgets are refused."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from multihead.models.generation import generate
+from multihead.models.seq2seq import CausalLM, CausalLMConfig, Seq2Seq, Seq2SeqConfig
+from multihead.modules.attention import MultiHeadAttention
+from multihead.modules.decoder import DecoderConfig
+from multihead.modules.kv_policy import (
+    KV_POLICIES,
+    HeavyHitters,
+    PolicyKV,
+    SinksWindow,
+    SnapKV,
+    make_policy,
+)
+from multihead.modules.positional import RotaryEmbedding
+
+E, H, G, D = 32, 4, 2, 8
+P, STEPS = 24, 10  # prompt length, decoding steps
+
+
+def _mha(seed: int = 0, kv: int = G) -> MultiHeadAttention:
+    torch.manual_seed(seed)
+    return MultiHeadAttention(E, H, num_kv_heads=kv, rotary=RotaryEmbedding(D)).eval()
+
+
+def _x(b: int = 2, n: int = P + STEPS, seed: int = 1) -> torch.Tensor:
+    return torch.randn(b, n, E, generator=torch.Generator().manual_seed(seed))
+
+
+def _run_policy(mha: MultiHeadAttention, x: torch.Tensor, cache: PolicyKV) -> torch.Tensor:
+    """The prompt in one call, then one position per call: every row's output ``(B, L, E)``."""
+    outs = [mha(x[:, :P], is_causal=True, cache=cache, need_weights=False)[0]]
+    for t in range(P, x.shape[1]):
+        outs.append(mha(x[:, t : t + 1], cache=cache, need_weights=False)[0])
+    return torch.cat(outs, 1)
+
+
+def _full_call(mha: MultiHeadAttention, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """One call over every position with ``allowed`` ``(L, L)`` or ``(H, L, L)`` (True = may attend)."""
+    mask = allowed if allowed.dim() == 2 else allowed[None]
+    return mha(x, mask=mask, need_weights=False)[0]
+
+
+def _window_mask(n: int, sinks: int, recent: int) -> torch.Tensor:
+    """Rows of the prompt see their whole past; a later row t sees the sinks and the last ``recent`` keys before
+    it, and itself (the budget's keys after the previous step's eviction, plus the new one)."""
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    causal = j <= i
+    windowed = causal & ((j < sinks) | (j >= i - recent))
+    return torch.where(i < P, causal, windowed)
+
+
+def test_window_policy_equals_a_window_mask():
+    mha, x = _mha(), _x()
+    budget, sinks = 12, 4
+    policy = make_policy("window", budget, sinks=sinks)
+    got = _run_policy(mha, x, PolicyKV(policy.rules(0, G)))
+    want = _full_call(mha, x, _window_mask(x.shape[1], sinks, budget - sinks))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_head_aware_equals_a_per_head_mask():
+    mha, x = _mha(), _x()
+    budget, sinks = 10, 2
+    policy = make_policy("head-aware", budget, full_heads=[[1]], sinks=sinks)
+    cache = PolicyKV(policy.rules(0, G))
+    got = _run_policy(mha, x, cache)
+    n = x.shape[1]
+    causal = torch.ones(n, n).tril().bool()
+    window = _window_mask(n, sinks, budget - sinks)
+    per_head = torch.stack([window, window, causal, causal])  # kv head 0 -> query heads 0, 1; kv head 1 -> 2, 3
+    torch.testing.assert_close(got, _full_call(mha, x, per_head), atol=1e-5, rtol=1e-5)
+    # the streaming heads hold the budget, the retrieval head every key
+    full_group, stream_group = cache.groups
+    assert full_group.kv_heads == [1] and full_group.length == n
+    assert stream_group.kv_heads == [0] and stream_group.length == budget
+
+
+def _qkv(mha: MultiHeadAttention, x: torch.Tensor):
+    """Rotated q ``(B, H, L, D)``, k, v ``(B, G, L, D)`` of a full call (through the hook points)."""
+    got = {}
+    handles = [
+        getattr(mha, f"hook_{n}").add_hook(lambda t, hook, n=n: got.__setitem__(n, t.detach().clone()))
+        for n in ("q", "k", "v")
+    ]
+    mha(x, is_causal=True, need_weights=False)
+    for h in handles:
+        h.remove()
+    return got["q"], got["k"], got["v"]
+
+
+def _weights(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """softmax(q . k / sqrt(D)) over the given keys, fp64: ``q`` ``(D,)``, ``k`` ``(N, D)``."""
+    return torch.softmax((k.double() @ q.double()) / math.sqrt(q.shape[-1]), -1)
+
+
+def _h2o_reference(q, k, v, heavy: int, recent: int):
+    """H2O written with sets and dicts: per (row, kv head) the kept positions and their accumulated attention
+    (summed over the group's query heads); returns each step's z ``(B, H, STEPS, D)`` and the final kept sets."""
+    b, h, n, d = q.shape
+    g = k.shape[1]
+    r = h // g
+    kept: dict[tuple[int, int], list[int]] = {}
+    score: dict[tuple[int, int], dict[int, float]] = {}
+
+    def evict(key):
+        pos = sorted(kept[key])
+        if len(pos) <= heavy + recent:
+            return
+        recent_part = pos[len(pos) - recent :]
+        older = pos[: len(pos) - recent]
+        heavy_part = sorted(older, key=lambda p: -score[key][p])[:heavy]
+        kept[key] = sorted(heavy_part + recent_part)
+
+    for bi in range(b):
+        for gi in range(g):
+            key = (bi, gi)
+            score[key] = {j: 0.0 for j in range(P)}
+            for hi in range(gi * r, gi * r + r):
+                for i in range(P):
+                    w = _weights(q[bi, hi, i], k[bi, gi, : i + 1])
+                    for j in range(i + 1):
+                        score[key][j] += float(w[j])
+            kept[key] = list(range(P))
+            evict(key)
+    zs = torch.zeros(b, h, n - P, d, dtype=torch.float64)
+    for t in range(P, n):
+        for bi in range(b):
+            for gi in range(g):
+                key = (bi, gi)
+                kept[key] = sorted(kept[key] + [t])
+                score[key][t] = 0.0
+                idx = torch.tensor(kept[key])
+                for hi in range(gi * r, gi * r + r):
+                    w = _weights(q[bi, hi, t], k[bi, gi, idx])
+                    zs[bi, hi, t - P] = w @ v[bi, gi, idx].double()
+                    for j, wj in zip(kept[key], w.tolist()):
+                        score[key][j] += wj
+                evict(key)
+    return zs, kept
+
+
+def test_h2o_keeps_the_largest_accumulated_attention():
+    mha, x = _mha(3), _x(seed=4)
+    budget = 10
+    policy = make_policy("h2o", budget)
+    assert policy.rule == HeavyHitters(5, 5)
+    cache = PolicyKV(policy.rules(0, G))
+    zs = []
+    handle = mha.hook_z.add_hook(lambda t, hook: zs.append(t.detach().clone()))
+    _run_policy(mha, x, cache)
+    handle.remove()
+    q, k, v = _qkv(mha, x)
+    want_z, want_kept = _h2o_reference(q, k, v, heavy=5, recent=5)
+    got_z = torch.cat(zs[1:], 2)  # the steps (the prompt's z is the full causal call)
+    torch.testing.assert_close(got_z.double(), want_z, atol=1e-5, rtol=1e-5)
+    pos = cache.groups[0].pos
+    for (bi, gi), kept in want_kept.items():
+        assert pos[bi, gi].tolist() == kept
+
+
+def test_snapkv_keeps_what_the_observation_window_attends_to():
+    mha, x = _mha(5), _x(seed=6, n=P + 2)
+    budget, window, kernel = 9, 4, 3
+    cache = PolicyKV([(list(range(G)), SnapKV(budget, window, kernel))])
+    mha(x[:, :P], is_causal=True, cache=cache, need_weights=False)
+    q, k, _ = _qkv(mha, x[:, :P])
+    b, h = q.shape[:2]
+    r = h // G
+    for bi in range(b):
+        for gi in range(G):
+            summed = [0.0] * P  # the observation window's attention, summed over its queries and the group
+            for hi in range(gi * r, gi * r + r):
+                per_head = [0.0] * P
+                for i in range(P - window, P):
+                    w = _weights(q[bi, hi, i], k[bi, gi, : i + 1])
+                    for j in range(i + 1):
+                        per_head[j] += float(w[j])
+                m = P - window  # pooled over `kernel` neighbours (zero padding counted, as avg_pool1d does)
+                for j in range(m):
+                    near = [per_head[c] if 0 <= c < m else 0.0 for c in range(j - kernel // 2, j + kernel // 2 + 1)]
+                    summed[j] += sum(near) / kernel
+            older = sorted(range(P - window), key=lambda j: -summed[j])[: budget - window]
+            want = sorted(older) + list(range(P - window, P))
+            assert cache.groups[0].pos[bi, gi].tolist() == want
+    # generated keys are all kept (the paper compresses the prompt once)
+    mha(x[:, P : P + 1], cache=cache, need_weights=False)
+    mha(x[:, P + 1 : P + 2], cache=cache, need_weights=False)
+    assert cache.groups[0].length == budget + 2
+
+
+def _lm(**decoder) -> CausalLM:
+    torch.manual_seed(0)
+    dec = dict(d_model=E, num_heads=H, num_layers=2, cross_attention=False, norm_first=True, dropout=0.0)
+    dec.update(decoder)
+    dec.setdefault("attention", {"num_kv_heads": G})
+    return CausalLM(CausalLMConfig(vocab_size=60, max_len=256, positional="rope", decoder=DecoderConfig(**dec))).eval()
+
+
+def _decode(model: CausalLM, ids: torch.Tensor, cache) -> torch.Tensor:
+    """Logits of the prompt's last position and of every step after it ``(B, 1 + steps, V)``."""
+    out = [model(ids[:, :P], cache=cache)[:, -1:]]
+    for t in range(P, ids.shape[1]):
+        out.append(model(ids[:, t : t + 1], cache=cache))
+    return torch.cat(out, 1)
+
+
+@torch.no_grad()
+def test_full_policy_is_todays_cache_exactly():
+    model = _lm()
+    ids = torch.randint(0, 60, (2, P + STEPS), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(_decode(model, ids, model.new_cache()), _decode(model, ids, model.new_cache(policy="full")))
+    before = generate(model, ids[:, :P], max_new_tokens=12).tokens
+    assert generate(model, ids[:, :P], max_new_tokens=12, kv_policy="full").tokens == before
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name", ["window", "h2o", "snapkv", "head-aware"])
+def test_recorded_prompt_compressed_equals_a_prefill_under_the_policy(name):
+    model = _lm()
+    ids = torch.randint(0, 60, (1, P + 4), generator=torch.Generator().manual_seed(1))
+    options = {"full_heads": [[0], [1]]} if name == "head-aware" else {}
+    direct = model.new_cache(policy=name, budget=12, **options)
+    model(ids[:, :P], cache=direct)
+    recorded = model.new_cache(record=True)
+    model(ids[:, :P], cache=recorded)
+    squeezed = recorded.compress(direct.policy)
+    for a, b in zip(direct.self_attn, squeezed.self_attn):
+        for ga, gb in zip(a.groups, b.groups):
+            assert torch.equal(ga.pos, gb.pos) and torch.equal(ga.buffers.k, gb.buffers.k)
+    for t in range(P, P + 4):
+        assert torch.equal(model(ids[:, t : t + 1], cache=direct), model(ids[:, t : t + 1], cache=squeezed))
+    assert recorded.self_attn[0].length == P  # the recording is left whole for the next policy
+
+
+@torch.no_grad()
+def test_evicted_memory_is_released():
+    model = _lm()
+    ids = torch.randint(0, 60, (1, 200), generator=torch.Generator().manual_seed(2))
+    full = model.new_cache()
+    model(ids, cache=full)
+    for name in ("window", "h2o"):
+        cache = model.new_cache(policy=name, budget=16)
+        model(ids[:, :150], cache=cache)
+        for t in range(150, 200):
+            model(ids[:, t : t + 1], cache=cache)
+        for layer in cache.self_attn:
+            (grp,) = layer.groups
+            assert grp.buffers._k.shape[2] == 17 and grp.buffers._v.shape[2] == 17  # the budget + one step's room
+            assert grp.length == 16
+        per_key = 2 * G * D * 4  # a key and a value of every kv head, fp32
+        assert cache.kv_nbytes() == 2 * 16 * per_key  # two layers
+        assert full.kv_nbytes() == 2 * 200 * per_key
+        assert cache.nbytes() < full.nbytes() / 5
+
+
+@torch.no_grad()
+def test_budget_edges():
+    model = _lm()
+    ids = torch.randint(0, 60, (1, P + 3), generator=torch.Generator().manual_seed(3))
+    for name in ("window", "h2o", "snapkv", "head-aware"):
+        with pytest.raises(ValueError, match="budget of at least"):
+            model.new_cache(policy=name, budget=0, **({"full_heads": [[0], [1]]} if name == "head-aware" else {}))
+    with pytest.raises(ValueError, match="budget of at least 5"):
+        model.new_cache(policy="window", budget=4)  # no room for a recent key after the 4 sinks
+    with pytest.raises(ValueError, match="unknown KV policy 'lru'.*h2o"):
+        model.new_cache(policy="lru", budget=8)
+    # budget 1: only the newest key is kept (H2O with no heavy hitters)
+    one = model.new_cache(policy="h2o", budget=1)
+    model(ids[:, :P], cache=one)
+    assert [layer.groups[0].pos.tolist() for layer in one.self_attn] == [[[[P - 1]] * G]] * 2
+    # a budget above the context keeps everything: the same logits as the full cache
+    for name in ("window", "h2o", "snapkv"):
+        big = _decode(model, ids, model.new_cache(policy=name, budget=10 * ids.shape[1]))
+        torch.testing.assert_close(big, _decode(model, ids, model.new_cache()), atol=1e-5, rtol=1e-5)
+
+
+def test_refusals_name_the_fix():
+    model = _lm()
+    ids = torch.randint(1, 60, (2, P))
+    keep = torch.ones_like(ids, dtype=torch.bool)
+    keep[0, :3] = False
+    cache = model.new_cache(policy="h2o", budget=8)
+    with pytest.raises(ValueError, match="unpadded rows"):
+        model(ids, keep, cache=cache)
+    with pytest.raises(ValueError, match="beam search"):
+        generate(model, ids, strategy="beam", kv_policy="h2o", kv_budget=8)
+    seq = Seq2Seq(Seq2SeqConfig(src_vocab_size=20, tgt_vocab_size=20)).eval()
+    with pytest.raises(ValueError, match="decoder-only"):
+        generate(seq, torch.randint(1, 20, (1, 5)), kv_policy="h2o", kv_budget=8)
+    with pytest.raises(ValueError, match="names key/value heads \\[5\\] in layer 0, which has 2"):
+        model(ids[:1], cache=model.new_cache(policy="head-aware", budget=8, full_heads=[[5], [0]]))
+    with pytest.raises(ValueError, match="classify the heads"):
+        model(ids[:1], cache=model.new_cache(policy="head-aware", budget=8, full_heads=[[0]]))
+    with pytest.raises(ValueError, match="policy='window'"):
+        model.new_cache(policy="h2o", window=8)
+    alibi = CausalLM(
+        CausalLMConfig(
+            vocab_size=20, positional="alibi", decoder=DecoderConfig(d_model=16, num_heads=2, cross_attention=False)
+        )
+    )
+    with pytest.raises(ValueError, match="ALiBi"):
+        alibi.new_cache(policy="window", budget=8)
+
+
+def test_split_layers_refuse_a_single_map():
+    mha, x = _mha(), _x()
+    policy = make_policy("head-aware", 8, full_heads=[[0]])
+    cache = PolicyKV(policy.rules(0, G))
+    with pytest.raises(ValueError, match="no single attention map"):
+        mha(x[:, :P], is_causal=True, cache=cache, need_weights=True)
+
+
+@torch.no_grad()
+def test_sliding_window_layers_keep_only_their_window():
+    w = 8
+    model = _lm(num_layers=4, sliding_window=w, global_every=2)  # layers 0, 2 local; 1, 3 global
+    ids = torch.randint(0, 60, (1, P + STEPS), generator=torch.Generator().manual_seed(4))
+    want = _decode(model, ids, model.new_cache())
+    for name, budget in (("full", None), ("h2o", 64)):
+        cache = model.new_cache(policy=name, budget=budget)
+        torch.testing.assert_close(_decode(model, ids, cache), want, atol=1e-5, rtol=1e-5)
+        assert [layer.length for layer in cache.self_attn][::2] == [w - 1, w - 1]
+    # a chunk of several positions after decoding steps: its band mask is built from the kept keys' positions
+    chunked = model.new_cache(policy="full")
+    model(ids[:, :P], cache=chunked)
+    model(ids[:, P : P + 1], cache=chunked)
+    got = model(ids[:, P + 1 : P + 6], cache=chunked)
+    torch.testing.assert_close(got, model(ids[:, : P + 6])[:, P + 1 :], atol=1e-5, rtol=1e-5)
+
+
+def test_registry_and_rules():
+    assert sorted(KV_POLICIES) == ["full", "h2o", "head-aware", "snapkv", "window"]
+    assert make_policy("window", 20).rule == SinksWindow(4, 16)
+    with pytest.raises(ValueError, match="sinks >= 0"):
+        SinksWindow(-1, 3)
