@@ -139,12 +139,25 @@ RUN_FILES = {
     "checkpoint",
     "encoder",
 }
-OUR_KINDS = ("run", "hf", "show", "heads", "importance", "sweep", "induction", "sinks", "compare", "demo", "circuit")
+OUR_KINDS = (
+    "run",
+    "hf",
+    "show",
+    "heads",
+    "importance",
+    "sweep",
+    "induction",
+    "sinks",
+    "compare",
+    "demo",
+    "circuit",
+    "kv",
+)
 
 
 def folder_kind(path: str | Path) -> str:
     """``missing``, ``file``, ``empty``, ``run`` (a training run), ``hf`` (an HF model folder), ``show``,
-    ``heads``, ``importance``, ``sweep``, ``induction``, ``sinks``, ``compare``, ``demo``, ``circuit``, or
+    ``heads``, ``importance``, ``sweep``, ``induction``, ``sinks``, ``compare``, ``demo``, ``circuit``, ``kv``, or
     ``other``."""
     path = Path(path)
     if not path.exists():
@@ -170,6 +183,8 @@ def folder_kind(path: str | Path) -> str:
         ("show", "image.json"),
         ("show", "explain.html"),
         ("heads", "heads.json"),
+        ("heads", "kv-heads.json"),
+        ("kv", "kv.json"),
         ("sweep", "sweep.json"),
         ("induction", "induction.json"),
         ("sinks", "sinks.json"),
@@ -219,6 +234,7 @@ _WHAT = {
     "circuit": "a circuit's results",
     "show": "attention pages",
     "importance": "head importance results",
+    "kv": "KV policy curves",
 }
 
 

@@ -40,7 +40,7 @@ def save(fig, stem: str | Path, *, formats: tuple[str, ...] = ("png", "svg"), dp
     return paths
 
 
-__all__ = ["SIGNED", "curve", "head_grid", "plain", "plot_curves", "pyplot", "save"]
+__all__ = ["SIGNED", "curve", "head_grid", "head_grids", "plain", "plot_curves", "pyplot", "save"]
 
 
 SIGNED = "RdBu_r"  # every signed effect (patching, attribution, circuits, the patching page): red +, blue -
@@ -75,6 +75,33 @@ def head_grid(scores, stem: str | Path, title: str) -> list[Path]:
     ax.set_ylabel("layer")
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     ax.set_title(plain(title), fontsize=9)
+    return save(fig, stem)
+
+
+def head_grids(panels, stem: str | Path, title: str) -> list[Path]:
+    """Layers x heads grids side by side, one per ``(title, scores (layers, H), ringed [(layer, head), ...])``, each
+    on its own viridis scale with a colorbar; the ringed heads circled in red (NaN cells blank). PNG + SVG."""
+    import torch
+
+    plt = pyplot()
+    layers, heads = panels[0][1].shape
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(len(panels) * max(3.2, 0.35 * heads + 1.8), max(3.0, 0.22 * layers + 1.6))
+    )
+    axes = [axes] if len(panels) == 1 else list(axes)
+    for ax, (name, scores, ringed) in zip(axes, panels):
+        finite = scores[torch.isfinite(scores)]
+        top = float(finite.max()) if finite.numel() else 1.0
+        im = ax.imshow(scores.numpy(), cmap="viridis", vmin=0.0, vmax=max(top, 1e-6), aspect="auto")
+        for layer, head in ringed:
+            ax.scatter([head], [layer], s=60, facecolors="none", edgecolors="red", linewidths=1.2)
+        ax.set_xticks(range(heads))
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(plain(name), fontsize=8)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    fig.suptitle(plain(title), fontsize=10)
+    fig.tight_layout()
     return save(fig, stem)
 
 

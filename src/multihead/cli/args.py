@@ -45,6 +45,30 @@ def _threads(text: str) -> int:
 _nonneg = _number(int, 0, float("inf"), "an integer >= 0")  # counts where 0 means none / all
 
 
+def _names(choices):
+    """An argparse type for a comma-separated list of names from ``choices``."""
+
+    def parse(text: str) -> list[str]:
+        names = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [n for n in names if n not in choices]
+        if not names or bad:
+            raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(choices)} (comma-separated)")
+        return names
+
+    return parse
+
+
+def _counts(text: str) -> list[int]:
+    """A comma-separated list of positive integers (budgets, lengths), sorted, duplicates dropped."""
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, comma-separated (e.g. 64,256,1024)")
+    return sorted(set(values))
+
+
 _fraction = _number(float, 0.0, 1.0, "a number in [0, 1]")
 
 

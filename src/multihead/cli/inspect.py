@@ -241,12 +241,18 @@ def cmd_heads(args) -> int:
     from . import lm as lm_commands
     from . import speech
 
+    where = route(args.model, "heads")
+    if args.kv and where != "lm":
+        raise ValueError(
+            f"--kv finds the heads a KV cache must keep whole in a pretrained causal LM (smollm2, a .gguf file, an "
+            f"HF folder); {args.model} is not one: drop --kv"
+        )
     handler = {
         "lm": lm_commands.heads_lm,
         "dinov2": _heads_dinov2,
         "whisper": speech.cmd_heads_whisper,
         "run:pretrain": _heads_causal,
-    }.get(route(args.model, "heads"))
+    }.get(where)
     if handler is not None:
         return handler(args)
     import resource
@@ -564,6 +570,24 @@ def _parser_heads(sub) -> None:
         type=_count,
         default=50,
         help="whisper: sentences spoken word by word by espeak-ng (half choose the heads, half measure them)",
+    )
+    kv = hd.add_argument_group("KV heads (pretrained LMs): which heads a head-aware KV cache keeps whole")
+    kv.add_argument(
+        "--kv",
+        action="store_true",
+        help="retrieval heads on needle-in-a-haystack prompts, echo and induction heads on random tokens, and the "
+        "split of key/value heads (kv-heads.json, kv-heads.png)",
+    )
+    kv.add_argument("--needles", type=_nonneg, default=6, help="needle prompts (default 6; 0: data-free scores only)")
+    kv.add_argument("--needle-len", type=_count, default=2048, help="tokens per needle prompt (default 2048)")
+    kv.add_argument(
+        "--kv-fraction", type=_fraction, default=0.25, help="share of key/value heads that keep every key (0.25)"
+    )
+    kv.add_argument(
+        "--kv-score",
+        choices=["data-free", "retrieval"],
+        default="data-free",
+        help="rank key/value heads by max(echo, induction) (no data) or by the needles' retrieval score",
     )
     hd.add_argument("--json", action="store_true")
     hd.add_argument("--overwrite", action="store_true", help="replace a folder of other files at --out")

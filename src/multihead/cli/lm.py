@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .args import _count, _threads, _nonneg, _number
+from .args import _count, _counts, _names, _threads, _nonneg, _number
 
 
 def _is_lm(source: str, verb: str) -> bool:
@@ -335,6 +335,23 @@ def heads_lm(args) -> int:
     if args.out:
         check_target(args.out, "heads", overwrite=args.overwrite, sources=(args.model,))
     p = _load_lm(args.model)
+    if args.kv:
+        from ..interpret import kv_heads
+
+        result = kv_heads.report(
+            p,
+            args.out,
+            needles=args.needles,
+            length=args.needle_len,
+            fraction=args.kv_fraction,
+            score=args.kv_score,
+            overwrite=args.overwrite,
+            progress=not args.json,
+        )
+        print(json.dumps(result) if args.json else kv_heads.format_table(result, p.name))
+        if args.out:
+            print(f"wrote kv-heads.json and kv-heads.png to {args.out}", file=sys.stderr if args.json else sys.stdout)
+        return 0
     length = args.max_len or 512
     subject = LMSubject(str(args.model), p.model, p.tokenizer, length, lm=p)
     rows = held_out_rows(p, rows=args.n, length=length)
@@ -469,6 +486,59 @@ def _parser_sinks(sub) -> None:
     sk.set_defaults(fn=cmd_sinks)
 
 
+def cmd_kv(args) -> int:
+    """``multihead kv MODEL``: every KV cache policy at every budget on needles and perplexity (kv.json, kv.png)."""
+    from .._io import check_target
+    from ..interpret import kv_curves
+    from ..interpret.kv_heads import read_split
+
+    check_target(args.out, "kv", overwrite=args.overwrite, sources=(args.model,))
+    full_heads = read_split(args.heads) if args.heads else None
+    kv_curves.settings(args.policies, args.budgets, full_heads)  # refuse head-aware without --heads before loading
+    p = _load_lm(args.model, args.threads)
+    result = kv_curves.report(
+        p,
+        args.out,
+        overwrite=args.overwrite,
+        full_heads=full_heads,
+        policies=args.policies,
+        budgets=args.budgets,
+        lengths=args.lengths,
+        needles=args.needles,
+        context=args.context,
+        tokens=args.tokens,
+        progress=not args.no_progress,
+    )
+    print(kv_curves.format_table(result))
+    print(f"wrote kv.json and kv.png to {args.out} ({result['seconds']:.0f} s, {result['threads']} threads)")
+    return 0
+
+
+def _parser_kv(sub) -> None:
+    from ..interpret import kv_curves as K
+
+    kv = sub.add_parser(
+        "kv",
+        help="KV cache policies (full, sinks + window, H2O, SnapKV, head-aware) at several budgets: needle retrieval "
+        "at long context and perplexity against the bytes kept (kv.json, kv.png)",
+    )
+    kv.add_argument("model", help="a pretrained LM multihead reads natively (smollm2, a .gguf file, an HF folder)")
+    kv.add_argument("--out", required=True, help="folder for kv.json and kv.png")
+    kv.add_argument("--heads", default=None, help="kv-heads.json from `multihead heads MODEL --kv` (for head-aware)")
+    kv.add_argument(
+        "--policies", type=_names(K.POLICIES), default=list(K.POLICIES), help="comma-separated (default: all five)"
+    )
+    kv.add_argument("--budgets", type=_counts, default=list(K.BUDGETS), help="keys kept per head (64,...,1024)")
+    kv.add_argument("--lengths", type=_counts, default=list(K.LENGTHS), help="needle prompt tokens (2048,4096,8192)")
+    kv.add_argument("--needles", type=_count, default=4, help="needles per length (default 4)")
+    kv.add_argument("--context", type=_count, default=2048, help="perplexity: tokens read before measuring")
+    kv.add_argument("--tokens", type=_count, default=256, help="perplexity: tokens measured one at a time")
+    kv.add_argument("--threads", type=_threads, default=None)
+    kv.add_argument("--overwrite", action="store_true")
+    kv.add_argument("--no-progress", action="store_true")
+    kv.set_defaults(fn=cmd_kv)
+
+
 def _parser_induction(sub) -> None:
     from ..interpret.induction import ToyConfig as ToyDefaults
 
@@ -511,4 +581,5 @@ def register(sub) -> None:
     """This module's subcommands, each declared beside its handler."""
     _parser_generate(sub)
     _parser_sinks(sub)
+    _parser_kv(sub)
     _parser_induction(sub)

@@ -1,0 +1,389 @@
+"""Which heads need the whole KV cache: retrieval heads found on needles, echo and induction heads found without
+data, and the split a head-aware cache uses (:func:`multihead.modules.kv_policy.head_aware_policy`).
+
+* **Retrieval score** (Wu et al. 2024, "Retrieval Head Mechanistically Explains Long-Context Factuality"): on
+  needle-in-a-haystack prompts (:mod:`multihead.data.needles`) the model reads the answer teacher-forced; at each
+  answer token that the model itself ranks first, a head *copies* when its strongest key is inside the needle and
+  holds that same token. A head's score is the share of answer tokens it copied (averaged over the needles); Wu et
+  al. call heads with a score of at least 0.1 retrieval heads. Only the answer rows of each map are kept.
+* **Echo and induction scores** (RazorAttention, Tang et al. 2024), on repeated random tokens with no data: the
+  weight a second occurrence puts on its first occurrence (echo) and on the token after it (induction, the
+  prefix-matching score of :mod:`multihead.interpret.induction`).
+* **The split**: the key/value heads ranked by a score, the top ``fraction`` keep every key, the rest keep sinks
+  and a window. By default the score is data-free (``max(echo, induction)`` over the heads that share a key/value
+  head): one short forward pass, no solved task needed (a small model that fails long needles never lets a head
+  score), and RazorAttention reports it on par with selection that needs training. ``score="retrieval"`` ranks by
+  Wu et al.'s score instead. DuoAttention's criterion (gates trained by distillation) is not implemented: it needs
+  training runs per model that this tool does not make.
+
+Every function works on any LM multihead reads, native or attached (:func:`multihead.hf.attach`): they only use the
+attention modules' ``hook_pattern``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..modules.capture import attention_modules
+from .induction import repeated_tokens
+
+RETRIEVAL = 0.1  # Wu et al.'s threshold
+INDUCTION = 0.4  # the prefix-matching threshold of `multihead heads` (multihead.interpret.induction.INDUCTION)
+ECHO = 0.4
+
+
+def _num_kv_heads(model) -> list[int]:
+    """Key/value heads per layer (the query heads' groups), for native and attached models."""
+    out = []
+    for _, mod in attention_modules(model):
+        g = getattr(mod, "num_kv_heads", None) or getattr(mod, "num_heads", None)
+        out.append(int(g))
+    return out
+
+
+def _num_heads(model) -> list[int]:
+    return [int(mod.num_heads) for _, mod in attention_modules(model)]
+
+
+@torch.no_grad()
+def pattern_rows(model, ids: Tensor, rows: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """The model's output on ``ids`` and the attention weights of query ``rows`` only, per layer ``(B, H, R, L)``:
+    each layer's map is computed explicitly (the module's own formula, through its ``hook_pattern``) and cut to those
+    rows at once, so memory stays one layer's map at a time."""
+    kept: list[Tensor] = []
+    handles = []
+    for _, mod in attention_modules(model):
+        handles.append(mod.hook_pattern.add_hook(lambda p, hook: kept.append(p[:, :, rows].float().clone())))
+    try:
+        out = model(ids)
+    finally:
+        for h in handles:
+            h.remove()
+    return out, kept
+
+
+def retrieval_scores(model, needles, *, progress: bool = False) -> dict:
+    """Wu et al.'s retrieval score ``(layers, H)`` on ``needles`` (:class:`multihead.data.needles.Needle`), the
+    share of answer tokens the model ranked first (``solved``), and per needle whether it did for all of them."""
+    from tqdm import tqdm
+
+    heads = _num_heads(model)
+    layers, h_max = len(heads), max(heads)
+    total = torch.zeros(layers, h_max)
+    solved, per_needle = 0, []
+    was = model.training
+    model.eval()
+    for n in tqdm(needles, desc="needles", leave=False, disable=not progress):
+        full = torch.tensor([n.ids + n.answer[:-1]])  # the answer teacher-forced
+        p = len(n.ids)
+        rows = torch.arange(p - 1, p - 1 + len(n.answer))  # row i predicts answer[i]
+        logits, patterns = pattern_rows(model, full, rows)
+        target = torch.tensor(n.answer)
+        right = logits[0, rows].argmax(-1) == target  # (R,): the model itself ranks the answer token first
+        solved += int(right.sum())
+        per_needle.append(bool(right.all()))
+        hits = torch.zeros(layers, h_max)
+        ids = full[0]
+        for layer, w in enumerate(patterns):
+            top = w[0].argmax(-1)  # (H, R): each head's strongest key per answer row
+            inside = (top >= n.needle_start) & (top < n.needle_end)
+            copies = inside & (ids[top] == target[None, :]) & right[None, :]
+            hits[layer, : w.shape[1]] = copies.float().sum(-1)
+        total += hits / len(n.answer)
+    model.train(was)
+    answers = sum(len(n.answer) for n in needles)
+    return {
+        "retrieval": total / len(needles),
+        "solved": solved / answers,
+        "needles_solved": per_needle,
+    }
+
+
+@torch.no_grad()
+def echo_and_induction(model, *, half: int = 128, batch: int = 4, low: int = 1000, start: int = 0, seed: int = 0):
+    """``(layers, H)`` echo and induction (prefix-matching) scores on seeded repeated random tokens: from the second
+    occurrence of each token, the weight on its first occurrence and on the token that followed it."""
+    vocab = int(model.config.vocab_size)
+    g = torch.Generator().manual_seed(seed)
+    ids = repeated_tokens(batch, half, low=min(low, vocab // 10), high=vocab, start=start, generator=g)
+    q = torch.arange(1 + half, 1 + 2 * half - 1)  # second occurrences (the last has nothing after its first)
+    _, patterns = pattern_rows(model, ids, q)
+    first = q - half  # the first occurrence of the same token
+    echo = torch.stack([p[:, :, torch.arange(len(q)), first].mean((0, 2)) for p in _padded(patterns)])
+    induction = torch.stack([p[:, :, torch.arange(len(q)), first + 1].mean((0, 2)) for p in _padded(patterns)])
+    return {"echo": echo, "induction": induction, "half": half}
+
+
+def _padded(patterns: list[Tensor]) -> list[Tensor]:
+    """Per-layer maps padded with NaN heads to the widest layer (pruned layers have fewer heads)."""
+    h = max(p.shape[1] for p in patterns)
+    return [torch.cat([p, p.new_full((p.shape[0], h - p.shape[1], *p.shape[2:]), math.nan)], 1) for p in patterns]
+
+
+def kv_head_scores(scores: Tensor, num_kv_heads: list[int]) -> list[list[float]]:
+    """Per layer, each key/value head's score: the largest of the query heads that share it."""
+    out = []
+    for layer, g in enumerate(num_kv_heads):
+        row = scores[layer]
+        h = int(torch.isfinite(row).sum())
+        r = max(h // g, 1)
+        out.append([float(row[i * r : (i + 1) * r].max()) for i in range(g)])
+    return out
+
+
+def split(kv_scores: list[list[float]], fraction: float) -> list[list[int]]:
+    """The key/value heads that keep every key, per layer: the top ``fraction`` of all key/value heads by score
+    (at least one)."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"the share of key/value heads that keep every key must be in (0, 1], got {fraction}")
+    flat = [(s, layer, h) for layer, row in enumerate(kv_scores) for h, s in enumerate(row)]
+    n = max(1, round(fraction * len(flat)))
+    chosen = sorted(flat, key=lambda t: -t[0])[:n]
+    out: list[list[int]] = [[] for _ in kv_scores]
+    for _, layer, h in chosen:
+        out[layer].append(h)
+    return [sorted(x) for x in out]
+
+
+def classify(
+    model,
+    needles,
+    *,
+    fraction: float = 0.25,
+    score: str = "data-free",
+    start: int = 0,
+    progress: bool = False,
+) -> dict:
+    """Every head's retrieval, echo and induction scores and the split of key/value heads for a head-aware cache.
+    ``needles``: prompts from :func:`multihead.data.needles.make_needles` (may be empty with ``score="data-free"``:
+    no retrieval score then)."""
+    if score not in ("data-free", "retrieval"):
+        raise ValueError(f"score must be 'data-free' or 'retrieval', got {score!r}")
+    if score == "retrieval" and not needles:
+        raise ValueError("the retrieval split needs needles: give at least one")
+    kv = _num_kv_heads(model)
+    heads = _num_heads(model)
+    ei = echo_and_induction(model, start=start)
+    data_free = torch.maximum(ei["echo"], ei["induction"])
+    ret = retrieval_scores(model, needles, progress=progress) if needles else None
+    ranked = data_free if score == "data-free" else ret["retrieval"]  # type: ignore[index]
+    per_kv = kv_head_scores(ranked, kv)
+    full_heads = split(per_kv, fraction)
+    table = []
+    for layer, h_n in enumerate(heads):
+        for h in range(h_n):
+            r = None if ret is None else round(float(ret["retrieval"][layer, h]), 4)
+            e, i = float(ei["echo"][layer, h]), float(ei["induction"][layer, h])
+            g = h // max(h_n // kv[layer], 1)
+            roles = [
+                name
+                for name, hit in (("retrieval", r is not None and r >= RETRIEVAL), ("induction", i >= INDUCTION))
+                if hit
+            ] + (["echo"] if e >= ECHO else [])
+            table.append(
+                {
+                    "layer": layer,
+                    "head": h,
+                    "kv_head": g,
+                    "retrieval": r,
+                    "echo": round(e, 4),
+                    "induction": round(i, 4),
+                    "roles": roles,
+                    "full_cache": g in full_heads[layer],
+                }
+            )
+    retrieval_heads = [f"L{t['layer']}H{t['head']}" for t in table if "retrieval" in t["roles"]]
+    induction_heads = [f"L{t['layer']}H{t['head']}" for t in table if "induction" in t["roles"]]
+    kept = {(t["layer"], t["head"]) for t in table if t["full_cache"]}
+    return {
+        "heads": table,
+        "num_heads": heads,
+        "num_kv_heads": kv,
+        "split": {"score": score, "fraction": fraction, "full_heads": full_heads},
+        "retrieval_heads": retrieval_heads,
+        "induction_heads": induction_heads,
+        "both": sorted(set(retrieval_heads) & set(induction_heads), key=_order),
+        "retrieval_in_full_groups": sum(
+            1 for t in table if "retrieval" in t["roles"] and (t["layer"], t["head"]) in kept
+        ),
+        "needles": None
+        if ret is None
+        else {
+            "count": len(needles),
+            "length": len(needles[0].ids),
+            "depths": [round(n.depth, 3) for n in needles],
+            "answer_tokens_ranked_first": round(ret["solved"], 4),
+            "solved": ret["needles_solved"],
+        },
+        "thresholds": {"retrieval": RETRIEVAL, "induction": INDUCTION, "echo": ECHO},
+    }
+
+
+def _order(name: str) -> tuple[int, int]:
+    layer, head = name[1:].split("H")
+    return int(layer), int(head)
+
+
+def grid(result: dict, key: str) -> Tensor:
+    """``(layers, H)`` of ``key`` from a :func:`classify` result (NaN where a layer has fewer heads)."""
+    layers, h = len(result["num_heads"]), max(result["num_heads"])
+    out = torch.full((layers, h), math.nan)
+    for t in result["heads"]:
+        v = t[key]
+        out[t["layer"], t["head"]] = math.nan if v is None else float(v)
+    return out
+
+
+def format_table(result: dict, model: str) -> str:
+    """The classes in a few lines: retrieval heads with their scores, induction heads, the overlap, the split."""
+    lines = [f"KV heads of {model}"]
+    needles = result["needles"]
+    if needles:
+        lines.append(
+            f"  needles: {needles['count']} prompts of {needles['length']} tokens; the model ranked the answer "
+            f"first for {needles['answer_tokens_ranked_first']:.0%} of its tokens"
+        )
+        top = sorted(
+            (t for t in result["heads"] if "retrieval" in t["roles"]), key=lambda t: -t["retrieval"]
+        )  # strongest first
+        total = sum(result["num_heads"])
+        lines.append(
+            f"  retrieval heads (score >= {RETRIEVAL}): {len(top)} of {total} ({len(top) / total:.1%}): "
+            + (", ".join(f"L{t['layer']}H{t['head']} {t['retrieval']:.2f}" for t in top) or "none")
+        )
+    lines.append(
+        f"  induction heads (prefix matching >= {INDUCTION}): {len(result['induction_heads'])}: "
+        + (", ".join(result["induction_heads"]) or "none")
+    )
+    if needles:
+        lines.append(f"  both: {len(result['both'])}: {', '.join(result['both']) or 'none'}")
+    s = result["split"]
+    n_full = sum(len(x) for x in s["full_heads"])
+    n_kv = sum(result["num_kv_heads"])
+    lines.append(
+        f"  head-aware split ({s['score']} score, top {s['fraction']:.0%}): {n_full} of {n_kv} key/value heads keep "
+        "every key, the rest sinks + a window"
+        + (
+            f"; {result['retrieval_in_full_groups']} of {len(result['retrieval_heads'])} retrieval heads sit in "
+            "those groups"
+            if needles
+            else ""
+        )
+    )
+    return "\n".join(lines)
+
+
+def plot(result: dict, stem: str | Path, model: str) -> list[Path]:
+    """Three layer x head grids: the retrieval score (retrieval heads ringed), max(echo, induction) (induction
+    heads ringed) and the split (1 = the head's key/value group keeps every key)."""
+    from ..plotting import head_grids
+
+    panels = []
+    if result["needles"]:
+        panels.append(("retrieval score (Wu et al.); ringed: >= 0.1", grid(result, "retrieval"), "retrieval"))
+    both = torch.maximum(grid(result, "echo"), grid(result, "induction"))
+    panels.append(("max(echo, induction), no data; ringed: induction", both, "induction"))
+    kept = grid(result, "full_cache")
+    panels.append((f"head-aware split: 1 = keeps every key ({result['split']['score']})", kept, None))
+    rings = {
+        key: [(t["layer"], t["head"]) for t in result["heads"] if key in t["roles"]]
+        for key in ("retrieval", "induction")
+    }
+    return head_grids(
+        [(title, scores, rings.get(key, []) if key else []) for title, scores, key in panels],
+        stem,
+        f"Which heads need the whole KV cache: {model}",
+    )
+
+
+def needles_for(lm, *, length: int, count: int, seed: int = 0, data: str = "imdb"):
+    """``count`` needle prompts of ``length`` tokens for a loaded LM (``lm.encode``; the start token where its
+    tokenizer adds one), the haystack from the fixed test split of ``data``."""
+    from .. import data as D
+    from ..data.needles import make_needles
+
+    limit = int(lm.model.config.max_len)
+    if length > limit:
+        raise ValueError(
+            f"needles of {length} tokens are past the {limit} positions {lm.name} has: ask for --needle-len "
+            f"{limit} or less"
+        )
+    texts = D.split(D.load(data), seed=0).test.texts
+    start = lm.encode("")[:1]
+    return make_needles(
+        lambda t: lm.encode(t, special=False), texts, length=length, count=count, seed=seed, start=start
+    )
+
+
+def report(
+    lm,
+    out: str | Path | None,
+    *,
+    needles: int = 6,
+    length: int = 2048,
+    fraction: float = 0.25,
+    score: str = "data-free",
+    seed: int = 0,
+    overwrite: bool = False,
+    progress: bool = False,
+) -> dict:
+    """:func:`classify` a loaded LM's heads on ``needles`` prompts of ``length`` tokens (0: data-free only) and,
+    with ``out``, write ``kv-heads.json`` (the ``full_heads`` that ``multihead kv --heads`` reads) and
+    ``kv-heads.png``/``.svg``."""
+    import time
+
+    from .._io import Publish, atomic_write_json
+
+    t0 = time.perf_counter()
+    prompts = needles_for(lm, length=length, count=needles, seed=seed) if needles else []
+    start = lm.bos_id if getattr(lm, "bos_id", None) is not None else 0
+    result = classify(lm.model, prompts, fraction=fraction, score=score, start=start, progress=progress)
+    result["model"] = lm.name
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    if out is not None:
+        with Publish(Path(out), "heads", overwrite=overwrite, sources=(str(lm.path),)) as folder:
+            atomic_write_json(folder / "kv-heads.json", result)
+            plot(result, folder / "kv-heads", lm.name)
+    return result
+
+
+def read_split(path: str | Path) -> list[list[int]]:
+    """The ``full_heads`` of a ``kv-heads.json`` written by :func:`report` (or a folder holding one), checked."""
+    import json
+
+    p = Path(path)
+    p = p / "kv-heads.json" if p.is_dir() else p
+    try:
+        data = json.loads(p.read_text())
+        heads = data["split"]["full_heads"]
+    except FileNotFoundError:
+        raise ValueError(f"{p} does not exist: write it with `multihead heads MODEL --kv --out DIR`") from None
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(
+            f"{p} is not a kv-heads.json (no split.full_heads): write one with `multihead heads MODEL --kv`"
+        ) from None
+    if not isinstance(heads, list) or not all(
+        isinstance(row, list) and all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in row)
+        for row in heads
+    ):
+        raise ValueError(f"{p}: split.full_heads must be one list of key/value head indices per layer")
+    return heads
+
+
+__all__ = [
+    "classify",
+    "needles_for",
+    "read_split",
+    "report",
+    "echo_and_induction",
+    "format_table",
+    "kv_head_scores",
+    "pattern_rows",
+    "plot",
+    "retrieval_scores",
+    "split",
+]

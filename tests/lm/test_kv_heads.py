@@ -1,0 +1,131 @@
+"""Heads for the KV cache: Wu et al.'s retrieval score and the echo/induction scores against their formulas on full
+captured maps, the needles, the split, and `multihead heads --kv` / `multihead kv` end to end on a small random
+GGUF model, with their messages for bad input."""
+
+import json
+
+import pytest
+import torch
+
+from hf_families import hf_model, write_gguf
+from multihead import lm as LM
+from multihead.cli import main
+from multihead.data.needles import make_needles
+from multihead.interpret import kv_heads as K
+from multihead.modules.capture import capture
+
+
+@pytest.fixture(scope="module")
+def gguf_model(tmp_path_factory):
+    return str(write_gguf(hf_model("llama", rope_scaling=None, max_position_embeddings=512), tmp_path_factory.mktemp("g") / "tiny.gguf"))
+
+
+@pytest.fixture(scope="module")
+def tiny(gguf_model):
+    return LM.load(gguf_model)
+
+
+def test_needles_are_exact_seeded_and_hold_the_answer(tiny):
+    needles = K.needles_for(tiny, length=200, count=3, seed=5)
+    again = K.needles_for(tiny, length=200, count=3, seed=5)
+    assert [n.ids for n in needles] == [n.ids for n in again]
+    assert [n.depth for n in needles] == pytest.approx([0.1, 0.5, 0.9])
+    for n in needles:
+        assert len(n.ids) == 200
+        assert n.ids[n.answer_at : n.answer_at + len(n.answer)] == n.answer  # verbatim inside the needle
+        assert n.needle_start <= n.answer_at < n.needle_end <= len(n.ids)
+        assert n.number in tiny.decode(n.ids[n.needle_start : n.needle_end])
+    starts = [n.needle_start for n in needles]
+    assert starts[0] < 20 < starts[1] < 60 < starts[2]  # spread over the haystack (83 tokens here)
+    with pytest.raises(ValueError, match="no room"):
+        make_needles(lambda t: tiny.encode(t, special=False), ["some text"] * 5, length=60, count=1)
+    with pytest.raises(ValueError, match="past the"):
+        K.needles_for(tiny, length=100_000, count=1)
+
+
+def test_retrieval_score_is_wu_et_al_on_full_maps(tiny):
+    needles = K.needles_for(tiny, length=160, count=2, seed=0)
+    got = K.retrieval_scores(tiny.model, needles)
+    want = torch.zeros_like(got["retrieval"])
+    for n in needles:
+        ids = torch.tensor([n.ids + n.answer[:-1]])
+        with torch.no_grad(), capture(tiny.model, ("pattern",)) as cap:
+            logits = tiny.model(ids)[0]
+        for r, answer in enumerate(n.answer):
+            row = len(n.ids) - 1 + r
+            if int(logits[row].argmax()) != answer:  # only tokens the model itself would write
+                continue
+            for layer, p in enumerate(cap.patterns()):
+                for h in range(p.shape[1]):
+                    j = int(p[0, h, row].argmax())
+                    if n.needle_start <= j < n.needle_end and int(ids[0, j]) == answer:
+                        want[layer, h] += 1 / len(n.answer) / len(needles)
+    torch.testing.assert_close(got["retrieval"], want)
+
+
+def test_echo_and_induction_on_full_maps(tiny):
+    half = 16
+    got = K.echo_and_induction(tiny.model, half=half, batch=2, low=10, start=1, seed=3)
+    from multihead.interpret.induction import repeated_tokens
+
+    ids = repeated_tokens(2, half, low=10, high=300, start=1, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad(), capture(tiny.model, ("pattern",)) as cap:
+        tiny.model(ids)
+    for layer, p in enumerate(cap.patterns()):
+        echo = [sum(float(p[b, h, 1 + half + i, 1 + i]) for b in range(2) for i in range(half - 1)) for h in range(4)]
+        ind = [sum(float(p[b, h, 1 + half + i, 2 + i]) for b in range(2) for i in range(half - 1)) for h in range(4)]
+        torch.testing.assert_close(got["echo"][layer], torch.tensor(echo) / (2 * (half - 1)))
+        torch.testing.assert_close(got["induction"][layer], torch.tensor(ind) / (2 * (half - 1)))
+
+
+def test_split_takes_the_top_share_of_key_value_heads():
+    scores = torch.tensor([[0.9, 0.1, 0.2, 0.0], [0.05, 0.5, 0.3, 0.4]])  # 2 layers x 4 query heads
+    per_kv = K.kv_head_scores(scores, [2, 2])  # GQA: heads 0-1 share kv head 0, 2-3 kv head 1
+    torch.testing.assert_close(torch.tensor(per_kv), torch.tensor([[0.9, 0.2], [0.5, 0.4]]))
+    assert K.split(per_kv, 0.5) == [[0], [0]]
+    assert K.split(per_kv, 0.01) == [[0], []]  # at least one
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        K.split(per_kv, 0.0)
+
+
+def test_heads_kv_and_kv_curves_end_to_end(gguf_model, tmp_path, capsys):
+    heads = tmp_path / "heads"
+    args = ["heads", gguf_model, "--kv", "--needles", "2", "--needle-len", "160", "--out", str(heads)]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "retrieval heads" in printed and "head-aware split" in printed
+    r = json.loads((heads / "kv-heads.json").read_text())
+    assert len(r["heads"]) == 8 and len(r["split"]["full_heads"]) == 2
+    assert (heads / "kv-heads.png").stat().st_size > 0
+    out = tmp_path / "kv"
+    args = ["kv", gguf_model, "--heads", str(heads / "kv-heads.json"), "--out", str(out), "--lengths", "180"]
+    args += ["--budgets", "8,16", "--needles", "1", "--context", "40", "--tokens", "6", "--no-progress"]
+    assert main(args) == 0
+    result = json.loads((out / "kv.json").read_text())
+    assert {(p["policy"], p["budget"]) for p in result["perplexity"]["points"]} == {("full", None)} | {
+        (name, b) for name in ("window", "h2o", "snapkv", "head-aware") for b in (8, 16)
+    }
+    full = next(p for p in result["perplexity"]["points"] if p["policy"] == "full")
+    assert full["share"] == 1.0
+    small = next(p for p in result["points"] if p["policy"] == "window" and p["budget"] == 8)
+    assert small["share"] == pytest.approx(8 / 180, abs=1e-3)  # the kept keys' bytes over the full cache's
+    assert (out / "kv.png").stat().st_size > 0
+    assert "perplexity" in capsys.readouterr().out
+
+
+def test_kv_refusals(gguf_model, tmp_path, capsys):
+    out = str(tmp_path / "kv")
+    assert main(["kv", gguf_model, "--out", out, "--policies", "head-aware"]) == 2
+    assert "--heads" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"split": {"full_heads": "all"}}))
+    assert main(["kv", gguf_model, "--out", out, "--heads", str(bad)]) == 2
+    assert "one list of key/value head indices per layer" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["kv", gguf_model, "--out", out, "--budgets", "0,64"])
+    assert "positive integers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["kv", gguf_model, "--out", out, "--policies", "lru"])
+    assert "choose from full" in capsys.readouterr().err
+    assert main(["kv", gguf_model, "--out", out, "--policies", "full", "--context", "4000"]) == 2
+    assert "positions" in capsys.readouterr().err
