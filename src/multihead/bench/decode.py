@@ -14,10 +14,16 @@ With ``--model smollm2`` (or any pretrained LM :mod:`multihead.lm` loads: a ``.g
 on that model, loaded by us and by HF transformers from the same file (HF: ``from_pretrained(gguf_file=...)`` or the
 folder, SDPA attention); the prompt is 16 random ordinary tokens, end-of-text never stops either side, and two
 more cases time the prompt's forward pass at ``--prefill`` lengths (default 512 and 4096): ``prefill`` (ours,
-filling the KV cache) and ``hf_prefill`` (HF's forward with ``use_cache=True``).
+filling the KV cache) and ``hf_prefill`` (HF's forward with ``use_cache=True``). A GGUF model also races llama.cpp
+(:mod:`multihead.bench.llamacpp`: gpt4all's CPU build) on a copy of the same file, ``llamacpp_f32`` (dequantised
+to float32, our precision) and ``llamacpp`` (the file's own quantisation); llama.cpp decodes one row at a time, so
+its batch cases run the rows in turn, and it stops at end-of-text. With ``--context N`` (default 4096) every
+implementation also decodes after N tokens of held-out text, ours under each KV policy (``cached:window``, ...,
+at ``--kv-budget`` keys per head, default 512; ``cached:head-aware`` needs ``--kv-heads`` kv-heads.json).
 
-Reported: new tokens per second (batch x N / seconds), the speed-up of ``cached`` over the others measured in the
-same run, and each case's peak memory above its start. ``--device cuda --dtype bf16`` runs every model there.
+Reported: new tokens per second (batch x N / seconds, prompt included), **decode tokens per second** (from the
+time of each new token: the prompt excluded), the speed-up of ``cached`` over the others measured in the same
+run, and each case's peak memory above its start. ``--device cuda --dtype bf16`` runs every model there.
 """
 
 from __future__ import annotations
@@ -111,6 +117,7 @@ def shape_of_run(path) -> dict:
 
 
 _LOADED: dict = {}
+_STAMPS: list[list[float]] = []  # per timed run: the time of each new token (decode-only speed)
 
 
 def _pretrained(source: str, impl: str):
@@ -131,21 +138,113 @@ def _pretrained(source: str, impl: str):
     return _LOADED[(source, impl)]
 
 
-def _build_pretrained(case: dict):
-    source, impl, b, n = case["shape"]["pretrained"], case["impl"], case["batch"], case["new_tokens"]
-    model = _pretrained(source, impl)
-    vocab = model.config.vocab_size
+def _prompt(case: dict, vocab: int) -> torch.Tensor:
+    """``(batch, length)``: 16 random ordinary tokens (or ``prefill`` of them), or ``context`` tokens of held-out
+    IMDB text (every row the same)."""
+    b = case["batch"]
+    if case.get("context"):
+        from .. import lm
+        from ..heads.lm import held_out_rows
+
+        key = ("text", case["shape"]["pretrained"], case["context"])
+        if key not in _LOADED:
+            _LOADED[key] = held_out_rows(lm.load(case["shape"]["pretrained"]), rows=1, length=case["context"])
+        return _LOADED[key].expand(b, -1)
     length = case.get("prefill") or PROMPT
-    ids = torch.randint(1000, vocab, (b, length), generator=torch.Generator().manual_seed(0))
+    low = min(1000, vocab // 10)  # ordinary tokens, past the special ones
+    return torch.randint(low, vocab, (b, length), generator=torch.Generator().manual_seed(0))
+
+
+def _stamp_runs():
+    """A fresh list of token times for one timed run, and the streamer that fills it."""
+    times: list[float] = []
+    _STAMPS.append(times)
+    return times, lambda *_: times.append(time.perf_counter())
+
+
+class _HFStamps:
+    """HF's streamer protocol: ``put`` gets the prompt first, then each new token."""
+
+    def __init__(self) -> None:
+        self.times, self.calls = _stamp_runs()[0], 0
+
+    def put(self, value) -> None:
+        self.calls += 1
+        if self.calls > 1:
+            self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def recorded(case: dict) -> dict:
+    """What the timed runs recorded beside their total time: decode-only tokens/s (the best run), the new tokens."""
+    if not _STAMPS:
+        return {}
+    rates, counts = [], []
+    for runs in _split_rows(case):
+        steps = sum(len(t) - 1 for t in runs if len(t) > 1)
+        span = sum(t[-1] - t[0] for t in runs if len(t) > 1)
+        if span > 0:
+            rows = 1 if case["impl"].startswith("llamacpp") else case["batch"]
+            rates.append(rows * steps / span)
+            counts.append(sum(len(t) for t in runs) * rows)
+    _STAMPS.clear()
+    if not rates:
+        return {}
+    return {"decode_tokens_per_second": max(rates), "new_tokens_made": counts[rates.index(max(rates))]}
+
+
+def _split_rows(case: dict) -> list[list[list[float]]]:
+    """The recorded runs grouped per timed call (llama.cpp decodes a batch's rows in turn: one list per row)."""
+    per = case["batch"] if case["impl"].startswith("llamacpp") else 1
+    return [_STAMPS[i : i + per] for i in range(0, len(_STAMPS), per)]
+
+
+def _build_llamacpp(case: dict):
+    from .. import lm
+    from . import llamacpp as L
+
+    source, b, n = case["shape"]["pretrained"], case["batch"], case["new_tokens"]
+    path = lm.resolve(source)
+    if not path.is_file() or path.suffix != ".gguf":
+        raise ValueError(f"llama.cpp reads GGUF files; {source} is not one")
+    copy = L.llamacpp_copy(path, "f32" if case["impl"] == "llamacpp_f32" else "as-is")
+    model = L.load(copy, threads=torch.get_num_threads(), context=max(2048, case.get("context", 0) + n + 64))
+    key = ("tokenizer", source)
+    if key not in _LOADED:
+        _LOADED[key] = lm.load(source)
+    text = _LOADED[key].decode(_prompt(case, _LOADED[key].model.config.vocab_size)[0].tolist())
+
+    def run():
+        for _ in range(b):  # one row at a time: this build has no batched decoding
+            times, stamp = _stamp_runs()
+            r = L.generate(model, text, n)
+            times.extend(r["times"])
+
+    return run
+
+
+def _build_pretrained(case: dict):
+    source, impl, n = case["shape"]["pretrained"], case["impl"], case["new_tokens"]
+    if impl.startswith("llamacpp"):
+        return _build_llamacpp(case)
+    model = _pretrained(source, "hf" if impl.startswith("hf") else "cached")
+    ids = _prompt(case, model.config.vocab_size)
     mask = torch.ones_like(ids)
     if impl == "prefill":
         return torch.no_grad()(lambda: model.prefill(ids))
     if impl == "hf_prefill":
         return torch.no_grad()(lambda: model(ids, attention_mask=mask, use_cache=True))
-    if impl == "cached":
+    if impl == "cached" or impl.startswith("cached:"):
         from ..models.generation import generate
 
-        return lambda: generate(model, ids, None, max_new_tokens=n)
+        policy = _policy(case)
+
+        def ours():
+            return generate(model, ids, None, max_new_tokens=n, streamer=_stamp_runs()[1], kv_policy=policy)
+
+        return ours
     if impl == "hf_generate":
         return lambda: model.generate(
             ids,
@@ -155,8 +254,30 @@ def _build_pretrained(case: dict):
             do_sample=False,
             use_cache=True,
             pad_token_id=0,
+            streamer=_HFStamps(),
         )
-    raise ValueError(f"a pretrained race has the cases cached, hf_generate, prefill, hf_prefill; got {impl!r}")
+    raise ValueError(
+        "a pretrained race has the cases cached, cached:POLICY, hf_generate, llamacpp, llamacpp_f32, prefill and "
+        f"hf_prefill; got {impl!r}"
+    )
+
+
+def _policy(case: dict):
+    """The KV policy of a ``cached:NAME`` case (None for plain ``cached``)."""
+    impl = case["impl"]
+    if ":" not in impl:
+        return None
+    from ..modules.kv_policy import make_policy
+
+    name = impl.split(":", 1)[1]
+    options = {}
+    if name == "head-aware":
+        from ..interpret.kv_heads import read_split
+
+        if not case.get("kv_heads"):
+            raise ValueError("cached:head-aware needs --kv-heads kv-heads.json (multihead heads MODEL --kv)")
+        options["full_heads"] = read_split(case["kv_heads"])
+    return make_policy(name, None if name == "full" else case.get("kv_budget", 512), **options)
 
 
 def build(case: dict):
@@ -197,6 +318,13 @@ def flops(case: dict) -> float:
     return 0.0
 
 
+def _is_gguf(source: str) -> bool:
+    from .. import lm
+
+    path = lm.resolve(source)
+    return path.is_file() and path.suffix == ".gguf"
+
+
 def run(
     *,
     lengths=None,
@@ -210,6 +338,10 @@ def run(
     device: str = "cpu",
     dtype: str = "fp32",
     prefill=None,
+    context: int | None = None,
+    policies=("full", "window", "h2o", "snapkv"),
+    kv_budget: int = 512,
+    kv_heads: str | None = None,
 ) -> dict:
     from tqdm import tqdm
 
@@ -217,7 +349,9 @@ def run(
     pretrained = "pretrained" in shape
     lengths = lengths or ([64] if pretrained else NEW_TOKENS)
     batches = batches or ([1, 8] if pretrained else BATCHES)
-    impls = impls or (["cached", "hf_generate"] if pretrained else IMPLS)
+    gguf = pretrained and _is_gguf(shape["pretrained"])
+    peers = ["hf_generate"] + (["llamacpp_f32", "llamacpp"] if gguf else [])
+    impls = impls or (["cached", *peers] if pretrained else IMPLS)
     cases, results = [], []
     for n in lengths:
         for b in batches:
@@ -233,6 +367,23 @@ def run(
                         "dtype": dtype,
                     }
                 )
+    if pretrained and context:
+        with_context = ["cached", *[f"cached:{p}" for p in policies], "hf_generate"]
+        with_context += ["llamacpp_f32"] if gguf else []
+        for impl in with_context:
+            cases.append(
+                {
+                    "impl": impl,
+                    "batch": 1,
+                    "new_tokens": min(lengths),
+                    "context": context,
+                    "kv_budget": kv_budget,
+                    "kv_heads": kv_heads,
+                    "shape": shape,
+                    "device": device,
+                    "dtype": dtype,
+                }
+            )
     if pretrained:
         for length in prefill or [512, 4096]:
             for impl in ("prefill", "hf_prefill"):
@@ -260,7 +411,7 @@ def run(
         results.append(run_case(SUITE, c, threads=threads, min_time=min_time, min_repeats=1, timeout=1200))
 
     def key(r):
-        return r["batch"], r["new_tokens"], r.get("prefill")
+        return r["batch"], r["new_tokens"], r.get("prefill"), r.get("context")
 
     ours = ("cached", "prefill")
     base = {key(r): r for r in results if r["impl"] in ours and "error" not in r}
@@ -271,6 +422,8 @@ def run(
         ref = base.get(key(r))
         if ref and r is not ref:
             r["cached_speedup"] = r["seconds_min"] / ref["seconds_min"]
+            if r.get("decode_tokens_per_second") and ref.get("decode_tokens_per_second"):
+                r["decode_ratio_ours_to_this"] = ref["decode_tokens_per_second"] / r["decode_tokens_per_second"]
     config = {**shape, "prompt": PROMPT, "device": device, "dtype": dtype}
     if pretrained:
         c = _pretrained(shape["pretrained"], "cached").config
@@ -304,23 +457,27 @@ def format_table(payload: dict) -> str:
         )
         + f"{' (shape of ' + c['from'] + ')' if 'from' in c else ''}"
         f"; prompt {PROMPT}; greedy",
-        f"{'new':>5} {'batch':>5} {'impl':<12}{'seconds':>9}{'tokens/s':>10}{'cached is':>11}{'peak MiB':>10}",
+        f"{'new':>5} {'batch':>5} {'impl':<17}{'seconds':>9}{'tokens/s':>10}{'decode/s':>10}{'ours is':>9}"
+        f"{'peak MiB':>10}",
     ]
     for r in payload["results"]:
-        if "error" in r:
-            lines.append(f"{r['new_tokens']:>5} {r['batch']:>5} {r['impl']:<12} {r['error']}")
-            continue
-        sp = r.get("cached_speedup")
+        where = f"{r['new_tokens']:>5} {r['batch']:>5}"
+        if r.get("context"):
+            where = f"{'+' + str(r['new_tokens']) + ' @' + str(r['context']):>11}"
         if r.get("prefill"):
-            lines.append(
-                f"{'L=' + str(r['prefill']):>11} {r['impl']:<12}{r['seconds_min']:>9.2f}"
-                f"{r['tokens_per_second']:>10.0f}{(f'{sp:.2f}x' if sp else '-'):>11}{r['peak_mb'] or 0:>10.0f}"
-            )
+            where = f"{'L=' + str(r['prefill']):>11}"
+        if "error" in r:
+            lines.append(f"{where} {r['impl']:<17} {r['error']}")
             continue
+        ratio = r.get("decode_ratio_ours_to_this") or r.get("cached_speedup")
+        decode = r.get("decode_tokens_per_second")
         lines.append(
-            f"{r['new_tokens']:>5} {r['batch']:>5} {r['impl']:<12}{r['seconds_min']:>9.2f}"
-            f"{r['tokens_per_second']:>10.0f}{(f'{sp:.2f}x' if sp else '-'):>11}{r['peak_mb'] or 0:>10.0f}"
+            f"{where} {r['impl']:<17}{r['seconds_min']:>9.2f}{r['tokens_per_second']:>10.1f}"
+            f"{(f'{decode:.1f}' if decode else '-'):>10}{(f'{ratio:.2f}x' if ratio else '-'):>9}"
+            f"{r['peak_mb'] or 0:>10.0f}"
         )
+    if any(r.get("decode_ratio_ours_to_this") for r in payload["results"]):
+        lines.append("ours is: decode tokens/s of ours (plain cached) over this one's, in the same case")
     return "\n".join(lines)
 
 
@@ -340,7 +497,13 @@ def from_args(args, out: Path) -> dict:
         shape = {"pretrained": model}
     else:
         shape = shape_of_run(model) if model else None
+    kv_heads = getattr(args, "kv_heads", None)
+    policies = ["full", "window", "h2o", "snapkv"] + (["head-aware"] if kv_heads else [])
     return run(
+        context=getattr(args, "context", None) if shape and "pretrained" in shape else None,
+        policies=policies,
+        kv_budget=getattr(args, "kv_budget", None) or 512,
+        kv_heads=kv_heads,
         prefill=getattr(args, "prefill", None),
         lengths=args.lengths,
         impls=args.impls,

@@ -164,6 +164,9 @@ def run_worker(spec: dict) -> dict:
         min_time=spec.get("min_time", 1.0),
         device=case.get("device", "cpu"),
     )
+    extra = getattr(suite, "recorded", None)  # what the timed runs recorded beside their time (decode speed)
+    if extra is not None:
+        result.update(extra(case))
     flops = suite.flops(case)
     result["gflops"] = flops / result["seconds_min"] / 1e9 if flops else None
     result["threads"] = torch.get_num_threads()

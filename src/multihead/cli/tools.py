@@ -129,6 +129,14 @@ def register(sub) -> None:
         help="decode --model LM: prompt lengths whose forward pass is timed (default 512,4096)",
     )
     bench.add_argument(
+        "--context",
+        type=_count,
+        default=4096,
+        help="decode --model LM: also decode after this many tokens of held-out text, ours under each KV policy",
+    )
+    bench.add_argument("--kv-budget", type=_count, default=512, help="decode --context: keys kept per head (512)")
+    bench.add_argument("--kv-heads", default=None, help="decode --context: kv-heads.json for the head-aware policy")
+    bench.add_argument(
         "--clips", type=_count, default=None, help="whisper: spoken sentences compared with HF (default 10)"
     )
     bench.set_defaults(fn=cmd_bench)
