@@ -54,6 +54,8 @@ from .modules import (
     DecoderBlock,
     DecoderConfig,
     KVCache,
+    KVPolicy,
+    KV_POLICIES,
     TransformerDecoder,
     EncoderBlock,
     EncoderConfig,
@@ -65,6 +67,7 @@ from .modules import (
     SinusoidalPositionalEncoding,
     TransformerEncoder,
     hook_points,
+    make_policy,
 )
 
 from .modules.capture import capture, run_with_cache
@@ -93,6 +96,8 @@ __all__ = [
     "DecoderConfig",
     "GenerationConfig",
     "KVCache",
+    "KVPolicy",
+    "KV_POLICIES",
     "Seq2Seq",
     "Seq2SeqConfig",
     "TransformerDecoder",
@@ -118,6 +123,7 @@ __all__ = [
     "hook_points",
     "list_backends",
     "load",
+    "make_policy",
     "masks",
     "register_backend",
     "run_with_cache",

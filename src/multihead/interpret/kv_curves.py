@@ -64,14 +64,15 @@ def needle_points(model, needles, points, full_heads, *, progress: bool = False)
         full_bytes = recorded.kv_nbytes()
         for point in points:
             cache = recorded.compress(_policy(*point, full_heads))
+            kept = cache.kv_nbytes()  # after the prompt, before the answer adds its keys
             got = _greedy(model, last, cache, len(n.answer))
             right = sum(int(a == b) for a, b in zip(got, n.answer))
             r = out[point]
             r["exact"] += int(right == len(n.answer))
             r["right"] += right
             r["answer_tokens"] += len(n.answer)
-            r["kv_bytes"].append(cache.kv_nbytes())
-            r["share"].append(cache.kv_nbytes() / full_bytes)
+            r["kv_bytes"].append(kept)
+            r["share"].append(kept / full_bytes)
     return out
 
 
@@ -183,6 +184,32 @@ def measure(
     result["full_heads"] = full_heads
     result["seconds"] = round(time.perf_counter() - t0, 1)
     return result
+
+
+@torch.no_grad()
+def needle_check(lm, *, length: int = 1024, budget: int = 128, fraction: float = 0.25, seed: int = 2) -> dict:
+    """One needle of ``length`` tokens answered from three caches of the same prompt: the full one, a uniform window
+    of ``budget`` keys per head, and the head-aware mix (the data-free split's heads whole, the others ``budget``
+    keys): what the demo shows. Returns each cache's answer, whether it is right and its kept share of the bytes."""
+    from .kv_heads import echo_and_induction, kv_head_scores, needles_for, split
+
+    model = lm.model
+    model._check_policy()
+    start = lm.bos_id if getattr(lm, "bos_id", None) is not None else 0
+    ei = echo_and_induction(model, half=32, batch=4, start=start)
+    kv = [layer.self_attn.num_kv_heads for layer in model.decoder.layers]
+    full_heads = split(kv_head_scores(torch.maximum(ei["echo"], ei["induction"]), kv), fraction)
+    (needle,) = needles_for(lm, length=length, count=1, seed=seed, depths=[0.3])
+    recorded = model.new_cache(record=True)
+    last = model(torch.tensor([needle.ids]), cache=recorded)[:, -1]
+    whole = recorded.kv_nbytes()
+    out = {"length": length, "budget": budget, "number": needle.number, "full_heads": full_heads, "caches": {}}
+    for name in ("full", "window", "head-aware"):
+        cache = recorded.compress(_policy(name, None if name == "full" else budget, full_heads))
+        share = cache.kv_nbytes() / whole  # after the prompt, before the answer adds its keys
+        got = _greedy(model, last, cache, len(needle.answer))
+        out["caches"][name] = {"answer": lm.decode(got).strip(), "right": got == needle.answer, "share": round(share, 4)}
+    return out
 
 
 def format_table(result: dict) -> str:

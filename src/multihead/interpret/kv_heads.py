@@ -300,7 +300,7 @@ def plot(result: dict, stem: str | Path, model: str) -> list[Path]:
     )
 
 
-def needles_for(lm, *, length: int, count: int, seed: int = 0, data: str = "imdb"):
+def needles_for(lm, *, length: int, count: int, seed: int = 0, data: str = "imdb", depths=None):
     """``count`` needle prompts of ``length`` tokens for a loaded LM (``lm.encode``; the start token where its
     tokenizer adds one), the haystack from the fixed test split of ``data``."""
     from .. import data as D

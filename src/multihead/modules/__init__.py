@@ -7,6 +7,7 @@ from .encoder import EncoderBlock, EncoderConfig, TransformerEncoder
 from .feedforward import FeedForward
 from .hooks import HookPoint, hook_points
 from .kv_cache import KVCache, LayerKV
+from .kv_policy import KV_POLICIES, KVPolicy, make_policy
 from .mla import MultiHeadLatentAttention
 from .positional import LearnedPositionalEncoding, RotaryEmbedding, SinusoidalPositionalEncoding
 from .variants import AttentionConfig, DifferentialAttention, TalkingHeadsAttention, build_attention
@@ -18,6 +19,8 @@ __all__ = [
     "DecoderConfig",
     "DifferentialAttention",
     "KVCache",
+    "KVPolicy",
+    "KV_POLICIES",
     "LayerKV",
     "MultiHeadLatentAttention",
     "TransformerDecoder",
@@ -34,5 +37,6 @@ __all__ = [
     "build_attention",
     "capture",
     "hook_points",
+    "make_policy",
     "run_with_cache",
 ]
