@@ -245,6 +245,20 @@ def test_recorded_prompt_compressed_equals_a_prefill_under_the_policy(name):
 
 
 @torch.no_grad()
+def test_recorded_prompt_under_the_full_policy_decodes_as_the_plain_cache():
+    model = _lm()
+    ids = torch.randint(0, 60, (1, P + 4), generator=torch.Generator().manual_seed(5))
+    plain = model.new_cache()
+    model(ids[:, :P], cache=plain)
+    recorded = model.new_cache(record=True)
+    model(ids[:, :P], cache=recorded)
+    squeezed = recorded.compress(make_policy("full"))
+    for t in range(P, P + 4):
+        assert torch.equal(model(ids[:, t : t + 1], cache=plain), model(ids[:, t : t + 1], cache=squeezed))
+    assert recorded.self_attn[0].length == P and squeezed.self_attn[0].length == P + 4
+
+
+@torch.no_grad()
 def test_evicted_memory_is_released():
     model = _lm()
     ids = torch.randint(0, 60, (1, 200), generator=torch.Generator().manual_seed(2))

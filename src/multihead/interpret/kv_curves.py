@@ -208,7 +208,11 @@ def needle_check(lm, *, length: int = 1024, budget: int = 128, fraction: float =
         cache = recorded.compress(_policy(name, None if name == "full" else budget, full_heads))
         share = cache.kv_nbytes() / whole  # after the prompt, before the answer adds its keys
         got = _greedy(model, last, cache, len(needle.answer))
-        out["caches"][name] = {"answer": lm.decode(got).strip(), "right": got == needle.answer, "share": round(share, 4)}
+        out["caches"][name] = {
+            "answer": lm.decode(got).strip(),
+            "right": got == needle.answer,
+            "share": round(share, 4),
+        }
     return out
 
 

@@ -550,8 +550,10 @@ def compress(cache, policy: KVPolicy):
         for heads, rule in new.spec:
             grp = _Group(heads, rule, h // k.shape[1])
             sel = torch.tensor(heads, device=k.device)
-            grp.buffers.store(k.index_select(1, sel), v.index_select(1, sel))
-            grp.pos = pos.index_select(1, sel)
+            every = heads == list(range(k.shape[1]))  # one group of every head: the recording's own tensors, no copy
+            # (safe: an append past a stored buffer reallocates, and eviction gathers into new buffers)
+            grp.buffers.store(k if every else k.index_select(1, sel), v if every else v.index_select(1, sel))
+            grp.pos = pos if every else pos.index_select(1, sel)
             if rule.scores and rec.window is None:
                 if rule.scores == "observed" and getattr(rule, "window", SNAPKV_WINDOW) != SNAPKV_WINDOW:
                     raise ValueError(
