@@ -103,3 +103,21 @@ def test_direct_logit_attribution_adds_up_or_is_refused(name):
         assert r["heads"].shape == (2, 4)
     finally:
         hf.detach(model)
+
+
+def test_kv_head_scores_agree(pair):
+    """The heads a KV cache keeps whole are found the same way on an attached model (its hook_pattern)."""
+    from multihead.interpret.kv_heads import echo_and_induction, retrieval_scores
+    from multihead.data.needles import Needle
+
+    native, attached = pair
+    a = echo_and_induction(native, half=8, batch=2, low=3, start=1)
+    b = echo_and_induction(attached, half=8, batch=2, low=3, start=1)
+    assert a["echo"].abs().max() > 1e-3
+    torch.testing.assert_close(a["echo"], b["echo"], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(a["induction"], b["induction"], atol=1e-5, rtol=1e-4)
+    ids = torch.randint(3, 128, (20,), generator=torch.Generator().manual_seed(4)).tolist()
+    needle = Needle(ids=ids, answer=ids[6:9], needle_start=4, needle_end=10, answer_at=6, depth=0.2, city="", number="")
+    ra, rb = retrieval_scores(native, [needle]), retrieval_scores(attached, [needle])
+    torch.testing.assert_close(ra["retrieval"], rb["retrieval"])
+    assert ra["solved"] == rb["solved"]

@@ -81,7 +81,8 @@ def retrieval_scores(model, needles, *, progress: bool = False) -> dict:
         full = torch.tensor([n.ids + n.answer[:-1]])  # the answer teacher-forced
         p = len(n.ids)
         rows = torch.arange(p - 1, p - 1 + len(n.answer))  # row i predicts answer[i]
-        logits, patterns = pattern_rows(model, full, rows)
+        out, patterns = pattern_rows(model, full, rows)
+        logits = getattr(out, "logits", out)  # an attached HF model returns its output object
         target = torch.tensor(n.answer)
         right = logits[0, rows].argmax(-1) == target  # (R,): the model itself ranks the answer token first
         solved += int(right.sum())
