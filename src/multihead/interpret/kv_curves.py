@@ -130,7 +130,7 @@ def measure(
     progress: bool = False,
 ) -> dict:
     """Every policy at every budget on ``needles`` prompts per length and on perplexity (see the module docstring)."""
-    from ..heads.lm import held_out_rows
+    from ..data.lm_text import held_out_rows
     from .kv_heads import needles_for
 
     model = lm.model
