@@ -134,3 +134,48 @@ def test_kv_refusals(gguf_model, tmp_path, capsys):
     assert "choose from full" in capsys.readouterr().err
     assert main(["kv", gguf_model, "--out", out, "--policies", "full", "--context", "4000"]) == 2
     assert "positions" in capsys.readouterr().err
+
+
+def test_heads_kv_refusals_leave_no_folder(gguf_model, tmp_path, capsys):
+    out = tmp_path / "heads"
+    cases = [
+        (["--needle-len", "40"], "no room for a haystack"),
+        (["--needle-len", "100000"], "past the 512 positions"),
+        (["--kv-score", "retrieval", "--needles", "0"], "needs needles"),
+    ]
+    for flags, message in cases:
+        assert main(["heads", gguf_model, "--kv", "--out", str(out), *flags]) == 2
+        assert message in capsys.readouterr().err
+        assert not out.exists()
+    assert main(["heads", "minilm", "--kv", "--out", str(out)]) == 2
+    assert "drop --kv" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["heads", gguf_model, "--kv", "--kv-fraction", "1.5"])
+    assert "1.5" in capsys.readouterr().err
+
+
+def test_kv_refuses_a_split_of_another_model_and_lengths_past_the_positions(gguf_model, tmp_path, capsys):
+    out = tmp_path / "kv"
+    short = ["--context", "40", "--tokens", "6"]  # within the tiny model's 512 positions
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"split": {"full_heads": [[0], [1], [0]]}}))  # three layers; the model has two
+    assert main(["kv", gguf_model, "--out", str(out), "--heads", str(other), "--lengths", "180", *short]) == 2
+    assert "names 3 layers" in capsys.readouterr().err
+    assert main(["kv", gguf_model, "--out", str(out), "--heads", str(tmp_path / "missing.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["kv", gguf_model, "--out", str(out), "--policies", "full", "--lengths", "100000", *short]) == 2
+    assert "--lengths 512 or less" in capsys.readouterr().err
+    not_json = tmp_path / "not.json"
+    not_json.write_text("{split")
+    assert main(["kv", gguf_model, "--out", str(out), "--heads", str(not_json)]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_bench_decode_refuses_a_bad_split_before_any_case(gguf_model, tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"heads": []}))
+    out = tmp_path / "decode.json"
+    assert main(["bench", "decode", "--model", gguf_model, "--kv-heads", str(bad), "--out", str(out)]) == 2
+    assert "no split.full_heads" in capsys.readouterr().err
+    assert not out.exists()

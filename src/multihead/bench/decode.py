@@ -498,6 +498,10 @@ def from_args(args, out: Path) -> dict:
     else:
         shape = shape_of_run(model) if model else None
     kv_heads = getattr(args, "kv_heads", None)
+    if kv_heads:  # read once here, so that a bad file is refused before any case runs
+        from ..interpret.kv_heads import read_split
+
+        read_split(kv_heads)
     policies = ["full", "window", "h2o", "snapkv"] + (["head-aware"] if kv_heads else [])
     return run(
         context=getattr(args, "context", None) if shape and "pretrained" in shape else None,

@@ -150,6 +150,10 @@ def measure(
             f"needles of {far} tokens are past the {limit} positions {lm.name} has: ask for --lengths {limit} or less"
         )
     points = settings(policies, budgets, full_heads)
+    if full_heads is not None:
+        from .kv_heads import check_split
+
+        check_split(full_heads, [layer.self_attn.num_kv_heads for layer in model.decoder.layers], lm.name)
     t0 = time.perf_counter()
     result: dict = {"model": lm.name, "threads": torch.get_num_threads(), "needles": {}, "points": []}
     for length in lengths:

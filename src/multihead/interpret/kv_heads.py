@@ -168,7 +168,8 @@ def classify(
         raise ValueError("the retrieval split needs needles: give at least one")
     kv = _num_kv_heads(model)
     heads = _num_heads(model)
-    ei = echo_and_induction(model, start=start)
+    half = max(2, min(128, (int(model.config.max_len) - 1) // 2))  # two copies within the model's positions
+    ei = echo_and_induction(model, half=half, start=start)
     data_free = torch.maximum(ei["echo"], ei["induction"])
     ret = retrieval_scores(model, needles, progress=progress) if needles else None
     ranked = data_free if score == "data-free" else ret["retrieval"]  # type: ignore[index]
@@ -354,16 +355,16 @@ def report(
 
 def read_split(path: str | Path) -> list[list[int]]:
     """The ``full_heads`` of a ``kv-heads.json`` written by :func:`report` (or a folder holding one), checked."""
-    import json
+    from .._io import read_json_file
 
     p = Path(path)
     p = p / "kv-heads.json" if p.is_dir() else p
+    if not p.is_file():
+        raise ValueError(f"{p} does not exist: write it with `multihead heads MODEL --kv --out DIR`")
+    data = read_json_file(p)  # its size checked before it is read
     try:
-        data = json.loads(p.read_text())
         heads = data["split"]["full_heads"]
-    except FileNotFoundError:
-        raise ValueError(f"{p} does not exist: write it with `multihead heads MODEL --kv --out DIR`") from None
-    except (ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         raise ValueError(
             f"{p} is not a kv-heads.json (no split.full_heads): write one with `multihead heads MODEL --kv`"
         ) from None
@@ -375,7 +376,19 @@ def read_split(path: str | Path) -> list[list[int]]:
     return heads
 
 
+def check_split(full_heads: list[list[int]], num_kv_heads: list[int], model: str) -> None:
+    """Refuse a split made for another model (other layer count, or key/value heads it does not have), before any
+    work is done."""
+    if len(full_heads) != len(num_kv_heads) or any(h >= g for row, g in zip(full_heads, num_kv_heads) for h in row):
+        raise ValueError(
+            f"the head-aware split names {len(full_heads)} layers of key/value heads {full_heads[:3]}...; {model} has "
+            f"{len(num_kv_heads)} layers of {sorted(set(num_kv_heads))} key/value heads: classify its heads with "
+            f"`multihead heads {model} --kv`"
+        )
+
+
 __all__ = [
+    "check_split",
     "classify",
     "needles_for",
     "read_split",

@@ -315,6 +315,16 @@ class _Group:
         self.buffers = LayerKV()
         self.pos: Tensor | None = None
         self.score: Tensor | None = None
+        self._index: dict = {}
+
+    def index(self, device) -> tuple[Tensor, Tensor]:
+        """This group's query-head and key/value-head indices on ``device``, made once."""
+        if device not in self._index:
+            self._index[device] = (
+                torch.tensor(self.q_heads, device=device),
+                torch.tensor(self.kv_heads, device=device),
+            )
+        return self._index[device]
 
     @property
     def length(self) -> int:
@@ -448,9 +458,8 @@ class PolicyKV(LayerKV):
         zs, weights = [], None
         for grp in groups:
             prompt = grp.length == 0
-            idx = torch.tensor(grp.q_heads, device=q.device) if multi else None
+            idx, kv_idx = grp.index(q.device) if multi else (None, None)
             qg = q if idx is None else q.index_select(1, idx)
-            kv_idx = None if not multi else torch.tensor(grp.kv_heads, device=q.device)
             kg = k if kv_idx is None else k.index_select(1, kv_idx)
             vg = v if kv_idx is None else v.index_select(1, kv_idx)
             kk, vv, kpos = grp.append(kg, vg, positions)
