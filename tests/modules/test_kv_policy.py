@@ -346,6 +346,10 @@ def test_sliding_window_layers_keep_only_their_window():
         cache = model.new_cache(policy=name, budget=budget)
         torch.testing.assert_close(_decode(model, ids, cache), want, atol=1e-5, rtol=1e-5)
         assert [layer.length for layer in cache.self_attn][::2] == [w - 1, w - 1]
+    # a budget below the context: the global layers evict by their rule, the local ones keep their window
+    squeezed = model.new_cache(policy="h2o", budget=6)
+    _decode(model, ids, squeezed)
+    assert [layer.length for layer in squeezed.self_attn] == [w - 1, 6, w - 1, 6]
     # a chunk of several positions after decoding steps: its band mask is built from the kept keys' positions
     chunked = model.new_cache(policy="full")
     model(ids[:, :P], cache=chunked)

@@ -47,6 +47,14 @@ class Rule:
 
     scores = ""  # "": none; "received": attention received from every query; "observed": the prompt's last queries
 
+    def observed(self) -> int | None:
+        """With ``scores == "observed"``: how many of the prompt's last queries are summed (None: every query)."""
+        return None
+
+    def smooth(self, score: Tensor) -> Tensor:
+        """The summed attention ``(B, H, N)`` per query head as the rule ranks it (SnapKV pools it)."""
+        return score
+
     def keep(self, pos: Tensor, score: Tensor | None, *, prompt: bool) -> Tensor | None:
         """Slots to keep ``(B, G, M)`` (ascending) out of ``pos`` ``(B, G, N)``, or None to keep all. ``prompt``:
         this is the first call (the prompt)."""
@@ -143,6 +151,12 @@ class SnapKV(Rule):
     def __post_init__(self) -> None:
         if self.size < 1 or self.kernel < 1 or self.kernel % 2 == 0:
             raise ValueError(f"SnapKV needs a budget >= 1 and an odd pooling kernel, got {self.size}, {self.kernel}")
+
+    def observed(self) -> int:
+        return self.window
+
+    def smooth(self, score: Tensor) -> Tensor:
+        return _pool(score, self.kernel, self.window)
 
     @property
     def budget(self) -> int:
@@ -470,9 +484,10 @@ class PolicyKV(LayerKV):
             else:
                 z, weights = module._attend(qg, kk, vv, gmask, head_mask, need_weights, rotate=False)
             self._score(grp, qg, kk, positions, kpos, gsinks, prompt)
-            index = grp.rule.keep(kpos, grp.score, prompt=prompt) if not self.record else None
             if self.window is not None:  # a sliding-window layer: only the last window - 1 keys can be read again
                 index = SinksWindow(0, max(self.window - 1, 1)).keep(kpos, None, prompt=prompt)
+            else:
+                index = None if self.record else grp.rule.keep(kpos, grp.score, prompt=prompt)
             grp.evict(index, room=1)
             zs.append(z)
         self.seen += nq
@@ -509,12 +524,8 @@ class PolicyKV(LayerKV):
         kind = grp.rule.scores
         if not kind or (kind == "observed" and not prompt):
             return
-        rule = grp.rule
-        last = getattr(rule, "window", None) if kind == "observed" else None
-        s = received_attention(q, k, q_pos, k_pos, window=self.window, sinks=sinks, last=last)
-        if kind == "observed":
-            s = _pool(s, rule.kernel, getattr(rule, "window", 0))  # type: ignore[attr-defined]
-        grp.observe(_per_kv_head(s, g))
+        s = received_attention(q, k, q_pos, k_pos, sinks=sinks, last=grp.rule.observed())
+        grp.observe(_per_kv_head(grp.rule.smooth(s), g))
 
 
 def policy_cache(policy: KVPolicy, num_kv_heads: Sequence[int], windows: Sequence[int | None], *, record: bool = False):
@@ -564,16 +575,15 @@ def compress(cache, policy: KVPolicy):
             grp.buffers.store(k if every else k.index_select(1, sel), v if every else v.index_select(1, sel))
             grp.pos = pos if every else pos.index_select(1, sel)
             if rule.scores and rec.window is None:
-                if rule.scores == "observed" and getattr(rule, "window", SNAPKV_WINDOW) != SNAPKV_WINDOW:
+                if rule.scores == "observed" and rule.observed() != SNAPKV_WINDOW:
                     raise ValueError(
-                        f"a recorded prompt keeps the scores of its last {SNAPKV_WINDOW} queries; this SnapKV "
-                        f"observes {rule.window} (prefill under the policy instead)"  # type: ignore[attr-defined]
+                        f"a recorded prompt keeps the scores of its last {SNAPKV_WINDOW} queries; this rule "
+                        f"observes {rule.observed()} (prefill under the policy instead)"
                     )
                 if rule.scores == "received":
                     score = rec.recorded["received"]  # (B, G, N) summed per key/value head
-                else:  # pooled per query head, then summed per key/value head, as in a direct prefill
-                    pooled = _pool(rec.recorded["observed_heads"], rule.kernel, SNAPKV_WINDOW)  # type: ignore[attr-defined]
-                    score = _per_kv_head(pooled, k.shape[1])
+                else:  # smoothed per query head, then summed per key/value head, as in a direct prefill
+                    score = _per_kv_head(rule.smooth(rec.recorded["observed_heads"]), k.shape[1])
                 grp.observe(score.index_select(1, sel))
             index = None if rec.window is not None else rule.keep(grp.pos, grp.score, prompt=True)
             grp.evict(index, 1)
