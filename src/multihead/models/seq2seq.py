@@ -251,12 +251,12 @@ class CausalLM(nn.Module):
                 "KV policies keep keys at their original positions, and ALiBi's per-head distances are built into "
                 "the mask of the whole call: use a rotary model, or the full cache"
             )
-        kinds = {type(layer.self_attn).__name__ for layer in self.decoder.layers}
         from ..modules.attention import MultiHeadAttention
 
-        if not all(isinstance(layer.self_attn, MultiHeadAttention) for layer in self.decoder.layers):
+        other = sorted({type(x.self_attn).__name__ for x in self.decoder.layers} - {MultiHeadAttention.__name__})
+        if any(not isinstance(layer.self_attn, MultiHeadAttention) for layer in self.decoder.layers):
             raise ValueError(
-                f"KV policies evict cached keys per head; {', '.join(sorted(kinds))} caches a compressed latent "
+                f"KV policies evict cached keys per head; {', '.join(other)} caches a compressed latent "
                 "instead (Multi-head Latent Attention): use the full cache"
             )
 

@@ -290,7 +290,7 @@ class MultiHeadAttention(nn.Module):
             q = rotary.rotate(q, k.shape[2] - lq)  # the queries are the last slots
             k = rotary.rotate(k, 0)
             rotary = None
-        elif cache is not None and getattr(cache, "grouped", False):  # a KV policy: it appends, attends, evicts
+        elif cache is not None and cache.grouped:  # a KV policy: it appends, attends, evicts
             if rotary is not None:
                 q, k = rotary.rotate_pair(q, k, cache.seen, positions)  # type: ignore[attr-defined]
                 rotary = None
@@ -303,7 +303,7 @@ class MultiHeadAttention(nn.Module):
             q, k = rotary.rotate_pair(q, k, 0, positions)
             rotary = None
         am = self._with_alibi(self.build_mask(mask, key_padding_mask, is_causal))
-        if cache is not None and getattr(cache, "grouped", False):
+        if cache is not None and cache.grouped:
             z, weights = cache.attend(self, q, k, v, am, positions, head_mask, need_weights)  # type: ignore[attr-defined]
         else:
             z, weights = self._attend(q, k, v, am, head_mask, need_weights, rotate=rotary is not None)

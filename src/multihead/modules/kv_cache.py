@@ -25,6 +25,8 @@ class LayerKV:
     once (cross-attention). Self-attention keys/values are written into buffers that grow by doubling, so a step
     copies only its own new positions (``torch.cat`` per step would copy the whole cache every step: quadratic)."""
 
+    grouped = False  # a KV-policy cache (multihead.modules.kv_policy.PolicyKV) attends through its own attend()
+
     def __init__(self, static: bool = False) -> None:
         self.static = static
         self._k: Tensor | None = None
@@ -80,6 +82,10 @@ class LayerKV:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self._k, self._v) if t is not None)
+
+    def kv_nbytes(self) -> int:
+        """Bytes of the cached keys and values as filled (no spare capacity)."""
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
 
 
 class StreamingKV(LayerKV):
@@ -185,13 +191,7 @@ class KVCache:
     def kv_nbytes(self) -> int:
         """Bytes of the cached keys and values alone, as filled (what a KV policy saves): no spare capacity, no
         bookkeeping. Under a policy, each layer's kept keys and values."""
-        total = 0
-        for c in self.self_attn + self.cross_attn:
-            if hasattr(c, "kv_nbytes"):
-                total += c.kv_nbytes()
-            elif c.k is not None and c.v is not None:
-                total += c.k.numel() * c.k.element_size() + c.v.numel() * c.v.element_size()
-        return total
+        return sum(c.kv_nbytes() for c in self.self_attn + self.cross_attn)
 
     def compress(self, policy) -> KVCache:
         """What ``policy`` (a :class:`~multihead.modules.kv_policy.KVPolicy`) keeps of this recorded cache's

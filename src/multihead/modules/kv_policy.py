@@ -440,9 +440,7 @@ class PolicyKV(LayerKV):
 
     def kv_nbytes(self) -> int:
         """Bytes of the kept keys and values alone (what the policy saves), as filled."""
-        return sum(
-            t.numel() * t.element_size() for g in self.groups or [] for t in (g.buffers.k, g.buffers.v) if t is not None
-        )
+        return sum(g.buffers.kv_nbytes() for g in self.groups or [])
 
     def _start(self, g: int, h: int) -> list[_Group]:
         if self.groups is None:
