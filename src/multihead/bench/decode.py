@@ -218,9 +218,7 @@ def _build_llamacpp(case: dict):
 
     def run():
         for _ in range(b):  # one row at a time: this build has no batched decoding
-            times, stamp = _stamp_runs()
-            r = L.generate(model, text, n)
-            times.extend(r["times"])
+            _stamp_runs()[0].extend(L.generate(model, text, n)["times"])
 
     return run
 

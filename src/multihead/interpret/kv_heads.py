@@ -114,8 +114,9 @@ def echo_and_induction(model, *, half: int = 128, batch: int = 4, low: int = 100
     q = torch.arange(1 + half, 1 + 2 * half - 1)  # second occurrences (the last has nothing after its first)
     _, patterns = pattern_rows(model, ids, q)
     first = q - half  # the first occurrence of the same token
-    echo = torch.stack([p[:, :, torch.arange(len(q)), first].mean((0, 2)) for p in _padded(patterns)])
-    induction = torch.stack([p[:, :, torch.arange(len(q)), first + 1].mean((0, 2)) for p in _padded(patterns)])
+    rows, padded = torch.arange(len(q)), _padded(patterns)
+    echo = torch.stack([p[:, :, rows, first].mean((0, 2)) for p in padded])
+    induction = torch.stack([p[:, :, rows, first + 1].mean((0, 2)) for p in padded])
     return {"echo": echo, "induction": induction, "half": half}
 
 
