@@ -59,14 +59,8 @@ def _names(choices):
 
 
 def _counts(text: str) -> list[int]:
-    """A comma-separated list of positive integers (budgets, lengths), sorted, duplicates dropped."""
-    try:
-        values = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        values = []
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, comma-separated (e.g. 64,256,1024)")
-    return sorted(set(values))
+    """:func:`_ints`, sorted, duplicates dropped (budgets, lengths: each measured once)."""
+    return sorted(set(_ints(text)))
 
 
 _fraction = _number(float, 0.0, 1.0, "a number in [0, 1]")
