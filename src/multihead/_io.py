@@ -50,14 +50,22 @@ class JSONFileError(ValueError):
 def read_json_file(path: str | Path, *, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH):
     """The JSON value in ``path``, its size checked before it is read and its nesting after (every config, index
     and tokenizer config multihead reads from a folder it was handed goes through here)."""
+    import stat
+
     path = Path(path)
     try:
-        size = path.stat().st_size
-        if size > max_bytes:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a device (/dev/zero), a FIFO or a socket reports no size: never read it
+            raise JSONFileError(f"{path} is not a regular file (a device, pipe or socket); it cannot be a config")
+        if st.st_size > max_bytes:
             raise JSONFileError(
-                f"{path} is {size:,} bytes; such a file is a few kilobytes (at most {max_bytes:,} are read)"
+                f"{path} is {st.st_size:,} bytes; such a file is a few kilobytes (at most {max_bytes:,} are read)"
             )
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:  # bounded by the bytes actually read, whatever the size said
+            raw = f.read(max_bytes + 1)
+        if len(raw) > max_bytes:
+            raise JSONFileError(f"{path} holds more than {max_bytes:,} bytes; such a file is a few kilobytes")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise JSONFileError(f"{path} is not UTF-8 text") from None
     try:

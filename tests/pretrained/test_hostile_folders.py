@@ -124,3 +124,58 @@ def test_byte_flips_in_the_safetensors_header_give_the_same_model_or_a_refusal(c
     for cut in sorted(rng.integers(1, len(raw), size=10)):
         path.write_bytes(raw[:cut])
         assert _logits(copy, ids) is None
+
+
+# ------------------------------------------------------------------------------------------ weights as stored
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """A random HF Llama folder, read by multihead's own Llama family."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    out = tmp_path_factory.mktemp("hf") / "llama"
+    hf_model("llama").save_pretrained(out)
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(["the cat sat on the mat"] * 10, vocab_size=280, min_frequency=1)
+    tok.save(str(out / "tokenizer.json"))
+    return out
+
+
+def _edited(src: Path, dst: Path, edit) -> Path:
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    state = load_file(dst / "model.safetensors")
+    edit(state)
+    save_file(state, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_native_llama_with_non_finite_weights_is_refused_by_name(llama, tmp_path, capsys, value):
+    name = "model.layers.1.self_attn.v_proj.weight"
+    bad = _edited(llama, tmp_path / "m", lambda s: s[name].view(-1)[3:5].fill_(value))
+    with pytest.raises(SourceError, match=r"model\.layers\.1\.self_attn\.v_proj\.weight holds 2 non-finite"):
+        lm.load(bad)
+    assert main(["generate", str(bad), "the cat", "--max-new", "2"]) == 2
+    assert "non-finite" in capsys.readouterr().err
+
+
+def test_a_native_llama_with_integer_weights_is_refused_by_name(llama, tmp_path):
+    name = "model.layers.0.mlp.up_proj.weight"
+    bad = _edited(llama, tmp_path / "m", lambda s: s.__setitem__(name, (s[name] * 100).to(torch.int32)))
+    with pytest.raises(SourceError, match=r"up_proj\.weight is stored as int32"):
+        lm.load(bad)
+
+
+@pytest.mark.parametrize("quant", [{"quant_method": "bitsandbytes", "load_in_8bit": True}, {"quant_method": "gptq"}])
+def test_a_native_llama_with_a_quantization_config_is_refused_before_reading(llama, tmp_path, capsys, quant):
+    bad = tmp_path / "m"
+    shutil.copytree(llama, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "quantization_config": quant}))
+    with pytest.raises(SourceError, match="quantised checkpoint"):
+        lm.load(bad)
+    for argv in (["generate", str(bad), "hi"], ["heads", str(bad)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "quantised checkpoint" in err and quant["quant_method"] in err

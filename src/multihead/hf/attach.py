@@ -178,6 +178,7 @@ class AttachedAttention:
         self.stats_options: dict = {}
         self.out_proj = _output_projection(name, module, named)
         self._module = module
+        self.owner: Attached | None = None  # the Attached record of the model (set by attach)
         for hook in ATTENTION_HOOKS:
             setattr(self, hook, getattr(module, hook))
 
@@ -292,7 +293,9 @@ def multihead_attention_forward(
     sinks = kwargs.get("s_aux")
     sinks = None if sinks is None else sinks.to(q.dtype)
     p = float(dropout) if module.training else 0.0
-    want = bool(kwargs.get("output_attentions", False))
+    want = bool(kwargs.get("output_attentions", False)) or (
+        rec is not None and rec.owner is not None and rec.owner.asking > 0
+    )
     pattern = rec.hook_pattern if rec is not None and rec.hook_pattern.active else None
     if cap:
         w = _capped(q, k, am, scale, float(cap), sinks)
@@ -341,6 +344,9 @@ class Attached:
     configs: list[tuple[object, object]] = field(default_factory=list)
     handles: list = field(default_factory=list)
     added: list[tuple[nn.Module, str]] = field(default_factory=list)
+    # calls in flight that asked for the attention weights (output_attentions=True): transformers 4.57 does not
+    # hand the flag to the attention function, so the model's own call says it (see _ask_weights)
+    asking: int = 0
 
     def detach(self) -> None:
         detach(self.model)
@@ -473,6 +479,7 @@ def attach(model: nn.Module, *, backend: str = "auto") -> Attached:
                 module.add_module(hook, HookPoint())
                 att.added.append((module, hook))
             rec = AttachedAttention(name, module, named, backend)
+            rec.owner = att
             module.__dict__["_multihead"] = rec
             att.layers[name] = rec
         for name, _ in routed:
@@ -482,11 +489,35 @@ def attach(model: nn.Module, *, backend: str = "auto") -> Attached:
             att.blocks.append(block)
             child = name[len(block) + 1 :].split(".")[0] if name != block else None
             _hook_block(att, block, named[block], child, model_type)
+        _ask_weights(att)
     except BaseException:
         _undo(att)
         raise
     model.__dict__["_multihead_attached"] = att
     return att
+
+
+def _ask_weights(att: Attached) -> None:
+    """Count the model's calls that ask for attention weights (``output_attentions=True``, or the config's), so
+    that the attention function returns them even where transformers does not pass the flag down (4.57): then
+    ``model(..., output_attentions=True).attentions`` and ``generate(..., output_attentions=True)`` hold the maps,
+    as under eager."""
+    tops = {id(m): m for m in (att.model, getattr(att.model, "base_model", None)) if isinstance(m, nn.Module)}
+    for top in tops.values():
+
+        def before(mod, args, kwargs):
+            flag = kwargs.get("output_attentions")
+            ask = bool(flag) if flag is not None else bool(getattr(mod.config, "output_attentions", False))
+            mod.__dict__.setdefault("_multihead_asks", []).append(ask)
+            att.asking += ask
+
+        def after(mod, args, kwargs, output):
+            asks = mod.__dict__.get("_multihead_asks")
+            if asks:
+                att.asking -= asks.pop()
+
+        att.handles.append(top.register_forward_pre_hook(before, with_kwargs=True))
+        att.handles.append(top.register_forward_hook(after, with_kwargs=True, always_call=True))
 
 
 def final_norm(model: nn.Module) -> nn.Module | None:

@@ -31,25 +31,70 @@ def _model_type(path: Path) -> tuple[str | None, dict]:
 
 def why_not_folder(path: str | Path) -> str | None:
     """Why the HF folder ``path`` cannot be loaded attached (None: it can be), from its config alone."""
-    return _why_not_type(_model_type(Path(path))[0])
+    kind, hf = _model_type(Path(path))
+    return _why_not_type(kind, hf)
 
 
-def _why_not_type(kind: str | None) -> str | None:
+_FROM_PYTHON = (
+    "the command line reads other HF architectures natively (BERT, DINOv2, Whisper) and any attachable one from "
+    "Python: multihead.hf.attach(<the right Auto class>.from_pretrained(...))"
+)
+
+
+def _names(value) -> tuple[str, ...]:
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,) if isinstance(value, str) else ()
+
+
+def _why_not_type(kind: str | None, hf: dict | None = None) -> str | None:
+    """Why a folder of ``model_type`` ``kind`` (config ``hf``) is not read as a causal LM. The class is decided by
+    what the config says the model is -- ``is_encoder_decoder``, ``architectures``, its sub-models -- and never by
+    trying the causal-LM class first: transformers' causal-LM table also holds the decoder half of seq2seq models
+    (``BartForCausalLM`` drops BART's encoder) and decoder variants of encoders (``RobertaForCausalLM``)."""
     try:
         import transformers
+        from transformers.models.auto import modeling_auto as auto
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     except ImportError:
         return f"reading it needs transformers, which is not installed: {INSTALL}"
+    hf = hf or {}
     if kind not in CONFIG_MAPPING_NAMES:
         return (
             f"model_type {kind!r} is not an architecture transformers {transformers.__version__} knows "
             "(nor multihead); a folder made by another library, or a newer transformers release"
         )
-    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    from ..pretrained.formats.hf import why_not_weights
+
+    why = why_not_weights(hf)
+    if why is not None:
+        return why
+    causal = _names(auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(kind))
+    if not causal:
+        return f"{kind} is not a causal LM; {_FROM_PYTHON}"
+    seq2seq = getattr(auto, "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", {})
+    if hf.get("is_encoder_decoder") is True or kind in seq2seq:
         return (
-            f"{kind} is not a causal LM; the command line reads other HF architectures natively (BERT, DINOv2, "
-            "Whisper) and any attachable one from Python: multihead.hf.attach(AutoModel.from_pretrained(...))"
+            f"{kind} is a sequence-to-sequence model (an encoder and a decoder); read as a causal LM it would "
+            f"lose its encoder ({causal[0]} is the decoder alone), so it is not; {_FROM_PYTHON} "
+            "(AutoModelForSeq2SeqLM)"
+        )
+    parts = sorted(k for k, v in hf.items() if k.endswith(("vision_config", "audio_config")) and isinstance(v, dict))
+    if parts:
+        return (
+            f"{kind} is a multimodal model ({', '.join(parts)}); read as a causal LM it would lose those parts, so "
+            f"it is not; {_FROM_PYTHON}"
+        )
+    archs = [a for a in _names(hf.get("architectures")) if isinstance(a, str)]
+    # an encoder family (BERT, RoBERTa, ELECTRA...) is a causal LM only where the config says so
+    if kind in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES and not (
+        any(a in causal or a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
+        or (not archs and hf.get("is_decoder") is True)
+    ):
+        named = (
+            f"names the architecture {', '.join(archs)}" if archs else "names no architecture and sets no is_decoder"
+        )
+        return (
+            f"{kind} is an encoder (its config {named}); reading it as {causal[0]} would run it as a left-to-right "
+            f"decoder, so it is not; {_FROM_PYTHON}"
         )
     return None
 
@@ -154,6 +199,62 @@ class AttachedLM(nn.Module):
         return out[:, ids.shape[1] :]
 
 
+def _check_files(path: Path, float_params: set[str]) -> None:
+    """The folder's weight files, read as headers only before transformers sees them: safetensors only (never a
+    pickle), each a regular, whole file whose header agrees with its size (a truncated file, a symlink to a file that
+    is no safetensors, or a header claiming more bytes than the file holds are refused here, by name), and no
+    integer tensor where the model has a float parameter (a cast would make another model)."""
+    from safetensors import safe_open
+
+    from ..pretrained.formats.hf import read_tensors, weight_files
+
+    files = weight_files(path)  # one file, or the shards its index names
+    if any(f.suffix == ".bin" for f in files):
+        raise AttachError(
+            f"{path} holds pytorch_model.bin (a pickle file), which multihead does not open for an attached model; "
+            "save the model with save_pretrained(..., safe_serialization=True)"
+        )
+    read_tensors(path)  # every header parsed and checked against its file's size; refused with the reason
+    for f in files:
+        with safe_open(str(f), "pt") as h:
+            for name in h.keys():
+                dtype = h.get_slice(name).get_dtype()
+                if dtype in ("F64", "F32", "F16", "BF16"):
+                    continue
+                if any(p == name or p.endswith("." + name) or name.endswith("." + p) for p in float_params):
+                    raise AttachError(
+                        f"{f}: {name} is stored as {dtype}, but the model's parameter is a float; integer weights "
+                        "are packed or quantised values that a cast would turn into another model: export the "
+                        "weights in float32, float16 or bfloat16"
+                    )
+
+
+def _check_loaded(path: Path, model: nn.Module, info: dict, version: str) -> None:
+    """The load report of an attached folder, as strict as the native readers': a weight the model expects but the
+    files lack (transformers would initialise it at random), a tensor the files hold that the model has no place
+    for (ignored otherwise), a shape that did not fit, and any non-finite weight are refused by name."""
+    from ..pretrained.state import check_weight
+
+    problems = [
+        (what, sorted(map(str, info.get(key) or ())))
+        for key, what in (
+            ("missing_keys", "missing from the files (it would be initialised at random)"),
+            ("unexpected_keys", "in the files but not in the model (it would be ignored)"),
+            ("mismatched_keys", "of another shape than the model's"),
+        )
+    ]
+    for what, names in problems:
+        if names:
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            raise AttachError(
+                f"{path}: {shown} {'is' if len(names) == 1 else 'are'} {what}, read by transformers {version}; the "
+                "folder does not hold the model its config describes: export it again (save_pretrained)"
+            )
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            check_weight(p, name, path)
+
+
 def load(path: str | Path, *, backend: str = "auto", device: str = "cpu"):
     """The HF causal-LM folder ``path`` read by transformers (safetensors only), attached, with its tokenizer, as
     a :class:`~multihead.pretrained.causal_lm.PretrainedLM` (family ``hf:<model_type>``)."""
@@ -162,13 +263,12 @@ def load(path: str | Path, *, backend: str = "auto", device: str = "cpu"):
 
     path = Path(path)
     kind, hf = _model_type(path)
-    why = _why_not_type(kind)
+    why = _why_not_type(kind, hf)
     if why is not None:
         raise AttachError(f"{path}: {why}")
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    transformers.logging.set_verbosity_error()
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
     except Exception as exc:  # noqa: BLE001  transformers 5 validates with huggingface_hub's own error classes
@@ -182,24 +282,20 @@ def load(path: str | Path, *, backend: str = "auto", device: str = "cpu"):
             ) from None
     check_size(sum(p.numel() for p in skeleton.parameters()), f"{path} ({kind})")
     why = why_not(skeleton)
-    del skeleton
     if why is not None:
         raise AttachError(f"{path}: {why}")
-    weights = list(path.glob("*.safetensors"))
-    if not weights:
-        found = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
-        raise AttachError(
-            f"{path} holds no .safetensors weights"
-            + (f" ({', '.join(found)} are pickle files, which multihead does not open)" if found else "")
-            + "; save the model with save_pretrained(..., safe_serialization=True)"
-        )
+    _check_files(path, {n for n, p in skeleton.named_parameters() if p.is_floating_point()})
+    del skeleton
     tok_info = _folder_tokenizer(path, hf)  # checked against the embeddings before the weights are read
+    from safetensors import SafetensorError
+
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, use_safetensors=True, dtype=torch.float32
+        model, info = AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, use_safetensors=True, dtype=torch.float32, output_loading_info=True
         )
-    except (ValueError, TypeError, KeyError, OSError, RuntimeError) as exc:
+    except (ValueError, TypeError, KeyError, OSError, RuntimeError, SafetensorError) as exc:
         raise AttachError(f"{path}: transformers cannot read the weights ({str(exc).splitlines()[0][:300]})") from None
+    _check_loaded(path, model, info, transformers.__version__)
     attach(model.eval(), backend=backend)
     pad = getattr(config, "pad_token_id", None)
     wrapper = AttachedLM(model, pad if isinstance(pad, int) and 0 <= pad < config.vocab_size else 0)

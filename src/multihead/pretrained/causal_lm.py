@@ -173,10 +173,17 @@ def _folder_tokenizer(folder: Path, hf: dict):
     template, source = cfg.get("chat_template"), f"{folder / 'tokenizer_config.json'} (chat_template)"
     if template is None and (folder / "chat_template.jinja").is_file():
         path = folder / "chat_template.jinja"
-        if path.stat().st_size > MAX_TEMPLATE_BYTES:
-            raise LMError(f"{path} is {path.stat().st_size:,} bytes; a chat template is a few kilobytes: remove it")
+        import stat
+
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise LMError(f"{path} is not a regular file (a device, pipe or socket); a chat template is text")
+        with open(path, "rb") as f:  # bounded by the bytes read, not by what the size said
+            raw = f.read(MAX_TEMPLATE_BYTES + 1)
+        if len(raw) > MAX_TEMPLATE_BYTES:
+            raise LMError(f"{path} is over {MAX_TEMPLATE_BYTES:,} bytes; a chat template is a few kilobytes: remove it")
         try:
-            template, source = path.read_text(encoding="utf-8"), str(path)
+            template, source = raw.decode("utf-8"), str(path)
         except UnicodeDecodeError:
             raise LMError(f"{path} is not UTF-8 text; a chat template is jinja2 text: remove or fix it") from None
     if template is not None and not isinstance(template, str):

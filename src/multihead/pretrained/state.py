@@ -68,4 +68,23 @@ def import_state(
     return model
 
 
-__all__ = ["Lazy", "check_state", "import_state"]
+def check_weight(value: torch.Tensor, name: str, where: str | Path) -> None:
+    """Refuse, by name, a weight that would load as something other than what the file holds: an integer or
+    boolean tensor where the model has a float parameter (a cast would invent a different model), or one with
+    NaN or infinite values (the model would compute NaN, or an empty continuation, silently)."""
+    if not value.is_floating_point():
+        raise SourceError(
+            f"{where}: {name} is stored as {str(value.dtype).removeprefix('torch.')}, but the model's parameter is a "
+            "float; integer weights are packed or quantised values that a cast would turn into another model: "
+            "export the weights in float32, float16 or bfloat16"
+        )
+    bad = ~torch.isfinite(value)
+    if bool(bad.any()):
+        n = int(bad.sum())
+        raise SourceError(
+            f"{where}: {name} holds {n:,} non-finite value{'s' if n != 1 else ''} (NaN or infinite) of "
+            f"{value.numel():,}; the file is corrupt or was saved from a diverged model: export it again"
+        )
+
+
+__all__ = ["Lazy", "check_state", "check_weight", "import_state"]

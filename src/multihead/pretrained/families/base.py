@@ -61,22 +61,24 @@ class Family:
         (on the meta device), then the tensors fetched, renamed and copied. Raises this family's error class."""
         from tqdm import tqdm
 
-        from ..state import check_state, import_state
+        from ..state import check_state, check_weight, import_state
 
         with raised_as(self.error):
             adapter = self.adapter(read.format)
             if config is None:
                 config = self.config(adapter.config(read) if adapter.config else read.config, backend=backend)
-            found = {}
+            found, read_name = {}, {}
             for name, t in read.tensors.items():
                 n = adapter.canonical(name)
                 if adapter.ignored is None or not adapter.ignored.search(n):
-                    found[n] = t
+                    found[n], read_name[n] = t, name
             expected = adapter.expected(config)
             found = {k: v for k, v in found.items() if k in expected or k not in adapter.tolerated}
             check_state(expected, {k: v.shape for k, v in found.items()}, read.path, optional=adapter.optional)
             items = tqdm(found.items(), desc="read weights", disable=not progress, leave=False)
             tensors = {k: v.get() for k, v in items if k in expected}
+            for k, t in tensors.items():  # as stored: an integer or non-finite weight is refused by its name
+                check_weight(t, read_name.get(k, k), read.path)
             model = import_state(lambda: self.build(config), adapter.to_ours(tensors, config), read.path)
         return model, config
 

@@ -22,7 +22,7 @@ MAX_CONFIG_BYTES = 4 << 20  # a config.json is a few kilobytes
 
 
 def claims(path: Path) -> bool:
-    return path.is_dir() and (path / "config.json").is_file()
+    return path.is_dir() and (path / "config.json").exists()  # a config that is no regular file is refused by name
 
 
 def read_json(path: Path, what: str = "config") -> dict:
@@ -45,12 +45,32 @@ def read_json(path: Path, what: str = "config") -> dict:
 
 def read_config(folder: Path) -> dict:
     path = Path(folder) / "config.json"
-    if not path.is_file():
+    if not path.exists():
         raise SourceError(
             f"{folder} has no config.json; an HF model folder needs config.json and model.safetensors "
             "(or pytorch_model.bin)"
         )
-    return read_json(path)
+    config = read_json(path)
+    why = why_not_weights(config)
+    if why is not None:
+        raise SourceError(f"{path}: {why}")
+    return config
+
+
+def why_not_weights(config: dict) -> str | None:
+    """Why the weights a config describes are not read (None: they are): quantised checkpoints. Their tensors
+    are packed integers plus scales (bitsandbytes, GPTQ, AWQ, ...); read as floats they would be a different model,
+    so every reader refuses them (native and attached alike) before anything is loaded."""
+    quant = config.get("quantization_config")
+    if quant is None:
+        return None
+    method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else type(quant).__name__
+    return (
+        f"it is a quantised checkpoint (quantization_config, quant_method {method!r}); multihead reads float "
+        "weights only (float32, float16 or bfloat16): dequantise it and save it again, e.g. "
+        "model.dequantize() then save_pretrained(..., safe_serialization=True), or load it with the library that "
+        "quantised it"
+    )
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -140,4 +160,4 @@ def read(path: Path) -> Read:
     return Read(folder, "hf", read_config(folder), read_tensors(folder))
 
 
-__all__ = ["claims", "read", "read_config", "read_json", "read_tensors", "weight_files"]
+__all__ = ["claims", "read", "read_config", "read_json", "read_tensors", "weight_files", "why_not_weights"]
