@@ -103,6 +103,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        folder_lock.wrote(path)
     except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -210,29 +211,110 @@ def folder_kind(path: str | Path) -> str:
     return "other"
 
 
-OUTPUT_SUFFIXES = (".json", ".jsonl", ".png", ".svg", ".html", ".wav")  # what the analysis commands write
-_SUFFIXES = {"hf": (".json", ".safetensors", ".txt", ".jinja")}  # an export: configs, weights, vocabularies
+MANIFEST = ".multihead-manifest.json"  # in every output folder: the files multihead wrote there, with their hashes
+STAGING = ".multihead-staging"  # in a folder being built (.NAME.new) until it is published
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(folder: Path):
+    """Every regular file under ``folder`` (relative POSIX paths), the manifest and staging marker left out."""
+    for root, dirs, names in os.walk(folder):
+        dirs.sort()
+        for n in sorted(names):
+            rel = Path(root, n).relative_to(folder).as_posix()
+            if rel not in (MANIFEST, STAGING):
+                yield rel
+
+
+def _manifest(folder: str | Path) -> dict[str, dict] | None:
+    path = Path(folder) / MANIFEST
+    if not path.is_file() or path.is_symlink():
+        return None
+    try:
+        data = read_json_file(path, max_bytes=64 << 20)
+    except (OSError, ValueError):
+        return None
+    files = data.get("files") if isinstance(data, dict) and data.get("writer") == "multihead" else None
+    return {k: v for k, v in files.items() if isinstance(v, dict)} if isinstance(files, dict) else None
+
+
+def read_manifest(folder: str | Path) -> dict[str, dict]:
+    """``{relative path: {"sha256", "bytes"}}`` of the files multihead wrote into ``folder`` ({} where it has no
+    manifest, or one that is not ours)."""
+    return _manifest(folder) or {}
+
+
+def write_manifest(folder: str | Path, paths=None) -> None:
+    """Record in ``folder``'s manifest the files multihead wrote there: every file under it (``paths`` None, when a
+    folder is published whole), or ``paths`` (relative) added to what it lists (writers that add files in place).
+    Entries whose file is gone are dropped."""
+    folder = Path(folder)
+    listed = {} if paths is None else read_manifest(folder)
+    for rel in _files(folder) if paths is None else paths:
+        f = folder / rel
+        if f.is_file() and not f.is_symlink():
+            listed[rel] = {"sha256": _sha256(f), "bytes": f.stat().st_size}
+    listed = {k: v for k, v in sorted(listed.items()) if (folder / k).is_file()}
+    atomic_write_bytes(
+        folder / MANIFEST, (json.dumps({"writer": "multihead", "files": listed}, indent=1) + "\n").encode()
+    )
+
+
+def is_ours(folder: str | Path) -> bool:
+    """Whether multihead made ``folder`` (it holds multihead's manifest or staging marker)."""
+    folder = Path(folder)
+    return (
+        folder.is_dir() and not folder.is_symlink() and ((folder / STAGING).is_file() or _manifest(folder) is not None)
+    )
+
+
+def _lock_file(p: Path) -> bool:
+    """A lock file a writer of a sub-folder left (``.NAME.lock`` holding a pid)."""
+    if not (p.name.startswith(".") and p.name.endswith(".lock") and p.is_file() and p.stat().st_size < 64):
+        return False
+    return p.read_bytes().strip().isdigit() or p.stat().st_size == 0
 
 
 def foreign_files(folder: Path, kind: str = "run") -> list[str]:
-    """What a folder of ``kind`` holds that multihead does not write there (sorted names): replacing the folder
-    would delete them. A run's own files are named (:data:`RUN_FILES`); other outputs are pictures, pages, JSON
-    and sound files; every kind may hold our hidden files and folders of our kinds."""
-    strangers = []
-    for p in sorted(Path(folder).iterdir()):
-        ours = (
-            p.name.startswith(".")
-            or p.suffix in (".png", ".svg")
-            or (p.is_dir() and folder_kind(p) in OUR_KINDS)
-            or (
-                p.name in RUN_FILES
-                if kind == "run"
-                else p.is_file() and p.suffix in _SUFFIXES.get(kind, OUTPUT_SUFFIXES)
-            )
-        )
-        if not ours:
-            strangers.append(p.name + ("/" if p.is_dir() else ""))
-    return strangers
+    """What a folder of ``kind`` holds that multihead did not write there (sorted names): replacing the folder
+    would delete them. Every output folder lists what multihead wrote in its manifest (:data:`MANIFEST`, with each
+    file's hash), and a file is ours only if the manifest of its folder, or of a folder around it, lists it
+    unchanged -- a user's file, hidden or not and whatever its suffix, never is. A run's own files are also known
+    by name (:data:`RUN_FILES`, figures)."""
+    folder = Path(folder)
+    scopes = [(folder, read_manifest(folder), kind)]
+    return [p.name + ("/" if p.is_dir() else "") for p in sorted(folder.iterdir()) if not _ours(p, scopes)]
+
+
+def _ours(p: Path, scopes: list[tuple[Path, dict, str]]) -> bool:
+    """Whether ``p`` (and everything under it) is multihead's, by the manifests of the folders around it
+    (``scopes``, outermost first; the last is ``p``'s own folder)."""
+    parent_kind = scopes[-1][2]
+    if p.name == MANIFEST or _lock_file(p):
+        return True
+    if parent_kind == "run" and (p.name in RUN_FILES or p.name.startswith(".") or p.suffix in (".png", ".svg")):
+        return True
+    if p.is_dir() and not p.is_symlink():
+        inner = [*scopes, (p, read_manifest(p), folder_kind(p))]
+        return all(_ours(c, inner) for c in p.iterdir())
+    return any(_unchanged(root, p.relative_to(root).as_posix(), listed) for root, listed, _ in scopes)
+
+
+def _unchanged(folder: Path, rel: str, listed: dict) -> bool:
+    entry = listed.get(rel)
+    f = folder / rel
+    if entry is None or f.is_symlink() or not f.is_file():
+        return False
+    return f.stat().st_size == entry.get("bytes") and _sha256(f) == entry.get("sha256")
 
 
 _WHAT = {
@@ -246,7 +328,9 @@ _WHAT = {
 }
 
 
-def check_target(out: str | Path, kind: str, *, overwrite: bool = False, sources: tuple = ()) -> Path:
+def check_target(
+    out: str | Path, kind: str, *, overwrite: bool = False, sources: tuple = (), replace_own: bool = True
+) -> Path:
     """Refuse to write a ``kind`` folder at ``out`` when that would lose something -- before any work is done: ``out``
     is a file; it is, or holds, one of the inputs being read (``sources``); it is a non-empty folder of another kind
     (or of the same kind, for runs and exports) without ``overwrite``. Replacing an existing folder (with
@@ -272,7 +356,7 @@ def check_target(out: str | Path, kind: str, *, overwrite: bool = False, sources
     found = folder_kind(out)
     if found == "file":
         raise FolderError(f"--out {str(out)!r} is a file, not a folder; choose a folder path")
-    replaceable = found in ("missing", "empty") or (found == kind and kind not in ("run", "hf"))
+    replaceable = found in ("missing", "empty") or (found == kind and kind not in ("run", "hf") and replace_own)
     if not replaceable and not overwrite:
         what = _WHAT.get(found, f"{found} output")
         fix = (
@@ -280,6 +364,7 @@ def check_target(out: str | Path, kind: str, *, overwrite: bool = False, sources
             if found == "other"
             else "pass --overwrite to replace it, or choose another folder"
         )
+        what = f"an earlier {what}" if found == kind else what
         raise FolderError(f"--out {str(out)!r} already holds {what}; {fix}")
     if found not in ("missing", "empty"):  # an existing folder is replaced: our own output of this kind only
         cwd = Path.cwd().resolve()
@@ -324,6 +409,18 @@ class folder_lock:
     writer left is cleaned up (:func:`recover`)."""
 
     _held: dict[str, int] = {}
+    _written: dict[str, set[str]] = {}  # lock path -> files written in place under its folder while held
+
+    @classmethod
+    def wrote(cls, path: str | Path) -> None:
+        """Note a file written (atomically) into a folder this process holds locked: its manifest lists it when
+        the lock is released."""
+        path = Path(os.path.abspath(path))
+        for key in cls._held:
+            lock = Path(key)
+            folder = lock.parent / lock.name[1 : -len(".lock")]
+            if folder in path.parents and path.name != MANIFEST:
+                cls._written.setdefault(key, set()).add(path.relative_to(folder).as_posix())
 
     def __init__(self, out: str | Path):
         self.path = _sibling(Path(out), "lock")
@@ -366,9 +463,16 @@ class folder_lock:
         self._held[key] -= 1
         if self._held[key] == 0:
             del self._held[key]
-            if self.fd is not None:
-                os.close(self.fd)  # closing releases the flock
-                self.fd = None
+            written = self._written.pop(key, set())
+            folder = self.path.parent / self.path.name[1 : -len(".lock")]
+            try:
+                if written and folder.is_dir() and not folder.is_symlink():
+                    write_manifest(folder, sorted(written))
+            finally:
+                if self.fd is not None:
+                    os.close(self.fd)  # closing releases the flock
+                    self.fd = None
+            return
 
 
 def lock_holder(out: str | Path) -> str | None:
@@ -423,12 +527,17 @@ def recover(out: str | Path) -> None:
     a ``.NAME.old`` from an interrupted two-step swap is put back when ``out`` is missing, else removed."""
     out = Path(os.path.abspath(out))
     new, old = _sibling(out, "new"), _sibling(out, "old")
-    if old.exists():
+    if old.exists() and is_ours(old):  # only a backup multihead made (its manifest says so) is ever moved
         if not out.exists():
             os.rename(old, out)
         else:
             shutil.rmtree(old, ignore_errors=True)
-    if new.exists():
+    if new.exists() or new.is_symlink():
+        if not is_ours(new):
+            raise FolderError(
+                f"{str(new)!r} is in the way: multihead builds the new {out.name!r} there, and that folder is not "
+                "one it made (no .multihead-staging inside); move or rename it, then retry"
+            )
         shutil.rmtree(new, ignore_errors=True)
 
 
@@ -441,6 +550,11 @@ def swap_in(staged: Path, out: Path) -> None:
         shutil.rmtree(staged, ignore_errors=True)  # now holds the old folder
     else:  # two renames; recover() puts the old folder back if we die between them
         old = _sibling(out, "old")
+        if old.exists() or old.is_symlink():
+            raise FolderError(
+                f"{str(old)!r} is in the way of replacing {str(out)!r} and multihead did not make it; move or rename "
+                "it, then retry"
+            )
         os.rename(out, old)
         os.rename(staged, out)
         shutil.rmtree(old, ignore_errors=True)
@@ -475,6 +589,7 @@ class Publish:
         self._lock.__enter__()  # also recovers from a writer killed mid-swap
         try:
             self.staged.mkdir(parents=True)
+            (self.staged / STAGING).write_bytes(b"")  # marks the folder as multihead's while it is built
         except BaseException:
             self._lock.__exit__(None, None, None)
             raise
@@ -482,6 +597,8 @@ class Publish:
 
     def commit(self) -> Path:
         if not self.committed:
+            write_manifest(self.staged)  # every file written: what a later run may replace, and nothing else
+            (self.staged / STAGING).unlink(missing_ok=True)
             swap_in(self.staged, self.out)
             self.committed = True
             self.path = self.out
@@ -510,6 +627,10 @@ __all__ = [
     "check_target",
     "folder_kind",
     "folder_lock",
+    "foreign_files",
+    "is_ours",
+    "read_manifest",
     "recover",
+    "write_manifest",
     "swap_in",
 ]

@@ -116,6 +116,18 @@ def test_heads_kv_and_kv_curves_end_to_end(gguf_model, tmp_path, capsys):
     assert small["share"] == pytest.approx(8 / 180, abs=1e-3)  # the kept keys' bytes over the full cache's
     assert (out / "kv.png").stat().st_size > 0
     assert "perplexity" in capsys.readouterr().out
+    # the same command again replaces its own output; files the user added stop it, and stay as they were
+    assert main(args) == 0
+    mine = {".git/HEAD": "ref: refs/heads/main\n", "my_analysis.json": "{}", "thesis_figure.png": "png"}
+    for name, text in mine.items():
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_text(text)
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert ".git/" in err and "my_analysis.json" in err and "multihead did not write" in err
+    assert all((out / n).read_text() == t for n, t in mine.items())
+    assert (out / "kv.json").is_file()
 
 
 def test_kv_refusals(gguf_model, tmp_path, capsys):
@@ -138,6 +150,12 @@ def test_kv_refusals(gguf_model, tmp_path, capsys):
 
 def test_heads_kv_refusals_leave_no_folder(gguf_model, tmp_path, capsys):
     out = tmp_path / "heads"
+    for flags in (["heads", gguf_model, "--kv"], ["kv", gguf_model]):  # absurd counts: refused before any prompt
+        with pytest.raises(SystemExit):
+            main([*flags, "--needles", "1000000000", "--out", str(out)])
+        assert "at most" not in (err := capsys.readouterr().err) and "256]" in err
+    with pytest.raises(ValueError, match="needle prompts in \\[1, 256\\]"):
+        make_needles(lambda t: [1], ["text"], length=60, count=10**9)
     cases = [
         (["--needle-len", "40"], "no room for a haystack"),
         (["--needle-len", "100000"], "past the 512 positions"),
@@ -178,4 +196,10 @@ def test_bench_decode_refuses_a_bad_split_before_any_case(gguf_model, tmp_path, 
     out = tmp_path / "decode.json"
     assert main(["bench", "decode", "--model", gguf_model, "--kv-heads", str(bad), "--out", str(out)]) == 2
     assert "no split.full_heads" in capsys.readouterr().err
+    other = tmp_path / "other.json"  # a split of three layers; the model has two
+    other.write_text(json.dumps({"split": {"full_heads": [[0], [1], [0]]}}))
+    assert main(["bench", "decode", "--model", gguf_model, "--kv-heads", str(other), "--out", str(out)]) == 2
+    assert "names 3 layers" in capsys.readouterr().err
+    assert main(["bench", "decode", "--model", gguf_model, "--context", "1000000", "--out", str(out)]) == 2
+    assert "past" in (err := capsys.readouterr().err) and "512 positions" in err and "--context 448 or less" in err
     assert not out.exists()

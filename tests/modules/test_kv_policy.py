@@ -363,3 +363,31 @@ def test_registry_and_rules():
     assert make_policy("window", 20).rule == SinksWindow(4, 16)
     with pytest.raises(ValueError, match="sinks >= 0"):
         SinksWindow(-1, 3)
+
+
+def test_policy_arguments_are_checked_where_they_are_made():
+    """Bad options are refused when the policy is made, with the fix, never deep inside torch or ignored."""
+    with pytest.raises(ValueError, match="observation window .* at least 1, got window=-3"):
+        make_policy("snapkv", 16, window=-3)
+    with pytest.raises(ValueError, match="full_heads is a list with one list .* got str '0,1'"):
+        make_policy("head-aware", 16, full_heads="0,1")
+    with pytest.raises(ValueError, match="layer 1 names 'x', not a head index"):
+        make_policy("head-aware", 16, full_heads=[[0], ["x"]])
+    with pytest.raises(ValueError, match="full policy keeps every key and takes no budget \\(got 5\\)"):
+        make_policy("full", 5)
+    with pytest.raises(ValueError, match="the h2o policy takes no option window; it takes only a budget"):
+        make_policy("h2o", 16, window=4)
+    assert make_policy("full").full
+
+
+def test_a_split_for_another_model_is_refused_on_the_python_path():
+    """generate(..., kv_policy=<a split of 3 layers>) on a 2-layer model: refused before any token, as on the CLI."""
+    model = _lm()
+    ids = torch.randint(1, 60, (1, P))
+    policy = make_policy("head-aware", 16, full_heads=[[0], [1], [0]])
+    with pytest.raises(ValueError, match="split names 3 layers; this model has 2"):
+        generate(model, ids, kv_policy=policy, max_new_tokens=2)
+    recorded = model.new_cache(record=True)
+    model(ids, cache=recorded)
+    with pytest.raises(ValueError, match="split names 3 layers; this model has 2"):
+        recorded.compress(policy)

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from robust_helpers import refused, run_cli, snapshot, tiny_train_args
 
+from multihead._io import write_manifest
+
 from multihead._io import folder_kind
 
 
@@ -159,6 +161,7 @@ def test_sigkill_during_export_leaves_nothing_half_written(tmp_path):
     out = tmp_path / "hf"
     out.mkdir()
     (out / "config.json").write_text('{"model_type": "bert", "old": true}')
+    write_manifest(out)  # an earlier export: multihead's own files, which --overwrite may replace
     before = snapshot(out)
     proc = _spawn("export", "minilm", "--out", out, "--overwrite")
     staged = tmp_path / ".hf.new"

@@ -270,15 +270,16 @@ def test_compare_never_trains_over_user_files_or_another_recipe(tmp_path, capsys
 def test_the_demo_layout_inside_its_run_folder_is_ours(project):
     """`make demo` writes its other steps beside the run (walkthrough/, pretrained/, show/, importance/, g2p/ ...):
     running it again must replace that run, not refuse it."""
-    from multihead._io import check_target, foreign_files
+    from multihead._io import atomic_write_text, check_target, folder_lock, foreign_files
 
     run = project / "run"
-    (run / "walkthrough").mkdir()
-    (run / "walkthrough" / "demo.json").write_text("{}")
-    (run / "pretrained").mkdir()
-    (run / "pretrained" / "pretrained.json").write_text("{}")
+    with folder_lock(run):  # as the demo writes them: under the run's lock, so its manifest lists them
+        atomic_write_text(run / "walkthrough" / "demo.json", "{}")
+        atomic_write_text(run / "pretrained" / "pretrained.json", "{}")
     assert foreign_files(run) == []
     check_target(run, "run", overwrite=True)
+    (run / "pretrained" / "my_notes.json").write_text("{}")  # a file of the user's, though in our layout
+    assert foreign_files(run) == ["pretrained/"]
 
 
 def test_an_edited_inputs_record_is_refused_with_a_message(project, capsys):

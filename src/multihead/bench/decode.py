@@ -483,6 +483,33 @@ def default_out() -> Path:
     return Path("bench/results") / f"decode-{time.strftime('%Y%m%d-%H%M%S')}.json"
 
 
+DEFAULT_CONTEXT = 4096  # bench decode --model LM: decode after this many tokens unless --context says otherwise
+
+
+def lm_layout(source: str) -> tuple[list[int], int]:
+    """``(key/value heads per layer, positions)`` of a pretrained causal LM, from its config or file header alone
+    (no weight is read)."""
+    from ..loading import kind
+
+    k = kind(source)
+    if k.family is None:  # an HF folder read attached: its config.json
+        from ..pretrained.formats.hf import read_config
+
+        hf = read_config(k.path)
+        text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else hf
+        layers = int(text.get("num_hidden_layers") or text.get("n_layer") or 0)
+        heads = int(text.get("num_key_value_heads") or text.get("num_attention_heads") or text.get("n_head") or 0)
+        positions = int(text.get("max_position_embeddings") or text.get("n_positions") or 2048)
+        return [heads] * layers, positions
+    from ..pretrained import read_source
+
+    read = read_source(source)
+    adapter = k.family.adapter(read.format)
+    config = k.family.config(adapter.config(read) if adapter.config else read.config)
+    d = config.decoder
+    return [d.attention.num_kv_heads or d.num_heads] * d.num_layers, int(config.max_len)
+
+
 def from_args(args, out: Path) -> dict:
     """``multihead bench decode`` (the suite protocol in :mod:`multihead.bench`); ``--lengths`` = new tokens."""
     model = getattr(args, "model", None)
@@ -496,13 +523,30 @@ def from_args(args, out: Path) -> dict:
     else:
         shape = shape_of_run(model) if model else None
     kv_heads = getattr(args, "kv_heads", None)
-    if kv_heads:  # read once here, so that a bad file is refused before any case runs
-        from ..interpret.kv_heads import read_split
+    pretrained = bool(shape and "pretrained" in shape)
+    asked = getattr(args, "context", None)
+    context = (asked or DEFAULT_CONTEXT) if pretrained else None
+    if kv_heads and not pretrained:
+        raise ValueError("--kv-heads is for --model with a pretrained LM (decoding after --context under each policy)")
+    if pretrained:  # refused from the headers, before any case runs
+        from ..interpret.kv_heads import check_split, read_split
 
-        read_split(kv_heads)
+        split = read_split(kv_heads) if kv_heads else None
+        kv_per_layer, positions = lm_layout(model)
+        new = min(args.lengths or [64])  # the tokens decoded after the context (the shortest length)
+        if context + new > positions:
+            if asked:
+                raise ValueError(
+                    f"--context {context:,} plus {new} new tokens is past {model}'s {positions:,} positions: "
+                    f"choose --context {max(positions - new, 1)} or less"
+                )
+            context = max(positions - new, 1)
+            print(f"{model} has {positions:,} positions: decoding after {context:,} tokens (--context sets it)")
+        if split is not None:
+            check_split(split, kv_per_layer, model)
     policies = ["full", "window", "h2o", "snapkv"] + (["head-aware"] if kv_heads else [])
     return run(
-        context=getattr(args, "context", None) if shape and "pretrained" in shape else None,
+        context=context,
         policies=policies,
         kv_budget=getattr(args, "kv_budget", None) or 512,
         kv_heads=kv_heads,

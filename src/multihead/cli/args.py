@@ -44,6 +44,10 @@ def _threads(text: str) -> int:
 
 _nonneg = _number(int, 0, float("inf"), "an integer >= 0")  # counts where 0 means none / all
 
+from ..data.needles import MAX_NEEDLES  # noqa: E402  (one bound for the flags and the library)
+
+_needles = _number(int, 0, MAX_NEEDLES, f"a number of needle prompts in [0, {MAX_NEEDLES}]")
+
 
 def _names(choices):
     """An argparse type for a comma-separated list of names from ``choices``."""

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..interpret.maps import concatenated, lift_max_len
-from .args import _count, _threads, _fraction, _head_list, _nonneg, _seconds
+from .args import _count, _threads, _fraction, _head_list, _needles, _nonneg, _seconds
 
 
 def _say_attached(p) -> None:
@@ -242,11 +242,13 @@ def cmd_heads(args) -> int:
     from . import speech
 
     where = route(args.model, "heads")
-    if args.kv and where != "lm":
+    if args.kv and where not in ("lm", "attached"):
         raise ValueError(
             f"--kv finds the heads a KV cache must keep whole in a pretrained causal LM (smollm2, a .gguf file, an "
             f"HF folder); {args.model} is not one: drop --kv"
         )
+    if args.kv:  # native or attached: the head scores read only hook_pattern
+        return lm_commands.heads_lm(args)
     handler = {
         "lm": lm_commands.heads_lm,
         "dinov2": _heads_dinov2,
@@ -498,12 +500,14 @@ def cmd_explain(args) -> int:
     from ..interpret.explain import explain, write_explain_page
     from ..loading import route
 
-    check_target(args.out, "show", overwrite=args.overwrite, sources=(args.model,))
+    # an earlier page is replaced only with --overwrite (its --help says so)
+    check_target(args.out, "show", overwrite=args.overwrite, sources=(args.model,), replace_own=False)
     route(args.model, "explain")  # a model that reads no text says so
     if not args.text.strip():
         raise ValueError('pass a text to walk through, e.g. "The cat sat on the mat."')
     data = explain(load_subject(args.model), args.text, layer=args.layer, head=args.head)
-    with Publish(Path(args.out), "show", overwrite=args.overwrite, sources=(args.model,)) as folder:
+    check_target(args.out, "show", overwrite=args.overwrite, sources=(args.model,), replace_own=False)
+    with Publish(Path(args.out), "show", overwrite=args.overwrite, sources=(args.model,), check=False) as folder:
         write_explain_page(data, folder / "explain.html")
         atomic_write_json(
             folder / "explain.json", {k: data[k] for k in ("model", "text", "tokens", "layer", "head", "why", "checks")}
@@ -578,7 +582,9 @@ def _parser_heads(sub) -> None:
         help="retrieval heads on needle-in-a-haystack prompts, echo and induction heads on random tokens, and the "
         "split of key/value heads (kv-heads.json, kv-heads.png)",
     )
-    kv.add_argument("--needles", type=_nonneg, default=6, help="needle prompts (default 6; 0: data-free scores only)")
+    kv.add_argument(
+        "--needles", type=_needles, default=6, help="needle prompts (default 6; 0: data-free scores only; at most 256)"
+    )
     kv.add_argument("--needle-len", type=_count, default=2048, help="tokens per needle prompt (default 2048)")
     kv.add_argument(
         "--kv-fraction", type=_fraction, default=0.25, help="share of key/value heads that keep every key (0.25)"

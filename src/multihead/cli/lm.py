@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .args import _count, _counts, _names, _threads, _nonneg, _number
+from .args import MAX_NEEDLES, _count, _counts, _names, _threads, _nonneg, _number
 
 
 def _is_lm(source: str, verb: str) -> bool:
@@ -530,7 +530,12 @@ def _parser_kv(sub) -> None:
     )
     kv.add_argument("--budgets", type=_counts, default=list(K.BUDGETS), help="keys kept per head (64,...,1024)")
     kv.add_argument("--lengths", type=_counts, default=list(K.LENGTHS), help="needle prompt tokens (2048,4096,8192)")
-    kv.add_argument("--needles", type=_count, default=4, help="needles per length (default 4)")
+    kv.add_argument(
+        "--needles",
+        type=_number(int, 1, MAX_NEEDLES, f"a number of needles in [1, {MAX_NEEDLES}]"),
+        default=4,
+        help=f"needles per length (default 4, at most {MAX_NEEDLES})",
+    )
     kv.add_argument("--context", type=_count, default=2048, help="perplexity: tokens read before measuring")
     kv.add_argument("--tokens", type=_count, default=256, help="perplexity: tokens measured one at a time")
     kv.add_argument("--threads", type=_threads, default=None)

@@ -8,12 +8,14 @@ from .args import _count, _threads, _ints, _seconds, _words
 
 
 def cmd_demo(args) -> int:
+    from .._io import folder_lock
     from ..demo import run_demo, walkthrough
 
-    if args.walkthrough_only:
-        walkthrough(Path(args.out), seed=args.seed)
-    else:
-        run_demo(Path(args.out), seed=args.seed, limit=args.limit, epochs=args.epochs, threads=args.threads)
+    with folder_lock(args.out):  # every file the tour writes is listed in its folders' manifests: a rerun replaces
+        if args.walkthrough_only:  # them, and never a file of the user's
+            walkthrough(Path(args.out), seed=args.seed)
+        else:
+            run_demo(Path(args.out), seed=args.seed, limit=args.limit, epochs=args.epochs, threads=args.threads)
     return 0
 
 
@@ -131,8 +133,9 @@ def register(sub) -> None:
     bench.add_argument(
         "--context",
         type=_count,
-        default=4096,
-        help="decode --model LM: also decode after this many tokens of held-out text, ours under each KV policy",
+        default=None,
+        help="decode --model LM: also decode after this many tokens of held-out text, ours under each KV policy "
+        "(default 4096, or the model's positions less the new tokens where it has fewer)",
     )
     bench.add_argument("--kv-budget", type=_count, default=512, help="decode --context: keys kept per head (512)")
     bench.add_argument("--kv-heads", default=None, help="decode --context: kv-heads.json for the head-aware policy")

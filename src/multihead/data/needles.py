@@ -30,6 +30,8 @@ CITIES = (
     "Windhoek",
 )
 
+MAX_NEEDLES = 256  # needle prompts are thousands of tokens each: 256 is hours of reading; more is a typo
+
 
 @dataclass(frozen=True)
 class Needle:
@@ -72,8 +74,11 @@ def make_needles(
     """``count`` prompts of exactly ``length`` tokens (``start``: the model's start token(s), first in each).
     ``encode(text)`` gives token ids without special tokens. The needles sit at ``depths`` (default: spread evenly
     from 0.1 to 0.9); each prompt draws its own stretch of haystack, city and number from ``seed``."""
-    if count < 1:
-        raise ValueError(f"count must be >= 1, got {count}")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_NEEDLES:
+        raise ValueError(
+            f"count is a number of needle prompts in [1, {MAX_NEEDLES}], got {count!r} (each prompt is read whole: "
+            "more is hours of work)"
+        )
     rng = random.Random(seed)
     depths = list(depths) if depths is not None else [0.1 + 0.8 * i / max(count - 1, 1) for i in range(count)]
     if len(depths) != count or not all(0.0 <= d <= 1.0 for d in depths):

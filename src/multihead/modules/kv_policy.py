@@ -149,8 +149,16 @@ class SnapKV(Rule):
     scores = "observed"
 
     def __post_init__(self) -> None:
+        for what, v in (("budget", self.size), ("window", self.window), ("kernel", self.kernel)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"SnapKV's {what} is a whole number of keys, got {v!r}")
         if self.size < 1 or self.kernel < 1 or self.kernel % 2 == 0:
             raise ValueError(f"SnapKV needs a budget >= 1 and an odd pooling kernel, got {self.size}, {self.kernel}")
+        if self.window < 1:
+            raise ValueError(
+                f"SnapKV's observation window is the number of the prompt's last queries it reads: at least 1, got "
+                f"window={self.window} (the paper uses 32)"
+            )
 
     def observed(self) -> int:
         return self.window
@@ -182,6 +190,18 @@ class KVPolicy:
     name: str
     rule: Rule = field(default_factory=Full)
     layer_rules: Callable[[int, int], list[tuple[list[int], Rule]]] | None = None
+    layers: int | None = None  # the layers a per-layer split was made for (None: any model)
+
+    def check(self, num_kv_heads: Sequence[int]) -> None:
+        """Refuse, before any work, a policy made for another model: a per-layer split must name this model's layers
+        (``num_kv_heads``: the key/value heads of each layer) and heads."""
+        if self.layers is not None and self.layers != len(num_kv_heads):
+            raise ValueError(
+                f"the {self.name} policy's split names {self.layers} layers; this model has {len(num_kv_heads)}: "
+                "it was made for another model: classify the heads of this model (multihead heads MODEL --kv)"
+            )
+        for i, g in enumerate(num_kv_heads):
+            self.rules(i, g)
 
     def rules(self, layer: int, num_kv_heads: int) -> list[tuple[list[int], Rule]]:
         """The groups of ``layer``: ``[(key/value head indices, rule), ...]``; every head in exactly one group."""
@@ -208,7 +228,12 @@ def _check_budget(budget: int | None, least: int, what: str) -> int:
 
 
 def full_policy(budget: int | None = None) -> KVPolicy:
-    """Every key: today's cache."""
+    """Every key: today's cache. It has no budget: one given is refused rather than ignored."""
+    if budget is not None:
+        raise ValueError(
+            f"the full policy keeps every key and takes no budget (got {budget!r}); drop the budget, or choose a "
+            f"policy that keeps {budget!r} keys per head: {', '.join(n for n in KV_POLICIES if n != 'full')}"
+        )
     return KVPolicy("full")
 
 
@@ -235,7 +260,7 @@ def head_aware_policy(budget: int | None = None, *, full_heads: Sequence[Sequenc
     """Every key for the key/value heads in ``full_heads[layer]``, ``sinks`` + the most recent ``budget - sinks``
     for the others (``full_heads``: from :func:`multihead.interpret.kv_heads.classify`)."""
     b = _check_budget(budget, sinks + 1, "head-aware")
-    keep_all = [sorted({int(h) for h in layer}) for layer in full_heads]
+    keep_all = _split(full_heads)
     if not keep_all:
         raise ValueError(
             "the head-aware policy needs the retrieval heads of every layer (full_heads=): run "
@@ -258,7 +283,28 @@ def head_aware_policy(budget: int | None = None, *, full_heads: Sequence[Sequenc
         rest = [h for h in range(num_kv_heads) if h not in chosen]
         return [(chosen, Full()), (rest, streaming)]
 
-    return KVPolicy("head-aware", streaming, split)
+    return KVPolicy("head-aware", streaming, split, layers=len(keep_all))
+
+
+def _split(full_heads) -> list[list[int]]:
+    """``full_heads`` as one sorted list of key/value head indices per layer, or a refusal naming the shape."""
+    shape = (
+        "full_heads is a list with one list of key/value head indices per layer, e.g. [[0], [1, 2], []] "
+        "(split.full_heads of kv-heads.json)"
+    )
+    if isinstance(full_heads, (str, bytes)) or not isinstance(full_heads, Sequence):
+        raise ValueError(f"{shape}; got {type(full_heads).__name__} {str(full_heads)[:40]!r}")
+    out = []
+    for i, layer in enumerate(full_heads):
+        if isinstance(layer, (str, bytes)) or not isinstance(layer, (Sequence, set, frozenset)):
+            raise ValueError(f"{shape}; layer {i} is {type(layer).__name__} {str(layer)[:40]!r}")
+        heads = set()
+        for h in layer:
+            if isinstance(h, bool) or not isinstance(h, int) or h < 0:
+                raise ValueError(f"{shape}; layer {i} names {h!r}, not a head index (a whole number >= 0)")
+            heads.add(int(h))
+        out.append(sorted(heads))
+    return out
 
 
 KV_POLICIES: dict[str, Callable[..., KVPolicy]] = {
@@ -274,9 +320,19 @@ def make_policy(name: str | KVPolicy, budget: int | None = None, **options) -> K
     """A :class:`KVPolicy` from its name in :data:`KV_POLICIES` (or one given as is)."""
     if isinstance(name, KVPolicy):
         return name
-    if name not in KV_POLICIES:
+    if not isinstance(name, str) or name not in KV_POLICIES:
         raise ValueError(f"unknown KV policy {name!r}; choose one of {sorted(KV_POLICIES)}")
-    return KV_POLICIES[name](budget, **options)
+    import inspect
+
+    make = KV_POLICIES[name]
+    takes = [p for p in inspect.signature(make).parameters if p != "budget"]
+    unknown = sorted(set(options) - set(takes))
+    if unknown:
+        raise ValueError(
+            f"the {name} policy takes no option {', '.join(unknown)}; "
+            + (f"its options: {', '.join(takes)}" if takes else "it takes only a budget")
+        )
+    return make(budget, **options)
 
 
 # ---------------------------------------------------------------------------------------------------- the cache
@@ -534,6 +590,7 @@ def policy_cache(policy: KVPolicy, num_kv_heads: Sequence[int], windows: Sequenc
     (and budget) to one prefill."""
     from .kv_cache import KVCache
 
+    policy.check(num_kv_heads)
     layers: list[LayerKV] = []
     for i, (g, w) in enumerate(zip(num_kv_heads, windows)):
         if record:
@@ -552,6 +609,8 @@ def compress(cache, policy: KVPolicy):
     policy and budget."""
     from .kv_cache import KVCache
 
+    if policy.layers is not None and policy.layers != len(cache.self_attn):
+        policy.check([0] * len(cache.self_attn))  # the refusal that names both counts
     layers: list[LayerKV] = []
     for i, rec in enumerate(cache.self_attn):
         if not isinstance(rec, PolicyKV) or not rec.record or not rec.groups:

@@ -1,0 +1,126 @@
+"""Which files of an output folder are multihead's is read from the manifest it writes (each file it made, with its
+hash), never guessed from suffixes or hidden names: a user's `.git/`, JSON, PNG or HTML beside our output stops a
+rerun; a sibling `.NAME.old` or `.NAME.new` the user made is never taken for an interrupted swap; `explain` keeps
+an earlier page unless told --overwrite."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from multihead._io import (
+    MANIFEST,
+    FolderError,
+    Publish,
+    atomic_write_json,
+    check_target,
+    folder_lock,
+    foreign_files,
+    read_manifest,
+)
+from multihead.cli import main
+
+
+def _publish(out, kind="kv", text="{}"):
+    with Publish(out, kind) as folder:
+        atomic_write_json(folder / f"{kind}.json", {"v": text})
+        (folder / "kv.png").write_bytes(b"\x89PNG fake")  # written by any means: the manifest lists every file
+        (folder / "sub").mkdir()
+        (folder / "sub" / "page.html").write_text("<p>ours</p>")
+    return out
+
+
+def test_a_published_folder_lists_every_file_with_its_hash(tmp_path):
+    out = _publish(tmp_path / "kvmine")
+    listed = read_manifest(out)
+    assert sorted(listed) == ["kv.json", "kv.png", "sub/page.html"]
+    assert listed["kv.png"]["bytes"] == len(b"\x89PNG fake") and len(listed["kv.png"]["sha256"]) == 64
+    assert foreign_files(out, "kv") == []
+    _publish(out, text="again")  # our own output is replaced
+    assert json.loads((out / "kv.json").read_text()) == {"v": "again"}
+
+
+@pytest.mark.parametrize(
+    "name", [".git/HEAD", "my_analysis.json", "thesis_figure.png", "report.html", ".notes", "sub/mine.svg"]
+)
+def test_files_the_user_added_are_never_taken_for_ours(tmp_path, name):
+    out = _publish(tmp_path / "kvmine")
+    (out / name).parent.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text("the user's")
+    assert foreign_files(out, "kv") == [name.split("/")[0] + ("/" if "/" in name else "")]
+    with pytest.raises(FolderError, match="multihead did not write"):
+        check_target(out, "kv")
+    with pytest.raises(FolderError, match="multihead did not write"):
+        _publish(out)
+    assert (out / name).read_text() == "the user's"
+
+
+def test_a_file_of_ours_the_user_edited_is_theirs_now(tmp_path):
+    out = _publish(tmp_path / "kvmine")
+    (out / "kv.json").write_text('{"my": "edits"}')
+    assert foreign_files(out, "kv") == ["kv.json"]
+
+
+def test_a_folder_without_a_manifest_is_not_ours(tmp_path):
+    out = tmp_path / "old"
+    out.mkdir()
+    (out / "kv.json").write_text("{}")  # looks like our output, but nothing says multihead wrote it
+    with pytest.raises(FolderError, match="kv.json, which multihead did not write"):
+        check_target(out, "kv")
+
+
+def test_writes_in_place_under_the_lock_are_listed(tmp_path):
+    out = tmp_path / "importance"
+    with folder_lock(out):
+        atomic_write_json(out / "importance-grad.json", {})
+    with folder_lock(out):
+        atomic_write_json(out / "importance-ablation.json", {})
+    assert sorted(read_manifest(out)) == ["importance-ablation.json", "importance-grad.json"]
+    assert foreign_files(out, "importance") == []
+
+
+def test_a_sibling_old_folder_the_user_made_is_left_alone(tmp_path):
+    out = _publish(tmp_path / "res")
+    theirs = tmp_path / ".res.old"
+    theirs.mkdir()
+    (theirs / "thesis.tex").write_text("chapter 1")
+    _publish(out, text="again")
+    assert (theirs / "thesis.tex").read_text() == "chapter 1"
+    # with the output gone, the user's .res.old is not "restored" in its place either
+    import shutil
+
+    shutil.rmtree(out)
+    _publish(out, text="third")
+    assert (theirs / "thesis.tex").read_text() == "chapter 1" and json.loads((out / "kv.json").read_text())
+
+
+def test_an_interrupted_swap_of_ours_is_still_recovered(tmp_path):
+    out = _publish(tmp_path / "res")
+    backup = tmp_path / ".res.old"
+    out.rename(backup)  # killed between the two renames of a two-step swap: only our backup is left
+    assert (backup / MANIFEST).is_file()
+    with folder_lock(out):
+        pass
+    assert json.loads((out / "kv.json").read_text()) == {"v": "{}"} and not backup.exists()
+
+
+def test_a_sibling_new_folder_the_user_made_is_refused_not_deleted(tmp_path):
+    theirs = tmp_path / ".res.new"
+    theirs.mkdir()
+    (theirs / "draft.md").write_text("mine")
+    with pytest.raises(FolderError, match="is in the way"):
+        _publish(tmp_path / "res")
+    assert (theirs / "draft.md").read_text() == "mine"
+
+
+def test_explain_keeps_an_earlier_page_unless_told(tmp_path, capsys):
+    out = tmp_path / "explain"
+    assert main(["explain", "The cat sat on the mat.", "--out", str(out)]) == 0
+    page = (out / "explain.html").read_bytes()
+    capsys.readouterr()
+    assert main(["explain", "A dog ran.", "--out", str(out)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert (out / "explain.html").read_bytes() == page
+    assert main(["explain", "A dog ran.", "--out", str(out), "--overwrite"]) == 0
+    assert (out / "explain.html").read_bytes() != page
