@@ -164,3 +164,13 @@ def test_a_config_transformers_cannot_build_is_refused(tmp_path_factory, capsys,
     err = capsys.readouterr().err
     assert "Traceback" not in err and "internal error" not in err and str(folder) in err
     assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before  # nothing written into it
+
+
+def test_heads_kv_takes_an_attached_folder(tmp_path_factory, tmp_path, capsys):
+    """The KV head scores read only hook_pattern, which attached layers have: --kv works on an attached folder."""
+    folder = _folder(tmp_path_factory, "gpt_neox", max_position_embeddings=512)
+    out = tmp_path / "kvheads"
+    assert main(["heads", str(folder), "--kv", "--needles", "0", "--out", str(out)]) == 0
+    r = json.loads((out / "kv-heads.json").read_text())
+    assert len(r["heads"]) == 8 and len(r["split"]["full_heads"]) == 2
+    assert "is not" not in capsys.readouterr().err

@@ -43,14 +43,16 @@ HOSTILE = {
     "range_1e9": ("{% for i in range(1000000000) %}{% endfor %}", "asked for a range too large"),
     "lipsum": ("{{ lipsum(n=100000000) }}", "uses a name it was not given"),
     "strmul": ("{{ 'x' * 10000000000 }}", "produced more text than a prompt can hold"),
+    # runaway templates that may meet the output, memory or time limit first, by the machine's load: the class of
+    # refusal is asserted, not which limit fired (the test gives the same verdict idle and busy)
     "nested_loop": (
         "{% for i in range(99999) %}{% for j in range(99999) %}xxxxxxxx{% endfor %}{% endfor %}",
-        "produced more text than a prompt can hold",
+        chat.LIMIT_HIT,
     ),
     "silent_loop": ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", "ran for over"),
     "doubling": (
         "{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
-        "needed more memory than a prompt can take",
+        chat.LIMIT_HIT,
     ),
 }
 
@@ -64,6 +66,8 @@ def test_hostile_templates_are_refused_naming_the_file(loaded, gguf_path, quick,
         bad.chat("hello")
     message = str(info.value)
     assert fragment in message, message
+    if fragment == chat.LIMIT_HIT:  # and it says which limit it was
+        assert any(chat._WHAT[k].split(" (")[0].split("{")[0] in message for k in chat.LIMITS), message
     assert f"{gguf_path} (metadata tokenizer.chat_template)" in message
     assert "without --chat" in message  # the fix
 

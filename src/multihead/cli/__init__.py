@@ -114,19 +114,54 @@ def main(argv: list[str] | None = None) -> int:
         where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
         print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
+    except (MemoryError, RuntimeError) as exc:
+        if not isinstance(exc, MemoryError) and not _out_of_memory(exc):
+            return _internal(exc)
+        print(f"error: {_memory_message(exc)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as exc:  # training says what it saved and how to resume (RunInterrupted)
         print(str(exc) or "interrupted; files written so far are complete (every write is atomic)", file=sys.stderr)
         return 130
     except Exception as exc:  # a bug, not bad input: say so, without a traceback unless asked
-        if os.environ.get("MULTIHEAD_DEBUG"):
-            raise
-        print(
-            f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}\n"
-            f"This is a bug in multihead, not in your input. Please report it at {BUG_REPORT} with the command you "
-            "ran (MULTIHEAD_DEBUG=1 shows the traceback).",
-            file=sys.stderr,
-        )
-        return 70
+        return _internal(exc)
+
+
+def _internal(exc: BaseException) -> int:
+    import os
+
+    if os.environ.get("MULTIHEAD_DEBUG"):
+        raise exc
+    print(
+        f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}\n"
+        f"This is a bug in multihead, not in your input. Please report it at {BUG_REPORT} with the command you "
+        "ran (MULTIHEAD_DEBUG=1 shows the traceback).",
+        file=sys.stderr,
+    )
+    return 70
+
+
+_OOM = ("cannot allocate memory", "can't allocate memory", "not enough memory", "out of memory", "unable to mmap")
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """PyTorch reports a failed allocation or mapping as a RuntimeError; these words say it was memory."""
+    text = str(exc).lower()
+    return any(w in text for w in _OOM)
+
+
+def _memory_message(exc: BaseException) -> str:
+    """What ran out, and the limit this process runs under (an address-space cap is the usual cause)."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    limit = (
+        f"this process may map at most {soft / 2**30:.1f} GiB (an address-space limit: ulimit -v); PyTorch alone "
+        "reserves several GiB of address space, so raise the limit (ulimit -v unlimited)"
+        if soft != resource.RLIM_INFINITY
+        else "free memory, or use a smaller model, batch or --max-len"
+    )
+    detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+    return f"out of memory ({detail}); {limit}"
 
 
 __all__ = ["build_parser", "main", "train_config_from_args", "train_overrides"]

@@ -27,10 +27,21 @@ def _is_lm(source: str, verb: str) -> bool:
         return route(source, verb) in ("lm", "attached")
     except SourceError:
         path = Path(source)
+        if not path.exists() and "/" in str(source):
+            raise SourceError(
+                f"{source} does not exist; pass a pretrained LM (smollm2, a .gguf file, an HF model folder) or a "
+                "pretraining run folder"
+            ) from None
         a_name = not path.exists() and "/" not in str(source)  # a short name, perhaps misspelt ("smol")
-        a_model = path.is_file() or (path / "config.json").is_file()  # a model file or folder it cannot read
+        a_model = path.is_file() or (path / "config.json").exists()  # a model file or folder it cannot read
         if not is_run(source) and (a_name or a_model):
             raise
+        if path.is_dir() and not (path / "config.json").exists():
+            raise SourceError(
+                f"{source} is not an HF model folder (no config.json) nor a run folder; pass a pretrained LM "
+                "(smollm2, a .gguf file, an HF model folder with config.json and safetensors) or a pretraining run "
+                "(multihead pretrain --objective clm --out RUN)"
+            ) from None
         return False
 
 

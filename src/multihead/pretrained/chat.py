@@ -128,6 +128,12 @@ _WHAT = {
 }
 
 
+# The limits a runaway template meets; one that grows without end may meet any of them first (a busy machine
+# reaches the time limit before the memory limit), so every such refusal also says LIMIT_HIT.
+LIMITS = frozenset({"output", "recursion", "memory", "range", "time"})
+LIMIT_HIT = "went past a limit of a chat template"
+
+
 def output_limit(messages: list[dict]) -> int:
     """The most text a render may produce: twice the messages' own text plus 64 KiB of markup."""
     text = sum(len(str(m.get("content", ""))) + len(str(m.get("role", ""))) for m in messages)
@@ -161,10 +167,12 @@ def render(template: str, source: str, messages: list[dict], *, add_generation_p
     if found["kind"] == "ok":
         return found["text"]
     what = _WHAT[found["kind"]].format(detail=found.get("detail", ""), seconds=SECONDS)
+    if found["kind"] in LIMITS:  # which limit a runaway template meets first depends on the machine's load
+        what = f"{LIMIT_HIT}: it {what}"
     raise LMError(
         f"the chat template in {source} {what}; pass the prompt as plain text (without --chat), or fix the template "
         "in that file"
     )
 
 
-__all__ = ["MEMORY", "SECONDS", "output_limit", "render"]
+__all__ = ["LIMIT_HIT", "LIMITS", "MEMORY", "SECONDS", "output_limit", "render"]

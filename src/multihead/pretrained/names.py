@@ -133,6 +133,11 @@ def resolve(name_or_path: str | Path, error: type[SourceError] = SourceError) ->
     if entry is not None:
         return locate(entry, error)
     path = Path(str(name_or_path))
+    if not path.exists() and ("/" in str(name_or_path) or str(name_or_path).startswith(".")):  # a path, not a name
+        raise error(
+            f"{str(name_or_path)!r} does not exist; pass an HF model folder (config.json + safetensors), a .gguf "
+            f"or .onnx file, a CTranslate2 folder, a run folder, or one of the short names ({listing()})"
+        )
     if not path.exists():
         raise error(
             f"{str(name_or_path)!r} is neither a known short name ({listing()}){suggest(str(name_or_path))} nor a "
