@@ -148,10 +148,16 @@ def test_a_model_type_we_do_not_read_is_refused_with_the_reason(tmp_path, model_
         loading.kind(tmp_path)
 
 
-@pytest.mark.parametrize("model_type", ["roberta", "gpt_neox"])
-def test_a_causal_lm_type_with_no_native_family_is_read_attached(tmp_path, model_type):
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"model_type": "roberta", "architectures": ["RobertaForCausalLM"], "is_decoder": True},
+        {"model_type": "gpt_neox"},
+    ],
+)
+def test_a_causal_lm_type_with_no_native_family_is_read_attached(tmp_path, config):
     pytest.importorskip("transformers")
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    (tmp_path / "config.json").write_text(json.dumps(config))
     k = loading.kind(tmp_path)
     assert (k.name, k.route, k.family) == ("lm", "attached", None)
 

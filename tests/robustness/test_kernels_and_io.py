@@ -142,9 +142,10 @@ def test_publish_swaps_whole_folders_and_cleans_up_on_error(tmp_path):
 
 
 def _folder_with(path, name: str):
-    """A folder holding one file ``name`` whose text is ``name``."""
+    """A folder multihead made (its manifest lists it) holding one file ``name`` whose text is ``name``."""
     path.mkdir()
     (path / name).write_text(name)
+    _io.write_manifest(path)
     return path
 
 
@@ -155,11 +156,11 @@ def test_swap_and_recovery_without_renameat2(tmp_path, monkeypatch, exchange):
     out = _folder_with(tmp_path / "run", "old")
     staged = _folder_with(tmp_path / ".run.new", "new")
     _io.swap_in(staged, out)
-    assert [p.name for p in out.iterdir()] == ["new"] and not staged.exists()
+    assert sorted(p.name for p in out.iterdir()) == [_io.MANIFEST, "new"] and not staged.exists()
     # a writer killed between the two renames of the fallback: out is gone, .run.old holds it
     os.rename(out, tmp_path / ".run.old")
     _io.recover(out)
-    assert [p.name for p in out.iterdir()] == ["new"]
+    assert sorted(p.name for p in out.iterdir()) == [_io.MANIFEST, "new"]
 
 
 def test_lock_is_exclusive_across_processes_and_reentrant_within_one(tmp_path):
