@@ -38,7 +38,7 @@ def _is_lm(source: str, verb: str) -> bool:
             raise
         if path.is_dir() and not (path / "config.json").exists():
             raise SourceError(
-                f"{source} is not an HF model folder (no config.json) nor a run folder; pass a pretrained LM "
+                f"{source} is not an HF model folder (no config.json) and not a pretraining run folder; pass a pretrained LM "
                 "(smollm2, a .gguf file, an HF model folder with config.json and safetensors) or a pretraining run "
                 "(multihead pretrain --objective clm --out RUN)"
             ) from None
