@@ -299,7 +299,7 @@ def _ours(p: Path, scopes: list[tuple[Path, dict, str]]) -> bool:
     """Whether ``p`` (and everything under it) is multihead's, by the manifests of the folders around it
     (``scopes``, outermost first; the last is ``p``'s own folder)."""
     parent_kind = scopes[-1][2]
-    if p.name == MANIFEST or _lock_file(p):
+    if p.name in (MANIFEST, STAGING) or _lock_file(p):
         return True
     if parent_kind == "run" and (p.name in RUN_FILES or p.name.startswith(".") or p.suffix in (".png", ".svg")):
         return True
@@ -531,23 +531,43 @@ def recover(out: str | Path) -> None:
         if not out.exists():
             os.rename(old, out)
         else:
-            shutil.rmtree(old, ignore_errors=True)
+            _remove_ours(old)
     if new.exists() or new.is_symlink():
-        if not is_ours(new):
+        if not is_ours(new) and not (new.is_dir() and not new.is_symlink() and not any(new.iterdir())):
             raise FolderError(
                 f"{str(new)!r} is in the way: multihead builds the new {out.name!r} there, and that folder is not "
                 "one it made (no .multihead-staging inside); move or rename it, then retry"
             )
-        shutil.rmtree(new, ignore_errors=True)
+        _remove_ours(new)
+
+
+def _remove_ours(folder: Path) -> None:
+    """Remove a folder multihead made, its manifest and staging marker last: a writer killed halfway leaves a
+    folder that still says it is multihead's, which the next writer then removes (and never a user's folder)."""
+    if not folder.exists() and not folder.is_symlink():
+        return
+    if folder.is_symlink() or not folder.is_dir():
+        folder.unlink()
+        return
+    for child in folder.iterdir():
+        if child.name in (MANIFEST, STAGING):
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def swap_in(staged: Path, out: Path) -> None:
     """Publish folder ``staged`` at ``out`` in one step; the previous ``out`` (if any) is removed afterwards."""
     staged, out = Path(os.path.abspath(staged)), Path(os.path.abspath(out))
+    if out.is_dir() and not out.is_symlink() and _manifest(out) is None:  # once swapped out it must say it is ours,
+        (out / STAGING).write_bytes(b"")  # so that a writer killed before removing it is undone by the next one
     if not out.exists():
         os.rename(staged, out)
     elif _renameat2_exchange(staged, out):
-        shutil.rmtree(staged, ignore_errors=True)  # now holds the old folder
+        _remove_ours(staged)  # now holds the old folder
     else:  # two renames; recover() puts the old folder back if we die between them
         old = _sibling(out, "old")
         if old.exists() or old.is_symlink():
@@ -557,7 +577,7 @@ def swap_in(staged: Path, out: Path) -> None:
             )
         os.rename(out, old)
         os.rename(staged, out)
-        shutil.rmtree(old, ignore_errors=True)
+        _remove_ours(old)
     _fsync_dir(out.parent)
 
 
@@ -609,7 +629,7 @@ class Publish:
             if exc_type is None:
                 self.commit()
             elif not self.committed:
-                shutil.rmtree(self.staged, ignore_errors=True)
+                _remove_ours(self.staged)
         finally:
             self._lock.__exit__(None, None, None)
 

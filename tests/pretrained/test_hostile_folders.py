@@ -23,17 +23,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lm"))
 from hf_families import hf_model  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    """A random HF GPT-2 folder with a byte-level BPE tokenizer of 280 tokens (the model has 300 embeddings)."""
+def _hf_folder(tmp_path_factory, family: str) -> Path:
+    """A random HF folder of ``family`` with a byte-level BPE tokenizer of 280 tokens (the model has 300
+    embeddings)."""
     from tokenizers import ByteLevelBPETokenizer
 
-    out = tmp_path_factory.mktemp("hf") / "gpt2"
-    hf_model("gpt2").save_pretrained(out)
+    out = tmp_path_factory.mktemp("hf") / family
+    hf_model(family).save_pretrained(out)
     tok = ByteLevelBPETokenizer()
     tok.train_from_iterator(["the cat sat on the mat"] * 10, vocab_size=280, min_frequency=1)
     tok.save(str(out / "tokenizer.json"))
     return out
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A random HF GPT-2 folder."""
+    return _hf_folder(tmp_path_factory, "gpt2")
 
 
 @pytest.fixture
@@ -130,14 +136,7 @@ def test_byte_flips_in_the_safetensors_header_give_the_same_model_or_a_refusal(c
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     """A random HF Llama folder, read by multihead's own Llama family."""
-    from tokenizers import ByteLevelBPETokenizer
-
-    out = tmp_path_factory.mktemp("hf") / "llama"
-    hf_model("llama").save_pretrained(out)
-    tok = ByteLevelBPETokenizer()
-    tok.train_from_iterator(["the cat sat on the mat"] * 10, vocab_size=280, min_frequency=1)
-    tok.save(str(out / "tokenizer.json"))
-    return out
+    return _hf_folder(tmp_path_factory, "llama")
 
 
 def _edited(src: Path, dst: Path, edit) -> Path:

@@ -124,3 +124,35 @@ def test_explain_keeps_an_earlier_page_unless_told(tmp_path, capsys):
     assert (out / "explain.html").read_bytes() == page
     assert main(["explain", "A dog ran.", "--out", str(out), "--overwrite"]) == 0
     assert (out / "explain.html").read_bytes() != page
+
+
+def test_a_writer_killed_while_removing_the_old_folder_is_undone_by_the_next(tmp_path, monkeypatch):
+    """Killed after the exchange, before (or while) the old folder was removed: what is left still says it is ours
+    (the manifest and staging marker go last), so the next writer removes it -- an old folder written before
+    manifests existed too (it is marked before it is swapped out)."""
+    import multihead._io as io
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text('{"train": {}}')  # an older multihead's run: no manifest
+    staged = tmp_path / ".run.new"
+    staged.mkdir()
+    (staged / "config.json").write_text('{"train": {"new": true}}')
+    io.write_manifest(staged)
+    with monkeypatch.context() as m:
+        m.setattr(io, "_remove_ours", lambda folder: None)  # the kill: nothing removed after the exchange
+        io.swap_in(staged, out)
+    assert staged.is_dir() and io.is_ours(staged)
+    with folder_lock(out):  # the next writer (a resume too) cleans it
+        pass
+    assert not staged.exists() and json.loads((out / "config.json").read_text()) == {"train": {"new": True}}
+    # half removed: the manifest is still there, so it is still ours
+    half = tmp_path / ".run.new"
+    half.mkdir()
+    (half / "leftover.bin").write_bytes(b"x")
+    io.write_manifest(half)
+    (half / "leftover.bin").unlink()
+    (half / "other").write_text("left by the kill")
+    with folder_lock(out):
+        pass
+    assert not half.exists()
