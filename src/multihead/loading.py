@@ -188,9 +188,11 @@ class Loaded:
     format: str | None = None
 
 
-def load(source: str | Path, *, device: str = "cpu", backend: str = "auto", text: bool = True) -> Loaded:
-    """Any source, loaded for inference (eval mode). With ``text=True`` (what the text commands need) a run of a
-    task that does not read text, or a DINOv2/Whisper model, is refused with the reason."""
+def load(source: str | Path, *, device: str = "cpu", backend: str = "auto", text: bool = False) -> Loaded:
+    """Any source, loaded for inference (eval mode): a run of any task, a text encoder, a causal LM, a vision or a
+    speech model. A command refuses a source at its verb (:func:`route`); ``text=True`` is for callers that need a
+    text model (a run of a task that does not read text, or a DINOv2/Whisper model, is then refused with the
+    reason)."""
     k = kind(source)
     if k.name == "run":
         from .train import load_run

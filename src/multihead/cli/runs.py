@@ -228,7 +228,7 @@ def cmd_embed(args) -> int:
     texts = _read_texts(args.texts, args.file)
     if not texts:
         raise ValueError("nothing to embed: pass texts as arguments or --file FILE (one text per line, or .jsonl)")
-    s = load(args.model)
+    s = load(args.model, text=True)
     vectors = embed_texts(
         s.model,
         s.tokenizer,
@@ -269,7 +269,7 @@ def cmd_export(args) -> int:
     from .._io import check_target
 
     check_target(args.out, "hf", overwrite=args.overwrite, sources=(args.source,))  # before loading anything
-    s = load(args.source)
+    s = load(args.source, text=True)
     out = pretrained.export(s.model, s.tokenizer, args.out, overwrite=args.overwrite, sources=(args.source,))
     print(
         f"wrote an HF BertModel folder to {out} (config.json, model.safetensors, tokenizer.json, vocab.txt); "

@@ -132,7 +132,7 @@ def load_subject(source: str | Path, *, sentence_embeddings: bool = False) -> Su
     MiniLM), as its embeddings were trained; a run reads up to its ``data.max_len``."""
     from ..loading import load
 
-    loaded = load(source)
+    loaded = load(source, text=True)
     if loaded.kind == "lm":
         return LMSubject(loaded.source, loaded.model, loaded.tokenizer, loaded.max_len, lm=loaded.detail)
     return Subject(
