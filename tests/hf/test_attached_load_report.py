@@ -185,7 +185,13 @@ def test_generate_with_output_attentions_returns_the_maps_as_eager(neox):
     ref = transformers.AutoModelForCausalLM.from_pretrained(neox, attn_implementation="eager").eval()
     ids = torch.tensor([[5, 6, 7, 8]])
     kw = dict(max_new_tokens=3, do_sample=False, output_attentions=True, return_dict_in_generate=True, pad_token_id=0)
-    ours, theirs = hf.generate(ids, **kw), ref.generate(ids, **kw)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ours = hf.generate(ids, **kw)
+    assert not [w for w in seen if "output_attentions" in str(w.message)]  # no "only eager returns them" warning
+    theirs = ref.generate(ids, **kw)
     assert torch.equal(ours.sequences, theirs.sequences)
     assert len(ours.attentions) == len(theirs.attentions) == 3
     for step_ours, step_theirs in zip(ours.attentions, theirs.attentions):

@@ -506,15 +506,25 @@ def _ask_weights(att: Attached) -> None:
     for top in tops.values():
 
         def before(mod, args, kwargs):
+            import warnings
+
             flag = kwargs.get("output_attentions")
             ask = bool(flag) if flag is not None else bool(getattr(mod.config, "output_attentions", False))
-            mod.__dict__.setdefault("_multihead_asks", []).append(ask)
+            quiet = None
+            if ask:  # transformers warns that only eager returns the maps; attached, multihead's function does
+                quiet = warnings.catch_warnings()
+                quiet.__enter__()
+                warnings.filterwarnings("ignore", message=r"`output_attentions=True` is not supported")
+            mod.__dict__.setdefault("_multihead_asks", []).append((ask, quiet))
             att.asking += ask
 
         def after(mod, args, kwargs, output):
             asks = mod.__dict__.get("_multihead_asks")
             if asks:
-                att.asking -= asks.pop()
+                ask, quiet = asks.pop()
+                att.asking -= ask
+                if quiet is not None:
+                    quiet.__exit__(None, None, None)
 
         att.handles.append(top.register_forward_pre_hook(before, with_kwargs=True))
         att.handles.append(top.register_forward_hook(after, with_kwargs=True, always_call=True))
