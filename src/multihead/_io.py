@@ -12,12 +12,15 @@
 * **Kinds** -- :func:`folder_kind` recognises what a folder holds (a run, an HF export, a ``show`` page, ...); a
   writer refuses a non-empty target of another kind unless told ``overwrite``, and never writes into a run folder
   it reads from.
+* **Manifests** -- every published folder holds ``.multihead-manifest.json``: each file multihead wrote there, with
+  its sha256 (writers that add files in place under the folder's lock add them when the lock is released). What a
+  later writer may replace is read from it (:func:`foreign_files`): a file it does not list unchanged is the user's.
 
 ::
 
     parent/
-      NAME/          the published folder (old, until the swap)
-      .NAME.new/     the folder being built (the writer's own)
+      NAME/          the published folder (old, until the swap), with its .multihead-manifest.json
+      .NAME.new/     the folder being built (the writer's own: .multihead-staging inside)
       .NAME.lock     flock'ed by the writer; holds its pid
 """
 
