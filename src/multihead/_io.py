@@ -595,10 +595,20 @@ class Publish:
     later writes then go to ``out`` itself, still under the lock.
     """
 
-    def __init__(self, out: str | Path, kind: str, *, overwrite: bool = False, sources: tuple = (), check: bool = True):
+    def __init__(
+        self,
+        out: str | Path,
+        kind: str,
+        *,
+        overwrite: bool = False,
+        sources: tuple = (),
+        check: bool = True,
+        replace_own: bool = True,
+    ):
         self.out = Path(out)
         self.kind = kind
         self.overwrite = overwrite
+        self.replace_own = replace_own
         self.sources = sources
         self.check = check
         self._lock = folder_lock(self.out)
@@ -608,7 +618,9 @@ class Publish:
 
     def __enter__(self) -> Path:
         if self.check:
-            check_target(self.out, self.kind, overwrite=self.overwrite, sources=self.sources)
+            check_target(
+                self.out, self.kind, overwrite=self.overwrite, sources=self.sources, replace_own=self.replace_own
+            )
         self._lock.__enter__()  # also recovers from a writer killed mid-swap
         try:
             self.staged.mkdir(parents=True)

@@ -5,6 +5,9 @@ from arguments or a file.
 from __future__ import annotations
 
 import argparse
+import sys
+
+from ..data.needles import MAX_NEEDLES  # one bound for the flags and the library
 
 
 def _ints(text: str) -> list[int]:
@@ -43,8 +46,6 @@ def _threads(text: str) -> int:
 
 
 _nonneg = _number(int, 0, float("inf"), "an integer >= 0")  # counts where 0 means none / all
-
-from ..data.needles import MAX_NEEDLES  # noqa: E402  (one bound for the flags and the library)
 
 _needles = _number(int, 0, MAX_NEEDLES, f"a number of needle prompts in [0, {MAX_NEEDLES}]")
 
@@ -140,3 +141,13 @@ def config_options(p, flags: dict, sections: str) -> None:
     p.add_argument("--config", default=None, help=f"TOML file with {sections}")
     for flag, (_, typ, help_) in flags.items():
         p.add_argument("--" + flag.replace("_", "-"), dest=flag, type=typ, default=None, help=help_)
+
+
+def say_attached(p) -> None:
+    """One line on stderr when a model was read by transformers and attached (no native family reads it)."""
+    family = getattr(p, "family", "") or ""
+    if family.startswith("hf:"):
+        print(
+            f"{family[3:]}: no native multihead family; read with transformers and attached (multihead.hf)",
+            file=sys.stderr,
+        )

@@ -8,17 +8,7 @@ import sys
 from pathlib import Path
 
 from ..interpret.maps import concatenated, lift_max_len
-from .args import _count, _threads, _fraction, _head_list, _needles, _nonneg, _seconds
-
-
-def _say_attached(p) -> None:
-    """One line on stderr when a model was read by transformers and attached (no native family reads it)."""
-    family = getattr(p, "family", "") or ""
-    if family.startswith("hf:"):
-        print(
-            f"{family[3:]}: no native multihead family; read with transformers and attached (multihead.hf)",
-            file=sys.stderr,
-        )
+from .args import _count, _threads, _fraction, _head_list, _needles, _nonneg, _seconds, say_attached
 
 
 def cmd_show(args) -> int:
@@ -42,7 +32,7 @@ def cmd_show(args) -> int:
     if not args.text.strip():
         raise ValueError('the text to show is empty; pass a sentence, e.g. "The cat sat on the mat."')
     subject = load_subject(args.model)
-    _say_attached(getattr(subject, "lm", None))
+    say_attached(getattr(subject, "lm", None))
     if args.max_len:
         lift_max_len(subject, args.max_len)
     summary = show(
@@ -228,11 +218,6 @@ def _show_g2p(args) -> int:
 
 
 def cmd_heads(args) -> int:
-    import json
-
-    from .. import data as D
-    from ..interpret import load_subject, roles
-
     if args.out:
         from .._io import check_target
 
@@ -242,28 +227,34 @@ def cmd_heads(args) -> int:
     from . import speech
 
     where = route(args.model, "heads")
-    if args.kv and where not in ("lm", "attached"):
-        raise ValueError(
-            f"--kv finds the heads a KV cache must keep whole in a pretrained causal LM (smollm2, a .gguf file, an "
-            f"HF folder); {args.model} is not one: drop --kv"
-        )
     if args.kv:  # native or attached: the head scores read only hook_pattern
+        if where not in ("lm", "attached"):
+            raise ValueError(
+                f"--kv finds the heads a KV cache must keep whole in a pretrained causal LM (smollm2, a .gguf file, "
+                f"an HF folder); {args.model} is not one: drop --kv"
+            )
         return lm_commands.heads_lm(args)
     handler = {
         "lm": lm_commands.heads_lm,
         "dinov2": _heads_dinov2,
         "whisper": speech.cmd_heads_whisper,
         "run:pretrain": _heads_causal,
-    }.get(where)
-    if handler is not None:
-        return handler(args)
+    }.get(where, _heads_text)
+    return handler(args)
+
+
+def _heads_text(args) -> int:
+    """Head roles of a text encoder, a classifier run or an attached LM on a data set, from maps or statistics."""
+    import json
     import resource
     import time
 
+    from .. import data as D
+    from ..interpret import load_subject, roles
     from ..interpret.roles import subject_head_stats
 
     subject = load_subject(args.model)
-    _say_attached(getattr(subject, "lm", None))
+    say_attached(getattr(subject, "lm", None))
     if args.max_len:
         lift_max_len(subject, args.max_len)
     ds = D.load(args.data, text_column=args.text_column, label_column=args.label_column)
@@ -506,8 +497,7 @@ def cmd_explain(args) -> int:
     if not args.text.strip():
         raise ValueError('pass a text to walk through, e.g. "The cat sat on the mat."')
     data = explain(load_subject(args.model), args.text, layer=args.layer, head=args.head)
-    check_target(args.out, "show", overwrite=args.overwrite, sources=(args.model,), replace_own=False)
-    with Publish(Path(args.out), "show", overwrite=args.overwrite, sources=(args.model,), check=False) as folder:
+    with Publish(Path(args.out), "show", overwrite=args.overwrite, sources=(args.model,), replace_own=False) as folder:
         write_explain_page(data, folder / "explain.html")
         atomic_write_json(
             folder / "explain.json", {k: data[k] for k in ("model", "text", "tokens", "layer", "head", "why", "checks")}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .args import MAX_NEEDLES, _count, _counts, _names, _threads, _nonneg, _number
+from .args import MAX_NEEDLES, _count, _counts, _names, _threads, _nonneg, _number, say_attached
 
 
 def _is_lm(source: str, verb: str) -> bool:
@@ -200,10 +200,9 @@ def _load_lm(source: str, threads: int | None = None):
     k = kind(source)
     if k.name == "lm" and k.family is None:  # an HF causal LM with no native family: read and attached
         from ..hf.folder import load
-        from .inspect import _say_attached
 
         p = load(k.path)
-        _say_attached(p)
+        say_attached(p)
         return p
     return lm.load(source, progress=True)
 
@@ -330,6 +329,28 @@ def induction_lm(args) -> int:
 MAP_BUDGET = 1 << 30  # bytes of attention maps heads keeps; past it, the exact statistics (no map) are used
 
 
+def _heads_kv(args, p) -> int:
+    """``heads MODEL --kv``: which heads a head-aware KV cache keeps whole (kv-heads.json, kv-heads.png)."""
+    import json
+
+    from ..interpret import kv_heads
+
+    result = kv_heads.report(
+        p,
+        args.out,
+        needles=args.needles,
+        length=args.needle_len,
+        fraction=args.kv_fraction,
+        score=args.kv_score,
+        overwrite=args.overwrite,
+        progress=not args.json,
+    )
+    print(json.dumps(result) if args.json else kv_heads.format_table(result, p.name))
+    if args.out:
+        print(f"wrote kv-heads.json and kv-heads.png to {args.out}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
 def heads_lm(args) -> int:
     """Head roles of a pretrained LM on real text (previous token, first-token sink, broad, ...) with induction
     heads marked from repeated random tokens; from exact statistics (no map) at long lengths."""
@@ -347,22 +368,7 @@ def heads_lm(args) -> int:
         check_target(args.out, "heads", overwrite=args.overwrite, sources=(args.model,))
     p = _load_lm(args.model)
     if args.kv:
-        from ..interpret import kv_heads
-
-        result = kv_heads.report(
-            p,
-            args.out,
-            needles=args.needles,
-            length=args.needle_len,
-            fraction=args.kv_fraction,
-            score=args.kv_score,
-            overwrite=args.overwrite,
-            progress=not args.json,
-        )
-        print(json.dumps(result) if args.json else kv_heads.format_table(result, p.name))
-        if args.out:
-            print(f"wrote kv-heads.json and kv-heads.png to {args.out}", file=sys.stderr if args.json else sys.stdout)
-        return 0
+        return _heads_kv(args, p)
     length = args.max_len or 512
     subject = LMSubject(str(args.model), p.model, p.tokenizer, length, lm=p)
     rows = held_out_rows(p, rows=args.n, length=length)
@@ -381,11 +387,7 @@ def heads_lm(args) -> int:
     low = min(1000, p.model.config.vocab_size // 10)
     half = min(64, (p.model.config.max_len - 1) // 2)
     ind = I.induction_scores(p.model, half=half, batch=8, low=low, start=p.bos_id if p.bos_id is not None else low)
-    for h in result["heads"]:
-        h["prefix_matching"] = round(float(ind["prefix_matching"][h["layer"], h["head"]]), 4)
-        if h["prefix_matching"] >= I.INDUCTION:
-            h["role"] = "induction"
-    result["counts"] = {r: sum(1 for x in result["heads"] if x["role"] == r) for r in roles.ROLES}
+    I.mark_induction(result, ind["prefix_matching"])
     result["data"] = {"name": "imdb", "split": "test", "n": len(texts), "tokens_per_input": length}
     result["seconds"] = round(seconds, 2)
     result["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)

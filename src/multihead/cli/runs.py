@@ -278,49 +278,16 @@ def cmd_export(args) -> int:
     return 0
 
 
-def register(sub) -> None:
-    """This module's subcommands, each declared beside its handler."""
-    e = sub.add_parser("evaluate", help="evaluate a run on a dataset split")
-    e.add_argument("run")
-    e.add_argument("--data", default=None, help="dataset (default: the run's own)")
-    e.add_argument("--split", default="test", help="train | validation | test (the run's recorded split) | all")
-    e.add_argument("--text-column", default=None)
-    e.add_argument("--label-column", default=None)
-    e.add_argument("--json", action="store_true")
-    e.add_argument(
+def _beam(parser) -> None:
+    parser.add_argument(
         "--beam",
         type=_number(int, 1, 64, "a beam width in [1, 64]"),
         default=1,
         help="G2P runs: beam width (1 = greedy)",
     )
-    e.set_defaults(fn=cmd_evaluate)
 
-    pr = sub.add_parser(
-        "predict",
-        help="use a run: classify texts (JSON lines with label and probabilities), pronounce words (G2P runs) or "
-        "classify test images (ViT runs)",
-    )
-    pr.add_argument("run")
-    pr.add_argument("texts", nargs="*")
-    pr.add_argument("--file", default=None, help="one text per line, or .jsonl with a 'text' field")
-    pr.add_argument(
-        "--beam",
-        type=_number(int, 1, 64, "a beam width in [1, 64]"),
-        default=1,
-        help="G2P runs: beam width (1 = greedy)",
-    )
-    pr.add_argument("--index", type=_nonneg, default=None, help="image runs: predict this test image")
-    pr.add_argument("--image", action="append", default=None, help="image runs: a .png or .npy image (repeatable)")
-    pr.set_defaults(fn=cmd_predict)
 
-    em = sub.add_parser("embed", help="sentence embeddings from a pretrained encoder (or a run's encoder)")
-    em.add_argument("model", help="minilm, a BERT-family folder, or a run folder")
-    em.add_argument("texts", nargs="*")
-    em.add_argument("--file", default=None, help="one text per line, or .jsonl with a 'text' field")
-    em.add_argument("--out", default=None, help="write JSON lines {text, embedding} here")
-    em.add_argument("--batch-size", type=_count, default=32)
-    em.set_defaults(fn=cmd_embed)
-
+def _parser_export(sub) -> None:
     ex = sub.add_parser(
         "export",
         help="write a model as an HF folder: an encoder (pretrained or a run's) as BertModel, a pretrained LM as "
@@ -334,6 +301,42 @@ def register(sub) -> None:
     ex.add_argument("--out", required=True, help="folder to write")
     ex.add_argument("--overwrite", action="store_true", help="replace an existing folder at --out")
     ex.set_defaults(fn=cmd_export)
+
+
+def register(sub) -> None:
+    """This module's subcommands, each declared beside its handler."""
+    e = sub.add_parser("evaluate", help="evaluate a run on a dataset split")
+    e.add_argument("run")
+    e.add_argument("--data", default=None, help="dataset (default: the run's own)")
+    e.add_argument("--split", default="test", help="train | validation | test (the run's recorded split) | all")
+    e.add_argument("--text-column", default=None)
+    e.add_argument("--label-column", default=None)
+    e.add_argument("--json", action="store_true")
+    _beam(e)
+    e.set_defaults(fn=cmd_evaluate)
+
+    pr = sub.add_parser(
+        "predict",
+        help="use a run: classify texts (JSON lines with label and probabilities), pronounce words (G2P runs) or "
+        "classify test images (ViT runs)",
+    )
+    pr.add_argument("run")
+    pr.add_argument("texts", nargs="*")
+    pr.add_argument("--file", default=None, help="one text per line, or .jsonl with a 'text' field")
+    _beam(pr)
+    pr.add_argument("--index", type=_nonneg, default=None, help="image runs: predict this test image")
+    pr.add_argument("--image", action="append", default=None, help="image runs: a .png or .npy image (repeatable)")
+    pr.set_defaults(fn=cmd_predict)
+
+    em = sub.add_parser("embed", help="sentence embeddings from a pretrained encoder (or a run's encoder)")
+    em.add_argument("model", help="minilm, a BERT-family folder, or a run folder")
+    em.add_argument("texts", nargs="*")
+    em.add_argument("--file", default=None, help="one text per line, or .jsonl with a 'text' field")
+    em.add_argument("--out", default=None, help="write JSON lines {text, embedding} here")
+    em.add_argument("--batch-size", type=_count, default=32)
+    em.set_defaults(fn=cmd_embed)
+
+    _parser_export(sub)
 
     dd = sub.add_parser("data", help="print a dataset card: sizes, classes, length percentiles")
     dd.add_argument("name", help="built-in name or a .csv/.tsv/.jsonl file")

@@ -84,8 +84,6 @@ def cmd_bench(args) -> int:
 
 def register(sub) -> None:
     """This module's subcommands, each declared beside its handler."""
-    from ..bench import SUITES
-
     d = sub.add_parser(
         "demo", help="the tour of the whole product on built-in data and the bundled models (what `make demo` runs)"
     )
@@ -101,6 +99,11 @@ def register(sub) -> None:
 
     b = sub.add_parser("backends", help="list the registered attention backends and their capabilities")
     b.set_defaults(fn=cmd_backends)
+    _parser_bench(sub)
+
+
+def _parser_bench(sub) -> None:
+    from ..bench import SUITES
 
     bench = sub.add_parser("bench", help="benchmarks: ours and peers in one run, JSON + PNG")
     bench.add_argument("suite", choices=list(SUITES), help="which benchmark")

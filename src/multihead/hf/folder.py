@@ -62,11 +62,6 @@ def _why_not_type(kind: str | None, hf: dict | None = None) -> str | None:
             f"model_type {kind!r} is not an architecture transformers {transformers.__version__} knows "
             "(nor multihead); a folder made by another library, or a newer transformers release"
         )
-    from ..pretrained.formats.hf import why_not_weights
-
-    why = why_not_weights(hf)
-    if why is not None:
-        return why
     causal = _names(auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(kind))
     if not causal:
         return f"{kind} is not a causal LM; {_FROM_PYTHON}"

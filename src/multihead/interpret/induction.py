@@ -338,6 +338,7 @@ def induction_roles(prefix: Tensor) -> list[list[str]]:
 
 
 __all__ = [
+    "mark_induction",
     "INDUCTION",
     "ToyConfig",
     "ablation",
@@ -351,3 +352,16 @@ __all__ = [
     "repeated_tokens",
     "train_toy",
 ]
+
+
+def mark_induction(result: dict, prefix_matching: Tensor) -> dict:
+    """Add each head's prefix-matching score ``(layers, H)`` to a roles ``result`` and make the heads at or above
+    :data:`INDUCTION` induction heads; the role counts are recounted."""
+    from .roles import ROLES
+
+    for h in result["heads"]:
+        h["prefix_matching"] = round(float(prefix_matching[h["layer"], h["head"]]), 4)
+        if h["prefix_matching"] >= INDUCTION:
+            h["role"] = "induction"
+    result["counts"] = {r: sum(1 for x in result["heads"] if x["role"] == r) for r in ROLES}
+    return result

@@ -369,12 +369,12 @@ def read_split(path: str | Path) -> list[list[int]]:
         raise ValueError(
             f"{p} is not a kv-heads.json (no split.full_heads): write one with `multihead heads MODEL --kv`"
         ) from None
-    if not isinstance(heads, list) or not all(
-        isinstance(row, list) and all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in row)
-        for row in heads
-    ):
-        raise ValueError(f"{p}: split.full_heads must be one list of key/value head indices per layer")
-    return heads
+    from ..modules.kv_policy import split_heads
+
+    try:  # the one check of a split's shape, the policy's own
+        return split_heads(heads)
+    except ValueError as exc:
+        raise ValueError(f"{p}: {exc}") from None
 
 
 def check_split(full_heads: list[list[int]], num_kv_heads: list[int], model: str) -> None:

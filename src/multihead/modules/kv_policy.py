@@ -192,14 +192,18 @@ class KVPolicy:
     layer_rules: Callable[[int, int], list[tuple[list[int], Rule]]] | None = None
     layers: int | None = None  # the layers a per-layer split was made for (None: any model)
 
+    def check_layers(self, num_layers: int) -> None:
+        """Refuse a per-layer split made for a model with another number of layers."""
+        if self.layers is not None and self.layers != num_layers:
+            raise ValueError(
+                f"the {self.name} policy's split names {self.layers} layers; this model has {num_layers}: "
+                "it was made for another model: classify the heads of this model (multihead heads MODEL --kv)"
+            )
+
     def check(self, num_kv_heads: Sequence[int]) -> None:
         """Refuse, before any work, a policy made for another model: a per-layer split must name this model's layers
         (``num_kv_heads``: the key/value heads of each layer) and heads."""
-        if self.layers is not None and self.layers != len(num_kv_heads):
-            raise ValueError(
-                f"the {self.name} policy's split names {self.layers} layers; this model has {len(num_kv_heads)}: "
-                "it was made for another model: classify the heads of this model (multihead heads MODEL --kv)"
-            )
+        self.check_layers(len(num_kv_heads))
         for i, g in enumerate(num_kv_heads):
             self.rules(i, g)
 
@@ -260,7 +264,7 @@ def head_aware_policy(budget: int | None = None, *, full_heads: Sequence[Sequenc
     """Every key for the key/value heads in ``full_heads[layer]``, ``sinks`` + the most recent ``budget - sinks``
     for the others (``full_heads``: from :func:`multihead.interpret.kv_heads.classify`)."""
     b = _check_budget(budget, sinks + 1, "head-aware")
-    keep_all = _split(full_heads)
+    keep_all = split_heads(full_heads)
     if not keep_all:
         raise ValueError(
             "the head-aware policy needs the retrieval heads of every layer (full_heads=): run "
@@ -286,7 +290,7 @@ def head_aware_policy(budget: int | None = None, *, full_heads: Sequence[Sequenc
     return KVPolicy("head-aware", streaming, split, layers=len(keep_all))
 
 
-def _split(full_heads) -> list[list[int]]:
+def split_heads(full_heads) -> list[list[int]]:
     """``full_heads`` as one sorted list of key/value head indices per layer, or a refusal naming the shape."""
     shape = (
         "full_heads is a list with one list of key/value head indices per layer, e.g. [[0], [1, 2], []] "
@@ -609,8 +613,7 @@ def compress(cache, policy: KVPolicy):
     policy and budget."""
     from .kv_cache import KVCache
 
-    if policy.layers is not None and policy.layers != len(cache.self_attn):
-        policy.check([0] * len(cache.self_attn))  # the refusal that names both counts
+    policy.check_layers(len(cache.self_attn))
     layers: list[LayerKV] = []
     for i, rec in enumerate(cache.self_attn):
         if not isinstance(rec, PolicyKV) or not rec.record or not rec.groups:
@@ -698,6 +701,7 @@ __all__ = [
     "SnapKV",
     "compress",
     "make_policy",
+    "split_heads",
     "policy_cache",
     "received_attention",
 ]
