@@ -233,3 +233,94 @@ def test_capture_of_resid_and_block_hooks(built):
         assert att.blocks == ["model.layers.0", "model.layers.1"]
     finally:
         hf.detach(model)
+
+
+# Defined from a string: no source file for inspect or transformers to read. The attention class calls the registry
+# only through a helper (LlamaAttention.forward, reached by an alias), the model class is a subclass made in exec.
+_STRING_CLASSES = """
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaForCausalLM
+_through = LlamaAttention.forward
+
+def _helper(module, *args, **kwargs):
+    return _through(module, *args, **kwargs)
+
+class ViaHelperAttention(LlamaAttention):
+    def forward(self, *args, **kwargs):
+        return _helper(self, *args, **kwargs)
+
+class StringLlama(LlamaForCausalLM):
+    pass
+"""
+
+
+def test_layers_are_found_by_observation_through_a_helper_and_without_source():
+    import inspect
+
+    space: dict = {"__name__": "multihead_test_string_module"}
+    exec(compile(_STRING_CLASSES, "<string>", "exec"), space)  # noqa: S102  (the test's own text)
+    for cls in (space["ViaHelperAttention"], space["StringLlama"]):
+        with pytest.raises((OSError, TypeError)):  # no source to read
+            inspect.getsource(cls)
+    arch = ARCHS["llama"]
+    torch.manual_seed(0)
+    model = space["StringLlama"](arch._config(transformers)).eval()
+    for layer in model.model.layers:
+        layer.self_attn.__class__ = space["ViaHelperAttention"]
+    x = arch.inputs()
+    with torch.no_grad():
+        ref = model(input_ids=x[0]).logits
+    att = hf.attach(model)
+    try:
+        assert list(att.layers) == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+        first = att.layers["model.layers.0.self_attn"]
+        assert (first.num_heads, first.num_kv_heads, first.head_dim) == (4, 2, 16)  # from the observed tensors
+        with capture(model, ("pattern",)) as cache, torch.no_grad():
+            out = model(input_ids=x[0]).logits
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        # the pattern is the softmax of the hooked queries and keys, written out here
+        with capture(model, ("q", "k")) as qk, torch.no_grad():
+            model(input_ids=x[0])
+        q, k = qk.get_layer("q", 0), qk.get_layer("k", 0).repeat_interleave(2, dim=1)
+        s = (q @ k.transpose(-1, -2)) / 4.0
+        s = s.masked_fill(torch.ones(10, 10, dtype=torch.bool).triu(1), float("-inf"))
+        torch.testing.assert_close(cache.patterns()[0], torch.softmax(s, -1), atol=1e-5, rtol=1e-5)
+    finally:
+        hf.detach(model)
+    assert model.config._attn_implementation != hf.NAME
+
+
+def test_the_probe_pass_leaves_no_trace_and_a_bad_probe_names_example(built):
+    model = built("llama")
+    model.train()
+    model.model.layers[0].eval()  # mixed training flags come back as they were
+    state = torch.random.get_rng_state()
+    seen = []
+    handle = model.model.layers[0].register_forward_hook(lambda *a: seen.append(1))
+    try:
+        from multihead.hf.attach import observe
+
+        layers = observe(model)
+        assert [n for n, *_ in layers] == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+        assert torch.equal(torch.random.get_rng_state(), state)  # no dropout drew from the generator
+        assert model.training and not model.model.layers[0].training and model.model.layers[1].training
+        assert model.config._attn_implementation not in (hf.NAME, "multihead_probe")
+        assert len(seen) == 1  # the user's hook saw the one probe pass
+    finally:
+        handle.remove()
+        model.eval()
+    with pytest.raises(hf.AttachError, match=r"pass example="):
+        hf.attach(model, example={"input_ids": torch.tensor([[10_000]])})
+    assert not hf.is_attached(model)
+    assert model.config._attn_implementation not in (hf.NAME, "multihead_probe")
+    att = hf.attach(model, example={"input_ids": torch.tensor([[1, 2]])})
+    assert len(att.layers) == 2
+    hf.detach(model)
+
+
+def test_routes_is_deprecated_and_still_answers():
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    from multihead.hf.attach import routes
+
+    with pytest.warns(DeprecationWarning, match="observe"):
+        assert routes(LlamaAttention)

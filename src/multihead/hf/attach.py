@@ -5,8 +5,11 @@ _attn_implementation]`` (``AttentionInterface``): every attention layer hands th
 ``(B, H, Lq, D)``, its keys and values ``(B, Hkv, Lk, D)`` (not repeated for GQA), the mask the model built, the
 scale, and per-architecture extras (``sliding_window``, ``softcap``, ``s_aux`` sinks). :func:`attach` registers
 multihead's function under the name ``"multihead"`` (and HF's SDPA mask builder beside it, so a causal model with no
-padding passes no ``L x L`` mask at all), switches the model's configs to it, and gives every layer that calls the
-registry multihead's hook points as children:
+padding passes no ``L x L`` mask at all), switches the model to it (``set_attn_implementation``), and gives every
+layer that calls the registry multihead's hook points as children. Those layers are found by observation: one
+forward pass on a few tokens (or an image, or audio) through a recorder registered in the same table notes every
+module transformers hands the attention function (:func:`observe`), so a layer that calls it through a helper, or
+a class with no source file, is seen like any other:
 
 * on each attention layer: ``hook_q``, ``hook_k``, ``hook_v`` (after rotary; keys and values with the model's
   ``Hkv`` heads), ``hook_pattern`` (weights, computed only while hooked), ``hook_z`` (per-head outputs before the
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import threading
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
@@ -60,6 +64,10 @@ class AttachError(SourceError):
     """A model multihead cannot attach to (the message says why and what works instead)."""
 
 
+class ProbeError(AttachError):
+    """The probe pass that finds the attention layers failed on the inputs it was given."""
+
+
 def _transformers():
     try:
         import transformers  # noqa: F401
@@ -70,52 +78,163 @@ def _transformers():
 
 
 # ------------------------------------------------------------------------------------------ which layers route
-_ROUTES: dict[type, bool] = {}
+PROBE = "multihead_probe"  # the recorder's name in HF's AttentionInterface (registered beside NAME)
+_RECORDING = threading.local()
+
+
+def _probe_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, **kwargs):
+    """The recorder :func:`observe` registers: it notes the module transformers hands it and returns zeros of the
+    output's shape (``(B, Lq, H, Dv)``); nothing is computed, so it runs on the meta device too."""
+    seen = getattr(_RECORDING, "seen", None)
+    if seen is not None:
+        seen.setdefault(id(module), (module, tuple(query.shape), tuple(key.shape)))
+    b, h, lq, _ = query.shape
+    return query.new_zeros(b, lq, h, value.shape[-1]), None
+
+
+def probe_inputs(model: nn.Module) -> dict:
+    """The smallest inputs one forward pass of ``model`` takes, built from its config and its forward's signature:
+    4 token ids (and 2 decoder ids for an encoder-decoder), an image of the config's size, log-mel features of the
+    config's length or 0.1 s of audio, on the model's device. Used by :func:`observe`."""
+    cfg = model.config
+    params = inspect.signature(model.forward).parameters
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    x: dict = {}
+    if "input_ids" in params:
+        try:
+            n = model.get_input_embeddings().num_embeddings
+        except (AttributeError, NotImplementedError):  # CLIP's two towers: the text config's vocabulary
+            n = _int(cfg, ("vocab_size",)) or _int(getattr(cfg, "text_config", None), ("vocab_size",)) or 8
+        x["input_ids"] = (torch.arange(1, 5, device=device) % n).unsqueeze(0)
+    if "pixel_values" in params:
+        vc = getattr(cfg, "vision_config", None) or cfg
+        size = getattr(vc, "image_size", 224)
+        hw = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+        x["pixel_values"] = torch.zeros(1, getattr(vc, "num_channels", 3), *hw, device=device)
+    if "input_features" in params and getattr(cfg, "num_mel_bins", None):
+        frames = 2 * (_int(cfg, ("max_source_positions",)) or 1500)
+        x["input_features"] = torch.zeros(1, cfg.num_mel_bins, frames, device=device)
+    if "input_values" in params:
+        x["input_values"] = torch.zeros(1, 1600, device=device)
+    if getattr(cfg, "is_encoder_decoder", False) and "decoder_input_ids" in params:
+        n = _int(cfg, ("decoder_vocab_size", "vocab_size")) or 8
+        x["decoder_input_ids"] = (torch.arange(1, 3, device=device) % n).unsqueeze(0)
+    if "use_cache" in params:
+        x["use_cache"] = False
+    return x
+
+
+def _set_implementation(model: nn.Module, name: str) -> list[tuple[object, str]]:
+    """Switch ``model`` and its sub-models to the attention implementation ``name`` with transformers' own
+    ``set_attn_implementation``; returns every config's previous implementation. transformers declines to switch a
+    class whose module source it cannot read (a class defined in a notebook or a string); those configs are set
+    through the config's own ``_attn_implementation`` property, and the probe pass then shows whether the layers
+    really call the registry."""
+    configs = _configs(model)
+    before = [(c, c._attn_implementation) for c in configs]
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its "does not support setting ... dynamically" warning: handled below
+    try:
+        model.set_attn_implementation(name)
+    except Exception:  # noqa: BLE001, S110  4.57 reads sys.modules[cls.__module__].__file__: KeyError, OSError...
+        pass  # the configs are set below either way
+    finally:
+        hf_logging.set_verbosity(level)
+    for c in configs:
+        if c._attn_implementation != name:
+            c._attn_implementation = name
+    return before
+
+
+def _restore_implementation(before: list[tuple[object, str]]) -> None:
+    for c, old in before:  # parents first: a config's setter also sets its sub-configs, which then get their own
+        c._attn_implementation = old
+
+
+def observe(model: nn.Module, example: dict | None = None) -> list[tuple[str, nn.Module, tuple, tuple]]:
+    """The layers of ``model`` that call HF's attention registry, found by running it once: the model is switched
+    to a recorder (:data:`PROBE`) that notes every module transformers hands it, on ``example`` (keyword inputs of
+    ``model``'s forward; default :func:`probe_inputs`), then switched back. Returns ``(name, module, query shape,
+    key shape)`` in the model's order. Nothing is computed in the attention layers, and every module's training
+    flag is restored; forward hooks the user has on the model see the probe pass."""
+    modeling_utils, masking_utils = _transformers()
+    modeling_utils.AttentionInterface.register(PROBE, _probe_forward)
+    masking_utils.AttentionMaskInterface.register(PROBE, masking_utils.AttentionMaskInterface._global_mapping["sdpa"])
+    inputs = probe_inputs(model) if example is None else dict(example)
+    modes = [(m, m.training) for m in model.modules()]
+    before = _set_implementation(model, PROBE)
+    _RECORDING.seen = {}
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(**inputs)
+        seen = _RECORDING.seen
+    except Exception as exc:  # noqa: BLE001  whatever the model raises on a probe input it does not take
+        raise ProbeError(
+            f"{type(model).__name__}: multihead finds the attention layers by running the model once, and the "
+            f"probe input ({', '.join(inputs)}) failed ({type(exc).__name__}: {str(exc)[:200]}); pass example="
+            "{...} (the keyword inputs of one small forward pass) to attach or why_not"
+        ) from None
+    finally:
+        _RECORDING.seen = None
+        _restore_implementation(before)
+        for m, mode in modes:
+            m.training = mode
+    return [(n, m, *seen[id(m)][1:]) for n, m in model.named_modules() if id(m) in seen]
 
 
 def routes(cls: type) -> bool:
-    """Whether ``cls.forward`` calls HF's attention registry (read from its source, once per class)."""
-    if cls not in _ROUTES:
-        try:
-            src = inspect.getsource(inspect.unwrap(cls.forward))
-        except (OSError, TypeError):
-            src = ""
-        _ROUTES[cls] = "ALL_ATTENTION_FUNCTIONS" in src
-    return _ROUTES[cls]
+    """Deprecated: whether ``cls.forward``'s source text names HF's attention registry. :func:`attach` now finds
+    the layers by observation (:func:`observe`), which also sees calls through a helper and classes with no source
+    file; use ``attach(model).layers`` or :func:`observe`."""
+    import warnings
+
+    warnings.warn(
+        "multihead.hf.attach.routes is deprecated: the layers are found by running the model once; use "
+        "multihead.hf.attach.observe(model) or attach(model).layers",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    try:
+        src = inspect.getsource(inspect.unwrap(cls.forward))
+    except (OSError, TypeError):
+        return False
+    return "ALL_ATTENTION_FUNCTIONS" in src
 
 
-def _attention_layers(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], list[tuple[str, nn.Module]]]:
-    """``(routed, bypassing)``: the layers that call the registry, and attention-named layers that compute
-    attention without it (no routed layer inside or around them)."""
-    named = list(model.named_modules())
-    routed = [(n, m) for n, m in named if routes(type(m))]
-    prefixes = [n for n, _ in routed]
+def _survey(
+    model: nn.Module, example: dict | None, seen: list | None = None
+) -> tuple[str | None, list[tuple[str, nn.Module, tuple, tuple]]]:
+    """``(why not, the layers seen calling the registry)`` from one probe pass (:func:`observe`; ``seen``: its
+    result, when already run)."""
+    modeling_utils, _ = _transformers()
+    if not isinstance(model, modeling_utils.PreTrainedModel):
+        return (
+            f"{type(model).__name__} is not an HF transformers model (PreTrainedModel); multihead's own modules "
+            "have the hook points already"
+        ), []
+    if is_attached(model):
+        return f"{type(model).__name__} is already attached; call multihead.hf.detach(model) first", []
+    try:
+        seen = observe(model, example) if seen is None else seen
+    except AttachError as exc:
+        return str(exc), []
+    ids = {id(m) for _, m, _, _ in seen}
+    prefixes = [n for n, _, _, _ in seen]
 
     def related(name: str) -> bool:
         return any(p == name or p.startswith(name + ".") or name.startswith(p + ".") for p in prefixes)
 
     bypassing = [
         (n, m)
-        for n, m in named
+        for n, m in model.named_modules()
         if "attention" in type(m).__name__.lower()
-        and not routes(type(m))
+        and id(m) not in ids
         and not related(n)
         and any(isinstance(c, nn.Linear) or type(c).__name__ == "Conv1D" for c in m.modules())
     ]
-    return routed, bypassing
-
-
-def why_not(model: nn.Module) -> str | None:
-    """Why :func:`attach` cannot take ``model`` (None: it can)."""
-    modeling_utils, _ = _transformers()
-    if not isinstance(model, modeling_utils.PreTrainedModel):
-        return (
-            f"{type(model).__name__} is not an HF transformers model (PreTrainedModel); multihead's own modules "
-            "have the hook points already"
-        )
-    if is_attached(model):
-        return f"{type(model).__name__} is already attached; call multihead.hf.detach(model) first"
-    routed, bypassing = _attention_layers(model)
     arch = getattr(model.config, "model_type", type(model).__name__)
     import transformers
 
@@ -124,13 +243,29 @@ def why_not(model: nn.Module) -> str | None:
         where = ", ".join(n for n, _ in bypassing[:3]) + (" ..." if len(bypassing) > 3 else "")
         return (
             f"{arch}: its attention class {', '.join(names)} ({where}) computes attention itself instead of calling "
-            f"transformers' attention registry (ALL_ATTENTION_FUNCTIONS) in transformers {transformers.__version__}, "
-            "so multihead would not see those layers"
-            + ("" if routed else "; newer transformers releases route more architectures through the registry")
-        )
-    if not routed:
-        return f"{arch}: no layer of {type(model).__name__} calls transformers' attention registry"
-    return None
+            f"transformers' attention registry (ALL_ATTENTION_FUNCTIONS) in transformers {transformers.__version__}: "
+            "a forward pass never handed it to the registry, so multihead would not see those layers"
+            + ("" if seen else "; newer transformers releases route more architectures through the registry")
+        ), seen
+    if not seen:
+        return f"{arch}: no layer of {type(model).__name__} called transformers' attention registry", seen
+    return None, seen
+
+
+def why_not(model: nn.Module, example: dict | None = None) -> str | None:
+    """Why :func:`attach` cannot take ``model`` (None: it can). ``example``: as for :func:`observe`."""
+    return _survey(model, example)[0]
+
+
+def why_not_skeleton(model: nn.Module) -> str | None:
+    """:func:`why_not` for a model built on the meta device (sizes, no weights), so that a folder is refused before
+    its weights are read. Some architectures compute on values in their forward pass (rotary tables, position
+    ids), which the meta device cannot: then this answers None and :func:`attach` decides on the loaded model."""
+    try:
+        seen = observe(model)
+    except ProbeError:
+        return None
+    return _survey(model, None, seen)[0]
 
 
 # ------------------------------------------------------------------------------------------ the record per layer
@@ -376,7 +511,9 @@ def _configs(model: nn.Module) -> list:
     seen: dict[int, object] = {}
 
     def add(c) -> None:
-        if c is None or id(c) in seen or not hasattr(c, "_attn_implementation_internal"):
+        from transformers import PretrainedConfig
+
+        if not isinstance(c, PretrainedConfig) or id(c) in seen:
             return
         seen[id(c)] = c
         for key in getattr(c, "sub_configs", {}) or {}:
@@ -452,37 +589,37 @@ def _hook_block(att: Attached, name: str, block: nn.Module, attn_child: str | No
         )
 
 
-def attach(model: nn.Module, *, backend: str = "auto") -> Attached:
+def attach(model: nn.Module, *, backend: str = "auto", example: dict | None = None) -> Attached:
     """Give ``model`` (an HF ``PreTrainedModel``) multihead's attention function and hook points (see the module
     docstring); returns the :class:`Attached` record (also kept on the model). ``backend``: the kernel seam's
-    backend for every layer (``auto`` picks the fastest exact one). Refuses, with the reason, a model that is not
-    an HF model, is already attached, or has attention layers that bypass HF's registry (:func:`why_not`)."""
+    backend for every layer (``auto`` picks the fastest exact one). The attention layers are those seen calling
+    HF's registry in one forward pass on ``example`` (keyword inputs; default: a few tokens, or an image or audio
+    of the config's size: :func:`observe`). Refuses, with the reason, a model that is not an HF model, is already
+    attached, or has attention layers that bypass HF's registry (:func:`why_not`)."""
     from ..attention.registry import check_backend_name
 
-    why = why_not(model)
+    check_backend_name(backend)
+    why, seen = _survey(model, example)
     if why is not None:
         raise AttachError(why)
-    check_backend_name(backend)
     _register()
     named = dict(model.named_modules())
-    routed, _ = _attention_layers(model)
     model_type = str(getattr(model.config, "model_type", ""))
     att = Attached(model, {}, [])
     try:
-        for c in _configs(model):
-            att.configs.append((c, c._attn_implementation_internal))
-            c._attn_implementation_internal = NAME
-        for name, module in routed:
+        att.configs = _set_implementation(model, NAME)
+        for name, module, q_shape, k_shape in seen:
             for hook in ATTENTION_HOOKS:
                 if hook in module._modules or hasattr(module, hook):
                     raise AttachError(f"{name} already has an attribute {hook!r}; multihead will not overwrite it")
                 module.add_module(hook, HookPoint())
                 att.added.append((module, hook))
             rec = AttachedAttention(name, module, named, backend)
+            rec.num_heads, rec.num_kv_heads, rec.head_dim = q_shape[1], k_shape[1], q_shape[-1]
             rec.owner = att
             module.__dict__["_multihead"] = rec
             att.layers[name] = rec
-        for name, _ in routed:
+        for name, _, _, _ in seen:
             block = _block_of(name, named)
             if block is None or block in att.blocks:
                 continue
@@ -559,8 +696,8 @@ def _undo(att: Attached) -> None:
         obj._modules.pop(hook, None)
     for name in att.layers:
         att.model.get_submodule(name).__dict__.pop("_multihead", None)
-    for c, old in reversed(att.configs):
-        c._attn_implementation_internal = old
+    _restore_implementation(att.configs)
+    att.configs = []
     att.handles.clear()
     att.added.clear()
 
@@ -580,6 +717,7 @@ __all__ = [
     "Attached",
     "AttachedAttention",
     "BLOCK_HOOKS",
+    "ProbeError",
     "NAME",
     "attach",
     "attached",
@@ -588,6 +726,9 @@ __all__ = [
     "is_attached",
     "norm_parts",
     "multihead_attention_forward",
+    "observe",
+    "probe_inputs",
     "routes",
     "why_not",
+    "why_not_skeleton",
 ]

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor, nn
 
-from .attach import INSTALL, AttachError, attach, why_not
+from .attach import INSTALL, AttachError, attach, why_not_skeleton
 
 
 def _model_type(path: Path) -> tuple[str | None, dict]:
@@ -276,7 +276,7 @@ def load(path: str | Path, *, backend: str = "auto", device: str = "cpu"):
                 f"{path / 'config.json'} describes no buildable {kind} model ({str(exc)[:300]})"
             ) from None
     check_size(sum(p.numel() for p in skeleton.parameters()), f"{path} ({kind})")
-    why = why_not(skeleton)
+    why = why_not_skeleton(skeleton)
     if why is not None:
         raise AttachError(f"{path}: {why}")
     _check_files(path, {n for n, p in skeleton.named_parameters() if p.is_floating_point()})
