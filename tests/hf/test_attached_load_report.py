@@ -117,6 +117,24 @@ def test_quantised_folders_are_refused_before_anything_is_read(neox, tmp_path, q
     assert "quantised checkpoint" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name", ["gpt_neox", "llama"])  # attached, and a native family
+def test_a_folder_naming_its_own_code_is_refused_and_the_code_never_runs(name, tmp_path, capsys):
+    folder = _save(tmp_path / "f", name)
+    marker = tmp_path / "ran"
+    (folder / "modeling_evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    (folder / "configuration_evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    cfg = json.loads((folder / "config.json").read_text())
+    auto_map = {"AutoConfig": "configuration_evil.EvilConfig", "AutoModelForCausalLM": "modeling_evil.EvilLM"}
+    (folder / "config.json").write_text(json.dumps({**cfg, "auto_map": auto_map}))
+    for argv in (["heads", str(folder), "--out", str(tmp_path / "out")], ["generate", str(folder), "hello"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "modeling_evil.EvilLM" in err and "never runs code" in err, err
+    with pytest.raises(SourceError, match="auto_map"):
+        loading.load(folder)
+    assert not marker.exists()
+
+
 def test_a_symlink_to_a_text_file_a_cut_file_and_a_huge_header_are_refused(neox, tmp_path, capsys):
     link = _copy(neox, tmp_path / "link")
     os.unlink(link / "model.safetensors")

@@ -58,9 +58,20 @@ def read_config(folder: Path) -> dict:
 
 
 def why_not_weights(config: dict) -> str | None:
-    """Why the weights a config describes are not read (None: they are): quantised checkpoints. Their tensors
-    are packed integers plus scales (bitsandbytes, GPTQ, AWQ, ...); read as floats they would be a different model,
-    so every reader refuses them (native and attached alike) before anything is loaded."""
+    """Why the weights a config describes are not read (None: they are): quantised checkpoints, whose tensors are
+    packed integers plus scales (bitsandbytes, GPTQ, AWQ, ...) that read as floats would be a different model; and
+    folders whose ``auto_map`` names their own modelling code, which multihead never runs (and which the
+    library's class of the same ``model_type`` need not equal). Every reader refuses them, native and attached
+    alike, before anything is loaded."""
+    auto_map = config.get("auto_map")
+    if auto_map:
+        names = ", ".join(sorted(map(str, auto_map.values())))[:200] if isinstance(auto_map, dict) else str(auto_map)
+        return (
+            f"its config.json names the folder's own modelling code (auto_map: {names}); multihead never runs code "
+            "from a model folder, and transformers' built-in class of the same model_type need not be that model. "
+            "Load it yourself with transformers (trust_remote_code=True, after reading the code) and attach it from "
+            "Python (multihead.hf.attach), or save it as a built-in architecture"
+        )
     quant = config.get("quantization_config")
     if quant is None:
         return None
