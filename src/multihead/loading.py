@@ -2,7 +2,8 @@
 
 A *source* is anything a command takes as its model: a run folder of any task (``multihead train``, ``pretrain``,
 ``train-g2p``, ``train-vit``, ...), a short name (``minilm``, ``smollm2``, ``dinov2``, ``whisper``), a file (``.gguf``,
-``.onnx``) or a folder (an HF model folder, a CTranslate2 folder). :func:`kind` answers what it is -- a
+``.onnx``) or a folder (an HF model folder, a CTranslate2 folder); ``hf:FOLDER`` reads an HF folder with transformers
+and attaches it even where multihead has a native family for it (to compare the two readings). :func:`kind` answers what it is -- a
 :class:`SourceKind`: ``run`` (with the task that wrote it) or a foreign model's kind (``encoder``, ``lm``, ``vision``,
 ``speech``, with its family and format) -- and each kind lists the verbs it refuses with the reason, as the run
 folders' task registry (:mod:`multihead.train.tasks`) does. :func:`load` returns a :class:`Loaded` bundle of one shape
@@ -22,6 +23,7 @@ from torch import nn
 from ._config import ConfigError
 from ._io import folder_kind
 
+ATTACHED_PREFIX = "hf:"  # hf:FOLDER: read with transformers and attached, even where multihead has a native family
 LM_READ = 512  # tokens a causal LM reads by default in show/heads (--max-len lifts it: rotary positions)
 
 _ENCODER_ONLY = "it is an encoder, not a causal LM: generation and caches take smollm2, a .gguf file or an HF LM folder"
@@ -55,10 +57,10 @@ REFUSES: dict[str, dict[str, str]] = {
     # (multihead.hf): maps and exact statistics of every head; the verbs below need multihead's own decoder.
     "attached": {
         **dict.fromkeys(
-            ("sinks", "circuit", "importance", "prune", "export", "explain"),
+            ("sinks", "circuit", "export", "explain"),
             "this command needs multihead's own decoder (its cache windows, circuit searches and weights), which "
             "reads Llama, Mistral, Qwen2/3, Gemma 3 and GPT-2 folders; for this architecture use show, heads, "
-            "induction, patch, attribute and generate, or capture, path patching and the logit lens from Python "
+            "importance, prune, induction, patch, attribute and generate, or capture, path patching and the logit lens from Python "
             "on the attached model (multihead.hf.attach)",
         ),
         "embed": "sentence embeddings take an encoder (minilm, an HF BERT folder, a classifier run)",
@@ -135,6 +137,8 @@ def kind(source: str | Path) -> SourceKind:
     from .train import tasks
 
     text = str(source)
+    if text.startswith(ATTACHED_PREFIX):  # an HF folder read by transformers even where a native family exists
+        return _attached_kind(text)
     task = tasks.kind_of(text)
     if task is not None or is_run(text):
         return SourceKind(text, "run", Path(text), task=task)
@@ -158,6 +162,23 @@ def kind(source: str | Path) -> SourceKind:
     return SourceKind(
         text, family.kind, found.path, family=family, format=found.format.name, refuses=REFUSES.get(family.kind, {})
     )
+
+
+def _attached_kind(text: str) -> SourceKind:
+    from . import pretrained
+
+    path = Path(text[len(ATTACHED_PREFIX) :])
+    if not (path / "config.json").is_file():
+        raise pretrained.SourceError(
+            f"{text}: {ATTACHED_PREFIX}FOLDER reads an HF model folder with transformers, and {path} has no "
+            "config.json; pass an HF folder (config.json + safetensors)"
+        )
+    from .hf.folder import why_not_folder
+
+    why = why_not_folder(path)
+    if why is not None:
+        raise pretrained.SourceError(f"{path}: {why}")
+    return SourceKind(text, "lm", path, format="hf", refuses=REFUSES["attached"])
 
 
 def route(source: str | Path, verb: str) -> str:
@@ -242,4 +263,15 @@ def load(source: str | Path, *, device: str = "cpu", backend: str = "auto", text
     return Loaded(str(source), "speech", w.model.to(device), w.tokenizer, n, n, w, fam, fmt)
 
 
-__all__ = ["LM_READ", "Loaded", "REFUSES", "SourceKind", "is_run", "kind", "load", "route", "task_of"]
+__all__ = [
+    "ATTACHED_PREFIX",
+    "LM_READ",
+    "Loaded",
+    "REFUSES",
+    "SourceKind",
+    "is_run",
+    "kind",
+    "load",
+    "route",
+    "task_of",
+]

@@ -144,10 +144,12 @@ def config_options(p, flags: dict, sections: str) -> None:
 
 
 def say_attached(p) -> None:
-    """One line on stderr when a model was read by transformers and attached (no native family reads it)."""
+    """One line on stderr when a model was read by transformers and attached (asked for with hf:FOLDER, or no
+    native family reads it)."""
+    from ..pretrained import FAMILIES
+
     family = getattr(p, "family", "") or ""
     if family.startswith("hf:"):
-        print(
-            f"{family[3:]}: no native multihead family; read with transformers and attached (multihead.hf)",
-            file=sys.stderr,
-        )
+        native = any(family[3:] in f.model_types for f in FAMILIES.values())
+        why = "as asked (hf:FOLDER)" if native else "no native multihead family"
+        print(f"{family[3:]}: {why}; read with transformers and attached (multihead.hf)", file=sys.stderr)

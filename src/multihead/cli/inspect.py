@@ -373,7 +373,7 @@ def cmd_importance(args) -> int:
     from . import lm as lm_commands
 
     where = route(args.run, "importance")
-    if where == "lm":
+    if where in ("lm", "attached"):
         return lm_commands.importance_lm(args, prune=False)
     if where in ("dinov2", "whisper"):
         return _importance_media(args, where)
@@ -412,7 +412,7 @@ def cmd_prune(args) -> int:
     from ..train import tasks
     from . import lm as lm_commands
 
-    if route(args.run, "prune") == "lm":
+    if route(args.run, "prune") in ("lm", "attached"):
         return lm_commands.importance_lm(args, prune=True)
     tasks.require(args.run, "prune")
     set_threads(args.threads)
@@ -635,6 +635,12 @@ def _parser_prune(sub) -> None:
         help="pretrained LMs: fractions of query heads pruned (whole GQA groups)",
     )
     pu.add_argument("--n", type=_count, default=None, help="pretrained LMs: rows of 256 held-out tokens to score on")
+    pu.add_argument(
+        "--save",
+        action="store_true",
+        help="HF folders read by transformers: also write each pruned model as an HF folder transformers loads "
+        "(OUT/pruned-FRACTION), checked against the pruned model's logits",
+    )
     pu.add_argument("--overwrite", action="store_true", help="replace an existing run at --out")
     pu.set_defaults(fn=cmd_prune)
 

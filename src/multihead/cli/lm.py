@@ -415,7 +415,15 @@ def importance_lm(args, *, prune: bool) -> int:
     check_target(out, "importance", overwrite=overwrite, sources=(args.run,))
     p = _load_lm(args.run, getattr(args, "threads", None))
     fractions = args.fractions if prune else ()
-    result = H.importance_report(p, out, source=str(args.run), n=args.n or 16, fractions=fractions, overwrite=overwrite)
+    result = H.importance_report(
+        p,
+        out,
+        source=str(args.run),
+        n=args.n or 16,
+        fractions=fractions,
+        overwrite=overwrite,
+        save=prune and args.save,
+    )
     print(format_table(result["importance"], f"head importance of {args.run} (rows: layers)"))
     print(f"perplexity on held-out IMDB text: {result['perplexity']:.2f}")
     for frac, r in result.get("fractions", {}).items():
@@ -424,6 +432,11 @@ def importance_lm(args, *, prune: bool) -> int:
             f"{r['perplexity_pruned']:.2f} (random groups masked: {r['perplexity_random_groups_masked']:.2f}); "
             f"decode {r['decode_tokens_per_s']:.1f} tokens/s vs {result['decode_tokens_per_s']['unpruned']:.1f}"
         )
+        if "saved" in r:
+            print(
+                f"  saved {out / r['saved']['folder']}: {r['saved']['heads_per_layer']} heads per layer as stored, "
+                f"read back by transformers: max |logit diff| {r['saved']['max_abs_logit_diff']:.1e}"
+            )
     print(f"wrote {out / 'importance-michel.json'} and importance.png")
     return 0
 

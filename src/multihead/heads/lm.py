@@ -32,13 +32,43 @@ def perplexity(model, ids: Tensor, head_mask: Tensor | None = None, batch_size: 
     return math.exp(total / count)
 
 
+def layout(model) -> tuple[int, int, int]:
+    """``(layers, query heads, key/value heads)`` of a causal LM, native or attached."""
+    from ..hf.folder import AttachedLM
+
+    if isinstance(model, AttachedLM):
+        from ..hf.heads import head_layout
+
+        return head_layout(model.hf)
+    attn = model.decoder.layers[0].self_attn
+    return len(model.decoder.layers), attn.num_heads, attn.num_kv_heads
+
+
+def pruned_copy(model, heads: dict[int, list[int]]):
+    """A copy of ``model`` with ``heads`` (``{layer: [query heads]}``, whole GQA groups) removed from its weights;
+    ``model`` is unchanged."""
+    import copy
+
+    from ..hf.folder import AttachedLM
+
+    if isinstance(model, AttachedLM):
+        from ..hf.heads import prune_heads
+
+        clone = model.clone()
+        prune_heads(clone.hf, heads)
+        return clone
+    clone = copy.deepcopy(model)
+    for layer, hs in heads.items():
+        clone.decoder.layers[layer].self_attn.prune_heads(hs)
+    return clone
+
+
 def importance(model, ids: Tensor, batch_size: int = 2, progress: bool = False) -> Tensor:
     """``(layers, H)`` Michel et al.'s importance: ``|d loss / d mask_h|`` summed over batches, each layer's row
     normalised to unit L2 norm (their section 4.1)."""
     from tqdm import tqdm
 
-    layers = len(model.decoder.layers)
-    heads = model.decoder.layers[0].self_attn.num_heads
+    layers, heads, _ = layout(model)
     mask = torch.ones(layers, heads, requires_grad=True)
     was = model.training
     model.eval()
@@ -85,25 +115,41 @@ def mask_of(heads: dict[int, list[int]], layers: int, h: int) -> Tensor:
 @torch.no_grad()
 def decode_speed(model, prompt: Tensor, new_tokens: int = 64, repeats: int = 2) -> float:
     """Greedy decoding tokens per second (KV cache), the best of ``repeats`` runs."""
+    from ..hf.folder import AttachedLM
     from ..models.generation import generate
 
     best = 0.0
     for _ in range(repeats):
         start = time.perf_counter()
-        generate(model, prompt, None, max_new_tokens=new_tokens)
+        if isinstance(model, AttachedLM):  # HF's own generate loop, multihead's attention
+            model.generate(prompt, max_new_tokens=new_tokens, stop_tokens=())
+        else:
+            generate(model, prompt, None, max_new_tokens=new_tokens)
         best = max(best, prompt.shape[0] * new_tokens / (time.perf_counter() - start))
     return best
 
 
-__all__ = ["decode_speed", "group_scores", "groups_to_prune", "held_out_rows", "importance", "mask_of", "perplexity"]
+__all__ = [
+    "decode_speed",
+    "group_scores",
+    "groups_to_prune",
+    "held_out_rows",
+    "importance",
+    "layout",
+    "mask_of",
+    "perplexity",
+    "pruned_copy",
+]
 
 
-def importance_report(lm, out, *, source: str, n: int = 16, fractions=(), overwrite: bool = False) -> dict:
+def importance_report(
+    lm, out, *, source: str, n: int = 16, fractions=(), overwrite: bool = False, save: bool = False
+) -> dict:
     """Michel et al.'s importance by perplexity on held-out IMDB text, written to ``out``
     (``importance-michel.json``, ``importance.png``); with ``fractions``, whole GQA groups masked and then removed
     at each fraction: perplexity (on other held-out text) and decode speed before and after, beside randomly chosen
-    groups masked. Returns the JSON's content."""
-    import copy
+    groups masked. ``save`` (attached HF models): each pruned model also written as an HF folder transformers loads,
+    ``out/pruned-<fraction>`` (:func:`multihead.hf.heads.save_pruned`). Returns the JSON's content."""
     from pathlib import Path
 
     from .._io import Publish, atomic_write_json
@@ -114,7 +160,7 @@ def importance_report(lm, out, *, source: str, n: int = 16, fractions=(), overwr
     score_rows, judge_rows = rows[:n], rows[n:]
     scores = importance(lm.model, score_rows, progress=True)
     layers, h = scores.shape
-    kv = lm.model.decoder.layers[0].self_attn.num_kv_heads
+    _, _, kv = layout(lm.model)
     result = {
         "model": source,
         "method": "michel (|d loss / d head mask|, layer-normalised)",
@@ -123,27 +169,42 @@ def importance_report(lm, out, *, source: str, n: int = 16, fractions=(), overwr
         "importance": scores.tolist(),
         "perplexity": perplexity(lm.model, judge_rows),
     }
+    keep = []  # the pruned models to save, with their fractions
+    if save and fractions:
+        from ..hf.folder import AttachedLM
+
+        if not isinstance(lm.model, AttachedLM):
+            raise ValueError(
+                "saving pruned models as HF folders is for HF models read by transformers (an HF folder with no "
+                "native family); multihead's own decoders are pruned in memory (perplexity and speed are measured)"
+            )
     if fractions:
-        prompt = score_rows[:1, :64]
-        result["decode_tokens_per_s"] = {"unpruned": round(decode_speed(lm.model, prompt), 1)}
+        prompt = score_rows[:1, : min(64, length // 2)]
+        new = min(64, lm.model.config.max_len - prompt.shape[1])  # within the model's positions
+        result["decode_tokens_per_s"] = {"unpruned": round(decode_speed(lm.model, prompt, new), 1)}
         result["fractions"] = {}
         gen = torch.Generator().manual_seed(0)
         for frac in fractions:
             chosen = groups_to_prune(scores, kv, frac)
             rnd = groups_to_prune(torch.rand(layers, h, generator=gen), kv, frac)
-            pruned = copy.deepcopy(lm.model)
-            for layer, hs in chosen.items():
-                pruned.decoder.layers[layer].self_attn.prune_heads(hs)
+            pruned = pruned_copy(lm.model, chosen)
             result["fractions"][str(frac)] = {
                 "heads_pruned": sum(len(v) for v in chosen.values()),
                 "of": layers * h,
                 "perplexity_pruned": perplexity(pruned, judge_rows),
                 "perplexity_masked": perplexity(lm.model, judge_rows, mask_of(chosen, layers, h)),
                 "perplexity_random_groups_masked": perplexity(lm.model, judge_rows, mask_of(rnd, layers, h)),
-                "decode_tokens_per_s": round(decode_speed(pruned, prompt), 1),
+                "decode_tokens_per_s": round(decode_speed(pruned, prompt, new), 1),
                 "pruned_heads": {str(k): v for k, v in chosen.items()},
             }
+            if save:
+                keep.append((frac, pruned))
     with Publish(Path(out), "importance", overwrite=overwrite, sources=(source,)) as folder:
+        for frac, pruned in keep:
+            from ..hf.heads import write_pruned
+
+            saved = write_pruned(pruned.hf, folder / f"pruned-{frac}", tokenizer_from=getattr(lm, "path", None))
+            result["fractions"][str(frac)]["saved"] = {"folder": f"pruned-{frac}", **saved}
         atomic_write_json(folder / "importance-michel.json", result)
         head_grid(scores, folder / "importance", f"{source}: head importance (Michel et al.), per layer")
     return result

@@ -130,6 +130,25 @@ class AttachedLM(nn.Module):
             for h in handles:
                 h.remove()
 
+    def clone(self) -> AttachedLM:
+        """An independent copy: the same architecture built from the config, the weights copied in (strictly:
+        every tensor), attached with the same backend. ``self`` is untouched, hooks included."""
+        import copy
+
+        from transformers import AutoModelForCausalLM
+
+        from .attach import attach, attached
+
+        att = attached(self.hf)
+        backend = next(iter(att.layers.values())).backend
+        own = att.configs[0][1] if att.configs else None  # the implementation before attaching
+        param = next(self.hf.parameters())
+        hf = AutoModelForCausalLM.from_config(copy.deepcopy(self.hf.config), attn_implementation=own)
+        hf.load_state_dict(self.hf.state_dict(), strict=True)
+        hf = hf.to(device=param.device, dtype=param.dtype).eval()
+        attach(hf, backend=backend)
+        return AttachedLM(hf, self.config.pad_id)
+
     @property
     def embed(self) -> nn.Module:
         """The token embedding (``weight`` ``(V, E)``), as multihead's LMs name it."""

@@ -1,0 +1,98 @@
+"""The workbench verbs on HF models read by transformers and attached: importance and pruning (heads removed from the
+weights, saved as an HF folder plain transformers loads) agree with multihead's native reading of the same Llama
+folder (``hf:FOLDER`` asks for the attached reading), and pruning refuses what it cannot slice, by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="pip install 'multihead[hf]'")
+
+from multihead import hf, loading  # noqa: E402
+from multihead.cli import main  # noqa: E402
+from multihead.hf.folder import AttachedLM  # noqa: E402
+from multihead.hf.heads import prune_heads, save_pruned  # noqa: E402
+
+from .archs import ARCHS  # noqa: E402
+from .test_attached_load_report import _save  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return _save(tmp_path_factory.mktemp("llama"), "llama")
+
+
+@pytest.fixture(scope="module")
+def granite(tmp_path_factory):  # GQA, separate projections, no native family
+    return _save(tmp_path_factory.mktemp("granite"), "granite")
+
+
+def test_hf_prefix_reads_a_native_family_attached(llama):
+    assert loading.kind(llama).route == "lm"  # native
+    k = loading.kind(f"hf:{llama}")
+    assert k.route == "attached" and k.path == llama
+    assert loading.load(f"hf:{llama}").family == "hf:llama"
+    from multihead.pretrained import SourceError
+
+    with pytest.raises(SourceError, match="no config.json"):
+        loading.kind(f"hf:{llama / 'nowhere'}")
+
+
+def test_importance_attached_equals_native(llama, tmp_path, capsys):
+    outs = {}
+    for name, source in (("native", str(llama)), ("attached", f"hf:{llama}")):
+        assert main(["importance", source, "--out", str(tmp_path / name), "--n", "2"]) == 0
+        outs[name] = json.loads((tmp_path / name / "importance-michel.json").read_text())
+    assert "as asked (hf:FOLDER)" in capsys.readouterr().err
+    a, b = (torch.tensor(outs[n]["importance"]) for n in ("native", "attached"))
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert outs["native"]["perplexity"] == pytest.approx(outs["attached"]["perplexity"], rel=1e-4)
+
+
+def test_pruning_removes_whole_groups_and_the_saved_folder_is_the_masked_model(granite, tmp_path, capsys):
+    out = tmp_path / "pruned"
+    argv = ["prune", str(granite), "--out", str(out), "--n", "2", "--fractions", "0.5", "--save"]
+    assert main(argv) == 0
+    assert "read back by transformers" in capsys.readouterr().out
+    report = json.loads((out / "importance-michel.json").read_text())
+    chosen = {int(k): v for k, v in report["fractions"]["0.5"]["pruned_heads"].items()}
+    assert sum(len(v) for v in chosen.values()) == 4  # half of 2 layers x 4 query heads, whole groups of 2
+    for hs in chosen.values():
+        assert len(hs) % 2 == 0 and all(hs[i] // 2 == hs[i + 1] // 2 for i in range(0, len(hs), 2))
+    # plain transformers reads the saved folder; its logits are the original model's with those heads masked
+    saved = transformers.AutoModelForCausalLM.from_pretrained(out / "pruned-0.5").eval()
+    original = transformers.AutoModelForCausalLM.from_pretrained(granite).eval()
+    hf.attach(original)
+    mask = torch.ones(2, 4)
+    for layer, hs in chosen.items():
+        mask[layer, hs] = 0
+    ids = torch.randint(3, 300, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        masked = AttachedLM(original, 0)(ids, head_mask=mask)
+        torch.testing.assert_close(saved(input_ids=ids).logits, masked, atol=1e-5, rtol=1e-5)
+    stored = sum(p.numel() for p in saved.parameters())
+    assert stored < sum(p.numel() for p in original.parameters()) or len(chosen) < 2
+
+
+def test_prune_refusals_name_the_reason(tmp_path):
+    model = ARCHS["granite"].build()
+    hf.attach(model)
+    with pytest.raises(ValueError, match=r"query heads \[0, 1\] share key/value head 0"):
+        prune_heads(model, {0: [0]})
+    with pytest.raises(ValueError, match="leaves no attention"):
+        prune_heads(model, {0: [0, 1, 2, 3]})
+    with pytest.raises(ValueError, match="layer 5 does not exist"):
+        prune_heads(model, {5: [0, 1]})
+    assert prune_heads(model, {1: [0, 1]}) == {1: [2, 3]}
+    with pytest.raises(ValueError, match="leaves no attention"):  # indices as they are now: one group is left
+        prune_heads(model, {1: [0, 1]})
+    for name, words in (("gpt2", "fused layout"), ("olmo2", "normalises across all heads")):
+        other = ARCHS[name].build()
+        hf.attach(other)
+        with pytest.raises(hf.AttachError, match=words):
+            prune_heads(other, {0: [0]})
+    folder = save_pruned(model, tmp_path / "saved")
+    assert folder["kept"] == {"1": [2, 3]} and folder["heads_per_layer"] == 4
