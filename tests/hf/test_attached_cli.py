@@ -75,7 +75,7 @@ def test_show_writes_the_page(neox, tmp_path, capsys):
 
 
 def test_commands_that_need_our_decoder_say_so(neox, capsys):
-    assert main(["sinks", str(neox)]) == 2
+    assert main(["circuit", "ioi", str(neox), "--out", "x"]) == 2
     err = capsys.readouterr().err
     assert "needs multihead's own decoder" in err and "show, heads" in err
 

@@ -96,3 +96,37 @@ def test_prune_refusals_name_the_reason(tmp_path):
             prune_heads(other, {0: [0]})
     folder = save_pruned(model, tmp_path / "saved")
     assert folder["kept"] == {"1": [2, 3]} and folder["heads_per_layer"] == 4
+
+
+def test_sinks_attached_equals_native_under_every_cache(llama, tmp_path):
+    outs = {}
+    for name, source in (("native", str(llama)), ("attached", f"hf:{llama}")):
+        argv = ["sinks", source, "--length", "40", "--window", "12", "--sinks", "4", "--band", "12", "--texts", "2"]
+        assert main([*argv, "--out", str(tmp_path / name)]) == 0
+        outs[name] = json.loads((tmp_path / name / "sinks.json").read_text())
+    for policy in ("full", "window", "sinks"):
+        a, b = (outs[n]["policies"][policy] for n in ("native", "attached"))
+        assert a["perplexity"] == pytest.approx(b["perplexity"], rel=1e-4), policy
+        torch.testing.assert_close(torch.tensor(a["first_share"]), torch.tensor(b["first_share"]), atol=1e-4, rtol=0)
+    # the policies differ: with 40 tokens and 16 slots the window and the sinks caches evict
+    full, window = (outs["attached"]["policies"][p]["bands"][-1]["perplexity"] for p in ("full", "window"))
+    assert full != window
+
+
+def test_a_stream_cache_refuses_what_it_cannot_do():
+    from multihead.hf.stream import StreamCache
+
+    model = ARCHS["gemma3_text"].build()
+    hf.attach(model)
+    with pytest.raises(hf.AttachError, match="several rotary embeddings|depends on the layer type"):
+        StreamCache(model, window=8, sinks=4)
+    StreamCache(model)  # the full cache needs no rotation
+    llama = ARCHS["llama"].build()
+    hf.attach(llama)
+    lm = AttachedLM(llama, 0)
+    cache = lm.new_cache(window=4, sinks=1)
+    with pytest.raises(ValueError, match="more than the cache's 5 slots"):
+        lm(torch.ones(1, 6, dtype=torch.long), cache=cache)
+    lm(torch.ones(1, 3, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="one token per step"):
+        lm(torch.ones(1, 2, dtype=torch.long), cache=cache)

@@ -314,6 +314,7 @@ class AttachedAttention:
         self.out_proj = _output_projection(name, module, named)
         self._module = module
         self.owner: Attached | None = None  # the Attached record of the model (set by attach)
+        self.index = 0  # the layer's place among the model's attention layers (set by attach)
         for hook in ATTENTION_HOOKS:
             setattr(self, hook, getattr(module, hook))
 
@@ -421,6 +422,10 @@ def multihead_attention_forward(
     if rec is not None:
         rec.observe(q, k)
         q, k, v = rec.hook_q(q), rec.hook_k(k), rec.hook_v(v)
+        kv = rec.owner.kv if rec.owner is not None else None
+        if kv is not None:  # multihead's cache (HF's is off): one new token reads every cached key, no mask
+            k, v = kv.update(rec.index, k, v)
+            attention_mask = None if q.shape[2] == 1 else attention_mask
     lq, lk = q.shape[2], k.shape[2]
     am = _with_bias(_mask(attention_mask, module, lq, lk, is_causal), kwargs.get("position_bias"), lk)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scaling is None else float(scaling)
@@ -482,6 +487,9 @@ class Attached:
     # calls in flight that asked for the attention weights (output_attentions=True): transformers 4.57 does not
     # hand the flag to the attention function, so the model's own call says it (see _ask_weights)
     asking: int = 0
+    # a cache multihead keeps while HF's is off (update(layer index, k, v) -> every cached k, v), e.g. the
+    # StreamingLLM caches of multihead.hf.stream; None: HF's own cache, if any
+    kv: object = None
 
     def detach(self) -> None:
         detach(self.model)
@@ -616,7 +624,7 @@ def attach(model: nn.Module, *, backend: str = "auto", example: dict | None = No
                 att.added.append((module, hook))
             rec = AttachedAttention(name, module, named, backend)
             rec.num_heads, rec.num_kv_heads, rec.head_dim = q_shape[1], k_shape[1], q_shape[-1]
-            rec.owner = att
+            rec.owner, rec.index = att, len(att.layers)
             module.__dict__["_multihead"] = rec
             att.layers[name] = rec
         for name, _, _, _ in seen:

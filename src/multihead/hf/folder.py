@@ -114,21 +114,37 @@ class AttachedLM(nn.Module):
             model_type=c.model_type,
         )
 
-    def forward(self, ids: Tensor, keep: Tensor | None = None, head_mask: Tensor | None = None) -> Tensor:
+    def forward(self, ids: Tensor, keep: Tensor | None = None, head_mask: Tensor | None = None, cache=None) -> Tensor:
+        """Logits ``(B, L, V)``. ``cache``: a :class:`~multihead.hf.stream.StreamCache` of :meth:`new_cache` (HF's
+        own cache is then off and the tokens get the cache's positions)."""
         from .attach import attached
 
+        att = attached(self.hf)
         handles = []
         if head_mask is not None:
-            for i, rec in enumerate(attached(self.hf).layers.values()):
+            for i, rec in enumerate(att.layers.values()):
                 scale = head_mask[..., i, :]  # (H,) or (B, H)
                 shape = (1, -1, 1, 1) if scale.dim() == 1 else (scale.shape[0], -1, 1, 1)
                 scale = scale.reshape(shape)
                 handles.append(rec.hook_z.add_hook(lambda z, hook, s=scale: z * s.to(z.dtype)))
+        extra = {}
+        if cache is not None:
+            extra = {"position_ids": cache.positions(ids.shape[1]).to(ids.device), "use_cache": False}
+            att.kv = cache
         try:
-            return self.hf(input_ids=ids, attention_mask=keep).logits
+            return self.hf(input_ids=ids, attention_mask=keep, **extra).logits
         finally:
+            att.kv = None
             for h in handles:
                 h.remove()
+
+    def new_cache(self, *, window: int | None = None, sinks: int = 4):
+        """A cache for feeding tokens one at a time: every token (``window=None``: positions run on), or the first
+        ``sinks`` plus the last ``window`` (StreamingLLM, positions within the cache): a
+        :class:`~multihead.hf.stream.StreamCache`."""
+        from .stream import StreamCache
+
+        return StreamCache(self.hf, window=window, sinks=0 if window is None else sinks)
 
     def clone(self) -> AttachedLM:
         """An independent copy: the same architecture built from the config, the weights copied in (strictly:

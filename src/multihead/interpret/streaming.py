@@ -27,14 +27,18 @@ POLICIES = ("full", "window", "sinks")
 
 @torch.no_grad()
 def stream(model, ids: torch.Tensor, *, policy: str, window: int, sinks: int = 4, progress: bool = False) -> dict:
-    """Feed ``ids`` ``(B, N)`` token by token through ``model`` (a rotary CausalLM) with the ``policy`` cache.
+    """Feed ``ids`` ``(B, N)`` token by token through ``model`` (a rotary CausalLM, native or attached) with the
+    ``policy`` cache.
     Returns ``loss`` ``(B, N-1)`` (the loss of predicting token ``t`` from tokens ``< t``) and ``first_share``
     ``(N-1, layers, H)`` (mean over the batch of the attention weight on the first cached slot at each step)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown cache policy {policy!r}; choose one of {POLICIES}")
-    layers = len(model.decoder.layers)
-    if policy == "full":
-        cache = KVCache(layers, extrapolate=True)
+    from ..hf.folder import AttachedLM
+
+    if policy == "full":  # an attached model's own full cache keeps positions running, as extrapolate=True does
+        cache = (
+            model.new_cache() if isinstance(model, AttachedLM) else KVCache(len(model.decoder.layers), extrapolate=True)
+        )
     else:
         cache = model.new_cache(window=window, sinks=sinks if policy == "sinks" else 0)
     was = model.training
