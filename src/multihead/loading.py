@@ -57,10 +57,10 @@ REFUSES: dict[str, dict[str, str]] = {
     # (multihead.hf): maps and exact statistics of every head; the verbs below need multihead's own decoder.
     "attached": {
         **dict.fromkeys(
-            ("circuit", "export", "explain"),
+            ("export",),
             "this command needs multihead's own decoder (its cache windows, circuit searches and weights), which "
             "reads Llama, Mistral, Qwen2/3, Gemma 3 and GPT-2 folders; for this architecture use show, heads, "
-            "importance, prune, sinks, induction, patch, attribute and generate, or capture, path patching and the logit lens from Python "
+            "importance, prune, sinks, circuit, explain, induction, patch, attribute and generate, or capture, path patching and the logit lens from Python "
             "on the attached model (multihead.hf.attach)",
         ),
         "embed": "sentence embeddings take an encoder (minilm, an HF BERT folder, a classifier run)",

@@ -179,14 +179,14 @@ def cmd_circuit(args) -> int:
     """A circuit of the literature looked for with path, activation and attribution patching: the induction
     circuit or indirect object identification; numbers, a picture and a summary."""
     from .._io import Publish, atomic_write_json, check_target
-    from .. import lm
     from ..interpret import circuits as C
+    from .lm import _load_lm
     from ..loading import route
 
     check_target(args.out, "circuit", overwrite=args.overwrite, sources=(args.model,))
-    if route(args.model, "circuit") != "lm":
+    if route(args.model, "circuit") not in ("lm", "attached"):
         raise ValueError(f"{args.model} is not a pretrained LM: pass smollm2, a .gguf file or an HF model folder")
-    p = lm.load(args.model)
+    p = _load_lm(args.model)
     progress = not args.no_progress
     if args.task == "induction":
         vocab = p.model.config.vocab_size

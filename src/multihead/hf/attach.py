@@ -315,27 +315,42 @@ class AttachedAttention:
         self._module = module
         self.owner: Attached | None = None  # the Attached record of the model (set by attach)
         self.index = 0  # the layer's place among the model's attention layers (set by attach)
+        self.scale: float | None = None  # the score scaling of the last call (HF models choose their own)
         for hook in ATTENTION_HOOKS:
             setattr(self, hook, getattr(module, hook))
 
-    @property
-    def w_v(self):
-        """The value projection's weight ``(Hkv*D, E)`` where the layer has a separate one (None where q, k and v
-        share one fused matrix, whose layout differs per architecture)."""
-        module = self._module
-        for n in ("v_proj", "value", "v", "v_lin"):
-            c = getattr(module, n, None)
+    def _projection(self, names: tuple[str, ...]) -> nn.Linear | None:
+        for n in names:
+            c = getattr(self._module, n, None)
             if isinstance(c, nn.Linear):
                 return c
         return None
 
     @property
+    def w_q(self) -> nn.Linear | None:
+        """The query projection ``(H*D, E)`` where the layer has a separate one (None where q, k and v share one
+        fused matrix, whose layout differs per architecture)."""
+        return self._projection(("q_proj", "query", "q", "q_lin"))
+
+    @property
+    def w_k(self) -> nn.Linear | None:
+        """The key projection ``(Hkv*D, E)`` (None: fused, as for :attr:`w_q`)."""
+        return self._projection(("k_proj", "key", "k", "k_lin"))
+
+    @property
+    def w_v(self) -> nn.Linear | None:
+        """The value projection ``(Hkv*D, E)`` (None: fused, as for :attr:`w_q`)."""
+        return self._projection(("v_proj", "value", "v", "v_lin"))
+
+    @property
     def w_o(self):
-        """The output projection's weight as ``(E, H*D)`` (HF's GPT-2 ``Conv1D`` stores it transposed)."""
+        """The output projection with its weight as ``(E, H*D)``: the layer's own ``nn.Linear``, or a view of
+        HF's GPT-2 ``Conv1D`` (stored transposed)."""
         if self.out_proj is None:
             raise ValueError(f"{self.name}: multihead found no output projection to split per head")
-        w = self.out_proj.weight
-        return SimpleNamespace(weight=w.t() if type(self.out_proj).__name__ == "Conv1D" else w)
+        if isinstance(self.out_proj, nn.Linear):
+            return self.out_proj
+        return SimpleNamespace(weight=self.out_proj.weight.t(), bias=getattr(self.out_proj, "bias", None))
 
     def observe(self, q: Tensor, k: Tensor) -> None:
         """The head counts as the tensors show them (the truth where the module's attributes were ambiguous)."""
@@ -429,6 +444,8 @@ def multihead_attention_forward(
     lq, lk = q.shape[2], k.shape[2]
     am = _with_bias(_mask(attention_mask, module, lq, lk, is_causal), kwargs.get("position_bias"), lk)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scaling is None else float(scaling)
+    if rec is not None:
+        rec.scale = scale  # the layer's own scaling, as the last call had it (explain recomputes with it)
     cap = kwargs.get("softcap")
     sinks = kwargs.get("s_aux")
     sinks = None if sinks is None else sinks.to(q.dtype)

@@ -27,6 +27,7 @@ import math
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from .._io import atomic_write_text
 from ..modules.capture import attention_modules, capture
@@ -88,9 +89,11 @@ def explain(subject: Subject, text: str, *, layer: int | None = None, head: int 
 
         return record
 
-    for i, (_, mod) in enumerate(mods):
-        handles.append(mod.w_q.register_forward_pre_hook(projection_input(i)))
-        handles.append(mod.w_o.register_forward_hook(output(i)))
+    parts = [_projections(m) if _variant(m) is None else None for _, m in mods]
+    for i, proj in enumerate(parts):
+        if proj is not None:
+            handles.append(proj[0].register_forward_pre_hook(projection_input(i)))
+            handles.append(proj[3].register_forward_hook(output(i)))
     try:  # with gradients on: the unfused path, whose projections are the modules hooked above
         with torch.enable_grad(), capture(model, ("pattern", "q", "k", "v")) as cache:
             model(ids, keep)
@@ -115,31 +118,30 @@ def explain(subject: Subject, text: str, *, layer: int | None = None, head: int 
     variant = _variant(mod)
     if variant:
         raise ValueError(f"layer {layer} ({name}) uses {variant}; explain shows the tutorial's plain softmax attention")
+    w_q, w_k, w_v, w_o = parts[layer]
 
     def rows(t: torch.Tensor) -> torch.Tensor:  # (1, L, X) or (N, X) -> (n, X), float64
         return (t[0] if t.dim() == 3 else t)[:n].double()
 
     x, z_in, out = rows(seen[f"x{layer}"]), rows(seen[f"z{layer}"]), rows(seen[f"o{layer}"])
-    wq, wk, wv = (getattr(mod, w).weight.detach().double() for w in ("w_q", "w_k", "w_v"))
+    wq, wk, wv = (lin.weight.detach().double() for lin in (w_q, w_k, w_v))
 
     def project(lin, w) -> torch.Tensor:  # X W^T + b, split into heads: (heads, n, d)
         y = x @ w.T + (lin.bias.detach().double() if lin.bias is not None else 0)
         return y.view(n, -1, d).transpose(0, 1)
 
-    q_lin, k_lin, v_lin = project(mod.w_q, wq), project(mod.w_k, wk), project(mod.w_v, wv)
+    q_lin, k_lin, v_lin = project(w_q, wq), project(w_k, wk), project(w_v, wv)
     q, k, v = (cache.get_layer(w, layer)[0, :, :n].double() for w in ("q", "k", "v"))
     mask = torch.ones(n, n, dtype=torch.bool)
     if causal:
         mask = torch.tril(mask)
-    scale = 1.0 / math.sqrt(d)
+    scale = getattr(mod, "scale", None) or 1.0 / math.sqrt(d)  # an HF layer's own scaling, where it has one
     group = h_count // g_count
     scores = torch.einsum("hid,hjd->hij", q, k.repeat_interleave(group, 0)) * scale
     weights = scores.masked_fill(~mask, float("-inf")).softmax(-1)
     z = torch.einsum("hij,hjd->hid", weights, v.repeat_interleave(group, 0))
     concat = z.transpose(0, 1).reshape(n, h_count * d)
-    mha = concat @ mod.w_o.weight.detach().double().T + (
-        mod.w_o.bias.detach().double() if mod.w_o.bias is not None else 0
-    )
+    mha = concat @ w_o.weight.detach().double().T + (w_o.bias.detach().double() if w_o.bias is not None else 0)
     checks = {
         "weights": float((weights - patterns[layer]).abs().max()),
         "concat": float((concat - z_in).abs().max()),
@@ -188,10 +190,28 @@ def explain(subject: Subject, text: str, *, layer: int | None = None, head: int 
     }
 
 
+def _projections(mod):
+    """``(w_q, w_k, w_v, w_o)`` of an attention layer as modules with ``weight`` ``(out, in)`` and ``bias`` (None:
+    the layer has no separate ones, e.g. a fused q/k/v matrix)."""
+    parts = tuple(getattr(mod, w, None) for w in ("w_q", "w_k", "w_v"))
+    try:
+        out = mod.w_o
+    except ValueError:
+        return None
+    if any(not isinstance(p, nn.Linear) for p in (*parts, out)):
+        return None
+    return (*parts, out)
+
+
 def _variant(mod) -> str | None:
-    """What makes a layer's attention differ from the tutorial's formula (None: it is the formula)."""
+    """What makes a layer's attention differ from the tutorial's formula (None: it is the formula, as far as the
+    module says; :func:`explain` then checks every recomputed step against the model)."""
     from ..modules.attention import MultiHeadAttention
 
+    if type(mod).__name__ == "AttachedAttention":  # an HF layer: its numbers decide (explain's checks)
+        if _projections(mod) is None:
+            return "a fused query/key/value projection (the page needs the three matrices)"
+        return None
     if type(mod) is not MultiHeadAttention:
         return f"a variant ({type(mod).__name__})"
     if getattr(mod, "_alibi", None) is not None:
