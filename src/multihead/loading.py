@@ -46,23 +46,11 @@ REFUSES: dict[str, dict[str, str]] = {
     "encoder": {
         **{v: _ENCODER_ONLY for v in ("generate", "sinks", "induction", "patch", "attribute", "circuit")},
         "prune": "pruning with a recovery curve is for run folders; fine-tune it first (multihead train --init "
-        "minilm) or use importance",
+        "minilm), then importance and prune take the run",
+        "importance": "head importance is measured on a task: fine-tune it first (multihead train --init minilm), "
+        "then importance takes the run",
     },
     "lm": {
-        "embed": "sentence embeddings take an encoder (minilm, an HF BERT folder, a classifier run)",
-        "evaluate": "evaluate takes a classifier run; a causal LM is measured by `multihead sinks` (perplexity)",
-        "predict": "predict takes a classifier run; continue text with `multihead generate`",
-    },
-    # An HF causal LM of an architecture with no native family, read by transformers and attached
-    # (multihead.hf): maps and exact statistics of every head; the verbs below need multihead's own decoder.
-    "attached": {
-        **dict.fromkeys(
-            ("export",),
-            "this command needs multihead's own decoder (its cache windows, circuit searches and weights), which "
-            "reads Llama, Mistral, Qwen2/3, Gemma 3 and GPT-2 folders; for this architecture use show, heads, "
-            "importance, prune, sinks, circuit, explain, induction, patch, attribute and generate, or capture, path patching and the logit lens from Python "
-            "on the attached model (multihead.hf.attach)",
-        ),
         "embed": "sentence embeddings take an encoder (minilm, an HF BERT folder, a classifier run)",
         "evaluate": "evaluate takes a classifier run; a causal LM is measured by `multihead sinks` (perplexity)",
         "predict": "predict takes a classifier run; continue text with `multihead generate`",
@@ -73,6 +61,63 @@ REFUSES: dict[str, dict[str, str]] = {
     "speech": dict.fromkeys(
         _TEXT_VERBS, "it does not read text as a prompt: Whisper transcribes audio (show/heads/importance, transcribe)"
     ),
+}
+REFUSES["attached"] = REFUSES["lm"]  # an HF causal LM read by transformers and attached: every verb of a causal LM
+
+
+# What each verb does with each kind of source (the other half of REFUSES): route -> its handler, named as
+# "module:function" in multihead.cli and imported when called (multihead.cli.args.dispatch). "run:*": every run
+# folder the verb does not name; "*": every source it does not name. Either way REFUSES and the run's task refuse
+# first. A route a verb does not serve is refused
+# with REFUSES' reason, or with the kinds the verb takes. ``matrix()`` writes the verb x kind table out.
+_LM = ("lm", "attached")
+VERBS: dict[str, dict[str, str]] = {
+    "show": {
+        "dinov2": "inspect:show_dinov2",
+        "whisper": "inspect:show_whisper",
+        "run:vision": "inspect:show_vision",
+        "run:grounding": "inspect:show_grounding",
+        "run:g2p": "inspect:show_g2p",
+        "*": "inspect:show_text",
+    },
+    "heads": {
+        "lm": "lm:heads_lm",
+        "attached": "inspect:heads_text",
+        "dinov2": "inspect:heads_dinov2",
+        "whisper": "speech:heads_whisper",
+        "run:pretrain": "inspect:heads_causal",
+        "*": "inspect:heads_text",
+    },
+    "heads --kv": dict.fromkeys(_LM, "lm:heads_lm"),
+    "importance": {
+        **dict.fromkeys(_LM, "lm:importance_lm"),
+        "dinov2": "inspect:importance_media",
+        "whisper": "inspect:importance_media",
+        "run:*": "inspect:importance_run",
+    },
+    "prune": {**dict.fromkeys(_LM, "lm:prune_lm"), "run:*": "inspect:prune_run"},
+    "explain": {"*": "inspect:explain_text"},
+    "generate": {**dict.fromkeys(_LM, "lm:generate_lm"), "run:pretrain": "lm:generate_run"},
+    "sinks": {**dict.fromkeys(_LM, "lm:sinks_lm"), "run:pretrain": "lm:sinks_run"},
+    "induction": dict.fromkeys(_LM, "lm:induction_lm"),
+    "kv": dict.fromkeys(_LM, "lm:kv_lm"),
+    "patch": {**dict.fromkeys(_LM, "interventions:patch"), "run:pretrain": "interventions:patch"},
+    "attribute": {**dict.fromkeys(_LM, "interventions:attribute"), "run:pretrain": "interventions:attribute"},
+    "circuit": dict.fromkeys(_LM, "interventions:circuit"),
+    "embed": {"encoder": "runs:embed", "run:train": "runs:embed"},
+    "export": {
+        **dict.fromkeys(_LM, "lm:export_lm"),
+        "encoder": "runs:export_encoder",
+        "run:train": "runs:export_encoder",
+    },
+    "evaluate": {
+        "run:train": "runs:evaluate_text",
+        "run:g2p": "runs:evaluate_g2p",
+        "run:vision": "runs:evaluate_vision",
+        "run:grounding": "runs:evaluate_grounding",
+        "run:pretrain": "runs:evaluate_lm",
+    },
+    "predict": {"run:train": "runs:predict_text", "run:g2p": "runs:predict_g2p", "run:vision": "runs:predict_vision"},
 }
 
 
@@ -186,6 +231,107 @@ def route(source: str | Path, verb: str) -> str:
     return kind(source).check(verb).route
 
 
+def _served(verb: str, route: str) -> str | None:
+    table = VERBS[verb]
+    if route in table:
+        return table[route]
+    if route.startswith("run:") and "run:*" in table:
+        return table["run:*"]
+    return table.get("*")
+
+
+def _takes(verb: str) -> str:
+    """The sources ``verb`` serves, in words."""
+    from .train import tasks
+
+    def words(r: str) -> str:
+        if r == "run:*":
+            return "run folders"
+        if r.startswith("run:"):
+            return f"{tasks.KINDS[r[4:]].title} runs"
+        return {"lm": "pretrained LMs", "attached": "HF LM folders", "encoder": "text encoders"}.get(r, r)
+
+    named = list(dict.fromkeys(words(r) for r in VERBS[verb] if r != "*"))
+    return ", ".join(named) if named else "text models"
+
+
+def handler(verb: str, source: str | Path) -> str:
+    """The handler (``"module:function"`` in :mod:`multihead.cli`) that serves ``verb`` for ``source``; a
+    ConfigError with the reason when none does. ``verb``: a key of :data:`VERBS` (``"heads --kv"`` is ``heads``
+    with its flag). A folder that is nothing multihead reads goes to the verb's run handler where it has one, so
+    that a damaged run folder gets the run loader's message."""
+    from . import pretrained
+
+    base = verb.split(" ")[0]
+    try:
+        k = kind(source)
+    except pretrained.SourceError:
+        fallback = _run_fallback(verb, source)
+        if fallback is None:
+            raise
+        return fallback
+    k.check(base)
+    route = k.route if k.name != "run" or k.task is not None else "run:*"  # a damaged run: the run handler
+    served = _served(verb, route) or (
+        next((h for r, h in VERBS[verb].items() if r.startswith("run:")), None) if route == "run:*" else None
+    )
+    if served is None:
+        raise ConfigError(f"`multihead {verb}` does not take {source} ({k.title}); it takes {_takes(verb)}")
+    return served
+
+
+def _run_fallback(verb: str, source: str | Path) -> str | None:
+    """The run handler for a source :func:`kind` does not know, when it may be a damaged run folder or a folder
+    meant as one (so that its message names what a run folder needs); None: the registry's message stands."""
+    from . import pretrained
+
+    run_handler = next((h for r, h in VERBS[verb].items() if r.startswith("run:")), None)
+    path = Path(str(source))
+    if run_handler is None or pretrained.names.short_name(str(source)) is not None:
+        return None
+    if not any(r in _LM for r in VERBS[verb]):
+        return run_handler  # a verb of run folders only: the run's loader names what a run folder needs
+    if not path.exists():
+        if "/" in str(source):
+            raise pretrained.SourceError(
+                f"{source} does not exist; pass a pretrained LM (smollm2, a .gguf file, an HF model folder) or a "
+                "pretraining run folder"
+            )
+        return None  # a short name, perhaps misspelt: the registry says "did you mean"
+    if path.is_file() or (path / "config.json").exists():
+        return None if not is_run(source) else run_handler  # a model file or folder it cannot read: its reason
+    raise pretrained.SourceError(
+        f"{source} is not an HF model folder (no config.json) and not a pretraining run folder; pass a pretrained "
+        "LM (smollm2, a .gguf file, an HF model folder with config.json and safetensors) or a pretraining run "
+        "(multihead pretrain --objective clm --out RUN)"
+    )
+
+
+_KIND_OF_ROUTE = {"attached": "attached", "dinov2": "vision", "whisper": "speech"}
+ROUTES = ("run:train", "run:pretrain", "run:g2p", "run:vision", "run:grounding", "encoder", "lm", "attached")
+ROUTES += ("dinov2", "whisper")
+
+
+def matrix() -> dict[str, dict[str, str]]:
+    """Every verb x every kind of source: the handler that serves it, or ``refused: <reason>``. Generated from
+    :data:`VERBS`, :data:`REFUSES` and the task registry, so it cannot disagree with what the commands do."""
+    from .train import tasks
+
+    out: dict[str, dict[str, str]] = {}
+    for verb in VERBS:
+        base = verb.split(" ")[0]
+        row = {}
+        for r in ROUTES:
+            if r.startswith("run:"):
+                why = tasks.KINDS[r[4:]].refuses.get(base)
+            else:
+                why = REFUSES[_KIND_OF_ROUTE.get(r, r)].get(base)
+            served = _served(verb, r)
+            row[r] = f"refused: {why}" if why else served or f"refused: it takes {_takes(verb)}"
+        out[verb] = row
+    return out
+
+
 @dataclass
 class Loaded:
     """A model with what feeds it, one shape for every kind of source.
@@ -209,11 +355,13 @@ class Loaded:
     format: str | None = None
 
 
-def load(source: str | Path, *, device: str = "cpu", backend: str = "auto", text: bool = False) -> Loaded:
+def load(
+    source: str | Path, *, device: str = "cpu", backend: str = "auto", text: bool = False, progress: bool = False
+) -> Loaded:
     """Any source, loaded for inference (eval mode): a run of any task, a text encoder, a causal LM, a vision or a
     speech model. A command refuses a source at its verb (:func:`route`); ``text=True`` is for callers that need a
     text model (a run of a task that does not read text, or a DINOv2/Whisper model, is then refused with the
-    reason)."""
+    reason). ``progress``: a bar while a causal LM's weights are read."""
     k = kind(source)
     if k.name == "run":
         from .train import load_run
@@ -240,7 +388,7 @@ def load(source: str | Path, *, device: str = "cpu", backend: str = "auto", text
     if k.name == "lm":
         from . import lm
 
-        p = lm.load(source, backend=backend, device=device)
+        p = lm.load(source, backend=backend, device=device, progress=progress)
         return Loaded(str(source), "lm", p.model, p.tokenizer, LM_READ, LM_READ, p, fam, fmt)
     if k.name == "encoder":
         from . import pretrained

@@ -74,10 +74,10 @@ def test_show_writes_the_page(neox, tmp_path, capsys):
     assert "gpt_neox: no native multihead family; read with transformers and attached" in capsys.readouterr().err
 
 
-def test_commands_that_need_our_decoder_say_so(neox, capsys):
-    assert main(["circuit", "ioi", str(neox), "--out", "x"]) == 2
-    err = capsys.readouterr().err
-    assert "needs multihead's own decoder" in err and "show, heads" in err
+def test_an_attached_lm_refuses_only_what_no_causal_lm_does(neox, capsys):
+    assert loading.REFUSES["attached"] == loading.REFUSES["lm"]
+    assert main(["embed", str(neox), "a text"]) == 2
+    assert "sentence embeddings take an encoder" in capsys.readouterr().err
 
 
 def test_generate_continues_as_hf_does(neox, capsys):

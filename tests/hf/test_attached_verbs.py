@@ -130,3 +130,49 @@ def test_a_stream_cache_refuses_what_it_cannot_do():
     lm(torch.ones(1, 3, dtype=torch.long), cache=cache)
     with pytest.raises(ValueError, match="one token per step"):
         lm(torch.ones(1, 2, dtype=torch.long), cache=cache)
+
+
+def test_export_of_a_pruned_attached_model_loads_in_plain_transformers(granite, tmp_path, capsys):
+    report = tmp_path / "prune"
+    assert main(["prune", str(granite), "--out", str(report), "--n", "2", "--fractions", "0.25", "0.5"]) == 0
+    out = tmp_path / "exported"
+    assert main(["export", str(granite), "--out", str(out), "--prune", str(report)]) == 2
+    assert "pass --fraction, one of 0.25, 0.5" in capsys.readouterr().err
+    assert main(["export", str(granite), "--out", str(out), "--prune", str(report), "--fraction", "0.25"]) == 0
+    assert "heads removed" in capsys.readouterr().out
+    heads = json.loads((report / "importance-michel.json").read_text())["fractions"]["0.25"]["pruned_heads"]
+    saved = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    original = transformers.AutoModelForCausalLM.from_pretrained(granite).eval()
+    hf.attach(original)
+    mask = torch.ones(2, 4)
+    for layer, hs in heads.items():
+        mask[int(layer), hs] = 0
+    ids = torch.randint(3, 300, (1, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(saved(input_ids=ids).logits, AttachedLM(original, 0)(ids, head_mask=mask))
+    assert (out / "tokenizer.json").is_file()
+    # a native reading has one head count for every layer: a pruned export asks for the attached reading
+    llama = _save(tmp_path / "llama", "llama")
+    argv = ["export", str(llama), "--out", str(tmp_path / "x"), "--prune", str(report), "--fraction", "0.25"]
+    assert main(argv) == 2
+    assert "hf:FOLDER" in capsys.readouterr().err
+
+
+def test_circuit_and_explain_attached_equal_native(llama):
+    from multihead.interpret import circuits as C
+    from multihead.interpret import load_subject
+    from multihead.interpret.explain import explain
+
+    native, attached_ = loading.load(llama).detail, loading.load(f"hf:{llama}").detail
+    runs = [
+        C.induction_circuit(p.model, start=5, low=5, half=6, sequences=2, receivers=[(1, 0)], senders=[(0, 1)])
+        for p in (native, attached_)
+    ]
+    for key in ("prefix_matching", "previous_token"):
+        torch.testing.assert_close(torch.tensor(runs[0][key]), torch.tensor(runs[1][key]), atol=1e-5, rtol=1e-5)
+    for key in runs[0]["mean"]:
+        assert runs[0]["mean"][key] == pytest.approx(runs[1]["mean"][key], abs=1e-4), key
+    pages = [explain(load_subject(s), "the cat sat on the mat", layer=1, head=2) for s in (str(llama), f"hf:{llama}")]
+    for key in ("X", "Q", "K", "V", "weights", "concat", "output"):
+        torch.testing.assert_close(torch.tensor(pages[0][key]), torch.tensor(pages[1][key]), atol=1e-4, rtol=0)
+    assert max(pages[1]["checks"].values()) < 1e-4 and pages[1]["rotated"]

@@ -153,3 +153,14 @@ def say_attached(p) -> None:
         native = any(family[3:] in f.model_types for f in FAMILIES.values())
         why = "as asked (hf:FOLDER)" if native else "no native multihead family"
         print(f"{family[3:]}: {why}; read with transformers and attached (multihead.hf)", file=sys.stderr)
+
+
+def dispatch(verb: str, source, args) -> int:
+    """Run the handler the verb x source table (:data:`multihead.loading.VERBS`) names for ``source``; what the
+    table does not serve is refused there, with the reason."""
+    import importlib
+
+    from ..loading import handler
+
+    module, function = handler(verb, source).split(":")
+    return getattr(importlib.import_module(f"multihead.cli.{module}"), function)(args)

@@ -8,24 +8,19 @@ import sys
 from pathlib import Path
 
 from ..interpret.maps import concatenated, lift_max_len
-from .args import _count, _threads, _fraction, _head_list, _needles, _nonneg, _seconds, say_attached
+from .args import _count, _threads, _fraction, _head_list, _needles, _nonneg, _seconds, dispatch, say_attached
 
 
 def cmd_show(args) -> int:
+    return dispatch("show", args.model, args)
+
+
+def show_text(args) -> int:
+    """``show`` on a text model (a classifier run, an encoder, a causal LM): the pictures and the page."""
     from .._io import check_target
     from ..interpret import load_subject
     from ..interpret.show import show
-    from ..loading import route
 
-    handler = {
-        "dinov2": _show_dinov2,
-        "whisper": _show_whisper,
-        "run:vision": _show_vision,
-        "run:grounding": _show_grounding,
-        "run:g2p": _show_g2p,
-    }.get(route(args.model, "show"))
-    if handler is not None:
-        return handler(args)
     if args.out is None:
         raise ValueError("pass --out FOLDER: where to write the pictures and the page")
     check_target(args.out, "show", overwrite=args.overwrite, sources=(args.model,))
@@ -60,7 +55,7 @@ def _parse_patch(text: str | None) -> tuple[int, int] | None:
     return patch
 
 
-def _show_vision(args) -> int:
+def show_vision(args) -> int:
     """``multihead show runs/vit --index 17`` / ``--image x.png``: attention over the image, rollout, one patch's
     view, and the mean attention distance per head over 1,000 test images."""
     from .._io import Publish, atomic_write_json, check_target
@@ -103,7 +98,7 @@ def _show_vision(args) -> int:
     return 0
 
 
-def _show_dinov2(args) -> int:
+def show_dinov2(args) -> int:
     """``multihead show dinov2 --image photo.jpg``: DINOv2-small's attention on any photograph (its evaluation
     crop): [CLS] attention per head, one patch's view, rollout and the page."""
     from .. import dinov2
@@ -140,7 +135,7 @@ def _show_dinov2(args) -> int:
     return 0
 
 
-def _show_whisper(args) -> int:
+def show_whisper(args) -> int:
     """``multihead show whisper --audio speech.wav --out DIR``: the transcript with word times, every cross-attention
     head over time, the cross-attention page (tokens and 20 ms frames) and the decoder's page."""
     from .. import whisper
@@ -165,7 +160,7 @@ def _show_whisper(args) -> int:
     return 0
 
 
-def _show_grounding(args) -> int:
+def show_grounding(args) -> int:
     """``multihead show runs/qa --index 3 [--question "where is the bag?"]``: a test canvas, the model's answer, and each
     cross-attention head's attention of the question over the canvas."""
     from ..data.batching import as_batch
@@ -202,7 +197,7 @@ def _show_grounding(args) -> int:
     return 0
 
 
-def _show_g2p(args) -> int:
+def show_g2p(args) -> int:
     from ..data.g2p import check_word
     from ..interpret.g2p import show_g2p
     from ..train.g2p import load_g2p_run
@@ -222,28 +217,10 @@ def cmd_heads(args) -> int:
         from .._io import check_target
 
         check_target(args.out, "heads", overwrite=args.overwrite, sources=(args.model,))
-    from ..loading import route
-    from . import lm as lm_commands
-    from . import speech
-
-    where = route(args.model, "heads")
-    if args.kv:  # native or attached: the head scores read only hook_pattern
-        if where not in ("lm", "attached"):
-            raise ValueError(
-                f"--kv finds the heads a KV cache must keep whole in a pretrained causal LM (smollm2, a .gguf file, "
-                f"an HF folder); {args.model} is not one: drop --kv"
-            )
-        return lm_commands.heads_lm(args)
-    handler = {
-        "lm": lm_commands.heads_lm,
-        "dinov2": _heads_dinov2,
-        "whisper": speech.cmd_heads_whisper,
-        "run:pretrain": _heads_causal,
-    }.get(where, _heads_text)
-    return handler(args)
+    return dispatch("heads --kv" if args.kv else "heads", args.model, args)
 
 
-def _heads_text(args) -> int:
+def heads_text(args) -> int:
     """Head roles of a text encoder, a classifier run or an attached LM on a data set, from maps or statistics."""
     import json
     import resource
@@ -287,7 +264,7 @@ def _heads_text(args) -> int:
     return 0
 
 
-def _heads_dinov2(args) -> int:
+def heads_dinov2(args) -> int:
     """``multihead heads dinov2 --out DIR``: on scikit-image's photographs, the last layer's [CLS] attention on the
     object (a stated box), the mean attention distance per head against depth (beside a ViT run's with
     ``--compare``), and high-norm tokens."""
@@ -328,7 +305,7 @@ def _heads_dinov2(args) -> int:
     return 0
 
 
-def _heads_causal(args) -> int:
+def heads_causal(args) -> int:
     """``multihead heads RUN`` for a causal LM run: induction heads (prefix matching and copying, stated rules in
     multihead.interpret.induction), on repeated random tokens from the run's own vocabulary."""
     import json
@@ -367,18 +344,15 @@ def _heads_causal(args) -> int:
 
 
 def cmd_importance(args) -> int:
+    return dispatch("importance", args.run, args)
+
+
+def importance_run(args) -> int:
+    """``importance RUN``: per-head importance of a trained run on its data."""
     from ..heads import scores as imp
-    from ..loading import route
     from ..train import tasks
-    from . import lm as lm_commands
 
-    where = route(args.run, "importance")
-    if where in ("lm", "attached"):
-        return lm_commands.importance_lm(args, prune=False)
-    if where in ("dinov2", "whisper"):
-        return _importance_media(args, where)
     tasks.require(args.run, "importance")
-
     result = imp.score_run(
         args.run, args.method, data=args.data, split=args.split, n=args.n, out=Path(args.out) if args.out else None
     )
@@ -387,11 +361,13 @@ def cmd_importance(args) -> int:
     return 0
 
 
-def _importance_media(args, kind: str) -> int:
+def importance_media(args) -> int:
     """``multihead importance dinov2|whisper --out DIR``: :func:`multihead.interpret.ablation.media_importance`."""
     from ..heads.scores import format_table
     from ..interpret.ablation import media_importance
+    from ..loading import kind as source_kind
 
+    kind = source_kind(args.run).route  # dinov2 or whisper: the table sent it here
     if args.out is None:
         raise ValueError("pass --out FOLDER: where to write importance-ablation.json and the pictures")
     r = media_importance(args.run, kind, args.out, n=args.n, overwrite=args.overwrite)
@@ -405,15 +381,16 @@ def _importance_media(args, kind: str) -> int:
 
 
 def cmd_prune(args) -> int:
+    return dispatch("prune", args.run, args)
+
+
+def prune_run(args) -> int:
+    """``prune RUN``: iterative head pruning of a trained run, then a physically pruned run folder."""
     from .._proc import set_threads
 
     from ..heads import prune as P
-    from ..loading import route
     from ..train import tasks
-    from . import lm as lm_commands
 
-    if route(args.run, "prune") in ("lm", "attached"):
-        return lm_commands.importance_lm(args, prune=True)
     tasks.require(args.run, "prune")
     set_threads(args.threads)
     r = P.prune_run(
@@ -485,15 +462,17 @@ def _parser_show(sub) -> None:
 
 
 def cmd_explain(args) -> int:
+    return dispatch("explain", args.model, args)
+
+
+def explain_text(args) -> int:
     """``multihead explain TEXT``: the tutorial's steps on a real model's layer, one offline page."""
     from .._io import Publish, atomic_write_json, check_target
     from ..interpret import load_subject
     from ..interpret.explain import explain, write_explain_page
-    from ..loading import route
 
     # an earlier page is replaced only with --overwrite (its --help says so)
     check_target(args.out, "show", overwrite=args.overwrite, sources=(args.model,), replace_own=False)
-    route(args.model, "explain")  # a model that reads no text says so
     if not args.text.strip():
         raise ValueError('pass a text to walk through, e.g. "The cat sat on the mat."')
     data = explain(load_subject(args.model), args.text, layer=args.layer, head=args.head)

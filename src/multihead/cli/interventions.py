@@ -93,6 +93,12 @@ def _pairs(args) -> list[dict]:
 
 
 def cmd_patch(args) -> int:
+    from .args import dispatch
+
+    return dispatch("patch", args.model, args)
+
+
+def patch(args) -> int:
     """Activation patching of every head (and attribution patching beside it), averaged over the pairs."""
     from .._io import Publish, atomic_write_json, check_target
     from ..heads import scores as plots
@@ -150,6 +156,12 @@ def cmd_patch(args) -> int:
 
 
 def cmd_attribute(args) -> int:
+    from .args import dispatch
+
+    return dispatch("attribute", args.model, args)
+
+
+def attribute(args) -> int:
     """Direct logit attribution of the next token after a text."""
     from ..data.batching import as_batch
 
@@ -176,16 +188,19 @@ def cmd_attribute(args) -> int:
 
 
 def cmd_circuit(args) -> int:
+    from .args import dispatch
+
+    return dispatch("circuit", args.model, args)
+
+
+def circuit(args) -> int:
     """A circuit of the literature looked for with path, activation and attribution patching: the induction
     circuit or indirect object identification; numbers, a picture and a summary."""
     from .._io import Publish, atomic_write_json, check_target
     from ..interpret import circuits as C
     from .lm import _load_lm
-    from ..loading import route
 
     check_target(args.out, "circuit", overwrite=args.overwrite, sources=(args.model,))
-    if route(args.model, "circuit") not in ("lm", "attached"):
-        raise ValueError(f"{args.model} is not a pretrained LM: pass smollm2, a .gguf file or an HF model folder")
     p = _load_lm(args.model)
     progress = not args.no_progress
     if args.task == "induction":

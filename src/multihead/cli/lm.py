@@ -9,40 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .args import MAX_NEEDLES, _count, _counts, _names, _threads, _nonneg, _number, say_attached
-
-
-def _is_lm(source: str, verb: str) -> bool:
-    """Whether ``source`` is a pretrained LM. A model file or folder that is not one, and a name that is no short
-    name, are refused with the source registry's message (a near-miss short name, a corrupt config, a model of
-    another kind); anything else (run folders, even damaged ones, and other folders) goes to the pretraining run's
-    loader, whose messages name what a run folder needs."""
-    from ..loading import is_run, route
-    from ..pretrained import FAMILIES, SourceError, names
-
-    entry = names.short_name(source)
-    if entry is not None:  # a bundled LM whose package may be missing: its loader names the install line
-        return FAMILIES[entry.family].kind == "lm"
-    try:
-        return route(source, verb) in ("lm", "attached")
-    except SourceError:
-        path = Path(source)
-        if not path.exists() and "/" in str(source):
-            raise SourceError(
-                f"{source} does not exist; pass a pretrained LM (smollm2, a .gguf file, an HF model folder) or a "
-                "pretraining run folder"
-            ) from None
-        a_name = not path.exists() and "/" not in str(source)  # a short name, perhaps misspelt ("smol")
-        a_model = path.is_file() or (path / "config.json").exists()  # a model file or folder it cannot read
-        if not is_run(source) and (a_name or a_model):
-            raise
-        if path.is_dir() and not (path / "config.json").exists():
-            raise SourceError(
-                f"{source} is not an HF model folder (no config.json) and not a pretraining run folder; pass a pretrained LM "
-                "(smollm2, a .gguf file, an HF model folder with config.json and safetensors) or a pretraining run "
-                "(multihead pretrain --objective clm --out RUN)"
-            ) from None
-        return False
+from .args import MAX_NEEDLES, _count, _counts, _names, _threads, _nonneg, _number, dispatch, say_attached
 
 
 def _decoding(args, stop_tokens) -> dict:
@@ -80,6 +47,10 @@ def _prompt_ids(run, prompt: str, max_new: int):
 
 
 def cmd_generate(args) -> int:
+    return dispatch("generate", args.run, args)
+
+
+def generate_run(args) -> int:
     """``multihead generate RUN "prompt"``: continue a prompt with a causal LM run, streaming tokens (KV cache)."""
     import sys
 
@@ -89,8 +60,6 @@ def cmd_generate(args) -> int:
     from ..models.generation import generate
     from ..train.pretrain import load_pretrain_run
 
-    if _is_lm(args.run, "generate"):
-        return generate_lm(args)
     if args.chat:
         raise ValueError("--chat applies a pretrained LM's chat template; a pretraining run has none")
     run = load_pretrain_run(args.run)
@@ -125,6 +94,10 @@ def cmd_generate(args) -> int:
 
 
 def cmd_sinks(args) -> int:
+    return dispatch("sinks", args.run, args)
+
+
+def sinks_run(args) -> int:
     """``multihead sinks RUN``: StreamingLLM's three caches on held-out text longer than the trained rows."""
     from .._proc import set_threads
 
@@ -132,8 +105,6 @@ def cmd_sinks(args) -> int:
     from ..interpret import streaming as S
     from ..train.pretrain import held_out_rows, load_pretrain_run
 
-    if _is_lm(args.run, "sinks"):
-        return sinks_lm(args)
     if args.out:
         check_target(args.out, "sinks", overwrite=args.overwrite, sources=(args.run,))
     run = load_pretrain_run(args.run)
@@ -169,7 +140,7 @@ def cmd_induction(args) -> int:
     from ..interpret import induction as I
 
     if args.model:
-        return induction_lm(args)
+        return dispatch("induction", args.model, args)
     check_target(args.out, "induction", overwrite=args.overwrite)
     config = I.ToyConfig(steps=args.steps, seed=args.seed, num_heads=args.heads, half=args.half, vocab=args.vocab)
     set_threads(args.threads)
@@ -190,21 +161,14 @@ def cmd_induction(args) -> int:
 
 # ---------------------------------------------------------------------------------------------------- pretrained LMs
 def _load_lm(source: str, threads: int | None = None):
+    """The pretrained causal LM ``source`` (native or attached), through the one loader."""
     from .._proc import set_threads
-
-    from .. import lm
+    from ..loading import load
 
     set_threads(threads)
-    from ..loading import kind
-
-    k = kind(source)
-    if k.name == "lm" and k.family is None:  # an HF causal LM with no native family: read and attached
-        from ..hf.folder import load
-
-        p = load(k.path)
-        say_attached(p)
-        return p
-    return lm.load(source, progress=True)
+    p = load(source, progress=True).detail
+    say_attached(p)
+    return p
 
 
 def generate_lm(args) -> int:
@@ -402,8 +366,17 @@ def heads_lm(args) -> int:
     return 0
 
 
-def importance_lm(args, *, prune: bool) -> int:
-    """``importance``/``prune`` on a pretrained LM: :func:`multihead.heads.lm.importance_report`."""
+def importance_lm(args) -> int:
+    """``importance`` on a pretrained LM: :func:`multihead.heads.lm.importance_report`."""
+    return _importance_lm(args, prune=False)
+
+
+def prune_lm(args) -> int:
+    """``prune`` on a pretrained LM: importance, then whole GQA groups removed at each fraction."""
+    return _importance_lm(args, prune=True)
+
+
+def _importance_lm(args, *, prune: bool) -> int:
     from .._io import check_target
     from ..heads import lm as H
     from ..heads.scores import format_table
@@ -441,12 +414,46 @@ def importance_lm(args, *, prune: bool) -> int:
     return 0
 
 
-def export_lm(args) -> int:
+def _pruned_heads(path: str, fraction: float | None) -> dict[int, list[int]]:
+    """The heads ``multihead prune`` chose at ``fraction``, from its folder or its importance-michel.json."""
+    from .._io import read_json_file
+
+    file = Path(path) / "importance-michel.json" if Path(path).is_dir() else Path(path)
+    report = read_json_file(file)
+    fractions = report.get("fractions") if isinstance(report, dict) else None
+    if not isinstance(fractions, dict) or not fractions:
+        raise ValueError(f"{file} holds no pruned fractions; make it with `multihead prune MODEL --out DIR`")
+    if fraction is None or not any(abs(float(k) - fraction) < 1e-9 for k in fractions):
+        raise ValueError(f"pass --fraction, one of {', '.join(sorted(fractions))} (the fractions {file} holds)")
+    entry = next(v for k, v in fractions.items() if abs(float(k) - fraction) < 1e-9)
+    return {int(k): [int(h) for h in v] for k, v in entry["pruned_heads"].items()}
+
+
+def export_lm(args, *, attached: bool = False) -> int:
     from .. import lm
     from .._io import check_target
 
     check_target(args.out, "hf", overwrite=args.overwrite, sources=(args.source,))
+    if args.prune and not attached:
+        raise ValueError(
+            "--prune writes a pruned model through transformers: read the folder attached, hf:FOLDER (multihead's "
+            "own export writes one head count for every layer)"
+        )
+    heads = _pruned_heads(args.prune, args.fraction) if args.prune else {}
     p = _load_lm(args.source)
+    if attached:
+        from ..hf.heads import prune_heads, save_pruned
+
+        if heads:
+            prune_heads(p.model.hf, heads)
+        r = save_pruned(p.model.hf, args.out, tokenizer_from=p.path, overwrite=args.overwrite, sources=(args.source,))
+        pruned = sum(len(v) for v in heads.values())
+        print(
+            f"wrote an HF {p.model.config.model_type} folder to {args.out}"
+            + (f" with {pruned} heads removed ({r['heads_per_layer']} heads per layer as stored)" if heads else "")
+            + f"; read back by transformers, max |logit diff| {r['max_abs_logit_diff']:.1e}"
+        )
+        return 0
     out = lm.export(p.model, args.out, pretrained=p, overwrite=args.overwrite, sources=(args.source,))
     print(
         f"wrote an HF folder to {out} (config.json, generation_config.json, model.safetensors, tokenizer.json, "
@@ -513,6 +520,10 @@ def _parser_sinks(sub) -> None:
 
 
 def cmd_kv(args) -> int:
+    return dispatch("kv", args.model, args)
+
+
+def kv_lm(args) -> int:
     """``multihead kv MODEL``: every KV cache policy at every budget on needles and perplexity (kv.json, kv.png)."""
     from .._io import check_target
     from ..interpret import kv_curves

@@ -6,23 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .args import _count, _nonneg, _number, _read_texts
+from .args import _count, _nonneg, _number, _read_texts, dispatch
 
 
 def cmd_evaluate(args) -> int:
-    from ..train import tasks
-
-    kind = tasks.require(args.run, "evaluate")
-    return {
-        "train": _evaluate_text,
-        "g2p": _evaluate_g2p,
-        "vision": _evaluate_vision,
-        "grounding": _evaluate_grounding,
-        "pretrain": _evaluate_lm,
-    }[kind.section](args)
+    return dispatch("evaluate", args.run, args)
 
 
-def _evaluate_text(args) -> int:
+def evaluate_text(args) -> int:
     import json
 
     from ..train import evaluate, load_run
@@ -59,7 +50,7 @@ def _evaluate_text(args) -> int:
     return 0
 
 
-def _evaluate_g2p(args) -> int:
+def evaluate_g2p(args) -> int:
     import json
 
     from ..train.g2p import evaluate_run, load_g2p_run
@@ -77,7 +68,7 @@ def _evaluate_g2p(args) -> int:
     return 0
 
 
-def _evaluate_grounding(args) -> int:
+def evaluate_grounding(args) -> int:
     """``multihead evaluate runs/qa``: accuracy on the held-out test canvases, per question kind."""
     import json
 
@@ -96,7 +87,7 @@ def _evaluate_grounding(args) -> int:
     return 0
 
 
-def _evaluate_lm(args) -> int:
+def evaluate_lm(args) -> int:
     """``multihead evaluate runs/lm``: loss and perplexity on the run's held-out texts."""
     import json
 
@@ -114,7 +105,7 @@ def _evaluate_lm(args) -> int:
     return 0
 
 
-def _evaluate_vision(args) -> int:
+def evaluate_vision(args) -> int:
     import json
 
     from ..data.images import load_images
@@ -146,13 +137,10 @@ def _evaluate_vision(args) -> int:
 
 
 def cmd_predict(args) -> int:
-    from ..train import tasks
-
-    kind = tasks.require(args.run, "predict")
-    return {"train": _predict_text, "g2p": _predict_g2p, "vision": _predict_vision}[kind.section](args)
+    return dispatch("predict", args.run, args)
 
 
-def _predict_text(args) -> int:
+def predict_text(args) -> int:
     import json
 
     from ..train import load_run, predict
@@ -165,7 +153,7 @@ def _predict_text(args) -> int:
     return 0
 
 
-def _predict_g2p(args) -> int:
+def predict_g2p(args) -> int:
     from ..train.g2p import load_g2p_run, predict_words
 
     words = _read_texts(args.texts, args.file)
@@ -176,7 +164,7 @@ def _predict_g2p(args) -> int:
     return 0
 
 
-def _predict_vision(args) -> int:
+def predict_vision(args) -> int:
     """``multihead predict RUN --index 17`` (a test image) or ``--image x.png|x.npy``: class probabilities."""
     import json
 
@@ -220,6 +208,11 @@ def cmd_data(args) -> int:
 
 
 def cmd_embed(args) -> int:
+    return dispatch("embed", args.model, args)
+
+
+def embed(args) -> int:
+    """Sentence embeddings of texts from an encoder (pretrained or a run's)."""
     import json
 
     from ..loading import load
@@ -258,11 +251,13 @@ def cmd_embed(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from ..loading import route
-    from . import lm as lm_commands
+    return dispatch("export", args.source, args)
 
-    if route(args.source, "export") == "lm":
-        return lm_commands.export_lm(args)
+
+def export_encoder(args) -> int:
+    """``export`` of a text encoder (pretrained or a run's) as an HF BertModel folder."""
+    if args.prune:
+        raise ValueError("--prune removes heads of a causal LM read from an HF folder; this source is not one")
     from .. import pretrained
     from ..loading import load
 
@@ -299,6 +294,14 @@ def _parser_export(sub) -> None:
         "HF folder), written as an HF Llama/Qwen/GPT-2 folder",
     )
     ex.add_argument("--out", required=True, help="folder to write")
+    ex.add_argument(
+        "--prune",
+        default=None,
+        metavar="IMPORTANCE",
+        help="HF folders read by transformers: remove the heads `multihead prune` chose (its --out folder or "
+        "importance-michel.json) before writing; with --fraction",
+    )
+    ex.add_argument("--fraction", type=float, default=None, help="with --prune: which of its fractions")
     ex.add_argument("--overwrite", action="store_true", help="replace an existing folder at --out")
     ex.set_defaults(fn=cmd_export)
 

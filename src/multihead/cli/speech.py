@@ -27,7 +27,7 @@ def cmd_transcribe(args) -> int:
     return 0
 
 
-def cmd_heads_whisper(args) -> int:
+def heads_whisper(args) -> int:
     """``multihead heads whisper --out DIR``: which cross-attention heads follow the audio in time, word timestamps
     through them against speech whose word times are known, and the word error rate."""
     from .. import whisper
