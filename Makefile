@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PEERS := .venv-peers
 PEERS_STAMP := $(PEERS)/.installed
 
-.PHONY: demo test docs bench setup peers clean
+.PHONY: demo test docs bench setup peers clean coverage
 
 setup: $(STAMP)
 
@@ -52,6 +52,13 @@ test: $(STAMP) $(PEERS_STAMP)
 	$(VENV)/bin/mypy           # the public API (files listed in pyproject.toml)
 	$(PY) -m pytest -q
 	$(PEERS)/bin/python -m pytest -q tests/hf   # attach under transformers 5.x
+
+# attach over every model type transformers' auto tables list, under both transformers lines (about 10 minutes each)
+coverage: $(STAMP) $(PEERS_STAMP)
+	$(PY) -m tests.hf.coverage .coverage-4.md
+	$(PEERS)/bin/python -m tests.hf.coverage .coverage-5.md
+	$(PY) -m tests.hf.coverage join .coverage-4.md .coverage-5.md > docs/attach-coverage.md
+	rm -f .coverage-4.md .coverage-5.md
 
 docs: $(STAMP)   # the guides, the API reference from the docstrings and the results, offline; a warning fails it
 	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html

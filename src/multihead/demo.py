@@ -299,13 +299,14 @@ DEMO_SPEECH = "The cat sat on the mat and looked at the door."
 def media_step(out: Path) -> dict:
     """DINOv2-small on scikit-image's cat: the last layer's [CLS] attention per head over the photograph; Whisper
     tiny.en on a sentence espeak-ng speaks: the transcript and word times from its alignment heads."""
-    from . import dinov2, whisper
     from .interpret import dino, speech
 
     result: dict = {}
     out.mkdir(parents=True, exist_ok=True)
     try:
-        d = dinov2.load()
+        from .loading import load as load_source  # the one loader: it knows what a source is
+
+        d = load_source("dinov2").detail
         r = dino.study(d, names=("chelsea",))
         p = r["photos"]["chelsea"]
         dino.plot_objects(r, out / "dinov2-cat", "DINOv2-small: the last layer's [CLS] attention per head")
@@ -321,7 +322,9 @@ def media_step(out: Path) -> dict:
         print(f"   DINOv2 skipped: {exc}")
         result["dinov2"] = {"skipped": str(exc)}
     try:
-        w = whisper.load()
+        from .loading import load as load_source  # the one loader: it knows what a source is
+
+        w = load_source("whisper").detail
         audio = speech.speak(DEMO_SPEECH)
         text = w.transcribe(audio)["text"]
         words = speech.word_timestamps(w, audio, text, w.timing_heads)
@@ -345,13 +348,15 @@ LM_PROMPT = "The three primary colours of light are"
 def smollm2_step(out: Path) -> dict:
     """SmolLM2-135M from its GGUF file: a greedy continuation, then every head's prefix-matching score on repeated
     random tokens, and the ablation check (the top induction heads masked vs as many random heads)."""
-    from . import lm
     from .interpret import induction as I
     from .models.generation import generate
+    from .pretrained import SourceError
 
     try:
-        p = lm.load("smollm2")
-    except lm.LMError as exc:
+        from .loading import load as load_source  # the one loader: it knows what a source is
+
+        p = load_source("smollm2").detail
+    except SourceError as exc:  # the package missing (its install line), or its file unreadable
         print(f"   skipped: {exc}")
         return {"skipped": str(exc)}
     c = p.model.config
@@ -650,8 +655,10 @@ def pretrained_step(out: Path) -> dict:
 
     out.mkdir(parents=True, exist_ok=True)
     try:
-        p = pretrained.load("minilm")
-    except pretrained.PretrainedError as exc:
+        from .loading import load as load_source  # the one loader: it knows what a source is
+
+        p = load_source("minilm").detail
+    except (pretrained.PretrainedError, pretrained.SourceError) as exc:
         print(f"   skipped: {exc}")
         return {"skipped": str(exc)}
     n_params = sum(t.numel() for t in p.model.parameters())

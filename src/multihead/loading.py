@@ -106,7 +106,8 @@ VERBS: dict[str, dict[str, str]] = {
     "circuit": dict.fromkeys(_LM, "interventions:circuit"),
     "embed": {"encoder": "runs:embed", "run:train": "runs:embed"},
     "export": {
-        **dict.fromkeys(_LM, "lm:export_lm"),
+        "lm": "lm:export_lm",
+        "attached": "lm:export_attached",
         "encoder": "runs:export_encoder",
         "run:train": "runs:export_encoder",
     },
@@ -276,7 +277,8 @@ def handler(verb: str, source: str | Path) -> str:
         next((h for r, h in VERBS[verb].items() if r.startswith("run:")), None) if route == "run:*" else None
     )
     if served is None:
-        raise ConfigError(f"`multihead {verb}` does not take {source} ({k.title}); it takes {_takes(verb)}")
+        flag = f"; without {verb.split(' ', 1)[1]}, `multihead {base}` takes it" if " " in verb else ""
+        raise ConfigError(f"`multihead {verb}` does not take {source} ({k.title}); it takes {_takes(verb)}{flag}")
     return served
 
 

@@ -166,7 +166,7 @@ def test_heads_kv_refusals_leave_no_folder(gguf_model, tmp_path, capsys):
         assert message in capsys.readouterr().err
         assert not out.exists()
     assert main(["heads", "minilm", "--kv", "--out", str(out)]) == 2
-    assert "drop --kv" in capsys.readouterr().err
+    assert "without --kv, `multihead heads` takes it" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["heads", gguf_model, "--kv", "--kv-fraction", "1.5"])
     assert "1.5" in capsys.readouterr().err

@@ -133,7 +133,9 @@ def _pretrained(source: str, impl: str):
             folder = path.parent if path.is_file() else path
             model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs).eval()
         else:
-            model = lm.load(source).model
+            from ..loading import load as load_source  # the one loader: it knows what a source is
+
+            model = load_source(source).detail.model
         _LOADED[(source, impl)] = model
     return _LOADED[(source, impl)]
 
@@ -143,12 +145,15 @@ def _prompt(case: dict, vocab: int) -> torch.Tensor:
     IMDB text (every row the same)."""
     b = case["batch"]
     if case.get("context"):
-        from .. import lm
         from ..heads.lm import held_out_rows
 
         key = ("text", case["shape"]["pretrained"], case["context"])
         if key not in _LOADED:
-            _LOADED[key] = held_out_rows(lm.load(case["shape"]["pretrained"]), rows=1, length=case["context"])
+            from ..loading import load as load_source  # the one loader: it knows what a source is
+
+            _LOADED[key] = held_out_rows(
+                load_source(case["shape"]["pretrained"]).detail, rows=1, length=case["context"]
+            )
         return _LOADED[key].expand(b, -1)
     length = case.get("prefill") or PROMPT
     low = min(1000, vocab // 10)  # ordinary tokens, past the special ones
@@ -206,14 +211,16 @@ def _build_llamacpp(case: dict):
     from . import llamacpp as L
 
     source, b, n = case["shape"]["pretrained"], case["batch"], case["new_tokens"]
-    path = lm.resolve(source)
-    if not path.is_file() or path.suffix != ".gguf":
+    if not _is_gguf(source):
         raise ValueError(f"llama.cpp reads GGUF files; {source} is not one")
+    path = lm.resolve(source)
     copy = L.llamacpp_copy(path, "f32" if case["impl"] == "llamacpp_f32" else "as-is")
     model = L.load(copy, threads=torch.get_num_threads(), context=max(2048, case.get("context", 0) + n + 64))
     key = ("tokenizer", source)
     if key not in _LOADED:
-        _LOADED[key] = lm.load(source)
+        from ..loading import load as load_source  # the one loader: it knows what a source is
+
+        _LOADED[key] = load_source(source).detail
     text = _LOADED[key].decode(_prompt(case, _LOADED[key].model.config.vocab_size)[0].tolist())
 
     def run():
@@ -317,10 +324,9 @@ def flops(case: dict) -> float:
 
 
 def _is_gguf(source: str) -> bool:
-    from .. import lm
+    from ..loading import kind
 
-    path = lm.resolve(source)
-    return path.is_file() and path.suffix == ".gguf"
+    return kind(source).format == "gguf"
 
 
 def run(

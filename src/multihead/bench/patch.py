@@ -35,9 +35,9 @@ _LOADED: dict = {}
 
 def _model(source: str):
     if source not in _LOADED:
-        from .. import lm
+        from ..loading import load as load_source  # the one loader: it knows what a source is
 
-        _LOADED[source] = lm.load(source)
+        _LOADED[source] = load_source(source).detail
     return _LOADED[source]
 
 

@@ -317,7 +317,9 @@ def _folder(model: str | None) -> Path:
     if not (folder / "model.safetensors").is_file():
         from .. import lm
 
-        p = lm.load("smollm2")
+        from ..loading import load as load_source  # the one loader: it knows what a source is
+
+        p = load_source("smollm2").detail
         lm.export(p.model, folder, pretrained=p, overwrite=folder.exists())
     return folder
 

@@ -38,7 +38,9 @@ def _forward(impl: str):
 
     path = pretrained.resolve("minilm")
     if impl == "multihead":
-        model = pretrained.load(path).model
+        from ..loading import load as load_source  # the one loader: it knows what a source is
+
+        model = load_source(path).detail.model
         return model, lambda ids, keep: model(ids, keep)
     try:
         import transformers

@@ -43,7 +43,9 @@ def _speak(text: str):
 def build(case: dict):
     from .. import whisper
 
-    w = whisper.load()
+    from ..loading import load as load_source  # the one loader: it knows what a source is
+
+    w = load_source("whisper").detail
     audio = _clip()
     if case["impl"] == "multihead":
         return lambda: w.transcribe(audio)
@@ -65,7 +67,9 @@ def parity(clips: int, progress: bool = True) -> dict:
 
     from .. import whisper
 
-    w = whisper.load()
+    from ..loading import load as load_source  # the one loader: it knows what a source is
+
+    w = load_source("whisper").detail
     hf = whisper.hf_model(w)
     rows = []
     for text in tqdm(_sentences(clips), desc="parity", disable=not progress):

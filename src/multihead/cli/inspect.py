@@ -112,7 +112,9 @@ def show_dinov2(args) -> int:
     patch = _parse_patch(args.patch)
     check_target(args.out, "show", overwrite=args.overwrite, sources=(args.model, args.image))
     photo = dinov2.read_photo(args.image)
-    d = dinov2.load(args.model)
+    from ..loading import load as load_source  # the one loader: it knows what a source is
+
+    d = load_source(args.model).detail
     u8, x = dinov2.square(photo, size=args.size or 224, patch=d.model.config.patch_size)
     name = Path(args.image).stem
     with Publish(
@@ -148,7 +150,9 @@ def show_whisper(args) -> int:
         raise ValueError("pass --out FOLDER: where to write the pictures and the pages")
     check_target(args.out, "show", overwrite=args.overwrite, sources=(args.model, args.audio))
     audio = whisper.read_wav(args.audio)
-    w = whisper.load(args.model)
+    from ..loading import load as load_source  # the one loader: it knows what a source is
+
+    w = load_source(args.model).detail
     name = Path(args.audio).stem
     with Publish(
         Path(args.out), "show", overwrite=args.overwrite, sources=(args.model, args.audio), check=False
@@ -269,7 +273,6 @@ def heads_dinov2(args) -> int:
     object (a stated box), the mean attention distance per head against depth (beside a ViT run's with
     ``--compare``), and high-norm tokens."""
 
-    from .. import dinov2
     from .._io import Publish, atomic_write_json
     from ..interpret import dino
 
@@ -283,7 +286,9 @@ def heads_dinov2(args) -> int:
         run = load_vision_run(args.compare)
         images, _ = held_out_images(run)
         compare = (attention_distance_grid(run.model, images[:1000]), run.model.config.image_size)
-    d = dinov2.load(args.model)
+    from ..loading import load as load_source  # the one loader: it knows what a source is
+
+    d = load_source(args.model).detail
     r = dino.study(d, size=args.size or 224)
     with Publish(Path(args.out), "heads", overwrite=args.overwrite, sources=(args.model,)) as folder:
         result = {"model": str(args.model), **r}

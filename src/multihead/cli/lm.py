@@ -429,6 +429,11 @@ def _pruned_heads(path: str, fraction: float | None) -> dict[int, list[int]]:
     return {int(k): [int(h) for h in v] for k, v in entry["pruned_heads"].items()}
 
 
+def export_attached(args) -> int:
+    """``export`` of an HF folder read attached: written back through transformers, pruned with --prune."""
+    return export_lm(args, attached=True)
+
+
 def export_lm(args, *, attached: bool = False) -> int:
     from .. import lm
     from .._io import check_target

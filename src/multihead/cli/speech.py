@@ -12,7 +12,9 @@ def cmd_transcribe(args) -> int:
     from ..interpret import speech as S
 
     audio = whisper.read_wav(args.audio)
-    w = whisper.load(args.model)
+    from ..loading import load as load_source  # the one loader: it knows what a source is
+
+    w = load_source(args.model).detail
     seconds = len(audio) / whisper.SAMPLE_RATE
     r = w.transcribe(audio, beams=args.beams)
     if seconds > whisper.CHUNK:
@@ -30,13 +32,14 @@ def cmd_transcribe(args) -> int:
 def heads_whisper(args) -> int:
     """``multihead heads whisper --out DIR``: which cross-attention heads follow the audio in time, word timestamps
     through them against speech whose word times are known, and the word error rate."""
-    from .. import whisper
     from .._io import Publish, atomic_write_json
     from ..interpret import speech as S
 
     if args.out is None:
         raise ValueError("pass --out FOLDER: where to write heads.json and the pictures")
-    w = whisper.load(args.model)
+    from ..loading import load as load_source  # the one loader: it knows what a source is
+
+    w = load_source(args.model).detail
     r = S.study(w, n=args.sentences, progress=True)
     with Publish(Path(args.out), "heads", overwrite=args.overwrite, sources=(args.model,)) as folder:
         atomic_write_json(folder / "heads.json", {"model": str(args.model), **r})

@@ -82,12 +82,22 @@ PROBE = "multihead_probe"  # the recorder's name in HF's AttentionInterface (reg
 _RECORDING = threading.local()
 
 
+# Tensors an architecture may hand the attention function beside q, k, v and the mask: those multihead computes with
+# (T5's position bias, gpt-oss's per-head sinks, head_mask) and those that do not change the result. Any other
+# tensor (per-query sink logits, packed-sequence offsets, ...) would be ignored: such a layer is refused by name.
+UNDERSTOOD = frozenset(("position_bias", "s_aux", "head_mask", "position_ids", "cache_position", "position_embeddings"))
+
+
+def _unknown(kwargs: dict) -> list[str]:
+    return sorted(k for k, v in kwargs.items() if isinstance(v, Tensor) and k not in UNDERSTOOD)
+
+
 def _probe_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, **kwargs):
     """The recorder :func:`observe` registers: it notes the module transformers hands it and returns zeros of the
     output's shape (``(B, Lq, H, Dv)``); nothing is computed, so it runs on the meta device too."""
     seen = getattr(_RECORDING, "seen", None)
     if seen is not None:
-        seen.setdefault(id(module), (module, tuple(query.shape), tuple(key.shape)))
+        seen.setdefault(id(module), (module, tuple(query.shape), tuple(key.shape), set()))[3].update(_unknown(kwargs))
     b, h, lq, _ = query.shape
     return query.new_zeros(b, lq, h, value.shape[-1]), None
 
@@ -165,7 +175,7 @@ def observe(model: nn.Module, example: dict | None = None) -> list[tuple[str, nn
     inputs = probe_inputs(model) if example is None else dict(example)
     modes = [(m, m.training) for m in model.modules()]
     before = _set_implementation(model, PROBE)
-    _RECORDING.seen = {}
+    _RECORDING.seen, _RECORDING.unknown = {}, {}
     try:
         model.eval()
         with torch.no_grad():
@@ -182,7 +192,10 @@ def observe(model: nn.Module, example: dict | None = None) -> list[tuple[str, nn
         _restore_implementation(before)
         for m, mode in modes:
             m.training = mode
-    return [(n, m, *seen[id(m)][1:]) for n, m in model.named_modules() if id(m) in seen]
+    _RECORDING.unknown = {
+        n: sorted(seen[id(m)][3]) for n, m in model.named_modules() if id(m) in seen and seen[id(m)][3]
+    }
+    return [(n, m, *seen[id(m)][1:3]) for n, m in model.named_modules() if id(m) in seen]
 
 
 def routes(cls: type) -> bool:
@@ -221,6 +234,14 @@ def _survey(
         seen = observe(model, example) if seen is None else seen
     except AttachError as exc:
         return str(exc), []
+    unknown = getattr(_RECORDING, "unknown", None) or {}
+    if unknown:
+        name, extra = next(iter(unknown.items()))
+        kind = getattr(model.config, "model_type", type(model).__name__)
+        return (
+            f"{kind}: {name} hands the attention function {', '.join(extra)}, which multihead's attention does "
+            "not compute with; attached, those layers would silently compute something else, so it is refused"
+        ), []
     ids = {id(m) for _, m, _, _ in seen}
     prefixes = [n for n, _, _, _ in seen]
 
@@ -316,6 +337,8 @@ class AttachedAttention:
         self.owner: Attached | None = None  # the Attached record of the model (set by attach)
         self.index = 0  # the layer's place among the model's attention layers (set by attach)
         self.scale: float | None = None  # the score scaling of the last call (HF models choose their own)
+        # whether the output projection reads hook_z as it is (None: not known); set by attach
+        self.z_feeds_output: bool | None = None
         for hook in ATTENTION_HOOKS:
             setattr(self, hook, getattr(module, hook))
 
@@ -433,6 +456,12 @@ def multihead_attention_forward(
     """HF's attention-function signature on multihead's kernel seam and hook points; returns ``(B, Lq, H, D)`` and
     the weights when the caller asked for them (``output_attentions``)."""
     rec: AttachedAttention | None = module.__dict__.get("_multihead")
+    extra = _unknown(kwargs)
+    if extra:  # a code path the probe pass did not take hands tensors this function would ignore
+        raise AttachError(
+            f"{type(module).__name__} hands the attention function {', '.join(extra)}, which multihead's attention "
+            "does not compute with; detach the model (multihead.hf.detach) for this call"
+        )
     q, k, v = query, key, value
     if rec is not None:
         rec.observe(q, k)
@@ -524,11 +553,22 @@ def attached(model: nn.Module) -> Attached:
     return a
 
 
+NAME_EAGER_MASKS = NAME + "_eager_masks"  # the same function, with the explicit masks eager attention builds
+
+
 def _register() -> None:
     modeling_utils, masking_utils = _transformers()
-    modeling_utils.AttentionInterface.register(NAME, multihead_attention_forward)
-    sdpa_mask = masking_utils.AttentionMaskInterface._global_mapping["sdpa"]
-    masking_utils.AttentionMaskInterface.register(NAME, sdpa_mask)
+    masks = masking_utils.AttentionMaskInterface._global_mapping
+    for name, builder in ((NAME, "sdpa"), (NAME_EAGER_MASKS, "eager")):
+        modeling_utils.AttentionInterface.register(name, multihead_attention_forward)
+        masking_utils.AttentionMaskInterface.register(name, masks[builder])
+
+
+def _name_for(model: nn.Module) -> str:
+    """:data:`NAME` for a model that runs under SDPA (its mask builder may leave a causal mask implicit, and the
+    layers say ``is_causal``); for an eager-only model, whose layers need not say it (NLLB-MoE's decoder does not),
+    the name whose mask builder writes every mask out."""
+    return NAME if getattr(model, "_supports_sdpa", False) else NAME_EAGER_MASKS
 
 
 def _configs(model: nn.Module) -> list:
@@ -632,7 +672,7 @@ def attach(model: nn.Module, *, backend: str = "auto", example: dict | None = No
     model_type = str(getattr(model.config, "model_type", ""))
     att = Attached(model, {}, [])
     try:
-        att.configs = _set_implementation(model, NAME)
+        att.configs = _set_implementation(model, _name_for(model))
         for name, module, q_shape, k_shape in seen:
             for hook in ATTENTION_HOOKS:
                 if hook in module._modules or hasattr(module, hook):
@@ -656,7 +696,47 @@ def attach(model: nn.Module, *, backend: str = "auto", example: dict | None = No
         _undo(att)
         raise
     model.__dict__["_multihead_attached"] = att
+    _check_projection_inputs(att, example)
     return att
+
+
+def _check_projection_inputs(att: Attached, example: dict | None) -> None:
+    """Whether each layer's output projection reads the heads' outputs (``hook_z``) as they are, from one forward
+    pass on random inputs: a norm between them (BitNet's ``attn_sub_norm``) or a combination of heads
+    (differential attention) means that an edit of ``hook_z`` is not an edit of the projection's input, and the
+    analyses that split the projection per head (direct logit attribution, pruning, explain) refuse the layer."""
+    z: dict[str, Tensor] = {}
+    fed: dict[str, Tensor] = {}
+    handles = []
+    for name, rec in att.layers.items():
+        rec.z_feeds_output = None
+        if not (isinstance(rec.out_proj, nn.Linear) or type(rec.out_proj).__name__ == "Conv1D"):
+            continue
+        handles.append(rec.hook_z.add_hook(lambda t, h, name=name: z.__setitem__(name, t.detach())))
+        handles.append(
+            rec.out_proj.register_forward_pre_hook(lambda m, args, name=name: fed.setdefault(name, args[0].detach()))
+        )
+    inputs = probe_inputs(att.model) if example is None else dict(example)
+    g = torch.Generator().manual_seed(0)
+    for key, value in list(inputs.items()):  # the probe's zeros and counting ids would hide a norm
+        if isinstance(value, Tensor) and value.is_floating_point():
+            inputs[key] = torch.randn(value.shape, generator=g).to(value.device, value.dtype)
+    modes = [(m, m.training) for m in att.model.modules()]
+    try:
+        att.model.eval()
+        with torch.no_grad():
+            att.model(**inputs)
+    except Exception:  # noqa: BLE001, S110  unknown stays None: the analyses then check nothing more
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+        for m, mode in modes:
+            m.training = mode
+    for name, rec in att.layers.items():
+        if name in z and name in fed:
+            a = z[name].transpose(1, 2).reshape(fed[name].shape)
+            rec.z_feeds_output = bool(torch.allclose(a, fed[name], atol=1e-6, rtol=1e-5))
 
 
 def _ask_weights(att: Attached) -> None:

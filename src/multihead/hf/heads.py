@@ -44,6 +44,8 @@ def why_not_prune(model: nn.Module) -> str | None:
                 f"{name} ({type(m).__name__}) does not keep separate query, key, value and output projections "
                 "(nn.Linear): its fused layout is not sliced per head; mask heads instead (importance, head_mask)"
             )
+        if rec.z_feeds_output is False:
+            return f"{name} transforms the heads' outputs before its output projection (a norm, or differential attention); removing a head's slice would not remove the head"
         if getattr(model.config, "is_encoder_decoder", False):
             return "pruning is for decoder-only models; mask heads of an encoder-decoder instead"
         d = rec.head_dim

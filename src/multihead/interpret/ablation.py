@@ -112,17 +112,17 @@ def media_importance(source: str, kind: str, out, *, n: int | None = None, overw
     from ..plotting import curve, head_grid
 
     if kind == "dinov2":
-        from .. import dinov2
+        from ..loading import load as load_source  # the one loader: it knows what a source is
 
-        d = dinov2.load(source)
+        d = load_source(source).detail
         model, score = d.model, dinov2_scores(d)
         curve_score = score
         what = "drop in feature agreement (cosine) when the head is zeroed"
         curve_what = "feature agreement with the unpruned model (cosine)"
     else:
-        from .. import whisper
+        from ..loading import load as load_source  # the one loader: it knows what a source is
 
-        w = whisper.load(source)
+        w = load_source(source).detail
         model = w.model
         score, curve_score = whisper_scores(w, n=n or 10)
         what = "rise in the reference transcripts' loss (nats/token) when the head is zeroed"

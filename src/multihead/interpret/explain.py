@@ -211,6 +211,8 @@ def _variant(mod) -> str | None:
     if type(mod).__name__ == "AttachedAttention":  # an HF layer: its numbers decide (explain's checks)
         if _projections(mod) is None:
             return "a fused query/key/value projection (the page needs the three matrices)"
+        if mod.z_feeds_output is False:
+            return "a layer that transforms the heads' outputs before its output projection (a norm, or differential attention)"
         return None
     if type(mod) is not MultiHeadAttention:
         return f"a variant ({type(mod).__name__})"

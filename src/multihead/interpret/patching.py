@@ -651,6 +651,11 @@ def _attached_dla(model, ids: Tensor, answer: int, wrong: int | None, position: 
     att = attached(model)
     blocks = [model.get_submodule(b) for b in att.blocks]
     recs = [[r for n, r in att.layers.items() if n.startswith(b + ".")] for b in att.blocks]
+    if any(rec.z_feeds_output is False for rec in att.layers.values()):
+        raise ValueError(
+            "direct logit attribution splits each layer's output projection per head; each layer of this model "
+            "transforms the heads' outputs before its output projection (a norm, or differential attention)"
+        )
     if any(len(r) != 1 for r in recs) or any(not hasattr(b, "hook_mlp_out") for b in blocks):
         raise ValueError(
             "direct logit attribution reads decoder blocks of one attention layer and one MLP; this model's blocks "

@@ -195,10 +195,14 @@ class KVCache:
 
     def compress(self, policy) -> KVCache:
         """What ``policy`` (a :class:`~multihead.modules.kv_policy.KVPolicy`) keeps of this recorded cache's
-        prompt, as a new cache; this one is unchanged (:func:`multihead.modules.kv_policy.compress`)."""
-        from .kv_policy import compress
-
-        return compress(self, policy)
+        prompt, as a new cache; this one is unchanged (:func:`multihead.modules.kv_policy.compress`). The policy
+        does the work, so that the cache module imports no policy module."""
+        if not callable(getattr(policy, "compress", None)):
+            raise ValueError(
+                f"compress takes a KVPolicy (multihead.modules.kv_policy.make_policy(name, budget)), not "
+                f"{type(policy).__name__}"
+            )
+        return policy.compress(self)
 
     def reorder(self, index: Tensor) -> None:
         """Keep rows ``index`` (beam search: each surviving beam's parent), in place. Cross-attention caches are

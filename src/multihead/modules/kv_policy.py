@@ -192,6 +192,10 @@ class KVPolicy:
     layer_rules: Callable[[int, int], list[tuple[list[int], Rule]]] | None = None
     layers: int | None = None  # the layers a per-layer split was made for (None: any model)
 
+    def compress(self, cache):
+        """What this policy keeps of the recorded ``cache``'s prompt, as a new cache (:func:`compress`)."""
+        return compress(cache, self)
+
     def check_layers(self, num_layers: int) -> None:
         """Refuse a per-layer split made for a model with another number of layers."""
         if self.layers is not None and self.layers != num_layers:

@@ -1,0 +1,286 @@
+"""Attach over every model type transformers knows: each type of its auto tables (causal LM, seq2seq, masked LM /
+encoder, image classification, speech seq2seq, audio classification) built from its own config class with small
+sizes (random weights, no download), attached, and checked against HF itself: outputs equal HF's own, every
+captured pattern equal to one of HF eager's ``output_attentions``, and zero-ablating a head equal to zeroing its
+slice of the output projection's input by hand. A type that cannot be built from a config alone, or whose probe
+pass fails, is listed with the reason; a type whose attention bypasses the registry is refused by name.
+
+``make coverage`` writes the table for both transformers lines (docs/attach-coverage.md);
+``tests/hf/test_coverage.py`` runs the same survey and fails on any attached type that disagrees with HF.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+# (kind, the auto table, the class that builds it); a type is surveyed under the first table that lists it
+TABLES = (
+    ("seq2seq", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "AutoModelForSeq2SeqLM"),
+    ("speech", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", "AutoModelForSpeechSeq2Seq"),
+    ("encoder", "MODEL_FOR_MASKED_LM_MAPPING_NAMES", "AutoModel"),
+    ("causal", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM"),
+    ("vision", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "AutoModel"),
+    ("audio", "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES", "AutoModel"),
+)
+# small sizes, set where the config has the attribute
+SMALL = {
+    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "dim", "embed_dim", "hidden_dim_size"), 64),
+    **dict.fromkeys(
+        ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads", "decoder_attention_heads"),
+        4,
+    ),
+    **dict.fromkeys(("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num"), 2),
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers", "decoder_layers"), 2),
+    **dict.fromkeys(
+        ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "hidden_dim", "n_inner"), 128
+    ),
+    **dict.fromkeys(("head_dim", "d_kv", "attention_head_size", "kv_channels"), 16),
+    **dict.fromkeys(("moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"), 32),
+    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
+    "num_experts_per_tok": 2,
+    "image_size": 32,
+    "patch_size": 8,
+    "num_mel_bins": 16,
+    "max_source_positions": 16,
+}
+
+
+@dataclass
+class Row:
+    model_type: str
+    kind: str
+    stage: str  # built | not built | small config fails | refused | attached
+    why: str = ""
+    outputs: float | None = None  # max |attached - HF|
+    patterns: str = ""  # "n/n equal" or why not compared
+    ablation: str = ""
+
+    @property
+    def agrees(self) -> bool | None:
+        if self.stage != "attached":
+            return None
+        return (
+            self.outputs is not None
+            and self.outputs <= 1e-4
+            and not self.patterns.startswith("differ")
+            and not self.ablation.startswith("differs")
+        )
+
+
+def types() -> list[tuple[str, str, str]]:
+    """``(model_type, kind, builder class)`` for every type of :data:`TABLES`, each once."""
+    from transformers.models.auto import modeling_auto as auto
+
+    seen: dict[str, tuple[str, str, str]] = {}
+    for kind, table, cls in TABLES:
+        for t in getattr(auto, table, {}):
+            seen.setdefault(t, (t, kind, cls))
+    return sorted(seen.values())
+
+
+def _shrink(config, depth: int = 0) -> None:
+    for key, value in SMALL.items():
+        current = getattr(config, key, None)
+        if isinstance(current, int) and not isinstance(current, bool) and current > value:
+            with contextlib.suppress(Exception):
+                setattr(config, key, value)
+    layers = getattr(config, "num_hidden_layers", None)
+    for key in ("layer_types", "block_types", "attn_layer_indices"):
+        v = getattr(config, key, None)
+        if isinstance(v, list) and isinstance(layers, int) and len(v) > layers:
+            with contextlib.suppress(Exception):
+                setattr(config, key, v[:layers])
+    if depth < 2:
+        for key in getattr(config, "sub_configs", {}) or {}:
+            sub = getattr(config, key, None)
+            if sub is not None and hasattr(sub, "to_dict"):
+                _shrink(sub, depth + 1)
+
+
+def _first_tensor(out) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out
+    values = out.values() if hasattr(out, "values") else out if isinstance(out, (tuple, list)) else ()
+    for v in values:
+        t = _first_tensor(v)
+        if t is not None and t.is_floating_point():
+            return t
+    return None
+
+
+def _attentions(out) -> list[torch.Tensor]:
+    found = []
+    for key, value in out.items():
+        if "attentions" in key and isinstance(value, (tuple, list)):
+            found += [t for t in value if isinstance(t, torch.Tensor)]
+        elif hasattr(value, "items"):
+            found += _attentions(value)
+    return found
+
+
+def _build(model_type: str, cls_name: str, implementation: str | None = None):
+    import transformers
+
+    config = transformers.AutoConfig.for_model(model_type)
+    _shrink(config)
+    torch.manual_seed(0)
+    kwargs = {"attn_implementation": implementation} if implementation else {}
+    return getattr(transformers, cls_name).from_config(config, **kwargs).eval()
+
+
+def survey_one(model_type: str, kind: str, cls_name: str) -> Row:
+    from multihead import hf
+    from multihead.hf.attach import probe_inputs
+    from multihead.interpret.patching import ablated
+    from multihead.modules import capture
+
+    row = Row(model_type, kind, "built")
+    try:
+        model = _build(model_type, cls_name)
+        if sum(p.numel() for p in model.parameters()) > 60_000_000:
+            return Row(model_type, kind, "not built", "its smallest config here still has over 60M parameters")
+    except Exception as exc:  # noqa: BLE001  whatever a config class raises without its checkpoint's values
+        return Row(model_type, kind, "not built", f"{type(exc).__name__}: {str(exc).splitlines()[0][:140]}")
+    try:
+        x = probe_inputs(model)
+        with torch.no_grad():
+            ref = _first_tensor(model(**x))
+    except Exception as exc:  # noqa: BLE001
+        return Row(
+            model_type,
+            kind,
+            "small config fails",
+            f"HF's own forward: {type(exc).__name__}: {str(exc).splitlines()[0][:140]}",
+        )
+    why = hf.why_not(model, example=x)
+    if why is not None:
+        return Row(model_type, kind, "refused", why[:220])
+    att = hf.attach(model, example=x)
+    row.stage = "attached"
+    try:
+        with torch.no_grad(), capture(model, ("pattern",)) as cache:
+            out = _first_tensor(model(**x))
+        row.outputs = float((out - ref).abs().max()) if out is not None and ref is not None else None
+        ours = cache.patterns()
+        try:
+            eager = _build(model_type, cls_name, "eager")
+            eager.load_state_dict(model.state_dict(), strict=False)
+            with torch.no_grad():
+                eager_out = eager(**x, output_attentions=True)
+            theirs = _attentions(eager_out)
+            own = _first_tensor(eager_out)
+            if own is not None and ref is not None and float((own - ref).abs().max()) > 1e-4:
+                theirs = None
+                row.patterns = (
+                    f"not compared: HF's eager differs from its own default ({float((own - ref).abs().max()):.0e})"
+                )
+        except Exception as exc:  # noqa: BLE001
+            theirs = None
+            row.patterns = f"not compared: eager gives no maps ({type(exc).__name__})"
+        if theirs is not None:
+            if not theirs:
+                row.patterns = "not compared: eager returns no attentions"
+            else:
+                unused, equal = list(range(len(theirs))), 0
+                for p in ours:
+                    j = next(
+                        (j for j in unused if theirs[j].shape == p.shape and torch.allclose(theirs[j], p, atol=1e-5)),
+                        None,
+                    )
+                    if j is not None:
+                        unused.remove(j)
+                        equal += 1
+                row.patterns = f"{equal}/{len(ours)} equal" if equal == len(ours) else f"differ: {equal}/{len(ours)}"
+        first = next(iter(att.layers.values()))
+        proj = first.out_proj
+        if first.z_feeds_output is False:
+            row.ablation = (
+                "not compared: the layer transforms the heads' outputs before its projection (attach says so)"
+            )
+        elif not (isinstance(proj, torch.nn.Linear) or type(proj).__name__ == "Conv1D") or first.num_heads < 2:
+            row.ablation = "not compared: no separate output projection"
+        else:
+            d = first.head_dim
+            with ablated(model, {0: [1]}), torch.no_grad():
+                ab = _first_tensor(model(**x))
+
+            def zero(mod, args):
+                t = args[0].clone()
+                t[..., d : 2 * d] = 0
+                return (t, *args[1:])
+
+            handle = proj.register_forward_pre_hook(zero)
+            try:
+                with torch.no_grad():
+                    hand = _first_tensor(model(**x))
+            finally:
+                handle.remove()
+            diff = float((ab - hand).abs().max())
+            row.ablation = f"equal ({diff:.0e})" if diff <= 1e-5 else f"differs ({diff:.1e})"
+    finally:
+        hf.detach(model)
+    return row
+
+
+def survey(selected: list[tuple[str, str, str]] | None = None, progress: bool = False) -> list[Row]:
+    from tqdm import tqdm
+
+    rows = []
+    for t, kind, cls in tqdm(selected or types(), desc="attach coverage", disable=not progress):
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            try:
+                rows.append(survey_one(t, kind, cls))
+            except Exception as exc:  # noqa: BLE001  a failure of the survey itself is a row too
+                rows.append(Row(t, kind, "error", f"{type(exc).__name__}: {str(exc).splitlines()[0][:140]}"))
+    return rows
+
+
+def markdown(rows: list[Row], version: str) -> str:
+    count = {
+        s: sum(r.stage == s for r in rows) for s in ("attached", "refused", "not built", "small config fails", "error")
+    }
+    agree = sum(bool(r.agrees) for r in rows)
+    lines = [
+        f"## transformers {version}",
+        "",
+        f"{len(rows)} model types; {count['attached']} attached ({agree} equal to HF on every check), "
+        f"{count['refused']} refused by name, {count['not built']} not buildable from a config alone, "
+        f"{count['small config fails']} whose small config does not run in HF's own forward pass, "
+        f"{count['error']} errors.",
+        "",
+        "| model type | kind | result | outputs max diff | patterns vs eager | ablation vs by hand | why |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        diff = "" if r.outputs is None else f"{r.outputs:.0e}"
+        result = {True: "attached, equal", False: "attached, DIFFERS", None: r.stage}[r.agrees]
+        why = r.why.replace("|", "/").replace("\n", " ")
+        lines.append(f"| {r.model_type} | {r.kind} | {result} | {diff} | {r.patterns} | {r.ablation} | {why} |")
+    return "\n".join(lines) + "\n"
+
+
+def page(sections: list[str]) -> str:
+    """docs/attach-coverage.md: this module's account of the survey, then one section per transformers line."""
+    intro = " ".join(__doc__.split("\n\n")[0].split())
+    return "# Attach coverage: every model type transformers knows\n\n" + intro + "\n\n" + "\n".join(sections)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] == ["join"]:  # python -m tests.hf.coverage join A.md B.md > docs/attach-coverage.md
+        print(page([open(f).read() for f in sys.argv[2:]]), end="")
+        raise SystemExit(0)
+    import transformers
+
+    rows = survey(progress=True)
+    text = markdown(rows, transformers.__version__)
+    with open(sys.argv[1], "w") as f:  # python -m tests.hf.coverage SECTION.md
+        f.write(text)
+    print(text.splitlines()[2])

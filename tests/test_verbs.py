@@ -1,0 +1,92 @@
+"""The verb x source table (multihead.loading.VERBS): every cell either names a handler that exists or is refused
+with a reason, never both and never neither; docs/verbs.md is the table as generated (regenerate it with
+``python -m tests.test_verbs``)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from multihead import loading
+from multihead.train import tasks
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "verbs.md"
+TESTS = {  # verb -> the tests that run it on attached HF folders (the other kinds: the guides' tests)
+    "importance": "tests/hf/test_attached_verbs.py::test_importance_attached_equals_native",
+    "prune": "tests/hf/test_attached_verbs.py::test_pruning_removes_whole_groups_and_the_saved_folder_is_the_masked_model",
+    "sinks": "tests/hf/test_attached_verbs.py::test_sinks_attached_equals_native_under_every_cache",
+    "circuit": "tests/hf/test_attached_verbs.py::test_circuit_and_explain_attached_equal_native",
+    "explain": "tests/hf/test_attached_verbs.py::test_circuit_and_explain_attached_equal_native",
+    "export": "tests/hf/test_attached_verbs.py::test_export_of_a_pruned_attached_model_loads_in_plain_transformers",
+    "show": "tests/hf/test_attached_cli.py::test_show_writes_the_page",
+}
+
+
+def markdown() -> str:
+    m = loading.matrix()
+    lines = [
+        "# Every verb on every kind of source",
+        "",
+        "Generated from the verb x source table (`multihead.loading.VERBS`, with `REFUSES` and the task registry);",
+        "`tests/test_verbs.py` checks that this page is the table. A cell names the function that serves the verb",
+        "(in `multihead.cli`) or says why the verb does not apply. `attached` is an HF causal-LM folder read by",
+        "transformers (any architecture whose attention goes through its registry; `hf:FOLDER` asks for this",
+        "reading of a folder multihead also reads natively).",
+        "",
+        "| verb | " + " | ".join(loading.ROUTES) + " |",
+        "|---|" + "---|" * len(loading.ROUTES),
+    ]
+    for verb, row in m.items():
+        cells = ["no" if v.startswith("refused") else f"`{v.split(':')[1]}`" for v in row.values()]
+        lines.append(f"| {verb} | " + " | ".join(cells) + " |")
+    lines += ["", "## Tested on attached HF folders against the native reading", ""]
+    lines += [f"- **{verb}**: `{test}`" for verb, test in TESTS.items()]
+    lines += ["", "## Why not", ""]
+    for verb, row in m.items():
+        reasons: dict[str, list[str]] = {}
+        for route, v in row.items():
+            if v.startswith("refused: "):
+                reasons.setdefault(v[len("refused: ") :], []).append(route)
+        for why, routes in reasons.items():
+            lines.append(f"- **{verb}** on {', '.join(routes)}: {why}")
+    return "\n".join(lines) + "\n"
+
+
+def test_every_cell_is_served_or_refused_with_a_reason():
+    for verb, row in loading.matrix().items():
+        assert set(row) == set(loading.ROUTES)
+        for route, cell in row.items():
+            if cell.startswith("refused: "):
+                assert len(cell) > len("refused: ") + 10, (verb, route)
+                continue
+            module, function = cell.split(":")
+            fn = getattr(importlib.import_module(f"multihead.cli.{module}"), function, None)
+            assert callable(fn), (verb, route, cell)
+
+
+def test_a_served_cell_is_not_also_refused():
+    for verb, table in loading.VERBS.items():
+        base = verb.split(" ")[0]
+        for route in table:
+            if route.startswith("run:") and route != "run:*":
+                assert base not in tasks.KINDS[route[4:]].refuses, (verb, route)
+            elif route in ("lm", "attached", "encoder"):
+                assert base not in loading.REFUSES[route], (verb, route)
+
+
+def test_attached_folders_take_every_verb_of_a_causal_lm():
+    m = loading.matrix()
+    assert {
+        v for v, row in m.items() if row["lm"] != row["attached"] and row["attached"].startswith("refused")
+    } == set()
+    for verb in TESTS:
+        assert not m[verb]["attached"].startswith("refused"), verb
+
+
+def test_the_page_is_the_table():
+    assert DOC.read_text() == markdown(), "docs/verbs.md is stale: python -m tests.test_verbs"
+
+
+if __name__ == "__main__":
+    DOC.write_text(markdown())
+    print(f"wrote {DOC}")
