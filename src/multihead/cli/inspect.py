@@ -370,12 +370,10 @@ def importance_media(args) -> int:
     """``multihead importance dinov2|whisper --out DIR``: :func:`multihead.interpret.ablation.media_importance`."""
     from ..heads.scores import format_table
     from ..interpret.ablation import media_importance
-    from ..loading import kind as source_kind
 
-    kind = source_kind(args.run).route  # dinov2 or whisper: the table sent it here
     if args.out is None:
         raise ValueError("pass --out FOLDER: where to write importance-ablation.json and the pictures")
-    r = media_importance(args.run, kind, args.out, n=args.n, overwrite=args.overwrite)
+    r = media_importance(args.run, out=args.out, n=args.n, overwrite=args.overwrite)
     print(format_table(r["importance"], f"{args.run}: {r['rule']}"))
     for p in r["pruning"]:
         print(

@@ -101,28 +101,35 @@ def whisper_scores(w, n: int = 10):
 __all__ = ["FRACTIONS", "ablation_importance", "dinov2_scores", "pruning_curve", "whisper_scores"]
 
 
-def media_importance(source: str, kind: str, out, *, n: int | None = None, overwrite: bool = False) -> dict:
+def media_importance(
+    source: str, kind: str | None = None, out=None, *, n: int | None = None, overwrite: bool = False
+) -> dict:
     """Each head's importance by zero ablation and the pruning curve (least important heads masked first), written
-    to ``out`` (``importance-ablation.json``, ``importance.png``, ``pruning.png``): DINOv2 (``kind="dinov2"``) by
-    agreement with its unpruned features on the four photographs; Whisper by the reference transcripts' loss, the
-    curve by word error rate, on spoken sentences. Returns the JSON's content."""
+    to ``out`` (``importance-ablation.json``, ``importance.png``, ``pruning.png``): DINOv2 by agreement with its
+    unpruned features on the four photographs; Whisper by the reference transcripts' loss, the curve by word error
+    rate, on spoken sentences. What ``source`` is comes from the source registry (``kind``, ``"dinov2"`` or
+    ``"whisper"``, is still accepted and must agree). Returns the JSON's content."""
     from pathlib import Path
 
     from .._io import Publish, atomic_write_json
+    from ..loading import load as load_source  # the one loader: it knows what a source is
     from ..plotting import curve, head_grid
 
+    loaded = load_source(source)
+    found = {"vision": "dinov2", "speech": "whisper"}.get(loaded.kind)
+    if found is None or (kind is not None and kind != found):
+        raise ValueError(f"{source} is not a DINOv2 or Whisper model; importance by ablation takes dinov2 or whisper")
+    kind = found
+    if out is None:
+        raise ValueError("pass out=: the folder for importance-ablation.json and the pictures")
     if kind == "dinov2":
-        from ..loading import load as load_source  # the one loader: it knows what a source is
-
-        d = load_source(source).detail
+        d = loaded.detail
         model, score = d.model, dinov2_scores(d)
         curve_score = score
         what = "drop in feature agreement (cosine) when the head is zeroed"
         curve_what = "feature agreement with the unpruned model (cosine)"
     else:
-        from ..loading import load as load_source  # the one loader: it knows what a source is
-
-        w = load_source(source).detail
+        w = loaded.detail
         model = w.model
         score, curve_score = whisper_scores(w, n=n or 10)
         what = "rise in the reference transcripts' loss (nats/token) when the head is zeroed"
