@@ -193,16 +193,32 @@ def survey_one(model_type: str, kind: str, cls_name: str) -> Row:
             if not theirs:
                 row.patterns = "not compared: eager returns no attentions"
             else:
-                unused, equal = list(range(len(theirs))), 0
+                unused, equal, sunk = list(range(len(theirs))), 0, 0
                 for p in ours:
+                    # a model whose sinks scale the output after the softmax (Granite SWA) reports eager weights
+                    # before that scaling: ours, with the sink's share removed, renormalised
+                    q = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
                     j = next(
                         (j for j in unused if theirs[j].shape == p.shape and torch.allclose(theirs[j], p, atol=1e-5)),
                         None,
                     )
+                    if j is None:
+                        j = next(
+                            (
+                                j
+                                for j in unused
+                                if theirs[j].shape == p.shape and torch.allclose(theirs[j], q, atol=1e-5)
+                            ),
+                            None,
+                        )
+                        sunk += j is not None
                     if j is not None:
                         unused.remove(j)
                         equal += 1
-                row.patterns = f"{equal}/{len(ours)} equal" if equal == len(ours) else f"differ: {equal}/{len(ours)}"
+                note = f" ({sunk} as eager's weights before its sink scaling)" if sunk else ""
+                row.patterns = (
+                    f"{equal}/{len(ours)} equal{note}" if equal == len(ours) else f"differ: {equal}/{len(ours)}"
+                )
         first = next(iter(att.layers.values()))
         proj = first.out_proj
         if first.z_feeds_output is False:
@@ -212,7 +228,8 @@ def survey_one(model_type: str, kind: str, cls_name: str) -> Row:
         elif not (isinstance(proj, torch.nn.Linear) or type(proj).__name__ == "Conv1D") or first.num_heads < 2:
             row.ablation = "not compared: no separate output projection"
         else:
-            d = first.head_dim
+            w = proj.weight
+            d = (w.shape[1] if isinstance(proj, torch.nn.Linear) else w.shape[0]) // first.num_heads  # value width
             with ablated(model, {0: [1]}), torch.no_grad():
                 ab = _first_tensor(model(**x))
 

@@ -44,6 +44,11 @@ def why_not_prune(model: nn.Module) -> str | None:
                 f"{name} ({type(m).__name__}) does not keep separate query, key, value and output projections "
                 "(nn.Linear): its fused layout is not sliced per head; mask heads instead (importance, head_mask)"
             )
+        if rec.out_proj.in_features != rec.num_heads * rec.head_dim:
+            return (
+                f"{name}: its value heads are {rec.out_proj.in_features // max(rec.num_heads, 1)} wide and its query "
+                f"heads {rec.head_dim}; pruning slices both at one width, so it is not offered; mask heads instead"
+            )
         if rec.z_feeds_output is False:
             return f"{name} transforms the heads' outputs before its output projection (a norm, or differential attention); removing a head's slice would not remove the head"
         if getattr(model.config, "is_encoder_decoder", False):

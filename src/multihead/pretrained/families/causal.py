@@ -64,6 +64,27 @@ def _float(hf: dict, key: str, default: float) -> float:
     return float(value)
 
 
+def _rope(hf: dict, default: float, layer_type: str = "full_attention") -> tuple[float, dict | None]:
+    """``(rotary base, rope scaling)`` as either transformers line writes them: 4.x's top-level ``rope_theta`` and
+    ``rope_scaling``; 5.x's ``rope_parameters`` (``rope_theta`` and the scaling's own keys beside ``rope_type``), or
+    one such dict per layer type (Gemma 3: ``full_attention`` and ``sliding_attention``). Reading only the 4.x keys
+    would give a 5.x folder the default base, silently another model."""
+    params = hf.get("rope_parameters")
+    if isinstance(params, dict) and layer_type in params and isinstance(params[layer_type], dict):
+        params = params[layer_type]
+    if "rope_theta" in hf or not isinstance(params, dict):
+        theta = _float(hf, "rope_theta", default)
+        scaling = hf.get("rope_scaling")
+        if scaling is None and isinstance(params, dict) and params.get("rope_type", "default") != "default":
+            scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        return theta, scaling
+    theta = _float(params, "rope_theta", default)
+    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    if scaling.get("rope_type", scaling.get("type", "default")) == "default" and len(scaling) <= 1:
+        scaling = None
+    return theta, scaling
+
+
 def _bool(hf: dict, key: str, default: bool) -> bool:
     value = hf.get(key, default)
     if not isinstance(value, bool):
@@ -154,8 +175,8 @@ def llama_config(hf: dict, *, backend: str = "auto") -> CausalLMConfig:
         ffn_bias=_bool(hf, "mlp_bias", False),
         cross_attention=False,
         attention=attention,
-        rope_theta=_float(hf, "rope_theta", 10000.0),
-        rope_scaling=hf.get("rope_scaling"),
+        rope_theta=_rope(hf, 10000.0)[0],
+        rope_scaling=_rope(hf, 10000.0)[1],
         sliding_window=window,
     )
     pad = hf.get("pad_token_id")
@@ -349,12 +370,16 @@ def gemma3_config(hf: dict, *, backend: str = "auto") -> CausalLMConfig:
         ffn_bias=False,
         cross_attention=False,
         attention=attention,
-        rope_theta=_float(hf, "rope_theta", 1e6),
-        rope_scaling=hf.get("rope_scaling"),
+        rope_theta=_rope(hf, 1e6)[0],
+        rope_scaling=_rope(hf, 1e6)[1],
         sandwich_norm=True,
         sliding_window=None if window is None else _int(hf, "sliding_window"),
         global_every=_global_every(hf, layers) if window is not None else 0,
-        rope_local_theta=_float(hf, "rope_local_base_freq", 10000.0),
+        rope_local_theta=(
+            _float(hf, "rope_local_base_freq", 10000.0)
+            if "rope_local_base_freq" in hf or not isinstance(hf.get("rope_parameters"), dict)
+            else _rope(hf, 10000.0, "sliding_attention")[0]
+        ),
     )
     pad = hf.get("pad_token_id", 0)
     return _checked(
