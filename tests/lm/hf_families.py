@@ -17,6 +17,15 @@ SMALL = dict(
 )
 
 
+def _theta(c) -> float:
+    """The rotary base of an HF config of either transformers line (5.x keeps it in rope_parameters)."""
+    theta = getattr(c, "rope_theta", None)
+    if theta is None:
+        params = c.rope_parameters
+        theta = (params.get("full_attention") or params)["rope_theta"]
+    return float(theta)
+
+
 def hf_model(family: str, **overrides):
     """A small random HF model of ``family``, its weights (biases and norms included) moved away from their init so
     that a missed bias or norm shows."""
@@ -107,7 +116,7 @@ def write_gguf(model, path, *, permute: bool = True, quantize: tuple = (), arch:
     w.add_feed_forward_length(c.intermediate_size)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
-    w.add_rope_freq_base(float(c.rope_theta))
+    w.add_rope_freq_base(_theta(c))
     w.add_layer_norm_rms_eps(float(c.rms_norm_eps))
     w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
     w.add_vocab_size(c.vocab_size)
@@ -185,7 +194,7 @@ def write_gemma_gguf(model, path):
     w.add_head_count_kv(c.num_key_value_heads)
     w.add_key_length(c.head_dim)
     w.add_value_length(c.head_dim)
-    w.add_rope_freq_base(float(c.rope_theta))
+    w.add_rope_freq_base(_theta(c))
     w.add_layer_norm_rms_eps(float(c.rms_norm_eps))
     w.add_sliding_window(c.sliding_window)
     w.add_tokenizer_model("llama")

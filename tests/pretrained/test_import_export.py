@@ -11,7 +11,12 @@ from multihead import pretrained
 from multihead.pretrained import PretrainedError
 from multihead.modules.variants import AttentionConfig
 
-transformers = pytest.importorskip("transformers")  # test-only reference, pinned 4.57.6 (see test_parity.py)
+transformers = pytest.importorskip("transformers")  # test-only reference (see test_parity.py)
+# transformers 5 writes no pytorch_model.bin and ignores config.json's pruned_heads: those two tests run in the
+# transformers 4.57.6 environment (`make test` runs this file there too)
+FOUR = pytest.mark.skipif(
+    int(transformers.__version__.split(".")[0]) >= 5, reason="needs transformers 4.x (make test runs it in .venv-hf4)"
+)
 
 TEXTS = ["The cat sat on the mat.", "Fine-tuning needs the right weights in the right places.", "Yes."]
 
@@ -47,7 +52,7 @@ def _max_err(a, b, real):
     return ((a - b).abs() * real[..., None]).max().item()
 
 
-@pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "pytorch_model.bin"])
+@pytest.mark.parametrize("safe", [True, pytest.param(False, marks=FOUR)], ids=["safetensors", "pytorch_model.bin"])
 def test_tiny_bert_from_either_weight_file(tmp_path, safe):
     ref_model = _tiny_bert(tmp_path, safe=safe)
     assert (tmp_path / ("model.safetensors" if safe else "pytorch_model.bin")).exists()
@@ -73,6 +78,7 @@ def test_round_trip_minilm_through_hf(tmp_path):
         assert _max_err(reloaded.model(batch["input_ids"], real), ref, real) <= 1e-5
 
 
+@FOUR
 def test_pruned_heads_survive_export(tmp_path):
     p = pretrained.load("minilm")
     p.model.encoder.layers[0].attn.prune_heads([1, 5])

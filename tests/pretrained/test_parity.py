@@ -1,7 +1,7 @@
 """Our encoder on real MiniLM weights against HF transformers (eager attention) on a padded batch.
 
-HF transformers is a test-only reference pinned to 4.57.6: 5.x ignores head_mask, has no prune_heads and returns no
-attentions without eager attention, all of which these tests (and the pruning ones) compare against.
+HF transformers is a test-only reference. transformers 5 ignores head_mask: that comparison runs in the 4.57.6
+environment (`make test` runs this file there too); everything else runs under both.
 """
 
 import pytest
@@ -93,6 +93,10 @@ def test_backend_returned_weights_match_hf_per_layer(hf_run):
             assert err <= 1e-5, f"layer {i}: {err:.2e}"
 
 
+@pytest.mark.skipif(
+    int(transformers.__version__.split(".")[0]) >= 5,
+    reason="transformers 5 ignores head_mask (make test runs it in .venv-hf4)",
+)
 def test_head_mask_matches_hf(hf_run):
     batch, _ = hf_run
     p = pretrained.load("minilm")

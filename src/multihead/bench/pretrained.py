@@ -45,9 +45,7 @@ def _forward(impl: str):
     try:
         import transformers
     except ImportError:
-        raise SystemExit(
-            "HF transformers is not installed (pip install transformers==4.57.6); it is only a peer"
-        ) from None
+        raise SystemExit("HF transformers is not installed (pip install 'multihead[hf]'); it is only a peer") from None
     model = transformers.BertModel.from_pretrained(str(path), attn_implementation=impl.split("_")[1])
     return model, lambda ids, keep: model(input_ids=ids, attention_mask=keep.long()).last_hidden_state
 

