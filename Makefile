@@ -73,7 +73,7 @@ test: $(STAMP) $(HF4_STAMP)
 coverage: $(STAMP) $(HF4_STAMP)
 	$(HF4)/bin/python -m tests.hf.coverage .coverage-4.md
 	$(PY) -m tests.hf.coverage .coverage-5.md
-	$(PY) -m tests.hf.coverage join .coverage-4.md .coverage-5.md > docs/attach-coverage.md
+	$(PY) -m tests.hf.coverage join .coverage-4.md .coverage-5.md docs/attach-coverage.md
 	rm -f .coverage-4.md .coverage-5.md
 
 docs: $(STAMP)   # the guides, the API reference from the docstrings and the results, offline; a warning fails it

@@ -88,5 +88,7 @@ def test_the_page_is_the_table():
 
 
 if __name__ == "__main__":
-    DOC.write_text(markdown())
+    from multihead._io import atomic_write_text
+
+    atomic_write_text(DOC, markdown())
     print(f"wrote {DOC}")

@@ -196,12 +196,8 @@ def kind(source: str | Path) -> SourceKind:
             f"safetensors), a .gguf or .onnx file, a CTranslate2 folder, or one of {pretrained.names.listing()}"
         )
     if found.family is None and found.format.name == "hf" and found.path.is_dir():
-        from .hf.folder import why_not_folder
-
-        why = why_not_folder(found.path)
-        if why is None:  # no native family, but transformers reads it: attached
-            return SourceKind(text, "lm", found.path, format="hf", refuses=REFUSES["attached"])
-        raise pretrained.SourceError(f"{found.path}: {found.why}; nor is it read attached: {why}")
+        # no native family: attached, where transformers reads it as a causal LM
+        return _attached(text, found.path, f"{found.path}: {found.why}; nor is it read attached")
     if found.family is None:
         raise pretrained.SourceError(f"{found.path}: {found.why}")
     family = found.family
@@ -219,11 +215,18 @@ def _attached_kind(text: str) -> SourceKind:
             f"{text}: {ATTACHED_PREFIX}FOLDER reads an HF model folder with transformers, and {path} has no "
             "config.json; pass an HF folder (config.json + safetensors)"
         )
+    return _attached(text, path, str(path))
+
+
+def _attached(text: str, path: Path, refused: str) -> SourceKind:
+    """The kind of an HF folder read by transformers and attached; a SourceError ``refused: why`` where it is no
+    causal LM transformers reads (:func:`multihead.hf.folder.why_not_folder`)."""
+    from . import pretrained
     from .hf.folder import why_not_folder
 
     why = why_not_folder(path)
     if why is not None:
-        raise pretrained.SourceError(f"{path}: {why}")
+        raise pretrained.SourceError(f"{refused}: {why}")
     return SourceKind(text, "lm", path, format="hf", refuses=REFUSES["attached"])
 
 
@@ -233,12 +236,18 @@ def route(source: str | Path, verb: str) -> str:
 
 
 def _served(verb: str, route: str) -> str | None:
+    """The handler of ``verb`` for ``route`` (``run:*``: a run folder of no known task, a damaged one)."""
     table = VERBS[verb]
     if route in table:
         return table[route]
     if route.startswith("run:") and "run:*" in table:
         return table["run:*"]
-    return table.get("*")
+    return table.get("*") or (_run_handler(verb) if route == "run:*" else None)
+
+
+def _run_handler(verb: str) -> str | None:
+    """The first run handler of ``verb`` (what a damaged run folder is given, so that its loader speaks)."""
+    return next((h for r, h in VERBS[verb].items() if r.startswith("run:")), None)
 
 
 def _takes(verb: str) -> str:
@@ -273,9 +282,7 @@ def handler(verb: str, source: str | Path) -> str:
         return fallback
     k.check(base)
     route = k.route if k.name != "run" or k.task is not None else "run:*"  # a damaged run: the run handler
-    served = _served(verb, route) or (
-        next((h for r, h in VERBS[verb].items() if r.startswith("run:")), None) if route == "run:*" else None
-    )
+    served = _served(verb, route)
     if served is None:
         flag = f"; without {verb.split(' ', 1)[1]}, `multihead {base}` takes it" if " " in verb else ""
         raise ConfigError(f"`multihead {verb}` does not take {source} ({k.title}); it takes {_takes(verb)}{flag}")
@@ -287,7 +294,7 @@ def _run_fallback(verb: str, source: str | Path) -> str | None:
     meant as one (so that its message names what a run folder needs); None: the registry's message stands."""
     from . import pretrained
 
-    run_handler = next((h for r, h in VERBS[verb].items() if r.startswith("run:")), None)
+    run_handler = _run_handler(verb)
     path = Path(str(source))
     if run_handler is None or pretrained.names.short_name(str(source)) is not None:
         return None
@@ -314,9 +321,11 @@ def _run_fallback(verb: str, source: str | Path) -> str | None:
     )
 
 
-_KIND_OF_ROUTE = {"attached": "attached", "dinov2": "vision", "whisper": "speech"}
-ROUTES = ("run:train", "run:pretrain", "run:g2p", "run:vision", "run:grounding", "encoder", "lm", "attached")
-ROUTES += ("dinov2", "whisper")
+_KIND_OF_ROUTE = {"dinov2": "vision", "whisper": "speech"}  # a family's route -> its kind in REFUSES
+ROUTES = (
+    *("run:train", "run:pretrain", "run:g2p", "run:vision", "run:grounding"),
+    *("encoder", "lm", "attached", "dinov2", "whisper"),
+)
 
 
 def matrix() -> dict[str, dict[str, str]]:

@@ -298,13 +298,14 @@ def page(sections: list[str]) -> str:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:2] == ["join"]:  # python -m tests.hf.coverage join A.md B.md > docs/attach-coverage.md
-        print(page([open(f).read() for f in sys.argv[2:]]), end="")
+    from multihead._io import atomic_write_text
+
+    if sys.argv[1:2] == ["join"]:  # python -m tests.hf.coverage join A.md B.md OUT.md
+        *parts, out = sys.argv[2:]
+        atomic_write_text(out, page([open(f).read() for f in parts]))
         raise SystemExit(0)
     import transformers
 
-    rows = survey(progress=True)
-    text = markdown(rows, transformers.__version__)
-    with open(sys.argv[1], "w") as f:  # python -m tests.hf.coverage SECTION.md
-        f.write(text)
+    text = markdown(survey(progress=True), transformers.__version__)
+    atomic_write_text(sys.argv[1], text)  # python -m tests.hf.coverage SECTION.md
     print(text.splitlines()[2])

@@ -176,3 +176,30 @@ def test_circuit_and_explain_attached_equal_native(llama):
     for key in ("X", "Q", "K", "V", "weights", "concat", "output"):
         torch.testing.assert_close(torch.tensor(pages[0][key]), torch.tensor(pages[1][key]), atol=1e-4, rtol=0)
     assert max(pages[1]["checks"].values()) < 1e-4 and pages[1]["rotated"]
+
+
+@pytest.mark.parametrize(
+    "report, words",
+    [
+        ({"fractions": {"0.5": {"pruned_heads": {"0": ["a"]}}}}, "lists of head indices"),
+        ({"fractions": {"0.5": {}}}, "lists of head indices"),
+        ({"fractions": {"0.5": {"pruned_heads": {"x": [0]}}}}, "lists of head indices"),
+        ({"fractions": {"half": {}}}, "pass --fraction, one of half"),
+        ({"fractions": []}, "holds no pruned fractions"),
+        ([1, 2], "holds no pruned fractions"),
+    ],
+)
+def test_a_bad_pruning_report_is_refused_before_loading(granite, tmp_path, capsys, report, words):
+    (tmp_path / "prune").mkdir()
+    (tmp_path / "prune" / "importance-michel.json").write_text(json.dumps(report))
+    out = tmp_path / "out"
+    argv = ["export", str(granite), "--out", str(out), "--prune", str(tmp_path / "prune"), "--fraction", "0.5"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err and "internal error" not in err, err
+    assert not out.exists()
+    assert main([*argv[:-4], "--prune", str(tmp_path / "nowhere"), "--fraction", "0.5"]) == 2
+    assert "pass the --out folder of `multihead prune MODEL`" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*argv[:-1], "2"])
+    assert "a number in [0, 1]" in capsys.readouterr().err

@@ -415,18 +415,41 @@ def _importance_lm(args, *, prune: bool) -> int:
 
 
 def _pruned_heads(path: str, fraction: float | None) -> dict[int, list[int]]:
-    """The heads ``multihead prune`` chose at ``fraction``, from its folder or its importance-michel.json."""
+    """The heads ``multihead prune`` chose at ``fraction``, from its folder or its importance-michel.json, checked
+    for shape (layer -> list of head indices) before anything is loaded."""
     from .._io import read_json_file
 
     file = Path(path) / "importance-michel.json" if Path(path).is_dir() else Path(path)
+    if not file.is_file():
+        raise ValueError(
+            f"--prune {path}: no {file} to read; pass the --out folder of `multihead prune MODEL` (it holds "
+            "importance-michel.json) or that file"
+        )
     report = read_json_file(file)
     fractions = report.get("fractions") if isinstance(report, dict) else None
     if not isinstance(fractions, dict) or not fractions:
         raise ValueError(f"{file} holds no pruned fractions; make it with `multihead prune MODEL --out DIR`")
-    if fraction is None or not any(abs(float(k) - fraction) < 1e-9 for k in fractions):
+    chosen = [v for k, v in fractions.items() if fraction is not None and _same_fraction(k, fraction)]
+    if not chosen:
         raise ValueError(f"pass --fraction, one of {', '.join(sorted(fractions))} (the fractions {file} holds)")
-    entry = next(v for k, v in fractions.items() if abs(float(k) - fraction) < 1e-9)
-    return {int(k): [int(h) for h in v] for k, v in entry["pruned_heads"].items()}
+    heads = chosen[0].get("pruned_heads") if isinstance(chosen[0], dict) else None
+    ok = isinstance(heads, dict) and all(
+        str(k).isdigit() and isinstance(v, list) and all(isinstance(h, int) and not isinstance(h, bool) for h in v)
+        for k, v in heads.items()
+    )
+    if not ok:
+        raise ValueError(
+            f"{file}: fraction {fraction}'s pruned_heads must map layer numbers to lists of head indices; it is not "
+            "what `multihead prune` writes: make it again"
+        )
+    return {int(k): list(v) for k, v in heads.items()}
+
+
+def _same_fraction(key: str, fraction: float) -> bool:
+    try:
+        return abs(float(key) - fraction) < 1e-9
+    except ValueError:
+        return False
 
 
 def export_attached(args) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .args import _count, _nonneg, _number, _read_texts, dispatch
+from .args import _count, _fraction, _nonneg, _number, _read_texts, dispatch
 
 
 def cmd_evaluate(args) -> int:
@@ -301,7 +301,7 @@ def _parser_export(sub) -> None:
         help="HF folders read by transformers: remove the heads `multihead prune` chose (its --out folder or "
         "importance-michel.json) before writing; with --fraction",
     )
-    ex.add_argument("--fraction", type=float, default=None, help="with --prune: which of its fractions")
+    ex.add_argument("--fraction", type=_fraction, default=None, help="with --prune: which of its fractions")
     ex.add_argument("--overwrite", action="store_true", help="replace an existing folder at --out")
     ex.set_defaults(fn=cmd_export)
 

@@ -169,13 +169,19 @@ def observe(model: nn.Module, example: dict | None = None) -> list[tuple[str, nn
     ``model``'s forward; default :func:`probe_inputs`), then switched back. Returns ``(name, module, query shape,
     key shape)`` in the model's order. Nothing is computed in the attention layers, and every module's training
     flag is restored; forward hooks the user has on the model see the probe pass."""
+    return _observe(model, example)[0]
+
+
+def _observe(model: nn.Module, example: dict | None) -> tuple[list, dict[str, list[str]]]:
+    """:func:`observe`'s layers, and for each layer that handed the attention function tensors it would not
+    compute with (:data:`UNDERSTOOD`), their names."""
     modeling_utils, masking_utils = _transformers()
     modeling_utils.AttentionInterface.register(PROBE, _probe_forward)
     masking_utils.AttentionMaskInterface.register(PROBE, masking_utils.AttentionMaskInterface._global_mapping["sdpa"])
     inputs = probe_inputs(model) if example is None else dict(example)
     modes = [(m, m.training) for m in model.modules()]
     before = _set_implementation(model, PROBE)
-    _RECORDING.seen, _RECORDING.unknown = {}, {}
+    _RECORDING.seen = {}
     try:
         model.eval()
         with torch.no_grad():
@@ -192,10 +198,10 @@ def observe(model: nn.Module, example: dict | None = None) -> list[tuple[str, nn
         _restore_implementation(before)
         for m, mode in modes:
             m.training = mode
-    _RECORDING.unknown = {
-        n: sorted(seen[id(m)][3]) for n, m in model.named_modules() if id(m) in seen and seen[id(m)][3]
+    order = [(n, m) for n, m in model.named_modules() if id(m) in seen]
+    return [(n, m, *seen[id(m)][1:3]) for n, m in order], {
+        n: sorted(seen[id(m)][3]) for n, m in order if seen[id(m)][3]
     }
-    return [(n, m, *seen[id(m)][1:3]) for n, m in model.named_modules() if id(m) in seen]
 
 
 def routes(cls: type) -> bool:
@@ -218,9 +224,9 @@ def routes(cls: type) -> bool:
 
 
 def _survey(
-    model: nn.Module, example: dict | None, seen: list | None = None
+    model: nn.Module, example: dict | None, observed: tuple | None = None
 ) -> tuple[str | None, list[tuple[str, nn.Module, tuple, tuple]]]:
-    """``(why not, the layers seen calling the registry)`` from one probe pass (:func:`observe`; ``seen``: its
+    """``(why not, the layers seen calling the registry)`` from one probe pass (:func:`_observe`; ``observed``: its
     result, when already run)."""
     modeling_utils, _ = _transformers()
     if not isinstance(model, modeling_utils.PreTrainedModel):
@@ -231,10 +237,9 @@ def _survey(
     if is_attached(model):
         return f"{type(model).__name__} is already attached; call multihead.hf.detach(model) first", []
     try:
-        seen = observe(model, example) if seen is None else seen
+        seen, unknown = _observe(model, example) if observed is None else observed
     except AttachError as exc:
         return str(exc), []
-    unknown = getattr(_RECORDING, "unknown", None) or {}
     if unknown:
         name, extra = next(iter(unknown.items()))
         kind = getattr(model.config, "model_type", type(model).__name__)
@@ -283,10 +288,10 @@ def why_not_skeleton(model: nn.Module) -> str | None:
     its weights are read. Some architectures compute on values in their forward pass (rotary tables, position
     ids), which the meta device cannot: then this answers None and :func:`attach` decides on the loaded model."""
     try:
-        seen = observe(model)
+        observed = _observe(model, None)
     except ProbeError:
         return None
-    return _survey(model, None, seen)[0]
+    return _survey(model, None, observed)[0]
 
 
 # ------------------------------------------------------------------------------------------ the record per layer

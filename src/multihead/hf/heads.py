@@ -21,8 +21,6 @@ from torch import Tensor, nn
 
 from .attach import AttachError, attached
 
-_Q, _K, _V = ("q_proj", "query", "q", "q_lin"), ("k_proj", "key", "k", "k_lin"), ("v_proj", "value", "v", "v_lin")
-
 
 def head_layout(model: nn.Module) -> tuple[int, int, int]:
     """``(layers, query heads, key/value heads)`` of an attached model's attention layers (the first layer's counts;
@@ -31,15 +29,13 @@ def head_layout(model: nn.Module) -> tuple[int, int, int]:
     return len(recs), recs[0].num_heads, recs[0].num_kv_heads
 
 
-def _linear(module: nn.Module, names: tuple[str, ...]) -> nn.Linear | None:
-    return next((c for n in names if isinstance(c := getattr(module, n, None), nn.Linear)), None)
-
-
 def why_not_prune(model: nn.Module) -> str | None:
     """Why the heads of the attached ``model`` cannot be removed from its weights (None: they can)."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        return "pruning is for decoder-only models; mask heads of an encoder-decoder instead"
     for name, rec in attached(model).layers.items():
         m = rec._module
-        if None in (_linear(m, _Q), _linear(m, _K), _linear(m, _V)) or not isinstance(rec.out_proj, nn.Linear):
+        if None in (rec.w_q, rec.w_k, rec.w_v) or not isinstance(rec.out_proj, nn.Linear):
             return (
                 f"{name} ({type(m).__name__}) does not keep separate query, key, value and output projections "
                 "(nn.Linear): its fused layout is not sliced per head; mask heads instead (importance, head_mask)"
@@ -51,8 +47,6 @@ def why_not_prune(model: nn.Module) -> str | None:
             )
         if rec.z_feeds_output is False:
             return f"{name} transforms the heads' outputs before its output projection (a norm, or differential attention); removing a head's slice would not remove the head"
-        if getattr(model.config, "is_encoder_decoder", False):
-            return "pruning is for decoder-only models; mask heads of an encoder-decoder instead"
         d = rec.head_dim
         for norm in ("q_norm", "k_norm"):
             w = getattr(getattr(m, norm, None), "weight", None)
@@ -114,9 +108,9 @@ def prune_heads(model: nn.Module, heads: dict[int, list[int]]) -> dict[int, list
         keep_q = [x for x in range(h) if x not in chosen]
         keep_kv = [k for k in range(g) if k not in gone_groups]
         m = rec._module
-        _slice(_linear(m, _Q), rows=_rows(keep_q, d))
-        _slice(_linear(m, _K), rows=_rows(keep_kv, d))
-        _slice(_linear(m, _V), rows=_rows(keep_kv, d))
+        _slice(rec.w_q, rows=_rows(keep_q, d))
+        _slice(rec.w_k, rows=_rows(keep_kv, d))
+        _slice(rec.w_v, rows=_rows(keep_kv, d))
         _slice(rec.out_proj, cols=_rows(keep_q, d))
         for attr, value in (("num_heads", len(keep_q)), ("num_key_value_heads", len(keep_kv))):
             if isinstance(getattr(m, attr, None), int):
@@ -138,9 +132,8 @@ def _padded_state(model: nn.Module, h_max: int, g_max: int) -> dict[str, Tensor]
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     names = {id(mod): n for n, mod in model.named_modules()}
     for rec in attached(model).layers.values():
-        m, d = rec._module, rec.head_dim
-        for projections, heads in ((_Q, h_max), (_K, g_max), (_V, g_max)):
-            lin = _linear(m, projections)
+        d = rec.head_dim
+        for lin, heads in ((rec.w_q, h_max), (rec.w_k, g_max), (rec.w_v, g_max)):
             prefix = names[id(lin)]
             w = state[prefix + ".weight"]
             state[prefix + ".weight"] = torch.cat([w, w.new_zeros(heads * d - w.shape[0], w.shape[1])])

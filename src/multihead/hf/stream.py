@@ -65,6 +65,7 @@ class StreamCache:
         self.v: dict[int, Tensor] = {}
         self.slot: dict[int, Tensor] = {}  # the slot each stored key was rotated at
         self.seen = 0  # tokens fed so far
+        self._rotation: tuple | None = None  # (step and deltas, cos, sin) of the current step
 
     @property
     def capacity(self) -> int | None:
@@ -88,10 +89,15 @@ class StreamCache:
         return torch.arange(start, start + n).unsqueeze(0)
 
     def _turn(self, k: Tensor, delta: Tensor) -> Tensor:
-        """``k`` ``(B, G, L, D)`` turned by ``delta`` ``(L,)`` positions with the model's rotary embedding."""
+        """``k`` ``(B, G, L, D)`` turned by ``delta`` ``(L,)`` positions with the model's rotary embedding. Every
+        layer of a step has the same slots, so the rotation is computed once per step."""
         emb, apply = self.rotary
-        cos, sin = emb(k, delta.unsqueeze(0).to(k.device))
-        return apply(k, k, cos.to(k.dtype), sin.to(k.dtype))[1]
+        key = (self.seen, delta.numel())  # every layer evicts alike: one step, one set of slots
+        if self._rotation is None or self._rotation[0] != key:
+            cos, sin = emb(k, delta.unsqueeze(0).to(k.device))
+            self._rotation = (key, cos.to(k.dtype), sin.to(k.dtype))
+        _, cos, sin = self._rotation
+        return apply(k, k, cos, sin)[1]
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add this step's keys and values of ``layer`` (rotated at :meth:`positions`); returns every cached one in
