@@ -59,3 +59,26 @@ def test_rotary_settings_of_either_transformers_line_are_read(name, tmp_path):
     ids = torch.randint(3, 128, (1, 48), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(native(ids), model(input_ids=ids).logits, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize(
+    "params, words",
+    [
+        ({"rope_type": "default", "rope_theta": "x"}, "rope_theta='x'"),
+        ({"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}, "'dynamic' is not supported"),
+    ],
+)
+def test_bad_rope_parameters_are_refused_by_name(params, words, tmp_path, capsys):
+    from multihead.cli import main
+
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**GQA, **TOK)).save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.pop("rope_theta", None)
+    cfg.pop("rope_scaling", None)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "rope_parameters": params}))
+    out = tmp_path / "out"
+    assert main(["heads", str(tmp_path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "internal error" not in err, err
+    assert not out.exists()
