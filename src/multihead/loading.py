@@ -63,6 +63,34 @@ REFUSES: dict[str, dict[str, str]] = {
     ),
 }
 REFUSES["attached"] = REFUSES["lm"]  # an HF causal LM read by transformers and attached: every verb of a causal LM
+_ATTACHED_TEXT = ("show", "heads", "patch")  # what an HF encoder or sequence-to-sequence folder serves, and generate
+REFUSES["attached-encoder"] = {
+    **dict.fromkeys(
+        (v for v in _TEXT_VERBS if v not in _ATTACHED_TEXT),
+        "an HF encoder folder read attached is looked inside with show, heads and patch (a masked LM: the answer "
+        "at its mask token); generation and caches take a causal LM, and fine-tuning, importance and pruning take "
+        "the encoders multihead reads natively (minilm, HF BERT folders)",
+    ),
+    **dict.fromkeys(("importance", "kv"), "it is an encoder: show, heads and patch take it"),
+}
+REFUSES["attached-seq2seq"] = {
+    **dict.fromkeys(
+        (v for v in _TEXT_VERBS if v not in (*_ATTACHED_TEXT, "generate")),
+        "an HF sequence-to-sequence folder is looked inside with show, heads and patch, and translates with "
+        "generate; the causal-LM analyses (caches, circuits, pruning) take a decoder-only model",
+    ),
+    **dict.fromkeys(
+        ("importance", "kv"), "it is a sequence-to-sequence model: show, heads, patch and generate take it"
+    ),
+}
+REFUSES["attached-vision"] = {
+    **dict.fromkeys(_TEXT_VERBS, "it does not read text: an HF vision folder is looked at with show --image"),
+    **dict.fromkeys(
+        ("heads", "importance", "kv"),
+        "an HF vision folder read attached is looked at with show --image (every head's map of one image); the "
+        "per-head studies over photographs take dinov2 and ViT runs",
+    ),
+}
 
 
 # What each verb does with each kind of source (the other half of REFUSES): route -> its handler, named as
@@ -78,6 +106,8 @@ VERBS: dict[str, dict[str, str]] = {
         "run:vision": "inspect:show_vision",
         "run:grounding": "inspect:show_grounding",
         "run:g2p": "inspect:show_g2p",
+        "attached-seq2seq": "inspect:show_seq2seq",
+        "attached-vision": "inspect:show_attached_vision",
         "*": "inspect:show_text",
     },
     "heads": {
@@ -86,6 +116,7 @@ VERBS: dict[str, dict[str, str]] = {
         "dinov2": "inspect:heads_dinov2",
         "whisper": "speech:heads_whisper",
         "run:pretrain": "inspect:heads_causal",
+        "attached-seq2seq": "inspect:heads_seq2seq",
         "*": "inspect:heads_text",
     },
     "heads --kv": dict.fromkeys(_LM, "lm:heads_lm"),
@@ -97,11 +128,19 @@ VERBS: dict[str, dict[str, str]] = {
     },
     "prune": {**dict.fromkeys(_LM, "lm:prune_lm"), "run:*": "inspect:prune_run"},
     "explain": {"*": "inspect:explain_text"},
-    "generate": {**dict.fromkeys(_LM, "lm:generate_lm"), "run:pretrain": "lm:generate_run"},
+    "generate": {
+        **dict.fromkeys(_LM, "lm:generate_lm"),
+        "run:pretrain": "lm:generate_run",
+        "attached-seq2seq": "lm:generate_seq2seq",
+    },
     "sinks": {**dict.fromkeys(_LM, "lm:sinks_lm"), "run:pretrain": "lm:sinks_run"},
     "induction": dict.fromkeys(_LM, "lm:induction_lm"),
     "kv": dict.fromkeys(_LM, "lm:kv_lm"),
-    "patch": {**dict.fromkeys(_LM, "interventions:patch"), "run:pretrain": "interventions:patch"},
+    "patch": {
+        **dict.fromkeys(_LM, "interventions:patch"),
+        "run:pretrain": "interventions:patch",
+        **dict.fromkeys(("attached-encoder", "attached-seq2seq"), "interventions:patch_attached"),
+    },
     "attribute": {**dict.fromkeys(_LM, "interventions:attribute"), "run:pretrain": "interventions:attribute"},
     "circuit": dict.fromkeys(_LM, "interventions:circuit"),
     "embed": {"encoder": "runs:embed", "run:train": "runs:embed"},
@@ -135,6 +174,7 @@ class SourceKind:
     family: object = None
     format: str | None = None
     refuses: dict[str, str] = field(default_factory=dict)
+    role: str | None = None  # an HF folder read attached: causal, encoder, seq2seq or vision (multihead.hf.folder)
 
     @property
     def route(self) -> str:
@@ -143,7 +183,7 @@ class SourceKind:
         if self.name == "run":
             return f"run:{self.task.section}" if self.task is not None else "run:train"
         if self.family is None:
-            return "attached"
+            return "attached" if self.role in (None, "causal") else f"attached-{self.role}"
         return self.name if self.name in ("encoder", "lm") else self.family.name
 
     @property
@@ -151,7 +191,9 @@ class SourceKind:
         if self.name == "run":
             return f"a {self.task.title} run" if self.task is not None else "a run folder"
         if self.family is None:
-            return "an HF causal LM read by transformers and attached"
+            from .hf.folder import ROLES
+
+            return f"{ROLES[self.role or 'causal']} read by transformers and attached"
         return f"{self.family.title} ({self.format} format)"
 
     def check(self, verb: str) -> SourceKind:
@@ -218,16 +260,22 @@ def _attached_kind(text: str) -> SourceKind:
     return _attached(text, path, str(path))
 
 
+_ROLE_KIND = {"causal": "lm", "encoder": "encoder", "seq2seq": "seq2seq", "vision": "vision"}
+
+
 def _attached(text: str, path: Path, refused: str) -> SourceKind:
-    """The kind of an HF folder read by transformers and attached; a SourceError ``refused: why`` where it is no
-    causal LM transformers reads (:func:`multihead.hf.folder.why_not_folder`)."""
+    """The kind of an HF folder read by transformers and attached, as what its config says it is (a causal LM, an
+    encoder, a sequence-to-sequence or a vision model: :func:`multihead.hf.folder.role_of`); a SourceError
+    ``refused: why`` where it is none that transformers reads."""
     from . import pretrained
-    from .hf.folder import why_not_folder
+    from .hf.folder import why_not_folder, role_of
 
     why = why_not_folder(path)
     if why is not None:
         raise pretrained.SourceError(f"{refused}: {why}")
-    return SourceKind(text, "lm", path, format="hf", refuses=REFUSES["attached"])
+    role = role_of(path)
+    route = "attached" if role == "causal" else f"attached-{role}"
+    return SourceKind(text, _ROLE_KIND[role], path, format="hf", refuses=REFUSES[route], role=role)
 
 
 def route(source: str | Path, verb: str) -> str:
@@ -259,7 +307,14 @@ def _takes(verb: str) -> str:
             return "run folders"
         if r.startswith("run:"):
             return f"{tasks.KINDS[r[4:]].title} runs"
-        return {"lm": "pretrained LMs", "attached": "HF LM folders", "encoder": "text encoders"}.get(r, r)
+        return {
+            "lm": "pretrained LMs",
+            "attached": "HF LM folders",
+            "encoder": "text encoders",
+            "attached-encoder": "HF encoder folders",
+            "attached-seq2seq": "HF sequence-to-sequence folders",
+            "attached-vision": "HF vision folders",
+        }.get(r, r)
 
     named = list(dict.fromkeys(words(r) for r in VERBS[verb] if r != "*"))
     return ", ".join(named) if named else "text models"
@@ -324,7 +379,7 @@ def _run_fallback(verb: str, source: str | Path) -> str | None:
 _KIND_OF_ROUTE = {"dinov2": "vision", "whisper": "speech"}  # a family's route -> its kind in REFUSES
 ROUTES = (
     *("run:train", "run:pretrain", "run:g2p", "run:vision", "run:grounding"),
-    *("encoder", "lm", "attached", "dinov2", "whisper"),
+    *("encoder", "lm", "attached", "attached-encoder", "attached-seq2seq", "attached-vision", "dinov2", "whisper"),
 )
 
 
@@ -394,37 +449,34 @@ def load(
         return Loaded(
             str(source), "run", run.model, run.tokenizer, run.config.data.max_len, run.config.data.max_len, run
         )
-    if k.family is None:  # an HF causal LM read attached
-        from .hf.folder import load as load_attached
+    if k.family is None:  # an HF folder read attached: a causal LM, an encoder, a seq2seq or a vision model
+        from .hf.folder import load_folder
 
-        p = load_attached(k.path, backend=backend, device=device)
-        n = min(LM_READ, p.model.config.max_len)
-        return Loaded(str(source), "lm", p.model, p.tokenizer, n, n, p, p.family, "hf")
-    fam, fmt = k.family.name, k.format
-    if k.name == "lm":
-        from . import lm
-
-        p = lm.load(source, backend=backend, device=device, progress=progress)
-        return Loaded(str(source), "lm", p.model, p.tokenizer, LM_READ, LM_READ, p, fam, fmt)
-    if k.name == "encoder":
-        from . import pretrained
-
-        p = pretrained.load(source, backend=backend, device=device)
-        return Loaded(
-            str(source), "pretrained", p.model, p.tokenizer, p.model.config.max_len, p.max_seq_length, p, fam, fmt
-        )
-    if text:
+        p = load_folder(k.path, backend=backend, device=device)
+        if k.role == "causal":
+            n = min(LM_READ, p.model.config.max_len)
+            return Loaded(str(source), "lm", p.model, p.tokenizer, n, n, p, p.family, "hf")
+        if text and k.role != "encoder":
+            raise ConfigError(f"{source} is {k.title}; {REFUSES[k.route]['embed']}")
+        return Loaded(str(source), k.route, p.model, p.tokenizer, p.max_len, p.max_len, p, p.family, "hf")
+    if text and k.name in _NO_TEXT:
         raise ConfigError(f"{source} is {k.title}; {REFUSES[k.name]['embed']}")
-    if k.name == "vision":
-        from . import dinov2
+    b = k.family.load(source, backend=backend, device=device, progress=progress)  # the family says how it is read
+    tokenizer, n, sentence = _READS[k.name](b)
+    return Loaded(
+        str(source), _LOADED_KIND.get(k.name, k.name), b.model, tokenizer, n, sentence, b, k.family.name, k.format
+    )
 
-        d = dinov2.load(source, backend=backend)
-        return Loaded(str(source), "vision", d.model.to(device), None, 0, 0, d, fam, fmt)
-    from . import whisper
 
-    w = whisper.load(source, backend=backend)
-    n = w.model.config.max_target_positions
-    return Loaded(str(source), "speech", w.model.to(device), w.tokenizer, n, n, w, fam, fmt)
+_NO_TEXT = ("vision", "speech")
+# What each kind of foreign model's bundle reads, for :class:`Loaded`: (text tokenizer, most tokens, sentence length)
+_READS = {
+    "lm": lambda b: (b.tokenizer, LM_READ, LM_READ),
+    "encoder": lambda b: (b.tokenizer, b.model.config.max_len, b.max_seq_length),
+    "vision": lambda b: (None, 0, 0),
+    "speech": lambda b: (b.tokenizer, b.model.config.max_target_positions, b.model.config.max_target_positions),
+}
+_LOADED_KIND = {"encoder": "pretrained"}  # the name Loaded has always given an encoder
 
 
 __all__ = [

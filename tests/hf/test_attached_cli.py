@@ -144,12 +144,15 @@ def test_hostile_folders(tmp_path_factory, tmp_path, capsys):
     with pytest.raises(hf.AttachError, match="a pickle file\\), which multihead does not open"):
         loading.load(pickled)
 
-    # an encoder architecture multihead reads natively is not sent here; a non-causal one is named
+    # a vision folder is read as one: heads (text) refused from its config, show --image needs its weights
     vit = tmp_path / "vit"
     vit.mkdir()
     (vit / "config.json").write_text(json.dumps({"model_type": "vit"}))
     assert main(["heads", str(vit), "--n", "1"]) == 2
-    assert "vit is not a causal LM" in capsys.readouterr().err
+    assert "show --image" in capsys.readouterr().err
+    assert main(["show", str(vit), "--image", "x.png", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "internal error" not in err
 
 
 @pytest.mark.parametrize(

@@ -165,9 +165,12 @@ def test_config_json_that_is_a_device_is_refused_without_reading(neox, tmp_path,
 @pytest.mark.parametrize("name", ["bart", "marian"])
 def test_a_seq2seq_folder_is_never_read_as_its_decoder_alone(tmp_path, name, capsys):
     folder = _save(tmp_path / name, name, "AutoModelForSeq2SeqLM")
-    msg = _refused(folder, "sequence-to-sequence", "encoder")
+    msg = _refused(folder, "sequence-to-sequence", "encoder")  # the causal-LM reader refuses it
     assert "ForCausalLM" in msg
-    for argv in (["generate", str(folder), "hello"], ["heads", str(folder), "--out", str(tmp_path / "o")]):
+    # the registry reads it as what it is: the whole model, encoder included
+    assert loading.kind(folder).route == "attached-seq2seq"
+    assert type(loading.load(folder).detail.hf).__name__ in ("BartForConditionalGeneration", "MarianMTModel")
+    for argv in (["sinks", str(folder)], ["circuit", "ioi", str(folder), "--out", str(tmp_path / "c")]):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "sequence-to-sequence" in err and "internal error" not in err

@@ -123,12 +123,12 @@ _STAMPS: list[list[float]] = []  # per timed run: the time of each new token (de
 def _pretrained(source: str, impl: str):
     """A pretrained LM loaded once per worker process: ours (``multihead.lm``) or HF's from the same file."""
     if (source, impl) not in _LOADED:
-        from .. import lm
+        from ..loading import kind
 
         if impl.startswith("hf"):
             import transformers
 
-            path = lm.resolve(source)
+            path = kind(source).path
             kwargs = {"gguf_file": path.name} if path.is_file() else {}
             folder = path.parent if path.is_file() else path
             model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs).eval()
@@ -207,13 +207,13 @@ def _split_rows(case: dict) -> list[list[list[float]]]:
 
 
 def _build_llamacpp(case: dict):
-    from .. import lm
+    from ..loading import kind
     from . import llamacpp as L
 
     source, b, n = case["shape"]["pretrained"], case["batch"], case["new_tokens"]
     if not _is_gguf(source):
         raise ValueError(f"llama.cpp reads GGUF files; {source} is not one")
-    path = lm.resolve(source)
+    path = kind(source).path
     copy = L.llamacpp_copy(path, "f32" if case["impl"] == "llamacpp_f32" else "as-is")
     model = L.load(copy, threads=torch.get_num_threads(), context=max(2048, case.get("context", 0) + n + 64))
     key = ("tokenizer", source)
@@ -521,10 +521,7 @@ def from_args(args, out: Path) -> dict:
     model = getattr(args, "model", None)
     from ..loading import kind
 
-    if model and kind(model).name == "lm":
-        from .. import lm
-
-        lm.resolve(model)  # the install line now, not a failure in every worker
+    if model and kind(model).name == "lm":  # asking the registry says the install line now
         shape = {"pretrained": model}
     else:
         shape = shape_of_run(model) if model else None

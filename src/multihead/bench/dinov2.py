@@ -53,9 +53,9 @@ def run(
 ) -> dict:
     from tqdm import tqdm
 
-    from .. import dinov2
+    from ..loading import kind
 
-    dinov2.resolve("dinov2")  # the install line now
+    kind("dinov2")  # the install line now
     try:
         import onnxruntime  # noqa: F401  (the peer)
     except ImportError:

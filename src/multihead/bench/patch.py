@@ -106,9 +106,9 @@ def run(
 ) -> dict:
     from tqdm import tqdm
 
-    from .. import lm
+    from ..loading import kind
 
-    lm.resolve(model)  # the install line now, not a failure in every worker
+    kind(model)  # the install line now, not a failure in every worker
     cases, results = [], []
     for length in lengths or LENGTHS:
         for impl in impls or IMPLS:

@@ -34,9 +34,9 @@ def _batch(padded: bool):
 
 def _forward(impl: str):
     """``fn(ids, keep) -> (B, L, E)`` on the MiniLM weights."""
-    from .. import pretrained
+    from ..loading import kind
 
-    path = pretrained.resolve("minilm")
+    path = kind("minilm").path
     if impl == "multihead":
         from ..loading import load as load_source  # the one loader: it knows what a source is
 

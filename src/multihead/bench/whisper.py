@@ -104,9 +104,9 @@ def parity(clips: int, progress: bool = True) -> dict:
 def run(*, clips: int = 10, threads=None, out: Path | None = None, min_time: float = 2.0, progress=True) -> dict:
     from tqdm import tqdm
 
-    from .. import whisper
+    from ..loading import kind
 
-    whisper.resolve("whisper")  # the install line now, not a failure in every worker
+    kind("whisper")  # the install line now, not a failure in every worker
     try:
         import transformers  # noqa: F401  (the peer)
     except ImportError:

@@ -216,6 +216,92 @@ def show_g2p(args) -> int:
     return 0
 
 
+def _attached_folder(source: str, out, verb: str, overwrite: bool):
+    """The HF folder ``source`` read attached (an :class:`~multihead.hf.models.AttachedFolder`), after ``out`` is
+    checked."""
+    from .._io import check_target
+    from ..loading import load as load_source
+
+    if out is None:
+        raise ValueError("pass --out FOLDER: where to write the pictures and the page")
+    check_target(out, verb, overwrite=overwrite, sources=(source,))
+    return load_source(source).detail
+
+
+def show_seq2seq(args) -> int:
+    """``multihead show FOLDER "text"`` on an HF sequence-to-sequence folder: the text translated, then the
+    encoder's, the decoder's and the cross-attention maps of that pass."""
+    from ..interpret.seq2seq import show_seq2seq as show
+
+    if not args.text.strip():
+        raise ValueError('the text to show is empty; pass a sentence, e.g. "The cat sat on the mat."')
+    folder = _attached_folder(args.model, args.out, "show", args.overwrite)
+    summary = show(folder, args.text, Path(args.out), overwrite=args.overwrite)
+    print(f"{len(summary['source_tokens'])} source tokens: {' '.join(summary['source_tokens'][:40])}")
+    print(f"output ({len(summary['output_tokens'])} tokens): {summary['output']}")
+    print(
+        f"wrote {len(summary['files'])} files to {args.out}; open {Path(args.out) / 'cross.html'} (and encoder.html, "
+        "decoder.html) in a browser (works offline)"
+    )
+    return 0
+
+
+def show_attached_vision(args) -> int:
+    """``multihead show FOLDER --image PHOTO`` on an HF vision folder: every head's [CLS] attention, one patch's
+    view, rollout and the page, on the model's own crop of the photograph."""
+    from .. import dinov2
+    from .._io import Publish
+    from ..interpret.vision import show_image
+
+    if args.image is None:
+        raise ValueError("pass --image PHOTO (.jpg or .png): the picture the model looks at")
+    patch = _parse_patch(args.patch)
+    folder = _attached_folder(args.model, args.out, "show", args.overwrite)
+    photo = dinov2.read_photo(args.image)
+    u8, x = folder.pixels(photo)
+    model = folder.model
+    name = Path(args.image).stem
+    with Publish(
+        Path(args.out), "show", overwrite=args.overwrite, sources=(args.model, args.image), check=False
+    ) as out:
+        summary = show_image(model, u8, model.labels, out, patch=patch, name=name, inputs=x, model_name=folder.family)
+    g = u8.shape[-1] // model.config.patch_size
+    said = f"; predicted {summary['predicted']}" if summary["predicted"] is not None else ""
+    print(f"{name}: {folder.family} on its {u8.shape[-1]} x {u8.shape[-1]} centre crop ({g} x {g} patches){said}")
+    print(f"wrote {len(summary['files'])} files to {args.out}; open {Path(args.out) / 'attention.html'} in a browser")
+    return 0
+
+
+def heads_seq2seq(args) -> int:
+    """``multihead heads FOLDER`` on an HF sequence-to-sequence folder: roles of the encoder's and the decoder's
+    heads and each cross-attention head's entropy and monotonicity, over texts of a data set."""
+    import json
+
+    from .. import data as D
+    from ..interpret import seq2seq as S
+
+    from .._io import check_target
+    from ..loading import load as load_source
+
+    if args.source == "stats":
+        raise ValueError(
+            "--from stats reads a decoder-only or an encoder model; a sequence-to-sequence folder's heads are read "
+            "from maps (drop --from)"
+        )
+    if args.out:
+        check_target(args.out, "heads", overwrite=args.overwrite, sources=(args.model,))
+    folder = load_source(args.model).detail
+    ds = D.load(args.data, text_column=args.text_column, label_column=args.label_column)
+    pool = D.split(ds, seed=0).test.texts if args.split == "test" else ds.texts
+    result = S.head_study(folder, pool[: args.n])
+    result["data"] = {"name": args.data, "split": args.split, "n": min(args.n, len(pool))}
+    print(json.dumps(result) if args.json else S.format_study(result))
+    if args.out:
+        files = S.write_study(result, Path(args.out), overwrite=args.overwrite, sources=(args.model,))
+        print(f"wrote {', '.join(str(f) for f in files)}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
 def cmd_heads(args) -> int:
     if args.out:
         from .._io import check_target

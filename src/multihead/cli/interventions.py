@@ -98,22 +98,87 @@ def cmd_patch(args) -> int:
     return dispatch("patch", args.model, args)
 
 
-def patch(args) -> int:
-    """Activation patching of every head (and attribution patching beside it), averaged over the pairs."""
-    from .._io import Publish, atomic_write_json, check_target
-    from ..heads import scores as plots
-    from ..interpret import patching as P
-    from ..interpret.patch_page import write_patch_page
+def _checked_pairs(args) -> list[dict]:
+    from .._io import check_target
 
     check_target(args.out, "importance", overwrite=args.overwrite, sources=(args.model,))
     pairs = _pairs(args)
     if args.metric == "logit-diff" and any(not p.get("wrong") for p in pairs):
         raise ValueError('--metric logit-diff needs --wrong TOKEN (or "wrong" in every line of --file)')
+    return pairs
+
+
+def patch(args) -> int:
+    """Activation patching of every head (and attribution patching beside it), averaged over the pairs."""
+    pairs = _checked_pairs(args)
+    if args.decoder is not None:
+        raise ValueError("--decoder is for sequence-to-sequence folders; a causal LM predicts after its prompt")
     model, encode, one, texts = _load(args.model)
+    return _patched(args, pairs, model, encode, one, texts, lambda ids: -1)
+
+
+def patch_attached(args) -> int:
+    """Activation patching on an HF encoder folder (a masked LM: the answer at its mask token) or a
+    sequence-to-sequence folder (the encoder reads the prompts, the decoder predicts the answer after
+    ``--decoder``'s tokens)."""
+    from ..hf.models import NextToken
+    from ..loading import load as load_source
+
+    pairs = _checked_pairs(args)
+    folder = load_source(args.model).detail
+    tok = folder.tokenizer
+
+    def one(text: str) -> int:
+        ids = tok.encode(text, add_special_tokens=False).ids
+        if len(ids) != 1:
+            raise ValueError(f"{text!r} is {len(ids)} tokens for this model ({ids}); the answer must be one token")
+        return ids[0]
+
+    def encode(text: str) -> list[int]:
+        return folder.encode(text)[: folder.max_len]
+
+    vocab = folder.hf.get_output_embeddings()
+    if folder.role == "seq2seq":
+        prefix = [folder.decoder_start, *(tok.encode(args.decoder or "", add_special_tokens=False).ids)]
+        return _patched(args, pairs, NextToken(folder.hf, prefix), encode, one, folder.tokens, lambda ids: -1)
+    if args.decoder is not None:
+        raise ValueError("--decoder is for sequence-to-sequence folders; an encoder's answer is at its mask token")
+    if vocab is None:
+        raise ValueError(
+            f"{args.model} has no masked-LM head (its config names {folder.hf_config.get('architectures')}); patching "
+            "an encoder reads the token it predicts at the mask: pass a *ForMaskedLM folder"
+        )
+    mask = next((t for t in ("[MASK]", "<mask>") if tok.token_to_id(t) is not None), None)
+    if mask is None:
+        raise ValueError(f"{args.model}'s tokenizer has no mask token ([MASK] or <mask>) to predict at")
+    mask_id = tok.token_to_id(mask)
+
+    def position(ids: list[int]) -> int:
+        if ids.count(mask_id) != 1:
+            raise ValueError(
+                f"each prompt must hold the mask token {mask} once (the answer is what the model puts there); "
+                f"{folder.tokens(ids)} holds it {ids.count(mask_id)} times"
+            )
+        return ids.index(mask_id)
+
+    return _patched(args, pairs, folder.model, encode, one, folder.tokens, position)
+
+
+def _patched(args, pairs, model, encode, one, texts, position) -> int:
+    """Patch every head over ``pairs`` and publish the numbers, the heat map and the page."""
+    from .._io import Publish, atomic_write_json
+    from ..heads import scores as plots
+    from ..interpret import patching as P
+    from ..interpret.patch_page import write_patch_page
+    from ..modules.capture import attention_modules
 
     def metric(pair):
-        answer = one(pair["answer"])
-        return P.logit_diff(answer, one(pair["wrong"])) if args.metric == "logit-diff" else P.token_probability(answer)
+        answer, at = one(pair["answer"]), position(encode(pair["corrupt"]))
+        if at != position(encode(pair["clean"])):
+            raise ValueError("the clean and corrupted prompts must hold the mask token at the same position")
+        if args.metric == "logit-diff":
+            return P.logit_diff(answer, one(pair["wrong"]), at)
+        return P.token_probability(answer, at)
 
     r = P.patch_pairs(
         model,
@@ -127,6 +192,7 @@ def patch(args) -> int:
         "metric": args.metric,
         "pairs": pairs,
         "per_pair": values,
+        "layers": [name for name, _ in attention_modules(model)],
         "effect": effect.tolist(),
         "rule": "effect = metric(corrupted run with the head's clean activation) - metric(corrupted run)",
     }
@@ -239,10 +305,14 @@ def register(sub) -> None:
 
     pa = sub.add_parser(
         "patch",
-        help="activation patching of every head of a causal LM (clean -> corrupted), with "
-        "attribution patching beside it; heat map + JSON",
+        help="activation patching of every head of a causal LM, an HF masked LM or sequence-to-sequence folder "
+        "(clean -> corrupted), with attribution patching beside it; heat map + JSON",
     )
-    pa.add_argument("model", help="smollm2, a .gguf file, an HF folder, or a causal LM pretraining run")
+    pa.add_argument(
+        "model",
+        help="smollm2, a .gguf file, an HF folder (causal LM; masked LM: the answer at the mask token; "
+        "sequence-to-sequence: the decoder's next token), or a causal LM pretraining run",
+    )
     pa.add_argument("--clean", default=None, help="the clean prompt")
     pa.add_argument("--corrupt", default=None, help="the corrupted prompt (same number of tokens)")
     pa.add_argument("--answer", default=None, help='the token the clean prompt should predict, e.g. " Mary"')
@@ -250,6 +320,11 @@ def register(sub) -> None:
     pa.add_argument("--file", default=None, help="pairs.jsonl: one {clean, corrupt, answer, wrong} per line")
     pa.add_argument("--metric", choices=["logit-diff", "prob"], default="logit-diff")
     pa.add_argument("--positions", action="store_true", help="patch every head at every position separately")
+    pa.add_argument(
+        "--decoder",
+        default=None,
+        help="sequence-to-sequence folders: the output's tokens before the answer (default none: the first token)",
+    )
     pa.add_argument("--batch", type=_count, default=32, help="rows per patched forward pass")
     pa.add_argument("--out", required=True, help="folder for importance-patching.json, the heat map and a page")
     pa.add_argument("--overwrite", action="store_true")

@@ -171,6 +171,24 @@ def _load_lm(source: str, threads: int | None = None):
     return p
 
 
+def generate_seq2seq(args) -> int:
+    """``multihead generate FOLDER "text"`` on an HF sequence-to-sequence folder: the text read by the encoder and
+    the output written by the decoder (greedy, HF's ``generate`` with multihead's attention), never the decoder
+    alone."""
+    from ..loading import load as load_source
+
+    if args.chat:
+        raise ValueError("--chat takes a causal LM with a chat template; a sequence-to-sequence model reads the text")
+    if args.sample:
+        raise ValueError("a sequence-to-sequence folder decodes greedily here; drop --sample")
+    if not args.prompt.strip():
+        raise ValueError('a sequence-to-sequence model writes from a text it reads; pass one, e.g. "The cat sat."')
+    folder = load_source(args.run).detail
+    out = folder.translate(folder.encode(args.prompt), max_new_tokens=args.max_new)
+    print(folder.tokenizer.decode(out, skip_special_tokens=True))
+    return 0
+
+
 def generate_lm(args) -> int:
     """Continue a prompt (or, with ``--chat``, answer it through the model's chat template), streaming tokens."""
     from ..data.batching import as_batch

@@ -344,6 +344,7 @@ class AttachedAttention:
         self.scale: float | None = None  # the score scaling of the last call (HF models choose their own)
         # whether the output projection reads hook_z as it is (None: not known); set by attach
         self.z_feeds_output: bool | None = None
+        self.probe_lengths: tuple[int, int] = (0, 0)  # (queries, keys) in the probe pass (set by attach)
         for hook in ATTENTION_HOOKS:
             setattr(self, hook, getattr(module, hook))
 
@@ -541,6 +542,8 @@ class Attached:
     # a cache multihead keeps while HF's is off (update(layer index, k, v) -> every cached k, v), e.g. the
     # StreamingLLM caches of multihead.hf.stream; None: HF's own cache, if any
     kv: object = None
+    # the probe pass's input lengths (input_ids, decoder_input_ids): where each layer's shapes came from
+    probe_lengths: dict = field(default_factory=dict)
 
     def detach(self) -> None:
         detach(self.model)
@@ -678,6 +681,10 @@ def attach(model: nn.Module, *, backend: str = "auto", example: dict | None = No
     att = Attached(model, {}, [])
     try:
         att.configs = _set_implementation(model, _name_for(model))
+        probe = probe_inputs(model) if example is None else example
+        att.probe_lengths = {
+            k: int(v.shape[1]) for k, v in probe.items() if k in ("input_ids", "decoder_input_ids") and v.dim() == 2
+        }
         for name, module, q_shape, k_shape in seen:
             for hook in ATTENTION_HOOKS:
                 if hook in module._modules or hasattr(module, hook):
@@ -686,6 +693,7 @@ def attach(model: nn.Module, *, backend: str = "auto", example: dict | None = No
                 att.added.append((module, hook))
             rec = AttachedAttention(name, module, named, backend)
             rec.num_heads, rec.num_kv_heads, rec.head_dim = q_shape[1], k_shape[1], q_shape[-1]
+            rec.probe_lengths = (q_shape[2], k_shape[2])  # queries and keys in the probe pass
             rec.owner, rec.index = att, len(att.layers)
             module.__dict__["_multihead"] = rec
             att.layers[name] = rec

@@ -1,13 +1,17 @@
-"""HF folders of causal LMs that multihead has no native reader for, loaded with transformers and attached.
+"""HF folders that multihead has no native reader for, loaded with transformers and attached.
 
 The source registry (:func:`multihead.loading.kind`) sends an HF folder here when its ``model_type`` is no native
-family's and transformers knows it: :func:`why_not_folder` answers without reading a weight, :func:`load` reads it.
-Before any weight is read the folder's ``config.json`` goes through multihead's JSON reader (size and depth
-bounded), the model is built on the meta device to count its parameters against the ceiling
-(``MULTIHEAD_MAX_PARAMETERS``), and only safetensors weights are read (no pickle). The result is a
-:class:`~multihead.pretrained.causal_lm.PretrainedLM` whose model is an :class:`AttachedLM`: the attached HF model
-behind multihead's calling convention ``model(ids, keep) -> logits``, so that ``show`` and ``heads`` (maps and
-exact statistics) take it as they take a native LM.
+family's and transformers knows it. What the folder is read as -- a causal LM, a text encoder, a
+sequence-to-sequence or an image model (:data:`ROLES`) -- is decided from its config alone (:func:`role_of`), never
+by trying the causal-LM class first, and it is read with the class its config names where transformers' auto tables
+list it for that type. Before any weight is read the folder's ``config.json`` goes through multihead's JSON reader
+(size and depth bounded), the model is built on the meta device to count its parameters against the ceiling
+(``MULTIHEAD_MAX_PARAMETERS``), and only safetensors weights are read (no pickle).
+
+A causal LM (:func:`load`) comes back as a :class:`~multihead.pretrained.causal_lm.PretrainedLM` whose model is an
+:class:`AttachedLM`: the attached HF model behind multihead's calling convention ``model(ids, keep) -> logits``, so
+every verb of a causal LM takes it. The other kinds (:func:`load_folder`) come back as an
+:class:`~multihead.hf.models.AttachedFolder`.
 """
 
 from __future__ import annotations
@@ -30,14 +34,107 @@ def _model_type(path: Path) -> tuple[str | None, dict]:
 
 
 def why_not_folder(path: str | Path) -> str | None:
-    """Why the HF folder ``path`` cannot be loaded attached (None: it can be), from its config alone."""
+    """Why the HF folder ``path`` cannot be loaded attached (None: it can be, in one of :data:`ROLES`), from its
+    config alone."""
     kind, hf = _model_type(Path(path))
-    return _why_not_type(kind, hf)
+    role, why = _role(kind, hf)
+    return why if role is None else None
+
+
+def role_of(path: str | Path) -> str:
+    """What the HF folder ``path`` is read as (a key of :data:`ROLES`), from its config alone; an
+    :class:`~multihead.hf.attach.AttachError` with the reason where it is none of them."""
+    kind, hf = _model_type(Path(path))
+    role, why = _role(kind, hf)
+    if role is None:
+        raise AttachError(f"{path}: {why}")
+    return role
+
+
+# What an HF folder with no native family is read as, and what that is called.
+ROLES = {
+    "causal": "an HF causal LM",
+    "encoder": "an HF text encoder",
+    "seq2seq": "an HF sequence-to-sequence model",
+    "vision": "an HF vision model",
+}
+# role -> transformers' auto table whose class reads a folder whose config names none of its own
+_DEFAULT_TABLE = {
+    "causal": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "encoder": "MODEL_MAPPING_NAMES",
+    "seq2seq": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+    "vision": "MODEL_MAPPING_NAMES",
+}
+
+
+def _class_for(kind: str, archs: list[str], role: str) -> str | None:
+    """The transformers class that reads a folder of ``model_type`` ``kind``: the architecture its config names
+    where transformers' auto tables list it for that type (so a classifier's head is read, not dropped), else the
+    role's default class. Only transformers' own classes: a name from the config is never looked up elsewhere."""
+    import transformers
+    from transformers.models.auto import modeling_auto as auto
+
+    known = {
+        name
+        for table in dir(auto)
+        if table.endswith("MAPPING_NAMES") and table != "CONFIG_MAPPING_NAMES"
+        for name in _names(getattr(auto, table).get(kind))
+    }
+    for a in archs:
+        if a in known and hasattr(transformers, a):
+            return a
+    default = _names(getattr(auto, _DEFAULT_TABLE[role]).get(kind))
+    return next((d for d in default if hasattr(transformers, d)), None)
+
+
+def _role(kind: str | None, hf: dict | None) -> tuple[str | None, str]:
+    """``(role, transformers class)`` of a folder of ``model_type`` ``kind`` (config ``hf``), decided by what the
+    config says the model is; ``(None, why)`` where multihead's command line reads it as none of :data:`ROLES`."""
+    why = _why_not_type(kind, hf)
+    hf = hf or {}
+    if why is None:
+        return "causal", "AutoModelForCausalLM"
+    from transformers.models.auto import modeling_auto as auto
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
+
+    if kind not in CONFIG_MAPPING_NAMES:
+        return None, why
+    parts = set(getattr(CONFIG_MAPPING[kind], "sub_configs", None) or {}) | {
+        k for k, v in hf.items() if isinstance(v, dict)
+    }
+    if any(k.endswith(("vision_config", "audio_config", "text_config")) for k in parts):
+        return None, (
+            f"{kind} is a multimodal model ({', '.join(sorted(k for k in parts if k.endswith('_config')))}); "
+            f"{_FROM_PYTHON}"
+        )
+    archs = [a for a in _names(hf.get("architectures")) if isinstance(a, str)]
+    if hf.get("is_encoder_decoder") is True or kind in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        role = "seq2seq" if kind in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES else None
+    elif kind in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES or kind in getattr(
+        auto, "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES", {}
+    ):
+        role = "encoder"
+    elif kind in auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES or (
+        kind in auto.MODEL_MAPPING_NAMES and "patch_size" in hf and "image_size" in hf
+    ):
+        role = "vision"
+    else:
+        role = None
+    if role is None:
+        return None, (
+            f"{kind} is not a causal LM, a text encoder, a text sequence-to-sequence model or an image model, the "
+            f"kinds the command line reads attached; {_FROM_PYTHON}"
+        )
+    named = _class_for(kind, archs, role)
+    if named is None:
+        return None, f"transformers has no class that reads {kind} as {ROLES[role]}; {_FROM_PYTHON}"
+    return role, named
 
 
 _FROM_PYTHON = (
-    "the command line reads other HF architectures natively (BERT, DINOv2, Whisper) and any attachable one from "
-    "Python: multihead.hf.attach(<the right Auto class>.from_pretrained(...))"
+    "the command line reads causal LMs, text encoders, text sequence-to-sequence and image models (and BERT, DINOv2, "
+    "Whisper natively); any attachable model is read from Python: "
+    "multihead.hf.attach(<the right Auto class>.from_pretrained(...))"
 )
 
 
@@ -285,27 +382,24 @@ def _check_loaded(path: Path, model: nn.Module, info: dict, version: str) -> Non
             check_weight(p, name, path)
 
 
-def load(path: str | Path, *, backend: str = "auto", device: str = "cpu"):
-    """The HF causal-LM folder ``path`` read by transformers (safetensors only), attached, with its tokenizer, as
-    a :class:`~multihead.pretrained.causal_lm.PretrainedLM` (family ``hf:<model_type>``)."""
+def _read_model(path: Path, kind: str, hf: dict, class_name: str, backend: str) -> nn.Module:
+    """The folder's model as transformers' class ``class_name`` (one of its own, from its auto tables) builds it,
+    attached: the config and the sizes checked before anything is allocated, the weight files as headers, the load
+    report as strictly as the native readers'."""
     from .._config import check_size
-    from ..pretrained.causal_lm import _folder_tokenizer, bundle
 
-    path = Path(path)
-    kind, hf = _model_type(path)
-    why = _why_not_type(kind, hf)
-    if why is not None:
-        raise AttachError(f"{path}: {why}")
     import transformers
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
+    cls = getattr(transformers, class_name)
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
     except Exception as exc:  # noqa: BLE001  transformers 5 validates with huggingface_hub's own error classes
         raise AttachError(f"{path / 'config.json'}: transformers cannot read it ({str(exc)[:300]})") from None
     with torch.device("meta"):  # sizes first: nothing is allocated for a config that would not fit
         try:
-            skeleton = AutoModelForCausalLM.from_config(config)
+            build = getattr(cls, "from_config", None) or cls._from_config  # an Auto class, or a model class
+            skeleton = build(config)
         except Exception as exc:  # noqa: BLE001  (as above: whatever a hostile config makes the constructors raise)
             raise AttachError(
                 f"{path / 'config.json'} describes no buildable {kind} model ({str(exc)[:300]})"
@@ -316,20 +410,90 @@ def load(path: str | Path, *, backend: str = "auto", device: str = "cpu"):
         raise AttachError(f"{path}: {why}")
     _check_files(path, {n for n, p in skeleton.named_parameters() if p.is_floating_point()})
     del skeleton
-    tok_info = _folder_tokenizer(path, hf)  # checked against the embeddings before the weights are read
     from safetensors import SafetensorError
 
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a folder of a few files: transformers' per-tensor bar is noise here
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
+        model, info = cls.from_pretrained(
             path, local_files_only=True, use_safetensors=True, dtype=torch.float32, output_loading_info=True
         )
     except (ValueError, TypeError, KeyError, OSError, RuntimeError, SafetensorError) as exc:
         raise AttachError(f"{path}: transformers cannot read the weights ({str(exc).splitlines()[0][:300]})") from None
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     _check_loaded(path, model, info, transformers.__version__)
     attach(model.eval(), backend=backend)
+    return model
+
+
+def load(path: str | Path, *, backend: str = "auto", device: str = "cpu"):
+    """The HF causal-LM folder ``path`` read by transformers (safetensors only), attached, with its tokenizer, as
+    a :class:`~multihead.pretrained.causal_lm.PretrainedLM` (family ``hf:<model_type>``)."""
+    from ..pretrained.causal_lm import _folder_tokenizer, bundle
+
+    path = Path(path)
+    kind, hf = _model_type(path)
+    why = _why_not_type(kind, hf)
+    if why is not None:
+        raise AttachError(f"{path}: {why}")
+    _folder_tokenizer(path, hf)  # checked against the config before the weights are read
+    model = _read_model(path, kind, hf, "AutoModelForCausalLM", backend)
+    tok_info = _folder_tokenizer(path, hf)
+    config = model.config
     pad = getattr(config, "pad_token_id", None)
     wrapper = AttachedLM(model, pad if isinstance(pad, int) and 0 <= pad < config.vocab_size else 0)
     return bundle(str(path), path, wrapper, hf, f"hf:{kind}", tok_info, device)
 
 
-__all__ = ["AttachedLM", "load", "why_not_folder"]
+def load_folder(path: str | Path, *, backend: str = "auto", device: str = "cpu"):
+    """Any HF folder multihead reads attached: a causal LM as :func:`load` gives it, an encoder, a
+    sequence-to-sequence or a vision model as an :class:`~multihead.hf.models.AttachedFolder` (the model of the
+    class its config names, attached, with its tokenizer or its image preprocessing)."""
+    from .models import AttachedFolder
+
+    path = Path(path)
+    kind, hf = _model_type(path)
+    role, named = _role(kind, hf)
+    if role is None:
+        raise AttachError(f"{path}: {named}")
+    if role == "causal":
+        return load(path, backend=backend, device=device)
+    tokenizer = None if role == "vision" else _text_tokenizer(path, kind)
+    model = _read_model(path, kind, hf, named, backend).to(device)
+    return AttachedFolder(path, role, model, tokenizer, f"hf:{kind}", hf)
+
+
+def _text_tokenizer(path: Path, kind: str):
+    """The folder's tokenizer, as the ``tokenizers`` library reads ``tokenizer.json`` (with its post-processor: the
+    special tokens the model was trained with), or BERT's ``vocab.txt``."""
+    from tokenizers import Tokenizer
+
+    if (path / "tokenizer.json").is_file():
+        try:
+            tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+        except Exception as exc:  # noqa: BLE001  the tokenizers library raises plain Exception for a malformed file
+            raise AttachError(
+                f"{path / 'tokenizer.json'} is not a readable tokenizer file ({str(exc).splitlines()[0][:200]})"
+            ) from None
+        tok.no_padding()
+        tok.no_truncation()
+        return tok
+    if (path / "vocab.txt").is_file():  # BERT's original files: WordPiece, [CLS] text [SEP]
+        from tokenizers.processors import BertProcessing
+
+        from ..pretrained import load_tokenizer
+
+        tok = load_tokenizer(path)
+        tok.post_processor = BertProcessing(("[SEP]", tok.token_to_id("[SEP]")), ("[CLS]", tok.token_to_id("[CLS]")))
+        return tok
+    raise AttachError(
+        f"{path} has no tokenizer.json (nor a WordPiece vocab.txt), so the {kind} model cannot read text; save "
+        "its fast tokenizer into the folder (AutoTokenizer.from_pretrained(...).save_pretrained(folder))"
+    )
+
+
+__all__ = ["AttachedLM", "load", "load_folder", "role_of", "why_not_folder"]

@@ -78,6 +78,10 @@ class Subject:
         starts = [t.startswith("▁") or is_special(t) for t in toks]
         return [t[1:] if t.startswith("▁") and len(t) > 1 else t for t in toks], starts
 
+    def length(self, text: str) -> int:
+        """How many tokens the model would read for ``text`` without a limit (special tokens included)."""
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids) + 2  # [CLS] ... [SEP]
+
     @torch.no_grad()
     def maps(self, texts: list[str] | str, batch_size: int = 32) -> list[AttentionMaps] | AttentionMaps:
         """Attention maps of each text (one :class:`AttentionMaps` for a single string)."""
@@ -94,7 +98,7 @@ class Subject:
             for row, text in enumerate(chunk):
                 n = int(keep[row].sum())
                 tokens, starts = self.display(ids[row, :n].tolist())
-                cut = max(0, len(self.tokenizer.encode(text, add_special_tokens=False).ids) + 2 - n)
+                cut = max(0, self.length(text) - n)
                 out.append(
                     AttentionMaps(text, tokens, [p[row, :, :n, :n].float() for p in patterns], self.name, starts, cut)
                 )
@@ -117,10 +121,38 @@ class LMSubject(Subject):
         pad = self.lm.model.config.pad_id
         return collate(rows, pad_id=pad)
 
+    def length(self, text: str) -> int:
+        return len(self.lm.encode(text))
+
     def display(self, ids: list[int]) -> tuple[list[str], list[bool] | None]:
         texts = self.lm.token_texts(ids)
         starts = [i == 0 or t[:1].isspace() or not t for i, t in enumerate(texts)]
         return [t.strip() or t.replace("\n", "\\n") or "∅" for t in texts], starts
+
+
+@dataclass
+class FolderSubject(Subject):
+    """An HF encoder folder read by transformers and attached (:class:`multihead.hf.models.AttachedFolder`): texts
+    encoded with the special tokens its tokenizer adds ([CLS]/[SEP], <s>/</s>...), right-padded."""
+
+    folder: object = None
+
+    def encode(self, texts: list[str]) -> tuple[Tensor, Tensor]:
+        from ..data import collate
+
+        rows = [self.folder.encode(t)[: self.max_len] for t in texts]
+        return collate(rows, pad_id=self.folder.pad_id)
+
+    def length(self, text: str) -> int:
+        return len(self.folder.encode(text))
+
+    def display(self, ids: list[int]) -> tuple[list[str], list[bool] | None]:
+        raw = [self.tokenizer.id_to_token(int(i)) or "" for i in ids]
+        if any(t.startswith("##") for t in raw):
+            return raw, None
+        marked = any(t[:1] in ("Ġ", "▁") for t in raw)
+        starts = [i == 0 or not marked or t[:1] in ("Ġ", "▁") or is_special(t) for i, t in enumerate(raw)]
+        return self.folder.tokens(ids), starts
 
 
 LONG = 1024  # tokens above which show and heads work from statistics (no L x L map)
@@ -135,6 +167,8 @@ def load_subject(source: str | Path, *, sentence_embeddings: bool = False) -> Su
     loaded = load(source, text=True)
     if loaded.kind == "lm":
         return LMSubject(loaded.source, loaded.model, loaded.tokenizer, loaded.max_len, lm=loaded.detail)
+    if loaded.kind == "attached-encoder":
+        return FolderSubject(loaded.source, loaded.model, loaded.tokenizer, loaded.max_len, folder=loaded.detail)
     return Subject(
         loaded.source,
         loaded.model,
@@ -190,6 +224,7 @@ def concatenated(subject, texts: list[str], n: int) -> list[str]:
 
 __all__ = [
     "AttentionMaps",
+    "FolderSubject",
     "LMSubject",
     "Subject",
     "is_punctuation",

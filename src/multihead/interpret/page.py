@@ -612,7 +612,7 @@ def subject_link_maps(subject: Subject, text: str, *, k: int = 8, thumb: int = 6
     with capture(subject.model, ("stats",), stats={"topk": k, "thumbnail": thumb}) as cache:
         subject.model(ids, keep)
     layers = [cache.stats(i) for i in range(len(cache.attention_modules))]
-    cut = max(0, len(subject.tokenizer.encode(text, add_special_tokens=False).ids) + 2 - n)
+    cut = max(0, subject.length(text) - n)
     return LinkMaps(
         text,
         tokens,

@@ -93,7 +93,7 @@ def _show_long(subject: Subject, text: str, out: Path, *, heads, log) -> dict:
 
 
 def _show(subject: Subject, text: str, out: Path, *, heads, rollout: bool, log) -> dict:
-    if subject.max_len > LONG and len(subject.tokenizer.encode(text, add_special_tokens=False).ids) + 2 > LONG:
+    if subject.max_len > LONG and subject.length(text) > LONG:
         return _show_long(subject, text, out, heads=heads, log=log)
     t0 = time.perf_counter()
     maps: AttentionMaps = subject.maps(text)

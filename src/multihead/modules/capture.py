@@ -92,7 +92,7 @@ def attention_modules(model: nn.Module) -> list[tuple[str, MultiHeadAttention | 
     if not mods:
         raise ValueError(
             f"{type(model).__name__} has no multihead MultiHeadAttention modules to capture; pass a "
-            "multihead model (TransformerClassifier, TextEncoder, pretrained.load(...).model), or attach an HF "
+            "multihead model (TransformerClassifier, TextEncoder, multihead.load(...).model), or attach an HF "
             "model first (multihead.hf.attach(model))"
         )
     return mods

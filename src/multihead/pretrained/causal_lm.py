@@ -75,6 +75,14 @@ class PretrainedLM:
 
 # ---------------------------------------------------------------------------------------------------- locating
 def resolve(name_or_path: str | Path) -> Path:
+    """Deprecated: ``multihead.loading.kind(source).path`` says where any source is."""
+    import warnings
+
+    warnings.warn("multihead.lm.resolve is deprecated; use multihead.loading.kind(source).path", DeprecationWarning, 2)
+    return _path(name_or_path)
+
+
+def _path(name_or_path: str | Path) -> Path:
     """A short name (``smollm2``) -> the file its package installs; a ``.gguf`` file or an HF folder as given."""
     path = names.resolve(str(name_or_path), LMError)
     if not (path.is_file() or path.is_dir()):
@@ -215,7 +223,7 @@ def load(
     """A pretrained causal LM by short name, GGUF file or HF folder; see the module docstring."""
     from .formats import FORMATS
 
-    path = resolve(name_or_path)
+    path = _path(name_or_path)
     fmt = FORMATS["gguf" if path.is_file() else "hf"]
     with raised_as(LMError):
         if fmt.name == "hf":  # a model type or size we do not read is refused before the weights are looked at

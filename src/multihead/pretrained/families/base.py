@@ -52,6 +52,21 @@ class Family:
     adapters: dict[str, Adapter]
     why_not: dict[str, str] = field(default_factory=dict)
     error: type[SourceError] = SourceError
+    # "module:function" under multihead.pretrained that reads a source of this family (short name, file or folder)
+    # into its bundle: function(source, *, backend, device, progress)
+    loader: str = ""
+
+    def load(self, source, *, backend: str = "auto", device: str = "cpu", progress: bool = False):
+        """``source`` (a short name, file or folder of this family) read into the family's bundle (a
+        ``PretrainedLM``, ``Pretrained``, ``Dinov2`` or ``Whisper``, each with its ``model`` in eval mode on
+        ``device``). :func:`multihead.loading.load` calls this; the family says how it is read."""
+        import importlib
+
+        if not self.loader:
+            raise self.error(f"{self.title} has no loader: multihead reads it inside other models only")
+        module, name = self.loader.split(":")
+        read = getattr(importlib.import_module(f"multihead.pretrained.{module}"), name)
+        return read(source, backend=backend, device=device, progress=progress)
 
     def model_from(
         self, read, *, backend: str = "auto", progress: bool = False, config: Any = None

@@ -429,6 +429,7 @@ FAMILY = Family(
         "ct2": "CTranslate2 folders of BERT are not read; export the encoder as an HF folder",
     },
     error=PretrainedError,
+    loader="families.bert:load",
 )
 NATIVE_FAMILY = Family(
     "multihead_encoder",
@@ -440,10 +441,13 @@ NATIVE_FAMILY = Family(
     {"hf": Adapter(lambda t, c: dict(t), _native_expected, optional=("token_type.weight",))},
     why_not={f: "multihead writes its own layout as HF-style folders only" for f in ("gguf", "onnx", "ct2")},
     error=PretrainedError,
+    loader="families.bert:load",
 )
 
 
-def load(name_or_path: str | Path = "minilm", *, backend: str = "auto", device: str = "cpu") -> Pretrained:
+def load(
+    name_or_path: str | Path = "minilm", *, backend: str = "auto", device: str = "cpu", progress: bool = False
+) -> Pretrained:
     """Build our encoder from a BERT-family folder or short name; see the module docstring. Sizes are checked
     against the ceilings and the weight file's header before the model is built."""
     from ..formats import Read
@@ -455,7 +459,7 @@ def load(name_or_path: str | Path = "minilm", *, backend: str = "auto", device: 
     with raised_as(PretrainedError):
         tensors = hf_format.read_tensors(folder)
     ignored = sorted(k for k in tensors if family is FAMILY and _IGNORED.search(_hf_key(k)))
-    model, _ = family.model_from(Read(folder, "hf", hf, tensors), config=config)
+    model, _ = family.model_from(Read(folder, "hf", hf, tensors), config=config, progress=progress)
     return bundle(str(name_or_path), folder, model, hf, ignored, device)
 
 

@@ -687,7 +687,16 @@ class LMFamily:
         if not self.gguf:
             why_not["gguf"] = "multihead's GGUF reader maps the llama and gemma3 architectures only"
         return base.Family(
-            self.name, "lm", self.title, self.model_types, self.config, CausalLM, adapters, why_not, error=LMError
+            self.name,
+            "lm",
+            self.title,
+            self.model_types,
+            self.config,
+            CausalLM,
+            adapters,
+            why_not,
+            error=LMError,
+            loader="causal_lm:load",
         )
 
 

