@@ -25,7 +25,7 @@ from . import fastpath
 if TYPE_CHECKING:
     from .positional import Rotary
 from .hooks import HookPoint
-from .kv_cache import LayerKV
+from .kv_cache import KVView, LayerKV
 
 
 def alibi_slope_values(num_heads: int) -> tuple[float, ...]:
@@ -246,76 +246,97 @@ class MultiHeadAttention(nn.Module):
         value = key if value is None else value
         self._check_inputs(query, key, value)
         need_weights = self.need_weights if need_weights is None else need_weights
+        if self.num_heads == 0:  # every head pruned: only the output projection's bias remains
+            return self._no_heads(query, key.shape[1], need_weights, average_attn_weights)
+        q, k, v = self._project(query, key, value, None if cache is None else cache.source())
+        am = self._with_alibi(self.build_mask(mask, key_padding_mask, is_causal))
+        rotate = cache is None and positions is None  # rotary, if any, still to apply (inside _attend)
+        if cache is not None:  # the cache stores what it keeps and says what to attend
+            q, views = cache.update(q, k, v, mask=am, rotary=self.rotary, positions=positions)
+        elif self.rotary is not None and positions is not None:
+            q, k = self.rotary.rotate_pair(q, k, 0, positions)
+            views = [KVView(k, v, am)]
+        else:
+            views = [KVView(k, v, am)]
+        z, weights = self._attend_views(q, views, head_mask, need_weights, rotate)
+        if cache is not None:
+            cache.done(q, views, self.sink_logits)
+        b, lq = query.shape[:2]
+        z = z.transpose(1, 2).reshape(b, lq, self.num_heads * self.head_dim)  # (B, H, Lq, D) -> (B, Lq, H * D)
+        if self.w_gate is not None:
+            z = z * torch.sigmoid(self.w_gate(query))
+        out = self.w_o(z)  # (B, Lq, E)
+        if not need_weights:
+            return out, None
+        return out, weights.mean(dim=1) if average_attn_weights else weights  # (B, Lq, Lk) or (B, H, Lq, Lk)
+
+    def _no_heads(self, query: Tensor, lk: int, need_weights: bool, average: bool) -> tuple[Tensor, Tensor | None]:
+        """A layer whose every head was pruned: the output projection's bias alone; empty maps."""
+        b, lq = query.shape[:2]
+        if self.hook_pattern.active:  # analysis sees an empty layer, (B, 0, Lq, Lk)
+            self.hook_pattern(query.new_zeros(b, 0, lq, lk))
+        out = self.w_o(query.new_zeros(b, lq, 0))  # (B, Lq, E)
+        if not need_weights:
+            return out, None
+        return out, query.new_zeros(b, lq, lk) if average else query.new_zeros(b, 0, lq, lk)
+
+    def _project(self, query: Tensor, key: Tensor, value: Tensor, stored) -> tuple[Tensor, Tensor, Tensor]:
+        """``q`` ``(B, H, Lq, D)``, ``k``, ``v`` ``(B, G, Lk, D)``, QK-normed, not rotated. ``stored``: a
+        cross-attention cache's keys and values (the source is not projected again)."""
         b, lq, _ = query.shape
         lk = key.shape[1]
         h, g, d = self.num_heads, self.num_kv_heads, self.head_dim
-        if h == 0:  # every head pruned: only the output projection's bias remains
-            if self.hook_pattern.active:  # analysis sees an empty layer, (B, 0, Lq, Lk)
-                self.hook_pattern(query.new_zeros(b, 0, lq, lk))
-            out = self.w_o(query.new_zeros(b, lq, 0))  # (B, Lq, E)
-            return out, (
-                query.new_zeros(b, lq, lk) if average_attn_weights else query.new_zeros(b, 0, lq, lk)
-            ) if need_weights else None
-
         if key is query and value is query and not torch.is_grad_enabled() and self.fuse_qkv_at_inference:
             q, k, v = self._packed_qkv(query)  # one matmul instead of three (decoding is overhead-bound)
             q, k, v = q.view(b, lq, h, d), k.view(b, lk, g, d), v.view(b, lk, g, d)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|G, L, D)
             if self.q_norm is not None and self.k_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
+            return q, k, v
+        q = self.w_q(query).view(b, lq, h, d).transpose(1, 2)  # (B, H, Lq, D)
+        if stored is not None:
+            k, v = stored  # (B, G, Ls, D)
         else:
-            q = self.w_q(query).view(b, lq, h, d).transpose(1, 2)  # (B, H, Lq, D)
-            if cache is not None and cache.static and cache.k is not None and cache.v is not None:  # the source's, once
-                k, v = cache.k, cache.v  # (B, G, Ls, D)
-            else:
-                k = self.w_k(key).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
-                v = self.w_v(value).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
-                if self.k_norm is not None:
-                    k = self.k_norm(k)
-            if self.q_norm is not None:
-                q = self.q_norm(q)
-        rotary = self.rotary  # still to apply: None once q and k are rotated
-        if cache is not None and cache.static:
-            if rotary is not None:
-                raise ValueError("rotary embeddings rotate self-attention; build cross-attention without rotary=")
-            if cache.k is None:
-                cache.store(k, v)
-        elif cache is not None and getattr(cache, "rolling", False):  # StreamingLLM: positions within the cache
-            if rotary is None:
-                raise ValueError(
-                    "a streaming (sinks + window) cache gives keys their slot in the cache as position; "
-                    "that needs rotary positions (build the model with positional='rope')"
-                )
-            k, v = cache.append(k, v)  # unrotated, evicted to sinks + window: (B, G, slots, D)
-            q = rotary.rotate(q, k.shape[2] - lq)  # the queries are the last slots
-            k = rotary.rotate(k, 0)
-            rotary = None
-        elif cache is not None and cache.grouped:  # a KV policy: it appends, attends, evicts
-            if rotary is not None:
-                q, k = rotary.rotate_pair(q, k, cache.seen, positions)  # type: ignore[attr-defined]
-                rotary = None
-        elif cache is not None:  # self-attention: rotate the new positions where they sit, then append them
-            if rotary is not None:
-                q, k = rotary.rotate_pair(q, k, cache.length, positions)
-                rotary = None
-            k, v = cache.append(k, v)  # (B, G, cached + Lq, D)
-        elif rotary is not None and positions is not None:
-            q, k = rotary.rotate_pair(q, k, 0, positions)
-            rotary = None
-        am = self._with_alibi(self.build_mask(mask, key_padding_mask, is_causal))
-        if cache is not None and cache.grouped:
-            z, weights = cache.attend(self, q, k, v, am, positions, head_mask, need_weights)  # type: ignore[attr-defined]
-        else:
-            z, weights = self._attend(q, k, v, am, head_mask, need_weights, rotate=rotary is not None)
-        z = z.transpose(1, 2).reshape(b, lq, h * d)  # (B, H, Lq, D) -> (B, Lq, E)
-        if self.w_gate is not None:
-            z = z * torch.sigmoid(self.w_gate(query))
-        out = self.w_o(z)  # (B, Lq, E)
-        if not need_weights:
-            return out, None
-        if average_attn_weights:
-            weights = weights.mean(dim=1)  # (B, Lq, Lk)
-        return out, weights
+            k = self.w_k(key).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
+            v = self.w_v(value).view(b, lk, g, d).transpose(1, 2)  # (B, G, Lk, D)
+            if self.k_norm is not None:
+                k = self.k_norm(k)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        return q, k, v
+
+    def _attend_views(self, q: Tensor, views: list[KVView], head_mask, need_weights: bool, rotate: bool):
+        """Attend what the cache answered: one view of every head through :meth:`_attend` (hooks, weights); or one
+        view per group of query heads, each with its own keys (a head-aware policy), through the kernel, their
+        outputs put back in head order before ``hook_z`` and the head mask."""
+        if len(views) == 1 and views[0].heads is None:
+            view = views[0]
+            return self._attend(q, view.k, view.v, view.mask, head_mask, need_weights, rotate=rotate)
+        self._refuse_split_heads(need_weights)
+        sinks = None if self.sink_logits is None else self.sink_logits.detach().float()
+        z = torch.empty_like(q)
+        for view in views:
+            qg = q.index_select(1, view.heads)
+            gsinks = None if sinks is None else sinks[view.heads].to(qg.dtype)
+            z[:, view.heads], _ = attention(qg, view.k, view.v, mask=view.mask, backend=self.backend, sinks=gsinks)
+        z = self.hook_z(z)
+        if head_mask is not None:
+            z = z * self._head_scale(head_mask, q.shape[0], z.dtype)
+        return z, None
+
+    def _refuse_split_heads(self, need_weights: bool) -> None:
+        """Heads that keep different keys have no one ``(B, H, Q, N)`` map: refuse what would need it."""
+        hooked = [n for n in ("hook_q", "hook_k", "hook_v", "hook_pattern", "hook_stats") if getattr(self, n).active]
+        if need_weights or hooked:
+            raise ValueError(
+                "this layer's heads keep different keys under the head-aware policy, so there is no single "
+                f"attention map ({', '.join(hooked) or 'need_weights'}): capture with policy='full' or a uniform policy"
+            )
+        if type(self)._kernel is not MultiHeadAttention._kernel:
+            raise ValueError(
+                f"{type(self).__name__} mixes its heads' maps, so its heads cannot keep different keys: "
+                "use a uniform policy (window, h2o, snapkv) with this model"
+            )
 
     def forward_packed(self, x: Tensor, index: Tensor, keep: Tensor, *, head_mask: Tensor | None = None) -> Tensor:
         """Self-attention over *packed* tokens: padding is never projected.

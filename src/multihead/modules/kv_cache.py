@@ -20,18 +20,56 @@ import torch
 from torch import Tensor
 
 
+@dataclass
+class KVView:
+    """What one group of query heads attends after a cache call: keys and values ``(B, G', N, D)`` (rotated),
+    their ``mask`` (the call's own, or one made from the kept keys' positions) and ``heads``, the query heads that
+    read them (None: every head; a head-aware policy gives each group of heads its own keys)."""
+
+    k: Tensor
+    v: Tensor
+    mask: object = None
+    heads: Tensor | None = None
+
+
 class LayerKV:
     """One attention layer's cache: ``k``, ``v`` ``(B, G, L, D)`` (views of the filled part). ``static``: computed
     once (cross-attention). Self-attention keys/values are written into buffers that grow by doubling, so a step
-    copies only its own new positions (``torch.cat`` per step would copy the whole cache every step: quadratic)."""
+    copies only its own new positions (``torch.cat`` per step would copy the whole cache every step: quadratic).
 
-    grouped = False  # a KV-policy cache (multihead.modules.kv_policy.PolicyKV) attends through its own attend()
+    The protocol an attention module speaks to every cache (as HF's ``Cache.update``): :meth:`update` takes the
+    call's queries, keys and values, stores what it keeps and answers with the queries (rotated where the cache
+    places positions) and the :class:`KVView` s to attend; :meth:`done` is told when the call has attended (a policy
+    scores and evicts there). :meth:`source` gives a cross-attention cache's stored keys, so that the source is not
+    projected again. A new kind of cache overrides these three."""
 
     def __init__(self, static: bool = False) -> None:
         self.static = static
         self._k: Tensor | None = None
         self._v: Tensor | None = None
         self.length = 0
+
+    def source(self) -> tuple[Tensor, Tensor] | None:
+        """A cross-attention cache's stored keys and values (None: project the call's, and :meth:`update`)."""
+        return (self._k, self._v) if self.static and self._k is not None and self._v is not None else None
+
+    def update(self, q: Tensor, k: Tensor, v: Tensor, *, mask=None, rotary=None, positions=None):
+        """This call's ``q`` ``(B, H, Q, D)``, ``k``, ``v`` ``(B, G, Q, D)`` (unrotated) in; ``(q, [KVView])`` out:
+        self-attention rotates the new positions where they sit (``positions`` ``(B, Q)``, default the cached length
+        onwards) and appends them; cross-attention stores the source's keys once."""
+        if self.static:
+            if rotary is not None:
+                raise ValueError("rotary embeddings rotate self-attention; build cross-attention without rotary=")
+            if self._k is None:
+                self.store(k, v)
+            return q, [KVView(self._k, self._v, mask)]
+        if rotary is not None:
+            q, k = rotary.rotate_pair(q, k, self.length, positions)
+        k, v = self.append(k, v)  # (B, G, cached + Q, D)
+        return q, [KVView(k, v, mask)]
+
+    def done(self, q: Tensor, views: list[KVView], sinks: Tensor | None = None) -> None:
+        """The call has attended ``views`` (``sinks``: the layer's sink logits, if any). Nothing to do here."""
 
     @property
     def k(self) -> Tensor | None:
@@ -100,6 +138,17 @@ class StreamingKV(LayerKV):
     time (a chunk would need a different window per query)."""
 
     rolling = True
+
+    def update(self, q: Tensor, k: Tensor, v: Tensor, *, mask=None, rotary=None, positions=None):
+        """Append the unrotated keys, evict, then rotate keys by their slot and the queries as the last slots."""
+        if rotary is None:
+            raise ValueError(
+                "a streaming (sinks + window) cache gives keys their slot in the cache as position; "
+                "that needs rotary positions (build the model with positional='rope')"
+            )
+        k, v = self.append(k, v)  # (B, G, slots, D)
+        q = rotary.rotate(q, k.shape[2] - q.shape[2])  # the queries are the last slots
+        return q, [KVView(rotary.rotate(k, 0), v, mask)]
 
     def __init__(self, sinks: int, window: int) -> None:
         super().__init__()
@@ -216,4 +265,4 @@ class KVCache:
                 setattr(self, name, getattr(self, name).index_select(0, index))
 
 
-__all__ = ["KVCache", "LayerKV", "StreamingKV"]
+__all__ = ["KVCache", "KVView", "LayerKV", "StreamingKV"]

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .kv_cache import LayerKV
+from .kv_cache import KVView, LayerKV
 
 OBSERVE_CHUNK = 256  # query rows per block when the received attention is summed (bounded memory at long prompts)
 
@@ -449,13 +449,12 @@ class _Group:
 
 class PolicyKV(LayerKV):
     """One self-attention layer's cache under a :class:`KVPolicy`: its key/value heads in groups, each with its own
-    buffers and rule. :class:`~multihead.modules.attention.MultiHeadAttention` hands its rotated ``q, k, v`` to
-    :meth:`attend`, which appends, attends group by group (through the module's kernel), scores and evicts.
+    buffers and rule. It speaks the cache protocol of :class:`~multihead.modules.kv_cache.LayerKV`:
+    :meth:`update` appends and answers one view per group (the module attends each), :meth:`done` scores and
+    evicts.
 
     ``window``: the layer's sliding window (its keys past it are dropped). ``record``: keep both scores of the
     prompt (received and observed) so that :meth:`KVCache.compress` can apply any policy afterwards."""
-
-    grouped = True
 
     def __init__(self, groups: list[tuple[list[int], Rule]], *, window: int | None = None, record: bool = False):
         super().__init__()
@@ -463,6 +462,8 @@ class PolicyKV(LayerKV):
         self.groups: list[_Group] | None = None
         self.seen = 0
         self.recorded: dict[str, Tensor] = {}
+        self._call: list = []  # the groups of the call in flight, between update and done
+        self._positions: Tensor | None = None
 
     # LayerKV's view: the single group's buffers (multi-group layers have no one (B, G, N, D) tensor)
     @property
@@ -491,7 +492,10 @@ class PolicyKV(LayerKV):
         return self.groups[0]
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        raise ValueError("a KV-policy cache attends through its module (PolicyKV.attend), not by appending keys")
+        raise ValueError(
+            "a KV-policy cache is updated through the cache protocol (PolicyKV.update, then done), not by "
+            "appending keys; multi-head latent attention keeps its latents in a plain cache (policy='full')"
+        )
 
     def reorder(self, index: Tensor) -> None:
         raise ValueError(
@@ -517,51 +521,44 @@ class PolicyKV(LayerKV):
             self.groups = [_Group(heads, rule, h // g) for heads, rule in self.spec]
         return self.groups
 
-    def attend(self, module, q: Tensor, k: Tensor, v: Tensor, mask, positions: Tensor | None, head_mask, need_weights):
-        """Attend ``q`` ``(B, H, Q, D)`` to the kept keys plus ``k, v`` ``(B, G, Q, D)`` (rotated), then evict.
-        Returns ``z`` ``(B, H, Q, D)`` and the weights (single-group layers only). ``mask``: the call's mask, used
-        as it is while the cache is empty (the prompt); afterwards masks are built from the kept keys' positions."""
-        from ..attention.registry import attention
-
+    def update(self, q: Tensor, k: Tensor, v: Tensor, *, mask=None, rotary=None, positions=None):
+        """Rotate this call's ``q`` ``(B, H, Q, D)`` and ``k`` ``(B, G, Q, D)`` at their positions, append each
+        group's keys, and answer one :class:`KVView` per group: its kept keys plus the new ones. ``mask``: the call's
+        mask, used as it is while the cache is empty (the prompt); afterwards masks are built from the kept keys'
+        positions. Scoring and eviction wait for :meth:`done`."""
         b, h, nq, _ = q.shape
         groups = self._start(k.shape[1], h)
+        if rotary is not None:
+            q, k = rotary.rotate_pair(q, k, self.seen, positions)
         if positions is None:
             positions = torch.arange(self.seen, self.seen + nq, device=q.device).expand(b, nq)
         multi = len(groups) > 1
-        if multi:
-            _refuse_split_hooks(module, need_weights)
-        sinks = None if module.sink_logits is None else module.sink_logits.detach().float()
-        zs, weights = [], None
+        views, self._call = [], []
         for grp in groups:
             prompt = grp.length == 0
             idx, kv_idx = grp.index(q.device) if multi else (None, None)
-            qg = q if idx is None else q.index_select(1, idx)
             kg = k if kv_idx is None else k.index_select(1, kv_idx)
             vg = v if kv_idx is None else v.index_select(1, kv_idx)
             kk, vv, kpos = grp.append(kg, vg, positions)
-            gmask = mask if prompt else self._mask(positions, kpos, h // k.shape[1])
-            gsinks = None if sinks is None else (sinks if idx is None else sinks[idx])
-            if multi:  # the kernel on this group's query heads (hooks and custom kernels refused above)
-                z, _ = attention(qg, kk, vv, mask=gmask, backend=module.backend, sinks=_as(gsinks, qg))
-            else:
-                z, weights = module._attend(qg, kk, vv, gmask, head_mask, need_weights, rotate=False)
-            self._score(grp, qg, kk, positions, kpos, gsinks, prompt)
+            views.append(KVView(kk, vv, mask if prompt else self._mask(positions, kpos, h // k.shape[1]), idx))
+            self._call.append((grp, kpos, prompt))
+        self._positions = positions
+        return q, views
+
+    def done(self, q: Tensor, views: list[KVView], sinks: Tensor | None = None) -> None:
+        """Score this call's keys where the groups' rules need it, then evict each group to its budget."""
+        sinks = None if sinks is None else sinks.detach().float()
+        for (grp, kpos, prompt), view in zip(self._call, views):
+            qg = q if view.heads is None else q.index_select(1, view.heads)
+            gsinks = sinks if sinks is None or view.heads is None else sinks[view.heads]
+            self._score(grp, qg, view.k, self._positions, kpos, gsinks, prompt)
             if self.window is not None:  # a sliding-window layer: only the last window - 1 keys can be read again
                 index = SinksWindow(0, max(self.window - 1, 1)).keep(kpos, None, prompt=prompt)
             else:
                 index = None if self.record else grp.rule.keep(kpos, grp.score, prompt=prompt)
             grp.evict(index, room=1)
-            zs.append(z)
-        self.seen += nq
-        if not multi:
-            return zs[0], weights
-        z = torch.empty_like(q)
-        for grp, zg in zip(groups, zs):
-            z[:, grp.q_heads] = zg
-        z = module.hook_z(z)
-        if head_mask is not None:
-            z = z * module._head_scale(head_mask, b, z.dtype)
-        return z, None
+        self.seen += q.shape[2]
+        self._call = []
 
     def _mask(self, q_pos: Tensor, k_pos: Tensor, q_per_kv: int) -> Tensor | None:
         """``(B, H, Q, N)`` bool from positions (None for one query over keys all before it, in the window)."""
@@ -661,10 +658,6 @@ def compress(cache, policy: KVPolicy):
 SNAPKV_WINDOW = 32  # the observation window SnapKV's paper uses (a recorded prompt keeps these queries' scores)
 
 
-def _as(t: Tensor | None, like: Tensor) -> Tensor | None:
-    return None if t is None else t.to(like.dtype)
-
-
 def _pool(score: Tensor, kernel: int, window: int) -> Tensor:
     """SnapKV's smoothing: the observed scores ``(B, H, N)`` of the keys before the observation window average-pooled
     over ``kernel`` neighbours (the window's own keys are kept anyway)."""
@@ -675,23 +668,6 @@ def _pool(score: Tensor, kernel: int, window: int) -> Tensor:
     b, h, m = head.shape
     pooled = F.avg_pool1d(head.reshape(b * h, 1, m), kernel, stride=1, padding=kernel // 2).view(b, h, m)
     return torch.cat([pooled, score[..., m:]], -1)
-
-
-def _refuse_split_hooks(module, need_weights: bool) -> None:
-    """A layer whose heads keep different keys has no one ``(B, H, Q, N)`` map: refuse what would need it."""
-    hooked = [n for n in ("hook_q", "hook_k", "hook_v", "hook_pattern", "hook_stats") if getattr(module, n).active]
-    if need_weights or hooked:
-        raise ValueError(
-            "this layer's heads keep different keys under the head-aware policy, so there is no single "
-            f"attention map ({', '.join(hooked) or 'need_weights'}): capture with policy='full' or a uniform policy"
-        )
-    from .attention import MultiHeadAttention
-
-    if type(module)._kernel is not MultiHeadAttention._kernel:
-        raise ValueError(
-            f"{type(module).__name__} mixes its heads' maps, so its heads cannot keep different keys: "
-            "use a uniform policy (window, h2o, snapkv) with this model"
-        )
 
 
 __all__ = [
