@@ -430,20 +430,36 @@ def run(
                 r["decode_ratio_ours_to_this"] = ref["decode_tokens_per_second"] / r["decode_tokens_per_second"]
     config = {**shape, "prompt": PROMPT, "device": device, "dtype": dtype}
     if pretrained:
-        c = _pretrained(shape["pretrained"], "cached").config
-        config.update(
-            d_model=c.decoder.d_model,
-            layers=c.decoder.num_layers,
-            heads=c.decoder.num_heads,
-            d_ff=c.decoder.d_ff,
-            vocab=c.vocab_size,
-            positional=c.positional,
-        )
+        config.update(_layout_of(_pretrained(shape["pretrained"], "cached")))
         _LOADED.clear()
     payload = {"suite": "decode", "config": config, "machine": machine_info(threads, device), "results": results}
     if out is not None:
         write_json(out, payload)
     return payload
+
+
+def _layout_of(model) -> dict:
+    """The sizes the table prints, of a native LM (its config) or an attached HF one (its HF config)."""
+    if hasattr(model, "hf"):
+        c = model.hf.config
+        return {
+            "d_model": int(c.hidden_size),
+            "layers": int(c.num_hidden_layers),
+            "heads": int(c.num_attention_heads),
+            "d_ff": int(getattr(c, "intermediate_size", 0) or 4 * c.hidden_size),
+            "vocab": int(c.vocab_size),
+            "positional": f"{model.config.positional} (HF {c.model_type}, attached)",
+        }
+    c = model.config
+    d = c.decoder
+    return {
+        "d_model": d.d_model,
+        "layers": d.num_layers,
+        "heads": d.num_heads,
+        "d_ff": d.d_ff,
+        "vocab": c.vocab_size,
+        "positional": c.positional,
+    }
 
 
 def format_table(payload: dict) -> str:

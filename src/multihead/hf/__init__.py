@@ -11,6 +11,8 @@ attribution patching and the exact statistics work on it through the same API as
     model = AutoModelForCausalLM.from_pretrained("path/to/folder")
     hf.attach(model)                       # outputs unchanged (to rounding); hooks cost nothing until used
     logits, cache = run_with_cache(model, ids, what=("pattern", "stats", "z"))
+    cache = hf.PolicyCache(model, "snapkv", budget=256)   # multihead's KV policies through HF's cache API
+    model.generate(ids, past_key_values=cache, max_new_tokens=64)   # (transformers 5: cache=cache)
     hf.detach(model)                       # the model as it was
 
 It needs ``transformers`` (``pip install 'multihead[hf]'``); nothing else of multihead does.
@@ -30,8 +32,18 @@ from .attach import (
     why_not,
 )
 
+
+def __getattr__(name: str):
+    if name == "PolicyCache":  # imported when first asked for (it subclasses transformers' Cache)
+        from .cache import PolicyCache
+
+        return PolicyCache
+    raise AttributeError(f"module 'multihead.hf' has no attribute {name!r}")
+
+
 __all__ = [
     "NAME",
+    "PolicyCache",
     "AttachError",
     "Attached",
     "AttachedAttention",

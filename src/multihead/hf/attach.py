@@ -42,6 +42,9 @@ from ..modules.hooks import HookPoint
 from ..pretrained.errors import SourceError
 
 NAME = "multihead"  # the name in HF's AttentionInterface and AttentionMaskInterface
+# The layer of a multihead KV-policy cache (multihead.hf.cache.PolicyLayer) whose update HF just called: the
+# attention function that HF calls next gives it the queries too (the cache protocol), then clears it.
+POLICY_CALL = threading.local()
 INSTALL = "pip install 'multihead[hf]'"
 ATTENTION_HOOKS = ("hook_q", "hook_k", "hook_v", "hook_pattern", "hook_z", "hook_stats")
 BLOCK_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
@@ -479,6 +482,10 @@ def multihead_attention_forward(
     lq, lk = q.shape[2], k.shape[2]
     am = _with_bias(_mask(attention_mask, module, lq, lk, is_causal), kwargs.get("position_bias"), lk)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scaling is None else float(scaling)
+    layer = getattr(POLICY_CALL, "layer", None)
+    if layer is not None:  # a multihead KV-policy cache: it keeps the keys and says what to attend
+        POLICY_CALL.layer = None
+        return _policy_attention(module, rec, layer, q, k, v, am, scale, kwargs)
     if rec is not None:
         rec.scale = scale  # the layer's own scaling, as the last call had it (explain recomputes with it)
     cap = kwargs.get("softcap")
@@ -521,6 +528,55 @@ def multihead_attention_forward(
     head_mask = kwargs.get("head_mask")
     if head_mask is not None:  # HF's eager head_mask scales each head's weights: the same as scaling its output
         z = z * head_mask
+    return z.transpose(1, 2).contiguous(), weights
+
+
+def _policy_attention(module, rec, layer, q: Tensor, k: Tensor, v: Tensor, am, scale: float, kwargs):
+    """Attention through a multihead KV-policy cache layer (:mod:`multihead.hf.cache`): ``update`` stores what the
+    policy keeps and answers the views to attend (one of every head, or one per group of heads with their own
+    keys), the views are attended on the kernel seam, then ``done`` scores and evicts."""
+    if rec is None or layer.index != rec.index:
+        raise AttachError(
+            f"{type(module).__name__}: the KV-policy cache's layer {layer.index} reached another layer's attention "
+            f"({'not attached' if rec is None else rec.index}); the model's layers call the cache out of order"
+        )
+    if kwargs.get("softcap") or kwargs.get("position_bias") is not None or kwargs.get("head_mask") is not None:
+        raise AttachError(
+            f"{type(module).__name__} soft-caps its scores, adds a position bias or masks heads; a KV-policy cache "
+            "attends through the kernel seam's plain softmax only"
+        )
+    sinks = kwargs.get("s_aux")
+    q, views = layer.kv.update(q, k, v, mask=am)  # keys arrive rotated at their positions: no rotary here
+    want = bool(kwargs.get("output_attentions", False)) or (rec.owner is not None and rec.owner.asking > 0)
+    if len(views) == 1 and views[0].heads is None:
+        view = views[0]
+        pattern = rec.hook_pattern if rec.hook_pattern.active else None
+        z, weights = attention(
+            q,
+            view.k,
+            view.v,
+            mask=view.mask,
+            scale=scale,
+            need_weights=want,
+            backend=rec.backend,
+            weights_hook=pattern,
+            sinks=None if sinks is None else sinks.to(q.dtype),
+        )
+    else:  # heads that keep different keys: no single map to hook or return
+        if want or rec.hook_pattern.active or rec.hook_stats.active:
+            raise AttachError(
+                "this layer's heads keep different keys under the head-aware policy, so there is no single "
+                "attention map: capture with policy='full' or a uniform policy"
+            )
+        z, weights = torch.empty_like(q), None
+        for view in views:
+            qg = q.index_select(1, view.heads)
+            gs = None if sinks is None else sinks.to(q.dtype)[view.heads]
+            z[:, view.heads], _ = attention(
+                qg, view.k, view.v, mask=view.mask, scale=scale, backend=rec.backend, sinks=gs
+            )
+    layer.kv.done(q, views, None if sinks is None else sinks.detach().float())
+    z = rec.hook_z(z)
     return z.transpose(1, 2).contiguous(), weights
 
 

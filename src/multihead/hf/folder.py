@@ -212,11 +212,15 @@ class AttachedLM(nn.Module):
         )
 
     def forward(self, ids: Tensor, keep: Tensor | None = None, head_mask: Tensor | None = None, cache=None) -> Tensor:
-        """Logits ``(B, L, V)``. ``cache``: a :class:`~multihead.hf.stream.StreamCache` of :meth:`new_cache` (HF's
-        own cache is then off and the tokens get the cache's positions)."""
+        """Logits ``(B, L, V)``. ``cache``: one of :meth:`new_cache`: a
+        :class:`~multihead.hf.stream.StreamCache` (HF's own cache is then off and the tokens get the cache's
+        positions) or a KV-policy cache (multihead's :class:`~multihead.modules.kv_cache.KVCache`, run through HF's
+        cache API: :class:`~multihead.hf.cache.PolicyCache`)."""
         from .attach import attached
 
         att = attached(self.hf)
+        if cache is not None and hasattr(cache, "self_attn"):  # a KV-policy cache: HF's cache API
+            return self._policy_forward(ids, keep, head_mask, cache)
         handles = []
         if head_mask is not None:
             for i, rec in enumerate(att.layers.values()):
@@ -235,13 +239,67 @@ class AttachedLM(nn.Module):
             for h in handles:
                 h.remove()
 
-    def new_cache(self, *, window: int | None = None, sinks: int = 4):
-        """A cache for feeding tokens one at a time: every token (``window=None``: positions run on), or the first
-        ``sinks`` plus the last ``window`` (StreamingLLM, positions within the cache): a
-        :class:`~multihead.hf.stream.StreamCache`."""
+    def new_cache(
+        self,
+        *,
+        window: int | None = None,
+        sinks: int = 4,
+        policy=None,
+        budget: int | None = None,
+        record: bool = False,
+        **options,
+    ):
+        """A cache for feeding tokens in turn. With ``policy`` (a name of
+        :data:`~multihead.modules.kv_policy.KV_POLICIES`), ``budget`` and its options, or ``record=True`` (every key,
+        the prompt's scores kept for :meth:`~multihead.modules.kv_cache.KVCache.compress`): multihead's KV-policy
+        cache, as a native model's ``new_cache`` makes it, run through HF's cache API. Otherwise every token
+        (``window=None``: positions run on), or the first ``sinks`` plus the last ``window`` (StreamingLLM, positions
+        within the cache): a :class:`~multihead.hf.stream.StreamCache`."""
+        if policy is not None or record or budget is not None or options:
+            if window is not None:
+                raise ValueError("pass a KV policy or a streaming window, not both")
+            from .cache import policy_layers
+
+            return policy_layers(self.hf, policy or "full", budget, record=record, **options)
         from .stream import StreamCache
 
         return StreamCache(self.hf, window=window, sinks=0 if window is None else sinks)
+
+    def prefill(self, ids: Tensor, keep: Tensor | None = None, cache=None):
+        """Read the prompt ``ids`` ``(B, L)`` once through ``cache`` (default: every key, through HF's cache API):
+        the last position's logits ``(B, V)`` and the filled cache, as a native LM's ``prefill``. Rows of one length
+        only (a KV-policy cache counts positions per call, not per row)."""
+        cache = self.new_cache(policy="full") if cache is None else cache
+        return self(ids, keep, cache=cache)[:, -1], cache
+
+    def step(self, tokens: Tensor, cache) -> Tensor:
+        """Feed one token per row ``(B,)`` through ``cache``; its logits ``(B, V)`` (as a native LM's ``step``)."""
+        return self(tokens[:, None], cache=cache)[:, -1]
+
+    def _check_policy(self) -> None:
+        """Refuse, before any work, a model whose layers a KV-policy cache cannot follow (with the reason)."""
+        from .cache import policy_layers
+
+        policy_layers(self.hf, "full")
+        if getattr(self.hf.config, "alibi", False) or self.hf.config.model_type in ("bloom", "mpt"):
+            raise ValueError(
+                "KV policies keep keys at their original positions, and ALiBi's per-head distances are built into "
+                "the mask of the whole call: use a rotary model, or the full cache"
+            )
+
+    def _policy_forward(self, ids: Tensor, keep: Tensor | None, head_mask: Tensor | None, cache) -> Tensor:
+        """The logits of ``ids`` read through the KV-policy cache ``cache`` (HF's cache API, multihead's layers)."""
+        from .cache import PolicyCache, cache_argument
+
+        if head_mask is not None:
+            raise ValueError("head_mask and a KV-policy cache do not combine here; mask heads without a cache")
+        if keep is not None and not bool(keep.all()):
+            raise ValueError(
+                "a KV-policy cache reads unpadded rows (each row's positions are its own count); pass rows of one "
+                "length, or one row at a time"
+            )
+        hf_cache = PolicyCache.of(cache)
+        return self.hf(input_ids=ids, use_cache=True, **cache_argument(self.hf, hf_cache)).logits
 
     def clone(self) -> AttachedLM:
         """An independent copy: the same architecture built from the config, the weights copied in (strictly:

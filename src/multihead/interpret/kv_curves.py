@@ -134,13 +134,7 @@ def measure(
     from .kv_heads import needles_for
 
     model = lm.model
-    if not hasattr(model, "_check_policy"):
-        raise ValueError(
-            f"{lm.name} was read with transformers and attached; KV policies live in multihead's own cache, and "
-            "an attached model decodes with HF's: use a model multihead reads natively (smollm2, a .gguf file, a "
-            "Llama/Mistral/Qwen/Gemma 3/GPT-2 folder)"
-        )
-    model._check_policy()
+    model._check_policy()  # native and attached models alike (an attached one through HF's cache API)
     limit = int(model.config.max_len)
     if context + tokens > limit:
         raise ValueError(f"--context {context} plus --tokens {tokens} is past the {limit} positions {lm.name} has")
@@ -153,7 +147,9 @@ def measure(
     if full_heads is not None:
         from .kv_heads import check_split
 
-        check_split(full_heads, [layer.self_attn.num_kv_heads for layer in model.decoder.layers], lm.name)
+        from .kv_heads import kv_heads_per_layer
+
+        check_split(full_heads, kv_heads_per_layer(model), lm.name)
     t0 = time.perf_counter()
     result: dict = {"model": lm.name, "threads": torch.get_num_threads(), "needles": {}, "points": []}
     for length in lengths:

@@ -36,7 +36,7 @@ INDUCTION = 0.4  # the prefix-matching threshold of `multihead heads` (multihead
 ECHO = 0.4
 
 
-def _num_kv_heads(model) -> list[int]:
+def kv_heads_per_layer(model) -> list[int]:
     """Key/value heads per layer (the query heads' groups), for native and attached models."""
     out = []
     for _, mod in attention_modules(model):
@@ -167,7 +167,7 @@ def classify(
         raise ValueError(f"score must be 'data-free' or 'retrieval', got {score!r}")
     if score == "retrieval" and not needles:
         raise ValueError("the retrieval split needs needles: give at least one")
-    kv = _num_kv_heads(model)
+    kv = kv_heads_per_layer(model)
     heads = _num_heads(model)
     half = max(2, min(128, (int(model.config.max_len) - 1) // 2))  # two copies within the model's positions
     ei = echo_and_induction(model, half=half, start=start)
@@ -391,6 +391,7 @@ def check_split(full_heads: list[list[int]], num_kv_heads: list[int], model: str
 __all__ = [
     "check_split",
     "classify",
+    "kv_heads_per_layer",
     "needles_for",
     "read_split",
     "report",

@@ -316,6 +316,7 @@ class MultiHeadAttention(nn.Module):
         sinks = None if self.sink_logits is None else self.sink_logits.detach().float()
         z = torch.empty_like(q)
         for view in views:
+            assert view.heads is not None  # several views: each names its heads
             qg = q.index_select(1, view.heads)
             gsinks = None if sinks is None else sinks[view.heads].to(qg.dtype)
             z[:, view.heads], _ = attention(qg, view.k, view.v, mask=view.mask, backend=self.backend, sinks=gsinks)
@@ -400,7 +401,14 @@ class MultiHeadAttention(nn.Module):
         return am
 
     def _attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: AttnMask | None, head_mask, need_weights: bool, rotate: bool = True
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: AttnMask | Tensor | None,
+        head_mask,
+        need_weights: bool,
+        rotate: bool = True,
     ):
         """Rotary, hooks, the kernel and the head mask on split heads: returns ``z`` ``(B, H, Lq, D)``, weights.
         ``mask`` is the structured mask, passed to the kernel seam as it is."""
@@ -418,7 +426,7 @@ class MultiHeadAttention(nn.Module):
         q: Tensor,
         k: Tensor,
         v: Tensor,
-        mask: AttnMask | None,
+        mask: AttnMask | Tensor | None,
         head_mask,
         need_weights: bool,
         p: float,

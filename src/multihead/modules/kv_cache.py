@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..attention.attn_mask import AttnMask
+
 
 @dataclass
 class KVView:
@@ -28,7 +30,7 @@ class KVView:
 
     k: Tensor
     v: Tensor
-    mask: object = None
+    mask: AttnMask | Tensor | None = None
     heads: Tensor | None = None
 
 
@@ -60,8 +62,9 @@ class LayerKV:
         if self.static:
             if rotary is not None:
                 raise ValueError("rotary embeddings rotate self-attention; build cross-attention without rotary=")
-            if self._k is None:
+            if self._k is None or self._v is None:
                 self.store(k, v)
+                return q, [KVView(k, v, mask)]
             return q, [KVView(self._k, self._v, mask)]
         if rotary is not None:
             q, k = rotary.rotate_pair(q, k, self.length, positions)

@@ -547,6 +547,7 @@ class PolicyKV(LayerKV):
 
     def done(self, q: Tensor, views: list[KVView], sinks: Tensor | None = None) -> None:
         """Score this call's keys where the groups' rules need it, then evict each group to its budget."""
+        assert self._positions is not None, "done() follows update()"
         sinks = None if sinks is None else sinks.detach().float()
         for (grp, kpos, prompt), view in zip(self._call, views):
             qg = q if view.heads is None else q.index_select(1, view.heads)

@@ -1,0 +1,147 @@
+"""multihead's KV policies on attached HF causal LMs, through transformers' own cache API.
+
+:class:`PolicyCache` is a ``transformers.Cache``: pass it as ``past_key_values`` to the model or to ``generate``
+and every layer keeps what the policy keeps (the window, H2O, SnapKV, the head-aware split...), with the evicted
+keys' memory released::
+
+    hf.attach(model)
+    cache = PolicyCache(model, "snapkv", budget=256)
+    model.generate(input_ids, past_key_values=cache, max_new_tokens=64)
+
+Each layer of the cache holds multihead's own layer cache (:mod:`multihead.modules.kv_policy`), the same object a
+native multihead model decodes with, so the two readings of one model keep the same keys and write the same tokens.
+HF's attention layer hands its (rotated) keys and values to :meth:`PolicyLayer.update`, which passes them on
+untouched and marks the layer; multihead's attention function, which the layer calls next, gives the layer cache
+the queries, keys and values (the cache protocol: ``update`` then ``done``), attends what it answers, and lets it
+score and evict. So a policy that reads attention scores (H2O, SnapKV) sees the real queries, and one that gives
+each head its own keys (head-aware) is attended head group by head group.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from .attach import INSTALL, POLICY_CALL, AttachError, attached
+
+try:
+    from transformers.cache_utils import Cache, DynamicLayer
+except ImportError:
+    raise AttachError(f"multihead's KV policies on HF models need transformers: {INSTALL}") from None
+
+
+class PolicyLayer(DynamicLayer):
+    """One attention layer of a :class:`PolicyCache`: multihead's layer cache ``kv`` behind HF's layer API."""
+
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, kv, index: int):
+        super().__init__()
+        self.kv, self.index = kv, index
+
+    def lazy_initialization(self, *args, **kwargs) -> None:
+        self.is_initialized = True
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        """Mark this layer for the attention function that follows, and pass the new keys and values on."""
+        if getattr(POLICY_CALL, "layer", None) is not None:
+            raise AttachError(
+                "a KV-policy cache layer was updated twice without attention in between: the model does not "
+                "compute its attention through multihead's attention function (is it attached?)"
+            )
+        POLICY_CALL.layer = self
+        return key_states, value_states
+
+    def get_seq_length(self, *args) -> int:
+        return int(getattr(self.kv, "seen", self.kv.length))
+
+    def get_mask_sizes(self, query, *args) -> tuple[int, int]:
+        n = query if isinstance(query, int) else int(query.shape[-1])
+        return self.get_seq_length() + n, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def get_max_cache_shape(self) -> int:
+        return -1
+
+    def _refuse(self, *args, **kwargs):
+        raise ValueError(
+            "a KV-policy cache evicts keys per row; beam search and cropping need the full cache "
+            "(use greedy or sampling with a policy)"
+        )
+
+    reorder_cache = crop = batch_repeat_interleave = batch_select_indices = _refuse
+
+
+def _window(module: nn.Module) -> int | None:
+    """The layer's sliding window (Mistral, Gemma 2 and 3's local layers), None for a global layer."""
+    w = getattr(module, "sliding_window", None)
+    return int(w) if isinstance(w, int) and w > 0 else None
+
+
+def cache_argument(model: nn.Module, cache) -> dict:
+    """The keyword the model's forward takes a cache by: ``cache`` (transformers 5.x, where ``past_key_values`` is
+    deprecated) or ``past_key_values``."""
+    import inspect
+
+    try:
+        names = inspect.signature(type(model).forward).parameters
+    except (TypeError, ValueError):
+        names = {}
+    return {"cache": cache} if "cache" in names else {"past_key_values": cache}
+
+
+def policy_layers(model: nn.Module, policy, budget: int | None = None, *, record: bool = False, **options):
+    """multihead's :class:`~multihead.modules.kv_cache.KVCache` for the attached ``model``'s layers under
+    ``policy`` (a name of :data:`~multihead.modules.kv_policy.KV_POLICIES` or a
+    :class:`~multihead.modules.kv_policy.KVPolicy`): refused, with the reason, for a model whose attention layers
+    are not one per decoder layer or that is not a decoder."""
+    from ..modules.kv_policy import make_policy, policy_cache
+
+    att = attached(model)
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise AttachError(
+            f"{model.config.model_type} is an encoder-decoder; a KV policy keeps a causal LM's self-attention keys"
+        )
+    layers = list(att.layers.values())
+    order = [getattr(rec._module, "layer_idx", i) for i, rec in enumerate(layers)]
+    if order != list(range(len(layers))):
+        raise AttachError(
+            f"{model.config.model_type}: its attention layers are numbered {order[:8]}..., not one per decoder layer "
+            "in order, so a per-layer cache cannot follow them"
+        )
+    made = make_policy(policy, budget, **options)
+    windows = [_window(rec._module) for rec in layers]
+    return policy_cache(made, [rec.num_kv_heads for rec in layers], windows, record=record)
+
+
+class PolicyCache(Cache):
+    """A ``transformers.Cache`` whose layers keep what a multihead KV policy keeps (see the module docstring).
+    ``model``: an attached HF causal LM; ``policy``, ``budget``, ``options``: as
+    :func:`multihead.modules.kv_policy.make_policy` takes them. One cache serves one generation."""
+
+    def __init__(self, model: nn.Module, policy="full", budget: int | None = None, *, native=None, **options):
+        native = policy_layers(model, policy, budget, **options) if native is None else native
+        super().__init__(layers=[PolicyLayer(kv, i) for i, kv in enumerate(native.self_attn)])
+        self.native = native  # multihead's KVCache: its layers, policy and byte counts
+
+    @classmethod
+    def of(cls, native) -> PolicyCache:
+        """HF's view of multihead's :class:`~multihead.modules.kv_cache.KVCache` ``native`` (made by
+        :func:`policy_layers`, or compressed from a recorded one): the same layer objects, so what one keeps the
+        other sees. Made once per ``native``."""
+        made = native.__dict__.get("_hf_cache")
+        if made is None:
+            made = native.__dict__["_hf_cache"] = cls(None, native=native)
+        return made
+
+    def get_seq_length(self, layer_idx: int = 0, *args) -> int:
+        return self.layers[layer_idx].get_seq_length()
+
+    def kv_nbytes(self) -> int:
+        """Bytes of the keys and values the layers keep, as filled (what the policy saves)."""
+        return self.native.kv_nbytes()
+
+
+__all__ = ["PolicyCache", "PolicyLayer", "cache_argument", "policy_layers"]

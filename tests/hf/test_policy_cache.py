@@ -1,0 +1,137 @@
+"""multihead's KV policies on attached HF causal LMs through transformers' own cache API (`PolicyCache` as
+``past_key_values``): the same Llama read natively and attached writes the same tokens under every policy and budget,
+HF's ``generate`` runs each policy on several architectures, per-head evictions free their bytes, and what a policy
+cannot do is refused with the reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="pip install 'multihead[hf]'")
+
+from multihead import hf, loading  # noqa: E402
+from multihead.cli import main  # noqa: E402
+from multihead.hf.cache import PolicyCache, cache_argument  # noqa: E402
+from multihead.models.generation import generate  # noqa: E402
+from multihead.modules.kv_policy import make_policy  # noqa: E402
+
+from .archs import ARCHS  # noqa: E402
+from .test_attached_load_report import _save  # noqa: E402
+
+PROMPT, NEW = 60, 16
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return _save(tmp_path_factory.mktemp("llama"), "llama", max_position_embeddings=256)
+
+
+def _hf_generate(model, ids, cache, **kw):
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=NEW,
+        min_new_tokens=NEW,
+        do_sample=False,
+        pad_token_id=0,
+        **cache_argument(model, cache),
+        **kw,
+    )
+    return out[0, ids.shape[1] :].tolist()
+
+
+POLICIES = [
+    ("full", None, {}),
+    *((name, b, {}) for name in ("window", "h2o", "snapkv") for b in (12, 24)),
+    ("head-aware", 12, {"full_heads": [[0], [1]]}),
+    ("head-aware", 24, {"full_heads": [[], [0, 1]]}),
+]
+
+
+@pytest.mark.parametrize(("policy", "budget", "options"), POLICIES)
+def test_native_and_attached_write_the_same_tokens_under_every_policy(llama, policy, budget, options):
+    native = loading.load(str(llama)).model
+    attached = loading.load(f"hf:{llama}").model.hf
+    ids = torch.randint(3, 280, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+    made = make_policy(policy, budget, **options)
+    ours = generate(native, ids, torch.ones_like(ids, dtype=torch.bool), max_new_tokens=NEW, kv_policy=made)
+    cache = PolicyCache(attached, policy, budget, **options)
+    assert _hf_generate(attached, ids, cache) == ours.tokens[0]
+    if budget is not None:  # the cache really holds less than every key
+        c = attached.config
+        d = c.hidden_size // c.num_attention_heads
+        every = c.num_hidden_layers * c.num_key_value_heads * (PROMPT + NEW - 1) * d * 2 * 4
+        assert cache.kv_nbytes() < every
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "gpt_neox"])
+def test_hf_generate_runs_each_policy_on_attached_architectures(name):
+    model = ARCHS[name].build()
+    ids = torch.randint(3, 128, (1, 40), generator=torch.Generator().manual_seed(1))
+    own = model.generate(input_ids=ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, pad_token_id=0)
+    hf.attach(model)
+    assert _hf_generate(model, ids, PolicyCache(model, "full")) == own[0, 40:].tolist()  # full: HF's own tokens
+    for policy in ("window", "h2o", "snapkv"):
+        cache = PolicyCache(model, policy, 16)
+        tokens = _hf_generate(model, ids, cache)
+        assert len(tokens) == NEW
+        per_head = 16 + (NEW - 1 if policy == "snapkv" else 0)  # SnapKV keeps what is generated after the prompt
+        recs = list(hf.attached(model).layers.values())
+        g, d, layers = recs[0].num_kv_heads, recs[0].head_dim, len(recs)
+        assert cache.kv_nbytes() == layers * g * per_head * d * 2 * 4, policy  # keys + values, float32
+
+
+def test_per_head_evictions_free_their_bytes(llama):
+    attached = loading.load(f"hf:{llama}").model.hf
+    ids = torch.randint(3, 280, (1, PROMPT), generator=torch.Generator().manual_seed(2))
+    cache = PolicyCache(attached, "head-aware", 12, full_heads=[[0], []])
+    _hf_generate(attached, ids, cache)
+    seen = PROMPT + NEW - 1  # the last token is written, never read
+    d = attached.config.hidden_size // attached.config.num_attention_heads
+    g = attached.config.num_key_value_heads
+    kept = (seen + (g - 1) * 12) + g * 12  # layer 0: one head keeps every key, the other 12; layer 1: 12 each
+    assert cache.kv_nbytes() == kept * d * 2 * 4
+    layer0 = cache.native.self_attn[0].groups
+    assert sorted(grp.buffers.k.shape[2] for grp in layer0) == [12, seen]  # the tensors themselves are that size
+
+
+def test_the_kv_verb_takes_an_hf_folder_and_agrees_with_the_native_reading(llama, tmp_path):
+    argv = ["--budgets", "12,24", "--lengths", "160", "--needles", "2", "--context", "48", "--tokens", "24"]
+    argv += ["--policies", "full,window,h2o,snapkv", "--no-progress"]
+    for name, source in (("native", str(llama)), ("attached", f"hf:{llama}")):
+        assert main(["kv", source, "--out", str(tmp_path / name), *argv]) == 0
+    a, b = (json.loads((tmp_path / n / "kv.json").read_text()) for n in ("native", "attached"))
+    for pa, pb in zip(a["perplexity"]["points"], b["perplexity"]["points"]):
+        assert (pa["policy"], pa["budget"]) == (pb["policy"], pb["budget"])
+        assert pa["perplexity"] == pytest.approx(pb["perplexity"], rel=1e-4)
+    assert [p["needles_exact"] for p in a["points"]] == [p["needles_exact"] for p in b["points"]]
+    assert [p["kv_bytes"] for p in a["points"]] == [p["kv_bytes"] for p in b["points"]]
+
+
+def test_what_a_policy_cache_cannot_do_is_refused_with_the_reason(llama):
+    attached = loading.load(f"hf:{llama}").model
+    ids = torch.randint(3, 280, (2, 20), generator=torch.Generator().manual_seed(3))
+    with pytest.raises(ValueError, match="at least 5 keys"):
+        PolicyCache(attached.hf, "window", 3)
+    with pytest.raises(ValueError, match="unknown KV policy"):
+        PolicyCache(attached.hf, "lru", 16)
+    with pytest.raises(ValueError, match="names 3 layers"):
+        PolicyCache(attached.hf, "head-aware", 16, full_heads=[[0], [0], [0]])
+    with pytest.raises(ValueError, match="beam search"):
+        attached.hf.generate(
+            input_ids=ids[:1],
+            num_beams=2,
+            max_new_tokens=3,
+            **cache_argument(attached.hf, PolicyCache(attached.hf, "window", 12)),
+        )
+    keep = torch.ones_like(ids, dtype=torch.bool)
+    keep[1, :3] = False
+    with pytest.raises(ValueError, match="unpadded rows"):
+        attached(ids, keep, cache=attached.new_cache(policy="window", budget=12))
+    bart = ARCHS["bart"].build()
+    hf.attach(bart)
+    with pytest.raises(hf.AttachError, match="encoder-decoder"):
+        PolicyCache(bart, "window", 12)
