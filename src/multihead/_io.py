@@ -649,8 +649,16 @@ class Publish:
             self._lock.__exit__(None, None, None)
 
 
+def cache_home() -> Path:
+    """Where multihead keeps files it makes once and reuses (model copies for the benchmarks' peers), outside the
+    repository: ``$XDG_CACHE_HOME/multihead`` (``~/.cache/multihead`` by default)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "multihead"
+
+
 __all__ = [
     "FolderError",
+    "cache_home",
     "JSONFileError",
     "read_json_file",
     "Publish",

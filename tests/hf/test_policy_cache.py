@@ -45,7 +45,7 @@ def _hf_generate(model, ids, cache, **kw):
 
 POLICIES = [
     ("full", None, {}),
-    *((name, b, {}) for name in ("window", "h2o", "snapkv") for b in (12, 24)),
+    *((name, b, {}) for name in ("window", "h2o", "snapkv", "tova", "knorm", "pyramidkv") for b in (12, 24)),
     ("head-aware", 12, {"full_heads": [[0], [1]]}),
     ("head-aware", 24, {"full_heads": [[], [0, 1]]}),
 ]

@@ -13,6 +13,7 @@ from multihead.cli import main
 from multihead.data.needles import make_needles
 from multihead.interpret import kv_heads as K
 from multihead.modules.capture import capture
+from multihead.modules.kv_policy import KV_POLICIES
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +109,8 @@ def test_heads_kv_and_kv_curves_end_to_end(gguf_model, tmp_path, capsys):
     assert main(args) == 0
     result = json.loads((out / "kv.json").read_text())
     assert {(p["policy"], p["budget"]) for p in result["perplexity"]["points"]} == {("full", None)} | {
-        (name, b) for name in ("window", "h2o", "snapkv", "head-aware") for b in (8, 16)
-    }
+        (name, b) for name in KV_POLICIES if name != "full" for b in (8, 16)
+    }  # every registered policy by default
     full = next(p for p in result["perplexity"]["points"] if p["policy"] == "full")
     assert full["share"] == 1.0
     small = next(p for p in result["points"] if p["policy"] == "window" and p["budget"] == 8)

@@ -6,6 +6,8 @@ the full policy equals today's cache exactly, evicted memory is released, and ba
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 import pytest
 import torch
@@ -16,8 +18,11 @@ from multihead.modules.attention import MultiHeadAttention
 from multihead.modules.decoder import DecoderConfig
 from multihead.modules.kv_policy import (
     KV_POLICIES,
+    TOVA,
     HeavyHitters,
+    KeyNorm,
     PolicyKV,
+    PyramidKV,
     SinksWindow,
     SnapKV,
     make_policy,
@@ -200,6 +205,75 @@ def test_snapkv_keeps_what_the_observation_window_attends_to():
     assert cache.groups[0].length == budget + 2
 
 
+def _kept_by(score_of, q, k, budget: int) -> dict:
+    """Per (row, kv head), the positions kept after the prompt and every step when each call keeps the ``budget``
+    keys with the largest ``score_of(bi, gi, t, keys) -> {key: score}`` (t: the call's last query), written with
+    lists and dicts."""
+    kept = {}
+    for bi in range(q.shape[0]):
+        for gi in range(G):
+            keys: list[int] = []
+            for t in range(P - 1, q.shape[2]):  # the prompt (its last query decides), then each step
+                keys = list(range(P)) if t == P - 1 else [*keys, t]
+                if len(keys) > budget:
+                    score = score_of(bi, gi, t, keys)
+                    keys = sorted(sorted(keys, key=lambda j: -score[j])[:budget])
+            kept[(bi, gi)] = keys
+    return kept
+
+
+def test_tova_keeps_what_the_last_query_attends_to():
+    mha, x = _mha(7), _x(seed=8)
+    budget = 9
+    cache = PolicyKV(make_policy("tova", budget).rules(0, G))
+    _run_policy(mha, x, cache)
+    q, k, _ = _qkv(mha, x)
+    r = H // G
+
+    def score(bi, gi, t, keys):  # the last query's weights over the kept keys, summed over the group's heads
+        total = dict.fromkeys(keys, 0.0)
+        for hi in range(gi * r, gi * r + r):
+            for j, w in zip(keys, _weights(q[bi, hi, t], k[bi, gi, keys])):
+                total[j] += float(w)
+        return total
+
+    for (bi, gi), want in _kept_by(score, q, k, budget).items():
+        assert cache.groups[0].pos[bi, gi].tolist() == want
+
+
+def test_knorm_keeps_the_keys_of_smallest_norm():
+    mha, x = _mha(9), _x(seed=10)
+    budget = 7
+    cache = PolicyKV(make_policy("knorm", budget).rules(0, G))
+    _run_policy(mha, x, cache)
+    _, k, _ = _qkv(mha, x)
+
+    def score(bi, gi, t, keys):
+        return {j: -float(k[bi, gi, j].double().norm()) for j in keys}
+
+    for (bi, gi), want in _kept_by(score, k.new_zeros(k.shape[0], H, k.shape[2], 1), k, budget).items():
+        assert cache.groups[0].pos[bi, gi].tolist() == want
+
+
+def test_pyramidkv_budgets_fall_with_depth_as_the_paper_computes_them():
+    policy = make_policy("pyramidkv", 64)
+    assert policy == PyramidKV(64, 20, 32, 7)
+    layers = 4
+    sizes = [policy.rules(i, G, layers)[0][1].size for i in range(layers)]
+    extra = 64 - 32  # the paper's code: min = extra // beta, max = 2 * extra - min, equal steps between
+    low, high = extra // 20, 2 * extra - extra // 20
+    step = (high - low) // (layers - 1)
+    assert sizes == [32 + high - i * step for i in range(layers)] == [95, 75, 55, 35]
+    assert all(isinstance(r, SnapKV) for i in range(layers) for _, r in policy.rules(i, G, layers))
+    assert make_policy("pyramidkv", 20).rules(0, G, layers)[0][1].size == 20  # within the window: uniform
+    model = _lm()
+    ids = torch.randint(0, 60, (1, P + 2), generator=torch.Generator().manual_seed(3))
+    cache = model.new_cache(policy=make_policy("pyramidkv", 16, window=4))
+    model(ids[:, :P], cache=cache)
+    # 2 layers, budget 16, window 4: 12 past the window -> 24 and 0 of them: 28 keys (all 24 of the prompt) and 4
+    assert [layer.groups[0].length for layer in cache.self_attn] == [P, 4]
+
+
 def _lm(**decoder) -> CausalLM:
     torch.manual_seed(0)
     dec = dict(d_model=E, num_heads=H, num_layers=2, cross_attention=False, norm_first=True, dropout=0.0)
@@ -226,7 +300,7 @@ def test_full_policy_is_todays_cache_exactly():
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["window", "h2o", "snapkv", "head-aware"])
+@pytest.mark.parametrize("name", ["window", "h2o", "snapkv", "head-aware", "tova", "knorm", "pyramidkv"])
 def test_recorded_prompt_compressed_equals_a_prefill_under_the_policy(name):
     model = _lm()
     ids = torch.randint(0, 60, (1, P + 4), generator=torch.Generator().manual_seed(1))
@@ -359,10 +433,43 @@ def test_sliding_window_layers_keep_only_their_window():
 
 
 def test_registry_and_rules():
-    assert sorted(KV_POLICIES) == ["full", "h2o", "head-aware", "snapkv", "window"]
+    assert sorted(KV_POLICIES) == ["full", "h2o", "head-aware", "knorm", "pyramidkv", "snapkv", "tova", "window"]
+    assert make_policy("tova", 8) == TOVA(8) and make_policy("knorm", 8) == KeyNorm(8)
     assert make_policy("window", 20).rule == SinksWindow(4, 16)
     with pytest.raises(ValueError, match="sinks >= 0"):
         SinksWindow(-1, 3)
+
+
+@torch.no_grad()
+def test_a_new_policy_is_one_class_in_one_place():
+    """A policy written here, registered, is served by the cache, the model and the recorded-prompt path."""
+    from multihead.modules.kv_policy import KVPolicy, register
+
+    @register
+    @dataclass(frozen=True)
+    class Oldest(KVPolicy):  # the first `size` keys, whatever comes later
+        name: ClassVar[str] = "oldest-for-a-test"
+        size: int = 4
+
+        @classmethod
+        def of_budget(cls, budget=None):
+            return cls(budget)
+
+        def keep(self, pos, score, *, prompt):
+            return None if pos.shape[-1] <= self.size else pos[..., : self.size].argsort(-1)[..., : self.size]
+
+    try:
+        model = _lm()
+        ids = torch.randint(0, 60, (1, P + 3), generator=torch.Generator().manual_seed(4))
+        cache = model.new_cache(policy="oldest-for-a-test", budget=5)
+        _decode(model, ids, cache)
+        assert all(layer.groups[0].pos[0, 0].tolist() == [0, 1, 2, 3, 4] for layer in cache.self_attn)
+        recorded = model.new_cache(record=True)
+        model(ids[:, :P], cache=recorded)
+        squeezed = recorded.compress(make_policy("oldest-for-a-test", 5))
+        assert squeezed.self_attn[0].groups[0].pos[0, 0].tolist() == [0, 1, 2, 3, 4]
+    finally:
+        KV_POLICIES.pop("oldest-for-a-test")
 
 
 def test_policy_arguments_are_checked_where_they_are_made():

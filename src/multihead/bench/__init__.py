@@ -9,6 +9,7 @@ SUITES = {
     "long": "multihead.bench.long",
     "lra": "multihead.bench.lra",
     "decode": "multihead.bench.decode",
+    "kv": "multihead.bench.kvpress",
     "stats": "multihead.bench.stats",
     "kernels": "multihead.bench.kernels",
     "patch": "multihead.bench.patch",

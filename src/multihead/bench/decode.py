@@ -272,17 +272,18 @@ def _policy(case: dict):
     impl = case["impl"]
     if ":" not in impl:
         return None
-    from ..modules.kv_policy import make_policy
+    from ..modules.kv_policy import KV_POLICIES, make_policy
 
     name = impl.split(":", 1)[1]
     options = {}
-    if name == "head-aware":
+    if name in KV_POLICIES and KV_POLICIES[name].needs_split:
         from ..interpret.kv_heads import read_split
 
         if not case.get("kv_heads"):
-            raise ValueError("cached:head-aware needs --kv-heads kv-heads.json (multihead heads MODEL --kv)")
+            raise ValueError(f"cached:{name} needs --kv-heads kv-heads.json (multihead heads MODEL --kv)")
         options["full_heads"] = read_split(case["kv_heads"])
-    return make_policy(name, None if name == "full" else case.get("kv_budget", 512), **options)
+    budgeted = name not in KV_POLICIES or KV_POLICIES[name].budgeted
+    return make_policy(name, case.get("kv_budget", 512) if budgeted else None, **options)
 
 
 def build(case: dict):
@@ -343,7 +344,7 @@ def run(
     dtype: str = "fp32",
     prefill=None,
     context: int | None = None,
-    policies=("full", "window", "h2o", "snapkv"),
+    policies=None,
     kv_budget: int = 512,
     kv_heads: str | None = None,
 ) -> dict:
@@ -372,6 +373,10 @@ def run(
                     }
                 )
     if pretrained and context:
+        if policies is None:  # every registered policy that needs no split of the heads
+            from ..modules.kv_policy import KV_POLICIES
+
+            policies = [n for n, c in KV_POLICIES.items() if kv_heads or not c.needs_split]
         with_context = ["cached", *[f"cached:{p}" for p in policies], "hf_generate"]
         with_context += ["llamacpp_f32"] if gguf else []
         for impl in with_context:
@@ -563,7 +568,9 @@ def from_args(args, out: Path) -> dict:
             print(f"{model} has {positions:,} positions: decoding after {context:,} tokens (--context sets it)")
         if split is not None:
             check_split(split, kv_per_layer, model)
-    policies = ["full", "window", "h2o", "snapkv"] + (["head-aware"] if kv_heads else [])
+    from ..modules.kv_policy import KV_POLICIES
+
+    policies = [n for n, c in KV_POLICIES.items() if kv_heads or not c.needs_split]
     return run(
         context=context,
         policies=policies,

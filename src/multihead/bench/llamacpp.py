@@ -23,8 +23,9 @@ PRECISIONS = ("f32", "as-is")
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "multihead" / "llamacpp"
+    from .._io import cache_home
+
+    return cache_home() / "llamacpp"
 
 
 def _stamp(path: Path) -> str:

@@ -602,14 +602,14 @@ def _parser_kv(sub) -> None:
 
     kv = sub.add_parser(
         "kv",
-        help="KV cache policies (full, sinks + window, H2O, SnapKV, head-aware) at several budgets: needle retrieval "
+        help=f"KV cache policies ({', '.join(K.POLICIES)}) at several budgets: needle retrieval "
         "at long context and perplexity against the bytes kept (kv.json, kv.png)",
     )
     kv.add_argument("model", help="a pretrained LM multihead reads natively (smollm2, a .gguf file, an HF folder)")
     kv.add_argument("--out", required=True, help="folder for kv.json and kv.png")
     kv.add_argument("--heads", default=None, help="kv-heads.json from `multihead heads MODEL --kv` (for head-aware)")
     kv.add_argument(
-        "--policies", type=_names(K.POLICIES), default=list(K.POLICIES), help="comma-separated (default: all five)"
+        "--policies", type=_names(K.POLICIES), default=list(K.POLICIES), help="comma-separated (default: all)"
     )
     kv.add_argument("--budgets", type=_counts, default=list(K.BUDGETS), help="keys kept per head (64,...,1024)")
     kv.add_argument("--lengths", type=_counts, default=list(K.LENGTHS), help="needle prompt tokens (2048,4096,8192)")

@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..modules.kv_policy import make_policy
+from ..modules.kv_policy import KV_POLICIES, make_policy
 
-POLICIES = ("full", "window", "h2o", "snapkv", "head-aware")
+POLICIES = tuple(KV_POLICIES)  # every registered policy (head-aware and its kind need --heads)
 BUDGETS = (64, 128, 256, 512, 1024)
 LENGTHS = (2048, 4096, 8192)
 
@@ -36,20 +36,22 @@ def settings(policies, budgets, full_heads) -> list[tuple[str, int | None]]:
     """Every (policy, budget) to measure: ``full`` once, the others at each budget."""
     out: list[tuple[str, int | None]] = []
     for name in policies:
-        if name == "head-aware" and full_heads is None:
+        if name not in KV_POLICIES:
+            raise ValueError(f"unknown KV policy {name!r}; choose from {', '.join(KV_POLICIES)}")
+        if KV_POLICIES[name].needs_split and full_heads is None:
             raise ValueError(
-                "the head-aware policy needs the retrieval heads: run `multihead heads MODEL --kv --out DIR` "
-                "and pass --heads DIR/kv-heads.json (or leave head-aware out of --policies)"
+                f"the {name} policy needs the retrieval heads: run `multihead heads MODEL --kv --out DIR` "
+                f"and pass --heads DIR/kv-heads.json (or leave {name} out of --policies)"
             )
-        if name == "full":
-            out.append(("full", None))
+        if not KV_POLICIES[name].budgeted:
+            out.append((name, None))
         else:
             out += [(name, b) for b in budgets]
     return out
 
 
 def _policy(name: str, budget: int | None, full_heads):
-    return make_policy(name, budget, **({"full_heads": full_heads} if name == "head-aware" else {}))
+    return make_policy(name, budget, **({"full_heads": full_heads} if KV_POLICIES[name].needs_split else {}))
 
 
 @torch.no_grad()

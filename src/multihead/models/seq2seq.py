@@ -220,9 +220,9 @@ class CausalLM(nn.Module):
         ``window`` ones, at positions within the cache (rotary models).
 
         ``policy``: a :class:`~multihead.modules.kv_policy.KVPolicy` or its name in
-        :data:`~multihead.modules.kv_policy.KV_POLICIES` (``full``, ``window``, ``h2o``, ``snapkv``,
-        ``head-aware``) with its ``budget`` (keys kept per head) and ``options`` (``full_heads=`` for
-        ``head-aware``). ``record=True``: every key is kept and the prompt's scores recorded, so that
+        :data:`~multihead.modules.kv_policy.KV_POLICIES` (``full``, ``window``, ``h2o``, ``snapkv``, ``tova``,
+        ``knorm``, ``pyramidkv``, ``head-aware``...) with its ``budget`` (keys kept per head) and ``options``
+        (``full_heads=`` for ``head-aware``). ``record=True``: every key is kept and the prompt's scores recorded, so that
         :meth:`KVCache.compress` applies any policy to one prefill."""
         if policy is None and not record:
             if budget is not None or options:

@@ -3,7 +3,9 @@
 Shape legend: ``B`` batch, ``H`` query heads, ``G`` key/value heads (of one group), ``N`` kept positions, ``Q`` query
 positions of a call, ``D`` head dim.
 
-A :class:`KVPolicy` splits every layer's key/value heads into groups and gives each group a :class:`Rule`:
+A policy is one class (a :class:`KVPolicy`, registered by name in :data:`KV_POLICIES`, the one list of names the
+command line, ``kv`` and ``bench decode`` read) with its own :meth:`~KVPolicy.score` (what it ranks the keys by,
+from what a call :class:`Observed`) and :meth:`~KVPolicy.keep` (the slots that stay):
 
 * ``full`` -- every key (the plain :class:`~multihead.modules.kv_cache.LayerKV`, bit-identical to it);
 * ``window`` -- the first ``sinks`` keys plus the most recent ones, at their original positions (StreamingLLM,
@@ -21,14 +23,15 @@ query attention a key/value head is shared by its query heads: scores are summed
 is per shared head. Sliding-window layers (Gemma 3, Mistral) keep only their window under every policy, ``full``
 included: the keys past it can never be read again.
 
-A new policy is a function ``(budget, **options) -> KVPolicy`` in :data:`KV_POLICIES`; a new rule subclasses
-:class:`Rule` (its :meth:`Rule.keep`).
+A new policy is one class in this file: subclass :class:`KVPolicy`, give it a ``name``, :meth:`~KVPolicy.of_budget`,
+:meth:`~KVPolicy.keep` and, if it ranks keys, :meth:`~KVPolicy.score`; decorate it with :func:`register`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -39,162 +42,117 @@ from .kv_cache import KVView, LayerKV
 OBSERVE_CHUNK = 256  # query rows per block when the received attention is summed (bounded memory at long prompts)
 
 
-# ---------------------------------------------------------------------------------------------------- rules
-@dataclass(frozen=True)
-class Rule:
-    """What one group of key/value heads keeps. Subclasses say which scores they need (:attr:`scores`) and which
-    slots to keep (:meth:`keep`); slots are always in position order."""
+# ---------------------------------------------------------------------------------------------------- scores
+class Observed:
+    """What a policy may read of one call to rank its keys: the attention each kept key received from the call's
+    queries (:meth:`received`, per query head), the keys themselves ``(B, G, N, D)`` (rotated; rotation keeps their
+    norms), and :meth:`per_kv_head` to sum query heads over the key/value head they share.
 
-    scores = ""  # "": none; "received": attention received from every query; "observed": the prompt's last queries
+    Live (``q`` given) the sums are computed from the call's queries; recorded (``recorded``: ``{last: (B, H, N)}``
+    from a prompt read with ``new_cache(record=True)``) they are read back, so that one prefill serves every
+    policy."""
 
-    def observed(self) -> int | None:
-        """With ``scores == "observed"``: how many of the prompt's last queries are summed (None: every query)."""
-        return None
+    def __init__(self, k: Tensor, q: Tensor | None = None, q_pos=None, k_pos=None, sinks=None, recorded=None):
+        self.keys, self._q, self._q_pos, self._k_pos, self._sinks = k, q, q_pos, k_pos, sinks
+        self._sums: dict = {} if recorded is None else dict(recorded)
 
-    def smooth(self, score: Tensor) -> Tensor:
-        """The summed attention ``(B, H, N)`` per query head as the rule ranks it (SnapKV pools it)."""
-        return score
+    def received(self, last: int | None = None) -> Tensor:
+        """``(B, H, N)``: the weight each key received, summed over the call's queries (its ``last`` ones only)."""
+        if last not in self._sums:
+            if self._q is None:
+                raise ValueError(
+                    f"a recorded prompt keeps the attention of its last {sorted(k for k in self._sums if k)} queries "
+                    f"and of all of them; this policy reads its last {last} (prefill under the policy instead)"
+                )
+            self._sums[last] = received_attention(
+                self._q, self.keys, self._q_pos, self._k_pos, sinks=self._sinks, last=last
+            )
+        return self._sums[last]
 
-    def keep(self, pos: Tensor, score: Tensor | None, *, prompt: bool) -> Tensor | None:
-        """Slots to keep ``(B, G, M)`` (ascending) out of ``pos`` ``(B, G, N)``, or None to keep all. ``prompt``:
-        this is the first call (the prompt)."""
-        raise NotImplementedError
-
-    @property
-    def budget(self) -> int | None:
-        """Keys kept per head after each call (None: no bound)."""
-        return None
+    def per_kv_head(self, score: Tensor) -> Tensor:
+        """``(B, H, N)`` per query head -> ``(B, G, N)`` summed over each key/value head's query heads."""
+        return _per_kv_head(score, self.keys.shape[1])
 
 
-@dataclass(frozen=True)
-class Full(Rule):
-    """Every key."""
+# ---------------------------------------------------------------------------------------------------- policies
+KV_POLICIES: dict[str, type[KVPolicy]] = {}  # the one list of policy names: name -> class (filled by @register)
 
-    def keep(self, pos: Tensor, score: Tensor | None, *, prompt: bool) -> Tensor | None:
-        return None
+
+def register(cls):
+    """Add a :class:`KVPolicy` subclass to :data:`KV_POLICIES` under its ``name``: the command line, ``kv`` and
+    ``bench decode`` read the names from there."""
+    if not cls.name or cls.name in KV_POLICIES:
+        raise ValueError(f"a KV policy needs a name of its own, got {cls.name!r}")
+    KV_POLICIES[cls.name] = cls
+    return cls
 
 
 def _arange(n: int, like: Tensor, start: int = 0) -> Tensor:
     return torch.arange(start, start + n, device=like.device).expand(*like.shape[:-1], n)
 
 
-@dataclass(frozen=True)
-class SinksWindow(Rule):
-    """The first ``sinks`` keys and the ``window`` most recent ones (``sinks=0``: a plain sliding window)."""
-
-    sinks: int = 4
-    window: int = 60
-
-    def __post_init__(self) -> None:
-        if self.sinks < 0 or self.window < 1:
-            raise ValueError(
-                f"a sinks + window rule needs sinks >= 0 and window >= 1, got sinks={self.sinks}, "
-                f"window={self.window}: a budget must leave at least one recent key after the sinks"
-            )
-
-    @property
-    def budget(self) -> int:
-        return self.sinks + self.window
-
-    def keep(self, pos: Tensor, score: Tensor | None, *, prompt: bool) -> Tensor | None:
-        n = pos.shape[-1]
-        if n <= self.budget:
-            return None
-        return torch.cat([_arange(self.sinks, pos), _arange(self.window, pos, n - self.window)], -1)
+def _top(score: Tensor, n: int) -> Tensor:
+    """Slots ``(B, G, n)`` with the largest ``score``, in position order."""
+    return score.topk(n, dim=-1).indices.sort(-1).values
 
 
 def _heavy_and_recent(score: Tensor, heavy: int, recent: int) -> Tensor:
     """Slots ``(B, G, heavy + recent)``: the ``recent`` last ones and, among the others, the ``heavy`` with the
     largest ``score``, all in position order."""
     n = score.shape[-1]
-    older = score[..., : n - recent]  # (B, G, N - recent)
-    top = older.topk(heavy, dim=-1).indices.sort(-1).values  # (B, G, heavy), ascending slots
-    return torch.cat([top, _arange(recent, score, n - recent)], -1)
+    return torch.cat([_top(score[..., : n - recent], heavy), _arange(recent, score, n - recent)], -1)
 
 
-@dataclass(frozen=True)
-class HeavyHitters(Rule):
-    """H2O: the ``recent`` most recent keys and the ``heavy`` others with the largest accumulated attention (the sum
-    of every weight they received, from every query of every call since they entered)."""
-
-    heavy: int = 32
-    recent: int = 32
-    scores = "received"
-
-    def __post_init__(self) -> None:
-        if self.heavy < 0 or self.recent < 1:
-            raise ValueError(f"H2O needs heavy >= 0 and recent >= 1, got heavy={self.heavy}, recent={self.recent}")
-
-    @property
-    def budget(self) -> int:
-        return self.heavy + self.recent
-
-    def keep(self, pos: Tensor, score: Tensor | None, *, prompt: bool) -> Tensor | None:
-        if pos.shape[-1] <= self.budget:
-            return None
-        if score is None:
-            raise ValueError("H2O keeps the keys with the largest accumulated attention: no score was recorded")
-        return _heavy_and_recent(score, self.heavy, self.recent)
+def _check_budget(budget: int | None, least: int, what: str) -> int:
+    if budget is None or isinstance(budget, bool) or not isinstance(budget, int) or budget < least:
+        raise ValueError(f"the {what} policy needs a budget of at least {least} keys per head, got {budget}")
+    return budget
 
 
-@dataclass(frozen=True)
-class SnapKV(Rule):
-    """SnapKV: after the prompt, the ``budget - window`` earlier keys that the prompt's last ``window`` queries
-    attend to most (their weights summed over those queries, then average-pooled over ``kernel`` neighbouring
-    keys), plus the last ``window`` keys. Generated keys are all kept."""
-
-    size: int = 64
-    window: int = 32
-    kernel: int = 7
-    scores = "observed"
-
-    def __post_init__(self) -> None:
-        for what, v in (("budget", self.size), ("window", self.window), ("kernel", self.kernel)):
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise ValueError(f"SnapKV's {what} is a whole number of keys, got {v!r}")
-        if self.size < 1 or self.kernel < 1 or self.kernel % 2 == 0:
-            raise ValueError(f"SnapKV needs a budget >= 1 and an odd pooling kernel, got {self.size}, {self.kernel}")
-        if self.window < 1:
-            raise ValueError(
-                f"SnapKV's observation window is the number of the prompt's last queries it reads: at least 1, got "
-                f"window={self.window} (the paper uses 32)"
-            )
-
-    def observed(self) -> int:
-        return self.window
-
-    def smooth(self, score: Tensor) -> Tensor:
-        return _pool(score, self.kernel, self.window)
-
-    @property
-    def budget(self) -> int:
-        return self.size
-
-    def keep(self, pos: Tensor, score: Tensor | None, *, prompt: bool) -> Tensor | None:
-        n = pos.shape[-1]
-        if not prompt or n <= self.size:
-            return None
-        if score is None:
-            raise ValueError("SnapKV selects by the prompt's last queries: no observation score was recorded")
-        window = min(self.window, self.size)
-        return _heavy_and_recent(score, self.size - window, window)
-
-
-# ---------------------------------------------------------------------------------------------------- policies
-@dataclass(frozen=True)
 class KVPolicy:
-    """A named split of each layer's key/value heads into groups with a :class:`Rule` each.
+    """Which cached keys each key/value head keeps. One class per policy, registered by name (:func:`register`):
+    :meth:`score` ranks the keys from what a call :class:`Observed`, :meth:`keep` picks the slots that stay after the
+    call, :meth:`groups` gives a layer's heads different policies (the head-aware split), :meth:`of_budget` makes the
+    policy from the command line's budget and options. ``observes``: the prompt's last queries a policy's score
+    reads (None: every query), so that a recorded prompt keeps those sums."""
 
-    ``layer_rules(layer) -> [(kv heads, rule), ...]`` (None: one group of every head under ``rule``)."""
+    name: ClassVar[str] = ""
+    observes: ClassVar[tuple[int | None, ...]] = ()
+    accumulates: ClassVar[bool] = False  # its score carries over calls (summed), so eviction keeps it per slot
+    budgeted: ClassVar[bool] = True  # it takes a budget (keys per head)
+    needs_split: ClassVar[bool] = False  # it takes a per-layer split of the heads (full_heads=, kv-heads.json)
 
-    name: str
-    rule: Rule = field(default_factory=Full)
-    layer_rules: Callable[[int, int], list[tuple[list[int], Rule]]] | None = None
+    @classmethod
+    def of_budget(cls, budget: int | None = None) -> KVPolicy:
+        """The policy keeping ``budget`` keys per head (subclasses add their options as keywords)."""
+        raise NotImplementedError
+
+    def score(self, seen: Observed, previous: Tensor | None, *, prompt: bool) -> Tensor | None:
+        """``(B, G, N)`` per key/value head for the kept keys plus this call's (``previous``: the last call's, for
+        the slots kept then), or None: this policy needs no score."""
+        return None
+
+    def keep(self, pos: Tensor, score: Tensor | None, *, prompt: bool) -> Tensor | None:
+        """Slots to keep ``(B, G, M)`` (ascending) out of ``pos`` ``(B, G, N)``, or None to keep all. ``prompt``:
+        this is the first call (the prompt)."""
+        return None
+
+    @property
+    def budget(self) -> int | None:
+        """Keys kept per head after each call (None: no bound)."""
+        return None
+
+    def groups(self, layer: int, num_kv_heads: int, num_layers: int) -> list[tuple[list[int], KVPolicy]]:
+        """The key/value heads of ``layer`` in groups, each under its own policy (default: one group, this one)."""
+        return [(list(range(num_kv_heads)), self)]
+
+    # -- the cache's questions, the same for every policy
     layers: int | None = None  # the layers a per-layer split was made for (None: any model)
 
-    def compress(self, cache):
-        """What this policy keeps of the recorded ``cache``'s prompt, as a new cache (:func:`compress`)."""
-        return compress(cache, self)
+    @property
+    def rule(self) -> KVPolicy:
+        """The policy of a layer's single group (itself; kept for the spelling of earlier releases)."""
+        return self
 
     def check_layers(self, num_layers: int) -> None:
         """Refuse a per-layer split made for a model with another number of layers."""
@@ -209,13 +167,11 @@ class KVPolicy:
         (``num_kv_heads``: the key/value heads of each layer) and heads."""
         self.check_layers(len(num_kv_heads))
         for i, g in enumerate(num_kv_heads):
-            self.rules(i, g)
+            self.rules(i, g, len(num_kv_heads))
 
-    def rules(self, layer: int, num_kv_heads: int) -> list[tuple[list[int], Rule]]:
-        """The groups of ``layer``: ``[(key/value head indices, rule), ...]``; every head in exactly one group."""
-        if self.layer_rules is None:
-            return [(list(range(num_kv_heads)), self.rule)]
-        groups = [(sorted(h), r) for h, r in self.layer_rules(layer, num_kv_heads) if h]
+    def rules(self, layer: int, num_kv_heads: int, num_layers: int = 0) -> list[tuple[list[int], KVPolicy]]:
+        """The groups of ``layer`` (:meth:`groups`), checked: every head in exactly one group."""
+        groups = [(sorted(h), r) for h, r in self.groups(layer, num_kv_heads, num_layers) if h]
         seen = sorted(i for h, _ in groups for i in h)
         if seen != list(range(num_kv_heads)):
             raise ValueError(
@@ -226,72 +182,315 @@ class KVPolicy:
 
     @property
     def full(self) -> bool:
-        return self.layer_rules is None and isinstance(self.rule, Full)
+        return isinstance(self, Full)
+
+    def compress(self, cache):
+        """What this policy keeps of the recorded ``cache``'s prompt, as a new cache (:func:`compress`)."""
+        return compress(cache, self)
 
 
-def _check_budget(budget: int | None, least: int, what: str) -> int:
-    if budget is None or isinstance(budget, bool) or not isinstance(budget, int) or budget < least:
-        raise ValueError(f"the {what} policy needs a budget of at least {least} keys per head, got {budget}")
-    return budget
+Rule = KVPolicy  # the name a group's policy had in earlier releases
 
 
-def full_policy(budget: int | None = None) -> KVPolicy:
-    """Every key: today's cache. It has no budget: one given is refused rather than ignored."""
-    if budget is not None:
-        raise ValueError(
-            f"the full policy keeps every key and takes no budget (got {budget!r}); drop the budget, or choose a "
-            f"policy that keeps {budget!r} keys per head: {', '.join(n for n in KV_POLICIES if n != 'full')}"
-        )
-    return KVPolicy("full")
+@register
+@dataclass(frozen=True)
+class Full(KVPolicy):
+    """Every key: the plain cache (bit-identical to :class:`~multihead.modules.kv_cache.LayerKV`). It has no
+    budget: one given is refused rather than ignored."""
 
+    name: ClassVar[str] = "full"
+    budgeted: ClassVar[bool] = False
 
-def window_policy(budget: int | None = None, *, sinks: int = 4) -> KVPolicy:
-    """``sinks`` first keys + the most recent ``budget - sinks`` (StreamingLLM at original positions)."""
-    b = _check_budget(budget, sinks + 1, "window")
-    return KVPolicy("window", SinksWindow(sinks, b - sinks))
-
-
-def h2o_policy(budget: int | None = None) -> KVPolicy:
-    """Half the budget for the most recent keys, half for the heavy hitters (the paper's even split)."""
-    b = _check_budget(budget, 1, "h2o")
-    recent = max(1, b - b // 2)
-    return KVPolicy("h2o", HeavyHitters(b - recent, recent))
-
-
-def snapkv_policy(budget: int | None = None, *, window: int = 32, kernel: int = 7) -> KVPolicy:
-    """SnapKV with the paper's observation window (32) and pooling kernel (7)."""
-    b = _check_budget(budget, 1, "snapkv")
-    return KVPolicy("snapkv", SnapKV(b, window, kernel))
-
-
-def head_aware_policy(budget: int | None = None, *, full_heads: Sequence[Sequence[int]] = (), sinks: int = 4):
-    """Every key for the key/value heads in ``full_heads[layer]``, ``sinks`` + the most recent ``budget - sinks``
-    for the others (``full_heads``: from :func:`multihead.interpret.kv_heads.classify`)."""
-    b = _check_budget(budget, sinks + 1, "head-aware")
-    keep_all = split_heads(full_heads)
-    if not keep_all:
-        raise ValueError(
-            "the head-aware policy needs the retrieval heads of every layer (full_heads=): run "
-            "`multihead heads MODEL --kv --out DIR` and pass DIR/kv-heads.json"
-        )
-    streaming = SinksWindow(sinks, b - sinks)
-
-    def split(layer: int, num_kv_heads: int) -> list[tuple[list[int], Rule]]:
-        if layer >= len(keep_all):
+    @classmethod
+    def of_budget(cls, budget: int | None = None) -> Full:
+        if budget is not None:
             raise ValueError(
-                f"the head-aware split names {len(keep_all)} layers; this model has more (layer {layer}): "
+                f"the full policy keeps every key and takes no budget (got {budget!r}); drop the budget, or choose a "
+                f"policy that keeps {budget!r} keys per head: {', '.join(n for n in KV_POLICIES if n != 'full')}"
+            )
+        return cls()
+
+
+@register
+@dataclass(frozen=True)
+class SinksWindow(KVPolicy):
+    """The first ``sinks`` keys and the ``window`` most recent ones, at their original positions (StreamingLLM, Xiao
+    et al. 2023; ``sinks=0``: a plain sliding window)."""
+
+    name: ClassVar[str] = "window"
+    sinks: int = 4
+    window: int = 60
+
+    def __post_init__(self) -> None:
+        if self.sinks < 0 or self.window < 1:
+            raise ValueError(
+                f"a sinks + window rule needs sinks >= 0 and window >= 1, got sinks={self.sinks}, "
+                f"window={self.window}: a budget must leave at least one recent key after the sinks"
+            )
+
+    @classmethod
+    def of_budget(cls, budget: int | None = None, *, sinks: int = 4) -> SinksWindow:
+        b = _check_budget(budget, sinks + 1, "window")
+        return cls(sinks, b - sinks)
+
+    @property
+    def budget(self) -> int:
+        return self.sinks + self.window
+
+    def keep(self, pos: Tensor, score: Tensor | None, *, prompt: bool) -> Tensor | None:
+        n = pos.shape[-1]
+        if n <= self.budget:
+            return None
+        return torch.cat([_arange(self.sinks, pos), _arange(self.window, pos, n - self.window)], -1)
+
+
+@register
+@dataclass(frozen=True)
+class HeavyHitters(KVPolicy):
+    """H2O (Zhang et al. 2023): the ``recent`` most recent keys and the ``heavy`` others with the largest
+    accumulated attention (the sum of every weight they received, from every query of every call since they
+    entered). ``of_budget`` splits the budget evenly, as the paper does."""
+
+    name: ClassVar[str] = "h2o"
+    observes: ClassVar[tuple[int | None, ...]] = (None,)
+    accumulates: ClassVar[bool] = True
+    heavy: int = 32
+    recent: int = 32
+
+    def __post_init__(self) -> None:
+        if self.heavy < 0 or self.recent < 1:
+            raise ValueError(f"H2O needs heavy >= 0 and recent >= 1, got heavy={self.heavy}, recent={self.recent}")
+
+    @classmethod
+    def of_budget(cls, budget: int | None = None) -> HeavyHitters:
+        b = _check_budget(budget, 1, "h2o")
+        recent = max(1, b - b // 2)
+        return cls(b - recent, recent)
+
+    @property
+    def budget(self) -> int:
+        return self.heavy + self.recent
+
+    def score(self, seen: Observed, previous: Tensor | None, *, prompt: bool) -> Tensor | None:
+        now = seen.per_kv_head(seen.received())
+        if previous is None:
+            return now
+        return F.pad(previous, (0, now.shape[-1] - previous.shape[-1])) + now  # new keys start from what they got now
+
+    def keep(self, pos: Tensor, score: Tensor | None, *, prompt: bool) -> Tensor | None:
+        if pos.shape[-1] <= self.budget:
+            return None
+        if score is None:
+            raise ValueError("H2O keeps the keys with the largest accumulated attention: no score was recorded")
+        return _heavy_and_recent(score, self.heavy, self.recent)
+
+
+@register
+@dataclass(frozen=True)
+class SnapKV(KVPolicy):
+    """SnapKV (Li et al. 2024): after the prompt, the ``budget - window`` earlier keys that the prompt's last
+    ``window`` queries attend to most (their weights summed over those queries, then average-pooled over ``kernel``
+    neighbouring keys), plus the last ``window`` keys. Generated keys are all kept."""
+
+    name: ClassVar[str] = "snapkv"
+    observes: ClassVar[tuple[int | None, ...]] = (32,)
+    size: int = 64
+    window: int = 32
+    kernel: int = 7
+
+    def __post_init__(self) -> None:
+        for what, v in (("budget", self.size), ("window", self.window), ("kernel", self.kernel)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"SnapKV's {what} is a whole number of keys, got {v!r}")
+        if self.size < 1 or self.kernel < 1 or self.kernel % 2 == 0:
+            raise ValueError(f"SnapKV needs a budget >= 1 and an odd pooling kernel, got {self.size}, {self.kernel}")
+        if self.window < 1:
+            raise ValueError(
+                f"SnapKV's observation window is the number of the prompt's last queries it reads: at least 1, got "
+                f"window={self.window} (the paper uses 32)"
+            )
+
+    @classmethod
+    def of_budget(cls, budget: int | None = None, *, window: int = 32, kernel: int = 7) -> SnapKV:
+        return cls(_check_budget(budget, 1, "snapkv"), window, kernel)
+
+    @property
+    def budget(self) -> int:
+        return self.size
+
+    def score(self, seen: Observed, previous: Tensor | None, *, prompt: bool) -> Tensor | None:
+        if not prompt:
+            return None  # chosen once, after the prompt
+        return seen.per_kv_head(_pool(seen.received(last=self.window), self.kernel, self.window))
+
+    def keep(self, pos: Tensor, score: Tensor | None, *, prompt: bool) -> Tensor | None:
+        n = pos.shape[-1]
+        if not prompt or n <= self.size:
+            return None
+        if score is None:
+            raise ValueError("SnapKV selects by the prompt's last queries: no observation score was recorded")
+        window = min(self.window, self.size)
+        return _heavy_and_recent(score, self.size - window, window)
+
+
+@register
+@dataclass(frozen=True)
+class TOVA(KVPolicy):
+    """TOVA (Oren et al. 2024, "Transformers are Multi-State RNNs"): after every call, the ``size`` keys the call's
+    last query attends to most (its weights summed over the query heads that share the key/value head); the others
+    are dropped. No recency or sink rule: the current query decides alone."""
+
+    name: ClassVar[str] = "tova"
+    observes: ClassVar[tuple[int | None, ...]] = (1,)
+    size: int = 64
+
+    def __post_init__(self) -> None:
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise ValueError(f"TOVA keeps at least one key per head, got {self.size!r}")
+
+    @classmethod
+    def of_budget(cls, budget: int | None = None) -> TOVA:
+        return cls(_check_budget(budget, 1, "tova"))
+
+    @property
+    def budget(self) -> int:
+        return self.size
+
+    def score(self, seen: Observed, previous: Tensor | None, *, prompt: bool) -> Tensor | None:
+        return seen.per_kv_head(seen.received(last=1))
+
+    def keep(self, pos: Tensor, score: Tensor | None, *, prompt: bool) -> Tensor | None:
+        if pos.shape[-1] <= self.size:
+            return None
+        if score is None:
+            raise ValueError("TOVA keeps what the last query attends to: no score was recorded")
+        return _top(score, self.size)
+
+
+@register
+@dataclass(frozen=True)
+class KeyNorm(KVPolicy):
+    """Knorm (Devoto et al. 2024, "A Simple and Effective L2 Norm-Based Strategy for KV Cache Compression"): the
+    ``size`` keys of smallest L2 norm (low-norm keys draw the most attention); no query is read, so it costs no
+    attention scores. Rotary positions turn keys without changing their norms."""
+
+    name: ClassVar[str] = "knorm"
+    size: int = 64
+
+    def __post_init__(self) -> None:
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise ValueError(f"Knorm keeps at least one key per head, got {self.size!r}")
+
+    @classmethod
+    def of_budget(cls, budget: int | None = None) -> KeyNorm:
+        return cls(_check_budget(budget, 1, "knorm"))
+
+    @property
+    def budget(self) -> int:
+        return self.size
+
+    def score(self, seen: Observed, previous: Tensor | None, *, prompt: bool) -> Tensor | None:
+        return -seen.keys.float().norm(dim=-1)  # (B, G, N): the smaller the norm, the higher the rank
+
+    def keep(self, pos: Tensor, score: Tensor | None, *, prompt: bool) -> Tensor | None:
+        if pos.shape[-1] <= self.size:
+            return None
+        if score is None:
+            raise ValueError("Knorm ranks keys by their norms: no score was recorded")
+        return _top(score, self.size)
+
+
+@register
+@dataclass(frozen=True)
+class PyramidKV(KVPolicy):
+    """PyramidKV (Cai et al. 2024): SnapKV's selection with a budget per layer that falls linearly from the first
+    layer to the last (attention funnels from broad to focused with depth), the same total as ``budget`` keys in
+    every layer. As the paper's code: of the budget past the observation ``window``, the last layer keeps
+    ``1 / beta`` and the first ``2 - 1 / beta`` times the mean, in equal steps. (The paper also caps the first
+    layer at the prompt's length; here the budgets are fixed before the prompt is seen.)"""
+
+    name: ClassVar[str] = "pyramidkv"
+    observes: ClassVar[tuple[int | None, ...]] = (32,)
+    size: int = 64
+    beta: int = 20
+    window: int = 32
+    kernel: int = 7
+
+    def __post_init__(self) -> None:
+        SnapKV(self.size, self.window, self.kernel)  # the same checks
+        if isinstance(self.beta, bool) or not isinstance(self.beta, int) or self.beta < 1:
+            raise ValueError(
+                f"PyramidKV's beta (first layer's share over the last's) is a whole number >= 1, got {self.beta!r}"
+            )
+
+    @classmethod
+    def of_budget(cls, budget: int | None = None, *, beta: int = 20, window: int = 32, kernel: int = 7) -> PyramidKV:
+        return cls(_check_budget(budget, 1, "pyramidkv"), beta, window, kernel)
+
+    @property
+    def budget(self) -> int:
+        return self.size
+
+    def layer_budget(self, layer: int, num_layers: int) -> int:
+        """The keys per head layer ``layer`` of ``num_layers`` keeps."""
+        extra = self.size - self.window
+        if extra <= 0 or num_layers < 2:
+            return self.size
+        low = extra // self.beta
+        high = 2 * extra - low
+        step = (high - low) // (num_layers - 1)
+        return self.window + high - layer * step
+
+    def groups(self, layer: int, num_kv_heads: int, num_layers: int) -> list[tuple[list[int], KVPolicy]]:
+        size = self.layer_budget(layer, max(num_layers, 1))
+        return [(list(range(num_kv_heads)), SnapKV(size, self.window, self.kernel))]
+
+
+@register
+@dataclass(frozen=True)
+class HeadAware(KVPolicy):
+    """Every key for the key/value heads in ``full_heads[layer]``, the first ``sinks`` + the most recent
+    ``budget - sinks`` for the others (DuoAttention, Xiao et al. 2024; RazorAttention, Tang et al. 2024); the split
+    from :func:`multihead.interpret.kv_heads.classify` (``multihead heads MODEL --kv``)."""
+
+    name: ClassVar[str] = "head-aware"
+    needs_split: ClassVar[bool] = True
+    keep_all: tuple[tuple[int, ...], ...] = ()
+    streaming: SinksWindow = SinksWindow()
+
+    @classmethod
+    def of_budget(cls, budget: int | None = None, *, full_heads: Sequence[Sequence[int]] = (), sinks: int = 4):
+        b = _check_budget(budget, sinks + 1, "head-aware")
+        keep_all = split_heads(full_heads)
+        if not keep_all:
+            raise ValueError(
+                "the head-aware policy needs the retrieval heads of every layer (full_heads=): run "
+                "`multihead heads MODEL --kv --out DIR` and pass DIR/kv-heads.json"
+            )
+        return cls(tuple(tuple(h) for h in keep_all), SinksWindow(sinks, b - sinks))
+
+    @property
+    def layers(self) -> int:  # type: ignore[override]
+        return len(self.keep_all)
+
+    @property
+    def budget(self) -> int:
+        return self.streaming.budget
+
+    def groups(self, layer: int, num_kv_heads: int, num_layers: int) -> list[tuple[list[int], KVPolicy]]:
+        if layer >= len(self.keep_all):
+            raise ValueError(
+                f"the head-aware split names {len(self.keep_all)} layers; this model has more (layer {layer}): "
                 "classify the heads of this model"
             )
-        chosen = keep_all[layer]
+        chosen = list(self.keep_all[layer])
         if any(h >= num_kv_heads for h in chosen):
             raise ValueError(
                 f"the head-aware split names key/value heads {chosen} in layer {layer}, which has "
                 f"{num_kv_heads}: classify the heads of this model"
             )
         rest = [h for h in range(num_kv_heads) if h not in chosen]
-        return [(chosen, Full()), (rest, streaming)]
-
-    return KVPolicy("head-aware", streaming, split, layers=len(keep_all))
+        return [(chosen, Full()), (rest, self.streaming)]
 
 
 def split_heads(full_heads) -> list[list[int]]:
@@ -315,15 +514,6 @@ def split_heads(full_heads) -> list[list[int]]:
     return out
 
 
-KV_POLICIES: dict[str, Callable[..., KVPolicy]] = {
-    "full": full_policy,
-    "window": window_policy,
-    "h2o": h2o_policy,
-    "snapkv": snapkv_policy,
-    "head-aware": head_aware_policy,
-}
-
-
 def make_policy(name: str | KVPolicy, budget: int | None = None, **options) -> KVPolicy:
     """A :class:`KVPolicy` from its name in :data:`KV_POLICIES` (or one given as is)."""
     if isinstance(name, KVPolicy):
@@ -332,7 +522,7 @@ def make_policy(name: str | KVPolicy, budget: int | None = None, **options) -> K
         raise ValueError(f"unknown KV policy {name!r}; choose one of {sorted(KV_POLICIES)}")
     import inspect
 
-    make = KV_POLICIES[name]
+    make = KV_POLICIES[name].of_budget
     takes = [p for p in inspect.signature(make).parameters if p != "budget"]
     unknown = sorted(set(options) - set(takes))
     if unknown:
@@ -341,6 +531,45 @@ def make_policy(name: str | KVPolicy, budget: int | None = None, **options) -> K
             + (f"its options: {', '.join(takes)}" if takes else "it takes only a budget")
         )
     return make(budget, **options)
+
+
+def recorded_windows() -> tuple[int | None, ...]:
+    """The query windows a recorded prompt keeps sums for: every one a registered policy observes."""
+    return tuple(dict.fromkeys(w for cls in KV_POLICIES.values() for w in (None, *cls.observes)))
+
+
+def full_policy(budget: int | None = None) -> KVPolicy:
+    """Deprecated spelling of ``make_policy("full")``."""
+    return _deprecated("full", budget)
+
+
+def window_policy(budget: int | None = None, **options) -> KVPolicy:
+    """Deprecated spelling of ``make_policy("window", budget)``."""
+    return _deprecated("window", budget, **options)
+
+
+def h2o_policy(budget: int | None = None) -> KVPolicy:
+    """Deprecated spelling of ``make_policy("h2o", budget)``."""
+    return _deprecated("h2o", budget)
+
+
+def snapkv_policy(budget: int | None = None, **options) -> KVPolicy:
+    """Deprecated spelling of ``make_policy("snapkv", budget)``."""
+    return _deprecated("snapkv", budget, **options)
+
+
+def head_aware_policy(budget: int | None = None, **options) -> KVPolicy:
+    """Deprecated spelling of ``make_policy("head-aware", budget, full_heads=...)``."""
+    return _deprecated("head-aware", budget, **options)
+
+
+def _deprecated(name: str, budget, **options) -> KVPolicy:
+    import warnings
+
+    warnings.warn(
+        f"{name.replace('-', '_')}_policy is deprecated; use make_policy({name!r}, budget, ...)", DeprecationWarning, 3
+    )
+    return make_policy(name, budget, **options)
 
 
 # ---------------------------------------------------------------------------------------------------- the cache
@@ -387,7 +616,7 @@ class _Group:
     """One group of key/value heads under one rule: keys/values ``(B, G, N, D)`` in a buffer with room for one
     more step, their positions ``(B, G, N)`` and, for H2O, their accumulated attention ``(B, G, N)``."""
 
-    def __init__(self, kv_heads: list[int], rule: Rule, q_per_kv: int) -> None:
+    def __init__(self, kv_heads: list[int], rule: KVPolicy, q_per_kv: int) -> None:
         self.kv_heads, self.rule = kv_heads, rule
         self.q_heads = [g * q_per_kv + i for g in kv_heads for i in range(q_per_kv)]
         self.buffers = LayerKV()
@@ -414,15 +643,11 @@ class _Group:
         self.pos = new_pos.clone() if self.pos is None else torch.cat([self.pos, new_pos], -1)
         return kk, vv, self.pos
 
-    def observe(self, score: Tensor | None) -> None:
-        """Add this call's received attention ``(B, G, N)`` (new keys start from what they received now)."""
-        if score is None:
-            return
-        if self.score is None or self.rule.scores == "observed":
+    def observe(self, seen: Observed, *, prompt: bool) -> None:
+        """This group's policy scores its keys from what the call ``seen`` (None: it keeps its last score)."""
+        score = self.rule.score(seen, self.score, prompt=prompt)
+        if score is not None:
             self.score = score
-        else:
-            grown = F.pad(self.score, (0, score.shape[-1] - self.score.shape[-1]))
-            self.score = grown + score
 
     def evict(self, index: Tensor | None, room: int) -> None:
         """Keep slots ``index`` ``(B, G, M)`` (None: all) in fresh buffers of ``M + room`` positions."""
@@ -437,7 +662,7 @@ class _Group:
         new_v[:, :, :m] = v.gather(2, index[..., None].expand(-1, -1, -1, v.shape[-1]))
         self.buffers._k, self.buffers._v, self.buffers.length = new_k, new_v, m
         self.pos = self.pos.gather(-1, index)
-        if self.score is not None and self.rule.scores == "received":
+        if self.score is not None and self.rule.accumulates:
             self.score = self.score.gather(-1, index)
         else:
             self.score = None
@@ -453,15 +678,16 @@ class PolicyKV(LayerKV):
     :meth:`update` appends and answers one view per group (the module attends each), :meth:`done` scores and
     evicts.
 
-    ``window``: the layer's sliding window (its keys past it are dropped). ``record``: keep both scores of the
-    prompt (received and observed) so that :meth:`KVCache.compress` can apply any policy afterwards."""
+    ``window``: the layer's sliding window (its keys past it are dropped). ``record``: keep every key and the
+    prompt's attention sums (:func:`recorded_windows`) so that :meth:`KVCache.compress` can apply any policy
+    afterwards."""
 
-    def __init__(self, groups: list[tuple[list[int], Rule]], *, window: int | None = None, record: bool = False):
+    def __init__(self, groups: list[tuple[list[int], KVPolicy]], *, window: int | None = None, record: bool = False):
         super().__init__()
         self.spec, self.window, self.record = groups, window, record
         self.groups: list[_Group] | None = None
         self.seen = 0
-        self.recorded: dict[str, Tensor] = {}
+        self.recorded: dict[int | None, Tensor] = {}  # the prompt's sums per query window (record=True)
         self._call: list = []  # the groups of the call in flight, between update and done
         self._positions: Tensor | None = None
 
@@ -573,19 +799,13 @@ class PolicyKV(LayerKV):
         return allowed
 
     def _score(self, grp: _Group, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, sinks, prompt: bool) -> None:
-        g = k.shape[1]
         if self.window is not None:  # a sliding-window layer keeps its window whatever the scores
             return
-        if self.record and prompt:  # both scores once, so that any policy can be applied afterwards
-            s = received_attention(q, k, q_pos, k_pos, sinks=sinks)
-            self.recorded["received"] = _per_kv_head(s, g)
-            self.recorded["observed_heads"] = received_attention(q, k, q_pos, k_pos, sinks=sinks, last=SNAPKV_WINDOW)
+        seen = Observed(k, q, q_pos, k_pos, sinks)
+        if self.record and prompt:  # the sums every policy reads, once, so that any can be applied afterwards
+            self.recorded = {last: seen.received(last) for last in recorded_windows()}
             return
-        kind = grp.rule.scores
-        if not kind or (kind == "observed" and not prompt):
-            return
-        s = received_attention(q, k, q_pos, k_pos, sinks=sinks, last=grp.rule.observed())
-        grp.observe(_per_kv_head(grp.rule.smooth(s), g))
+        grp.observe(seen, prompt=prompt)
 
 
 def policy_cache(policy: KVPolicy, num_kv_heads: Sequence[int], windows: Sequence[int | None], *, record: bool = False):
@@ -604,7 +824,7 @@ def policy_cache(policy: KVPolicy, num_kv_heads: Sequence[int], windows: Sequenc
         elif policy.full and w is None:
             layers.append(LayerKV())
         else:
-            layers.append(PolicyKV(policy.rules(i, g), window=w))
+            layers.append(PolicyKV(policy.rules(i, g, len(num_kv_heads)), window=w))
     return KVCache(len(layers), self_attn=layers, policy=policy)
 
 
@@ -626,7 +846,7 @@ def compress(cache, policy: KVPolicy):
         whole = rec.groups[0]
         k, v, pos = whole.buffers.k, whole.buffers.v, whole.pos
         assert k is not None and v is not None and pos is not None
-        new = PolicyKV(policy.rules(i, k.shape[1]), window=rec.window)
+        new = PolicyKV(policy.rules(i, k.shape[1], len(cache.self_attn)), window=rec.window)
         new.groups, new.seen = [], rec.seen
         h = len(whole.q_heads)
         for heads, rule in new.spec:
@@ -634,19 +854,13 @@ def compress(cache, policy: KVPolicy):
             sel = torch.tensor(heads, device=k.device)
             every = heads == list(range(k.shape[1]))  # one group of every head: the recording's own tensors, no copy
             # (safe: an append past a stored buffer reallocates, and eviction gathers into new buffers)
-            grp.buffers.store(k if every else k.index_select(1, sel), v if every else v.index_select(1, sel))
+            kg = k if every else k.index_select(1, sel)
+            grp.buffers.store(kg, v if every else v.index_select(1, sel))
             grp.pos = pos if every else pos.index_select(1, sel)
-            if rule.scores and rec.window is None:
-                if rule.scores == "observed" and rule.observed() != SNAPKV_WINDOW:
-                    raise ValueError(
-                        f"a recorded prompt keeps the scores of its last {SNAPKV_WINDOW} queries; this rule "
-                        f"observes {rule.observed()} (prefill under the policy instead)"
-                    )
-                if rule.scores == "received":
-                    score = rec.recorded["received"]  # (B, G, N) summed per key/value head
-                else:  # smoothed per query head, then summed per key/value head, as in a direct prefill
-                    score = _per_kv_head(rule.smooth(rec.recorded["observed_heads"]), k.shape[1])
-                grp.observe(score.index_select(1, sel))
+            if rec.window is None:  # the group's query heads' recorded sums, as a prefill under the policy sees them
+                q_sel = torch.tensor(grp.q_heads, device=k.device)
+                sums = {w: t if every else t.index_select(1, q_sel) for w, t in rec.recorded.items()}
+                grp.observe(Observed(kg, recorded=sums), prompt=True)
             index = None if rec.window is not None else rule.keep(grp.pos, grp.score, prompt=True)
             grp.evict(index, 1)
             new.groups.append(grp)
@@ -654,9 +868,6 @@ def compress(cache, policy: KVPolicy):
     out = KVCache(len(layers), self_attn=layers, policy=policy)
     out.key_padding, out.next_position = cache.key_padding, cache.next_position
     return out
-
-
-SNAPKV_WINDOW = 32  # the observation window SnapKV's paper uses (a recorded prompt keeps these queries' scores)
 
 
 def _pool(score: Tensor, kernel: int, window: int) -> Tensor:
@@ -673,6 +884,11 @@ def _pool(score: Tensor, kernel: int, window: int) -> Tensor:
 
 __all__ = [
     "Full",
+    "KeyNorm",
+    "Observed",
+    "PyramidKV",
+    "TOVA",
+    "register",
     "HeavyHitters",
     "KVPolicy",
     "KV_POLICIES",

@@ -1,0 +1,42 @@
+"""`multihead bench kv` on a small HF folder: every registered KV policy at the asked fraction holds that share of
+the full cache's bytes, the JSON is written after every row, and kvpress's presses run beside it where kvpress is
+installed (its AdaKV keeps the masked keys' tensors whole)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers", reason="pip install 'multihead[hf]'")
+
+from multihead.bench import kvpress as K  # noqa: E402
+from multihead.modules.kv_policy import KV_POLICIES  # noqa: E402
+
+from .test_attached_load_report import _save  # noqa: E402
+
+
+def test_bench_kv_measures_every_policy_and_writes_as_it_goes(tmp_path):
+    folder = _save(tmp_path / "llama", "llama", max_position_embeddings=256)
+    out = tmp_path / "kv.json"
+    payload = K.run(folder=folder, fractions=(0.25,), length=160, needles=1, context=64, tokens=8, out=out)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(payload))
+    ours = {r["method"]: r for r in payload["results"] if r["side"] == "multihead"}
+    assert set(ours) == set(KV_POLICIES)
+    for name, r in ours.items():
+        assert "error" not in r, r
+        if name in ("window", "h2o", "snapkv", "tova", "knorm"):  # budget = a quarter of the prompt's keys
+            assert r["kept_share"] == pytest.approx(0.25, abs=0.01), name
+    assert ours["full"]["kept_share"] == 1.0
+    table = K.format_table(payload)
+    assert "head-aware" in table and "needles" in table
+    theirs = {r["method"]: r for r in payload["results"] if r["side"] == "kvpress"}
+    try:
+        import kvpress  # noqa: F401
+    except ImportError:
+        assert not theirs and "make kvpress" in payload["config"]["kvpress"]
+        return
+    assert set(theirs) == {"full", *K.PRESSES}
+    assert all("error" not in r for r in theirs.values()), theirs
+    assert theirs["AdaKVPress(SnapKVPress)"]["kept_share"] == 1.0  # masked, not freed
+    assert theirs["StreamingLLMPress"]["kept_share"] == pytest.approx(0.25, abs=0.01)
