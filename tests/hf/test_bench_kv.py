@@ -30,6 +30,7 @@ def test_bench_kv_measures_every_policy_and_writes_as_it_goes(tmp_path):
     assert ours["full"]["kept_share"] == 1.0
     table = K.format_table(payload)
     assert "head-aware" in table and "needles" in table
+    assert all(f.stat().st_size > 0 for f in K.plot(payload, tmp_path / "kv"))
     theirs = {r["method"]: r for r in payload["results"] if r["side"] == "kvpress"}
     try:
         import kvpress  # noqa: F401

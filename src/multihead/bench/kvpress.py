@@ -22,7 +22,6 @@ after every row, so a run stopped early keeps what it measured.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -172,12 +171,17 @@ class KVPress:
         with press:
             logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1]
         seconds = time.perf_counter() - t0
-        self._model = model
+        self._model, self._position = model, ids.shape[1]
         return logits, cache, seconds, _tensor_bytes(cache)
 
     @torch.no_grad()
     def step(self, token: torch.Tensor, cache) -> torch.Tensor:
-        return self._model(input_ids=token[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
+        """One token at its true position: a compressed cache is shorter than the text read, so HF's default
+        (the cache's length) would give it the wrong rotary position; kvpress's own pipeline passes it too."""
+        position = torch.tensor([[self._position]])
+        self._position += 1
+        out = self._model(input_ids=token[:, None], past_key_values=cache, position_ids=position, use_cache=True)
+        return out.logits[:, -1]
 
 
 def _tensor_bytes(cache) -> int:
@@ -303,7 +307,53 @@ def from_args(args, out: Path) -> dict:
         raise ValueError(f"bench kv takes an HF causal-LM folder (config.json + safetensors); {folder} is not one")
     lengths = getattr(args, "lengths", None) or [2048]
     context = getattr(args, "context", None) or 1024
-    return run(folder=folder, length=lengths[0], context=context, out=out)
+    payload = run(folder=folder, length=lengths[0], context=context, out=out)
+    plot(payload, out.with_suffix(""))
+    return payload
+
+
+def plot(payload: dict, stem: str | Path) -> list[Path]:
+    """Needles answered and perplexity against the share of the full cache's bytes held, one line per method
+    (multihead's solid with circles, kvpress's dashed with squares; a policy and the press paired with it share a
+    colour), PNG and SVG."""
+    from ..plotting import plain, pyplot, save
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
+    rows = [r for r in payload["results"] if "error" not in r and r["method"] != "full"]
+    methods = list(dict.fromkeys((r["side"], r["method"]) for r in rows))
+    cmap = plt.get_cmap("tab20")
+    pair = {m: i for i, m in enumerate(dict.fromkeys(PRESSES.get(m) or m for _, m in methods))}  # a pair, a colour
+    for side, method in methods:
+        pts = sorted(
+            ((r["kept_share"], r) for r in rows if (r["side"], r["method"]) == (side, method)), key=lambda t: t[0]
+        )
+        x = [p for p, _ in pts]
+        style = dict(color=cmap(pair[PRESSES.get(method) or method] % 20), marker="o" if side == "multihead" else "s")
+        style["linestyle"] = "-" if side == "multihead" else "--"
+        label = f"{side}: {method}"
+        axes[0].plot(x, [r["needles_exact"] / r["needles"] for _, r in pts], label=label, **style)
+        axes[1].plot(x, [r["perplexity"] for _, r in pts], label=label, **style)
+    for side in ("multihead", "kvpress"):  # the full cache of each side, for reference
+        full = next(
+            (r for r in payload["results"] if r["side"] == side and r["method"] == "full" and "error" not in r), None
+        )
+        if full is not None:
+            axes[1].axhline(full["perplexity"], color="grey", linestyle=":" if side == "kvpress" else "-", linewidth=1)
+    c = payload["config"]
+    axes[0].set_title(f"needles answered exactly ({c['needles']} prompts of {c['needle_length']} tokens)")
+    axes[0].set_ylabel("share of needles answered")
+    axes[0].set_ylim(-0.05, 1.05)
+    axes[1].set_title(f"perplexity of {c['tokens']} tokens after {c['context']} (grey: the full cache)")
+    axes[1].set_ylabel("perplexity (log scale)")
+    axes[1].set_yscale("log")
+    for ax in axes:
+        ax.set_xlabel("share of the full cache's key/value bytes held after the prompt")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.suptitle(plain(f"KV cache policies against kvpress on {Path(c['model']).name}"), fontsize=11)
+    fig.tight_layout()
+    return save(fig, stem)
 
 
 def format_table(payload: dict) -> str:
@@ -327,4 +377,4 @@ def format_table(payload: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FRACTIONS", "PRESSES", "run", "format_table", "from_args", "default_out", "json"]
+__all__ = ["FRACTIONS", "PRESSES", "default_out", "format_table", "from_args", "plot", "run"]

@@ -193,13 +193,13 @@ def needle_check(lm, *, length: int = 1024, budget: int = 128, fraction: float =
     """One needle of ``length`` tokens answered from three caches of the same prompt: the full one, a uniform window
     of ``budget`` keys per head, and the head-aware mix (the data-free split's heads whole, the others ``budget``
     keys): what the demo shows. Returns each cache's answer, whether it is right and its kept share of the bytes."""
-    from .kv_heads import echo_and_induction, kv_head_scores, needles_for, split
+    from .kv_heads import echo_and_induction, kv_head_scores, kv_heads_per_layer, needles_for, split
 
     model = lm.model
     model._check_policy()
     start = lm.bos_id if getattr(lm, "bos_id", None) is not None else 0
     ei = echo_and_induction(model, half=32, batch=4, start=start)
-    kv = [layer.self_attn.num_kv_heads for layer in model.decoder.layers]
+    kv = kv_heads_per_layer(model)
     full_heads = split(kv_head_scores(torch.maximum(ei["echo"], ei["induction"]), kv), fraction)
     (needle,) = needles_for(lm, length=length, count=1, seed=seed, depths=[0.3])
     recorded = model.new_cache(record=True)

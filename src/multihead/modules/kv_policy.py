@@ -333,71 +333,57 @@ class SnapKV(KVPolicy):
         return _heavy_and_recent(score, self.size - window, window)
 
 
+@dataclass(frozen=True)
+class _KeepTop(KVPolicy):
+    """After every call, the ``size`` keys of highest :meth:`score` (the policies that rank and cut, nothing else)."""
+
+    size: int = 64
+
+    def __post_init__(self) -> None:
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise ValueError(f"{self.name} keeps at least one key per head, got {self.size!r}")
+
+    @classmethod
+    def of_budget(cls, budget: int | None = None) -> _KeepTop:
+        return cls(_check_budget(budget, 1, cls.name))
+
+    @property
+    def budget(self) -> int:
+        return self.size
+
+    def keep(self, pos: Tensor, score: Tensor | None, *, prompt: bool) -> Tensor | None:
+        if pos.shape[-1] <= self.size:
+            return None
+        if score is None:
+            raise ValueError(f"{self.name} ranks the keys by a score, and none was recorded")
+        return _top(score, self.size)
+
+
 @register
 @dataclass(frozen=True)
-class TOVA(KVPolicy):
+class TOVA(_KeepTop):
     """TOVA (Oren et al. 2024, "Transformers are Multi-State RNNs"): after every call, the ``size`` keys the call's
     last query attends to most (its weights summed over the query heads that share the key/value head); the others
     are dropped. No recency or sink rule: the current query decides alone."""
 
     name: ClassVar[str] = "tova"
     observes: ClassVar[tuple[int | None, ...]] = (1,)
-    size: int = 64
-
-    def __post_init__(self) -> None:
-        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
-            raise ValueError(f"TOVA keeps at least one key per head, got {self.size!r}")
-
-    @classmethod
-    def of_budget(cls, budget: int | None = None) -> TOVA:
-        return cls(_check_budget(budget, 1, "tova"))
-
-    @property
-    def budget(self) -> int:
-        return self.size
 
     def score(self, seen: Observed, previous: Tensor | None, *, prompt: bool) -> Tensor | None:
         return seen.per_kv_head(seen.received(last=1))
 
-    def keep(self, pos: Tensor, score: Tensor | None, *, prompt: bool) -> Tensor | None:
-        if pos.shape[-1] <= self.size:
-            return None
-        if score is None:
-            raise ValueError("TOVA keeps what the last query attends to: no score was recorded")
-        return _top(score, self.size)
-
 
 @register
 @dataclass(frozen=True)
-class KeyNorm(KVPolicy):
+class KeyNorm(_KeepTop):
     """Knorm (Devoto et al. 2024, "A Simple and Effective L2 Norm-Based Strategy for KV Cache Compression"): the
     ``size`` keys of smallest L2 norm (low-norm keys draw the most attention); no query is read, so it costs no
     attention scores. Rotary positions turn keys without changing their norms."""
 
     name: ClassVar[str] = "knorm"
-    size: int = 64
-
-    def __post_init__(self) -> None:
-        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
-            raise ValueError(f"Knorm keeps at least one key per head, got {self.size!r}")
-
-    @classmethod
-    def of_budget(cls, budget: int | None = None) -> KeyNorm:
-        return cls(_check_budget(budget, 1, "knorm"))
-
-    @property
-    def budget(self) -> int:
-        return self.size
 
     def score(self, seen: Observed, previous: Tensor | None, *, prompt: bool) -> Tensor | None:
         return -seen.keys.float().norm(dim=-1)  # (B, G, N): the smaller the norm, the higher the rank
-
-    def keep(self, pos: Tensor, score: Tensor | None, *, prompt: bool) -> Tensor | None:
-        if pos.shape[-1] <= self.size:
-            return None
-        if score is None:
-            raise ValueError("Knorm ranks keys by their norms: no score was recorded")
-        return _top(score, self.size)
 
 
 @register
