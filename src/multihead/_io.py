@@ -642,7 +642,12 @@ class Publish:
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
             if exc_type is None:
-                self.commit()
+                try:
+                    self.commit()
+                except BaseException:  # e.g. the disk filled while the manifest was written: nothing half-built stays
+                    if not self.committed:
+                        _remove_ours(self.staged)
+                    raise
             elif not self.committed:
                 _remove_ours(self.staged)
         finally:

@@ -156,3 +156,26 @@ def test_a_writer_killed_while_removing_the_old_folder_is_undone_by_the_next(tmp
     with folder_lock(out):
         pass
     assert not half.exists()
+
+
+def test_a_commit_that_fails_leaves_no_half_built_folder(tmp_path, monkeypatch):
+    """The disk fills while the manifest is written at the end of the block: the old output stays, the staged folder
+    goes (it was left behind before, and the next run refused it as a folder in the way)."""
+    import errno
+
+    from multihead import _io
+
+    out = _publish(tmp_path / "out", text="old")
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_io, "write_manifest", full)
+    with pytest.raises(OSError, match="No space"):
+        with Publish(out, "kv", overwrite=True) as folder:
+            atomic_write_json(folder / "kv.json", {"v": "new"})
+    assert json.loads((out / "kv.json").read_text()) == {"v": "old"}
+    assert not list(tmp_path.glob(".out.new*"))
+    monkeypatch.undo()
+    _publish(out, text="again")  # the next run is not refused by a folder left in the way
+    assert json.loads((out / "kv.json").read_text()) == {"v": "again"}
