@@ -267,3 +267,57 @@ def test_show_on_a_vision_folder_equals_hf(folders, tmp_path):
     got = torch.tensor(list(summary["probabilities"].values()))
     torch.testing.assert_close(got, probs, atol=1e-4, rtol=0)
     assert (out / "attention.html").is_file() and (out / "cls_grid.png").is_file()
+
+
+def test_bad_inputs_of_the_new_paths_are_refused_by_name_and_nothing_is_written(folders, tmp_path, capsys):
+    import shutil
+
+    import numpy as np
+    from PIL import Image
+
+    photo = tmp_path / "photo.png"
+    Image.fromarray(np.zeros((20, 20, 3), dtype="uint8")).save(photo)
+    vit = tmp_path / "vit"
+    shutil.copytree(folders["vit"], vit)
+    (vit / "preprocessor_config.json").write_text(json.dumps({"image_mean": [0.5, "x", 0.5]}))
+    out = tmp_path / "out"
+    cases = [
+        (["show", str(vit), "--image", str(photo), "--out", str(out)], "image_mean"),
+        (["show", str(folders["vit"]), "--out", str(out)], "--image"),
+        (["show", str(folders["bart"]), "  ", "--out", str(out)], "empty"),
+        (
+            [
+                "patch",
+                str(folders["roberta"]),
+                "--clean",
+                "a",
+                "--corrupt",
+                "b",
+                "--answer",
+                "cat",
+                "--wrong",
+                "dog",
+                "--decoder",
+                "the",
+                "--out",
+                str(out),
+            ],
+            "--decoder is for sequence-to-sequence",
+        ),
+        (["generate", str(folders["bart"]), ""], "pass one"),
+    ]
+    for argv, words in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err and "internal error" not in err, (argv, err)
+        assert not out.exists() and not list(tmp_path.glob(".out.new*"))
+
+
+def test_bench_kv_refuses_a_folder_that_is_no_model(tmp_path):
+    from types import SimpleNamespace
+
+    from multihead.bench import kvpress as K
+
+    with pytest.raises(ValueError, match="HF causal-LM folder"):
+        K.from_args(SimpleNamespace(model=str(tmp_path), lengths=None, context=None), tmp_path / "kv.json")
+    assert not (tmp_path / "kv.json").exists()

@@ -124,7 +124,11 @@ def patch_attached(args) -> int:
     from ..hf.models import NextToken
     from ..loading import load as load_source
 
+    from ..loading import kind
+
     pairs = _checked_pairs(args)
+    if args.decoder is not None and kind(args.model).role != "seq2seq":  # from the config, before any weight
+        raise ValueError("--decoder is for sequence-to-sequence folders; an encoder's answer is at its mask token")
     folder = load_source(args.model).detail
     tok = folder.tokenizer
 
@@ -141,8 +145,6 @@ def patch_attached(args) -> int:
     if folder.role == "seq2seq":
         prefix = [folder.decoder_start, *(tok.encode(args.decoder or "", add_special_tokens=False).ids)]
         return _patched(args, pairs, NextToken(folder.hf, prefix), encode, one, folder.tokens, lambda ids: -1)
-    if args.decoder is not None:
-        raise ValueError("--decoder is for sequence-to-sequence folders; an encoder's answer is at its mask token")
     if vocab is None:
         raise ValueError(
             f"{args.model} has no masked-LM head (its config names {folder.hf_config.get('architectures')}); patching "

@@ -568,13 +568,10 @@ def _policy_attention(module, rec, layer, q: Tensor, k: Tensor, v: Tensor, am, s
                 "this layer's heads keep different keys under the head-aware policy, so there is no single "
                 "attention map: capture with policy='full' or a uniform policy"
             )
-        z, weights = torch.empty_like(q), None
-        for view in views:
-            qg = q.index_select(1, view.heads)
-            gs = None if sinks is None else sinks.to(q.dtype)[view.heads]
-            z[:, view.heads], _ = attention(
-                qg, view.k, view.v, mask=view.mask, scale=scale, backend=rec.backend, sinks=gs
-            )
+        from ..modules.kv_cache import attend_groups
+
+        z = attend_groups(q, views, backend=rec.backend, scale=scale, sinks=sinks)
+        weights = None
     layer.kv.done(q, views, None if sinks is None else sinks.detach().float())
     z = rec.hook_z(z)
     return z.transpose(1, 2).contiguous(), weights

@@ -498,9 +498,8 @@ def load(path: str | Path, *, backend: str = "auto", device: str = "cpu"):
     why = _why_not_type(kind, hf)
     if why is not None:
         raise AttachError(f"{path}: {why}")
-    _folder_tokenizer(path, hf)  # checked against the config before the weights are read
+    tok_info = _folder_tokenizer(path, hf)  # checked against the config before the weights are read
     model = _read_model(path, kind, hf, "AutoModelForCausalLM", backend)
-    tok_info = _folder_tokenizer(path, hf)
     config = model.config
     pad = getattr(config, "pad_token_id", None)
     wrapper = AttachedLM(model, pad if isinstance(pad, int) and 0 <= pad < config.vocab_size else 0)

@@ -12,6 +12,7 @@ one with 4 and 4 the encoder's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -110,7 +111,7 @@ class AttachedFolder:
         pad = getattr(self.hf.config, "pad_token_id", None)
         return pad if isinstance(pad, int) and pad >= 0 else 0
 
-    @property
+    @cached_property
     def model(self) -> nn.Module:
         """The model behind multihead's calling convention (the HF model itself for sequence-to-sequence)."""
         if self.role == "encoder":
@@ -157,8 +158,9 @@ class AttachedFolder:
         from ..pretrained.families.dinov2 import square
         from ..pretrained.formats.hf import read_json
 
-        wrapper = AttachedVision(self.hf)
-        size, patch = wrapper.config.image_size, wrapper.config.patch_size
+        if self.role != "vision":
+            raise ValueError(f"{self.path} is {self.role}; pixels are for an image model")
+        size, patch = self.model.config.image_size, self.model.config.patch_size
         pre = self.path / "preprocessor_config.json"
         cfg = read_json(pre, "preprocessor config") if pre.is_file() else {}
         stats = []

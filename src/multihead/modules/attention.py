@@ -25,7 +25,7 @@ from . import fastpath
 if TYPE_CHECKING:
     from .positional import Rotary
 from .hooks import HookPoint
-from .kv_cache import KVView, LayerKV
+from .kv_cache import KVView, LayerKV, attend_groups
 
 
 def alibi_slope_values(num_heads: int) -> tuple[float, ...]:
@@ -314,13 +314,7 @@ class MultiHeadAttention(nn.Module):
             return self._attend(q, view.k, view.v, view.mask, head_mask, need_weights, rotate=rotate)
         self._refuse_split_heads(need_weights)
         sinks = None if self.sink_logits is None else self.sink_logits.detach().float()
-        z = torch.empty_like(q)
-        for view in views:
-            assert view.heads is not None  # several views: each names its heads
-            qg = q.index_select(1, view.heads)
-            gsinks = None if sinks is None else sinks[view.heads].to(qg.dtype)
-            z[:, view.heads], _ = attention(qg, view.k, view.v, mask=view.mask, backend=self.backend, sinks=gsinks)
-        z = self.hook_z(z)
+        z = self.hook_z(attend_groups(q, views, backend=self.backend, sinks=sinks))
         if head_mask is not None:
             z = z * self._head_scale(head_mask, q.shape[0], z.dtype)
         return z, None

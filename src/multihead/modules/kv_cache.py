@@ -34,6 +34,20 @@ class KVView:
     heads: Tensor | None = None
 
 
+def attend_groups(q: Tensor, views: list[KVView], *, backend: str, scale=None, sinks: Tensor | None = None) -> Tensor:
+    """``z`` ``(B, H, Q, D)`` of views that each give a group of query heads its own keys (a head-aware policy): the
+    kernel seam on each group's heads, the outputs put back in head order. ``sinks``: the layer's ``(H,)`` logits."""
+    from ..attention.registry import attention
+
+    z = torch.empty_like(q)
+    for view in views:
+        assert view.heads is not None  # several views: each names its heads
+        qg = q.index_select(1, view.heads)
+        gs = None if sinks is None else sinks.to(q.dtype)[view.heads]
+        z[:, view.heads], _ = attention(qg, view.k, view.v, mask=view.mask, scale=scale, backend=backend, sinks=gs)
+    return z
+
+
 class LayerKV:
     """One attention layer's cache: ``k``, ``v`` ``(B, G, L, D)`` (views of the filled part). ``static``: computed
     once (cross-attention). Self-attention keys/values are written into buffers that grow by doubling, so a step
@@ -268,4 +282,4 @@ class KVCache:
                 setattr(self, name, getattr(self, name).index_select(0, index))
 
 
-__all__ = ["KVCache", "KVView", "LayerKV", "StreamingKV"]
+__all__ = ["KVCache", "KVView", "LayerKV", "StreamingKV", "attend_groups"]
