@@ -45,7 +45,11 @@ def _hf_generate(model, ids, cache, **kw):
 
 POLICIES = [
     ("full", None, {}),
-    *((name, b, {}) for name in ("window", "h2o", "snapkv", "tova", "knorm", "pyramidkv") for b in (12, 24)),
+    *(
+        (name, b, {})
+        for name in ("window", "h2o", "snapkv", "tova", "knorm", "pyramidkv", "adakv", "expected")
+        for b in (12, 24)
+    ),
     ("head-aware", 12, {"full_heads": [[0], [1]]}),
     ("head-aware", 24, {"full_heads": [[], [0, 1]]}),
 ]
@@ -98,6 +102,22 @@ def test_per_head_evictions_free_their_bytes(llama):
     assert sorted(grp.buffers.k.shape[2] for grp in layer0) == [12, seen]  # the tensors themselves are that size
 
 
+def test_adakv_frees_what_it_evicts_per_head(llama):
+    """Ada-KV gives each key/value head its own number of keys; the cache's tensors are that size (kvpress's
+    AdaKVPress masks the evicted keys and keeps them)."""
+    attached = loading.load(f"hf:{llama}").model.hf
+    ids = torch.randint(3, 280, (1, PROMPT), generator=torch.Generator().manual_seed(4))
+    cache = PolicyCache(attached, "adakv", 16, window=4)
+    attached(input_ids=ids, **cache_argument(attached, cache))
+    d = attached.config.hidden_size // attached.config.num_attention_heads
+    g = attached.config.num_key_value_heads
+    for layer in cache.native.self_attn:
+        lengths = [grp.length for grp in layer.groups]
+        assert [grp.buffers._k.shape[2] for grp in layer.groups] == [n + 1 for n in lengths]  # + one step's room
+        assert sum(lengths) == g * 16 and min(lengths) >= 4  # the layer's budget, shared; the window in each
+    assert cache.kv_nbytes() == attached.config.num_hidden_layers * g * 16 * d * 2 * 4
+
+
 def test_the_kv_verb_takes_an_hf_folder_and_agrees_with_the_native_reading(llama, tmp_path):
     argv = ["--budgets", "12,24", "--lengths", "160", "--needles", "2", "--context", "48", "--tokens", "24"]
     argv += ["--policies", "full,window,h2o,snapkv", "--no-progress"]
@@ -118,6 +138,8 @@ def test_what_a_policy_cache_cannot_do_is_refused_with_the_reason(llama):
         PolicyCache(attached.hf, "window", 3)
     with pytest.raises(ValueError, match="unknown KV policy"):
         PolicyCache(attached.hf, "lru", 16)
+    with pytest.raises(ValueError, match="multihead.hf.stream.StreamCache"):
+        PolicyCache(attached.hf, "streaming", 16)
     with pytest.raises(ValueError, match="names 3 layers"):
         PolicyCache(attached.hf, "head-aware", 16, full_heads=[[0], [0], [0]])
     with pytest.raises(ValueError, match="beam search"):
@@ -135,3 +157,8 @@ def test_what_a_policy_cache_cannot_do_is_refused_with_the_reason(llama):
     hf.attach(bart)
     with pytest.raises(hf.AttachError, match="encoder-decoder"):
         PolicyCache(bart, "window", 12)
+    bloom = ARCHS["bloom"].build()  # ALiBi: its attention never reaches the registry, so no policy cache follows it
+    with pytest.raises(hf.AttachError, match="computes attention itself"):
+        hf.attach(bloom)
+    with pytest.raises(hf.AttachError, match="not attached"):
+        PolicyCache(bloom, "window", 12)

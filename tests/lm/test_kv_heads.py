@@ -10,7 +10,7 @@ import torch
 from hf_families import hf_model, write_gguf
 from multihead import lm as LM
 from multihead.cli import main
-from multihead.data.needles import make_needles
+from multihead.data.needles import CITIES, make_needles
 from multihead.interpret import kv_heads as K
 from multihead.modules.capture import capture
 from multihead.modules.kv_policy import KV_POLICIES
@@ -47,6 +47,20 @@ def test_needles_are_exact_seeded_and_hold_the_answer(tiny):
         make_needles(lambda t: tiny.encode(t, special=False), ["some text"] * 5, length=60, count=1)
     with pytest.raises(ValueError, match="past the"):
         K.needles_for(tiny, length=100_000, count=1)
+
+
+def test_multi_key_needles_hide_the_answer_among_look_alikes(tiny):
+    one = K.needles_for(tiny, length=300, count=2, seed=5)
+    assert [n.ids for n in one] == [n.ids for n in K.needles_for(tiny, length=300, count=2, seed=5, keys=1)]
+    for n in K.needles_for(tiny, length=300, count=2, seed=5, keys=4):
+        text = tiny.decode(n.ids)
+        assert len(n.ids) == 300 and text.count("The special magic number for") == 4 + 1  # 4 needles + the question
+        assert len({c for c in CITIES if f"number for {c} is" in text}) == 4  # four cities, each once
+        assert n.ids[n.answer_at : n.answer_at + len(n.answer)] == n.answer
+        assert f"number for {n.city} is {n.number}" in tiny.decode(n.ids[n.needle_start : n.needle_end])
+        assert text.endswith(f"The special magic number for {n.city} is")  # the question asks the placed one
+    with pytest.raises(ValueError, match="keys is the number of needles"):
+        K.needles_for(tiny, length=300, count=1, keys=0)
 
 
 def test_retrieval_score_is_wu_et_al_on_full_maps(tiny):

@@ -16,9 +16,11 @@ from multihead.models.generation import generate
 from multihead.models.seq2seq import CausalLM, CausalLMConfig, Seq2Seq, Seq2SeqConfig
 from multihead.modules.attention import MultiHeadAttention
 from multihead.modules.decoder import DecoderConfig
+from multihead.modules.kv_cache import StreamingKV
 from multihead.modules.kv_policy import (
     KV_POLICIES,
     TOVA,
+    AdaKV,
     HeavyHitters,
     KeyNorm,
     PolicyKV,
@@ -175,27 +177,33 @@ def test_h2o_keeps_the_largest_accumulated_attention():
         assert pos[bi, gi].tolist() == kept
 
 
+def _snapkv_scores(q, k, bi: int, gi: int, window: int, kernel: int) -> list[float]:
+    """SnapKV's score of each prompt key before the observation window (row ``bi``, kv head ``gi``): the window's
+    attention summed over its queries, pooled over ``kernel`` neighbours, summed over the group's heads."""
+    r = q.shape[1] // G
+    m = P - window
+    summed = [0.0] * m
+    for hi in range(gi * r, gi * r + r):
+        per_head = [0.0] * P
+        for i in range(P - window, P):
+            w = _weights(q[bi, hi, i], k[bi, gi, : i + 1])
+            for j in range(i + 1):
+                per_head[j] += float(w[j])
+        for j in range(m):  # pooled over `kernel` neighbours (zero padding counted, as avg_pool1d does)
+            near = [per_head[c] if 0 <= c < m else 0.0 for c in range(j - kernel // 2, j + kernel // 2 + 1)]
+            summed[j] += sum(near) / kernel
+    return summed
+
+
 def test_snapkv_keeps_what_the_observation_window_attends_to():
     mha, x = _mha(5), _x(seed=6, n=P + 2)
     budget, window, kernel = 9, 4, 3
     cache = PolicyKV([(list(range(G)), SnapKV(budget, window, kernel))])
     mha(x[:, :P], is_causal=True, cache=cache, need_weights=False)
     q, k, _ = _qkv(mha, x[:, :P])
-    b, h = q.shape[:2]
-    r = h // G
-    for bi in range(b):
+    for bi in range(q.shape[0]):
         for gi in range(G):
-            summed = [0.0] * P  # the observation window's attention, summed over its queries and the group
-            for hi in range(gi * r, gi * r + r):
-                per_head = [0.0] * P
-                for i in range(P - window, P):
-                    w = _weights(q[bi, hi, i], k[bi, gi, : i + 1])
-                    for j in range(i + 1):
-                        per_head[j] += float(w[j])
-                m = P - window  # pooled over `kernel` neighbours (zero padding counted, as avg_pool1d does)
-                for j in range(m):
-                    near = [per_head[c] if 0 <= c < m else 0.0 for c in range(j - kernel // 2, j + kernel // 2 + 1)]
-                    summed[j] += sum(near) / kernel
+            summed = _snapkv_scores(q, k, bi, gi, window, kernel)
             older = sorted(range(P - window), key=lambda j: -summed[j])[: budget - window]
             want = sorted(older) + list(range(P - window, P))
             assert cache.groups[0].pos[bi, gi].tolist() == want
@@ -203,6 +211,106 @@ def test_snapkv_keeps_what_the_observation_window_attends_to():
     mha(x[:, P : P + 1], cache=cache, need_weights=False)
     mha(x[:, P + 1 : P + 2], cache=cache, need_weights=False)
     assert cache.groups[0].length == budget + 2
+
+
+@torch.no_grad()
+def test_adakv_shares_the_layer_budget_by_one_ranking_over_its_heads():
+    mha, x = _mha(11), _x(seed=12, n=P + 2)
+    budget, window, kernel, floor = 8, 2, 3, 0.5
+    policy = make_policy("adakv", budget, window=window, kernel=kernel, floor=floor)
+    assert policy == AdaKV(budget, window, kernel, floor)
+    cache = policy.layer_cache(0, G, 1, None)
+    mha(x[:, :P], is_causal=True, cache=cache, need_weights=False)
+    q, k, _ = _qkv(mha, x[:, :P])
+    want: dict[tuple[int, int], list[int]] = {}
+    for bi in range(q.shape[0]):
+        entries = []  # (score, head, position) over every head of the layer
+        for gi in range(G):
+            score = _snapkv_scores(q, k, bi, gi, window, kernel) + [math.inf] * window  # the window stays
+            for j in sorted(range(P), key=lambda j: -score[j])[: int(budget * floor)]:  # each head's floor
+                score[j] = math.inf
+            entries += [(score[j], gi, j) for j in range(P)]
+        chosen = sorted(entries, key=lambda e: -e[0])[: G * budget]  # one ranking, the layer's whole budget
+        for gi in range(G):
+            want[(bi, gi)] = sorted(j for _, g, j in chosen if g == gi)
+    assert len({len(w) for w in want.values()}) > 1  # the heads really keep different numbers of keys here
+    for grp in cache.groups:  # one group per key/value head, each in buffers of its own length
+        (gi,) = grp.kv_heads
+        most = max(len(want[(bi, gi)]) for bi in range(q.shape[0]))
+        assert grp.length == most and grp.buffers._k.shape[2] == most + 1  # the kept keys + one step's room
+        for bi in range(q.shape[0]):  # each row keeps its own best keys: at least those Ada-KV keeps for it
+            assert set(want[(bi, gi)]) <= set(grp.pos[bi, 0].tolist())
+    row = make_policy("adakv", budget, window=window, kernel=kernel, floor=floor).layer_cache(0, G, 1, None)
+    mha(x[:1, :P], is_causal=True, cache=row, need_weights=False)  # one row: exactly Ada-KV's keys, the budget's bytes
+    assert {grp.kv_heads[0]: grp.pos[0, 0].tolist() for grp in row.groups} == {g: want[(0, g)] for g in range(G)}
+    assert row.kv_nbytes() == G * budget * D * 2 * 4
+    for t in range(P, P + 2):  # generated keys are all kept
+        mha(x[:1, t : t + 1], cache=row, need_weights=False)
+    assert row.kv_nbytes() == (G * budget + 2 * G) * D * 2 * 4
+
+
+def _turned(p: float, theta: torch.Tensor) -> torch.Tensor:
+    """The rotary matrix ``(D, D)`` of position ``p`` ("rotate half": pairs ``(i, i + D/2)``), in fp64."""
+    d = 2 * theta.shape[0]
+    r = torch.zeros(d, d, dtype=torch.float64)
+    for i, t in enumerate(theta.tolist()):
+        c, s = math.cos(p * t), math.sin(p * t)
+        r[i, i], r[i, i + d // 2], r[i + d // 2, i], r[i + d // 2, i + d // 2] = c, -s, s, c
+    return r
+
+
+@torch.no_grad()
+def test_expected_attention_keeps_what_the_modelled_future_queries_attend_to():
+    mha, x = _mha(13), _x(b=1, seed=14, n=P + 1)
+    size, future, sinks = 9, 16, 2
+    policy = make_policy("expected", size, future=future, sinks=sinks)
+    cache = policy.layer_cache(0, G, 1, None)
+    mha(x[:, :P], is_causal=True, cache=cache, need_weights=False)
+    q, k, v = (t.double()[0] for t in _qkv(mha, x[:, :P]))  # rotated at their positions
+    theta = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    raw = torch.stack([q[:, t] @ _turned(t, theta) for t in range(P)], 1)  # (H, P, D): R(t)' q, unrotated
+    assert torch.allclose(torch.stack([raw[:, t] @ _turned(t, theta).T for t in range(P)], 1), q)
+    later = sum(_turned(p, theta) for p in range(P, P + future)) / future  # the average turn of what comes
+    r = H // G
+    for gi in range(G):
+        score = torch.zeros(P - sinks, dtype=torch.float64)
+        for hi in range(gi * r, gi * r + r):
+            qs = raw[hi, sinks:]  # (n, D): the queries after the sinks, before rotation
+            mu = later @ qs.mean(0)
+            cov = later @ ((qs - qs.mean(0)).T @ (qs - qs.mean(0)) / qs.shape[0]) @ later.T
+            keys = k[gi, sinks:]
+            logits = keys @ mu / math.sqrt(D) + torch.einsum("ni,ij,nj->n", keys, cov, keys) / (2 * D)
+            score += torch.softmax(logits, 0) / r
+        score *= v[gi, sinks:].norm(dim=-1)
+        best = (score.argsort(descending=True)[: size - sinks] + sinks).tolist()
+        assert cache.groups[0].pos[0, gi].tolist() == list(range(sinks)) + sorted(best)
+    norm_only = sorted((-k[gi].norm(dim=-1)).argsort()[:size].tolist())  # not a key-norm rule in disguise
+    assert cache.groups[0].pos[0, gi].tolist() != norm_only
+    mha(x[:, P : P + 1], cache=cache, need_weights=False)  # generated keys are all kept
+    assert cache.groups[0].length == size + 1
+
+
+@torch.no_grad()
+def test_the_streaming_policy_is_the_streaming_cache():
+    model = _lm()
+    ids = torch.randint(0, 60, (1, P + STEPS), generator=torch.Generator().manual_seed(7))
+
+    def stream(cache):  # one token a step, as a stream is read
+        return torch.cat([model(ids[:, t : t + 1], cache=cache) for t in range(ids.shape[1])], 1)
+
+    cache = model.new_cache(policy="streaming", budget=8, sinks=2)
+    assert isinstance(cache.self_attn[0], StreamingKV) and cache.rolling
+    assert model.new_cache(policy="window", budget=8, sinks=2).policy == SinksWindow(2, 6)  # sinks= is the policy's
+    got = stream(cache)
+    assert torch.equal(got, stream(model.new_cache(window=6, sinks=2)))
+    # the same keys at their positions in the text (the window policy) give other logits once keys are evicted
+    assert not torch.allclose(got[:, 8:], stream(model.new_cache(policy="window", budget=8, sinks=2))[:, 8:])
+    with pytest.raises(ValueError, match="cannot be applied to a prompt read at its positions"):
+        model.new_cache(policy="streaming", budget=8, record=True)
+    recorded = model.new_cache(record=True)
+    model(ids[:, :P], cache=recorded)
+    with pytest.raises(ValueError, match="policy='window'"):
+        recorded.compress(make_policy("streaming", 8))
 
 
 def _kept_by(score_of, q, k, budget: int) -> dict:
@@ -300,7 +408,9 @@ def test_full_policy_is_todays_cache_exactly():
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["window", "h2o", "snapkv", "head-aware", "tova", "knorm", "pyramidkv"])
+@pytest.mark.parametrize(
+    "name", ["window", "h2o", "snapkv", "head-aware", "tova", "knorm", "pyramidkv", "adakv", "expected"]
+)
 def test_recorded_prompt_compressed_equals_a_prefill_under_the_policy(name):
     model = _lm()
     ids = torch.randint(0, 60, (1, P + 4), generator=torch.Generator().manual_seed(1))
@@ -391,7 +501,7 @@ def test_refusals_name_the_fix():
         model(ids[:1], cache=model.new_cache(policy="head-aware", budget=8, full_heads=[[5], [0]]))
     with pytest.raises(ValueError, match="classify the heads"):
         model(ids[:1], cache=model.new_cache(policy="head-aware", budget=8, full_heads=[[0]]))
-    with pytest.raises(ValueError, match="policy='window'"):
+    with pytest.raises(ValueError, match="policy='streaming'"):
         model.new_cache(policy="h2o", window=8)
     alibi = CausalLM(
         CausalLMConfig(
@@ -433,7 +543,10 @@ def test_sliding_window_layers_keep_only_their_window():
 
 
 def test_registry_and_rules():
-    assert sorted(KV_POLICIES) == ["full", "h2o", "head-aware", "knorm", "pyramidkv", "snapkv", "tova", "window"]
+    assert sorted(KV_POLICIES) == [
+        *("adakv", "expected", "full", "h2o", "head-aware", "knorm", "pyramidkv", "snapkv", "streaming", "tova"),
+        "window",
+    ]
     assert make_policy("tova", 8) == TOVA(8) and make_policy("knorm", 8) == KeyNorm(8)
     assert make_policy("window", 20).rule == SinksWindow(4, 16)
     with pytest.raises(ValueError, match="sinks >= 0"):

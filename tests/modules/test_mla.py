@@ -78,6 +78,9 @@ def test_absorbed_decoding_equals_the_plain_forward_and_the_cache_is_small():
     # the cache holds (16 + 8) numbers per token and layer; MHA of the same shape: 2 x 8 heads x 8 = 128
     per_token = sum(layer.k.shape[-1] + layer.v.shape[-1] for layer in cache.self_attn)
     assert per_token == 2 * (16 + 8)  # latent + rope key per layer; MHA here would cache 2 x (2 x 8 x 8) = 256
+    for policy in ("window", "adakv", "streaming"):  # no per-head keys to evict: every KV policy is refused
+        with pytest.raises(ValueError, match="compressed latent instead .*use the full cache"):
+            lm.new_cache(policy=policy, budget=8)
     assert lm.decoder.layers[0].self_attn.cache_numbers_per_token() == 24
 
 

@@ -16,7 +16,9 @@ perplexity text, at matched kept fractions of the prompt's keys (1/8, 1/4, 1/2 b
 Per row: needles answered exactly, the answer's token accuracy, perplexity of ``--tokens`` tokens after
 ``--context`` tokens (kvpress compresses the context; afterwards its cache grows, ours keeps evicting), the bytes
 the cache's tensors hold after the prompt (kvpress's AdaKV masks keys and keeps them: its tensors are whole),
-the process's resident memory after the prompt, prefill seconds and decode tokens per second. The JSON is written
+the process's resident memory after the prompt and the most the row added at its peak (over what the process held
+when it began, with earlier rows' freed memory handed back), prefill seconds and decode tokens per second.
+``keys`` > 1 puts several needles in each prompt, one asked for (multi-key retrieval). The JSON is written
 after every row, so a run stopped early keeps what it measured.
 """
 
@@ -39,8 +41,8 @@ PRESSES = {
     "TOVAPress": "tova",
     "KnormPress": "knorm",
     "PyramidKVPress": "pyramidkv",
-    "ExpectedAttentionPress": None,
-    "AdaKVPress(SnapKVPress)": None,
+    "ExpectedAttentionPress": "expected",
+    "AdaKVPress(SnapKVPress)": "adakv",
     "CriticalKVPress(SnapKVPress)": None,
 }
 EAGER = ("ObservedAttentionPress",)  # presses that read the attention weights: HF's eager attention
@@ -58,6 +60,29 @@ def _rss_mib() -> float:
     except (OSError, ValueError, IndexError):
         return 0.0
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _row_start() -> float | None:
+    """Before a row: the memory freed by earlier rows handed back (garbage collected, glibc's free lists trimmed),
+    the kernel's peak resident mark reset; the resident MiB now (None where the peak cannot be reset)."""
+    import ctypes
+    import gc
+
+    from .harness import _reset_peak
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    return _rss_mib() if _reset_peak() else None
+
+
+def _peak_added(start: float | None) -> float | None:
+    """After a row: the most resident memory it held over what the process held at its start (MiB)."""
+    from .._proc import status_kib
+
+    return None if start is None else round(max(0.0, status_kib("VmHWM") / 1024 - start), 1)
 
 
 def smollm2_folder() -> Path:
@@ -89,7 +114,7 @@ class Ours:
     def names(self) -> list[str]:
         from ..modules.kv_policy import KV_POLICIES
 
-        return [n for n in KV_POLICIES if n != "full"]
+        return [n for n, cls in KV_POLICIES.items() if n != "full" and not cls.why_not("attached")]
 
     def _policy(self, name: str, fraction: float, length: int):
         from ..modules.kv_policy import KV_POLICIES, make_policy
@@ -248,9 +273,14 @@ def run(
     needles: int = 3,
     context: int = 1024,
     tokens: int = 128,
+    keys: int = 1,
+    methods=None,
     out: Path | None = None,
     progress: bool = True,
 ) -> dict:
+    """Every method of both sides at every fraction (``methods``: only those named, policies or presses), on
+    ``needles`` prompts of ``length`` tokens with ``keys`` needles each, and the perplexity of ``tokens`` tokens
+    after ``context``; written to ``out`` after every row."""
     from tqdm import tqdm
 
     from ..data.lm_text import held_out_rows
@@ -265,10 +295,14 @@ def run(
         sides.append(KVPress(folder))
     except ImportError:
         missing = f"kvpress is not installed here: {INSTALL}"
-    prompts = needles_for(ours.lm, length=length, count=needles, seed=1)
+    known = {n for side in sides for n in side.names()} | {"full"}
+    unknown = sorted(set(methods or ()) - known)
+    if unknown:
+        raise ValueError(f"bench kv knows no method {', '.join(unknown)}; choose from {', '.join(sorted(known))}")
+    prompts = needles_for(ours.lm, length=length, count=needles, seed=1, keys=keys)
     text = held_out_rows(ours.lm, rows=1, length=context + tokens, skip=1)
     rows_to_run = [(side, "full", 1.0) for side in sides] + [
-        (side, name, f) for f in fractions for side in sides for name in side.names()
+        (side, name, f) for f in fractions for side in sides for name in side.names() if not methods or name in methods
     ]
     payload = {
         "suite": "kv",
@@ -276,6 +310,7 @@ def run(
             "model": str(folder),
             "needle_length": length,
             "needles": needles,
+            "keys": keys,
             "context": context,
             "tokens": tokens,
             "fractions": list(fractions),
@@ -288,6 +323,7 @@ def run(
     whole: dict[str, int] = {}  # each side's full cache after a needle prompt: the kept shares' denominator
     for side, name, fraction in tqdm(rows_to_run, desc="bench kv", disable=not progress):
         row = {"side": side.side, "method": name, "fraction": fraction}
+        start = _row_start()
         try:
             row.update(_needles(side, name, fraction, prompts))
             whole.setdefault(side.side, row["kv_bytes"])
@@ -295,6 +331,7 @@ def run(
             row.update(_perplexity(side, name, fraction, text, context))
         except Exception as exc:  # noqa: BLE001  a method that fails is recorded, the others still run
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        row["rss_peak_added_mib"] = _peak_added(start)
         payload["results"].append(row)
         if out is not None:
             write_json(out, payload)  # what is measured so far, after every row
@@ -307,7 +344,14 @@ def from_args(args, out: Path) -> dict:
         raise ValueError(f"bench kv takes an HF causal-LM folder (config.json + safetensors); {folder} is not one")
     lengths = getattr(args, "lengths", None) or [2048]
     context = getattr(args, "context", None) or 1024
-    payload = run(folder=folder, length=lengths[0], context=context, out=out)
+    payload = run(
+        folder=folder,
+        length=lengths[0],
+        context=context,
+        keys=getattr(args, "keys", 1) or 1,
+        methods=getattr(args, "impls", None),
+        out=out,
+    )
     plot(payload, out.with_suffix(""))
     return payload
 
@@ -341,7 +385,8 @@ def plot(payload: dict, stem: str | Path) -> list[Path]:
         if full is not None:
             axes[1].axhline(full["perplexity"], color="grey", linestyle=":" if side == "kvpress" else "-", linewidth=1)
     c = payload["config"]
-    axes[0].set_title(f"needles answered exactly ({c['needles']} prompts of {c['needle_length']} tokens)")
+    several = f", {c['keys']} needles in each" if c.get("keys", 1) > 1 else ""
+    axes[0].set_title(f"needles answered exactly ({c['needles']} prompts of {c['needle_length']} tokens{several})")
     axes[0].set_ylabel("share of needles answered")
     axes[0].set_ylim(-0.05, 1.05)
     axes[1].set_title(f"perplexity of {c['tokens']} tokens after {c['context']} (grey: the full cache)")
@@ -359,10 +404,11 @@ def plot(payload: dict, stem: str | Path) -> list[Path]:
 def format_table(payload: dict) -> str:
     c = payload["config"]
     lines = [
-        f"KV caches on {c['model']}: {c['needles']} needles of {c['needle_length']} tokens; perplexity of "
+        f"KV caches on {c['model']}: {c['needles']} needle prompts of {c['needle_length']} tokens "
+        f"({c.get('keys', 1)} needle(s) each); perplexity of "
         f"{c['tokens']} tokens after {c['context']}; kvpress: {c['kvpress']}",
         f"{'side':9} {'method':30} {'asked':>5} {'held':>5} {'needles':>8} {'ppl':>8} {'KiB held':>9} "
-        f"{'RSS MiB':>8} {'prefill s':>9} {'dec tok/s':>9}",
+        f"{'RSS MiB':>8} {'+peak':>6} {'prefill s':>9} {'dec tok/s':>9}",
     ]
     for r in payload["results"]:
         head = f"{r['side']:9} {r['method']:30} {r['fraction']:5.3f}"
@@ -372,7 +418,8 @@ def format_table(payload: dict) -> str:
         lines.append(
             f"{head} {r['kept_share']:5.3f} {r['needles_exact']:>4}/{r['needles']:<3} {r['perplexity']:8.3f} "
             f"{r['kv_bytes'] / 1024:9.0f} "
-            f"{r['rss_mib']:8.0f} {r['prefill_seconds']:9.2f} {r['decode_tokens_per_s']:9.1f}"
+            f"{r['rss_mib']:8.0f} {r.get('rss_peak_added_mib') or 0:6.0f} {r['prefill_seconds']:9.2f} "
+            f"{r['decode_tokens_per_s']:9.1f}"
         )
     return "\n".join(lines)
 

@@ -109,7 +109,10 @@ def _parser_bench(sub) -> None:
     bench.add_argument("suite", choices=list(SUITES), help="which benchmark")
     bench.add_argument("--lengths", type=_ints, default=None, help="comma-separated sequence lengths")
     bench.add_argument("--modes", type=_words, default=None, help="forward,train")
-    bench.add_argument("--impls", type=_words, default=None, help="comma-separated implementations")
+    bench.add_argument(
+        "--impls", type=_words, default=None, help="comma-separated implementations (kv: policies and presses)"
+    )
+    bench.add_argument("--keys", type=_count, default=1, help="kv: needles in each prompt, one asked for (1)")
     bench.add_argument("--threads", type=_threads, default=None, help="torch threads (default: what torch picks)")
     bench.add_argument("--device", default="cpu", help="cpu | cuda (attention, long, decode, kernels)")
     bench.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16 (attention, long, decode, kernels)")

@@ -70,10 +70,17 @@ def make_needles(
     seed: int = 0,
     start: Sequence[int] = (),
     depths: Sequence[float] | None = None,
+    keys: int = 1,
 ) -> list[Needle]:
     """``count`` prompts of exactly ``length`` tokens (``start``: the model's start token(s), first in each).
     ``encode(text)`` gives token ids without special tokens. The needles sit at ``depths`` (default: spread evenly
-    from 0.1 to 0.9); each prompt draws its own stretch of haystack, city and number from ``seed``."""
+    from 0.1 to 0.9); each prompt draws its own stretch of haystack, city and number from ``seed``.
+
+    ``keys`` > 1: each prompt holds that many needles, each with its own city and number (multi-key retrieval, the
+    harder case: a cache must keep the one asked for among look-alikes); the one asked for sits at the prompt's
+    depth, the others spread evenly through the rest of the haystack."""
+    if isinstance(keys, bool) or not isinstance(keys, int) or not 1 <= keys <= len(CITIES):
+        raise ValueError(f"keys is the number of needles in one prompt, in [1, {len(CITIES)}], got {keys!r}")
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_NEEDLES:
         raise ValueError(
             f"count is a number of needle prompts in [1, {MAX_NEEDLES}], got {count!r} (each prompt is read whole: "
@@ -92,17 +99,28 @@ def make_needles(
         answer = encode(f" {number}")
         needle = encode(f" The special magic number for {city} is") + answer + encode(". ")
         question = encode(f"\n\nWhat is the special magic number for {city}? The special magic number for {city} is")
-        room = length - len(start) - len(needle) - len(question)
+        others = [  # look-alike needles: other cities, other numbers
+            encode(f" The special magic number for {c} is {rng.randrange(1_000_000, 10_000_000)}. ")
+            for c in rng.sample([c for c in CITIES if c != city], keys - 1)
+        ]
+        room = length - len(start) - len(needle) - len(question) - sum(len(o) for o in others)
         if room < 16:
             raise ValueError(
                 f"a prompt of {length} tokens leaves no room for a haystack around the needle and the question "
-                f"({len(needle) + len(question) + len(start)} tokens): ask for at least {len(start) + len(needle) + len(question) + 16}"
+                f"({length - room} tokens): ask for at least {length - room + 16}"
             )
         shift = (i * len(order)) // count  # each prompt reads its own stretch of reviews
         hay = haystack_ids(encode, [texts[j] for j in order[shift:] + order[:shift]], room)[:room]
         at = int(round(depth * room))
-        ids = list(start) + hay[:at] + needle + hay[at:] + question
-        needle_start = len(start) + at
+        spread = [(int(room * (j + 0.5) / len(others)), 1, o) for j, o in enumerate(others)]
+        ids, cut, needle_start = list(start), 0, 0
+        for where, other, text in sorted([(at, 0, needle), *spread]):
+            ids += hay[cut:where]
+            cut = where
+            if not other:  # the needle asked for
+                needle_start = len(ids)
+            ids += text
+        ids += hay[cut:] + question
         out.append(
             Needle(
                 ids=ids,

@@ -565,7 +565,7 @@ def _policy_attention(module, rec, layer, q: Tensor, k: Tensor, v: Tensor, am, s
     else:  # heads that keep different keys: no single map to hook or return
         if want or rec.hook_pattern.active or rec.hook_stats.active:
             raise AttachError(
-                "this layer's heads keep different keys under the head-aware policy, so there is no single "
+                f"this layer's heads keep different keys under the {layer.kv.policy.name} policy, so there is no single "
                 "attention map: capture with policy='full' or a uniform policy"
             )
         from ..modules.kv_cache import attend_groups

@@ -112,8 +112,29 @@ def policy_layers(model: nn.Module, policy, budget: int | None = None, *, record
             "in order, so a per-layer cache cannot follow them"
         )
     made = make_policy(policy, budget, **options)
+    if made.why_not("attached"):
+        raise AttachError(made.why_not("attached"))
     windows = [_window(rec._module) for rec in layers]
-    return policy_cache(made, [rec.num_kv_heads for rec in layers], windows, record=record)
+    native = policy_cache(made, [rec.num_kv_heads for rec in layers], windows, record=record)
+    rope = _rope(model)
+    for kv in native.self_attn:
+        kv.rope = rope  # HF rotates the keys before the cache sees them: the policies that model queries ask
+    return native
+
+
+def _rope(model: nn.Module):
+    """The rotary frequencies ``(R,)`` every attention layer of ``model`` turns its queries and keys with (the one
+    ``inv_freq`` buffer of its rotary embedding); None for a model without rotary positions; False where they
+    cannot be told (several rotary embeddings with different frequencies, e.g. Gemma 3's local and global ones)."""
+    found = {id(b): b for name, b in model.named_buffers() if name.rsplit(".", 1)[-1] == "inv_freq"}
+    freqs = list(found.values())
+    if not freqs:  # no frequencies to read: a model whose config speaks of rotary positions cannot be told
+        c = model.config
+        rotary = ("rope_theta", "rope_parameters", "rope_scaling", "rotary_dim", "rotary_pct", "rotary_emb_base")
+        return False if any(getattr(c, a, None) is not None for a in rotary) else None
+    if any(f.shape != freqs[0].shape or not bool((f == freqs[0]).all()) for f in freqs[1:]):
+        return False
+    return freqs[0].detach().float()
 
 
 class PolicyCache(Cache):

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 
 from ..modules.kv_policy import KV_POLICIES, make_policy
 
-POLICIES = tuple(KV_POLICIES)  # every registered policy (head-aware and its kind need --heads)
+# every registered policy that applies to a recorded prompt (head-aware and its kind need --heads)
+POLICIES = tuple(n for n, cls in KV_POLICIES.items() if not cls.why_not("recorded"))
 BUDGETS = (64, 128, 256, 512, 1024)
 LENGTHS = (2048, 4096, 8192)
 
@@ -38,6 +39,8 @@ def settings(policies, budgets, full_heads) -> list[tuple[str, int | None]]:
     for name in policies:
         if name not in KV_POLICIES:
             raise ValueError(f"unknown KV policy {name!r}; choose from {', '.join(KV_POLICIES)}")
+        if name not in POLICIES:
+            raise ValueError(f"{KV_POLICIES[name].why_not('recorded')} (choose from {', '.join(POLICIES)})")
         if KV_POLICIES[name].needs_split and full_heads is None:
             raise ValueError(
                 f"the {name} policy needs the retrieval heads: run `multihead heads MODEL --kv --out DIR` "

@@ -303,9 +303,10 @@ def plot(result: dict, stem: str | Path, model: str) -> list[Path]:
     )
 
 
-def needles_for(lm, *, length: int, count: int, seed: int = 0, data: str = "imdb", depths=None):
+def needles_for(lm, *, length: int, count: int, seed: int = 0, data: str = "imdb", depths=None, keys: int = 1):
     """``count`` needle prompts of ``length`` tokens for a loaded LM (``lm.encode``; the start token where its
-    tokenizer adds one), the haystack from the fixed test split of ``data``."""
+    tokenizer adds one), the haystack from the fixed test split of ``data``; ``keys`` needles in each prompt
+    (:func:`~multihead.data.needles.make_needles`)."""
     from .. import data as D
     from ..data.needles import make_needles
 
@@ -318,7 +319,7 @@ def needles_for(lm, *, length: int, count: int, seed: int = 0, data: str = "imdb
     texts = D.split(D.load(data), seed=0).test.texts
     start = lm.encode("")[:1]
     return make_needles(
-        lambda t: lm.encode(t, special=False), texts, length=length, count=count, seed=seed, start=start
+        lambda t: lm.encode(t, special=False), texts, length=length, count=count, seed=seed, start=start, keys=keys
     )
 
 

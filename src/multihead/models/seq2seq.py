@@ -217,11 +217,12 @@ class CausalLM(nn.Module):
         **options,
     ) -> KVCache:
         """An empty cache. ``window``: a StreamingLLM cache of ``sinks`` (default 4) first tokens plus the last
-        ``window`` ones, at positions within the cache (rotary models).
+        ``window`` ones, at positions within the cache (rotary models; the same as ``policy="streaming"`` with
+        ``budget = sinks + window``).
 
         ``policy``: a :class:`~multihead.modules.kv_policy.KVPolicy` or its name in
         :data:`~multihead.modules.kv_policy.KV_POLICIES` (``full``, ``window``, ``h2o``, ``snapkv``, ``tova``,
-        ``knorm``, ``pyramidkv``, ``head-aware``...) with its ``budget`` (keys kept per head) and ``options``
+        ``knorm``, ``pyramidkv``, ``adakv``, ``expected``, ``streaming``, ``head-aware``...) with its ``budget`` (keys kept per head) and ``options``
         (``full_heads=`` for ``head-aware``). ``record=True``: every key is kept and the prompt's scores recorded, so that
         :meth:`KVCache.compress` applies any policy to one prefill."""
         if policy is None and not record:
@@ -231,7 +232,11 @@ class CausalLM(nn.Module):
                 return self.decoder.new_cache()
             return KVCache.streaming(len(self.decoder.layers), sinks=4 if sinks is None else sinks, window=window)
         if window is not None:
-            raise ValueError("window= makes a StreamingLLM cache; with policy= use policy='window' and budget=")
+            raise ValueError(
+                "window= makes a StreamingLLM cache; with policy= use policy='streaming' (or 'window') and budget="
+            )
+        if sinks is not None:  # a policy option here (the window and streaming policies take it)
+            options["sinks"] = sinks
         from ..modules.kv_policy import make_policy, policy_cache
 
         self._check_policy()

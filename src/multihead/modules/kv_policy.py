@@ -14,6 +14,12 @@ from what a call :class:`Observed`) and :meth:`~KVPolicy.keep` (the slots that s
   query that read them (Zhang et al. 2023, "H2O: Heavy-Hitter Oracle");
 * ``snapkv`` -- once, after the prompt: the keys that the prompt's last 32 queries attend to most, pooled over 7
   neighbours, plus those 32 (Li et al. 2024, "SnapKV"); generated keys are all kept, as in the paper;
+* ``tova``, ``knorm``, ``pyramidkv`` -- the last query's attention (TOVA), the smallest key norms (Knorm),
+  SnapKV with budgets falling with depth (PyramidKV);
+* ``adakv`` -- SnapKV's scores with the layer's budget shared among its heads by one ranking (Ada-KV), each head
+  stored at its own length;
+* ``expected`` -- the attention the queries to come pay each key in expectation (kvpress's Expected Attention);
+* ``streaming`` -- StreamingLLM with keys rotated at their slot in the cache (:class:`StreamingKV`);
 * ``head-aware`` -- every key for the retrieval heads, sinks + window for the others (DuoAttention, Xiao et al.
   2024; RazorAttention, Tang et al. 2024): the split is read from :func:`multihead.interpret.kv_heads.classify`.
 
@@ -24,7 +30,9 @@ is per shared head. Sliding-window layers (Gemma 3, Mistral) keep only their win
 included: the keys past it can never be read again.
 
 A new policy is one class in this file: subclass :class:`KVPolicy`, give it a ``name``, :meth:`~KVPolicy.of_budget`,
-:meth:`~KVPolicy.keep` and, if it ranks keys, :meth:`~KVPolicy.score`; decorate it with :func:`register`.
+:meth:`~KVPolicy.keep` and, if it ranks keys, :meth:`~KVPolicy.score`; decorate it with :func:`register`. A policy
+that decides over a whole layer answers :meth:`~KVPolicy.share`, one that needs another layer cache
+:meth:`~KVPolicy.layer_cache`, and :meth:`~KVPolicy.why_not` says where it cannot serve.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .kv_cache import KVView, LayerKV
+from .kv_cache import KVView, LayerKV, StreamingKV
 
 OBSERVE_CHUNK = 256  # query rows per block when the received attention is summed (bounded memory at long prompts)
 
@@ -52,9 +60,57 @@ class Observed:
     from a prompt read with ``new_cache(record=True)``) they are read back, so that one prefill serves every
     policy."""
 
-    def __init__(self, k: Tensor, q: Tensor | None = None, q_pos=None, k_pos=None, sinks=None, recorded=None):
+    def __init__(
+        self,
+        k: Tensor,
+        q: Tensor | None = None,
+        q_pos=None,
+        k_pos=None,
+        sinks=None,
+        recorded=None,
+        *,
+        values: Tensor | None = None,
+        rope: Tensor | None | bool = None,
+        next_position: int | None = None,
+    ):
         self.keys, self._q, self._q_pos, self._k_pos, self._sinks = k, q, q_pos, k_pos, sinks
+        self.values = values  # (B, G, N, D), for the policies that weigh a key by its value's norm
+        # the rotary frequencies (D'/2,) the keys and queries were turned with (None: no rotation; False: unknown)
+        self.rope = rope
+        if next_position is None and q_pos is not None:
+            next_position = int(q_pos[:, -1].max()) + 1
+        self.next_position = next_position  # the position of the first token after this call
         self._sums: dict = {} if recorded is None else dict(recorded)
+
+    def observe(self, key):
+        """What a recorded prompt keeps for ``key``: a query window (an int or None, :meth:`received`) or
+        ``("queries", skip)`` (:meth:`queries`)."""
+        return self.queries(key[1]) if isinstance(key, tuple) else self.received(key)
+
+    def queries(self, skip: int = 0) -> tuple[Tensor, Tensor]:
+        """The mean ``(B, H, D)`` and covariance ``(B, H, D, D)`` of the call's queries before their rotation,
+        leaving out the first ``skip`` (the sinks' outliers): the statistics of the queries to come."""
+        key = ("queries", skip)
+        if key not in self._sums:
+            if self._q is None:
+                raise ValueError(
+                    f"a recorded prompt keeps the statistics of its queries past the first "
+                    f"{[k[1] for k in self._sums if isinstance(k, tuple)]}; this policy skips {skip} (prefill under "
+                    "the policy instead)"
+                )
+            if self.rope is False:
+                raise ValueError(
+                    "this policy models the queries to come, which needs the model's rotary frequencies; this "
+                    "model's could not be read (several rotary embeddings?): choose another policy"
+                )
+            q = self._q.float()
+            if isinstance(self.rope, Tensor):  # back to the unrotated queries: turn each by minus its position
+                q = _turn(q, self.rope, -self._q_pos.float()[:, None, :])
+            q = q[:, :, skip:] if q.shape[2] > skip else q
+            mu = q.mean(2)  # (B, H, D)
+            centred = q - mu[:, :, None]
+            self._sums[key] = (mu, torch.einsum("bhsi,bhsj->bhij", centred, centred) / q.shape[2])
+        return self._sums[key]
 
     def received(self, last: int | None = None) -> Tensor:
         """``(B, H, N)``: the weight each key received, summed over the call's queries (its ``last`` ones only)."""
@@ -146,6 +202,21 @@ class KVPolicy:
         """The key/value heads of ``layer`` in groups, each under its own policy (default: one group, this one)."""
         return [(list(range(num_kv_heads)), self)]
 
+    def share(self, scores: list[Tensor | None], *, prompt: bool) -> list[KVPolicy] | None:
+        """A decision over the whole layer: given every group's score of this call, the policy each group keeps by
+        now (per-head budgets), or None: each group keeps by its own."""
+        return None
+
+    @classmethod
+    def why_not(cls, where: str) -> str | None:
+        """Why this policy cannot serve ``where`` (``"attached"``: an HF model through
+        :class:`multihead.hf.PolicyCache`; ``"recorded"``: a recorded prompt, :meth:`KVCache.compress`), or None."""
+        return None
+
+    def layer_cache(self, layer: int, num_kv_heads: int, num_layers: int, window: int | None) -> LayerKV:
+        """The cache of self-attention layer ``layer`` (``window``: its sliding window, None for a global layer)."""
+        return PolicyKV(self.rules(layer, num_kv_heads, num_layers), window=window, policy=self)
+
     # -- the cache's questions, the same for every policy
     layers: int | None = None  # the layers a per-layer split was made for (None: any model)
 
@@ -200,6 +271,9 @@ class Full(KVPolicy):
 
     name: ClassVar[str] = "full"
     budgeted: ClassVar[bool] = False
+
+    def layer_cache(self, layer: int, num_kv_heads: int, num_layers: int, window: int | None) -> LayerKV:
+        return LayerKV() if window is None else super().layer_cache(layer, num_kv_heads, num_layers, window)
 
     @classmethod
     def of_budget(cls, budget: int | None = None) -> Full:
@@ -479,6 +553,170 @@ class HeadAware(KVPolicy):
         return [(chosen, Full()), (rest, self.streaming)]
 
 
+@register
+@dataclass(frozen=True)
+class Streaming(KVPolicy):
+    """StreamingLLM as its paper runs it (Xiao et al. 2023, section 3.2): the first ``sinks`` tokens and the last
+    ``window`` ones, each key rotated at its *slot in the cache* rather than its position in the text, so that a
+    model trained on short rows reads a stream of any length
+    (:class:`~multihead.modules.kv_cache.StreamingKV`). ``window`` keeps the same keys at their positions in the
+    text instead, as the other policies do; after the first call, tokens come one at a time."""
+
+    name: ClassVar[str] = "streaming"
+    sinks: int = 4
+    window: int = 60
+
+    def __post_init__(self) -> None:
+        SinksWindow(self.sinks, self.window)  # the same checks
+
+    @classmethod
+    def of_budget(cls, budget: int | None = None, *, sinks: int = 4) -> Streaming:
+        b = _check_budget(budget, sinks + 1, "streaming")
+        return cls(sinks, b - sinks)
+
+    @property
+    def budget(self) -> int:
+        return self.sinks + self.window
+
+    @classmethod
+    def why_not(cls, where: str) -> str | None:
+        if where == "attached":
+            return (
+                "the streaming policy rotates keys at their slot in the cache; an HF model rotates them before its "
+                "cache sees them: stream an attached model with multihead.hf.stream.StreamCache (multihead stream), "
+                "or keep the same keys at their positions with policy='window'"
+            )
+        if where == "recorded":
+            return (
+                "the streaming policy rotates keys at their slot in the cache, so it cannot be applied to a prompt "
+                "read at its positions: decode under it (new_cache(policy='streaming')), or use policy='window'"
+            )
+        return None
+
+    def layer_cache(self, layer: int, num_kv_heads: int, num_layers: int, window: int | None) -> LayerKV:
+        if window is not None:
+            raise ValueError(
+                "the streaming policy cannot serve a model with sliding-window layers: their window is counted "
+                "in cache slots; use policy='window' (the same keys at their positions) or the full cache"
+            )
+        return StreamingKV(self.sinks, self.window)
+
+
+@register
+@dataclass(frozen=True)
+class AdaKV(KVPolicy):
+    """Ada-KV (Feng et al. 2024, "Adaptive Budget Allocation for Efficient LLM Inference"): SnapKV's scores, but
+    the layer's budget (``size`` x its key/value heads) is shared among its heads by one ranking over all of them,
+    so a head whose attention is spread keeps more keys and a focused one fewer; every head keeps at least
+    ``floor`` x ``size`` (kvpress's ``alpha_safeguard``) and SnapKV's observation window. Each key/value head is
+    stored at its own length, so the evicted keys' memory is released (kvpress's AdaKVPress masks them and keeps
+    them). In a batch, each head keeps the most keys any row gives it (each row its own best ones): at least every
+    key Ada-KV keeps for that row. Chosen once, after the prompt; generated keys are all kept."""
+
+    name: ClassVar[str] = "adakv"
+    observes: ClassVar[tuple[int | None, ...]] = (32,)
+    size: int = 64
+    window: int = 32
+    kernel: int = 7
+    floor: float = 0.2
+
+    def __post_init__(self) -> None:
+        SnapKV(self.size, self.window, self.kernel)  # the same checks
+        if isinstance(self.floor, bool) or not isinstance(self.floor, (int, float)) or not 0 <= self.floor <= 1:
+            raise ValueError(
+                f"Ada-KV's floor is the share of the budget every head keeps, in [0, 1]; got {self.floor!r}"
+            )
+
+    @classmethod
+    def of_budget(cls, budget: int | None = None, *, window: int = 32, kernel: int = 7, floor: float = 0.2) -> AdaKV:
+        return cls(_check_budget(budget, 1, "adakv"), window, kernel, floor)
+
+    @property
+    def budget(self) -> int:
+        return self.size
+
+    def groups(self, layer: int, num_kv_heads: int, num_layers: int) -> list[tuple[list[int], KVPolicy]]:
+        # one group per key/value head: each keeps its own number of keys in buffers of its own length
+        return [([h], SnapKV(self.size, self.window, self.kernel)) for h in range(num_kv_heads)]
+
+    def share(self, scores: list[Tensor | None], *, prompt: bool) -> list[KVPolicy] | None:
+        if not prompt or any(s is None for s in scores):
+            return None
+        score = torch.cat([s for s in scores if s is not None], 1).clone()  # (B, G, N)
+        b, g, n = score.shape
+        if n <= self.size:
+            return None
+        score[..., n - min(self.window, self.size) :] = torch.inf  # SnapKV's window stays in every head
+        safe = int(self.size * self.floor)
+        if safe:
+            score.scatter_(-1, score.topk(safe, -1).indices, torch.inf)
+        chosen = score.flatten(1).topk(g * self.size, -1).indices // n  # (B, G * size): the head of each kept key
+        counts = F.one_hot(chosen, g).sum(1).amax(0)  # (G,): the most keys any row keeps in each head
+        return [SnapKV(int(c), min(self.window, int(c)), self.kernel) for c in counts]
+
+
+@register
+@dataclass(frozen=True)
+class ExpectedAttention(KVPolicy):
+    """Expected attention (kvpress's own method, Devoto et al. 2025, "Expected Attention: KV Cache Compression by
+    Estimating Attention from Future Queries Distribution"): the queries to come are modelled as a Gaussian with the
+    mean and covariance of the prompt's queries before rotation (its first ``sinks`` left out), turned by the
+    average rotation of the next ``future`` positions; a key's score is the attention that Gaussian pays it in
+    expectation, ``softmax(k . mu / sqrt(d) + k' S k / 2d)``, averaged over the query heads that share it and
+    weighed by its value's norm. The first ``sinks`` keys are always kept. Chosen once, after the prompt; generated
+    keys are all kept."""
+
+    name: ClassVar[str] = "expected"
+    observes: ClassVar[tuple] = (("queries", 4),)
+    size: int = 64
+    future: int = 512
+    sinks: int = 4
+
+    def __post_init__(self) -> None:
+        for what, v, least in (("budget", self.size, 1), ("future", self.future, 1), ("sinks", self.sinks, 0)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise ValueError(f"expected attention's {what} is a whole number >= {least}, got {v!r}")
+
+    @classmethod
+    def of_budget(cls, budget: int | None = None, *, future: int = 512, sinks: int = 4) -> ExpectedAttention:
+        return cls(_check_budget(budget, sinks + 1, "expected"), future, sinks)
+
+    @property
+    def budget(self) -> int:
+        return self.size
+
+    def score(self, seen: Observed, previous: Tensor | None, *, prompt: bool) -> Tensor | None:
+        if not prompt:
+            return None
+        mu, cov = seen.queries(self.sinks)  # (B, H, D), (B, H, D, D) before rotation
+        if isinstance(seen.rope, Tensor):  # the average rotation of the positions to come
+            start = float(seen.next_position or 0)
+            angles = torch.arange(start, start + self.future, device=mu.device)[:, None] * seen.rope.to(mu.device)
+            cos, sin = angles.cos().mean(0), angles.sin().mean(0)
+            mu = _rotate(mu, cos, sin)
+            cov = _rotate(_rotate(cov, cos, sin).transpose(-1, -2), cos, sin).transpose(-1, -2)
+        k = seen.keys.float()  # (B, G, N, D)
+        g, d = k.shape[1], k.shape[-1]
+        kh = k.repeat_interleave(mu.shape[1] // g, 1)  # (B, H, N, D)
+        logits = (kh @ mu[..., None]).squeeze(-1) / d**0.5 + torch.einsum("bhni,bhij,bhnj->bhn", kh, cov, kh) / (2 * d)
+        n = k.shape[2]
+        s = self.sinks if n > self.sinks else 0
+        score = torch.zeros_like(logits)
+        score[..., s:] = logits[..., s:].softmax(-1)
+        score = seen.per_kv_head(score) / (mu.shape[1] // g)  # the mean over the group
+        if seen.values is not None:
+            score = score * seen.values.float().norm(dim=-1)
+        score[..., :s] = torch.inf  # the sinks stay
+        return score
+
+    def keep(self, pos: Tensor, score: Tensor | None, *, prompt: bool) -> Tensor | None:
+        if not prompt or pos.shape[-1] <= self.size:
+            return None
+        if score is None:
+            raise ValueError("expected attention ranks the prompt's keys by a score, and none was recorded")
+        return _top(score, self.size)
+
+
 def split_heads(full_heads) -> list[list[int]]:
     """``full_heads`` as one sorted list of key/value head indices per layer, or a refusal naming the shape."""
     shape = (
@@ -519,8 +757,10 @@ def make_policy(name: str | KVPolicy, budget: int | None = None, **options) -> K
     return make(budget, **options)
 
 
-def recorded_windows() -> tuple[int | None, ...]:
-    """The query windows a recorded prompt keeps sums for: every one a registered policy observes."""
+def recorded_windows() -> tuple:
+    """What a recorded prompt keeps, so that every registered policy can be applied to it afterwards: the query
+    windows it sums the received attention over (an int or None, every query) and the query statistics
+    (``("queries", skip)``) the policies observe (:meth:`Observed.observe`)."""
     return tuple(dict.fromkeys(w for cls in KV_POLICIES.values() for w in (None, *cls.observes)))
 
 
@@ -590,6 +830,22 @@ def received_attention(
         w = attention_weights(q[:, :, s : s + chunk].float(), k.float(), mask=allowed, sinks=sinks)  # (B, H, c, N)
         total += w.sum(2)
     return total
+
+
+def _turn(x: Tensor, rope: Tensor, positions: Tensor) -> Tensor:
+    """``x`` ``(..., N, D)`` turned by ``positions`` (broadcast to ``(..., N)``, any sign) at the rotary
+    frequencies ``rope`` ``(R,)``: the first ``2R`` dims in the "rotate half" layout (HF Llama, GPT-NeoX), the rest
+    untouched (partial rotary)."""
+    angles = positions[..., None] * rope.to(x.device, torch.float32)  # (..., N, R)
+    return _rotate(x, angles.cos(), angles.sin())
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """``x`` with its pairs ``(i, i + R)`` turned by the angles whose cosines and sines are ``cos``, ``sin``
+    ``(..., R)`` (averages of rotations are allowed: the map stays linear)."""
+    r = cos.shape[-1]
+    x1, x2, rest = x[..., :r], x[..., r : 2 * r], x[..., 2 * r :]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], -1)
 
 
 def _per_kv_head(score: Tensor, g: int) -> Tensor:
@@ -668,9 +924,20 @@ class PolicyKV(LayerKV):
     prompt's attention sums (:func:`recorded_windows`) so that :meth:`KVCache.compress` can apply any policy
     afterwards."""
 
-    def __init__(self, groups: list[tuple[list[int], KVPolicy]], *, window: int | None = None, record: bool = False):
+    def __init__(
+        self,
+        groups: list[tuple[list[int], KVPolicy]],
+        *,
+        window: int | None = None,
+        record: bool = False,
+        policy: KVPolicy | None = None,
+        rope: Tensor | None | bool = None,
+    ):
         super().__init__()
-        self.spec, self.window, self.record = groups, window, record
+        self.spec, self.window, self.record, self.policy = groups, window, record, policy
+        # the rotary frequencies the keys are turned with (None: not rotated; False: unknown); a native model's
+        # rotary module tells them at the first call, an HF model's cache is told when it is made
+        self.rope = rope
         self.groups: list[_Group] | None = None
         self.seen = 0
         self.recorded: dict[int | None, Tensor] = {}  # the prompt's sums per query window (record=True)
@@ -741,6 +1008,7 @@ class PolicyKV(LayerKV):
         b, h, nq, _ = q.shape
         groups = self._start(k.shape[1], h)
         if rotary is not None:
+            self.rope = getattr(rotary, "inv_freq", False)
             q, k = rotary.rotate_pair(q, k, self.seen, positions)
         if positions is None:
             positions = torch.arange(self.seen, self.seen + nq, device=q.device).expand(b, nq)
@@ -764,14 +1032,23 @@ class PolicyKV(LayerKV):
         for (grp, kpos, prompt), view in zip(self._call, views):
             qg = q if view.heads is None else q.index_select(1, view.heads)
             gsinks = sinks if sinks is None or view.heads is None else sinks[view.heads]
-            self._score(grp, qg, view.k, self._positions, kpos, gsinks, prompt)
-            if self.window is not None:  # a sliding-window layer: only the last window - 1 keys can be read again
-                index = SinksWindow(0, max(self.window - 1, 1)).keep(kpos, None, prompt=prompt)
-            else:
-                index = None if self.record else grp.rule.keep(kpos, grp.score, prompt=prompt)
-            grp.evict(index, room=1)
+            self._score(grp, qg, view, self._positions, kpos, gsinks, prompt)
+        self._cut([(grp, kpos) for grp, kpos, _ in self._call], prompt=self._call[0][2])
         self.seen += q.shape[2]
         self._call = []
+
+    def _cut(self, groups: list[tuple[_Group, Tensor]], *, prompt: bool) -> None:
+        """Evict each group to what its policy keeps (the layer's policy may decide the groups' budgets together,
+        :meth:`KVPolicy.share`)."""
+        if self.window is not None:  # a sliding-window layer: only the last window - 1 keys can be read again
+            rules: list = [SinksWindow(0, max(self.window - 1, 1))] * len(groups)
+        elif self.record:
+            return
+        else:
+            shared = None if self.policy is None else self.policy.share([g.score for g, _ in groups], prompt=prompt)
+            rules = shared or [g.rule for g, _ in groups]
+        for (grp, kpos), rule in zip(groups, rules):
+            grp.evict(rule.keep(kpos, grp.score, prompt=prompt), room=1)
 
     def _mask(self, q_pos: Tensor, k_pos: Tensor, q_per_kv: int) -> Tensor | None:
         """``(B, H, Q, N)`` bool from positions (None for one query over keys all before it, in the window)."""
@@ -784,12 +1061,12 @@ class PolicyKV(LayerKV):
             allowed = allowed & (kp > qp - self.window)
         return allowed
 
-    def _score(self, grp: _Group, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, sinks, prompt: bool) -> None:
+    def _score(self, grp: _Group, q: Tensor, view: KVView, q_pos: Tensor, k_pos: Tensor, sinks, prompt: bool) -> None:
         if self.window is not None:  # a sliding-window layer keeps its window whatever the scores
             return
-        seen = Observed(k, q, q_pos, k_pos, sinks)
-        if self.record and prompt:  # the sums every policy reads, once, so that any can be applied afterwards
-            self.recorded = {last: seen.received(last) for last in recorded_windows()}
+        seen = Observed(view.k, q, q_pos, k_pos, sinks, values=view.v, rope=self.rope)
+        if self.record and prompt:  # what every policy reads, once, so that any can be applied afterwards
+            self.recorded = {key: seen.observe(key) for key in recorded_windows()}
             return
         grp.observe(seen, prompt=prompt)
 
@@ -803,14 +1080,14 @@ def policy_cache(policy: KVPolicy, num_kv_heads: Sequence[int], windows: Sequenc
     from .kv_cache import KVCache
 
     policy.check(num_kv_heads)
+    if record and policy.why_not("recorded"):
+        raise ValueError(policy.why_not("recorded"))
     layers: list[LayerKV] = []
     for i, (g, w) in enumerate(zip(num_kv_heads, windows)):
         if record:
             layers.append(PolicyKV([(list(range(g)), Full())], window=w, record=True))
-        elif policy.full and w is None:
-            layers.append(LayerKV())
         else:
-            layers.append(PolicyKV(policy.rules(i, g, len(num_kv_heads)), window=w))
+            layers.append(policy.layer_cache(i, g, len(num_kv_heads), w))
     return KVCache(len(layers), self_attn=layers, policy=policy)
 
 
@@ -822,6 +1099,8 @@ def compress(cache, policy: KVPolicy):
     from .kv_cache import KVCache
 
     policy.check_layers(len(cache.self_attn))
+    if policy.why_not("recorded"):
+        raise ValueError(policy.why_not("recorded"))
     layers: list[LayerKV] = []
     for i, rec in enumerate(cache.self_attn):
         if not isinstance(rec, PolicyKV) or not rec.record or not rec.groups:
@@ -832,8 +1111,8 @@ def compress(cache, policy: KVPolicy):
         whole = rec.groups[0]
         k, v, pos = whole.buffers.k, whole.buffers.v, whole.pos
         assert k is not None and v is not None and pos is not None
-        new = PolicyKV(policy.rules(i, k.shape[1], len(cache.self_attn)), window=rec.window)
-        new.groups, new.seen = [], rec.seen
+        new = PolicyKV(policy.rules(i, k.shape[1], len(cache.self_attn)), window=rec.window, policy=policy)
+        new.groups, new.seen, new.rope = [], rec.seen, rec.rope
         h = len(whole.q_heads)
         for heads, rule in new.spec:
             grp = _Group(heads, rule, h // k.shape[1])
@@ -845,15 +1124,22 @@ def compress(cache, policy: KVPolicy):
             grp.pos = pos if every else pos.index_select(1, sel)
             if rec.window is None:  # the group's query heads' recorded sums, as a prefill under the policy sees them
                 q_sel = torch.tensor(grp.q_heads, device=k.device)
-                sums = {w: t if every else t.index_select(1, q_sel) for w, t in rec.recorded.items()}
-                grp.observe(Observed(kg, recorded=sums), prompt=True)
-            index = None if rec.window is not None else rule.keep(grp.pos, grp.score, prompt=True)
-            grp.evict(index, 1)
+                sums = {w: t if every else _heads(t, q_sel) for w, t in rec.recorded.items()}
+                vg = v if every else v.index_select(1, sel)
+                grp.observe(Observed(kg, recorded=sums, values=vg, rope=rec.rope, next_position=rec.seen), prompt=True)
             new.groups.append(grp)
+        new._cut([(grp, grp.pos) for grp in new.groups if grp.pos is not None], prompt=True)
         layers.append(new)
     out = KVCache(len(layers), self_attn=layers, policy=policy)
     out.key_padding, out.next_position = cache.key_padding, cache.next_position
     return out
+
+
+def _heads(recorded, q_heads: Tensor):
+    """A recorded prompt's sums (or query statistics: a tuple) for the query heads ``q_heads`` only."""
+    if isinstance(recorded, tuple):
+        return tuple(t.index_select(1, q_heads) for t in recorded)
+    return recorded.index_select(1, q_heads)
 
 
 def _pool(score: Tensor, kernel: int, window: int) -> Tensor:
@@ -869,6 +1155,8 @@ def _pool(score: Tensor, kernel: int, window: int) -> Tensor:
 
 
 __all__ = [
+    "AdaKV",
+    "ExpectedAttention",
     "Full",
     "KeyNorm",
     "Observed",
@@ -882,6 +1170,7 @@ __all__ = [
     "Rule",
     "SinksWindow",
     "SnapKV",
+    "Streaming",
     "compress",
     "make_policy",
     "split_heads",
