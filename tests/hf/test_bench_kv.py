@@ -47,12 +47,21 @@ def test_bench_kv_measures_every_policy_and_writes_as_it_goes(tmp_path):
 def test_bench_kv_runs_the_methods_asked_on_multi_key_needles(tmp_path):
     folder = _save(tmp_path / "llama", "llama", max_position_embeddings=512)
     payload = K.run(
-        folder=folder, fractions=(0.5,), length=400, needles=1, keys=3, context=32, tokens=4, methods=["adakv"]
+        folder=folder,
+        fractions=(0.5,),
+        length=400,
+        needles=1,
+        keys=3,
+        context=32,
+        tokens=4,
+        methods=["adakv", "head-aware"],
+        ranking=[[0.0, 1.0], [1.0, 0.0]],  # a kv-heads.json's scores: layer 0 head 1, layer 1 head 0 first
     )
-    assert payload["config"]["keys"] == 3
-    assert {(r["method"], r["fraction"]) for r in payload["results"] if r["side"] == "multihead"} == {
-        ("full", 1.0),
-        ("adakv", 0.5),
-    }
+    assert payload["config"]["keys"] == 3 and payload["config"]["head_split"] == "given (--kv-heads)"
+    ours = {(r["method"], r["fraction"]): r for r in payload["results"] if r["side"] == "multihead"}
+    assert set(ours) == {("full", 1.0), ("adakv", 0.5), ("head-aware", 0.5)}
+    assert all("error" not in r for r in ours.values())
+    with pytest.raises(ValueError, match="classify this model's heads"):
+        K.run(folder=folder, length=400, needles=1, context=32, tokens=4, methods=["head-aware"], ranking=[[1.0]])
     with pytest.raises(ValueError, match="knows no method lru"):
         K.run(folder=folder, fractions=(0.5,), length=400, needles=1, context=32, tokens=4, methods=["lru"])

@@ -117,14 +117,20 @@ def test_heads_kv_and_kv_curves_end_to_end(gguf_model, tmp_path, capsys):
     r = json.loads((heads / "kv-heads.json").read_text())
     assert len(r["heads"]) == 8 and len(r["split"]["full_heads"]) == 2
     assert (heads / "kv-heads.png").stat().st_size > 0
+    fitted = tmp_path / "fitted"  # DuoAttention's gates, fitted on the needles
+    assert main([*args[:-1], str(fitted), "--kv-score", "fitted"]) == 0
+    assert "gates fitted by distillation in" in capsys.readouterr().out
+    g = json.loads((fitted / "kv-heads.json").read_text())
+    assert g["split"]["score"] == "fitted" and len(g["gates"]["losses"]) == g["gates"]["settings"]["steps"]
+    assert [len(row) for row in g["gates"]["gates"]] == r["num_kv_heads"]
     out = tmp_path / "kv"
     args = ["kv", gguf_model, "--heads", str(heads / "kv-heads.json"), "--out", str(out), "--lengths", "180"]
     args += ["--budgets", "8,16", "--needles", "1", "--context", "40", "--tokens", "6", "--no-progress"]
     assert main(args) == 0
     result = json.loads((out / "kv.json").read_text())
     assert {(p["policy"], p["budget"]) for p in result["perplexity"]["points"]} == {("full", None)} | {
-        (name, b) for name in KV_POLICIES if name != "full" for b in (8, 16)
-    }  # every registered policy by default
+        (name, b) for name in KV_POLICIES if name not in ("full", "streaming") for b in (8, 16)
+    }  # every registered policy that applies to a recorded prompt, by default
     full = next(p for p in result["perplexity"]["points"] if p["policy"] == "full")
     assert full["share"] == 1.0
     small = next(p for p in result["points"] if p["policy"] == "window" and p["budget"] == 8)
@@ -175,6 +181,7 @@ def test_heads_kv_refusals_leave_no_folder(gguf_model, tmp_path, capsys):
         (["--needle-len", "40"], "no room for a haystack"),
         (["--needle-len", "100000"], "past the 512 positions"),
         (["--kv-score", "retrieval", "--needles", "0"], "needs needles"),
+        (["--kv-score", "fitted", "--needles", "0"], "needs needles"),
     ]
     for flags, message in cases:
         assert main(["heads", gguf_model, "--kv", "--out", str(out), *flags]) == 2

@@ -104,12 +104,19 @@ class Ours:
 
     side = "multihead"
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, ranking: list[list[float]] | None = None):
+        from ..interpret.kv_heads import kv_heads_per_layer
         from ..loading import load
 
         self.lm = load(f"hf:{folder}").detail
         self.model = self.lm.model  # AttachedLM
         self._split: dict = {}
+        self.ranking = ranking  # each key/value head's score (a kv-heads.json's), or None: the data-free one
+        if ranking is not None and [len(r) for r in ranking] != kv_heads_per_layer(self.model):
+            raise ValueError(
+                f"the kv-heads.json names {[len(r) for r in ranking]} key/value heads per layer; {folder} has "
+                f"{kv_heads_per_layer(self.model)}: classify this model's heads (multihead heads MODEL --kv)"
+            )
 
     def names(self) -> list[str]:
         from ..modules.kv_policy import KV_POLICIES
@@ -134,12 +141,15 @@ class Ours:
         return [range(g) for g in kv_heads_per_layer(self.model)]
 
     def split(self, share: float) -> list[list[int]]:
-        """The data-free split (echo and induction scores) keeping ``share`` of each layer's key/value heads."""
+        """The split keeping ``share`` of the key/value heads: by the given ranking (a kv-heads.json's), else the
+        data-free one (echo and induction scores)."""
         if share not in self._split:
             from ..interpret.kv_heads import echo_and_induction, kv_head_scores, kv_heads_per_layer, split
 
-            ei = echo_and_induction(self.model, half=32, batch=4, start=self.lm.bos_id or 0)
-            scores = kv_head_scores(torch.maximum(ei["echo"], ei["induction"]), kv_heads_per_layer(self.model))
+            scores = self.ranking
+            if scores is None:
+                ei = echo_and_induction(self.model, half=32, batch=4, start=self.lm.bos_id or 0)
+                scores = kv_head_scores(torch.maximum(ei["echo"], ei["induction"]), kv_heads_per_layer(self.model))
             self._split[share] = split(scores, share)
         return self._split[share]
 
@@ -275,6 +285,7 @@ def run(
     tokens: int = 128,
     keys: int = 1,
     methods=None,
+    ranking: list[list[float]] | None = None,
     out: Path | None = None,
     progress: bool = True,
 ) -> dict:
@@ -288,7 +299,7 @@ def run(
     from .harness import machine_info, write_json
 
     folder = folder or smollm2_folder()
-    ours = Ours(folder)
+    ours = Ours(folder, ranking)
     sides: list = [ours]
     missing = None
     try:
@@ -311,6 +322,7 @@ def run(
             "needle_length": length,
             "needles": needles,
             "keys": keys,
+            "head_split": "data-free" if ranking is None else "given (--kv-heads)",
             "context": context,
             "tokens": tokens,
             "fractions": list(fractions),
@@ -342,6 +354,14 @@ def from_args(args, out: Path) -> dict:
     folder = Path(args.model) if getattr(args, "model", None) else None
     if folder is not None and not (folder / "config.json").is_file():
         raise ValueError(f"bench kv takes an HF causal-LM folder (config.json + safetensors); {folder} is not one")
+    ranking = None
+    if getattr(args, "kv_heads", None):
+        from .._io import read_json_file
+        from ..interpret.kv_heads import ranking as rank, read_split
+
+        read_split(args.kv_heads)  # a kv-heads.json, checked
+        path = Path(args.kv_heads)
+        ranking = rank(read_json_file(path / "kv-heads.json" if path.is_dir() else path))
     lengths = getattr(args, "lengths", None) or [2048]
     context = getattr(args, "context", None) or 1024
     payload = run(
@@ -349,7 +369,9 @@ def from_args(args, out: Path) -> dict:
         length=lengths[0],
         context=context,
         keys=getattr(args, "keys", 1) or 1,
+        fractions=tuple(getattr(args, "fractions", None) or FRACTIONS),
         methods=getattr(args, "impls", None),
+        ranking=ranking,
         out=out,
     )
     plot(payload, out.with_suffix(""))

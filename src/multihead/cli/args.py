@@ -71,6 +71,17 @@ def _counts(text: str) -> list[int]:
 _fraction = _number(float, 0.0, 1.0, "a number in [0, 1]")
 
 
+def _fractions(text: str) -> list[float]:
+    """Comma-separated kept fractions, each in (0, 1]."""
+    try:
+        out = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        out = []
+    if not out or not all(0.0 < f <= 1.0 for f in out):
+        raise argparse.ArgumentTypeError(f"{text!r}: give fractions in (0, 1], comma-separated (e.g. 0.125,0.25)")
+    return sorted(set(out))
+
+
 _seconds = _number(float, 0.0, 1e9, "seconds (a finite number >= 0)")
 
 

@@ -649,9 +649,10 @@ def _parser_heads(sub) -> None:
     )
     kv.add_argument(
         "--kv-score",
-        choices=["data-free", "retrieval"],
+        choices=["data-free", "retrieval", "fitted"],
         default="data-free",
-        help="rank key/value heads by max(echo, induction) (no data) or by the needles' retrieval score",
+        help="rank key/value heads by max(echo, induction) (no data), by the needles' retrieval score, or by "
+        "DuoAttention's gates fitted on the needles by distillation (minutes)",
     )
     hd.add_argument("--json", action="store_true")
     hd.add_argument("--overwrite", action="store_true", help="replace a folder of other files at --out")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .args import _count, _threads, _ints, _seconds, _words
+from .args import _count, _fractions, _threads, _ints, _seconds, _words
 
 
 def cmd_demo(args) -> int:
@@ -113,6 +113,9 @@ def _parser_bench(sub) -> None:
         "--impls", type=_words, default=None, help="comma-separated implementations (kv: policies and presses)"
     )
     bench.add_argument("--keys", type=_count, default=1, help="kv: needles in each prompt, one asked for (1)")
+    bench.add_argument(
+        "--fractions", type=_fractions, default=None, help="kv: kept fractions of the prompt's keys (0.125,0.25,0.5)"
+    )
     bench.add_argument("--threads", type=_threads, default=None, help="torch threads (default: what torch picks)")
     bench.add_argument("--device", default="cpu", help="cpu | cuda (attention, long, decode, kernels)")
     bench.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16 (attention, long, decode, kernels)")
@@ -144,7 +147,7 @@ def _parser_bench(sub) -> None:
         "(default 4096, or the model's positions less the new tokens where it has fewer)",
     )
     bench.add_argument("--kv-budget", type=_count, default=512, help="decode --context: keys kept per head (512)")
-    bench.add_argument("--kv-heads", default=None, help="decode --context: kv-heads.json for the head-aware policy")
+    bench.add_argument("--kv-heads", default=None, help="decode --context, kv: kv-heads.json for the head-aware policy")
     bench.add_argument(
         "--clips", type=_count, default=None, help="whisper: spoken sentences compared with HF (default 10)"
     )

@@ -13,8 +13,12 @@ data, and the split a head-aware cache uses (:func:`multihead.modules.kv_policy.
   and a window. By default the score is data-free (``max(echo, induction)`` over the heads that share a key/value
   head): one short forward pass, no solved task needed (a small model that fails long needles never lets a head
   score), and RazorAttention reports it on par with selection that needs training. ``score="retrieval"`` ranks by
-  Wu et al.'s score instead. DuoAttention's criterion (gates trained by distillation) is not implemented: it needs
-  training runs per model that this tool does not make.
+  Wu et al.'s score instead.
+* **Fitted gates** (DuoAttention, Xiao et al. 2024, ``score="fitted"``): each key/value head gets a gate
+  ``a`` in [0, 1] that mixes its full attention with sinks + window attention, ``a z_full + (1 - a) z_window``;
+  the gates are fitted by distillation with the model frozen: the mixed model's next-token distribution on the
+  needle prompts' question and answer rows is pulled towards the full model's, with an L1 push of every gate
+  towards 0. A head whose gate stays high is one the answer cannot do without; the split keeps those.
 
 Every function works on any LM multihead reads, native or attached (:func:`multihead.hf.attach`): they only use the
 attention modules' ``hook_pattern``.
@@ -31,6 +35,7 @@ from torch import Tensor
 from ..modules.capture import attention_modules
 from .induction import repeated_tokens
 
+SCORES = ("data-free", "retrieval", "fitted")  # what the split of key/value heads ranks them by
 RETRIEVAL = 0.1  # Wu et al.'s threshold
 INDUCTION = 0.4  # the prefix-matching threshold of `multihead heads` (multihead.interpret.induction.INDUCTION)
 ECHO = 0.4
@@ -126,6 +131,114 @@ def _padded(patterns: list[Tensor]) -> list[Tensor]:
     return [torch.cat([p, p.new_full((p.shape[0], h - p.shape[1], *p.shape[2:]), math.nan)], 1) for p in patterns]
 
 
+def _window_mask(n: int, sinks: int, window: int, device) -> Tensor:
+    """``(n, n)`` bool: a query sees the first ``sinks`` keys and the last ``window`` up to itself."""
+    i = torch.arange(n, device=device)[:, None]
+    j = torch.arange(n, device=device)[None, :]
+    return (j <= i) & ((j < sinks) | (j > i - window))
+
+
+def fit_gates(
+    model,
+    needles,
+    *,
+    sinks: int = 4,
+    window: int = 64,
+    steps: int = 40,
+    lr: float = 0.05,
+    penalty: float = 0.02,
+    tail: int = 32,
+    progress: bool = False,
+) -> dict:
+    """DuoAttention's gates ``(layers, G)`` fitted on ``needles`` (prompts of :mod:`multihead.data.needles`, the
+    answer teacher-forced): ``steps`` Adam steps (one needle each, in turn) on the gates alone, the model frozen.
+    The loss is the KL divergence from the full model's next-token distribution to the mixed model's on the last
+    ``tail`` positions of each prompt and its answer, plus ``penalty`` x the mean gate. Returns the gates, the loss
+    of every step and the seconds it took."""
+    import time
+
+    from tqdm import tqdm
+
+    from ..attention.registry import attention
+
+    if not needles:
+        raise ValueError("fitting the gates needs needle prompts (--needles 1 or more)")
+    mods = attention_modules(model)
+    kv = kv_heads_per_layer(model)
+    gates = torch.ones(len(mods), max(kv), requires_grad=True)
+    opt = torch.optim.Adam([gates], lr=lr)
+    frozen = [(p, p.requires_grad) for p in model.parameters()]
+    for prm, _ in frozen:
+        prm.requires_grad_(False)
+    was = model.training
+    model.eval()
+    seen: dict[int, dict] = {}
+
+    def keep(layer: int, name: str):
+        def fn(t, hook):
+            seen.setdefault(layer, {})[name] = t
+
+        return fn
+
+    def mix(layer: int, mask_of):
+        def fn(z, hook):
+            q, k, v = (seen[layer][n] for n in ("q", "k", "v"))
+            streamed, _ = attention(q, k, v, mask=mask_of(q.shape[2]), backend="reference")
+            a = gates[layer, : kv[layer]].clamp(0, 1).repeat_interleave(q.shape[1] // kv[layer])
+            return a[None, :, None, None] * z + (1 - a[None, :, None, None]) * streamed
+
+        return fn
+
+    masks: dict[int, Tensor] = {}
+
+    def mask_of(n: int) -> Tensor:
+        if n not in masks:
+            masks[n] = _window_mask(n, sinks, window, gates.device)
+        return masks[n]
+
+    losses = []
+    t0 = time.perf_counter()
+    try:
+        for step in tqdm(range(steps), desc="fitting gates", leave=False, disable=not progress):
+            n = needles[step % len(needles)]
+            ids = torch.tensor([n.ids + n.answer[:-1]])
+            rows = slice(ids.shape[1] - tail - len(n.answer) + 1, ids.shape[1])
+            with torch.no_grad():
+                out = model(ids)
+                teacher = torch.log_softmax(getattr(out, "logits", out)[0, rows].float(), -1)
+            handles = []
+            for layer, (_, mod) in enumerate(mods):
+                handles += [getattr(mod, f"hook_{x}").add_hook(keep(layer, x)) for x in ("q", "k", "v")]
+                handles.append(mod.hook_z.add_hook(mix(layer, mask_of)))
+            try:
+                out = model(ids)
+            finally:
+                for h in handles:
+                    h.remove()
+                seen.clear()
+            student = torch.log_softmax(getattr(out, "logits", out)[0, rows].float(), -1)
+            kl = torch.nn.functional.kl_div(student, teacher, log_target=True, reduction="batchmean")
+            live = torch.cat([gates[i, :g] for i, g in enumerate(kv)])
+            loss = kl + penalty * live.clamp(0, 1).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                gates.clamp_(0, 1)
+            losses.append(round(float(kl.detach()), 5))
+    finally:
+        for prm, flag in frozen:
+            prm.requires_grad_(flag)
+        model.train(was)
+    g = gates.detach()
+    return {
+        "gates": [[round(float(g[i, h]), 4) for h in range(n_kv)] for i, n_kv in enumerate(kv)],
+        "losses": losses,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "settings": {"sinks": sinks, "window": window, "steps": steps, "lr": lr, "penalty": penalty, "tail": tail},
+    }
+
+
 def kv_head_scores(scores: Tensor, num_kv_heads: list[int]) -> list[list[float]]:
     """Per layer, each key/value head's score: the largest of the query heads that share it."""
     out = []
@@ -159,22 +272,26 @@ def classify(
     score: str = "data-free",
     start: int = 0,
     progress: bool = False,
+    fit: dict | None = None,
 ) -> dict:
     """Every head's retrieval, echo and induction scores and the split of key/value heads for a head-aware cache.
     ``needles``: prompts from :func:`multihead.data.needles.make_needles` (may be empty with ``score="data-free"``:
-    no retrieval score then)."""
-    if score not in ("data-free", "retrieval"):
-        raise ValueError(f"score must be 'data-free' or 'retrieval', got {score!r}")
-    if score == "retrieval" and not needles:
-        raise ValueError("the retrieval split needs needles: give at least one")
+    no retrieval score then). ``fit``: :func:`fit_gates`'s options (``score="fitted"``)."""
+    if score not in SCORES:
+        raise ValueError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
+    if score != "data-free" and not needles:
+        raise ValueError(f"the {score} split needs needles: give at least one")
     kv = kv_heads_per_layer(model)
     heads = _num_heads(model)
     half = max(2, min(128, (int(model.config.max_len) - 1) // 2))  # two copies within the model's positions
     ei = echo_and_induction(model, half=half, start=start)
     data_free = torch.maximum(ei["echo"], ei["induction"])
     ret = retrieval_scores(model, needles, progress=progress) if needles else None
-    ranked = data_free if score == "data-free" else ret["retrieval"]  # type: ignore[index]
-    per_kv = kv_head_scores(ranked, kv)
+    fitted = fit_gates(model, needles, progress=progress, **(fit or {})) if score == "fitted" else None
+    if fitted is not None:
+        per_kv = fitted["gates"]
+    else:
+        per_kv = kv_head_scores(data_free if score == "data-free" else ret["retrieval"], kv)  # type: ignore[index]
     full_heads = split(per_kv, fraction)
     table = []
     for layer, h_n in enumerate(heads):
@@ -196,6 +313,7 @@ def classify(
                     "echo": round(e, 4),
                     "induction": round(i, 4),
                     "roles": roles,
+                    "gate": None if fitted is None else fitted["gates"][layer][g],
                     "full_cache": g in full_heads[layer],
                 }
             )
@@ -207,6 +325,7 @@ def classify(
         "num_heads": heads,
         "num_kv_heads": kv,
         "split": {"score": score, "fraction": fraction, "full_heads": full_heads},
+        "gates": fitted,
         "retrieval_heads": retrieval_heads,
         "induction_heads": induction_heads,
         "both": sorted(set(retrieval_heads) & set(induction_heads), key=_order),
@@ -277,6 +396,12 @@ def format_table(result: dict, model: str) -> str:
             else ""
         )
     )
+    fit = result.get("gates")
+    if fit:
+        lines.append(
+            f"  gates fitted by distillation in {fit['seconds']:.0f} s ({fit['settings']['steps']} steps; KL "
+            f"{fit['losses'][0]:.4f} at the first step, {fit['losses'][-1]:.4f} at the last)"
+        )
     return "\n".join(lines)
 
 
@@ -290,6 +415,8 @@ def plot(result: dict, stem: str | Path, model: str) -> list[Path]:
         panels.append(("retrieval score (Wu et al.); ringed: >= 0.1", grid(result, "retrieval"), "retrieval"))
     both = torch.maximum(grid(result, "echo"), grid(result, "induction"))
     panels.append(("max(echo, induction), no data; ringed: induction", both, "induction"))
+    if result.get("gates"):
+        panels.append(("DuoAttention gate, fitted by distillation (1 = full attention)", grid(result, "gate"), None))
     kept = grid(result, "full_cache")
     panels.append((f"head-aware split: 1 = keeps every key ({result['split']['score']})", kept, None))
     rings = {
@@ -353,6 +480,19 @@ def report(
             atomic_write_json(folder / "kv-heads.json", result)
             plot(result, folder / "kv-heads", lm.name)
     return result
+
+
+def ranking(result: dict) -> list[list[float]]:
+    """Each key/value head's score in a :func:`classify` result, by the score its split used: the fitted gates,
+    the retrieval score or ``max(echo, induction)`` (the largest over the query heads that share it), so that a
+    split at any other share can be drawn from it (:func:`split`)."""
+    if result.get("gates"):
+        return result["gates"]["gates"]
+    if result["split"]["score"] == "retrieval":
+        scores = grid(result, "retrieval")
+    else:
+        scores = torch.maximum(grid(result, "echo"), grid(result, "induction"))
+    return kv_head_scores(scores, result["num_kv_heads"])
 
 
 def read_split(path: str | Path) -> list[list[int]]:
