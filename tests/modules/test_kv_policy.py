@@ -305,6 +305,9 @@ def test_the_streaming_policy_is_the_streaming_cache():
     assert torch.equal(got, stream(model.new_cache(window=6, sinks=2)))
     # the same keys at their positions in the text (the window policy) give other logits once keys are evicted
     assert not torch.allclose(got[:, 8:], stream(model.new_cache(policy="window", budget=8, sinks=2))[:, 8:])
+    # generate reads a prompt longer than the cache as the stream above: what fills it, then a token at a time
+    tokens = generate(model, ids[:, :20], max_new_tokens=4, kv_policy="streaming", kv_budget=8).tokens[0]
+    assert tokens[0] == int(stream(model.new_cache(policy="streaming", budget=8))[0, 19].argmax())
     with pytest.raises(ValueError, match="cannot be applied to a prompt read at its positions"):
         model.new_cache(policy="streaming", budget=8, record=True)
     recorded = model.new_cache(record=True)

@@ -274,7 +274,16 @@ class CausalLM(nn.Module):
                 "prompts must be left-padded and non-empty: the last column of every row must be a "
                 "real token (pad on the left, e.g. data.collate(..., left=True))"
             )
+        if not torch.is_grad_enabled():
+            fastpath.prepare(self)  # the weights laid out for decoding, once (a no-op off the CPU)
         cache = self.decoder.new_cache() if cache is None else cache
+        room = cache.self_attn[0].capacity - cache.length if cache.rolling else ids.shape[1]
+        if ids.shape[1] > max(room, 1):  # a streaming cache reads what fills it at once, then a token at a time
+            head = max(room, 1)
+            logits = self(ids[:, :head], None if keep is None else keep[:, :head], cache=cache)
+            for t in range(head, ids.shape[1]):
+                logits = self(ids[:, t : t + 1], cache=cache)
+            return logits[:, -1], cache
         return self(ids, keep, cache=cache)[:, -1], cache  # keep None: no padding to carry through the cache
 
     def step(self, tokens: Tensor, cache: KVCache) -> Tensor:

@@ -459,8 +459,22 @@ class MultiHeadAttention(nn.Module):
     # prune_heads invalidate it. Set False to trade the speed for the memory.
     fuse_qkv_at_inference: bool = True
 
+    def column_groups(self) -> list[tuple[nn.Linear, ...]]:
+        """The projections one input feeds together (self-attention's q, k, v), for
+        :func:`~multihead.modules.fastpath.prepare` to pack into one buffer."""
+        if self.kdim != self.d_model or self.vdim != self.d_model:
+            return []
+        return [(self.w_q, self.w_k, self.w_v)]
+
     def _packed_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         parts = (self.w_q, self.w_k, self.w_v)
+        qw, kw = self.w_q.out_features, self.w_k.out_features
+        laid = fastpath.columns([m.weight for m in parts])  # one (E, H*D + 2*G*D) buffer: one product, no copy
+        if laid is not None:
+            y = x @ laid
+            if self.w_q.bias is not None:
+                y = y + torch.cat([m.bias for m in parts])
+            return y.split([qw, kw, kw], -1)
         tensors = [m.weight for m in parts] + [m.bias for m in parts if m.bias is not None]
         stamp = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
         packed = self.__dict__.get("_packed")
@@ -468,7 +482,6 @@ class MultiHeadAttention(nn.Module):
             bias = None if self.w_q.bias is None else torch.cat([m.bias for m in parts])
             packed = (stamp, torch.cat([m.weight for m in parts]), bias)
             self.__dict__["_packed"] = packed  # a plain attribute: not a parameter, buffer or state-dict entry
-        qw, kw = self.w_q.out_features, self.w_k.out_features
         return fastpath.linear(x, packed[1], packed[2], self).split([qw, kw, kw], -1)
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -58,7 +59,18 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.w_2 = nn.Linear(d_ff, d_model, bias=bias)
 
+    def column_groups(self) -> list[tuple[nn.Linear, ...]]:
+        """The gate and up projections (one input feeds both), for :func:`~multihead.modules.fastpath.prepare`."""
+        return [] if self.w_gate is None else [(self.w_gate, self.w_1)]
+
     def forward(self, x: Tensor) -> Tensor:
+        laid = None if self.w_gate is None else fastpath.columns([self.w_gate.weight, self.w_1.weight])
+        if laid is not None and not torch.is_grad_enabled() and not self.training:  # gate and up: one product
+            gate, up = (x @ laid).split(self.w_1.out_features, -1)
+            if self.w_1.bias is not None and self.w_gate.bias is not None:
+                gate, up = gate + self.w_gate.bias, up + self.w_1.bias
+            h = self.act(gate) * up
+            return self.w_2(h)
         up = fastpath.linear(x, self.w_1.weight, self.w_1.bias, self.w_1)  # (B, L, E) -> (B, L, F)
         if self.w_gate is None:
             h = self.act(up)
