@@ -287,7 +287,13 @@ class CausalLM(nn.Module):
         return self(ids, keep, cache=cache)[:, -1], cache  # keep None: no padding to carry through the cache
 
     def step(self, tokens: Tensor, cache: KVCache) -> Tensor:
-        """Feed one token per row ``(B,)``; its logits ``(B, V)``."""
+        """Feed one token per row ``(B,)``; its logits ``(B, V)``. Where nothing needs the general path (no
+        gradients, hooks, KV policy or padding, plain layers) the step runs its arithmetic alone
+        (:mod:`multihead.models.fast_decode`)."""
+        from . import fast_decode
+
+        if fast_decode.why_not(self, cache) is None:
+            return fast_decode.step(self, tokens, cache)
         return self(tokens[:, None], cache=cache)[:, -1]
 
 

@@ -10,6 +10,7 @@ import importlib.util
 import pytest
 import torch
 
+from multihead.models import fast_decode
 from multihead.models.generation import generate
 from multihead.models.seq2seq import CausalLM, CausalLMConfig
 from multihead.modules import fastpath
@@ -61,9 +62,14 @@ def _decode(model, ids, steps: int = 12, **kw):
 
 @pytest.fixture
 def plain():
-    fastpath.ENABLED = False
+    """The general path alone: no decoding layout, no lean step (a test turns them on with _fast)."""
+    fastpath.ENABLED = fast_decode.ENABLED = False
     yield
-    fastpath.ENABLED = True
+    fastpath.ENABLED = fast_decode.ENABLED = True
+
+
+def _fast() -> None:
+    fastpath.ENABLED = fast_decode.ENABLED = True
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
@@ -73,7 +79,7 @@ def test_the_decoding_layout_writes_the_plain_paths_tokens(name, plain):
     fast = copy.deepcopy(model)
     want_logits, want = _decode(model, ids)
     before = _storages(fast)
-    fastpath.ENABLED = True
+    _fast()
     got_logits, got = _decode(fast, ids)
     assert got == want
     torch.testing.assert_close(got_logits, want_logits, atol=1e-5, rtol=0)
@@ -99,7 +105,7 @@ def test_every_kv_policy_decodes_alike_on_the_decoding_layout(policy, plain):
     made = make_policy(policy, budget, **options)
     fast = copy.deepcopy(model)
     want = generate(model, ids, max_new_tokens=10, kv_policy=made).tokens
-    fastpath.ENABLED = True
+    _fast()
     assert generate(fast, ids, max_new_tokens=10, kv_policy=made).tokens == want
 
 
@@ -126,7 +132,59 @@ def test_smollm2_decodes_the_same_tokens_on_the_decoding_layout(plain):
     model = load("smollm2").detail.model
     ids = torch.tensor([[1, 504, 3458, 282, 4649, 314]])  # "The capital of France is" and its start token
     want_logits, want = _decode(model, ids, steps=8)
-    fastpath.ENABLED = True
+    _fast()
     got_logits, got = _decode(model, ids, steps=8)
     assert got == want
     torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=0)
+
+
+def test_the_lean_step_says_why_not_and_the_general_path_serves_instead():
+    model = _model("llama")
+    ids = torch.randint(3, 300, (1, 30), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        logits, cache = model.prefill(ids)
+        assert fast_decode.why_not(model, cache) is None
+        tok = logits.argmax(-1)
+        seen = []
+        handle = model.decoder.layers[1].self_attn.hook_z.add_hook(lambda z, hook: seen.append(z.shape))
+        assert "hooks are attached" in fast_decode.why_not(model, cache)
+        model.step(tok, cache)  # the general path: the hook fires
+        handle.remove()
+        assert seen == [(1, 4, 1, 16)]
+        assert "KV policy" in fast_decode.why_not(model, model.new_cache(policy="window", budget=8))
+    assert "gradients" in fast_decode.why_not(model, cache)
+    padded = torch.ones(2, 30, dtype=torch.bool)
+    padded[0, :4] = False
+    with torch.no_grad():
+        _, cache = model.prefill(torch.randint(3, 300, (2, 30)), padded)
+        assert "padded" in fast_decode.why_not(model, cache)
+    alibi = CausalLM(
+        CausalLMConfig(
+            vocab_size=50,
+            positional="alibi",
+            decoder=DecoderConfig(d_model=16, num_heads=2, num_layers=1, cross_attention=False, norm_first=True),
+        )
+    ).eval()
+    with torch.no_grad():
+        _, cache = alibi.prefill(torch.randint(3, 50, (1, 8)))
+        assert "ALiBi" in fast_decode.why_not(alibi, cache)
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_the_lean_step_equals_the_general_step_in_a_batch(name, plain):
+    model = _model(name)
+    ids = torch.randint(3, 300, (3, 20), generator=torch.Generator().manual_seed(6))
+    want, _ = _decode_batch(model, ids)
+    fast_decode.ENABLED = True  # the lean step alone, on the same layout
+    got, _ = _decode_batch(model, ids)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def _decode_batch(model, ids, steps: int = 6):
+    with torch.no_grad():
+        logits, cache = model.prefill(ids)
+        out = [logits]
+        for _ in range(steps):
+            logits = model.step(logits.argmax(-1), cache)
+            out.append(logits)
+    return torch.stack(out), cache
