@@ -64,11 +64,12 @@ class FeedForward(nn.Module):
         return [] if self.w_gate is None else [(self.w_gate, self.w_1)]
 
     def forward(self, x: Tensor) -> Tensor:
-        laid = None if self.w_gate is None else fastpath.columns([self.w_gate.weight, self.w_1.weight])
-        if laid is not None and not torch.is_grad_enabled() and not self.training:  # gate and up: one product
+        g = self.w_gate
+        laid = None if g is None else fastpath.columns([g.weight, self.w_1.weight])
+        if g is not None and laid is not None and not torch.is_grad_enabled() and not self.training:  # one product
             gate, up = (x @ laid).split(self.w_1.out_features, -1)
-            if self.w_1.bias is not None and self.w_gate.bias is not None:
-                gate, up = gate + self.w_gate.bias, up + self.w_1.bias
+            if self.w_1.bias is not None and g.bias is not None:
+                gate, up = gate + g.bias, up + self.w_1.bias
             h = self.act(gate) * up
             return self.w_2(h)
         up = fastpath.linear(x, self.w_1.weight, self.w_1.bias, self.w_1)  # (B, L, E) -> (B, L, F)
