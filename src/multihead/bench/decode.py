@@ -237,13 +237,19 @@ def _build_pretrained(case: dict):
     model = _pretrained(source, "hf" if impl.startswith("hf") else "cached")
     ids = _prompt(case, model.config.vocab_size)
     mask = torch.ones_like(ids)
+    if impl == "bound":
+        return _bound(model)
     if impl == "prefill":
         return torch.no_grad()(lambda: model.prefill(ids))
     if impl == "hf_prefill":
         return torch.no_grad()(lambda: model(ids, attention_mask=mask, use_cache=True))
-    if impl == "cached" or impl.startswith("cached:"):
+    if impl in ("cached", "cached_old") or impl.startswith("cached:"):
+        from ..models import fast_decode
         from ..models.generation import generate
+        from ..modules import fastpath
 
+        if impl == "cached_old":  # the path before the decoding layout and the lean step (this process only)
+            fastpath.LAYOUT = fast_decode.ENABLED = False
         policy = _policy(case)
 
         def ours():
@@ -262,9 +268,30 @@ def _build_pretrained(case: dict):
             streamer=_HFStamps(),
         )
     raise ValueError(
-        "a pretrained race has the cases cached, cached:POLICY, hf_generate, llamacpp, llamacpp_f32, prefill and "
-        f"hf_prefill; got {impl!r}"
+        "a pretrained race has the cases cached, cached_old, cached:POLICY, bound, hf_generate, llamacpp, "
+        f"llamacpp_f32, prefill and hf_prefill; got {impl!r}"
     )
+
+
+def _bound(model):
+    """The physical limit of a batch-1 step: one product of a row with every weight matrix of ``model`` (each laid
+    ``in x out``, contiguous: the layout this CPU streams fastest), nothing else. Its time is the least a step can
+    take at this precision; a decode's tokens/s over ``1 / time`` is its share of the limit."""
+    mats = {}
+    for m in model.modules():
+        w = getattr(m, "weight", None)
+        if isinstance(m, torch.nn.Linear) and isinstance(w, torch.Tensor) and w.dim() == 2:
+            mats[w.untyped_storage().data_ptr() + w.storage_offset()] = w  # tied weights once
+    laid = [w.detach().t().contiguous() for w in mats.values()]
+    rows = {w.shape[0]: torch.randn(1, w.shape[0]) for w in laid}
+
+    @torch.no_grad()
+    def run():
+        for w in laid:
+            rows[w.shape[0]] @ w
+
+    run.weight_bytes = sum(w.numel() * w.element_size() for w in laid)  # type: ignore[attr-defined]
+    return run
 
 
 def _policy(case: dict):
@@ -356,8 +383,10 @@ def run(
     batches = batches or ([1, 8] if pretrained else BATCHES)
     gguf = pretrained and _is_gguf(shape["pretrained"])
     peers = ["hf_generate"] + (["llamacpp_f32", "llamacpp"] if gguf else [])
-    impls = impls or (["cached", *peers] if pretrained else IMPLS)
+    impls = impls or (["cached", "cached_old", *peers] if pretrained else IMPLS)
     cases, results = [], []
+    if pretrained:  # the physical limit: one product over every weight, batch 1
+        cases.append({"impl": "bound", "batch": 1, "new_tokens": 1, "shape": shape, "device": device, "dtype": dtype})
     for n in lengths:
         for b in batches:
             for impl in impls:
@@ -424,10 +453,14 @@ def run(
 
     ours = ("cached", "prefill")
     base = {key(r): r for r in results if r["impl"] in ours and "error" not in r}
+    bound = next((r for r in results if r["impl"] == "bound" and "error" not in r), None)
     for r in results:
         if "error" in r:
             continue
         r["tokens_per_second"] = r["batch"] * (r["new_tokens"] or r.get("prefill", 0)) / r["seconds_min"]
+        if bound is not None and r.get("decode_tokens_per_second"):  # share of the limit at this batch
+            rows = 1 if r["impl"].startswith("llamacpp") else r["batch"]
+            r["share_of_bound"] = r["decode_tokens_per_second"] / (rows / bound["seconds_min"])
         ref = base.get(key(r))
         if ref and r is not ref:
             r["cached_speedup"] = r["seconds_min"] / ref["seconds_min"]
@@ -483,7 +516,7 @@ def format_table(payload: dict) -> str:
         + f"{' (shape of ' + c['from'] + ')' if 'from' in c else ''}"
         f"; prompt {PROMPT}; greedy",
         f"{'new':>5} {'batch':>5} {'impl':<17}{'seconds':>9}{'tokens/s':>10}{'decode/s':>10}{'ours is':>9}"
-        f"{'peak MiB':>10}",
+        f"{'of limit':>9}{'peak MiB':>10}",
     ]
     for r in payload["results"]:
         where = f"{r['new_tokens']:>5} {r['batch']:>5}"
@@ -496,13 +529,21 @@ def format_table(payload: dict) -> str:
             continue
         ratio = r.get("decode_ratio_ours_to_this") or r.get("cached_speedup")
         decode = r.get("decode_tokens_per_second")
+        share = r.get("share_of_bound")
+        if r["impl"] == "bound":
+            where = f"{'limit':>11}"
         lines.append(
-            f"{where} {r['impl']:<17}{r['seconds_min']:>9.2f}{r['tokens_per_second']:>10.1f}"
+            f"{where} {r['impl']:<17}{r['seconds_min']:>9.3f}{r['tokens_per_second']:>10.1f}"
             f"{(f'{decode:.1f}' if decode else '-'):>10}{(f'{ratio:.2f}x' if ratio else '-'):>9}"
-            f"{r['peak_mb'] or 0:>10.0f}"
+            f"{(f'{share:.0%}' if share else '-'):>9}{r['peak_mb'] or 0:>10.0f}"
         )
     if any(r.get("decode_ratio_ours_to_this") for r in payload["results"]):
         lines.append("ours is: decode tokens/s of ours (plain cached) over this one's, in the same case")
+    if any(r.get("share_of_bound") for r in payload["results"]):
+        lines.append(
+            "of limit: decode tokens/s over the limit's (one product of a row with every weight, laid out as this "
+            "CPU streams fastest: the least time a step can take); cached_old: ours before the decoding layout"
+        )
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from .attach import INSTALL, AttachError, attach, why_not_skeleton
+from ..modules import fastpath
 
 
 def _model_type(path: Path) -> tuple[str | None, dict]:
@@ -269,6 +270,8 @@ class AttachedLM(nn.Module):
         """Read the prompt ``ids`` ``(B, L)`` once through ``cache`` (default: every key, through HF's cache API):
         the last position's logits ``(B, V)`` and the filled cache, as a native LM's ``prefill``. Rows of one length
         only (a KV-policy cache counts positions per call, not per row)."""
+        if not torch.is_grad_enabled():
+            fastpath.prepare(self.hf)  # the weights laid out for decoding, once (a no-op off the CPU)
         cache = self.new_cache(policy="full") if cache is None else cache
         return self(ids, keep, cache=cache)[:, -1], cache
 
@@ -368,6 +371,7 @@ class AttachedLM(nn.Module):
 
         if seed is not None:  # as multihead's sampling: a seed makes it repeatable, none draws a fresh one
             torch.manual_seed(seed)
+        fastpath.prepare(self.hf)  # every weight column-major: a decoding step streams them twice as fast here
         sample = strategy == "sample"
         out = self.hf.generate(
             input_ids=ids,

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 ENABLED = True
+LAYOUT = True  # False: prepare() leaves the weights as they are (the transposed copies of linear() still apply)
 ROWS = 2  # at most this many rows (tokens x batch) take the path; above it BLAS's own GEMM is as fast or faster
 
 
@@ -85,7 +86,7 @@ def prepare(model: nn.Module) -> nn.Module:
     its ``column_groups()`` packed into one buffer each, every other ``nn.Linear`` weight made column-major. The
     parameters stay the same objects (tied weights stay tied). Cheap to repeat (what is laid out is left); a no-op when ``ENABLED`` is False or the
     model is not on the CPU."""
-    if not ENABLED:
+    if not ENABLED or not LAYOUT:
         return model
     if any(p.device.type != "cpu" for p in model.parameters()):
         return model
@@ -102,4 +103,4 @@ def prepare(model: nn.Module) -> nn.Module:
     return model
 
 
-__all__ = ["ENABLED", "ROWS", "columns", "linear", "pack_columns", "prepare"]
+__all__ = ["ENABLED", "LAYOUT", "ROWS", "columns", "linear", "pack_columns", "prepare"]
