@@ -90,6 +90,8 @@ def test_generate_continues_as_hf_does(neox, capsys):
     streamed = []
     got = p.model.generate(ids, max_new_tokens=6, streamer=lambda t, alive: streamed.append(int(t[0])))
     assert got[0].tolist() == want[0, ids.shape[1] :].tolist() == streamed
+    linears = [m for m in p.model.hf.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.stride(0) == 1 for m in linears)  # laid out for decoding: HF's tokens still
     assert main(["generate", str(neox), "the cat sat", "--max-new", "6", "--no-stream"]) == 0
     assert capsys.readouterr().out.strip() == "the cat sat" + p.tokenizer.decode(streamed, skip_special_tokens=True)
 

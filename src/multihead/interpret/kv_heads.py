@@ -144,7 +144,7 @@ def fit_gates(
     *,
     sinks: int = 4,
     window: int = 64,
-    steps: int = 40,
+    steps: int = 24,
     lr: float = 0.05,
     penalty: float = 0.02,
     tail: int = 32,
@@ -183,7 +183,7 @@ def fit_gates(
     def mix(layer: int, mask_of):
         def fn(z, hook):
             q, k, v = (seen[layer][n] for n in ("q", "k", "v"))
-            streamed, _ = attention(q, k, v, mask=mask_of(q.shape[2]), backend="reference")
+            streamed, _ = attention(q, k, v, mask=mask_of(q.shape[2]))
             a = gates[layer, : kv[layer]].clamp(0, 1).repeat_interleave(q.shape[1] // kv[layer])
             return a[None, :, None, None] * z + (1 - a[None, :, None, None]) * streamed
 
