@@ -447,6 +447,10 @@ def run(
             )
             continue
         results.append(run_case(SUITE, c, threads=threads, min_time=min_time, min_repeats=1, timeout=1200))
+        if out is not None:  # what is measured so far, after every case (the ratios are added at the end)
+            write_json(
+                out, {"suite": "decode", "partial": True, "machine": machine_info(threads, device), "results": results}
+            )
 
     def key(r):
         return r["batch"], r["new_tokens"], r.get("prefill"), r.get("context")
