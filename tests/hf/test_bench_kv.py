@@ -65,3 +65,25 @@ def test_bench_kv_runs_the_methods_asked_on_multi_key_needles(tmp_path):
         K.run(folder=folder, length=400, needles=1, context=32, tokens=4, methods=["head-aware"], ranking=[[1.0]])
     with pytest.raises(ValueError, match="knows no method lru"):
         K.run(folder=folder, fractions=(0.5,), length=400, needles=1, context=32, tokens=4, methods=["lru"])
+
+
+def test_bench_kv_refuses_bad_flags_before_reading_a_model(tmp_path, capsys):
+    from multihead.cli import main
+
+    out = tmp_path / "kv.json"
+    bad = tmp_path / "kv-heads.json"
+    bad.write_text('{"split": {"full_heads": [[0]]}}')
+    cases = [
+        (["--keys", "13"], "--keys is the number of needles"),
+        (["--impls", "lru"], "knows no method lru"),
+        (["--impls", "streaming"], "knows no method streaming"),
+        (["--kv-heads", str(bad)], "holds no per-head scores"),
+    ]
+    for flags, message in cases:
+        assert main(["bench", "kv", "--model", str(tmp_path / "nowhere"), *flags, "--out", str(out)]) == 2
+        assert "config.json" in capsys.readouterr().err  # the folder is checked first
+        folder = _save(tmp_path / "llama", "llama", max_position_embeddings=256)
+        assert main(["bench", "kv", "--model", str(folder), *flags, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+        assert not out.exists() and bad.read_text() == '{"split": {"full_heads": [[0]]}}'

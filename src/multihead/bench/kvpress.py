@@ -230,6 +230,16 @@ def _tensor_bytes(cache) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ measuring
+def _check_methods(methods) -> None:
+    """Refuse a method neither side knows (multihead's policies that serve HF models, kvpress's presses)."""
+    from ..modules.kv_policy import KV_POLICIES
+
+    known = {"full", *PRESSES} | {n for n, cls in KV_POLICIES.items() if not cls.why_not("attached")}
+    unknown = sorted(set(methods or ()) - known)
+    if unknown:
+        raise ValueError(f"bench kv knows no method {', '.join(unknown)}; choose from {', '.join(sorted(known))}")
+
+
 def _needles(side, name: str, fraction: float, needles) -> dict:
     exact = right = total = 0
     seconds, kept, rss = [], [], []
@@ -298,6 +308,7 @@ def run(
     from ..interpret.kv_heads import needles_for
     from .harness import machine_info, write_json
 
+    _check_methods(methods)  # before any model is read
     folder = folder or smollm2_folder()
     ours = Ours(folder, ranking)
     sides: list = [ours]
@@ -306,10 +317,6 @@ def run(
         sides.append(KVPress(folder))
     except ImportError:
         missing = f"kvpress is not installed here: {INSTALL}"
-    known = {n for side in sides for n in side.names()} | {"full"}
-    unknown = sorted(set(methods or ()) - known)
-    if unknown:
-        raise ValueError(f"bench kv knows no method {', '.join(unknown)}; choose from {', '.join(sorted(known))}")
     prompts = needles_for(ours.lm, length=length, count=needles, seed=1, keys=keys)
     text = held_out_rows(ours.lm, rows=1, length=context + tokens, skip=1)
     rows_to_run = [(side, "full", 1.0) for side in sides] + [
@@ -354,6 +361,12 @@ def from_args(args, out: Path) -> dict:
     folder = Path(args.model) if getattr(args, "model", None) else None
     if folder is not None and not (folder / "config.json").is_file():
         raise ValueError(f"bench kv takes an HF causal-LM folder (config.json + safetensors); {folder} is not one")
+    from ..data.needles import CITIES
+
+    keys = getattr(args, "keys", 1) or 1
+    if not 1 <= keys <= len(CITIES):
+        raise ValueError(f"--keys is the number of needles in one prompt, in [1, {len(CITIES)}], got {keys}")
+    _check_methods(getattr(args, "impls", None))
     ranking = None
     if getattr(args, "kv_heads", None):
         from .._io import read_json_file
@@ -368,7 +381,7 @@ def from_args(args, out: Path) -> dict:
         folder=folder,
         length=lengths[0],
         context=context,
-        keys=getattr(args, "keys", 1) or 1,
+        keys=keys,
         fractions=tuple(getattr(args, "fractions", None) or FRACTIONS),
         methods=getattr(args, "impls", None),
         ranking=ranking,

@@ -486,13 +486,18 @@ def ranking(result: dict) -> list[list[float]]:
     """Each key/value head's score in a :func:`classify` result, by the score its split used: the fitted gates,
     the retrieval score or ``max(echo, induction)`` (the largest over the query heads that share it), so that a
     split at any other share can be drawn from it (:func:`split`)."""
-    if result.get("gates"):
-        return result["gates"]["gates"]
-    if result["split"]["score"] == "retrieval":
-        scores = grid(result, "retrieval")
-    else:
-        scores = torch.maximum(grid(result, "echo"), grid(result, "induction"))
-    return kv_head_scores(scores, result["num_kv_heads"])
+    try:
+        if result.get("gates"):
+            return [[float(x) for x in row] for row in result["gates"]["gates"]]
+        if result["split"]["score"] == "retrieval":
+            scores = grid(result, "retrieval")
+        else:
+            scores = torch.maximum(grid(result, "echo"), grid(result, "induction"))
+        return kv_head_scores(scores, result["num_kv_heads"])
+    except (KeyError, TypeError, ValueError, IndexError):
+        raise ValueError(
+            "this kv-heads.json holds no per-head scores to rank by: write it with `multihead heads MODEL --kv`"
+        ) from None
 
 
 def read_split(path: str | Path) -> list[list[int]]:

@@ -77,10 +77,15 @@ class Observed:
         self.values = values  # (B, G, N, D), for the policies that weigh a key by its value's norm
         # the rotary frequencies (D'/2,) the keys and queries were turned with (None: no rotation; False: unknown)
         self.rope = rope
-        if next_position is None and q_pos is not None:
-            next_position = int(q_pos[:, -1].max()) + 1
-        self.next_position = next_position  # the position of the first token after this call
+        self._next = next_position
         self._sums: dict = {} if recorded is None else dict(recorded)
+
+    @property
+    def next_position(self) -> int | None:
+        """The position of the first token after this call (read from the queries' positions only when asked)."""
+        if self._next is None and self._q_pos is not None:
+            self._next = int(self._q_pos[:, -1].max()) + 1
+        return self._next
 
     def observe(self, key):
         """What a recorded prompt keeps for ``key``: a query window (an int or None, :meth:`received`) or
