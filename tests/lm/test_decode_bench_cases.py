@@ -1,8 +1,11 @@
 """`bench decode --model`'s cases on a small GGUF Llama: ours before the decoding layout (``cached_old``) and after
-(``cached``) write the same tokens, and the limit case (one product over every weight) builds and runs (timings:
-bench only)."""
+(``cached``) and compiled (``compiled``, batch 1) write the same tokens, and the limit cases (one product over
+every weight: BLAS's, the compiled reduction's) build and run (timings: bench only)."""
 
 from __future__ import annotations
+
+import os
+import shutil
 
 import pytest
 import torch
@@ -35,4 +38,13 @@ def test_old_and_new_paths_write_the_same_tokens_and_the_limit_case_runs(gguf_mo
     unique = {m.weight.data_ptr(): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
     assert bound.weight_bytes == sum(w.numel() * w.element_size() for w in unique.values())  # tied weights once
     bound()
+    if shutil.which(os.environ.get("CXX", "g++")) is not None:  # torch.compile's C++ code
+        reduced = suite.build({**case, "impl": "bound_compiled"})
+        assert reduced.weight_bytes == bound.weight_bytes
+        reduced()
+        one = {**case, "batch": 1}
+        suite._LOADED.clear()
+        want = suite.build({**one, "impl": "cached"})().tokens
+        suite._LOADED.clear()
+        assert suite.build({**one, "impl": "compiled"})().tokens == want
     suite._LOADED.clear()

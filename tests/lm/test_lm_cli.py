@@ -2,6 +2,8 @@
 what they print and write, and their messages for bad input."""
 
 import json
+import os
+import shutil
 
 import pytest
 import torch
@@ -31,6 +33,15 @@ def test_generate_streams_a_continuation(gguf_model, capsys):
     assert main(["generate", gguf_model, "the cat", "--max-new", "5", "--no-stream"]) == 0
     assert capsys.readouterr().out.startswith("the cat")
     assert main(["generate", gguf_model, "hi", "--chat", "--max-new", "3"]) == 0  # the file's template
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="torch.compile's C++ code needs g++")
+def test_generate_compiled_writes_the_same_text(gguf_model, capsys):
+    assert main(["generate", gguf_model, "the cat", "--max-new", "8", "--no-stream"]) == 0
+    want = capsys.readouterr().out
+    assert main(["generate", gguf_model, "the cat", "--max-new", "8", "--no-stream", "--compile"]) == 0
+    got = capsys.readouterr()
+    assert got.out == want and "compiling the decoding step" in got.err
 
 
 def test_generate_refuses_a_prompt_past_the_positions(gguf_model, capsys):

@@ -475,6 +475,10 @@ class MultiHeadAttention(nn.Module):
             if self.w_q.bias is not None:
                 y = y + torch.cat([m.bias for m in parts])
             return y.split([qw, kw, kw], -1)
+        laid = fastpath.rows([m.weight for m in parts])  # laid out by rows: one (H*D + 2*G*D, E) buffer
+        if laid is not None:
+            bias = None if self.w_q.bias is None else torch.cat([m.bias for m in parts])
+            return nn.functional.linear(x, laid, bias).split([qw, kw, kw], -1)
         tensors = [m.weight for m in parts] + [m.bias for m in parts if m.bias is not None]
         stamp = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
         packed = self.__dict__.get("_packed")

@@ -72,6 +72,11 @@ class FeedForward(nn.Module):
                 gate, up = gate + g.bias, up + self.w_1.bias
             h = self.act(gate) * up
             return self.w_2(h)
+        by_rows = None if g is None else fastpath.rows([g.weight, self.w_1.weight])
+        if g is not None and by_rows is not None and not torch.is_grad_enabled() and not self.training:
+            bias = None if g.bias is None or self.w_1.bias is None else torch.cat([g.bias, self.w_1.bias])
+            gate, up = F.linear(x, by_rows, bias).split(self.w_1.out_features, -1)
+            return self.w_2(self.act(gate) * up)
         up = fastpath.linear(x, self.w_1.weight, self.w_1.bias, self.w_1)  # (B, L, E) -> (B, L, F)
         if self.w_gate is None:
             h = self.act(up)

