@@ -27,64 +27,134 @@ Layout (the architecture at a glance):
 The layers are checked by ``lint-imports`` (``pyproject.toml``); docs/architecture.md says where new code goes.
 """
 
-from .attention import (
-    AttnMask,
-    attention,
-    attention_weights,
-    explain,
-    explain_choice,
-    list_backends,
-    masks,
-    register_backend,
-)
-from .models import (
-    CausalLM,
-    CausalLMConfig,
-    ClassifierConfig,
-    GenerationConfig,
-    Seq2Seq,
-    Seq2SeqConfig,
-    TextEncoder,
-    TextEncoderConfig,
-    TransformerClassifier,
-    generate,
-)
-from .modules import (
-    AttentionConfig,
-    DecoderBlock,
-    DecoderConfig,
-    KVCache,
-    KVPolicy,
-    KV_POLICIES,
-    TransformerDecoder,
-    EncoderBlock,
-    EncoderConfig,
-    FeedForward,
-    HookPoint,
-    LearnedPositionalEncoding,
-    MultiHeadAttention,
-    RotaryEmbedding,
-    SinusoidalPositionalEncoding,
-    TransformerEncoder,
-    hook_points,
-    make_policy,
-)
+from typing import TYPE_CHECKING
 
-from .modules.capture import capture, run_with_cache
 from ._version import __version__ as __version__
+
+# Each public name and the module it lives in: imported when first asked for (PEP 562), so that ``import
+# multihead`` -- and the ``multihead`` command's --help and usage errors -- do not pay for torch.
+_LAZY = {
+    **dict.fromkeys(
+        (
+            "AttnMask",
+            "attention",
+            "attention_weights",
+            "explain",
+            "explain_choice",
+            "list_backends",
+            "masks",
+            "register_backend",
+        ),
+        ".attention",
+    ),
+    **dict.fromkeys(
+        (
+            "CausalLM",
+            "CausalLMConfig",
+            "ClassifierConfig",
+            "GenerationConfig",
+            "Seq2Seq",
+            "Seq2SeqConfig",
+            "TextEncoder",
+            "TextEncoderConfig",
+            "TransformerClassifier",
+            "generate",
+        ),
+        ".models",
+    ),
+    **dict.fromkeys(
+        (
+            "AttentionConfig",
+            "DecoderBlock",
+            "DecoderConfig",
+            "KVCache",
+            "KVPolicy",
+            "KV_POLICIES",
+            "TransformerDecoder",
+            "EncoderBlock",
+            "EncoderConfig",
+            "FeedForward",
+            "HookPoint",
+            "LearnedPositionalEncoding",
+            "MultiHeadAttention",
+            "RotaryEmbedding",
+            "SinusoidalPositionalEncoding",
+            "TransformerEncoder",
+            "hook_points",
+            "make_policy",
+        ),
+        ".modules",
+    ),
+    "capture": ".modules.capture",
+    "run_with_cache": ".modules.capture",
+    "load": ".loading",
+    "PositionalEncoding": ".modules",  # the tutorial's name for SinusoidalPositionalEncoding
+}
+
+if TYPE_CHECKING:
+    from .attention import (
+        AttnMask,
+        attention,
+        attention_weights,
+        explain,
+        explain_choice,
+        list_backends,
+        masks,
+        register_backend,
+    )
+    from .loading import load
+    from .models import (
+        CausalLM,
+        CausalLMConfig,
+        ClassifierConfig,
+        GenerationConfig,
+        Seq2Seq,
+        Seq2SeqConfig,
+        TextEncoder,
+        TextEncoderConfig,
+        TransformerClassifier,
+        generate,
+    )
+    from .modules import (
+        KV_POLICIES,
+        AttentionConfig,
+        DecoderBlock,
+        DecoderConfig,
+        EncoderBlock,
+        EncoderConfig,
+        FeedForward,
+        HookPoint,
+        KVCache,
+        KVPolicy,
+        LearnedPositionalEncoding,
+        MultiHeadAttention,
+        RotaryEmbedding,
+        SinusoidalPositionalEncoding,
+        TransformerDecoder,
+        TransformerEncoder,
+        hook_points,
+        make_policy,
+    )
+    from .modules import SinusoidalPositionalEncoding as PositionalEncoding
+    from .modules.capture import capture, run_with_cache
 
 
 def __getattr__(name: str):
-    """``multihead.load`` (:func:`multihead.loading.load`), imported when first asked for: loading reaches the
-    training and reading code, which ``import multihead`` does not need."""
-    if name == "load":
-        from .loading import load
+    """The public names, imported when first asked for (see ``_LAZY``)."""
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module 'multihead' has no attribute {name!r}")
+    import importlib
 
-        return load
-    raise AttributeError(f"module 'multihead' has no attribute {name!r}")
+    module = importlib.import_module(where, __name__)
+    value = getattr(module, "SinusoidalPositionalEncoding" if name == "PositionalEncoding" else name)
+    globals()[name] = value  # asked once
+    return value
 
 
-PositionalEncoding = SinusoidalPositionalEncoding  # the tutorial's name
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "AttnMask",

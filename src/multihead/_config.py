@@ -21,6 +21,8 @@ import os
 import typing
 from functools import cache
 
+MAX_NEEDLES = 256  # needle prompts are thousands of tokens each: 256 is hours of reading; more is a typo
+
 
 class ConfigError(ValueError):
     """A config value of the wrong type, out of range or over a ceiling; the message names the field and the fix."""

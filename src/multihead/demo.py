@@ -89,7 +89,8 @@ def walkthrough(out: Path, seed: int = 0, run: Path | None = None) -> dict:
 
 
 def _trained_heads(out: Path, run: Path | None) -> dict:
-    """A trained model's heads on the tutorial's sentence: the layer of its determiner -> noun head, every head
+    """A trained model's heads on the tutorial's sentence: the layer of its determiner -> noun head (the one that
+    passes :mod:`multihead.interpret.role_test`), every head
     drawn with that one outlined (``cat_sat_heads.png``), and the tutorial's steps on that head as a page
     (``explain.html``, :mod:`multihead.interpret.explain`)."""
     from .interpret import load_subject
@@ -107,7 +108,7 @@ def _trained_heads(out: Path, run: Path | None) -> dict:
     d = explain(subject, SENTENCE)
     tokens, weights = d["tokens"], torch.tensor(d["weights"])
     l, h = d["layer"], d["head"]
-    print(f"   {what}, layer {l} of {d['layers']}: head {h} is the determiner -> noun head ({d['why']})")
+    print(f"   {what}, layer {l} of {d['layers']}, head {h}: {d['why']}")
     for head in range(weights.shape[0]):
         top = weights[head].argmax(-1).tolist()
         links = ", ".join(f"{tokens[i]}->{tokens[j]}" for i, j in enumerate(top))
@@ -262,7 +263,8 @@ def run_demo(
     firsts = [
         (
             out / "pretrained" / "show" / "attention.html",
-            "MiniLM's heads on the cat sentence; it opens on the determiner -> noun head",
+            "MiniLM's heads on the cat sentence; it opens on the head that passed the determiner -> noun test "
+            "(sentences where the noun is not the next word)",
         ),
         (out / "walkthrough" / "explain.html", "the tutorial's steps, Q K V to W^O, with that head's own numbers"),
         (

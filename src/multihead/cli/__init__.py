@@ -77,11 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     ends with ``internal error`` and exit 70 (``MULTIHEAD_DEBUG=1`` shows the traceback)."""
     import os
 
-    from .._io import FolderError
-    from ..data import DataError
-    from ..pretrained import PretrainedError
-    from ..train import CheckpointError, RunExistsError
-
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         _check_argv(argv)
@@ -99,31 +94,38 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`multihead backends | head`): stop quietly, as shell tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except (
-        DataError,
-        CheckpointError,
-        RunExistsError,
-        PretrainedError,
-        FolderError,
-        FileNotFoundError,
-        ValueError,
-    ) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # permissions, a full disk, a folder where a file was expected
-        where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
-        print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
-        return 2
-    except (MemoryError, RuntimeError) as exc:
-        if not isinstance(exc, MemoryError) and not _out_of_memory(exc):
-            return _internal(exc)
-        print(f"error: {_memory_message(exc)}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt as exc:  # training says what it saved and how to resume (RunInterrupted)
         print(str(exc) or "interrupted; files written so far are complete (every write is atomic)", file=sys.stderr)
         return 130
-    except Exception as exc:  # a bug, not bad input: say so, without a traceback unless asked
-        return _internal(exc)
+    except Exception as exc:
+        if isinstance(exc, _user_errors()):
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if isinstance(exc, OSError):  # permissions, a full disk, a folder where a file was expected
+            where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+            print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
+            return 2
+        if isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and _out_of_memory(exc)):
+            print(f"error: {_memory_message(exc)}", file=sys.stderr)
+            return 2
+        return _internal(exc)  # a bug, not bad input: say so, without a traceback unless asked
+
+
+# Bad input, answered with its message and exit 2: these classes, where their module has been imported (an
+# exception of a module never imported cannot have been raised; importing them up front would load torch before
+# every command's first line).
+USER_ERRORS = {
+    "multihead._io": "FolderError",
+    "multihead._weights": "CheckpointError",
+    "multihead.train.runfolder": "RunExistsError",
+    "multihead.data.datasets": "DataError",
+    "multihead.pretrained.errors": "PretrainedError",
+}
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    loaded = [getattr(sys.modules[m], n) for m, n in USER_ERRORS.items() if m in sys.modules]
+    return (*loaded, FileNotFoundError, ValueError)
 
 
 def _internal(exc: BaseException) -> int:

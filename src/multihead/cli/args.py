@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..data.needles import MAX_NEEDLES  # one bound for the flags and the library
+from .._config import MAX_NEEDLES  # one bound for the flags and the library (torch-free: --help stays fast)
 
 
 def _ints(text: str) -> list[int]:
@@ -48,6 +48,28 @@ def _threads(text: str) -> int:
 _nonneg = _number(int, 0, float("inf"), "an integer >= 0")  # counts where 0 means none / all
 
 _needles = _number(int, 0, MAX_NEEDLES, f"a number of needle prompts in [0, {MAX_NEEDLES}]")
+
+
+class LazyChoices:
+    """``choices`` read from a module the first time argparse asks (the flag given, a usage error, that command's
+    --help), so that building the parser imports no torch: ``multihead --help`` and usage errors stay fast."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.name = module, name
+
+    def _values(self) -> list:
+        import importlib
+
+        return list(getattr(importlib.import_module(self.module), self.name))
+
+    def __contains__(self, value) -> bool:
+        return value in self._values()
+
+    def __iter__(self):
+        return iter(self._values())
+
+    def __len__(self) -> int:
+        return len(self._values())
 
 
 def _names(choices):

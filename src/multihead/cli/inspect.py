@@ -7,8 +7,18 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..interpret.maps import concatenated, lift_max_len
-from .args import _count, _threads, _fraction, _head_list, _needles, _nonneg, _seconds, dispatch, say_attached
+from .args import (
+    LazyChoices,
+    _count,
+    _threads,
+    _fraction,
+    _head_list,
+    _needles,
+    _nonneg,
+    _seconds,
+    dispatch,
+    say_attached,
+)
 
 
 def cmd_show(args) -> int:
@@ -26,6 +36,8 @@ def show_text(args) -> int:
     check_target(args.out, "show", overwrite=args.overwrite, sources=(args.model,))
     if not args.text.strip():
         raise ValueError('the text to show is empty; pass a sentence, e.g. "The cat sat on the mat."')
+    from ..interpret.maps import lift_max_len
+
     subject = load_subject(args.model)
     say_attached(getattr(subject, "lm", None))
     if args.max_len:
@@ -318,6 +330,7 @@ def heads_text(args) -> int:
 
     from .. import data as D
     from ..interpret import load_subject, roles
+    from ..interpret.maps import concatenated, lift_max_len
     from ..interpret.roles import subject_head_stats
 
     subject = load_subject(args.model)
@@ -660,8 +673,6 @@ def _parser_heads(sub) -> None:
 
 
 def _parser_importance(sub) -> None:
-    from ..heads.scores import METHODS
-
     im = sub.add_parser("importance", help="per-head importance of a trained run (layers x heads table + heatmap)")
     im.add_argument(
         "run",
@@ -670,7 +681,13 @@ def _parser_importance(sub) -> None:
     )
     im.add_argument("--data", default=None, help="dataset (default: the run's own)")
     im.add_argument("--split", default="validation", help="train | validation | test | all")
-    im.add_argument("--method", default="michel", choices=list(METHODS))
+    im.add_argument(
+        "--method",
+        default="michel",
+        choices=LazyChoices("multihead.heads.scores", "METHODS"),
+        metavar="METHOD",
+        help="how a head is scored: %(choices)s (default %(default)s)",
+    )
     im.add_argument("--n", type=_count, default=None, help="use the first N texts")
     im.add_argument("--out", default=None, help="folder for JSON + PNG (default RUN/importance)")
     im.add_argument("--overwrite", action="store_true", help="pretrained LMs: replace the folder at --out")
@@ -678,13 +695,17 @@ def _parser_importance(sub) -> None:
 
 
 def _parser_prune(sub) -> None:
-    from ..heads.scores import METHODS
-
     pu = sub.add_parser("prune", help="iterative head pruning on validation, then a physically pruned run folder")
     pu.add_argument("run")
     pu.add_argument("--data", default=None, help="dataset (default: the run's own)")
     pu.add_argument("--out", required=True, help="folder for the pruned run")
-    pu.add_argument("--method", default="michel", choices=list(METHODS))
+    pu.add_argument(
+        "--method",
+        default="michel",
+        choices=LazyChoices("multihead.heads.scores", "METHODS"),
+        metavar="METHOD",
+        help="how a head is scored: %(choices)s (default %(default)s)",
+    )
     pu.add_argument("--step", type=_fraction, default=0.1, help="fraction of remaining heads masked per round")
     pu.add_argument("--max-drop", type=_fraction, default=0.01, help="largest validation accuracy loss accepted")
     pu.add_argument("--until", type=_fraction, default=0.0, help="continue the curve until this fraction is pruned")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .args import MAX_NEEDLES, _count, _counts, _names, _threads, _nonneg, _number, dispatch, say_attached
+from .args import MAX_NEEDLES, LazyChoices, _count, _counts, _names, _threads, _nonneg, _number, dispatch, say_attached
 
 
 def _decoding(args, stop_tokens) -> dict:
@@ -140,6 +140,10 @@ def cmd_induction(args) -> int:
     from .._io import Publish, atomic_write_json, check_target
     from ..interpret import induction as I
 
+    toy = I.ToyConfig()  # the defaults of the flags left out (read here: the parser is built without torch)
+    for flag, field in (("steps", "steps"), ("heads", "num_heads"), ("half", "half"), ("vocab", "vocab")):
+        if getattr(args, flag) is None:
+            setattr(args, flag, getattr(toy, field))
     if args.model:
         return dispatch("induction", args.model, args)
     check_target(args.out, "induction", overwrite=args.overwrite)
@@ -598,6 +602,9 @@ def kv_lm(args) -> int:
     from ..interpret.kv_heads import read_split
 
     check_target(args.out, "kv", overwrite=args.overwrite, sources=(args.model,))
+    args.policies = args.policies or list(kv_curves.POLICIES)  # the defaults (the parser is built without torch)
+    args.budgets = args.budgets or list(kv_curves.BUDGETS)
+    args.lengths = args.lengths or list(kv_curves.LENGTHS)
     full_heads = read_split(args.heads) if args.heads else None
     kv_curves.settings(args.policies, args.budgets, full_heads)  # refuse head-aware without --heads before loading
     p = _load_lm(args.model, args.threads)
@@ -620,21 +627,22 @@ def kv_lm(args) -> int:
 
 
 def _parser_kv(sub) -> None:
-    from ..interpret import kv_curves as K
-
     kv = sub.add_parser(
         "kv",
-        help=f"KV cache policies ({', '.join(K.POLICIES)}) at several budgets: needle retrieval "
-        "at long context and perplexity against the bytes kept (kv.json, kv.png)",
+        help="KV cache policies (window, H2O, SnapKV, TOVA, Ada-KV, Expected Attention, head-aware, ...) at several "
+        "budgets: needle retrieval at long context and perplexity against the bytes kept (kv.json, kv.png)",
     )
     kv.add_argument("model", help="a pretrained LM multihead reads natively (smollm2, a .gguf file, an HF folder)")
     kv.add_argument("--out", required=True, help="folder for kv.json and kv.png")
     kv.add_argument("--heads", default=None, help="kv-heads.json from `multihead heads MODEL --kv` (for head-aware)")
     kv.add_argument(
-        "--policies", type=_names(K.POLICIES), default=list(K.POLICIES), help="comma-separated (default: all)"
+        "--policies",
+        type=_names(LazyChoices("multihead.interpret.kv_curves", "POLICIES")),
+        default=None,
+        help="comma-separated (default: every policy a recorded prompt serves)",
     )
-    kv.add_argument("--budgets", type=_counts, default=list(K.BUDGETS), help="keys kept per head (64,...,1024)")
-    kv.add_argument("--lengths", type=_counts, default=list(K.LENGTHS), help="needle prompt tokens (2048,4096,8192)")
+    kv.add_argument("--budgets", type=_counts, default=None, help="keys kept per head (default 64,...,1024)")
+    kv.add_argument("--lengths", type=_counts, default=None, help="needle prompt tokens (default 2048,4096,8192)")
     kv.add_argument(
         "--needles",
         type=_number(int, 1, MAX_NEEDLES, f"a number of needles in [1, {MAX_NEEDLES}]"),
@@ -650,27 +658,25 @@ def _parser_kv(sub) -> None:
 
 
 def _parser_induction(sub) -> None:
-    from ..interpret.induction import ToyConfig as ToyDefaults
-
     ind = sub.add_parser(
         "induction",
         help="induction heads form: a 2-layer attention-only model trained on "
         "repeated random tokens (loss curves, prefix-matching scores, PNG)",
     )
     ind.add_argument("--out", required=True, help="folder for induction.json and induction.png")
-    ind.add_argument("--steps", type=_count, default=ToyDefaults.steps, help="training steps")
-    ind.add_argument("--heads", type=_count, default=ToyDefaults.num_heads, help="heads per layer")
+    ind.add_argument("--steps", type=_count, default=None, help="training steps (default 3000)")
+    ind.add_argument("--heads", type=_count, default=None, help="heads per layer (default 4)")
     ind.add_argument(
         "--half",
         type=_number(int, 1, 1024, "an integer in [1, 1024]"),
-        default=ToyDefaults.half,
-        help="random tokens before the repeat",
+        default=None,
+        help="random tokens before the repeat (default 24)",
     )
     ind.add_argument(
         "--vocab",
         type=_number(int, 2, 65536, "an integer in [2, 65536]"),
-        default=ToyDefaults.vocab,
-        help="token ids the random tokens are drawn from (small: repeats inside a half blur the score)",
+        default=None,
+        help="token ids the random tokens are drawn from (default 256; small: repeats inside a half blur the score)",
     )
     ind.add_argument("--seed", type=int, default=0)
     ind.add_argument(

@@ -15,6 +15,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .._config import MAX_NEEDLES  # one bound for the command's flags and the library
+
 CITIES = (
     "Lisbon",
     "Nairobi",
@@ -29,8 +31,6 @@ CITIES = (
     "Hanoi",
     "Windhoek",
 )
-
-MAX_NEEDLES = 256  # needle prompts are thousands of tokens each: 256 is hours of reading; more is a typo
 
 
 @dataclass(frozen=True)

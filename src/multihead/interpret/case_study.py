@@ -13,7 +13,7 @@ import re
 
 import torch
 
-from .maps import AttentionMaps, is_special
+from .maps import AttentionMaps, is_punctuation, is_special
 
 SENTENCE = "The cat sat on the mat."
 WORDS = ["the", "cat", "sat", "on", "the", "mat", "."]
@@ -33,7 +33,7 @@ def word_positions(maps: AttentionMaps, words: list[str]) -> list[int] | None:
         if is_special(tok):
             continue
         piece = tok[2:] if tok.startswith("##") else tok
-        if start or not spelled:
+        if start or not spelled or is_punctuation(tok):  # "mat." is two words, as the gold parse has it
             spelled.append((i, piece.lower()))
         else:
             spelled[-1] = (spelled[-1][0], spelled[-1][1] + piece.lower())
@@ -75,15 +75,23 @@ def run(maps: AttentionMaps) -> dict:
     if pos is None:
         return {"skipped": f"the tokens {maps.tokens} do not spell {WORDS}"}
     out = {}
+    # A causal model's query sees only earlier words: each link is read from its later word (the noun attends to its
+    # determiner), or no head could have it at all.
+    causal = all(bool((torch.triu(w, 1) == 0).all()) for w in maps.layers)
     for kind, links in LINKS.items():
+        if causal:
+            links = [(k, q) for q, k in links]
+            label, _, rest = kind.rpartition(": ")
+            kind = (label + ": " if label else "") + " -> ".join(reversed(rest.split(" -> ")))
         pairs = [(pos[q], pos[k]) for q, k in links]
         heads = search(maps, pairs)
         out[kind] = {
             "pairs": [f"{WORDS[a]}({pos[a]}) -> {WORDS[b]}({pos[b]})" for a, b in links],
             "heads": heads,
             "closest": None if heads else closest(maps, pairs),
-            # every pair is also "the next token": a positional head matches it without any grammar
-            "adjacent": all(k - q == 1 for q, k in pairs),
+            # every pair is also "the next (previous) token": a positional head matches it without any grammar
+            "adjacent": all(abs(k - q) == 1 for q, k in pairs),
+            "causal": causal,
         }
     return out
 
@@ -99,7 +107,12 @@ def format_results(results: dict) -> str:
     for kind, r in results.items():
         lines.append(
             f"{kind}: {', '.join(r['pairs'])}"
-            + ("  (each key is also the next token: next-token heads match too)" if r["adjacent"] else "")
+            + (
+                f"  (each key is also the {'previous' if r.get('causal') else 'next'} token: "
+                f"{'previous' if r.get('causal') else 'next'}-token heads match too)"
+                if r["adjacent"]
+                else ""
+            )
         )
         if r["heads"]:
             for f in r["heads"][:5]:

@@ -17,8 +17,10 @@ Every recomputation is checked against the model (the page shows the largest dif
 is not the tutorial's formula (ALiBi, soft-capping, gates, talking heads...) is refused with the reason, never shown
 wrong. :func:`write_explain_page` writes one offline page (no CDN) that shows the steps with the numbers, recomputes
 the softmax under a temperature slider, and spells out any score's dot product term by term. The default head is
-the one that sends the most attention from each determiner to the word after it (the tutorial's "head1": "The" ->
-"cat", "the" -> "mat"), or, in a text without determiners, the most focused head.
+the best one that passes the determiner -> noun test of :mod:`.role_test` (on held-out sentences where the noun is
+never the next word, so a next-token head cannot pass); where none passes, the one that sends the most attention
+from each determiner to the word after it on this text (the tutorial's "head1": "The" -> "cat"), and the page says
+that a next-token head may match it.
 """
 
 from __future__ import annotations
@@ -62,6 +64,27 @@ def _determiner_score(p: torch.Tensor, tokens: list[str], causal: bool) -> tuple
     return sub.max(-1).values.mean(-1), "each word's largest weight on another word"
 
 
+def _role_test(subject: Subject, layer: int | None):
+    """The determiner -> noun test (:mod:`.role_test`) of ``subject``, restricted to ``layer`` if given; None where
+    the test cannot read the model (a tokenizer that splits its words otherwise)."""
+    from .role_test import determiner_noun_test
+
+    try:
+        test = determiner_noun_test(subject)
+    except ValueError:
+        return None
+    if layer is not None and test.passed is not None and test.passed[0] != layer:
+        row = test.noun[layer]
+        passing = [h for h in range(len(row)) if test._passes(layer, h)]
+        test.passed = (layer, max(passing, key=lambda h: row[h])) if passing else None
+    return test
+
+
+def _test_summary(test, layer: int, head: int) -> dict:
+    """What the page shows of the test: the sentences, the rule and the shown head's two scores."""
+    return {"sentences": test.sentences, "rule": test.rule, "links": test.links, **test.score(layer, head)}
+
+
 def explain(subject: Subject, text: str, *, layer: int | None = None, head: int | None = None) -> dict:
     """The tutorial's steps for ``text`` in ``subject``'s attention layer ``layer``, head ``head`` (default: the
     determiner -> noun head, see the module docstring). Returns plain lists (what the page embeds) and the checks."""
@@ -102,13 +125,24 @@ def explain(subject: Subject, text: str, *, layer: int | None = None, head: int 
             h.remove()
     patterns = [cache.pattern(i)[0, :, :n, :n].double() for i in range(len(mods))]
     causal = isinstance(subject, LMSubject) or bool(getattr(getattr(model, "config", None), "causal", False))
+    test = None
     if layer is None or head is None:
-        scores = [_determiner_score(p, tokens, causal) for p in patterns]
-        candidates = [(l, h) for l in range(len(mods)) for h in range(patterns[l].shape[0])]
-        if layer is not None:
-            candidates = [c for c in candidates if c[0] == layer]
-        layer, head = max(candidates, key=lambda c: float(scores[c[0]][0][c[1]]))
-        why = f"chosen for the most {scores[layer][1]} ({float(scores[layer][0][head]):.2f})"
+        test = _role_test(subject, layer)
+        if test is not None and test.passed is not None:
+            layer, head = test.passed
+            why = test.describe(layer, head)
+        else:
+            scores = [_determiner_score(p, tokens, causal) for p in patterns]
+            candidates = [(l, h) for l in range(len(mods)) for h in range(patterns[l].shape[0])]
+            if layer is not None:
+                candidates = [c for c in candidates if c[0] == layer]
+            layer, head = max(candidates, key=lambda c: float(scores[c[0]][0][c[1]]))
+            why = (
+                f"no head {'of this layer ' if test is not None and len(candidates) < len(mods) else ''}passed the "
+                "determiner -> noun test on sentences that separate it from a next-token head; chosen for the most "
+                f"{scores[layer][1]} on this text ({float(scores[layer][0][head]):.2f}), which a next-token head "
+                "may match"
+            )
     else:
         why = "chosen on the command line"
     name, mod = mods[layer]
@@ -169,6 +203,7 @@ def explain(subject: Subject, text: str, *, layer: int | None = None, head: int 
         "module": name,
         "head": head,
         "why": why,
+        "role_test": None if test is None else _test_summary(test, layer, head),
         "heads": h_count,
         "kv_heads": g_count,
         "d_model": x.shape[1],
@@ -351,6 +386,15 @@ function dot(i, j) {  // one score, term by term
 $('title').textContent = `${D.model}: multi-head attention, step by step`;
 $('text').textContent = `“${D.text}” → ${n} tokens: ` + D.tokens.join(' · ');
 $('why').textContent = D.why;
+if (D.role_test) {  // the sentences the head was tested on, and its two scores
+  const t = D.role_test, box = $('roletest');
+  box.hidden = false;
+  box.appendChild(el('summary', `The test: ${t.links} determiners in ${t.sentences.length} sentences where the noun is ` +
+    `never the next word; this head: noun ${(100 * t.noun).toFixed(0)}%, adjacent word ${(100 * t.adjacent).toFixed(0)}% (passes if ${t.rule})`));
+  const list = el('ol');
+  t.sentences.forEach((x) => list.appendChild(el('li', x)));
+  box.appendChild(list);
+}
 $('sizes').textContent = `d_model = ${D.d_model}, h = ${D.heads} heads, d_k = d_model / h = ${dk}, L = ${n} tokens`;
 $('shape-x').textContent = `X: (L, d_model) = (${n}, ${D.d_model})`;
 $('shape-qkv').textContent = `X (${n}×${D.d_model}) · W_Q (${D.d_model}×${D.heads * dk}) → (${n}×${D.heads * dk}) → reshape (h, L, d_k) = (${D.heads}, ${n}, ${dk})` +
@@ -386,6 +430,7 @@ def write_explain_page(data: dict, path: str | Path) -> Path:
     body = (
         '<h1 id="title"></h1><p class="note" id="text"></p>'
         '<p class="note"><span class="shape" id="sizes"></span> · <span id="which"></span> · <span id="why"></span></p>'
+        '<details id="roletest" class="note" hidden></details>'
         '<div class="controls"><label>head <select id="head"></select></label>'
         '<label>temperature T <input id="temperature" type="range" min="-2.3" max="2.3" step="0.01" value="0"></label>'
         '<span id="tvalue"></span> <span class="cap" id="tnote"></span></div>'

@@ -107,7 +107,7 @@ def _show(subject: Subject, text: str, out: Path, *, heads, rollout: bool, log) 
     summary: dict = {"model": subject.name, "text": text, "tokens": maps.tokens, "heads": maps.heads}
     if case_study.is_case_sentence(text):
         results = case_study.run(maps)
-        highlights = case_study.highlights(results)
+        highlights = _tested(subject, case_study.highlights(results), results, log)
         atomic_write_json(out / "case_study.json", results)
         summary["case_study"] = results
         log(case_study.format_results(results))
@@ -132,6 +132,33 @@ def _show(subject: Subject, text: str, out: Path, *, heads, rollout: bool, log) 
         seconds={"model": round(t_model, 3), "total": round(time.perf_counter() - t0, 3)},
     )
     return summary
+
+
+def _tested(subject: Subject, found: dict, results: dict, log) -> dict:
+    """The case study's heads, the determiner -> noun head that passes the separating test of
+    :mod:`.role_test` first (the page opens on it); a head the sentence alone picked that fails the test says so."""
+    from .role_test import determiner_noun_test
+
+    try:
+        test = determiner_noun_test(subject)
+    except ValueError as exc:  # a tokenizer that splits the test's words otherwise
+        log(f"note: the determiner -> noun test could not run ({exc})")
+        return found
+    results["role_test"] = test.to_dict()
+    out: dict = {}
+    if test.passed is not None:
+        s = test.score(*test.passed)
+        out[test.passed] = (
+            f"determiner -> noun, tested: noun {s['noun']:.0%}, {'previous' if test.causal else 'next'} word "
+            f"{s['adjacent']:.0%} on sentences where they differ"
+        )
+        log(test.describe(*test.passed))
+    for key, caption in found.items():
+        if "determiner" in caption and key != test.passed:
+            caption += f"; on this sentence only (the separating test: noun {test.score(*key)['noun']:.0%})"
+            log(test.describe(*key))
+        out[key] = caption if key not in out else out[key] + "; " + caption
+    return out
 
 
 __all__ = ["show"]

@@ -35,8 +35,6 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
-
 from .._io import FolderError, atomic_write_json, folder_kind
 from ..plotting import save as save_figure
 
@@ -95,6 +93,8 @@ def variant_config(
 
 def parameter_count(cfg) -> int:
     """Parameters of the causal LM a pretraining config builds (on the meta device: no memory, no time)."""
+    import torch
+
     from ..models.seq2seq import CausalLM
 
     with torch.device("meta"):
@@ -126,10 +126,18 @@ def matched_ffn(variants: list[str], **kwargs) -> dict[str, int]:
     return out
 
 
-@torch.no_grad()
 def measure(path: Path, *, long_factor: int = 4) -> dict:
     """The inference-side numbers of a finished causal LM run: cache bytes per token, decode speed, the first
     token's attention share per layer, perplexity at ``long_factor`` x the trained length."""
+    import torch
+
+    with torch.no_grad():
+        return _measure(path, long_factor)
+
+
+def _measure(path: Path, long_factor: int) -> dict:
+    import torch
+
     from ..models.generation import generate
     from ..modules.capture import capture
     from .pretrain import held_out_rows, load_pretrain_run
