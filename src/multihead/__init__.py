@@ -27,6 +27,8 @@ Layout (the architecture at a glance):
 The layers are checked by ``lint-imports`` (``pyproject.toml``); docs/architecture.md says where new code goes.
 """
 
+import sys
+import types
 from typing import TYPE_CHECKING
 
 from ._version import __version__ as __version__
@@ -154,6 +156,19 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
+
+
+class _Package(types.ModuleType):
+    """``multihead.attention`` is the function (as the eager ``from .attention import attention`` always made it),
+    also after the subpackage of the same name is imported -- which binds the module on its parent."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "attention" and isinstance(value, types.ModuleType):
+            value = value.attention
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 __all__ = [

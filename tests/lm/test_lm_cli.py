@@ -59,7 +59,16 @@ def test_induction_scores_and_ablation_on_a_pretrained_model(gguf_model, tmp_pat
     assert len(r["prefix_matching"]) == 2 and len(r["prefix_matching"][0]) == 4
     assert set(r["ablation"]) >= {"base", "top", "random_mean", "top_heads"} and len(r["ablation"]["top_heads"]) == 2
     assert (out / "induction.png").stat().st_size > 0
-    assert "ablation:" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "ablation, on fresh repeated sequences" in printed and "with nothing masked" in printed
+    passing = sum(v >= 0.4 for row in r["prefix_matching"] for v in row)
+    assert f"the top 2 heads by prefix matching ({passing} pass the rule)" in printed or (
+        passing == 2 and "the 2 heads that pass the rule" in printed
+    )
+    default = tmp_path / "ind-default"  # without --ablate: the heads that pass the rule (at least one)
+    assert main(["induction", "--model", gguf_model, "--out", str(default), "--half", "8", "--batch", "2"]) == 0
+    k = json.loads((default / "induction.json").read_text())["ablation"]["k"]
+    assert k == max(passing, 1)
 
 
 def test_heads_roles_from_maps_and_from_statistics_agree(gpt2_folder, tmp_path):

@@ -286,10 +286,12 @@ def induction_lm(args) -> int:
     low = min(1000, p.model.config.vocab_size // 10)  # ordinary tokens (past the special ones)
     start = p.bos_id if p.bos_id is not None else low
     scores = I.induction_scores(p.model, half=args.half, batch=args.batch, low=low, start=start, seed=args.seed)
+    passing_count = int((scores["prefix_matching"] >= I.INDUCTION).sum())
+    k = args.ablate if args.ablate is not None else max(passing_count, 1)  # default: the heads that pass the rule
     check = I.ablation(
         p.model,
         scores["prefix_matching"],
-        k=args.ablate,
+        k=k,
         half=args.half,
         batch=args.batch,
         low=low,
@@ -319,10 +321,15 @@ def induction_lm(args) -> int:
         f"{len(passing)} of {len(heads)} heads pass the rule; top: "
         + ", ".join(f"L{l}H{h} {v:.2f}" for l, h, v in passing[:8])
     )
+    which = (
+        f"the {check['k']} heads that pass the rule"
+        if check["k"] == len(passing)
+        else f"the top {check['k']} heads by prefix matching ({len(passing)} pass the rule)"
+    )
     print(
-        f"ablation: repeated-half loss {check['base']:.3f} -> {check['top']:.3f} with the top {check['k']} "
-        f"induction heads masked, {check['random_mean']:.3f} (mean of {len(check['random'])} draws) with "
-        f"{check['k']} random heads masked"
+        f"ablation, on fresh repeated sequences (not the ones scored above, so its unmasked loss differs): "
+        f"repeated-half loss {check['base']:.3f} with nothing masked -> {check['top']:.3f} with {which} masked; "
+        f"{check['random_mean']:.3f} (mean of {len(check['random'])} draws) with {check['k']} random heads masked"
     )
     print(f"wrote {Path(args.out) / 'induction.json'} and induction.png")
     return 0
@@ -686,7 +693,12 @@ def _parser_induction(sub) -> None:
         "(smollm2, a .gguf file, an HF folder), with the ablation check",
     )
     ind.add_argument("--batch", type=_count, default=8, help="--model: repeated-token sequences scored")
-    ind.add_argument("--ablate", type=_count, default=10, help="--model: top induction heads masked in the check")
+    ind.add_argument(
+        "--ablate",
+        type=_count,
+        default=None,
+        help="--model: top induction heads masked in the check (default: the heads that pass the rule)",
+    )
     ind.add_argument("--threads", type=_threads, default=None)
     ind.add_argument("--overwrite", action="store_true")
     ind.add_argument("--no-progress", action="store_true")

@@ -326,8 +326,8 @@ def format_scores(scores: dict) -> str:
         cells = [f"{float(p):.2f}/{float(c):+.2f}{'*' if float(p) >= INDUCTION else ' '}" for p, c in zip(row_p, row_c)]
         lines.append(f"{l:>5} " + "".join(f"{c:>14}" for c in cells))
     lines.append(
-        f"loss per token: first half {scores['loss_first_half']:.3f} (random), repeated half "
-        f"{scores['loss_second_half']:.3f}"
+        f"loss per token on these sequences: first half {scores['loss_first_half']:.3f} (random tokens), repeated "
+        f"half {scores['loss_second_half']:.3f}"
     )
     return "\n".join(lines)
 
