@@ -1,0 +1,134 @@
+"""TransformerLens's habits (:mod:`multihead.interpret.lens`) on a native Llama-shaped LM and an attached HF Llama:
+its hook names, its (batch, pos, head, d_head) layout, ``run_with_hooks`` and ``run_with_cache(names_filter=...)``
+against multihead's own capture, head mask and formulas written here; the comparison with TransformerLens 4.3
+itself is ``multihead bench lens`` (the peers' environment)."""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from multihead.interpret.lens import HookedTransformer, utils
+from multihead.models.seq2seq import CausalLM, CausalLMConfig
+from multihead.modules.capture import capture
+from multihead.modules.decoder import DecoderConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lm"))
+
+
+@pytest.fixture(scope="module")
+def native():
+    torch.manual_seed(0)
+    dec = DecoderConfig(
+        d_model=32,
+        num_heads=4,
+        num_layers=3,
+        d_ff=64,
+        dropout=0.0,
+        cross_attention=False,
+        norm_first=True,
+        norm="rms",
+        activation="swiglu",
+        bias=False,
+        attention={"num_kv_heads": 2},
+    )
+    return CausalLM(CausalLMConfig(vocab_size=100, max_len=64, positional="rope", decoder=dec)).eval()
+
+
+@pytest.fixture(scope="module")
+def attached():
+    from hf_families import hf_model
+
+    from multihead.hf import attach
+
+    model = hf_model("llama").eval()
+    attach(model)
+    return model
+
+
+IDS = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(1))
+
+
+def test_names_layout_and_cache_equal_multiheads_own_capture(native):
+    lens = HookedTransformer(native)
+    assert lens.cfg.n_layers == 3 and lens.cfg.n_heads == 4 and lens.cfg.n_key_value_heads == 2
+    assert {"blocks.0.hook_resid_pre", "blocks.2.attn.hook_z", "blocks.1.hook_mlp_out"} <= set(lens.hook_dict)
+    with torch.no_grad():
+        logits, cache = lens.run_with_cache(IDS, names_filter=lambda n: n.endswith(("hook_z", "hook_pattern")))
+        with capture(native, ("pattern", "z")) as own:
+            want = native(IDS)
+    torch.testing.assert_close(logits, want)
+    assert set(cache) == {f"blocks.{i}.attn.hook_{w}" for i in range(3) for w in ("z", "pattern")}
+    for i, name in enumerate(own.attention_modules):
+        assert cache["z", i].shape == (2, 12, 4, 8)  # TransformerLens's (batch, pos, head, d_head)
+        torch.testing.assert_close(cache["z", i], own[f"{name}.hook_z"].transpose(1, 2))
+        torch.testing.assert_close(cache["pattern", i], own[f"{name}.hook_pattern"])
+    _, kept = HookedTransformer(native, layout="multihead").run_with_cache(IDS, names_filter="blocks.1.attn.hook_z")
+    assert kept["z", 1].shape == (2, 4, 12, 8)
+    with pytest.raises(ValueError, match="one expression"):
+        lens.run_with_cache(IDS, names_filter=["blocks.0.hook_resid_mid"])
+    with pytest.raises(ValueError, match="is not a hook point"):
+        lens.run_with_hooks(IDS, fwd_hooks=[("blocks.9.attn.hook_z", lambda z, hook: z)])
+
+
+def test_a_head_zeroed_on_hook_z_is_the_head_mask_and_the_loss_is_the_formula(native):
+    lens = HookedTransformer(native)
+
+    def ablate(z, hook, head):
+        assert hook.name == "blocks.1.attn.hook_z" and hook.layer() == 1
+        z[:, :, head, :] = 0.0
+        return z
+
+    with torch.no_grad():
+        got = lens.run_with_hooks(IDS, fwd_hooks=[(utils.get_act_name("z", 1), partial(ablate, head=2))])
+        mask = torch.ones(3, 4)
+        mask[1, 2] = 0
+        torch.testing.assert_close(got, native(IDS, head_mask=mask))
+        loss = lens(IDS, return_type="loss")
+        logits = native(IDS)
+    want = F.cross_entropy(logits[:, :-1].reshape(-1, 100), IDS[:, 1:].reshape(-1))
+    torch.testing.assert_close(loss, want)
+    assert lens(IDS, return_type=None) is None
+    assert not any(h._forward_hooks for h in native.modules())  # removed after the call
+
+
+@pytest.mark.parametrize("which", ["native", "attached"])
+def test_patching_every_position_of_the_residual_gives_the_clean_run(which, request):
+    model = request.getfixturevalue(which)
+    lens = HookedTransformer(model)
+    clean, corrupt = IDS[:1], IDS[1:]
+    with torch.no_grad():
+        clean_logits, clean_cache = lens.run_with_cache(clean, names_filter=lambda n: n.endswith("resid_pre"))
+        for layer in range(lens.cfg.n_layers):
+
+            def patch(resid, hook):
+                resid[:] = clean_cache[hook.name]
+                return resid
+
+            patched = lens.run_with_hooks(corrupt, fwd_hooks=[(utils.get_act_name("resid_pre", layer), patch)])
+            torch.testing.assert_close(patched, clean_logits, atol=1e-5, rtol=0)
+        one = lens.run_with_hooks(corrupt, fwd_hooks=[(utils.get_act_name("resid_pre", 1), lambda r, hook: None)])
+        torch.testing.assert_close(one, lens(corrupt))  # a hook that returns None reads only
+
+
+def test_a_failing_hook_leaves_no_hook_behind(attached):
+    lens = HookedTransformer(attached)
+    assert "blocks.0.hook_resid_mid" in lens.hook_dict  # an attached block has the point between its sublayers
+
+    def broken(t, hook):
+        raise RuntimeError("boom")
+
+    def count() -> int:  # attach's own hooks stay; the lens's are gone
+        return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in attached.modules())
+
+    before = count()
+    with pytest.raises(RuntimeError, match="boom"):
+        lens.run_with_hooks(IDS, fwd_hooks=[(lambda n: n.endswith("hook_pattern"), broken)])
+    assert count() == before
+    with pytest.raises(ValueError, match="get_act_name does not know"):
+        utils.get_act_name("embed", 0)
