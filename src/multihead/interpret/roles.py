@@ -308,24 +308,27 @@ def plot_roles(result: dict, stem: Path) -> list[Path]:
         1, 3, figsize=(3 * max(4, 0.6 * cols) + 2, 0.7 * layers + 2.5), gridspec_kw={"width_ratios": [1.4, 1, 1]}
     )
     axes[0].imshow(grid.numpy(), cmap=ListedColormap(colours), vmin=-0.5, vmax=len(ROLES) - 0.5, aspect="auto")
+    label_size = 9 if cols <= 12 else 7  # readable in the saved picture at its own size (cells are ~0.8 in wide)
     for x in result["heads"]:
         short = {"previous token": "prev", "next token": "next", "delimiter sink": "sink", "punctuation": "punct"}
-        axes[0].text(x["head"], x["layer"], short.get(x["role"], x["role"]), ha="center", va="center", fontsize=6)
-    axes[0].set_title("role (rules in multihead.interpret.roles)", fontsize=9)
+        axes[0].text(
+            x["head"], x["layer"], short.get(x["role"], x["role"]), ha="center", va="center", fontsize=label_size
+        )
+    axes[0].set_title("role (rules in multihead.interpret.roles)", fontsize=10)
     for ax, data, title, cmap in (
         (axes[1], ent, "mean normalised entropy", "viridis"),
         (axes[2], dist, "mean attention distance (tokens)", "magma"),
     ):
         im = ax.imshow(data.numpy(), cmap=cmap, aspect="auto")
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title, fontsize=10)
     for ax in axes:
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         ax.set_xticks(range(cols))
         ax.set_yticks(range(layers))
-    fig.suptitle(f"{plain(result['model'])}: {result['texts']} texts, {result['tokens']} tokens", fontsize=10)
-    fig.tight_layout()
+    fig.suptitle(f"{plain(result['model'])}: {result['texts']} texts, {result['tokens']} tokens", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))  # half an inch for the title above the panels
     return _save(fig, stem)
 
 
