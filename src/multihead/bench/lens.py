@@ -1,6 +1,6 @@
 """``multihead bench lens``: five TransformerLens notebook snippets run twice on the same HF folder (SmolLM2-135M
-exported by ``multihead export smollm2``): by TransformerLens 4.3 (its ``TransformerBridge``, in the peers'
-environment ``.venv-peers``) and by multihead (:mod:`multihead.interpret.lens`), with **only the import and the
+exported by ``multihead export smollm2``): by TransformerLens 4.3 (its ``TransformerBridge`` in compatibility
+mode without weight processing, in the peers' environment ``.venv-peers``) and by multihead (:mod:`multihead.interpret.lens`), with **only the import and the
 model line changed**. Each snippet's result is compared: the largest absolute difference, and the seconds each took.
 
 The snippets (the way TransformerLens's docs write them): induction scores from a pattern hook on repeated random
@@ -8,7 +8,10 @@ tokens (``hook.layer()``, a name filter); previous-token scores read from ``run_
 ``cache["pattern", layer]``; a head ablated on ``hook_z`` (``(batch, pos, head, d_head)``) with the loss before and
 after (``return_type="loss"``); the residual stream patched position by position (``hook_resid_pre``) from a clean
 IOI prompt into a corrupted one; each head's output patched the same way (``hook_z``). The inputs are built alike
-for both (seeded random tokens; the IOI prompts through the folder's tokenizer).
+for both (seeded random tokens; the IOI prompts through the folder's tokenizer). One departure from the docs' text,
+the same for both tools: the residual patch reads the clean cache under the name it was patched at, not
+``hook.name`` (TransformerLens 4.3's bridge names that hook ``blocks.L.hook_in`` inside the hook, while its cache
+keeps ``blocks.L.hook_resid_pre``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ HEADERS = {  # the only lines that differ between the two runs of a snippet
         "from transformer_lens import utilities as utils\n"
         "from transformer_lens.model_bridge import TransformerBridge\n"
         "model = TransformerBridge.boot_transformers(FOLDER, device='cpu')\n"
+        "model.enable_compatibility_mode(no_processing=True)  # HookedTransformer's hook names, unfolded weights\n"
     ),
     "multihead": (
         "from multihead.interpret.lens import HookedTransformer, utils\n"
@@ -78,14 +82,14 @@ result = torch.stack([original_loss, ablated_loss])
 """,
     "residual_patching": """
 _, clean_cache = model.run_with_cache(clean_tokens, names_filter=lambda name: name.endswith("resid_pre"))
-def patch_residual_component(resid, hook, pos):
-    resid[:, pos, :] = clean_cache[hook.name][:, pos, :]
+def patch_residual_component(resid, hook, pos, name):
+    resid[:, pos, :] = clean_cache[name][:, pos, :]  # (TransformerLens 4.3's bridge calls this hook blocks.L.hook_in)
     return resid
 layers = list(range(0, model.cfg.n_layers, 6))
 result = torch.zeros(len(layers), clean_tokens.shape[1])
 for i, layer in enumerate(layers):
     for pos in range(clean_tokens.shape[1]):
-        hook_fn = partial(patch_residual_component, pos=pos)
+        hook_fn = partial(patch_residual_component, pos=pos, name=utils.get_act_name("resid_pre", layer))
         patched = model.run_with_hooks(corrupted_tokens, fwd_hooks=[(utils.get_act_name("resid_pre", layer), hook_fn)])
         result[i, pos] = logit_diff(patched)
 """,
