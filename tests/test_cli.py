@@ -280,9 +280,10 @@ def test_train_help_names_every_registered_backend(capsys):
 
 
 def test_ctrl_c_while_the_command_starts_ends_quietly():
-    """A Ctrl-C while the package and PyTorch are still importing: one line and exit 130, no traceback (the
-    launcher ``_multihead_cli``, which the ``multihead`` command runs). The interrupt is raised where a real one lands
-    most often, inside ``import torch``, so the test does not depend on timing."""
+    """A Ctrl-C while PyTorch is still importing: one line and exit 130, no traceback. The command's parser imports no
+    torch, so the import comes inside the command (the launcher ``_multihead_cli`` covers the package's own imports
+    before it). The interrupt is raised where a real one lands most often, inside ``import torch``, so the test does
+    not depend on timing."""
     code = (
         "import builtins, sys\n"
         "real = builtins.__import__\n"
@@ -296,7 +297,8 @@ def test_ctrl_c_while_the_command_starts_ends_quietly():
     )
     proc = subprocess.run([sys.executable, "-c", code, "backends"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 130, (proc.returncode, proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr and proc.stderr.strip() == "interrupted while starting; nothing was done"
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stderr.startswith("interrupted")
 
 
 def test_thread_counts_past_four_per_cpu_are_refused_before_any_thread_is_made():

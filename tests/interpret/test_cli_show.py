@@ -22,6 +22,10 @@ def test_show_minilm_case_study(tmp_path, capsys):
     assert [weights[f"layer_{i}"].shape for i in range(6)] == [(12, 9, 9)] * 6
     assert json.loads((out / "tokens.json").read_text())[2] == "cat"
     assert (out / "attention.html").stat().st_size > 1000
+    test = json.loads((out / "role_test.json").read_text())  # the head the page opens on passed the separating test
+    layer, head = test["passed"]
+    assert test["noun"][layer][head] >= 0.5 > test["noun"][1][8] and "passes the determiner -> noun test" in printed
+    assert (out / f"head_L{layer}_H{head}.png").exists()
 
 
 def test_show_rejects_missing_heads(tmp_path, capsys):

@@ -107,8 +107,11 @@ def _show(subject: Subject, text: str, out: Path, *, heads, rollout: bool, log) 
     summary: dict = {"model": subject.name, "text": text, "tokens": maps.tokens, "heads": maps.heads}
     if case_study.is_case_sentence(text):
         results = case_study.run(maps)
-        highlights = _tested(subject, case_study.highlights(results), results, log)
+        highlights, test = _tested(subject, case_study.highlights(results), log)
         atomic_write_json(out / "case_study.json", results)
+        if test is not None:
+            atomic_write_json(out / "role_test.json", test)
+            summary["role_test"] = test
         summary["case_study"] = results
         log(case_study.format_results(results))
     chosen = list(heads or []) + [k for k in highlights if k not in (heads or [])]
@@ -134,17 +137,17 @@ def _show(subject: Subject, text: str, out: Path, *, heads, rollout: bool, log) 
     return summary
 
 
-def _tested(subject: Subject, found: dict, results: dict, log) -> dict:
+def _tested(subject: Subject, found: dict, log) -> tuple[dict, dict | None]:
     """The case study's heads, the determiner -> noun head that passes the separating test of
-    :mod:`.role_test` first (the page opens on it); a head the sentence alone picked that fails the test says so."""
+    :mod:`.role_test` first (the page opens on it); a head the sentence alone picked that fails the test says so.
+    Also the test's record (``role_test.json``), or None where it could not run."""
     from .role_test import determiner_noun_test
 
     try:
         test = determiner_noun_test(subject)
     except ValueError as exc:  # a tokenizer that splits the test's words otherwise
         log(f"note: the determiner -> noun test could not run ({exc})")
-        return found
-    results["role_test"] = test.to_dict()
+        return found, None
     out: dict = {}
     if test.passed is not None:
         s = test.score(*test.passed)
@@ -158,7 +161,7 @@ def _tested(subject: Subject, found: dict, results: dict, log) -> dict:
             caption += f"; on this sentence only (the separating test: noun {test.score(*key)['noun']:.0%})"
             log(test.describe(*key))
         out[key] = caption if key not in out else out[key] + "; " + caption
-    return out
+    return out, test.to_dict()
 
 
 __all__ = ["show"]
