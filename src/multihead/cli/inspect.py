@@ -672,6 +672,17 @@ def _parser_heads(sub) -> None:
     hd.set_defaults(fn=cmd_heads)
 
 
+def _method_option(p) -> None:
+    """``--method``: the head scores of :data:`multihead.heads.scores.METHODS` (read only when asked)."""
+    p.add_argument(
+        "--method",
+        default="michel",
+        choices=LazyChoices("multihead.heads.scores", "METHODS"),
+        metavar="METHOD",
+        help="how a head is scored: %(choices)s (default %(default)s)",
+    )
+
+
 def _parser_importance(sub) -> None:
     im = sub.add_parser("importance", help="per-head importance of a trained run (layers x heads table + heatmap)")
     im.add_argument(
@@ -681,13 +692,7 @@ def _parser_importance(sub) -> None:
     )
     im.add_argument("--data", default=None, help="dataset (default: the run's own)")
     im.add_argument("--split", default="validation", help="train | validation | test | all")
-    im.add_argument(
-        "--method",
-        default="michel",
-        choices=LazyChoices("multihead.heads.scores", "METHODS"),
-        metavar="METHOD",
-        help="how a head is scored: %(choices)s (default %(default)s)",
-    )
+    _method_option(im)
     im.add_argument("--n", type=_count, default=None, help="use the first N texts")
     im.add_argument("--out", default=None, help="folder for JSON + PNG (default RUN/importance)")
     im.add_argument("--overwrite", action="store_true", help="pretrained LMs: replace the folder at --out")
@@ -699,13 +704,7 @@ def _parser_prune(sub) -> None:
     pu.add_argument("run")
     pu.add_argument("--data", default=None, help="dataset (default: the run's own)")
     pu.add_argument("--out", required=True, help="folder for the pruned run")
-    pu.add_argument(
-        "--method",
-        default="michel",
-        choices=LazyChoices("multihead.heads.scores", "METHODS"),
-        metavar="METHOD",
-        help="how a head is scored: %(choices)s (default %(default)s)",
-    )
+    _method_option(pu)
     pu.add_argument("--step", type=_fraction, default=0.1, help="fraction of remaining heads masked per round")
     pu.add_argument("--max-drop", type=_fraction, default=0.01, help="largest validation accuracy loss accepted")
     pu.add_argument("--until", type=_fraction, default=0.0, help="continue the curve until this fraction is pruned")
