@@ -2,14 +2,13 @@
 what they print and write, and their messages for bad input."""
 
 import json
-import os
-import shutil
 
 import pytest
 import torch
 
 from hf_families import hf_model, write_gguf
 from multihead.cli import main
+from multihead.models import fast_decode
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +34,10 @@ def test_generate_streams_a_continuation(gguf_model, capsys):
     assert main(["generate", gguf_model, "hi", "--chat", "--max-new", "3"]) == 0  # the file's template
 
 
-@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="torch.compile's C++ code needs g++")
+@pytest.mark.skipif(
+    fast_decode.why_not_inductor() is not None,
+    reason=f"torch.compile cannot build CPU code here: {fast_decode.why_not_inductor()}",
+)
 def test_generate_compiled_writes_the_same_text(gguf_model, capsys):
     assert main(["generate", gguf_model, "the cat", "--max-new", "8", "--no-stream"]) == 0
     want = capsys.readouterr().out

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import os
-import shutil
 
 import pytest
 import torch
@@ -26,8 +24,8 @@ from test_decoding_layout import plain  # noqa: F401  (the fixture: every test s
 
 pytestmark = [
     pytest.mark.skipif(
-        shutil.which(os.environ.get("CXX", "g++")) is None,
-        reason="torch.compile's C++ code needs g++ (apt install g++)",
+        fast_decode.why_not_inductor() is not None,
+        reason=f"torch.compile cannot build CPU code here: {fast_decode.why_not_inductor()}",
     ),
     pytest.mark.usefixtures("plain"),
 ]
@@ -148,3 +146,13 @@ def test_smollm2_compiled_decodes_the_same_tokens():
     got_logits, got = _decode(model, ids, steps=8)
     assert got == want
     torch.testing.assert_close(got_logits, want_logits, atol=1e-4, rtol=0)
+
+
+def test_without_a_working_compiler_compile_refuses_and_changes_nothing(monkeypatch):
+    model = _model("llama")
+    weight = model.decoder.layers[0].self_attn.w_q.weight
+    stride = weight.stride()
+    monkeypatch.setattr(fast_decode, "why_not_inductor", lambda: "InvalidCxxCompiler: no working C++ compiler found")
+    with pytest.raises(ValueError, match="cannot build CPU code here .*InvalidCxxCompiler.*apt install g\\+\\+"):
+        fast_decode.compile(model)
+    assert weight.stride() == stride and "_compiled" not in model.__dict__

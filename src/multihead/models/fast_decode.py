@@ -254,6 +254,18 @@ def why_not_compiled(model, tokens: Tensor) -> str | None:
     return None
 
 
+@functools.cache
+def why_not_inductor() -> str | None:
+    """Why ``torch.compile`` cannot build CPU code in this process (None: it can), tried once on a tiny function:
+    inductor needs a C++ compiler and the headers it includes."""
+    try:
+        tiny = torch.compile(lambda x: (x[..., None, :] * x).sum(-1), dynamic=False, fullgraph=True)
+        tiny(torch.ones(2, 3))
+    except Exception as e:  # the compiler missing, headers missing, ...: the reason, for a refusal or a skip
+        return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+    return None
+
+
 def compile(model):
     """Decode ``model`` (a causal LM the lean step serves) through the compiled step at batch 1 from now on; returns
     the model. Lays its weights out by rows (in place, no copy) and compiles the graphs on a first token (a few
@@ -270,6 +282,12 @@ def compile(model):
         raise ValueError(f"this model cannot take the compiled decoding step: {spec}")
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise ValueError("the compiled decoding step is the CPU's: move the model with .cpu() first")
+    broken = why_not_inductor()
+    if broken is not None:
+        raise ValueError(
+            f"torch.compile cannot build CPU code here ({broken}); inductor needs a C++ compiler and Python's headers "
+            "(e.g. apt install g++ python3-dev): decode without fast_decode.compile"
+        )
     fastpath.prepare(model, layout="rows")
     model.__dict__["_compiled"] = {"spec": spec}
     try:
@@ -316,4 +334,4 @@ def _compiled_step(model, tokens: Tensor, cache: KVCache, position: int | None =
     return head(x, *model.__dict__["_compiled"]["head"])[:, -1]  # (1, V)
 
 
-__all__ = ["ENABLED", "compile", "step", "why_not", "why_not_compiled"]
+__all__ = ["ENABLED", "compile", "step", "why_not", "why_not_compiled", "why_not_inductor"]
