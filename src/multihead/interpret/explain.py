@@ -73,10 +73,8 @@ def _role_test(subject: Subject, layer: int | None):
         test = determiner_noun_test(subject)
     except ValueError:
         return None
-    if layer is not None and test.passed is not None and test.passed[0] != layer:
-        row = test.noun[layer]
-        passing = [h for h in range(len(row)) if test._passes(layer, h)]
-        test.passed = (layer, max(passing, key=lambda h: row[h])) if passing else None
+    if layer is not None:
+        test.passed = test.best(layer)
     return test
 
 

@@ -104,14 +104,10 @@ class HookedTransformer(nn.Module):
         self.model, self.tokenizer, self.layout, self.bos_id = model.eval(), tokenizer, layout, bos_id
         named = dict(model.named_modules())
         points = hook_points(model)
-        blocks = []
-        self._attn: list[nn.Module] = []
-        for name, attn in attention_modules(model):
-            block = _block_of(name, named)
-            blocks.append(block)
-            self._attn.append(attn)
+        attns = attention_modules(model)
+        blocks = [_block_of(name, named) for name, _ in attns]
         self._points: dict[str, tuple[str, nn.Module]] = {}  # TL name -> ("point" | "input", module)
-        for i, (block, (attn_name, _)) in enumerate(zip(blocks, attention_modules(model))):
+        for i, (block, (attn_name, _)) in enumerate(zip(blocks, attns)):
             for hook in _BLOCK:
                 if f"{block}.{hook}" in points:
                     self._points[f"blocks.{i}.{hook}"] = ("point", points[f"{block}.{hook}"])
@@ -121,7 +117,7 @@ class HookedTransformer(nn.Module):
                 if f"{attn_name}.{hook}" in points:
                     self._points[f"blocks.{i}.attn.{hook}"] = ("point", points[f"{attn_name}.{hook}"])
         config = getattr(model, "config", None)
-        a = self._attn[0]
+        a = attns[0][1]
         self.cfg = Config(
             n_layers=len(blocks),
             n_heads=a.num_heads,

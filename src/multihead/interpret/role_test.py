@@ -79,7 +79,7 @@ class RoleTest:
     def describe(self, layer: int, head: int) -> str:
         """One line for a page or a log: the head's scores and whether it passed."""
         s = self.score(layer, head)
-        verdict = "passes" if (layer, head) == self.passed or self._passes(layer, head) else "does not pass"
+        verdict = "passes" if self.passes(layer, head) else "does not pass"
         direction = "its noun's strongest link is the determiner" if self.causal else "its strongest link is the noun"
         return (
             f"layer {layer} head {head} {verdict} the determiner -> noun test: on {len(self.sentences)} held-out "
@@ -87,9 +87,15 @@ class RoleTest:
             f"{s['noun']:.0%} of the time, the {'previous' if self.causal else 'next'} word {s['adjacent']:.0%}"
         )
 
-    def _passes(self, layer: int, head: int) -> bool:
+    def passes(self, layer: int, head: int) -> bool:
         s = self.score(layer, head)
         return s["noun"] >= PASS and s["noun"] > s["adjacent"]
+
+    def best(self, layer: int | None = None) -> tuple[int, int] | None:
+        """The passing head with the highest noun share (in ``layer`` if given), or None."""
+        heads = [(l, h) for l in range(len(self.noun)) for h in range(len(self.noun[l])) if layer in (None, l)]
+        passing = [c for c in heads if self.passes(*c)]
+        return max(passing, key=lambda c: self.noun[c[0]][c[1]]) if passing else None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -128,23 +134,18 @@ def determiner_noun_test(subject: Subject, n: int = 24, seed: int = 0) -> RoleTe
         raise ValueError(f"{subject.name}'s tokenizer does not split the test sentences into their words")
     noun_share = [(v / links).tolist() for v in noun]
     adjacent_share = [(v / links).tolist() for v in adjacent]
-    candidates = [
-        (noun_share[l][h], l, h)
-        for l in range(layers)
-        for h in range(len(noun_share[l]))
-        if noun_share[l][h] >= PASS and noun_share[l][h] > adjacent_share[l][h]
-    ]
-    best = max(candidates)[1:] if candidates else None
-    return RoleTest(
+    test = RoleTest(
         name=subject.name,
         rule=f"noun >= {PASS} and noun > adjacent",
         sentences=[t for t, _, _ in built],
         links=links,
         noun=[[round(v, 4) for v in row] for row in noun_share],
         adjacent=[[round(v, 4) for v in row] for row in adjacent_share],
-        passed=best,
+        passed=None,
         causal=causal,
     )
+    test.passed = test.best()
+    return test
 
 
 __all__ = ["PASS", "RoleTest", "determiner_noun_test", "separating_sentences"]

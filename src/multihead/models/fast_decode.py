@@ -153,13 +153,13 @@ def _spec(model) -> tuple | str:
     dec = model.decoder
     specs = set()
     for i, layer in enumerate(dec.layers):
-        a, f = layer.self_attn, layer.ffn
+        f = layer.ffn
         if f is None or (f.w_gate is not None and (f.w_gate.bias is None) != (f.w_1.bias is None)):
             return f"layer {i} has no feed-forward, or a bias on one of its gate and up products only"
         act, norms = _activation(f), [_norm(n) for n in layer.norms[:2]]
         if act is None or None in norms or len(layer.norms) != 2:
             return f"layer {i}'s activation or norms are ones the compiled step does not write"
-        specs.add((norms[0], norms[1], act, f.w_gate is not None, a.q_norm is not None or a.k_norm is not None))
+        specs.add((norms[0], norms[1], act, f.w_gate is not None))
     final = None if dec.final_norm is None else _norm(dec.final_norm)
     if dec.final_norm is not None and final is None:
         return "the final norm is one the compiled step does not write"
@@ -184,7 +184,7 @@ def _gemv(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 @functools.cache
 def _graphs(spec: tuple):
     """The three compiled functions of a spec: before attention, after it, and the output head."""
-    pre_norm, post_norm, act, gated, _, final = spec
+    pre_norm, post_norm, act, gated, final = spec
     activation = _ACTIVATIONS[act]
 
     def before(x, norm_w, norm_b, w_qkv, b_qkv):

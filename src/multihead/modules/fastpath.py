@@ -59,42 +59,38 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None, owner) -> Tensor:
     return y if bias is None else y + bias
 
 
-def columns(weights: Sequence[Tensor]) -> Tensor | None:
-    """The one ``in x (out_1 + out_2 + ...)`` buffer that ``weights`` (each ``out_i x in``) are consecutive column
-    views of, as :func:`prepare` packs them, or None if they are not (then each is multiplied on its own)."""
+def _packed(weights: Sequence[Tensor], by_rows: bool) -> Tensor | None:
+    """The one contiguous buffer ``weights`` (each ``out_i x in``) are consecutive blocks of -- rows of a
+    ``(sum of outs) x in`` buffer, or columns of an ``in x (sum of outs)`` one -- or None if they are not."""
     first = weights[0]
     total, width = sum(w.shape[0] for w in weights), first.shape[1]
     offset = 0
     for w in weights:
+        laid = w.is_contiguous() if by_rows else w.stride() == (1, total)
         if (
             w.dim() != 2
             or w.shape[1] != width
-            or w.stride() != (1, total)
+            or not laid
             or w.dtype != first.dtype
-            or w.data_ptr() != first.data_ptr() + offset * first.element_size()
+            or w.data_ptr() != first.data_ptr() + offset * (width if by_rows else 1) * first.element_size()
         ):
             return None
         offset += w.shape[0]
+    if by_rows:
+        return first.detach().as_strided((total, width), (width, 1))
     return first.detach().as_strided((width, total), (total, 1))
+
+
+def columns(weights: Sequence[Tensor]) -> Tensor | None:
+    """The one ``in x (out_1 + out_2 + ...)`` buffer that ``weights`` (each ``out_i x in``) are consecutive column
+    views of, as :func:`prepare` packs them, or None if they are not (then each is multiplied on its own)."""
+    return _packed(weights, by_rows=False)
 
 
 def rows(weights: Sequence[Tensor]) -> Tensor | None:
     """The one contiguous ``(out_1 + out_2 + ...) x in`` buffer that ``weights`` (each ``out_i x in``) are
     consecutive row blocks of, as ``prepare(layout="rows")`` packs them, or None if they are not."""
-    first = weights[0]
-    total, width = sum(w.shape[0] for w in weights), first.shape[1]
-    offset = 0
-    for w in weights:
-        if (
-            w.dim() != 2
-            or w.shape[1] != width
-            or not w.is_contiguous()
-            or w.dtype != first.dtype
-            or w.data_ptr() != first.data_ptr() + offset * width * first.element_size()
-        ):
-            return None
-        offset += w.shape[0]
-    return first.detach().as_strided((total, width), (width, 1))
+    return _packed(weights, by_rows=True)
 
 
 def pack_rows(linears: Sequence[nn.Linear]) -> None:
