@@ -96,6 +96,13 @@ def test_generate_continues_as_hf_does(neox, capsys):
     assert capsys.readouterr().out.strip() == "the cat sat" + p.tokenizer.decode(streamed, skip_special_tokens=True)
 
 
+def test_generate_compile_refuses_an_attached_folder(neox, capsys):
+    assert main(["generate", str(neox), "the cat sat", "--max-new", "2", "--compile"]) == 2
+    err = capsys.readouterr().err
+    assert "--compile compiles multihead's own decoding step" in err and "drop --compile" in err
+    assert "Traceback" not in err
+
+
 def test_patch_and_induction_from_the_command_line(neox, tmp_path):
     out = tmp_path / "patch"
     argv = ["patch", str(neox), "--clean", "the cat sat on the mat", "--corrupt", "the dog sat on the mat"]

@@ -46,6 +46,22 @@ def test_generate_compiled_writes_the_same_text(gguf_model, capsys):
     assert got.out == want and "compiling the decoding step" in got.err
 
 
+def test_bench_lens_refuses_an_unknown_snippet_before_anything_is_read(tmp_path, capsys):
+    out = tmp_path / "lens.json"
+    assert main(["bench", "lens", "--impls", "logit_lens", "--model", str(tmp_path / "none"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown snippets ['logit_lens']" in err and "induction_scores" in err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_bad_head_scoring_method_is_a_usage_error_naming_the_methods(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["importance", str(tmp_path), "--method", "gradient"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'gradient'" in err and "michel" in err and "loo" in err
+
+
 def test_generate_refuses_a_prompt_past_the_positions(gguf_model, capsys):
     assert main(["generate", gguf_model, "the cat", "--max-new", "500"]) == 2
     assert "--max-new" in capsys.readouterr().err

@@ -129,12 +129,13 @@ def run(*, model=None, impls=None, threads: int | None = None, out: Path, progre
     from .harness import machine_info, write_json
     from .peers import _folder
 
+    unknown = [s for s in impls or () if s not in SNIPPETS]
+    if unknown:  # before any folder is read or written
+        raise ValueError(f"bench lens --impls: unknown snippets {unknown}; choose from {', '.join(SNIPPETS)}")
     folder = str(_folder(model))
     python = {"multihead": sys.executable, "transformer_lens": str(PEER_VENV / "bin" / "python")}
     results = []
     for snippet in tqdm(list(impls or SNIPPETS), desc="bench lens", disable=not progress):
-        if snippet not in SNIPPETS:
-            raise ValueError(f"unknown snippet {snippet!r}; choose from {', '.join(SNIPPETS)}")
         row: dict = {"snippet": snippet}
         for tool in ("multihead", "transformer_lens"):
             if not Path(python[tool]).is_file():
