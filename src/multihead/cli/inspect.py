@@ -573,10 +573,16 @@ def explain_text(args) -> int:
     from ..interpret import load_subject
     from ..interpret.explain import explain, write_explain_page
 
+    if args.serve:
+        return _serve_explain(args)
+    if args.text is None or not args.text.strip():
+        raise ValueError(
+            'pass a text to walk through, e.g. "The cat sat on the mat." (or --serve to type it in a page)'
+        )
+    if args.out is None:
+        raise ValueError("pass --out FOLDER for explain.html (or --serve to open the page on a local server)")
     # an earlier page is replaced only with --overwrite (its --help says so)
     check_target(args.out, "show", overwrite=args.overwrite, sources=(args.model,), replace_own=False)
-    if not args.text.strip():
-        raise ValueError('pass a text to walk through, e.g. "The cat sat on the mat."')
     data = explain(load_subject(args.model), args.text, layer=args.layer, head=args.head)
     with Publish(Path(args.out), "show", overwrite=args.overwrite, sources=(args.model,), replace_own=False) as folder:
         write_explain_page(data, folder / "explain.html")
@@ -592,13 +598,47 @@ def explain_text(args) -> int:
     return 0
 
 
+def _serve_explain(args) -> int:
+    """``multihead explain --serve``: the page on 127.0.0.1, the model loaded once for every text typed in it."""
+    import time
+
+    from ..interpret import load_subject
+    from ..interpret.serve import Explainer, Server
+
+    if args.out is not None:
+        raise ValueError("--serve writes no files; drop --out (or drop --serve to write explain.html)")
+    import importlib.util
+
+    if importlib.util.find_spec("starlette") is None or importlib.util.find_spec("uvicorn") is None:
+        raise ValueError("--serve needs Starlette and uvicorn: pip install 'multihead[serve]'")
+    text = args.text if args.text and args.text.strip() else "The cat sat on the mat."
+    start = time.perf_counter()
+    subject = load_subject(args.model)
+    explainer = Explainer(subject)
+    _, first = explainer.ask(text, args.layer, args.head)  # refusals (a bad --layer) before the server starts
+    server = Server(explainer, text, port=args.port, layer=args.layer, head=args.head)
+    print(
+        f"{subject.name} loaded and the first text explained in {time.perf_counter() - start:.1f} s "
+        f"(the text alone: {first:.2f} s); each text typed in the page costs only its own pass"
+    )
+    print(f"serving {server.url} (127.0.0.1 only); open it in a browser, Ctrl-C to stop", flush=True)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def _parser_explain(sub) -> None:
     ex = sub.add_parser(
         "explain",
-        help="the tutorial's steps (X, Q/K/V, QK^T, scaling, mask, softmax, weights x V, concat, W^O) with a real "
-        "model's numbers, as one offline page",
+        help="one transformer block step by step with a real model's numbers (embeddings, X, Q/K/V, QK^T, scaling, "
+        "mask, softmax, every head, weights x V, concat, W^O, the MLP, the residual stream, logits and sampling): "
+        "one offline page, or --serve to type your own text",
     )
-    ex.add_argument("text", help='the text, e.g. "The cat sat on the mat."')
+    ex.add_argument(
+        "text", nargs="?", default=None, help='the text, e.g. "The cat sat on the mat." (with --serve: the first one)'
+    )
     ex.add_argument(
         "--model",
         default="minilm",
@@ -608,8 +648,15 @@ def _parser_explain(sub) -> None:
         "--layer", type=_nonneg, default=None, help="attention layer (default: the determiner -> noun head's)"
     )
     ex.add_argument("--head", type=_nonneg, default=None, help="head (default: the determiner -> noun head)")
-    ex.add_argument("--out", required=True, help="folder for explain.html")
+    ex.add_argument("--out", default=None, help="folder for explain.html")
     ex.add_argument("--overwrite", action="store_true", help="replace an earlier page at --out")
+    ex.add_argument(
+        "--serve",
+        action="store_true",
+        help="instead of a file: a local web server (127.0.0.1 only) where you type the text and the model, "
+        "loaded once, recomputes every step",
+    )
+    ex.add_argument("--port", type=_nonneg, default=8765, help="--serve's port on 127.0.0.1 (0: any free one)")
     ex.set_defaults(fn=cmd_explain)
 
 

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from .._io import atomic_write_text
-from ..modules.capture import attention_modules, capture
+from ..modules.capture import _block_of, attention_modules, capture
 from .maps import LMSubject, Subject, is_special
 from .page import _json_for_script
 
@@ -67,14 +67,18 @@ def _determiner_score(p: torch.Tensor, tokens: list[str], causal: bool) -> tuple
 def _role_test(subject: Subject, layer: int | None):
     """The determiner -> noun test (:mod:`.role_test`) of ``subject``, restricted to ``layer`` if given; None where
     the test cannot read the model (a tokenizer that splits its words otherwise)."""
+    import dataclasses
+
     from .role_test import determiner_noun_test
 
-    try:
-        test = determiner_noun_test(subject)
-    except ValueError:
-        return None
-    if layer is not None:
-        test.passed = test.best(layer)
+    if "_role_test" not in subject.__dict__:  # the same for every text: a served page runs it once
+        try:
+            subject.__dict__["_role_test"] = determiner_noun_test(subject)
+        except ValueError:
+            subject.__dict__["_role_test"] = None
+    test = subject.__dict__["_role_test"]
+    if test is not None and layer is not None:
+        test = dataclasses.replace(test, passed=test.best(layer))
     return test
 
 
@@ -115,9 +119,12 @@ def explain(subject: Subject, text: str, *, layer: int | None = None, head: int 
         if proj is not None:
             handles.append(proj[0].register_forward_pre_hook(projection_input(i)))
             handles.append(proj[3].register_forward_hook(output(i)))
+    named = dict(model.named_modules())
+    blocks = [named[_block_of(name, named)] for name, _ in mods]
+    handles += _record_block(model, blocks, seen)
     try:  # with gradients on: the unfused path, whose projections are the modules hooked above
         with torch.enable_grad(), capture(model, ("pattern", "q", "k", "v")) as cache:
-            model(ids, keep)
+            result = model(ids, keep)
     finally:
         for h in handles:
             h.remove()
@@ -192,6 +199,8 @@ def explain(subject: Subject, text: str, *, layer: int | None = None, head: int 
     def numbers(t: torch.Tensor) -> list:  # six decimals: the page's arithmetic stays within 1e-5 of the model's
         return torch.round(t, decimals=6).tolist()
 
+    block = _block_numbers(seen, layer, n, mha, transformed)
+
     return {
         "model": subject.name,
         "text": text,
@@ -220,6 +229,140 @@ def explain(subject: Subject, text: str, *, layer: int | None = None, head: int 
         "concat": numbers(concat),
         "output": numbers(mha),
         "checks": checks,
+        "block": block,
+        "next": _next_token(subject, result, n),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- the block
+MLP_NAMES = ("ffn", "mlp", "feed_forward")  # a block's feed-forward module: multihead's, most HF decoders'
+DOWN_NAMES = ("w_2", "down_proj", "c_proj", "fc2", "dense_4h_to_h")  # its last projection (its input: the hidden)
+
+
+def _child(module: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
+    return next((getattr(module, n) for n in names if isinstance(getattr(module, n, None), nn.Module)), None)
+
+
+def _embedding(model: nn.Module) -> nn.Module | None:
+    """The token embedding: multihead's ``embed`` (its LMs, encoders, attached LMs), or an HF model's own."""
+    embed = getattr(model, "embed", None)
+    if isinstance(embed, nn.Module):
+        return embed
+    for owner in (model, getattr(model, "hf", None)):
+        get = getattr(owner, "get_input_embeddings", None)
+        if callable(get):
+            try:
+                return get()
+            except (NotImplementedError, AttributeError):
+                pass
+    return None
+
+
+def _record_block(model: nn.Module, blocks: list[nn.Module], seen: dict) -> list:
+    """Hooks that record, in ``seen``, the token embeddings (``embed``), every block's input (``pre{i}``) and output
+    (``post{i}``), and its feed-forward module's input (``mlp_in{i}``), hidden activation (``hidden{i}``, the last
+    projection's input) and output (``mlp_out{i}``), where the model has them."""
+
+    def first(x):
+        return (x[0] if isinstance(x, (tuple, list)) else x).detach()
+
+    def before(key: str):
+        def record(module, args, kwargs) -> None:
+            seen[key] = first(args) if args else kwargs["hidden_states"].detach()
+
+        return record
+
+    def after(key: str):
+        def record(module, args, out) -> None:
+            seen[key] = first(out)
+
+        return record
+
+    handles = []
+    embed = _embedding(model)
+    if embed is not None:
+        handles.append(embed.register_forward_hook(after("embed")))
+    for i, block in enumerate(blocks):
+        handles.append(block.register_forward_pre_hook(before(f"pre{i}"), with_kwargs=True))
+        handles.append(block.register_forward_hook(after(f"post{i}")))
+        mlp = _child(block, MLP_NAMES)
+        if mlp is None:
+            continue
+        handles.append(mlp.register_forward_pre_hook(before(f"mlp_in{i}"), with_kwargs=True))
+        handles.append(mlp.register_forward_hook(after(f"mlp_out{i}")))
+        down = _child(mlp, DOWN_NAMES)
+        if down is not None:
+            handles.append(down.register_forward_pre_hook(before(f"hidden{i}"), with_kwargs=True))
+    return handles
+
+
+def _block_numbers(seen: dict, layer: int, n: int, attn_out: torch.Tensor, rotated: bool) -> dict:
+    """What the page shows around the attention step: the embeddings and what reaches layer 0, the residual stream
+    of ``layer`` (its input, the attention's and the MLP's contributions, its output) and the MLP inside, with the
+    checks of how they add up."""
+
+    def rows(key: str) -> torch.Tensor | None:
+        t = seen.get(key)
+        return None if t is None else (t[0] if t.dim() == 3 else t)[:n].double()
+
+    def numbers(t: torch.Tensor | None) -> list | None:  # four decimals: these are pictures, not arithmetic
+        return None if t is None else torch.round(t, decimals=4).tolist()
+
+    embed, first_input = rows("embed"), rows("pre0")
+    pre, post = rows(f"pre{layer}"), rows(f"post{layer}")
+    mlp_in, hidden, mlp_out = rows(f"mlp_in{layer}"), rows(f"hidden{layer}"), rows(f"mlp_out{layer}")
+    added = None
+    if embed is not None and first_input is not None and embed.shape == first_input.shape:
+        added = first_input - embed
+    if added is None:
+        positions = "unknown"
+    elif float(added.abs().max()) <= TOLERANCE:
+        positions = "rotary" if rotated else "none"  # nothing is added to the token's vector before layer 0
+    else:
+        positions = "added"
+    residual = "unknown"
+    checks: dict[str, float] = {}
+    if pre is not None and post is not None and mlp_out is not None and pre.shape == post.shape:
+        # relative to the stream's size: a float32 sum of three terms of ~100 is exact to ~1e-5 of them
+        checks["residual"] = float((pre + attn_out + mlp_out - post).abs().max() / post.abs().max().clamp_min(1.0))
+        residual = "sum" if checks["residual"] <= 1e-5 else "other"
+    return {
+        "embed": numbers(embed),
+        "added": numbers(added) if positions == "added" else None,
+        "positions": positions,
+        "pre": numbers(pre),
+        "attn_out": numbers(attn_out),
+        "mlp_in": numbers(mlp_in),
+        "hidden": numbers(hidden),
+        "mlp_out": numbers(mlp_out),
+        "post": numbers(post),
+        "residual": residual,
+        "norms": {  # each token's length at each stage, the page's bar chart
+            k: torch.linalg.vector_norm(t, dim=-1).tolist()
+            for k, t in (("pre", pre), ("attn_out", attn_out), ("mlp_out", mlp_out), ("post", post))
+            if t is not None
+        },
+        "checks": checks,
+    }
+
+
+def _next_token(subject: Subject, result, n: int, top: int = 200) -> dict | None:
+    """The model's logits for the token after the text (a causal LM's last position), as float32 bytes in base64
+    (the page samples from every one of them) with the ``top`` most likely tokens' texts; None for a model without
+    a vocabulary output (an encoder)."""
+    import base64
+
+    logits = getattr(result, "logits", result)
+    lm = getattr(subject, "lm", None)
+    if lm is None or not isinstance(logits, torch.Tensor) or logits.dim() != 3:
+        return None
+    last = logits[0, n - 1].detach().float().contiguous()
+    order = last.topk(min(top, last.numel())).indices.tolist()
+    return {
+        "vocab": last.numel(),
+        "logits": base64.b64encode(last.numpy().astype("<f4").tobytes()).decode("ascii"),
+        "top": order,
+        "texts": lm.token_texts(order),
     }
 
 
@@ -261,7 +404,8 @@ def _variant(mod) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------------- the page
-STEPS = [  # (id, our title, the tutorial's own words)
+STEPS = [  # (id, our title, the tutorial's own words); each step's body is assets/explain/steps/{id}.html
+    ("embed", "0. Tokens become vectors: embeddings and positions", "八、x = self.embed(x); x = self.pe(x)"),
     ("x", "1. The input X", "三、1. 输入 X ∈ R^{L×d_model}"),
     (
         "qkv",
@@ -272,238 +416,62 @@ STEPS = [  # (id, our title, the tutorial's own words)
     ("scaled", "4. Scaled by 1/√d_k", "一、除以 √d_k 控制数值范围"),
     ("mask", "5. The mask", "四、mask (masked_fill)"),
     ("softmax", "6. Softmax: the attention weights", "一、softmax 得到注意力权重"),
-    ("head", "7. Weights × V: this head's output", "一、权重加权 V 得到输出；三、3. 每个 head 独立计算注意力"),
-    ("concat", "8. Concatenate the heads", "三、4. 将 h 个 Head 的输出拼接为 (L, d_model)"),
-    ("wo", "9. The output projection W^O", "三、5. 最后一层线性映射得到最终输出：MHA(X) = Concat(head_i)·W^O"),
+    ("heads", "7. Every head of this layer", "二、多视角观察：不同 head 可以捕捉不同类型的语义关系"),
+    ("head", "8. Weights × V: this head's output", "一、权重加权 V 得到输出；三、3. 每个 head 独立计算注意力"),
+    ("concat", "9. Concatenate the heads", "三、4. 将 h 个 Head 的输出拼接为 (L, d_model)"),
+    ("wo", "10. The output projection W^O", "三、5. 最后一层线性映射得到最终输出：MHA(X) = Concat(head_i)·W^O"),
+    ("mlp", "11. The MLP, token by token", "六、MHA 的输出为 FFN 输入"),
+    ("residual", "12. The residual stream", "六、x → MHA(x,x,x) → 残差 + LayerNorm → FFN → 残差 + LayerNorm"),
+    ("next", "13. The next token: logits and sampling", "八、return self.fc(out)"),
 ]
-
-STYLE = """
-body { font-family: system-ui, sans-serif; margin: 16px 24px; color: #222; max-width: 1200px; }
-h1 { font-size: 20px; margin: 0 0 4px; } h2 { font-size: 16px; margin: 22px 0 2px; }
-.zh { color: #8a5a00; font-size: 13px; margin: 0 0 6px; } .note { color: #555; font-size: 13px; max-width: 900px; }
-.shape { font-family: ui-monospace, monospace; font-size: 13px; background: #f3f3f3; padding: 1px 5px; }
-table.m { border-collapse: collapse; font-family: ui-monospace, monospace; font-size: 11px; margin: 4px 0; }
-table.m td, table.m th { border: 1px solid #ddd; padding: 2px 4px; text-align: right; min-width: 34px; }
-table.m th { background: #fafafa; font-weight: normal; color: #444; } table.m td.off { color: #bbb; background: #f7f7f7; }
-table.m td.pick { outline: 2px solid #d62728; } #scores td { cursor: pointer; }
-.wide { overflow-x: auto; max-width: 100%; } canvas.strip { image-rendering: pixelated; border: 1px solid #ccc; }
-#readout { font-family: ui-monospace, monospace; font-size: 12px; min-height: 16px; color: #333; }
-#dot { font-family: ui-monospace, monospace; font-size: 12px; } #dot table td { min-width: 60px; }
-.controls { display: flex; gap: 14px; align-items: center; flex-wrap: wrap; margin: 6px 0; font-size: 14px; }
-.ok { color: #1a7f37; } .cap { font-size: 12px; color: #555; }
-"""
-
-SCRIPT = r"""
-const D = JSON.parse(document.getElementById('data').textContent);
-const $ = (id) => document.getElementById(id);
-const el = (tag, text, cls) => { const e = document.createElement(tag); if (text !== undefined) e.textContent = text;
-  if (cls) e.className = cls; return e; };
-const fmt = (v) => (Math.abs(v) >= 100 ? v.toFixed(0) : Math.abs(v) >= 10 ? v.toFixed(1) : v.toFixed(2));
-const n = D.tokens.length, dk = D.d_k, group = D.heads / D.kv_heads;
-let head = D.head, temperature = 1;
-function color(v, lo, hi) {  // diverging for signed values, white -> blue for weights
-  if (lo >= 0) { const t = hi > 0 ? v / hi : 0; const c = Math.round(255 - 180 * t); return `rgb(${c},${c + 20 > 255 ? 255 : c + 20},255)`; }
-  const m = Math.max(-lo, hi) || 1, t = Math.max(-1, Math.min(1, v / m));
-  return t >= 0 ? `rgb(255,${Math.round(255 - 150 * t)},${Math.round(255 - 150 * t)})`
-                : `rgb(${Math.round(255 + 150 * t)},${Math.round(255 + 150 * t)},255)`;
-}
-function table(id, M, rows, cols, opts = {}) {  // a matrix as a table: every cell's exact value in data-v
-  const t = $(id); t.replaceChildren();
-  const head = el('tr'); head.appendChild(el('th', ''));
-  cols.forEach((c) => head.appendChild(el('th', c))); t.appendChild(head);
-  let lo = Infinity, hi = -Infinity;
-  M.forEach((r, i) => r.forEach((v, j) => { if (!opts.off || !opts.off(i, j)) { lo = Math.min(lo, v); hi = Math.max(hi, v); } }));
-  if (opts.weights) lo = 0;
-  M.forEach((r, i) => {
-    const tr = el('tr'); tr.appendChild(el('th', rows[i]));
-    r.forEach((v, j) => {
-      const off = opts.off && opts.off(i, j);
-      const td = el('td', off ? '−∞' : fmt(v), off ? 'off' : '');
-      td.dataset.v = String(v); td.dataset.i = i; td.dataset.j = j;
-      if (!off) td.style.background = color(v, lo, hi);
-      td.title = off ? 'masked' : `${rows[i]} / ${cols[j]}: ${v}`;
-      tr.appendChild(td);
-    });
-    t.appendChild(tr);
-  });
-}
-function strip(id, M, label, highlight) {  // a wide matrix as pixels: one row per token, hover reads a value
-  const c = $(id), w = M[0].length, px = Math.max(1, Math.min(3, Math.floor(1100 / w)));
-  c.width = w * px; c.height = n * 14; const g = c.getContext('2d');
-  let m = 0; M.forEach((r) => r.forEach((v) => { m = Math.max(m, Math.abs(v)); }));
-  M.forEach((r, i) => r.forEach((v, j) => { g.fillStyle = color(v, -m, m); g.fillRect(j * px, i * 14, px, 14); }));
-  if (highlight) { g.strokeStyle = '#d62728'; g.lineWidth = 2; g.strokeRect(highlight[0] * px, 1, (highlight[1] - highlight[0]) * px, n * 14 - 2); }
-  c.onmousemove = (e) => { const r = c.getBoundingClientRect(); const j = Math.floor((e.clientX - r.left) / px),
-    i = Math.floor((e.clientY - r.top) / 14); if (i >= 0 && i < n && j >= 0 && j < w)
-    $('readout').textContent = `${label}[${D.tokens[i]}][${j}] = ${M[i][j]}`; };
-}
-const dims = (k) => Array.from({ length: k }, (_, i) => String(i));
-function kv(h) { return Math.floor(h / group); }
-function scores(h) { const q = D.Q[h], k = D.K[kv(h)];
-  return q.map((qi) => k.map((kj) => qi.reduce((s, x, d) => s + x * kj[d], 0))); }
-function softmaxRows(S) { return S.map((r, i) => { const keep = r.map((_, j) => D.mask[i][j]);
-  const m = Math.max(...r.filter((_, j) => keep[j])); const e = r.map((v, j) => (keep[j] ? Math.exp(v - m) : 0));
-  const s = e.reduce((a, b) => a + b, 0); return e.map((x) => x / s); }); }
-function render() {
-  const S = scores(head), scaled = S.map((r) => r.map((v) => v * D.scale));
-  const W = softmaxRows(scaled.map((r) => r.map((v) => v / temperature)));
-  const V = D.V[kv(head)], Z = W.map((w) => V[0].map((_, d) => w.reduce((s, x, j) => s + x * V[j][d], 0)));
-  const masked = (i, j) => !D.mask[i][j];
-  $('which').textContent = `layer ${D.layer} of ${D.layers}, head ${head} of ${D.heads}` +
-    (D.kv_heads < D.heads ? ` (keys and values: shared head ${kv(head)} of ${D.kv_heads})` : '');
-  table('q', D.Q[head], D.tokens, dims(dk)); table('k', D.K[kv(head)], D.tokens, dims(dk));
-  table('v', V, D.tokens, dims(dk));
-  if (D.rotated) { table('qlin', D.Q_lin[head], D.tokens, dims(dk)); }
-  table('scores', S, D.tokens, D.tokens);
-  table('scaled', scaled, D.tokens, D.tokens, { off: masked });
-  table('mask', D.mask.map((r) => r.map((v) => (v ? 1 : 0))), D.tokens, D.tokens, { off: masked, weights: true });
-  table('weights', W, D.tokens, D.tokens, { off: masked, weights: true });
-  table('z', Z, D.tokens, dims(dk));
-  strip('concat', D.concat, 'concat', [head * dk, (head + 1) * dk]);
-  $('tvalue').textContent = temperature.toFixed(2);
-  $('tnote').textContent = temperature === 1 ? 'T = 1: the model\'s own weights' :
-    `T = ${temperature.toFixed(2)}: softmax(scores / √d_k / T); ${temperature < 1 ? 'sharper' : 'flatter'} than the model's`;
-  document.querySelectorAll('#scores td').forEach((td) => { td.onclick = () => dot(+td.dataset.i, +td.dataset.j); });
-}
-function dot(i, j) {  // one score, term by term
-  const q = D.Q[head][i], k = D.K[kv(head)][j], box = $('dot'); box.replaceChildren();
-  document.querySelectorAll('#scores td.pick').forEach((x) => x.classList.remove('pick'));
-  document.querySelector(`#scores td[data-i="${i}"][data-j="${j}"]`).classList.add('pick');
-  const sum = q.reduce((s, x, d) => s + x * k[d], 0);
-  box.appendChild(el('p', `score(${D.tokens[i]} → ${D.tokens[j]}) = q · k = Σ_d q[d] × k[d] over d_k = ${dk} terms` +
-    ` = ${sum.toFixed(6)}; scaled: × 1/√${dk} = ${(sum * D.scale).toFixed(6)}`));
-  const t = el('table', undefined, 'm'); t.id = 'terms';  // one column per dimension d
-  [['d', (d) => String(d)], [`q[d] (${D.tokens[i]})`, (d) => q[d].toFixed(3)], [`k[d] (${D.tokens[j]})`, (d) => k[d].toFixed(3)],
-   ['q[d] × k[d]', (d) => (q[d] * k[d]).toFixed(3)]].forEach(([name, f], r) => {
-    const tr = el('tr'); tr.appendChild(el('th', name));
-    q.forEach((_, d) => { const td = el('td', f(d)); if (r === 3) { td.dataset.v = String(q[d] * k[d]);
-      td.style.background = color(q[d] * k[d], -1, 1); } tr.appendChild(td); });
-    t.appendChild(tr); });
-  const wrap = el('div', undefined, 'wide'); wrap.appendChild(t); box.appendChild(wrap);
-}
-$('title').textContent = `${D.model}: multi-head attention, step by step`;
-$('text').textContent = `“${D.text}” → ${n} tokens: ` + D.tokens.join(' · ');
-$('why').textContent = D.why;
-if (D.role_test) {  // the sentences the head was tested on, and its two scores
-  const t = D.role_test, box = $('roletest');
-  box.hidden = false;
-  box.appendChild(el('summary', `The test: ${t.links} determiners in ${t.sentences.length} sentences where the noun is ` +
-    `never the next word; this head: noun ${(100 * t.noun).toFixed(0)}%, adjacent word ${(100 * t.adjacent).toFixed(0)}% (passes if ${t.rule})`));
-  const list = el('ol');
-  t.sentences.forEach((x) => list.appendChild(el('li', x)));
-  box.appendChild(list);
-}
-$('sizes').textContent = `d_model = ${D.d_model}, h = ${D.heads} heads, d_k = d_model / h = ${dk}, L = ${n} tokens`;
-$('shape-x').textContent = `X: (L, d_model) = (${n}, ${D.d_model})`;
-$('shape-qkv').textContent = `X (${n}×${D.d_model}) · W_Q (${D.d_model}×${D.heads * dk}) → (${n}×${D.heads * dk}) → reshape (h, L, d_k) = (${D.heads}, ${n}, ${dk})` +
-  (D.kv_heads < D.heads ? `; K and V: (${D.kv_heads}, ${n}, ${dk}), one per group of ${group} query heads (GQA)` : '');
-$('rot').hidden = !D.rotated;
-$('shape-concat').textContent = `(h, L, d_k) = (${D.heads}, ${n}, ${dk}) → transpose, reshape → (L, h·d_k) = (${n}, ${D.heads * dk}); this head's slice outlined`;
-$('shape-wo').textContent = `Concat (${n}×${D.heads * dk}) · W_O (${D.heads * dk}×${D.d_model}) → (${n}×${D.d_model})`;
-$('checks').textContent = `checked against the model: weights within ${D.checks.weights.toExponential(1)}, ` +
-  `concatenation within ${D.checks.concat.toExponential(1)}, output within ${D.checks.output.toExponential(1)}`;
-$('masknote').textContent = D.causal ? 'causal: each token attends to itself and the tokens before it (the tutorial\'s ' +
-  'subsequent mask); masked scores become −∞, so their weights are 0' : 'every token may attend to every token ' +
-  '(one sentence, no padding): nothing is masked here';
-const sel = $('head');
-for (let h = 0; h < D.heads; h++) { const o = el('option', `head ${h}`); o.value = h; if (h === head) o.selected = true; sel.appendChild(o); }
-sel.onchange = () => { head = +sel.value; $('dot').replaceChildren(); render(); };
-const slider = $('temperature');
-slider.oninput = () => { temperature = Math.exp(+slider.value); if (Math.abs(+slider.value) < 1e-9) temperature = 1; render(); };
-strip('x', D.X, 'X'); strip('out', D.output, 'MHA(X)');
-render(); dot(1 < n ? 1 : 0, 2 < n ? 2 : 0);
-document.body.dataset.ready = '1';
-"""
+OPTIONAL = ("embed", "mlp", "residual", "next")  # shown where the model has them (the page says so)
+MAX_CHARS = 2000  # the served page's text box
 
 
-def _section(step: str, body: str) -> str:
-    sid, title, zh = next(s for s in STEPS if s[0] == step)
-    return f'<section id="step-{sid}"><h2>{title}</h2><p class="zh">{zh}</p>{body}</section>\n'
+def zh_characters() -> set[str]:
+    """The CJK characters of the page's headings: what the bundled font (``assets/zh-headings.woff``) must hold."""
+    return {c for _, _, zh in STEPS for c in zh if ord(c) >= 0x3000}
+
+
+def _assets():
+    from importlib.resources import files
+
+    return files("multihead.interpret").joinpath("assets")
+
+
+def render_explain_page(data: dict, *, serve: bool = False) -> str:
+    """The explain page as HTML (jinja2, autoescaped; the numbers in a JSON block every token of which is inserted
+    as text by the script). ``serve``: with the text box that asks the local server (:mod:`.serve`)."""
+    import base64
+
+    from jinja2 import Environment, FunctionLoader, StrictUndefined, select_autoescape
+    from markupsafe import Markup
+
+    root = _assets()
+    env = Environment(
+        loader=FunctionLoader(lambda name: root.joinpath("explain", name).read_text(encoding="utf-8")),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        undefined=StrictUndefined,
+    )
+    page = {k: v for k, v in data.items() if k != "weights"}  # the page computes the weights from q and k
+    steps = [{"id": i, "title": t, "zh": zh, "optional": i in OPTIONAL} for i, t, zh in STEPS]
+    font = base64.b64encode(root.joinpath("zh-headings.woff").read_bytes()).decode("ascii")
+    return env.get_template("page.html").render(
+        steps=steps,
+        serve=serve,
+        max_chars=MAX_CHARS,
+        zh_font=font,
+        css=Markup(root.joinpath("explain", "page.css").read_text(encoding="utf-8")),
+        js=Markup(root.joinpath("explain", "page.js").read_text(encoding="utf-8")),
+        data=Markup(_json_for_script(page)),
+    )
 
 
 def write_explain_page(data: dict, path: str | Path) -> Path:
-    """One offline page of :func:`explain`'s steps (data in a JSON block, every token inserted as text). The weights
-    are left out: the page computes them from q and k, which is what it shows."""
-    page = {k: v for k, v in data.items() if k != "weights"}
-    body = (
-        '<h1 id="title"></h1><p class="note" id="text"></p>'
-        '<p class="note"><span class="shape" id="sizes"></span> · <span id="which"></span> · <span id="why"></span></p>'
-        '<details id="roletest" class="note" hidden></details>'
-        '<div class="controls"><label>head <select id="head"></select></label>'
-        '<label>temperature T <input id="temperature" type="range" min="-2.3" max="2.3" step="0.01" value="0"></label>'
-        '<span id="tvalue"></span> <span class="cap" id="tnote"></span></div>'
-        '<p class="ok cap" id="checks"></p>'
-        '<p class="cap">Colours: red positive, blue negative (each table on its own scale); weights white (0) to blue '
-        '(the table\'s largest). Hover a cell for its exact value.</p><p id="readout"></p>'
-        + _section(
-            "x",
-            '<p class="note">Each token enters the layer as a vector of d_model numbers (its embedding plus what the '
-            'layers below wrote). Hover the strip to read a value.</p><p><span class="shape" id="shape-x"></span></p>'
-            '<div class="wide"><canvas class="strip" id="x"></canvas></div>',
-        )
-        + _section(
-            "qkv",
-            '<p class="note">Three learned matrices turn every token into a query, a key and a value; the d_model '
-            "columns are then cut into h heads of d_k, so each head works in its own subspace.</p>"
-            '<p><span class="shape" id="shape-qkv"></span></p>'
-            '<div id="rot" hidden><p class="note">This model rotates queries and keys by position (rotary '
-            "embeddings) after the projection: XW_Q below, then the rotated Q that the scores use.</p>"
-            '<div class="wide"><table class="m" id="qlin"></table></div></div>'
-            '<p class="cap">Q (this head)</p><div class="wide"><table class="m" id="q"></table></div>'
-            '<p class="cap">K</p><div class="wide"><table class="m" id="k"></table></div>'
-            '<p class="cap">V</p><div class="wide"><table class="m" id="v"></table></div>',
-        )
-        + _section(
-            "scores",
-            '<p class="note">Row: the query token; column: the key token. Each score is the dot product of a query and '
-            "a key: how well they match. Click a cell to see its sum term by term.</p>"
-            '<div class="wide"><table class="m" id="scores"></table></div><div id="dot"></div>',
-        )
-        + _section(
-            "scaled",
-            '<p class="note">Dividing by √d_k keeps the scores in a range where softmax is not saturated (the sum of '
-            "d_k products grows with d_k).</p>"
-            '<div class="wide"><table class="m" id="scaled"></table></div>',
-        )
-        + _section(
-            "mask",
-            '<p class="note" id="masknote"></p><div class="wide"><table class="m" id="mask"></table></div>',
-        )
-        + _section(
-            "softmax",
-            '<p class="note">Each row becomes weights that are positive and sum to 1: softmax(scores / √d_k / T). '
-            "Move the temperature: below 1 the largest score takes over, above 1 the weights spread out.</p>"
-            '<div class="wide"><table class="m" id="weights"></table></div>',
-        )
-        + _section(
-            "head",
-            '<p class="note">Each token\'s output in this head is the weighted average of the value vectors: '
-            "head_i = softmax(QKᵀ/√d_k)·V, (L, d_k).</p>"
-            '<div class="wide"><table class="m" id="z"></table></div>',
-        )
-        + _section(
-            "concat",
-            '<p class="note">All h heads computed the same way, side by side: their outputs are placed next to each '
-            'other.</p><p><span class="shape" id="shape-concat"></span></p>'
-            '<div class="wide"><canvas class="strip" id="concat"></canvas></div>',
-        )
-        + _section(
-            "wo",
-            '<p class="note">One more learned matrix mixes the heads back into d_model numbers per token: the output '
-            'of multi-head attention, added to the residual stream.</p><p><span class="shape" id="shape-wo"></span></p>'
-            '<div class="wide"><canvas class="strip" id="out"></canvas></div>',
-        )
-    )
-    html = (
-        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>multi-head attention, step by step</title><style>{STYLE}</style></head>\n<body>\n{body}\n"
-        f'<script type="application/json" id="data">{_json_for_script(page)}</script>\n'
-        f"<script>{SCRIPT}</script>\n</body></html>\n"
-    )
+    """One offline page of :func:`explain`'s steps (no CDN, no server: everything it needs is in the file)."""
     path = Path(path)
-    atomic_write_text(path, html)
+    atomic_write_text(path, render_explain_page(data))
     return path
 
 
-__all__ = ["DETERMINERS", "STEPS", "explain", "write_explain_page"]
+__all__ = ["DETERMINERS", "STEPS", "explain", "render_explain_page", "write_explain_page", "zh_characters"]

