@@ -564,6 +564,14 @@ def _parser_show(sub) -> None:
 
 
 def cmd_explain(args) -> int:
+    if args.layer is not None or args.head is not None:  # refused from the headers, before the model is read
+        from ..pretrained import declared
+
+        shape = declared(args.model)
+        if shape is not None and args.layer is not None and args.layer >= shape[0]:
+            raise ValueError(f"--layer {args.layer}: {args.model} has attention layers 0 to {shape[0] - 1}")
+        if shape is not None and args.head is not None and args.head >= shape[1]:
+            raise ValueError(f"--head {args.head}: {args.model}'s layers have heads 0 to {shape[1] - 1}")
     return dispatch("explain", args.model, args)
 
 

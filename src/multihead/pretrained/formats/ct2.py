@@ -11,10 +11,8 @@ import struct
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..errors import SourceError
-from ..state import Lazy
 from . import Read
 
 DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16}  # CTranslate2's DataType order
@@ -111,6 +109,10 @@ def read(path: Path) -> Read:
             "float16 CTranslate2 models: convert it again with --quantization float16"
         )
     meta = read_json(folder / "config.json", "CTranslate2 config") if (folder / "config.json").is_file() else {}
+    import torch
+
+    from ..state import Lazy
+
     tensors = {
         k: Lazy(tuple(int(d) for d in a.shape), lambda a=a: torch.from_numpy(np.array(a, dtype=np.float32)))
         for k, a in arrays.items()

@@ -14,9 +14,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from ..errors import SourceError
-from ..state import Lazy
 from . import Read
+
+if TYPE_CHECKING:
+    from ..state import Lazy
 
 MAX_CONFIG_BYTES = 4 << 20  # a config.json is a few kilobytes
 
@@ -116,6 +120,8 @@ def weight_files(folder: Path) -> list[Path]:
 def _safetensors(path: Path) -> dict[str, Lazy]:
     from safetensors import SafetensorError, safe_open
 
+    from ..state import Lazy
+
     def reader(name: str):
         def read():
             try:
@@ -138,6 +144,8 @@ def _safetensors(path: Path) -> dict[str, Lazy]:
 
 def _pickled_tensors(path: Path) -> dict[str, Lazy]:
     import torch
+
+    from ..state import Lazy
 
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
