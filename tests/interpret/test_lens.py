@@ -132,3 +132,45 @@ def test_a_failing_hook_leaves_no_hook_behind(attached):
     assert count() == before
     with pytest.raises(ValueError, match="get_act_name does not know"):
         utils.get_act_name("embed", 0)
+
+
+@pytest.mark.parametrize("which", ["native", "attached"])
+def test_the_logit_lens_and_dla_stacks_add_up_to_the_models_logits(which, request):
+    """accumulated_resid through the final norm and W_U is the logit lens (its last entry the model's own logits);
+    decompose_resid's parts add up to the final residual; apply_ln_to_stack divides by the final norm's scale, so
+    the parts times the norm's weight, through W_U, add up to the logits (formula written here)."""
+    from multihead.interpret.patching import logit_lens
+
+    model = request.getfixturevalue(which)
+    lens = HookedTransformer(model)
+    n = lens.cfg.n_layers
+    with torch.no_grad():
+        logits, cache = lens.run_with_cache(IDS)
+        stack, labels = cache.accumulated_resid(
+            layer=-1, incl_mid=True, apply_ln=True, pos_slice=-1, return_labels=True
+        )
+        assert labels == [f"{l}_{w}" for l in range(n) for w in ("pre", "mid")] + ["final_post"]
+        assert stack.shape == (2 * n + 1, 2, lens.cfg.d_model)
+        layer_logits = stack @ lens.W_U + lens.b_U
+        torch.testing.assert_close(layer_logits[-1], logits[:, -1], atol=1e-4, rtol=0)
+        ours = logit_lens(model, IDS)  # multihead's own logit lens: after every layer
+        for l in range(n - 1):
+            torch.testing.assert_close(layer_logits[2 * (l + 1)], ours[l][:, -1], atol=1e-4, rtol=0)
+        mid = cache["resid_mid", 1]
+        torch.testing.assert_close(mid, cache["resid_post", 1] - cache["mlp_out", 1], atol=1e-5, rtol=0)
+
+        parts, labels = cache.decompose_resid(layer=-1, pos_slice=-1, return_labels=True)
+        assert labels == ["embed"] + [f"{l}_{w}" for l in range(n) for w in ("attn_out", "mlp_out")]
+        final = cache["resid_post", n - 1][:, -1]
+        torch.testing.assert_close(parts.sum(0), final, atol=1e-5, rtol=0)
+        scaled = cache.apply_ln_to_stack(parts, layer=-1, pos_slice=-1)
+        norm = lens.final_norm
+        eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None)) or torch.finfo(final.dtype).eps
+        rms = (final.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+        torch.testing.assert_close(scaled, parts / rms, atol=1e-6, rtol=0)
+        via_parts = (scaled.sum(0) * norm.weight) @ lens.W_U
+        torch.testing.assert_close(via_parts, logits[:, -1], atol=1e-4, rtol=0)
+        directions = lens.tokens_to_residual_directions(torch.tensor([5, 7]))
+        torch.testing.assert_close(directions, lens.W_U[:, [5, 7]].T)
+    with pytest.raises(ValueError, match="final norm only"):
+        cache.apply_ln_to_stack(parts, layer=1)

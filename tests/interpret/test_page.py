@@ -200,14 +200,26 @@ def test_long_page_in_chromium_scrolls_hovers_and_draws_a_head_map(browser, tmp_
 
 
 def test_head_map_is_readable_at_any_length_and_zooms(browser, tmp_path):
-    """A 6-token map fills the 480-pixel frame (not a 6-pixel speck); + zooms around the centre and makes the frame
-    scroll; hovering reads a weight; fit shows it whole again."""
+    """A 6-token map fills the 480-pixel frame (not a 6-pixel speck), with every query token down the left and every
+    key token across the top; + zooms around the centre and makes the frame scroll; hovering reads a weight; fit
+    shows it whole again."""
     maps = _maps(["the", "cat", "sat", "on", "the", "mat"], layers=1, heads=2)
     page, problems = _open(browser, write_page(maps, tmp_path / "short.html"))
     page.click("#tab-model")
     page.locator(".thumb[data-layer='0'][data-head='1']").click()
     box = page.locator("#headmap-canvas").bounding_box()
-    assert box["width"] >= 400 and abs(box["width"] - box["height"]) < 2
+    assert max(box["width"], box["height"]) >= 400
+    geo = page.locator("#headmap-canvas").evaluate(
+        "c => ({ml: +c.dataset.ml, mt: +c.dataset.mt, cell: +c.dataset.cell, w: c.width, h: c.height})"
+    )
+    assert geo["w"] == geo["ml"] + 6 * geo["cell"] and geo["h"] == geo["mt"] + 6 * geo["cell"]
+    inked = page.locator("#headmap-canvas").evaluate(  # the label margins hold text: dark pixels beside each row
+        """(c, g) => [...Array(6).keys()].map((i) => {
+             const d = c.getContext('2d').getImageData(0, g.mt + i * g.cell, g.ml - 2, g.cell).data;
+             let dark = 0; for (let p = 0; p < d.length; p += 4) if (d[p] < 128) dark++; return dark; })""",
+        geo,
+    )
+    assert all(n > 5 for n in inked), inked
     frame = page.locator("#headmap-frame")
     assert frame.evaluate("f => f.scrollWidth <= f.clientWidth + 1")  # fit: nothing to scroll
     page.click("#zoom-in")
@@ -217,7 +229,8 @@ def test_head_map_is_readable_at_any_length_and_zooms(browser, tmp_path):
     page.click("#zoom-fit")
     assert abs(page.locator("#headmap-canvas").bounding_box()["width"] - box["width"]) < 2
     b = page.locator("#headmap-canvas").bounding_box()
-    page.mouse.move(b["x"] + b["width"] * (2.5 / 6), b["y"] + b["height"] * (1.5 / 6))  # query 1, key 2
+    s = b["width"] / geo["w"]  # query 1, key 2: past the label margins, in the middle of the cell
+    page.mouse.move(b["x"] + (geo["ml"] + 2.5 * geo["cell"]) * s, b["y"] + (geo["mt"] + 1.5 * geo["cell"]) * s)
     expected = float(maps.layers[0][1, 1, 2])
     text = page.locator("#headmap-hover").inner_text()
     assert text.startswith('query 1 "cat" -> key 2 "sat": ') and abs(float(text.split(": ")[1]) - expected) < 0.01

@@ -17,6 +17,7 @@ SUITES = {
     "dinov2": "multihead.bench.dinov2",
     "peers": "multihead.bench.peers",
     "lens": "multihead.bench.lens",
+    "loop": "multihead.bench.loop",
 }
 # the suites that take ``--device cuda`` / ``--dtype bf16|fp16`` (the others measure CPU fp32 runs)
 ON_DEVICE = ("attention", "long", "decode", "kernels")

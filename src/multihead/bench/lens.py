@@ -1,4 +1,4 @@
-"""``multihead bench lens``: five TransformerLens notebook snippets run twice on the same HF folder (SmolLM2-135M
+"""``multihead bench lens``: seven TransformerLens notebook snippets run twice on the same HF folder (SmolLM2-135M
 exported by ``multihead export smollm2``): by TransformerLens 4.3 (its ``TransformerBridge`` in compatibility
 mode without weight processing, in the peers' environment ``.venv-peers``) and by multihead (:mod:`multihead.interpret.lens`), with **only the import and the
 model line changed**. Each snippet's result is compared: the largest absolute difference, and the seconds each took.
@@ -7,7 +7,9 @@ The snippets (the way TransformerLens's docs write them): induction scores from 
 tokens (``hook.layer()``, a name filter); previous-token scores read from ``run_with_cache(names_filter=...)`` as
 ``cache["pattern", layer]``; a head ablated on ``hook_z`` (``(batch, pos, head, d_head)``) with the loss before and
 after (``return_type="loss"``); the residual stream patched position by position (``hook_resid_pre``) from a clean
-IOI prompt into a corrupted one; each head's output patched the same way (``hook_z``). The inputs are built alike
+IOI prompt into a corrupted one; the logit lens (``cache.accumulated_resid(..., apply_ln=True)`` through
+``model.W_U``); direct logit attribution (``cache.decompose_resid`` + ``cache.apply_ln_to_stack`` against
+``model.tokens_to_residual_directions``); each head's output patched the same way (``hook_z``). The inputs are built alike
 for both (seeded random tokens; the IOI prompts through the folder's tokenizer). One departure from the docs' text,
 the same for both tools: the residual patch reads the clean cache under the name it was patched at, not
 ``hook.name`` (TransformerLens 4.3's bridge names that hook ``blocks.L.hook_in`` inside the hook, while its cache
@@ -93,6 +95,21 @@ for i, layer in enumerate(layers):
         patched = model.run_with_hooks(corrupted_tokens, fwd_hooks=[(utils.get_act_name("resid_pre", layer), hook_fn)])
         result[i, pos] = logit_diff(patched)
 """,
+    "logit_lens": """
+logits, cache = model.run_with_cache(clean_tokens)
+accumulated_residual, labels = cache.accumulated_resid(layer=-1, incl_mid=True, apply_ln=True, pos_slice=-1,
+                                                       return_labels=True)
+layer_logits = accumulated_residual @ model.W_U  # (component, batch, d_vocab)
+result = layer_logits[:, 0, answer_tokens[0]] - layer_logits[:, 0, answer_tokens[1]]
+""",
+    "direct_logit_attribution": """
+logits, cache = model.run_with_cache(clean_tokens)
+answer_residual_directions = model.tokens_to_residual_directions(torch.tensor(answer_tokens))
+logit_diff_directions = answer_residual_directions[0] - answer_residual_directions[1]
+per_layer_residual, labels = cache.decompose_resid(layer=-1, pos_slice=-1, return_labels=True)
+scaled_residual_stack = cache.apply_ln_to_stack(per_layer_residual, layer=-1, pos_slice=-1)
+result = scaled_residual_stack[:, 0] @ logit_diff_directions  # (component,)
+""",
     "head_patching": """
 _, clean_cache = model.run_with_cache(clean_tokens, names_filter=lambda name: name.endswith("hook_z"))
 def patch_head_vector(z, hook, head):
@@ -171,18 +188,19 @@ def run(*, model=None, impls=None, threads: int | None = None, out: Path, progre
 
 def format_table(payload: dict) -> str:
     lines = [
-        f"{payload['model']}: five TransformerLens snippets, only the import and the model line changed",
-        f"{'snippet':<24}{'shape':<12}{'max |diff|':>11}{'ours s':>9}{'TL s':>9}",
+        f"{payload['model']}: {len(payload['results'])} TransformerLens snippets, only the import and the model line "
+        "changed",
+        f"{'snippet':<26}{'shape':<12}{'max |diff|':>11}{'ours s':>9}{'TL s':>9}",
     ]
     for r in payload["results"]:
         ours, tl = r.get("multihead", {}), r.get("transformer_lens", {})
         err = ours.get("error") or tl.get("error")
         if err:
-            lines.append(f"{r['snippet']:<24}{err}")
+            lines.append(f"{r['snippet']:<26}{err}")
             continue
         d = r.get("max_abs_diff")
         lines.append(
-            f"{r['snippet']:<24}{'x'.join(map(str, r.get('shape', []))):<12}"
+            f"{r['snippet']:<26}{'x'.join(map(str, r.get('shape', []))):<12}"
             f"{(f'{d:.1e}' if d is not None else 'shapes differ'):>11}{ours['seconds']:>9.1f}{tl['seconds']:>9.1f}"
         )
     return "\n".join(lines)

@@ -18,10 +18,15 @@ fn)])`` with ``fn(activation, hook)`` reading ``hook.name`` and ``hook.layer()``
 ``run_with_cache(names_filter=...)``; ``return_type`` ``"logits"``, ``"loss"`` or None; ``cfg.n_layers``,
 ``n_heads``, ``d_head``, ``d_model``, ``d_vocab``; ``to_tokens``, ``to_str_tokens``.
 
-What does not (yet): the ``ActivationCache`` methods that fold the final norm into stacks (``accumulated_resid``,
-``decompose_resid``, ``apply_ln_to_stack``), ``W_U`` and the other weight aliases, backward hooks, and a hook name the
-model has no point for (``hook_resid_mid`` of a native block, whose two residual additions are one expression):
-asked for, each is refused with the reason. Hooks are attached for one call and removed after it, whatever happens.
+The cache stacks the residual stream as TransformerLens's ``ActivationCache`` does: ``accumulated_resid`` (the
+logit lens, with ``apply_ln``), ``decompose_resid`` (``embed``, then each layer's ``attn_out`` and ``mlp_out``) and
+``apply_ln_to_stack`` at the final norm, with ``pos_slice``; ``model.W_U``, ``b_U``, ``W_E``, ``final_norm`` and
+``tokens_to_residual_directions`` are there for direct logit attribution. A native block has no point between its
+two residual additions: its ``resid_mid`` in a cache is ``resid_pre + attn_out``, the same sum its forward makes.
+
+What does not (yet): the per-head stacks (``stack_head_results``) and the other weight aliases (``W_Q``, ``W_O``...),
+``apply_ln_to_stack`` at a block's own norm, backward hooks, and a hook name the model has no point for: asked for,
+each is refused with the reason. Hooks are attached for one call and removed after it, whatever happens.
 """
 
 from __future__ import annotations
@@ -85,13 +90,144 @@ class Config:
     n_ctx: int
 
 
+def _sliced(t: Tensor, pos_slice, dim: int = -2) -> Tensor:
+    """TransformerLens's ``Slice``: None keeps the axis, an int picks one position (the axis goes), a tuple is a
+    ``slice(*tuple)``, a list or tensor picks those positions."""
+    if pos_slice is None:
+        return t
+    if isinstance(pos_slice, tuple):
+        pos_slice = slice(*pos_slice)
+    elif isinstance(pos_slice, (list, Tensor)):
+        pos_slice = torch.as_tensor(pos_slice)
+    index = [slice(None)] * t.dim()
+    index[dim] = pos_slice
+    return t[tuple(index)]
+
+
 class LensCache(dict):
-    """Activations by TransformerLens name; ``cache["pattern", 3]`` is ``cache["blocks.3.attn.hook_pattern"]``."""
+    """Activations by TransformerLens name; ``cache["pattern", 3]`` is ``cache["blocks.3.attn.hook_pattern"]``.
+    From :meth:`HookedTransformer.run_with_cache`, it also stacks the residual stream as TransformerLens's
+    ``ActivationCache`` does (:meth:`accumulated_resid`, :meth:`decompose_resid`, :meth:`apply_ln_to_stack`)."""
+
+    model: HookedTransformer | None = None
 
     def __getitem__(self, key):
         if isinstance(key, tuple):
             key = utils.get_act_name(*key)
+        if key not in self and key.endswith("hook_resid_mid") and self.model is not None:
+            layer = int(key.split(".")[1])
+            pre, attn = f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.hook_attn_out"
+            if pre in self and attn in self and self.model._pre_norm(layer):
+                return super().__getitem__(pre) + super().__getitem__(attn)  # one sum in the block's own forward
         return super().__getitem__(key)
+
+    def _lens(self) -> HookedTransformer:
+        if self.model is None:
+            raise ValueError("this cache was not made by HookedTransformer.run_with_cache; it has no model to ask")
+        return self.model
+
+    def accumulated_resid(
+        self,
+        layer: int | None = None,
+        incl_mid: bool = False,
+        apply_ln: bool = False,
+        pos_slice=None,
+        mlp_input: bool = False,
+        return_labels: bool = False,
+    ):
+        """The residual stream before each layer up to ``layer`` (None or -1: all, and the final one), as
+        TransformerLens stacks it: ``(component, batch, [pos,] d_model)``; ``apply_ln`` passes each through the
+        final norm (the logit lens)."""
+        n = self._lens().cfg.n_layers
+        layer = n if layer is None or layer == -1 else layer
+        parts, labels = [], []
+        for l in range(layer + 1):
+            if l == n:
+                parts.append(self["resid_post", n - 1])
+                labels.append("final_post")
+                continue
+            parts.append(self["resid_pre", l])
+            labels.append(f"{l}_pre")
+            if (incl_mid and l < layer) or (mlp_input and l == layer):
+                parts.append(self["resid_mid", l])
+                labels.append(f"{l}_mid")
+        stack = torch.stack([_sliced(p, pos_slice) for p in parts])
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice, recompute_ln=layer == n)
+        return (stack, labels) if return_labels else stack
+
+    def decompose_resid(
+        self,
+        layer: int | None = None,
+        mlp_input: bool = False,
+        mode: str = "all",
+        apply_ln: bool = False,
+        pos_slice=None,
+        incl_embeds: bool = True,
+        return_labels: bool = False,
+    ):
+        """What each part wrote into the residual stream up to ``layer``: the embedding (rotary models add no
+        position vector), then each layer's attention and MLP output, ``(component, batch, [pos,] d_model)``; they
+        add up to the stream."""
+        n = self._lens().cfg.n_layers
+        layer = n if layer is None or layer == -1 else layer
+        parts, labels = [], []
+        if incl_embeds:
+            parts.append(self["hook_embed"])
+            labels.append("embed")
+        for l in range(layer):
+            if mode != "mlp":
+                parts.append(self["attn_out", l])
+                labels.append(f"{l}_attn_out")
+            if mode != "attn":
+                parts.append(self["mlp_out", l])
+                labels.append(f"{l}_mlp_out")
+        if mlp_input and mode != "mlp":
+            parts.append(self["attn_out", layer])
+            labels.append(f"{layer}_attn_out")
+        stack = torch.stack([_sliced(p, pos_slice) for p in parts])
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice, mlp_input=mlp_input)
+        return (stack, labels) if return_labels else stack
+
+    def apply_ln_to_stack(
+        self,
+        residual_stack: Tensor,
+        layer: int | None = None,
+        mlp_input: bool = False,
+        pos_slice=None,
+        batch_slice=None,
+        has_batch_dim: bool = True,
+        recompute_ln: bool = False,
+    ) -> Tensor:
+        """The final norm applied to a stack as TransformerLens applies it: each component divided by the norm's
+        scale of the whole final residual stream (centred first for a LayerNorm), or with ``recompute_ln`` the norm
+        module run on each component (the logit lens). The norm's weight is not applied, as in TransformerLens
+        without weight processing; ``model.W_U`` is likewise the raw unembedding."""
+        lens = self._lens()
+        n = lens.cfg.n_layers
+        if not (layer is None or layer in (-1, n)):
+            raise ValueError(
+                f"apply_ln_to_stack: layer {layer}; here the final norm only (layer=-1): a block's own norm scale "
+                "is not cached"
+            )
+        if mlp_input:
+            raise ValueError("apply_ln_to_stack: mlp_input applies to a block's norm; here the final norm only")
+        norm = lens.final_norm
+        if norm is None:
+            return residual_stack
+        if recompute_ln:
+            return torch.stack([norm(c) for c in residual_stack])
+        final = self["resid_post", n - 1]
+        if batch_slice is not None:
+            final = _sliced(final, batch_slice, dim=0)
+        if isinstance(norm, nn.LayerNorm):
+            residual_stack = residual_stack - residual_stack.mean(-1, keepdim=True)
+            final = final - final.mean(-1, keepdim=True)
+        eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))  # (HF's RMSNorm names it so)
+        eps = torch.finfo(final.dtype).eps if eps is None else eps
+        scale = (final.pow(2).mean(-1, keepdim=True) + eps).sqrt()  # LayerNorm: centred above, so this is its std
+        return residual_stack / _sliced(scale, pos_slice)
 
 
 class HookedTransformer(nn.Module):
@@ -116,6 +252,20 @@ class HookedTransformer(nn.Module):
             for hook in _ATTN:
                 if f"{attn_name}.{hook}" in points:
                     self._points[f"blocks.{i}.attn.{hook}"] = ("point", points[f"{attn_name}.{hook}"])
+        self.__dict__["_blocks"] = [named[b] for b in blocks]  # plain attributes: not registered twice
+        embed = getattr(model, "embed", None)
+        if not isinstance(embed, nn.Module) and callable(getattr(model, "get_input_embeddings", None)):
+            embed = model.get_input_embeddings()  # an HF model attached as it is
+        if isinstance(embed, nn.Module):
+            self._points["hook_embed"] = ("output", embed)
+        self.__dict__["_embed"] = embed
+        hf = getattr(model, "hf", model)
+        if "_multihead_attached" in hf.__dict__:
+            from ..hf.attach import final_norm
+
+            self.__dict__["_final_norm"] = final_norm(hf)
+        else:
+            self.__dict__["_final_norm"] = getattr(getattr(model, "decoder", None), "final_norm", None)
         config = getattr(model, "config", None)
         a = attns[0][1]
         self.cfg = Config(
@@ -137,6 +287,40 @@ class HookedTransformer(nn.Module):
         if loaded.kind != "lm":
             raise ValueError(f"{source} is a {loaded.kind} model; HookedTransformer here takes causal LMs")
         return cls(loaded.model, loaded.tokenizer, layout=layout, bos_id=getattr(loaded.detail, "bos_id", None))
+
+    # ------------------------------------------------------------------------------------------------- weights
+    @property
+    def final_norm(self) -> nn.Module | None:
+        """The norm before the unembedding (TransformerLens's ``ln_final``)."""
+        return self.__dict__["_final_norm"]
+
+    @property
+    def W_U(self) -> Tensor:  # noqa: N802  (TransformerLens's name)
+        """The unembedding ``(d_model, d_vocab)``, as stored (no norm weight folded in)."""
+        return self.model.lm_head.weight.T
+
+    @property
+    def b_U(self) -> Tensor:  # noqa: N802
+        bias = getattr(self.model.lm_head, "bias", None)
+        return bias if bias is not None else torch.zeros(self.W_U.shape[1], dtype=self.W_U.dtype)
+
+    @property
+    def W_E(self) -> Tensor:  # noqa: N802
+        """The token embedding ``(d_vocab, d_model)``."""
+        return self.__dict__["_embed"].weight
+
+    def tokens_to_residual_directions(self, tokens) -> Tensor:
+        """Each token's unembedding column as a residual-stream direction: ``W_U[:, tokens].T``."""
+        if isinstance(tokens, str):
+            tokens = self.to_tokens(tokens, prepend_bos=False)[0]
+        tokens = torch.as_tensor(tokens)
+        return self.W_U[:, tokens].T if tokens.dim() else self.W_U[:, tokens]
+
+    def _pre_norm(self, layer: int) -> bool:
+        """Whether block ``layer`` adds attention then the MLP to an unnormalised stream (so that ``resid_mid`` is
+        ``resid_pre + attn_out``)."""
+        block = self.__dict__["_blocks"][layer]
+        return bool(getattr(block, "norm_first", False)) and getattr(block, "post_norms", None) is None
 
     # ------------------------------------------------------------------------------------------------- names
     @property
@@ -232,6 +416,7 @@ class HookedTransformer(nn.Module):
         """``(output, cache)``: every activation ``names_filter`` picks (a name, names, a function of the name or
         None: all), detached, in the chosen layout."""
         cache = LensCache()
+        cache.model = self
 
         def keep(t: Tensor, hook: Hook) -> None:
             cache[hook.name] = t.detach()

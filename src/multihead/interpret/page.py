@@ -196,6 +196,9 @@ SCRIPT = r"""
     if (selected.size !== 1) { box.hidden = true; return; }
     const h = [...selected][0], S = Math.min(2048, Math.max(NQ, NK)), sq = S / NQ, sk = S / NK;
     const canvas = document.getElementById("headmap-canvas");
+    if (NQ <= 64 && NK <= 64) { drawLabelledMap(h, canvas); return; }
+    canvas.style.imageRendering = "pixelated";
+    delete canvas.dataset.cell;
     canvas.width = Math.max(1, Math.round(NK * sk)); canvas.height = Math.max(1, Math.round(NQ * sq));
     const ctx = canvas.getContext("2d"), img = ctx.createImageData(canvas.width, canvas.height);
     const val = new Float32Array(canvas.width * canvas.height);
@@ -220,6 +223,47 @@ SCRIPT = r"""
       (S < Math.max(NQ, NK) ? ", the largest in each pixel" : "") + "; query tokens down, key tokens across; " +
       "darker = more attention (square root of the weight over this head's largest, " + top.toFixed(3) + ")";
     box.hidden = false;
+    setZoom(zoom);
+  }
+  // Up to 64 tokens a side the map is drawn cell by cell with every query token down the left and every key token
+  // across the top, so the matrix reads without hovering.
+  function drawLabelledMap(h, canvas) {
+    const ctx = canvas.getContext("2d"), font = "12px system-ui, sans-serif";
+    const cell = Math.max(10, Math.min(40, Math.floor(420 / Math.max(NQ, NK))));
+    const short = (t) => (t.length > 14 ? t.slice(0, 13) + "\u2026" : t);
+    ctx.font = font;
+    const width = (ts) => Math.ceil(Math.max(...ts.map((t) => ctx.measureText(short(t)).width), 10)) + 8;
+    const ml = width(D.tokens.slice(0, NQ)), mt = width(KT.slice(0, NK));
+    canvas.width = ml + NK * cell; canvas.height = mt + NQ * cell;
+    canvas.style.imageRendering = "auto";
+    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, canvas.width, canvas.height);
+    const W = [];
+    let top = 0;
+    for (let i = 0; i < NQ; i++) {
+      const row = new Float32Array(NK);
+      for (const [j, v] of rowLinks(layer, h, i, LINKS ? D.k : NK)) { row[j] = v; if (v > top) top = v; }
+      W.push(row);
+    }
+    for (let i = 0; i < NQ; i++) for (let j = 0; j < NK; j++) {
+      const v = top > 0 ? Math.sqrt(W[i][j] / top) : 0;
+      ctx.fillStyle = `rgb(${Math.round(255 * (1 - v))},${Math.round(255 * (1 - 0.8 * v))},${Math.round(255 - 100 * v)})`;
+      ctx.fillRect(ml + j * cell, mt + i * cell, cell, cell);
+    }
+    ctx.font = font; ctx.fillStyle = "#333"; ctx.textBaseline = "middle";
+    ctx.textAlign = "right";
+    for (let i = 0; i < NQ; i++) ctx.fillText(short(D.tokens[i]), ml - 4, mt + i * cell + cell / 2);
+    ctx.textAlign = "left";
+    for (let j = 0; j < NK; j++) {
+      ctx.save(); ctx.translate(ml + j * cell + cell / 2, mt - 4); ctx.rotate(-Math.PI / 2);
+      ctx.fillText(short(KT[j]), 0, 0); ctx.restore();
+    }
+    hm = {h: h, canvas: canvas, ml: ml, mt: mt, cell: cell};
+    Object.assign(canvas.dataset, {ml: ml, mt: mt, cell: cell});
+    document.getElementById("headmap-caption").textContent = "layer " + layer + " head " + h + ": " +
+      (LINKS ? "the " + D.k + " largest weights of every row (the stored links)" : "every weight") +
+      "; query tokens down the left, key tokens across the top; darker = more attention (square root of the " +
+      "weight over this head's largest, " + top.toFixed(3) + ")";
+    document.getElementById("headmap").hidden = false;
     setZoom(zoom);
   }
   function setZoom(z, cx, cy) {  // z = 1 fits the frame; (cx, cy): the frame point that stays put
@@ -254,7 +298,11 @@ SCRIPT = r"""
       if (drag) { frame.scrollLeft = drag.l - (e.clientX - drag.x); frame.scrollTop = drag.t - (e.clientY - drag.y); }
       if (!hm) return;
       const r = canvas.getBoundingClientRect();
-      const i = Math.floor((e.clientY - r.top) / r.height * NQ), j = Math.floor((e.clientX - r.left) / r.width * NK);
+      let i = Math.floor((e.clientY - r.top) / r.height * NQ), j = Math.floor((e.clientX - r.left) / r.width * NK);
+      if (hm.cell) {  // the labelled map: margins, then one cell per token
+        const s = canvas.width / r.width;
+        i = Math.floor(((e.clientY - r.top) * s - hm.mt) / hm.cell); j = Math.floor(((e.clientX - r.left) * s - hm.ml) / hm.cell);
+      }
       if (i < 0 || j < 0 || i >= NQ || j >= NK) return;
       const hit = rowLinks(layer, hm.h, i, LINKS ? D.k : NK).find((x) => x[0] === j);
       document.getElementById("headmap-hover").textContent = "query " + i + " " + JSON.stringify(D.tokens[i]) +
