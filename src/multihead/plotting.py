@@ -35,6 +35,9 @@ def save(fig, stem: str | Path, *, formats: tuple[str, ...] = ("png", "svg"), dp
     """Save ``fig`` as ``stem.png`` and ``stem.svg`` (each written atomically), close it, return the paths."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
+    if fig.get_layout_engine() is not None:  # solve a constrained layout once, not once per draw of every format
+        fig.canvas.draw()
+        fig.set_layout_engine("none")
     paths = [atomic_save_figure(fig, stem.with_suffix(f".{fmt}"), dpi=dpi, bbox_inches="tight") for fmt in formats]
     pyplot().close(fig)
     return paths
