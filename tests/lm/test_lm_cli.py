@@ -48,9 +48,12 @@ def test_generate_compiled_writes_the_same_text(gguf_model, capsys):
 
 def test_bench_lens_refuses_an_unknown_snippet_before_anything_is_read(tmp_path, capsys):
     out = tmp_path / "lens.json"
-    assert main(["bench", "lens", "--impls", "logit_lens", "--model", str(tmp_path / "none"), "--out", str(out)]) == 2
+    assert (
+        main(["bench", "lens", "--impls", "stack_head_results", "--model", str(tmp_path / "none"), "--out", str(out)])
+        == 2
+    )
     err = capsys.readouterr().err
-    assert "unknown snippets ['logit_lens']" in err and "induction_scores" in err
+    assert "unknown snippets ['stack_head_results']" in err and "induction_scores" in err
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
