@@ -266,7 +266,10 @@ def run_demo(
             "MiniLM's heads on the cat sentence; it opens on the head that passed the determiner -> noun test "
             "(sentences where the noun is not the next word)",
         ),
-        (out / "walkthrough" / "explain.html", "the tutorial's steps, Q K V to W^O, with that head's own numbers"),
+        (
+            out / "walkthrough" / "explain.html",
+            "one transformer block step by step (embeddings, Q K V to W^O, every head, the MLP, the residual stream) with that head's own numbers; type your own text with: multihead explain --serve",
+        ),
         (
             out / "smollm2" / "attention.html",
             "SmolLM2 reading a sentence twice; it opens on its strongest induction "

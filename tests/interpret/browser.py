@@ -24,14 +24,14 @@ def browser():
         b.close()
 
 
-def open_page(browser, path, viewport: dict | None = None):
-    """``(page, problems)``: the page at ``path`` once its script says it is ready; console errors, page errors and
-    dialogs (a script that should never run) collected in ``problems``."""
+def open_page(browser, path, viewport: dict | None = None, timeout: int = 20000):
+    """``(page, problems)``: the page at ``path`` (a file, or a URL string) once its script says it is ready;
+    console errors, page errors and dialogs (a script that should never run) collected in ``problems``."""
     page = browser.new_page(**({"viewport": viewport} if viewport else {}))
     problems = []
     page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
     page.on("pageerror", lambda exc: problems.append(str(exc)))
     page.on("dialog", lambda d: (problems.append("dialog: " + d.message), d.dismiss()))
-    page.goto(path.as_uri())
-    page.wait_for_selector("body[data-ready='1']", timeout=20000)
+    page.goto(path if isinstance(path, str) else path.as_uri())
+    page.wait_for_selector("body[data-ready='1']", timeout=timeout)
     return page, problems

@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 import torch
+from browser import open_page
 from test_explain import _table, subject  # noqa: F401  (the tiny encoder fixture)
 
 from multihead.interpret.explain import STEPS, explain, render_explain_page, write_explain_page, zh_characters
@@ -118,12 +119,7 @@ def test_the_headings_font_holds_every_chinese_character():
 
 
 def test_typing_in_the_served_page_recomputes_every_step(browser, server, subject):  # noqa: F811
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    problems: list[str] = []
-    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: problems.append(str(e)))
-    page.goto(server.url)
-    page.wait_for_selector("body[data-ready='1']", timeout=30000)
+    page, problems = open_page(browser, server.url, {"width": 1280, "height": 900}, timeout=30000)
     assert page.locator("#input").input_value() == "the cat sat on the mat ."
     assert page.evaluate("document.fonts.load('13px multihead-zh', '线性映射').then(f => f.length)") == 1
     page.locator("#input").fill("a dog sat on a mat")
@@ -191,12 +187,7 @@ def test_served_smollm2_page_equals_the_cli_page_and_samples_as_generate_does(br
     cli = json.loads(html[start : html.index("</script>", start)])
     s = Server(Explainer(smol), "The cat sat on the mat.").start()
     try:
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        problems: list[str] = []
-        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: problems.append(str(e)))
-        page.goto(s.url)
-        page.wait_for_selector("body[data-ready='1']", timeout=60000)
+        page, problems = open_page(browser, s.url, {"width": 1280, "height": 900}, timeout=60000)
         page.locator("#input").fill(text)
         page.locator("#go").click()
         page.wait_for_function("document.getElementById('status').textContent.startsWith('computed')", timeout=60000)
