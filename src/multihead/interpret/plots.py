@@ -81,71 +81,89 @@ def _scale(n: int):
     return norm, lambda w: w.clip(norm.vmin, None), "attention weight (log scale)"
 
 
-def plot_grid(maps: AttentionMaps, stem: Path, *, max_labels: int = 24, highlight: dict | None = None) -> list[Path]:
-    """Every layer (rows) x head (columns). ``highlight`` maps ``(layer, head)`` to a caption drawn in red.
-
-    The maps are one mosaic image on one axes (each map coloured with the same scale, white gaps between them), so
-    a 30-layer model's 270 heads draw in a second or two rather than as 270 matplotlib axes."""
+def _mosaic(ax, cells: dict, rows: int, cols: int, maps: AttentionMaps, *, max_labels: int, fontsize: float, gap_for):
+    """Draw ``cells`` (``(row, col) -> (map (Q, K), title, caption or None)``) as one image on ``ax``: every map on
+    the colour scale of :func:`_scale`, white gaps (``gap_for(nq, nk) -> (rows, cols)`` map cells) holding the
+    titles, a caption in red with a red frame, query tokens down the left column and key tokens along the bottom
+    row. One image and a few hundred texts draw in a second where as many matplotlib axes take tens of seconds.
+    Returns the colour scale for the colorbar."""
     import matplotlib as mpl
     import numpy as np
 
     plt = _plt()
-    rows, cols = maps.num_layers, max(maps.heads + [1])
     nq, nk = len(maps.tokens), len(maps.keys)
-    cell = 1.5 if nq <= 32 else 1.8
-    labels_each = nq <= 12  # short inputs: every token on the left column and bottom row, else a few
-    fs = 5 if nq <= 12 else 4
     norm, prep, what = _scale(nk)
     cmap = mpl.colormaps["viridis"]
-    gy, gx = max(2, math.ceil(0.45 * nq)), max(1, math.ceil(0.15 * nk))  # gaps in map cells: room for titles
-    height, width = rows * nq + (rows - 1) * gy, cols * nk + (cols - 1) * gx
-    mosaic = np.ones((height, width, 4))
-    fig, ax = plt.subplots(figsize=(cell * cols + 1.6, cell * rows + 1.2))
-    for l in range(rows):
-        y0 = l * (nq + gy)
-        if maps.heads[l] == 0:  # a layer whose heads were all pruned: say so rather than leave a blank row
-            ax.text(0, y0 + nq / 2, f"L{l}: every head pruned", ha="left", va="center", fontsize=7, color="grey")
-        for h in range(maps.heads[l]):
-            x0 = h * (nk + gx)
-            mosaic[y0 : y0 + nq, x0 : x0 + nk] = cmap(norm(prep(maps.head(l, h).numpy())))
-            cap = (highlight or {}).get((l, h))
-            title = f"L{l} H{h}" + (f"\n{textwrap.fill(textwrap.shorten(cap, 64), 34)}" if cap else "")
-            ax.text(
-                x0 + nk / 2 - 0.5,
-                y0 - 0.7,
-                title,
-                ha="center",
-                va="bottom",
-                fontsize=6,
-                color="red" if cap else "black",
-            )
-            if cap:
-                ax.add_patch(plt.Rectangle((x0 - 0.5, y0 - 0.5), nk, nq, fill=False, ec="red", lw=2))
+    gy, gx = gap_for(nq, nk)
+    mosaic = np.ones((rows * nq + (rows - 1) * gy, cols * nk + (cols - 1) * gx, 4))
+    for (r, c), (w, title, cap) in cells.items():
+        y0, x0 = r * (nq + gy), c * (nk + gx)
+        if w is None:  # nothing to draw here: the title says why
+            ax.text(x0, y0 + nq / 2, title, ha="left", va="center", fontsize=7, color="grey")
+            continue
+        mosaic[y0 : y0 + nq, x0 : x0 + nk] = cmap(norm(prep(w)))
+        text = title + (f"\n{textwrap.fill(textwrap.shorten(cap, 64), 34)}" if cap else "")
+        ax.text(
+            x0 + nk / 2 - 0.5,
+            y0 - 0.7,
+            text,
+            ha="center",
+            va="bottom",
+            fontsize=fontsize + 1,
+            color="red" if cap else "black",
+        )
+        if cap:
+            ax.add_patch(plt.Rectangle((x0 - 0.5, y0 - 0.5), nk, nq, fill=False, ec="red", lw=2))
     ax.imshow(mosaic, interpolation="nearest", aspect="equal")
-    ticks = [_ticks(maps.tokens, max_labels if labels_each else 8), _ticks(maps.keys, max_labels if labels_each else 8)]
-    ax.set_yticks(
-        [l * (nq + gy) + p for l in range(rows) for p in ticks[0][0]],
-        [t for _ in range(rows) for t in ticks[0][1]],
-        fontsize=fs,
-    )
-    last = rows - 1
+    (qpos, qnames), (kpos, knames) = _ticks(maps.tokens, max_labels), _ticks(maps.keys, max_labels)
+    left = [r for r in range(rows) if cells.get((r, 0), (None,))[0] is not None]
+    bottom = [
+        c for c in range(cols) if cells.get((rows - 1, c), (None,))[0] is not None
+    ]  # the keys: the same in every map
+    ax.set_yticks([r * (nq + gy) + p for r in left for p in qpos], [t for _ in left for t in qnames], fontsize=fontsize)
     ax.set_xticks(
-        [h * (nk + gx) + p for h in range(maps.heads[last] or cols) for p in ticks[1][0]],
-        [t for _ in range(maps.heads[last] or cols) for t in ticks[1][1]],
+        [c * (nk + gx) + p for c in bottom for p in kpos],
+        [t for _ in bottom for t in knames],
         rotation=90,
-        fontsize=fs,
+        fontsize=fontsize,
     )
     ax.tick_params(length=1.5, pad=1)
     for side in ax.spines.values():
         side.set_visible(False)
+    return mpl.cm.ScalarMappable(norm=norm, cmap=cmap), what
+
+
+def plot_grid(maps: AttentionMaps, stem: Path, *, max_labels: int = 24, highlight: dict | None = None) -> list[Path]:
+    """Every layer (rows) x head (columns). ``highlight`` maps ``(layer, head)`` to a caption drawn in red. One
+    mosaic image (:func:`_mosaic`): a 30-layer model's 270 heads draw in seconds, not as 270 matplotlib axes."""
+    plt = _plt()
+    rows, cols = maps.num_layers, max(maps.heads + [1])
+    nq = len(maps.tokens)
+    cell = 1.5 if nq <= 32 else 1.8
+    cells: dict = {}
+    for l in range(rows):
+        if maps.heads[l] == 0:  # a layer whose heads were all pruned: say so rather than leave a blank row
+            cells[(l, 0)] = (None, f"L{l}: every head pruned", None)
+        for h in range(maps.heads[l]):
+            cells[(l, h)] = (maps.head(l, h).numpy(), f"L{l} H{h}", (highlight or {}).get((l, h)))
+    fig, ax = plt.subplots(figsize=(cell * cols + 1.6, cell * rows + 1.2))
+    shown, what = _mosaic(
+        ax,
+        cells,
+        rows,
+        cols,
+        maps,
+        max_labels=max_labels if nq <= 12 else 8,  # short inputs: every token; else a few
+        fontsize=5 if nq <= 12 else 4,
+        gap_for=lambda nq, nk: (max(2, math.ceil(0.45 * nq)), max(1, math.ceil(0.15 * nk))),
+    )
     ax.set_title(
         f"{plain(maps.model)}: attention per layer (rows) and head (columns); query rows, key columns\n"
         f"{_short(maps.text)}",
         fontsize=9,
         pad=14,
     )
-    bar = fig.colorbar(mpl.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, fraction=0.02, pad=0.01)
-    bar.set_label(what, fontsize=8)
+    fig.colorbar(shown, ax=ax, fraction=0.02, pad=0.01).set_label(what, fontsize=8)
     return _save(fig, stem)
 
 
@@ -171,25 +189,31 @@ def plot_head(
 
 
 def plot_layer_mean(maps: AttentionMaps, stem: Path, *, max_labels: int = 40) -> list[Path]:
+    """Each layer's attention averaged over its heads, four layers a row (one mosaic image, :func:`_mosaic`)."""
     plt = _plt()
     cols = min(maps.num_layers, 4)
     rows = math.ceil(maps.num_layers / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols + 0.8, 3.6 * rows), squeeze=False, layout="constrained")
-    norm, prep, what = _scale(len(maps.keys))
-    shown = None
-    for i in range(rows * cols):
-        ax = axes[i // cols][i % cols]
-        if i >= maps.num_layers:
-            ax.axis("off")
-            continue
-        w = maps.layers[i]
-        mean = w.mean(0) if w.shape[0] else torch.zeros(len(maps.tokens), len(maps.keys))
-        shown = ax.imshow(prep(mean.numpy()), cmap="viridis", norm=norm, interpolation="nearest")
-        ax.set_title(f"layer {i}: mean of {w.shape[0]} heads", fontsize=8)
-        _label(ax, maps.tokens, max_labels, 6, keys=maps.keys)
-    fig.suptitle(f"{plain(maps.model)}: average attention per layer\n{_short(maps.text)}", fontsize=9)
-    if shown is not None:
-        fig.colorbar(shown, ax=axes, fraction=0.02, pad=0.01).set_label(what, fontsize=8)
+    cells: dict = {}
+    for i, w in enumerate(maps.layers):
+        title = f"layer {i}: mean of {w.shape[0]} heads"
+        cells[(i // cols, i % cols)] = (
+            w.mean(0).numpy() if w.shape[0] else None,
+            title + ("" if w.shape[0] else " (pruned)"),
+            None,
+        )
+    fig, ax = plt.subplots(figsize=(3.6 * cols + 0.8, 3.6 * rows))
+    shown, what = _mosaic(
+        ax,
+        cells,
+        rows,
+        cols,
+        maps,
+        max_labels=max_labels,
+        fontsize=6,
+        gap_for=lambda nq, nk: (max(2, math.ceil(0.2 * nq)), max(2, math.ceil(0.2 * nk))),
+    )
+    ax.set_title(f"{plain(maps.model)}: average attention per layer\n{_short(maps.text)}", fontsize=9, pad=14)
+    fig.colorbar(shown, ax=ax, fraction=0.02, pad=0.01).set_label(what, fontsize=8)
     return _save(fig, stem)
 
 
