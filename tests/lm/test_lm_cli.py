@@ -57,6 +57,14 @@ def test_bench_lens_refuses_an_unknown_snippet_before_anything_is_read(tmp_path,
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+def test_bench_loop_refuses_a_missing_model_before_any_case_runs(tmp_path, capsys):
+    out = tmp_path / "loop.json"
+    assert main(["bench", "loop", "--model", str(tmp_path / "none"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_bad_head_scoring_method_is_a_usage_error_naming_the_methods(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["importance", str(tmp_path), "--method", "gradient"])

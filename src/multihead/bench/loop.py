@@ -94,6 +94,9 @@ def run(model: str = "smollm2", repeats: int = 3, threads: int | None = None, ou
 
     from .harness import machine_info, write_json
 
+    from ..loading import kind
+
+    kind(model).check("show")  # a source that is not there, or that show does not take: refused before any case runs
     threads = threads or 2
     payload: dict = {"suite": "loop", "model": model, "machine": machine_info(threads), "cold": {}, "warm": None}
     with tempfile.TemporaryDirectory() as tmp:

@@ -47,6 +47,8 @@ def _threads(text: str) -> int:
 
 _nonneg = _number(int, 0, float("inf"), "an integer >= 0")  # counts where 0 means none / all
 
+_port = _number(int, 0, 65535, "a TCP port in [0, 65535] (0: any free one)")
+
 _needles = _number(int, 0, MAX_NEEDLES, f"a number of needle prompts in [0, {MAX_NEEDLES}]")
 
 

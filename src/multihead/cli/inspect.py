@@ -15,6 +15,7 @@ from .args import (
     _head_list,
     _needles,
     _nonneg,
+    _port,
     _seconds,
     dispatch,
     say_attached,
@@ -611,7 +612,7 @@ def _serve_explain(args) -> int:
     import time
 
     from ..interpret import load_subject
-    from ..interpret.serve import Explainer, Server
+    from ..interpret.serve import Explainer, Server, bind
 
     if args.out is not None:
         raise ValueError("--serve writes no files; drop --out (or drop --serve to write explain.html)")
@@ -620,11 +621,16 @@ def _serve_explain(args) -> int:
     if importlib.util.find_spec("starlette") is None or importlib.util.find_spec("uvicorn") is None:
         raise ValueError("--serve needs Starlette and uvicorn: pip install 'multihead[serve]'")
     text = args.text if args.text and args.text.strip() else "The cat sat on the mat."
+    sock = bind(args.port)  # a taken port is refused before the model is read
     start = time.perf_counter()
-    subject = load_subject(args.model)
-    explainer = Explainer(subject)
-    _, first = explainer.ask(text, args.layer, args.head)  # refusals (a bad --layer) before the server starts
-    server = Server(explainer, text, port=args.port, layer=args.layer, head=args.head)
+    try:
+        subject = load_subject(args.model)
+        explainer = Explainer(subject)
+        data, first = explainer.ask(text, args.layer, args.head)  # refusals (a bad --layer) before serving
+    except BaseException:
+        sock.close()
+        raise
+    server = Server(explainer, text, sock=sock, first=data)
     print(
         f"{subject.name} loaded and the first text explained in {time.perf_counter() - start:.1f} s "
         f"(the text alone: {first:.2f} s); each text typed in the page costs only its own pass"
@@ -664,7 +670,7 @@ def _parser_explain(sub) -> None:
         help="instead of a file: a local web server (127.0.0.1 only) where you type the text and the model, "
         "loaded once, recomputes every step",
     )
-    ex.add_argument("--port", type=_nonneg, default=8765, help="--serve's port on 127.0.0.1 (0: any free one)")
+    ex.add_argument("--port", type=_port, default=8765, help="--serve's port on 127.0.0.1 (0: any free one)")
     ex.set_defaults(fn=cmd_explain)
 
 

@@ -32,6 +32,7 @@ that a next-token head may match it.
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -39,7 +40,7 @@ import torch
 from torch import nn
 
 from .._io import atomic_write_text
-from ..modules.capture import _block_of, attention_modules, capture
+from ..modules.capture import _block_of, attention_modules, capture, token_embedding
 from .maps import LMSubject, Subject, is_special
 from .page import _json_for_script
 
@@ -250,21 +251,6 @@ def _child(module: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
     return next((getattr(module, n) for n in names if isinstance(getattr(module, n, None), nn.Module)), None)
 
 
-def _embedding(model: nn.Module) -> nn.Module | None:
-    """The token embedding: multihead's ``embed`` (its LMs, encoders, attached LMs), or an HF model's own."""
-    embed = getattr(model, "embed", None)
-    if isinstance(embed, nn.Module):
-        return embed
-    for owner in (model, getattr(model, "hf", None)):
-        get = getattr(owner, "get_input_embeddings", None)
-        if callable(get):
-            try:
-                return get()
-            except (NotImplementedError, AttributeError):
-                pass
-    return None
-
-
 def _record_block(model: nn.Module, blocks: list[nn.Module], seen: dict) -> list:
     """Hooks that record, in ``seen``, the token embeddings (``embed``), every block's input (``pre{i}``) and output
     (``post{i}``), and its feed-forward module's input (``mlp_in{i}``), hidden activation (``hidden{i}``, the last
@@ -286,7 +272,7 @@ def _record_block(model: nn.Module, blocks: list[nn.Module], seen: dict) -> list
         return record
 
     handles = []
-    embed = _embedding(model)
+    embed = token_embedding(model)
     if embed is not None:
         handles.append(embed.register_forward_hook(after("embed")))
     for i, block in enumerate(blocks):
@@ -446,9 +432,10 @@ def _assets():
     return files("multihead.interpret").joinpath("assets")
 
 
-def render_explain_page(data: dict, *, serve: bool = False) -> str:
-    """The explain page as HTML (jinja2, autoescaped; the numbers in a JSON block every token of which is inserted
-    as text by the script). ``serve``: with the text box that asks the local server (:mod:`.serve`)."""
+@functools.cache
+def _page_parts():
+    """The template (jinja2, autoescaped) and the files it inlines, read once per process (a served page renders
+    often)."""
     import base64
 
     from jinja2 import Environment, FunctionLoader, StrictUndefined, select_autoescape
@@ -460,18 +447,23 @@ def render_explain_page(data: dict, *, serve: bool = False) -> str:
         autoescape=select_autoescape(default=True, default_for_string=True),
         undefined=StrictUndefined,
     )
+    return env.get_template("page.html"), {
+        "steps": [{"id": i, "title": t, "zh": zh, "optional": i in OPTIONAL} for i, t, zh in STEPS],
+        "max_chars": MAX_CHARS,
+        "zh_font": base64.b64encode(root.joinpath("zh-headings.woff").read_bytes()).decode("ascii"),
+        "css": Markup(root.joinpath("explain", "page.css").read_text(encoding="utf-8")),
+        "js": Markup(root.joinpath("explain", "page.js").read_text(encoding="utf-8")),
+    }
+
+
+def render_explain_page(data: dict, *, serve: bool = False) -> str:
+    """The explain page as HTML (the numbers in a JSON block every token of which is inserted as text by the
+    script). ``serve``: with the text box that asks the local server (:mod:`.serve`)."""
+    from markupsafe import Markup
+
+    template, parts = _page_parts()
     page = {k: v for k, v in data.items() if k != "weights"}  # the page computes the weights from q and k
-    steps = [{"id": i, "title": t, "zh": zh, "optional": i in OPTIONAL} for i, t, zh in STEPS]
-    font = base64.b64encode(root.joinpath("zh-headings.woff").read_bytes()).decode("ascii")
-    return env.get_template("page.html").render(
-        steps=steps,
-        serve=serve,
-        max_chars=MAX_CHARS,
-        zh_font=font,
-        css=Markup(root.joinpath("explain", "page.css").read_text(encoding="utf-8")),
-        js=Markup(root.joinpath("explain", "page.js").read_text(encoding="utf-8")),
-        data=Markup(_json_for_script(page)),
-    )
+    return template.render(**parts, serve=serve, data=Markup(_json_for_script(page)))
 
 
 def write_explain_page(data: dict, path: str | Path) -> Path:

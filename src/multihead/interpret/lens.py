@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..modules.capture import _block_of, attention_modules
+from ..modules.capture import _block_of, attention_modules, token_embedding
 from ..modules.hooks import hook_points
 
 LAYOUTS = ("transformer_lens", "multihead")
@@ -253,10 +253,8 @@ class HookedTransformer(nn.Module):
                 if f"{attn_name}.{hook}" in points:
                     self._points[f"blocks.{i}.attn.{hook}"] = ("point", points[f"{attn_name}.{hook}"])
         self.__dict__["_blocks"] = [named[b] for b in blocks]  # plain attributes: not registered twice
-        embed = getattr(model, "embed", None)
-        if not isinstance(embed, nn.Module) and callable(getattr(model, "get_input_embeddings", None)):
-            embed = model.get_input_embeddings()  # an HF model attached as it is
-        if isinstance(embed, nn.Module):
+        embed = token_embedding(model)
+        if embed is not None:
             self._points["hook_embed"] = ("output", embed)
         self.__dict__["_embed"] = embed
         hf = getattr(model, "hf", model)

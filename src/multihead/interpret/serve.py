@@ -60,9 +60,9 @@ class Explainer:
             return data, time.perf_counter() - start
 
 
-def app(explainer: Explainer, first: str, layer: int | None = None, head: int | None = None):
-    """The Starlette app: ``GET /`` the page (explaining ``first`` at ``layer``/``head``, default the tested
-    head), ``POST /api/explain`` a question."""
+def app(explainer: Explainer, first: str | dict):
+    """The Starlette app: ``GET /`` the page (``first``: a text to explain on the first visit, or what
+    :meth:`Explainer.ask` already answered for it), ``POST /api/explain`` a question."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.middleware import Middleware
@@ -73,8 +73,8 @@ def app(explainer: Explainer, first: str, layer: int | None = None, head: int | 
     page: dict[str, str] = {}
 
     async def index(request):
-        if "html" not in page:  # the first visit pays for the first question
-            data, _ = await run_in_threadpool(explainer.ask, first, layer, head)
+        if "html" not in page:  # rendered once; a first text not yet explained is explained now
+            data = first if isinstance(first, dict) else (await run_in_threadpool(explainer.ask, first))[0]
             page["html"] = render_explain_page(data, serve=True)
         return HTMLResponse(page["html"], headers={"cache-control": "no-store"})
 
@@ -116,18 +116,19 @@ def bind(port: int = 0) -> socket.socket:
 
 
 class Server:
-    """uvicorn serving :func:`app` on a socket from :func:`bind`; :meth:`run` blocks, :meth:`start` runs it in a
+    """uvicorn serving :func:`app` on a socket from :func:`bind` (``sock``, or one bound to ``port``); ``first``:
+    the first page's text, or :meth:`Explainer.ask`'s answer for it. :meth:`run` blocks, :meth:`start` runs it in a
     thread (tests, notebooks) and :meth:`stop` ends it."""
 
     def __init__(
-        self, explainer: Explainer, first: str, port: int = 0, layer: int | None = None, head: int | None = None
+        self, explainer: Explainer, text: str, port: int = 0, *, sock: socket.socket | None = None, first=None
     ) -> None:
         import uvicorn
 
-        self.sock = bind(port)
+        self.sock = sock if sock is not None else bind(port)
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}/"
-        config = uvicorn.Config(app(explainer, first, layer, head), log_level="warning", lifespan="off")
+        config = uvicorn.Config(app(explainer, text if first is None else first), log_level="warning", lifespan="off")
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 

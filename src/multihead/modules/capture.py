@@ -98,6 +98,21 @@ def attention_modules(model: nn.Module) -> list[tuple[str, MultiHeadAttention | 
     return mods
 
 
+def token_embedding(model: nn.Module) -> nn.Module | None:
+    """The token embedding: multihead's ``embed`` (its LMs, encoders, attached LMs), or an HF model's own."""
+    embed = getattr(model, "embed", None)
+    if isinstance(embed, nn.Module):
+        return embed
+    for owner in (model, getattr(model, "hf", None)):
+        get = getattr(owner, "get_input_embeddings", None)
+        if callable(get):
+            try:
+                return get()
+            except (NotImplementedError, AttributeError):
+                pass
+    return None
+
+
 @contextmanager
 def capture(
     model: nn.Module,
@@ -182,4 +197,4 @@ def run_with_cache(model: nn.Module, *args, what: Iterable[str] = ("pattern",), 
     return out, cache
 
 
-__all__ = ["Cache", "attention_modules", "capture", "run_with_cache"]
+__all__ = ["Cache", "attention_modules", "capture", "run_with_cache", "token_embedding"]

@@ -156,19 +156,18 @@ def declared(source: str | Path) -> tuple[int, int] | None:
         except SourceError:
             return None
 
-        def number(suffix: str):
+        def number(f, suffix: str):  # an integer scalar's value: the last bytes of its entry
             found = [
-                f for k, f in fields.items() if k.endswith(suffix) and f.vtype in SCALARS and f.vtype not in (6, 7, 12)
+                e for k, e in fields.items() if k.endswith(suffix) and e.vtype in SCALARS and e.vtype not in (6, 7, 12)
             ]
             if len(found) != 1:
                 return None
             size = SCALARS[found[0].vtype][1]
-            fmt = {1: "<B", 2: "<H", 4: "<I", 8: "<Q"}[size]
-            with open(path, "rb") as f:
-                f.seek(found[0].end - size)
-                return struct.unpack(fmt, f.read(size))[0]
+            f.seek(found[0].end - size)
+            return struct.unpack({1: "<B", 2: "<H", 4: "<I", 8: "<Q"}[size], f.read(size))[0]
 
-        layers, heads = number(".block_count"), number(".attention.head_count")
+        with open(path, "rb") as f:
+            layers, heads = number(f, ".block_count"), number(f, ".attention.head_count")
     else:
         return None
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (layers, heads)):
