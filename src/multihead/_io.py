@@ -238,46 +238,90 @@ def _files(folder: Path):
                 yield rel
 
 
+def _identity(path: Path) -> dict[str, int]:
+    """What binds a manifest to its folder: the folder's device and inode. A rename (the publishing swap, or the
+    user moving the folder) keeps them; a copy, an archive unpacked elsewhere or a forged file does not."""
+    st = os.stat(path, follow_symlinks=False)
+    return {"dev": st.st_dev, "ino": st.st_ino}
+
+
 def _manifest(folder: str | Path) -> dict[str, dict] | None:
-    path = Path(folder) / MANIFEST
-    if not path.is_file() or path.is_symlink():
+    """The files a manifest in ``folder`` lists, or None when there is none, it is not multihead's, or it was not
+    written for this very folder (copied or forged: its recorded folder identity differs)."""
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not path.is_file() or path.is_symlink() or folder.is_symlink():
         return None
     try:
         data = read_json_file(path, max_bytes=64 << 20)
     except (OSError, ValueError):
         return None
-    files = data.get("files") if isinstance(data, dict) and data.get("writer") == "multihead" else None
+    if not isinstance(data, dict) or data.get("writer") != "multihead":
+        return None
+    try:
+        if data.get("folder") != _identity(folder):
+            return None
+    except OSError:
+        return None
+    files = data.get("files")
     return {k: v for k, v in files.items() if isinstance(v, dict)} if isinstance(files, dict) else None
 
 
+def foreign_manifest(folder: str | Path) -> bool:
+    """Whether ``folder`` holds a multihead manifest that was written for another folder (a copy of an output, or a
+    forged file): such a folder is never taken for multihead's own."""
+    path = Path(folder) / MANIFEST
+    return path.is_file() and _manifest(folder) is None
+
+
 def read_manifest(folder: str | Path) -> dict[str, dict]:
-    """``{relative path: {"sha256", "bytes"}}`` of the files multihead wrote into ``folder`` ({} where it has no
-    manifest, or one that is not ours)."""
+    """``{relative path: {"sha256", "bytes", "ino", "mtime_ns"}}`` of the files multihead wrote into ``folder``
+    ({} where it has no manifest, one that is not ours, or one written for another folder)."""
     return _manifest(folder) or {}
+
+
+def _entry(f: Path) -> dict:
+    st = f.stat()
+    return {"sha256": _sha256(f), "bytes": st.st_size, "ino": st.st_ino, "mtime_ns": st.st_mtime_ns}
 
 
 def write_manifest(folder: str | Path, paths=None) -> None:
     """Record in ``folder``'s manifest the files multihead wrote there: every file under it (``paths`` None, when a
     folder is published whole), or ``paths`` (relative) added to what it lists (writers that add files in place).
-    Entries whose file is gone are dropped."""
+    Each entry holds the file's hash, size, inode and modification time, and the manifest holds the folder's own
+    identity: a copy of the manifest, or of the folder, proves nothing. Entries whose file is gone are dropped."""
     folder = Path(folder)
     listed = {} if paths is None else read_manifest(folder)
     for rel in _files(folder) if paths is None else paths:
         f = folder / rel
         if f.is_file() and not f.is_symlink():
-            listed[rel] = {"sha256": _sha256(f), "bytes": f.stat().st_size}
+            listed[rel] = _entry(f)
     listed = {k: v for k, v in sorted(listed.items()) if (folder / k).is_file()}
-    atomic_write_bytes(
-        folder / MANIFEST, (json.dumps({"writer": "multihead", "files": listed}, indent=1) + "\n").encode()
-    )
+    body = {"writer": "multihead", "folder": _identity(folder), "files": listed}
+    atomic_write_bytes(folder / MANIFEST, (json.dumps(body, indent=1) + "\n").encode())
+
+
+def _mark_staging(folder: Path) -> None:
+    """Mark ``folder`` as one multihead is building (or swapping out): the marker names the folder's identity."""
+    (folder / STAGING).write_text(json.dumps(_identity(folder)))
+
+
+def _staging(folder: Path) -> bool:
+    """Whether ``folder`` holds a staging marker multihead wrote for this very folder."""
+    marker = folder / STAGING
+    if not marker.is_file() or marker.is_symlink() or marker.stat().st_size > 256:
+        return False
+    try:
+        return json.loads(marker.read_text()) == _identity(folder)
+    except (OSError, ValueError):
+        return False
 
 
 def is_ours(folder: str | Path) -> bool:
-    """Whether multihead made ``folder`` (it holds multihead's manifest or staging marker)."""
+    """Whether multihead made ``folder`` (it holds multihead's manifest or staging marker, written for this
+    folder)."""
     folder = Path(folder)
-    return (
-        folder.is_dir() and not folder.is_symlink() and ((folder / STAGING).is_file() or _manifest(folder) is not None)
-    )
+    return folder.is_dir() and not folder.is_symlink() and (_staging(folder) or _manifest(folder) is not None)
 
 
 def _lock_file(p: Path) -> bool:
@@ -290,9 +334,10 @@ def _lock_file(p: Path) -> bool:
 def foreign_files(folder: Path, kind: str = "run") -> list[str]:
     """What a folder of ``kind`` holds that multihead did not write there (sorted names): replacing the folder
     would delete them. Every output folder lists what multihead wrote in its manifest (:data:`MANIFEST`, with each
-    file's hash), and a file is ours only if the manifest of its folder, or of a folder around it, lists it
-    unchanged -- a user's file, hidden or not and whatever its suffix, never is. A run's own files are also known
-    by name (:data:`RUN_FILES`, figures)."""
+    file's hash, inode and time, bound to the folder), and a file is ours only if that manifest lists it unchanged
+    -- a user's file, hidden or not and whatever its suffix, never is. Another output nested inside (a sub-folder
+    with a manifest of its own) counts only where the outer manifest lists that manifest: the user's earlier
+    result saved there is theirs. A run's own files are also known by name (:data:`RUN_FILES`, figures)."""
     folder = Path(folder)
     scopes = [(folder, read_manifest(folder), kind)]
     return [p.name + ("/" if p.is_dir() else "") for p in sorted(folder.iterdir()) if not _ours(p, scopes)]
@@ -300,16 +345,20 @@ def foreign_files(folder: Path, kind: str = "run") -> list[str]:
 
 def _ours(p: Path, scopes: list[tuple[Path, dict, str]]) -> bool:
     """Whether ``p`` (and everything under it) is multihead's, by the manifests of the folders around it
-    (``scopes``, outermost first; the last is ``p``'s own folder)."""
-    parent_kind = scopes[-1][2]
-    if p.name in (MANIFEST, STAGING) or _lock_file(p):
+    (``scopes``, outermost first): each inner scope is a nested output that an outer manifest vouches for."""
+    root, _, kind = scopes[-1]
+    here = p.parent == root
+    if here and (p.name in (MANIFEST, STAGING) or _lock_file(p)):
         return True
-    if parent_kind == "run" and (p.name in RUN_FILES or p.name.startswith(".") or p.suffix in (".png", ".svg")):
+    if here and kind == "run" and (p.name in RUN_FILES or p.name.startswith(".") or p.suffix in (".png", ".svg")):
         return True
     if p.is_dir() and not p.is_symlink():
-        inner = [*scopes, (p, read_manifest(p), folder_kind(p))]
+        inner = scopes
+        nested = read_manifest(p)
+        if nested and any(_unchanged(r, (p / MANIFEST).relative_to(r).as_posix(), listed) for r, listed, _ in scopes):
+            inner = [*scopes, (p, nested, folder_kind(p))]
         return all(_ours(c, inner) for c in p.iterdir())
-    return any(_unchanged(root, p.relative_to(root).as_posix(), listed) for root, listed, _ in scopes)
+    return any(_unchanged(r, p.relative_to(r).as_posix(), listed) for r, listed, _ in scopes)
 
 
 def _unchanged(folder: Path, rel: str, listed: dict) -> bool:
@@ -317,7 +366,13 @@ def _unchanged(folder: Path, rel: str, listed: dict) -> bool:
     f = folder / rel
     if entry is None or f.is_symlink() or not f.is_file():
         return False
-    return f.stat().st_size == entry.get("bytes") and _sha256(f) == entry.get("sha256")
+    st = f.stat()
+    return (
+        st.st_size == entry.get("bytes")
+        and st.st_ino == entry.get("ino")
+        and st.st_mtime_ns == entry.get("mtime_ns")
+        and _sha256(f) == entry.get("sha256")
+    )
 
 
 _WHAT = {
@@ -383,6 +438,12 @@ def check_target(
                 "folder (or remove it yourself)"
             )
         strangers = foreign_files(out, kind)
+        if strangers and foreign_manifest(out):
+            raise FolderError(
+                f"--out {str(out)!r} holds a multihead manifest written for another folder (a copy, or a file "
+                "placed there), so nothing in it is taken for multihead's own output; replacing it could delete "
+                "your files: choose another folder (or remove it yourself)"
+            )
         if strangers:
             raise FolderError(
                 f"--out {str(out)!r} holds {_WHAT.get(kind, f'{kind} output')} and also "
@@ -406,6 +467,40 @@ def _sibling(out: Path, suffix: str) -> Path:
     return out.parent / f".{out.name}.{suffix}"
 
 
+def _open_lock(path: Path, flags: int) -> int:
+    """Open (or create) the lock file ``path`` without ever following a link: a lock file is a small regular file
+    holding a pid, with one name. A symlink, a hard link to another file, a device, a FIFO or a file holding
+    anything else is refused, never truncated or written through."""
+    import stat
+
+    what = None
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            what = "a symbolic link"
+        elif exc.errno in (errno.EISDIR, errno.ENXIO):
+            what = "a folder" if exc.errno == errno.EISDIR else "a socket or device"
+        else:
+            raise
+    else:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            what = "not a regular file (a FIFO, device or socket)"
+        elif st.st_nlink != 1:
+            what = f"a hard link ({st.st_nlink} names for one file)"
+        elif st.st_size > 64 or not (os.pread(fd, 64, 0).strip().isdigit() or st.st_size == 0):
+            what = "a file holding something other than a pid"
+        if what is not None:
+            os.close(fd)
+    if what is not None:
+        raise FolderError(
+            f"{str(path)!r} is {what}, not a lock file multihead made; multihead never writes through it. "
+            "Remove it (or rename it), then retry"
+        )
+    return fd
+
+
 class folder_lock:
     """Exclusive lock on writing folder ``out`` (``with folder_lock(out): ...``). Refuses at once, naming the
     holder's pid, when another process holds it. Re-entrant within one process. On acquiring it, what a killed
@@ -422,7 +517,7 @@ class folder_lock:
         for key in cls._held:
             lock = Path(key)
             folder = lock.parent / lock.name[1 : -len(".lock")]
-            if folder in path.parents and path.name != MANIFEST:
+            if folder in path.parents and path != folder / MANIFEST:
                 cls._written.setdefault(key, set()).add(path.relative_to(folder).as_posix())
 
     def __init__(self, out: str | Path):
@@ -435,7 +530,7 @@ class folder_lock:
             self._held[key] += 1
             return self
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(self.path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -481,9 +576,12 @@ class folder_lock:
 def lock_holder(out: str | Path) -> str | None:
     """The pid of the process writing folder ``out`` (holding its lock), or None when nobody is."""
     path = _sibling(Path(out), "lock")
-    if not path.is_file() or str(path) in folder_lock._held:
+    if not path.is_file() or path.is_symlink() or str(path) in folder_lock._held:
         return None
-    fd = os.open(path, os.O_RDONLY)
+    try:
+        fd = _open_lock(path, os.O_RDONLY)
+    except FolderError:
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
@@ -532,9 +630,11 @@ def recover(out: str | Path) -> None:
     new, old = _sibling(out, "new"), _sibling(out, "old")
     if old.exists() and is_ours(old):  # only a backup multihead made (its manifest says so) is ever moved
         if not out.exists():
-            os.rename(old, out)
-        else:
+            os.rename(old, out)  # put back: a rename loses nothing
+        elif _staging(old) or not foreign_files(old, folder_kind(old)):
             _remove_ours(old)
+        # else: it holds files multihead did not write (the user's notes beside a backup): they are not ours to
+        # remove, and the folder stays where it is (a two-step swap refuses it as a folder in the way)
     if new.exists() or new.is_symlink():
         if not is_ours(new) and not (new.is_dir() and not new.is_symlink() and not any(new.iterdir())):
             raise FolderError(
@@ -566,7 +666,7 @@ def swap_in(staged: Path, out: Path) -> None:
     """Publish folder ``staged`` at ``out`` in one step; the previous ``out`` (if any) is removed afterwards."""
     staged, out = Path(os.path.abspath(staged)), Path(os.path.abspath(out))
     if out.is_dir() and not out.is_symlink() and _manifest(out) is None:  # once swapped out it must say it is ours,
-        (out / STAGING).write_bytes(b"")  # so that a writer killed before removing it is undone by the next one
+        _mark_staging(out)  # so that a writer killed before removing it is undone by the next one
     if not out.exists():
         os.rename(staged, out)
     elif _renameat2_exchange(staged, out):
@@ -582,6 +682,7 @@ def swap_in(staged: Path, out: Path) -> None:
         os.rename(staged, out)
         _remove_ours(old)
     _fsync_dir(out.parent)
+    folder_lock.wrote(out / MANIFEST)  # an output published inside a folder being written: its manifest vouches
 
 
 class Publish:
@@ -624,7 +725,7 @@ class Publish:
         self._lock.__enter__()  # also recovers from a writer killed mid-swap
         try:
             self.staged.mkdir(parents=True)
-            (self.staged / STAGING).write_bytes(b"")  # marks the folder as multihead's while it is built
+            _mark_staging(self.staged)  # marks the folder as multihead's while it is built
         except BaseException:
             self._lock.__exit__(None, None, None)
             raise
@@ -676,6 +777,7 @@ __all__ = [
     "folder_kind",
     "folder_lock",
     "foreign_files",
+    "foreign_manifest",
     "is_ours",
     "read_manifest",
     "recover",

@@ -179,3 +179,134 @@ def test_a_commit_that_fails_leaves_no_half_built_folder(tmp_path, monkeypatch):
     monkeypatch.undo()
     _publish(out, text="again")  # the next run is not refused by a folder left in the way
     assert json.loads((out / "kv.json").read_text()) == {"v": "again"}
+
+
+# ---------------------------------------------------------------------------------------------------- hostile folders
+def test_a_lock_file_that_is_a_symlink_is_never_written_through(tmp_path):
+    """A lock file linked to a file outside the output folder: the file outside is neither truncated nor written,
+    and the writer is refused with the fix (with and without --overwrite: the lock comes first)."""
+    import os
+
+    outside = tmp_path / "elsewhere.txt"
+    outside.write_text("precious")
+    (tmp_path / ".out.lock").symlink_to(outside)
+    for overwrite in (False, True):
+        with pytest.raises(FolderError, match="symbolic link.*Remove it"):
+            with Publish(tmp_path / "out", "kv", overwrite=overwrite) as folder:
+                atomic_write_json(folder / "kv.json", {})
+    assert outside.read_text() == "precious" and not (tmp_path / "out").exists()
+    # a dangling link is refused too (O_CREAT would otherwise create its target)
+    os.unlink(tmp_path / ".out.lock")
+    (tmp_path / ".out.lock").symlink_to(tmp_path / "made-by-the-link")
+    with pytest.raises(FolderError, match="symbolic link"):
+        with folder_lock(tmp_path / "out"):
+            pass
+    assert not (tmp_path / "made-by-the-link").exists()
+
+
+@pytest.mark.parametrize("what", ["hardlink", "content", "fifo"])
+def test_a_lock_file_that_is_not_a_small_pid_file_is_refused_untouched(tmp_path, what):
+    import os
+
+    lock = tmp_path / ".out.lock"
+    if what == "hardlink":
+        (tmp_path / "mine.txt").write_text("12")
+        os.link(tmp_path / "mine.txt", lock)
+    elif what == "content":
+        lock.write_text("my notes, not a pid")
+    else:
+        os.mkfifo(lock)
+    with pytest.raises(FolderError, match="not a lock file multihead made"):
+        with folder_lock(tmp_path / "out"):
+            pass
+    if what == "hardlink":
+        assert (tmp_path / "mine.txt").read_text() == "12"
+    if what == "content":
+        assert lock.read_text() == "my notes, not a pid"
+
+
+def test_a_lock_file_multihead_left_is_reused(tmp_path):
+    out = _publish(tmp_path / "kvmine")
+    assert (tmp_path / ".kvmine.lock").read_text().strip().isdigit()
+    _publish(out, text="again")
+    assert json.loads((out / "kv.json").read_text()) == {"v": "again"}
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_forged_manifest_listing_a_users_file_does_not_make_it_ours(tmp_path, overwrite):
+    """A manifest that lists the user's file with its real hash (forged, or copied from another output) proves
+    nothing: it was not written for this folder, so the user's file is never deleted."""
+    import hashlib
+
+    out = tmp_path / "out"
+    out.mkdir()
+    notes = out / "notes.txt"
+    notes.write_text("the user's notes")
+    (out / "kv.json").write_text("{}")
+    digest = hashlib.sha256(notes.read_bytes()).hexdigest()
+    forged = {"sha256": digest, "bytes": notes.stat().st_size}
+    (out / MANIFEST).write_text(json.dumps({"writer": "multihead", "files": {"notes.txt": forged, "kv.json": {}}}))
+    with pytest.raises(FolderError, match="manifest written for another folder"):
+        _publish(out) if not overwrite else check_target(out, "kv", overwrite=True)
+    assert notes.read_text() == "the user's notes"
+
+
+def test_a_manifest_copied_with_its_folder_is_not_ours_and_a_moved_one_still_is(tmp_path):
+    import shutil
+
+    out = _publish(tmp_path / "kvmine")
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)  # same names, same hashes, but another folder
+    (copy / "notes.txt").write_text("the user's")
+    assert foreign_files(copy, "kv") == ["kv.json", "kv.png", "notes.txt", "sub/"]
+    with pytest.raises(FolderError, match="another folder"):
+        _publish(copy)
+    assert (copy / "notes.txt").read_text() == "the user's"
+    moved = tmp_path / "moved"
+    out.rename(moved)  # a rename keeps the folder's identity: still our output
+    assert foreign_files(moved, "kv") == []
+
+
+def test_a_users_file_with_the_same_bytes_as_ours_is_not_ours(tmp_path):
+    """The user replaces our file with another file of the same bytes (a restored backup): its inode differs."""
+    out = _publish(tmp_path / "kvmine")
+    data = (out / "kv.json").read_bytes()
+    (out / "kv.json").unlink()
+    (out / "kv.json").write_bytes(data)
+    assert foreign_files(out, "kv") == ["kv.json"]
+
+
+def test_a_nested_output_saved_inside_is_the_users_result(tmp_path):
+    """``out/kvsub`` holds another multihead output with its own manifest, saved there by the user: rerunning the
+    writer of ``out`` does not delete it."""
+    out = _publish(tmp_path / "out")
+    inner = _publish(tmp_path / "kvsub", text="the user's earlier result")
+    inner.rename(out / "kvsub")
+    assert foreign_files(out, "kv") == ["kvsub/"]
+    with pytest.raises(FolderError, match="kvsub/, which multihead did not write"):
+        _publish(out, text="again")
+    with pytest.raises(FolderError, match="kvsub/, which multihead did not write"):
+        check_target(out, "kv", overwrite=True)
+    assert json.loads((out / "kvsub" / "kv.json").read_text()) == {"v": "the user's earlier result"}
+
+
+def test_an_output_published_inside_a_locked_folder_is_the_writers(tmp_path):
+    """The tour writes outputs into sub-folders of its folder, under its lock: those are its own on a rerun."""
+    out = tmp_path / "tour"
+    for text in ("first", "second"):
+        with folder_lock(out):
+            atomic_write_json(out / "demo.json", {})
+            _publish(out / "part", text=text)
+        assert foreign_files(out, "demo") == []
+    assert json.loads((out / "part" / "kv.json").read_text()) == {"v": "second"}
+
+
+def test_a_backup_folder_holding_the_users_notes_is_not_removed(tmp_path):
+    """``.out.old`` holds a multihead manifest and the user's own notes: the notes stay."""
+    out = _publish(tmp_path / "res")
+    backup = _publish(tmp_path / "elsewhere")
+    backup.rename(tmp_path / ".res.old")  # a backup of ours (manifest bound to it) ...
+    (tmp_path / ".res.old" / "mynotes.txt").write_text("mine")  # ... where the user kept notes
+    _publish(out, text="again")
+    assert (tmp_path / ".res.old" / "mynotes.txt").read_text() == "mine"
+    assert json.loads((out / "kv.json").read_text()) == {"v": "again"}
