@@ -161,3 +161,18 @@ def test_bench_device_flags_are_refused_before_anything_runs(tmp_path):
     refused(run_cli("bench", "kernels", "--impls", "sdpa,nope", "--out", out), "unknown implementation(s) ['nope']")
     refused(run_cli("bench", "long", "--impls", "nope", "--out", out), "unknown implementation(s) ['nope']")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("suite", ["kv", "stats", "decode"])
+def test_bench_never_replaces_files_already_at_its_out_path_unasked(tmp_path, suite):
+    """``bench SUITE --out mine.json`` where the user's ``mine.json``, ``mine.png`` or ``mine.svg`` exist: refused
+    before anything runs, every file left as it was (``--overwrite`` replaces them)."""
+    for name in ("mine_kv.json", "mine_kv.png", "mine_kv.svg"):
+        (tmp_path / name).write_text(f"the user's {name}")
+    before = snapshot(tmp_path)
+    refused(run_cli("bench", suite, "--out", tmp_path / "mine_kv.json"), "--overwrite")
+    assert snapshot(tmp_path) == before
+    (tmp_path / "mine_kv.json").unlink()  # a figure alone is enough to refuse
+    before = snapshot(tmp_path)
+    refused(run_cli("bench", suite, "--out", tmp_path / "mine_kv.json"), "mine_kv.png")
+    assert snapshot(tmp_path) == before

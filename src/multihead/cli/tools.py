@@ -75,6 +75,12 @@ def cmd_bench(args) -> int:
             f"--out {str(out)!r} is a folder; bench writes a JSON file: give a path such as "
             f"{out / (args.suite + '.json')}"
         )
+    taken = [p for p in (out, out.with_suffix(".png"), out.with_suffix(".svg")) if p.exists() or p.is_symlink()]
+    if taken and not args.overwrite:  # bench writes these three: a file already there is never replaced unasked
+        raise ValueError(
+            f"--out {str(out)!r} would replace {', '.join(str(p) for p in taken)}, which exist already; pass "
+            "--overwrite to replace them, or choose another path"
+        )
     payload = suite.from_args(args, out)
     print(suite.format_table(payload))
     png = out.with_suffix(".png")
@@ -121,6 +127,9 @@ def _parser_bench(sub) -> None:
     bench.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16 (attention, long, decode, kernels)")
     bench.add_argument("--min-time", type=_seconds, default=1.0, help="seconds of timed repeats per case")
     bench.add_argument("--out", default=None, help="JSON path (default bench/results/<suite>-<time>.json)")
+    bench.add_argument(
+        "--overwrite", action="store_true", help="replace the JSON file and its figures where --out names existing ones"
+    )
     bench.add_argument("--runs", default="runs/lra", help="lra: folder for the training runs")
     bench.add_argument("--max-len", type=_count, default=1024, help="lra: tokens per review")
     bench.add_argument("--epochs", type=_count, default=3, help="lra: epochs per variant")
