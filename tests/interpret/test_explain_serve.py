@@ -49,6 +49,7 @@ def test_questions_are_checked_before_the_model_runs():
         (json.dumps({"text": "x" * 5000}).encode(), "up to 2000"),
         (b'{"text": "a", "layer": true}', "layer number or null"),
         (b'{"text": "a", "layer": "2"}', "layer number or null"),
+        (b"[" * 8000 + b"]" * 8000, "send JSON"),
     ]:
         with pytest.raises(Refused, match=said):
             question(body)
@@ -71,6 +72,86 @@ def test_the_server_answers_what_explain_computes_and_refuses_with_the_reason(se
         urllib.request.urlopen(req, timeout=30)
     assert e.value.code == 400
     assert server.sock.getsockname()[0] == "127.0.0.1"
+
+
+class Counting(Explainer):
+    def __init__(self, subject):
+        super().__init__(subject)
+        self.calls = 0
+
+    def ask(self, *args, **kwargs):
+        self.calls += 1
+        return super().ask(*args, **kwargs)
+
+
+def test_another_sites_page_cannot_make_the_server_compute(subject):  # noqa: F811
+    """The "simple" requests any web page may send without a preflight (text/plain or form bodies, with another
+    site's Origin) are refused before the body is read: the model never runs. The server's own page (same Origin,
+    JSON) is answered."""
+    explainer = Counting(subject)
+    s = Server(explainer, "the cat sat on the mat .").start()
+    try:
+        body = b'{"text": "a dog sat.", "layer": null}'
+        for headers, code in [
+            ({"content-type": "text/plain", "origin": "http://evil.com"}, 403),
+            ({"content-type": "application/x-www-form-urlencoded", "origin": "http://evil.com"}, 403),
+            ({"content-type": "application/json", "origin": "http://evil.com"}, 403),
+            ({"content-type": "application/json", "origin": "null"}, 403),
+            ({"content-type": "application/json", "sec-fetch-site": "cross-site"}, 403),
+            ({"content-type": "text/plain"}, 415),
+            ({"content-type": "application/x-www-form-urlencoded"}, 415),
+            ({"content-type": "multipart/form-data; boundary=x"}, 415),
+        ]:
+            status, answer = post(s.url, body, headers)
+            assert status == code, headers
+            assert (
+                ("another site" in answer["error"] or "evil.com" in answer["error"] or "null" in answer["error"])
+                if code == 403
+                else "application/json" in answer["error"]
+            )
+        assert explainer.calls == 0
+        own = f"http://127.0.0.1:{s.port}"
+        status, answer = post(s.url, body, {"origin": own, "sec-fetch-site": "same-origin"})
+        assert status == 200 and explainer.calls == 1
+        status, _ = post(s.url, body, {"content-type": "application/json; charset=utf-8"})
+        assert status == 200
+    finally:
+        s.stop()
+
+
+def test_a_client_that_hangs_up_or_sends_deep_json_gets_no_traceback(server):
+    """A client that closes before the body it declared, and 16 KB of nested arrays: no traceback on the server's
+    log, a quiet 400 for the second."""
+    import logging
+    import socket
+    import time
+
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record)
+
+    keep = Keep(level=logging.WARNING)
+    loggers = [logging.getLogger(n) for n in ("uvicorn.error", "uvicorn", "starlette")]
+    for log in loggers:
+        log.addHandler(keep)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as c:
+            c.sendall(
+                b"POST /api/explain HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 900\r\n\r\n{"text": '
+            )
+        time.sleep(0.5)
+        deep = b"[" * 8000 + b"]" * 8000
+        status, answer = post(server.url, deep)
+        assert status == 400 and "send JSON" in answer["error"]
+        status, _ = post(server.url, b'{"text": "the cat", "layer": null}')
+        assert status == 200  # still serving
+    finally:
+        for log in loggers:
+            log.removeHandler(keep)
+    assert [r.getMessage() for r in seen] == []
 
 
 def test_the_block_is_the_models_own(subject):  # noqa: F811

@@ -5,8 +5,12 @@ The model is loaded once; each question then costs one forward pass (the determi
 default head is run once, on the first question, and kept). The app is Starlette (a maintained, small ASGI framework
 whose only dependency is anyio), served by uvicorn, bound to 127.0.0.1 only and answering only requests addressed to
 ``127.0.0.1`` or ``localhost`` (another site's page cannot reach it through DNS rebinding). A question is JSON
-``{"text": ..., "layer": null | int}`` posted to ``/api/explain``; its size is checked from its header before it is
-read, the text's length and the layer before the model runs, and a refusal is a 400 with the reason the page shows.
+``{"text": ..., "layer": null | int}`` posted to ``/api/explain`` with ``Content-Type: application/json``, from the
+server's own page: a request whose ``Origin`` (or ``Sec-Fetch-Site``) says another site sent it is refused (403)
+before its body is read, and so is any other content type (415) -- the "simple" form and text posts a web page may
+send anywhere without asking. Its size is checked from its header before it is read, the text's length and the
+layer before the model runs, and a refusal is a 400 with the reason the page shows; a client that hangs up
+mid-body is dropped quietly.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ def question(body: bytes) -> tuple[str, int | None]:
     """``(text, layer)`` of a posted question, or :class:`Refused` with what to send instead."""
     try:
         asked = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: arrays nested thousands deep
         raise Refused('send JSON: {"text": "...", "layer": null}') from None
     if not isinstance(asked, dict) or not isinstance(asked.get("text"), str):
         raise Refused('send JSON with a "text" string: {"text": "The cat sat on the mat.", "layer": null}')
@@ -60,6 +64,24 @@ class Explainer:
             return data, time.perf_counter() - start
 
 
+def cross_site(headers) -> str | None:
+    """Why a request's headers say another site's page sent it (None when they do not): its ``Origin`` is not the
+    address it was sent to (``http://`` + its ``Host``), or the browser's ``Sec-Fetch-Site`` says ``cross-site`` or
+    ``same-site``. Requests without either header come from a program on this machine, not a web page."""
+    origin = headers.get("origin")
+    if origin is not None and origin != f"http://{headers.get('host', '')}":
+        return f"a page from {origin} may not ask this server; open the page the server serves"
+    site = headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        return "a page from another site may not ask this server; open the page the server serves"
+    return None
+
+
+def is_json(content_type: str | None) -> bool:
+    """Whether a ``Content-Type`` header says JSON (``application/json``, any parameters after it)."""
+    return (content_type or "").split(";")[0].strip().lower() == "application/json"
+
+
 def app(explainer: Explainer, first: str | dict):
     """The Starlette app: ``GET /`` the page (``first``: a text to explain on the first visit, or what
     :meth:`Explainer.ask` already answered for it), ``POST /api/explain`` a question."""
@@ -67,7 +89,8 @@ def app(explainer: Explainer, first: str | dict):
     from starlette.concurrency import run_in_threadpool
     from starlette.middleware import Middleware
     from starlette.middleware.trustedhost import TrustedHostMiddleware
-    from starlette.responses import HTMLResponse, JSONResponse
+    from starlette.requests import ClientDisconnect
+    from starlette.responses import HTMLResponse, JSONResponse, Response
     from starlette.routing import Route
 
     page: dict[str, str] = {}
@@ -79,14 +102,22 @@ def app(explainer: Explainer, first: str | dict):
         return HTMLResponse(page["html"], headers={"cache-control": "no-store"})
 
     async def answer(request):
+        why = cross_site(request.headers)
+        if why is not None:
+            return JSONResponse({"error": why}, status_code=403)
+        if not is_json(request.headers.get("content-type")):
+            return JSONResponse({"error": "send the question as Content-Type: application/json"}, status_code=415)
         size = request.headers.get("content-length")
         if size is None or not size.isdigit() or int(size) > MAX_BODY:
             return JSONResponse({"error": f"send a JSON question of at most {MAX_BODY} bytes"}, status_code=413)
         body = b""
-        async for chunk in request.stream():  # the header may lie: stop at the limit
-            body += chunk
-            if len(body) > MAX_BODY:
-                return JSONResponse({"error": f"send a JSON question of at most {MAX_BODY} bytes"}, status_code=413)
+        try:
+            async for chunk in request.stream():  # the header may lie: stop at the limit
+                body += chunk
+                if len(body) > MAX_BODY:
+                    return JSONResponse({"error": f"send a JSON question of at most {MAX_BODY} bytes"}, status_code=413)
+        except ClientDisconnect:  # the client hung up before its body came: nobody is left to answer
+            return Response(status_code=400)
         try:
             text, layer = question(body)
             data, seconds = await run_in_threadpool(explainer.ask, text, layer)
@@ -149,4 +180,4 @@ class Server:
         self.sock.close()
 
 
-__all__ = ["Explainer", "HOSTS", "MAX_BODY", "Refused", "Server", "app", "bind", "question"]
+__all__ = ["Explainer", "HOSTS", "MAX_BODY", "Refused", "Server", "app", "bind", "cross_site", "is_json", "question"]
