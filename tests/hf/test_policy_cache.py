@@ -162,3 +162,57 @@ def test_what_a_policy_cache_cannot_do_is_refused_with_the_reason(llama):
         hf.attach(bloom)
     with pytest.raises(hf.AttachError, match="not attached"):
         PolicyCache(bloom, "window", 12)
+
+
+def _generate_rows(model, ids, mask, cache):
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=8,
+        min_new_tokens=8,
+        do_sample=False,
+        pad_token_id=0,
+        **cache_argument(model, cache),
+    )
+    return out[:, ids.shape[1] :].tolist()
+
+
+@pytest.mark.parametrize(("policy", "budget"), [("full", None), ("window", 16), ("h2o", 16)])
+def test_a_left_padded_batch_is_refused_where_its_tokens_would_differ(llama, policy, budget):
+    """A batch whose second row is left-padded by 30 tokens: HF's own cache writes that row's tokens as it writes
+    the row alone; a policy cache, which counts each row's positions from its first key, would not, so it refuses
+    the batch before any layer runs."""
+    model = loading.load(f"hf:{llama}").model.hf
+    ids = torch.randint(1, 300, (2, 40), generator=torch.Generator().manual_seed(1))
+    padded, mask = ids.clone(), torch.ones_like(ids)
+    padded[1, :30], mask[1, :30] = 0, 0
+    alone = _generate_rows(model, ids[1:, 30:], torch.ones_like(ids[1:, 30:]), None)[0]
+    assert _generate_rows(model, padded, mask, None)[1] == alone  # HF's own cache: the same tokens
+    with pytest.raises(hf.AttachError, match="unpadded rows.*one row at a time"):
+        _generate_rows(model, padded, mask, PolicyCache(model, policy, budget))
+    if policy == "full":  # the row alone, unpadded, is served: the same tokens as HF's cache
+        ones = torch.ones_like(ids[1:, 30:])
+        assert _generate_rows(model, ids[1:, 30:], ones, PolicyCache(model, policy, budget))[0] == alone
+
+
+def test_one_policy_cache_serves_one_generation(llama):
+    """A second generate with a used cache (the same prompt, or a shorter one) is refused, not answered with other
+    tokens or transformers' reshape error."""
+    model = loading.load(f"hf:{llama}").model.hf
+    ids = torch.randint(1, 300, (1, 40), generator=torch.Generator().manual_seed(2))
+    ones = torch.ones_like(ids)
+    cache = PolicyCache(model, "h2o", 16)
+    first = _generate_rows(model, ids, ones, cache)
+    assert first == _generate_rows(model, ids, ones, PolicyCache(model, "h2o", 16))
+    for prompt in (ids, ids[:, :10]):
+        with pytest.raises(hf.AttachError, match="one cache serves one generation.*new PolicyCache"):
+            _generate_rows(model, prompt, torch.ones_like(prompt), cache)
+
+
+def test_a_policy_cache_made_for_another_model_is_refused_by_name(llama, tmp_path):
+    two = loading.load(f"hf:{llama}").model.hf
+    three = loading.load(f"hf:{_save(tmp_path / 'three', 'llama', num_hidden_layers=3)}").model.hf
+    ids = torch.randint(1, 300, (1, 20), generator=torch.Generator().manual_seed(3))
+    for model, other in ((three, two), (two, three)):
+        with pytest.raises(hf.AttachError, match="made for another model \\(LlamaForCausalLM with"):
+            _generate_rows(model, ids, torch.ones_like(ids), PolicyCache(other, "window", 12))

@@ -614,3 +614,24 @@ def test_a_split_for_another_model_is_refused_on_the_python_path():
     model(ids, cache=recorded)
     with pytest.raises(ValueError, match="split names 3 layers; this model has 2"):
         recorded.compress(policy)
+
+
+@pytest.mark.parametrize(
+    ("name", "option", "value"),
+    [
+        ("window", "sinks", True),
+        ("head-aware", "sinks", False),
+        ("streaming", "sinks", 4.0),
+        ("snapkv", "window", True),
+        ("snapkv", "kernel", 3.0),
+        ("pyramidkv", "beta", "20"),
+        ("adakv", "window", None),
+        ("expected", "future", True),
+    ],
+)
+def test_every_whole_number_option_refuses_bools_and_others(name, option, value):
+    """``sinks=True`` was read as 1 where a budget refuses a bool: every whole-number option refuses it by name."""
+    extra = {"full_heads": [[0], [1]]} if name == "head-aware" else {}
+    with pytest.raises(ValueError, match=f"the {name} policy's {option} is a whole number"):
+        make_policy(name, 16, **{option: value}, **extra)
+    assert make_policy("window", 16, sinks=0).sinks == 0

@@ -758,6 +758,7 @@ def attach(model: nn.Module, *, backend: str = "auto", example: dict | None = No
             child = name[len(block) + 1 :].split(".")[0] if name != block else None
             _hook_block(att, block, named[block], child, model_type)
         _ask_weights(att)
+        _check_policy_caches(att)
     except BaseException:
         _undo(att)
         raise
@@ -803,6 +804,27 @@ def _check_projection_inputs(att: Attached, example: dict | None) -> None:
         if name in z and name in fed:
             a = z[name].transpose(1, 2).reshape(fed[name].shape)
             rec.z_feeds_output = bool(torch.allclose(a, fed[name], atol=1e-6, rtol=1e-5))
+
+
+def _check_policy_caches(att: Attached) -> None:
+    """Before each call of the model with a multihead KV-policy cache (``past_key_values``/``cache``), the cache
+    checks the call (:meth:`multihead.hf.cache.PolicyCache.admit`): made for this model, unpadded rows, one
+    generation per cache. A refusal comes before any layer runs, with the fix."""
+    top = att.model
+
+    def before(mod, args, kwargs):
+        cache = kwargs.get("past_key_values", kwargs.get("cache"))
+        if cache is None or type(cache).__name__ != "PolicyCache":  # cheap test first: cache.py imports transformers
+            return
+        from .cache import PolicyCache
+
+        if isinstance(cache, PolicyCache):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is None:
+                ids = kwargs.get("inputs_embeds")
+            cache.admit(att, None if ids is None else int(ids.shape[1]), kwargs.get("attention_mask"))
+
+    att.handles.append(top.register_forward_pre_hook(before, with_kwargs=True))
 
 
 def _ask_weights(att: Attached) -> None:

@@ -140,12 +140,54 @@ def _rope(model: nn.Module):
 class PolicyCache(Cache):
     """A ``transformers.Cache`` whose layers keep what a multihead KV policy keeps (see the module docstring).
     ``model``: an attached HF causal LM; ``policy``, ``budget``, ``options``: as
-    :func:`multihead.modules.kv_policy.make_policy` takes them. One cache serves one generation."""
+    :func:`multihead.modules.kv_policy.make_policy` takes them.
+
+    One cache serves one generation of the model it was made for, on rows without padding: each call of the model
+    is checked before any layer runs (:meth:`admit`), and a cache used with another model, a second prompt after
+    the first generation, or a left-padded batch is refused with the fix."""
 
     def __init__(self, model: nn.Module, policy="full", budget: int | None = None, *, native=None, **options):
         native = policy_layers(model, policy, budget, **options) if native is None else native
         super().__init__(layers=[PolicyLayer(kv, i) for i, kv in enumerate(native.self_attn)])
         self.native = native  # multihead's KVCache: its layers, policy and byte counts
+        # the model this cache was made for (its attach record), None for a view of a native cache (:meth:`of`)
+        self.owner = attached(model) if model is not None else None
+        self.made_for = f"{type(model).__name__} with {len(self.layers)} attention layers" if model is not None else ""
+
+    def admit(self, att, length: int | None, attention_mask: Tensor | None = None) -> None:
+        """Refuse a call of the attached model ``att`` on ``length`` new tokens that this cache cannot serve as
+        the model would with its own cache: another model's, padded rows (each row's positions would be off by its
+        padding), and, for a cache made with :class:`PolicyCache` ``(model, ...)``, a new prompt after its
+        generation (the policy has already evicted for the first one)."""
+        if self.owner is not None and att is not self.owner:
+            raise AttachError(
+                f"this PolicyCache was made for another model ({self.made_for}); make one for the model you call: "
+                "PolicyCache(model, policy, budget)"
+            )
+        if len(att.layers) != len(self.layers):
+            raise AttachError(
+                f"this PolicyCache has {len(self.layers)} layers and the model has {len(att.layers)} attention "
+                "layers: it was made for another model; make one with PolicyCache(model, policy, budget)"
+            )
+        if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.bool().all()):
+            raise AttachError(
+                "a KV-policy cache reads unpadded rows (each row's positions are its own count, and a padded row's "
+                "would be off by its padding); generate one row at a time, or rows of one length"
+            )
+        seen = self.get_seq_length()
+        if length == 0 or (self.owner is not None and seen > 0 and length not in (None, 1)):
+            raise AttachError(
+                f"this PolicyCache has served a generation already ({seen} tokens, the policy's evictions done); one "
+                "cache serves one generation: make a new PolicyCache(model, policy, budget) for each generate call"
+            )
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
+        if not 0 <= layer_idx < len(self.layers):
+            raise AttachError(
+                f"layer {layer_idx} reached a PolicyCache of {len(self.layers)} layers: it was made for another "
+                "model; make one with PolicyCache(model, policy, budget)"
+            )
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     @classmethod
     def of(cls, native) -> PolicyCache:

@@ -759,7 +759,23 @@ def make_policy(name: str | KVPolicy, budget: int | None = None, **options) -> K
             f"the {name} policy takes no option {', '.join(unknown)}; "
             + (f"its options: {', '.join(takes)}" if takes else "it takes only a budget")
         )
-    return make(budget, **options)
+    return make(budget, **_whole_numbers(name, inspect.signature(make).parameters, options))
+
+
+def _whole_numbers(name: str, params, options: dict) -> dict:
+    """``options`` with every option whose default is a whole number checked as one: a bool is not (``sinks=True``
+    is refused, not read as 1), nor a float or a string. Each policy checks the range of its own options."""
+    import numbers
+
+    out = dict(options)
+    for key, value in options.items():
+        default = params[key].default
+        if not isinstance(default, int) or isinstance(default, bool):
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ValueError(f"the {name} policy's {key} is a whole number (default {default}), got {value!r}")
+        out[key] = int(value)
+    return out
 
 
 def recorded_windows() -> tuple:
