@@ -75,8 +75,8 @@ def test_the_server_answers_what_explain_computes_and_refuses_with_the_reason(se
 
 
 class Counting(Explainer):
-    def __init__(self, subject):
-        super().__init__(subject)
+    def __init__(self, model):
+        super().__init__(model)
         self.calls = 0
 
     def ask(self, *args, **kwargs):
