@@ -204,7 +204,11 @@ def test_one_policy_cache_serves_one_generation(llama):
     cache = PolicyCache(model, "h2o", 16)
     first = _generate_rows(model, ids, ones, cache)
     assert first == _generate_rows(model, ids, ones, PolicyCache(model, "h2o", 16))
-    for prompt in (ids, ids[:, :10]):
+    longer = torch.cat([ids, ids], 1)
+    # transformers 4.x slices a prompt no longer than the cache to nothing before it calls the model, and fails there
+    # itself (an IndexError of its own: loud, never other tokens); 5.x calls the model, and the cache refuses
+    prompts = (ids, ids[:, :10], longer) if int(transformers.__version__.split(".")[0]) >= 5 else (longer,)
+    for prompt in prompts:
         with pytest.raises(hf.AttachError, match="one cache serves one generation.*new PolicyCache"):
             _generate_rows(model, prompt, torch.ones_like(prompt), cache)
 

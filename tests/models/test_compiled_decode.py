@@ -156,3 +156,81 @@ def test_without_a_working_compiler_compile_refuses_and_changes_nothing(monkeypa
     with pytest.raises(ValueError, match="cannot build CPU code here .*InvalidCxxCompiler.*apt install g\\+\\+"):
         fast_decode.compile(model)
     assert weight.stride() == stride and "_compiled" not in model.__dict__
+
+
+def _edit_bias_in_place(m):
+    m.decoder.layers[1].self_attn.w_k.bias.data.add_(0.5)  # .data: no version bump for autograd to see
+
+
+def _edit_weight_in_place(m):
+    m.decoder.layers[0].ffn.w_1.weight.data.mul_(1.5)
+
+
+def _replace_bias(m):
+    a = m.decoder.layers[2].self_attn
+    a.w_q.bias.data = a.w_q.bias.detach() + 1.0
+
+
+def _edit_under_no_grad(m):
+    with torch.no_grad():
+        m.decoder.layers[0].self_attn.w_o.weight.mul_(-1.0)
+        m.decoder.final_norm.weight.add_(0.25)
+
+
+@pytest.mark.parametrize("edit", [_edit_bias_in_place, _edit_weight_in_place, _replace_bias, _edit_under_no_grad])
+def test_weights_changed_after_compile_are_read_at_the_next_step(edit):
+    """A Qwen2-shaped model (q/k/v biases) edited after ``compile``, through ``.data`` in place too: the compiled
+    step decodes what the general path decodes on the edited weights (it kept a copy of the biases before)."""
+    model = _model("qwen2")
+    ids = torch.randint(3, 300, (1, 30), generator=torch.Generator().manual_seed(2))
+    edited = copy.deepcopy(model)
+    edit(edited)
+    want_logits, want = _decode(edited, ids)
+    _on()
+    fast_decode.compile(model)
+    _decode(model, ids)  # the graphs and their arguments built on the old weights
+    edit(model)
+    got_logits, got = _decode(model, ids)
+    assert got == want
+    torch.testing.assert_close(got_logits, want_logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("where", ["layer", "norm", "every module"])
+def test_a_hook_added_after_compile_sees_every_step(where):
+    """A forward hook on ``decoder.layers[1]`` (or a norm, or on every module) registered after ``compile``: it fires
+    on every step and what it changes changes the tokens, as on the general path."""
+    from torch.nn.modules.module import register_module_forward_hook
+
+    def halve(module, args, out):
+        if module is target:
+            calls.append(out.shape[1])
+            return out * 0.5
+
+    model = _model("llama")
+    ids = torch.randint(3, 300, (1, 30), generator=torch.Generator().manual_seed(4))
+    reference = copy.deepcopy(model)
+    calls: list[int] = []
+    target = reference.decoder.layers[1] if where != "norm" else reference.decoder.layers[1].norms[1]
+    handle = target.register_forward_hook(halve)
+    want_logits, want = _decode(reference, ids, steps=8)
+    handle.remove()
+    assert calls == [30] + [1] * 8
+    _on()
+    fast_decode.compile(model)
+    _decode(model, ids, steps=2)
+    calls.clear()
+    target = model.decoder.layers[1] if where != "norm" else model.decoder.layers[1].norms[1]
+    handle = register_module_forward_hook(halve) if where == "every module" else target.register_forward_hook(halve)
+    try:
+        with torch.no_grad():
+            _, cache = model.prefill(ids)
+            assert "hooks are attached" in fast_decode.why_not(model, cache)
+        calls.clear()
+        got_logits, got = _decode(model, ids, steps=8)
+    finally:
+        handle.remove()
+    assert calls == [30] + [1] * 8 and got == want
+    torch.testing.assert_close(got_logits, want_logits, atol=1e-5, rtol=0)
+    with torch.no_grad():
+        _, cache = model.prefill(ids)
+        assert fast_decode.why_not(model, cache) is None  # the hook removed: the fast steps again

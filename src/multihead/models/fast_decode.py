@@ -34,7 +34,6 @@ from torch import Tensor, nn
 from ..attention.registry import get_backend
 from ..modules import fastpath
 from ..modules.attention import MultiHeadAttention
-from ..modules.hooks import HookPoint
 from ..modules.kv_cache import KVCache, LayerKV
 
 ENABLED = True
@@ -71,13 +70,12 @@ def why_not(model, cache: KVCache) -> str | None:
         return "gradients are on or the model is training"
     known = model.__dict__.get("_fast_step")
     if known is None:
-        hooks = [m for m in model.modules() if isinstance(m, HookPoint)]
-        known = model.__dict__["_fast_step"] = (_architecture(model), hooks)
-    reason, hooks = known
+        known = model.__dict__["_fast_step"] = (_architecture(model), list(model.modules()))
+    reason, modules = known
     if reason is not None:
         return reason
-    if any(h._forward_hooks or h._forward_pre_hooks for h in hooks):
-        return "hooks are attached (a capture or an intervention must see every hook point)"
+    if _hooked(modules):
+        return "hooks are attached (a capture or an intervention must see every module and hook point run)"
     if cache.policy is not None or any(type(kv) is not LayerKV for kv in cache.self_attn):
         return "the cache follows a KV policy or streams (its protocol decides what each layer attends)"
     if cache.key_padding is not None or cache.next_position is None:
@@ -86,6 +84,17 @@ def why_not(model, cache: KVCache) -> str | None:
     if int(cache.next_position.max()) >= limit and (model.config.positional != "rope" or not cache.extrapolate):
         return f"the next position is past the model's {limit}: the general path says what to do"
     return None
+
+
+def _hooked(modules) -> bool:
+    """Whether a forward hook is on any of ``modules`` (a hook point, a layer, a norm: the steps here call few of
+    them), or on every module (``torch.nn.modules.module.register_module_forward_hook``). Read at every step, so a
+    hook added after :func:`compile` sends the next step to the general path."""
+    from torch.nn.modules import module as torch_module
+
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
 
 def step(model, tokens: Tensor, cache: KVCache) -> Tensor:
@@ -187,12 +196,12 @@ def _graphs(spec: tuple):
     pre_norm, post_norm, act, gated, final = spec
     activation = _ACTIVATIONS[act]
 
-    def before(x, norm_w, norm_b, w_qkv, b_qkv):
-        return _gemv(_normed(x, pre_norm, norm_w, norm_b), w_qkv, b_qkv)
+    def before(x, norm_w, norm_b, w_qkv, b_qkv, sizes_qkv):
+        return _gemv(_normed(x, pre_norm, norm_w, norm_b), w_qkv, _joined(b_qkv, sizes_qkv, x))
 
-    def after(x, z, w_o, b_o, norm_w, norm_b, w_in, b_in, w_out, b_out):
+    def after(x, z, w_o, b_o, norm_w, norm_b, w_in, b_in, sizes_in, w_out, b_out):
         x = x + _gemv(z, w_o, b_o)
-        h = _gemv(_normed(x, post_norm, norm_w, norm_b), w_in, b_in)
+        h = _gemv(_normed(x, post_norm, norm_w, norm_b), w_in, _joined(b_in, sizes_in, x))
         if gated:
             gate, up = h.chunk(2, -1)
             h = activation(gate) * up
@@ -206,13 +215,18 @@ def _graphs(spec: tuple):
     return tuple(torch.compile(fn, dynamic=False, fullgraph=True) for fn in (before, after, head))
 
 
-def _cat(*tensors):
-    return None if any(t is None for t in tensors) else torch.cat(tensors)
+def _joined(biases: tuple, sizes: tuple, like: Tensor) -> Tensor | None:
+    """The biases of products packed into one (q/k/v, gate/up), joined inside the graph from the live parameters
+    (a product without a bias adds zeros); None where none has one."""
+    if all(b is None for b in biases):
+        return None
+    return torch.cat([like.new_zeros(n) if b is None else b for b, n in zip(biases, sizes)])
 
 
 def _tensors(model) -> list:
-    """Each layer's arguments to the compiled graphs (views of the parameters; packed biases concatenated),
-    rebuilt whenever a parameter is replaced or changed in place."""
+    """Each layer's arguments to the compiled graphs: the parameters themselves, or views of the buffers they are
+    views of (q/k/v and gate/up packed by rows), never copies -- so a weight or bias changed in place, through
+    ``.data`` too, is read at the next step. Rebuilt whenever a parameter is replaced."""
     kept = model.__dict__["_compiled"]
     owners = kept.get("owners")
     if owners is None:  # the modules that hold parameters (a parameter replaced still shows in its owner's dict)
@@ -224,22 +238,32 @@ def _tensors(model) -> list:
             a, f = layer.self_attn, layer.ffn
             ins = (f.w_gate, f.w_1) if f.w_gate is not None else (f.w_1,)
             n0, n1 = layer.norms[0], layer.norms[1]
-            w_qkv = fastpath.rows([a.w_q.weight, a.w_k.weight, a.w_v.weight])
+            qkv = (a.w_q, a.w_k, a.w_v)
+            w_qkv = fastpath.rows([m.weight for m in qkv])
             w_in = fastpath.rows([m.weight for m in ins])
-            if w_qkv is None or w_in is None:  # laid out again since (prepare by columns): by rows once more
-                fastpath.prepare(model, layout="rows")
+            plain = (a.w_o.weight, f.w_2.weight, model.lm_head.weight)
+            if w_qkv is None or w_in is None or not all(w.is_contiguous() for w in plain):
+                fastpath.prepare(model, layout="rows")  # laid out again since (by columns): by rows once more
                 return _tensors(model)
             layers.append(
                 (
-                    (n0.weight, getattr(n0, "bias", None), w_qkv, _cat(a.w_q.bias, a.w_k.bias, a.w_v.bias)),
-                    (a.w_o.weight.contiguous(), a.w_o.bias, n1.weight, getattr(n1, "bias", None), w_in),
-                    (_cat(*(m.bias for m in ins)), f.w_2.weight.contiguous(), f.w_2.bias),
+                    (n0.weight, getattr(n0, "bias", None), w_qkv, _biases(qkv), _sizes(qkv)),
+                    (a.w_o.weight, a.w_o.bias, n1.weight, getattr(n1, "bias", None), w_in, _biases(ins), _sizes(ins)),
+                    (f.w_2.weight, f.w_2.bias),
                 )
             )
         final = model.decoder.final_norm
         head = (None, None) if final is None else (final.weight, getattr(final, "bias", None))
-        kept.update(stamp=stamp, layers=layers, head=(*head, model.lm_head.weight.contiguous()))
+        kept.update(stamp=stamp, layers=layers, head=(*head, model.lm_head.weight))
     return kept["layers"]
+
+
+def _biases(linears) -> tuple:
+    return tuple(m.bias for m in linears)
+
+
+def _sizes(linears) -> tuple:
+    return tuple(m.out_features for m in linears)
 
 
 def why_not_compiled(model, tokens: Tensor) -> str | None:
