@@ -321,3 +321,34 @@ def test_bench_kv_refuses_a_folder_that_is_no_model(tmp_path):
     with pytest.raises(ValueError, match="HF causal-LM folder"):
         K.from_args(SimpleNamespace(model=str(tmp_path), lengths=None, context=None), tmp_path / "kv.json")
     assert not (tmp_path / "kv.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("entry", "said"),
+    [
+        ('"image_mean": [NaN, 0.5, 0.5]', "finite"),
+        ('"image_mean": [0.5, Infinity, 0.5]', "finite"),
+        ('"image_std": [0.5, 0, 0.5]', "image_std must be positive"),
+        ('"image_std": [NaN, 0.5, 0.5]', "finite"),
+        ('"image_std": [1e-30, 0.5, 0.5]', "image_std must be positive"),
+        ('"image_std": [true, 0.5, 0.5]', "three numbers"),
+    ],
+)
+def test_non_finite_or_zero_normalisation_is_refused_by_name(folders, tmp_path, capsys, entry, said):
+    """A ViT folder whose ``preprocessor_config.json`` holds NaN, Infinity or a zero standard deviation: ``show
+    --image`` exits 2 naming the entry, and writes no NaN or Infinity anywhere."""
+    import shutil
+
+    import numpy as np
+    from PIL import Image
+
+    photo = tmp_path / "photo.png"
+    Image.fromarray(np.zeros((20, 20, 3), dtype="uint8")).save(photo)
+    vit = tmp_path / "vit"
+    shutil.copytree(folders["vit"], vit)
+    (vit / "preprocessor_config.json").write_text("{" + entry + "}")
+    out = tmp_path / "out"
+    assert main(["show", str(vit), "--image", str(photo), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert said in err and entry.split(":")[0].strip('"') in err and "Traceback" not in err
+    assert not out.exists()

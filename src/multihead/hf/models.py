@@ -11,6 +11,8 @@ one with 4 and 4 the encoder's.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -166,11 +168,20 @@ class AttachedFolder:
         stats = []
         for key in ("image_mean", "image_std"):
             v = cfg.get(key, [0.5, 0.5, 0.5])
-            if not (isinstance(v, list) and len(v) == 3 and all(isinstance(x, (int, float)) for x in v)):
+            numbers = isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+            if not (numbers and len(v) == 3):
                 raise ValueError(f"{pre}: {key} is {v!r}; it must be three numbers (one per colour channel)")
+            if not all(math.isfinite(x) and abs(x) < 1e6 for x in v):  # NaN, Infinity or 1e308 would fill the picture
+                raise ValueError(
+                    f"{pre}: {key} is {v!r}; it must be three finite numbers, such as ViT's 0.5, 0.5, 0.5 (fix or "
+                    "remove the entry)"
+                )
             stats.append(torch.tensor(v, dtype=torch.float32)[:, None, None])
-        if not bool((stats[1] > 0).all()):
-            raise ValueError(f"{pre}: image_std must be positive, got {stats[1].flatten().tolist()}")
+        if not bool((stats[1] >= 1e-6).all()):  # dividing by 0 (or nearly) makes every pixel infinite
+            raise ValueError(
+                f"{pre}: image_std must be positive (one per colour channel, such as ViT's 0.5), got "
+                f"{stats[1].flatten().tolist()}"
+            )
         u8, _ = square(photo, size=size, patch=patch)
         return u8, (u8.float() / 255.0 - stats[0]) / stats[1]
 
