@@ -635,3 +635,22 @@ def test_every_whole_number_option_refuses_bools_and_others(name, option, value)
     with pytest.raises(ValueError, match=f"the {name} policy's {option} is a whole number"):
         make_policy(name, 16, **{option: value}, **extra)
     assert make_policy("window", 16, sinks=0).sinks == 0
+
+
+@pytest.mark.parametrize("policy", [None, "h2o"])
+def test_a_cache_made_for_another_model_is_refused_by_name(policy):
+    """A 2-layer model's cache handed to a 3-layer model failed with an IndexError; the other way round, the lean
+    step zipped the layers with the cache's and decoded the model's first layers only, silently. Both refused."""
+    from multihead.modules import fastpath
+
+    two, three = _lm(), _lm(num_layers=3)
+    ids = torch.randint(0, 60, (1, P), generator=torch.Generator().manual_seed(5))
+    kw = {"policy": policy, "budget": 8} if policy else {}
+    for model, other in ((three, two), (two, three)):
+        with torch.no_grad(), pytest.raises(ValueError, match="made for another model; make one with model.new_cache"):
+            logits, cache = model.prefill(ids, cache=other.new_cache(**kw))
+        with torch.no_grad():  # a cache filled by its own model, then stepped by the other
+            logits, cache = other.prefill(ids, cache=other.new_cache(**kw))
+            assert fastpath.ENABLED
+            with pytest.raises(ValueError, match="made for another model"):
+                model.step(logits.argmax(-1), cache)

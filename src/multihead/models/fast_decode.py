@@ -76,6 +76,8 @@ def why_not(model, cache: KVCache) -> str | None:
         return reason
     if _hooked(modules):
         return "hooks are attached (a capture or an intervention must see every module and hook point run)"
+    if len(cache.self_attn) != len(model.decoder.layers):
+        return "the cache was made for another model (its layers differ): the general path refuses it"
     if cache.policy is not None or any(type(kv) is not LayerKV for kv in cache.self_attn):
         return "the cache follows a KV policy or streams (its protocol decides what each layer attends)"
     if cache.key_padding is not None or cache.next_position is None:

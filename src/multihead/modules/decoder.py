@@ -288,6 +288,11 @@ class TransformerDecoder(nn.Module):
         (interventions rerun a model from the layer they change; the same as TransformerLens' argument)."""
         if not 0 <= start_at_layer <= len(self.layers):
             raise ValueError(f"start_at_layer={start_at_layer}: the stack has layers 0..{len(self.layers) - 1}")
+        if cache is not None and not (len(cache.self_attn) == len(cache.cross_attn) == len(self.layers)):
+            raise ValueError(
+                f"this cache has {len(cache.self_attn)} layers and the decoder {len(self.layers)}: it was made for "
+                "another model; make one with model.new_cache(...)"
+            )
         for name, hm in (("head_mask", head_mask), ("cross_head_mask", cross_head_mask)):
             if hm is not None and len(hm) != len(self.layers):
                 raise ValueError(f"{name} must have one row per layer ({len(self.layers)}), got {len(hm)} rows")
