@@ -806,25 +806,20 @@ def _check_projection_inputs(att: Attached, example: dict | None) -> None:
             rec.z_feeds_output = bool(torch.allclose(a, fed[name], atol=1e-6, rtol=1e-5))
 
 
+# Checks run before each call of an attached model, before any layer: ``check(att, args, kwargs)`` raises to refuse
+# the call. Other parts of multihead.hf add theirs here (the KV-policy cache checks the cache it is handed).
+CALL_CHECKS: list = []
+
+
 def _check_policy_caches(att: Attached) -> None:
-    """Before each call of the model with a multihead KV-policy cache (``past_key_values``/``cache``), the cache
-    checks the call (:meth:`multihead.hf.cache.PolicyCache.admit`): made for this model, unpadded rows, one
-    generation per cache. A refusal comes before any layer runs, with the fix."""
-    top = att.model
+    """Run :data:`CALL_CHECKS` before each call of the model (e.g. a KV-policy cache made for another model, padded
+    rows, a second generation: refused before any layer runs, with the fix)."""
 
     def before(mod, args, kwargs):
-        cache = kwargs.get("past_key_values", kwargs.get("cache"))
-        if cache is None or type(cache).__name__ != "PolicyCache":  # cheap test first: cache.py imports transformers
-            return
-        from .cache import PolicyCache
+        for check in CALL_CHECKS:
+            check(att, args, kwargs)
 
-        if isinstance(cache, PolicyCache):
-            ids = kwargs.get("input_ids", args[0] if args else None)
-            if ids is None:
-                ids = kwargs.get("inputs_embeds")
-            cache.admit(att, None if ids is None else int(ids.shape[1]), kwargs.get("attention_mask"))
-
-    att.handles.append(top.register_forward_pre_hook(before, with_kwargs=True))
+    att.handles.append(att.model.register_forward_pre_hook(before, with_kwargs=True))
 
 
 def _ask_weights(att: Attached) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .attach import INSTALL, POLICY_CALL, AttachError, attached
+from .attach import CALL_CHECKS, INSTALL, POLICY_CALL, AttachError, attached
 
 try:
     from transformers.cache_utils import Cache, DynamicLayer
@@ -206,5 +206,19 @@ class PolicyCache(Cache):
         """Bytes of the keys and values the layers keep, as filled (what the policy saves)."""
         return self.native.kv_nbytes()
 
+
+def _admit(att, args, kwargs) -> None:
+    """The call check of :data:`multihead.hf.attach.CALL_CHECKS`: a :class:`PolicyCache` handed to the model
+    checks the call (:meth:`PolicyCache.admit`)."""
+    cache = kwargs.get("past_key_values", kwargs.get("cache"))
+    if not isinstance(cache, PolicyCache):
+        return
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if ids is None:
+        ids = kwargs.get("inputs_embeds")
+    cache.admit(att, None if ids is None else int(ids.shape[1]), kwargs.get("attention_mask"))
+
+
+CALL_CHECKS.append(_admit)
 
 __all__ = ["PolicyCache", "PolicyLayer", "cache_argument", "policy_layers"]
