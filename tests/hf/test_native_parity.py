@@ -121,3 +121,28 @@ def test_kv_head_scores_agree(pair):
     ra, rb = retrieval_scores(native, [needle]), retrieval_scores(attached, [needle])
     torch.testing.assert_close(ra["retrieval"], rb["retrieval"])
     assert ra["solved"] == rb["solved"]
+
+
+def test_one_anatomy_describes_both_readings(pair):
+    """The anatomy of the native reading and of the attached model: the same sites (heads, key/value groups, head
+    size, output projections equal), the same blocks each holding one site and its MLP, the same final norm and
+    unembedding; only the source that described them differs."""
+    from multihead.modules.anatomy import anatomy
+
+    native, attached = pair
+    a, b = anatomy(native), anatomy(attached)
+    assert (a.source, b.source) == ("native", "hf")
+    assert len(a.sites) == len(b.sites) == len(a.blocks) == len(b.blocks) == 2
+    for sa, sb in zip(a.sites, b.sites):
+        assert (sa.num_heads, sa.num_kv_heads, sa.head_dim) == (sb.num_heads, sb.num_kv_heads, sb.head_dim)
+        assert sa.splits_per_head and sb.splits_per_head
+        torch.testing.assert_close(sa.w_o.weight, sb.w_o.weight)
+        z = torch.randn(3, sa.num_heads, sa.head_dim)
+        torch.testing.assert_close(sa.head_outputs(z), sb.head_outputs(z))  # z_h W_O^h
+    assert [blk.sites for blk in a.blocks] == [blk.sites for blk in b.blocks] == [(0,), (1,)]
+    assert all(blk.mlp is not None for blk in a.blocks + b.blocks)
+    assert [blk.adds for blk in a.blocks] == [True, True] and [blk.adds for blk in b.blocks] == [None, None]
+    assert a.final_norm_parts()[0] == b.final_norm_parts()[0] == "rms"
+    torch.testing.assert_close(a.final_norm_parts()[1], b.final_norm_parts()[1])
+    torch.testing.assert_close(a.unembed.weight, b.unembed.weight)
+    torch.testing.assert_close(a.embed.weight, b.embed.weight)

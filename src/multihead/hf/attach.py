@@ -38,6 +38,8 @@ from torch import Tensor, nn
 from ..attention import attention
 from ..attention.attn_mask import AttnMask
 from ..attention.ops import expand_kv, zero_rows
+from ..modules.anatomy import FINAL_NORM_NAMES, MLP_NAMES, Anatomy, blocks_of, child, norm_parts, register_source
+from ..modules.anatomy import token_embedding
 from ..modules.hooks import HookPoint
 from ..pretrained.errors import SourceError
 
@@ -48,7 +50,6 @@ POLICY_CALL = threading.local()
 INSTALL = "pip install 'multihead[hf]'"
 ATTENTION_HOOKS = ("hook_q", "hook_k", "hook_v", "hook_pattern", "hook_z", "hook_stats")
 BLOCK_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
-_MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
 _OUT_NAMES = ("o_proj", "out_proj", "c_proj", "dense", "o", "wo", "out_lin")
 # The norm whose input is the residual stream between attention and MLP, per model type: only sequential pre-norm
 # blocks have one (parallel blocks such as GPT-NeoX's and Phi's, and post-norm blocks, have no such point).
@@ -704,7 +705,7 @@ def _hook_block(att: Attached, name: str, block: nn.Module, attn_child: str | No
 
     if attn_child is not None:
         output_hook(block.get_submodule(attn_child), "hook_attn_out")
-    mlp = next((getattr(block, n) for n in _MLP_NAMES if isinstance(getattr(block, n, None), nn.Module)), None)
+    mlp = child(block, MLP_NAMES)
     if mlp is not None:
         output_hook(mlp, "hook_mlp_out")
     norm = getattr(block, _MID_NORM.get(model_type, ""), None)
@@ -858,23 +859,38 @@ def _ask_weights(att: Attached) -> None:
 def final_norm(model: nn.Module) -> nn.Module | None:
     """The norm an HF causal LM applies to the residual stream before its unembedding (None: none found)."""
     base = getattr(model, "base_model", model)
-    for name in ("norm", "final_layernorm", "final_layer_norm", "ln_f", "norm_f"):
+    for name in FINAL_NORM_NAMES:
         m = getattr(base, name, None)
         if isinstance(m, nn.Module) and getattr(m, "weight", None) is not None:
             return m
     return None
 
 
-def norm_parts(norm: nn.Module | None) -> tuple[str, Tensor | None, Tensor | None, float]:
-    """``(kind, gain, shift, eps)`` of a final norm: ``kind`` ``rms`` (x / rms(x) * gain), ``layer``
-    (LayerNorm) or ``none``; Gemma's RMSNorm scales by ``1 + weight``."""
-    if norm is None:
-        return "none", None, None, 0.0
-    eps = float(getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", None) or 1e-6)
-    if isinstance(norm, nn.LayerNorm):
-        return "layer", norm.weight, norm.bias, eps
-    gain = norm.weight + 1 if "gemma" in type(norm).__name__.lower() else norm.weight
-    return "rms", gain, None, eps
+def _anatomy(model: nn.Module) -> Anatomy | None:
+    """The anatomy source of attached HF models (:mod:`multihead.modules.anatomy`): the layers seen calling HF's
+    attention registry, the blocks around them, the final norm and the output embedding. Recognises an attached
+    model and multihead's wrappers of one (``.hf``)."""
+    hf = getattr(model, "hf", model)
+    att = hf.__dict__.get("_multihead_attached") if isinstance(hf, nn.Module) else None
+    if not isinstance(att, Attached):
+        return None
+    # names as the model handed in spells them (a wrapper holds the HF model as ``hf``)
+    prefix = "" if hf is model else next(n for n, m in model.named_modules() if m is hf) + "."
+    sites, blocks = blocks_of(model, [(prefix + n, rec) for n, rec in att.layers.items()], lambda block: None)
+    get = getattr(hf, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    return Anatomy(
+        "hf",
+        hf,
+        tuple(sites),
+        tuple(blocks),
+        token_embedding(model),
+        final_norm(hf),
+        head if isinstance(head, nn.Module) else None,
+    )
+
+
+register_source("hf", _anatomy)
 
 
 def _undo(att: Attached) -> None:

@@ -40,7 +40,8 @@ import torch
 from torch import nn
 
 from .._io import atomic_write_text
-from ..modules.capture import _block_of, attention_modules, capture, token_embedding
+from ..modules.anatomy import MLP_NAMES, anatomy, child as _child, token_embedding
+from ..modules.capture import capture
 from .maps import LMSubject, Subject, is_special
 from .page import _json_for_script
 
@@ -104,7 +105,8 @@ def explain(subject: Subject, text: str, *, layer: int | None = None, head: int 
     if n == 0:
         raise ValueError("the text gives no tokens; pass some text")
     tokens, _ = subject.display(ids[0, :n].tolist())
-    mods = attention_modules(model)
+    body = anatomy(model)
+    mods = [(s.name, s.module) for s in body.sites]
     if layer is not None and not 0 <= layer < len(mods):
         raise ValueError(f"--layer {layer}: {subject.name} has attention layers 0 to {len(mods) - 1}")
     seen: dict[str, torch.Tensor] = {}
@@ -127,8 +129,7 @@ def explain(subject: Subject, text: str, *, layer: int | None = None, head: int 
         if proj is not None:
             handles.append(proj[0].register_forward_pre_hook(projection_input(i)))
             handles.append(proj[3].register_forward_hook(output(i)))
-    named = dict(model.named_modules())
-    blocks = [named[_block_of(name, named)] for name, _ in mods]
+    blocks = [body.site_block(i).module for i in range(len(mods))]
     handles += _record_block(model, blocks, seen)
     try:  # with gradients on: the unfused path, whose projections are the modules hooked above
         with torch.enable_grad(), capture(model, ("pattern", "q", "k", "v")) as cache:
@@ -243,12 +244,7 @@ def explain(subject: Subject, text: str, *, layer: int | None = None, head: int 
 
 
 # ---------------------------------------------------------------------------------------------------- the block
-MLP_NAMES = ("ffn", "mlp", "feed_forward")  # a block's feed-forward module: multihead's, most HF decoders'
 DOWN_NAMES = ("w_2", "down_proj", "c_proj", "fc2", "dense_4h_to_h")  # its last projection (its input: the hidden)
-
-
-def _child(module: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
-    return next((getattr(module, n) for n in names if isinstance(getattr(module, n, None), nn.Module)), None)
 
 
 def _record_block(model: nn.Module, blocks: list[nn.Module], seen: dict) -> list:

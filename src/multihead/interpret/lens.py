@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..modules.capture import _block_of, attention_modules, token_embedding
+from ..modules.anatomy import anatomy
 from ..modules.hooks import hook_points
 
 LAYOUTS = ("transformer_lens", "multihead")
@@ -238,10 +238,11 @@ class HookedTransformer(nn.Module):
         if layout not in LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}; choose one of {LAYOUTS}")
         self.model, self.tokenizer, self.layout, self.bos_id = model.eval(), tokenizer, layout, bos_id
+        body = anatomy(model)
         named = dict(model.named_modules())
         points = hook_points(model)
-        attns = attention_modules(model)
-        blocks = [_block_of(name, named) for name, _ in attns]
+        attns = [(s.name, s.module) for s in body.sites]
+        blocks = [body.site_block(i).name for i in range(len(attns))]
         self._points: dict[str, tuple[str, nn.Module]] = {}  # TL name -> ("point" | "input", module)
         for i, (block, (attn_name, _)) in enumerate(zip(blocks, attns)):
             for hook in _BLOCK:
@@ -253,17 +254,12 @@ class HookedTransformer(nn.Module):
                 if f"{attn_name}.{hook}" in points:
                     self._points[f"blocks.{i}.attn.{hook}"] = ("point", points[f"{attn_name}.{hook}"])
         self.__dict__["_blocks"] = [named[b] for b in blocks]  # plain attributes: not registered twice
-        embed = token_embedding(model)
+        self.__dict__["_adds"] = [body.site_block(i).adds for i in range(len(attns))]
+        embed = body.embed
         if embed is not None:
             self._points["hook_embed"] = ("output", embed)
         self.__dict__["_embed"] = embed
-        hf = getattr(model, "hf", model)
-        if "_multihead_attached" in hf.__dict__:
-            from ..hf.attach import final_norm
-
-            self.__dict__["_final_norm"] = final_norm(hf)
-        else:
-            self.__dict__["_final_norm"] = getattr(getattr(model, "decoder", None), "final_norm", None)
+        self.__dict__["_final_norm"] = body.final_norm
         config = getattr(model, "config", None)
         a = attns[0][1]
         self.cfg = Config(
@@ -317,8 +313,7 @@ class HookedTransformer(nn.Module):
     def _pre_norm(self, layer: int) -> bool:
         """Whether block ``layer`` adds attention then the MLP to an unnormalised stream (so that ``resid_mid`` is
         ``resid_pre + attn_out``)."""
-        block = self.__dict__["_blocks"][layer]
-        return bool(getattr(block, "norm_first", False)) and getattr(block, "post_norms", None) is None
+        return bool(self.__dict__["_adds"][layer])
 
     # ------------------------------------------------------------------------------------------------- names
     @property

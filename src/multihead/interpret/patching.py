@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from ..models.seq2seq import CausalLM
 from ..data.batching import as_batch
+from ..modules.anatomy import anatomy
 from ..modules.capture import attention_modules, capture
 
 
@@ -39,13 +40,11 @@ def _run(model, inputs):
 
 
 def _for_metric(model, run: Callable, metric) -> Callable:
-    """An attached HF causal LM scored by a :class:`LogitMetric` at a position from the end projects only the last
-    positions to the vocabulary (HF's ``logits_to_keep``), as multihead's own LMs do when patching resumes."""
+    """A model whose forward takes HF's ``logits_to_keep``, scored by a :class:`LogitMetric` at a position from the
+    end, projects only the last positions to the vocabulary, as multihead's own LMs do when patching resumes."""
     import inspect
 
     if run is not _run or not isinstance(metric, LogitMetric) or metric.position >= 0:
-        return run
-    if "_multihead_attached" not in model.__dict__:
         return run
     try:
         takes = "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -550,68 +549,62 @@ def token_probability(answer: int, position: int = -1) -> LogitMetric:
 @torch.no_grad()
 def direct_logit_attribution(model, ids: Tensor, answer: int, wrong: int | None = None, position: int = -1) -> dict:
     """How much each part writes directly to ``logit[answer] - logit[wrong]`` (or ``logit[answer]``) at
-    ``position`` of a CausalLM with pre-norm blocks: the final residual stream is the sum of the embedding, every
-    head's ``z_h W_O^h``, the output biases and every MLP's output; the final norm is linear once its scale
-    (``1 / rms``, or LayerNorm's ``1 / std`` with the mean removed) is frozen at its value on this input, so the
-    parts add up to the logit difference exactly (``check`` holds the sum and the true value). Returns ``{"heads":
+    ``position`` of a causal LM with pre-norm blocks: the final residual stream is the sum of the stream entering
+    the first block (the embeddings), every head's ``z_h W_O^h``, the output biases and every MLP's output; the final
+    norm is linear once its scale (``1 / rms``, or LayerNorm's ``1 / std`` with the mean removed) is frozen at its
+    value on this input, so the parts add up to the logit difference exactly (``check`` holds the sum and the true
+    value; a model whose parts do not add up -- its blocks normalise what they add, or its head is soft-capped -- is
+    refused). Read from the model's anatomy (:func:`~multihead.modules.anatomy.anatomy`). Returns ``{"heads":
     (layers, H), "mlp": (layers,), "embed", "bias", "final_bias", "total", "check"}``."""
-    hf_model = getattr(model, "hf", model)
-    if "_multihead_attached" in hf_model.__dict__:
-        return _attached_dla(hf_model, ids, answer, wrong, position)
-    blocks = model.decoder.layers
-    if not all(b.norm_first and b.post_norms is None for b in blocks):
+    body = anatomy(model)
+    if body.unembed is None or not body.blocks:
+        raise ValueError("direct logit attribution reads a causal LM's blocks and unembedding; this model has none")
+    if any(b.adds is False for b in body.blocks):
         raise ValueError(
             "direct logit attribution reads the residual stream of pre-norm blocks without output norms; "
             "this model's blocks are post-norm or sandwich-normed"
         )
-    parts: dict[str, Tensor] = {}
-    zs: dict[int, Tensor] = {}
-    handles = []
-    try:
-        for i, b in enumerate(blocks):
-            handles.append(b.self_attn.hook_z.add_hook(lambda t, h, i=i: zs.__setitem__(i, t.detach())))
-            handles.append(b.hook_mlp_out.add_hook(lambda t, h, i=i: parts.__setitem__(f"mlp{i}", t.detach())))
-        embed_in = {}
-        handles.append(
-            model.decoder.register_forward_pre_hook(
-                lambda mod, args, kwargs: embed_in.__setitem__("x", args[0].detach()), with_kwargs=True
-            )
+    if any(len(b.sites) != 1 for b in body.blocks):
+        raise ValueError(
+            "direct logit attribution reads decoder blocks of one attention layer each; this model's blocks hold "
+            "several (an encoder-decoder)"
         )
-        model(ids)
+    sites = [body.sites[b.sites[0]] for b in body.blocks]
+    for site in sites:
+        if not site.splits_per_head:
+            raise ValueError(
+                f"direct logit attribution splits each layer's output projection per head; {site.name} transforms "
+                "the heads' outputs before its output projection (a gate, a norm, or differential attention)"
+            )
+    zs: dict[int, Tensor] = {}
+    mlps: dict[int, Tensor] = {}
+    entering: dict[str, Tensor] = {}
+
+    def record_input(mod, args, kwargs) -> None:
+        entering["x"] = (args[0] if args else kwargs["hidden_states"]).detach()
+
+    handles = [body.blocks[0].module.register_forward_pre_hook(record_input, with_kwargs=True)]
+    try:
+        for i, (block, site) in enumerate(zip(body.blocks, sites)):
+            handles.append(site.module.hook_z.add_hook(lambda t, h, i=i: zs.__setitem__(i, t.detach())))
+            if block.hook("hook_mlp_out") is not None:
+                handles.append(block.hook("hook_mlp_out").add_hook(lambda t, h, i=i: mlps.__setitem__(i, t.detach())))
+        logits = body.logits(ids)[0, position]
     finally:
         for h in handles:
             h.remove()
-    x_embed = embed_in["x"][0, position]  # (E,): token (and position) embedding entering the stack
-    direction = model.lm_head.weight[answer] - (0 if wrong is None else model.lm_head.weight[wrong])  # (E,)
-    norm = model.decoder.final_norm
-    # the final residual, rebuilt from its parts (checked below against the model's logits)
-    heads, mlps = [], []
-    total_resid = x_embed.clone()
-    for i, b in enumerate(blocks):
-        attn = b.self_attn
-        z = zs[i][0, :, position]  # (H, D)
-        w = attn.w_o.weight.view(attn.w_o.out_features, attn.num_heads, attn.head_dim)  # (E, H, D)
-        if attn.w_gate is not None:
-            raise ValueError("direct logit attribution of gated heads is not supported (the gate mixes the input in)")
-        per_head = torch.einsum("hd,ehd->he", z, w)  # (H, E)
-        heads.append(per_head)
-        total_resid += per_head.sum(0)
-        if attn.w_o.bias is not None:
-            total_resid += attn.w_o.bias
-        mlp = parts.get(f"mlp{i}")
-        mlps.append(mlp[0, position] if mlp is not None else torch.zeros_like(x_embed))
-        total_resid += mlps[-1]
-    if isinstance(norm, nn.RMSNorm):
-        scale = torch.rsqrt(total_resid.pow(2).mean() + (norm.eps or torch.finfo(total_resid.dtype).eps))
-        center = None
-        gain, shift = norm.weight, None
-    elif isinstance(norm, nn.LayerNorm):
-        mean = total_resid.mean()
-        scale = torch.rsqrt((total_resid - mean).pow(2).mean() + norm.eps)
-        center = True
-        gain, shift = norm.weight, norm.bias
-    else:
-        scale, center, gain, shift = torch.ones(()), None, None, None
+    w_u = body.unembed.weight
+    direction = w_u[answer] - (0 if wrong is None else w_u[wrong])  # (E,)
+    x_embed = entering["x"][0, position]  # (E,): token (and position) embedding entering the stack
+    heads = [site.head_outputs(zs[i][0, :, position]) for i, site in enumerate(sites)]  # each (H, E)
+    biases = [site.w_o.bias for site in sites if site.w_o.bias is not None]
+    bias = sum(biases, torch.zeros_like(x_embed))
+    mlp_parts = [mlps[i][0, position] if i in mlps else torch.zeros_like(x_embed) for i in range(len(sites))]
+    resid = x_embed + sum(h.sum(0) for h in heads) + bias + sum(mlp_parts)  # the final stream, from its parts
+    kind, gain, shift, eps = body.final_norm_parts()
+    center = kind == "layer"
+    mean = resid.mean() if center else 0.0
+    scale = torch.rsqrt((resid - mean).pow(2).mean() + eps) if kind != "none" else torch.ones(())
 
     def read(v: Tensor) -> Tensor:  # one part's direct contribution (the norm's scale frozen, its mean removed)
         if center:
@@ -620,84 +613,6 @@ def direct_logit_attribution(model, ids: Tensor, answer: int, wrong: int | None 
         return (v * gain if gain is not None else v) @ direction
 
     head_scores = torch.stack([read(h) for h in heads])  # (layers, H)
-    out_bias = sum(
-        (b.self_attn.w_o.bias for b in blocks if b.self_attn.w_o.bias is not None), torch.zeros_like(x_embed)
-    )
-    mlp_scores = torch.stack([read(v) for v in mlps])
-    embed_score = read(x_embed)
-    bias_score = read(out_bias)
-    final_bias = float(shift @ direction) if shift is not None else 0.0
-    total = float(head_scores.sum() + mlp_scores.sum() + embed_score + bias_score) + final_bias
-    logits = model(ids)[0, position]
-    true = float(logits[answer] - (0 if wrong is None else logits[wrong]))
-    return {
-        "heads": head_scores,
-        "mlp": mlp_scores,
-        "embed": float(embed_score),
-        "bias": float(bias_score),
-        "final_bias": final_bias,
-        "total": total,
-        "check": {"sum_of_parts": total, "logit_difference": true},
-    }
-
-
-def _attached_dla(model, ids: Tensor, answer: int, wrong: int | None, position: int) -> dict:
-    """:func:`direct_logit_attribution` on an attached HF causal LM: the residual stream read through the block
-    hooks (``hook_resid_pre`` of the first block, every head's ``hook_z``, ``hook_mlp_out``), the final norm's scale
-    frozen. Blocks that normalise what they add (OLMo 2, Gemma 2's post-norms) do not split this way: the parts
-    then do not add up to the logit difference, and that is refused."""
-    from ..hf.attach import attached, final_norm, norm_parts
-
-    att = attached(model)
-    blocks = [model.get_submodule(b) for b in att.blocks]
-    recs = [[r for n, r in att.layers.items() if n.startswith(b + ".")] for b in att.blocks]
-    if any(rec.z_feeds_output is False for rec in att.layers.values()):
-        raise ValueError(
-            "direct logit attribution splits each layer's output projection per head; each layer of this model "
-            "transforms the heads' outputs before its output projection (a norm, or differential attention)"
-        )
-    if any(len(r) != 1 for r in recs) or any(not hasattr(b, "hook_mlp_out") for b in blocks):
-        raise ValueError(
-            "direct logit attribution reads decoder blocks of one attention layer and one MLP; this model's blocks "
-            "differ (an encoder-decoder, or an MLP multihead does not find)"
-        )
-    zs: dict[int, Tensor] = {}
-    mlps: dict[int, Tensor] = {}
-    seen: dict[str, Tensor] = {}
-    handles = []
-    try:
-        for i, (b, (rec,)) in enumerate(zip(blocks, recs)):
-            handles.append(rec.hook_z.add_hook(lambda t, h, i=i: zs.__setitem__(i, t.detach())))
-            handles.append(b.hook_mlp_out.add_hook(lambda t, h, i=i: mlps.__setitem__(i, t.detach())))
-        handles.append(blocks[0].hook_resid_pre.add_hook(lambda t, h: seen.__setitem__("embed", t.detach())))
-        logits = model(ids).logits[0, position]
-    finally:
-        for h in handles:
-            h.remove()
-    w_u = model.get_output_embeddings().weight
-    direction = w_u[answer] - (0 if wrong is None else w_u[wrong])
-    x_embed = seen["embed"][0, position]
-    heads, mlp_parts, bias = [], [], torch.zeros_like(x_embed)
-    for i, (rec,) in enumerate(recs):
-        z = zs[i][0, :, position]  # (H, D)
-        w = rec.w_o.weight
-        heads.append(torch.einsum("hd,ehd->he", z, w.reshape(w.shape[0], rec.num_heads, rec.head_dim)))
-        if getattr(rec.out_proj, "bias", None) is not None:
-            bias = bias + rec.out_proj.bias
-        mlp_parts.append(mlps[i][0, position])
-    resid = x_embed + sum(h.sum(0) for h in heads) + bias + sum(mlp_parts)
-    kind, gain, shift, eps = norm_parts(final_norm(model))
-    center = kind == "layer"
-    mean = resid.mean() if center else 0.0
-    scale = torch.rsqrt((resid - mean).pow(2).mean() + eps) if kind != "none" else torch.ones(())
-
-    def read(v: Tensor) -> Tensor:
-        if center:
-            v = v - v.mean(-1, keepdim=True)
-        v = v * scale
-        return (v * gain if gain is not None else v) @ direction
-
-    head_scores = torch.stack([read(h) for h in heads])
     mlp_scores = torch.stack([read(v) for v in mlp_parts])
     embed_score, bias_score = float(read(x_embed)), float(read(bias))
     final_bias = float(shift @ direction) if shift is not None else 0.0
@@ -705,9 +620,10 @@ def _attached_dla(model, ids: Tensor, answer: int, wrong: int | None, position: 
     true = float(logits[answer] - (0 if wrong is None else logits[wrong]))
     if abs(total - true) > 1e-3 * max(1.0, abs(true)):
         raise ValueError(
-            f"{model.config.model_type}: its residual stream does not split into head and MLP outputs (the parts add "
-            f"up to {total:.4f}, the logit difference is {true:.4f}): its blocks normalise what they add, or its "
-            "final norm or unembedding is not the plain kind (a soft-capped or scaled head)"
+            f"{type(body.runner).__name__}: its residual stream does not split into head and MLP outputs (the parts "
+            f"add up to {total:.4f}, the logit difference is {true:.4f}): its blocks normalise what they add, an MLP "
+            "multihead does not find, or its final norm or unembedding is not the plain kind (a soft-capped or scaled "
+            "head)"
         )
     return {
         "heads": head_scores,
@@ -722,20 +638,16 @@ def _attached_dla(model, ids: Tensor, answer: int, wrong: int | None, position: 
 
 @torch.no_grad()
 def logit_lens(model, ids: Tensor) -> list[Tensor]:
-    """A CausalLM's next-token logits read from the residual stream after every layer (``hook_resid_post``)
-    through the final norm and the output projection: ``(B, T, V)`` per layer. The last equals the model's logits."""
-    hf_model = getattr(model, "hf", model)
-    if "_multihead_attached" in hf_model.__dict__:  # an attached HF causal LM: its blocks' hook_resid_post
-        from ..hf.attach import attached, final_norm
-
-        blocks = [hf_model.get_submodule(b) for b in attached(hf_model).blocks]
-        norm, head, runner = final_norm(hf_model), hf_model.get_output_embeddings(), hf_model
-    else:
-        blocks, norm, head, runner = model.decoder.layers, model.decoder.final_norm, model.lm_head, model
+    """A causal LM's next-token logits read from the residual stream after every block (``hook_resid_post``)
+    through the final norm and the unembedding: ``(B, T, V)`` per block. The last equals the model's logits."""
+    body = anatomy(model)
+    if body.unembed is None:
+        raise ValueError("the logit lens reads a causal LM's unembedding; this model has none")
+    norm, head = body.final_norm, body.unembed
     seen: list[Tensor] = []
-    handles = [b.hook_resid_post.add_hook(lambda t, hook: seen.append(t.detach())) for b in blocks]
+    handles = [b.hook("hook_resid_post").add_hook(lambda t, hook: seen.append(t.detach())) for b in body.blocks]
     try:
-        runner(ids)
+        body.runner(ids)
     finally:
         for h in handles:
             h.remove()

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import Tensor, nn
 
+from .anatomy import anatomy, token_embedding
 from .attention import MultiHeadAttention
 
 if TYPE_CHECKING:
@@ -41,17 +42,6 @@ WHAT = {
 }
 
 
-def _block_of(name: str, named: dict | None = None) -> str:
-    """The block holding attention module ``name`` (``decoder.layers.3.self_attn`` -> ``decoder.layers.3``): with
-    ``named`` (the model's modules), the nearest enclosing module that has a ``hook_resid_post``."""
-    if named is not None:
-        parts = name.split(".")
-        for i in range(len(parts) - 1, -1, -1):
-            if hasattr(named.get(".".join(parts[:i])), "hook_resid_post"):
-                return ".".join(parts[:i])
-    return name.rsplit(".", 1)[0] if "." in name else ""
-
-
 class Cache(dict):
     """Captured activations by hook-point name (``encoder.layers.0.attn.hook_pattern``), detached, in call order.
     ``attention_modules`` lists the names of the model's attention modules in layer order."""
@@ -63,7 +53,7 @@ class Cache(dict):
 
     def get_layer(self, what: str, layer: int) -> Tensor:
         owner = self.attention_modules[layer]
-        name = f"{self.blocks.get(owner, _block_of(owner)) if what == 'resid' else owner}.{WHAT[what]}"
+        name = f"{self.blocks.get(owner, owner.rsplit('.', 1)[0]) if what == 'resid' else owner}.{WHAT[what]}"
         if name not in self:
             raise KeyError(
                 f"{name} was not captured; capture with what=({what!r}, ...) and run the model inside the with-block"
@@ -84,33 +74,9 @@ class Cache(dict):
 
 
 def attention_modules(model: nn.Module) -> list[tuple[str, MultiHeadAttention | MultiHeadLatentAttention]]:
-    from .mla import MultiHeadLatentAttention
-
-    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, (MultiHeadAttention, MultiHeadLatentAttention))]
-    if not mods:  # an HF model after multihead.hf.attach: each attention layer carries its record
-        mods = [(n, m.__dict__["_multihead"]) for n, m in model.named_modules() if "_multihead" in m.__dict__]
-    if not mods:
-        raise ValueError(
-            f"{type(model).__name__} has no multihead MultiHeadAttention modules to capture; pass a "
-            "multihead model (TransformerClassifier, TextEncoder, multihead.load(...).model), or attach an HF "
-            "model first (multihead.hf.attach(model))"
-        )
-    return mods
-
-
-def token_embedding(model: nn.Module) -> nn.Module | None:
-    """The token embedding: multihead's ``embed`` (its LMs, encoders, attached LMs), or an HF model's own."""
-    embed = getattr(model, "embed", None)
-    if isinstance(embed, nn.Module):
-        return embed
-    for owner in (model, getattr(model, "hf", None)):
-        get = getattr(owner, "get_input_embeddings", None)
-        if callable(get):
-            try:
-                return get()
-            except (NotImplementedError, AttributeError):
-                pass
-    return None
+    """``(name, module)`` of every attention site of ``model`` in layer order (:func:`~.anatomy.anatomy`): each
+    module carries the site's hook points."""
+    return [(s.name, s.module) for s in anatomy(model).sites]
 
 
 @contextmanager
@@ -137,10 +103,10 @@ def capture(
     bad = [w for w in what if w not in WHAT]
     if bad:
         raise ValueError(f"cannot capture {bad}; choose from {sorted(WHAT)}")
-    mods = attention_modules(model)
+    body = anatomy(model)
+    mods = [(s.name, s.module) for s in body.sites]
     cache = Cache([n for n, _ in mods])
     chosen = range(len(mods)) if layers is None else list(layers)
-    named = dict(model.named_modules())
     handles, options, blocks_seen = [], {}, set()
 
     def recorder(key: str, transform=None):
@@ -160,14 +126,12 @@ def capture(
                 mod.stats_options = dict(stats or {})
             for w in what:
                 if w == "resid":
-                    block = named.get(_block_of(name, named))
-                    if block is None or not hasattr(block, "hook_resid_post"):
-                        raise ValueError(f"{name} sits in no block with a residual stream hook (hook_resid_post)")
-                    cache.blocks[name] = _block_of(name, named)
-                    key = f"{cache.blocks[name]}.hook_resid_post"
+                    block = body.site_block(i)
+                    cache.blocks[name] = block.name
+                    key = f"{block.name}.hook_resid_post"
                     if key not in blocks_seen:  # a decoder block holds two attention modules
                         blocks_seen.add(key)
-                        handles.append(block.hook_resid_post.add_hook(recorder(key)))
+                        handles.append(block.module.hook_resid_post.add_hook(recorder(key)))
                 elif w == "result":
                     if getattr(mod, "w_gate", None) is not None:
                         raise ValueError(
