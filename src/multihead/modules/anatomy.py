@@ -18,7 +18,9 @@ which source served: a new kind of model plugs in here, not in every analysis.
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -39,7 +41,7 @@ class Site:
     ``h`` writes)."""
 
     name: str
-    module: nn.Module
+    module: Any  # a multihead attention module, or an attached layer's record: the hook points and w_o
     block: int | None
     num_heads: int
     num_kv_heads: int
@@ -111,7 +113,7 @@ class Anatomy:
         return norm_parts(self.final_norm)
 
 
-def norm_parts(norm: nn.Module | None) -> tuple[str, Tensor | None, Tensor | None, float]:
+def norm_parts(norm: Any) -> tuple[str, Tensor | None, Tensor | None, float]:
     """``(kind, gain, shift, eps)`` of a norm: ``kind`` ``rms`` (``x / rms(x) * gain``), ``layer`` (LayerNorm) or
     ``none``. Gemma's RMSNorm scales by ``1 + weight``; an RMSNorm without an epsilon uses its dtype's."""
     if norm is None:
@@ -119,7 +121,7 @@ def norm_parts(norm: nn.Module | None) -> tuple[str, Tensor | None, Tensor | Non
     eps = getattr(norm, "eps", None)
     eps = getattr(norm, "variance_epsilon", None) if eps is None else eps
     if isinstance(norm, nn.LayerNorm):
-        return "layer", norm.weight, norm.bias, float(eps)
+        return "layer", norm.weight, norm.bias, float(norm.eps)
     weight = norm.weight
     if eps is None:
         eps = torch.finfo(weight.dtype).eps if weight is not None else 1e-6
@@ -172,7 +174,7 @@ def anatomy(model: nn.Module) -> Anatomy:
 
 
 def blocks_of(
-    model: nn.Module, sites: list[tuple[str, nn.Module]], adds: Callable[[nn.Module], bool | None]
+    model: nn.Module, sites: Sequence[tuple[str, Any]], adds: Callable[[nn.Module], bool | None]
 ) -> tuple[list[Site], list[Block]]:
     """Sites and blocks from ``sites`` (``(name, module)`` in layer order, each module with the attention hook
     points, ``num_heads``, ``num_kv_heads``, ``head_dim``): each site's block is the nearest enclosing module with

@@ -18,17 +18,13 @@ how weights are obtained from them. Outputs agree with the un-captured run to ro
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import Any
 from collections.abc import Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
 
 from .anatomy import anatomy, token_embedding
-from .attention import MultiHeadAttention
-
-if TYPE_CHECKING:
-    from .mla import MultiHeadLatentAttention
 
 WHAT = {
     "pattern": "hook_pattern",
@@ -73,7 +69,7 @@ class Cache(dict):
         return [self.pattern(i) for i in range(len(self.attention_modules))]
 
 
-def attention_modules(model: nn.Module) -> list[tuple[str, MultiHeadAttention | MultiHeadLatentAttention]]:
+def attention_modules(model: nn.Module) -> list[tuple[str, Any]]:
     """``(name, module)`` of every attention site of ``model`` in layer order (:func:`~.anatomy.anatomy`): each
     module carries the site's hook points."""
     return [(s.name, s.module) for s in anatomy(model).sites]
@@ -104,7 +100,7 @@ def capture(
     if bad:
         raise ValueError(f"cannot capture {bad}; choose from {sorted(WHAT)}")
     body = anatomy(model)
-    mods = [(s.name, s.module) for s in body.sites]
+    mods: list[tuple[str, Any]] = [(s.name, s.module) for s in body.sites]
     cache = Cache([n for n, _ in mods])
     chosen = range(len(mods)) if layers is None else list(layers)
     handles, options, blocks_seen = [], {}, set()
@@ -131,7 +127,7 @@ def capture(
                     key = f"{block.name}.hook_resid_post"
                     if key not in blocks_seen:  # a decoder block holds two attention modules
                         blocks_seen.add(key)
-                        handles.append(block.module.hook_resid_post.add_hook(recorder(key)))
+                        handles.append(block.hook("hook_resid_post").add_hook(recorder(key)))
                 elif w == "result":
                     if getattr(mod, "w_gate", None) is not None:
                         raise ValueError(
