@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..data.lm_text import held_out_rows
+from ..models.protocol import LanguageModel
 
 
 def _loss(model, ids: Tensor, head_mask: Tensor | None = None) -> Tensor:
@@ -32,35 +33,15 @@ def perplexity(model, ids: Tensor, head_mask: Tensor | None = None, batch_size: 
     return math.exp(total / count)
 
 
-def layout(model) -> tuple[int, int, int]:
-    """``(layers, query heads, key/value heads)`` of a causal LM, native or attached."""
-    from ..hf.folder import AttachedLM
-
-    if isinstance(model, AttachedLM):
-        from ..hf.heads import head_layout
-
-        return head_layout(model.hf)
-    attn = model.decoder.layers[0].self_attn
-    return len(model.decoder.layers), attn.num_heads, attn.num_kv_heads
+def layout(model: LanguageModel) -> tuple[int, int, int]:
+    """``(layers, query heads, key/value heads)`` of a causal LM (:meth:`LanguageModel.head_layout`)."""
+    return model.head_layout()
 
 
-def pruned_copy(model, heads: dict[int, list[int]]):
+def pruned_copy(model: LanguageModel, heads: dict[int, list[int]]) -> LanguageModel:
     """A copy of ``model`` with ``heads`` (``{layer: [query heads]}``, whole GQA groups) removed from its weights;
-    ``model`` is unchanged."""
-    import copy
-
-    from ..hf.folder import AttachedLM
-
-    if isinstance(model, AttachedLM):
-        from ..hf.heads import prune_heads
-
-        clone = model.clone()
-        prune_heads(clone.hf, heads)
-        return clone
-    clone = copy.deepcopy(model)
-    for layer, hs in heads.items():
-        clone.decoder.layers[layer].self_attn.prune_heads(hs)
-    return clone
+    ``model`` is unchanged (:meth:`LanguageModel.pruned`)."""
+    return model.pruned(heads)
 
 
 def importance(model, ids: Tensor, batch_size: int = 2, progress: bool = False) -> Tensor:
@@ -115,16 +96,12 @@ def mask_of(heads: dict[int, list[int]], layers: int, h: int) -> Tensor:
 @torch.no_grad()
 def decode_speed(model, prompt: Tensor, new_tokens: int = 64, repeats: int = 2) -> float:
     """Greedy decoding tokens per second (KV cache), the best of ``repeats`` runs."""
-    from ..hf.folder import AttachedLM
     from ..models.generation import generate
 
     best = 0.0
     for _ in range(repeats):
         start = time.perf_counter()
-        if isinstance(model, AttachedLM):  # HF's own generate loop, multihead's attention
-            model.generate(prompt, max_new_tokens=new_tokens, stop_tokens=())
-        else:
-            generate(model, prompt, None, max_new_tokens=new_tokens)
+        generate(model, prompt, None, max_new_tokens=new_tokens)  # one loop for every model: prefill, then steps
         best = max(best, prompt.shape[0] * new_tokens / (time.perf_counter() - start))
     return best
 
@@ -170,14 +147,9 @@ def importance_report(
         "perplexity": perplexity(lm.model, judge_rows),
     }
     keep = []  # the pruned models to save, with their fractions
-    if save and fractions:
-        from ..hf.folder import AttachedLM
-
-        if not isinstance(lm.model, AttachedLM):
-            raise ValueError(
-                "saving pruned models as HF folders is for HF models read by transformers (an HF folder with no "
-                "native family); multihead's own decoders are pruned in memory (perplexity and speed are measured)"
-            )
+    why = lm.model.why_not_save_pruned() if save and fractions else None
+    if why is not None:  # refused before any work
+        raise ValueError(why)
     if fractions:
         prompt = score_rows[:1, : min(64, length // 2)]
         new = min(64, lm.model.config.max_len - prompt.shape[1])  # within the model's positions
@@ -201,9 +173,7 @@ def importance_report(
                 keep.append((frac, pruned))
     with Publish(Path(out), "importance", overwrite=overwrite, sources=(source,)) as folder:
         for frac, pruned in keep:
-            from ..hf.heads import write_pruned
-
-            saved = write_pruned(pruned.hf, folder / f"pruned-{frac}", tokenizer_from=getattr(lm, "path", None))
+            saved = pruned.save_pruned(folder / f"pruned-{frac}", tokenizer_from=getattr(lm, "path", None))
             result["fractions"][str(frac)]["saved"] = {"folder": f"pruned-{frac}", **saved}
         atomic_write_json(folder / "importance-michel.json", result)
         head_grid(scores, folder / "importance", f"{source}: head importance (Michel et al.), per layer")

@@ -877,6 +877,10 @@ def _anatomy(model: nn.Module) -> Anatomy | None:
     # names as the model handed in spells them (a wrapper holds the HF model as ``hf``)
     prefix = "" if hf is model else next(n for n, m in model.named_modules() if m is hf) + "."
     sites, blocks = blocks_of(model, [(prefix + n, rec) for n, rec in att.layers.items()], lambda block: None)
+    enc, dec = att.probe_lengths.get("input_ids"), att.probe_lengths.get("decoder_input_ids")
+    if enc is not None and dec is not None and enc != dec:  # an encoder-decoder: each layer placed by its shapes
+        roles = {(enc, enc): "encoder", (dec, dec): "decoder", (dec, enc): "cross"}
+        sites = [replace(s, role=roles.get(rec.probe_lengths)) for s, rec in zip(sites, att.layers.values())]
     get = getattr(hf, "get_output_embeddings", None)
     head = get() if callable(get) else None
     return Anatomy(

@@ -248,9 +248,11 @@ class AttachedLM(nn.Module):
         policy=None,
         budget: int | None = None,
         record: bool = False,
+        extrapolate: bool = False,
         **options,
     ):
-        """A cache for feeding tokens in turn. With ``policy`` (a name of
+        """A cache for feeding tokens in turn (``extrapolate``: accepted as a native LM's; HF's positions run on as
+        far as the model's rotary embedding goes). With ``policy`` (a name of
         :data:`~multihead.modules.kv_policy.KV_POLICIES`), ``budget`` and its options, or ``record=True`` (every key,
         the prompt's scores kept for :meth:`~multihead.modules.kv_cache.KVCache.compress`): multihead's KV-policy
         cache, as a native model's ``new_cache`` makes it, run through HF's cache API. Otherwise every token
@@ -280,6 +282,38 @@ class AttachedLM(nn.Module):
         return self(tokens[:, None], cache=cache)[:, -1]
 
     def _check_policy(self) -> None:
+        """Deprecated spelling of :meth:`check_policy`."""
+        import warnings
+
+        warnings.warn("AttachedLM._check_policy is deprecated; use check_policy()", DeprecationWarning, 2)
+        self.check_policy()
+
+    def head_layout(self) -> tuple[int, int, int]:
+        """``(layers, query heads, key/value heads)`` of the attention layers (the first layer's counts)."""
+        from .heads import head_layout
+
+        return head_layout(self.hf)
+
+    def pruned(self, heads: dict[int, list[int]]) -> AttachedLM:
+        """A copy with ``heads`` (``{layer: [query heads]}``, whole GQA groups) removed from its weights."""
+        from .heads import prune_heads
+
+        clone = self.clone()
+        prune_heads(clone.hf, heads)
+        return clone
+
+    def why_not_save_pruned(self) -> str | None:
+        """Why :meth:`save_pruned` cannot write this model (None: it can)."""
+        return None
+
+    def save_pruned(self, folder, *, tokenizer_from=None) -> dict:
+        """Write this (pruned) model into ``folder`` as an HF folder of its own architecture, checked against
+        plain transformers (:func:`multihead.hf.heads.write_pruned`)."""
+        from .heads import write_pruned
+
+        return write_pruned(self.hf, folder, tokenizer_from=tokenizer_from)
+
+    def check_policy(self) -> None:
         """Refuse, before any work, a model whose layers a KV-policy cache cannot follow (with the reason)."""
         from .cache import policy_layers
 

@@ -139,7 +139,7 @@ def measure(
     from .kv_heads import needles_for
 
     model = lm.model
-    model._check_policy()  # native and attached models alike (an attached one through HF's cache API)
+    model.check_policy()  # native and attached models alike (an attached one through HF's cache API)
     limit = int(model.config.max_len)
     if context + tokens > limit:
         raise ValueError(f"--context {context} plus --tokens {tokens} is past the {limit} positions {lm.name} has")
@@ -199,7 +199,7 @@ def needle_check(lm, *, length: int = 1024, budget: int = 128, fraction: float =
     from .kv_heads import echo_and_induction, kv_head_scores, kv_heads_per_layer, needles_for, split
 
     model = lm.model
-    model._check_policy()
+    model.check_policy()
     start = lm.bos_id if getattr(lm, "bos_id", None) is not None else 0
     ei = echo_and_induction(model, half=32, batch=4, start=start)
     kv = kv_heads_per_layer(model)

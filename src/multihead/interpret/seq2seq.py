@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import save
 
 from .._io import Publish, atomic_write_bytes, atomic_write_json, atomic_write_text
+from ..modules.anatomy import anatomy
 from ..modules.capture import capture
 from . import plots, roles
 from .maps import AttentionMaps
@@ -42,16 +43,24 @@ KINDS = {
 def attention_of(folder, source: list[int], output: list[int]) -> dict[str, list[torch.Tensor]]:
     """Teacher-forced weights of ``source`` -> ``output`` (the decoder's tokens from its start token): per kind, per
     layer ``(H, Lq, Lk)``, from one forward pass."""
-    from ..hf.models import parts
-
     model = folder.hf
+    sites = anatomy(model).sites
+    unplaced = [s.name for s in sites if s.role is None]
+    if unplaced:
+        raise ValueError(
+            f"{type(model).__name__}: {unplaced[0]} cannot be placed in the encoder, the decoder or the cross-attention "
+            "(the pass that attached it did not read an encoder and a decoder input of different lengths); attach it "
+            "with the default probe"
+        )
     device = next(model.parameters()).device
     x = torch.tensor([source], device=device)
     y = torch.tensor([output[:-1] if len(output) > 1 else output], device=device)
     with capture(model) as cache:
         model(input_ids=x, decoder_input_ids=y)
     by_name = dict(zip(cache.attention_modules, cache.patterns()))
-    return {kind: [by_name[n][0].float() for n in names] for kind, names in parts(model).items()}
+    return {
+        kind: [by_name[s.name][0].float() for s in sites if s.role == kind] for kind in ("encoder", "decoder", "cross")
+    }
 
 
 def maps_of(folder, text: str, *, max_new_tokens: int = 64) -> tuple[dict[str, AttentionMaps], list[int], list[int]]:

@@ -20,7 +20,6 @@ import torch
 import torch.nn.functional as F
 
 from ..modules.capture import capture
-from ..modules.kv_cache import KVCache
 
 POLICIES = ("full", "window", "sinks")
 
@@ -33,12 +32,8 @@ def stream(model, ids: torch.Tensor, *, policy: str, window: int, sinks: int = 4
     ``(N-1, layers, H)`` (mean over the batch of the attention weight on the first cached slot at each step)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown cache policy {policy!r}; choose one of {POLICIES}")
-    from ..hf.folder import AttachedLM
-
-    if policy == "full":  # an attached model's own full cache keeps positions running, as extrapolate=True does
-        cache = (
-            model.new_cache() if isinstance(model, AttachedLM) else KVCache(len(model.decoder.layers), extrapolate=True)
-        )
+    if policy == "full":  # every key, positions running on past the trained length
+        cache = model.new_cache(extrapolate=True)
     else:
         cache = model.new_cache(window=window, sinks=sinks if policy == "sinks" else 0)
     was = model.training

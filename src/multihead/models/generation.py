@@ -135,7 +135,7 @@ def _sample_or_greedy(model, inputs, config: GenerationConfig, record, streamer=
         gen = torch.Generator(device=inputs[0].device)
         gen.manual_seed(config.seed if config.seed is not None else torch.seed())
     if config.kv_policy is not None:
-        if not hasattr(model, "_check_policy"):
+        if not hasattr(model, "check_policy"):
             raise ValueError(f"KV policies serve decoder-only language models; {type(model).__name__} has none")
         empty = model.new_cache(policy=config.kv_policy, budget=config.kv_budget)
         logits, cache = model.prefill(*inputs, cache=empty)

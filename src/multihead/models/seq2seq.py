@@ -214,6 +214,7 @@ class CausalLM(nn.Module):
         policy=None,
         budget: int | None = None,
         record: bool = False,
+        extrapolate: bool = False,
         **options,
     ) -> KVCache:
         """An empty cache. ``window``: a StreamingLLM cache of ``sinks`` (default 4) first tokens plus the last
@@ -224,12 +225,15 @@ class CausalLM(nn.Module):
         :data:`~multihead.modules.kv_policy.KV_POLICIES` (``full``, ``window``, ``h2o``, ``snapkv``, ``tova``,
         ``knorm``, ``pyramidkv``, ``adakv``, ``expected``, ``streaming``, ``head-aware``...) with its ``budget`` (keys kept per head) and ``options``
         (``full_heads=`` for ``head-aware``). ``record=True``: every key is kept and the prompt's scores recorded, so that
-        :meth:`KVCache.compress` applies any policy to one prefill."""
+        :meth:`KVCache.compress` applies any policy to one prefill. ``extrapolate=True`` (every key): positions may
+        run past ``max_len`` (rotary models; measuring what happens there)."""
         if policy is None and not record:
             if budget is not None or options:
                 raise ValueError("budget= and policy options need policy= (a name in KV_POLICIES or a KVPolicy)")
             if window is None:
-                return self.decoder.new_cache()
+                cache = self.decoder.new_cache()
+                cache.extrapolate = extrapolate
+                return cache
             return KVCache.streaming(len(self.decoder.layers), sinks=4 if sinks is None else sinks, window=window)
         if window is not None:
             raise ValueError(
@@ -239,7 +243,7 @@ class CausalLM(nn.Module):
             options["sinks"] = sinks
         from ..modules.kv_policy import make_policy, policy_cache
 
-        self._check_policy()
+        self.check_policy()
         made = make_policy("full" if policy is None else policy, budget, **options)
         dec = self.decoder
         w = dec.config.sliding_window
@@ -250,7 +254,9 @@ class CausalLM(nn.Module):
             record=record,
         )
 
-    def _check_policy(self) -> None:
+    def check_policy(self) -> None:
+        """Refuse, with the reason, a model whose layers a KV-policy cache cannot follow (ALiBi, latent
+        attention)."""
         if self.config.positional == "alibi":
             raise ValueError(
                 "KV policies keep keys at their original positions, and ALiBi's per-head distances are built into "
@@ -264,6 +270,43 @@ class CausalLM(nn.Module):
                 f"KV policies evict cached keys per head; {', '.join(other)} caches a compressed latent "
                 "instead (Multi-head Latent Attention): use the full cache"
             )
+
+    def _check_policy(self) -> None:
+        """Deprecated spelling of :meth:`check_policy`."""
+        import warnings
+
+        warnings.warn("CausalLM._check_policy is deprecated; use check_policy()", DeprecationWarning, 2)
+        self.check_policy()
+
+    def head_layout(self) -> tuple[int, int, int]:
+        """``(layers, query heads, key/value heads)`` (the first layer's counts)."""
+        attn = self.decoder.layers[0].self_attn
+        return len(self.decoder.layers), attn.num_heads, attn.num_kv_heads
+
+    def clone(self) -> CausalLM:
+        """An independent copy (weights, buffers and layout)."""
+        import copy
+
+        return copy.deepcopy(self)
+
+    def pruned(self, heads: dict[int, list[int]]) -> CausalLM:
+        """A copy with ``heads`` (``{layer: [query heads]}``, whole key/value groups) removed from its weights;
+        ``self`` is unchanged."""
+        clone = self.clone()
+        for layer, hs in heads.items():
+            clone.decoder.layers[layer].self_attn.prune_heads(hs)
+        return clone
+
+    def why_not_save_pruned(self) -> str | None:
+        """Why :meth:`save_pruned` cannot write this model (None: it can)."""
+        return (
+            "saving pruned models as HF folders is for HF models read by transformers (an HF folder with no "
+            "native family); multihead's own decoders are pruned in memory (perplexity and speed are measured)"
+        )
+
+    def save_pruned(self, folder, *, tokenizer_from=None) -> dict:
+        """Refused (:meth:`why_not_save_pruned`): multihead's own decoders are pruned in memory."""
+        raise ValueError(self.why_not_save_pruned())
 
     def prefill(self, ids: Tensor, keep: Tensor | None = None, cache: KVCache | None = None) -> tuple[Tensor, KVCache]:
         """Run the (left-padded) prompt once: the last position's logits ``(B, V)`` and the filled cache (``cache``:

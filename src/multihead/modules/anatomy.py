@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -38,7 +38,8 @@ class Site:
     (weight ``(E, H * D)``, or None); ``block``: the index of the block holding it in :attr:`Anatomy.blocks`
     (None: in no block with a residual stream). ``splits_per_head``: the output projection reads the heads'
     outputs as they are (False: a gate, a norm or a mix of heads stands between, so ``z_h W_O^h`` is not what head
-    ``h`` writes)."""
+    ``h`` writes). ``role`` in an encoder-decoder: ``encoder`` (self-attention), ``decoder`` (causal
+    self-attention) or ``cross`` (decoder -> source); None elsewhere, or where the source cannot tell."""
 
     name: str
     module: Any  # a multihead attention module, or an attached layer's record: the hook points and w_o
@@ -47,6 +48,7 @@ class Site:
     num_kv_heads: int
     head_dim: int
     splits_per_head: bool
+    role: str | None = None
 
     @property
     def w_o(self):
@@ -230,6 +232,10 @@ def _native(model: nn.Module) -> Anatomy | None:
         return bool(block.norm_first) and getattr(block, "post_norms", None) is None
 
     sites, blocks = blocks_of(model, found, adds)
+    if isinstance(getattr(model, "encoder", None), nn.Module) and isinstance(
+        getattr(model, "decoder", None), nn.Module
+    ):
+        sites = [replace(s, role=_native_role(s.name)) for s in sites]
     stack = getattr(model, "decoder", None) or getattr(model, "encoder", None)
     final = getattr(stack, "final_norm", None)
     head = getattr(model, "lm_head", None)
@@ -242,6 +248,14 @@ def _native(model: nn.Module) -> Anatomy | None:
         final if isinstance(final, nn.Module) else None,
         head if isinstance(head, nn.Module) else None,
     )
+
+
+def _native_role(name: str) -> str | None:
+    """A native encoder-decoder's site by its place: ``encoder.*``, ``decoder.*.self_attn``, ``*.cross_attn``."""
+    if name.endswith("cross_attn"):
+        return "cross"
+    top = name.split(".", 1)[0]
+    return top if top in ("encoder", "decoder") else None
 
 
 register_source("native", _native)
