@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from .harness import machine_info, run_case, target, write_json
 
@@ -503,26 +504,21 @@ def run(
 
 
 def _layout_of(model) -> dict:
-    """The sizes the table prints, of a native LM (its config) or an attached HF one (its HF config)."""
-    if hasattr(model, "hf"):
-        c = model.hf.config
-        return {
-            "d_model": int(c.hidden_size),
-            "layers": int(c.num_hidden_layers),
-            "heads": int(c.num_attention_heads),
-            "d_ff": int(getattr(c, "intermediate_size", 0) or 4 * c.hidden_size),
-            "vocab": int(c.vocab_size),
-            "positional": f"{model.config.positional} (HF {c.model_type}, attached)",
-        }
-    c = model.config
-    d = c.decoder
+    """The sizes the table prints, read from the model's anatomy (native or attached alike)."""
+    from ..modules.anatomy import anatomy
+
+    body = anatomy(model)
+    site = body.sites[0]
+    mlp = body.blocks[0].mlp if body.blocks else None
+    widths = [m.out_features for m in mlp.modules() if isinstance(m, nn.Linear)] if mlp is not None else []
+    d_model = int(body.unembed.weight.shape[1]) if body.unembed is not None else site.num_heads * site.head_dim
     return {
-        "d_model": d.d_model,
-        "layers": d.num_layers,
-        "heads": d.num_heads,
-        "d_ff": d.d_ff,
-        "vocab": c.vocab_size,
-        "positional": c.positional,
+        "d_model": d_model,
+        "layers": len(body.sites),
+        "heads": site.num_heads,
+        "d_ff": max(widths, default=0),
+        "vocab": int(model.config.vocab_size),
+        "positional": f"{model.config.positional} ({body.source})",
     }
 
 

@@ -199,11 +199,9 @@ def _compile(model, args) -> None:
     if getattr(args, "compile", False):
         from ..models import fast_decode
 
-        if hasattr(model, "hf"):
-            raise ValueError(
-                "--compile compiles multihead's own decoding step; this HF folder is attached (HF's layers decode): "
-                "drop --compile"
-            )
+        why = fast_decode.why_not_compile(model)
+        if why is not None:
+            raise ValueError(f"--compile compiles multihead's own decoding step; {why}: drop --compile")
         print("compiling the decoding step (a few seconds; kept on disk for the next run)", file=sys.stderr)
         fast_decode.compile(model)
 

@@ -370,25 +370,26 @@ def _projections(mod):
 
 def _variant(mod) -> str | None:
     """What makes a layer's attention differ from the tutorial's formula (None: it is the formula, as far as the
-    module says; :func:`explain` then checks every recomputed step against the model)."""
+    layer says; :func:`explain` then checks every recomputed step against the model). Asked of what the layer
+    exposes, whichever source described it: its parts (a gate, sinks, ALiBi, a sparse pattern), a module class other
+    than the plain one, separate q/k/v/o projections, and whether the output projection reads the heads as they
+    are."""
     from ..modules.attention import MultiHeadAttention
 
-    if type(mod).__name__ == "AttachedAttention":  # an HF layer: its numbers decide (explain's checks)
-        if _projections(mod) is None:
-            return "a fused query/key/value projection (the page needs the three matrices)"
-        if mod.z_feeds_output is False:
-            return "a layer that transforms the heads' outputs before its output projection (a norm, or differential attention)"
-        return None
-    if type(mod) is not MultiHeadAttention:
+    for attr, why in (
+        ("_alibi", "ALiBi position biases"),
+        ("w_gate", "gated heads"),
+        ("sink_logits", "learned attention sinks"),
+        ("pattern", "a sparse pattern"),
+    ):
+        if getattr(mod, attr, None) is not None:
+            return why
+    if isinstance(mod, nn.Module) and type(mod) is not MultiHeadAttention:
         return f"a variant ({type(mod).__name__})"
-    if getattr(mod, "_alibi", None) is not None:
-        return "ALiBi position biases"
-    if getattr(mod, "w_gate", None) is not None:
-        return "gated heads"
-    if getattr(mod, "sink_logits", None) is not None:
-        return "learned attention sinks"
-    if getattr(mod, "pattern", None) is not None:
-        return "a sparse pattern"
+    if _projections(mod) is None:
+        return "a fused query/key/value projection (the page needs the three matrices)"
+    if getattr(mod, "z_feeds_output", True) is False:
+        return "a layer that transforms the heads' outputs before its output projection (a norm, or differential attention)"
     return None
 
 

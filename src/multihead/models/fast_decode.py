@@ -292,12 +292,23 @@ def why_not_inductor() -> str | None:
     return None
 
 
+def why_not_compile(model) -> str | None:
+    """Why :func:`compile` would refuse ``model`` at once, from what it is (None: it may compile; the architecture,
+    the device and the compiler are checked by :func:`compile` itself)."""
+    if not (hasattr(model, "decoder") and hasattr(model, "lm_head") and hasattr(model, "prefill")):
+        return (
+            f"a {type(model).__name__} decodes through its own layers (an attached HF model through HF's), not "
+            "multihead's decoding step"
+        )
+    return None
+
+
 def compile(model):
     """Decode ``model`` (a causal LM the lean step serves) through the compiled step at batch 1 from now on; returns
     the model. Lays its weights out by rows (in place, no copy) and compiles the graphs on a first token (a few
     seconds; inductor keeps them on disk for the next process). Refuses with the reason what it cannot compile, and
     changes nothing then. Gradients and batches still take the general and lean paths."""
-    if not (hasattr(model, "decoder") and hasattr(model, "lm_head") and hasattr(model, "prefill")):
+    if why_not_compile(model) is not None:
         raise ValueError(
             f"the compiled decoding step runs multihead's own causal LMs, not a {type(model).__name__}: load the "
             "model's files with multihead.loading.load (an attached HF model decodes through HF's own layers)"
@@ -360,4 +371,4 @@ def _compiled_step(model, tokens: Tensor, cache: KVCache, position: int | None =
     return head(x, *model.__dict__["_compiled"]["head"])[:, -1]  # (1, V)
 
 
-__all__ = ["ENABLED", "compile", "step", "why_not", "why_not_compiled", "why_not_inductor"]
+__all__ = ["ENABLED", "compile", "step", "why_not", "why_not_compile", "why_not_compiled", "why_not_inductor"]
