@@ -1,0 +1,363 @@
+"""Attention found by observation: any PyTorch model whose layers call ``F.scaled_dot_product_attention`` (timm's
+and torchvision's vision transformers, ``nn.TransformerEncoder``, ``nn.MultiheadAttention``, HF models in their
+``sdpa`` mode, a user's own module) gets multihead's hook points on every attention call, without per-model glue.
+
+::
+
+    observe(model, example)                   # one probe pass under a function mode finds every attention call
+    with capture(model, ("pattern", "z")) as cache:
+        model(x)                              # exact per-head probabilities and outputs before the merge
+    cache.pattern(0)                          # (B, H, Lq, Lk)
+
+:func:`observe` runs the model once on ``example`` under a :class:`torch.overrides.TorchFunctionMode` that sees each
+``scaled_dot_product_attention`` call and the innermost module running it (its owner, which receives the hook points
+``hook_q``, ``hook_k``, ``hook_v``, ``hook_pattern``, ``hook_z``, ``hook_stats``). Afterwards a forward of the model
+enters the mode only while one of those hook points is in use: with nothing captured the model runs exactly as
+before (its own kernels, its fused fast paths). Inside the mode the k-th attention call of a forward is the k-th site
+of the probe, checked against its head count and head size (a model that calls attention otherwise than in the probe
+is refused, by name). A hooked call is computed on multihead's kernel seam from the call's own queries, keys, values,
+mask, scale and causal flag: ``softmax(q k^T * scale + mask) v``, the weights explicit where asked for.
+
+What the observer does not see (yet): attention written by hand (``matmul -> softmax -> matmul``, as
+``nn.MultiheadAttention`` with ``need_weights=True`` computes it), and the output projection after the merge (so
+what one head writes into the residual stream is not split off: ``Site.splits_per_head`` is False).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+
+from ..attention import attention
+from ..attention.attn_mask import AttnMask
+from .anatomy import Anatomy, blocks_of, register_source, token_embedding
+from .hooks import HookPoint
+
+HOOKS = ("hook_q", "hook_k", "hook_v", "hook_pattern", "hook_z", "hook_stats")
+_SDPA = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
+_MHA = F.multi_head_attention_forward
+
+
+def _mha_arguments(args, kwargs) -> dict:
+    import inspect
+
+    bound = inspect.signature(_MHA).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _mha_shapes(a: dict) -> tuple[torch.Size, torch.Size]:
+    """The per-head query and key shapes ``(B, H, L, D)`` of an ``F.multi_head_attention_forward`` call."""
+    q, k, h = a["query"], a["key"], int(a["num_heads"])
+    b = q.shape[1] if q.dim() == 3 else 1
+    d = int(a["embed_dim_to_check"]) // h
+    return torch.Size([b, h, q.shape[0], d]), torch.Size([b, h, k.shape[0], d])
+
+
+class ObserveError(ValueError):
+    """A model or a call the observer cannot serve; the message says why."""
+
+
+class ObservedAttention:
+    """One observed attention site: its owner module and name, the heads, key/value heads and head size of the
+    probe's call, and the hook points (children of the owner)."""
+
+    hook_q: HookPoint
+    hook_k: HookPoint
+    hook_v: HookPoint
+    hook_pattern: HookPoint
+    hook_z: HookPoint
+    hook_stats: HookPoint
+
+    def __init__(self, name: str, module: nn.Module, func, q_shape: torch.Size, k_shape: torch.Size) -> None:
+        self.name, self._module, self.func = name, module, func
+        self.num_heads, self.num_kv_heads, self.head_dim = int(q_shape[-3]), int(k_shape[-3]), int(q_shape[-1])
+        self.stats_options: dict = {}
+        # ``F.multi_head_attention_forward`` merges the heads and projects them itself: its output projection is
+        # known (nn.MultiheadAttention's out_proj). A bare attention call's merge and projection happen elsewhere.
+        out = getattr(module, "out_proj", None) if func is _MHA else None
+        self.w_o = out if isinstance(out, nn.Linear) else None
+        self.z_feeds_output: bool | None = self.w_o is not None
+        for hook in HOOKS:
+            setattr(self, hook, getattr(module, hook))
+
+    @property
+    def active(self) -> bool:
+        return any(getattr(self, h).active for h in HOOKS)
+
+
+@dataclass
+class Observed:
+    """What :func:`observe` found and installed on a model (to undo it with :func:`unobserve`)."""
+
+    model: nn.Module
+    sites: list[ObservedAttention]
+    handles: list = field(default_factory=list)
+    added: list[tuple[nn.Module, str]] = field(default_factory=list)
+
+
+_OBSERVED: weakref.WeakKeyDictionary[nn.Module, Observed] = weakref.WeakKeyDictionary()
+
+
+class _Probe(TorchFunctionMode):
+    """Records each attention call's owner (the innermost running module) and its queries' and keys' shapes."""
+
+    def __init__(self, stack: list[nn.Module]) -> None:
+        super().__init__()
+        self.stack = stack
+        self.calls: list[tuple] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _SDPA and self.stack:
+            self.calls.append((self.stack[-1], func, args[0].shape, args[1].shape))
+        elif func is _MHA and self.stack:  # nn.MultiheadAttention's function (the calls inside it are not seen)
+            self.calls.append((self.stack[-1], func, *_mha_shapes(_mha_arguments(args, kwargs))))
+        return func(*args, **kwargs)
+
+
+class _Serve(TorchFunctionMode):
+    """During a forward with a hook point in use: the k-th attention call runs through site k's hook points."""
+
+    def __init__(self, observed: Observed) -> None:
+        super().__init__()
+        self.observed, self.count = observed, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in _SDPA and func is not _MHA:
+            return func(*args, **kwargs)
+        sites = self.observed.sites
+        if self.count >= len(sites):
+            raise ObserveError(
+                f"{type(self.observed.model).__name__} called attention {self.count + 1} times in one forward, where "
+                f"the probe pass saw {len(sites)}: it calls attention otherwise than when it was observed; observe it "
+                "again on an input like this one (multihead.modules.observe.observe(model, example))"
+            )
+        site = sites[self.count]
+        self.count += 1
+        if (func is _MHA) != (site.func is _MHA):
+            raise ObserveError(
+                f"{site.name}: the model's attention calls came in another order than in the probe pass; observe it "
+                "again on an input like this one"
+            )
+        if func is _MHA:
+            return _mha(site, func, args, kwargs)
+        return _attend(site, func, *args, **kwargs)
+
+
+def _attend(site: ObservedAttention, func, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
+    """One attention call through ``site``'s hook points (the call's own function where none is in use)."""
+    if not site.active:
+        return func(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kw)
+    if q.dim() != 4 or k.dim() != 4:
+        raise ObserveError(
+            f"{site.name} calls attention on {q.dim()}-D queries; the observer splits (batch, heads, length, size) "
+            "tensors into heads only"
+        )
+    mask = None
+    if is_causal:  # SDPA's causal mask is aligned to the top left
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+    if attn_mask is not None:
+        mask = attn_mask if mask is None else _combine(mask, attn_mask)
+    return _through(site, q, k, v, mask, float(dropout_p), scale)[0]
+
+
+def _through(site: ObservedAttention, q, k, v, mask, dropout_p: float, scale, need_weights: bool = False):
+    """``(z, weights)`` of one call through ``site``'s hook points, on the kernel seam: ``mask`` bool (True = may
+    attend) or float (added to the scores)."""
+    if (q.shape[1], k.shape[1], q.shape[-1]) != (site.num_heads, site.num_kv_heads, site.head_dim):
+        raise ObserveError(
+            f"{site.name} attends {q.shape[1]} heads ({k.shape[1]} key/value heads) of size {q.shape[-1]}, where the "
+            f"probe pass saw {site.num_heads} ({site.num_kv_heads}) of size {site.head_dim}: the model changed shape "
+            "since it was observed; observe it again"
+        )
+    q, k, v = site.hook_q(q), site.hook_k(k), site.hook_v(v)
+    am = AttnMask.of(mask)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if site.hook_stats.active:
+        from ..attention.stats import attention_stats
+
+        site.hook_stats(attention_stats(q, k, mask=am, scale=scale, **site.stats_options))
+    pattern = site.hook_pattern if site.hook_pattern.active else None
+    z, w = attention(
+        q, k, v, mask=am, scale=scale, dropout_p=dropout_p, weights_hook=pattern, need_weights=need_weights
+    )
+    return site.hook_z(z), w
+
+
+def _mha(site: ObservedAttention, func, args, kwargs):
+    """``F.multi_head_attention_forward`` through ``site``'s hook points (its own code where none is in use): the
+    projections, the heads attended on the kernel seam, merged and projected as PyTorch does."""
+    if not site.active:
+        return func(*args, **kwargs)
+    a = _mha_arguments(args, kwargs)
+    for name in ("bias_k", "bias_v", "static_k", "static_v"):
+        if a[name] is not None:
+            raise ObserveError(f"{site.name} passes {name}; the observer serves nn.MultiheadAttention without it")
+    if a["add_zero_attn"]:
+        raise ObserveError(f"{site.name} uses add_zero_attn; the observer serves nn.MultiheadAttention without it")
+    query, key, value = a["query"], a["key"], a["value"]
+    unbatched = query.dim() == 2
+    if unbatched:
+        query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+    lq, b, e = query.shape
+    lk, h = key.shape[0], int(a["num_heads"])
+    d = e // h
+    if a["use_separate_proj_weight"]:
+        ws = (a["q_proj_weight"], a["k_proj_weight"], a["v_proj_weight"])
+    else:
+        ws = a["in_proj_weight"].chunk(3)
+    bs = a["in_proj_bias"].chunk(3) if a["in_proj_bias"] is not None else (None, None, None)
+    q = F.linear(query, ws[0], bs[0]).view(lq, b, h, d).permute(1, 2, 0, 3)  # (B, H, Lq, D)
+    k = F.linear(key, ws[1], bs[1]).view(lk, b, h, d).permute(1, 2, 0, 3)  # (B, H, Lk, D)
+    v = F.linear(value, ws[2], bs[2]).view(lk, b, h, d).permute(1, 2, 0, 3)
+    mask = None  # PyTorch's masks: bool True = may NOT attend; float added
+    attn_mask, padding = a["attn_mask"], a["key_padding_mask"]
+    if attn_mask is None and a["is_causal"]:
+        mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril()
+    elif attn_mask is not None:
+        m = attn_mask.view(b, h, lq, lk) if attn_mask.dim() == 3 else attn_mask
+        mask = ~m if m.dtype == torch.bool else m
+    if padding is not None:
+        p = padding[:, None, None, :]
+        p = ~p if p.dtype == torch.bool else p
+        mask = p if mask is None else _combine(mask, p)
+    dropout = float(a["dropout_p"]) if a["training"] else 0.0
+    z, w = _through(site, q, k, v, mask, dropout, None, need_weights=bool(a["need_weights"]))
+    out = F.linear(z.permute(2, 0, 1, 3).reshape(lq, b, e), a["out_proj_weight"], a["out_proj_bias"])
+    if w is not None and a["average_attn_weights"]:
+        w = w.mean(1)
+    if unbatched:
+        out = out.squeeze(1)
+        w = None if w is None else w.squeeze(0)
+    return out, w
+
+
+def _combine(a: Tensor, b: Tensor) -> Tensor:
+    """Two masks as one (bool: both allow; float: added, a bool one as 0 / -inf)."""
+    if a.dtype == torch.bool and b.dtype == torch.bool:
+        return a & b
+    as_float = [
+        m if m.dtype != torch.bool else torch.zeros(m.shape, device=m.device).masked_fill(~m, -math.inf) for m in (a, b)
+    ]
+    return as_float[0] + as_float[1]
+
+
+def observe(model: nn.Module, *args, **kwargs) -> Observed:
+    """Find every attention call of ``model`` in one forward pass on ``args``/``kwargs`` (an example input), give
+    each call's owner module the hook points, and serve them from then on (module docstring). Refuses a model in
+    which no ``scaled_dot_product_attention`` call was seen, and one already observed."""
+    if model in _OBSERVED:
+        raise ObserveError(f"{type(model).__name__} is observed already; call unobserve(model) first")
+    named = {id(m): n for n, m in model.named_modules()}
+    stack: list[nn.Module] = []
+    handles = []
+
+    def push(mod, a) -> None:
+        stack.append(mod)
+
+    def pop(mod, a, out) -> None:
+        stack.pop()
+
+    for m in model.modules():
+        handles.append(m.register_forward_pre_hook(push))
+        handles.append(m.register_forward_hook(pop, always_call=True))
+    probe = _Probe(stack)
+    was = model.training
+    try:
+        model.eval()
+        with torch.no_grad(), probe:
+            model(*args, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was)
+    if not probe.calls:
+        raise ObserveError(
+            f"no attention call was seen in one forward pass of {type(model).__name__}: it calls no "
+            "scaled_dot_product_attention (a model without softmax attention, or attention written by hand, which "
+            "the observer does not split into heads yet)"
+        )
+    observed = Observed(model, [])
+    owners: dict[int, int] = {}
+    try:
+        for owner, func, q_shape, k_shape in probe.calls:
+            name = named.get(id(owner), type(owner).__name__)
+            n = owners.get(id(owner), 0)
+            owners[id(owner)] = n + 1
+            if n > 0:
+                raise ObserveError(
+                    f"{name} calls attention {n + 1} times in one forward; the observer gives each module one "
+                    "attention site"
+                )
+            if len(q_shape) != 4 or len(k_shape) != 4:
+                raise ObserveError(
+                    f"{name} calls attention on {len(q_shape)}-D queries; the observer splits (batch, heads, length, "
+                    "size) tensors into heads only"
+                )
+            for hook in HOOKS:
+                if hook in owner._modules or hasattr(owner, hook):
+                    raise ObserveError(f"{name} already has an attribute {hook!r}; multihead will not overwrite it")
+                owner.add_module(hook, HookPoint())
+                observed.added.append((owner, hook))
+            observed.sites.append(ObservedAttention(name, owner, func, q_shape, k_shape))
+    except BaseException:
+        _undo(observed)
+        raise
+
+    state: dict[str, _Serve] = {}
+
+    def enter(mod, a):
+        if any(site.active for site in observed.sites):
+            state["mode"] = _Serve(observed)
+            state["mode"].__enter__()
+
+    def leave(mod, a, out):
+        mode = state.pop("mode", None)
+        if mode is not None:
+            mode.__exit__(None, None, None)
+
+    observed.handles.append(model.register_forward_pre_hook(enter))
+    observed.handles.append(model.register_forward_hook(leave, always_call=True))
+    _OBSERVED[model] = observed
+    return observed
+
+
+def _undo(observed: Observed) -> None:
+    for h in observed.handles:
+        h.remove()
+    for owner, hook in observed.added:
+        owner._modules.pop(hook, None)
+    observed.handles.clear()
+    observed.added.clear()
+
+
+def unobserve(model: nn.Module) -> nn.Module:
+    """Undo :func:`observe`: every hook point and hook removed. Returns the model."""
+    observed = _OBSERVED.pop(model, None)
+    if observed is None:
+        raise ObserveError(f"{type(model).__name__} is not observed")
+    _undo(observed)
+    return model
+
+
+def _anatomy(model: nn.Module) -> Anatomy | None:
+    """The anatomy source of observed models: the attention sites in call order (no blocks: the observer does not
+    know where the residual stream runs)."""
+    observed = _OBSERVED.get(model)
+    if observed is None:
+        return None
+    sites, blocks = blocks_of(model, [(s.name, s) for s in observed.sites], lambda block: None)
+    return Anatomy("observed", model, tuple(sites), tuple(blocks), token_embedding(model), None, None)
+
+
+register_source("observed", _anatomy)
+
+__all__ = ["HOOKS", "ObserveError", "Observed", "ObservedAttention", "observe", "unobserve"]
