@@ -348,7 +348,7 @@ def _ours(p: Path, scopes: list[tuple[Path, dict, str]]) -> bool:
     (``scopes``, outermost first): each inner scope is a nested output that an outer manifest vouches for."""
     root, _, kind = scopes[-1]
     here = p.parent == root
-    if here and (p.name in (MANIFEST, STAGING) or _lock_file(p)):
+    if (here and p.name in (MANIFEST, STAGING)) or _lock_file(p):  # a sub-folder writer's lock: a pid, nothing else
         return True
     if here and kind == "run" and (p.name in RUN_FILES or p.name.startswith(".") or p.suffix in (".png", ".svg")):
         return True
