@@ -97,3 +97,60 @@ def test_tokenizer_matches_hf_on_200_texts(both):
         ids = ours.encode(text)
         assert ids == tok(text, add_special_tokens=False).input_ids, text  # HF's GGUF tokenizer adds a BOS the
         assert ours.decode(ids) == text  # file does not ask for (add_bos_token false); compared without it
+
+
+def test_three_readings_agree_native_registry_and_observation(both):
+    """SmolLM2 read natively, attached through HF's attention registry, and observed at the function level (HF's
+    sdpa mode, the registry path not used): identical patterns and head ablations; direct logit attribution native
+    and attached. (Activation patching observed vs attached is compared on a small Llama in tests/hf: here it
+    would take minutes.)"""
+    import transformers
+
+    from multihead import hf as mh_hf
+    from multihead.interpret import patching as P
+    from multihead.modules.capture import capture
+    from multihead.modules.observe import observe, unobserve
+
+    ours, _, _ = both
+    folder, name = ours.path.parent, ours.path.name
+
+    def read():
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, dtype=torch.float32, attn_implementation="sdpa"
+        ).eval()
+
+    attached, observed = read(), read()
+    ids = torch.tensor([ours.encode("The capital of France is Paris, and the capital of Italy is")])
+    mh_hf.attach(attached)
+    observe(observed, ids)
+    readings = {"native": ours.model, "attached": attached, "observed": observed}
+    try:
+        patterns, ablated = {}, {}
+        for key, model in readings.items():
+            with torch.no_grad(), capture(model, ("pattern",), layers=[0, 14, 29]) as cache:
+                model(ids)
+            patterns[key] = [cache.pattern(i) for i in (0, 14, 29)]
+        from multihead.modules.anatomy import anatomy
+
+        for key, model in readings.items():
+            z = anatomy(model).sites[14].module.hook_z
+            handle = z.add_hook(lambda t, hook: t.index_fill(1, torch.tensor([4]), 0))  # layer 14, head 4 off
+            try:
+                with torch.no_grad():
+                    out = model(ids)
+            finally:
+                handle.remove()
+            ablated[key] = getattr(out, "logits", out)[0, -1]
+        for key in ("attached", "observed"):
+            for a, b in zip(patterns["native"], patterns[key]):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+            torch.testing.assert_close(ablated["native"], ablated[key], atol=1e-4, rtol=1e-5)
+        with torch.no_grad():
+            plain = ours.model(ids)[0, -1]
+        assert (ablated["native"] - plain).abs().max() > 1e-3  # the head mattered
+        dla_native = P.direct_logit_attribution(ours.model, ids, answer=ours.encode(" Rome")[0])
+        dla_attached = P.direct_logit_attribution(attached, ids, answer=ours.encode(" Rome")[0])
+        torch.testing.assert_close(dla_native["heads"], dla_attached["heads"], atol=1e-4, rtol=1e-4)
+    finally:
+        mh_hf.detach(attached)
+        unobserve(observed)
