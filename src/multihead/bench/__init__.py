@@ -18,6 +18,7 @@ SUITES = {
     "peers": "multihead.bench.peers",
     "lens": "multihead.bench.lens",
     "loop": "multihead.bench.loop",
+    "observe": "multihead.bench.observe",
 }
 # the suites that take ``--device cuda`` / ``--dtype bf16|fp16`` (the others measure CPU fp32 runs)
 ON_DEVICE = ("attention", "long", "decode", "kernels")

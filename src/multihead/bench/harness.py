@@ -188,10 +188,24 @@ def run_case(suite: str, case: dict, *, threads: int | None = None, timeout: flo
     return {**case, **json.loads(proc.stdout.strip().splitlines()[-1])}
 
 
+def cpu_model() -> dict:
+    """The CPU's model name and the vector extensions that decide which kernel is fastest on it (a speed measured
+    on one CPU is a claim about that CPU): from ``/proc/cpuinfo`` where there is one."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return {"cpu": platform.processor() or platform.machine()}
+    fields = dict((k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in text.splitlines()[:64]) if v)
+    flags = set(fields.get("flags", "").split())
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_tile")
+    return {"cpu": fields.get("model name", platform.processor()), "cpu_flags": [f for f in wanted if f in flags]}
+
+
 def machine_info(threads: int | None, device: str = "cpu") -> dict:
     gpu = {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda} if device == "cuda" else {}
     return {
         **gpu,
+        **cpu_model(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),
