@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import inspect
 import math
-import threading
+import itertools
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
@@ -46,7 +46,6 @@ from ..pretrained.errors import SourceError
 NAME = "multihead"  # the name in HF's AttentionInterface and AttentionMaskInterface
 # The layer of a multihead KV-policy cache (multihead.hf.cache.PolicyLayer) whose update HF just called: the
 # attention function that HF calls next gives it the queries too (the cache protocol), then clears it.
-POLICY_CALL = threading.local()
 INSTALL = "pip install 'multihead[hf]'"
 ATTENTION_HOOKS = ("hook_q", "hook_k", "hook_v", "hook_pattern", "hook_z", "hook_stats")
 BLOCK_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
@@ -82,8 +81,8 @@ def _transformers():
 
 
 # ------------------------------------------------------------------------------------------ which layers route
-PROBE = "multihead_probe"  # the recorder's name in HF's AttentionInterface (registered beside NAME)
-_RECORDING = threading.local()
+PROBE = "multihead_probe"  # the recorders' names in HF's AttentionInterface: PROBE_1, PROBE_2, ... (one per pass)
+_PROBES = itertools.count(1)
 
 
 # Tensors an architecture may hand the attention function beside q, k, v and the mask: those multihead computes with
@@ -96,14 +95,17 @@ def _unknown(kwargs: dict) -> list[str]:
     return sorted(k for k, v in kwargs.items() if isinstance(v, Tensor) and k not in UNDERSTOOD)
 
 
-def _probe_forward(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, **kwargs):
-    """The recorder :func:`observe` registers: it notes the module transformers hands it and returns zeros of the
-    output's shape (``(B, Lq, H, Dv)``); nothing is computed, so it runs on the meta device too."""
-    seen = getattr(_RECORDING, "seen", None)
-    if seen is not None:
+def _recorder(seen: dict):
+    """An attention function for one probe pass (:func:`observe`): it notes in ``seen`` each module transformers
+    hands it and returns zeros of the output's shape (``(B, Lq, H, Dv)``); nothing is computed, so it runs on the
+    meta device too."""
+
+    def record(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, **kwargs):
         seen.setdefault(id(module), (module, tuple(query.shape), tuple(key.shape), set()))[3].update(_unknown(kwargs))
-    b, h, lq, _ = query.shape
-    return query.new_zeros(b, lq, h, value.shape[-1]), None
+        b, h, lq, _ = query.shape
+        return query.new_zeros(b, lq, h, value.shape[-1]), None
+
+    return record
 
 
 def probe_inputs(model: nn.Module) -> dict:
@@ -180,17 +182,17 @@ def _observe(model: nn.Module, example: dict | None) -> tuple[list, dict[str, li
     """:func:`observe`'s layers, and for each layer that handed the attention function tensors it would not
     compute with (:data:`UNDERSTOOD`), their names."""
     modeling_utils, masking_utils = _transformers()
-    modeling_utils.AttentionInterface.register(PROBE, _probe_forward)
-    masking_utils.AttentionMaskInterface.register(PROBE, masking_utils.AttentionMaskInterface._global_mapping["sdpa"])
+    name = f"{PROBE}_{next(_PROBES)}"  # this pass's own recorder: concurrent probes never share one
+    seen: dict = {}
+    modeling_utils.AttentionInterface.register(name, _recorder(seen))
+    masking_utils.AttentionMaskInterface.register(name, masking_utils.AttentionMaskInterface._global_mapping["sdpa"])
     inputs = probe_inputs(model) if example is None else dict(example)
     modes = [(m, m.training) for m in model.modules()]
-    before = _set_implementation(model, PROBE)
-    _RECORDING.seen = {}
+    before = _set_implementation(model, name)
     try:
         model.eval()
         with torch.no_grad():
             model(**inputs)
-        seen = _RECORDING.seen
     except Exception as exc:  # noqa: BLE001  whatever the model raises on a probe input it does not take
         raise ProbeError(
             f"{type(model).__name__}: multihead finds the attention layers by running the model once, and the "
@@ -198,8 +200,9 @@ def _observe(model: nn.Module, example: dict | None) -> tuple[list, dict[str, li
             "{...} (the keyword inputs of one small forward pass) to attach or why_not"
         ) from None
     finally:
-        _RECORDING.seen = None
         _restore_implementation(before)
+        modeling_utils.AttentionInterface._global_mapping.pop(name, None)
+        masking_utils.AttentionMaskInterface._global_mapping.pop(name, None)
         for m, mode in modes:
             m.training = mode
     order = [(n, m) for n, m in model.named_modules() if id(m) in seen]
@@ -483,9 +486,9 @@ def multihead_attention_forward(
     lq, lk = q.shape[2], k.shape[2]
     am = _with_bias(_mask(attention_mask, module, lq, lk, is_causal), kwargs.get("position_bias"), lk)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scaling is None else float(scaling)
-    layer = getattr(POLICY_CALL, "layer", None)
+    layer = rec.owner.policy_layer if rec is not None and rec.owner is not None else None
     if layer is not None:  # a multihead KV-policy cache: it keeps the keys and says what to attend
-        POLICY_CALL.layer = None
+        rec.owner.policy_layer = None
         return _policy_attention(module, rec, layer, q, k, v, am, scale, kwargs)
     if rec is not None:
         rec.scale = scale  # the layer's own scaling, as the last call had it (explain recomputes with it)
@@ -598,6 +601,9 @@ class Attached:
     kv: object = None
     # the probe pass's input lengths (input_ids, decoder_input_ids): where each layer's shapes came from
     probe_lengths: dict = field(default_factory=dict)
+    # the KV-policy cache layer HF updated last (``Cache.update``), for the attention function HF calls next: the
+    # layer hands itself to this model's record, and the attention function takes it (multihead.hf.cache)
+    policy_layer: object = None
 
     def detach(self) -> None:
         detach(self.model)

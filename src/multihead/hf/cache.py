@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .attach import CALL_CHECKS, INSTALL, POLICY_CALL, AttachError, attached
+from .attach import CALL_CHECKS, INSTALL, AttachError, attached
 
 try:
     from transformers.cache_utils import Cache, DynamicLayer
@@ -35,21 +35,23 @@ class PolicyLayer(DynamicLayer):
     is_sliding = False
     is_compileable = False
 
-    def __init__(self, kv, index: int):
+    def __init__(self, kv, index: int, owner):
         super().__init__()
         self.kv, self.index = kv, index
+        self.owner = owner  # the attach record of the model this cache serves (multihead.hf.attach.Attached)
 
     def lazy_initialization(self, *args, **kwargs) -> None:
         self.is_initialized = True
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         """Mark this layer for the attention function that follows, and pass the new keys and values on."""
-        if getattr(POLICY_CALL, "layer", None) is not None:
+        if self.owner.policy_layer is not None:
+            self.owner.policy_layer = None
             raise AttachError(
                 "a KV-policy cache layer was updated twice without attention in between: the model does not "
                 "compute its attention through multihead's attention function (is it attached?)"
             )
-        POLICY_CALL.layer = self
+        self.owner.policy_layer = self
         return key_states, value_states
 
     def get_seq_length(self, *args) -> int:
@@ -146,20 +148,23 @@ class PolicyCache(Cache):
     is checked before any layer runs (:meth:`admit`), and a cache used with another model, a second prompt after
     the first generation, or a left-padded batch is refused with the fix."""
 
-    def __init__(self, model: nn.Module, policy="full", budget: int | None = None, *, native=None, **options):
+    def __init__(
+        self, model: nn.Module, policy="full", budget: int | None = None, *, native=None, one_generation=True, **options
+    ):
         native = policy_layers(model, policy, budget, **options) if native is None else native
-        super().__init__(layers=[PolicyLayer(kv, i) for i, kv in enumerate(native.self_attn)])
+        owner = attached(model)
+        super().__init__(layers=[PolicyLayer(kv, i, owner) for i, kv in enumerate(native.self_attn)])
         self.native = native  # multihead's KVCache: its layers, policy and byte counts
-        # the model this cache was made for (its attach record), None for a view of a native cache (:meth:`of`)
-        self.owner = attached(model) if model is not None else None
-        self.made_for = f"{type(model).__name__} with {len(self.layers)} attention layers" if model is not None else ""
+        self.owner = owner  # the attach record of the model this cache was made for
+        self.one_generation = one_generation  # False for a view of a native cache (:meth:`of`): its own loop decides
+        self.made_for = f"{type(model).__name__} with {len(self.layers)} attention layers"
 
     def admit(self, att, length: int | None, attention_mask: Tensor | None = None) -> None:
         """Refuse a call of the attached model ``att`` on ``length`` new tokens that this cache cannot serve as
         the model would with its own cache: another model's, padded rows (each row's positions would be off by its
         padding), and, for a cache made with :class:`PolicyCache` ``(model, ...)``, a new prompt after its
         generation (the policy has already evicted for the first one)."""
-        if self.owner is not None and att is not self.owner:
+        if att is not self.owner:
             raise AttachError(
                 f"this PolicyCache was made for another model ({self.made_for}); make one for the model you call: "
                 "PolicyCache(model, policy, budget)"
@@ -175,7 +180,7 @@ class PolicyCache(Cache):
                 "would be off by its padding); generate one row at a time, or rows of one length"
             )
         seen = self.get_seq_length()
-        if length == 0 or (self.owner is not None and seen > 0 and length not in (None, 1)):
+        if length == 0 or (self.one_generation and seen > 0 and length not in (None, 1)):
             raise AttachError(
                 f"this PolicyCache has served a generation already ({seen} tokens, the policy's evictions done); one "
                 "cache serves one generation: make a new PolicyCache(model, policy, budget) for each generate call"
@@ -190,13 +195,16 @@ class PolicyCache(Cache):
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     @classmethod
-    def of(cls, native) -> PolicyCache:
+    def of(cls, native, model: nn.Module | None = None) -> PolicyCache:
         """HF's view of multihead's :class:`~multihead.modules.kv_cache.KVCache` ``native`` (made by
-        :func:`policy_layers`, or compressed from a recorded one): the same layer objects, so what one keeps the
-        other sees. Made once per ``native``."""
+        :func:`policy_layers`, or compressed from a recorded one) for the attached ``model``: the same layer
+        objects, so what one keeps the other sees. Made once per ``native``; the loop that made ``native`` decides
+        how many prompts it reads."""
+        if model is None:
+            raise ValueError("PolicyCache.of needs the model the cache serves: PolicyCache.of(native, model)")
         made = native.__dict__.get("_hf_cache")
-        if made is None:
-            made = native.__dict__["_hf_cache"] = cls(None, native=native)
+        if made is None or made.owner is not attached(model):
+            made = native.__dict__["_hf_cache"] = cls(model, native=native, one_generation=False)
         return made
 
     def get_seq_length(self, layer_idx: int = 0, *args) -> int:

@@ -335,7 +335,7 @@ class AttachedLM(nn.Module):
                 "a KV-policy cache reads unpadded rows (each row's positions are its own count); pass rows of one "
                 "length, or one row at a time"
             )
-        hf_cache = PolicyCache.of(cache)
+        hf_cache = PolicyCache.of(cache, self.hf)
         return self.hf(input_ids=ids, use_cache=True, **cache_argument(self.hf, hf_cache)).logits
 
     def clone(self) -> AttachedLM:
