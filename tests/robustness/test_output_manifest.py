@@ -310,3 +310,16 @@ def test_a_backup_folder_holding_the_users_notes_is_not_removed(tmp_path):
     _publish(out, text="again")
     assert (tmp_path / ".res.old" / "mynotes.txt").read_text() == "mine"
     assert json.loads((out / "kv.json").read_text()) == {"v": "again"}
+
+
+def test_a_runs_file_names_count_only_at_its_top(tmp_path):
+    """A run's own files are known by name (model.safetensors, config.json, ...) in the run folder itself; the same
+    names inside a sub-folder the user made there are the user's."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"train": {}}')
+    (run / "mine").mkdir()
+    (run / "mine" / "model.safetensors").write_bytes(b"the user's model")
+    assert foreign_files(run, "run") == ["mine/"]
+    with pytest.raises(FolderError, match="mine/, which multihead did not write"):
+        check_target(run, "run", overwrite=True)
