@@ -61,15 +61,15 @@ def build(case: dict):
 
     def plain():
         with torch.no_grad():
-            model(ids)
+            return model(ids).logits
 
     def maps():
         with torch.no_grad():
             if eager:
-                model(ids, output_attentions=True)
-            else:
-                with capture(model, to_cpu=False):
-                    model(ids)
+                return model(ids, output_attentions=True).attentions
+            with capture(model, to_cpu=False) as cache:
+                model(ids)
+            return cache.patterns()
 
     return maps if impl.endswith("maps") else plain
 

@@ -157,7 +157,6 @@ class PolicyCache(Cache):
         self.native = native  # multihead's KVCache: its layers, policy and byte counts
         self.owner = owner  # the attach record of the model this cache was made for
         self.one_generation = one_generation  # False for a view of a native cache (:meth:`of`): its own loop decides
-        self.made_for = f"{type(model).__name__} with {len(self.layers)} attention layers"
 
     def admit(self, att, length: int | None, attention_mask: Tensor | None = None) -> None:
         """Refuse a call of the attached model ``att`` on ``length`` new tokens that this cache cannot serve as
@@ -165,8 +164,9 @@ class PolicyCache(Cache):
         padding), and, for a cache made with :class:`PolicyCache` ``(model, ...)``, a new prompt after its
         generation (the policy has already evicted for the first one)."""
         if att is not self.owner:
+            made_for = f"{type(self.owner.model).__name__} with {len(self.layers)} attention layers"
             raise AttachError(
-                f"this PolicyCache was made for another model ({self.made_for}); make one for the model you call: "
+                f"this PolicyCache was made for another model ({made_for}); make one for the model you call: "
                 "PolicyCache(model, policy, budget)"
             )
         if len(att.layers) != len(self.layers):

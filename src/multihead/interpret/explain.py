@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from .._io import atomic_write_text
-from ..modules.anatomy import MLP_NAMES, anatomy, child as _child, token_embedding
+from ..modules.anatomy import Anatomy, Block, anatomy, child as _child
 from ..modules.capture import capture
 from .maps import LMSubject, Subject, is_special
 from .page import _json_for_script
@@ -129,8 +129,7 @@ def explain(subject: Subject, text: str, *, layer: int | None = None, head: int 
         if proj is not None:
             handles.append(proj[0].register_forward_pre_hook(projection_input(i)))
             handles.append(proj[3].register_forward_hook(output(i)))
-    blocks = [body.site_block(i).module for i in range(len(mods))]
-    handles += _record_block(model, blocks, seen)
+    handles += _record_block(body, [body.site_block(i) for i in range(len(mods))], seen)
     try:  # with gradients on: the unfused path, whose projections are the modules hooked above
         with torch.enable_grad(), capture(model, ("pattern", "q", "k", "v")) as cache:
             result = model(ids, keep)
@@ -247,10 +246,10 @@ def explain(subject: Subject, text: str, *, layer: int | None = None, head: int 
 DOWN_NAMES = ("w_2", "down_proj", "c_proj", "fc2", "dense_4h_to_h")  # its last projection (its input: the hidden)
 
 
-def _record_block(model: nn.Module, blocks: list[nn.Module], seen: dict) -> list:
+def _record_block(body: Anatomy, blocks: list[Block], seen: dict) -> list:
     """Hooks that record, in ``seen``, the token embeddings (``embed``), every block's input (``pre{i}``) and output
     (``post{i}``), and its feed-forward module's input (``mlp_in{i}``), hidden activation (``hidden{i}``, the last
-    projection's input) and output (``mlp_out{i}``), where the model has them."""
+    projection's input) and output (``mlp_out{i}``), where the model's anatomy has them."""
 
     def first(x):
         return (x[0] if isinstance(x, (tuple, list)) else x).detach()
@@ -268,13 +267,12 @@ def _record_block(model: nn.Module, blocks: list[nn.Module], seen: dict) -> list
         return record
 
     handles = []
-    embed = token_embedding(model)
-    if embed is not None:
-        handles.append(embed.register_forward_hook(after("embed")))
+    if body.embed is not None:
+        handles.append(body.embed.register_forward_hook(after("embed")))
     for i, block in enumerate(blocks):
-        handles.append(block.register_forward_pre_hook(before(f"pre{i}"), with_kwargs=True))
-        handles.append(block.register_forward_hook(after(f"post{i}")))
-        mlp = _child(block, MLP_NAMES)
+        handles.append(block.module.register_forward_pre_hook(before(f"pre{i}"), with_kwargs=True))
+        handles.append(block.module.register_forward_hook(after(f"post{i}")))
+        mlp = block.mlp
         if mlp is None:
             continue
         handles.append(mlp.register_forward_pre_hook(before(f"mlp_in{i}"), with_kwargs=True))

@@ -197,7 +197,7 @@ def blocks_of(
         placed.append(block)
         if block is not None:
             order.setdefault(block, []).append(i)
-    names = list(order)
+    names = {b: i for i, b in enumerate(order)}
     blocks = [Block(b, named[b], tuple(order[b]), child(named[b], MLP_NAMES), adds(named[b])) for b in names]
     out = []
     for (name, mod), block in zip(sites, placed):
@@ -207,7 +207,7 @@ def blocks_of(
             Site(
                 name,
                 mod,
-                None if block is None else names.index(block),
+                None if block is None else names[block],
                 int(mod.num_heads),
                 int(mod.num_kv_heads),
                 int(mod.head_dim),

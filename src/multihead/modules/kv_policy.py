@@ -752,14 +752,15 @@ def make_policy(name: str | KVPolicy, budget: int | None = None, **options) -> K
     import inspect
 
     make = KV_POLICIES[name].of_budget
-    takes = [p for p in inspect.signature(make).parameters if p != "budget"]
+    params = inspect.signature(make).parameters
+    takes = [p for p in params if p != "budget"]
     unknown = sorted(set(options) - set(takes))
     if unknown:
         raise ValueError(
             f"the {name} policy takes no option {', '.join(unknown)}; "
             + (f"its options: {', '.join(takes)}" if takes else "it takes only a budget")
         )
-    return make(budget, **_whole_numbers(name, inspect.signature(make).parameters, options))
+    return make(budget, **_whole_numbers(name, params, options))
 
 
 def _whole_numbers(name: str, params, options: dict) -> dict:

@@ -25,6 +25,7 @@ what one head writes into the residual stream is not split off: ``Site.splits_pe
 
 from __future__ import annotations
 
+import inspect
 import math
 import weakref
 from dataclasses import dataclass, field
@@ -44,10 +45,11 @@ _SDPA = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attenti
 _MHA = F.multi_head_attention_forward
 
 
-def _mha_arguments(args, kwargs) -> dict:
-    import inspect
+_MHA_SIGNATURE = inspect.signature(_MHA)
 
-    bound = inspect.signature(_MHA).bind(*args, **kwargs)
+
+def _mha_arguments(args, kwargs) -> dict:
+    bound = _MHA_SIGNATURE.bind(*args, **kwargs)
     bound.apply_defaults()
     return dict(bound.arguments)
 
