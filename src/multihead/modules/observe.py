@@ -1,6 +1,7 @@
 """Attention found by observation: any PyTorch model whose layers call ``F.scaled_dot_product_attention`` (timm's
 and torchvision's vision transformers, ``nn.TransformerEncoder``, ``nn.MultiheadAttention``, HF models in their
-``sdpa`` mode, a user's own module) gets multihead's hook points on every attention call, without per-model glue.
+``sdpa`` mode, a user's own module) or compute ``softmax(q k^T ...) v`` by hand (HF's eager attention, GPT-2, BLOOM,
+GPT-Neo, XLNet, nanoGPT) gets multihead's hook points on every attention call, without per-model glue.
 
 ::
 
@@ -9,18 +10,29 @@ and torchvision's vision transformers, ``nn.TransformerEncoder``, ``nn.Multihead
         model(x)                              # exact per-head probabilities and outputs before the merge
     cache.pattern(0)                          # (B, H, Lq, Lk)
 
-:func:`observe` runs the model once on ``example`` under a :class:`torch.overrides.TorchFunctionMode` that sees each
-``scaled_dot_product_attention`` call and the innermost module running it (its owner, which receives the hook points
-``hook_q``, ``hook_k``, ``hook_v``, ``hook_pattern``, ``hook_z``, ``hook_stats``). Afterwards a forward of the model
-enters the mode only while one of those hook points is in use: with nothing captured the model runs exactly as
-before (its own kernels, its fused fast paths). Inside the mode the k-th attention call of a forward is the k-th site
-of the probe, checked against its head count and head size (a model that calls attention otherwise than in the probe
-is refused, by name). A hooked call is computed on multihead's kernel seam from the call's own queries, keys, values,
-mask, scale and causal flag: ``softmax(q k^T * scale + mask) v``, the weights explicit where asked for.
+:func:`observe` runs the model once on ``example`` under a :class:`torch.overrides.TorchFunctionMode` that sees
+every call and the innermost module running it (its owner, which receives the hook points ``hook_q``, ``hook_k``,
+``hook_v``, ``hook_pattern``, ``hook_z``, ``hook_stats``). An attention call is
 
-What the observer does not see (yet): attention written by hand (``matmul -> softmax -> matmul``, as
-``nn.MultiheadAttention`` with ``need_weights=True`` computes it), and the output projection after the merge (so
-what one head writes into the residual stream is not split off: ``Site.splits_per_head`` is False).
+* a fused one: ``scaled_dot_product_attention``, or ``F.multi_head_attention_forward``;
+* or one written by hand, told by dataflow, not by names: a product of two tensors (``matmul``, ``@``, ``bmm``,
+  ``baddbmm``, ``einsum``) makes scores; elementwise ops, views and casts keep them scores (scale, mask, ALiBi); a
+  softmax over their last dimension makes weights (dropout and casts keep them weights); a product of weights
+  with values makes the heads' outputs. A softmax of scores that never meets values (a router) is not a site. The
+  weights must be ``(B, H, Lq, Lk)`` where the heads are told apart; a softmax over ``(B*H, Lq, Lk)`` is refused.
+
+Afterwards a forward of the model enters the mode only while one of those hook points is in use: with nothing
+captured the model runs exactly as before (its own kernels, its fused fast paths). Inside the mode the k-th
+attention call of a forward is the k-th call of the probe, checked against its kind, head count and head size (a
+model that calls attention otherwise than in the probe is refused, by name). A hooked fused call is computed on
+multihead's kernel seam from the call's own queries, keys, values, mask, scale and causal flag: ``softmax(q k^T *
+scale + mask) v``, the weights explicit where asked for. A call written by hand keeps its own arithmetic:
+``hook_pattern`` sees (and may change) its weights, ``hook_v`` its values and ``hook_z`` its heads' outputs, each as
+``(B, H, L, D)``; ``hook_q`` and ``hook_k`` read the operands of its scores but may not change them (its scale and
+mask come between), and ``hook_stats`` is not served there.
+
+What the observer does not see: the output projection after the merge, except ``nn.MultiheadAttention``'s (so what
+one head writes into the residual stream is not split off elsewhere: ``Site.splits_per_head`` is False).
 """
 
 from __future__ import annotations
@@ -34,6 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..attention import attention
 from ..attention.attn_mask import AttnMask
@@ -43,6 +57,25 @@ from .hooks import HookPoint
 HOOKS = ("hook_q", "hook_k", "hook_v", "hook_pattern", "hook_z", "hook_stats")
 _SDPA = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
 _MHA = F.multi_head_attention_forward
+# Attention written by hand: a product of two tensors (the scores), a softmax over their last dimension (the
+# weights), and a product of the weights with the values (the heads' outputs).
+_PRODUCTS = (torch.matmul, Tensor.matmul, Tensor.__matmul__, torch.bmm, Tensor.bmm, torch.baddbmm, Tensor.baddbmm)
+_EINSUM = torch.einsum
+_SOFTMAX = (F.softmax, torch.softmax, Tensor.softmax)
+
+
+class _ByHand:
+    """The ``func`` of a site whose attention is written by hand: ``softmax(q k^T ...) v`` from products."""
+
+    def __repr__(self) -> str:
+        return "softmax(q k^T) v"
+
+
+BY_HAND = _ByHand()
+
+
+def _kind(func) -> str:
+    return "nn.MultiheadAttention" if func is _MHA else "attention by hand" if func is BY_HAND else "fused attention"
 
 
 _MHA_SIGNATURE = inspect.signature(_MHA)
@@ -102,56 +135,269 @@ class Observed:
     sites: list[ObservedAttention]
     handles: list = field(default_factory=list)
     added: list[tuple[nn.Module, str]] = field(default_factory=list)
+    # every attention call of the probe in order: its kind, and its site (None: a softmax of scores that met no
+    # values, so not attention, which a forward must still make in the same place)
+    calls: list[tuple[object, ObservedAttention | None]] = field(default_factory=list)
 
 
 _OBSERVED: weakref.WeakKeyDictionary[nn.Module, Observed] = weakref.WeakKeyDictionary()
 
 
+@dataclass(eq=False)
+class _Event:
+    """One attention call of the probe, in call order: a fused call (``func`` is SDPA's or
+    ``F.multi_head_attention_forward``), or a softmax over scores made by a product (``func`` is :data:`BY_HAND`;
+    ``site`` turns True when its weights multiply the values, which makes it attention)."""
+
+    owner: nn.Module | None
+    func: object
+    q_shape: torch.Size | None = None
+    k_shape: torch.Size | None = None
+    weights_shape: torch.Size | None = None
+    site: bool = True
+
+
+def _tensors(args, kwargs) -> list[Tensor]:
+    return [t for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)]
+
+
+class _Flow:
+    """Which tensors of one forward are scores (a product of two tensors, or made from scores elementwise, by a view
+    or a cast) and which are weights (a softmax of scores over their last dimension, or made from weights the same
+    way). A tag lives as long as its tensor."""
+
+    def __init__(self) -> None:
+        self.tags = WeakIdKeyDictionary()
+
+    def weights_in(self, args, kwargs) -> tuple[Tensor | None, tuple | None]:
+        """The first weights among a call's tensors, and their tag ``("weights", owner, (B, H, Lq, Lk))``."""
+        for t in _tensors(args, kwargs):
+            tag = self.tags.get(t)
+            if tag is not None and tag[0] == "weights":
+                return t, tag
+        return None, None
+
+    def softmax_of_scores(self, func, args, kwargs) -> tuple | None:
+        """The scores' tag ``("scores", product, its args, its kwargs)`` where this call is a softmax of scores over their last
+        dimension; else None."""
+        if func not in _SOFTMAX or not args or not isinstance(args[0], Tensor):
+            return None
+        tag = self.tags.get(args[0])
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+        if tag is None or tag[0] != "scores" or dim not in (-1, args[0].dim() - 1):
+            return None
+        return tag
+
+    def follow(self, func, args, kwargs, out) -> None:
+        """After ``out = func(*args, **kwargs)`` (not a softmax of scores, not weights times values): a product's
+        output is scores; an output of as many elements as a tagged input keeps its tag."""
+        if not isinstance(out, Tensor):
+            return
+        if func in _PRODUCTS or func is _EINSUM:
+            self.tags[out] = ("scores", func, args, kwargs)
+            return
+        for t in _tensors(args, kwargs):
+            tag = self.tags.get(t)
+            if tag is not None and out.numel() == t.numel():
+                self.tags[out] = tag
+                return
+
+
 class _Probe(TorchFunctionMode):
-    """Records each attention call's owner (the innermost running module) and its queries' and keys' shapes."""
+    """Records each attention call (:class:`_Event`), its owner (the innermost running module) and its queries' and
+    keys' shapes."""
 
     def __init__(self, stack: list[nn.Module]) -> None:
         super().__init__()
         self.stack = stack
-        self.calls: list[tuple] = []
+        self.events: list[_Event] = []
+        self.flow = _Flow()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _SDPA and self.stack:
-            self.calls.append((self.stack[-1], func, args[0].shape, args[1].shape))
-        elif func is _MHA and self.stack:  # nn.MultiheadAttention's function (the calls inside it are not seen)
-            self.calls.append((self.stack[-1], func, *_mha_shapes(_mha_arguments(args, kwargs))))
-        return func(*args, **kwargs)
+        owner = self.stack[-1] if self.stack else None
+        if func in _SDPA:
+            self.events.append(_Event(owner, func, args[0].shape, args[1].shape))
+            return func(*args, **kwargs)
+        if func is _MHA:  # nn.MultiheadAttention's function (the calls inside it are not seen)
+            self.events.append(_Event(owner, func, *_mha_shapes(_mha_arguments(args, kwargs))))
+            return func(*args, **kwargs)
+        scores = self.flow.softmax_of_scores(func, args, kwargs)
+        out = func(*args, **kwargs)
+        if scores is not None:
+            event = _Event(owner, BY_HAND, weights_shape=out.shape, site=False)
+            self.events.append(event)
+            self.flow.tags[out] = ("weights", event, out.shape)
+            return out
+        if func in _PRODUCTS or func is _EINSUM:
+            weights, tag = self.flow.weights_in(args, kwargs)
+            if weights is not None:  # weights times values: attention, written by hand
+                event = tag[1]
+                if not event.site and len(event.weights_shape) == 4:
+                    b, h, lq, lk = event.weights_shape
+                    d = out.numel() // max(1, b * h * lq)
+                    event.q_shape, event.k_shape = torch.Size([b, h, lq, d]), torch.Size([b, h, lk, d])
+                event.site = True
+                return out
+        self.flow.follow(func, args, kwargs, out)
+        return out
 
 
 class _Serve(TorchFunctionMode):
-    """During a forward with a hook point in use: the k-th attention call runs through site k's hook points."""
+    """During a forward with a hook point in use: the k-th attention call runs as the probe's k-th call did, through
+    its site's hook points."""
 
     def __init__(self, observed: Observed) -> None:
         super().__init__()
         self.observed, self.count = observed, 0
+        self.flow = _Flow()
+
+    def _next(self, func) -> ObservedAttention | None:
+        calls = self.observed.calls
+        if self.count >= len(calls):
+            raise ObserveError(
+                f"{type(self.observed.model).__name__} called attention {self.count + 1} times in one forward, where "
+                f"the probe pass saw {len(calls)}: it calls attention otherwise than when it was observed; observe it "
+                "again on an input like this one (multihead.modules.observe.observe(model, example))"
+            )
+        kind, site = calls[self.count]
+        self.count += 1
+        if _kind(kind) != _kind(func):
+            raise ObserveError(
+                f"{site.name if site else type(self.observed.model).__name__}: the model's attention calls came in "
+                f"another order than in the probe pass ({_kind(func)} where it made {_kind(kind)}); observe it again "
+                "on an input like this one"
+            )
+        return site
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func not in _SDPA and func is not _MHA:
-            return func(*args, **kwargs)
-        sites = self.observed.sites
-        if self.count >= len(sites):
-            raise ObserveError(
-                f"{type(self.observed.model).__name__} called attention {self.count + 1} times in one forward, where "
-                f"the probe pass saw {len(sites)}: it calls attention otherwise than when it was observed; observe it "
-                "again on an input like this one (multihead.modules.observe.observe(model, example))"
-            )
-        site = sites[self.count]
-        self.count += 1
-        if (func is _MHA) != (site.func is _MHA):
-            raise ObserveError(
-                f"{site.name}: the model's attention calls came in another order than in the probe pass; observe it "
-                "again on an input like this one"
-            )
         if func is _MHA:
-            return _mha(site, func, args, kwargs)
-        return _attend(site, func, *args, **kwargs)
+            return _mha(self._next(func), func, args, kwargs)
+        if func in _SDPA:
+            return _attend(self._next(func), func, *args, **kwargs)
+        scores = self.flow.softmax_of_scores(func, args, kwargs)
+        if scores is not None:
+            site = self._next(BY_HAND)
+            out = func(*args, **kwargs)
+            if site is None:
+                return out
+            out = _weights(site, out, scores)
+            self.flow.tags[out] = ("weights", site, out.shape)
+            return out
+        if func in _PRODUCTS or func is _EINSUM:
+            weights, tag = self.flow.weights_in(args, kwargs)
+            if weights is not None:
+                return _values(tag[1], tag[2], weights, func, args, kwargs)
+        out = func(*args, **kwargs)
+        self.flow.follow(func, args, kwargs, out)
+        return out
+
+
+def _operands(func, args, kwargs) -> list[int | str]:
+    """Where a product's two operands are among its arguments: a position, or a keyword (``baddbmm``'s ``batch1``
+    and ``batch2`` are often passed by name)."""
+    first = 1 if func in (torch.baddbmm, Tensor.baddbmm) else 0
+    if first:
+        names = ("batch1", "batch2")
+    elif func in (torch.bmm, Tensor.bmm):
+        names = ("input", "mat2")
+    else:
+        names = ("input", "other")
+    return [first + i if first + i < len(args) else name for i, name in enumerate(names)]
+
+
+def _arg(args, kwargs, place: int | str):
+    return args[place] if isinstance(place, int) else kwargs[place]
+
+
+def _weights(site: ObservedAttention, weights: Tensor, scores: tuple) -> Tensor:
+    """A softmax written by hand, through ``site``'s hook points: ``hook_pattern`` on the weights; ``hook_q`` and
+    ``hook_k`` read the operands of the product that made the scores."""
+    if weights.dim() != 4 or weights.shape[1] != site.num_heads:
+        raise ObserveError(
+            f"{site.name} computes weights of shape {tuple(weights.shape)}, where the probe pass saw {site.num_heads} "
+            "heads (batch, heads, queries, keys): the model changed shape since it was observed; observe it again"
+        )
+    if site.hook_stats.active:
+        raise ObserveError(
+            f"{site.name} computes its attention by hand (matmul, softmax, matmul): hook_stats is not served there; "
+            "capture the pattern instead"
+        )
+    if site.hook_q.active or site.hook_k.active:
+        _, product, args, kwargs = scores
+        if product is _EINSUM:
+            raise ObserveError(
+                f"{site.name} makes its scores with torch.einsum: hook_q and hook_k are not served there (hook_pattern and "
+                "hook_z are)"
+            )
+        q, k_t = (_arg(args, kwargs, at) for at in _operands(product, args, kwargs))
+        b, h, lq, lk = weights.shape
+        q4 = q.reshape(b, h, lq, q.numel() // (b * h * lq))
+        k4 = k_t.transpose(-1, -2).reshape(b, h, lk, k_t.numel() // (b * h * lk))
+        if site.hook_q(q4) is not q4 or site.hook_k(k4) is not k4:
+            raise ObserveError(
+                f"{site.name} computes its attention by hand (matmul, softmax, matmul): hook_q and hook_k can read its "
+                "queries and keys but not change them (its scale and mask are applied between); change hook_pattern, "
+                "hook_v or hook_z instead"
+            )
+    return site.hook_pattern(weights) if site.hook_pattern.active else weights
+
+
+def _einsum_z(equation: str, operand: int) -> tuple[int, ...] | None:
+    """The permutation taking an einsum's output to ``(B, H, Lq, D)`` where operand ``operand`` is the weights
+    ``(B, H, Lq, Lk)``; None where the equation has no explicit output or an ellipsis."""
+    if "->" not in equation or "." in equation:
+        return None
+    ins, out = equation.replace(" ", "").split("->")
+    letters = ins.split(",")
+    if len(letters) != 2 or len(letters[operand]) != 4 or len(out) != 4:
+        return None
+    b, h, q, _ = letters[operand]
+    rest = [c for c in out if c not in (b, h, q)]
+    if any(c not in out for c in (b, h, q)) or len(rest) != 1:
+        return None
+    return tuple(out.index(c) for c in (b, h, q, rest[0]))
+
+
+def _values(site: ObservedAttention, shape: torch.Size, weights: Tensor, func, args, kwargs) -> Tensor:
+    """Weights times values written by hand, through ``site``'s hook points: ``hook_v`` on the values and
+    ``hook_z`` on the heads' outputs, each seen as ``(B, H, L, D)``."""
+    if not (site.hook_v.active or site.hook_z.active):
+        return func(*args, **kwargs)
+    b, h, lq, lk = shape
+    if func is _EINSUM:
+        equation, operands = (
+            args[0],
+            list(args[1] if len(args) == 2 and isinstance(args[1], (list, tuple)) else args[1:]),
+        )
+        at = next((i for i, t in enumerate(operands) if t is weights), None)
+        perm = None if at is None else _einsum_z(equation, at)
+        if perm is None or site.hook_v.active:
+            raise ObserveError(
+                f"{site.name} multiplies its weights and values with torch.einsum({equation!r}): hook_v is not served "
+                "there, and hook_z only for an equation of two 4-D operands with an explicit output"
+            )
+        out = func(equation, *operands, **kwargs)
+        z = site.hook_z(out.permute(*perm))
+        return z.permute(*[perm.index(i) for i in range(4)])
+    args, kwargs = list(args), dict(kwargs)
+    left, right = _operands(func, args, kwargs)
+    if _arg(args, kwargs, left) is not weights:
+        raise ObserveError(
+            f"{site.name} multiplies its values by its weights from the left; the observer serves weights @ values"
+        )
+    if site.hook_v.active:
+        v = _arg(args, kwargs, right)
+        v = site.hook_v(v.reshape(b, h, lk, v.numel() // (b * h * lk))).reshape(v.shape)
+        if isinstance(right, int):
+            args[right] = v
+        else:
+            kwargs[right] = v
+    out = func(*args, **kwargs)
+    if site.hook_z.active:
+        out = site.hook_z(out.reshape(b, h, lq, out.numel() // (b * h * lq))).reshape(out.shape)
+    return out
 
 
 def _attend(site: ObservedAttention, func, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
@@ -281,35 +527,48 @@ def observe(model: nn.Module, *args, **kwargs) -> Observed:
         for h in handles:
             h.remove()
         model.train(was)
-    if not probe.calls:
+    if not any(e.site for e in probe.events):
         raise ObserveError(
             f"no attention call was seen in one forward pass of {type(model).__name__}: it calls no "
-            "scaled_dot_product_attention (a model without softmax attention, or attention written by hand, which "
-            "the observer does not split into heads yet)"
+            "scaled_dot_product_attention, no nn.MultiheadAttention and no softmax of a product that then multiplies "
+            "values (a model without softmax attention)"
         )
     observed = Observed(model, [])
     owners: dict[int, int] = {}
     try:
-        for owner, func, q_shape, k_shape in probe.calls:
+        for event in probe.events:
+            if not event.site:
+                observed.calls.append((event.func, None))
+                continue
+            owner = event.owner
             name = named.get(id(owner), type(owner).__name__)
+            label = name or type(owner).__name__
             n = owners.get(id(owner), 0)
             owners[id(owner)] = n + 1
             if n > 0:
                 raise ObserveError(
-                    f"{name} calls attention {n + 1} times in one forward; the observer gives each module one "
+                    f"{label} calls attention {n + 1} times in one forward; the observer gives each module one "
                     "attention site"
                 )
-            if len(q_shape) != 4 or len(k_shape) != 4:
+            if event.q_shape is None:
                 raise ObserveError(
-                    f"{name} calls attention on {len(q_shape)}-D queries; the observer splits (batch, heads, length, "
-                    "size) tensors into heads only"
+                    f"{label} computes attention by hand over {len(event.weights_shape)}-D scores "
+                    f"{tuple(event.weights_shape)}: the observer cannot tell its heads apart (it splits (batch, heads, "
+                    "queries, keys) weights only)"
+                )
+            if len(event.q_shape) != 4 or len(event.k_shape) != 4:
+                raise ObserveError(
+                    f"{label} calls attention on {len(event.q_shape)}-D queries; the observer splits (batch, heads, "
+                    "length, size) tensors into heads only"
                 )
             for hook in HOOKS:
                 if hook in owner._modules or hasattr(owner, hook):
-                    raise ObserveError(f"{name} already has an attribute {hook!r}; multihead will not overwrite it")
+                    raise ObserveError(f"{label} already has an attribute {hook!r}; multihead will not overwrite it")
                 owner.add_module(hook, HookPoint())
                 observed.added.append((owner, hook))
-            observed.sites.append(ObservedAttention(name, owner, func, q_shape, k_shape))
+            site = ObservedAttention(name, owner, event.func, event.q_shape, event.k_shape)
+            observed.sites.append(site)
+            observed.calls.append((event.func, site))
     except BaseException:
         _undo(observed)
         raise

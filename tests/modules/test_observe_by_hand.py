@@ -1,0 +1,123 @@
+"""Attention written by hand (``softmax(q k^T * scale + mask) v`` from products), observed: the heads told apart by
+dataflow (a product, a softmax of what it made, a product of the weights with the values), not by names."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from multihead.modules.anatomy import anatomy
+from multihead.modules.capture import capture
+from multihead.modules.observe import BY_HAND, ObserveError, observe, unobserve
+
+
+class ByHand(nn.Module):
+    """nanoGPT's attention as written by hand, with a softmax over a product that is not attention beside it (a
+    router whose weights scale the output elementwise): only the softmax whose weights multiply values is a site."""
+
+    def __init__(self, e: int = 32, h: int = 4):
+        super().__init__()
+        self.h, self.d = h, e // h
+        self.c_attn = nn.Linear(e, 3 * e)
+        self.c_proj = nn.Linear(e, e)
+        self.router = nn.Parameter(torch.randn(e, 3))
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        b, n, e = x.shape
+        q, k, v = (t.view(b, n, self.h, self.d).transpose(1, 2) for t in self.c_attn(x).split(e, -1))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / self.d**0.5)
+        att = att.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+        att = self.drop(F.softmax(att, dim=-1))
+        y = (att @ v).transpose(1, 2).contiguous().view(b, n, e)
+        gate = torch.softmax(x @ self.router, -1)  # a softmax of a product that meets no values
+        return self.c_proj(y) * gate[..., :1]
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(ByHand(), nn.GELU(), ByHand()).eval()
+
+
+def _by_hand(block: ByHand, x, head: int | None = None):
+    """Block ``block`` computed here: its weights, its per-head outputs and its output (head ``head`` zeroed)."""
+    b, n, e = x.shape
+    q, k, v = (t.view(b, n, 4, 8).transpose(1, 2) for t in block.c_attn(x).split(e, -1))
+    w = ((q @ k.transpose(-2, -1)) / 8**0.5).masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), -torch.inf)
+    w = w.softmax(-1)
+    z = w @ v
+    if head is not None:
+        z[:, head] = 0
+    out = block.c_proj(z.transpose(1, 2).reshape(b, n, e)) * torch.softmax(x @ block.router, -1)[..., :1]
+    return (q, k, v), w, z, out
+
+
+def test_attention_written_by_hand_gives_its_weights_and_heads():
+    model, x = _model(), torch.randn(2, 7, 32)
+    with torch.no_grad():
+        before = model(x)
+    observe(model, x)
+    try:
+        body = anatomy(model)
+        assert [(s.name, s.module.func, s.num_heads, s.num_kv_heads, s.head_dim) for s in body.sites] == [
+            ("0", BY_HAND, 4, 4, 8),
+            ("2", BY_HAND, 4, 4, 8),
+        ]
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), before)  # nothing captured: its own computation
+            with capture(model, ("pattern", "q", "k", "v", "z")) as cache:
+                got = model(x)
+            (q, k, v), w, z, _ = _by_hand(model[0], x)
+        torch.testing.assert_close(got, before, atol=1e-6, rtol=1e-5)
+        for name, want in (("q", q), ("k", k), ("v", v), ("z", z), ("pattern", w)):
+            torch.testing.assert_close(cache.get_layer(name, 0), want, atol=1e-6, rtol=1e-5)
+        # zeroing one head through hook_z (or its values through hook_v) is zeroing it by hand
+        zero = lambda t, hook: t.index_fill(1, torch.tensor([1]), 0)  # noqa: E731
+        for hook in ("hook_z", "hook_v"):
+            handle = getattr(body.sites[0].module, hook).add_hook(zero)
+            with torch.no_grad():
+                ablated = model(x)
+            handle.remove()
+            with torch.no_grad():
+                want = model[2](model[1](_by_hand(model[0], x, head=1)[3]))
+            torch.testing.assert_close(ablated, want, atol=1e-6, rtol=1e-5)
+            assert (ablated - before).abs().max() > 1e-3
+    finally:
+        unobserve(model)
+
+
+def test_what_attention_by_hand_does_not_serve_is_refused_by_name():
+    model, x = _model(), torch.randn(1, 5, 32)
+    observe(model, x)
+    try:
+        site = anatomy(model).sites[0].module
+        handle = site.hook_q.add_hook(lambda q, hook: q * 2)  # changing queries: its scale and mask come after
+        with pytest.raises(ObserveError, match="can read its queries and keys but not change them"):
+            with torch.no_grad():
+                model(x)
+        handle.remove()
+        with pytest.raises(ObserveError, match="hook_stats is not served there"):
+            with torch.no_grad(), capture(model, ("stats",)):
+                model(x)
+        with torch.no_grad(), capture(model, ("pattern",)) as cache:  # and the model serves again
+            model(x)
+        assert len(cache.patterns()) == 2
+    finally:
+        unobserve(model)
+
+
+class ThreeD(nn.Module):
+    """Attention by hand on ``(B*H, L, D)`` tensors, softmax over ``(B*H, Lq, Lk)`` scores: its heads cannot be told
+    apart from the shapes."""
+
+    def forward(self, x):
+        s = torch.bmm(x, x.transpose(1, 2)).softmax(-1)
+        return torch.bmm(s, x)
+
+
+def test_a_softmax_over_scores_not_split_into_heads_is_refused_by_name():
+    with pytest.raises(ObserveError, match=r"ThreeD computes attention by hand over 3-D scores \(6, 5, 5\): the "):
+        observe(ThreeD(), torch.randn(6, 5, 8))
+    assert not any(n.endswith("hook_z") for n, _ in ThreeD().named_modules())
