@@ -20,7 +20,10 @@ class Arch:
     config: dict = field(default_factory=dict)
     gqa: bool = False
 
-    def build(self):
+    def build(self, implementation: str = "sdpa"):
+        """The model with random weights (seed 0: every build has the same), in ``implementation`` where the
+        architecture has it (HF's default, sdpa, is the reference the attached outputs are compared with; eager
+        gives the maps: some architectures cannot switch to it after they are built)."""
         import transformers as T
 
         cfg = self._config(T)
@@ -30,8 +33,8 @@ class Arch:
             "speech": T.AutoModelForSpeechSeq2Seq,
         }.get(self.kind, T.AutoModel)
         torch.manual_seed(0)
-        try:  # HF's default where the architecture has it, the reference the attached outputs are compared with
-            model = cls.from_config(cfg, attn_implementation="sdpa")
+        try:
+            model = cls.from_config(cfg, attn_implementation=implementation)
         except (ValueError, ImportError):  # the architecture has eager attention only (the failed call set it)
             torch.manual_seed(0)
             model = cls.from_config(self._config(T))

@@ -2,8 +2,10 @@
 encoder, image classification, speech seq2seq, audio classification) built from its own config class with small
 sizes (random weights, no download), attached, and checked against HF itself: outputs equal HF's own, every
 captured pattern equal to one of HF eager's ``output_attentions``, and zero-ablating a head equal to zeroing its
-slice of the output projection's input by hand. A type that cannot be built from a config alone, or whose probe
-pass fails, is listed with the reason; a type whose attention bypasses the registry is refused by name.
+slice of the output projection's input by hand. A type whose layers call HF's attention registry is served through
+it; a type whose layers compute attention themselves is attached by observation at the function level (fused SDPA,
+or softmax(q k^T) v written by hand); the *source* column says which. A type that cannot be built from a config
+alone, or whose probe pass fails, is listed with the reason; a type neither source can serve is refused by name.
 
 ``make coverage`` writes the table for both transformers lines (docs/attach-coverage.md);
 ``tests/hf/test_coverage.py`` runs the same survey and fails on any attached type that disagrees with HF.
@@ -56,6 +58,7 @@ class Row:
     kind: str
     stage: str  # built | not built | small config fails | refused | attached
     why: str = ""
+    source: str = ""  # what served an attached type: registry | observed
     outputs: float | None = None  # max |attached - HF|
     patterns: str = ""  # "n/n equal" or why not compared
     ablation: str = ""
@@ -88,14 +91,56 @@ def types() -> list[tuple[str, str, str]]:
     return sorted(seen.values())
 
 
+# per-layer lists (one entry per layer) and lists of layer indices a hybrid's config keeps
+PER_LAYER = ("layer_types", "layers_block_type", "block_types", "mlp_layer_types")
+LAYER_INDICES = ("attn_layer_indices", "hybrid_layer_ids", "full_attn_idxs")
+
+
+def _kept_layers(config, small: int) -> list[int] | None:
+    """Which of a hybrid's layers to keep: the first of each kind its per-layer lists name (so that a shrunk
+    Qwen3-Next keeps a full-attention layer beside its linear ones), filled up to ``small``; None for a config
+    without per-layer lists."""
+    lists = [v for key in PER_LAYER if isinstance(v := getattr(config, key, None), list) and v]
+    if not lists:
+        return None
+    n = min(len(v) for v in lists)
+    kinds = [tuple(v[i] for v in lists) for i in range(n)]
+    keep = sorted({kinds.index(k) for k in dict.fromkeys(kinds)})
+    keep += [i for i in range(n) if i not in keep][: max(0, small - len(keep))]
+    return sorted(keep)
+
+
 def _shrink(config, depth: int = 0) -> None:
+    small = SMALL["num_hidden_layers"]
+    keep = _kept_layers(config, small)
     for key, value in SMALL.items():
         current = getattr(config, key, None)
         if isinstance(current, int) and not isinstance(current, bool) and current > value:
             with contextlib.suppress(Exception):
                 setattr(config, key, value)
+    if keep is not None and isinstance(getattr(config, "num_hidden_layers", None), int):
+        with contextlib.suppress(Exception):
+            for key in PER_LAYER:
+                v = getattr(config, key, None)
+                if isinstance(v, list) and len(v) > max(keep):
+                    setattr(config, key, [v[i] for i in keep])
+            for key in LAYER_INDICES:
+                v = getattr(config, key, None)
+                if isinstance(v, list):
+                    setattr(config, key, [j for j, i in enumerate(keep) if i in v])
+            config.num_hidden_layers = len(keep)
     layers = getattr(config, "num_hidden_layers", None)
-    for key in ("layer_types", "block_types", "attn_layer_indices"):
+    # Jamba's and Zamba's attention every ``period`` layers from ``offset``: one attention layer among the few kept
+    for period, offset in (("attn_layer_period", "attn_layer_offset"), ("expert_layer_period", "expert_layer_offset")):
+        if (
+            isinstance(layers, int)
+            and isinstance(getattr(config, period, None), int)
+            and getattr(config, period) > layers
+        ):
+            with contextlib.suppress(Exception):
+                setattr(config, period, layers)
+                setattr(config, offset, min(getattr(config, offset, 0) or 0, layers - 1))
+    for key in ("attn_layer_indices",):
         v = getattr(config, key, None)
         if isinstance(v, list) and isinstance(layers, int) and len(v) > layers:
             with contextlib.suppress(Exception):
@@ -166,9 +211,9 @@ def survey_one(model_type: str, kind: str, cls_name: str) -> Row:
         )
     why = hf.why_not(model, example=x)
     if why is not None:
-        return Row(model_type, kind, "refused", why[:220])
+        return Row(model_type, kind, "refused", why[:220] if len(why) < 400 else why[:200] + " ... " + why[-200:])
     att = hf.attach(model, example=x)
-    row.stage = "attached"
+    row.stage, row.source = "attached", att.source
     try:
         with torch.no_grad(), capture(model, ("pattern",)) as cache:
             out = _first_tensor(model(**x))
@@ -216,9 +261,12 @@ def survey_one(model_type: str, kind: str, cls_name: str) -> Row:
                         unused.remove(j)
                         equal += 1
                 note = f" ({sunk} as eager's weights before its sink scaling)" if sunk else ""
-                row.patterns = (
-                    f"{equal}/{len(ours)} equal{note}" if equal == len(ours) else f"differ: {equal}/{len(ours)}"
-                )
+                if equal == len(ours):
+                    row.patterns = f"{equal}/{len(ours)} equal{note}"
+                elif equal == len(theirs):  # every map HF returns is equal; HF returns none for the others
+                    row.patterns = f"{equal}/{len(ours)} equal{note} ({len(ours) - equal} not returned by HF)"
+                else:
+                    row.patterns = f"differ: {equal}/{len(ours)}"
         first = next(iter(att.layers.values()))
         proj = first.out_proj
         if first.z_feeds_output is False:
@@ -270,22 +318,26 @@ def markdown(rows: list[Row], version: str) -> str:
         s: sum(r.stage == s for r in rows) for s in ("attached", "refused", "not built", "small config fails", "error")
     }
     agree = sum(bool(r.agrees) for r in rows)
+    by = {src: sum(r.source == src and bool(r.agrees) for r in rows) for src in ("registry", "observed")}
     lines = [
         f"## transformers {version}",
         "",
-        f"{len(rows)} model types; {count['attached']} attached ({agree} equal to HF on every check), "
+        f"{len(rows)} model types; {count['attached']} attached ({agree} equal to HF on every check: "
+        f"{by['registry']} through the registry, {by['observed']} by observation), "
         f"{count['refused']} refused by name, {count['not built']} not buildable from a config alone, "
         f"{count['small config fails']} whose small config does not run in HF's own forward pass, "
         f"{count['error']} errors.",
         "",
-        "| model type | kind | result | outputs max diff | patterns vs eager | ablation vs by hand | why |",
-        "|---|---|---|---|---|---|---|",
+        "| model type | kind | result | source | outputs max diff | patterns vs eager | ablation vs by hand | why |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         diff = "" if r.outputs is None else f"{r.outputs:.0e}"
         result = {True: "attached, equal", False: "attached, DIFFERS", None: r.stage}[r.agrees]
         why = r.why.replace("|", "/").replace("\n", " ")
-        lines.append(f"| {r.model_type} | {r.kind} | {result} | {diff} | {r.patterns} | {r.ablation} | {why} |")
+        lines.append(
+            f"| {r.model_type} | {r.kind} | {result} | {r.source} | {diff} | {r.patterns} | {r.ablation} | {why} |"
+        )
     return "\n".join(lines) + "\n"
 
 

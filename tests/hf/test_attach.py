@@ -5,7 +5,9 @@ For every architecture that routes attention through HF's registry: attached out
 ``hook_pattern`` equals HF eager's ``output_attentions``; the exact statistics equal those of the patterns; a head
 patched with its own activation changes nothing; zero-ablating a head equals zeroing its slice of the output
 projection's input by hand; on GQA models, editing one key/value head changes only the query heads that share it.
-Every other architecture is refused with its attention class named, and only those expected to be."""
+An architecture whose layers compute attention without the registry is refused by the registry with its attention
+class named (only those expected to be), and attached by observation instead (multihead.modules.observe), where the
+same checks hold."""
 
 from __future__ import annotations
 
@@ -17,16 +19,18 @@ transformers = pytest.importorskip("transformers", reason="pip install 'multihea
 from multihead import hf  # noqa: E402
 from multihead.interpret.patching import ablated, activation_patching, attribution_patching  # noqa: E402
 from multihead.modules import capture  # noqa: E402
+from multihead.modules.observe import BY_HAND  # noqa: E402
 
 from .archs import ARCHS  # noqa: E402
 
 MAJOR = int(transformers.__version__.split(".")[0])
-# What each transformers line computes outside its attention registry (their attention classes say so in source).
-REFUSED = {
+# What each transformers line computes outside its attention registry (their attention classes say so in source):
+# the registry refuses them, observation serves them.
+BYPASS = {
     4: {"stablelm", "falcon", "gptj", "bloom", "bert", "roberta", "distilbert", "electra", "t5"},
     5: {"falcon", "bloom"},
 }[MAJOR]
-ATTACHED = sorted(set(ARCHS) - REFUSED)
+ATTACHED = sorted(ARCHS)
 
 
 def _hf_attentions(out) -> list[torch.Tensor]:
@@ -52,15 +56,24 @@ def built():
     return get
 
 
-def test_the_expected_architectures_are_refused_with_the_reason(built):
-    for name in sorted(REFUSED):
+def test_the_registry_refuses_the_expected_architectures_and_observation_serves_them(built):
+    for name in sorted(ARCHS):
         model = built(name)
-        why = hf.why_not(model)
-        assert why is not None and "attention registry" in why, name
-        assert "Attention" in why  # the class that bypasses it is named
+        why = hf.why_not(model, source="registry")
+        assert (why is not None) == (name in BYPASS), name
+        if why is None:
+            continue
+        assert "attention registry" in why and "Attention" in why  # the class that bypasses it is named
         with pytest.raises(hf.AttachError, match="computes attention itself"):
-            hf.attach(model)
+            hf.attach(model, source="registry")
         assert not hf.is_attached(model)
+        assert hf.why_not(model) is None  # the default source: the registry, else observation
+        att = hf.attach(model)
+        try:
+            assert att.source == "observed" and att.why_observed == why
+            assert {rec.source for rec in att.layers.values()} == {"observed"}
+        finally:
+            hf.detach(model)
 
 
 @pytest.mark.parametrize("name", ATTACHED)
@@ -76,12 +89,14 @@ def test_attached_matches_hf(name, built):
             out = arch.tensor(arch.run(model, x))
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
-        # patterns and statistics, against HF eager's output_attentions on the same weights
-        with capture(model, ("pattern", "stats")) as cache, torch.no_grad():
+        assert att.source == ("observed" if name in BYPASS else "registry")
+        # patterns and statistics, against HF eager's output_attentions on the same weights (attention an observed
+        # model writes by hand gives no statistics: the observer refuses them by name)
+        by_hand = att.observed is not None and any(s.func is BY_HAND for s in att.observed.sites)
+        with capture(model, ("pattern",) if by_hand else ("pattern", "stats")) as cache, torch.no_grad():
             arch.run(model, x)
         ours = cache.patterns()
-        eager = ARCHS[name].build()
-        eager.set_attn_implementation("eager")
+        eager = ARCHS[name].build("eager")
         with torch.no_grad():
             theirs = _hf_attentions(arch.run(eager, x, output_attentions=True))
         assert len(theirs) == len(ours), (len(theirs), len(ours))
@@ -92,6 +107,8 @@ def test_attached_matches_hf(name, built):
             )
             assert match is not None, f"{name}: {list(att.layers)[i]} has no equal HF pattern"
             unused.remove(match)
+            if by_hand:
+                continue
             st = cache.stats(i)
             ent = -(p * p.clamp_min(1e-30).log()).sum(-1)
             torch.testing.assert_close(st.entropy, ent, atol=1e-4, rtol=1e-4)
@@ -137,7 +154,8 @@ def test_attached_matches_hf(name, built):
         torch.testing.assert_close(arch.tensor(arch.run(model, x)), ref, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("name", [n for n in ATTACHED if ARCHS[n].gqa])
+# (observation sees key/value heads as the call gets them: a layer that repeats them before SDPA shows no groups)
+@pytest.mark.parametrize("name", [n for n in ATTACHED if ARCHS[n].gqa and n not in BYPASS])
 def test_gqa_key_patching_touches_only_the_heads_sharing_it(name, built):
     arch, model = ARCHS[name], built(name)
     x, other = arch.inputs(0), arch.inputs(1)
@@ -187,7 +205,8 @@ def test_hostile_attach_calls(built):
 
 
 def test_a_custom_attention_class_is_refused_by_name(built):
-    """A user's own attention module that computes softmax itself would be invisible: attach refuses the model."""
+    """A user's own attention module whose softmax the observer cannot split into heads would be invisible: attach
+    refuses the model, naming it, through either source."""
     model = ARCHS["llama"].build()
 
     class MyAttention(torch.nn.Module):
@@ -199,8 +218,11 @@ def test_a_custom_attention_class_is_refused_by_name(built):
             return self.o(torch.softmax(self.q(hidden_states), -1)), None
 
     model.model.layers[1].self_attn = MyAttention()
-    with pytest.raises(hf.AttachError, match=r"MyAttention \(model.layers.1.self_attn\)"):
+    with pytest.raises(hf.AttachError, match=r"MyAttention \(model.layers.1.self_attn\) made no attention call the"):
         hf.attach(model)
+    with pytest.raises(hf.AttachError, match=r"MyAttention \(model.layers.1.self_attn\)"):
+        hf.attach(model, source="registry")
+    assert not hf.is_attached(model) and not any(n.endswith("hook_z") for n, _ in model.named_modules())
     assert model.config._attn_implementation != hf.NAME
 
 

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("transformers", reason="pip install 'multihead[hf]'")
 
-from multihead import loading  # noqa: E402
+from multihead import hf, loading  # noqa: E402
 from multihead.cli import main  # noqa: E402
 
 from .archs import ARCHS  # noqa: E402
@@ -67,22 +67,16 @@ def folders(tmp_path_factory):
     return out
 
 
-def _attachable(name: str) -> None:
-    """Under transformers 4.57 RoBERTa and T5 compute attention outside the registry: refused by name there."""
+def test_a_folder_whose_attention_bypasses_the_registry_is_attached_by_observation(folders):
+    """Under transformers 4.57 T5 and RoBERTa compute attention outside the registry: observation serves them
+    (under 5, the registry does); either way the folder reads and says which source served it."""
     import transformers
 
-    if int(transformers.__version__.split(".")[0]) < 5 and name in ("roberta", "t5"):
-        pytest.skip(f"transformers {transformers.__version__}'s {name} does not call the attention registry")
-
-
-def test_an_architecture_outside_the_registry_is_refused_by_name(folders, capsys):
-    import transformers
-
-    if int(transformers.__version__.split(".")[0]) >= 5:
-        pytest.skip("every architecture here calls the registry under transformers 5")
-    assert main(["show", str(folders["t5"]), "the cat", "--out", "x"]) == 2
-    err = capsys.readouterr().err
-    assert "attention registry" in err and "internal error" not in err
+    outside = int(transformers.__version__.split(".")[0]) < 5
+    for name in ("t5", "roberta"):
+        att = hf.attached(loading.load(folders[name]).detail.hf)
+        assert att.source == ("observed" if outside else "registry"), name
+        assert (att.why_observed is not None) == outside and all(r.source == att.source for r in att.layers.values())
 
 
 def _eager(folder, cls: str):
@@ -102,7 +96,6 @@ def test_each_folder_is_read_as_what_its_config_says(folders):
     }
     loaded = loading.load(folders["marian"])
     assert type(loaded.detail.hf).__name__ == "MarianMTModel"  # the encoder and the decoder, never the decoder alone
-    _attachable("roberta")
     assert type(loading.load(folders["roberta"]).detail.hf).__name__ == "RobertaForMaskedLM"
 
 
@@ -110,7 +103,6 @@ def test_each_folder_is_read_as_what_its_config_says(folders):
 def test_show_writes_every_encoder_decoder_and_cross_map_equal_to_hf_eager(folders, name, tmp_path):
     from safetensors.torch import load_file
 
-    _attachable(name)
     out = tmp_path / "show"
     assert main(["show", str(folders[name]), "the cat sat on the mat", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -177,7 +169,6 @@ def test_generate_translates_with_the_encoder_as_hf_does(folders, capsys):
 def test_show_on_an_encoder_folder_equals_hf_eager(folders, tmp_path):
     from safetensors.torch import load_file
 
-    _attachable("roberta")
     out = tmp_path / "show"
     assert main(["show", str(folders["roberta"]), "the cat sat on the mat", "--out", str(out)]) == 0
     tokens = json.loads((out / "tokens.json").read_text())
@@ -195,7 +186,6 @@ def test_show_on_an_encoder_folder_equals_hf_eager(folders, tmp_path):
 
 
 def test_patch_on_a_masked_lm_reads_the_mask_token(folders, tmp_path):
-    _attachable("roberta")
     vocab = {w: i for i, w in enumerate(SPECIAL + WORDS)}
     out = tmp_path / "patch"
     clean, corrupt = "paris is the capital of [MASK]", "berlin is the capital of [MASK]"

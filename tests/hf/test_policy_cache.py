@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers", reason="pip install 'multihea
 
 from multihead import hf, loading  # noqa: E402
 from multihead.cli import main  # noqa: E402
+from multihead.hf.stream import StreamCache  # noqa: E402
 from multihead.hf.cache import PolicyCache, cache_argument  # noqa: E402
 from multihead.models.generation import generate  # noqa: E402
 from multihead.modules.kv_policy import make_policy  # noqa: E402
@@ -158,10 +159,18 @@ def test_what_a_policy_cache_cannot_do_is_refused_with_the_reason(llama):
     with pytest.raises(hf.AttachError, match="encoder-decoder"):
         PolicyCache(bart, "window", 12)
     bloom = ARCHS["bloom"].build()  # ALiBi: its attention never reaches the registry, so no policy cache follows it
-    with pytest.raises(hf.AttachError, match="computes attention itself"):
-        hf.attach(bloom)
     with pytest.raises(hf.AttachError, match="not attached"):
         PolicyCache(bloom, "window", 12)
+    hf.attach(bloom)  # by observation: its own attention runs, which a policy cache cannot enter
+    try:
+        with pytest.raises(
+            hf.AttachError, match="a KV-policy cache needs multihead.s attention function .* by observation"
+        ):
+            PolicyCache(bloom, "window", 12)
+        with pytest.raises(hf.AttachError, match="a streaming cache needs multihead's attention function"):
+            StreamCache(bloom, window=8, sinks=2)
+    finally:
+        hf.detach(bloom)
 
 
 def _generate_rows(model, ids, mask, cache):

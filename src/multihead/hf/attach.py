@@ -26,6 +26,7 @@ seen this way: :func:`why_not` names them, and :func:`attach` refuses such a mod
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import itertools
@@ -233,8 +234,9 @@ def routes(cls: type) -> bool:
 def _survey(
     model: nn.Module, example: dict | None, observed: tuple | None = None
 ) -> tuple[str | None, list[tuple[str, nn.Module, tuple, tuple]]]:
-    """``(why not, the layers seen calling the registry)`` from one probe pass (:func:`_observe`; ``observed``: its
-    result, when already run)."""
+    """``(why not through the registry, the layers seen calling it)`` from one probe pass (:func:`_observe`;
+    ``observed``: its result, when already run). Where the reason is that layers compute attention without the
+    registry (:data:`BYPASS`), the model can still be attached by observation."""
     modeling_utils, _ = _transformers()
     if not isinstance(model, modeling_utils.PreTrainedModel):
         return (
@@ -245,6 +247,8 @@ def _survey(
         return f"{type(model).__name__} is already attached; call multihead.hf.detach(model) first", []
     try:
         seen, unknown = _observe(model, example) if observed is None else observed
+    except ProbeError as exc:  # the model would not run under the probe's recorder: its own attention may
+        return _Bypass(str(exc)), []
     except AttachError as exc:
         return str(exc), []
     if unknown:
@@ -274,20 +278,45 @@ def _survey(
     if bypassing:
         names = sorted({type(m).__name__ for _, m in bypassing})
         where = ", ".join(n for n, _ in bypassing[:3]) + (" ..." if len(bypassing) > 3 else "")
-        return (
+        return _Bypass(
             f"{arch}: its attention class {', '.join(names)} ({where}) computes attention itself instead of calling "
             f"transformers' attention registry (ALL_ATTENTION_FUNCTIONS) in transformers {transformers.__version__}: "
             "a forward pass never handed it to the registry, so multihead would not see those layers"
-            + ("" if seen else "; newer transformers releases route more architectures through the registry")
+            + ("" if seen else "; newer transformers releases route more architectures through the registry"),
+            [(n, type(m).__name__) for n, m in bypassing],
         ), seen
     if not seen:
-        return f"{arch}: no layer of {type(model).__name__} called transformers' attention registry", seen
+        return _Bypass(f"{arch}: no layer of {type(model).__name__} called transformers' attention registry"), seen
     return None, seen
 
 
-def why_not(model: nn.Module, example: dict | None = None) -> str | None:
-    """Why :func:`attach` cannot take ``model`` (None: it can). ``example``: as for :func:`observe`."""
-    return _survey(model, example)[0]
+class _Bypass(str):
+    """A reason not to attach through the registry that observation can take over: layers that compute attention
+    without it (``modules``: ``(name, class name)`` of each module that looks like attention and was not seen)."""
+
+    def __new__(cls, text: str, modules: list[tuple[str, str]] | None = None):
+        made = super().__new__(cls, text)
+        made.modules = modules or []
+        return made
+
+
+def why_not(model: nn.Module, example: dict | None = None, *, source: str = "auto") -> str | None:
+    """Why :func:`attach` cannot take ``model`` through ``source`` (None: it can). ``example``: as for
+    :func:`observe`. ``source``: as for :func:`attach` (``"registry"``: through HF's attention registry alone;
+    ``"auto"``: the registry, or observation where layers compute attention without it, and then the answer is
+    observation's refusal, if any)."""
+    _check_source(source)
+    why, _ = _survey(model, example)
+    if why is None or source == "registry" or not isinstance(why, _Bypass):
+        return None if why is None else str(why)
+    from ..modules.observe import unobserve
+
+    try:
+        _observed(model, probe_inputs(model) if example is None else dict(example), why)
+    except AttachError as exc:
+        return str(exc)
+    unobserve(model)
+    return None
 
 
 def why_not_skeleton(model: nn.Module) -> str | None:
@@ -298,7 +327,8 @@ def why_not_skeleton(model: nn.Module) -> str | None:
         observed = _observe(model, None)
     except ProbeError:
         return None
-    return _survey(model, None, observed)[0]
+    why = _survey(model, None, observed)[0]
+    return None if why is None or isinstance(why, _Bypass) else str(why)  # observation decides on the weights
 
 
 # ------------------------------------------------------------------------------------------ the record per layer
@@ -316,7 +346,8 @@ def _output_projection(name: str, module: nn.Module, named: dict[str, nn.Module]
         if isinstance(c, nn.Linear) or type(c).__name__ == "Conv1D":
             return c
     parent = named.get(name.rsplit(".", 1)[0]) if "." in name else None  # ViT, DINOv2: attention.output.dense
-    dense = getattr(getattr(parent, "output", None), "dense", None)
+    output = getattr(parent, "output", None)
+    dense = getattr(output, "dense", output)  # BigBird-Pegasus: attention.output is the projection itself
     return dense if isinstance(dense, nn.Linear) else None
 
 
@@ -352,6 +383,9 @@ class AttachedAttention:
         # whether the output projection reads hook_z as it is (None: not known); set by attach
         self.z_feeds_output: bool | None = None
         self.probe_lengths: tuple[int, int] = (0, 0)  # (queries, keys) in the probe pass (set by attach)
+        # what serves the layer: "registry" (HF's attention registry calls multihead's function) or "observed" (the
+        # model's own attention, seen at the function level: multihead.modules.observe)
+        self.source = "registry"
         for hook in ATTENTION_HOOKS:
             setattr(self, hook, getattr(module, hook))
 
@@ -381,9 +415,10 @@ class AttachedAttention:
     @property
     def w_o(self):
         """The output projection with its weight as ``(E, H*D)``: the layer's own ``nn.Linear``, or a view of
-        HF's GPT-2 ``Conv1D`` (stored transposed)."""
+        HF's GPT-2 ``Conv1D`` (stored transposed); None where multihead found none (the analyses that split it per
+        head then refuse the layer by name)."""
         if self.out_proj is None:
-            raise ValueError(f"{self.name}: multihead found no output projection to split per head")
+            return None
         if isinstance(self.out_proj, nn.Linear):
             return self.out_proj
         return SimpleNamespace(weight=self.out_proj.weight.t(), bias=getattr(self.out_proj, "bias", None))
@@ -604,6 +639,25 @@ class Attached:
     # the KV-policy cache layer HF updated last (``Cache.update``), for the attention function HF calls next: the
     # layer hands itself to this model's record, and the attention function takes it (multihead.hf.cache)
     policy_layer: object = None
+    # attached by observation (multihead.modules.observe's record), and why the registry could not serve it; None
+    # where every layer is served through the registry
+    observed: object = None
+    why_observed: str | None = None
+
+    @property
+    def source(self) -> str:
+        """What serves the layers: ``"registry"`` or ``"observed"``."""
+        return "registry" if self.observed is None else "observed"
+
+    def needs_registry(self, what: str) -> None:
+        """Refuse ``what`` (a KV-policy cache, a streaming cache) on a model attached by observation: those run
+        inside multihead's attention function, which only the registry calls."""
+        if self.observed is not None:
+            raise AttachError(
+                f"{what} needs multihead's attention function inside the model, which HF's attention registry calls; "
+                f"this model is attached by observation ({self.why_observed or 'asked for'}), so its own attention "
+                "runs and the cache cannot"
+            )
 
     def detach(self) -> None:
         detach(self.model)
@@ -677,6 +731,17 @@ def _replace_first(x, new):
     return (new, *x[1:]) if isinstance(x, tuple) else new
 
 
+def _hook_blocks(att: Attached, named: dict[str, nn.Module], model_type: str) -> None:
+    """The block hook points around every attached layer (:func:`_hook_block`), each block once."""
+    for name in att.layers:
+        block = _block_of(name, named)
+        if block is None or block in att.blocks:
+            continue
+        att.blocks.append(block)
+        child = name[len(block) + 1 :].split(".")[0] if name != block else None
+        _hook_block(att, block, named[block], child, model_type)
+
+
 def _hook_block(att: Attached, name: str, block: nn.Module, attn_child: str | None, model_type: str) -> None:
     def add(obj: nn.Module, hook: str) -> HookPoint:
         if hook in obj._modules or hasattr(obj, hook):
@@ -722,19 +787,36 @@ def _hook_block(att: Attached, name: str, block: nn.Module, attn_child: str | No
         )
 
 
-def attach(model: nn.Module, *, backend: str = "auto", example: dict | None = None) -> Attached:
+SOURCES = ("auto", "registry", "observed")
+
+
+def _check_source(source: str) -> None:
+    if source not in SOURCES:
+        raise AttachError(f"unknown attach source {source!r}; one of {', '.join(SOURCES)}")
+
+
+def attach(model: nn.Module, *, backend: str = "auto", example: dict | None = None, source: str = "auto") -> Attached:
     """Give ``model`` (an HF ``PreTrainedModel``) multihead's attention function and hook points (see the module
     docstring); returns the :class:`Attached` record (also kept on the model). ``backend``: the kernel seam's
     backend for every layer (``auto`` picks the fastest exact one). The attention layers are those seen calling
     HF's registry in one forward pass on ``example`` (keyword inputs; default: a few tokens, or an image or audio
-    of the config's size: :func:`observe`). Refuses, with the reason, a model that is not an HF model, is already
-    attached, or has attention layers that bypass HF's registry (:func:`why_not`)."""
+    of the config's size: :func:`observe`).
+
+    ``source``: ``"registry"`` serves every layer through HF's registry and refuses a model whose layers compute
+    attention without it; ``"observed"`` leaves the model's own attention in place and finds every call by
+    observation at the function level (:mod:`multihead.modules.observe`: fused SDPA or attention written by hand);
+    ``"auto"`` (default) takes the registry where every layer calls it, else observation. Each record says which
+    served it (:attr:`AttachedAttention.source`). Refuses, with the reason, a model that is not an HF model, is
+    already attached, or that neither source can serve (:func:`why_not`)."""
     from ..attention.registry import check_backend_name
 
     check_backend_name(backend)
+    _check_source(source)
     why, seen = _survey(model, example)
+    if isinstance(why, _Bypass) and source != "registry" or why is None and source == "observed":
+        return _attach_observed(model, backend, example, why)
     if why is not None:
-        raise AttachError(why)
+        raise AttachError(str(why))
     _register()
     named = dict(model.named_modules())
     model_type = str(getattr(model.config, "model_type", ""))
@@ -757,14 +839,92 @@ def attach(model: nn.Module, *, backend: str = "auto", example: dict | None = No
             rec.owner, rec.index = att, len(att.layers)
             module.__dict__["_multihead"] = rec
             att.layers[name] = rec
-        for name, _, _, _ in seen:
-            block = _block_of(name, named)
-            if block is None or block in att.blocks:
-                continue
-            att.blocks.append(block)
-            child = name[len(block) + 1 :].split(".")[0] if name != block else None
-            _hook_block(att, block, named[block], child, model_type)
+        _hook_blocks(att, named, model_type)
         _ask_weights(att)
+        _check_policy_caches(att)
+    except BaseException:
+        _undo(att)
+        raise
+    model.__dict__["_multihead_attached"] = att
+    _check_projection_inputs(att, example)
+    return att
+
+
+def _batch_of(inputs: dict) -> int | None:
+    """The batch size of keyword inputs: the first dimension every tensor among them shares (None: they differ)."""
+    firsts = {int(v.shape[0]) for v in inputs.values() if isinstance(v, Tensor) and v.dim() >= 2}
+    return firsts.pop() if len(firsts) == 1 else None
+
+
+def _observed(model: nn.Module, inputs: dict, why: str | None):
+    """``model`` observed at the function level (:func:`multihead.modules.observe.observe`) on ``inputs``; refused
+    (AttachError, naming the modules) where a module the registry survey found computing attention itself
+    (``why.modules``) holds no observed call: it did not run on the probe input, or its attention is not one the
+    observer can split into heads."""
+    from ..modules.observe import ObserveError, observe as observe_calls, unobserve
+
+    try:
+        observed = observe_calls(model, example_batch=_batch_of(inputs), **inputs)
+    except ObserveError as exc:
+        raise AttachError(f"{why}; observed at the function level instead: {exc}" if why else str(exc)) from None
+    except Exception as exc:  # noqa: BLE001  whatever the model raises on a probe input it does not take
+        raise ProbeError(
+            f"{why}; observed at the function level instead, the probe input failed too ({type(exc).__name__}: "
+            f"{str(exc)[:200]}); pass example={{...}} (the keyword inputs of one small forward pass)"
+        ) from None
+    names = [site.name for site in observed.sites]
+    missed = [
+        (n, cls)
+        for n, cls in getattr(why, "modules", [])
+        if not any(s == n or s.startswith(n + ".") or n.startswith(s + ".") for s in names)
+    ]
+    # a module that ran and called no softmax at all computes no softmax attention (linear attention, a state-space
+    # layer named after attention): nothing to miss
+    missed = [
+        (n, cls)
+        for n, cls in missed
+        if n not in observed.ran or any(m == n or m.startswith(n + ".") for m in observed.softmaxed)
+    ]
+    if missed:
+        unobserve(model)
+        idle = [(n, cls) for n, cls in missed if n not in observed.ran]
+        if idle:
+            where = ", ".join(f"{cls} ({n})" for n, cls in idle[:3]) + (" ..." if len(idle) > 3 else "")
+            raise AttachError(
+                f"{why}; observed at the function level instead, {where} did not run on the probe input, so its "
+                "attention could not be seen; pass example={...} (keyword inputs of a forward pass that reaches it)"
+            )
+        where = ", ".join(f"{cls} ({n})" for n, cls in missed[:3]) + (" ..." if len(missed) > 3 else "")
+        raise AttachError(
+            f"{why}; observed at the function level instead, {where} made no attention call the observer can split "
+            "into heads (fused attention, or softmax(q k^T) v over (batch, heads, queries, keys)), so multihead would "
+            "miss it"
+        )
+    return observed
+
+
+def _attach_observed(model: nn.Module, backend: str, example: dict | None, why: str | None) -> Attached:
+    """:func:`attach` by observation: the model's own attention stays; :func:`multihead.modules.observe.observe`
+    finds every call (fused or written by hand) and gives its owner the hook points; HF's structure gives the
+    blocks, the output projections, the final norm and the unembedding, as for the registry."""
+    inputs = probe_inputs(model) if example is None else dict(example)
+    observed = _observed(model, inputs, why)
+    observed.described_by = "hf"
+    named = dict(model.named_modules())
+    model_type = str(getattr(model.config, "model_type", ""))
+    att = Attached(model, {}, [], observed=observed, why_observed=None if why is None else str(why))
+    att.probe_lengths = {
+        k: int(v.shape[1]) for k, v in inputs.items() if k in ("input_ids", "decoder_input_ids") and v.dim() == 2
+    }
+    try:
+        for site in observed.sites:
+            rec = AttachedAttention(site.name, named[site.name], named, backend)
+            rec.num_heads, rec.num_kv_heads, rec.head_dim = site.num_heads, site.num_kv_heads, site.head_dim
+            rec.probe_lengths = site.probe_lengths
+            rec.stats_options = site.stats_options  # the observer computes hook_stats with the record's options
+            rec.owner, rec.index, rec.source = att, len(att.layers), "observed"
+            att.layers[site.name] = rec
+        _hook_blocks(att, named, model_type)
         _check_policy_caches(att)
     except BaseException:
         _undo(att)
@@ -809,6 +969,9 @@ def _check_projection_inputs(att: Attached, example: dict | None) -> None:
             m.training = mode
     for name, rec in att.layers.items():
         if name in z and name in fed:
+            if z[name].numel() != fed[name].numel():  # the projection reads more than the heads (ConvBERT's convs)
+                rec.z_feeds_output = False
+                continue
             a = z[name].transpose(1, 2).reshape(fed[name].shape)
             rec.z_feeds_output = bool(torch.allclose(a, fed[name], atol=1e-6, rtol=1e-5))
 
@@ -910,6 +1073,11 @@ def _undo(att: Attached) -> None:
         obj._modules.pop(hook, None)
     for name in att.layers:
         att.model.get_submodule(name).__dict__.pop("_multihead", None)
+    if att.observed is not None and att.observed.model is att.model:
+        from ..modules.observe import unobserve
+
+        with contextlib.suppress(ValueError):
+            unobserve(att.model)
     _restore_implementation(att.configs)
     att.configs = []
     att.handles.clear()
@@ -933,6 +1101,7 @@ __all__ = [
     "BLOCK_HOOKS",
     "ProbeError",
     "NAME",
+    "SOURCES",
     "attach",
     "attached",
     "detach",

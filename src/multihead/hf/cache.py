@@ -102,6 +102,7 @@ def policy_layers(model: nn.Module, policy, budget: int | None = None, *, record
     from ..modules.kv_policy import make_policy, policy_cache
 
     att = attached(model)
+    att.needs_registry("a KV-policy cache")
     if getattr(model.config, "is_encoder_decoder", False):
         raise AttachError(
             f"{model.config.model_type} is an encoder-decoder; a KV policy keeps a causal LM's self-attention keys"
@@ -151,8 +152,9 @@ class PolicyCache(Cache):
     def __init__(
         self, model: nn.Module, policy="full", budget: int | None = None, *, native=None, one_generation=True, **options
     ):
-        native = policy_layers(model, policy, budget, **options) if native is None else native
         owner = attached(model)
+        owner.needs_registry("a KV-policy cache")
+        native = policy_layers(model, policy, budget, **options) if native is None else native
         super().__init__(layers=[PolicyLayer(kv, i, owner) for i, kv in enumerate(native.self_attn)])
         self.native = native  # multihead's KVCache: its layers, policy and byte counts
         self.owner = owner  # the attach record of the model this cache was made for

@@ -58,6 +58,7 @@ class StreamCache:
     def __init__(self, model: nn.Module, *, window: int | None = None, sinks: int = 0):
         if window is not None and (window < 1 or sinks < 0):
             raise ValueError(f"a streaming cache needs sinks >= 0 and window >= 1, got sinks={sinks}, window={window}")
+        attached(model).needs_registry("a streaming cache")
         self.model, self.window, self.sinks = model, window, sinks
         self.rotary = None if window is None else _rotary(model)
         self.layers = list(attached(model).layers.values())

@@ -170,8 +170,9 @@ def anatomy(model: nn.Module) -> Anatomy:
             return found
     raise ValueError(
         f"{type(model).__name__} has no multihead MultiHeadAttention modules to read; pass a multihead model "
-        "(TransformerClassifier, TextEncoder, multihead.load(...).model), or attach an HF model first "
-        "(multihead.hf.attach(model))"
+        "(TransformerClassifier, TextEncoder, multihead.load(...).model), attach an HF model first "
+        "(multihead.hf.attach(model)), or observe any other PyTorch model on an example input "
+        "(multihead.modules.observe.observe(model, example))"
     )
 
 

@@ -113,6 +113,8 @@ class ObservedAttention:
     def __init__(self, name: str, module: nn.Module, func, q_shape: torch.Size, k_shape: torch.Size) -> None:
         self.name, self._module, self.func = name, module, func
         self.num_heads, self.num_kv_heads, self.head_dim = int(q_shape[-3]), int(k_shape[-3]), int(q_shape[-1])
+        self.probe_lengths = (int(q_shape[-2]), int(k_shape[-2]))  # queries and keys in the probe pass
+        self.flat = False  # written by hand on (batch * heads, L, D) tensors (set by observe)
         self.stats_options: dict = {}
         # ``F.multi_head_attention_forward`` merges the heads and projects them itself: its output projection is
         # known (nn.MultiheadAttention's out_proj). A bare attention call's merge and projection happen elsewhere.
@@ -138,6 +140,14 @@ class Observed:
     # every attention call of the probe in order: its kind, and its site (None: a softmax of scores that met no
     # values, so not attention, which a forward must still make in the same place)
     calls: list[tuple[object, ObservedAttention | None]] = field(default_factory=list)
+    # the anatomy source that describes this model instead of the observer's own (e.g. "hf": an HF model attached
+    # by observation, whose blocks, norms and unembedding HF's structure gives); None: the observer's
+    described_by: str | None = None
+    # the names of the modules that ran in the probe pass (a module that did not cannot be told from one without
+    # attention)
+    ran: set[str] = field(default_factory=set)
+    # the names of the modules that called a softmax in the probe pass (the innermost module running at the call)
+    softmaxed: set[str] = field(default_factory=set)
 
 
 _OBSERVED: weakref.WeakKeyDictionary[nn.Module, Observed] = weakref.WeakKeyDictionary()
@@ -155,6 +165,7 @@ class _Event:
     k_shape: torch.Size | None = None
     weights_shape: torch.Size | None = None
     site: bool = True
+    flat: bool = False  # the weights are (batch * heads, Lq, Lk)
 
 
 def _tensors(args, kwargs) -> list[Tensor]:
@@ -207,9 +218,10 @@ class _Probe(TorchFunctionMode):
     """Records each attention call (:class:`_Event`), its owner (the innermost running module) and its queries' and
     keys' shapes."""
 
-    def __init__(self, stack: list[nn.Module]) -> None:
+    def __init__(self, stack: list[nn.Module], batch: int | None = None) -> None:
         super().__init__()
-        self.stack = stack
+        self.stack, self.batch = stack, batch
+        self.softmaxed: set[int] = set()
         self.events: list[_Event] = []
         self.flow = _Flow()
 
@@ -222,6 +234,8 @@ class _Probe(TorchFunctionMode):
         if func is _MHA:  # nn.MultiheadAttention's function (the calls inside it are not seen)
             self.events.append(_Event(owner, func, *_mha_shapes(_mha_arguments(args, kwargs))))
             return func(*args, **kwargs)
+        if func in _SOFTMAX and owner is not None:
+            self.softmaxed.add(id(owner))
         scores = self.flow.softmax_of_scores(func, args, kwargs)
         out = func(*args, **kwargs)
         if scores is not None:
@@ -233,8 +247,14 @@ class _Probe(TorchFunctionMode):
             weights, tag = self.flow.weights_in(args, kwargs)
             if weights is not None:  # weights times values: attention, written by hand
                 event = tag[1]
-                if not event.site and len(event.weights_shape) == 4:
-                    b, h, lq, lk = event.weights_shape
+                shape = event.weights_shape
+                if not event.site and len(shape) == 3 and self.batch and shape[0] % self.batch == 0:
+                    # (batch * heads, Lq, Lk): the heads flattened into the batch, batch-major as a view of
+                    # (batch, heads, ...) makes them; told apart only where the example's batch size is known
+                    shape = event.weights_shape = torch.Size([self.batch, shape[0] // self.batch, *shape[1:]])
+                    event.flat = True
+                if not event.site and len(shape) == 4:
+                    b, h, lq, lk = shape
                     d = out.numel() // max(1, b * h * lq)
                     event.q_shape, event.k_shape = torch.Size([b, h, lq, d]), torch.Size([b, h, lk, d])
                 event.site = True
@@ -283,7 +303,12 @@ class _Serve(TorchFunctionMode):
             if site is None:
                 return out
             out = _weights(site, out, scores)
-            self.flow.tags[out] = ("weights", site, out.shape)
+            h = site.num_heads
+            self.flow.tags[out] = (
+                "weights",
+                site,
+                torch.Size([out.shape[0] // h, h, *out.shape[1:]]) if site.flat else out.shape,
+            )
             return out
         if func in _PRODUCTS or func is _EINSUM:
             weights, tag = self.flow.weights_in(args, kwargs)
@@ -314,11 +339,16 @@ def _arg(args, kwargs, place: int | str):
 def _weights(site: ObservedAttention, weights: Tensor, scores: tuple) -> Tensor:
     """A softmax written by hand, through ``site``'s hook points: ``hook_pattern`` on the weights; ``hook_q`` and
     ``hook_k`` read the operands of the product that made the scores."""
-    if weights.dim() != 4 or weights.shape[1] != site.num_heads:
+    flat = site.flat and weights.dim() == 3 and weights.shape[0] % site.num_heads == 0
+    if flat:  # (batch * heads, Lq, Lk), as in the probe pass
+        shaped = weights.view(weights.shape[0] // site.num_heads, site.num_heads, *weights.shape[1:])
+    elif site.flat or weights.dim() != 4 or weights.shape[1] != site.num_heads:
         raise ObserveError(
             f"{site.name} computes weights of shape {tuple(weights.shape)}, where the probe pass saw {site.num_heads} "
             "heads (batch, heads, queries, keys): the model changed shape since it was observed; observe it again"
         )
+    else:
+        shaped = weights
     if site.hook_stats.active:
         raise ObserveError(
             f"{site.name} computes its attention by hand (matmul, softmax, matmul): hook_stats is not served there; "
@@ -332,7 +362,7 @@ def _weights(site: ObservedAttention, weights: Tensor, scores: tuple) -> Tensor:
                 "hook_z are)"
             )
         q, k_t = (_arg(args, kwargs, at) for at in _operands(product, args, kwargs))
-        b, h, lq, lk = weights.shape
+        b, h, lq, lk = shaped.shape
         q4 = q.reshape(b, h, lq, q.numel() // (b * h * lq))
         k4 = k_t.transpose(-1, -2).reshape(b, h, lk, k_t.numel() // (b * h * lk))
         if site.hook_q(q4) is not q4 or site.hook_k(k4) is not k4:
@@ -341,7 +371,9 @@ def _weights(site: ObservedAttention, weights: Tensor, scores: tuple) -> Tensor:
                 "queries and keys but not change them (its scale and mask are applied between); change hook_pattern, "
                 "hook_v or hook_z instead"
             )
-    return site.hook_pattern(weights) if site.hook_pattern.active else weights
+    if not site.hook_pattern.active:
+        return weights
+    return site.hook_pattern(shaped).reshape(weights.shape)
 
 
 def _einsum_z(equation: str, operand: int) -> tuple[int, ...] | None:
@@ -498,18 +530,23 @@ def _combine(a: Tensor, b: Tensor) -> Tensor:
     return as_float[0] + as_float[1]
 
 
-def observe(model: nn.Module, *args, **kwargs) -> Observed:
+def observe(model: nn.Module, *args, example_batch: int | None = None, **kwargs) -> Observed:
     """Find every attention call of ``model`` in one forward pass on ``args``/``kwargs`` (an example input), give
-    each call's owner module the hook points, and serve them from then on (module docstring). Refuses a model in
-    which no ``scaled_dot_product_attention`` call was seen, and one already observed."""
+    each call's owner module the hook points, and serve them from then on (module docstring). ``example_batch``:
+    the example's batch size, where known; it lets the observer split attention written by hand on ``(batch *
+    heads, L, D)`` tensors into heads (else such a call is refused by name). Refuses a model in which no attention
+    call was seen, and one already observed."""
     if model in _OBSERVED:
         raise ObserveError(f"{type(model).__name__} is observed already; call unobserve(model) first")
     named = {id(m): n for n, m in model.named_modules()}
     stack: list[nn.Module] = []
     handles = []
 
+    ran: set[int] = set()
+
     def push(mod, a) -> None:
         stack.append(mod)
+        ran.add(id(mod))
 
     def pop(mod, a, out) -> None:
         stack.pop()
@@ -517,7 +554,7 @@ def observe(model: nn.Module, *args, **kwargs) -> Observed:
     for m in model.modules():
         handles.append(m.register_forward_pre_hook(push))
         handles.append(m.register_forward_hook(pop, always_call=True))
-    probe = _Probe(stack)
+    probe = _Probe(stack, example_batch)
     was = model.training
     try:
         model.eval()
@@ -533,7 +570,12 @@ def observe(model: nn.Module, *args, **kwargs) -> Observed:
             "scaled_dot_product_attention, no nn.MultiheadAttention and no softmax of a product that then multiplies "
             "values (a model without softmax attention)"
         )
-    observed = Observed(model, [])
+    observed = Observed(
+        model,
+        [],
+        ran={n for n, m in model.named_modules() if id(m) in ran},
+        softmaxed={n for n, m in model.named_modules() if id(m) in probe.softmaxed},
+    )
     owners: dict[int, int] = {}
     try:
         for event in probe.events:
@@ -554,7 +596,8 @@ def observe(model: nn.Module, *args, **kwargs) -> Observed:
                 raise ObserveError(
                     f"{label} computes attention by hand over {len(event.weights_shape)}-D scores "
                     f"{tuple(event.weights_shape)}: the observer cannot tell its heads apart (it splits (batch, heads, "
-                    "queries, keys) weights only)"
+                    "queries, keys) weights, and (batch * heads, queries, keys) where observe is told the example's "
+                    "batch size: example_batch=...)"
                 )
             if len(event.q_shape) != 4 or len(event.k_shape) != 4:
                 raise ObserveError(
@@ -567,6 +610,7 @@ def observe(model: nn.Module, *args, **kwargs) -> Observed:
                 owner.add_module(hook, HookPoint())
                 observed.added.append((owner, hook))
             site = ObservedAttention(name, owner, event.func, event.q_shape, event.k_shape)
+            site.flat = event.flat
             observed.sites.append(site)
             observed.calls.append((event.func, site))
     except BaseException:
@@ -613,7 +657,7 @@ def _anatomy(model: nn.Module) -> Anatomy | None:
     """The anatomy source of observed models: the attention sites in call order (no blocks: the observer does not
     know where the residual stream runs)."""
     observed = _OBSERVED.get(model)
-    if observed is None:
+    if observed is None or observed.described_by is not None:
         return None
     sites, blocks = blocks_of(model, [(s.name, s) for s in observed.sites], lambda block: None)
     return Anatomy("observed", model, tuple(sites), tuple(blocks), token_embedding(model), None, None)
