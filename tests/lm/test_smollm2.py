@@ -100,39 +100,39 @@ def test_tokenizer_matches_hf_on_200_texts(both):
 
 
 def test_three_readings_agree_native_registry_and_observation(both):
-    """SmolLM2 read natively, attached through HF's attention registry, and observed at the function level (HF's
-    sdpa mode, the registry path not used): identical patterns and head ablations; direct logit attribution native
-    and attached. (Activation patching observed vs attached is compared on a small Llama in tests/hf: here it
-    would take minutes.)"""
+    """SmolLM2 read natively, attached through HF's attention registry, and attached by observation at the function
+    level (HF's eager attention written by hand; the registry path switched off): identical patterns, head
+    ablations, activation patching of every head, and direct logit attribution."""
     import transformers
 
     from multihead import hf as mh_hf
     from multihead.interpret import patching as P
+    from multihead.modules.anatomy import anatomy
     from multihead.modules.capture import capture
-    from multihead.modules.observe import observe, unobserve
 
     ours, _, _ = both
     folder, name = ours.path.parent, ours.path.name
 
-    def read():
+    def read(implementation):
         return transformers.AutoModelForCausalLM.from_pretrained(
-            folder, gguf_file=name, dtype=torch.float32, attn_implementation="sdpa"
+            folder, gguf_file=name, dtype=torch.float32, attn_implementation=implementation
         ).eval()
 
-    attached, observed = read(), read()
+    attached, observed = read("sdpa"), read("eager")
     ids = torch.tensor([ours.encode("The capital of France is Paris, and the capital of Italy is")])
+    corrupt = torch.tensor([ours.encode("The capital of Spain is Madrid, and the capital of Italy is")])
+    assert corrupt.shape == ids.shape
+    answer, other = ours.encode(" Rome")[0], ours.encode(" Madrid")[0]
     mh_hf.attach(attached)
-    observe(observed, ids)
+    att = mh_hf.attach(observed, source="observed")
+    assert att.source == "observed" and observed.config._attn_implementation == "eager"
     readings = {"native": ours.model, "attached": attached, "observed": observed}
     try:
-        patterns, ablated = {}, {}
+        patterns, ablated, patched, dla = {}, {}, {}, {}
         for key, model in readings.items():
             with torch.no_grad(), capture(model, ("pattern",), layers=[0, 14, 29]) as cache:
                 model(ids)
             patterns[key] = [cache.pattern(i) for i in (0, 14, 29)]
-        from multihead.modules.anatomy import anatomy
-
-        for key, model in readings.items():
             z = anatomy(model).sites[14].module.hook_z
             handle = z.add_hook(lambda t, hook: t.index_fill(1, torch.tensor([4]), 0))  # layer 14, head 4 off
             try:
@@ -141,16 +141,18 @@ def test_three_readings_agree_native_registry_and_observation(both):
             finally:
                 handle.remove()
             ablated[key] = getattr(out, "logits", out)[0, -1]
+            patched[key] = P.activation_patching(model, ids, corrupt, P.logit_diff(answer, other))["effect"]
+            dla[key] = P.direct_logit_attribution(model, ids, answer=answer)["heads"]
         for key in ("attached", "observed"):
             for a, b in zip(patterns["native"], patterns[key]):
                 torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
             torch.testing.assert_close(ablated["native"], ablated[key], atol=1e-4, rtol=1e-5)
+            torch.testing.assert_close(patched["native"], patched[key], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(dla["native"], dla[key], atol=1e-4, rtol=1e-4)
         with torch.no_grad():
             plain = ours.model(ids)[0, -1]
         assert (ablated["native"] - plain).abs().max() > 1e-3  # the head mattered
-        dla_native = P.direct_logit_attribution(ours.model, ids, answer=ours.encode(" Rome")[0])
-        dla_attached = P.direct_logit_attribution(attached, ids, answer=ours.encode(" Rome")[0])
-        torch.testing.assert_close(dla_native["heads"], dla_attached["heads"], atol=1e-4, rtol=1e-4)
+        assert patched["native"].abs().max() > 1e-2  # and patching moved the answer
     finally:
         mh_hf.detach(attached)
-        unobserve(observed)
+        mh_hf.detach(observed)
