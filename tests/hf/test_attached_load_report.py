@@ -15,6 +15,7 @@ pytest.importorskip("transformers", reason="pip install 'multihead[hf]'")
 
 from multihead import loading  # noqa: E402
 from multihead.cli import main  # noqa: E402
+from multihead.hf.attach import attached as attach_record  # noqa: E402
 from multihead.hf import folder as hf_folder  # noqa: E402
 from multihead.pretrained import SourceError  # noqa: E402
 
@@ -220,7 +221,7 @@ def test_generate_with_output_attentions_returns_the_maps_as_eager(neox):
             assert a is not None
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     # a call without the flag returns none, and leaves nothing asking
-    assert hf(ids).attentions is None and loaded.model.hf._multihead_attached.asking == 0
+    assert hf(ids).attentions is None and attach_record(loaded.model.hf).asking == 0
 
 
 def test_transformers_load_warnings_are_not_silenced(neox):

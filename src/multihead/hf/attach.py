@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import weakref
 import math
 import itertools
 from dataclasses import dataclass, field, replace
@@ -503,7 +504,7 @@ def multihead_attention_forward(
 ) -> tuple[Tensor, Tensor | None]:
     """HF's attention-function signature on multihead's kernel seam and hook points; returns ``(B, Lq, H, D)`` and
     the weights when the caller asked for them (``output_attentions``)."""
-    rec: AttachedAttention | None = module.__dict__.get("_multihead")
+    rec: AttachedAttention | None = _RECORDS.get(module)
     extra = _unknown(kwargs)
     if extra:  # a code path the probe pass did not take hands tensors this function would ignore
         raise AttachError(
@@ -631,6 +632,7 @@ class Attached:
     # calls in flight that asked for the attention weights (output_attentions=True): transformers 4.57 does not
     # hand the flag to the attention function, so the model's own call says it (see _ask_weights)
     asking: int = 0
+    asks: dict[int, list] = field(default_factory=dict)  # per top module: its calls in flight, (asked, quiet)
     # a cache multihead keeps while HF's is off (update(layer index, k, v) -> every cached k, v), e.g. the
     # StreamingLLM caches of multihead.hf.stream; None: HF's own cache, if any
     kv: object = None
@@ -663,14 +665,20 @@ class Attached:
         detach(self.model)
 
 
+# What attach made, kept here (not in the models' own attributes): each attached model's record, and each attached
+# layer's record for the attention function HF calls with the layer's module.
+_ATTACHED: weakref.WeakKeyDictionary[nn.Module, Attached] = weakref.WeakKeyDictionary()
+_RECORDS: weakref.WeakKeyDictionary[nn.Module, AttachedAttention] = weakref.WeakKeyDictionary()
+
+
 def is_attached(model: nn.Module) -> bool:
-    return isinstance(model.__dict__.get("_multihead_attached"), Attached)
+    return model in _ATTACHED
 
 
 def attached(model: nn.Module) -> Attached:
     """The :class:`Attached` record of an attached model (a ValueError naming :func:`attach` otherwise)."""
-    a = model.__dict__.get("_multihead_attached")
-    if not isinstance(a, Attached):
+    a = _ATTACHED.get(model)
+    if a is None:
         raise AttachError(f"{type(model).__name__} is not attached; call multihead.hf.attach(model) first")
     return a
 
@@ -837,7 +845,7 @@ def attach(model: nn.Module, *, backend: str = "auto", example: dict | None = No
             rec.num_heads, rec.num_kv_heads, rec.head_dim = q_shape[1], k_shape[1], q_shape[-1]
             rec.probe_lengths = (q_shape[2], k_shape[2])  # queries and keys in the probe pass
             rec.owner, rec.index = att, len(att.layers)
-            module.__dict__["_multihead"] = rec
+            _RECORDS[module] = rec
             att.layers[name] = rec
         _hook_blocks(att, named, model_type)
         _ask_weights(att)
@@ -845,7 +853,7 @@ def attach(model: nn.Module, *, backend: str = "auto", example: dict | None = No
     except BaseException:
         _undo(att)
         raise
-    model.__dict__["_multihead_attached"] = att
+    _ATTACHED[model] = att
     _check_projection_inputs(att, example)
     return att
 
@@ -929,7 +937,7 @@ def _attach_observed(model: nn.Module, backend: str, example: dict | None, why: 
     except BaseException:
         _undo(att)
         raise
-    model.__dict__["_multihead_attached"] = att
+    _ATTACHED[model] = att
     _check_projection_inputs(att, example)
     return att
 
@@ -1010,11 +1018,11 @@ def _ask_weights(att: Attached) -> None:
                 quiet = warnings.catch_warnings()
                 quiet.__enter__()
                 warnings.filterwarnings("ignore", message=r"`output_attentions=True` is not supported")
-            mod.__dict__.setdefault("_multihead_asks", []).append((ask, quiet))
+            att.asks.setdefault(id(mod), []).append((ask, quiet))
             att.asking += ask
 
         def after(mod, args, kwargs, output):
-            asks = mod.__dict__.get("_multihead_asks")
+            asks = att.asks.get(id(mod))
             if asks:
                 ask, quiet = asks.pop()
                 att.asking -= ask
@@ -1040,8 +1048,8 @@ def _anatomy(model: nn.Module) -> Anatomy | None:
     attention registry, the blocks around them, the final norm and the output embedding. Recognises an attached
     model and multihead's wrappers of one (``.hf``)."""
     hf = getattr(model, "hf", model)
-    att = hf.__dict__.get("_multihead_attached") if isinstance(hf, nn.Module) else None
-    if not isinstance(att, Attached):
+    att = _ATTACHED.get(hf) if isinstance(hf, nn.Module) else None
+    if att is None:
         return None
     # names as the model handed in spells them (a wrapper holds the HF model as ``hf``)
     prefix = "" if hf is model else next(n for n, m in model.named_modules() if m is hf) + "."
@@ -1072,7 +1080,7 @@ def _undo(att: Attached) -> None:
     for obj, hook in att.added:
         obj._modules.pop(hook, None)
     for name in att.layers:
-        att.model.get_submodule(name).__dict__.pop("_multihead", None)
+        _RECORDS.pop(att.model.get_submodule(name), None)
     if att.observed is not None and att.observed.model is att.model:
         from ..modules.observe import unobserve
 
@@ -1089,7 +1097,7 @@ def detach(model: nn.Module) -> nn.Module:
     Returns the model."""
     att = attached(model)
     _undo(att)
-    del model.__dict__["_multihead_attached"]
+    del _ATTACHED[model]
     return model
 
 

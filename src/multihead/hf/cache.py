@@ -20,6 +20,7 @@ each head its own keys (head-aware) is attended head group by head group.
 from __future__ import annotations
 
 from torch import Tensor, nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .attach import CALL_CHECKS, INSTALL, AttachError, attached
 
@@ -140,6 +141,11 @@ def _rope(model: nn.Module):
     return freqs[0].detach().float()
 
 
+# HF's view (PolicyCache.of) of each of multihead's caches, made once per cache, kept here (a KVCache compares by
+# value, so it is keyed by identity)
+_VIEWS = WeakIdKeyDictionary()
+
+
 class PolicyCache(Cache):
     """A ``transformers.Cache`` whose layers keep what a multihead KV policy keeps (see the module docstring).
     ``model``: an attached HF causal LM; ``policy``, ``budget``, ``options``: as
@@ -204,9 +210,9 @@ class PolicyCache(Cache):
         how many prompts it reads."""
         if model is None:
             raise ValueError("PolicyCache.of needs the model the cache serves: PolicyCache.of(native, model)")
-        made = native.__dict__.get("_hf_cache")
+        made = _VIEWS.get(native)
         if made is None or made.owner is not attached(model):
-            made = native.__dict__["_hf_cache"] = cls(model, native=native, one_generation=False)
+            made = _VIEWS[native] = cls(model, native=native, one_generation=False)
         return made
 
     def get_seq_length(self, layer_idx: int = 0, *args) -> int:

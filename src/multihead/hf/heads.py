@@ -14,12 +14,16 @@ the pruned model's: a folder that would not give the same model is never written
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from .attach import AttachError, attached
+
+# {layer: original query heads kept} of each model prune_heads has cut, kept here rather than on the model
+_KEPT: weakref.WeakKeyDictionary[nn.Module, dict[int, list[int]]] = weakref.WeakKeyDictionary()
 
 
 def head_layout(model: nn.Module) -> tuple[int, int, int]:
@@ -84,7 +88,7 @@ def prune_heads(model: nn.Module, heads: dict[int, list[int]]) -> dict[int, list
     if why is not None:
         raise AttachError(why)
     layers = list(attached(model).layers.values())
-    kept = model.__dict__.setdefault("_multihead_kept_heads", {})
+    kept = _KEPT.setdefault(model, {})
     for layer, chosen in sorted(heads.items()):
         if not 0 <= layer < len(layers):
             raise ValueError(f"layer {layer} does not exist; the model has layers 0..{len(layers) - 1}")
@@ -123,7 +127,7 @@ def prune_heads(model: nn.Module, heads: dict[int, list[int]]) -> dict[int, list
 
 def kept_heads(model: nn.Module) -> dict[int, list[int]]:
     """``{layer: [original query heads kept]}`` for every layer :func:`prune_heads` touched (empty: none)."""
-    return {k: list(v) for k, v in model.__dict__.get("_multihead_kept_heads", {}).items()}
+    return {k: list(v) for k, v in _KEPT.get(model, {}).items()}
 
 
 def _padded_state(model: nn.Module, h_max: int, g_max: int) -> dict[str, Tensor]:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .._io import atomic_write_text
 from ..modules.anatomy import Anatomy, Block, anatomy, child as _child
@@ -47,6 +48,8 @@ from .page import _json_for_script
 
 DETERMINERS = ("the", "a", "an", "this", "that", "these", "those", "my", "his", "her", "its", "our", "their")
 TOLERANCE = 1e-4  # the page's arithmetic must give the model's own weights and output to this
+# each subject's determiner -> noun test, run once (a Subject compares by value, so it is keyed by identity)
+_ROLE_TESTS = WeakIdKeyDictionary()
 
 
 def _determiner_score(p: torch.Tensor, tokens: list[str], causal: bool) -> tuple[torch.Tensor, str]:
@@ -80,12 +83,12 @@ def _role_test(subject: Subject, layer: int | None):
 
     from .role_test import determiner_noun_test
 
-    if "_role_test" not in subject.__dict__:  # the same for every text: a served page runs it once
+    if subject not in _ROLE_TESTS:  # the same for every text: a served page runs it once
         try:
-            subject.__dict__["_role_test"] = determiner_noun_test(subject)
+            _ROLE_TESTS[subject] = determiner_noun_test(subject)
         except ValueError:
-            subject.__dict__["_role_test"] = None
-    test = subject.__dict__["_role_test"]
+            _ROLE_TESTS[subject] = None
+    test = _ROLE_TESTS[subject]
     if test is not None and layer is not None:
         test = dataclasses.replace(test, passed=test.best(layer))
     return test
