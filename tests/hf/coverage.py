@@ -173,6 +173,16 @@ def _attentions(out) -> list[torch.Tensor]:
     return found
 
 
+def _trailing_equal(theirs: torch.Tensor, ours: torch.Tensor) -> bool:
+    """Whether HF's map is ours without leading positions (the same batch and heads, the last queries and keys)."""
+    if theirs.dim() != 4 or ours.dim() != 4 or theirs.shape[:2] != ours.shape[:2]:
+        return False
+    lq, lk = theirs.shape[-2:]
+    if lq > ours.shape[-2] or lk > ours.shape[-1]:
+        return False
+    return bool(torch.allclose(theirs, ours[..., -lq:, -lk:], atol=1e-5))
+
+
 def _build(model_type: str, cls_name: str, implementation: str | None = None):
     import transformers
 
@@ -238,7 +248,7 @@ def survey_one(model_type: str, kind: str, cls_name: str) -> Row:
             if not theirs:
                 row.patterns = "not compared: eager returns no attentions"
             else:
-                unused, equal, sunk = list(range(len(theirs))), 0, 0
+                unused, equal, sunk, sliced, averaged = list(range(len(theirs))), 0, 0, 0, 0
                 for p in ours:
                     # a model whose sinks scale the output after the softmax (Granite SWA) reports eager weights
                     # before that scaling: ours, with the sink's share removed, renormalised
@@ -247,6 +257,20 @@ def survey_one(model_type: str, kind: str, cls_name: str) -> Row:
                         (j for j in unused if theirs[j].shape == p.shape and torch.allclose(theirs[j], p, atol=1e-5)),
                         None,
                     )
+                    if j is None:  # HF returns the maps without positions the model adds (CPM-Ant's prompt)
+                        j = next((j for j in unused if _trailing_equal(theirs[j], p)), None)
+                        sliced += j is not None
+                    if j is None:  # HF returns the heads' average for every head (WavLM, through PyTorch's MHA)
+                        mean = p.mean(1, keepdim=True).expand_as(p)
+                        j = next(
+                            (
+                                j
+                                for j in unused
+                                if theirs[j].shape == p.shape and torch.allclose(theirs[j], mean, atol=1e-5)
+                            ),
+                            None,
+                        )
+                        averaged += j is not None
                     if j is None:
                         j = next(
                             (
@@ -261,6 +285,8 @@ def survey_one(model_type: str, kind: str, cls_name: str) -> Row:
                         unused.remove(j)
                         equal += 1
                 note = f" ({sunk} as eager's weights before its sink scaling)" if sunk else ""
+                note += f" ({sliced} on the positions HF returns)" if sliced else ""
+                note += f" ({averaged} against HF's average over heads, which is all it returns)" if averaged else ""
                 if equal == len(ours):
                     row.patterns = f"{equal}/{len(ours)} equal{note}"
                 elif equal == len(theirs):  # every map HF returns is equal; HF returns none for the others
@@ -281,17 +307,20 @@ def survey_one(model_type: str, kind: str, cls_name: str) -> Row:
             with ablated(model, {0: [1]}), torch.no_grad():
                 ab = _first_tensor(model(**x))
 
-            def zero(mod, args):
-                t = args[0].clone()
-                t[..., d : 2 * d] = 0
-                return (t, *args[1:])
-
-            handle = proj.register_forward_pre_hook(zero)
+            # head 1's columns of the projection zeroed in its weight (a layer may use the weight without calling the
+            # module: PyTorch's multi_head_attention_forward)
+            kept = w.detach().clone()
+            with torch.no_grad():
+                if isinstance(proj, torch.nn.Linear):
+                    w[:, d : 2 * d] = 0
+                else:  # Conv1D: (in, out)
+                    w[d : 2 * d] = 0
             try:
                 with torch.no_grad():
                     hand = _first_tensor(model(**x))
             finally:
-                handle.remove()
+                with torch.no_grad():
+                    w.copy_(kept)
             diff = float((ab - hand).abs().max())
             row.ablation = f"equal ({diff:.0e})" if diff <= 1e-5 else f"differs ({diff:.1e})"
     finally:

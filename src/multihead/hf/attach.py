@@ -51,7 +51,7 @@ NAME = "multihead"  # the name in HF's AttentionInterface and AttentionMaskInter
 INSTALL = "pip install 'multihead[hf]'"
 ATTENTION_HOOKS = ("hook_q", "hook_k", "hook_v", "hook_pattern", "hook_z", "hook_stats")
 BLOCK_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out")
-_OUT_NAMES = ("o_proj", "out_proj", "c_proj", "dense", "o", "wo", "out_lin")
+_OUT_NAMES = ("o_proj", "out_proj", "c_proj", "dense", "o", "wo", "out_lin", "attention_out")
 # The norm whose input is the residual stream between attention and MLP, per model type: only sequential pre-norm
 # blocks have one (parallel blocks such as GPT-NeoX's and Phi's, and post-norm blocks, have no such point).
 _MID_NORM = {
@@ -721,13 +721,20 @@ def _configs(model: nn.Module) -> list:
 
 
 def _block_of(name: str, named: dict[str, nn.Module]) -> str | None:
-    """The entry of a layer list holding ``name`` (``model.layers.3``); the outermost one (T5's ``block.3`` holds a
-    list of sub-layers)."""
+    """The entry of a layer list holding ``name`` (``model.layers.3``); the outermost one that is a module of its
+    own, not a list (T5's ``block.3`` holds a list of sub-layers; PVT's ``block.0`` is a list of a stage's
+    layers, whose ``block.0.1`` is the block)."""
     parts = name.split(".")
+    containers = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
     for i in range(1, len(parts) + 1):
         parent = ".".join(parts[: i - 1]) if i > 1 else ""
-        if isinstance(named.get(parent), nn.ModuleList) and parts[i - 1].isdigit():
-            return ".".join(parts[:i])
+        entry = ".".join(parts[:i])
+        if (
+            isinstance(named.get(parent), nn.ModuleList)
+            and parts[i - 1].isdigit()
+            and not isinstance(named.get(entry), containers)
+        ):
+            return entry
     return None
 
 
@@ -954,9 +961,11 @@ def _check_projection_inputs(att: Attached, example: dict | None) -> None:
         rec.z_feeds_output = None
         if not (isinstance(rec.out_proj, nn.Linear) or type(rec.out_proj).__name__ == "Conv1D"):
             continue
-        handles.append(rec.hook_z.add_hook(lambda t, h, name=name: z.__setitem__(name, t.detach())))
+        handles.append(rec.hook_z.add_hook(lambda t, h, name=name: z.__setitem__(name, t.detach().clone())))
         handles.append(
-            rec.out_proj.register_forward_pre_hook(lambda m, args, name=name: fed.setdefault(name, args[0].detach()))
+            rec.out_proj.register_forward_pre_hook(
+                lambda m, args, name=name: fed.setdefault(name, args[0].detach().clone())
+            )
         )
     inputs = probe_inputs(att.model) if example is None else dict(example)
     g = torch.Generator().manual_seed(0)

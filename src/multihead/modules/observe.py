@@ -222,6 +222,7 @@ class _Probe(TorchFunctionMode):
         super().__init__()
         self.stack, self.batch = stack, batch
         self.softmaxed: set[int] = set()
+        self.softmaxes: dict[int, int] = {}  # softmax calls per innermost module
         self.events: list[_Event] = []
         self.flow = _Flow()
 
@@ -236,6 +237,7 @@ class _Probe(TorchFunctionMode):
             return func(*args, **kwargs)
         if func in _SOFTMAX and owner is not None:
             self.softmaxed.add(id(owner))
+            self.softmaxes[id(owner)] = self.softmaxes.get(id(owner), 0) + 1
         scores = self.flow.softmax_of_scores(func, args, kwargs)
         out = func(*args, **kwargs)
         if scores is not None:
@@ -247,6 +249,8 @@ class _Probe(TorchFunctionMode):
             weights, tag = self.flow.weights_in(args, kwargs)
             if weights is not None:  # weights times values: attention, written by hand
                 event = tag[1]
+                if not event.site and owner is not None:  # the module multiplying by the values owns the site (the
+                    event.owner = owner  # softmax may run in a child: CPM-Ant's nn.Softmax)
                 shape = event.weights_shape
                 if not event.site and len(shape) == 3 and self.batch and shape[0] % self.batch == 0:
                     # (batch * heads, Lq, Lk): the heads flattened into the batch, batch-major as a view of
@@ -591,6 +595,13 @@ def observe(model: nn.Module, *args, example_batch: int | None = None, **kwargs)
                 raise ObserveError(
                     f"{label} calls attention {n + 1} times in one forward; the observer gives each module one "
                     "attention site"
+                )
+            told = sum(e.func is BY_HAND and e.owner is owner for e in probe.events)
+            if event.func is BY_HAND and probe.softmaxes.get(id(owner), 0) > told:
+                raise ObserveError(
+                    f"{label} calls softmax {probe.softmaxes[id(owner)]} times in one forward, and the observer told "
+                    f"{told} of them apart as softmax(q k^T) v: the others (attention over scores it could not follow, "
+                    "e.g. built by concatenation or padding) would be missed"
                 )
             if event.q_shape is None:
                 raise ObserveError(
