@@ -593,12 +593,22 @@ def direct_logit_attribution(model, ids: Tensor, answer: int, wrong: int | None 
     finally:
         for h in handles:
             h.remove()
+    x_embed = entering["x"][0, position]  # (E,): token (and position) embedding entering the stack
+    heads, bias = [], torch.zeros_like(x_embed)
+    for i, site in enumerate(sites):  # each layer's weights at hand in turn (one offloaded layer at a time)
+        with body.at_hand(site.name):
+            heads.append(site.head_outputs(zs[i][0, :, position]))  # (H, E)
+            if site.w_o.bias is not None:
+                bias = bias + site.w_o.bias
+    with body.at_hand(body.unembed, body.final_norm):
+        return _attribute(body, logits, heads, bias, x_embed, mlps, sites, answer, wrong, position)
+
+
+def _attribute(body, logits, heads, bias, x_embed, mlps, sites, answer, wrong, position) -> dict:
+    """:func:`direct_logit_attribution` from the parts of the final stream (the unembedding and final norm at
+    hand)."""
     w_u = body.unembed.weight
     direction = w_u[answer] - (0 if wrong is None else w_u[wrong])  # (E,)
-    x_embed = entering["x"][0, position]  # (E,): token (and position) embedding entering the stack
-    heads = [site.head_outputs(zs[i][0, :, position]) for i, site in enumerate(sites)]  # each (H, E)
-    biases = [site.w_o.bias for site in sites if site.w_o.bias is not None]
-    bias = sum(biases, torch.zeros_like(x_embed))
     mlp_parts = [mlps[i][0, position] if i in mlps else torch.zeros_like(x_embed) for i in range(len(sites))]
     resid = x_embed + sum(h.sum(0) for h in heads) + bias + sum(mlp_parts)  # the final stream, from its parts
     kind, gain, shift, eps = body.final_norm_parts()

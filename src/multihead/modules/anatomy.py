@@ -17,8 +17,9 @@ which source served: a new kind of model plugs in here, not in every analysis.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from collections.abc import Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -85,6 +86,12 @@ class Block:
         return getattr(self.module, name, None)
 
 
+def _offloads(module: nn.Module | None) -> bool:
+    """Whether accelerate offloads ``module``'s own weights (its hook loads them for each forward)."""
+    hook = getattr(module, "_hf_hook", None)
+    return hook is not None and bool(getattr(hook, "offload", False))
+
+
 @dataclass(frozen=True)
 class Anatomy:
     """Where a model's parts are (module docstring). ``source``: which source described it (``native``, ``hf``);
@@ -97,6 +104,40 @@ class Anatomy:
     embed: nn.Module | None
     final_norm: nn.Module | None
     unembed: nn.Module | None
+
+    @contextmanager
+    def at_hand(self, *parts: nn.Module | str | None) -> Iterator[None]:
+        """Inside, the weights of ``parts`` (modules, or site names) are real tensors, also in a model dispatched by
+        accelerate with CPU or disk offload, whose offloaded parameters sit on the meta device between forwards:
+        the offloading module holding each part loads its weights (accelerate's ``align_module_device``) and
+        offloads them again on leaving. Outside a forward, what reads a weight directly (direct logit attribution)
+        reads it here."""
+        named = dict(self.runner.named_modules())
+        paths = {id(m): n for n, m in named.items()}
+        loading: dict[str, nn.Module] = {}
+        for part in parts:
+            path = part if isinstance(part, str) else paths.get(id(part))
+            if path is None:
+                continue
+            pieces = path.split(".") if path else []
+            # the nearest offloading module around the part, else every offloading module inside it (accelerate
+            # hooks each leaf module where a device map offloads a layer)
+            around = [".".join(pieces[:j]) for j in range(len(pieces), -1, -1)]
+            inside = [n for n in named if path == "" or n.startswith(path + ".")]
+            for name in around + inside:
+                if _offloads(named.get(name)):
+                    loading[name] = named[name]
+                    if name in around:
+                        break
+        if not loading:
+            yield
+            return
+        from accelerate.utils import align_module_device
+
+        with ExitStack() as stack:
+            for module in loading.values():
+                stack.enter_context(align_module_device(module))
+            yield
 
     def logits(self, *args, **kwargs) -> Tensor:
         """The runner's output on ``args`` as a tensor (an HF model's ``.logits``)."""
