@@ -301,8 +301,8 @@ def table() -> str:
     lines += [f"- **{lib}** ({what}): {why}." for lib, what, why in NOT_BUILT]
     lines += [
         "",
-        "Attention written by hand (`matmul -> softmax -> matmul`) is observed where its weights are `(B, H, Lq, Lk)`;",
-        "a softmax over `(B*H, Lq, Lk)` scores is refused by name (its heads cannot be told apart).",
+        "Attention written by hand (`matmul -> softmax -> matmul`) is observed where its weights are `(B, H, Lq, Lk)`, or",
+        "`(B*H, Lq, Lk)` when observe is told the example's batch (`example_batch=`); otherwise refused by name.",
         "",
     ]
     return "\n".join(lines)

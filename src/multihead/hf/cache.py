@@ -22,7 +22,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .attach import CALL_CHECKS, INSTALL, AttachError, attached
+from .attach import CALL_CHECKS, AttachError, attached
+from .record import INSTALL
 
 try:
     from transformers.cache_utils import Cache, DynamicLayer

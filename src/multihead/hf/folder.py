@@ -22,7 +22,8 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor, nn
 
-from .attach import INSTALL, AttachError, attach, why_not_skeleton
+from .attach import AttachError, attach, why_not_skeleton
+from .record import INSTALL
 from ..modules import fastpath
 
 

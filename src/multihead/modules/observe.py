@@ -62,6 +62,22 @@ _MHA = F.multi_head_attention_forward
 _PRODUCTS = (torch.matmul, Tensor.matmul, Tensor.__matmul__, torch.bmm, Tensor.bmm, torch.baddbmm, Tensor.baddbmm)
 _EINSUM = torch.einsum
 _SOFTMAX = (F.softmax, torch.softmax, Tensor.softmax)
+_JOINS = (torch.cat, torch.concat, torch.stack, F.pad)  # outputs that hold their inputs' elements among others
+_RANK = {"weights": 0, "scores": 1, "projected": 2}
+# outputs that are parts of their input (a slice of weights is still weights)
+_PARTS = (
+    Tensor.__getitem__,
+    torch.narrow,
+    Tensor.narrow,
+    torch.split,
+    Tensor.split,
+    torch.chunk,
+    Tensor.chunk,
+    torch.unbind,
+    Tensor.unbind,
+    torch.tensor_split,
+    Tensor.tensor_split,
+)
 
 
 class _ByHand:
@@ -166,6 +182,7 @@ class _Event:
     weights_shape: torch.Size | None = None
     site: bool = True
     flat: bool = False  # the weights are (batch * heads, Lq, Lk)
+    products: int = 0  # how many products of its weights with values (more than one: the values in parts)
 
 
 def _tensors(args, kwargs) -> list[Tensor]:
@@ -201,17 +218,30 @@ class _Flow:
 
     def follow(self, func, args, kwargs, out) -> None:
         """After ``out = func(*args, **kwargs)`` (not a softmax of scores, not weights times values): a product's
-        output is scores; an output of as many elements as a tagged input keeps its tag."""
+        output is scores, a linear projection's is projected; an output of as many elements as a tagged input, or
+        joining it with others (``cat``, ``stack``, ``pad``), keeps its tag, weights before scores before projected
+        (``scores + bias`` stays scores whatever made the bias)."""
+        if func in _PARTS and isinstance(out, (tuple, list)):  # split, chunk, unbind: every part keeps the tag
+            for part in out:
+                self.follow(func, args, kwargs, part)
+            return
         if not isinstance(out, Tensor):
             return
         if func in _PRODUCTS or func is _EINSUM:
             self.tags[out] = ("scores", func, args, kwargs)
             return
+        if func is F.linear:
+            self.tags[out] = ("projected",)
+            return
+        joins = func in _JOINS or func in _PARTS
+        best = None
         for t in _tensors(args, kwargs):
             tag = self.tags.get(t)
-            if tag is not None and out.numel() == t.numel():
-                self.tags[out] = tag
-                return
+            if tag is not None and (joins or out.numel() == t.numel()):
+                if best is None or _RANK[tag[0]] < _RANK[best[0]]:
+                    best = tag
+        if best is not None:
+            self.tags[out] = best
 
 
 class _Probe(TorchFunctionMode):
@@ -237,7 +267,9 @@ class _Probe(TorchFunctionMode):
             return func(*args, **kwargs)
         if func in _SOFTMAX and owner is not None:
             self.softmaxed.add(id(owner))
-            self.softmaxes[id(owner)] = self.softmaxes.get(id(owner), 0) + 1
+            made = self.flow.tags.get(args[0]) if args and isinstance(args[0], Tensor) else None
+            if made is None or made[0] != "projected":  # a projection's softmax is a gate or a kernel, not attention
+                self.softmaxes[id(owner)] = self.softmaxes.get(id(owner), 0) + 1
         scores = self.flow.softmax_of_scores(func, args, kwargs)
         out = func(*args, **kwargs)
         if scores is not None:
@@ -262,6 +294,7 @@ class _Probe(TorchFunctionMode):
                     d = out.numel() // max(1, b * h * lq)
                     event.q_shape, event.k_shape = torch.Size([b, h, lq, d]), torch.Size([b, h, lk, d])
                 event.site = True
+                event.products += 1
                 return out
         self.flow.follow(func, args, kwargs, out)
         return out
@@ -602,6 +635,11 @@ def observe(model: nn.Module, *args, example_batch: int | None = None, **kwargs)
                     f"{label} calls softmax {probe.softmaxes[id(owner)]} times in one forward, and the observer told "
                     f"{told} of them apart as softmax(q k^T) v: the others (attention over scores it could not follow, "
                     "e.g. built by concatenation or padding) would be missed"
+                )
+            if event.products > 1:
+                raise ObserveError(
+                    f"{label} multiplies its attention weights with values in {event.products} parts (slices of the "
+                    "weights): the observer serves one product of the weights with the values"
                 )
             if event.q_shape is None:
                 raise ObserveError(
