@@ -90,7 +90,7 @@ def test_the_decoding_layout_writes_the_plain_paths_tokens(name, plain):
         if layer.ffn.w_gate is not None:
             assert fastpath.columns([layer.ffn.w_gate.weight, layer.ffn.w_1.weight]) is not None
     assert _storages(fast) == before  # the same bytes, laid out otherwise: no copy kept
-    assert not any("_transposed" in m.__dict__ or "_packed" in m.__dict__ for m in fast.modules())
+    assert not any(fastpath.transposed_copy(m) is not None or m in fastpath._PACKED for m in fast.modules())
     batch = torch.randint(3, 300, (3, 24), generator=torch.Generator().manual_seed(2))  # GEMM rows, same numbers
     with torch.no_grad():
         torch.testing.assert_close(fast(batch), model(batch), atol=1e-5, rtol=0)

@@ -9,6 +9,7 @@ import torch.nn as nn
 import multihead as mh
 from multihead.attention import masks
 from multihead.attention.backends import reference as reference_backend
+from multihead.modules import fastpath
 from multihead.tutorial import TutorialMultiHeadAttention
 
 
@@ -335,8 +336,8 @@ def test_the_inference_qkv_projection_follows_weight_changes():
     xd = x.double()
     with torch.no_grad():
         mha(xd)  # builds the stack for the float64 weights
-        stamp, w, b = mha.__dict__["_packed"]
-        mha.__dict__["_packed"] = (stamp, torch.zeros_like(w), None if b is None else torch.zeros_like(b))
+        stamp, (w, b) = fastpath._PACKED[mha]
+        fastpath._PACKED[mha] = (stamp, (torch.zeros_like(w), None if b is None else torch.zeros_like(b)))
         poisoned = mha(xd)[0]
         mha.fuse_qkv_at_inference = False
         plain_off = mha(xd)[0]

@@ -121,3 +121,32 @@ def test_a_softmax_over_scores_not_split_into_heads_is_refused_by_name():
     with pytest.raises(ObserveError, match=r"ThreeD computes attention by hand over 3-D scores \(6, 5, 5\): the "):
         observe(ThreeD(), torch.randn(6, 5, 8))
     assert not any(n.endswith("hook_z") for n, _ in ThreeD().named_modules())
+
+
+class Banded(nn.Module):
+    """Attention whose weights are padded before they meet the values (banded and chunked attention reshape theirs):
+    the product is not of whole (batch, heads, queries, keys) weights."""
+
+    def forward(self, x):
+        q = x.view(1, 5, 2, 4).transpose(1, 2)
+        w = (q @ q.transpose(-1, -2)).softmax(-1)
+        return F.pad(w, (0, 1)) @ F.pad(q, (0, 0, 0, 1))
+
+
+class TwoSoftmaxes(nn.Module):
+    """Global attention followed, and local attention whose scores are joined before the softmax and whose weights
+    are sliced before the values (PEGASUS-X's global-local layer, reduced)."""
+
+    def forward(self, x):
+        q = x.view(1, 6, 2, 4).transpose(1, 2)
+        g = (q @ q.transpose(-1, -2)).softmax(-1) @ q
+        scores = torch.cat([q[:, :, :3] @ q[:, :, :3].transpose(-1, -2), q[:, :, 3:] @ q[:, :, 3:].transpose(-1, -2)])
+        w = scores.softmax(-1)
+        return g + torch.cat([w[:1] @ q[:, :, :3], w[1:] @ q[:, :, 3:]], 2)
+
+
+def test_weights_reshaped_before_the_values_are_refused_by_name():
+    with pytest.raises(ObserveError, match="multiplies values by its attention weights cut, padded or joined"):
+        observe(Banded(), torch.randn(1, 5, 8))
+    with pytest.raises(ObserveError, match="(calls attention 2 times|cut, padded or joined|in 2 parts)"):
+        observe(TwoSoftmaxes(), torch.randn(1, 6, 8))

@@ -26,6 +26,7 @@ same. It needs a C++ compiler (inductor's); :func:`compile` says so, and changes
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,17 @@ from ..modules.attention import MultiHeadAttention
 from ..modules.kv_cache import KVCache, LayerKV
 
 ENABLED = True
+
+
+# What this module keeps per model, here rather than in the model's attributes: whether (and why not) its
+# architecture takes the fast step, with its modules; and what compile() made for it.
+_KNOWN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def compiled(model) -> bool:
+    """Whether :func:`compile` has given ``model`` the compiled decoding step."""
+    return model in _COMPILED
 
 
 def _architecture(model) -> str | None:
@@ -68,9 +80,9 @@ def why_not(model, cache: KVCache) -> str | None:
         return "fast_decode.ENABLED is False"
     if torch.is_grad_enabled() or model.training:
         return "gradients are on or the model is training"
-    known = model.__dict__.get("_fast_step")
+    known = _KNOWN.get(model)
     if known is None:
-        known = model.__dict__["_fast_step"] = (_architecture(model), list(model.modules()))
+        known = _KNOWN[model] = (_architecture(model), list(model.modules()))
     reason, modules = known
     if reason is not None:
         return reason
@@ -103,7 +115,7 @@ def step(model, tokens: Tensor, cache: KVCache) -> Tensor:
     """One token per row ``(B,)`` in, its logits ``(B, V)`` out; the cache extended. Call only where
     :func:`why_not` says None (:meth:`CausalLM.step` does). A model given to :func:`compile` takes its compiled
     step where :func:`why_not_compiled` says None."""
-    if "_compiled" in model.__dict__ and why_not_compiled(model, tokens) is None:
+    if model in _COMPILED and why_not_compiled(model, tokens) is None:
         return _compiled_step(model, tokens, cache)
     dec = model.decoder
     pos = cache.next_position  # (B,)
@@ -229,7 +241,7 @@ def _tensors(model) -> list:
     """Each layer's arguments to the compiled graphs: the parameters themselves, or views of the buffers they are
     views of (q/k/v and gate/up packed by rows), never copies -- so a weight or bias changed in place, through
     ``.data`` too, is read at the next step. Rebuilt whenever a parameter is replaced."""
-    kept = model.__dict__["_compiled"]
+    kept = _COMPILED[model]
     owners = kept.get("owners")
     if owners is None:  # the modules that hold parameters (a parameter replaced still shows in its owner's dict)
         owners = kept["owners"] = [m._parameters for m in model.modules() if m._parameters]
@@ -271,7 +283,7 @@ def _sizes(linears) -> tuple:
 def why_not_compiled(model, tokens: Tensor) -> str | None:
     """Why the compiled step of a model given to :func:`compile` does not serve this step (None: it does); the
     lean step serves instead."""
-    if "_compiled" not in model.__dict__:
+    if model not in _COMPILED:
         return "the model was not given to fast_decode.compile"
     if tokens.shape[0] != 1:
         return "a batch of several rows: the compiled reduction reads each weight once per row (BLAS's product serves)"
@@ -326,13 +338,13 @@ def compile(model):
             "(e.g. apt install g++ python3-dev): decode without fast_decode.compile"
         )
     fastpath.prepare(model, layout="rows")
-    model.__dict__["_compiled"] = {"spec": spec}
+    _COMPILED[model] = {"spec": spec}
     try:
         with torch.no_grad():
             cache = model.decoder.new_cache()
             _compiled_step(model, torch.zeros(1, dtype=torch.long), cache, position=0)
     except Exception as e:  # inductor's errors (no compiler, ...): nothing changed but the layout
-        del model.__dict__["_compiled"]
+        del _COMPILED[model]
         raise ValueError(
             f"torch.compile could not build the decoding step here ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
             "inductor needs a C++ compiler (e.g. apt install g++): decode without fast_decode.compile"
@@ -341,7 +353,7 @@ def compile(model):
 
 
 def _compiled_step(model, tokens: Tensor, cache: KVCache, position: int | None = None) -> Tensor:
-    before, after, head = _graphs(model.__dict__["_compiled"]["spec"])
+    before, after, head = _graphs(_COMPILED[model]["spec"])
     layers = _tensors(model)
     dec = model.decoder
     pos = cache.next_position if position is None else torch.tensor([position])
@@ -368,7 +380,16 @@ def _compiled_step(model, tokens: Tensor, cache: KVCache, position: int | None =
         z = F.scaled_dot_product_attention(q, k, v, enable_gqa=g != h)  # (1, H, 1, D)
         x = after(x, z.transpose(1, 2).reshape(1, 1, h * d), *post, *ffn)
     cache.next_position = pos + 1
-    return head(x, *model.__dict__["_compiled"]["head"])[:, -1]  # (1, V)
+    return head(x, *_COMPILED[model]["head"])[:, -1]  # (1, V)
 
 
-__all__ = ["ENABLED", "compile", "step", "why_not", "why_not_compile", "why_not_compiled", "why_not_inductor"]
+__all__ = [
+    "ENABLED",
+    "compile",
+    "compiled",
+    "step",
+    "why_not",
+    "why_not_compile",
+    "why_not_compiled",
+    "why_not_inductor",
+]

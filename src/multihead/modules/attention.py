@@ -480,13 +480,15 @@ class MultiHeadAttention(nn.Module):
             bias = None if self.w_q.bias is None else torch.cat([m.bias for m in parts])
             return nn.functional.linear(x, laid, bias).split([qw, kw, kw], -1)
         tensors = [m.weight for m in parts] + [m.bias for m in parts if m.bias is not None]
-        stamp = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
-        packed = self.__dict__.get("_packed")
-        if packed is None or packed[0] != stamp:
-            bias = None if self.w_q.bias is None else torch.cat([m.bias for m in parts])
-            packed = (stamp, torch.cat([m.weight for m in parts]), bias)
-            self.__dict__["_packed"] = packed  # a plain attribute: not a parameter, buffer or state-dict entry
-        return fastpath.linear(x, packed[1], packed[2], self).split([qw, kw, kw], -1)
+        weight, bias = fastpath.packed(
+            self,
+            tensors,
+            lambda: (
+                torch.cat([m.weight for m in parts]),
+                None if self.w_q.bias is None else torch.cat([m.bias for m in parts]),
+            ),
+        )
+        return fastpath.linear(x, weight, bias, self).split([qw, kw, kw], -1)
 
     def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
         for name, t, width in (("query", query, self.d_model), ("key", key, self.kdim), ("value", value, self.vdim)):

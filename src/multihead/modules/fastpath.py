@@ -22,6 +22,7 @@ applies only under ``torch.no_grad()`` on CPU. Turn both off with ``fastpath.ENA
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -33,6 +34,30 @@ LAYOUT = True  # False: prepare() leaves the weights as they are (the transposed
 LAYOUTS = ("columns", "rows")
 _ROWS = "rows"  # kept in an owner's _transposed: its weights are row-major on purpose (no transposed copy)
 ROWS = 2  # at most this many rows (tokens x batch) take the path; above it BLAS's own GEMM is as fast or faster
+
+
+# What the decoding layout keeps per module, here rather than in the modules' own attributes (never a parameter,
+# buffer or state-dict entry, and a copied model does not carry a stale one): the transposed copy of a weight (or
+# _ROWS: laid out by rows on purpose), a packed q/k/v buffer, and each model's layout.
+_TRANSPOSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LAYOUT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def transposed_copy(owner) -> Tensor | None:
+    """The transposed copy :func:`linear` keeps for ``owner`` (None: none kept)."""
+    kept = _TRANSPOSED.get(owner)
+    return kept[1] if isinstance(kept, tuple) else None
+
+
+def packed(owner, tensors: Sequence[Tensor], make) -> tuple:
+    """``make()``'s packed copy of ``tensors`` for ``owner``, made again when any of them changed (in place, or
+    replaced); dropped by :func:`prepare`, which lays the originals out instead."""
+    stamp = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
+    kept = _PACKED.get(owner)
+    if kept is None or kept[0] != stamp:
+        kept = _PACKED[owner] = (stamp, make())
+    return kept[1]
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None, owner) -> Tensor:
@@ -48,13 +73,12 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None, owner) -> Tensor:
         or weight.stride(0) == 1  # column-major: F.linear hands BLAS the fast layout itself
     ):
         return F.linear(x, weight, bias)
-    kept = owner.__dict__.get("_transposed")
+    kept = _TRANSPOSED.get(owner)
     if kept is _ROWS:  # laid out by rows on purpose: no transposed copy beside it
         return F.linear(x, weight, bias)
     stamp = (weight.data_ptr(), weight._version, weight.dtype, weight.shape)
     if kept is None or kept[0] != stamp:
-        kept = (stamp, weight.detach().t().contiguous())
-        owner.__dict__["_transposed"] = kept  # a plain attribute: not a parameter, buffer or state-dict entry
+        kept = _TRANSPOSED[owner] = (stamp, weight.detach().t().contiguous())
     y = x @ kept[1]
     return y if bias is None else y + bias
 
@@ -126,22 +150,22 @@ def prepare(model: nn.Module, layout: str | None = None) -> nn.Module:
     False or the model is not on the CPU."""
     if layout not in (None, *LAYOUTS):
         raise ValueError(f"unknown decoding layout {layout!r}; choose one of {LAYOUTS}")
-    layout = layout or model.__dict__.get("_decoding_layout", "columns")
+    layout = layout or _LAYOUT.get(model, "columns")
     if not ENABLED or not LAYOUT:
         return model
     if any(p.device.type != "cpu" for p in model.parameters()):
         return model
     by_rows = layout == "rows"
     for m in model.modules():
-        for kept in ("_transposed", "_packed"):  # copies an earlier layout made: not needed any more
-            m.__dict__.pop(kept, None)
+        _TRANSPOSED.pop(m, None)  # copies an earlier layout made: not needed any more
+        _PACKED.pop(m, None)
         if by_rows and (isinstance(m, nn.Linear) or hasattr(m, "column_groups")):
-            m.__dict__["_transposed"] = _ROWS
+            _TRANSPOSED[m] = _ROWS
         groups = getattr(m, "column_groups", None)
         for group in groups() if callable(groups) else ():
             (pack_rows if by_rows else pack_columns)(group)
     if by_rows:
-        model.__dict__["_transposed"] = _ROWS  # an LM's own output product (fastpath.linear(..., owner=model))
+        _TRANSPOSED[model] = _ROWS  # an LM's own output product (fastpath.linear(..., owner=model))
     with torch.no_grad():
         for m in model.modules():
             if not isinstance(m, nn.Linear):
@@ -150,8 +174,21 @@ def prepare(model: nn.Module, layout: str | None = None) -> nn.Module:
                 m.weight.data = m.weight.detach().contiguous()
             elif not by_rows and m.weight.stride(0) != 1:
                 m.weight.data = m.weight.detach().t().contiguous().t()
-    model.__dict__["_decoding_layout"] = layout
+    _LAYOUT[model] = layout
     return model
 
 
-__all__ = ["ENABLED", "LAYOUT", "LAYOUTS", "ROWS", "columns", "linear", "pack_columns", "pack_rows", "prepare", "rows"]
+__all__ = [
+    "ENABLED",
+    "LAYOUT",
+    "LAYOUTS",
+    "ROWS",
+    "columns",
+    "linear",
+    "pack_columns",
+    "pack_rows",
+    "packed",
+    "prepare",
+    "rows",
+    "transposed_copy",
+]

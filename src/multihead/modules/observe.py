@@ -63,7 +63,7 @@ _PRODUCTS = (torch.matmul, Tensor.matmul, Tensor.__matmul__, torch.bmm, Tensor.b
 _EINSUM = torch.einsum
 _SOFTMAX = (F.softmax, torch.softmax, Tensor.softmax)
 _JOINS = (torch.cat, torch.concat, torch.stack, F.pad)  # outputs that hold their inputs' elements among others
-_RANK = {"weights": 0, "scores": 1, "projected": 2}
+_RANK = {"weights": 0, "weights-part": 0, "scores": 1, "projected": 2}
 # outputs that are parts of their input (a slice of weights is still weights)
 _PARTS = (
     Tensor.__getitem__,
@@ -183,6 +183,7 @@ class _Event:
     site: bool = True
     flat: bool = False  # the weights are (batch * heads, Lq, Lk)
     products: int = 0  # how many products of its weights with values (more than one: the values in parts)
+    mangled: bool = False  # its weights, cut, padded or joined with others, multiply something
 
 
 def _tensors(args, kwargs) -> list[Tensor]:
@@ -204,6 +205,14 @@ class _Flow:
             if tag is not None and tag[0] == "weights":
                 return t, tag
         return None, None
+
+    def part_in(self, args, kwargs) -> _Event | None:
+        """The event whose weights, cut, padded or joined with others, are among a call's tensors (None: none)."""
+        for t in _tensors(args, kwargs):
+            tag = self.tags.get(t)
+            if tag is not None and tag[0] == "weights-part":
+                return tag[1]
+        return None
 
     def softmax_of_scores(self, func, args, kwargs) -> tuple | None:
         """The scores' tag ``("scores", product, its args, its kwargs)`` where this call is a softmax of scores over their last
@@ -238,6 +247,8 @@ class _Flow:
         for t in _tensors(args, kwargs):
             tag = self.tags.get(t)
             if tag is not None and (joins or out.numel() == t.numel()):
+                if tag[0] == "weights" and out.numel() != t.numel():  # weights cut, padded or joined with others
+                    tag = ("weights-part", tag[1])
                 if best is None or _RANK[tag[0]] < _RANK[best[0]]:
                     best = tag
         if best is not None:
@@ -278,6 +289,9 @@ class _Probe(TorchFunctionMode):
             self.flow.tags[out] = ("weights", event, out.shape)
             return out
         if func in _PRODUCTS or func is _EINSUM:
+            part = self.flow.part_in(args, kwargs)
+            if part is not None:  # values times weights cut, padded or joined: banded, chunked or local attention
+                part.mangled = True
             weights, tag = self.flow.weights_in(args, kwargs)
             if weights is not None:  # weights times values: attention, written by hand
                 event = tag[1]
@@ -601,6 +615,14 @@ def observe(model: nn.Module, *args, example_batch: int | None = None, **kwargs)
         for h in handles:
             h.remove()
         model.train(was)
+    for event in probe.events:
+        if event.func is BY_HAND and event.mangled and event.owner is not None:
+            label = named.get(id(event.owner)) or type(event.owner).__name__
+            raise ObserveError(
+                f"{label} multiplies values by its attention weights cut, padded or joined with others (banded, "
+                "chunked or local attention): the observer serves one product of whole (batch, heads, queries, keys) "
+                "weights with the values"
+            )
     if not any(e.site for e in probe.events):
         raise ObserveError(
             f"no attention call was seen in one forward pass of {type(model).__name__}: it calls no "
