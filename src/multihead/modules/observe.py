@@ -46,48 +46,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_leaves
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ..attention import attention
 from ..attention.attn_mask import AttnMask
 from .anatomy import Anatomy, blocks_of, register_source, token_embedding
 from .hooks import HookPoint
+from .by_hand import BY_HAND, ObserveError, _EINSUM, _Flow, _PRODUCTS, _SOFTMAX, _values, _weights
 
 HOOKS = ("hook_q", "hook_k", "hook_v", "hook_pattern", "hook_z", "hook_stats")
 _SDPA = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
 _MHA = F.multi_head_attention_forward
-# Attention written by hand: a product of two tensors (the scores), a softmax over their last dimension (the
-# weights), and a product of the weights with the values (the heads' outputs).
-_PRODUCTS = (torch.matmul, Tensor.matmul, Tensor.__matmul__, torch.bmm, Tensor.bmm, torch.baddbmm, Tensor.baddbmm)
-_EINSUM = torch.einsum
-_SOFTMAX = (F.softmax, torch.softmax, Tensor.softmax)
-_JOINS = (torch.cat, torch.concat, torch.stack, F.pad)  # outputs that hold their inputs' elements among others
-_RANK = {"weights": 0, "weights-part": 0, "scores": 1, "projected": 2}
-# outputs that are parts of their input (a slice of weights is still weights)
-_PARTS = (
-    Tensor.__getitem__,
-    torch.narrow,
-    Tensor.narrow,
-    torch.split,
-    Tensor.split,
-    torch.chunk,
-    Tensor.chunk,
-    torch.unbind,
-    Tensor.unbind,
-    torch.tensor_split,
-    Tensor.tensor_split,
-)
-
-
-class _ByHand:
-    """The ``func`` of a site whose attention is written by hand: ``softmax(q k^T ...) v`` from products."""
-
-    def __repr__(self) -> str:
-        return "softmax(q k^T) v"
-
-
-BY_HAND = _ByHand()
 
 
 def _kind(func) -> str:
@@ -109,10 +77,6 @@ def _mha_shapes(a: dict) -> tuple[torch.Size, torch.Size]:
     b = q.shape[1] if q.dim() == 3 else 1
     d = int(a["embed_dim_to_check"]) // h
     return torch.Size([b, h, q.shape[0], d]), torch.Size([b, h, k.shape[0], d])
-
-
-class ObserveError(ValueError):
-    """A model or a call the observer cannot serve; the message says why."""
 
 
 class ObservedAttention:
@@ -184,75 +148,6 @@ class _Event:
     flat: bool = False  # the weights are (batch * heads, Lq, Lk)
     products: int = 0  # how many products of its weights with values (more than one: the values in parts)
     mangled: bool = False  # its weights, cut, padded or joined with others, multiply something
-
-
-def _tensors(args, kwargs) -> list[Tensor]:
-    return [t for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)]
-
-
-class _Flow:
-    """Which tensors of one forward are scores (a product of two tensors, or made from scores elementwise, by a view
-    or a cast) and which are weights (a softmax of scores over their last dimension, or made from weights the same
-    way). A tag lives as long as its tensor."""
-
-    def __init__(self) -> None:
-        self.tags = WeakIdKeyDictionary()
-
-    def weights_in(self, args, kwargs) -> tuple[Tensor | None, tuple | None]:
-        """The first weights among a call's tensors, and their tag ``("weights", owner, (B, H, Lq, Lk))``."""
-        for t in _tensors(args, kwargs):
-            tag = self.tags.get(t)
-            if tag is not None and tag[0] == "weights":
-                return t, tag
-        return None, None
-
-    def part_in(self, args, kwargs) -> _Event | None:
-        """The event whose weights, cut, padded or joined with others, are among a call's tensors (None: none)."""
-        for t in _tensors(args, kwargs):
-            tag = self.tags.get(t)
-            if tag is not None and tag[0] == "weights-part":
-                return tag[1]
-        return None
-
-    def softmax_of_scores(self, func, args, kwargs) -> tuple | None:
-        """The scores' tag ``("scores", product, its args, its kwargs)`` where this call is a softmax of scores over their last
-        dimension; else None."""
-        if func not in _SOFTMAX or not args or not isinstance(args[0], Tensor):
-            return None
-        tag = self.tags.get(args[0])
-        dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
-        if tag is None or tag[0] != "scores" or dim not in (-1, args[0].dim() - 1):
-            return None
-        return tag
-
-    def follow(self, func, args, kwargs, out) -> None:
-        """After ``out = func(*args, **kwargs)`` (not a softmax of scores, not weights times values): a product's
-        output is scores, a linear projection's is projected; an output of as many elements as a tagged input, or
-        joining it with others (``cat``, ``stack``, ``pad``), keeps its tag, weights before scores before projected
-        (``scores + bias`` stays scores whatever made the bias)."""
-        if func in _PARTS and isinstance(out, (tuple, list)):  # split, chunk, unbind: every part keeps the tag
-            for part in out:
-                self.follow(func, args, kwargs, part)
-            return
-        if not isinstance(out, Tensor):
-            return
-        if func in _PRODUCTS or func is _EINSUM:
-            self.tags[out] = ("scores", func, args, kwargs)
-            return
-        if func is F.linear:
-            self.tags[out] = ("projected",)
-            return
-        joins = func in _JOINS or func in _PARTS
-        best = None
-        for t in _tensors(args, kwargs):
-            tag = self.tags.get(t)
-            if tag is not None and (joins or out.numel() == t.numel()):
-                if tag[0] == "weights" and out.numel() != t.numel():  # weights cut, padded or joined with others
-                    tag = ("weights-part", tag[1])
-                if best is None or _RANK[tag[0]] < _RANK[best[0]]:
-                    best = tag
-        if best is not None:
-            self.tags[out] = best
 
 
 class _Probe(TorchFunctionMode):
@@ -368,119 +263,6 @@ class _Serve(TorchFunctionMode):
         out = func(*args, **kwargs)
         self.flow.follow(func, args, kwargs, out)
         return out
-
-
-def _operands(func, args, kwargs) -> list[int | str]:
-    """Where a product's two operands are among its arguments: a position, or a keyword (``baddbmm``'s ``batch1``
-    and ``batch2`` are often passed by name)."""
-    first = 1 if func in (torch.baddbmm, Tensor.baddbmm) else 0
-    if first:
-        names = ("batch1", "batch2")
-    elif func in (torch.bmm, Tensor.bmm):
-        names = ("input", "mat2")
-    else:
-        names = ("input", "other")
-    return [first + i if first + i < len(args) else name for i, name in enumerate(names)]
-
-
-def _arg(args, kwargs, place: int | str):
-    return args[place] if isinstance(place, int) else kwargs[place]
-
-
-def _weights(site: ObservedAttention, weights: Tensor, scores: tuple) -> Tensor:
-    """A softmax written by hand, through ``site``'s hook points: ``hook_pattern`` on the weights; ``hook_q`` and
-    ``hook_k`` read the operands of the product that made the scores."""
-    flat = site.flat and weights.dim() == 3 and weights.shape[0] % site.num_heads == 0
-    if flat:  # (batch * heads, Lq, Lk), as in the probe pass
-        shaped = weights.view(weights.shape[0] // site.num_heads, site.num_heads, *weights.shape[1:])
-    elif site.flat or weights.dim() != 4 or weights.shape[1] != site.num_heads:
-        raise ObserveError(
-            f"{site.name} computes weights of shape {tuple(weights.shape)}, where the probe pass saw {site.num_heads} "
-            "heads (batch, heads, queries, keys): the model changed shape since it was observed; observe it again"
-        )
-    else:
-        shaped = weights
-    if site.hook_stats.active:
-        raise ObserveError(
-            f"{site.name} computes its attention by hand (matmul, softmax, matmul): hook_stats is not served there; "
-            "capture the pattern instead"
-        )
-    if site.hook_q.active or site.hook_k.active:
-        _, product, args, kwargs = scores
-        if product is _EINSUM:
-            raise ObserveError(
-                f"{site.name} makes its scores with torch.einsum: hook_q and hook_k are not served there (hook_pattern and "
-                "hook_z are)"
-            )
-        q, k_t = (_arg(args, kwargs, at) for at in _operands(product, args, kwargs))
-        b, h, lq, lk = shaped.shape
-        q4 = q.reshape(b, h, lq, q.numel() // (b * h * lq))
-        k4 = k_t.transpose(-1, -2).reshape(b, h, lk, k_t.numel() // (b * h * lk))
-        if site.hook_q(q4) is not q4 or site.hook_k(k4) is not k4:
-            raise ObserveError(
-                f"{site.name} computes its attention by hand (matmul, softmax, matmul): hook_q and hook_k can read its "
-                "queries and keys but not change them (its scale and mask are applied between); change hook_pattern, "
-                "hook_v or hook_z instead"
-            )
-    if not site.hook_pattern.active:
-        return weights
-    return site.hook_pattern(shaped).reshape(weights.shape)
-
-
-def _einsum_z(equation: str, operand: int) -> tuple[int, ...] | None:
-    """The permutation taking an einsum's output to ``(B, H, Lq, D)`` where operand ``operand`` is the weights
-    ``(B, H, Lq, Lk)``; None where the equation has no explicit output or an ellipsis."""
-    if "->" not in equation or "." in equation:
-        return None
-    ins, out = equation.replace(" ", "").split("->")
-    letters = ins.split(",")
-    if len(letters) != 2 or len(letters[operand]) != 4 or len(out) != 4:
-        return None
-    b, h, q, _ = letters[operand]
-    rest = [c for c in out if c not in (b, h, q)]
-    if any(c not in out for c in (b, h, q)) or len(rest) != 1:
-        return None
-    return tuple(out.index(c) for c in (b, h, q, rest[0]))
-
-
-def _values(site: ObservedAttention, shape: torch.Size, weights: Tensor, func, args, kwargs) -> Tensor:
-    """Weights times values written by hand, through ``site``'s hook points: ``hook_v`` on the values and
-    ``hook_z`` on the heads' outputs, each seen as ``(B, H, L, D)``."""
-    if not (site.hook_v.active or site.hook_z.active):
-        return func(*args, **kwargs)
-    b, h, lq, lk = shape
-    if func is _EINSUM:
-        equation, operands = (
-            args[0],
-            list(args[1] if len(args) == 2 and isinstance(args[1], (list, tuple)) else args[1:]),
-        )
-        at = next((i for i, t in enumerate(operands) if t is weights), None)
-        perm = None if at is None else _einsum_z(equation, at)
-        if perm is None or site.hook_v.active:
-            raise ObserveError(
-                f"{site.name} multiplies its weights and values with torch.einsum({equation!r}): hook_v is not served "
-                "there, and hook_z only for an equation of two 4-D operands with an explicit output"
-            )
-        out = func(equation, *operands, **kwargs)
-        z = site.hook_z(out.permute(*perm))
-        return z.permute(*[perm.index(i) for i in range(4)])
-    args, kwargs = list(args), dict(kwargs)
-    left, right = _operands(func, args, kwargs)
-    if _arg(args, kwargs, left) is not weights:
-        raise ObserveError(
-            f"{site.name} multiplies its values by its weights from the left; the observer serves weights @ values"
-        )
-    if site.hook_v.active:
-        v = _arg(args, kwargs, right)
-        v = site.hook_v(v.reshape(b, h, lk, v.numel() // (b * h * lk))).reshape(v.shape)
-        if isinstance(right, int):
-            args[right] = v
-        else:
-            kwargs[right] = v
-    out = func(*args, **kwargs)
-    if site.hook_z.active:
-        out = site.hook_z(out.reshape(b, h, lq, out.numel() // (b * h * lq))).reshape(out.shape)
-    return out
 
 
 def _attend(site: ObservedAttention, func, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
@@ -736,4 +518,4 @@ def _anatomy(model: nn.Module) -> Anatomy | None:
 
 register_source("observed", _anatomy)
 
-__all__ = ["HOOKS", "ObserveError", "Observed", "ObservedAttention", "observe", "unobserve"]
+__all__ = ["BY_HAND", "HOOKS", "ObserveError", "Observed", "ObservedAttention", "observe", "unobserve"]
