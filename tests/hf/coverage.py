@@ -110,10 +110,18 @@ def _kept_layers(config, small: int) -> list[int] | None:
     return sorted(keep)
 
 
-def _shrink(config, depth: int = 0) -> None:
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers", "decoder_layers")
+# How far a config is shrunk: every size (the first try), only its layer counts (where smaller widths break a
+# relation between sizes the config class does not keep), or not at all (a config already small enough)
+LEVELS = ("small", "layers", "default")
+
+
+def _shrink(config, depth: int = 0, only: tuple[str, ...] | None = None) -> None:
     small = SMALL["num_hidden_layers"]
     keep = _kept_layers(config, small)
     for key, value in SMALL.items():
+        if only is not None and key not in only:
+            continue
         current = getattr(config, key, None)
         if isinstance(current, int) and not isinstance(current, bool) and current > value:
             with contextlib.suppress(Exception):
@@ -149,7 +157,7 @@ def _shrink(config, depth: int = 0) -> None:
         for key in getattr(config, "sub_configs", {}) or {}:
             sub = getattr(config, key, None)
             if sub is not None and hasattr(sub, "to_dict"):
-                _shrink(sub, depth + 1)
+                _shrink(sub, depth + 1, only)
 
 
 def _first_tensor(out) -> torch.Tensor | None:
@@ -183,29 +191,27 @@ def _trailing_equal(theirs: torch.Tensor, ours: torch.Tensor) -> bool:
     return bool(torch.allclose(theirs, ours[..., -lq:, -lk:], atol=1e-5))
 
 
-def _build(model_type: str, cls_name: str, implementation: str | None = None):
+def _build(model_type: str, cls_name: str, implementation: str | None = None, level: str = "small"):
     import transformers
 
     config = transformers.AutoConfig.for_model(model_type)
-    _shrink(config)
+    if level != "default":
+        _shrink(config, only=LAYER_KEYS if level == "layers" else None)
     torch.manual_seed(0)
     kwargs = {"attn_implementation": implementation} if implementation else {}
     return getattr(transformers, cls_name).from_config(config, **kwargs).eval()
 
 
-def survey_one(model_type: str, kind: str, cls_name: str) -> Row:
-    from multihead import hf
+def _built(model_type: str, kind: str, cls_name: str, level: str):
+    """``(model, probe inputs, HF's own output)`` of ``model_type`` shrunk to ``level``, or the Row saying why not."""
     from multihead.hf.attach import probe_inputs
-    from multihead.interpret.patching import ablated
-    from multihead.modules import capture
 
-    row = Row(model_type, kind, "built")
     try:
         with torch.device("meta"):  # sizes first: a config the shrinking missed is not allocated
-            size = sum(p.numel() for p in _build(model_type, cls_name).parameters())
+            size = sum(p.numel() for p in _build(model_type, cls_name, level=level).parameters())
         if size > 60_000_000:
             return Row(model_type, kind, "not built", f"its config shrunk here still has {size / 1e6:.0f}M parameters")
-        model = _build(model_type, cls_name)
+        model = _build(model_type, cls_name, level=level)
     except Exception as exc:  # noqa: BLE001  whatever a config class raises without its checkpoint's values
         return Row(model_type, kind, "not built", _why(exc))
     try:
@@ -213,12 +219,28 @@ def survey_one(model_type: str, kind: str, cls_name: str) -> Row:
         with torch.no_grad():
             ref = _first_tensor(model(**x))
     except Exception as exc:  # noqa: BLE001
-        return Row(
-            model_type,
-            kind,
-            "small config fails",
-            "HF's own forward: " + _why(exc),
-        )
+        return Row(model_type, kind, "small config fails", "HF's own forward: " + _why(exc))
+    return model, x, ref
+
+
+def survey_one(model_type: str, kind: str, cls_name: str) -> Row:
+    from multihead import hf
+    from multihead.interpret.patching import ablated
+    from multihead.modules import capture
+
+    row = Row(model_type, kind, "built")
+    first: Row | None = None  # the smallest level's failure, reported where no level runs
+    for level in LEVELS:
+        built = _built(model_type, kind, cls_name, level)
+        if isinstance(built, Row):
+            first = first or built
+            continue
+        model, x, ref = built
+        break
+    else:
+        return first
+    if level != "small":
+        row.why = f"built with {'only its layer counts shrunk' if level == 'layers' else 'its default config'}"
     why = hf.why_not(model, example=x)
     if why is not None:
         return Row(model_type, kind, "refused", why[:220] if len(why) < 400 else why[:200] + " ... " + why[-200:])
@@ -230,7 +252,7 @@ def survey_one(model_type: str, kind: str, cls_name: str) -> Row:
         row.outputs = float((out - ref).abs().max()) if out is not None and ref is not None else None
         ours = cache.patterns()
         try:
-            eager = _build(model_type, cls_name, "eager")
+            eager = _build(model_type, cls_name, "eager", level=level)
             eager.load_state_dict(model.state_dict(), strict=False)
             with torch.no_grad():
                 eager_out = eager(**x, output_attentions=True)
@@ -248,7 +270,7 @@ def survey_one(model_type: str, kind: str, cls_name: str) -> Row:
             if not theirs:
                 row.patterns = "not compared: eager returns no attentions"
             else:
-                unused, equal, sunk, sliced, averaged = list(range(len(theirs))), 0, 0, 0, 0
+                unused, equal, sunk, sliced, averaged, scored = list(range(len(theirs))), 0, 0, 0, 0, 0
                 for p in ours:
                     # a model whose sinks scale the output after the softmax (Granite SWA) reports eager weights
                     # before that scaling: ours, with the sink's share removed, renormalised
@@ -271,6 +293,17 @@ def survey_one(model_type: str, kind: str, cls_name: str) -> Row:
                             None,
                         )
                         averaged += j is not None
+                    if j is None:  # HF returns the scores before the softmax (SqueezeBERT)
+                        j = next(
+                            (
+                                j
+                                for j in unused
+                                if theirs[j].shape == p.shape
+                                and torch.allclose(theirs[j].float().softmax(-1), p, atol=1e-5)
+                            ),
+                            None,
+                        )
+                        scored += j is not None
                     if j is None:
                         j = next(
                             (
@@ -287,6 +320,9 @@ def survey_one(model_type: str, kind: str, cls_name: str) -> Row:
                 note = f" ({sunk} as eager's weights before its sink scaling)" if sunk else ""
                 note += f" ({sliced} on the positions HF returns)" if sliced else ""
                 note += f" ({averaged} against HF's average over heads, which is all it returns)" if averaged else ""
+                note += (
+                    f" ({scored} against HF's scores before the softmax, which is what it returns)" if scored else ""
+                )
                 if equal == len(ours):
                     row.patterns = f"{equal}/{len(ours)} equal{note}"
                 elif equal == len(theirs):  # every map HF returns is equal; HF returns none for the others
