@@ -185,7 +185,8 @@ def _einsum_z(equation: str, operand: int) -> tuple[int, ...] | None:
     letters = ins.split(",")
     if len(letters) != 2 or len(letters[operand]) != 4 or len(out) != 4:
         return None
-    b, h, q, _ = letters[operand]
+    w = letters[operand]
+    b, h, q = w[0], w[1], w[2]
     rest = [c for c in out if c not in (b, h, q)]
     if any(c not in out for c in (b, h, q)) or len(rest) != 1:
         return None

@@ -424,6 +424,7 @@ def observe(model: nn.Module, *args, example_batch: int | None = None, **kwargs)
                 observed.calls.append((event.func, None))
                 continue
             owner = event.owner
+            assert owner is not None  # a call is made inside the model, which the probe's stack holds
             name = named.get(id(owner), type(owner).__name__)
             label = name or type(owner).__name__
             n = owners.get(id(owner), 0)
@@ -445,10 +446,11 @@ def observe(model: nn.Module, *args, example_batch: int | None = None, **kwargs)
                     f"{label} multiplies its attention weights with values in {event.products} parts (slices of the "
                     "weights): the observer serves one product of the weights with the values"
                 )
-            if event.q_shape is None:
+            if event.q_shape is None or event.k_shape is None:
+                shape = tuple(event.weights_shape or ())
                 raise ObserveError(
-                    f"{label} computes attention by hand over {len(event.weights_shape)}-D scores "
-                    f"{tuple(event.weights_shape)}: the observer cannot tell its heads apart (it splits (batch, heads, "
+                    f"{label} computes attention by hand over {len(shape)}-D scores "
+                    f"{shape}: the observer cannot tell its heads apart (it splits (batch, heads, "
                     "queries, keys) weights, and (batch * heads, queries, keys) where observe is told the example's "
                     "batch size: example_batch=...)"
                 )
