@@ -201,6 +201,10 @@ def test_hostile_attach_calls(built):
         hf.attach(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="backend"):
         hf.attach(model, backend="nonsense")
+    with pytest.raises(hf.AttachError, match="unknown attach source 'nonsense'; one of auto, registry, observed"):
+        hf.attach(model, source="nonsense")
+    with pytest.raises(hf.AttachError, match="unknown attach source"):
+        hf.why_not(model, source="nonsense")
     assert not hf.is_attached(model)
 
 

@@ -118,9 +118,22 @@ class ThreeD(nn.Module):
 
 
 def test_a_softmax_over_scores_not_split_into_heads_is_refused_by_name():
+    model = ThreeD()
     with pytest.raises(ObserveError, match=r"ThreeD computes attention by hand over 3-D scores \(6, 5, 5\): the "):
-        observe(ThreeD(), torch.randn(6, 5, 8))
-    assert not any(n.endswith("hook_z") for n, _ in ThreeD().named_modules())
+        observe(model, torch.randn(6, 5, 8))
+    assert not any(n.endswith("hook_z") for n, _ in model.named_modules())
+    for bad in (0, -2, 1.5, True, "3"):  # refused before the probe runs
+        with pytest.raises(ObserveError, match="example_batch must be the example's batch size"):
+            observe(model, torch.randn(6, 5, 8), example_batch=bad)
+    observe(model, torch.randn(6, 5, 8), example_batch=2)  # told the batch: 3 heads of batch 2
+    try:
+        x = torch.randn(6, 5, 8)
+        with torch.no_grad(), capture(model, ("pattern",)) as cache:
+            model(x)
+        w = torch.bmm(x, x.transpose(1, 2)).softmax(-1)
+        torch.testing.assert_close(cache.pattern(0), w.view(2, 3, 5, 5))
+    finally:
+        unobserve(model)
 
 
 class Banded(nn.Module):

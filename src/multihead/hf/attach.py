@@ -118,10 +118,7 @@ def attach(model: nn.Module, *, backend: str = "auto", example: dict | None = No
     att = Attached(model, {}, [])
     try:
         att.configs = _set_implementation(model, _name_for(model))
-        probe = probe_inputs(model) if example is None else example
-        att.probe_lengths = {
-            k: int(v.shape[1]) for k, v in probe.items() if k in ("input_ids", "decoder_input_ids") and v.dim() == 2
-        }
+        att.probe_lengths = _probe_lengths(probe_inputs(model) if example is None else example)
         for name, module, q_shape, k_shape in seen:
             for hook in ATTENTION_HOOKS:
                 if hook in module._modules or hasattr(module, hook):
@@ -134,15 +131,11 @@ def attach(model: nn.Module, *, backend: str = "auto", example: dict | None = No
             rec.owner, rec.index = att, len(att.layers)
             _RECORDS[module] = rec
             att.layers[name] = rec
-        _hook_blocks(att, named, model_type)
         _ask_weights(att)
-        _check_policy_caches(att)
     except BaseException:
         _undo(att)
         raise
-    _ATTACHED[model] = att
-    _check_projection_inputs(att, example)
-    return att
+    return _publish(att, named, model_type, example)
 
 
 def _attach_observed(model: nn.Module, backend: str, example: dict | None, why: str | None) -> Attached:
@@ -155,9 +148,7 @@ def _attach_observed(model: nn.Module, backend: str, example: dict | None, why: 
     named = dict(model.named_modules())
     model_type = str(getattr(model.config, "model_type", ""))
     att = Attached(model, {}, [], observed=observed, why_observed=None if why is None else str(why))
-    att.probe_lengths = {
-        k: int(v.shape[1]) for k, v in inputs.items() if k in ("input_ids", "decoder_input_ids") and v.dim() == 2
-    }
+    att.probe_lengths = _probe_lengths(inputs)
     try:
         for site in observed.sites:
             rec = AttachedAttention(site.name, named[site.name], named, backend)
@@ -166,12 +157,27 @@ def _attach_observed(model: nn.Module, backend: str, example: dict | None, why: 
             rec.stats_options = site.stats_options  # the observer computes hook_stats with the record's options
             rec.owner, rec.index, rec.source = att, len(att.layers), "observed"
             att.layers[site.name] = rec
+    except BaseException:
+        _undo(att)
+        raise
+    return _publish(att, named, model_type, example)
+
+
+def _probe_lengths(inputs: dict) -> dict[str, int]:
+    """The probe pass's input lengths (input_ids, decoder_input_ids): where each layer's shapes came from."""
+    return {k: int(v.shape[1]) for k, v in inputs.items() if k in ("input_ids", "decoder_input_ids") and v.dim() == 2}
+
+
+def _publish(att: Attached, named: dict[str, nn.Module], model_type: str, example: dict | None) -> Attached:
+    """Either source's last steps: the blocks' hook points, the call checks, the record kept, the projections
+    measured."""
+    try:
         _hook_blocks(att, named, model_type)
         _check_policy_caches(att)
     except BaseException:
         _undo(att)
         raise
-    _ATTACHED[model] = att
+    _ATTACHED[att.model] = att
     _check_projection_inputs(att, example)
     return att
 

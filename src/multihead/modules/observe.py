@@ -371,6 +371,12 @@ def observe(model: nn.Module, *args, example_batch: int | None = None, **kwargs)
     call was seen, and one already observed."""
     if model in _OBSERVED:
         raise ObserveError(f"{type(model).__name__} is observed already; call unobserve(model) first")
+    if example_batch is not None and (
+        isinstance(example_batch, bool) or not isinstance(example_batch, int) or example_batch < 1
+    ):
+        raise ObserveError(
+            f"example_batch must be the example's batch size, a whole number >= 1; got {example_batch!r}"
+        )
     named = {id(m): n for n, m in model.named_modules()}
     stack: list[nn.Module] = []
     handles = []
