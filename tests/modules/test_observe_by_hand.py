@@ -163,3 +163,45 @@ def test_weights_reshaped_before_the_values_are_refused_by_name():
         observe(Banded(), torch.randn(1, 5, 8))
     with pytest.raises(ObserveError, match="(calls attention 2 times|cut, padded or joined|in 2 parts)"):
         observe(TwoSoftmaxes(), torch.randn(1, 6, 8))
+
+
+class TalkingHeads(nn.Module):
+    """CaiT's talking-heads attention, reduced: the heads' scores mixed by a learned projection before the softmax,
+    and the weights mixed again after it, so no one head's pattern is what reaches the values."""
+
+    def __init__(self, h: int = 2):
+        super().__init__()
+        self.proj_l, self.proj_w = nn.Linear(h, h), nn.Linear(h, h)
+
+    def forward(self, x):
+        q = x.view(1, 5, 2, 4).transpose(1, 2)
+        att = self.proj_l((q @ q.transpose(-1, -2)).permute(0, 2, 3, 1)).permute(0, 3, 1, 2).softmax(-1)
+        att = self.proj_w(att.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return att @ q
+
+
+def test_heads_mixed_around_the_softmax_are_refused_by_name_not_missed():
+    with pytest.raises(ObserveError, match=r"TalkingHeads mixes its attention scores through a learned projection"):
+        observe(TalkingHeads(), torch.randn(1, 5, 8))
+
+
+class Gated(nn.Module):
+    """ConViT's gated positional self-attention, reduced: the softmax of q k^T mixed with a second, positional
+    distribution of the same size before the values, so the first softmax is not what reaches them."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = nn.Linear(3, 2)
+        self.gate = nn.Parameter(torch.zeros(2))
+
+    def forward(self, x):
+        q = x.view(1, 5, 2, 4).transpose(1, 2)
+        patch = (q @ q.transpose(-1, -2)).softmax(-1)
+        pos = self.pos(torch.randn(1, 5, 5, 3)).permute(0, 3, 1, 2).softmax(-1)
+        g = self.gate.sigmoid().view(1, -1, 1, 1)
+        return ((1 - g) * patch + g * pos) @ q
+
+
+def test_weights_mixed_with_another_distribution_are_refused_by_name():
+    with pytest.raises(ObserveError, match=r"mixed with another tensor of their size \(gated positional attention\)"):
+        observe(Gated(), torch.randn(1, 5, 8))

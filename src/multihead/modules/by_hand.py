@@ -6,6 +6,8 @@ the model's own arithmetic. :class:`ObserveError` is every refusal of the observ
 
 from __future__ import annotations
 
+import math
+
 
 import torch
 import torch.nn.functional as F
@@ -18,8 +20,11 @@ from torch.utils.weak import WeakIdKeyDictionary
 _PRODUCTS = (torch.matmul, Tensor.matmul, Tensor.__matmul__, torch.bmm, Tensor.bmm, torch.baddbmm, Tensor.baddbmm)
 _EINSUM = torch.einsum
 _SOFTMAX = (F.softmax, torch.softmax, Tensor.softmax)
+# learned projections: a linear layer (features last) or a convolution (channels second)
+_MIXERS = (F.linear, F.conv1d, F.conv2d)
 _JOINS = (torch.cat, torch.concat, torch.stack, F.pad)  # outputs that hold their inputs' elements among others
-_RANK = {"weights": 0, "weights-part": 0, "scores": 1, "projected": 2}
+# "mixed": scores or weights passed through a learned projection (heads or positions mixed: talking-heads attention)
+_RANK = {"weights": 0, "weights-part": 0, "mixed-weights": 0, "scores": 1, "mixed": 1, "projected": 2}
 # outputs that are parts of their input (a slice of weights is still weights)
 _PARTS = (
     Tensor.__getitem__,
@@ -78,6 +83,19 @@ class _Flow:
                 return tag[1]
         return None
 
+    def mixed_in(self, args, kwargs) -> bool:
+        """Whether a call's tensors hold weights made from scores mixed by a learned projection."""
+        return any((tag := self.tags.get(t)) is not None and tag[0] == "mixed-weights" for t in _tensors(args, kwargs))
+
+    def softmax_of_mixed(self, func, args, kwargs) -> bool:
+        """Whether this call is a softmax, over the last dimension, of scores mixed by a learned projection
+        (talking-heads attention)."""
+        if func not in _SOFTMAX or not args or not isinstance(args[0], Tensor):
+            return False
+        tag = self.tags.get(args[0])
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+        return tag is not None and tag[0] == "mixed" and dim in (-1, args[0].dim() - 1)
+
     def softmax_of_scores(self, func, args, kwargs) -> tuple | None:
         """The scores' tag ``("scores", product, its args, its kwargs)`` where this call is a softmax of scores over their last
         dimension; else None."""
@@ -103,20 +121,57 @@ class _Flow:
         if func in _PRODUCTS or func is _EINSUM:
             self.tags[out] = ("scores", func, args, kwargs)
             return
-        if func is F.linear:
-            self.tags[out] = ("projected",)
+        if func in _MIXERS:
+            made = self.tags.get(args[0]) if args and isinstance(args[0], Tensor) else None
+            kind = made[0] if made is not None else None
+            if kind in ("weights", "mixed-weights"):  # weights mixed after the softmax
+                self.tags[out] = ("mixed-weights",)
+            else:  # scores mixed across heads before a softmax, or a projection of anything else
+                axis = -1 if func is F.linear else 1  # a convolution reads channels (the heads, for talking heads)
+                self.tags[out] = ("mixed",) if _mixes_scores(made, args[0], axis) else ("projected",)
             return
         joins = func in _JOINS or func in _PARTS
         best = None
-        for t in _tensors(args, kwargs):
+        tensors = _tensors(args, kwargs)
+        for t in tensors:
             tag = self.tags.get(t)
             if tag is not None and (joins or out.numel() == t.numel()):
                 if tag[0] == "weights" and out.numel() != t.numel():  # weights cut, padded or joined with others
+                    tag = ("weights-part", tag[1])
+                elif tag[0] == "weights" and any(
+                    u is not t and u.numel() == t.numel() and u in self.tags for u in tensors
+                ):  # weights mixed elementwise with another distribution of their size (gated positional attention)
                     tag = ("weights-part", tag[1])
                 if best is None or _RANK[tag[0]] < _RANK[best[0]]:
                     best = tag
         if best is not None:
             self.tags[out] = best
+
+
+def _mixes_scores(made: tuple | None, x: Tensor, axis: int) -> bool:
+    """Whether a linear projection of ``x`` mixes scores across one of their axes other than the keys' (the heads,
+    as talking-heads attention does): ``x`` holds a product's elements, and the projection reads as many features as
+    one of the product's leading axes has (``axis``: where the projection reads its features). (Scores carried into a residual stream and projected there are not.)"""
+    if made is None or made[0] not in ("scores", "mixed"):
+        return False
+    if made[0] == "mixed":
+        return True
+    _, func, args, kwargs = made
+    if func is _EINSUM:
+        return False
+    try:
+        a, b = (_arg(args, kwargs, place) for place in _operands(func, args, kwargs))
+        shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    except (IndexError, KeyError, RuntimeError, AttributeError):
+        return False
+    return x.numel() == math.prod(shape) and x.shape[axis] in shape[:-1] and x.shape[axis] != shape[-1]
+
+
+def weights_first(func, args, kwargs, weights: Tensor) -> bool:
+    """Whether a product multiplies ``weights @ values`` (an einsum names its axes, so either order serves)."""
+    if func is _EINSUM:
+        return True
+    return _arg(args, kwargs, _operands(func, args, kwargs)[0]) is weights
 
 
 def _operands(func, args, kwargs) -> list[int | str]:

@@ -51,7 +51,7 @@ from ..attention import attention
 from ..attention.attn_mask import AttnMask
 from .anatomy import Anatomy, blocks_of, register_source, token_embedding
 from .hooks import HookPoint
-from .by_hand import BY_HAND, ObserveError, _EINSUM, _Flow, _PRODUCTS, _SOFTMAX, _values, _weights
+from .by_hand import BY_HAND, ObserveError, _EINSUM, _Flow, _PRODUCTS, _SOFTMAX, _values, _weights, weights_first
 
 HOOKS = ("hook_q", "hook_k", "hook_v", "hook_pattern", "hook_z", "hook_stats")
 _SDPA = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
@@ -148,6 +148,7 @@ class _Event:
     flat: bool = False  # the weights are (batch * heads, Lq, Lk)
     products: int = 0  # how many products of its weights with values (more than one: the values in parts)
     mangled: bool = False  # its weights, cut, padded or joined with others, multiply something
+    behind: bool = False  # its weights multiply the values from the right (values @ weights^T)
 
 
 class _Probe(TorchFunctionMode):
@@ -160,6 +161,7 @@ class _Probe(TorchFunctionMode):
         self.softmaxed: set[int] = set()
         self.softmaxes: dict[int, int] = {}  # softmax calls per innermost module
         self.events: list[_Event] = []
+        self.mixed: list[nn.Module] = []  # modules multiplying by weights made from mixed scores (talking heads)
         self.flow = _Flow()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -177,13 +179,19 @@ class _Probe(TorchFunctionMode):
             if made is None or made[0] != "projected":  # a projection's softmax is a gate or a kernel, not attention
                 self.softmaxes[id(owner)] = self.softmaxes.get(id(owner), 0) + 1
         scores = self.flow.softmax_of_scores(func, args, kwargs)
+        mixed = self.flow.softmax_of_mixed(func, args, kwargs)
         out = func(*args, **kwargs)
+        if mixed:
+            self.flow.tags[out] = ("mixed-weights",)
+            return out
         if scores is not None:
             event = _Event(owner, BY_HAND, weights_shape=out.shape, site=False)
             self.events.append(event)
             self.flow.tags[out] = ("weights", event, out.shape)
             return out
         if func in _PRODUCTS or func is _EINSUM:
+            if owner is not None and self.flow.mixed_in(args, kwargs):
+                self.mixed.append(owner)
             part = self.flow.part_in(args, kwargs)
             if part is not None:  # values times weights cut, padded or joined: banded, chunked or local attention
                 part.mangled = True
@@ -204,6 +212,7 @@ class _Probe(TorchFunctionMode):
                     event.q_shape, event.k_shape = torch.Size([b, h, lq, d]), torch.Size([b, h, lk, d])
                 event.site = True
                 event.products += 1
+                event.behind = event.behind or not weights_first(func, args, kwargs, weights)
                 return out
         self.flow.follow(func, args, kwargs, out)
         return out
@@ -408,9 +417,24 @@ def observe(model: nn.Module, *args, example_batch: int | None = None, **kwargs)
             label = named.get(id(event.owner)) or type(event.owner).__name__
             raise ObserveError(
                 f"{label} multiplies values by its attention weights cut, padded or joined with others (banded, "
-                "chunked or local attention): the observer serves one product of whole (batch, heads, queries, keys) "
-                "weights with the values"
+                "chunked or local attention), or mixed with another tensor of their size (gated positional "
+                "attention): the observer serves one product of whole (batch, heads, queries, keys) weights, as the "
+                "softmax made them, with the values"
             )
+    for event in probe.events:
+        if event.behind and event.owner is not None:
+            label = named.get(id(event.owner)) or type(event.owner).__name__
+            raise ObserveError(
+                f"{label} multiplies its values by its weights from the left (values @ weights^T); the observer "
+                "serves weights @ values"
+            )
+    for mixer in probe.mixed[:1]:
+        label = named.get(id(mixer)) or type(mixer).__name__
+        raise ObserveError(
+            f"{label} mixes its attention scores through a learned projection before the softmax and multiplies the "
+            "values by the result (talking-heads attention): no one head's pattern is what reaches the values, so "
+            "the observer cannot tell its heads apart"
+        )
     if not any(e.site for e in probe.events):
         raise ObserveError(
             f"no attention call was seen in one forward pass of {type(model).__name__}: it calls no "
