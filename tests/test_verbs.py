@@ -1,4 +1,4 @@
-"""The verb x source table (multihead.loading.VERBS): every cell either names a handler that exists or is refused
+"""The verb x source table (multihead.cli.verbs.VERBS): every cell either names a handler that exists or is refused
 with a reason, never both and never neither; docs/verbs.md is the table as generated (regenerate it with
 ``python -m tests.test_verbs``)."""
 
@@ -7,7 +7,10 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+import pytest
+
 from multihead import loading
+from multihead.cli import verbs
 from multihead.train import tasks
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "verbs.md"
@@ -50,11 +53,11 @@ TESTS = [  # (verb, the attached kinds it runs on, the test that checks it again
 
 
 def markdown() -> str:
-    m = loading.matrix()
+    m = verbs.matrix()
     lines = [
         "# Every verb on every kind of source",
         "",
-        "Generated from the verb x source table (`multihead.loading.VERBS`, with `REFUSES` and the task registry);",
+        "Generated from the verb x source table (`multihead.verbs.VERBS`, with `REFUSES` and the task registry);",
         "`tests/test_verbs.py` checks that this page is the table. A cell names the function that serves the verb",
         "(in `multihead.cli`) or says why the verb does not apply. `attached` is an HF causal-LM folder read by",
         "transformers (any architecture whose attention goes through its registry; `hf:FOLDER` asks for this",
@@ -62,8 +65,8 @@ def markdown() -> str:
         "`attached-vision` are HF folders of those kinds, each read with the class its config names (a",
         "sequence-to-sequence folder is never read as its decoder alone).",
         "",
-        "| verb | " + " | ".join(loading.ROUTES) + " |",
-        "|---|" + "---|" * len(loading.ROUTES),
+        "| verb | " + " | ".join(verbs.ROUTES) + " |",
+        "|---|" + "---|" * len(verbs.ROUTES),
     ]
     for verb, row in m.items():
         cells = ["no" if v.startswith("refused") else f"`{v.split(':')[1]}`" for v in row.values()]
@@ -82,8 +85,8 @@ def markdown() -> str:
 
 
 def test_every_cell_is_served_or_refused_with_a_reason():
-    for verb, row in loading.matrix().items():
-        assert set(row) == set(loading.ROUTES)
+    for verb, row in verbs.matrix().items():
+        assert set(row) == set(verbs.ROUTES)
         for route, cell in row.items():
             if cell.startswith("refused: "):
                 assert len(cell) > len("refused: ") + 10, (verb, route)
@@ -94,7 +97,7 @@ def test_every_cell_is_served_or_refused_with_a_reason():
 
 
 def test_a_served_cell_is_not_also_refused():
-    for verb, table in loading.VERBS.items():
+    for verb, table in verbs.VERBS.items():
         base = verb.split(" ")[0]
         for route in table:
             if route.startswith("run:") and route != "run:*":
@@ -104,7 +107,7 @@ def test_a_served_cell_is_not_also_refused():
 
 
 def test_attached_folders_take_every_verb_of_a_causal_lm():
-    m = loading.matrix()
+    m = verbs.matrix()
     assert {
         v for v, row in m.items() if row["lm"] != row["attached"] and row["attached"].startswith("refused")
     } == set()
@@ -123,3 +126,15 @@ if __name__ == "__main__":
 
     atomic_write_text(DOC, markdown())
     print(f"wrote {DOC}")
+
+
+@pytest.mark.parametrize("name", ["VERBS", "ROUTES", "handler", "matrix"])
+def test_the_table_s_old_place_names_its_new_one(name):
+    with pytest.raises(AttributeError, match=rf"multihead.loading.{name} moved to multihead.cli.verbs.{name}"):
+        getattr(loading, name)
+
+
+def test_every_handler_in_the_table_is_a_function_of_the_command_line():
+    for verb, table in verbs.VERBS.items():
+        for route, fn in table.items():
+            assert callable(fn) and fn.__module__.startswith("multihead.cli."), (verb, route, fn)

@@ -440,6 +440,7 @@ def _without_attention() -> list[str]:
             if "no attention call was seen" in str(e):
                 found.append(f"{family} ({name})")
                 continue
+            raise SystemExit(f"timm's {family} ({name}) is refused ({e}): add it to the survey's refusals") from None
         raise SystemExit(f"timm's {family} ({name}) has attention: add it to the survey (observe_survey_vision.TIMM)")
     return [
         f"timm's other {len(found)} architecture families have no softmax attention in the model tried (the observer",

@@ -17,6 +17,7 @@ import argparse
 import sys
 
 from . import inspect, interventions, lm, runs, speech, tools, training
+from .args import Route
 from .training import train_config_from_args, train_overrides  # noqa: F401  (used by tests and scripts)
 
 GROUPS = (tools, training, runs, inspect, lm, interventions, speech)
@@ -89,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         parser._subparsers._group_actions[0].choices[args.command].unknown(extra)  # type: ignore[union-attr]
     try:
         code = args.fn(args)
+        if isinstance(code, Route):  # the source decides who serves the verb: the verb x source table says
+            from .verbs import dispatch
+
+            code = dispatch(code, args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handlers below, not at interpreter exit
         return code
     except BrokenPipeError:  # the reader went away (`multihead backends | head`): stop quietly, as shell tools do

@@ -4,6 +4,8 @@ from arguments or a file.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import argparse
 import sys
 
@@ -190,12 +192,11 @@ def say_attached(p) -> None:
         print(f"{family[3:]}: {why}; read with transformers and attached (multihead.hf)", file=sys.stderr)
 
 
-def dispatch(verb: str, source, args) -> int:
-    """Run the handler the verb x source table (:data:`multihead.loading.VERBS`) names for ``source``; what the
-    table does not serve is refused there, with the reason."""
-    import importlib
+@dataclass(frozen=True)
+class Route:
+    """What a command handler answers where the source decides who serves it: the verb (``"heads --kv"`` is
+    ``heads`` with its flag) and the source; the command line runs the function the verb x source table
+    (:data:`multihead.cli.verbs.VERBS`) names for them."""
 
-    from ..loading import handler
-
-    module, function = handler(verb, source).split(":")
-    return getattr(importlib.import_module(f"multihead.cli.{module}"), function)(args)
+    verb: str
+    source: object

@@ -17,13 +17,13 @@ from .args import (
     _nonneg,
     _port,
     _seconds,
-    dispatch,
+    Route,
     say_attached,
 )
 
 
-def cmd_show(args) -> int:
-    return dispatch("show", args.model, args)
+def cmd_show(args) -> int | Route:
+    return Route("show", args.model)
 
 
 def show_text(args) -> int:
@@ -315,12 +315,12 @@ def heads_seq2seq(args) -> int:
     return 0
 
 
-def cmd_heads(args) -> int:
+def cmd_heads(args) -> int | Route:
     if args.out:
         from .._io import check_target
 
         check_target(args.out, "heads", overwrite=args.overwrite, sources=(args.model,))
-    return dispatch("heads --kv" if args.kv else "heads", args.model, args)
+    return Route("heads --kv" if args.kv else "heads", args.model)
 
 
 def heads_text(args) -> int:
@@ -448,8 +448,8 @@ def heads_causal(args) -> int:
     return 0
 
 
-def cmd_importance(args) -> int:
-    return dispatch("importance", args.run, args)
+def cmd_importance(args) -> int | Route:
+    return Route("importance", args.run)
 
 
 def importance_run(args) -> int:
@@ -483,8 +483,8 @@ def importance_media(args) -> int:
     return 0
 
 
-def cmd_prune(args) -> int:
-    return dispatch("prune", args.run, args)
+def cmd_prune(args) -> int | Route:
+    return Route("prune", args.run)
 
 
 def prune_run(args) -> int:
@@ -564,7 +564,7 @@ def _parser_show(sub) -> None:
     sh.set_defaults(fn=cmd_show)
 
 
-def cmd_explain(args) -> int:
+def cmd_explain(args) -> int | Route:
     if args.layer is not None or args.head is not None:  # refused from the headers, before the model is read
         from ..pretrained import declared
 
@@ -573,7 +573,7 @@ def cmd_explain(args) -> int:
             raise ValueError(f"--layer {args.layer}: {args.model} has attention layers 0 to {shape[0] - 1}")
         if shape is not None and args.head is not None and args.head >= shape[1]:
             raise ValueError(f"--head {args.head}: {args.model}'s layers have heads 0 to {shape[1] - 1}")
-    return dispatch("explain", args.model, args)
+    return Route("explain", args.model)
 
 
 def explain_text(args) -> int:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .args import Route
+
 
 def _load(source: str):
     """``(model, encode(text) -> ids, token(text) -> one id, texts(ids) -> token strings)`` for a pretrained LM or
@@ -92,10 +94,8 @@ def _pairs(args) -> list[dict]:
     return [{"clean": args.clean, "corrupt": args.corrupt, "answer": args.answer, "wrong": args.wrong}]
 
 
-def cmd_patch(args) -> int:
-    from .args import dispatch
-
-    return dispatch("patch", args.model, args)
+def cmd_patch(args) -> int | Route:
+    return Route("patch", args.model)
 
 
 def _checked_pairs(args) -> list[dict]:
@@ -223,10 +223,8 @@ def _patched(args, pairs, model, encode, one, texts, position) -> int:
     return 0
 
 
-def cmd_attribute(args) -> int:
-    from .args import dispatch
-
-    return dispatch("attribute", args.model, args)
+def cmd_attribute(args) -> int | Route:
+    return Route("attribute", args.model)
 
 
 def attribute(args) -> int:
@@ -255,10 +253,8 @@ def attribute(args) -> int:
     return 0
 
 
-def cmd_circuit(args) -> int:
-    from .args import dispatch
-
-    return dispatch("circuit", args.model, args)
+def cmd_circuit(args) -> int | Route:
+    return Route("circuit", args.model)
 
 
 def circuit(args) -> int:

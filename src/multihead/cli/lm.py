@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .args import MAX_NEEDLES, LazyChoices, _count, _counts, _names, _threads, _nonneg, _number, dispatch, say_attached
+from .args import MAX_NEEDLES, LazyChoices, _count, _counts, _names, _threads, _nonneg, _number, Route, say_attached
 
 
 def _decoding(args, stop_tokens) -> dict:
@@ -46,8 +46,8 @@ def _prompt_ids(run, prompt: str, max_new: int):
     return tok, sep, ids
 
 
-def cmd_generate(args) -> int:
-    return dispatch("generate", args.run, args)
+def cmd_generate(args) -> int | Route:
+    return Route("generate", args.run)
 
 
 def generate_run(args) -> int:
@@ -94,8 +94,8 @@ def generate_run(args) -> int:
     return 0
 
 
-def cmd_sinks(args) -> int:
-    return dispatch("sinks", args.run, args)
+def cmd_sinks(args) -> int | Route:
+    return Route("sinks", args.run)
 
 
 def sinks_run(args) -> int:
@@ -133,7 +133,7 @@ def sinks_run(args) -> int:
     return 0
 
 
-def cmd_induction(args) -> int:
+def cmd_induction(args) -> int | Route:
     """``multihead induction``: the phase change of Olsson et al. in a 2-layer attention-only model."""
     from .._proc import set_threads
 
@@ -145,7 +145,7 @@ def cmd_induction(args) -> int:
         if getattr(args, flag) is None:
             setattr(args, flag, getattr(toy, field))
     if args.model:
-        return dispatch("induction", args.model, args)
+        return Route("induction", args.model)
     check_target(args.out, "induction", overwrite=args.overwrite)
     config = I.ToyConfig(steps=args.steps, seed=args.seed, num_heads=args.heads, half=args.half, vocab=args.vocab)
     set_threads(args.threads)
@@ -596,8 +596,8 @@ def _parser_sinks(sub) -> None:
     sk.set_defaults(fn=cmd_sinks)
 
 
-def cmd_kv(args) -> int:
-    return dispatch("kv", args.model, args)
+def cmd_kv(args) -> int | Route:
+    return Route("kv", args.model)
 
 
 def kv_lm(args) -> int:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .args import _count, _fraction, _nonneg, _number, _read_texts, dispatch
+from .args import _count, _fraction, _nonneg, _number, _read_texts, Route
 
 
-def cmd_evaluate(args) -> int:
-    return dispatch("evaluate", args.run, args)
+def cmd_evaluate(args) -> int | Route:
+    return Route("evaluate", args.run)
 
 
 def evaluate_text(args) -> int:
@@ -136,8 +136,8 @@ def evaluate_vision(args) -> int:
     return 0
 
 
-def cmd_predict(args) -> int:
-    return dispatch("predict", args.run, args)
+def cmd_predict(args) -> int | Route:
+    return Route("predict", args.run)
 
 
 def predict_text(args) -> int:
@@ -207,8 +207,8 @@ def cmd_data(args) -> int:
     return 0
 
 
-def cmd_embed(args) -> int:
-    return dispatch("embed", args.model, args)
+def cmd_embed(args) -> int | Route:
+    return Route("embed", args.model)
 
 
 def embed(args) -> int:
@@ -250,8 +250,8 @@ def embed(args) -> int:
     return 0
 
 
-def cmd_export(args) -> int:
-    return dispatch("export", args.source, args)
+def cmd_export(args) -> int | Route:
+    return Route("export", args.source)
 
 
 def export_encoder(args) -> int:

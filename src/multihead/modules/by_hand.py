@@ -128,7 +128,8 @@ class _Flow:
                 self.tags[out] = ("mixed-weights",)
             else:  # scores mixed across heads before a softmax, or a projection of anything else
                 axis = -1 if func is F.linear else 1  # a convolution reads channels (the heads, for talking heads)
-                self.tags[out] = ("mixed",) if _mixes_scores(made, args[0], axis) else ("projected",)
+                mixes = out.shape == args[0].shape and _mixes_scores(made, args[0], axis)  # heads to heads
+                self.tags[out] = ("mixed",) if mixes else ("projected",)
             return
         joins = func in _JOINS or func in _PARTS
         best = None
