@@ -266,7 +266,7 @@ TIMM_REFUSED = {
     "efficientformer_v2": "mixes its attention scores through a learned projection",
     "vision_transformer_sam": "calls attention on 3-D queries",
     "cait": "mixes its attention scores through a learned projection",
-    "efficientvit_msra": "calls attention 2 times in one forward",
+    "efficientvit_msra": "multiplies its values by its weights from the left",
     "hiera": "calls attention on 5-D queries",
     "nest": "calls attention on 5-D queries",
     "twins": "calls attention on 5-D queries",
