@@ -162,7 +162,7 @@ def test_dinov2_small_matches_onnxruntime_on_a_photograph(size):
 
 
 def test_the_object_measures_follow_their_definitions():
-    from multihead.interpret import dino
+    from multihead.interpret.media import dino
 
     # a 4 x 6 grid over a 40 x 60 picture; the box covers rows 0-1 and columns 0-2 (patch centres at 5, 15, ...)
     mask = dino.box_mask((0, 0, 20, 30), (40, 60), (4, 6))
@@ -258,8 +258,8 @@ def test_importance_by_ablation_and_the_pruning_curve(tmp_path, capsys):
     import json
 
     from multihead.cli import main
-    from multihead.interpret import ablation as A
-    from multihead.interpret.patching import ablated
+    from multihead.interpret.causal import ablation as A
+    from multihead.interpret.causal.patching import ablated
 
     _export(tmp_path / "d.onnx")
     out = tmp_path / "imp"
@@ -281,7 +281,7 @@ def test_missing_optional_packages_are_named_not_crashed(tmp_path, monkeypatch, 
     import sys
 
     from multihead.cli import main
-    from multihead.interpret import dino
+    from multihead.interpret.media import dino
 
     monkeypatch.setitem(sys.modules, "skimage.data", None)  # as if scikit-image were not installed
     monkeypatch.setitem(sys.modules, "skimage", None)

@@ -63,3 +63,26 @@ def test_the_cache_contract_catches_a_cache_that_imports_an_attention_module():
         line_contents="from .attention import MultiHeadAttention",
     )
     assert not contract.check(graph, verbose=False).kept  # a deliberate violation is caught
+
+
+def test_the_old_flat_interpret_modules_still_import_with_a_warning():
+    """interpret/ became sub-packages: the old module names import the modules at their new places, for one
+    release, with a DeprecationWarning that names the new place."""
+    import importlib
+    import sys
+    import warnings
+
+    from multihead.interpret import MOVED
+
+    for old, new in MOVED.items():
+        sys.modules.pop(f"multihead.interpret.{old}", None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = importlib.import_module(f"multihead.interpret.{old}")
+        assert module is importlib.import_module(f"multihead.interpret.{new}")
+        assert any(f"moved to multihead.interpret.{new}" in str(w.message) for w in caught), old
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from multihead.interpret.roles import head_stats
+    assert head_stats is importlib.import_module("multihead.interpret.roles.scores").head_stats
+    assert any("moved to multihead.interpret.roles.scores.head_stats" in str(w.message) for w in caught)

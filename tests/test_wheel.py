@@ -42,7 +42,7 @@ def test_the_wheel_is_pure_python_and_typed(dist):
     assert "multihead/py.typed" in names
     assert "multihead/attention/registry.py" in names and "multihead/cli/__init__.py" in names
     assert not [n for n in names if n.startswith("tests/") or n.endswith((".pyc", ".so"))]
-    assets = "multihead/interpret/assets/"  # the explain page's template, script, style and Chinese font
+    assets = "multihead/interpret/pages/assets/"  # the explain page's template, script, style and Chinese font
     assert {f"{assets}explain/page.html", f"{assets}explain/page.js", f"{assets}explain/steps/next.html"} <= set(names)
     assert {f"{assets}zh-headings.woff", f"{assets}OFL.txt"} <= set(names)
     meta = zipfile.ZipFile(wheel).read(f"multihead-{multihead.__version__}.dist-info/METADATA").decode()
@@ -92,7 +92,11 @@ def test_the_wheel_installs_and_runs_in_a_fresh_venv(dist, tmp_path):
     assert backends.returncode == 0, backends.stderr[-2000:]
     assert "reference" in backends.stdout and "memory_efficient" in backends.stdout
     page = subprocess.run(  # the explain page renders from the installed package's own files
-        [str(py), "-c", "from multihead.interpret.explain import render_explain_page as r; print(r({'text': 'x'}))"],
+        [
+            str(py),
+            "-c",
+            "from multihead.interpret.pages.explain import render_explain_page as r; print(r({'text': 'x'}))",
+        ],
         capture_output=True,
         text=True,
         env=env,

@@ -340,7 +340,7 @@ def test_whisper_tiny_en_matches_hf_on_synthesized_speech(tmp_path):
 
 # ---------------------------------------------------------------------------------------------------- alignment
 def test_dtw_alignment_scores_and_word_errors_follow_their_definitions():
-    from multihead.interpret import speech as S
+    from multihead.interpret.media import speech as S
 
     # a cost with one cheap monotone path: token 0 on frames 0-1, token 1 on frame 2, token 2 on frames 3-5
     cost = np.ones((3, 6))
@@ -365,7 +365,7 @@ def test_dtw_alignment_scores_and_word_errors_follow_their_definitions():
 
 @pytest.mark.skipif(ESPEAK is None, reason="needs espeak-ng (apt-get install espeak-ng)")
 def test_words_spoken_one_by_one_start_where_the_timeline_says():
-    from multihead.interpret import speech as S
+    from multihead.interpret.media import speech as S
 
     audio, words = S.speak_words("attention reads the past", seed=3)
     assert [w["word"] for w in words] == ["attention", "reads", "the", "past"] and words[0]["start"] == 0.3
@@ -406,7 +406,7 @@ def test_missing_files_peers_and_speech_failures_are_named(tmp_path, monkeypatch
     import sys
 
     from multihead.cli import main
-    from multihead.interpret import speech as S
+    from multihead.interpret.media import speech as S
 
     with pytest.raises(ValueError, match="is not a file; pass a WAV file"):
         whisper.read_wav(tmp_path / "nothing.wav")

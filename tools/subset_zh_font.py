@@ -1,4 +1,4 @@
-"""Rebuild ``src/multihead/interpret/assets/zh-headings.woff``: the Chinese characters of the explain page's
+"""Rebuild ``src/multihead/interpret/pages/assets/zh-headings.woff``: the Chinese characters of the explain page's
 headings, cut from Noto Sans CJK SC (SIL Open Font License 1.1, see ``assets/OFL.txt``), so the headings render on
 machines without a CJK font. Run after changing the headings:
 
@@ -23,7 +23,7 @@ FAMILY = "Noto Sans CJK SC"
 
 def main() -> int:
     sys.path.insert(0, str(ROOT / "src"))
-    from multihead.interpret.explain import zh_characters
+    from multihead.interpret.pages.explain import zh_characters
 
     if not SOURCE.exists():
         print(f"{SOURCE} is missing: apt-get install fonts-noto-cjk", file=sys.stderr)
@@ -40,7 +40,7 @@ def main() -> int:
     sub.populate(text=text)
     sub.subset(font)
     font.flavor = "woff"
-    out = ROOT / "src/multihead/interpret/assets/zh-headings.woff"
+    out = ROOT / "src/multihead/interpret/pages/assets/zh-headings.woff"
     font.save(str(out))
     print(f"wrote {out}: {len(text)} characters, {out.stat().st_size} bytes")
     return 0

@@ -90,11 +90,11 @@ def walkthrough(out: Path, seed: int = 0, run: Path | None = None) -> dict:
 
 def _trained_heads(out: Path, run: Path | None) -> dict:
     """A trained model's heads on the tutorial's sentence: the layer of its determiner -> noun head (the one that
-    passes :mod:`multihead.interpret.role_test`), every head
+    passes :mod:`multihead.interpret.roles.evidence`), every head
     drawn with that one outlined (``cat_sat_heads.png``), and the tutorial's steps on that head as a page
-    (``explain.html``, :mod:`multihead.interpret.explain`)."""
+    (``explain.html``, :mod:`multihead.interpret.pages.explain`)."""
     from .interpret import load_subject
-    from .interpret.explain import explain, write_explain_page
+    from .interpret.pages.explain import explain, write_explain_page
     from .pretrained import PretrainedError
 
     try:
@@ -304,7 +304,8 @@ DEMO_SPEECH = "The cat sat on the mat and looked at the door."
 def media_step(out: Path) -> dict:
     """DINOv2-small on scikit-image's cat: the last layer's [CLS] attention per head over the photograph; Whisper
     tiny.en on a sentence espeak-ng speaks: the transcript and word times from its alignment heads."""
-    from .interpret import dino, speech
+    from .interpret.media import dino
+    from .interpret.media import speech
 
     result: dict = {}
     out.mkdir(parents=True, exist_ok=True)
@@ -353,7 +354,7 @@ LM_PROMPT = "The three primary colours of light are"
 def smollm2_step(out: Path) -> dict:
     """SmolLM2-135M from its GGUF file: a greedy continuation, then every head's prefix-matching score on repeated
     random tokens, and the ablation check (the top induction heads masked vs as many random heads)."""
-    from .interpret import induction as I
+    from .interpret.roles import induction as I
     from .models.generation import generate
     from .pretrained import SourceError
 
@@ -411,8 +412,8 @@ def smollm2_step(out: Path) -> dict:
 
 def _kv_cache_check(p) -> dict:
     """Heads decide the cache: one needle answered from the full cache, a uniform window and the head-aware mix at
-    the same budget (:func:`multihead.interpret.kv_curves.needle_check`), said plainly either way."""
-    from .interpret.kv_curves import needle_check
+    the same budget (:func:`multihead.interpret.kv.curves.needle_check`), said plainly either way."""
+    from .interpret.kv.curves import needle_check
 
     r = needle_check(p, length=1024, budget=128)
     c = r["caches"]
@@ -445,7 +446,7 @@ def _induction_page(p, heads: list[tuple[int, int, float]], path: Path) -> Path:
     """The attention page of ``p`` on a sentence read twice, the given induction heads highlighted (the page opens
     on the first): in the second copy each of them looks at the token after the same token's earlier occurrence."""
     from .interpret.maps import LMSubject
-    from .interpret.page import write_page
+    from .interpret.pages.page import write_page
 
     subject = LMSubject("SmolLM2-135M", p.model, p.tokenizer, p.model.config.max_len, lm=p)
     maps = subject.maps(f"{REPEATED} {REPEATED}")
@@ -497,7 +498,7 @@ def vision_step(out: Path, *, seed: int = 0, limit: int | None = None, epochs: i
     Digits, not Fashion-MNIST: in the minutes a demo step has, no recipe tried on Fashion-MNIST beat the pixel
     baseline (the quick preset: 0.767 against 0.834); the full recipe does (0.8998 in 20 minutes), and the step says
     where it is. ``limit``/``epochs`` (a smoke run) cap the images and the epochs."""
-    from .interpret.vision import attention_distance, show_image
+    from .interpret.media.vision import attention_distance, show_image
     from .train import presets
     from .train.config import merge
     from .train.vision import config_from_overrides, held_out_images, load_vision_run, train_vision
@@ -555,7 +556,7 @@ def g2p_step(out: Path, *, seed: int = 0, limit: int | None = None, epochs: int 
     """A small encoder-decoder trained for about two minutes on CMUdict with the quick preset (``multihead train
     --data cmudict --preset quick``), its pronunciations, and where its cross-attention looks. ``limit``/``epochs``
     (a smoke run) cap the words and the epochs."""
-    from .interpret.g2p import show_g2p
+    from .interpret.media.g2p import show_g2p
     from .train import presets
     from .train.g2p import config_from_overrides, load_g2p_run, predict_words, train_g2p
 
@@ -615,8 +616,9 @@ def show_step(out: Path, *, pretrained_ok: bool = True) -> dict:
     """``multihead show`` on the demo run and on MiniLM (case study: which heads link the->cat, sat->on, cat->mat),
     and MiniLM's head roles over 200 Rotten Tomatoes test sentences."""
     from . import data as D
-    from .interpret import load_subject, roles
-    from .interpret.show import show
+    from .interpret import load_subject
+    from .interpret.roles import scores as roles
+    from .interpret.pages.show import show
 
     done = {}
     targets = [(str(out), load_subject(out), out / "show")]

@@ -225,7 +225,7 @@ def _built(model_type: str, kind: str, cls_name: str, level: str):
 
 def survey_one(model_type: str, kind: str, cls_name: str) -> Row:
     from multihead import hf
-    from multihead.interpret.patching import ablated
+    from multihead.interpret.causal.patching import ablated
     from multihead.modules import capture
 
     row = Row(model_type, kind, "built")

@@ -17,7 +17,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="pip install 'multihead[hf]'")
 
 from multihead import hf  # noqa: E402
-from multihead.interpret.patching import ablated, activation_patching, attribution_patching  # noqa: E402
+from multihead.interpret.causal.patching import ablated, activation_patching, attribution_patching  # noqa: E402
 from multihead.modules import capture  # noqa: E402
 from multihead.modules.observe import BY_HAND  # noqa: E402
 

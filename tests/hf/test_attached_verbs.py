@@ -159,9 +159,9 @@ def test_export_of_a_pruned_attached_model_loads_in_plain_transformers(granite, 
 
 
 def test_circuit_and_explain_attached_equal_native(llama):
-    from multihead.interpret import circuits as C
+    from multihead.interpret.causal import circuits as C
     from multihead.interpret import load_subject
-    from multihead.interpret.explain import explain
+    from multihead.interpret.pages.explain import explain
 
     native, attached_ = loading.load(llama).detail, loading.load(f"hf:{llama}").detail
     runs = [

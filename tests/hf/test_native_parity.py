@@ -1,5 +1,5 @@
 """One model two ways: an HF Llama (GQA) read natively into multihead's CausalLM, and the same HF model attached.
-Every intervention of multihead.interpret.patching gives the same numbers on both (the native one resumes from the
+Every intervention of multihead.interpret.causal.patching gives the same numbers on both (the native one resumes from the
 patched layer and projects one position; the attached one reruns HF's model)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("transformers", reason="pip install 'multihead[hf]'")
 
 from multihead import hf, lm  # noqa: E402
-from multihead.interpret import patching as P  # noqa: E402
+from multihead.interpret.causal import patching as P  # noqa: E402
 
 from .archs import ARCHS  # noqa: E402
 
@@ -107,7 +107,7 @@ def test_direct_logit_attribution_adds_up_or_is_refused(name):
 
 def test_kv_head_scores_agree(pair):
     """The heads a KV cache keeps whole are found the same way on an attached model (its hook_pattern)."""
-    from multihead.interpret.kv_heads import echo_and_induction, retrieval_scores
+    from multihead.interpret.kv.heads import echo_and_induction, retrieval_scores
     from multihead.data.needles import Needle
 
     native, attached = pair

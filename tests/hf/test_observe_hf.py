@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("transformers", reason="pip install 'multihead[hf]'")
 
 from multihead import hf  # noqa: E402
-from multihead.interpret import patching as P  # noqa: E402
+from multihead.interpret.causal import patching as P  # noqa: E402
 from multihead.modules.anatomy import anatomy  # noqa: E402
 from multihead.modules.capture import capture  # noqa: E402
 from multihead.modules.observe import observe, unobserve  # noqa: E402

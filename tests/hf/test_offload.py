@@ -11,7 +11,7 @@ pytest.importorskip("transformers", reason="pip install 'multihead[hf]'")
 pytest.importorskip("accelerate", reason="pip install accelerate")
 
 from multihead import hf  # noqa: E402
-from multihead.interpret import patching as P  # noqa: E402
+from multihead.interpret.causal import patching as P  # noqa: E402
 from multihead.modules import capture  # noqa: E402
 
 from .archs import ARCHS  # noqa: E402

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from multihead.cli import main
-from multihead.interpret import circuits as C
-from multihead.interpret import patching as P
+from multihead.interpret.causal import circuits as C
+from multihead.interpret.causal import patching as P
 from multihead.models.seq2seq import CausalLM, CausalLMConfig
 from multihead.modules.decoder import DecoderConfig
 from multihead.modules.variants import AttentionConfig

@@ -13,7 +13,7 @@ import torch
 from browser import open_page
 
 from multihead.cli import main
-from multihead.interpret.explain import explain, write_explain_page
+from multihead.interpret.pages.explain import explain, write_explain_page
 from multihead.interpret.maps import Subject
 from multihead.modules.capture import capture
 

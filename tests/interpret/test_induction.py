@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from multihead.cli import main
-from multihead.interpret import induction as I
+from multihead.interpret.roles import induction as I
 from multihead.modules.variants import AttentionConfig
 
 
@@ -110,7 +110,7 @@ def test_the_toy_model_learns_induction_with_a_phase_change(toy):
 
 
 def test_the_toy_models_induction_heads_read_the_previous_token_heads_through_their_keys(toy):
-    from multihead.interpret.circuits import induction_circuit
+    from multihead.interpret.causal.circuits import induction_circuit
 
     cfg = toy["config"]
     # the toy spreads "previous token" over its four layer-0 heads (~0.2 each): all of them are the senders

@@ -1,4 +1,4 @@
-"""TransformerLens's habits (:mod:`multihead.interpret.lens`) on a native Llama-shaped LM and an attached HF Llama:
+"""TransformerLens's habits (:mod:`multihead.interpret.causal.lens`) on a native Llama-shaped LM and an attached HF Llama:
 its hook names, its (batch, pos, head, d_head) layout, ``run_with_hooks`` and ``run_with_cache(names_filter=...)``
 against multihead's own capture, head mask and formulas written here; the comparison with TransformerLens 4.3
 itself is ``multihead bench lens`` (the peers' environment)."""
@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from multihead.interpret.lens import HookedTransformer, utils
+from multihead.interpret.causal.lens import HookedTransformer, utils
 from multihead.models.seq2seq import CausalLM, CausalLMConfig
 from multihead.modules.capture import capture
 from multihead.modules.decoder import DecoderConfig
@@ -139,7 +139,7 @@ def test_the_logit_lens_and_dla_stacks_add_up_to_the_models_logits(which, reques
     """accumulated_resid through the final norm and W_U is the logit lens (its last entry the model's own logits);
     decompose_resid's parts add up to the final residual; apply_ln_to_stack divides by the final norm's scale, so
     the parts times the norm's weight, through W_U, add up to the logits (formula written here)."""
-    from multihead.interpret.patching import logit_lens
+    from multihead.interpret.causal.patching import logit_lens
 
     model = request.getfixturevalue(which)
     lens = HookedTransformer(model)

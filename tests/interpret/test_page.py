@@ -6,7 +6,7 @@ import torch
 from browser import open_page
 
 from multihead.interpret import AttentionMaps
-from multihead.interpret.page import write_page
+from multihead.interpret.pages.page import write_page
 
 EVIL = ["[CLS]", "<img src=x onerror=alert(1)>", "</script><script>alert(2)</script>", "a&amp;b", "<!--", "[SEP]"]
 
@@ -33,7 +33,7 @@ def _open(browser, path):
 
 def test_page_in_chromium_head_and_model_views(browser, tmp_path):
     from multihead.interpret import load_subject
-    from multihead.interpret import case_study
+    from multihead.interpret.roles import case_study
 
     maps = load_subject("minilm").maps(case_study.SENTENCE)
     highlights = case_study.highlights(case_study.run(maps))
@@ -79,7 +79,7 @@ def test_hostile_tokens_show_as_text_in_chromium(browser, tmp_path):
 
 
 def _image_page(tmp_path, queries):
-    from multihead.interpret.page import page_image
+    from multihead.interpret.pages.page import page_image
 
     torch.manual_seed(0)
     pixels = (torch.arange(16 * 16).reshape(1, 16, 16) % 256).to(torch.uint8)
@@ -104,7 +104,7 @@ def _image_page(tmp_path, queries):
 
 
 def test_page_image_data_is_checked(tmp_path):
-    from multihead.interpret.page import page_image
+    from multihead.interpret.pages.page import page_image
 
     with pytest.raises(ValueError, match="tiled by the patch"):
         page_image(torch.zeros(1, 10, 10, dtype=torch.uint8), patch=4, queries="patches")
@@ -148,7 +148,7 @@ def test_image_view_in_chromium_hover_a_patch_or_a_word(browser, tmp_path):
 def test_long_pages_carry_links_and_thumbnails_not_maps(tmp_path):
     import base64
 
-    from multihead.interpret.page import FULL_LIMIT, LinkMaps, page_data
+    from multihead.interpret.pages.page import FULL_LIMIT, LinkMaps, page_data
 
     maps = _maps([f"t{i}" for i in range(300)], layers=2, heads=2)
     assert 300 * 300 > FULL_LIMIT
@@ -168,7 +168,7 @@ def test_long_pages_carry_links_and_thumbnails_not_maps(tmp_path):
 
 
 def test_long_page_in_chromium_scrolls_hovers_and_draws_a_head_map(browser, tmp_path):
-    from multihead.interpret.page import LinkMaps
+    from multihead.interpret.pages.page import LinkMaps
 
     torch.manual_seed(0)
     n, k = 2000, 8

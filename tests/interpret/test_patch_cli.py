@@ -52,7 +52,7 @@ def test_patch_writes_effects_and_the_attribution_beside_them(model, tmp_path, c
 
 
 def test_the_page_escapes_what_it_shows(tmp_path):
-    from multihead.interpret.patch_page import write_patch_page
+    from multihead.interpret.causal.patch_page import write_patch_page
 
     evil = "<img src=x onerror=alert(1)>"
     result = {

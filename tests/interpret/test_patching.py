@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from multihead.interpret import patching as P
+from multihead.interpret.causal import patching as P
 from multihead.models.seq2seq import CausalLM, CausalLMConfig
 from multihead.modules import MultiHeadAttention
 from multihead.modules.decoder import DecoderConfig

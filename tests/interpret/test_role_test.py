@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from multihead.interpret import case_study
+from multihead.interpret.roles import case_study
 from multihead.interpret.maps import AttentionMaps, Subject
-from multihead.interpret.role_test import PASS, determiner_noun_test, separating_sentences
+from multihead.interpret.roles.evidence import PASS, determiner_noun_test, separating_sentences
 
 
 def test_no_noun_is_the_next_word_and_no_determiner_comes_first():

@@ -2,8 +2,10 @@
 
 import torch
 
-from multihead.interpret import AttentionMaps, case_study, roles
-from multihead.interpret.plots import _ticks, rollout
+from multihead.interpret import AttentionMaps
+from multihead.interpret.roles import case_study
+from multihead.interpret.roles import scores as roles
+from multihead.interpret.pages.plots import _ticks, rollout
 
 TOKENS = ["[CLS]", "the", "cat", ",", "sat", "on", "the", "mat", ".", "[SEP]"]
 N = len(TOKENS)
@@ -114,7 +116,7 @@ def test_roles_from_statistics_equal_roles_from_maps_on_minilm():
     maps and once from exact statistics on the fused path (no map built): every role and statistic agrees."""
     from multihead import data as D
     from multihead.interpret import load_subject
-    from multihead.interpret.roles import subject_head_stats
+    from multihead.interpret.roles.scores import subject_head_stats
 
     subject = load_subject("minilm")
     texts = D.split(D.load("rotten_tomatoes"), seed=0).test.texts[:200]

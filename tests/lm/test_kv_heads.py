@@ -11,7 +11,7 @@ from hf_families import hf_model, write_gguf
 from multihead import lm as LM
 from multihead.cli import main
 from multihead.data.needles import CITIES, make_needles
-from multihead.interpret import kv_heads as K
+from multihead.interpret.kv import heads as K
 from multihead.modules.capture import capture
 from multihead.modules.kv_policy import KV_POLICIES
 
@@ -86,7 +86,7 @@ def test_retrieval_score_is_wu_et_al_on_full_maps(tiny):
 def test_echo_and_induction_on_full_maps(tiny):
     half = 16
     got = K.echo_and_induction(tiny.model, half=half, batch=2, low=10, start=1, seed=3)
-    from multihead.interpret.induction import repeated_tokens
+    from multihead.interpret.roles.induction import repeated_tokens
 
     ids = repeated_tokens(2, half, low=10, high=300, start=1, generator=torch.Generator().manual_seed(3))
     with torch.no_grad(), capture(tiny.model, ("pattern",)) as cap:

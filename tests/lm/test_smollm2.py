@@ -106,7 +106,7 @@ def test_three_readings_agree_native_registry_and_observation(both):
     import transformers
 
     from multihead import hf as mh_hf
-    from multihead.interpret import patching as P
+    from multihead.interpret.causal import patching as P
     from multihead.modules.anatomy import anatomy
     from multihead.modules.capture import capture
 

@@ -4,7 +4,7 @@ over the kept tokens, refusals, and the three-policy comparison."""
 import pytest
 import torch
 
-from multihead.interpret import streaming as S
+from multihead.interpret.kv import streaming as S
 from multihead.models import CausalLM, CausalLMConfig
 from multihead.modules.decoder import DecoderConfig
 from multihead.modules.variants import AttentionConfig

@@ -325,7 +325,7 @@ def _policy(case: dict):
     name = impl.split(":", 1)[1]
     options = {}
     if name in KV_POLICIES and KV_POLICIES[name].needs_split:
-        from ..interpret.kv_heads import read_split
+        from ..interpret.kv.heads import read_split
 
         if not case.get("kv_heads"):
             raise ValueError(f"cached:{name} needs --kv-heads kv-heads.json (multihead heads MODEL --kv)")
@@ -617,7 +617,7 @@ def from_args(args, out: Path) -> dict:
     if kv_heads and not pretrained:
         raise ValueError("--kv-heads is for --model with a pretrained LM (decoding after --context under each policy)")
     if pretrained:  # refused from the headers, before any case runs
-        from ..interpret.kv_heads import check_split, read_split
+        from ..interpret.kv.heads import check_split, read_split
 
         split = read_split(kv_heads) if kv_heads else None
         kv_per_layer, positions = lm_layout(model)

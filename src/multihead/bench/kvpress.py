@@ -105,7 +105,7 @@ class Ours:
     side = "multihead"
 
     def __init__(self, folder: Path, ranking: list[list[float]] | None = None):
-        from ..interpret.kv_heads import kv_heads_per_layer
+        from ..interpret.kv.heads import kv_heads_per_layer
         from ..loading import load
 
         self.lm = load(f"hf:{folder}").detail
@@ -136,7 +136,7 @@ class Ours:
         return make_policy(name, window, full_heads=heads)
 
     def _kv_heads(self) -> list[range]:
-        from ..interpret.kv_heads import kv_heads_per_layer
+        from ..interpret.kv.heads import kv_heads_per_layer
 
         return [range(g) for g in kv_heads_per_layer(self.model)]
 
@@ -144,7 +144,7 @@ class Ours:
         """The split keeping ``share`` of the key/value heads: by the given ranking (a kv-heads.json's), else the
         data-free one (echo and induction scores)."""
         if share not in self._split:
-            from ..interpret.kv_heads import echo_and_induction, kv_head_scores, kv_heads_per_layer, split
+            from ..interpret.kv.heads import echo_and_induction, kv_head_scores, kv_heads_per_layer, split
 
             scores = self.ranking
             if scores is None:
@@ -305,7 +305,7 @@ def run(
     from tqdm import tqdm
 
     from ..data.lm_text import held_out_rows
-    from ..interpret.kv_heads import needles_for
+    from ..interpret.kv.heads import needles_for
     from .harness import machine_info, write_json
 
     _check_methods(methods)  # before any model is read
@@ -370,7 +370,7 @@ def from_args(args, out: Path) -> dict:
     ranking = None
     if getattr(args, "kv_heads", None):
         from .._io import read_json_file
-        from ..interpret.kv_heads import ranking as rank, read_split
+        from ..interpret.kv.heads import ranking as rank, read_split
 
         read_split(args.kv_heads)  # a kv-heads.json, checked
         path = Path(args.kv_heads)

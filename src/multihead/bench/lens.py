@@ -1,6 +1,6 @@
 """``multihead bench lens``: seven TransformerLens notebook snippets run twice on the same HF folder (SmolLM2-135M
 exported by ``multihead export smollm2``): by TransformerLens 4.3 (its ``TransformerBridge`` in compatibility
-mode without weight processing, in the peers' environment ``.venv-peers``) and by multihead (:mod:`multihead.interpret.lens`), with **only the import and the
+mode without weight processing, in the peers' environment ``.venv-peers``) and by multihead (:mod:`multihead.interpret.causal.lens`), with **only the import and the
 model line changed**. Each snippet's result is compared: the largest absolute difference, and the seconds each took.
 
 The snippets (the way TransformerLens's docs write them): induction scores from a pattern hook on repeated random
@@ -36,7 +36,7 @@ HEADERS = {  # the only lines that differ between the two runs of a snippet
         "model.enable_compatibility_mode(no_processing=True)  # HookedTransformer's hook names, unfolded weights\n"
     ),
     "multihead": (
-        "from multihead.interpret.lens import HookedTransformer, utils\n"
+        "from multihead.interpret.causal.lens import HookedTransformer, utils\n"
         "model = HookedTransformer.from_pretrained(FOLDER)\n"
     ),
 }

@@ -58,9 +58,9 @@ def warm(model: str, scratch: Path, threads: int) -> dict:
     import torch
 
     from ..interpret import load_subject
-    from ..interpret.explain import explain
-    from ..interpret.serve import Explainer, Server
-    from ..interpret.show import show
+    from ..interpret.pages.explain import explain
+    from ..interpret.pages.serve import Explainer, Server
+    from ..interpret.pages.show import show
 
     torch.set_num_threads(threads)
     start = time.perf_counter()

@@ -1,13 +1,13 @@
 """``multihead bench patch``: what interventions on every head cost, against a TransformerLens-style baseline written
 here, each case in a fresh process (default model ``smollm2``; any pretrained LM with ``--model``):
 
-* ``exact`` -- :func:`multihead.interpret.patching.activation_patching`: every head patched clean -> corrupted in
+* ``exact`` -- :func:`multihead.interpret.causal.patching.activation_patching`: every head patched clean -> corrupted in
   batched passes (row r patches head r, one baseline row per pass), each pass rerun from the patched layer with
   only the last position projected to the vocabulary;
 * ``exact_baseline`` -- the way hook-based tools are used for it: one run caching every activation and every
   attention pattern of the clean input, then one forward pass per head with that head's output replaced (at 128
   tokens only: it is one pass per head);
-* ``attribution`` -- :func:`~multihead.interpret.patching.attribution_patching`: every head's first-order effect
+* ``attribution`` -- :func:`~multihead.interpret.causal.patching.attribution_patching`: every head's first-order effect
   from two forward passes and one backward pass;
 * ``forward_backward`` -- one forward and backward pass with parameter gradients (the yardstick of the attribution
   target: under 2x its time).
@@ -43,7 +43,7 @@ def _model(source: str):
 
 def build(case: dict):
     from ..heads.lm import held_out_rows
-    from ..interpret import patching as P
+    from ..interpret.causal import patching as P
     from ..modules.capture import capture
 
     p = _model(case["model"])

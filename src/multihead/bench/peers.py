@@ -11,7 +11,7 @@ Tasks (``--modes``):
   tokens (ours: exact statistics from tiles, ``hook_stats``, no ``L x L`` map; the peers: each layer's pattern
   reduced as soon as it exists, in a hook or inside the trace, which is the least memory they can use);
 * ``patch`` -- exact activation patching of all 270 heads' outputs on an IOI prompt pair, logit difference of the
-  two names (ours: :func:`~multihead.interpret.patching.activation_patching`, batched; TransformerLens: its
+  two names (ours: :func:`~multihead.interpret.causal.patching.activation_patching`, batched; TransformerLens: its
   ``patching.get_act_patch_attn_head_out_all_pos``; nnsight: one trace per head editing the output projection's
   input);
 * ``attribution`` -- attribution patching of every head at 1,024 and 4,096 tokens (one forward on the clean input,
@@ -75,7 +75,7 @@ def _ours(folder: Path, case: dict, clean, corrupt, a, w):
     from transformers import AutoModelForCausalLM
 
     from .. import hf
-    from ..interpret import patching as P
+    from ..interpret.causal import patching as P
     from ..modules.capture import capture
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

@@ -29,13 +29,13 @@ def _clip():
 
 
 def _sentences(n: int) -> list[str]:
-    from ..interpret.speech import sentences
+    from ..interpret.media.speech import sentences
 
     return sentences(n)
 
 
 def _speak(text: str):
-    from ..interpret.speech import speak
+    from ..interpret.media.speech import speak
 
     return speak(text)
 

@@ -30,7 +30,7 @@ def show_text(args) -> int:
     """``show`` on a text model (a classifier run, an encoder, a causal LM): the pictures and the page."""
     from .._io import check_target
     from ..interpret import load_subject
-    from ..interpret.show import show
+    from ..interpret.pages.show import show
 
     if args.out is None:
         raise ValueError("pass --out FOLDER: where to write the pictures and the page")
@@ -72,7 +72,7 @@ def show_vision(args) -> int:
     """``multihead show runs/vit --index 17`` / ``--image x.png``: attention over the image, rollout, one patch's
     view, and the mean attention distance per head over 1,000 test images."""
     from .._io import Publish, atomic_write_json, check_target
-    from ..interpret.vision import attention_distance, plot_distance, show_image
+    from ..interpret.media.vision import attention_distance, plot_distance, show_image
     from ..train.vision import held_out_images, load_vision_run, read_image
 
     if (args.index is None) == (args.image is None):
@@ -116,7 +116,7 @@ def show_dinov2(args) -> int:
     crop): [CLS] attention per head, one patch's view, rollout and the page."""
     from .. import dinov2
     from .._io import Publish, check_target
-    from ..interpret.vision import show_image
+    from ..interpret.media.vision import show_image
 
     if args.image is None:
         raise ValueError("pass --image PHOTO (.jpg or .png): the picture DINOv2 looks at")
@@ -155,7 +155,7 @@ def show_whisper(args) -> int:
     head over time, the cross-attention page (tokens and 20 ms frames) and the decoder's page."""
     from .. import whisper
     from .._io import Publish, check_target
-    from ..interpret.speech import show_speech
+    from ..interpret.media.speech import show_speech
 
     if args.audio is None:
         raise ValueError("pass --audio FILE.wav: the speech Whisper listens to")
@@ -183,7 +183,7 @@ def show_grounding(args) -> int:
     from ..data.batching import as_batch
 
     from .._io import Publish, atomic_write_json, check_target
-    from ..interpret.vision import show_grounding
+    from ..interpret.media.vision import show_grounding
     from ..train.grounding import load_grounding_run, test_canvases
 
     if args.index is None or args.image is not None:
@@ -216,7 +216,7 @@ def show_grounding(args) -> int:
 
 def show_g2p(args) -> int:
     from ..data.g2p import check_word
-    from ..interpret.g2p import show_g2p
+    from ..interpret.media.g2p import show_g2p
     from ..train.g2p import load_g2p_run
 
     from .._io import check_target
@@ -244,7 +244,7 @@ def _attached_folder(source: str, out, verb: str, overwrite: bool):
 def show_seq2seq(args) -> int:
     """``multihead show FOLDER "text"`` on an HF sequence-to-sequence folder: the text translated, then the
     encoder's, the decoder's and the cross-attention maps of that pass."""
-    from ..interpret.seq2seq import show_seq2seq as show
+    from ..interpret.media.seq2seq import show_seq2seq as show
 
     if not args.text.strip():
         raise ValueError('the text to show is empty; pass a sentence, e.g. "The cat sat on the mat."')
@@ -264,7 +264,7 @@ def show_attached_vision(args) -> int:
     view, rollout and the page, on the model's own crop of the photograph."""
     from .. import dinov2
     from .._io import Publish
-    from ..interpret.vision import show_image
+    from ..interpret.media.vision import show_image
 
     if args.image is None:
         raise ValueError("pass --image PHOTO (.jpg or .png): the picture the model looks at")
@@ -291,7 +291,7 @@ def heads_seq2seq(args) -> int:
     import json
 
     from .. import data as D
-    from ..interpret import seq2seq as S
+    from ..interpret.media import seq2seq as S
 
     from .._io import check_target
     from ..loading import load as load_source
@@ -330,9 +330,10 @@ def heads_text(args) -> int:
     import time
 
     from .. import data as D
-    from ..interpret import load_subject, roles
+    from ..interpret import load_subject
+    from ..interpret.roles import scores as roles
     from ..interpret.maps import concatenated, lift_max_len
-    from ..interpret.roles import subject_head_stats
+    from ..interpret.roles.scores import subject_head_stats
 
     subject = load_subject(args.model)
     say_attached(getattr(subject, "lm", None))
@@ -374,13 +375,13 @@ def heads_dinov2(args) -> int:
     ``--compare``), and high-norm tokens."""
 
     from .._io import Publish, atomic_write_json
-    from ..interpret import dino
+    from ..interpret.media import dino
 
     if args.out is None:
         raise ValueError("pass --out FOLDER: where to write heads.json and the pictures")
     compare = None
     if args.compare:
-        from ..interpret.vision import attention_distance_grid
+        from ..interpret.media.vision import attention_distance_grid
         from ..train.vision import held_out_images, load_vision_run
 
         run = load_vision_run(args.compare)
@@ -412,12 +413,12 @@ def heads_dinov2(args) -> int:
 
 def heads_causal(args) -> int:
     """``multihead heads RUN`` for a causal LM run: induction heads (prefix matching and copying, stated rules in
-    multihead.interpret.induction), on repeated random tokens from the run's own vocabulary."""
+    multihead.interpret.roles.induction), on repeated random tokens from the run's own vocabulary."""
     import json
 
     from .._io import Publish, atomic_write_json
     from ..data.tokenizer import SEP, SPECIALS
-    from ..interpret import induction as I
+    from ..interpret.roles import induction as I
     from ..train.pretrain import load_pretrain_run
 
     run = load_pretrain_run(args.model)
@@ -467,9 +468,9 @@ def importance_run(args) -> int:
 
 
 def importance_media(args) -> int:
-    """``multihead importance dinov2|whisper --out DIR``: :func:`multihead.interpret.ablation.media_importance`."""
+    """``multihead importance dinov2|whisper --out DIR``: :func:`multihead.interpret.causal.ablation.media_importance`."""
     from ..heads.scores import format_table
-    from ..interpret.ablation import media_importance
+    from ..interpret.causal.ablation import media_importance
 
     if args.out is None:
         raise ValueError("pass --out FOLDER: where to write importance-ablation.json and the pictures")
@@ -580,7 +581,7 @@ def explain_text(args) -> int:
     """``multihead explain TEXT``: the tutorial's steps on a real model's layer, one offline page."""
     from .._io import Publish, atomic_write_json, check_target
     from ..interpret import load_subject
-    from ..interpret.explain import explain, write_explain_page
+    from ..interpret.pages.explain import explain, write_explain_page
 
     if args.serve:
         return _serve_explain(args)
@@ -612,7 +613,7 @@ def _serve_explain(args) -> int:
     import time
 
     from ..interpret import load_subject
-    from ..interpret.serve import Explainer, Server, bind
+    from ..interpret.pages.serve import Explainer, Server, bind
 
     if args.out is not None:
         raise ValueError("--serve writes no files; drop --out (or drop --serve to write explain.html)")

@@ -170,8 +170,8 @@ def _patched(args, pairs, model, encode, one, texts, position) -> int:
     """Patch every head over ``pairs`` and publish the numbers, the heat map and the page."""
     from .._io import Publish, atomic_write_json
     from ..heads import scores as plots
-    from ..interpret import patching as P
-    from ..interpret.patch_page import write_patch_page
+    from ..interpret.causal import patching as P
+    from ..interpret.causal.patch_page import write_patch_page
     from ..modules.capture import attention_modules
 
     def metric(pair):
@@ -231,7 +231,7 @@ def attribute(args) -> int:
     """Direct logit attribution of the next token after a text."""
     from ..data.batching import as_batch
 
-    from ..interpret import patching as P
+    from ..interpret.causal import patching as P
 
     model, encode, one, _ = _load(args.model)
     ids = as_batch(encode(args.text))
@@ -261,7 +261,7 @@ def circuit(args) -> int:
     """A circuit of the literature looked for with path, activation and attribution patching: the induction
     circuit or indirect object identification; numbers, a picture and a summary."""
     from .._io import Publish, atomic_write_json, check_target
-    from ..interpret import circuits as C
+    from ..interpret.causal import circuits as C
     from .lm import _load_lm
 
     check_target(args.out, "circuit", overwrite=args.overwrite, sources=(args.model,))

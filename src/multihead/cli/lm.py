@@ -103,7 +103,7 @@ def sinks_run(args) -> int:
     from .._proc import set_threads
 
     from .._io import check_target
-    from ..interpret import streaming as S
+    from ..interpret.kv import streaming as S
     from ..train.pretrain import held_out_rows, load_pretrain_run
 
     if args.out:
@@ -138,7 +138,7 @@ def cmd_induction(args) -> int | Route:
     from .._proc import set_threads
 
     from .._io import Publish, atomic_write_json, check_target
-    from ..interpret import induction as I
+    from ..interpret.roles import induction as I
 
     toy = I.ToyConfig()  # the defaults of the flags left out (read here: the parser is built without torch)
     for flag, field in (("steps", "steps"), ("heads", "num_heads"), ("half", "half"), ("vocab", "vocab")):
@@ -252,7 +252,7 @@ def sinks_lm(args) -> int:
     """StreamingLLM's three caches on held-out IMDB text (concatenated reviews) far longer than the window."""
     from .._io import check_target
     from ..heads.lm import held_out_rows
-    from ..interpret import streaming as S
+    from ..interpret.kv import streaming as S
 
     if args.out:
         check_target(args.out, "sinks", overwrite=args.overwrite, sources=(args.run,))
@@ -277,7 +277,7 @@ def induction_lm(args) -> int:
     """Prefix-matching and copying scores of every head of a pretrained LM on repeated random tokens, and the
     ablation check: the top induction heads masked vs as many random heads."""
     from .._io import Publish, atomic_write_json, check_target
-    from ..interpret import induction as I
+    from ..interpret.roles import induction as I
 
     check_target(args.out, "induction", overwrite=args.overwrite, sources=(args.model,))
     p = _load_lm(args.model, args.threads)
@@ -340,7 +340,7 @@ def _heads_kv(args, p) -> int:
     """``heads MODEL --kv``: which heads a head-aware KV cache keeps whole (kv-heads.json, kv-heads.png)."""
     import json
 
-    from ..interpret import kv_heads
+    from ..interpret.kv import heads as kv_heads
 
     result = kv_heads.report(
         p,
@@ -367,8 +367,8 @@ def heads_lm(args) -> int:
 
     from .._io import check_target
     from ..heads.lm import held_out_rows
-    from ..interpret import induction as I
-    from ..interpret import roles
+    from ..interpret.roles import induction as I
+    from ..interpret.roles import scores as roles
     from ..interpret.maps import LMSubject
 
     if args.out:
@@ -603,8 +603,8 @@ def cmd_kv(args) -> int | Route:
 def kv_lm(args) -> int:
     """``multihead kv MODEL``: every KV cache policy at every budget on needles and perplexity (kv.json, kv.png)."""
     from .._io import check_target
-    from ..interpret import kv_curves
-    from ..interpret.kv_heads import read_split
+    from ..interpret.kv import curves as kv_curves
+    from ..interpret.kv.heads import read_split
 
     check_target(args.out, "kv", overwrite=args.overwrite, sources=(args.model,))
     args.policies = args.policies or list(kv_curves.POLICIES)  # the defaults (the parser is built without torch)
@@ -642,7 +642,7 @@ def _parser_kv(sub) -> None:
     kv.add_argument("--heads", default=None, help="kv-heads.json from `multihead heads MODEL --kv` (for head-aware)")
     kv.add_argument(
         "--policies",
-        type=_names(LazyChoices("multihead.interpret.kv_curves", "POLICIES")),
+        type=_names(LazyChoices("multihead.interpret.kv.curves", "POLICIES")),
         default=None,
         help="comma-separated (default: every policy a recorded prompt serves)",
     )

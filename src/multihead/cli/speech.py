@@ -9,7 +9,7 @@ from pathlib import Path
 
 def cmd_transcribe(args) -> int:
     from .. import whisper
-    from ..interpret import speech as S
+    from ..interpret.media import speech as S
 
     audio = whisper.read_wav(args.audio)
     from ..loading import load as load_source  # the one loader: it knows what a source is
@@ -33,7 +33,7 @@ def heads_whisper(args) -> int:
     """``multihead heads whisper --out DIR``: which cross-attention heads follow the audio in time, word timestamps
     through them against speech whose word times are known, and the word error rate."""
     from .._io import Publish, atomic_write_json
-    from ..interpret import speech as S
+    from ..interpret.media import speech as S
 
     if args.out is None:
         raise ValueError("pass --out FOLDER: where to write heads.json and the pictures")

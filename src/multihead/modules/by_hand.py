@@ -20,6 +20,16 @@ from torch.utils.weak import WeakIdKeyDictionary
 _PRODUCTS = (torch.matmul, Tensor.matmul, Tensor.__matmul__, torch.bmm, Tensor.bmm, torch.baddbmm, Tensor.baddbmm)
 _EINSUM = torch.einsum
 _SOFTMAX = (F.softmax, torch.softmax, Tensor.softmax)
+# arithmetic that combines two tensors elementwise (not a cast or a view "as" another: type_as, view_as, expand_as)
+_COMBINE = tuple(
+    getattr(owner, name)
+    for owner in (torch, Tensor)
+    for name in ("add", "sub", "mul", "div", "where", "lerp", "addcmul", "maximum", "minimum")
+    if hasattr(owner, name)
+) + tuple(
+    getattr(Tensor, f"__{op}__")
+    for op in ("add", "radd", "iadd", "sub", "rsub", "isub", "mul", "rmul", "imul", "truediv", "rtruediv", "itruediv")
+)
 # learned projections: a linear layer (features last) or a convolution (channels second)
 _MIXERS = (F.linear, F.conv1d, F.conv2d)
 _JOINS = (torch.cat, torch.concat, torch.stack, F.pad)  # outputs that hold their inputs' elements among others
@@ -139,8 +149,10 @@ class _Flow:
             if tag is not None and (joins or out.numel() == t.numel()):
                 if tag[0] == "weights" and out.numel() != t.numel():  # weights cut, padded or joined with others
                     tag = ("weights-part", tag[1])
-                elif tag[0] == "weights" and any(
-                    u is not t and u.numel() == t.numel() and u in self.tags for u in tensors
+                elif (
+                    tag[0] == "weights"
+                    and func in _COMBINE
+                    and any(u is not t and u.numel() == t.numel() and u in self.tags for u in tensors)
                 ):  # weights mixed elementwise with another distribution of their size (gated positional attention)
                     tag = ("weights-part", tag[1])
                 if best is None or _RANK[tag[0]] < _RANK[best[0]]:

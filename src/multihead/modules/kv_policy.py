@@ -21,7 +21,7 @@ from what a call :class:`Observed`) and :meth:`~KVPolicy.keep` (the slots that s
 * ``expected`` -- the attention the queries to come pay each key in expectation (kvpress's Expected Attention);
 * ``streaming`` -- StreamingLLM with keys rotated at their slot in the cache (:class:`StreamingKV`);
 * ``head-aware`` -- every key for the retrieval heads, sinks + window for the others (DuoAttention, Xiao et al.
-  2024; RazorAttention, Tang et al. 2024): the split is read from :func:`multihead.interpret.kv_heads.classify`.
+  2024; RazorAttention, Tang et al. 2024): the split is read from :func:`multihead.interpret.kv.heads.classify`.
 
 A call attends with every key it brings (a prompt is read whole, as every paper above does), then the cache is cut
 to the budget: the evicted keys' memory is released (the buffers are rebuilt at the budget's size). Under grouped-
@@ -516,7 +516,7 @@ class PyramidKV(KVPolicy):
 class HeadAware(KVPolicy):
     """Every key for the key/value heads in ``full_heads[layer]``, the first ``sinks`` + the most recent
     ``budget - sinks`` for the others (DuoAttention, Xiao et al. 2024; RazorAttention, Tang et al. 2024); the split
-    from :func:`multihead.interpret.kv_heads.classify` (``multihead heads MODEL --kv``)."""
+    from :func:`multihead.interpret.kv.heads.classify` (``multihead heads MODEL --kv``)."""
 
     name: ClassVar[str] = "head-aware"
     needs_split: ClassVar[bool] = True

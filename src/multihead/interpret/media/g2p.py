@@ -5,7 +5,7 @@
 * **cross-attention** -- each phoneme attending to the letters ``(H, T, S)``: the alignment the model learned.
 
 Rows are labelled with the phoneme each decoding step *produces* (the step reads the previous one). The same
-pictures (:mod:`multihead.interpret.plots`) and offline page (:mod:`multihead.interpret.page`, letters on one side,
+pictures (:mod:`multihead.interpret.pages.plots`) and offline page (:mod:`multihead.interpret.pages.page`, letters on one side,
 phonemes on the other for cross-attention) as the encoder's. Each cross-attention head also gets a
 **monotonicity** score: the share of decoding steps whose most-attended letter does not move backwards, averaged
 over a sample of held-out words (English spelling is read left to right, so alignment heads score near 1).
@@ -27,12 +27,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .._io import Publish, atomic_write_json
-from ..data import g2p as G
-from ..plotting import plain, pyplot, save
-from . import plots
-from .maps import AttentionMaps
-from .page import write_page
+from ..._io import Publish, atomic_write_json
+from ...data import g2p as G
+from ...plotting import plain, pyplot, save
+from ..pages import plots
+from ..maps import AttentionMaps
+from ..pages.page import write_page
 
 
 @contextmanager
@@ -88,7 +88,7 @@ def head_monotonicity(model, vocab: G.G2PVocab, words: list[str], prons: list[li
 
 def show_g2p(run, word: str, out: Path, *, sample: int = 200, overwrite: bool = False, log=print) -> dict:
     """Pictures, pages and monotonicity scores for one word (see the module docstring), built aside and swapped in."""
-    from ..train.g2p import transcribe
+    from ...train.g2p import transcribe
 
     t0 = time.perf_counter()
     word = G.check_word(word)
@@ -104,8 +104,8 @@ def show_g2p(run, word: str, out: Path, *, sample: int = 200, overwrite: bool = 
             word, produced, kinds["cross"], f"{name} cross-attention (phoneme -> letters)", key_tokens=letters
         ),
     }
-    from ..data.g2p import apply_split, load_cmudict
-    from ..train.runfolder import read_json
+    from ...data.g2p import apply_split, load_cmudict
+    from ...train.runfolder import read_json
 
     held_out = apply_split(load_cmudict(), read_json(run.path / "splits.json", dict))["test"]
     n = min(sample, len(held_out))

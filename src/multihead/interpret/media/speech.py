@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..modules.capture import capture
+from ...modules.capture import capture
 
 FRAME = 0.02  # seconds per encoder position (Whisper: 1,500 positions over 30 s)
 MEDIAN = 7  # median filter width along time, as OpenAI's timing.py
@@ -135,7 +135,7 @@ def align(w, cross: Tensor, tokens: list[int], frames: int, heads: list[tuple[in
 def sentences(n: int = 50, *, low: int = 6, high: int = 14) -> list[str]:
     """``n`` sentences of ``low``-``high`` words of letters from the IMDB test split (punctuation removed), in the
     split's order."""
-    from .. import data as D
+    from ... import data as D
 
     out = []
     for text in D.split(D.load("imdb"), seed=0).test.texts:
@@ -168,7 +168,7 @@ def _espeak_wav(text: str, path: Path, rate: int | None = None) -> None:
 
 def speak(text: str, *, rate: int | None = None) -> np.ndarray:
     """``text`` spoken whole by espeak-ng, as 16 kHz mono float audio."""
-    from ..whisper import read_wav
+    from ...whisper import read_wav
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "speech.wav"
@@ -191,7 +191,7 @@ def speak_words(
     """``sentence`` spoken one word at a time by espeak-ng, words joined by silences drawn from ``gaps`` seconds
     (seeded), after ``lead`` seconds of silence: ``(16 kHz audio, [{"word", "start", "end"}])`` with every time
     exact to the sample."""
-    from ..whisper import read_wav
+    from ...whisper import read_wav
 
     rng = random.Random(seed)
     parts, words, t = [np.zeros(int(lead * 16000), np.float32)], [], lead
@@ -323,7 +323,7 @@ def format_study(r: dict) -> str:
 def plot_heads(r: dict, stem, title: str) -> list:
     """Layers x heads: each cross-attention head's alignment score (left) and the word-start error of timestamps
     through it alone (right, ms); OpenAI's alignment heads outlined, the heads chosen here starred."""
-    from ..plotting import plain, pyplot, save
+    from ...plotting import plain, pyplot, save
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -370,10 +370,10 @@ def show_speech(w, audio: np.ndarray, out: Path, *, name: str = "speech") -> dic
     each head's cross-attention, text tokens x the audio's 20 ms frames, over the log-mel spectrogram);
     ``cross.html`` (the page's head view: hover a token to see the frames it reads, or a frame to see which
     tokens read it) and ``attention.html`` (the decoder's self-attention over the transcript)."""
-    from .._io import atomic_write_json
-    from ..plotting import plain, pyplot, save
-    from .maps import AttentionMaps
-    from .page import write_page
+    from ..._io import atomic_write_json
+    from ...plotting import plain, pyplot, save
+    from ..maps import AttentionMaps
+    from ..pages.page import write_page
 
     out.mkdir(parents=True, exist_ok=True)
     r = w.transcribe(audio)

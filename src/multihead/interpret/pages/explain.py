@@ -40,10 +40,10 @@ import torch
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .._io import atomic_write_text
-from ..modules.anatomy import Anatomy, Block, anatomy, child as _child
-from ..modules.capture import capture
-from .maps import LMSubject, Subject, is_special
+from ..._io import atomic_write_text
+from ...modules.anatomy import Anatomy, Block, anatomy, child as _child
+from ...modules.capture import capture
+from ..maps import LMSubject, Subject, is_special
 from .page import _json_for_script
 
 DETERMINERS = ("the", "a", "an", "this", "that", "these", "those", "my", "his", "her", "its", "our", "their")
@@ -81,7 +81,7 @@ def _role_test(subject: Subject, layer: int | None):
     the test cannot read the model (a tokenizer that splits its words otherwise)."""
     import dataclasses
 
-    from .role_test import determiner_noun_test
+    from ..roles.evidence import determiner_noun_test
 
     if subject not in _ROLE_TESTS:  # the same for every text: a served page runs it once
         try:
@@ -375,7 +375,7 @@ def _variant(mod) -> str | None:
     exposes, whichever source described it: its parts (a gate, sinks, ALiBi, a sparse pattern), a module class other
     than the plain one, separate q/k/v/o projections, and whether the output projection reads the heads as they
     are."""
-    from ..modules.attention import MultiHeadAttention
+    from ...modules.attention import MultiHeadAttention
 
     for attr, why in (
         ("_alibi", "ALiBi position biases"),
@@ -427,7 +427,7 @@ def zh_characters() -> set[str]:
 def _assets():
     from importlib.resources import files
 
-    return files("multihead.interpret").joinpath("assets")
+    return files("multihead.interpret.pages").joinpath("assets")
 
 
 @functools.cache

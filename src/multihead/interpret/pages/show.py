@@ -22,10 +22,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
-from .._io import Publish, atomic_write_bytes, atomic_write_json, atomic_write_text
+from ..._io import Publish, atomic_write_bytes, atomic_write_json, atomic_write_text
 
-from . import case_study, plots
-from .maps import LONG, AttentionMaps, Subject
+from ..roles import case_study
+from . import plots
+from ..maps import LONG, AttentionMaps, Subject
 from .page import write_page
 
 
@@ -141,7 +142,7 @@ def _tested(subject: Subject, found: dict, log) -> tuple[dict, dict | None]:
     """The case study's heads, the determiner -> noun head that passes the separating test of
     :mod:`.role_test` first (the page opens on it); a head the sentence alone picked that fails the test says so.
     Also the test's record (``role_test.json``), or None where it could not run."""
-    from .role_test import determiner_noun_test
+    from ..roles.evidence import determiner_noun_test
 
     try:
         test = determiner_noun_test(subject)

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..modules.capture import attention_modules, capture
+from ...modules.capture import attention_modules, capture
 
 INDUCTION = 0.4
 
@@ -116,7 +116,7 @@ class ToyConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        from .._config import check_rules
+        from ..._config import check_rules
 
         check_rules(
             [
@@ -144,8 +144,8 @@ def train_toy(config: ToyConfig | None = None, *, progress: bool = False) -> dic
     final scores."""
     from tqdm import tqdm
 
-    from ..models.seq2seq import CausalLM, CausalLMConfig
-    from ..modules.decoder import DecoderConfig
+    from ...models.seq2seq import CausalLM, CausalLMConfig
+    from ...modules.decoder import DecoderConfig
 
     config = config or ToyConfig()
     torch.manual_seed(config.seed)
@@ -208,8 +208,8 @@ def train_toy(config: ToyConfig | None = None, *, progress: bool = False) -> dic
 
 def plot_toy(result: dict, path) -> None:
     """Loss on each half and the best prefix-matching score per layer, over training steps."""
-    from ..plotting import save as save_figure
-    from ..plotting import pyplot
+    from ...plotting import save as save_figure
+    from ...plotting import pyplot
 
     plt = pyplot()
     hist = result["history"]
@@ -284,11 +284,11 @@ def ablation(
 
 def plot_scores(result: dict, path, title: str) -> None:
     """Prefix-matching (left) and copying (right) score of every head, layers x heads, with colorbars."""
-    from ..plotting import save as save_figure
-    from ..plotting import pyplot
+    from ...plotting import save as save_figure
+    from ...plotting import pyplot
 
     plt = pyplot()
-    from ..plotting import SIGNED
+    from ...plotting import SIGNED
 
     pm, cp = result["prefix_matching"], result["copying"]
     span = max((abs(float(v)) for row in cp for v in row), default=1.0) or 1.0  # copying scores are often small
@@ -357,7 +357,7 @@ __all__ = [
 def mark_induction(result: dict, prefix_matching: Tensor) -> dict:
     """Add each head's prefix-matching score ``(layers, H)`` to a roles ``result`` and make the heads at or above
     :data:`INDUCTION` induction heads; the role counts are recounted."""
-    from .roles import ROLES
+    from .scores import ROLES
 
     for h in result["heads"]:
         h["prefix_matching"] = round(float(prefix_matching[h["layer"], h["head"]]), 4)

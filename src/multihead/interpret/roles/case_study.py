@@ -13,7 +13,7 @@ import re
 
 import torch
 
-from .maps import AttentionMaps, is_punctuation, is_special
+from ..maps import AttentionMaps, is_punctuation, is_special
 
 SENTENCE = "The cat sat on the mat."
 WORDS = ["the", "cat", "sat", "on", "the", "mat", "."]

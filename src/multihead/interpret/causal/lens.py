@@ -3,7 +3,7 @@ its model line changed.
 
 ::
 
-    from multihead.interpret.lens import HookedTransformer, utils   # was: from transformer_lens import ...
+    from multihead.interpret.causal.lens import HookedTransformer, utils   # was: from transformer_lens import ...
     model = HookedTransformer.from_pretrained("smollm2")            # a native LM, an HF folder, hf:FOLDER (attached)
 
     logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
@@ -40,8 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..modules.anatomy import anatomy
-from ..modules.hooks import hook_points
+from ...modules.anatomy import anatomy
+from ...modules.hooks import hook_points
 
 LAYOUTS = ("transformer_lens", "multihead")
 _PER_HEAD = ("hook_q", "hook_k", "hook_v", "hook_z")  # (B, H, L, D) here, (B, L, H, D) in TransformerLens
@@ -275,7 +275,7 @@ class HookedTransformer(nn.Module):
     @classmethod
     def from_pretrained(cls, source, *, layout: str = "transformer_lens", **_) -> HookedTransformer:
         """A causal LM multihead reads (``smollm2``, a ``.gguf`` file, an HF folder; ``hf:FOLDER`` attached)."""
-        from ..loading import load
+        from ...loading import load
 
         loaded = load(source, text=True)
         if loaded.kind != "lm":

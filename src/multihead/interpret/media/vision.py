@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..modules.capture import attention_modules, capture
-from ..plotting import pyplot, save
+from ...modules.capture import attention_modules, capture
+from ...plotting import pyplot, save
 
 
 @torch.no_grad()
@@ -133,8 +133,8 @@ def show_image(
     summary. ``inputs``: the model's float input when it is not ``to_float(image_u8)`` (e.g. DINOv2's ImageNet
     normalisation); ``labels`` None for a backbone (no prediction); ``model_name`` titles the page; ``note`` is
     printed under the rollout (what a reader should know about this model's maps)."""
-    from .._io import atomic_write_json
-    from ..data.images import to_float
+    from ..._io import atomic_write_json
+    from ...data.images import to_float
 
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -198,11 +198,11 @@ def show_image(
 
 
 def image_page(model, patterns: list[Tensor], image_u8: Tensor, path: Path, text: str, model_name: str = "ViT") -> Path:
-    """The offline page (:mod:`multihead.interpret.page`) of a ViT's self-attention on one image ``(C, H, W)``,
+    """The offline page (:mod:`multihead.interpret.pages.page`) of a ViT's self-attention on one image ``(C, H, W)``,
     with the image view: hover a patch, see where every head looks from it. It opens on the last layer, on the head
     whose [CLS] query (or first patch) is most focused."""
-    from .maps import AttentionMaps
-    from .page import page_image, write_page
+    from ..maps import AttentionMaps
+    from ..pages.page import page_image, write_page
 
     cfg = model.config
     g, o = image_u8.shape[-1] // cfg.patch_size, cfg.patch_offset
@@ -225,8 +225,8 @@ def show_grounding(
     """A :class:`~multihead.models.grounding.GroundedQA`'s view of one canvas ``(1, C, H, W)`` uint8 and question
     ``(1, T)``: ``cross_grid`` (layers x heads: the question's cross-attention over the canvas, mean over its words)
     and ``words`` (each word's attention, mean over the last layer's heads). Returns the summary."""
-    from ..data.images import to_float
-    from ..models.grounding import quadrant_of_patches
+    from ...data.images import to_float
+    from ...models.grounding import quadrant_of_patches
 
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -255,8 +255,8 @@ def show_grounding(
     files += _grid_figure(
         [last.reshape(-1, g, g)], grey, vit, "each word's attention (last layer, mean of heads)", out / "words"
     )
-    from .maps import AttentionMaps
-    from .page import page_image, write_page
+    from ..maps import AttentionMaps
+    from ..pages.page import page_image, write_page
 
     keys = [f"patch {r},{c}" for r in range(g) for c in range(g)]
     maps = AttentionMaps(
@@ -294,8 +294,8 @@ def attention_distance_grid(model, images_u8: Tensor) -> Tensor:
 
 def attention_distance(model, images_u8: Tensor, *, batch_size: int = 256) -> list[Tensor]:
     """Mean attention distance in pixels per layer ``(H,)``, averaged over ``images_u8`` ``(N, C, H, W)``."""
-    from ..data.images import to_float
-    from ..models.vision import mean_attention_distance
+    from ...data.images import to_float
+    from ...models.vision import mean_attention_distance
 
     model.eval()
     total, n = None, 0

@@ -1,10 +1,10 @@
 """Two circuits of the literature, looked for in any causal LM with the interventions of
-:mod:`multihead.interpret.patching` (``multihead circuit induction|ioi MODEL``):
+:mod:`multihead.interpret.causal.patching` (``multihead circuit induction|ioi MODEL``):
 
 * **Induction circuit** (Elhage et al. 2021; Olsson et al. 2022): on ``s r_1 .. r_n r_1 .. r_n`` (random tokens
   repeated once), *previous-token heads* (whose weight sits on the key just before the query) feed *induction
-  heads* (prefix-matching score >= :data:`~multihead.interpret.induction.INDUCTION`) through the induction heads'
-  keys (K-composition). Measured by :func:`~multihead.interpret.patching.path_patching` from the previous-token heads
+  heads* (prefix-matching score >= :data:`~multihead.interpret.roles.induction.INDUCTION`) through the induction heads'
+  keys (K-composition). Measured by :func:`~multihead.interpret.causal.patching.path_patching` from the previous-token heads
   (their ``z`` resampled from another random sequence) into the induction heads' ``q``, ``k`` or ``v`` input, on
   the mean log-probability of the repeated half's predictable tokens; beside it, the senders and the induction
   heads resampled outright and the first half's log-probability (no copying possible).
@@ -32,9 +32,9 @@ import torch
 from torch import Tensor
 
 from . import patching as P
-from .induction import INDUCTION, prefix_matching, repeated_tokens
-from ..modules.capture import capture
-from ..plotting import SIGNED, plain, pyplot, save
+from ..roles.induction import INDUCTION, prefix_matching, repeated_tokens
+from ...modules.capture import capture
+from ...plotting import SIGNED, plain, pyplot, save
 
 PREVIOUS = 0.4  # a previous-token head puts at least this mean weight on the key just before the query
 

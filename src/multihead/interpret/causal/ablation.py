@@ -3,7 +3,7 @@ DINOv2-small (agreement with the unpruned model's features) and Whisper tiny.en 
 sentences).
 
 Importance of a head = how much the score drops when that head alone is zeroed (zero ablation, which equals
-``head_mask`` 0; :func:`multihead.interpret.patching.ablated`), one forward pass per head. The pruning curve masks the
+``head_mask`` 0; :func:`multihead.interpret.causal.patching.ablated`), one forward pass per head. The pruning curve masks the
 least important heads first, a growing fraction of all of them, and measures the score again. Attention modules are
 numbered in the model's order (Whisper: the 4 encoder layers, then each decoder layer's self- and cross-attention).
 """
@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..modules.capture import attention_modules
+from ...modules.capture import attention_modules
 from .patching import ablated
 
 FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.5)
@@ -56,7 +56,7 @@ def pruning_curve(model, importance: Tensor, score: Callable[[], float], fractio
 def dinov2_scores(d, *, size: int = 224):
     """``score()`` for DINOv2: mean cosine similarity of every token's last hidden state to the unablated model's,
     over scikit-image's four photographs (1.0 = unchanged)."""
-    from .dino import PHOTOS, photo
+    from ..media.dino import PHOTOS, photo
 
     xs = [d.preprocess(photo(name), size=size) for name in PHOTOS]
     refs = [d.model.features(x) for x in xs]
@@ -73,7 +73,7 @@ def whisper_scores(w, n: int = 10):
     """``(loss_score(), wer())`` for Whisper on ``n`` test sentences spoken whole by espeak-ng: minus the mean
     token negative log-likelihood of the reference transcripts (teacher-forced; higher is better), and the word error
     rate of greedy transcripts."""
-    from .speech import sentences, speak, word_errors
+    from ..media.speech import sentences, speak, word_errors
 
     items = []
     for text in sentences(n):
@@ -111,9 +111,9 @@ def media_importance(
     ``"whisper"``, is still accepted and must agree). Returns the JSON's content."""
     from pathlib import Path
 
-    from .._io import Publish, atomic_write_json
-    from ..loading import load as load_source  # the one loader: it knows what a source is
-    from ..plotting import curve, head_grid
+    from ..._io import Publish, atomic_write_json
+    from ...loading import load as load_source  # the one loader: it knows what a source is
+    from ...plotting import curve, head_grid
 
     loaded = load_source(source)
     found = {"vision": "dinov2", "speech": "whisper"}.get(loaded.kind)

@@ -8,7 +8,7 @@ data, and the split a head-aware cache uses (:func:`multihead.modules.kv_policy.
   al. call heads with a score of at least 0.1 retrieval heads. Only the answer rows of each map are kept.
 * **Echo and induction scores** (RazorAttention, Tang et al. 2024), on repeated random tokens with no data: the
   weight a second occurrence puts on its first occurrence (echo) and on the token after it (induction, the
-  prefix-matching score of :mod:`multihead.interpret.induction`).
+  prefix-matching score of :mod:`multihead.interpret.roles.induction`).
 * **The split**: the key/value heads ranked by a score, the top ``fraction`` keep every key, the rest keep sinks
   and a window. By default the score is data-free (``max(echo, induction)`` over the heads that share a key/value
   head): one short forward pass, no solved task needed (a small model that fails long needles never lets a head
@@ -32,12 +32,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..modules.capture import attention_modules
-from .induction import repeated_tokens
+from ...modules.capture import attention_modules
+from ..roles.induction import repeated_tokens
 
 SCORES = ("data-free", "retrieval", "fitted")  # what the split of key/value heads ranks them by
 RETRIEVAL = 0.1  # Wu et al.'s threshold
-INDUCTION = 0.4  # the prefix-matching threshold of `multihead heads` (multihead.interpret.induction.INDUCTION)
+INDUCTION = 0.4  # the prefix-matching threshold of `multihead heads` (multihead.interpret.roles.induction.INDUCTION)
 ECHO = 0.4
 
 
@@ -159,7 +159,7 @@ def fit_gates(
 
     from tqdm import tqdm
 
-    from ..attention.registry import attention
+    from ...attention.registry import attention
 
     if not needles:
         raise ValueError("fitting the gates needs needle prompts (--needles 1 or more)")
@@ -408,7 +408,7 @@ def format_table(result: dict, model: str) -> str:
 def plot(result: dict, stem: str | Path, model: str) -> list[Path]:
     """Three layer x head grids: the retrieval score (retrieval heads ringed), max(echo, induction) (induction
     heads ringed) and the split (1 = the head's key/value group keeps every key)."""
-    from ..plotting import head_grids
+    from ...plotting import head_grids
 
     panels = []
     if result["needles"]:
@@ -434,8 +434,8 @@ def needles_for(lm, *, length: int, count: int, seed: int = 0, data: str = "imdb
     """``count`` needle prompts of ``length`` tokens for a loaded LM (``lm.encode``; the start token where its
     tokenizer adds one), the haystack from the fixed test split of ``data``; ``keys`` needles in each prompt
     (:func:`~multihead.data.needles.make_needles`)."""
-    from .. import data as D
-    from ..data.needles import make_needles
+    from ... import data as D
+    from ...data.needles import make_needles
 
     limit = int(lm.model.config.max_len)
     if length > limit:
@@ -467,7 +467,7 @@ def report(
     ``kv-heads.png``/``.svg``."""
     import time
 
-    from .._io import Publish, atomic_write_json
+    from ..._io import Publish, atomic_write_json
 
     t0 = time.perf_counter()
     prompts = needles_for(lm, length=length, count=needles, seed=seed) if needles else []
@@ -502,7 +502,7 @@ def ranking(result: dict) -> list[list[float]]:
 
 def read_split(path: str | Path) -> list[list[int]]:
     """The ``full_heads`` of a ``kv-heads.json`` written by :func:`report` (or a folder holding one), checked."""
-    from .._io import read_json_file
+    from ..._io import read_json_file
 
     p = Path(path)
     p = p / "kv-heads.json" if p.is_dir() else p
@@ -515,7 +515,7 @@ def read_split(path: str | Path) -> list[list[int]]:
         raise ValueError(
             f"{p} is not a kv-heads.json (no split.full_heads): write one with `multihead heads MODEL --kv`"
         ) from None
-    from ..modules.kv_policy import split_heads
+    from ...modules.kv_policy import split_heads
 
     try:  # the one check of a split's shape, the policy's own
         return split_heads(heads)

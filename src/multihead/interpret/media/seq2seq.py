@@ -25,12 +25,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
-from .._io import Publish, atomic_write_bytes, atomic_write_json, atomic_write_text
-from ..modules.anatomy import anatomy
-from ..modules.capture import capture
-from . import plots, roles
-from .maps import AttentionMaps
-from .page import write_page
+from ..._io import Publish, atomic_write_bytes, atomic_write_json, atomic_write_text
+from ...modules.anatomy import anatomy
+from ...modules.capture import capture
+from ..pages import plots
+from ..roles import scores as roles
+from ..maps import AttentionMaps
+from ..pages.page import write_page
 
 KINDS = {
     "encoder": "encoder self-attention",
@@ -120,7 +121,7 @@ def monotonicity(cross: torch.Tensor) -> float:
 
 
 def head_study(folder, texts: list[str], *, max_new_tokens: int = 64, progress: bool = True) -> dict:
-    """Roles of the encoder's and the decoder's self-attention heads (:func:`multihead.interpret.roles.analyse` over
+    """Roles of the encoder's and the decoder's self-attention heads (:func:`multihead.interpret.roles.scores.analyse` over
     ``texts`` and the model's own outputs), and per cross-attention head its mean normalised entropy and
     monotonicity (does the attended source token move left to right as the output is written?)."""
     from tqdm import tqdm

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .._io import atomic_write_text
+from ..._io import atomic_write_text
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 16px; color: #222; max-width: 1400px; }

@@ -29,10 +29,10 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from ..models.seq2seq import CausalLM
-from ..data.batching import as_batch
-from ..modules.anatomy import anatomy
-from ..modules.capture import attention_modules, capture
+from ...models.seq2seq import CausalLM
+from ...data.batching import as_batch
+from ...modules.anatomy import anatomy
+from ...modules.capture import attention_modules, capture
 
 
 def _run(model, inputs):

@@ -16,7 +16,7 @@ written together and must agree field by field.
 
 from __future__ import annotations
 
-from .._io import atomic_write_text
+from ..._io import atomic_write_text
 
 import base64
 import json
@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..modules.capture import capture
-from .maps import AttentionMaps, Subject
+from ...modules.capture import capture
+from ..maps import AttentionMaps, Subject
 
 STYLE = """
 [hidden] { display: none !important; }
@@ -651,7 +651,7 @@ def write_page(
 @torch.no_grad()
 def subject_link_maps(subject: Subject, text: str, *, k: int = 8, thumb: int = 64):
     """The page's data for one (long) text from exact statistics on the model's own path: each head's top-``k``
-    links per query and a ``thumb x thumb`` thumbnail (:class:`multihead.interpret.page.LinkMaps`); no map is
+    links per query and a ``thumb x thumb`` thumbnail (:class:`multihead.interpret.pages.page.LinkMaps`); no map is
     built. Returns ``(link_maps, truncated)``."""
     subject.model.eval()
     ids, keep = subject.encode([text])

@@ -19,7 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..modules.capture import capture
+from ...modules.capture import capture
 
 POLICIES = ("full", "window", "sinks")
 
@@ -119,8 +119,8 @@ def format_table(result: dict) -> str:
 
 
 def plot(result: dict, path) -> None:
-    from ..plotting import save as save_figure
-    from ..plotting import pyplot
+    from ...plotting import save as save_figure
+    from ...plotting import pyplot
 
     plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
@@ -160,7 +160,7 @@ def report(result: dict, out, *, overwrite: bool = False, sources: tuple = ()) -
     """Print the table and, with ``out``, write ``sinks.json`` and ``sinks.png`` there (built aside, swapped in)."""
     from pathlib import Path
 
-    from .._io import Publish, atomic_write_json
+    from ..._io import Publish, atomic_write_json
 
     print(format_table(result))
     if out:

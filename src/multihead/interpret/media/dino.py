@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..modules.capture import capture
+from ...modules.capture import capture
 
 # object boxes (top, left, bottom, right) in the original photograph's pixels, drawn by hand
 PHOTOS = {
@@ -122,7 +122,7 @@ def study(d, names=("chelsea", "astronaut", "coffee", "rocket"), *, size: int = 
     """The three findings on the photographs ``names`` (see the module docstring) at ``size`` pixels on the
     shorter side. Returns per photograph the object scores per head of the last layer, the attention distances, the
     high-norm tokens per layer and the share of the last layer's [CLS] attention on them; and the means."""
-    from ..models.vision import mean_attention_distance
+    from ...models.vision import mean_attention_distance
 
     model = d.model.eval()
     photos, distances = {}, []
@@ -209,7 +209,7 @@ def plot_objects(r: dict, stem, title: str) -> list:
     the head's share on the object; one colorbar per row (attention per patch)."""
     import numpy as np
 
-    from ..plotting import plain, pyplot, save
+    from ...plotting import plain, pyplot, save
 
     plt = pyplot()
     names = list(r["photos"])
@@ -255,7 +255,7 @@ def plot_norms(r: dict, stem, title: str) -> list:
     Right: the last layer's token norms over one photograph, high-norm tokens marked."""
     import numpy as np
 
-    from ..plotting import plain, pyplot, save
+    from ...plotting import plain, pyplot, save
 
     plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
@@ -290,7 +290,7 @@ def plot_norms(r: dict, stem, title: str) -> list:
 def plot_distances(distances: dict, stem, title: str) -> list:
     """Mean attention distance per head against depth for each model (name -> ``(layers, H)`` in pixels), each
     model's distances as a share of its input's size on the right axis label."""
-    from ..plotting import plain, pyplot, save
+    from ...plotting import plain, pyplot, save
 
     plt = pyplot()
     fig, axes = plt.subplots(1, len(distances), figsize=(5.2 * len(distances), 3.8), squeeze=False)

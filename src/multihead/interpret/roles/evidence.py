@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .case_study import word_positions
-from .maps import Subject, is_special
+from ..maps import Subject, is_special
 
 PASS = 0.5  # at least half of the determiners' strongest links go to their noun (and more than to the next word)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..modules.kv_policy import KV_POLICIES, make_policy
+from ...modules.kv_policy import KV_POLICIES, make_policy
 
 # every registered policy that applies to a recorded prompt (head-aware and its kind need --heads)
 POLICIES = tuple(n for n, cls in KV_POLICIES.items() if not cls.why_not("recorded"))
@@ -135,8 +135,8 @@ def measure(
     progress: bool = False,
 ) -> dict:
     """Every policy at every budget on ``needles`` prompts per length and on perplexity (see the module docstring)."""
-    from ..data.lm_text import held_out_rows
-    from .kv_heads import needles_for
+    from ...data.lm_text import held_out_rows
+    from .heads import needles_for
 
     model = lm.model
     model.check_policy()  # native and attached models alike (an attached one through HF's cache API)
@@ -150,9 +150,9 @@ def measure(
         )
     points = settings(policies, budgets, full_heads)
     if full_heads is not None:
-        from .kv_heads import check_split
+        from .heads import check_split
 
-        from .kv_heads import kv_heads_per_layer
+        from .heads import kv_heads_per_layer
 
         check_split(full_heads, kv_heads_per_layer(model), lm.name)
     t0 = time.perf_counter()
@@ -196,7 +196,7 @@ def needle_check(lm, *, length: int = 1024, budget: int = 128, fraction: float =
     """One needle of ``length`` tokens answered from three caches of the same prompt: the full one, a uniform window
     of ``budget`` keys per head, and the head-aware mix (the data-free split's heads whole, the others ``budget``
     keys): what the demo shows. Returns each cache's answer, whether it is right and its kept share of the bytes."""
-    from .kv_heads import echo_and_induction, kv_head_scores, kv_heads_per_layer, needles_for, split
+    from .heads import echo_and_induction, kv_head_scores, kv_heads_per_layer, needles_for, split
 
     model = lm.model
     model.check_policy()
@@ -246,7 +246,7 @@ def format_table(result: dict) -> str:
 def plot(result: dict, stem: str | Path) -> list[Path]:
     """Needle accuracy per length and perplexity against the kept share of the full cache (log x), one line per
     policy (the full cache a star at 100%)."""
-    from ..plotting import plain, pyplot, save
+    from ...plotting import plain, pyplot, save
 
     plt = pyplot()
     lengths = result["lengths"]
@@ -293,7 +293,7 @@ def plot(result: dict, stem: str | Path) -> list[Path]:
 
 def report(lm, out: str | Path, *, overwrite: bool = False, **options) -> dict:
     """:func:`measure`, then ``kv.json`` and ``kv.png``/``.svg`` in ``out`` (built aside, swapped in whole)."""
-    from .._io import Publish, atomic_write_json
+    from ..._io import Publish, atomic_write_json
 
     result = measure(lm, **options)
     with Publish(Path(out), "kv", overwrite=overwrite, sources=(str(lm.path),)) as folder:

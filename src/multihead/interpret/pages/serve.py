@@ -21,7 +21,7 @@ import threading
 import time
 
 from .explain import MAX_CHARS, explain, render_explain_page
-from .maps import Subject
+from ..maps import Subject
 
 MAX_BODY = 16 * 1024  # bytes: a question is a text of at most MAX_CHARS characters and a layer
 HOSTS = ("127.0.0.1", "localhost")
@@ -57,7 +57,7 @@ class Explainer:
         self._lock = threading.Lock()
 
     def ask(self, text: str, layer: int | None = None, head: int | None = None) -> tuple[dict, float]:
-        """:func:`~multihead.interpret.explain.explain` of ``text`` and the seconds it took."""
+        """:func:`~multihead.interpret.pages.explain.explain` of ``text`` and the seconds it took."""
         with self._lock:
             start = time.perf_counter()
             data = explain(self.subject, text, layer=layer, head=head)

@@ -23,21 +23,21 @@ Role rules, checked in this order (the first that holds names the head):
 
 from __future__ import annotations
 
-from .._io import Publish, atomic_write_json
+from ..._io import Publish, atomic_write_json
 
 import math
 from pathlib import Path
 
 import torch
 
-from ..modules.capture import capture
-from .maps import AttentionMaps, Subject, is_punctuation
+from ...modules.capture import capture
+from ..maps import AttentionMaps, Subject, is_punctuation
 
 POSITIONAL = 0.9
 SINK = 0.5
 BROAD = 0.75
 # "induction" is not read from text statistics: `multihead heads` on a causal LM sets it from the prefix-matching
-# score on repeated random tokens (multihead.interpret.induction), over whatever the text rules said.
+# score on repeated random tokens (multihead.interpret.roles.induction), over whatever the text rules said.
 ROLES = [
     "induction",
     "previous token",
@@ -287,12 +287,12 @@ def format_table(result: dict) -> str:
 
 def plot_roles(result: dict, stem: Path) -> list[Path]:
     """Layers x heads: role colours with the role written in, beside mean normalised entropy and distance."""
-    from ..plotting import pyplot
+    from ...plotting import pyplot
 
     plt = pyplot()
     from matplotlib.colors import ListedColormap
 
-    from ..plotting import plain, save as _save
+    from ...plotting import plain, save as _save
 
     layers = 1 + max(x["layer"] for x in result["heads"])
     cols = 1 + max(x["head"] for x in result["heads"])
@@ -314,7 +314,7 @@ def plot_roles(result: dict, stem: Path) -> list[Path]:
         axes[0].text(
             x["head"], x["layer"], short.get(x["role"], x["role"]), ha="center", va="center", fontsize=label_size
         )
-    axes[0].set_title("role (rules in multihead.interpret.roles)", fontsize=10)
+    axes[0].set_title("role (rules in multihead.interpret.roles.scores)", fontsize=10)
     for ax, data, title, cmap in (
         (axes[1], ent, "mean normalised entropy", "viridis"),
         (axes[2], dist, "mean attention distance (tokens)", "magma"),
@@ -342,7 +342,7 @@ def write(result: dict, out: Path, *, overwrite: bool = False) -> list[Path]:
 
 
 def subject_head_stats(subject: Subject, texts: list[str], batch_size: int = 32) -> tuple[list[list[dict]], int]:
-    """Per-head statistics (:func:`multihead.interpret.roles.head_stats`'s) of ``texts`` computed from exact
+    """Per-head statistics (:func:`multihead.interpret.roles.scores.head_stats`'s) of ``texts`` computed from exact
     statistics captured on the model's own attention path (``capture(..., ("stats",))``): no ``L x L`` map is built,
     so it runs on inputs whose maps would not fit. Returns the statistics and the number of real tokens."""
     subject.model.eval()

@@ -11,7 +11,7 @@ with the input up to a cap (a 512-token head is 24 inches, 150 labels).
 
 from __future__ import annotations
 
-from ..plotting import plain, pyplot, save
+from ...plotting import plain, pyplot, save
 
 import math
 import textwrap
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .maps import AttentionMaps
+from ..maps import AttentionMaps
 
 
 _plt = pyplot
