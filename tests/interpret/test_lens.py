@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from multihead.interpret.causal.lens import HookedTransformer, utils
 from multihead.models.seq2seq import CausalLM, CausalLMConfig
+from multihead.modules.anatomy import anatomy
 from multihead.modules.capture import capture
 from multihead.modules.decoder import DecoderConfig
 
@@ -174,3 +175,103 @@ def test_the_logit_lens_and_dla_stacks_add_up_to_the_models_logits(which, reques
         torch.testing.assert_close(directions, lens.W_U[:, [5, 7]].T)
     with pytest.raises(ValueError, match="final norm only"):
         cache.apply_ln_to_stack(parts, layer=1)
+
+
+class _Chars:
+    """A character tokenizer (ids 3..) with TransformerLens's calls' needs: encode(...).ids and decode."""
+
+    class _Enc:
+        def __init__(self, ids):
+            self.ids = ids
+
+    def encode(self, text, add_special_tokens=False):
+        return self._Enc([3 + ord(c) % 90 for c in text])
+
+    def decode(self, ids):
+        return "".join(chr(i - 3) if 3 <= i < 93 else "?" for i in ids)
+
+
+def test_stop_at_layer_returns_the_residual_there_and_runs_nothing_after_it(native):
+    lens = HookedTransformer(native)
+    _, cache = lens.run_with_cache(IDS, names_filter=lambda n: n.endswith("hook_resid_pre"))
+    ran: list[int] = []
+    blocks = [s.module for s in anatomy(native).blocks]
+    handles = [b.register_forward_hook(lambda m, a, o, i=i: ran.append(i)) for i, b in enumerate(blocks)]
+    try:
+        resid = lens(IDS, stop_at_layer=1)
+        assert ran == [0]  # block 0 ran, blocks 1 and 2 did not
+        assert torch.equal(resid, cache["blocks.1.hook_resid_pre"])
+        assert torch.equal(lens(IDS, stop_at_layer=-2), resid)  # negative counts from the end, as TransformerLens's
+        ran.clear()
+        final = lens(IDS, stop_at_layer=3)  # every block, not the final norm
+        assert ran == [0, 1, 2]
+    finally:
+        for h in handles:
+            h.remove()
+    seen: list[torch.Tensor] = []
+    h = anatomy(native).final_norm.register_forward_pre_hook(lambda m, a: seen.append(a[0]))
+    try:
+        native(IDS)
+    finally:
+        h.remove()
+    assert torch.equal(final, seen[0])
+    with pytest.raises(ValueError, match="stop_at_layer=4: this model has 3 blocks"):
+        lens(IDS, stop_at_layer=4)
+
+
+def test_remove_batch_dim_loss_per_token_and_the_three_part_name_are_transformer_lens_s(native):
+    lens = HookedTransformer(native)
+    one = IDS[:1]
+    logits, cache = lens.run_with_cache(one, remove_batch_dim=True, names_filter=lambda n: "pattern" in n)
+    _, batched = lens.run_with_cache(one, names_filter=lambda n: "pattern" in n)
+    assert cache["pattern", 0].shape == (4, 12, 12)  # (head, query, key): no batch axis
+    assert torch.equal(cache["pattern", 0, "attn"], batched["blocks.0.attn.hook_pattern"][0])
+    with pytest.raises(ValueError, match="remove_batch_dim=True takes one row; these tokens have 2"):
+        lens.run_with_cache(IDS, remove_batch_dim=True)
+    per_token = lens(IDS, return_type="loss", loss_per_token=True)
+    want = F.cross_entropy(native(IDS)[:, :-1].flatten(0, 1), IDS[:, 1:].flatten(), reduction="none")
+    assert per_token.shape == (2, 11) and torch.allclose(per_token.flatten(), want, atol=1e-6)
+    both = lens(IDS, return_type="both")
+    assert torch.allclose(both[1], per_token.mean(), atol=1e-6)
+
+
+def test_options_not_taken_are_refused_by_name_never_ignored(native):
+    lens = HookedTransformer(native)
+    with pytest.raises(ValueError, match="takes no option 'frobnicate'"):
+        lens.run_with_cache(IDS, frobnicate=True)
+    with pytest.raises(ValueError, match=r"run_with_cache\(pos_slice=...\) is TransformerLens's and not taken here"):
+        lens.run_with_cache(IDS, pos_slice=-1)
+    with pytest.raises(ValueError, match=r"forward\(start_at_layer=...\) is TransformerLens's"):
+        lens(IDS, start_at_layer=1)
+    with pytest.raises(ValueError, match="takes no option 'foo'"):
+        lens.run_with_hooks(IDS, fwd_hooks=[], foo=1)
+    with pytest.raises(ValueError, match=r"from_pretrained\(fold_ln=...\) is TransformerLens's"):
+        HookedTransformer.from_pretrained("smollm2", fold_ln=True)  # refused before anything is read
+    with pytest.raises(ValueError, match="takes no option 'made_up'"):
+        HookedTransformer.from_pretrained("smollm2", made_up=1)
+
+
+def test_single_tokens_strings_device_and_greedy_generation(native):
+    lens = HookedTransformer(native, _Chars(), bos_id=1)
+    assert lens.cfg.device == torch.device("cpu")
+    assert lens.to_single_token("a") == 3 + ord("a") % 90
+    with pytest.raises(ValueError, match="'ab' is 2 tokens here"):
+        lens.to_single_token("ab")
+    out = lens.generate(IDS[:1], max_new_tokens=5, do_sample=False, return_type="tokens", stop_at_eos=False)
+    ids = IDS[:1]
+    for _ in range(5):  # greedy by hand: the argmax of the last position, fed back
+        ids = torch.cat([ids, native(ids)[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, ids)
+    text = lens.generate("abc", max_new_tokens=3, do_sample=False, stop_at_eos=False)
+    assert isinstance(text, str) and text.startswith(lens.to_string(lens.to_tokens("abc")[0]))
+
+
+def test_test_prompt_ranks_the_answer_as_the_logits_say(native, capsys):
+    lens = HookedTransformer(native, _Chars(), bos_id=1)
+    ranks = utils.test_prompt("abcd", "ef", lens, prepend_space_to_answer=False, top_k=3)
+    ids = lens.to_tokens("abcdef")
+    logits = native(ids)[0]
+    want = [int((logits[4 + i] > logits[4 + i, ids[0, 5 + i]]).sum()) for i in range(2)]  # BOS + 4 prompt tokens
+    assert [r for _, r in ranks] == want
+    shown = capsys.readouterr().out
+    assert "Tokenized prompt:" in shown and "Ranks of the answer tokens:" in shown and shown.count("Top 2th") == 2

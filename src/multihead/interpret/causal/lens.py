@@ -15,8 +15,14 @@ What carries over: TransformerLens's hook names (``blocks.{L}.hook_resid_pre``, 
 the model's own hook points; its tensor layout (``q/k/v/z``: ``(batch, pos, head, d_head)``; multihead's own is
 ``(batch, head, pos, d_head)``: ``layout="multihead"`` keeps it); ``run_with_hooks(fwd_hooks=[(name or filter,
 fn)])`` with ``fn(activation, hook)`` reading ``hook.name`` and ``hook.layer()`` and returning a replacement or None;
-``run_with_cache(names_filter=...)``; ``return_type`` ``"logits"``, ``"loss"`` or None; ``cfg.n_layers``,
-``n_heads``, ``d_head``, ``d_model``, ``d_vocab``; ``to_tokens``, ``to_str_tokens``.
+``run_with_cache(names_filter=..., remove_batch_dim=..., device=..., return_cache_object=...)``; the forward's
+``return_type`` (``"logits"``, ``"loss"``, ``"both"`` or None), ``loss_per_token``, ``prepend_bos`` and
+``stop_at_layer``; ``cache["pattern", 0, "attn"]``; ``cfg.n_layers``, ``n_heads``, ``d_head``, ``d_model``,
+``d_vocab``, ``device``; ``to_tokens``, ``to_str_tokens``, ``to_single_token``, ``to_string``, ``generate``;
+``utils.get_act_name`` and ``utils.test_prompt``. An option TransformerLens has and this layer does not take
+(``fold_ln``, ``pos_slice``, ``start_at_layer``, ...) is refused by name with what to do instead, and a keyword
+TransformerLens does not have either is refused as unknown: nothing is silently ignored. ``from_pretrained`` reads
+the weights as they are (TransformerLens's ``from_pretrained_no_processing``), so the logits are the model's own.
 
 The cache stacks the residual stream as TransformerLens's ``ActivationCache`` does: ``accumulated_resid`` (the
 logit lens, with ``apply_ln``), ``decompose_resid`` (``embed``, then each layer's ``attn_out`` and ``mlp_out``) and
@@ -49,11 +55,72 @@ _BLOCK = ("hook_resid_pre", "hook_resid_mid", "hook_attn_out", "hook_mlp_out", "
 _ATTN = ("hook_q", "hook_k", "hook_v", "hook_z", "hook_pattern")
 
 
+class _Stopped(Exception):  # noqa: N818  (a signal, not an error: the forward stopped at stop_at_layer)
+    def __init__(self, residual: Tensor) -> None:
+        super().__init__("stopped")
+        self.residual = residual
+
+
+# TransformerLens options this layer does not take, with why (what to do instead); anything else is not TL's
+_FORWARD = {
+    "start_at_layer": "start from a residual stream with run_with_hooks on blocks.L.hook_resid_pre instead",
+    "shortformer_pos_embed": "the models here add their positions themselves (rotary or learned)",
+    "past_kv_cache": "decode with model.generate (the model's own cache) instead",
+    "attention_mask": "pass rows of one length (to_tokens refuses texts of different lengths)",
+    "padding_side": "pass rows of one length (to_tokens refuses texts of different lengths)",
+    "tokens": "pass the token ids as the first argument",
+}
+_FORWARD_NAMES = ("loss_per_token", "prepend_bos", "stop_at_layer")
+_RUN_WITH_CACHE = {
+    **_FORWARD,
+    "incl_bwd": "backward hooks are not supported here; read gradients with torch.autograd.grad",
+    "pos_slice": "slice the cached tensors, or use the cache's accumulated_resid/decompose_resid(pos_slice=...)",
+    "reset_hooks_end": "hooks here are attached for one call and always removed after it",
+    "clear_contexts": "hooks here are attached for one call and always removed after it",
+}
+_FROM_PRETRAINED = {
+    "fold_ln": "the weights are read as they are (from_pretrained_no_processing); the logits are the model's own",
+    "center_writing_weights": "the weights are read as they are (from_pretrained_no_processing)",
+    "center_unembed": "the weights are read as they are (from_pretrained_no_processing); the logits are not centred",
+    "fold_value_biases": "the weights are read as they are (from_pretrained_no_processing)",
+    "refactor_factored_attn_matrices": "the weights are read as they are (from_pretrained_no_processing)",
+    "hf_model": "attach an HF model with multihead.hf.attach and pass it to HookedTransformer(model, tokenizer)",
+    "tokenizer": "pass the tokenizer to HookedTransformer(model, tokenizer)",
+    "n_devices": "one device here: pass device=",
+    "move_to_device": "pass device= (the model moves there)",
+    "default_prepend_bos": "pass prepend_bos= to each call",
+    "default_padding_side": "pass rows of one length",
+    "first_n_layers": "read the whole model; stop a forward early with stop_at_layer=",
+    "checkpoint_index": "one checkpoint: the files the source names",
+    "checkpoint_value": "one checkpoint: the files the source names",
+}
+_GENERATE = {
+    "use_past_kv_cache": "the model's own cache is always used",
+    "padding_side": "pass rows of one length",
+    "freq_penalty": "not implemented here; sample with temperature, top_k and top_p",
+}
+
+
+def _refuse(options: dict, call: str, known: dict[str, str]) -> None:
+    """Refuse ``options`` that ``call`` does not take: TransformerLens's own with why, others as unknown."""
+    for name in options:
+        if name in known:
+            raise ValueError(f"{call}({name}=...) is TransformerLens's and not taken here: {known[name]}")
+        raise ValueError(f"{call}() takes no option {name!r} (TransformerLens has none by that name either)")
+
+
 class utils:  # noqa: N801  (TransformerLens's module name: ``utils.get_act_name``)
     @staticmethod
-    def get_act_name(name: str, layer: int | None = None) -> str:
-        """TransformerLens's short names: ``get_act_name("z", 3) == "blocks.3.attn.hook_z"``."""
+    def get_act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
+        """TransformerLens's short names: ``get_act_name("z", 3) == "blocks.3.attn.hook_z"``; ``layer_type``
+        (``"attn"``/``"a"``, ``"mlp"``/``"m"``) as TransformerLens takes it, checked against the name."""
         short = name.removeprefix("hook_")
+        if layer_type is not None:
+            kind = {"a": "attn", "attn": "attn", "m": "mlp", "mlp": "mlp"}.get(layer_type)
+            if kind is None:
+                raise ValueError(f"layer_type {layer_type!r}: choose 'attn' ('a') or 'mlp' ('m')")
+            if kind == "mlp" or short not in ("q", "k", "v", "z", "pattern", "attn_out"):
+                raise ValueError(f"{name!r} is not a hook of the {kind} sub-layer here")
         if short in ("q", "k", "v", "z", "pattern"):
             return f"blocks.{layer}.attn.hook_{short}"
         if short in ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out"):
@@ -62,6 +129,52 @@ class utils:  # noqa: N801  (TransformerLens's module name: ``utils.get_act_name
             f"get_act_name does not know {name!r} here; the names are q, k, v, z, pattern, resid_pre, resid_mid, "
             "resid_post, attn_out and mlp_out"
         )
+
+    @staticmethod
+    def test_prompt(
+        prompt: str,
+        answer: str | list[str],
+        model: HookedTransformer,
+        prepend_space_to_answer: bool = True,
+        print_details: bool = True,
+        prepend_bos: bool | None = None,
+        top_k: int = 10,
+    ) -> list[tuple[str, int]]:
+        """TransformerLens's ``utils.test_prompt``: how the model ranks each token of ``answer`` after ``prompt``
+        (printed as TransformerLens prints it: the tokens, each answer token's rank, logit and probability, and the
+        ``top_k`` tokens at each answer position). Returns ``[(answer token, rank)]``."""
+        answers = [answer] if isinstance(answer, str) else list(answer)
+        bos = True if prepend_bos is None else prepend_bos
+        ranks: list[tuple[str, int]] = []
+        for text in answers:
+            text = (" " + text.lstrip()) if prepend_space_to_answer else text
+            prompt_ids = model.to_tokens(prompt, prepend_bos=bos)
+            answer_ids = model.to_tokens(text, prepend_bos=False)
+            ids = torch.cat([prompt_ids, answer_ids], 1)
+            with torch.no_grad():
+                logits = model(ids)[0].float()
+            if print_details:
+                print("Tokenized prompt:", model.to_str_tokens(prompt_ids[0]))
+                print("Tokenized answer:", model.to_str_tokens(answer_ids[0]))
+            for i, token in enumerate(answer_ids[0].tolist()):
+                row = logits[prompt_ids.shape[1] - 1 + i]
+                probs = row.softmax(-1)
+                rank = int((row > row[token]).sum())
+                shown = model.tokenizer.decode([token])
+                ranks.append((shown, rank))
+                if print_details:
+                    print(
+                        f"Performance on answer token:\nRank: {rank:<8} Logit: {row[token]:5.2f} Prob: "
+                        f"{probs[token]:6.2%} Token: |{shown}|"
+                    )
+                    for k, t in enumerate(row.topk(top_k).indices.tolist()):
+                        print(
+                            f"Top {k}th token. Logit: {row[t]:5.2f} Prob: {probs[t]:6.2%} Token: "
+                            f"|{model.tokenizer.decode([t])}|"
+                        )
+        if print_details:
+            print("Ranks of the answer tokens:", ranks)
+        return ranks
 
 
 @dataclass
@@ -88,6 +201,7 @@ class Config:
     d_model: int
     d_vocab: int
     n_ctx: int
+    device: torch.device = torch.device("cpu")
 
 
 def _sliced(t: Tensor, pos_slice, dim: int = -2) -> Tensor:
@@ -270,17 +384,30 @@ class HookedTransformer(nn.Module):
             d_model=int(getattr(a, "d_model", a.num_heads * a.head_dim)),
             d_vocab=int(getattr(config, "vocab_size", 0)),
             n_ctx=int(getattr(config, "max_len", 0)),
+            device=next(model.parameters()).device,
         )
 
     @classmethod
-    def from_pretrained(cls, source, *, layout: str = "transformer_lens", **_) -> HookedTransformer:
-        """A causal LM multihead reads (``smollm2``, a ``.gguf`` file, an HF folder; ``hf:FOLDER`` attached)."""
+    def from_pretrained(
+        cls, source, *, layout: str = "transformer_lens", device=None, dtype=None, **options
+    ) -> HookedTransformer:
+        """A causal LM multihead reads (``smollm2``, a ``.gguf`` file, an HF folder; ``hf:FOLDER`` attached), on
+        ``device`` in ``dtype``. TransformerLens's weight processing options are refused by name where asked for:
+        this layer reads the model's weights as they are (as TransformerLens's ``from_pretrained_no_processing``
+        does), so its logits are the model's own."""
+        _refuse(options, "from_pretrained", _FROM_PRETRAINED)
         from ...loading import load
 
         loaded = load(source, text=True)
         if loaded.kind != "lm":
             raise ValueError(f"{source} is a {loaded.kind} model; HookedTransformer here takes causal LMs")
-        return cls(loaded.model, loaded.tokenizer, layout=layout, bos_id=getattr(loaded.detail, "bos_id", None))
+        model = loaded.model.to(device=device, dtype=dtype)
+        return cls(model, loaded.tokenizer, layout=layout, bos_id=getattr(loaded.detail, "bos_id", None))
+
+    @classmethod
+    def from_pretrained_no_processing(cls, source, **options) -> HookedTransformer:
+        """TransformerLens's name for reading the weights as they are: :meth:`from_pretrained` here."""
+        return cls.from_pretrained(source, **options)
 
     # ------------------------------------------------------------------------------------------------- weights
     @property
@@ -384,19 +511,61 @@ class HookedTransformer(nn.Module):
         return module.register_forward_hook(lambda m, args, out: call(out))
 
     # ------------------------------------------------------------------------------------------------- running
-    def forward(self, tokens, return_type: str | None = "logits", **_) -> Tensor | None:
-        """``return_type``: ``"logits"`` ``(batch, pos, vocab)``, ``"loss"`` (mean next-token cross-entropy) or
-        None."""
-        ids = self.to_tokens(tokens) if isinstance(tokens, (str, list)) else tokens
+    def forward(
+        self,
+        tokens,
+        return_type: str | None = "logits",
+        *,
+        loss_per_token: bool = False,
+        prepend_bos: bool | None = None,
+        stop_at_layer: int | None = None,
+        **options,
+    ):
+        """TransformerLens's forward. ``return_type``: ``"logits"`` ``(batch, pos, vocab)``, ``"loss"`` (mean
+        next-token cross-entropy; ``loss_per_token=True``: ``(batch, pos - 1)``), ``"both"`` (logits, loss) or None.
+        ``prepend_bos`` for text input (default: the model's BOS where it has one). ``stop_at_layer``: run the
+        embedding and blocks ``0 .. stop_at_layer - 1`` only (negative counts from the end) and return the residual
+        stream there, ``(batch, pos, d_model)``. Other TransformerLens options are refused by name."""
+        _refuse(options, "forward", _FORWARD)
+        if isinstance(tokens, (str, list)):
+            ids = self.to_tokens(tokens, prepend_bos=True if prepend_bos is None else prepend_bos)
+        else:
+            ids = tokens
+        if stop_at_layer is not None:
+            return self._run_to(ids, stop_at_layer)
+        if return_type not in ("logits", "loss", "both", None):
+            raise ValueError(f"return_type {return_type!r}: choose 'logits', 'loss', 'both' or None")
         logits = self.model(ids)
         logits = getattr(logits, "logits", logits)
-        if return_type == "logits":
-            return logits
-        if return_type == "loss":
-            return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
         if return_type is None:
             return None
-        raise ValueError(f"return_type {return_type!r}: choose 'logits', 'loss' or None")
+        if return_type == "logits":
+            return logits
+        per_token = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="none")
+        per_token = per_token.view(ids.shape[0], -1)
+        loss = per_token if loss_per_token else per_token.mean()
+        return loss if return_type == "loss" else (logits, loss)
+
+    def _run_to(self, ids: Tensor, stop_at_layer: int) -> Tensor:
+        """The residual stream entering block ``stop_at_layer`` (after the last block, before the final norm, at
+        ``n_layers``): the forward is stopped there, and nothing after it runs."""
+        n = self.cfg.n_layers
+        stop = stop_at_layer + n if stop_at_layer < 0 else stop_at_layer
+        if not 0 <= stop <= n:
+            raise ValueError(f"stop_at_layer={stop_at_layer}: this model has {n} blocks (0..{n}, or -{n}..-1)")
+        where = self.__dict__["_blocks"][stop] if stop < n else (self.final_norm or self.model.lm_head)
+
+        def halt(module, args):
+            raise _Stopped(args[0])
+
+        handle = where.register_forward_pre_hook(halt)
+        try:
+            self.model(ids)
+        except _Stopped as stopped:
+            return stopped.residual
+        finally:
+            handle.remove()
+        raise RuntimeError(f"the forward never reached {type(where).__name__}")  # the model skipped its own block
 
     def run_with_hooks(self, tokens, *, fwd_hooks=(), bwd_hooks=(), return_type: str | None = "logits", **kw):
         """TransformerLens's ``run_with_hooks``: forward hooks for this call only."""
@@ -405,18 +574,101 @@ class HookedTransformer(nn.Module):
         with self.hooks(fwd_hooks):
             return self(tokens, return_type=return_type, **kw)
 
-    def run_with_cache(self, tokens, *, names_filter=None, return_type: str | None = "logits", **kw):
+    def run_with_cache(
+        self,
+        tokens,
+        *,
+        names_filter=None,
+        return_type: str | None = "logits",
+        remove_batch_dim: bool = False,
+        device=None,
+        return_cache_object: bool = True,
+        **kw,
+    ):
         """``(output, cache)``: every activation ``names_filter`` picks (a name, names, a function of the name or
-        None: all), detached, in the chosen layout."""
+        None: all), detached, in the chosen layout. ``remove_batch_dim`` (one row only) drops the batch axis of
+        every cached tensor, ``device`` moves them, ``return_cache_object=False`` gives a plain dict; the rest goes
+        to :meth:`forward` (``stop_at_layer``, ``loss_per_token``, ``prepend_bos``), which refuses what it does not
+        take by name."""
+        _refuse({k: v for k, v in kw.items() if k not in _FORWARD_NAMES}, "run_with_cache", _RUN_WITH_CACHE)
+        if remove_batch_dim:
+            given = self.to_tokens(tokens) if isinstance(tokens, (str, list)) else torch.as_tensor(tokens)
+            if given.shape[0] != 1:
+                raise ValueError(f"remove_batch_dim=True takes one row; these tokens have {given.shape[0]}")
         cache = LensCache()
         cache.model = self
 
         def keep(t: Tensor, hook: Hook) -> None:
-            cache[hook.name] = t.detach()
+            t = t.detach()
+            t = t[0] if remove_batch_dim else t
+            cache[hook.name] = t if device is None else t.to(device)
 
         with self.hooks([(name, keep) for name in self._names(names_filter)]):
             out = self(tokens, return_type=return_type, **kw)
-        return out, cache
+        return out, (cache if return_cache_object else dict(cache))
+
+    def to_single_token(self, string: str) -> int:
+        """The id of ``string`` where it is one token (no BOS); a ValueError naming its tokens otherwise."""
+        ids = self.to_tokens(string, prepend_bos=False)[0]
+        if ids.numel() != 1:
+            raise ValueError(f"{string!r} is {ids.numel()} tokens here ({self.to_str_tokens(string, False)}), not one")
+        return int(ids[0])
+
+    def to_string(self, tokens) -> str | list[str]:
+        """Token ids back to text: one string for a 1-D sequence, one per row for a batch."""
+        t = torch.as_tensor(tokens)
+        if t.dim() == 2:
+            return [self.tokenizer.decode(row.tolist()) for row in t]
+        return self.tokenizer.decode(t.flatten().tolist())
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input="",  # noqa: A002  (TransformerLens's name)
+        max_new_tokens: int = 10,
+        *,
+        do_sample: bool = True,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        stop_at_eos: bool = True,
+        eos_token_id: int | None = None,
+        prepend_bos: bool | None = None,
+        return_type: str = "input",
+        verbose: bool = True,
+        seed: int | None = None,
+        **options,
+    ):
+        """TransformerLens's ``generate``: ``input`` text or ids; ``return_type`` ``"input"`` (text for text, ids
+        for ids), ``"str"`` or ``"tokens"`` (the prompt's ids and the new ones). Greedy where ``do_sample=False``,
+        else sampled with ``temperature``, ``top_k``, ``top_p`` (``seed`` for repeatable draws), through the model's
+        own cache."""
+        _refuse(options, "generate", _GENERATE)
+        if return_type not in ("input", "str", "tokens"):
+            raise ValueError(f"return_type {return_type!r}: choose 'input', 'str' or 'tokens'")
+        from ...models.generation import generate
+
+        text = isinstance(input, str)
+        given = self.to_tokens(input, prepend_bos=True if prepend_bos is None else prepend_bos) if text else input
+        ids = torch.as_tensor(given)
+        ids = ids[None] if ids.dim() == 1 else ids
+        eos = eos_token_id if eos_token_id is not None else getattr(self.tokenizer, "eos_id", None)
+        made = generate(
+            self.model,
+            ids,
+            strategy="sample" if do_sample else "greedy",
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k or 0,
+            top_p=top_p or 1.0,
+            stop_tokens=(eos,) if stop_at_eos and eos is not None else (),
+            seed=seed,
+        )
+        rows = [torch.cat([row, torch.tensor(new, dtype=row.dtype)]) for row, new in zip(ids, made.tokens)]
+        if return_type == "tokens" or (return_type == "input" and not text):
+            return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+        strings = [self.tokenizer.decode(r.tolist()) for r in rows]
+        return strings[0] if len(strings) == 1 else strings
 
     # ------------------------------------------------------------------------------------------------- tokens
     def to_tokens(self, text: str | list[str], prepend_bos: bool = True) -> Tensor:
