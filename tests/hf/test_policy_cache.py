@@ -229,3 +229,25 @@ def test_a_policy_cache_made_for_another_model_is_refused_by_name(llama, tmp_pat
     for model, other in ((three, two), (two, three)):
         with pytest.raises(hf.AttachError, match="made for another model \\(LlamaForCausalLM with"):
             _generate_rows(model, ids, torch.ones_like(ids), PolicyCache(other, "window", 12))
+
+
+def test_a_cache_holding_a_context_is_continued_by_generate_as_hf_s_own_cache_is(llama):
+    """kvpress's protocol: the context fills the cache in one call, then generate continues it with the question.
+    Under ``full`` the tokens are HF's own cache's; under an evicting policy the question attends what was kept."""
+    from transformers import DynamicCache
+
+    model = loading.load(f"hf:{llama}").model.hf
+    ids = torch.randint(1, 300, (1, 48), generator=torch.Generator().manual_seed(4))
+
+    def two_steps(cache):
+        with torch.no_grad():
+            model(ids[:, :40], past_key_values=cache, use_cache=True)  # the context
+        return _generate_rows(model, ids, torch.ones_like(ids), cache)  # the question, then the answer
+
+    full = PolicyCache(model, "full")
+    assert two_steps(full) == two_steps(DynamicCache())
+    snap = PolicyCache(model, "snapkv", 16)
+    assert len(two_steps(snap)[0]) == 8  # what _generate_rows asks for
+    assert snap.kv_nbytes() < full.kv_nbytes()
+    with pytest.raises(hf.AttachError, match="one cache serves one generation"):  # after a generation: refused
+        _generate_rows(model, torch.cat([ids, ids], 1), torch.ones(1, 96, dtype=torch.long), snap)

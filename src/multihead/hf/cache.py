@@ -154,7 +154,9 @@ class PolicyCache(Cache):
 
     One cache serves one generation of the model it was made for, on rows without padding: each call of the model
     is checked before any layer runs (:meth:`admit`), and a cache used with another model, a second prompt after
-    the first generation, or a left-padded batch is refused with the fix."""
+    the first generation, or a left-padded batch is refused with the fix. A cache filled with a context by one call
+    of the model (kvpress's protocol: the context compressed, then the question and the answer) is continued by
+    ``generate`` as HF's own cache is."""
 
     def __init__(
         self, model: nn.Module, policy="full", budget: int | None = None, *, native=None, one_generation=True, **options
@@ -166,6 +168,7 @@ class PolicyCache(Cache):
         self.native = native  # multihead's KVCache: its layers, policy and byte counts
         self.owner = owner  # the attach record of the model this cache was made for
         self.one_generation = one_generation  # False for a view of a native cache (:meth:`of`): its own loop decides
+        self.generated = False  # a token was decoded into it (a context alone may still be continued)
 
     def admit(self, att, length: int | None, attention_mask: Tensor | None = None) -> None:
         """Refuse a call of the attached model ``att`` on ``length`` new tokens that this cache cannot serve as
@@ -189,11 +192,14 @@ class PolicyCache(Cache):
                 "would be off by its padding); generate one row at a time, or rows of one length"
             )
         seen = self.get_seq_length()
-        if length == 0 or (self.one_generation and seen > 0 and length not in (None, 1)):
+        if length == 0 or (self.one_generation and self.generated and length not in (None, 1)):
             raise AttachError(
                 f"this PolicyCache has served a generation already ({seen} tokens, the policy's evictions done); one "
-                "cache serves one generation: make a new PolicyCache(model, policy, budget) for each generate call"
+                "cache serves one generation: make a new PolicyCache(model, policy, budget) for each generate call "
+                "(a cache that holds only a context, filled by one call of the model, is continued by generate)"
             )
+        if length == 1 and seen > 0:
+            self.generated = True  # decoding has begun: what the cache holds is this generation's
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
         if not 0 <= layer_idx < len(self.layers):

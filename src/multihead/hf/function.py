@@ -112,6 +112,8 @@ def multihead_attention_forward(
     layer = rec.owner.policy_layer if rec is not None and rec.owner is not None else None
     if layer is not None:  # a multihead KV-policy cache: it keeps the keys and says what to attend
         rec.owner.policy_layer = None
+        if layer.get_seq_length() > 0:  # a continuation: the mask spans the kept positions and the new ones
+            am = _mask(attention_mask, module, lq, layer.get_seq_length() + lk, is_causal)
         return _policy_attention(module, rec, layer, q, k, v, am, scale, kwargs)
     if rec is not None:
         rec.scale = scale  # the layer's own scaling, as the last call had it (explain recomputes with it)
