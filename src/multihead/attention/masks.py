@@ -99,7 +99,9 @@ def from_torch_mask(attn_mask: Tensor, num_heads: int | None = None) -> Tensor:
 
 
 def from_torch_key_padding_mask(key_padding_mask: Tensor) -> Tensor:
-    """``nn.MultiheadAttention``'s ``key_padding_mask`` ``(B, Lk)`` (True = pad) -> ours ``(B, 1, 1, Lk)``."""
+    """``nn.MultiheadAttention``'s ``key_padding_mask`` ``(B, Lk)`` (True = pad) -> ours ``(B, 1, 1, Lk)`` (True =
+    may attend), to pass as ``mask=`` (it broadcasts over heads and queries; ``key_padding_mask=`` takes ``(B, Lk)``
+    True = real token). A float mask stays a bias."""
     if key_padding_mask.dtype == torch.bool:
         return (~key_padding_mask)[:, None, None, :]
     return key_padding_mask[:, None, None, :]

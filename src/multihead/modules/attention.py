@@ -225,7 +225,9 @@ class MultiHeadAttention(nn.Module):
                 :class:`~multihead.attention.attn_mask.AttnMask` built once by the caller (a model passes the same
                 one to every layer).
             key_padding_mask: ``(B, Lk)``, **True = real token** (may be attended), False = padding. This is the
-                opposite of ``nn.MultiheadAttention``; convert with ``multihead.masks.from_torch_key_padding_mask``.
+                opposite of ``nn.MultiheadAttention``: ``multihead.masks.from_torch_key_padding_mask`` converts
+                PyTorch's into a ``(B, 1, 1, Lk)`` mask to pass as ``mask=``; or keep PyTorch's arguments and meaning
+                with :class:`multihead.modules.compat.MultiheadAttention`.
             is_causal: causal self-attention (bottom-right aligned when ``Lq != Lk``).
             head_mask: ``(H,)`` or ``(B, H)``: a scale on each head's output (0 removes the head, 1 keeps it);
                 differentiable, which is what head-importance scoring uses.
