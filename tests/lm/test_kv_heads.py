@@ -225,3 +225,18 @@ def test_bench_decode_refuses_a_bad_split_before_any_case(gguf_model, tmp_path, 
     assert main(["bench", "decode", "--model", gguf_model, "--context", "1000000", "--out", str(out)]) == 2
     assert "past" in (err := capsys.readouterr().err) and "512 positions" in err and "--context 448 or less" in err
     assert not out.exists()
+
+
+def test_head_aware_at_a_fraction_holds_that_share_of_the_bytes():
+    from multihead.modules.kv_policy import head_aware_at
+
+    full_heads, groups, length = [[0], [], [1, 2]], [3, 3, 3], 400
+    with pytest.raises(ValueError, match="more than the 25% asked for"):
+        head_aware_at(0.25, length, full_heads, groups)  # a third of the heads whole is already over a quarter
+    policy = head_aware_at(0.5, length, full_heads, groups)
+    assert policy.keep_all == ((0,), (), (1, 2))
+    window = policy.streaming.sinks + policy.streaming.window
+    kept = 3 * length + 6 * window  # 3 of 9 heads keep all 400 keys, the other 6 the sinks and the window
+    assert abs(kept / (9 * length) - 0.5) < 1 / length
+    with pytest.raises(ValueError, match="full_heads names 2 layers; the model has 3"):
+        head_aware_at(0.5, length, [[0], [1]], groups)

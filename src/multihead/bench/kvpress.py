@@ -124,16 +124,14 @@ class Ours:
         return [n for n, cls in KV_POLICIES.items() if n != "full" and not cls.why_not("attached")]
 
     def _policy(self, name: str, fraction: float, length: int):
-        from ..modules.kv_policy import KV_POLICIES, make_policy
+        from ..modules.kv_policy import KV_POLICIES, head_aware_at, make_policy
 
         if name == "full":
             return make_policy("full")
         if not KV_POLICIES[name].needs_split:
             return make_policy(name, max(1, round(fraction * length)))
         heads = self.split(fraction / 2)  # about half the bytes to the heads that keep every key
-        whole = sum(len(h) for h in heads) / sum(len(g) for g in self._kv_heads())  # their share of the heads
-        window = max(5, round(length * (fraction - whole) / (1 - whole))) if whole < 1 else 5
-        return make_policy(name, window, full_heads=heads)
+        return head_aware_at(fraction, length, heads, [len(g) for g in self._kv_heads()])
 
     def _kv_heads(self) -> list[range]:
         from ..interpret.kv.heads import kv_heads_per_layer

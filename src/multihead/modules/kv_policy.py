@@ -763,6 +763,29 @@ def make_policy(name: str | KVPolicy, budget: int | None = None, **options) -> K
     return make(budget, **_whole_numbers(name, params, options))
 
 
+def head_aware_at(
+    fraction: float, length: int, full_heads: Sequence[Sequence[int]], num_kv_heads: Sequence[int]
+) -> KVPolicy:
+    """The head-aware policy that keeps about ``fraction`` of a ``length``-token prompt's key/value bytes: the key/value
+    heads ``full_heads`` (per layer, e.g. :func:`multihead.interpret.kv.heads.read_split` of a ``kv-heads.json``)
+    keep every key, and the others a window sized so that the two together hold ``fraction`` of the full cache
+    (``num_kv_heads``: key/value heads per layer). Refused where the whole heads alone hold more than ``fraction``."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    if length < 1:
+        raise ValueError(f"length must be a positive number of tokens, got {length}")
+    if len(full_heads) != len(num_kv_heads):
+        raise ValueError(f"full_heads names {len(full_heads)} layers; the model has {len(num_kv_heads)}")
+    whole = sum(len(h) for h in full_heads) / sum(num_kv_heads)  # the whole heads' share of the heads
+    if whole >= fraction:
+        raise ValueError(
+            f"the heads kept whole are {whole:.0%} of the key/value heads, more than the {fraction:.0%} asked for; "
+            "keep fewer whole (a smaller split) or ask for more"
+        )
+    window = max(5, round(length * (fraction - whole) / (1 - whole)))
+    return make_policy("head-aware", window, full_heads=[list(h) for h in full_heads])
+
+
 def _whole_numbers(name: str, params, options: dict) -> dict:
     """``options`` with every option whose default is a whole number checked as one: a bool is not (``sinks=True``
     is refused, not read as 1), nor a float or a string. Each policy checks the range of its own options."""
