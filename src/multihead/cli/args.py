@@ -8,8 +8,16 @@ from dataclasses import dataclass
 
 import argparse
 import sys
+import time
 
 from .._config import MAX_NEEDLES  # one bound for the flags and the library (torch-free: --help stays fast)
+
+STARTED = time.perf_counter()  # when the command line was first imported: a command's wall time counts from here
+
+
+def since_start() -> float:
+    """Seconds since the command started (its imports and the model's reading included): what a user waited."""
+    return time.perf_counter() - STARTED
 
 
 def _ints(text: str) -> list[int]:

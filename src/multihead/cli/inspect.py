@@ -19,6 +19,7 @@ from .args import (
     _seconds,
     Route,
     say_attached,
+    since_start,
 )
 
 
@@ -39,7 +40,9 @@ def show_text(args) -> int:
         raise ValueError('the text to show is empty; pass a sentence, e.g. "The cat sat on the mat."')
     from ..interpret.maps import lift_max_len
 
+    read = since_start()
     subject = load_subject(args.model)
+    read = since_start() - read
     say_attached(getattr(subject, "lm", None))
     if args.max_len:
         lift_max_len(subject, args.max_len)
@@ -51,7 +54,8 @@ def show_text(args) -> int:
         f"{' ...' if len(summary['tokens']) > 40 else ''}"
     )
     print(
-        f"wrote {len(summary['files'])} files to {args.out} in {summary['seconds']['total']:.1f}s; open "
+        f"wrote {len(summary['files'])} files to {args.out}, {since_start():.1f}s after the command started "
+        f"(reading the model {read:.1f}s, the text and its pictures {summary['seconds']['total']:.1f}s); open "
         f"{Path(args.out) / 'attention.html'} in a browser (works offline)"
     )
     return 0
@@ -633,8 +637,9 @@ def _serve_explain(args) -> int:
         raise
     server = Server(explainer, text, sock=sock, first=data)
     print(
-        f"{subject.name} loaded and the first text explained in {time.perf_counter() - start:.1f} s "
-        f"(the text alone: {first:.2f} s); each text typed in the page costs only its own pass"
+        f"{subject.name} loaded and the first text explained {since_start():.1f} s after the command started "
+        f"(reading the model and explaining {time.perf_counter() - start:.1f} s, the text alone {first:.2f} s); "
+        "each text typed in the page costs only its own pass"
     )
     print(f"serving {server.url} (127.0.0.1 only); open it in a browser, Ctrl-C to stop", flush=True)
     try:
