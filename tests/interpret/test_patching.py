@@ -403,3 +403,14 @@ def test_attribution_patching_uses_the_whole_derivative_through_later_layers(lm)
         lm.zero_grad(set_to_none=True)
     plain = torch.stack([((c - z.detach()) * z.grad).sum((0, 2, 3)) for c, z in zip(zs_clean, kept)])
     torch.testing.assert_close(approx, plain, atol=1e-5, rtol=1e-4)
+
+
+def test_a_batch_averaged_metric_as_transformer_lens_writes_it_is_taken_one_row_at_a_time(lm):
+    clean, corrupt = _pair()
+
+    def averaged(logits):  # TransformerLens's habit: one number for the whole batch
+        return (logits[:, -1, 5] - logits[:, -1, 6]).mean()
+
+    per_row = P.activation_patching(lm, clean, corrupt, P.logit_diff(5, 6), batch_size=4)
+    averaged_too = P.activation_patching(lm, clean, corrupt, averaged, batch_size=4)  # asked of each row alone
+    assert torch.allclose(per_row["effect"], averaged_too["effect"], atol=1e-5)

@@ -79,10 +79,26 @@ def _check_pair(clean, corrupt) -> None:
 
 def _metric(metric, out, rows: int) -> Tensor:
     value = metric(out)
+    if isinstance(value, (int, float)) and rows == 1:
+        value = torch.tensor([float(value)])
+    if isinstance(value, Tensor) and value.dim() == 0 and rows > 1 and isinstance(out, Tensor):
+        # one number for the batch (TransformerLens's metrics average over it): each row is another patch here, so
+        # the metric is asked of each row alone, where the batch's average is that row's number
+        value = torch.stack([torch.as_tensor(metric(out[i : i + 1])).reshape(()) for i in range(rows)])
+    if isinstance(value, Tensor) and value.numel() == 1 and rows == 1:
+        value = value.reshape(1)  # one row: a batch-averaged metric is that row's number
     if not isinstance(value, Tensor) or value.shape != (rows,):
+        got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+        averaged = isinstance(value, Tensor) and value.numel() == 1
         raise ValueError(
-            f"the metric must return one number per batch row, a tensor of shape ({rows},); got "
-            f"{tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__}"
+            f"the metric must return one number per batch row, a tensor of shape ({rows},); got {got}"
+            + (
+                ": it averages over the batch, as TransformerLens's metrics do, but here each row is another patch; "
+                "return one number per row (drop the .mean() over the batch), or patch one row at a time "
+                "(batch_size=1)"
+                if averaged
+                else ""
+            )
         )
     if not bool(torch.isfinite(value).all()):
         raise ValueError(
