@@ -189,7 +189,7 @@ def test_bad_input_is_named(lm):
     with pytest.raises(ValueError, match="not finite"):
         P.activation_patching(lm, clean, corrupt, lambda out: out[:, -1, 0] * float("nan"))
     with pytest.raises(ValueError, match="one number per batch row"):
-        P.attribution_patching(lm, clean, corrupt, lambda out: out.sum())
+        P.attribution_patching(lm, clean, corrupt, lambda out: out[:, -1, :2])  # two numbers per row
     with pytest.raises(ValueError, match="reference="):
         with P.ablated(lm, {0: [0]}, "mean"):
             pass
