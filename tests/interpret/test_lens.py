@@ -275,3 +275,32 @@ def test_test_prompt_ranks_the_answer_as_the_logits_say(native, capsys):
     assert [r for _, r in ranks] == want
     shown = capsys.readouterr().out
     assert "Tokenized prompt:" in shown and "Ranks of the answer tokens:" in shown and shown.count("Top 2th") == 2
+
+
+def test_transformer_lens_s_patching_helpers_agree_with_multihead_s_own_patching(native):
+    from multihead.interpret.causal import patching as P
+    from multihead.interpret.causal import tl_patching as patching
+
+    lens = HookedTransformer(native)
+    clean = IDS[:1]
+    corrupt = clean.clone()
+    corrupt[0, 3] = (clean[0, 3] + 7) % 100  # one token changed
+
+    def metric(logits):  # TransformerLens's habit: one number, averaged over the batch
+        return (logits[:, -1, 5] - logits[:, -1, 6]).mean()
+
+    _, clean_cache = lens.run_with_cache(clean)
+    with torch.no_grad():
+        clean_value, corrupt_value = float(metric(native(clean))), float(metric(native(corrupt)))
+    resid = patching.get_act_patch_resid_pre(lens, corrupt, clean_cache, metric)
+    assert resid.shape == (3, 12)
+    assert abs(float(resid[0, 3]) - clean_value) < 1e-5  # the changed token restored where it enters: the clean run
+    assert abs(float(resid[0, 0]) - corrupt_value) < 1e-5  # an unchanged position: nothing changes
+    heads = patching.get_act_patch_attn_head_out_all_pos(lens, corrupt, clean_cache, metric)
+    ours = P.activation_patching(native, clean, corrupt, P.logit_diff(5, 6))  # z from the clean run, per head
+    assert heads.shape == (3, 4) and torch.allclose(heads - corrupt_value, ours["effect"], atol=1e-5)
+    assert patching.get_act_patch_block_every(lens, corrupt, clean_cache, metric).shape == (3, 3, 12)
+    assert patching.get_act_patch_attn_head_out_by_pos(lens, corrupt, clean_cache, metric).shape == (3, 12, 4)
+    assert patching.get_act_patch_attn_head_k_all_pos(lens, corrupt, clean_cache, metric).shape == (3, 2)
+    with pytest.raises(ValueError, match="shares 2 key/value heads among 4 query heads"):
+        patching.get_act_patch_attn_head_all_pos_every(lens, corrupt, clean_cache, metric)
