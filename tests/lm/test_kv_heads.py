@@ -240,3 +240,10 @@ def test_head_aware_at_a_fraction_holds_that_share_of_the_bytes():
     assert abs(kept / (9 * length) - 0.5) < 1 / length
     with pytest.raises(ValueError, match="full_heads names 2 layers; the model has 3"):
         head_aware_at(0.5, length, [[0], [1]], groups)
+
+
+def test_head_aware_at_a_fraction_the_whole_heads_already_hold_keeps_the_smallest_window():
+    from multihead.modules.kv_policy import head_aware_at
+
+    policy = head_aware_at(0.25, 100, [[0], []], [2, 2])  # one of four heads whole: a quarter already
+    assert policy.streaming.sinks + policy.streaming.window == 5

@@ -769,7 +769,9 @@ def head_aware_at(
     """The head-aware policy that keeps about ``fraction`` of a ``length``-token prompt's key/value bytes: the key/value
     heads ``full_heads`` (per layer, e.g. :func:`multihead.interpret.kv.heads.read_split` of a ``kv-heads.json``)
     keep every key, and the others a window sized so that the two together hold ``fraction`` of the full cache
-    (``num_kv_heads``: key/value heads per layer). Refused where the whole heads alone hold more than ``fraction``."""
+    (``num_kv_heads``: key/value heads per layer); the window keeps at least 5 keys (4 sinks and the latest), so a
+    split whose whole heads alone hold the fraction gets that floor. Refused where the whole heads alone hold more
+    than ``fraction``."""
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
     if length < 1:
@@ -777,7 +779,7 @@ def head_aware_at(
     if len(full_heads) != len(num_kv_heads):
         raise ValueError(f"full_heads names {len(full_heads)} layers; the model has {len(num_kv_heads)}")
     whole = sum(len(h) for h in full_heads) / sum(num_kv_heads)  # the whole heads' share of the heads
-    if whole >= fraction:
+    if whole > fraction:
         raise ValueError(
             f"the heads kept whole are {whole:.0%} of the key/value heads, more than the {fraction:.0%} asked for; "
             "keep fewer whole (a smaller split) or ask for more"
