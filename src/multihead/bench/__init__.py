@@ -19,6 +19,7 @@ SUITES = {
     "lens": "multihead.bench.lens",
     "loop": "multihead.bench.loop",
     "observe": "multihead.bench.observe",
+    "page": "multihead.bench.page",
 }
 # the suites that take ``--device cuda`` / ``--dtype bf16|fp16`` (the others measure CPU fp32 runs)
 ON_DEVICE = ("attention", "long", "decode", "kernels")

@@ -211,6 +211,8 @@ def explain(subject: Subject, text: str, *, layer: int | None = None, head: int 
         return torch.round(t, decimals=6).tolist()
 
     block = _block_numbers(seen, layer, n, mha, transformed)
+    stream = block["pre"] if block["pre"] is not None else x.tolist()
+    sinks = attention_sinks(torch.tensor(stream, dtype=torch.float64), weights, v.repeat_interleave(group, 0), causal)
 
     return {
         "model": subject.name,
@@ -241,7 +243,75 @@ def explain(subject: Subject, text: str, *, layer: int | None = None, head: int 
         "output": numbers(mha),
         "checks": checks,
         "block": block,
+        "sinks": sinks,
+        "overview": _overview(patterns, seen, n),
         "next": _next_token(subject, result, n),
+    }
+
+
+THUMB = 24  # the overview's squares: each head's weights averaged down to at most THUMB x THUMB
+
+
+def _overview(patterns: list[torch.Tensor], seen: dict, n: int) -> dict:
+    """The whole model at a glance: every head of every layer as a small square (its weights averaged down to at
+    most :data:`THUMB` cells a side, each square scaled to its own largest cell, as bytes 0-255) and each token's
+    residual stream length entering every layer and leaving the last (``(layers + 1, L)``; None where the model's
+    blocks were not found)."""
+    import base64
+
+    import torch.nn.functional as F
+
+    side = min(n, THUMB)
+    squares = []
+    for p in patterns:
+        small = F.adaptive_avg_pool2d(p.float()[None], side)[0]  # (H, side, side)
+        small = small / small.flatten(1).amax(-1).clamp_min(1e-12)[:, None, None]
+        u8 = (small * 255).round().clamp(0, 255).to(torch.uint8).contiguous()
+        squares.append({"u8": base64.b64encode(u8.numpy().tobytes()).decode("ascii"), "shape": list(u8.shape)})
+    layers = len(patterns)
+    keys = [f"pre{i}" for i in range(layers)] + [f"post{layers - 1}"]
+    norms = None
+    if all(k in seen for k in keys):
+        stack = [(seen[k][0] if seen[k].dim() == 3 else seen[k])[:n].double() for k in keys]
+        norms = packed(torch.stack([torch.linalg.vector_norm(t, dim=-1) for t in stack]))
+    return {"side": side, "squares": squares, "norms": norms}
+
+
+SINK_RATIO = 10.0  # a token whose residual stream is this many times longer than the median token's is a sink
+
+
+def attention_sinks(stream: torch.Tensor, weights: torch.Tensor, values: torch.Tensor, causal: bool) -> dict | None:
+    """The attention sinks of one layer (None where it has none): tokens whose residual stream entering the layer
+    (``stream``, ``(L, d_model)``) is more than :data:`SINK_RATIO` times longer than the median token's, with what
+    the layer's heads do with them. ``weights``: ``(H, L, L)``; ``values``: ``(H, L, d_k)``, one per query head.
+
+    For each head: the share of attention the other tokens give the sinks (averaged over those queries), against the
+    share an even spread over the keys each query may see would give; and the length of the sinks' value vectors
+    against the median token's. A head that puts most of its weight on a token whose value is short writes little:
+    the sink is where a head parks attention it has no use for (Xiao et al., 2023), and the page says so only where
+    these numbers show it."""
+    n = stream.shape[0]
+    norms = torch.linalg.vector_norm(stream.double(), dim=-1)
+    median = float(norms.median())
+    tokens = [i for i in range(n) if float(norms[i]) > SINK_RATIO * median]
+    queries = [i for i in range(n) if i not in tokens]
+    if not tokens or not queries:
+        return None
+    w = weights.double()
+    share = w[:, queries][:, :, tokens].sum(-1).mean(-1)  # (H,)
+    seen = torch.tensor([[j <= i or not causal for j in range(n)] for i in queries], dtype=torch.float64)
+    even = float((seen[:, tokens].sum(-1) / seen.sum(-1)).mean())
+    lengths = torch.linalg.vector_norm(values.double(), dim=-1)  # (H, L)
+    value = lengths[:, tokens].mean(-1) / lengths[:, queries].median(-1).values.clamp_min(1e-12)  # (H,)
+    return {
+        "tokens": tokens,
+        "norms": [float(norms[i]) for i in tokens],
+        "median": median,
+        "ratio": SINK_RATIO,
+        "share": share.tolist(),
+        "even": even,
+        "value": value.tolist(),
+        "heads": int((share > 0.5).sum()),
     }
 
 
@@ -454,14 +524,81 @@ def _page_parts():
     }
 
 
-def render_explain_page(data: dict, *, serve: bool = False) -> str:
+# What the page draws as pictures (one row per token, hover reads a value): sent apart from the rest, inline in a
+# written page and fetched when its step scrolls into view on a served one. "block.attn_out" is not drawn (its norms
+# are) and "weights" the page computes from q and k: neither is sent.
+STRIPS = (
+    "X",
+    "concat",
+    "output",
+    "block.embed",
+    "block.added",
+    "block.pre",
+    "block.mlp_in",
+    "block.hidden",
+    "block.mlp_out",
+    "block.post",
+)
+PAGE_MATRICES = ("Q", "K", "V", "Q_lin", "K_lin")  # the numbers the page's arithmetic starts from
+_NOT_SENT = ("weights", "mask", "block.attn_out")  # computed on the page (the mask: from "causal")
+
+
+def packed(rows) -> dict | None:
+    """A matrix (or a stack of them) as the page reads it: float32 bytes in base64 with the shape, a quarter of the
+    JSON text of the same numbers and exact to float32 (the model's own precision)."""
+    import base64
+
+    if rows is None:
+        return None
+    t = torch.as_tensor(rows, dtype=torch.float32).contiguous()
+    return {"f32": base64.b64encode(t.numpy().astype("<f4").tobytes()).decode("ascii"), "shape": list(t.shape)}
+
+
+def unpacked(p: dict | None) -> torch.Tensor | None:
+    """The tensor of a :func:`packed` matrix."""
+    import base64
+
+    if p is None:
+        return None
+    return torch.frombuffer(bytearray(base64.b64decode(p["f32"])), dtype=torch.float32).reshape(p["shape"])
+
+
+def _get(data: dict, key: str):
+    for part in key.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def page_data(data: dict) -> tuple[dict, dict]:
+    """:func:`explain`'s answer as the page reads it: ``(core, strips)``. ``core`` holds what the first screen needs
+    (the tokens, every head's q, k and v packed, the norms, the checks, the next token); ``strips`` the pictures of
+    :data:`STRIPS`, packed, by name (None where the model has no such step). Nothing the page recomputes is sent."""
+    core = {k: v for k, v in data.items() if k not in (*PAGE_MATRICES, *_NOT_SENT, "block", *STRIPS)}
+    for key in PAGE_MATRICES:
+        if key in ("Q_lin", "K_lin") and not data.get("rotated"):
+            continue  # the page shows XW_Q apart from Q only where rotary positions (or a QK-norm) separate them
+        core[key] = packed(data.get(key))
+    block = data.get("block") or {}
+    core["block"] = {k: v for k, v in block.items() if f"block.{k}" not in (*STRIPS, *_NOT_SENT)}
+    core["block"]["has"] = {k: block.get(k) is not None for k in ("embed", "added", "hidden", "mlp_out", "pre", "post")}
+    core["block"]["d_ff"] = len(block["hidden"][0]) if block.get("hidden") else None
+    return core, {key: packed(_get(data, key)) for key in STRIPS}
+
+
+def render_explain_page(data: dict, *, serve: bool = False, strips: str = "inline") -> str:
     """The explain page as HTML (the numbers in a JSON block every token of which is inserted as text by the
-    script). ``serve``: with the text box that asks the local server (:mod:`.serve`)."""
+    script). ``serve``: with the text box that asks the local server (:mod:`.serve`). ``strips``: ``"inline"``
+    (the pictures in the page: one file that works offline) or an answer id whose pictures the page fetches from
+    the server as their steps scroll into view."""
     from markupsafe import Markup
 
     template, parts = _page_parts()
-    page = {k: v for k, v in data.items() if k != "weights"}  # the page computes the weights from q and k
-    return template.render(**parts, serve=serve, data=Markup(_json_for_script(page)))
+    core, pictures = page_data(data)
+    if strips == "inline":
+        core["strips"] = pictures
+    else:
+        core["answer"] = strips
+    return template.render(**parts, serve=serve, data=Markup(_json_for_script(core)))
 
 
 def write_explain_page(data: dict, path: str | Path) -> Path:
@@ -471,4 +608,17 @@ def write_explain_page(data: dict, path: str | Path) -> Path:
     return path
 
 
-__all__ = ["DETERMINERS", "STEPS", "explain", "render_explain_page", "write_explain_page", "zh_characters"]
+__all__ = [
+    "DETERMINERS",
+    "STEPS",
+    "SINK_RATIO",
+    "STRIPS",
+    "attention_sinks",
+    "explain",
+    "packed",
+    "page_data",
+    "render_explain_page",
+    "unpacked",
+    "write_explain_page",
+    "zh_characters",
+]

@@ -11,20 +11,29 @@ before its body is read, and so is any other content type (415) -- the "simple" 
 send anywhere without asking. Its size is checked from its header before it is read, the text's length and the
 layer before the model runs, and a refusal is a 400 with the reason the page shows; a client that hangs up
 mid-body is dropped quietly.
+
+An answer is what the page's first screen needs (every head's q, k and v as float32 bytes, the tokens, the norms,
+the next token's logits: a few hundred kilobytes at 400 tokens); the pictures of the other steps (the residual
+stream, the MLP's hidden layer...) stay on the server, the last :data:`KEPT` answers' worth, and the page fetches
+each from ``GET /api/strip?answer=ID&name=NAME`` when its step scrolls into view.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import secrets
 import socket
 import threading
 import time
+from collections import OrderedDict
 
-from .explain import MAX_CHARS, explain, render_explain_page
+from .explain import MAX_CHARS, STRIPS, explain, page_data, render_explain_page
 from ..maps import Subject
 
 MAX_BODY = 16 * 1024  # bytes: a question is a text of at most MAX_CHARS characters and a layer
 HOSTS = ("127.0.0.1", "localhost")
+KEPT = 4  # answers whose pictures the server keeps for the page to fetch (the page asks for its latest one's)
 
 
 class Refused(ValueError):
@@ -49,19 +58,65 @@ def question(body: bytes) -> tuple[str, int | None]:
     return text, layer
 
 
+def appended(body: bytes) -> int | None:
+    """The token id a question asks to append to its text before explaining it (the page's generate loop: ``"next":
+    id``), or None; :class:`Refused` where it is not a token id. Call after :func:`question` accepted the body."""
+    nxt = json.loads(body).get("next")
+    if nxt is not None and (isinstance(nxt, bool) or not isinstance(nxt, int) or nxt < 0):
+        raise Refused(f'"next" must be a token id or null, got {nxt!r}')
+    return nxt
+
+
 class Explainer:
-    """One model, kept loaded; :meth:`ask` answers one question at a time (the explain hooks share the model)."""
+    """One model, kept loaded; :meth:`ask` answers one question at a time (the explain hooks share the model), and
+    :meth:`answer` turns an answer into what the page reads first, keeping its pictures for :meth:`strip`."""
 
     def __init__(self, subject: Subject) -> None:
         self.subject = subject
         self._lock = threading.Lock()
+        self._strips: OrderedDict[str, dict] = OrderedDict()
 
-    def ask(self, text: str, layer: int | None = None, head: int | None = None) -> tuple[dict, float]:
-        """:func:`~multihead.interpret.pages.explain.explain` of ``text`` and the seconds it took."""
+    def ask(
+        self, text: str, layer: int | None = None, head: int | None = None, *, append: int | None = None
+    ) -> tuple[dict, float]:
+        """:func:`~multihead.interpret.pages.explain.explain` of ``text`` (with token ``append``'s text after it: one
+        step of the page's generate loop) and the seconds it took."""
+        if append is not None:
+            lm = getattr(self.subject, "lm", None)
+            if lm is None:
+                raise Refused(f"{self.subject.name} predicts no next token; only a causal LM's page generates")
+            vocab = lm.model.config.vocab_size
+            if not 0 <= append < vocab:
+                raise Refused(f'"next": {append} is not a token of {self.subject.name} (ids 0 to {vocab - 1})')
+            text += lm.token_texts([append])[0]
+            if len(text) > MAX_CHARS:
+                raise Refused(f"the text has reached {MAX_CHARS} characters, the most the page explains")
         with self._lock:
             start = time.perf_counter()
             data = explain(self.subject, text, layer=layer, head=head)
             return data, time.perf_counter() - start
+
+    def answer(self, data: dict) -> dict:
+        """What the page reads first of ``data`` (:func:`~multihead.interpret.pages.explain.page_data`), with the
+        id under which its pictures are kept (the last :data:`KEPT` answers')."""
+        core, strips = page_data(data)
+        core["answer"] = secrets.token_hex(8)
+        with self._lock:
+            self._strips[core["answer"]] = strips
+            while len(self._strips) > KEPT:
+                self._strips.popitem(last=False)
+        return core
+
+    def strip(self, answer: str, name: str) -> dict | None:
+        """The picture ``name`` of a kept answer (packed; None where the model has no such step), or
+        :class:`Refused` where the name is not a picture or the answer is no longer kept."""
+        if name not in STRIPS:
+            raise Refused(f"no picture {name!r}; the pictures are {', '.join(STRIPS)}")
+        with self._lock:
+            strips = self._strips.get(answer)
+        if strips is None:
+            raise Refused("this answer is no longer kept on the server; explain the text again")
+        return strips[name]
 
 
 def cross_site(headers) -> str | None:
@@ -84,7 +139,8 @@ def is_json(content_type: str | None) -> bool:
 
 def app(explainer: Explainer, first: str | dict):
     """The Starlette app: ``GET /`` the page (``first``: a text to explain on the first visit, or what
-    :meth:`Explainer.ask` already answered for it), ``POST /api/explain`` a question."""
+    :meth:`Explainer.ask` already answered for it), ``POST /api/explain`` a question, ``GET /api/strip`` one picture
+    of a kept answer."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.middleware import Middleware
@@ -98,8 +154,18 @@ def app(explainer: Explainer, first: str | dict):
     async def index(request):
         if "html" not in page:  # rendered once; a first text not yet explained is explained now
             data = first if isinstance(first, dict) else (await run_in_threadpool(explainer.ask, first))[0]
-            page["html"] = render_explain_page(data, serve=True)
+            page["html"] = render_explain_page(data, serve=True, strips=explainer.answer(data)["answer"])
         return HTMLResponse(page["html"], headers={"cache-control": "no-store"})
+
+    async def strip(request):
+        why = cross_site(request.headers)
+        if why is not None:
+            return JSONResponse({"error": why}, status_code=403)
+        try:
+            picture = explainer.strip(request.query_params.get("answer", ""), request.query_params.get("name", ""))
+        except Refused as e:
+            return JSONResponse({"error": str(e)}, status_code=404)
+        return JSONResponse({"strip": picture}, headers={"cache-control": "no-store"})
 
     async def answer(request):
         why = cross_site(request.headers)
@@ -120,13 +186,19 @@ def app(explainer: Explainer, first: str | dict):
             return Response(status_code=400)
         try:
             text, layer = question(body)
-            data, seconds = await run_in_threadpool(explainer.ask, text, layer)
+            data, seconds = await run_in_threadpool(
+                functools.partial(explainer.ask, text, layer, append=appended(body))
+            )
         except ValueError as e:  # Refused, or explain's own refusals (a layer out of range, an unusual layer)
             return JSONResponse({"error": str(e)}, status_code=400)
-        return JSONResponse({"data": data, "seconds": seconds})
+        return JSONResponse({"data": explainer.answer(data), "seconds": seconds})
 
     return Starlette(
-        routes=[Route("/", index), Route("/api/explain", answer, methods=["POST"])],
+        routes=[
+            Route("/", index),
+            Route("/api/explain", answer, methods=["POST"]),
+            Route("/api/strip", strip, methods=["GET"]),
+        ],
         middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=list(HOSTS))],
     )
 
@@ -180,4 +252,17 @@ class Server:
         self.sock.close()
 
 
-__all__ = ["Explainer", "HOSTS", "MAX_BODY", "Refused", "Server", "app", "bind", "cross_site", "is_json", "question"]
+__all__ = [
+    "Explainer",
+    "HOSTS",
+    "KEPT",
+    "MAX_BODY",
+    "Refused",
+    "Server",
+    "app",
+    "appended",
+    "bind",
+    "cross_site",
+    "is_json",
+    "question",
+]
