@@ -548,3 +548,10 @@ def test_a_long_text_is_drawn_as_pixels_not_a_table_of_every_pair(browser):
         assert problems == []
     finally:
         s.stop()
+
+
+def test_a_next_token_outside_the_vocabulary_is_refused_before_the_model_runs(smol):
+    with pytest.raises(Refused, match=r'"next": 1000000000 is not a token of smollm2 \(ids 0 to 49151\)'):
+        Explainer(smol).ask("The cat", append=10**9)
+    with pytest.raises(Refused, match='"next" must be a token id'):
+        appended(b'{"text": "a", "next": -1}')

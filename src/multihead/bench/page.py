@@ -57,8 +57,8 @@ DRAWN = """() => new Promise((done) => {
 })"""
 
 
-def measure(page, url: str, text: str) -> dict:
-    """One served case: type ``text`` into the page at ``url`` (already open), click "explain", and read the costs."""
+def measure(page, text: str) -> dict:
+    """One served case: type ``text`` into the served page ``page`` (already open), click "explain", and read the costs."""
     responses: list = []  # read after the case: a body read inside the browser's event handler would deadlock
 
     def seen(response) -> None:
@@ -158,7 +158,7 @@ def run(*, lengths=None, out: Path | None = None, progress: bool = True) -> dict
             for tokens in tqdm(lengths or [50, 400], desc="bench page", disable=not progress):
                 text = text_of(subject, tokens)
                 n = int(subject.encode([text])[1][0].sum())
-                served = {"impl": "served", "tokens": n, "chars": len(text), **measure(page, server.url, text)}
+                served = {"impl": "served", "tokens": n, "chars": len(text), **measure(page, text)}
                 peer = {"impl": "file", "tokens": n, "chars": len(text), **measure_file(browser, subject, text)}
                 served["interactive_vs_file"] = served["interactive_s"] / peer["interactive_s"]
                 served["page_vs_file"] = served["page_s"] / peer["interactive_s"]

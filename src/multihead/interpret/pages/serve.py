@@ -73,7 +73,8 @@ class Explainer:
 
     def __init__(self, subject: Subject) -> None:
         self.subject = subject
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the model: one question at a time
+        self._kept = threading.Lock()  # the kept pictures: never waits on a question being computed
         self._strips: OrderedDict[str, dict] = OrderedDict()
 
     def ask(
@@ -101,7 +102,7 @@ class Explainer:
         id under which its pictures are kept (the last :data:`KEPT` answers')."""
         core, strips = page_data(data)
         core["answer"] = secrets.token_hex(8)
-        with self._lock:
+        with self._kept:
             self._strips[core["answer"]] = strips
             while len(self._strips) > KEPT:
                 self._strips.popitem(last=False)
@@ -112,7 +113,7 @@ class Explainer:
         :class:`Refused` where the name is not a picture or the answer is no longer kept."""
         if name not in STRIPS:
             raise Refused(f"no picture {name!r}; the pictures are {', '.join(STRIPS)}")
-        with self._lock:
+        with self._kept:
             strips = self._strips.get(answer)
         if strips is None:
             raise Refused("this answer is no longer kept on the server; explain the text again")
@@ -154,7 +155,8 @@ def app(explainer: Explainer, first: str | dict):
     async def index(request):
         if "html" not in page:  # rendered once; a first text not yet explained is explained now
             data = first if isinstance(first, dict) else (await run_in_threadpool(explainer.ask, first))[0]
-            page["html"] = render_explain_page(data, serve=True, strips=explainer.answer(data)["answer"])
+            kept = (await run_in_threadpool(explainer.answer, data))["answer"]
+            page["html"] = render_explain_page(data, serve=True, strips=kept)
         return HTMLResponse(page["html"], headers={"cache-control": "no-store"})
 
     async def strip(request):
@@ -191,7 +193,8 @@ def app(explainer: Explainer, first: str | dict):
             )
         except ValueError as e:  # Refused, or explain's own refusals (a layer out of range, an unusual layer)
             return JSONResponse({"error": str(e)}, status_code=400)
-        return JSONResponse({"data": explainer.answer(data), "seconds": seconds})
+        core = await run_in_threadpool(explainer.answer, data)  # packing megabytes: off the event loop
+        return JSONResponse({"data": core, "seconds": seconds})
 
     return Starlette(
         routes=[
