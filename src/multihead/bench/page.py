@@ -47,12 +47,19 @@ def text_of(subject, tokens: int) -> str:
 
 
 # the milliseconds from window.__t1 until every picture of a shown step is drawn (a page that draws them all at once,
-# without `later`, is drawn when it is interactive: 0)
+# without `later`, is drawn when it is interactive: 0). A step the scroll passed between two frames (a loaded
+# machine paints less often than every 30 ms) was never seen by the page's IntersectionObserver: it is brought into
+# view again, as a reader scrolling back would.
 DRAWN = """() => new Promise((done) => {
   const left = () => [...document.querySelectorAll('canvas.strip')]
     .filter((c) => c.id !== 'lengths' && !c.closest('[hidden]') && !c.dataset.drawn);
-  const wait = () => (typeof later !== 'function' || !left().length ? done(performance.now() - window.__t1)
-    : performance.now() - window.__t1 > 120000 ? done(null) : setTimeout(wait, 20));
+  const wait = () => {
+    const rest = typeof later === 'function' ? left() : [];
+    if (!rest.length) return done(performance.now() - window.__t1);
+    if (performance.now() - window.__t1 > 120000) return done(null);
+    rest[0].scrollIntoView({ block: 'center' });
+    setTimeout(wait, 50);
+  };
   wait();
 })"""
 
