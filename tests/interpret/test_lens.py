@@ -131,8 +131,9 @@ def test_a_failing_hook_leaves_no_hook_behind(attached):
     with pytest.raises(RuntimeError, match="boom"):
         lens.run_with_hooks(IDS, fwd_hooks=[(lambda n: n.endswith("hook_pattern"), broken)])
     assert count() == before
-    with pytest.raises(ValueError, match="get_act_name does not know"):
-        utils.get_act_name("embed", 0)
+    with pytest.raises(ValueError, match="blocks.0.hook_embed is not a hook point of this model"):
+        lens.run_with_hooks(IDS, fwd_hooks=[(utils.get_act_name("embed", 0), broken)])
+    assert count() == before
 
 
 @pytest.mark.parametrize("which", ["native", "attached"])
@@ -187,8 +188,9 @@ class _Chars:
     def encode(self, text, add_special_tokens=False):
         return self._Enc([3 + ord(c) % 90 for c in text])
 
-    def decode(self, ids):
-        return "".join(chr(i - 3) if 3 <= i < 93 else "?" for i in ids)
+    def decode(self, ids, skip_special_tokens=True):
+        special = "" if skip_special_tokens else "<s>"
+        return "".join(chr(i - 3) if 3 <= i < 93 else special if i == 1 else "?" for i in ids)
 
 
 def test_stop_at_layer_returns_the_residual_there_and_runs_nothing_after_it(native):
@@ -304,3 +306,145 @@ def test_transformer_lens_s_patching_helpers_agree_with_multihead_s_own_patching
     assert patching.get_act_patch_attn_head_k_all_pos(lens, corrupt, clean_cache, metric).shape == (3, 2)
     with pytest.raises(ValueError, match="shares 2 key/value heads among 4 query heads"):
         patching.get_act_patch_attn_head_all_pos_every(lens, corrupt, clean_cache, metric)
+
+
+def test_get_act_name_spells_names_as_transformer_lens_does():
+    """The spellings of TransformerLens's own docstring, and its notebooks' short names."""
+    assert utils.get_act_name("k", 6, "a") == "blocks.6.attn.hook_k"
+    assert utils.get_act_name("pre", 2) == "blocks.2.mlp.hook_pre"
+    assert utils.get_act_name("embed") == "hook_embed"
+    assert utils.get_act_name("normalized", 27, "ln2") == "blocks.27.ln2.hook_normalized"
+    assert utils.get_act_name("k6") == "blocks.6.attn.hook_k"
+    assert utils.get_act_name("scale4ln1") == "blocks.4.ln1.hook_scale"
+    assert utils.get_act_name("scale") == "ln_final.hook_scale"
+    assert utils.get_act_name("attn", 0) == "blocks.0.attn.hook_pattern"  # "attn" is the pattern
+    assert utils.get_act_name("z", 3, "attn") == "blocks.3.attn.hook_z"
+    assert utils.get_act_name("in", 2) == "blocks.2.hook_in"  # TransformerLens 4's name of hook_resid_pre
+    assert utils.get_act_name("blocks.1.hook_resid_pre") == "blocks.1.hook_resid_pre"  # a full name as it is
+    assert utils.get_device() in ("cpu", "cuda", "mps")
+
+
+def test_transformer_lens_4_names_reach_the_same_points_and_the_hook_is_told_its_name(native):
+    """TransformerLens 4's bridge names (``blocks.L.hook_in``, ``attn.o.hook_in``, ...) are the classic points: the
+    Main Demo patches the residual at ``get_act_name("in", layer)`` and reads ``clean_cache[hook.name]``."""
+    lens = HookedTransformer(native)
+    _, cache = lens.run_with_cache(IDS)
+    pairs = {
+        "blocks.1.hook_in": "blocks.1.hook_resid_pre",
+        "blocks.1.hook_out": "blocks.1.hook_resid_post",
+        "blocks.1.attn.hook_out": "blocks.1.hook_attn_out",
+        "blocks.1.mlp.hook_out": "blocks.1.hook_mlp_out",
+        "blocks.1.attn.q.hook_out": "blocks.1.attn.hook_q",
+        "blocks.1.attn.o.hook_in": "blocks.1.attn.hook_z",
+        "embed.hook_out": "hook_embed",
+    }
+    for bridge, classic in pairs.items():
+        assert torch.equal(cache[bridge], cache[classic]), bridge
+    assert torch.equal(cache["resid_post", -1], cache["blocks.2.hook_resid_post"])  # -1: the last layer
+    seen: list[str] = []
+
+    def patch(resid, hook, position):
+        seen.append(hook.name)
+        resid[:, position, :] = clean[hook.name][:, position, :]
+        return resid
+
+    corrupt = IDS.clone()
+    corrupt[:, 4] = (IDS[:, 4] + 5) % 100
+    _, clean = lens.run_with_cache(IDS)
+    got = lens.run_with_hooks(corrupt, fwd_hooks=[(utils.get_act_name("in", 0), partial(patch, position=4))])
+    assert seen == ["blocks.0.hook_in"] and torch.allclose(got, native(IDS), atol=1e-5)  # the clean run, restored
+    z = lens.run_with_cache(IDS, names_filter=["blocks.0.attn.o.hook_in"])[1]["blocks.0.attn.hook_z"]
+    assert z.shape == (2, 12, 4, 8)  # (batch, pos, head, d_head): transposed as hook_z is
+
+
+def test_loss_fn_token_positions_and_special_tokens_as_transformer_lens_gives_them(native):
+    lens = HookedTransformer(native, _Chars(), bos_id=1)
+    logits = native(IDS)
+    per = lens.loss_fn(logits, IDS, per_token=True)
+    want = -logits.log_softmax(-1)[:, :-1].gather(-1, IDS[:, 1:, None])[..., 0]  # the formula
+    assert per.shape == (2, 11) and torch.allclose(per, want, atol=1e-5)
+    assert torch.allclose(lens.loss_fn(logits, IDS), want.mean(), atol=1e-6)
+    assert lens.get_token_position("b", "abcab") == 2  # after the BOS
+    assert lens.get_token_position("b", "abcab", prepend_bos=False) == 1
+    assert lens.get_token_position("b", "abcab", mode="last") == 5
+    with pytest.raises(ValueError, match="is not in the input"):
+        lens.get_token_position("z", "abc")
+    plain = lens.to_string(lens.to_tokens("ab", prepend_bos=False)[0])
+    assert lens.to_string(lens.to_tokens("ab")[0]) == "<s>" + plain  # the BOS spelled out, as TransformerLens shows it
+    assert lens.to_str_tokens("ab") == ["<s>", *lens.to_str_tokens("ab", prepend_bos=False)]
+
+
+def test_stack_head_results_add_up_to_each_layer_s_attention_output(native):
+    """Each head's ``z_h W_O^h`` summed over heads is the layer's attention output (no output bias here), and the
+    final-norm scaling is the same division as for the layer stack."""
+    lens = HookedTransformer(native)
+    lens.set_use_attn_result(True)
+    _, cache = lens.run_with_cache(IDS)
+    stack, labels = cache.stack_head_results(layer=-1, return_labels=True)
+    assert stack.shape == (3 * 4, 2, 12, 32) and labels[:2] == ["L0H0", "L0H1"] and labels[-1] == "L2H3"
+    for layer in range(3):
+        assert torch.allclose(stack[layer * 4 : layer * 4 + 4].sum(0), cache["attn_out", layer], atol=1e-5)
+    last = cache.stack_head_results(pos_slice=-1, apply_ln=True)
+    assert torch.allclose(last, cache.apply_ln_to_stack(stack[:, :, -1], pos_slice=-1), atol=1e-6)
+    with pytest.raises(ValueError, match="incl_remainder=True"):
+        cache.stack_head_results(incl_remainder=True)
+
+
+def test_bench_lens_demos_change_only_the_import_and_model_lines_of_a_notebook(tmp_path):
+    """``multihead bench lens --demos``: a notebook's cells become two programs that differ from it only in the
+    TransformerLens import lines and the model line; the comparison reads values and printed lines."""
+    import json
+
+    from multihead.bench.lens import _headless, changed_lines, compare, programs
+
+    cells = [
+        "import torch\nimport transformer_lens.utilities as utils\nfrom transformer_lens import ActivationCache\n"
+        "from transformer_lens.model_bridge import TransformerBridge\n",
+        "# a markdown cell",
+        'model = TransformerBridge.boot_transformers("gpt2")\nmodel.enable_compatibility_mode(\n    fold_ln=True,\n)\n'
+        "model.set_use_attn_result(True)\n",
+        'logits, cache = model.run_with_cache(model.to_tokens("Hello"))\nprint(logits.shape)\n',
+    ]
+    notebook = {
+        "cells": [
+            {"cell_type": "markdown" if i == 1 else "code", "source": text.splitlines(keepends=True)}
+            for i, text in enumerate(cells)
+        ]
+    }
+    path = tmp_path / "Demo.ipynb"
+    path.write_text(json.dumps(notebook))
+    with pytest.raises(ValueError, match="cell 1 is markdown"):
+        programs(path, (0, 1), "FOLDER")
+    made = programs(path, (0, 2, 3), "FOLDER")
+    assert "HookedTransformer.from_pretrained('FOLDER')\nmodel.set_use_attn_result(True)\n" in made["multihead"]
+    assert "from multihead.interpret.causal.lens import ActivationCache\n" in made["multihead"]
+    assert "enable_compatibility_mode(no_processing=True)" in made["transformer_lens"]
+    assert made["original"].count("\n") == made["multihead"].count("\n") + 3  # the three-line call went
+    assert changed_lines(made["original"], made["multihead"]) == 7  # 3 import lines + the 4 lines of the model
+    assert made["multihead"].endswith(cells[3] + "\n")  # the cell itself unchanged
+    a = {"values": {"x": [1.0, 2.0], "s": "a"}, "printed": "one\ntwo\n"}
+    b = {"values": {"x": [1.0, 2.5], "s": "a", "y": 3}, "printed": "one\nthree\n"}
+    got = compare(a, b)
+    assert (
+        got["max_abs_diff"] == 0.5 and got["only_one"] == ["y"] and got["printed_lines_differing"] == ["-three", "+two"]
+    )
+    saved = torch.randint
+    try:
+        _headless()
+        first = torch.randint(0, 100, (5,))
+        import plotly.express as px  # a stand-in: draws nothing
+
+        px.imshow([[1]]).show()
+    finally:
+        torch.randint = saved
+        for name in (
+            "plotly",
+            "plotly.express",
+            "plotly.io",
+            "circuitsvis",
+            "circuitsvis.attention",
+            "IPython",
+            "IPython.display",
+        ):
+            sys.modules.pop(name, None)
+    assert torch.equal(first, torch.randint(0, 100, (5,), generator=torch.Generator().manual_seed(0)))

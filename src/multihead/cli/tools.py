@@ -130,6 +130,9 @@ def _parser_bench(sub) -> None:
     bench.add_argument(
         "--overwrite", action="store_true", help="replace the JSON file and its figures where --out names existing ones"
     )
+    bench.add_argument(
+        "--demos", default=None, help="lens: a TransformerLens checkout's demos folder (its own notebooks, run by both)"
+    )
     bench.add_argument("--runs", default="runs/lra", help="lra: folder for the training runs")
     bench.add_argument("--max-len", type=_count, default=1024, help="lra: tokens per review")
     bench.add_argument("--epochs", type=_count, default=3, help="lra: epochs per variant")

@@ -18,8 +18,13 @@ fn)])`` with ``fn(activation, hook)`` reading ``hook.name`` and ``hook.layer()``
 ``run_with_cache(names_filter=..., remove_batch_dim=..., device=..., return_cache_object=...)``; the forward's
 ``return_type`` (``"logits"``, ``"loss"``, ``"both"`` or None), ``loss_per_token``, ``prepend_bos`` and
 ``stop_at_layer``; ``cache["pattern", 0, "attn"]``; ``cfg.n_layers``, ``n_heads``, ``d_head``, ``d_model``,
-``d_vocab``, ``device``; ``to_tokens``, ``to_str_tokens``, ``to_single_token``, ``to_string``, ``generate``;
-``utils.get_act_name`` and ``utils.test_prompt``. An option TransformerLens has and this layer does not take
+``d_vocab``, ``device``; ``to_tokens``, ``to_str_tokens``, ``to_single_token``, ``to_string`` (special tokens spelled
+out), ``get_token_position``, ``loss_fn``, ``generate``; ``utils.get_act_name`` (TransformerLens's spelling rules:
+``"k6"``, ``"attn"`` for the pattern, ``"in"``), ``utils.test_prompt``, ``utils.get_device`` and ``utils.to_numpy``.
+TransformerLens 4's bridge names of the same points (``blocks.L.hook_in`` for ``hook_resid_pre``, ``hook_out``,
+``ln2.hook_in``, ``attn.hook_out``, ``mlp.hook_out``, ``attn.q/k/v.hook_out``, ``attn.o.hook_in`` for ``hook_z``,
+``embed.hook_out``) reach the same points, and a hook is told the name it was attached by, so ``clean_cache[hook.name]``
+finds it. An option TransformerLens has and this layer does not take
 (``fold_ln``, ``pos_slice``, ``start_at_layer``, ...) is refused by name with what to do instead, and a keyword
 TransformerLens does not have either is refused as unknown: nothing is silently ignored. ``from_pretrained`` reads
 the weights as they are (TransformerLens's ``from_pretrained_no_processing``), so the logits are the model's own.
@@ -27,10 +32,13 @@ the weights as they are (TransformerLens's ``from_pretrained_no_processing``), s
 The cache stacks the residual stream as TransformerLens's ``ActivationCache`` does: ``accumulated_resid`` (the
 logit lens, with ``apply_ln``), ``decompose_resid`` (``embed``, then each layer's ``attn_out`` and ``mlp_out``) and
 ``apply_ln_to_stack`` at the final norm, with ``pos_slice``; ``model.W_U``, ``b_U``, ``W_E``, ``final_norm`` and
-``tokens_to_residual_directions`` are there for direct logit attribution. A native block has no point between its
+``tokens_to_residual_directions`` (and ``model.unembed.W_U``, ``model.embed.W_E``) are there for direct logit
+attribution, and ``stack_head_results`` splits each layer's attention output into its heads' ``z_h W_O^h``. A native block has no point between its
 two residual additions: its ``resid_mid`` in a cache is ``resid_pre + attn_out``, the same sum its forward makes.
 
-What does not (yet): the per-head stacks (``stack_head_results``) and the other weight aliases (``W_Q``, ``W_O``...),
+What does not (yet): the weight aliases of the blocks (``W_Q``, ``W_O``...), ``FactoredMatrix`` and ``model.OV``,
+the hook points inside the norms, the rotary embedding and the MLP (``ln1.hook_scale``, ``attn.hook_attn_scores``,
+``mlp.hook_pre``),
 ``apply_ln_to_stack`` at a block's own norm, backward hooks, and a hook name the model has no point for: asked for,
 each is refused with the reason. Hooks are attached for one call and removed after it, whatever happens.
 """
@@ -41,6 +49,7 @@ import re
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -109,26 +118,90 @@ def _refuse(options: dict, call: str, known: dict[str, str]) -> None:
         raise ValueError(f"{call}() takes no option {name!r} (TransformerLens has none by that name either)")
 
 
+# TransformerLens 4's own names for the same points (its TransformerBridge calls a hook by these inside the hook:
+# ``hook.name`` is ``blocks.3.hook_in`` for ``blocks.3.hook_resid_pre``), and the classic name each one is here
+_BRIDGE_NAMES = (
+    (r"blocks\.(\d+)\.hook_in", r"blocks.\1.hook_resid_pre"),
+    (r"blocks\.(\d+)\.hook_out", r"blocks.\1.hook_resid_post"),
+    (r"blocks\.(\d+)\.ln2\.hook_in", r"blocks.\1.hook_resid_mid"),
+    (r"blocks\.(\d+)\.attn\.hook_out", r"blocks.\1.hook_attn_out"),
+    (r"blocks\.(\d+)\.mlp\.hook_out", r"blocks.\1.hook_mlp_out"),
+    (r"blocks\.(\d+)\.attn\.([qkv])\.hook_out", r"blocks.\1.attn.hook_\2"),
+    (r"blocks\.(\d+)\.attn\.o\.hook_in", r"blocks.\1.attn.hook_z"),
+    (r"embed\.hook_out", "hook_embed"),
+)
+
+
+def canonical(name: str) -> str:
+    """The classic TransformerLens name of ``name``: TransformerLens 4's bridge names (``blocks.L.hook_in``,
+    ``blocks.L.hook_out``, ``blocks.L.attn.o.hook_in``, ...) as ``hook_resid_pre``, ``hook_resid_post``,
+    ``attn.hook_z``, ...; any other name as it is."""
+    for pattern, classic in _BRIDGE_NAMES:
+        if re.fullmatch(pattern, name):
+            return re.sub(pattern, classic, name)
+    return name
+
+
 class utils:  # noqa: N801  (TransformerLens's module name: ``utils.get_act_name``)
+    _NAME_ALIASES = {
+        "attn": "pattern",
+        "attn_logits": "attn_scores",
+        "key": "k",
+        "query": "q",
+        "value": "v",
+        "mlp_pre": "pre",
+        "mlp_mid": "mid",
+        "mlp_post": "post",
+    }
+    _TYPE_ALIASES = {"a": "attn", "m": "mlp", "b": "", "block": "", "blocks": "", "attention": "attn"}
+
     @staticmethod
-    def get_act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
-        """TransformerLens's short names: ``get_act_name("z", 3) == "blocks.3.attn.hook_z"``; ``layer_type``
-        (``"attn"``/``"a"``, ``"mlp"``/``"m"``) as TransformerLens takes it, checked against the name."""
-        short = name.removeprefix("hook_")
-        if layer_type is not None:
-            kind = {"a": "attn", "attn": "attn", "m": "mlp", "mlp": "mlp"}.get(layer_type)
-            if kind is None:
-                raise ValueError(f"layer_type {layer_type!r}: choose 'attn' ('a') or 'mlp' ('m')")
-            if kind == "mlp" or short not in ("q", "k", "v", "z", "pattern", "attn_out"):
-                raise ValueError(f"{name!r} is not a hook of the {kind} sub-layer here")
-        if short in ("q", "k", "v", "z", "pattern"):
-            return f"blocks.{layer}.attn.hook_{short}"
-        if short in ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out"):
-            return f"blocks.{layer}.hook_{short}"
-        raise ValueError(
-            f"get_act_name does not know {name!r} here; the names are q, k, v, z, pattern, resid_pre, resid_mid, "
-            "resid_post, attn_out and mlp_out"
-        )
+    def get_act_name(name: str, layer: int | str | None = None, layer_type: str | None = None) -> str:
+        """TransformerLens's short names, spelled as TransformerLens spells them: ``get_act_name("z", 3) ==
+        "blocks.3.attn.hook_z"``, ``get_act_name("k6") == "blocks.6.attn.hook_k"``, ``get_act_name("attn", 0)`` is the
+        pattern, ``get_act_name("in", 2) == "blocks.2.hook_in"`` (TransformerLens 4's name of ``hook_resid_pre``); a
+        full name comes back as it is. Whether the model has the point is checked where the name is used."""
+        if ("." in name or name.startswith("hook_")) and layer is None and layer_type is None:
+            return name
+        split = re.match(r"([a-z]+)(\d+)([a-z]?.*)", name)
+        if split is not None:
+            name, layer, layer_type = split.group(1), int(split.group(2)), split.group(3) or None
+        name = utils._NAME_ALIASES.get(name, name)
+        if name in ("k", "v", "q", "z", "rot_k", "rot_q", "result", "pattern", "attn_scores"):
+            layer_type = "attn"
+        elif name in ("pre", "post", "mid", "pre_linear"):
+            layer_type = "mlp"
+        elif layer_type in utils._TYPE_ALIASES:
+            layer_type = utils._TYPE_ALIASES[layer_type]
+        full = (f"blocks.{layer}." if layer is not None else "") + (f"{layer_type}." if layer_type else "")
+        full += f"hook_{name}"
+        if name in ("scale", "normalized") and layer is None:
+            full = f"ln_final.{full}"
+        return full
+
+    @staticmethod
+    def get_device() -> str:
+        """The device TransformerLens would pick, by name: ``"cuda"`` where there is one, else ``"cpu"`` (Apple's
+        MPS only when ``TRANSFORMERLENS_ALLOW_MPS=1``, as TransformerLens chooses)."""
+        import os
+
+        if torch.cuda.is_available():
+            return "cuda"
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available() and os.environ.get("TRANSFORMERLENS_ALLOW_MPS", "") == "1":
+            return "mps"
+        return "cpu"
+
+    @staticmethod
+    def to_numpy(tensor):
+        """A tensor (or a list of them, or a number) as a NumPy array, detached and on the CPU."""
+        import numpy as np
+
+        if isinstance(tensor, Tensor):
+            return tensor.detach().cpu().numpy()
+        if isinstance(tensor, (list, tuple)):
+            return np.array([utils.to_numpy(t) for t in tensor])
+        return np.array(tensor)
 
     @staticmethod
     def test_prompt(
@@ -190,6 +263,9 @@ class Hook:
         return int(found.group(1))
 
 
+HookPoint = Hook  # TransformerLens's name for what a hook function gets (its notebooks annotate with it)
+
+
 @dataclass
 class Config:
     """TransformerLens's ``cfg`` fields that analyses read."""
@@ -227,7 +303,10 @@ class LensCache(dict):
 
     def __getitem__(self, key):
         if isinstance(key, tuple):
+            if len(key) > 1 and isinstance(key[1], int) and key[1] < 0 and self.model is not None:
+                key = (key[0], key[1] + self.model.cfg.n_layers, *key[2:])  # -1: the last layer
             key = utils.get_act_name(*key)
+        key = canonical(key)
         if key not in self and key.endswith("hook_resid_mid") and self.model is not None:
             layer = int(key.split(".")[1])
             pre, attn = f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.hook_attn_out"
@@ -304,6 +383,38 @@ class LensCache(dict):
             stack = self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice, mlp_input=mlp_input)
         return (stack, labels) if return_labels else stack
 
+    def stack_head_results(
+        self,
+        layer: int = -1,
+        return_labels: bool = False,
+        incl_remainder: bool = False,
+        pos_slice=None,
+        apply_ln: bool = False,
+    ):
+        """What each head of the layers before ``layer`` (-1 or None: all) wrote into the residual stream, ``z_h
+        W_O^h`` without the output bias, stacked as TransformerLens stacks it: ``(layer * head, batch, [pos,]
+        d_model)``, labelled ``L{layer}H{head}``; ``apply_ln`` divides by the final norm's scale."""
+        if incl_remainder:
+            raise ValueError(
+                "stack_head_results(incl_remainder=True) is TransformerLens's and not taken here: subtract the stack's "
+                "sum from cache.accumulated_resid() yourself"
+            )
+        lens = self._lens()
+        n = lens.cfg.n_layers
+        layer = n if layer is None or layer == -1 else layer
+        parts, labels = [], []
+        for l in range(layer):
+            z = self["z", l]
+            if lens.layout == "multihead":
+                z = z.transpose(-3, -2)  # (..., pos, head, d_head), as TransformerLens keeps it
+            out = lens.__dict__["_sites"][l].head_outputs(z)  # (..., pos, head, d_model)
+            parts.extend(_sliced(out.select(-2, h), pos_slice) for h in range(out.shape[-2]))
+            labels.extend(f"L{l}H{h}" for h in range(out.shape[-2]))
+        stack = torch.stack(parts)
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice)
+        return (stack, labels) if return_labels else stack
+
     def apply_ln_to_stack(
         self,
         residual_stack: Tensor,
@@ -368,6 +479,7 @@ class HookedTransformer(nn.Module):
                 if f"{attn_name}.{hook}" in points:
                     self._points[f"blocks.{i}.attn.{hook}"] = ("point", points[f"{attn_name}.{hook}"])
         self.__dict__["_blocks"] = [named[b] for b in blocks]  # plain attributes: not registered twice
+        self.__dict__["_sites"] = list(body.sites)
         self.__dict__["_adds"] = [body.site_block(i).adds for i in range(len(attns))]
         embed = body.embed
         if embed is not None:
@@ -430,6 +542,22 @@ class HookedTransformer(nn.Module):
         """The token embedding ``(d_vocab, d_model)``."""
         return self.__dict__["_embed"].weight
 
+    @property
+    def unembed(self) -> SimpleNamespace:
+        """TransformerLens's ``model.unembed``: ``W_U`` and ``b_U``."""
+        return SimpleNamespace(W_U=self.W_U, b_U=self.b_U)
+
+    @property
+    def embed(self) -> SimpleNamespace:
+        """TransformerLens's ``model.embed``: ``W_E``."""
+        return SimpleNamespace(W_E=self.W_E)
+
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """TransformerLens's switch for per-head outputs. Here nothing needs switching on: the cache's
+        :meth:`LensCache.stack_head_results` computes each head's ``z_h W_O^h`` from ``hook_z`` when asked."""
+        if not isinstance(use_attn_result, bool):
+            raise ValueError(f"set_use_attn_result takes True or False, not {use_attn_result!r}")
+
     def tokens_to_residual_directions(self, tokens) -> Tensor:
         """Each token's unembedding column as a residual-stream direction: ``W_U[:, tokens].T``."""
         if isinstance(tokens, str):
@@ -461,6 +589,7 @@ class HookedTransformer(nn.Module):
         return chosen
 
     def _resolve(self, name: str) -> tuple[str, nn.Module]:
+        name = canonical(name)
         try:
             return self._points[name]
         except KeyError:
@@ -494,12 +623,12 @@ class HookedTransformer(nn.Module):
 
     def _attach(self, name: str, fn: Callable):
         kind, module = self._resolve(name)
-        hook = Hook(name)
+        hook, classic = Hook(name), canonical(name)  # the hook is told the name it was asked by
 
         def call(t: Tensor) -> Tensor | None:
-            shown = self._to_lens(name, t)
+            shown = self._to_lens(classic, t)
             out = fn(shown, hook=hook)
-            return None if out is None else self._to_lens(name, out)  # the transpose is its own inverse
+            return None if out is None else self._to_lens(classic, out)  # the transpose is its own inverse
 
         if kind == "input":
 
@@ -541,10 +670,21 @@ class HookedTransformer(nn.Module):
             return None
         if return_type == "logits":
             return logits
-        per_token = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="none")
-        per_token = per_token.view(ids.shape[0], -1)
-        loss = per_token if loss_per_token else per_token.mean()
+        loss = self.loss_fn(logits, ids, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
+
+    @staticmethod
+    def loss_fn(logits: Tensor, tokens: Tensor, attention_mask=None, per_token: bool = False) -> Tensor:
+        """TransformerLens's ``loss_fn``: the next-token cross-entropy of ``logits`` on ``tokens``, the mean or
+        ``(batch, pos - 1)`` with ``per_token``."""
+        if attention_mask is not None:
+            raise ValueError(
+                "loss_fn(attention_mask=...) is TransformerLens's and not taken here: pass rows of one length"
+            )
+        tokens = torch.as_tensor(tokens, device=logits.device)
+        per = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten(), reduction="none")
+        per = per.view(tokens.shape[0], -1)
+        return per if per_token else per.mean()
 
     def _run_to(self, ids: Tensor, stop_at_layer: int) -> Tensor:
         """The residual stream entering block ``stop_at_layer`` (after the last block, before the final norm, at
@@ -601,7 +741,7 @@ class HookedTransformer(nn.Module):
         def keep(t: Tensor, hook: Hook) -> None:
             t = t.detach()
             t = t[0] if remove_batch_dim else t
-            cache[hook.name] = t if device is None else t.to(device)
+            cache[canonical(hook.name)] = t if device is None else t.to(device)
 
         with self.hooks([(name, keep) for name in self._names(names_filter)]):
             out = self(tokens, return_type=return_type, **kw)
@@ -614,12 +754,32 @@ class HookedTransformer(nn.Module):
             raise ValueError(f"{string!r} is {ids.numel()} tokens here ({self.to_str_tokens(string, False)}), not one")
         return int(ids[0])
 
+    def get_token_position(self, single_token, input, mode: str = "first", prepend_bos: bool | None = None) -> int:  # noqa: A002
+        """Where ``single_token`` (a string that is one token, or an id) first (``mode="first"``) or last
+        (``"last"``) occurs in ``input`` (a text, tokenized with ``prepend_bos``, or one row of ids)."""
+        if mode not in ("first", "last"):
+            raise ValueError(f"get_token_position: mode {mode!r}; choose 'first' or 'last'")
+        token = self.to_single_token(single_token) if isinstance(single_token, str) else int(single_token)
+        ids = (
+            self.to_tokens(input, prepend_bos=True if prepend_bos is None else prepend_bos)
+            if isinstance(input, str)
+            else torch.as_tensor(input)
+        )
+        if ids.dim() == 2:
+            if ids.shape[0] != 1:
+                raise ValueError(f"get_token_position takes one row; these tokens have {ids.shape[0]}")
+            ids = ids[0]
+        where = (ids == token).nonzero().flatten().tolist()
+        if not where:
+            raise ValueError(f"the token {self._decode([token])!r} ({token}) is not in the input")
+        return where[0] if mode == "first" else where[-1]
+
     def to_string(self, tokens) -> str | list[str]:
         """Token ids back to text: one string for a 1-D sequence, one per row for a batch."""
         t = torch.as_tensor(tokens)
         if t.dim() == 2:
-            return [self.tokenizer.decode(row.tolist()) for row in t]
-        return self.tokenizer.decode(t.flatten().tolist())
+            return [self._decode(row.tolist()) for row in t]
+        return self._decode(t.flatten().tolist())
 
     @torch.no_grad()
     def generate(
@@ -667,7 +827,7 @@ class HookedTransformer(nn.Module):
         rows = [torch.cat([row, torch.tensor(new, dtype=row.dtype)]) for row, new in zip(ids, made.tokens)]
         if return_type == "tokens" or (return_type == "input" and not text):
             return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
-        strings = [self.tokenizer.decode(r.tolist()) for r in rows]
+        strings = [self._decode(r.tolist()) for r in rows]
         return strings[0] if len(strings) == 1 else strings
 
     # ------------------------------------------------------------------------------------------------- tokens
@@ -682,9 +842,15 @@ class HookedTransformer(nn.Module):
             raise ValueError("the texts give different numbers of tokens; pass one text, or texts of equal length")
         return torch.tensor(rows)
 
+    def _decode(self, ids: list[int]) -> str:
+        """Token ids as text, special tokens spelled out (``<|im_start|>``), as TransformerLens shows them."""
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
     def to_str_tokens(self, text, prepend_bos: bool = True) -> list[str]:
         ids = self.to_tokens(text, prepend_bos)[0] if isinstance(text, str) else torch.as_tensor(text).flatten()
-        return [self.tokenizer.decode([int(i)]) for i in ids]
+        return [self._decode([int(i)]) for i in ids]
 
 
-__all__ = ["LAYOUTS", "Config", "Hook", "HookedTransformer", "LensCache", "utils"]
+ActivationCache = LensCache  # TransformerLens's name (its notebooks annotate with it)
+
+__all__ = ["ActivationCache", "LAYOUTS", "Config", "Hook", "HookPoint", "HookedTransformer", "LensCache", "utils"]
