@@ -386,7 +386,6 @@ def compare(ours: dict, theirs: dict) -> dict:
 
 def run_demos(*, demos: Path, model=None, threads: int | None = None, out: Path, progress: bool = True) -> dict:
     """TransformerLens's own notebooks (``demos``: the folder holding them) run by both tools (module docstring)."""
-    import multihead
     from tqdm import tqdm
 
     from .harness import machine_info, write_json
@@ -402,7 +401,7 @@ def run_demos(*, demos: Path, model=None, threads: int | None = None, out: Path,
         raise ValueError(f"bench lens --demos: TransformerLens is not installed: make peers (creates {PEER_VENV})")
     folder = str(Path(_folder(model)).resolve())
     env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
-    ours_path = str(Path(multihead.__file__).resolve().parents[1])
+    ours_path = str(Path(__file__).resolve().parents[2])  # the folder holding the multihead package
     results = []
     for demo in tqdm(list(DEMOS), desc="bench lens demos", disable=not progress):
         texts = programs(Path(demos) / f"{demo}.ipynb", DEMOS[demo], folder)
