@@ -200,7 +200,7 @@ DEMOS = {
         69,
         71,
     ),
-    "Activation_Patching_in_TL_Demo": (7, 9, 11, 12, 14, 15, 16, 17, 19, 22, 24),
+    "Activation_Patching_in_TL_Demo": (6, 7, 9, 11, 12, 14, 15, 16, 17, 19, 22, 24),
 }
 _MODEL = re.compile(
     r"^(\w+) = TransformerBridge\.boot_transformers\(\"[^\"]+\"(.*?)\)\n"
@@ -547,7 +547,7 @@ def _format_demos(payload: dict) -> str:
             f"{r['max_abs_diff']:>11.1e}{len(r['printed_lines_differing']):>9}{ours['seconds']:>8.1f}{tl['seconds']:>8.1f}"
         )
     lines.append(
-        "changed: lines of the notebook's cells changed for multihead (imports and the model line); printed: "
+        "changed: the notebook's lines touched for multihead (imports and the model line); printed: "
         "printed lines that differ"
     )
     return "\n".join(lines)
