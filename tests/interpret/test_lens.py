@@ -395,7 +395,7 @@ def test_bench_lens_demos_change_only_the_import_and_model_lines_of_a_notebook(t
     TransformerLens import lines and the model line; the comparison reads values and printed lines."""
     import json
 
-    from multihead.bench.lens import _headless, changed_lines, compare, programs
+    from multihead.bench.lens import HEADLESS, _headless, changed_lines, compare, programs, run_demos
 
     cells = [
         "import torch\nimport transformer_lens.utilities as utils\nfrom transformer_lens import ActivationCache\n"
@@ -428,6 +428,8 @@ def test_bench_lens_demos_change_only_the_import_and_model_lines_of_a_notebook(t
     assert (
         got["max_abs_diff"] == 0.5 and got["only_one"] == ["y"] and got["printed_lines_differing"] == ["-three", "+two"]
     )
+    import builtins
+
     saved = torch.randint
     try:
         _headless()
@@ -437,14 +439,12 @@ def test_bench_lens_demos_change_only_the_import_and_model_lines_of_a_notebook(t
         px.imshow([[1]]).show()
     finally:
         torch.randint = saved
-        for name in (
-            "plotly",
-            "plotly.express",
-            "plotly.io",
-            "circuitsvis",
-            "circuitsvis.attention",
-            "IPython",
-            "IPython.display",
-        ):
+        for name in HEADLESS:
             sys.modules.pop(name, None)
+        builtins.__dict__.pop("display", None)
     assert torch.equal(first, torch.randint(0, 100, (5,), generator=torch.Generator().manual_seed(0)))
+    with pytest.raises(
+        ValueError, match=r"no Main_Demo.ipynb, .*Demo.ipynb there; pass a TransformerLens checkout's demos"
+    ):
+        run_demos(demos=tmp_path, out=tmp_path / "out.json")
+    assert not (tmp_path / "out.json").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["Demo.ipynb"]

@@ -391,10 +391,10 @@ def run_demos(*, demos: Path, model=None, threads: int | None = None, out: Path,
     from .harness import machine_info, write_json
     from .peers import _folder
 
-    missing = [d for d in DEMOS if not (Path(demos) / f"{d}.ipynb").is_file()]
+    missing = [f"{d}.ipynb" for d in DEMOS if not (Path(demos) / f"{d}.ipynb").is_file()]
     if missing:
         raise ValueError(
-            f"bench lens --demos {demos}: no {', '.join(missing)}.ipynb there; pass a TransformerLens checkout's demos folder"
+            f"bench lens --demos {demos}: no {', '.join(missing)} there; pass a TransformerLens checkout's demos folder"
         )
     peer = PEER_VENV / "bin" / "python"
     if not peer.is_file():
