@@ -74,7 +74,6 @@ def test_bench_kv_refuses_bad_flags_before_reading_a_model(tmp_path, capsys):
     bad = tmp_path / "kv-heads.json"
     bad.write_text('{"split": {"full_heads": [[0]]}}')
     cases = [
-        (["--keys", "13"], "--keys is the number of needles"),
         (["--impls", "lru"], "knows no method lru"),
         (["--impls", "streaming"], "knows no method streaming"),
         (["--kv-heads", str(bad)], "holds no per-head scores"),
@@ -83,7 +82,7 @@ def test_bench_kv_refuses_bad_flags_before_reading_a_model(tmp_path, capsys):
         assert main(["bench", "kv", "--model", str(tmp_path / "nowhere"), *flags, "--out", str(out)]) == 2
         assert "config.json" in capsys.readouterr().err  # the folder is checked first
         folder = _save(tmp_path / "llama", "llama", max_position_embeddings=256)
-        assert main(["bench", "kv", "--model", str(folder), *flags, "--out", str(out)]) == 2
+        assert main(["bench", "kv", "--model", str(folder), "--lengths", "256", *flags, "--out", str(out)]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err
         assert not out.exists() and bad.read_text() == '{"split": {"full_heads": [[0]]}}'

@@ -9,7 +9,7 @@ SUITES = {
     "long": "multihead.bench.long",
     "lra": "multihead.bench.lra",
     "decode": "multihead.bench.decode",
-    "kv": "multihead.bench.kvpress",
+    "kv": "multihead.bench.kv",
     "stats": "multihead.bench.stats",
     "kernels": "multihead.bench.kernels",
     "patch": "multihead.bench.patch",

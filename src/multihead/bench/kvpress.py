@@ -183,13 +183,7 @@ class KVPress:
         return list(PRESSES)
 
     def press(self, name: str, fraction: float):
-        import kvpress
-
-        ratio = 1 - fraction
-        if "(" in name:
-            outer, inner = name.rstrip(")").split("(")
-            return getattr(kvpress, outer)(press=getattr(kvpress, inner)(compression_ratio=ratio))
-        return getattr(kvpress, name)(compression_ratio=ratio)
+        return make_press(name, fraction)
 
     @torch.no_grad()
     def prefill(self, name: str, fraction: float, ids: torch.Tensor):
@@ -215,6 +209,18 @@ class KVPress:
         self._position += 1
         out = self._model(input_ids=token[:, None], past_key_values=cache, position_ids=position, use_cache=True)
         return out.logits[:, -1]
+
+
+def make_press(name: str, fraction: float):
+    """kvpress's press ``name`` keeping ``fraction`` of the keys (``compression_ratio = 1 - fraction``);
+    ``Outer(Inner)`` wraps one press in another (AdaKV, CriticalKV)."""
+    import kvpress
+
+    ratio = 1 - fraction
+    if "(" in name:
+        outer, inner = name.rstrip(")").split("(")
+        return getattr(kvpress, outer)(press=getattr(kvpress, inner)(compression_ratio=ratio))
+    return getattr(kvpress, name)(compression_ratio=ratio)
 
 
 def _tensor_bytes(cache) -> int:

@@ -76,7 +76,8 @@ def cmd_bench(args) -> int:
             f"{out / (args.suite + '.json')}"
         )
     taken = [p for p in (out, out.with_suffix(".png"), out.with_suffix(".svg")) if p.exists() or p.is_symlink()]
-    if taken and not args.overwrite:  # bench writes these three: a file already there is never replaced unasked
+    if taken and not args.overwrite and not (getattr(args, "resume", False) and out.is_file()):
+        # bench writes these three: a file already there is never replaced unasked (--resume goes on with its JSON)
         raise ValueError(
             f"--out {str(out)!r} would replace {', '.join(str(p) for p in taken)}, which exist already; pass "
             "--overwrite to replace them, or choose another path"
@@ -117,6 +118,20 @@ def _parser_bench(sub) -> None:
     bench.add_argument("--modes", type=_words, default=None, help="forward,train")
     bench.add_argument(
         "--impls", type=_words, default=None, help="comma-separated implementations (kv: policies and presses)"
+    )
+    bench.add_argument(
+        "--tasks", type=_words, default=None, help="kv: comma-separated RULER-style tasks (default: every task)"
+    )
+    bench.add_argument("--n", type=int, default=None, help="kv: samples per task, length and protocol (default 50)")
+    bench.add_argument(
+        "--protocols", type=_words, default=None, help="kv: context (compress the context, then ask), question (both)"
+    )
+    bench.add_argument(
+        "--evict", default=None, help="kv: prompt (policies evict once, after the prompt: default) or always"
+    )
+    bench.add_argument("--resume", action="store_true", help="kv: go on with the samples --out's JSON already holds")
+    bench.add_argument(
+        "--memory", action="store_true", help="kv: also each method's peak memory, one fresh process per method"
     )
     bench.add_argument("--keys", type=_count, default=1, help="kv: needles in each prompt, one asked for (1)")
     bench.add_argument(

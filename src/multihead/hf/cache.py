@@ -96,11 +96,14 @@ def cache_argument(model: nn.Module, cache) -> dict:
     return {"cache": cache} if "cache" in names else {"past_key_values": cache}
 
 
-def policy_layers(model: nn.Module, policy, budget: int | None = None, *, record: bool = False, **options):
+def policy_layers(
+    model: nn.Module, policy, budget: int | None = None, *, record: bool = False, prompt_only: bool = False, **options
+):
     """multihead's :class:`~multihead.modules.kv_cache.KVCache` for the attached ``model``'s layers under
     ``policy`` (a name of :data:`~multihead.modules.kv_policy.KV_POLICIES` or a
     :class:`~multihead.modules.kv_policy.KVPolicy`): refused, with the reason, for a model whose attention layers
-    are not one per decoder layer or that is not a decoder."""
+    are not one per decoder layer or that is not a decoder. ``prompt_only``: the policy evicts once, after the
+    prompt, and the cache then keeps every new token (kvpress's protocol)."""
     from ..modules.kv_policy import make_policy, policy_cache
 
     att = attached(model)
@@ -120,7 +123,7 @@ def policy_layers(model: nn.Module, policy, budget: int | None = None, *, record
     if made.why_not("attached"):
         raise AttachError(made.why_not("attached"))
     windows = [_window(rec._module) for rec in layers]
-    native = policy_cache(made, [rec.num_kv_heads for rec in layers], windows, record=record)
+    native = policy_cache(made, [rec.num_kv_heads for rec in layers], windows, record=record, prompt_only=prompt_only)
     rope = _rope(model)
     for kv in native.self_attn:
         kv.rope = rope  # HF rotates the keys before the cache sees them: the policies that model queries ask

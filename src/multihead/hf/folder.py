@@ -193,6 +193,12 @@ def _why_not_type(kind: str | None, hf: dict | None = None) -> str | None:
     return None
 
 
+def _parameters(fn) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(fn).parameters)
+
+
 class AttachedLM(nn.Module):
     """An attached HF causal LM called as multihead's LMs are: ``model(ids, keep=None, head_mask=None) ->
     logits (B, L, V)``. ``head_mask`` ``(layers, H)`` (or ``(B, layers, H)``) scales each head's output (``hook_z``),
@@ -250,6 +256,7 @@ class AttachedLM(nn.Module):
         budget: int | None = None,
         record: bool = False,
         extrapolate: bool = False,
+        prompt_only: bool = False,
         **options,
     ):
         """A cache for feeding tokens in turn (``extrapolate``: accepted as a native LM's; HF's positions run on as
@@ -258,13 +265,14 @@ class AttachedLM(nn.Module):
         the prompt's scores kept for :meth:`~multihead.modules.kv_cache.KVCache.compress`): multihead's KV-policy
         cache, as a native model's ``new_cache`` makes it, run through HF's cache API. Otherwise every token
         (``window=None``: positions run on), or the first ``sinks`` plus the last ``window`` (StreamingLLM, positions
-        within the cache): a :class:`~multihead.hf.stream.StreamCache`."""
+        within the cache): a :class:`~multihead.hf.stream.StreamCache`. ``prompt_only``: the policy evicts once,
+        after the prompt, then keeps every new token (kvpress's protocol)."""
         if policy is not None or record or budget is not None or options:
             if window is not None:
                 raise ValueError("pass a KV policy or a streaming window, not both")
             from .cache import policy_layers
 
-            return policy_layers(self.hf, policy or "full", budget, record=record, **options)
+            return policy_layers(self.hf, policy or "full", budget, record=record, prompt_only=prompt_only, **options)
         from .stream import StreamCache
 
         return StreamCache(self.hf, window=window, sinks=0 if window is None else sinks)
@@ -276,6 +284,8 @@ class AttachedLM(nn.Module):
         if not torch.is_grad_enabled():
             fastpath.prepare(self.hf)  # the weights laid out for decoding, once (a no-op off the CPU)
         cache = self.new_cache(policy="full") if cache is None else cache
+        if hasattr(cache, "self_attn"):  # a KV-policy cache: the head reads the last position only
+            return self._policy_forward(ids, keep, None, cache, last=True)[:, -1], cache
         return self(ids, keep, cache=cache)[:, -1], cache
 
     def step(self, tokens: Tensor, cache) -> Tensor:
@@ -325,8 +335,11 @@ class AttachedLM(nn.Module):
                 "the mask of the whole call: use a rotary model, or the full cache"
             )
 
-    def _policy_forward(self, ids: Tensor, keep: Tensor | None, head_mask: Tensor | None, cache) -> Tensor:
-        """The logits of ``ids`` read through the KV-policy cache ``cache`` (HF's cache API, multihead's layers)."""
+    def _policy_forward(
+        self, ids: Tensor, keep: Tensor | None, head_mask: Tensor | None, cache, *, last: bool = False
+    ) -> Tensor:
+        """The logits of ``ids`` read through the KV-policy cache ``cache`` (HF's cache API, multihead's layers);
+        ``last``: the last position's only, where the model's forward takes ``logits_to_keep``."""
         from .cache import PolicyCache, cache_argument
 
         if head_mask is not None:
@@ -337,7 +350,8 @@ class AttachedLM(nn.Module):
                 "length, or one row at a time"
             )
         hf_cache = PolicyCache.of(cache, self.hf)
-        return self.hf(input_ids=ids, use_cache=True, **cache_argument(self.hf, hf_cache)).logits
+        extra = {"logits_to_keep": 1} if last and "logits_to_keep" in _parameters(self.hf.forward) else {}
+        return self.hf(input_ids=ids, use_cache=True, **cache_argument(self.hf, hf_cache), **extra).logits
 
     def clone(self) -> AttachedLM:
         """An independent copy: the same architecture built from the config, the weights copied in (strictly:

@@ -215,6 +215,7 @@ class CausalLM(nn.Module):
         budget: int | None = None,
         record: bool = False,
         extrapolate: bool = False,
+        prompt_only: bool = False,
         **options,
     ) -> KVCache:
         """An empty cache. ``window``: a StreamingLLM cache of ``sinks`` (default 4) first tokens plus the last
@@ -225,8 +226,10 @@ class CausalLM(nn.Module):
         :data:`~multihead.modules.kv_policy.KV_POLICIES` (``full``, ``window``, ``h2o``, ``snapkv``, ``tova``,
         ``knorm``, ``pyramidkv``, ``adakv``, ``expected``, ``streaming``, ``head-aware``...) with its ``budget`` (keys kept per head) and ``options``
         (``full_heads=`` for ``head-aware``). ``record=True``: every key is kept and the prompt's scores recorded, so that
-        :meth:`KVCache.compress` applies any policy to one prefill. ``extrapolate=True`` (every key): positions may
-        run past ``max_len`` (rotary models; measuring what happens there)."""
+        :meth:`KVCache.compress` applies any policy to one prefill. ``prompt_only=True``: the policy evicts once,
+        after the prompt, then keeps every new token (kvpress's protocol; by default it keeps its budget while
+        decoding). ``extrapolate=True`` (every key): positions may run past ``max_len`` (rotary models; measuring what
+        happens there)."""
         if policy is None and not record:
             if budget is not None or options:
                 raise ValueError("budget= and policy options need policy= (a name in KV_POLICIES or a KVPolicy)")
@@ -252,6 +255,7 @@ class CausalLM(nn.Module):
             [layer.self_attn.num_kv_heads for layer in dec.layers],
             [w if local else None for local in dec.local],
             record=record,
+            prompt_only=prompt_only,
         )
 
     def check_policy(self) -> None:

@@ -259,16 +259,17 @@ class KVCache:
         bookkeeping. Under a policy, each layer's kept keys and values."""
         return sum(c.kv_nbytes() for c in self.self_attn + self.cross_attn)
 
-    def compress(self, policy) -> KVCache:
+    def compress(self, policy, *, prompt_only: bool = False) -> KVCache:
         """What ``policy`` (a :class:`~multihead.modules.kv_policy.KVPolicy`) keeps of this recorded cache's
-        prompt, as a new cache; this one is unchanged (:func:`multihead.modules.kv_policy.compress`). The policy
+        prompt, as a new cache; this one is unchanged (:func:`multihead.modules.kv_policy.compress`;
+        ``prompt_only``: the policy evicts once, and the new cache then keeps every token that follows). The policy
         does the work, so that the cache module imports no policy module."""
         if not callable(getattr(policy, "compress", None)):
             raise ValueError(
                 f"compress takes a KVPolicy (multihead.modules.kv_policy.make_policy(name, budget)), not "
                 f"{type(policy).__name__}"
             )
-        return policy.compress(self)
+        return policy.compress(self, prompt_only=prompt_only)
 
     def reorder(self, index: Tensor) -> None:
         """Keep rows ``index`` (beam search: each surviving beam's parent), in place. Cross-attention caches are

@@ -260,9 +260,9 @@ class KVPolicy:
     def full(self) -> bool:
         return isinstance(self, Full)
 
-    def compress(self, cache):
+    def compress(self, cache, *, prompt_only: bool = False):
         """What this policy keeps of the recorded ``cache``'s prompt, as a new cache (:func:`compress`)."""
-        return compress(cache, self)
+        return compress(cache, self, prompt_only=prompt_only)
 
 
 Rule = KVPolicy  # the name a group's policy had in earlier releases
@@ -979,9 +979,11 @@ class PolicyKV(LayerKV):
         record: bool = False,
         policy: KVPolicy | None = None,
         rope: Tensor | None | bool = None,
+        prompt_only: bool = False,
     ):
         super().__init__()
         self.spec, self.window, self.record, self.policy = groups, window, record, policy
+        self.prompt_only = prompt_only
         # the rotary frequencies the keys are turned with (None: not rotated; False: unknown); a native model's
         # rotary module tells them at the first call, an HF model's cache is told when it is made
         self.rope = rope
@@ -1089,7 +1091,7 @@ class PolicyKV(LayerKV):
         :meth:`KVPolicy.share`)."""
         if self.window is not None:  # a sliding-window layer: only the last window - 1 keys can be read again
             rules: list = [SinksWindow(0, max(self.window - 1, 1))] * len(groups)
-        elif self.record:
+        elif self.record or (self.prompt_only and not prompt):
             return
         else:
             shared = None if self.policy is None else self.policy.share([g.score for g, _ in groups], prompt=prompt)
@@ -1109,8 +1111,8 @@ class PolicyKV(LayerKV):
         return allowed
 
     def _score(self, grp: _Group, q: Tensor, view: KVView, q_pos: Tensor, k_pos: Tensor, sinks, prompt: bool) -> None:
-        if self.window is not None:  # a sliding-window layer keeps its window whatever the scores
-            return
+        if self.window is not None or (self.prompt_only and not prompt):  # a window keeps its window; a prompt-only
+            return  # policy scored once
         seen = Observed(view.k, q, q_pos, k_pos, sinks, values=view.v, rope=self.rope)
         if self.record and prompt:  # what every policy reads, once, so that any can be applied afterwards
             self.recorded = {key: seen.observe(key) for key in recorded_windows()}
@@ -1118,12 +1120,19 @@ class PolicyKV(LayerKV):
         grp.observe(seen, prompt=prompt)
 
 
-def policy_cache(policy: KVPolicy, num_kv_heads: Sequence[int], windows: Sequence[int | None], *, record: bool = False):
+def policy_cache(
+    policy: KVPolicy,
+    num_kv_heads: Sequence[int],
+    windows: Sequence[int | None],
+    *,
+    record: bool = False,
+    prompt_only: bool = False,
+):
     """A :class:`~multihead.modules.kv_cache.KVCache` whose self-attention layers follow ``policy``:
     ``num_kv_heads[i]`` and ``windows[i]`` (the sliding window, None for a global layer) per layer. Under ``full``
     the global layers get the plain :class:`LayerKV` (bit-identical to a cache made without a policy). ``record``:
     every key is kept and the prompt's scores are recorded, so that :meth:`KVCache.compress` can apply any policy
-    (and budget) to one prefill."""
+    (and budget) to one prefill. ``prompt_only``: the policy evicts once, after the prompt (:class:`PolicyKV`)."""
     from .kv_cache import KVCache
 
     policy.check(num_kv_heads)
@@ -1135,14 +1144,17 @@ def policy_cache(policy: KVPolicy, num_kv_heads: Sequence[int], windows: Sequenc
             layers.append(PolicyKV([(list(range(g)), Full())], window=w, record=True))
         else:
             layers.append(policy.layer_cache(i, g, len(num_kv_heads), w))
+            if prompt_only and isinstance(layers[-1], PolicyKV):
+                layers[-1].prompt_only = True
     return KVCache(len(layers), self_attn=layers, policy=policy)
 
 
-def compress(cache, policy: KVPolicy):
+def compress(cache, policy: KVPolicy, *, prompt_only: bool = False):
     """A new cache holding what ``policy`` would have kept had the prompt been read under it: ``cache`` is a
     recorded one (:func:`policy_cache` with ``record=True``) after the prompt. Bit-identical to a prefill under
     ``policy`` (the scores are the same numbers); ``cache`` itself is left as it was, so one prefill serves every
-    policy and budget."""
+    policy and budget. ``prompt_only``: the new cache keeps every token that follows (the policy evicted once, after
+    the prompt, as kvpress's presses do); by default it keeps evicting to the budget at every step."""
     from .kv_cache import KVCache
 
     policy.check_layers(len(cache.self_attn))
@@ -1158,7 +1170,9 @@ def compress(cache, policy: KVPolicy):
         whole = rec.groups[0]
         k, v, pos = whole.buffers.k, whole.buffers.v, whole.pos
         assert k is not None and v is not None and pos is not None
-        new = PolicyKV(policy.rules(i, k.shape[1], len(cache.self_attn)), window=rec.window, policy=policy)
+        new = PolicyKV(
+            policy.rules(i, k.shape[1], len(cache.self_attn)), window=rec.window, policy=policy, prompt_only=prompt_only
+        )
         new.groups, new.seen, new.rope = [], rec.seen, rec.rope
         h = len(whole.q_heads)
         for heads, rule in new.spec:

@@ -1,0 +1,668 @@
+"""``multihead bench kv``: multihead's KV policies and NVIDIA's kvpress presses measured like a benchmark, on
+RULER-style tasks (:mod:`multihead.data.ruler`), the same token ids and the same HF folder for both sides.
+
+A run is every task x length x protocol x kept fraction x method, ``n`` samples per cell (default 50), scored as
+RULER scores them (the share of expected strings in the greedy answer), each score with its Wilson 95% interval
+(over the expected strings), the full cache's score beside it as the ceiling.
+
+**Protocols** (said in every row):
+
+* ``context`` -- kvpress's pipeline: the context is read and compressed once, then each question is appended and
+  answered from that compressed cache, which grows as the answer is written (the compression never sees the
+  question; one compressed context serves every question);
+* ``question`` -- the question read with the context (all but the question's last token compressed together, as a
+  press applied to the whole prompt does), which favours methods that look at the last queries (SnapKV).
+
+**Sides**:
+
+* ``multihead`` -- the folder read with transformers and attached. The context is read once with every key
+  (a recorded prefill), then each policy at each fraction is applied to that record
+  (:meth:`~multihead.modules.kv_cache.KVCache.compress`, bit-identical to a prefill under the policy), and scores
+  once, after the context (``prompt_only``, kvpress's protocol; ``evict="always"`` keeps the budget while
+  decoding);
+* ``kvpress`` -- HF's own model from the same folder. The context is read once; each press then compresses that
+  read's keys and values through its own ``forward_hook`` (the hook kvpress registers, called with the layer's
+  recorded inputs: the cache it leaves equals the one ``with press(model)`` leaves, which the tests check), and the
+  answer is written by kvpress's pipeline's own ``generate_answer``. Presses that read the attention weights
+  (ObservedAttention) run their own prefill with eager attention.
+
+**Memory** (``memory=True``): for each method and fraction, in a fresh process, one prompt of each length read under
+the method the way a user runs it (a policy cache; ``with press(model)``), and the most resident memory the read
+and answer add over the process after the model is loaded (the kernel's peak mark, reset after loading).
+
+The JSON is written after every sample; a run stopped early resumes (``resume=True``) from the samples its JSON
+holds, when its settings are the same.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .kvpress import EAGER, INSTALL, PRESSES, _tensor_bytes, smollm2_folder
+
+FRACTIONS = (0.125, 0.25, 0.5)
+LENGTHS = (2048, 4096)
+PROTOCOLS = ("context", "question")
+EVICT = ("prompt", "always")
+MAX_N = 1000
+
+
+def default_out() -> Path:
+    return Path("bench/results") / f"kv-ruler-{time.strftime('%Y%m%d-%H%M%S')}.json"
+
+
+def wilson(hits: float, total: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of ``hits`` successes in ``total`` trials (95% by default)."""
+    if total == 0:
+        return (0.0, 1.0)
+    p = hits / total
+    d = 1 + z * z / total
+    centre = (p + z * z / (2 * total)) / d
+    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / d
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+# ------------------------------------------------------------------------------------------------ the two sides
+class OursSide:
+    """The folder attached; one recorded read per context, each policy applied to it."""
+
+    side = "multihead"
+
+    def __init__(self, folder: Path, ranking=None, evict: str = "prompt"):
+        from .kvpress import Ours
+
+        self.inner = Ours(folder, ranking)
+        self.lm, self.model = self.inner.lm, self.inner.model
+        self.prompt_only = evict == "prompt"
+        eos = self.model.hf.generation_config.eos_token_id
+        self.stop = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+
+    def names(self) -> list[str]:
+        from ..modules.kv_policy import KV_POLICIES
+
+        return [n for n in self.inner.names() if not KV_POLICIES[n].why_not("recorded")]
+
+    @torch.no_grad()
+    def read(self, ids: list[int]):
+        cache = self.model.new_cache(record=True)
+        t0 = time.perf_counter()
+        self.model.prefill(torch.tensor([ids]), cache=cache)
+        return {"cache": cache, "length": len(ids), "seconds": time.perf_counter() - t0}
+
+    def compressed(self, read, name: str, fraction: float):
+        policy = self.inner._policy(name, fraction, read["length"])
+        probe = read["cache"].compress(policy, prompt_only=self.prompt_only)
+        return {"read": read, "policy": policy, "bytes": probe.kv_nbytes(), "first": probe}
+
+    @torch.no_grad()
+    def answer(self, state, question: list[int], max_new: int) -> tuple[str, int, float]:
+        cache = state.pop("first", None) or state["read"]["cache"].compress(
+            state["policy"], prompt_only=self.prompt_only
+        )
+        logits = self.model(torch.tensor([question]), cache=cache)[:, -1]
+        out: list[int] = []
+        t0 = time.perf_counter()
+        for i in range(max_new):
+            nxt = logits.argmax(-1)
+            out.append(int(nxt))
+            if out[-1] in self.stop or i == max_new - 1:
+                break
+            logits = self.model.step(nxt, cache)
+        return self.lm.decode([t for t in out if t not in self.stop]), len(out), time.perf_counter() - t0
+
+
+class PressSide:
+    """HF's model from the folder; one read per context, each press applied to it through its own hook."""
+
+    side = "kvpress"
+
+    def __init__(self, folder: Path):
+        import kvpress  # noqa: F401  (registers the pipeline; a missing package is named by the caller)
+        from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.models, self.pipes = {}, {}
+        for impl in ("sdpa", "eager"):
+            m = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation=impl).eval()
+            self.models[impl] = m
+            self.pipes[impl] = pipeline("kv-press-text-generation", model=m, tokenizer=self.tokenizer, device="cpu")
+
+    def names(self) -> list[str]:
+        return list(PRESSES)
+
+    @torch.no_grad()
+    def read(self, ids: list[int]):
+        """The context read once (no press): each attention layer's inputs and output, and the full cache."""
+        from transformers import DynamicCache
+
+        model = self.models["sdpa"]
+        seen: dict[int, tuple[dict, tuple]] = {}
+        hooks = []
+        for i, layer in enumerate(model.model.layers):
+
+            def grab(module, args, kwargs, output, i=i):
+                seen[i] = ({k: v for k, v in kwargs.items() if k != "past_key_values"}, output)
+
+            hooks.append(layer.self_attn.register_forward_hook(grab, with_kwargs=True))
+        cache = DynamicCache()
+        t0 = time.perf_counter()
+        try:
+            model.model(input_ids=torch.tensor([ids]), past_key_values=cache)
+        finally:
+            for h in hooks:
+                h.remove()
+        kv = [(layer.keys, layer.values) for layer in cache.layers]
+        return {"ids": ids, "length": len(ids), "layers": seen, "kv": kv, "seconds": time.perf_counter() - t0}
+
+    def press(self, name: str, fraction: float):
+        from .kvpress import make_press
+
+        return make_press(name, fraction)
+
+    @torch.no_grad()
+    def compressed(self, read, name: str, fraction: float):
+        from transformers import DynamicCache
+
+        impl = "eager" if name in EAGER else "sdpa"
+        model = self.models[impl]
+        cache = DynamicCache()
+        for module in (layer.self_attn for layer in model.model.layers):
+            module.masked_key_indices = None  # what a prefill resets (kvpress's attention patch)
+        if name == "full":
+            for i, (k, v) in enumerate(read["kv"]):
+                cache.update(k.clone(), v.clone(), i)
+        elif name in EAGER:  # the press reads the attention weights: its own prefill, with eager attention
+            with self.press(name, fraction)(model):
+                model.model(input_ids=torch.tensor([read["ids"]]), past_key_values=cache)
+        else:
+            press = self.press(name, fraction)
+            for i, (k, v) in enumerate(read["kv"]):
+                cache.update(k.clone(), v.clone(), i)
+            with press(model):  # the press set up on the model as kvpress sets it up; its hook called on the read
+                for i, layer in enumerate(model.model.layers):
+                    kwargs, output = read["layers"][i]
+                    press.forward_hook(layer.self_attn, [], {**kwargs, "past_key_values": cache}, output)
+        lengths = [cache.get_seq_length(i) for i in range(len(cache))]
+        return {
+            "cache": cache,
+            "impl": impl,
+            "length": read["length"],
+            "lengths": lengths,
+            "bytes": _tensor_bytes(cache),
+        }
+
+    @torch.no_grad()
+    def answer(self, state, question: list[int], max_new: int) -> tuple[str, int, float]:
+        """kvpress's pipeline's own answer (greedy, positions after the whole context), then the answer's keys
+        dropped from the cache (as its pipeline does between questions)."""
+        pipe = self.pipes[state["impl"]]
+        t0 = time.perf_counter()
+        text = pipe.generate_answer(
+            question_ids=torch.tensor([question]),
+            cache=state["cache"],
+            context_length=state["length"],
+            max_new_tokens=max_new,
+        )
+        seconds = time.perf_counter() - t0
+        grown = (
+            state["cache"].get_seq_length(0) - state["lengths"][0]
+        )  # the question and all answer tokens but the last
+        pipe._remove_answer_from_cache(state["cache"], state["lengths"])
+        return text, max(grown - len(question) + 1, 1), seconds
+
+
+# ------------------------------------------------------------------------------------------------ checks
+def check(*, tasks, lengths, n, fractions, methods, protocols, evict, max_positions: int | None = None) -> None:
+    """Refuse what cannot run, before any model is read."""
+    from ..data.ruler import TASKS
+    from ..modules.kv_policy import KV_POLICIES
+
+    unknown = sorted(set(tasks) - set(TASKS))
+    if unknown or not tasks:
+        raise ValueError(
+            f"bench kv knows no task {', '.join(unknown) or '(none given)'}; choose from {', '.join(TASKS)}"
+        )
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
+        raise ValueError(f"--n is the number of samples per cell, in [1, {MAX_N}], got {n!r}")
+    if not lengths or any(L < 256 for L in lengths):
+        raise ValueError(f"--lengths are prompt lengths of at least 256 tokens, got {list(lengths)}")
+    if max_positions is not None and max(lengths) > max_positions:
+        raise ValueError(
+            f"--lengths {max(lengths)} is past the {max_positions} positions the model has: ask for {max_positions} "
+            "or less"
+        )
+    if not fractions or not all(0 < f <= 1 for f in fractions):
+        raise ValueError(f"--fractions are kept shares of the keys in (0, 1], got {list(fractions)}")
+    bad = sorted(set(protocols) - set(PROTOCOLS))
+    if bad or not protocols:
+        raise ValueError(f"bench kv knows no protocol {', '.join(bad) or '(none)'}; choose from {', '.join(PROTOCOLS)}")
+    if evict not in EVICT:
+        raise ValueError(f"--evict is one of {', '.join(EVICT)}, got {evict!r}")
+    known = {"full", *PRESSES} | {
+        m for m, cls in KV_POLICIES.items() if not cls.why_not("attached") and not cls.why_not("recorded")
+    }
+    unknown = sorted(set(methods or ()) - known)
+    if unknown:
+        raise ValueError(
+            f"bench kv knows no method {', '.join(unknown)} (multihead's policies and kvpress's presses); choose from "
+            f"{', '.join(sorted(known))}"
+        )
+
+
+SMOLLM2_POSITIONS = 8192  # the default folder's (SmolLM2-135M), before it is written
+
+
+def _folder_positions(folder: Path | None) -> int | None:
+    if folder is None:
+        from .._io import cache_home
+
+        folder = cache_home() / "smollm2-hf"
+        if not (folder / "config.json").is_file():
+            return SMOLLM2_POSITIONS
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = config.get("max_position_embeddings") or config.get("n_positions")
+    return int(value) if isinstance(value, int) else None
+
+
+# ------------------------------------------------------------------------------------------------ running
+def _blank(side: str, method: str, fraction: float, task: str, length: int, protocol: str) -> dict:
+    return {
+        "task": task,
+        "length": length,
+        "protocol": protocol,
+        "side": side,
+        "method": method,
+        "fraction": fraction,
+        "samples": 0,
+        "questions": 0,
+        "hits": 0.0,
+        "expected": 0,
+        "score_sum": 0.0,
+        "kv_bytes_sum": 0,
+        "answer_tokens": 0,
+        "answer_seconds": 0.0,
+        "reads": 0,
+        "read_seconds_sum": 0.0,
+        "examples": [],
+    }
+
+
+def _finish(row: dict, full_bytes: float | None) -> None:
+    q = max(row["questions"], 1)
+    row["score"] = round(row["score_sum"] / q, 4)
+    lo, hi = wilson(row["hits"], row["expected"])
+    row["interval"] = [round(lo, 4), round(hi, 4)]
+    row["kv_bytes"] = round(row["kv_bytes_sum"] / q)
+    row["kept_share"] = round(row["kv_bytes"] / full_bytes, 4) if full_bytes else None
+    row["read_seconds"] = round(row["read_seconds_sum"] / max(row["reads"], 1), 3)
+    row["decode_tokens_per_s"] = (
+        round(row["answer_tokens"] / row["answer_seconds"], 2) if row["answer_seconds"] > 0 else None
+    )
+
+
+def _plan(sides, methods, fractions) -> list[tuple]:
+    out = []
+    for side in sides:
+        out.append((side, "full", 1.0))
+        for f in fractions:
+            out += [(side, m, f) for m in side.names() if m != "full" and (not methods or m in methods)]
+    return out
+
+
+def run(
+    *,
+    folder: Path | None = None,
+    tasks=None,
+    lengths=(2048,),
+    n: int = 50,
+    fractions=FRACTIONS,
+    methods=None,
+    protocols=PROTOCOLS,
+    evict: str = "prompt",
+    ranking=None,
+    seed: int = 0,
+    out: Path | None = None,
+    resume: bool = False,
+    memory: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Every task x length x protocol x fraction x method on ``n`` samples each, written to ``out`` after every
+    sample; with ``resume``, the samples an earlier run wrote to ``out`` (same settings) are not run again."""
+    from tqdm import tqdm
+
+    from ..data.ruler import TASKS, samples_for, score
+    from .harness import machine_info, write_json
+
+    tasks = list(tasks or TASKS)
+    folder = folder or smollm2_folder()
+    check(
+        tasks=tasks,
+        lengths=lengths,
+        n=n,
+        fractions=fractions,
+        methods=methods,
+        protocols=protocols,
+        evict=evict,
+        max_positions=_folder_positions(folder),
+    )
+    config = {
+        "model": str(folder),
+        "tasks": tasks,
+        "lengths": list(lengths),
+        "n": n,
+        "fractions": list(fractions),
+        "methods": list(methods) if methods else "all",
+        "protocols": list(protocols),
+        "evict": evict,
+        "head_split": "data-free" if ranking is None else "given (--kv-heads)",
+        "seed": seed,
+        "scoring": "RULER string_match_all: the share of expected strings in the greedy answer; Wilson 95% over them",
+    }
+    payload: dict = {"suite": "kv", "config": config, "machine": machine_info(None), "results": [], "done": {}}
+    if resume and out is not None and out.is_file():
+        old = json.loads(out.read_text())
+        if old.get("config") != json.loads(json.dumps(config)):
+            raise ValueError(
+                f"--resume: {out} was written with other settings ({old.get('config')}); give the same settings or "
+                "another --out"
+            )
+        payload["results"], payload["done"] = old["results"], old.get("done", {})
+    ours = OursSide(folder, ranking, evict)
+    sides: list = [ours]
+    try:
+        sides.append(PressSide(folder))
+        config_note = "0.5.5"
+    except ImportError:
+        config_note = f"kvpress is not installed here: {INSTALL}"
+    payload["kvpress"] = config_note
+    plan = _plan(sides, methods, fractions)
+    rows = {
+        (r["task"], r["length"], r["protocol"], r["side"], r["method"], r["fraction"]): r for r in payload["results"]
+    }
+    t_start = time.perf_counter()
+    for task in tasks:
+        for length in lengths:
+            samples = None
+            for protocol in protocols:
+                block = f"{task}/{length}/{protocol}"
+                start = payload["done"].get(block, 0)
+                if start >= n:
+                    continue
+                samples = samples or samples_for(ours.lm, task, length=length, count=n, seed=seed)
+                for side, m, f in plan:
+                    key = (task, length, protocol, side.side, m, f)
+                    if key not in rows:
+                        rows[key] = _blank(side.side, m, f, task, length, protocol)
+                        payload["results"].append(rows[key])
+                bar = tqdm(range(start, n), desc=f"bench kv {block}", disable=not progress)
+                for i in bar:
+                    _one_sample(samples[i], protocol, sides, plan, rows, (task, length, protocol), score)
+                    payload["done"][block] = i + 1
+                    for side in sides:
+                        full = rows[(task, length, protocol, side.side, "full", 1.0)]
+                        fb = full["kv_bytes_sum"] / max(full["questions"], 1)
+                        for (t, L, p, s, _, _), r in rows.items():
+                            if (t, L, p, s) == (task, length, protocol, side.side):
+                                _finish(r, fb)
+                    payload["seconds"] = round(payload.get("seconds", 0) + time.perf_counter() - t_start, 1)
+                    t_start = time.perf_counter()
+                    if out is not None:
+                        write_json(out, payload)
+    if memory:
+        payload["memory"] = memory_rows(folder, lengths, [(s.side, m, f) for s, m, f in plan], evict, progress)
+        if out is not None:
+            write_json(out, payload)
+    return payload
+
+
+def _one_sample(sample, protocol, sides, plan, rows, block, score) -> None:
+    """One sample through every method of both sides: each side reads each context once, every method answers
+    every question from what it keeps of that read."""
+    if protocol == "context":
+        reads = [(sample.ids, [(q.ids, q) for q in sample.questions])]
+    else:  # every question read with the context; its last token is what the answer's first logits come from
+        reads = [(sample.ids + q.ids[:-1], [(q.ids[-1:], q)]) for q in sample.questions]
+    for side in sides:
+        mine = [(m, f) for s, m, f in plan if s is side]
+        for context, questions in reads:
+            read = side.read(context)
+            for method, fraction in mine:
+                row = rows[block + (side.side, method, fraction)]
+                try:
+                    state = side.compressed(read, method, fraction)
+                    answers = [(q, *side.answer(state, ids, q.max_new_tokens)) for ids, q in questions]
+                except Exception as exc:  # noqa: BLE001  a method that fails is recorded; the others still run
+                    row["errors"] = row.get("errors", 0) + 1
+                    row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                    continue
+                row["reads"] += 1
+                row["read_seconds_sum"] += read["seconds"]
+                for q, text, tokens, seconds in answers:
+                    got = score(text, q.answers)
+                    row["questions"] += 1
+                    row["score_sum"] += got
+                    row["hits"] += got * len(q.answers)
+                    row["expected"] += len(q.answers)
+                    row["kv_bytes_sum"] += state["bytes"]
+                    row["answer_tokens"] += tokens
+                    row["answer_seconds"] += seconds
+                    if len(row["examples"]) < 2:
+                        row["examples"].append({"answer": text[:200], "expected": list(q.answers)})
+        for method, fraction in mine:
+            rows[block + (side.side, method, fraction)]["samples"] += 1
+
+
+# ------------------------------------------------------------------------------------------------ memory
+def memory_rows(folder: Path, lengths, methods, evict: str, progress: bool = True) -> list[dict]:
+    """Per (side, method, fraction) and length: the most resident memory one read-and-answer under the method adds
+    over its fresh process after loading (MiB), and the cache's tensor bytes."""
+    from tqdm import tqdm
+
+    out = []
+    todo = [(L, s, m, f) for L in lengths for s, m, f in methods]
+    for length, side, method, fraction in tqdm(todo, desc="bench kv memory", disable=not progress):
+        spec = {"folder": str(folder), "length": length, "side": side, "method": method, "fraction": fraction}
+        spec["evict"] = evict
+        proc = subprocess.run(
+            [sys.executable, "-m", "multihead.bench.kv", json.dumps(spec)], capture_output=True, text=True, timeout=900
+        )
+        row = {"length": length, "side": side, "method": method, "fraction": fraction}
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
+            row["error"] = f"exit {proc.returncode}: {tail[0][:300]}"
+        else:
+            row.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+        out.append(row)
+    return out
+
+
+@torch.no_grad()
+def _memory_worker(spec: dict) -> dict:
+    """In a fresh process: load, reset the peak mark, read one niah prompt under the method and answer it."""
+    from .._proc import status_kib
+    from ..data.ruler import samples_for
+    from .kvpress import _row_start
+
+    folder, method, fraction = Path(spec["folder"]), spec["method"], spec["fraction"]
+    side: Any
+    if spec["side"] == "multihead":
+        side = OursSide(folder, evict=spec["evict"])
+        lm = side.lm
+    else:
+        from ..loading import load
+
+        lm = load(f"hf:{folder}").detail  # the tokenizer only
+        side = PressSide(folder)
+    sample = samples_for(lm, "niah_single_number", length=spec["length"], count=1)[0]
+    q = sample.questions[0]
+    start = _row_start()
+    if spec["side"] == "multihead":
+        policy = side.inner._policy(method, fraction, len(sample.ids))
+        cache = side.model.new_cache(policy=policy, prompt_only=side.prompt_only) if method != "full" else None
+        cache = cache or side.model.new_cache(policy="full")
+        side.model.prefill(torch.tensor([sample.ids]), cache=cache)
+        kv = cache.kv_nbytes()
+        side.model(torch.tensor([q.ids]), cache=cache)
+    else:
+        from contextlib import nullcontext
+
+        from transformers import DynamicCache
+
+        model = side.models["eager" if method in EAGER else "sdpa"]
+        cache = DynamicCache()
+        with nullcontext() if method == "full" else side.press(method, fraction)(model):
+            model.model(input_ids=torch.tensor([sample.ids]), past_key_values=cache)
+        kv = _tensor_bytes(cache)
+        side.pipes["sdpa"].generate_answer(
+            question_ids=torch.tensor([q.ids]), cache=cache, context_length=len(sample.ids), max_new_tokens=4
+        )
+    peak = None if start is None else round(max(0.0, status_kib("VmHWM") / 1024 - start), 1)
+    return {"kv_bytes": kv, "peak_added_mib": peak}
+
+
+# ------------------------------------------------------------------------------------------------ the command
+def from_args(args, out: Path) -> dict:
+    from ..data.ruler import TASKS
+
+    folder = Path(args.model) if getattr(args, "model", None) else None
+    if folder is not None and not (folder / "config.json").is_file():
+        raise ValueError(f"bench kv takes an HF causal-LM folder (config.json + safetensors); {folder} is not one")
+    if (getattr(args, "keys", 1) or 1) != 1:
+        raise ValueError(
+            "bench kv no longer takes --keys: prompts with look-alike needles are the niah_multikey task "
+            "(--tasks niah_multikey)"
+        )
+    if getattr(args, "context", None):
+        raise ValueError(
+            "bench kv no longer takes --context (perplexity after a context): it scores RULER-style tasks; a policy's "
+            "perplexity under a budget is `multihead kv MODEL`'s curves"
+        )
+    opts: dict[str, Any] = dict(
+        tasks=getattr(args, "tasks", None) or list(TASKS),
+        lengths=getattr(args, "lengths", None) or [2048],
+        n=50 if getattr(args, "n", None) is None else args.n,
+        fractions=tuple(getattr(args, "fractions", None) or FRACTIONS),
+        methods=getattr(args, "impls", None),
+        protocols=getattr(args, "protocols", None) or list(PROTOCOLS),
+        evict=getattr(args, "evict", None) or "prompt",
+    )
+    check(**opts, max_positions=_folder_positions(folder))  # before any model is read
+    ranking = None
+    if getattr(args, "kv_heads", None):
+        from .._io import read_json_file
+        from ..interpret.kv.heads import ranking as rank, read_split
+
+        read_split(args.kv_heads)
+        path = Path(args.kv_heads)
+        ranking = rank(read_json_file(path / "kv-heads.json" if path.is_dir() else path))
+    payload = run(
+        folder=folder,
+        ranking=ranking,
+        out=out,
+        resume=bool(getattr(args, "resume", False)),
+        memory=bool(getattr(args, "memory", False)),
+        **opts,
+    )
+    plot(payload, out.with_suffix(""))
+    return payload
+
+
+def plot(payload: dict, stem: str | Path) -> list[Path]:
+    """One figure per task: score against the share of the full cache's bytes held, rows = lengths, columns =
+    protocols, a line per method (multihead's solid with circles, kvpress's dashed with squares), Wilson intervals
+    drawn, the full cache's score as a grey line. PNG and SVG, ``STEM-TASK``."""
+    from ..plotting import plain, pyplot, save
+
+    plt = pyplot()
+    c = payload["config"]
+    written: list[Path] = []
+    cmap = plt.get_cmap("tab20")
+    for task in c["tasks"]:
+        rows = [r for r in payload["results"] if r["task"] == task and r.get("questions")]
+        if not rows:
+            continue
+        lengths = sorted({r["length"] for r in rows})
+        protocols = [p for p in c["protocols"] if any(r["protocol"] == p for r in rows)]
+        fig, axes = plt.subplots(
+            len(lengths), len(protocols), figsize=(6.5 * len(protocols), 4.2 * len(lengths)), squeeze=False
+        )
+        pair = {m: i for i, m in enumerate(dict.fromkeys(PRESSES.get(r["method"]) or r["method"] for r in rows))}
+        for i, length in enumerate(lengths):
+            for j, protocol in enumerate(protocols):
+                ax = axes[i][j]
+                cell = [r for r in rows if r["length"] == length and r["protocol"] == protocol]
+                for side, method in dict.fromkeys((r["side"], r["method"]) for r in cell if r["method"] != "full"):
+                    pts = sorted(
+                        (r for r in cell if (r["side"], r["method"]) == (side, method)),
+                        key=lambda r: r["kept_share"] or 0,
+                    )
+                    x = [r["kept_share"] for r in pts]
+                    y = [r["score"] for r in pts]
+                    err = [[r["score"] - r["interval"][0] for r in pts], [r["interval"][1] - r["score"] for r in pts]]
+                    ax.errorbar(
+                        x,
+                        y,
+                        yerr=err,
+                        color=cmap(pair[PRESSES.get(method) or method] % 20),
+                        marker="o" if side == "multihead" else "s",
+                        linestyle="-" if side == "multihead" else "--",
+                        capsize=2,
+                        label=f"{side}: {method}",
+                    )
+                for r in cell:
+                    if r["method"] == "full":
+                        ax.axhline(r["score"], color="grey", linestyle="-" if r["side"] == "multihead" else ":")
+                n = max((r["samples"] for r in cell), default=0)
+                ax.set_title(f"{length} tokens, {protocol} protocol (n={n})", fontsize=9)
+                ax.set_xlabel("share of the full cache's key/value bytes held")
+                ax.set_ylabel("score (RULER)")
+                ax.set_ylim(-0.05, 1.05)
+                ax.grid(alpha=0.3)
+        axes[0][-1].legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        fig.suptitle(plain(f"{task}: KV policies and kvpress presses on {Path(c['model']).name}"), fontsize=11)
+        fig.tight_layout()
+        written += save(fig, f"{stem}-{task}")
+    return written
+
+
+def format_table(payload: dict) -> str:
+    c = payload["config"]
+    lines = [
+        f"KV caches on {c['model']}: RULER-style tasks, n={c['n']} per cell, evict={c['evict']}; kvpress: "
+        f"{payload.get('kvpress')}",
+        f"{'task':20} {'len':>5} {'protocol':8} {'side':9} {'method':26} {'asked':>5} {'held':>5} {'score':>6} "
+        f"{'95% interval':>13} {'n':>4} {'KiB':>7} {'read s':>6} {'tok/s':>6}",
+    ]
+    for r in payload["results"]:
+        if not r.get("questions"):
+            continue
+        lines.append(
+            f"{r['task']:20} {r['length']:5} {r['protocol']:8} {r['side']:9} {r['method']:26} {r['fraction']:5.3f} "
+            f"{(r['kept_share'] or 0):5.3f} {r['score']:6.3f} {r['interval'][0]:6.3f}-{r['interval'][1]:6.3f} "
+            f"{r['samples']:4} {r['kv_bytes'] / 1024:7.0f} {r.get('read_seconds', 0):6.2f} "
+            f"{r['decode_tokens_per_s'] or 0:6.1f}"
+        )
+    for m in payload.get("memory", []):
+        lines.append(
+            f"memory {m['length']:5} {m['side']:9} {m['method']:26} {m['fraction']:5.3f} "
+            + (m["error"] if "error" in m else f"{m['kv_bytes'] / 1024:7.0f} KiB, +{m['peak_added_mib']} MiB peak")
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(json.dumps(_memory_worker(json.loads(sys.argv[1]))))
+
+
+__all__ = ["FRACTIONS", "PROTOCOLS", "check", "default_out", "format_table", "from_args", "plot", "run", "wilson"]

@@ -1,0 +1,184 @@
+"""`multihead bench kv` as a benchmark, on small HF folders: a policy scored once after the prompt keeps every token
+that follows (and equals a prefill under it), each kvpress press applied through its own hook to one read leaves the
+cache its own ``with press(model)`` leaves, both sides answer alike from the full cache, Wilson intervals follow the
+formula, a stopped run resumes, and bad flags are refused before a model is read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="pip install 'multihead[hf]'")
+
+from multihead.bench import kv as K  # noqa: E402
+from multihead.loading import load  # noqa: E402
+from multihead.modules.kv_policy import make_policy  # noqa: E402
+
+from .test_attached_load_report import _save  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return _save(tmp_path_factory.mktemp("kv") / "llama", "llama", max_position_embeddings=1024)
+
+
+def test_wilson_interval_is_the_formula():
+    # Wilson (1927): (p + z^2/2n +- z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), z = 1.96
+    assert K.wilson(8, 10) == pytest.approx((0.4902, 0.9433), abs=1e-4)
+    assert K.wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert K.wilson(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    assert K.wilson(25, 50)[0] < 0.5 < K.wilson(25, 50)[1]
+
+
+@torch.no_grad()
+def test_a_prompt_only_policy_evicts_once_and_then_keeps_every_token(folder):
+    model = load(f"hf:{folder}").detail.model
+    g = torch.Generator().manual_seed(0)
+    ids, question = torch.randint(3, 290, (1, 200), generator=g), torch.randint(3, 290, (1, 12), generator=g)
+    recorded = model.new_cache(record=True)
+    model.prefill(ids, cache=recorded)
+    for name in ("snapkv", "tova", "knorm", "h2o", "window", "expected"):
+        policy = make_policy(name, 50)
+        once = recorded.compress(policy, prompt_only=True)
+        assert [kv.length for kv in once.self_attn] == [50] * len(once.self_attn)
+        got = model(question, cache=once)[:, -1]
+        assert [kv.length for kv in once.self_attn] == [62] * len(once.self_attn), name  # the question kept whole
+        live = model.new_cache(policy=name, budget=50, prompt_only=True)  # a prefill under the policy
+        model.prefill(ids, cache=live)
+        torch.testing.assert_close(model(question, cache=live)[:, -1], got)
+        always = recorded.compress(policy)  # by default the budget holds while decoding where the policy evicts then
+        model(question, cache=always)
+        held = 50 if name in ("tova", "knorm", "h2o", "window") else 62  # SnapKV and expected attention choose once
+        assert [kv.length for kv in always.self_attn] == [held] * len(always.self_attn), name
+
+
+@torch.no_grad()
+def test_each_press_applied_to_one_read_leaves_the_cache_its_own_prefill_leaves(folder):
+    pytest.importorskip("kvpress", reason="make kvpress")
+    from transformers import DynamicCache
+
+    from multihead.bench.kvpress import make_press
+
+    side = K.PressSide(folder)
+    ids = [int(t) for t in torch.randint(3, 290, (180,), generator=torch.Generator().manual_seed(1))]
+    read = side.read(ids)
+    for name in K.PRESSES:
+        for fraction in (0.25, 0.5):
+            got = side.compressed(read, name, fraction)
+            masked = [
+                getattr(layer.self_attn, "masked_key_indices", None) for layer in side.models[got["impl"]].model.layers
+            ]
+            model = side.models[got["impl"]]
+            ref = DynamicCache()
+            with make_press(name, fraction)(model):
+                model.model(input_ids=torch.tensor([ids]), past_key_values=ref)
+            for a, b in zip(got["cache"].layers, ref.layers):
+                torch.testing.assert_close(a.keys, b.keys, msg=name)
+                torch.testing.assert_close(a.values, b.values, msg=name)
+            for m, layer in zip(masked, model.model.layers):  # AdaKV and CriticalKV mask keys instead of dropping
+                want = getattr(layer.self_attn, "masked_key_indices", None)
+                assert (m is None) == (want is None), name
+                if m is not None:
+                    for x, y in zip(m, want):
+                        assert torch.equal(x, y), name
+
+
+def test_bench_kv_runs_both_sides_and_protocols_writes_as_it_goes_and_resumes(folder, tmp_path, monkeypatch):
+    out = tmp_path / "kv.json"
+    opts = dict(
+        folder=folder,
+        tasks=["niah_single_number", "vt"],
+        lengths=[400],
+        n=2,
+        fractions=(0.5,),
+        methods=["snapkv", "window", "SnapKVPress", "StreamingLLMPress"],
+        out=out,
+        progress=False,
+    )
+    real, calls = K._one_sample, []
+
+    def stop_after_three(*a, **k):  # a run stopped by its user after three samples
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        calls.append(a[1])
+        return real(*a, **k)
+
+    monkeypatch.setattr(K, "_one_sample", stop_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        K.run(**opts)
+    written = json.loads(out.read_text())
+    assert written["done"] == {"niah_single_number/400/context": 2, "niah_single_number/400/question": 1}
+    monkeypatch.setattr(K, "_one_sample", real)
+    resumed = []
+    monkeypatch.setattr(K, "_one_sample", lambda *a, **k: (resumed.append(a[1]), real(*a, **k)))
+    payload = K.run(**opts, resume=True)
+    assert len(resumed) == 8 - 3  # 2 tasks x 2 protocols x 2 samples, three done before
+    assert json.loads(out.read_text()) == json.loads(json.dumps(payload))
+    rows = payload["results"]
+    assert {r["samples"] for r in rows} == {2}
+    sides = {r["side"] for r in rows}
+    for r in rows:
+        assert "error" not in r, r
+        assert 0 <= r["interval"][0] <= r["score"] <= r["interval"][1] <= 1
+        if r["method"] == "full":
+            assert r["kept_share"] == 1.0
+        else:
+            assert r["kept_share"] == pytest.approx(0.5, abs=0.02), r
+    try:
+        import kvpress  # noqa: F401
+    except ImportError:
+        assert sides == {"multihead"} and "make kvpress" in payload["kvpress"]
+    else:
+        assert sides == {"multihead", "kvpress"}
+        for task in opts[
+            "tasks"
+        ]:  # the same ids, the same weights: both sides write the same answers from the full cache
+            full = {r["side"]: r for r in rows if r["method"] == "full" and r["task"] == task}
+            assert full["multihead"]["examples"] == full["kvpress"]["examples"]
+            assert full["multihead"]["kv_bytes"] == full["kvpress"]["kv_bytes"]
+    with pytest.raises(ValueError, match="other settings"):
+        K.run(**{**opts, "n": 3}, resume=True)
+    assert [p.name for p in K.plot(payload, tmp_path / "fig")] == [
+        "fig-niah_single_number.png",
+        "fig-niah_single_number.svg",
+        "fig-vt.png",
+        "fig-vt.svg",
+    ]
+    assert "niah_single_number" in K.format_table(payload)
+
+
+def test_bench_kv_refuses_bad_flags_before_reading_a_model(folder, tmp_path, monkeypatch, capsys):
+    from multihead.cli import main
+
+    def no_model(*a, **k):
+        raise AssertionError("a model was read")
+
+    monkeypatch.setattr(K, "OursSide", no_model)
+    monkeypatch.setattr(K, "smollm2_folder", no_model)
+    out = tmp_path / "out" / "kv.json"
+    cases = [
+        (["--tasks", "qa"], "knows no task qa"),
+        (["--n", "0"], "--n is the number of samples"),
+        (["--n", "1001"], "--n is the number of samples"),
+        (["--lengths", "2048"], "past the 1024 positions"),
+        (["--fractions", "1.5"], "fractions in (0, 1]"),
+        (["--fractions", "0"], "fractions in (0, 1]"),
+        (["--impls", "FooPress"], "knows no method FooPress"),
+        (["--protocols", "both"], "knows no protocol both"),
+        (["--evict", "never"], "--evict is one of"),
+        (["--keys", "3"], "niah_multikey"),
+    ]
+    for flags, message in cases:
+        length = [] if "--lengths" in flags else ["--lengths", "512"]
+        try:
+            code = main(["bench", "kv", "--model", str(folder), *length, *flags, "--out", str(out)])
+        except SystemExit as stop:  # refused by the flag's parser
+            code = stop.code
+        assert code == 2, flags
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (flags, err)
+        assert not out.parent.exists()
+    assert main(["bench", "kv", "--lengths", "9000", "--out", str(out)]) == 2  # the default folder: SmolLM2's 8192
+    assert "past the 8192 positions" in capsys.readouterr().err
