@@ -182,3 +182,28 @@ def test_bench_kv_refuses_bad_flags_before_reading_a_model(folder, tmp_path, mon
         assert not out.parent.exists()
     assert main(["bench", "kv", "--lengths", "9000", "--out", str(out)]) == 2  # the default folder: SmolLM2's 8192
     assert "past the 8192 positions" in capsys.readouterr().err
+
+
+def test_memory_is_measured_per_method_in_a_fresh_process(folder):
+    rows = K.memory_rows(folder, [400], [("multihead", "full", 1.0), ("multihead", "snapkv", 0.5)], "prompt", False)
+    full, snap = rows
+    assert "error" not in full and "error" not in snap, rows
+    assert snap["kv_bytes"] == pytest.approx(full["kv_bytes"] / 2, rel=0.02)  # tensor bytes: half the keys kept
+    for r in rows:  # None where the kernel's peak mark cannot be reset
+        assert r["peak_added_mib"] is None or r["peak_added_mib"] >= 0
+
+
+def test_a_budget_kept_while_decoding_holds_its_cap(folder):
+    rows = K.decode_rows(
+        folder, context=200, tokens=24, fractions=(0.25,), methods=["window", "tova", "TOVAPress"], progress=False
+    )
+    got = {(r["side"], r["method"]): r for r in rows}
+    full, window, tova = got[("multihead", "full")], got[("multihead", "window")], got[("multihead", "tova")]
+    assert all("error" not in r for r in rows), rows
+    assert full["kv_bytes_max"] == full["kv_bytes_end"] > 0 and full["tokens"] == 24
+    for r in (window, tova):  # 50 keys per head at every step, whatever was read
+        assert r["kv_bytes_max"] == r["kv_bytes_end"] == pytest.approx(full["kv_bytes_end"] * 50 / 223, rel=0.01)
+    if ("kvpress", "full") in got:  # the same text through HF's own model: the same perplexity
+        assert got[("kvpress", "full")]["perplexity"] == pytest.approx(full["perplexity"], rel=1e-4)
+        press = got[("kvpress", "TOVAPress")]
+        assert "error" not in press and press["kv_bytes_max"] <= full["kv_bytes_end"] * (50 + 16) / 223 + 1

@@ -220,7 +220,9 @@ class PressSide:
 
 
 # ------------------------------------------------------------------------------------------------ checks
-def check(*, tasks, lengths, n, fractions, methods, protocols, evict, max_positions: int | None = None) -> None:
+def check(
+    *, tasks, lengths, n, fractions, methods, protocols, evict, max_positions: int | None = None, decode: int = 0
+) -> None:
     """Refuse what cannot run, before any model is read."""
     from ..data.ruler import TASKS
     from ..modules.kv_policy import KV_POLICIES
@@ -238,6 +240,11 @@ def check(*, tasks, lengths, n, fractions, methods, protocols, evict, max_positi
         raise ValueError(
             f"--lengths {max(lengths)} is past the {max_positions} positions the model has: ask for {max_positions} "
             "or less"
+        )
+    if decode and max_positions is not None and min(lengths) + decode > max_positions:
+        raise ValueError(
+            f"--decode {decode} after a context of {min(lengths)} tokens is past the {max_positions} positions the "
+            f"model has: ask for --decode {max(max_positions - min(lengths), 0)} or less"
         )
     if not fractions or not all(0 < f <= 1 for f in fractions):
         raise ValueError(f"--fractions are kept shares of the keys in (0, 1], got {list(fractions)}")
@@ -335,6 +342,7 @@ def run(
     out: Path | None = None,
     resume: bool = False,
     memory: bool = False,
+    decode: int = 0,
     progress: bool = True,
 ) -> dict:
     """Every task x length x protocol x fraction x method on ``n`` samples each, written to ``out`` after every
@@ -355,6 +363,7 @@ def run(
         protocols=protocols,
         evict=evict,
         max_positions=_folder_positions(folder),
+        decode=decode,
     )
     config = {
         "model": str(folder),
@@ -378,6 +387,7 @@ def run(
                 "another --out"
             )
         payload["results"], payload["done"] = old["results"], old.get("done", {})
+        payload.update({k: old[k] for k in ("decoding", "memory") if k in old})  # measured already
     ours = OursSide(folder, ranking, evict)
     sides: list = [ours]
     try:
@@ -419,7 +429,17 @@ def run(
                     t_start = time.perf_counter()
                     if out is not None:
                         write_json(out, payload)
-    if memory:
+    if decode and "decoding" not in payload:
+        payload["decoding"] = {
+            "context": min(lengths),
+            "tokens": decode,
+            "rows": decode_rows(
+                folder, context=min(lengths), tokens=decode, fractions=fractions, methods=methods, progress=progress
+            ),
+        }
+        if out is not None:
+            write_json(out, payload)
+    if memory and "memory" not in payload:
         payload["memory"] = memory_rows(folder, lengths, [(s.side, m, f) for s, m, f in plan], evict, progress)
         if out is not None:
             write_json(out, payload)
@@ -531,6 +551,118 @@ def _memory_worker(spec: dict) -> dict:
     return {"kv_bytes": kv, "peak_added_mib": peak}
 
 
+# ------------------------------------------------------------------------------------------------ long decoding
+DECODE_PRESSES = ("StreamingLLMPress", "SnapKVPress", "TOVAPress", "KnormPress", "ExpectedAttentionPress")
+
+
+def decode_rows(
+    folder: Path,
+    *,
+    context: int,
+    tokens: int,
+    fractions,
+    methods=None,
+    interval: int = 16,
+    progress: bool = True,
+) -> list[dict]:
+    """A budget kept while decoding: ``tokens`` tokens of held-out text read one at a time after ``context``
+    tokens, the cache capped at ``fraction x context`` keys per head. Ours: each policy keeping its budget at every
+    step (``evict="always"``; SnapKV and expected attention choose once, so their caches grow). kvpress: its
+    ``PrefillDecodingPress``, the press on the context and a ``DecodingPress`` around the same press compressing back
+    to the cap every ``interval`` steps. Per row: perplexity of those tokens, the most and the last bytes held, decode
+    tokens/s."""
+    import torch.nn.functional as F
+    from tqdm import tqdm
+
+    from ..data.lm_text import held_out_rows
+
+    ours = OursSide(folder, evict="always")
+    ids = held_out_rows(ours.lm, rows=1, length=context + tokens, skip=1)
+    try:
+        presses: PressSide | None = PressSide(folder)
+    except ImportError:
+        presses = None
+    plan: list[tuple[str, str, float]] = [("multihead", "full", 1.0)] + ([("kvpress", "full", 1.0)] if presses else [])
+    for f in fractions:
+        plan += [("multihead", m, f) for m in ours.names() if m != "full" and (not methods or m in methods)]
+        if presses is not None:
+            plan += [("kvpress", m, f) for m in DECODE_PRESSES if not methods or m in methods]
+    out = []
+    for side, method, fraction in tqdm(plan, desc="bench kv decoding", disable=not progress):
+        cap = max(1, round(fraction * context))
+        row: dict[str, Any] = {"side": side, "method": method, "fraction": fraction, "cap": cap}
+        try:
+            if side == "multihead":
+                row.update(_decode_ours(ours, method, fraction, ids, context, F))
+            else:
+                assert presses is not None
+                row.update(_decode_press(presses, method, fraction, cap, interval, ids, context, F))
+        except Exception as exc:  # noqa: BLE001  a method that fails is recorded; the others still run
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        out.append(row)
+    return out
+
+
+@torch.no_grad()
+def _decode_ours(side: OursSide, method: str, fraction: float, ids, context: int, F) -> dict:
+    policy = side.inner._policy(method, fraction, context)
+    cache = side.model.new_cache(policy=policy)
+    logits, _ = side.model.prefill(ids[:, :context], cache=cache)
+    losses, most = [], 0
+    t0 = time.perf_counter()
+    for t in range(context, ids.shape[1]):
+        losses.append(float(F.cross_entropy(logits.float(), ids[:, t])))
+        most = max(most, cache.kv_nbytes())
+        if t < ids.shape[1] - 1:
+            logits = side.model.step(ids[:, t], cache)
+    seconds = time.perf_counter() - t0
+    return _decode_result(losses, most, cache.kv_nbytes(), seconds)
+
+
+@torch.no_grad()
+def _decode_press(side: PressSide, method: str, fraction: float, cap: int, interval: int, ids, context: int, F) -> dict:
+    from contextlib import nullcontext
+
+    import kvpress
+    from transformers import DynamicCache
+
+    from .kvpress import make_press
+
+    model = side.models["sdpa"]
+    cache = DynamicCache()
+    if method == "full":
+        press = None
+    else:
+        press = kvpress.PrefillDecodingPress(
+            prefilling_press=make_press(method, fraction),
+            decoding_press=kvpress.DecodingPress(
+                base_press=getattr(kvpress, method)(), compression_interval=interval, target_size=cap
+            ),
+        )
+    losses, most = [], 0
+    with nullcontext() if press is None else press(model):
+        logits = model(input_ids=ids[:, :context], past_key_values=cache, logits_to_keep=1).logits[:, -1]
+        t0 = time.perf_counter()
+        for t in range(context, ids.shape[1]):
+            losses.append(float(F.cross_entropy(logits.float(), ids[:, t])))
+            most = max(most, _tensor_bytes(cache))
+            if t < ids.shape[1] - 1:
+                position = torch.tensor([[t]])  # its true position: a compressed cache is shorter than the text
+                logits = model(input_ids=ids[:, t : t + 1], past_key_values=cache, position_ids=position).logits[:, -1]
+        seconds = time.perf_counter() - t0
+    return _decode_result(losses, most, _tensor_bytes(cache), seconds)
+
+
+def _decode_result(losses: list[float], most: int, last: int, seconds: float) -> dict:
+    return {
+        "tokens": len(losses),
+        "perplexity": round(math.exp(sum(losses) / len(losses)), 4),
+        "kv_bytes_max": most,
+        "kv_bytes_end": last,
+        "decode_tokens_per_s": round((len(losses) - 1) / seconds, 2) if seconds > 0 else None,
+    }
+
+
 # ------------------------------------------------------------------------------------------------ the command
 def from_args(args, out: Path) -> dict:
     from ..data.ruler import TASKS
@@ -557,7 +689,8 @@ def from_args(args, out: Path) -> dict:
         protocols=getattr(args, "protocols", None) or list(PROTOCOLS),
         evict=getattr(args, "evict", None) or "prompt",
     )
-    check(**opts, max_positions=_folder_positions(folder))  # before any model is read
+    decode = getattr(args, "decode", None) or 0
+    check(**opts, max_positions=_folder_positions(folder), decode=decode)  # before any model is read
     ranking = None
     if getattr(args, "kv_heads", None):
         from .._io import read_json_file
@@ -572,6 +705,7 @@ def from_args(args, out: Path) -> dict:
         out=out,
         resume=bool(getattr(args, "resume", False)),
         memory=bool(getattr(args, "memory", False)),
+        decode=decode,
         **opts,
     )
     plot(payload, out.with_suffix(""))
@@ -653,6 +787,17 @@ def format_table(payload: dict) -> str:
             f"{r['samples']:4} {r['kv_bytes'] / 1024:7.0f} {r.get('read_seconds', 0):6.2f} "
             f"{r['decode_tokens_per_s'] or 0:6.1f}"
         )
+    dec = payload.get("decoding")
+    if dec:
+        lines.append(f"a budget kept while decoding: {dec['tokens']} tokens read one at a time after {dec['context']}")
+        for d in dec["rows"]:
+            head = f"decode {d['side']:9} {d['method']:26} {d['fraction']:5.3f} cap {d['cap']:5}"
+            lines.append(
+                f"{head} {d['error']}"
+                if "error" in d
+                else f"{head} ppl {d['perplexity']:8.3f} KiB max {d['kv_bytes_max'] / 1024:7.0f} "
+                f"end {d['kv_bytes_end'] / 1024:7.0f} {d['decode_tokens_per_s']} tok/s"
+            )
     for m in payload.get("memory", []):
         lines.append(
             f"memory {m['length']:5} {m['side']:9} {m['method']:26} {m['fraction']:5.3f} "

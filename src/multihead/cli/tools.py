@@ -131,6 +131,12 @@ def _parser_bench(sub) -> None:
     )
     bench.add_argument("--resume", action="store_true", help="kv: go on with the samples --out's JSON already holds")
     bench.add_argument(
+        "--decode",
+        type=_count,
+        default=None,
+        help="kv: also a budget kept while decoding: this many tokens read one at a time after the shortest length",
+    )
+    bench.add_argument(
         "--memory", action="store_true", help="kv: also each method's peak memory, one fresh process per method"
     )
     bench.add_argument("--keys", type=_count, default=1, help="kv: needles in each prompt, one asked for (1)")
