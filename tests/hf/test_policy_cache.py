@@ -251,3 +251,28 @@ def test_a_cache_holding_a_context_is_continued_by_generate_as_hf_s_own_cache_is
     assert snap.kv_nbytes() < full.kv_nbytes()
     with pytest.raises(hf.AttachError, match="one cache serves one generation"):  # after a generation: refused
         _generate_rows(model, torch.cat([ids, ids], 1), torch.ones(1, 96, dtype=torch.long), snap)
+
+
+@torch.no_grad()
+def test_a_cache_read_through_hf_is_freed_when_its_reader_drops_it(llama):
+    import gc
+    import weakref
+
+    model = loading.load(f"hf:{llama}").detail.model
+    ids = torch.randint(3, 290, (1, 40), generator=torch.Generator().manual_seed(0))
+    gone = []
+    for name in ("snapkv", "window"):
+        cache = model.new_cache(policy=name, budget=16)
+        model.prefill(ids, cache=cache)
+        model.step(ids[:, -1], cache)  # HF's view of it made and reused
+        gone.append(weakref.ref(cache))
+        del cache
+    recorded = model.new_cache(record=True)
+    model.prefill(ids, cache=recorded)
+    for _ in range(3):
+        kept = recorded.compress(make_policy("tova", 16), prompt_only=True)
+        model.step(ids[:, -1], kept)
+        gone.append(weakref.ref(kept))
+        del kept
+    gc.collect()
+    assert [r() for r in gone] == [None] * len(gone)  # no table of views keeps a cache, its keys and values alive

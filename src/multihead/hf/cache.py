@@ -19,6 +19,8 @@ each head its own keys (head-aware) is attended head group by head group.
 
 from __future__ import annotations
 
+import weakref
+
 from torch import Tensor, nn
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -168,7 +170,9 @@ class PolicyCache(Cache):
         owner.needs_registry("a KV-policy cache")
         native = policy_layers(model, policy, budget, **options) if native is None else native
         super().__init__(layers=[PolicyLayer(kv, i, owner) for i, kv in enumerate(native.self_attn)])
-        self.native = native  # multihead's KVCache: its layers, policy and byte counts
+        # multihead's KVCache: its layers, policy and byte counts. A view made by :meth:`of` holds it weakly: the
+        # table of views is keyed by it, and a strong reference from the view would keep every cache ever viewed
+        self._native = weakref.ref(native) if not one_generation else (lambda: native)
         self.owner = owner  # the attach record of the model this cache was made for
         self.one_generation = one_generation  # False for a view of a native cache (:meth:`of`): its own loop decides
         self.generated = False  # a token was decoded into it (a context alone may still be continued)
@@ -224,6 +228,14 @@ class PolicyCache(Cache):
         if made is None or made.owner is not attached(model):
             made = _VIEWS[native] = cls(model, native=native, one_generation=False)
         return made
+
+    @property
+    def native(self):
+        """multihead's :class:`~multihead.modules.kv_cache.KVCache` this cache keeps (or views)."""
+        native = self._native()
+        if native is None:
+            raise ValueError("the multihead cache this view was made of is gone: keep it while the model reads it")
+        return native
 
     def get_seq_length(self, layer_idx: int = 0, *args) -> int:
         return self.layers[layer_idx].get_seq_length()
