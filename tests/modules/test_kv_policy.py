@@ -654,3 +654,22 @@ def test_a_cache_made_for_another_model_is_refused_by_name(policy):
             assert fastpath.ENABLED
             with pytest.raises(ValueError, match="made for another model"):
                 model.step(logits.argmax(-1), cache)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name", ["h2o", "tova", "knorm", "window"])
+def test_a_prompt_only_policy_on_a_native_lm_evicts_once_then_keeps_every_step(name):
+    model = _lm()
+    ids = torch.randint(0, 60, (2, P + STEPS), generator=torch.Generator().manual_seed(0))
+    budget = P // 2
+    once = model.new_cache(policy=name, budget=budget, prompt_only=True)
+    got = _decode(model, ids, once)
+    assert [kv.length for kv in once.self_attn] == [budget + STEPS] * len(once.self_attn)  # nothing evicted after
+    recorded = model.new_cache(record=True)
+    first = model(ids[:, :P], cache=recorded)[:, -1:]
+    kept = recorded.compress(make_policy(name, budget), prompt_only=True)  # the same from one recorded prompt
+    steps = [model(ids[:, t : t + 1], cache=kept) for t in range(P, ids.shape[1])]
+    torch.testing.assert_close(torch.cat([first, *steps], 1), got)
+    always = model.new_cache(policy=name, budget=budget)  # by default the budget holds at every step
+    _decode(model, ids, always)
+    assert [kv.length for kv in always.self_attn] == [budget] * len(always.self_attn)
