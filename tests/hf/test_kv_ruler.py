@@ -147,6 +147,9 @@ def test_bench_kv_runs_both_sides_and_protocols_writes_as_it_goes_and_resumes(fo
         "fig-vt.svg",
     ]
     assert "niah_single_number" in K.format_table(payload)
+    page = K.markdown(payload)
+    assert "## vt, 400 tokens, question protocol" in page and "multihead: full cache (ceiling)" in page
+    assert "| kvpress: SnapKVPress |" in page or "make kvpress" in payload["kvpress"]
 
 
 def test_bench_kv_refuses_bad_flags_before_reading_a_model(folder, tmp_path, monkeypatch, capsys):

@@ -709,6 +709,9 @@ def from_args(args, out: Path) -> dict:
         **opts,
     )
     plot(payload, out.with_suffix(""))
+    from .._io import atomic_write_text
+
+    atomic_write_text(out.with_suffix(".md"), markdown(payload))
     return payload
 
 
@@ -770,6 +773,41 @@ def plot(payload: dict, stem: str | Path) -> list[Path]:
     return written
 
 
+def markdown(payload: dict) -> str:
+    """The scores as a page: per task, length and protocol, a table of methods x fractions, each cell the score with
+    its Wilson 95% interval and the samples it rests on, the full cache's score in the first row."""
+    c = payload["config"]
+    lines = [
+        f"# KV caches on RULER-style tasks: {Path(c['model']).name}",
+        "",
+        f"Scored as RULER scores (the share of expected strings in the greedy answer), Wilson 95% intervals over those "
+        f"strings; n = {c['n']} samples per cell asked (the `n` column of a cell says how many were run). "
+        f"multihead's policies evict {'once, after the prompt' if c['evict'] == 'prompt' else 'at every step'}; "
+        f"kvpress: {payload.get('kvpress')}. Machine: {payload['machine'].get('cpu')}.",
+    ]
+    rows = [r for r in payload["results"] if r.get("questions")]
+    blocks = dict.fromkeys((r["task"], r["length"], r["protocol"]) for r in rows)
+    for task, length, protocol in blocks:
+        cell = [r for r in rows if (r["task"], r["length"], r["protocol"]) == (task, length, protocol)]
+        fractions = sorted({r["fraction"] for r in cell if r["method"] != "full"})
+        lines += ["", f"## {task}, {length} tokens, {protocol} protocol", ""]
+        lines.append("| method | " + " | ".join(f"{f:g} of the keys" for f in fractions) + " |")
+        lines.append("|---|" + "---|" * len(fractions))
+        for r in (r for r in cell if r["method"] == "full"):
+            text = f"{r['score']:.2f} [{r['interval'][0]:.2f}, {r['interval'][1]:.2f}] n={r['samples']}"
+            lines.append(f"| {r['side']}: full cache (ceiling) | " + " | ".join([text] * len(fractions)) + " |")
+        for side, method in dict.fromkeys((r["side"], r["method"]) for r in cell if r["method"] != "full"):
+            got = {r["fraction"]: r for r in cell if (r["side"], r["method"]) == (side, method)}
+            texts = [
+                f"{got[f]['score']:.2f} [{got[f]['interval'][0]:.2f}, {got[f]['interval'][1]:.2f}] n={got[f]['samples']}"
+                if f in got
+                else ""
+                for f in fractions
+            ]
+            lines.append(f"| {side}: {method} | " + " | ".join(texts) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def format_table(payload: dict) -> str:
     c = payload["config"]
     lines = [
@@ -810,4 +848,17 @@ if __name__ == "__main__":
     print(json.dumps(_memory_worker(json.loads(sys.argv[1]))))
 
 
-__all__ = ["FRACTIONS", "PROTOCOLS", "check", "default_out", "format_table", "from_args", "plot", "run", "wilson"]
+__all__ = [
+    "FRACTIONS",
+    "PROTOCOLS",
+    "check",
+    "decode_rows",
+    "default_out",
+    "format_table",
+    "from_args",
+    "markdown",
+    "memory_rows",
+    "plot",
+    "run",
+    "wilson",
+]

@@ -75,9 +75,10 @@ def cmd_bench(args) -> int:
             f"--out {str(out)!r} is a folder; bench writes a JSON file: give a path such as "
             f"{out / (args.suite + '.json')}"
         )
-    taken = [p for p in (out, out.with_suffix(".png"), out.with_suffix(".svg")) if p.exists() or p.is_symlink()]
+    written = (out, out.with_suffix(".png"), out.with_suffix(".svg"), out.with_suffix(".md"))
+    taken = [p for p in written if p.exists() or p.is_symlink()]
     if taken and not args.overwrite and not (getattr(args, "resume", False) and out.is_file()):
-        # bench writes these three: a file already there is never replaced unasked (--resume goes on with its JSON)
+        # bench writes these: a file already there is never replaced unasked (--resume goes on with its JSON)
         raise ValueError(
             f"--out {str(out)!r} would replace {', '.join(str(p) for p in taken)}, which exist already; pass "
             "--overwrite to replace them, or choose another path"
