@@ -387,7 +387,7 @@ def run(
                 "another --out"
             )
         payload["results"], payload["done"] = old["results"], old.get("done", {})
-        payload.update({k: old[k] for k in ("decoding", "memory") if k in old})  # measured already
+        payload.update({k: old[k] for k in ("decoding", "memory", "seconds") if k in old})  # measured already
     ours = OursSide(folder, ranking, evict)
     sides: list = [ours]
     try:
