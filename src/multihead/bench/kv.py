@@ -739,12 +739,14 @@ def plot(payload: dict, stem: str | Path) -> list[Path]:
             for j, protocol in enumerate(protocols):
                 ax = axes[i][j]
                 cell = [r for r in rows if r["length"] == length and r["protocol"] == protocol]
-                for side, method in dict.fromkeys((r["side"], r["method"]) for r in cell if r["method"] != "full"):
+                lines = list(dict.fromkeys((r["side"], r["method"]) for r in cell if r["method"] != "full"))
+                for k, (side, method) in enumerate(lines):
                     pts = sorted(
                         (r for r in cell if (r["side"], r["method"]) == (side, method)),
                         key=lambda r: r["kept_share"] or 0,
                     )
-                    x = [r["kept_share"] for r in pts]
+                    dodge = (k - len(lines) / 2) * 0.004  # the intervals side by side, not on top of each other
+                    x = [(r["kept_share"] or 0) + dodge for r in pts]
                     y = [r["score"] for r in pts]
                     err = [[r["score"] - r["interval"][0] for r in pts], [r["interval"][1] - r["score"] for r in pts]]
                     ax.errorbar(
