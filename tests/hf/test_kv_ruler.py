@@ -183,6 +183,13 @@ def test_bench_kv_refuses_bad_flags_before_reading_a_model(folder, tmp_path, mon
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, (flags, err)
         assert not out.parent.exists()
+    garbled = tmp_path / "garbled.json"
+    for text in ("not json", '{"config": {}}'):  # --resume on a file that is no bench kv JSON: refused, left as it was
+        garbled.write_text(text)
+        flags = ["--lengths", "512", "--resume", "--out", str(garbled)]
+        assert main(["bench", "kv", "--model", str(folder), *flags]) == 2
+        err = capsys.readouterr().err
+        assert "is not a bench kv JSON" in err and "Traceback" not in err and garbled.read_text() == text
     assert main(["bench", "kv", "--lengths", "9000", "--out", str(out)]) == 2  # the default folder: SmolLM2's 8192
     assert "past the 8192 positions" in capsys.readouterr().err
 

@@ -380,7 +380,12 @@ def run(
     }
     payload: dict = {"suite": "kv", "config": config, "machine": machine_info(None), "results": [], "done": {}}
     if resume and out is not None and out.is_file():
-        old = json.loads(out.read_text())
+        try:
+            old = json.loads(out.read_text())
+        except ValueError as exc:
+            raise ValueError(f"--resume: {out} is not a bench kv JSON ({exc}); give another --out") from None
+        if not isinstance(old, dict) or not isinstance(old.get("results"), list):
+            raise ValueError(f"--resume: {out} is not a bench kv JSON (no results); give another --out")
         if old.get("config") != json.loads(json.dumps(config)):
             raise ValueError(
                 f"--resume: {out} was written with other settings ({old.get('config')}); give the same settings or "

@@ -120,26 +120,7 @@ def _parser_bench(sub) -> None:
     bench.add_argument(
         "--impls", type=_words, default=None, help="comma-separated implementations (kv: policies and presses)"
     )
-    bench.add_argument(
-        "--tasks", type=_words, default=None, help="kv: comma-separated RULER-style tasks (default: every task)"
-    )
-    bench.add_argument("--n", type=int, default=None, help="kv: samples per task, length and protocol (default 50)")
-    bench.add_argument(
-        "--protocols", type=_words, default=None, help="kv: context (compress the context, then ask), question (both)"
-    )
-    bench.add_argument(
-        "--evict", default=None, help="kv: prompt (policies evict once, after the prompt: default) or always"
-    )
-    bench.add_argument("--resume", action="store_true", help="kv: go on with the samples --out's JSON already holds")
-    bench.add_argument(
-        "--decode",
-        type=_count,
-        default=None,
-        help="kv: also a budget kept while decoding: this many tokens read one at a time after the shortest length",
-    )
-    bench.add_argument(
-        "--memory", action="store_true", help="kv: also each method's peak memory, one fresh process per method"
-    )
+    _bench_kv_flags(bench)
     bench.add_argument("--keys", type=_count, default=1, help="kv: needles in each prompt, one asked for (1)")
     bench.add_argument(
         "--fractions", type=_fractions, default=None, help="kv: kept fractions of the prompt's keys (0.125,0.25,0.5)"
@@ -186,3 +167,27 @@ def _parser_bench(sub) -> None:
         "--clips", type=_count, default=None, help="whisper: spoken sentences compared with HF (default 10)"
     )
     bench.set_defaults(fn=cmd_bench)
+
+
+def _bench_kv_flags(bench) -> None:
+    """``bench kv``'s own flags: the tasks, samples, protocols and what else a run measures."""
+    bench.add_argument(
+        "--tasks", type=_words, default=None, help="kv: comma-separated RULER-style tasks (default: every task)"
+    )
+    bench.add_argument("--n", type=int, default=None, help="kv: samples per task, length and protocol (default 50)")
+    bench.add_argument(
+        "--protocols", type=_words, default=None, help="kv: context (compress the context, then ask), question (both)"
+    )
+    bench.add_argument(
+        "--evict", default=None, help="kv: prompt (policies evict once, after the prompt: default) or always"
+    )
+    bench.add_argument("--resume", action="store_true", help="kv: go on with the samples --out's JSON already holds")
+    bench.add_argument(
+        "--decode",
+        type=_count,
+        default=None,
+        help="kv: also a budget kept while decoding: this many tokens read one at a time after the shortest length",
+    )
+    bench.add_argument(
+        "--memory", action="store_true", help="kv: also each method's peak memory, one fresh process per method"
+    )

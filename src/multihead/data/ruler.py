@@ -163,6 +163,16 @@ def make_task(name: str) -> RulerTask:
     return TASKS[name]()
 
 
+def _hide(src: Source, head: list[int], hay: list[int], parts: list[list[int]]) -> list[int]:
+    """``head``, then ``hay`` with ``parts`` put in it, in order, at sentence boundaries drawn at random."""
+    cuts = sorted(src.rng.choice(src.boundaries(hay)) for _ in parts)
+    ids, cut = list(head), 0
+    for at, part in zip(cuts, parts):
+        ids += hay[cut:at] + part
+        cut = at
+    return ids + hay[cut:]
+
+
 # ------------------------------------------------------------------------------------------------ needle tasks
 class _Needles(RulerTask):
     """Needles in held-out reviews: ``keys`` keys with ``values`` values each, ``asked`` keys asked about."""
@@ -206,13 +216,7 @@ class _Needles(RulerTask):
                 f"a {self.name} sample of {length} tokens leaves no room for a haystack: ask for at least "
                 f"{length - room + 16} tokens"
             )
-        hay = src.haystack(room, shift=index * 7)
-        depths = sorted(src.rng.choice(src.boundaries(hay)) for _ in needles)
-        ids, cut = src.start + intro, 0
-        for at, needle in zip(depths, needles):
-            ids += hay[cut:at] + needle
-            cut = at
-        ids += hay[cut:]
+        ids = _hide(src, src.start + intro, src.haystack(room, shift=index * 7), needles)
         return Sample(self.name, ids, (question,))
 
 
@@ -282,12 +286,7 @@ class VariableTracking(RulerTask):
             raise ValueError(f"a vt sample of {length} tokens leaves no room: ask for at least {length - room + 16}")
         noise = src.encode(NOISE)
         hay = (noise * (room // len(noise) + 1))[:room]
-        cuts = sorted(src.rng.choice(src.boundaries(hay)) for _ in parts)  # in chain order, at rising depths
-        ids, cut = src.start + intro, 0
-        for at, part in zip(cuts, parts):
-            ids += hay[cut:at] + part
-            cut = at
-        ids += hay[cut:]
+        ids = _hide(src, src.start + intro, hay, parts)  # in chain order, at rising depths
         return Sample(self.name, ids, (question,))
 
 
