@@ -57,7 +57,7 @@ def test_the_cache_contract_catches_a_cache_that_imports_an_attention_module():
     graph = grimp.build_graph("multihead", include_external_packages=True)
     assert contract.check(graph, verbose=False).kept  # as the package is
     graph.add_import(
-        importer="multihead.modules.kv_policy",
+        importer="multihead.modules.kv",
         imported="multihead.modules.attention",
         line_number=1,
         line_contents="from .attention import MultiHeadAttention",
@@ -86,3 +86,24 @@ def test_the_old_flat_interpret_modules_still_import_with_a_warning():
         from multihead.interpret.roles import head_stats
     assert head_stats is importlib.import_module("multihead.interpret.roles.scores").head_stats
     assert any("moved to multihead.interpret.roles.scores.head_stats" in str(w.message) for w in caught)
+
+
+def test_the_old_kv_modules_still_import_with_a_warning():
+    """The KV caches and policies became one package: the old module names import it, for one release, with a
+    DeprecationWarning that names the new place, and every name they had imports from there."""
+    import importlib
+    import sys
+    import warnings
+
+    new = importlib.import_module("multihead.modules.kv")
+    for old, names in {
+        "kv_cache": ["KVCache", "KVView", "LayerKV", "StreamingKV", "attend_groups"],
+        "kv_policy": ["KV_POLICIES", "KVPolicy", "PolicyKV", "make_policy", "policy_cache", "compress", "Observed"],
+    }.items():
+        sys.modules.pop(f"multihead.modules.{old}", None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = importlib.import_module(f"multihead.modules.{old}")
+        assert module is new
+        assert any("moved to multihead.modules.kv" in str(w.message) for w in caught), old
+        assert all(getattr(module, n) is getattr(new, n) for n in names)

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("transformers", reason="pip install 'multihead[hf]'")
 
 from multihead.bench import kvpress as K  # noqa: E402
-from multihead.modules.kv_policy import KV_POLICIES  # noqa: E402
+from multihead.modules.kv import KV_POLICIES  # noqa: E402
 
 from .test_attached_load_report import _save  # noqa: E402
 

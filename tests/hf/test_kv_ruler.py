@@ -14,7 +14,7 @@ pytest.importorskip("transformers", reason="pip install 'multihead[hf]'")
 
 from multihead.bench import kv as K  # noqa: E402
 from multihead.loading import load  # noqa: E402
-from multihead.modules.kv_policy import make_policy  # noqa: E402
+from multihead.modules.kv import make_policy  # noqa: E402
 
 from .test_attached_load_report import _save  # noqa: E402
 

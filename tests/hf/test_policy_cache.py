@@ -17,7 +17,7 @@ from multihead.cli import main  # noqa: E402
 from multihead.hf.stream import StreamCache  # noqa: E402
 from multihead.hf.cache import PolicyCache, cache_argument  # noqa: E402
 from multihead.models.generation import generate  # noqa: E402
-from multihead.modules.kv_policy import make_policy  # noqa: E402
+from multihead.modules.kv import make_policy  # noqa: E402
 
 from .archs import ARCHS  # noqa: E402
 from .test_attached_load_report import _save  # noqa: E402
@@ -143,13 +143,8 @@ def test_what_a_policy_cache_cannot_do_is_refused_with_the_reason(llama):
         PolicyCache(attached.hf, "streaming", 16)
     with pytest.raises(ValueError, match="names 3 layers"):
         PolicyCache(attached.hf, "head-aware", 16, full_heads=[[0], [0], [0]])
-    with pytest.raises(ValueError, match="beam search"):
-        attached.hf.generate(
-            input_ids=ids[:1],
-            num_beams=2,
-            max_new_tokens=3,
-            **cache_argument(attached.hf, PolicyCache(attached.hf, "window", 12)),
-        )
+    with pytest.raises(ValueError, match="cannot be cropped"):
+        PolicyCache(attached.hf, "window", 12).crop(4)
     keep = torch.ones_like(ids, dtype=torch.bool)
     keep[1, :3] = False
     with pytest.raises(ValueError, match="unpadded rows"):
@@ -276,3 +271,14 @@ def test_a_cache_read_through_hf_is_freed_when_its_reader_drops_it(llama):
         del kept
     gc.collect()
     assert [r() for r in gone] == [None] * len(gone)  # no table of views keeps a cache, its keys and values alive
+
+
+@pytest.mark.parametrize("policy", ["window", "h2o", "snapkv"])
+def test_hf_beam_search_reorders_a_policy_cache_with_each_rows_kept_keys(llama, policy):
+    """HF's beam search reorders the cache's rows (each row's kept keys go with it, as the native reorder test
+    checks under eviction): under a budget that keeps every key, the beams are HF's own with its plain cache."""
+    attached = loading.load(f"hf:{llama}").model
+    ids = torch.randint(3, 280, (1, PROMPT), generator=torch.Generator().manual_seed(4))
+    plain = _hf_generate(attached.hf, ids, transformers.DynamicCache(), num_beams=3)
+    big = PolicyCache(attached.hf, policy, 4 * (PROMPT + NEW))
+    assert _hf_generate(attached.hf, ids, big, num_beams=3) == plain

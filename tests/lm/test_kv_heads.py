@@ -13,7 +13,7 @@ from multihead.cli import main
 from multihead.data.needles import CITIES, make_needles
 from multihead.interpret.kv import heads as K
 from multihead.modules.capture import capture
-from multihead.modules.kv_policy import KV_POLICIES
+from multihead.modules.kv import KV_POLICIES
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +228,7 @@ def test_bench_decode_refuses_a_bad_split_before_any_case(gguf_model, tmp_path, 
 
 
 def test_head_aware_at_a_fraction_holds_that_share_of_the_bytes():
-    from multihead.modules.kv_policy import head_aware_at
+    from multihead.modules.kv import head_aware_at
 
     full_heads, groups, length = [[0], [], [1, 2]], [3, 3, 3], 400
     with pytest.raises(ValueError, match="more than the 25% asked for"):
@@ -243,7 +243,7 @@ def test_head_aware_at_a_fraction_holds_that_share_of_the_bytes():
 
 
 def test_head_aware_at_a_fraction_the_whole_heads_already_hold_keeps_the_smallest_window():
-    from multihead.modules.kv_policy import head_aware_at
+    from multihead.modules.kv import head_aware_at
 
     policy = head_aware_at(0.25, 100, [[0], []], [2, 2])  # one of four heads whole: a quarter already
     assert policy.streaming.sinks + policy.streaming.window == 5

@@ -17,7 +17,7 @@ from multihead.models.generation import generate
 from multihead.models.seq2seq import CausalLM, CausalLMConfig
 from multihead.modules import fastpath
 from multihead.modules.decoder import DecoderConfig
-from multihead.modules.kv_policy import KV_POLICIES, make_policy
+from multihead.modules.kv import KV_POLICIES, make_policy
 
 from test_decoding_layout import SHAPES, _decode, _decode_batch, _fast as _on, _model, _storages
 from test_decoding_layout import plain  # noqa: F401  (the fixture: every test starts on the plain path)

@@ -15,7 +15,7 @@ from multihead.models.generation import generate
 from multihead.models.seq2seq import CausalLM, CausalLMConfig
 from multihead.modules import fastpath
 from multihead.modules.decoder import DecoderConfig
-from multihead.modules.kv_policy import KV_POLICIES, make_policy
+from multihead.modules.kv import KV_POLICIES, make_policy
 
 SHAPES = {
     "llama": dict(norm="rms", activation="swiglu", bias=False, attention={"num_kv_heads": 2}, positional="rope"),

@@ -8,7 +8,7 @@ from multihead.interpret.kv import streaming as S
 from multihead.models import CausalLM, CausalLMConfig
 from multihead.modules.decoder import DecoderConfig
 from multihead.modules.variants import AttentionConfig
-from multihead.modules.kv_cache import KVCache
+from multihead.modules.kv import KVCache
 
 
 def lm(positional="rope", max_len=16, kv=None, seed=0, layers=2):

@@ -16,8 +16,8 @@ from multihead.models.generation import generate
 from multihead.models.seq2seq import CausalLM, CausalLMConfig, Seq2Seq, Seq2SeqConfig
 from multihead.modules.attention import MultiHeadAttention
 from multihead.modules.decoder import DecoderConfig
-from multihead.modules.kv_cache import StreamingKV
-from multihead.modules.kv_policy import (
+from multihead.modules.kv import (
+    StreamingKV,
     KV_POLICIES,
     TOVA,
     AdaKV,
@@ -495,8 +495,6 @@ def test_refusals_name_the_fix():
     cache = model.new_cache(policy="h2o", budget=8)
     with pytest.raises(ValueError, match="unpadded rows"):
         model(ids, keep, cache=cache)
-    with pytest.raises(ValueError, match="beam search"):
-        generate(model, ids, strategy="beam", kv_policy="h2o", kv_budget=8)
     seq = Seq2Seq(Seq2SeqConfig(src_vocab_size=20, tgt_vocab_size=20)).eval()
     with pytest.raises(ValueError, match="decoder-only"):
         generate(seq, torch.randint(1, 20, (1, 5)), kv_policy="h2o", kv_budget=8)
@@ -559,7 +557,7 @@ def test_registry_and_rules():
 @torch.no_grad()
 def test_a_new_policy_is_one_class_in_one_place():
     """A policy written here, registered, is served by the cache, the model and the recorded-prompt path."""
-    from multihead.modules.kv_policy import KVPolicy, register
+    from multihead.modules.kv import KVPolicy, register
 
     @register
     @dataclass(frozen=True)
@@ -673,3 +671,47 @@ def test_a_prompt_only_policy_on_a_native_lm_evicts_once_then_keeps_every_step(n
     always = model.new_cache(policy=name, budget=budget)  # by default the budget holds at every step
     _decode(model, ids, always)
     assert [kv.length for kv in always.self_attn] == [budget] * len(always.self_attn)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize(
+    ("policy", "budget", "options"),
+    [
+        ("h2o", 8, {}),
+        ("snapkv", 12, {}),
+        ("adakv", 12, {}),
+        ("head-aware", 8, {"full_heads": [[0], [1]]}),
+        ("streaming", 28, {}),
+    ],
+)
+def test_a_policy_cache_reorders_its_rows_with_the_keys_each_kept(policy, budget, options):
+    """Beam search keeps each surviving beam's parent row: after reorder, every row decodes exactly as a cache that
+    read that row's prompt itself (its own kept keys, positions and scores went with it)."""
+    model = _lm()
+    ids = torch.randint(0, 60, (2, P + STEPS), generator=torch.Generator().manual_seed(5))
+    rows = torch.tensor([1, 0, 1])
+    cache = model.new_cache(policy=policy, budget=budget, **options)
+    model(ids[:, :P], cache=cache)
+    model(ids[:, P : P + 1], cache=cache)  # one step before the reorder: scores that carry over go with the rows
+    cache.reorder(rows)
+    moved = _decode_from(model, ids[rows], cache, P + 1)
+    direct = model.new_cache(policy=policy, budget=budget, **options)
+    model(ids[rows, :P], cache=direct)
+    model(ids[rows, P : P + 1], cache=direct)
+    assert torch.equal(moved, _decode_from(model, ids[rows], direct, P + 1))
+
+
+def _decode_from(model: CausalLM, ids: torch.Tensor, cache, start: int) -> torch.Tensor:
+    return torch.cat([model(ids[:, t : t + 1], cache=cache) for t in range(start, ids.shape[1])], 1)
+
+
+@torch.no_grad()
+def test_beam_search_under_a_policy_whose_budget_keeps_everything_is_beam_search():
+    model = _lm()
+    ids = torch.randint(0, 60, (2, P), generator=torch.Generator().manual_seed(6))
+    plain = generate(model, ids, strategy="beam", num_beams=3, max_new_tokens=8)
+    for name in ("h2o", "snapkv", "tova"):
+        kept = generate(model, ids, strategy="beam", num_beams=3, max_new_tokens=8, kv_policy=name, kv_budget=4 * P)
+        assert kept.tokens == plain.tokens and kept.scores == pytest.approx(plain.scores, abs=1e-5)
+    one = generate(model, ids, strategy="beam", num_beams=1, max_new_tokens=8, kv_policy="h2o", kv_budget=8)
+    assert one.tokens == generate(model, ids, max_new_tokens=8, kv_policy="h2o", kv_budget=8).tokens

@@ -320,7 +320,7 @@ def _policy(case: dict):
     impl = case["impl"]
     if ":" not in impl:
         return None
-    from ..modules.kv_policy import KV_POLICIES, make_policy
+    from ..modules.kv import KV_POLICIES, make_policy
 
     name = impl.split(":", 1)[1]
     options = {}
@@ -425,7 +425,7 @@ def run(
                 )
     if pretrained and context:
         if policies is None:  # every registered policy that needs no split of the heads
-            from ..modules.kv_policy import KV_POLICIES
+            from ..modules.kv import KV_POLICIES
 
             policies = [n for n, c in KV_POLICIES.items() if kv_heads or not c.needs_split]
         with_context = ["cached", "compiled", *[f"cached:{p}" for p in policies], "hf_generate"]
@@ -632,7 +632,7 @@ def from_args(args, out: Path) -> dict:
             print(f"{model} has {positions:,} positions: decoding after {context:,} tokens (--context sets it)")
         if split is not None:
             check_split(split, kv_per_layer, model)
-    from ..modules.kv_policy import KV_POLICIES
+    from ..modules.kv import KV_POLICIES
 
     policies = [n for n, c in KV_POLICIES.items() if kv_heads or not c.needs_split]
     return run(

@@ -17,7 +17,7 @@ RULER scores them (the share of expected strings in the greedy answer), each sco
 
 * ``multihead`` -- the folder read with transformers and attached. The context is read once with every key
   (a recorded prefill), then each policy at each fraction is applied to that record
-  (:meth:`~multihead.modules.kv_cache.KVCache.compress`, bit-identical to a prefill under the policy), and scores
+  (:meth:`~multihead.modules.kv.KVCache.compress`, bit-identical to a prefill under the policy), and scores
   once, after the context (``prompt_only``, kvpress's protocol; ``evict="always"`` keeps the budget while
   decoding);
 * ``kvpress`` -- HF's own model from the same folder. The context is read once; each press then compresses that
@@ -86,7 +86,7 @@ class OursSide:
         self.stop = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
 
     def names(self) -> list[str]:
-        from ..modules.kv_policy import KV_POLICIES
+        from ..modules.kv import KV_POLICIES
 
         return [n for n in self.inner.names() if not KV_POLICIES[n].why_not("recorded")]
 
@@ -225,7 +225,7 @@ def check(
 ) -> None:
     """Refuse what cannot run, before any model is read."""
     from ..data.ruler import TASKS
-    from ..modules.kv_policy import KV_POLICIES
+    from ..modules.kv import KV_POLICIES
 
     unknown = sorted(set(tasks) - set(TASKS))
     if unknown or not tasks:

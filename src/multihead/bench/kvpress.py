@@ -7,7 +7,7 @@ needle prompts (a number hidden in held-out reviews, then the question: :mod:`mu
 perplexity text, at matched kept fractions of the prompt's keys (1/8, 1/4, 1/2 by default):
 
 * **ours** -- the folder read with transformers and attached; each policy of
-  :data:`~multihead.modules.kv_policy.KV_POLICIES` at ``budget = fraction x prompt`` keys per key/value head,
+  :data:`~multihead.modules.kv.KV_POLICIES` at ``budget = fraction x prompt`` keys per key/value head,
   through HF's cache API (:class:`multihead.hf.PolicyCache`). The head-aware mix keeps every key for the data-free
   split's top ``fraction / 2`` of key/value heads and a window for the others, sized so that its bytes match;
 * **kvpress** -- the folder read by HF (SDPA; eager for the presses that read attention weights), each press at
@@ -119,12 +119,12 @@ class Ours:
             )
 
     def names(self) -> list[str]:
-        from ..modules.kv_policy import KV_POLICIES
+        from ..modules.kv import KV_POLICIES
 
         return [n for n, cls in KV_POLICIES.items() if n != "full" and not cls.why_not("attached")]
 
     def _policy(self, name: str, fraction: float, length: int):
-        from ..modules.kv_policy import KV_POLICIES, head_aware_at, make_policy
+        from ..modules.kv import KV_POLICIES, head_aware_at, make_policy
 
         if name == "full":
             return make_policy("full")
@@ -236,7 +236,7 @@ def _tensor_bytes(cache) -> int:
 # ------------------------------------------------------------------------------------------------ measuring
 def _check_methods(methods) -> None:
     """Refuse a method neither side knows (multihead's policies that serve HF models, kvpress's presses)."""
-    from ..modules.kv_policy import KV_POLICIES
+    from ..modules.kv import KV_POLICIES
 
     known = {"full", *PRESSES} | {n for n, cls in KV_POLICIES.items() if not cls.why_not("attached")}
     unknown = sorted(set(methods or ()) - known)

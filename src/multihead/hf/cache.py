@@ -8,7 +8,7 @@ keys' memory released::
     cache = PolicyCache(model, "snapkv", budget=256)
     model.generate(input_ids, past_key_values=cache, max_new_tokens=64)
 
-Each layer of the cache holds multihead's own layer cache (:mod:`multihead.modules.kv_policy`), the same object a
+Each layer of the cache holds multihead's own layer cache (:mod:`multihead.modules.kv`), the same object a
 native multihead model decodes with, so the two readings of one model keep the same keys and write the same tokens.
 HF's attention layer hands its (rotated) keys and values to :meth:`PolicyLayer.update`, which passes them on
 untouched and marks the layer; multihead's attention function, which the layer calls next, gives the layer cache
@@ -71,13 +71,30 @@ class PolicyLayer(DynamicLayer):
     def get_max_cache_shape(self) -> int:
         return -1
 
-    def _refuse(self, *args, **kwargs):
-        raise ValueError(
-            "a KV-policy cache evicts keys per row; beam search and cropping need the full cache "
-            "(use greedy or sampling with a policy)"
-        )
+    def reorder_cache(self, beam_idx: Tensor) -> None:
+        """Keep rows ``beam_idx`` (beam search): each row's kept keys go with it."""
+        self.kv.reorder(beam_idx)
 
-    reorder_cache = crop = batch_repeat_interleave = batch_select_indices = _refuse
+    def batch_select_indices(self, indices: Tensor) -> None:
+        self.kv.reorder(indices)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Each row ``repeats`` times in a row (HF's beam search expands the prompt's cache so)."""
+        import torch
+
+        rows = self.get_seq_length() and self._rows()
+        self.kv.reorder(torch.arange(rows).repeat_interleave(repeats))
+
+    def _rows(self) -> int:
+        groups = getattr(self.kv, "groups", None)
+        k = groups[0].buffers.k if groups else getattr(self.kv, "k", None)
+        return 0 if k is None else int(k.shape[0])
+
+    def crop(self, max_length: int) -> None:
+        raise ValueError(
+            "a KV-policy cache has evicted keys, each row its own: it cannot be cropped back to a length "
+            "(assisted and contrastive decoding crop; use greedy, sampling or beam search with a policy)"
+        )
 
 
 def _window(module: nn.Module) -> int | None:
@@ -101,12 +118,12 @@ def cache_argument(model: nn.Module, cache) -> dict:
 def policy_layers(
     model: nn.Module, policy, budget: int | None = None, *, record: bool = False, prompt_only: bool = False, **options
 ):
-    """multihead's :class:`~multihead.modules.kv_cache.KVCache` for the attached ``model``'s layers under
-    ``policy`` (a name of :data:`~multihead.modules.kv_policy.KV_POLICIES` or a
-    :class:`~multihead.modules.kv_policy.KVPolicy`): refused, with the reason, for a model whose attention layers
+    """multihead's :class:`~multihead.modules.kv.KVCache` for the attached ``model``'s layers under
+    ``policy`` (a name of :data:`~multihead.modules.kv.KV_POLICIES` or a
+    :class:`~multihead.modules.kv.KVPolicy`): refused, with the reason, for a model whose attention layers
     are not one per decoder layer or that is not a decoder. ``prompt_only``: the policy evicts once, after the
     prompt, and the cache then keeps every new token (kvpress's protocol)."""
-    from ..modules.kv_policy import make_policy, policy_cache
+    from ..modules.kv import make_policy, policy_cache
 
     att = attached(model)
     att.needs_registry("a KV-policy cache")
@@ -155,7 +172,7 @@ _VIEWS = WeakIdKeyDictionary()
 class PolicyCache(Cache):
     """A ``transformers.Cache`` whose layers keep what a multihead KV policy keeps (see the module docstring).
     ``model``: an attached HF causal LM; ``policy``, ``budget``, ``options``: as
-    :func:`multihead.modules.kv_policy.make_policy` takes them.
+    :func:`multihead.modules.kv.make_policy` takes them.
 
     One cache serves one generation of the model it was made for, on rows without padding: each call of the model
     is checked before any layer runs (:meth:`admit`), and a cache used with another model, a second prompt after
@@ -218,7 +235,7 @@ class PolicyCache(Cache):
 
     @classmethod
     def of(cls, native, model: nn.Module | None = None) -> PolicyCache:
-        """HF's view of multihead's :class:`~multihead.modules.kv_cache.KVCache` ``native`` (made by
+        """HF's view of multihead's :class:`~multihead.modules.kv.KVCache` ``native`` (made by
         :func:`policy_layers`, or compressed from a recorded one) for the attached ``model``: the same layer
         objects, so what one keeps the other sees. Made once per ``native``; the loop that made ``native`` decides
         how many prompts it reads."""
@@ -231,7 +248,7 @@ class PolicyCache(Cache):
 
     @property
     def native(self):
-        """multihead's :class:`~multihead.modules.kv_cache.KVCache` this cache keeps (or views)."""
+        """multihead's :class:`~multihead.modules.kv.KVCache` this cache keeps (or views)."""
         native = self._native()
         if native is None:
             raise ValueError("the multihead cache this view was made of is gone: keep it while the model reads it")

@@ -222,7 +222,7 @@ class AttachedLM(nn.Module):
     def forward(self, ids: Tensor, keep: Tensor | None = None, head_mask: Tensor | None = None, cache=None) -> Tensor:
         """Logits ``(B, L, V)``. ``cache``: one of :meth:`new_cache`: a
         :class:`~multihead.hf.stream.StreamCache` (HF's own cache is then off and the tokens get the cache's
-        positions) or a KV-policy cache (multihead's :class:`~multihead.modules.kv_cache.KVCache`, run through HF's
+        positions) or a KV-policy cache (multihead's :class:`~multihead.modules.kv.KVCache`, run through HF's
         cache API: :class:`~multihead.hf.cache.PolicyCache`)."""
         from .attach import attached
 
@@ -261,8 +261,8 @@ class AttachedLM(nn.Module):
     ):
         """A cache for feeding tokens in turn (``extrapolate``: accepted as a native LM's; HF's positions run on as
         far as the model's rotary embedding goes). With ``policy`` (a name of
-        :data:`~multihead.modules.kv_policy.KV_POLICIES`), ``budget`` and its options, or ``record=True`` (every key,
-        the prompt's scores kept for :meth:`~multihead.modules.kv_cache.KVCache.compress`): multihead's KV-policy
+        :data:`~multihead.modules.kv.KV_POLICIES`), ``budget`` and its options, or ``record=True`` (every key,
+        the prompt's scores kept for :meth:`~multihead.modules.kv.KVCache.compress`): multihead's KV-policy
         cache, as a native model's ``new_cache`` makes it, run through HF's cache API. Otherwise every token
         (``window=None``: positions run on), or the first ``sinks`` plus the last ``window`` (StreamingLLM, positions
         within the cache): a :class:`~multihead.hf.stream.StreamCache`. ``prompt_only``: the policy evicts once,

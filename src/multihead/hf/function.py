@@ -197,7 +197,7 @@ def _policy_attention(module, rec, layer, q: Tensor, k: Tensor, v: Tensor, am, s
                 f"this layer's heads keep different keys under the {layer.kv.policy.name} policy, so there is no single "
                 "attention map: capture with policy='full' or a uniform policy"
             )
-        from ..modules.kv_cache import attend_groups
+        from ..modules.kv import attend_groups
 
         z = attend_groups(q, views, backend=rec.backend, scale=scale, sinks=sinks)
         weights = None

@@ -7,7 +7,7 @@ architecture whichever cache classes its transformers release has. The model is 
 ``position_ids`` set to the new token's slot. Keys arrive rotated at the slot they were written to; when the
 window slides, each key is turned to its new slot by the model's own rotary embedding (the module's
 ``rotary_emb`` and its modelling file's ``apply_rotary_pos_emb``): rotations compose, so a key at slot ``j`` is the
-key rotated at ``j``, as in multihead's own :class:`~multihead.modules.kv_cache.StreamingKV`.
+key rotated at ``j``, as in multihead's own :class:`~multihead.modules.kv.StreamingKV`.
 """
 
 from __future__ import annotations

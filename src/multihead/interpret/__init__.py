@@ -18,12 +18,7 @@ task, and the families and formats of :mod:`multihead.pretrained` (BERT, Llama/M
 Whisper from HF folders, GGUF, ONNX or CTranslate2). A new family or format plugs in there, never here.
 """
 
-import importlib
-import importlib.abc
-import importlib.util
-import sys
-import warnings
-
+from .._moved import keep_old_names
 from ..modules.capture import Cache, capture, run_with_cache
 from .maps import AttentionMaps, Subject, load_subject
 
@@ -52,29 +47,6 @@ MOVED = {
     "g2p": "media.g2p",
     "seq2seq": "media.seq2seq",
 }
-
-
-class _OldNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """``import multihead.interpret.<old>``: the module at its new place, with a DeprecationWarning."""
-
-    def find_spec(self, fullname, path, target=None):
-        package, _, leaf = fullname.rpartition(".")
-        if package != __name__ or leaf not in MOVED:
-            return None
-        return importlib.util.spec_from_loader(fullname, self)
-
-    def create_module(self, spec):
-        new = f"{__name__}.{MOVED[spec.name.rpartition('.')[2]]}"
-        warnings.warn(
-            f"{spec.name} moved to {new}; the old name goes in the next release", DeprecationWarning, stacklevel=2
-        )
-        return importlib.import_module(new)
-
-    def exec_module(self, module) -> None:  # the module at its new place is already executed
-        pass
-
-
-if not any(isinstance(f, _OldNames) for f in sys.meta_path):
-    sys.meta_path.append(_OldNames())
+keep_old_names(__name__, MOVED)
 
 __all__ = ["AttentionMaps", "Cache", "Subject", "capture", "load_subject", "run_with_cache"]

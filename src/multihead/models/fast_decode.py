@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from ..attention.registry import get_backend
 from ..modules import fastpath
 from ..modules.attention import MultiHeadAttention
-from ..modules.kv_cache import KVCache, LayerKV
+from ..modules.kv import KVCache, LayerKV
 
 ENABLED = True
 

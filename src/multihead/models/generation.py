@@ -35,7 +35,7 @@ class GenerationConfig:
     output_attentions: bool = False
     suppress_tokens: tuple[int, ...] = ()  # never chosen (their logits set to -inf before every choice)
     begin_suppress_tokens: tuple[int, ...] = ()  # not chosen as the first new token (Whisper: no blank, no end)
-    # a KV cache policy (a name in multihead.modules.kv_policy.KV_POLICIES or a KVPolicy) and its budget
+    # a KV cache policy (a name in multihead.modules.kv.KV_POLICIES or a KVPolicy) and its budget
     kv_policy: object = None
     kv_budget: int | None = None
 
@@ -56,11 +56,6 @@ class GenerationConfig:
         self.stop_tokens = tuple(int(t) for t in self.stop_tokens)
         self.suppress_tokens = tuple(int(t) for t in self.suppress_tokens)
         self.begin_suppress_tokens = tuple(int(t) for t in self.begin_suppress_tokens)
-        if self.kv_policy is not None and self.strategy == "beam":
-            raise ValueError(
-                "beam search reorders rows, and a KV policy evicts keys per row: use greedy or sample with "
-                "kv_policy, or drop kv_policy for beam search"
-            )
         bad = [t for t in self.suppress_tokens + self.begin_suppress_tokens if t < 0]
         if bad:
             raise ValueError(f"suppressed token ids must be >= 0, got {bad}")
@@ -129,18 +124,21 @@ def _pick(logits: Tensor, config: GenerationConfig, gen) -> Tensor:
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
 
 
+def _prefill(model, inputs, config: GenerationConfig):
+    """The prompt read into a new cache, under the config's KV policy if it names one: ``(logits, cache)``."""
+    if config.kv_policy is None:
+        return model.prefill(*inputs)
+    if not hasattr(model, "check_policy"):
+        raise ValueError(f"KV policies serve decoder-only language models; {type(model).__name__} has none")
+    return model.prefill(*inputs, cache=model.new_cache(policy=config.kv_policy, budget=config.kv_budget))
+
+
 def _sample_or_greedy(model, inputs, config: GenerationConfig, record, streamer=None) -> Generated:
     gen = None
     if config.strategy == "sample":
         gen = torch.Generator(device=inputs[0].device)
         gen.manual_seed(config.seed if config.seed is not None else torch.seed())
-    if config.kv_policy is not None:
-        if not hasattr(model, "check_policy"):
-            raise ValueError(f"KV policies serve decoder-only language models; {type(model).__name__} has none")
-        empty = model.new_cache(policy=config.kv_policy, budget=config.kv_budget)
-        logits, cache = model.prefill(*inputs, cache=empty)
-    else:
-        logits, cache = model.prefill(*inputs)
+    logits, cache = _prefill(model, inputs, config)
     record.step()
     b = logits.shape[0]
     done = torch.zeros(b, dtype=torch.bool, device=logits.device)
@@ -171,7 +169,7 @@ def _beam(model, inputs, config: GenerationConfig, record) -> Generated:
     """Beam search: ``num_beams`` hypotheses per input; a hypothesis ends at a stop token (or ``max_new_tokens``) and
     is ranked by ``sum log p / length ** length_penalty``."""
     k = config.num_beams
-    logits, cache = model.prefill(*inputs)
+    logits, cache = _prefill(model, inputs, config)
     record.step()
     b, v = logits.shape
     cache.reorder(torch.arange(b, device=logits.device).repeat_interleave(k))  # (B * K) rows

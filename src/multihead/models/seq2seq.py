@@ -1,7 +1,7 @@
 """MHA's decoder roles as models: :class:`CausalLM` (decoder-only, GPT-style: causal self-attention) and
 :class:`Seq2Seq` (Vaswani et al.'s encoder-decoder: the decoder's cross-attention reads the encoder's output).
 
-Both decode incrementally with a :class:`~multihead.modules.kv_cache.KVCache` through one small protocol that
+Both decode incrementally with a :class:`~multihead.modules.kv.KVCache` through one small protocol that
 :mod:`multihead.models.generation` drives: ``prefill(...) -> (logits of the last position (B, V), cache)`` then
 ``step(tokens (B,), cache) -> logits (B, V)``. Prompts of different lengths are **left-padded** (their last column
 is real, so every row's next-token logits sit in one column); positions are counted per row over real tokens only,
@@ -22,7 +22,7 @@ from .._config import check_size, from_fields
 from ..modules.decoder import DecoderConfig, TransformerDecoder
 from ..modules.encoder import EncoderConfig, TransformerEncoder
 from ..modules import fastpath
-from ..modules.kv_cache import KVCache
+from ..modules.kv import KVCache
 from ..modules.positional import build_positional, check_positions
 
 POSITIONALS = ("sinusoidal", "learned", "rope", "none")
@@ -222,8 +222,8 @@ class CausalLM(nn.Module):
         ``window`` ones, at positions within the cache (rotary models; the same as ``policy="streaming"`` with
         ``budget = sinks + window``).
 
-        ``policy``: a :class:`~multihead.modules.kv_policy.KVPolicy` or its name in
-        :data:`~multihead.modules.kv_policy.KV_POLICIES` (``full``, ``window``, ``h2o``, ``snapkv``, ``tova``,
+        ``policy``: a :class:`~multihead.modules.kv.KVPolicy` or its name in
+        :data:`~multihead.modules.kv.KV_POLICIES` (``full``, ``window``, ``h2o``, ``snapkv``, ``tova``,
         ``knorm``, ``pyramidkv``, ``adakv``, ``expected``, ``streaming``, ``head-aware``...) with its ``budget`` (keys kept per head) and ``options``
         (``full_heads=`` for ``head-aware``). ``record=True``: every key is kept and the prompt's scores recorded, so that
         :meth:`KVCache.compress` applies any policy to one prefill. ``prompt_only=True``: the policy evicts once,
@@ -244,7 +244,7 @@ class CausalLM(nn.Module):
             )
         if sinks is not None:  # a policy option here (the window and streaming policies take it)
             options["sinks"] = sinks
-        from ..modules.kv_policy import make_policy, policy_cache
+        from ..modules.kv import make_policy, policy_cache
 
         self.check_policy()
         made = make_policy("full" if policy is None else policy, budget, **options)

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from .._config import from_fields
 from ..modules.decoder import DecoderConfig, TransformerDecoder
 from ..modules.encoder import EncoderConfig, TransformerEncoder
-from ..modules.kv_cache import KVCache
+from ..modules.kv import KVCache
 from ..modules.positional import check_positions
 
 

@@ -6,11 +6,16 @@ from .decoder import DecoderBlock, DecoderConfig, TransformerDecoder
 from .encoder import EncoderBlock, EncoderConfig, TransformerEncoder
 from .feedforward import FeedForward
 from .hooks import HookPoint, hook_points
-from .kv_cache import KVCache, LayerKV
-from .kv_policy import KV_POLICIES, KVPolicy, make_policy
+from .._moved import keep_old_names
+from .kv import KV_POLICIES, KVCache, KVPolicy, LayerKV, make_policy
 from .mla import MultiHeadLatentAttention
 from .positional import LearnedPositionalEncoding, RotaryEmbedding, SinusoidalPositionalEncoding
 from .variants import AttentionConfig, DifferentialAttention, TalkingHeadsAttention, build_attention
+
+# The modules the KV package replaced -> where they live now. Importing an old name still works, with a warning, for
+# one release.
+MOVED = {"kv_cache": "kv", "kv_policy": "kv"}
+keep_old_names(__name__, MOVED)
 
 __all__ = [
     "AttentionConfig",

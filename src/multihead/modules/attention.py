@@ -25,7 +25,7 @@ from . import fastpath
 if TYPE_CHECKING:
     from .positional import Rotary
 from .hooks import HookPoint
-from .kv_cache import KVView, LayerKV, attend_groups
+from .kv import KVView, LayerKV, attend_groups
 
 
 def alibi_slope_values(num_heads: int) -> tuple[float, ...]:
@@ -233,7 +233,7 @@ class MultiHeadAttention(nn.Module):
                 differentiable, which is what head-importance scoring uses.
             need_weights: return per-head weights; default: the constructor's ``need_weights``.
             average_attn_weights: average the returned weights over heads ``(B, Lq, Lk)``.
-            cache: a :class:`~multihead.modules.kv_cache.LayerKV` for incremental decoding. Self-attention
+            cache: a :class:`~multihead.modules.kv.LayerKV` for incremental decoding. Self-attention
                 (``static=False``): this call's keys/values are appended and the queries attend to every cached key
                 (``mask``/``key_padding_mask``/``is_causal`` then describe all ``Lk = cached + new`` keys).
                 Cross-attention (``static=True``): keys/values are computed from ``key``/``value`` on the first call

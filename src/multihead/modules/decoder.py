@@ -5,7 +5,7 @@ The same :class:`MultiHeadAttention` in its two other roles: causal self-attenti
 at or before their own position) and encoder-decoder cross-attention (queries from the decoder, keys and values from
 the encoder's output, the annotated transformer's ``mha(q, k, v, mask)``). Without cross-attention
 (``cross_attention=False``) the block is a decoder-only (GPT-style) layer. Incremental decoding passes a
-:class:`~multihead.modules.kv_cache.KVCache`.
+:class:`~multihead.modules.kv.KVCache`.
 
 Shape legend: ``B`` batch, ``T`` target (decoder) positions this call, ``S`` source positions, ``E`` d_model.
 """
@@ -26,7 +26,7 @@ from .attention import alibi_slope_values
 from .variants import LEGACY_FIELDS, AttentionConfig
 from .feedforward import NORMS, FeedForward, check_activation, make_norm
 from .hooks import HookPoint
-from .kv_cache import KVCache, LayerKV
+from .kv import KVCache, LayerKV
 from .positional import Rotary, RotaryEmbedding
 
 

@@ -35,7 +35,7 @@ from ..attention.attn_mask import AttnMask
 from ..attention.registry import attention, check_backend_name, get_backend
 from .attention import alibi_slope_values
 from .hooks import HookPoint
-from .kv_cache import LayerKV
+from .kv import LayerKV
 from .positional import RotaryEmbedding
 
 
@@ -117,6 +117,11 @@ class MultiHeadLatentAttention(nn.Module):
             raise ValueError("MultiHeadLatentAttention is self-attention: keys and values come from the query's latent")
         if query.dim() != 3 or query.shape[-1] != self.d_model:
             raise ValueError(f"query must be (B, L, {self.d_model}), got {tuple(query.shape)}")
+        if cache is not None and not isinstance(cache, LayerKV):
+            raise ValueError(
+                f"multi-head latent attention keeps its latents in a plain cache, not a {type(cache).__name__}: "
+                "decode it with policy='full' (a KV policy ranks per-head keys, which MLA does not store)"
+            )
         need_weights = self.need_weights if need_weights is None else need_weights
         absorb = cache is not None if absorb is None else absorb
         b, lq, _ = query.shape

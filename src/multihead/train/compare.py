@@ -157,7 +157,7 @@ def _measure(path: Path, long_factor: int) -> dict:
     decode = sum(len(t) for t in out.tokens) / (time.perf_counter() - t0)
     # every variant at long_factor x the trained length: ALiBi as it is (no table), the rotary ones (MLA's decoupled
     # rotary key included) through a cache that lets them run past max_len (positions they never saw in training)
-    from ..modules.kv_cache import KVCache
+    from ..modules.kv import KVCache
 
     long_rows = held_out_rows(run, long_factor * n)[:4].long()  # (4, factor * n)
     past = None if run.config.causal.positional == "alibi" else KVCache(len(model.decoder.layers), extrapolate=True)

@@ -1,4 +1,4 @@
-"""Accuracy against KV budget: every cache policy of :mod:`multihead.modules.kv_policy` at several budgets, on
+"""Accuracy against KV budget: every cache policy of :mod:`multihead.modules.kv` at several budgets, on
 needle-in-a-haystack retrieval at long context and on perplexity of long held-out text, with the bytes each kept
 cache holds and the decoding speed beside every point.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ...modules.kv_policy import KV_POLICIES, make_policy
+from ...modules.kv import KV_POLICIES, make_policy
 
 # every registered policy that applies to a recorded prompt (head-aware and its kind need --heads)
 POLICIES = tuple(n for n, cls in KV_POLICIES.items() if not cls.why_not("recorded"))

@@ -1,5 +1,5 @@
 """Which heads need the whole KV cache: retrieval heads found on needles, echo and induction heads found without
-data, and the split a head-aware cache uses (:func:`multihead.modules.kv_policy.head_aware_policy`).
+data, and the split a head-aware cache uses (:func:`multihead.modules.kv.head_aware_policy`).
 
 * **Retrieval score** (Wu et al. 2024, "Retrieval Head Mechanistically Explains Long-Context Factuality"): on
   needle-in-a-haystack prompts (:mod:`multihead.data.needles`) the model reads the answer teacher-forced; at each
@@ -515,7 +515,7 @@ def read_split(path: str | Path) -> list[list[int]]:
         raise ValueError(
             f"{p} is not a kv-heads.json (no split.full_heads): write one with `multihead heads MODEL --kv`"
         ) from None
-    from ...modules.kv_policy import split_heads
+    from ...modules.kv import split_heads
 
     try:  # the one check of a split's shape, the policy's own
         return split_heads(heads)

@@ -19,33 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..attention.attn_mask import AttnMask
-
-
-@dataclass
-class KVView:
-    """What one group of query heads attends after a cache call: keys and values ``(B, G', N, D)`` (rotated),
-    their ``mask`` (the call's own, or one made from the kept keys' positions) and ``heads``, the query heads that
-    read them (None: every head; a head-aware policy gives each group of heads its own keys)."""
-
-    k: Tensor
-    v: Tensor
-    mask: AttnMask | Tensor | None = None
-    heads: Tensor | None = None
-
-
-def attend_groups(q: Tensor, views: list[KVView], *, backend: str, scale=None, sinks: Tensor | None = None) -> Tensor:
-    """``z`` ``(B, H, Q, D)`` of views that each give a group of query heads its own keys (a head-aware policy): the
-    kernel seam on each group's heads, the outputs put back in head order. ``sinks``: the layer's ``(H,)`` logits."""
-    from ..attention.registry import attention
-
-    z = torch.empty_like(q)
-    for view in views:
-        assert view.heads is not None  # several views: each names its heads
-        qg = q.index_select(1, view.heads)
-        gs = None if sinks is None else sinks.to(q.dtype)[view.heads]
-        z[:, view.heads], _ = attention(qg, view.k, view.v, mask=view.mask, scale=scale, backend=backend, sinks=gs)
-    return z
+from .layer import KVView, LayerCache, RecordedLayer
 
 
 class LayerKV:
@@ -53,11 +27,11 @@ class LayerKV:
     once (cross-attention). Self-attention keys/values are written into buffers that grow by doubling, so a step
     copies only its own new positions (``torch.cat`` per step would copy the whole cache every step: quadratic).
 
-    The protocol an attention module speaks to every cache (as HF's ``Cache.update``): :meth:`update` takes the
-    call's queries, keys and values, stores what it keeps and answers with the queries (rotated where the cache
-    places positions) and the :class:`KVView` s to attend; :meth:`done` is told when the call has attended (a policy
-    scores and evicts there). :meth:`source` gives a cross-attention cache's stored keys, so that the source is not
-    projected again. A new kind of cache overrides these three."""
+    It implements the layer-cache protocol (:class:`~multihead.modules.kv.layer.LayerCache`, as HF's
+    ``Cache.update``): :meth:`update` takes the call's queries, keys and values, stores them and answers with the
+    queries (rotated where the cache places positions) and the :class:`KVView` to attend; :meth:`done` has nothing to
+    do; :meth:`source` gives a cross-attention cache's stored keys, so that the source is not projected again.
+    :meth:`append` is this cache's own (multi-head latent attention stores its latents through it)."""
 
     def __init__(self, static: bool = False) -> None:
         self.static = static
@@ -209,9 +183,6 @@ class StreamingKV(LayerKV):
         self.seen += n
         return keys, values
 
-    def reorder(self, index: Tensor) -> None:
-        raise ValueError("a streaming cache serves greedy or sampled decoding; beam search needs the full cache")
-
 
 @dataclass
 class KVCache:
@@ -219,14 +190,14 @@ class KVCache:
     real-token mask ``key_padding`` ``(B, L)`` and the next position of each row ``next_position`` ``(B,)``."""
 
     num_layers: int
-    self_attn: list[LayerKV] = field(default_factory=list)
-    cross_attn: list[LayerKV] = field(default_factory=list)
+    self_attn: list[LayerCache] = field(default_factory=list)
+    cross_attn: list[LayerCache] = field(default_factory=list)
     key_padding: Tensor | None = None
     next_position: Tensor | None = None
     memory_keep: Tensor | None = None  # (B, S) the source's real tokens (encoder-decoder models)
     # a rotary model may run past its trained length with this cache (measuring what happens there); False: refused
     extrapolate: bool = False
-    # the KVPolicy its self-attention layers follow (multihead.modules.kv_policy); None: every key is kept
+    # the KVPolicy its self-attention layers follow (multihead.modules.kv); None: every key is kept
     policy: object | None = None
 
     @classmethod
@@ -260,16 +231,31 @@ class KVCache:
         return sum(c.kv_nbytes() for c in self.self_attn + self.cross_attn)
 
     def compress(self, policy, *, prompt_only: bool = False) -> KVCache:
-        """What ``policy`` (a :class:`~multihead.modules.kv_policy.KVPolicy`) keeps of this recorded cache's
-        prompt, as a new cache; this one is unchanged (:func:`multihead.modules.kv_policy.compress`;
-        ``prompt_only``: the policy evicts once, and the new cache then keeps every token that follows). The policy
-        does the work, so that the cache module imports no policy module."""
-        if not callable(getattr(policy, "compress", None)):
+        """What ``policy`` (a :class:`~multihead.modules.kv.KVPolicy`) keeps of this recorded cache's prompt, as a
+        new cache; this one is unchanged. Bit-identical to a prefill under ``policy`` (the scores are the same
+        numbers), so one recorded prefill (``new_cache(record=True)``) serves every policy and budget.
+        ``prompt_only``: the policy evicts once, and the new cache then keeps every token that follows (kvpress's
+        protocol); by default it keeps evicting to the budget at every step. Each recorded layer does the work
+        (:class:`~multihead.modules.kv.layer.RecordedLayer`), so that the cache module imports no policy module."""
+        if not callable(getattr(policy, "rules", None)) or not callable(getattr(policy, "why_not", None)):
             raise ValueError(
-                f"compress takes a KVPolicy (multihead.modules.kv_policy.make_policy(name, budget)), not "
+                f"compress takes a KVPolicy (multihead.modules.kv.make_policy(name, budget)), not "
                 f"{type(policy).__name__}"
             )
-        return policy.compress(self, prompt_only=prompt_only)
+        policy.check_layers(len(self.self_attn))
+        if policy.why_not("recorded"):
+            raise ValueError(policy.why_not("recorded"))
+        n, layers = len(self.self_attn), []
+        for i, rec in enumerate(self.self_attn):
+            if not isinstance(rec, RecordedLayer):
+                raise ValueError(
+                    "compress takes a recorded cache after its prompt: make it with new_cache(record=True) and run "
+                    "the prompt through it first"
+                )
+            layers.append(rec.compressed(policy, i, n, prompt_only=prompt_only))
+        out = KVCache(n, self_attn=layers, policy=policy)
+        out.key_padding, out.next_position = self.key_padding, self.next_position
+        return out
 
     def reorder(self, index: Tensor) -> None:
         """Keep rows ``index`` (beam search: each surviving beam's parent), in place. Cross-attention caches are
@@ -281,6 +267,3 @@ class KVCache:
         for name in ("next_position", "memory_keep"):
             if getattr(self, name) is not None:
                 setattr(self, name, getattr(self, name).index_select(0, index))
-
-
-__all__ = ["KVCache", "KVView", "LayerKV", "StreamingKV", "attend_groups"]
