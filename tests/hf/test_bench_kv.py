@@ -1,70 +1,28 @@
-"""`multihead bench kv` on a small HF folder: every registered KV policy at the asked fraction holds that share of
-the full cache's bytes, the JSON is written after every row, and kvpress's presses run beside it where kvpress is
-installed (its AdaKV keeps the masked keys' tensors whole)."""
+"""`multihead bench kv`'s multihead side on a small HF folder: the policy at each fraction, the head-aware split by a
+given ranking, and the command's refusals before any model is read (the runs themselves: test_kv_ruler.py)."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
 pytest.importorskip("transformers", reason="pip install 'multihead[hf]'")
 
-from multihead.bench import kvpress as K  # noqa: E402
-from multihead.modules.kv import KV_POLICIES  # noqa: E402
+from multihead.bench.kv import OursSide  # noqa: E402
 
 from .test_attached_load_report import _save  # noqa: E402
 
 
-def test_bench_kv_measures_every_policy_and_writes_as_it_goes(tmp_path):
-    folder = _save(tmp_path / "llama", "llama", max_position_embeddings=256)
-    out = tmp_path / "kv.json"
-    payload = K.run(folder=folder, fractions=(0.25,), length=160, needles=1, context=64, tokens=8, out=out)
-    assert json.loads(out.read_text()) == json.loads(json.dumps(payload))
-    ours = {r["method"]: r for r in payload["results"] if r["side"] == "multihead"}
-    assert set(ours) == set(KV_POLICIES) - {"streaming"}  # streaming rotates by slot: HF models stream elsewhere
-    for name, r in ours.items():
-        assert "error" not in r, r
-        if name in ("window", "h2o", "snapkv", "tova", "knorm", "adakv", "expected"):  # a quarter of the keys
-            assert r["kept_share"] == pytest.approx(0.25, abs=0.01), name
-        assert r["rss_peak_added_mib"] is None or r["rss_peak_added_mib"] >= 0
-    assert ours["full"]["kept_share"] == 1.0
-    table = K.format_table(payload)
-    assert "head-aware" in table and "needles" in table
-    assert all(f.stat().st_size > 0 for f in K.plot(payload, tmp_path / "kv"))
-    theirs = {r["method"]: r for r in payload["results"] if r["side"] == "kvpress"}
-    try:
-        import kvpress  # noqa: F401
-    except ImportError:
-        assert not theirs and "make kvpress" in payload["config"]["kvpress"]
-        return
-    assert set(theirs) == {"full", *K.PRESSES}
-    assert all("error" not in r for r in theirs.values()), theirs
-    assert theirs["AdaKVPress(SnapKVPress)"]["kept_share"] == 1.0  # masked, not freed
-    assert theirs["StreamingLLMPress"]["kept_share"] == pytest.approx(0.25, abs=0.01)
-
-
-def test_bench_kv_runs_the_methods_asked_on_multi_key_needles(tmp_path):
+def test_the_head_aware_split_follows_a_given_ranking_and_refuses_another_models(tmp_path):
     folder = _save(tmp_path / "llama", "llama", max_position_embeddings=512)
-    payload = K.run(
-        folder=folder,
-        fractions=(0.5,),
-        length=400,
-        needles=1,
-        keys=3,
-        context=32,
-        tokens=4,
-        methods=["adakv", "head-aware"],
-        ranking=[[0.0, 1.0], [1.0, 0.0]],  # a kv-heads.json's scores: layer 0 head 1, layer 1 head 0 first
-    )
-    assert payload["config"]["keys"] == 3 and payload["config"]["head_split"] == "given (--kv-heads)"
-    ours = {(r["method"], r["fraction"]): r for r in payload["results"] if r["side"] == "multihead"}
-    assert set(ours) == {("full", 1.0), ("adakv", 0.5), ("head-aware", 0.5)}
-    assert all("error" not in r for r in ours.values())
+    ranking = [[0.0, 1.0], [0.5, 0.0]]  # a kv-heads.json's scores: layer 0 head 1 first, then layer 1 head 0
+    side = OursSide(folder, ranking=ranking)
+    assert side.split(0.5) == [[1], [0]]
+    assert side.policy("head-aware", 0.5, 400).keep_all == ((1,), ())  # a quarter of the heads whole: half the bytes
+    assert side.policy("snapkv", 0.25, 400).budget == 100
+    assert "streaming" not in side.names() and "head-aware" in side.names()  # streaming rotates by slot: not HF's
     with pytest.raises(ValueError, match="classify this model's heads"):
-        K.run(folder=folder, length=400, needles=1, context=32, tokens=4, methods=["head-aware"], ranking=[[1.0]])
-    with pytest.raises(ValueError, match="knows no method lru"):
-        K.run(folder=folder, fractions=(0.5,), length=400, needles=1, context=32, tokens=4, methods=["lru"])
+        OursSide(folder, ranking=[[1.0]])
 
 
 def test_bench_kv_refuses_bad_flags_before_reading_a_model(tmp_path, capsys):

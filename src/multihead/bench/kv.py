@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -46,7 +47,7 @@ from typing import Any
 
 import torch
 
-from .kvpress import EAGER, INSTALL, PRESSES, _tensor_bytes, smollm2_folder
+from .kvpress import EAGER, INSTALL, PRESSES, PressSide, _tensor_bytes
 
 FRACTIONS = (0.125, 0.25, 0.5)
 LENGTHS = (2048, 4096)
@@ -72,15 +73,25 @@ def wilson(hits: float, total: int, z: float = 1.96) -> tuple[float, float]:
 
 # ------------------------------------------------------------------------------------------------ the two sides
 class OursSide:
-    """The folder attached; one recorded read per context, each policy applied to it."""
+    """The folder read with transformers and attached; one recorded read per context, each policy applied to it.
+    The head-aware policy keeps every key for the top ``fraction / 2`` of key/value heads (by ``ranking``, a
+    kv-heads.json's scores, else the data-free split) and a window for the others, sized so that its bytes match."""
 
     side = "multihead"
 
-    def __init__(self, folder: Path, ranking=None, evict: str = "prompt"):
-        from .kvpress import Ours
+    def __init__(self, folder: Path, ranking: list[list[float]] | None = None, evict: str = "prompt"):
+        from ..interpret.kv.heads import kv_heads_per_layer
+        from ..loading import load
 
-        self.inner = Ours(folder, ranking)
-        self.lm, self.model = self.inner.lm, self.inner.model
+        self.lm = load(f"hf:{folder}").detail
+        self.model = self.lm.model  # AttachedLM
+        self.kv_heads = kv_heads_per_layer(self.model)
+        if ranking is not None and [len(r) for r in ranking] != self.kv_heads:
+            raise ValueError(
+                f"the kv-heads.json names {[len(r) for r in ranking]} key/value heads per layer; {folder} has "
+                f"{self.kv_heads}: classify this model's heads (multihead heads MODEL --kv)"
+            )
+        self.ranking, self._split = ranking, {}
         self.prompt_only = evict == "prompt"
         eos = self.model.hf.generation_config.eos_token_id
         self.stop = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -88,7 +99,34 @@ class OursSide:
     def names(self) -> list[str]:
         from ..modules.kv import KV_POLICIES
 
-        return [n for n in self.inner.names() if not KV_POLICIES[n].why_not("recorded")]
+        return [
+            n
+            for n, cls in KV_POLICIES.items()
+            if n != "full" and not cls.why_not("attached") and not cls.why_not("recorded")
+        ]
+
+    def policy(self, name: str, fraction: float, length: int):
+        """The policy ``name`` keeping ``fraction`` of a ``length``-token context's keys."""
+        from ..modules.kv import KV_POLICIES, head_aware_at, make_policy
+
+        if name == "full":
+            return make_policy("full")
+        if not KV_POLICIES[name].needs_split:
+            return make_policy(name, max(1, round(fraction * length)))
+        return head_aware_at(fraction, length, self.split(fraction / 2), self.kv_heads)
+
+    def split(self, share: float) -> list[list[int]]:
+        """The split keeping ``share`` of the key/value heads whole: by the given ranking, else the data-free one
+        (echo and induction scores)."""
+        if share not in self._split:
+            from ..interpret.kv.heads import echo_and_induction, kv_head_scores, split
+
+            scores = self.ranking
+            if scores is None:
+                ei = echo_and_induction(self.model, half=32, batch=4, start=self.lm.bos_id or 0)
+                scores = kv_head_scores(torch.maximum(ei["echo"], ei["induction"]), self.kv_heads)
+            self._split[share] = split(scores, share)
+        return self._split[share]
 
     @torch.no_grad()
     def read(self, ids: list[int]):
@@ -98,7 +136,7 @@ class OursSide:
         return {"cache": cache, "length": len(ids), "seconds": time.perf_counter() - t0}
 
     def compressed(self, read, name: str, fraction: float):
-        policy = self.inner._policy(name, fraction, read["length"])
+        policy = self.policy(name, fraction, read["length"])
         probe = read["cache"].compress(policy, prompt_only=self.prompt_only)
         return {"read": read, "policy": policy, "bytes": probe.kv_nbytes(), "first": probe}
 
@@ -119,104 +157,42 @@ class OursSide:
         return self.lm.decode([t for t in out if t not in self.stop]), len(out), time.perf_counter() - t0
 
 
-class PressSide:
-    """HF's model from the folder; one read per context, each press applied to it through its own hook."""
+def _rss_mib() -> float:
+    """The process's resident memory now (MiB), from /proc (0 where there is none)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
-    side = "kvpress"
 
-    def __init__(self, folder: Path):
-        import kvpress  # noqa: F401  (registers the pipeline; a missing package is named by the caller)
-        from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+def _row_start() -> float | None:
+    """Before a row: the memory freed by earlier rows handed back (garbage collected, glibc's free lists trimmed),
+    the kernel's peak resident mark reset; the resident MiB now (None where the peak cannot be reset)."""
+    import ctypes
+    import gc
 
-        self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        self.models, self.pipes = {}, {}
-        for impl in ("sdpa", "eager"):
-            m = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation=impl).eval()
-            self.models[impl] = m
-            self.pipes[impl] = pipeline("kv-press-text-generation", model=m, tokenizer=self.tokenizer, device="cpu")
+    from .harness import _reset_peak
 
-    def names(self) -> list[str]:
-        return list(PRESSES)
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    return _rss_mib() if _reset_peak() else None
 
-    @torch.no_grad()
-    def read(self, ids: list[int]):
-        """The context read once (no press): each attention layer's inputs and output, and the full cache."""
-        from transformers import DynamicCache
 
-        model = self.models["sdpa"]
-        seen: dict[int, tuple[dict, tuple]] = {}
-        hooks = []
-        for i, layer in enumerate(model.model.layers):
+def smollm2_folder() -> Path:
+    """SmolLM2-135M as an HF folder (``multihead export smollm2``), written once outside the repository."""
+    from .._io import cache_home
+    from ..loading import load
+    from ..pretrained.causal_lm import export
 
-            def grab(module, args, kwargs, output, i=i):
-                seen[i] = ({k: v for k, v in kwargs.items() if k != "past_key_values"}, output)
-
-            hooks.append(layer.self_attn.register_forward_hook(grab, with_kwargs=True))
-        cache = DynamicCache()
-        t0 = time.perf_counter()
-        try:
-            model.model(input_ids=torch.tensor([ids]), past_key_values=cache)
-        finally:
-            for h in hooks:
-                h.remove()
-        kv = [(layer.keys, layer.values) for layer in cache.layers]
-        return {"ids": ids, "length": len(ids), "layers": seen, "kv": kv, "seconds": time.perf_counter() - t0}
-
-    def press(self, name: str, fraction: float):
-        from .kvpress import make_press
-
-        return make_press(name, fraction)
-
-    @torch.no_grad()
-    def compressed(self, read, name: str, fraction: float):
-        from transformers import DynamicCache
-
-        impl = "eager" if name in EAGER else "sdpa"
-        model = self.models[impl]
-        cache = DynamicCache()
-        for module in (layer.self_attn for layer in model.model.layers):
-            module.masked_key_indices = None  # what a prefill resets (kvpress's attention patch)
-        if name == "full":
-            for i, (k, v) in enumerate(read["kv"]):
-                cache.update(k.clone(), v.clone(), i)
-        elif name in EAGER:  # the press reads the attention weights: its own prefill, with eager attention
-            with self.press(name, fraction)(model):
-                model.model(input_ids=torch.tensor([read["ids"]]), past_key_values=cache)
-        else:
-            press = self.press(name, fraction)
-            for i, (k, v) in enumerate(read["kv"]):
-                cache.update(k.clone(), v.clone(), i)
-            with press(model):  # the press set up on the model as kvpress sets it up; its hook called on the read
-                for i, layer in enumerate(model.model.layers):
-                    kwargs, output = read["layers"][i]
-                    press.forward_hook(layer.self_attn, [], {**kwargs, "past_key_values": cache}, output)
-        lengths = [cache.get_seq_length(i) for i in range(len(cache))]
-        return {
-            "cache": cache,
-            "impl": impl,
-            "length": read["length"],
-            "lengths": lengths,
-            "bytes": _tensor_bytes(cache),
-        }
-
-    @torch.no_grad()
-    def answer(self, state, question: list[int], max_new: int) -> tuple[str, int, float]:
-        """kvpress's pipeline's own answer (greedy, positions after the whole context), then the answer's keys
-        dropped from the cache (as its pipeline does between questions)."""
-        pipe = self.pipes[state["impl"]]
-        t0 = time.perf_counter()
-        text = pipe.generate_answer(
-            question_ids=torch.tensor([question]),
-            cache=state["cache"],
-            context_length=state["length"],
-            max_new_tokens=max_new,
-        )
-        seconds = time.perf_counter() - t0
-        grown = (
-            state["cache"].get_seq_length(0) - state["lengths"][0]
-        )  # the question and all answer tokens but the last
-        pipe._remove_answer_from_cache(state["cache"], state["lengths"])
-        return text, max(grown - len(question) + 1, 1), seconds
+    folder = cache_home() / "smollm2-hf"
+    if not (folder / "config.json").is_file():
+        p = load("smollm2").detail
+        export(p.model, folder, pretrained=p, overwrite=True)
+    return folder
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -517,7 +493,6 @@ def _memory_worker(spec: dict) -> dict:
     """In a fresh process: load, reset the peak mark, read one niah prompt under the method and answer it."""
     from .._proc import status_kib
     from ..data.ruler import samples_for
-    from .kvpress import _row_start
 
     folder, method, fraction = Path(spec["folder"]), spec["method"], spec["fraction"]
     side: Any
@@ -533,7 +508,7 @@ def _memory_worker(spec: dict) -> dict:
     q = sample.questions[0]
     start = _row_start()
     if spec["side"] == "multihead":
-        policy = side.inner._policy(method, fraction, len(sample.ids))
+        policy = side.policy(method, fraction, len(sample.ids))
         cache = side.model.new_cache(policy=policy, prompt_only=side.prompt_only) if method != "full" else None
         cache = cache or side.model.new_cache(policy="full")
         side.model.prefill(torch.tensor([sample.ids]), cache=cache)
@@ -610,7 +585,7 @@ def decode_rows(
 
 @torch.no_grad()
 def _decode_ours(side: OursSide, method: str, fraction: float, ids, context: int, F) -> dict:
-    policy = side.inner._policy(method, fraction, context)
+    policy = side.policy(method, fraction, context)
     cache = side.model.new_cache(policy=policy)
     logits, _ = side.model.prefill(ids[:, :context], cache=cache)
     losses, most = [], 0
