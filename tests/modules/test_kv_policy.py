@@ -715,3 +715,22 @@ def test_beam_search_under_a_policy_whose_budget_keeps_everything_is_beam_search
         assert kept.tokens == plain.tokens and kept.scores == pytest.approx(plain.scores, abs=1e-5)
     one = generate(model, ids, strategy="beam", num_beams=1, max_new_tokens=8, kv_policy="h2o", kv_budget=8)
     assert one.tokens == generate(model, ids, max_new_tokens=8, kv_policy="h2o", kv_budget=8).tokens
+
+
+@torch.no_grad()
+def test_a_recording_of_what_some_policies_read_serves_them_as_a_whole_recording_does():
+    """new_cache(record=[policies]) records only what those read (no whole attention map unless one needs it): each
+    compresses to the same cache as from a recording of everything; a policy it did not record for is refused."""
+    model = _lm()
+    ids = torch.randint(0, 60, (1, P + STEPS), generator=torch.Generator().manual_seed(8))
+    whole, some = model.new_cache(record=True), model.new_cache(record=[SnapKV, TOVA, KeyNorm])
+    model(ids[:, :P], cache=whole)
+    model(ids[:, :P], cache=some)
+    assert None in whole.self_attn[0].recorded and None not in some.self_attn[0].recorded
+    for name in ("snapkv", "tova", "knorm"):
+        policy = make_policy(name, 8)
+        assert torch.equal(
+            _decode_from(model, ids, whole.compress(policy), P), _decode_from(model, ids, some.compress(policy), P)
+        )
+    with pytest.raises(ValueError, match="the last 32, the last 1; this policy reads that of every query: record it"):
+        some.compress(make_policy("h2o", 8))

@@ -79,9 +79,12 @@ class OursSide:
 
     side = "multihead"
 
-    def __init__(self, folder: Path, ranking: list[list[float]] | None = None, evict: str = "prompt"):
+    def __init__(
+        self, folder: Path, ranking: list[list[float]] | None = None, evict: str = "prompt", methods=None
+    ) -> None:
         from ..interpret.kv.heads import kv_heads_per_layer
         from ..loading import load
+        from ..modules.kv import KV_POLICIES
 
         self.lm = load(f"hf:{folder}").detail
         self.model = self.lm.model  # AttachedLM
@@ -92,6 +95,8 @@ class OursSide:
                 f"{self.kv_heads}: classify this model's heads (multihead heads MODEL --kv)"
             )
         self.ranking, self._split = ranking, {}
+        # what a read records: what the run's policies read (None: every policy's)
+        self.record = True if methods is None else [KV_POLICIES[n] for n in methods if n in KV_POLICIES]
         self.prompt_only = evict == "prompt"
         eos = self.model.hf.generation_config.eos_token_id
         self.stop = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -130,7 +135,7 @@ class OursSide:
 
     @torch.no_grad()
     def read(self, ids: list[int]):
-        cache = self.model.new_cache(record=True)
+        cache = self.model.new_cache(record=self.record)
         t0 = time.perf_counter()
         self.model.prefill(torch.tensor([ids]), cache=cache)
         return {"cache": cache, "length": len(ids), "seconds": time.perf_counter() - t0}
@@ -369,7 +374,7 @@ def run(
             )
         payload["results"], payload["done"] = old["results"], old.get("done", {})
         payload.update({k: old[k] for k in ("decoding", "memory", "seconds") if k in old})  # measured already
-    ours = OursSide(folder, ranking, evict)
+    ours = OursSide(folder, ranking, evict, methods=methods)
     sides: list = [ours]
     try:
         sides.append(PressSide(folder))

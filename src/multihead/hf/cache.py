@@ -116,7 +116,7 @@ def cache_argument(model: nn.Module, cache) -> dict:
 
 
 def policy_layers(
-    model: nn.Module, policy, budget: int | None = None, *, record: bool = False, prompt_only: bool = False, **options
+    model: nn.Module, policy, budget: int | None = None, *, record=False, prompt_only: bool = False, **options
 ):
     """multihead's :class:`~multihead.modules.kv.KVCache` for the attached ``model``'s layers under
     ``policy`` (a name of :data:`~multihead.modules.kv.KV_POLICIES` or a

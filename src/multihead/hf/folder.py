@@ -254,7 +254,7 @@ class AttachedLM(nn.Module):
         sinks: int = 4,
         policy=None,
         budget: int | None = None,
-        record: bool = False,
+        record=False,
         extrapolate: bool = False,
         prompt_only: bool = False,
         **options,
@@ -262,7 +262,8 @@ class AttachedLM(nn.Module):
         """A cache for feeding tokens in turn (``extrapolate``: accepted as a native LM's; HF's positions run on as
         far as the model's rotary embedding goes). With ``policy`` (a name of
         :data:`~multihead.modules.kv.KV_POLICIES`), ``budget`` and its options, or ``record=True`` (every key,
-        the prompt's scores kept for :meth:`~multihead.modules.kv.KVCache.compress`): multihead's KV-policy
+        the prompt's scores kept for :meth:`~multihead.modules.kv.KVCache.compress`; a list of policies: what those
+        read only): multihead's KV-policy
         cache, as a native model's ``new_cache`` makes it, run through HF's cache API. Otherwise every token
         (``window=None``: positions run on), or the first ``sinks`` plus the last ``window`` (StreamingLLM, positions
         within the cache): a :class:`~multihead.hf.stream.StreamCache`. ``prompt_only``: the policy evicts once,

@@ -21,9 +21,7 @@ class LanguageModel(Protocol):
         self, ids: Tensor, keep: Tensor | None = None, head_mask: Tensor | None = None, cache=None
     ) -> Tensor: ...
 
-    def new_cache(
-        self, *, policy=None, budget: int | None = None, record: bool = False, prompt_only: bool = False, **options
-    ):
+    def new_cache(self, *, policy=None, budget: int | None = None, record=False, prompt_only: bool = False, **options):
         """An empty cache (every key; a streaming window; or a KV policy with its budget). ``extrapolate=True``:
         positions may run past the model's trained length (measuring what happens there)."""
         ...

@@ -13,6 +13,7 @@ Shape legend: ``B`` batch, ``T`` target positions, ``S`` source positions, ``E``
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -213,7 +214,7 @@ class CausalLM(nn.Module):
         window: int | None = None,
         policy=None,
         budget: int | None = None,
-        record: bool = False,
+        record: bool | Sequence = False,
         extrapolate: bool = False,
         prompt_only: bool = False,
         **options,
@@ -226,7 +227,8 @@ class CausalLM(nn.Module):
         :data:`~multihead.modules.kv.KV_POLICIES` (``full``, ``window``, ``h2o``, ``snapkv``, ``tova``,
         ``knorm``, ``pyramidkv``, ``adakv``, ``expected``, ``streaming``, ``head-aware``...) with its ``budget`` (keys kept per head) and ``options``
         (``full_heads=`` for ``head-aware``). ``record=True``: every key is kept and the prompt's scores recorded, so that
-        :meth:`KVCache.compress` applies any policy to one prefill. ``prompt_only=True``: the policy evicts once,
+        :meth:`KVCache.compress` applies any policy to one prefill (a list of policies or their classes: what those
+        read only, which spares the whole attention map where none of them needs it). ``prompt_only=True``: the policy evicts once,
         after the prompt, then keeps every new token (kvpress's protocol; by default it keeps its budget while
         decoding). ``extrapolate=True`` (every key): positions may run past ``max_len`` (rotary models; measuring what
         happens there)."""

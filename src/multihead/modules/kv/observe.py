@@ -84,8 +84,9 @@ class Observed:
         if last not in self._sums:
             if self._q is None:
                 raise ValueError(
-                    f"a recorded prompt keeps the attention of its last {sorted(k for k in self._sums if k)} queries "
-                    f"and of all of them; this policy reads its last {last} (prefill under the policy instead)"
+                    f"a recorded prompt keeps the attention of {_windows(self._sums)}; this policy reads that of "
+                    f"{_windows({last: None})}: record it (new_cache(record=True) records what every policy reads), "
+                    "or prefill under the policy"
                 )
             self._sums[last] = received_attention(
                 self._q, self.keys, self._q_pos, self._k_pos, sinks=self._sinks, last=last
@@ -95,6 +96,12 @@ class Observed:
     def per_kv_head(self, score: Tensor) -> Tensor:
         """``(B, H, N)`` per query head -> ``(B, G, N)`` summed over each key/value head's query heads."""
         return _per_kv_head(score, self.keys.shape[1])
+
+
+def _windows(sums: dict) -> str:
+    """The query windows ``sums`` holds, in words."""
+    said = ["every query" if k is None else f"the last {k}" for k in sums if not isinstance(k, tuple)]
+    return ", ".join(said) or "no query"
 
 
 def received_attention(
