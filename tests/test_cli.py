@@ -85,6 +85,34 @@ def test_bench_rejects_unknown_impl(capsys):
     assert "unknown implementation" in capsys.readouterr().err
 
 
+def test_bench_refuses_an_out_file_another_process_is_writing(tmp_path, capsys):
+    """Two runs on one --out (a resume started beside a running benchmark) would each overwrite the other's samples:
+    the second is refused, naming the writer, and the file is left as it was."""
+    out = tmp_path / "bench.json"
+    out.write_text('{"mine": 1}')
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from multihead._io import folder_lock; lock = folder_lock(sys.argv[1]); "
+            "lock.__enter__(); print('held', flush=True); time.sleep(120)",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        flags = ["--lengths", "16", "--modes", "forward", "--impls", "multihead", "--min-time", "0", "--overwrite"]
+        assert main(["bench", "attention", *flags, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"pid {holder.pid}" in err and "Traceback" not in err, err
+        assert out.read_text() == '{"mine": 1}'
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_bench_train_suite_builds_both_models():
     """The two models in `bench train` have the same parameter count and both train a step (timings: bench only)."""
     from multihead.bench import train as suite
