@@ -1,8 +1,13 @@
 import csv
+import os
 import random
 
 import pytest
 import torch
+
+# The suite decodes with the lean step's BLAS product: measuring which kernel this machine streams weights fastest
+# with (and compiling the other one) is tested on its own (tests/models/test_decode_kernels.py), not before each test.
+os.environ.setdefault("MULTIHEAD_DECODE_KERNEL", "blas")
 
 
 @pytest.fixture(autouse=True)

@@ -85,16 +85,18 @@ def test_bench_rejects_unknown_impl(capsys):
     assert "unknown implementation" in capsys.readouterr().err
 
 
-def test_bench_refuses_an_out_file_another_process_is_writing(tmp_path, capsys):
+def test_bench_refuses_an_out_file_another_process_is_writing(tmp_path, capsys, monkeypatch):
     """Two runs on one --out (a resume started beside a running benchmark) would each overwrite the other's samples:
     the second is refused, naming the writer, and the file is left as it was."""
-    out = tmp_path / "bench.json"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where the lock file lies (not beside the JSON)
+    out = tmp_path / "results" / "bench.json"
+    out.parent.mkdir()
     out.write_text('{"mine": 1}')
     holder = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import sys, time; from multihead._io import folder_lock; lock = folder_lock(sys.argv[1]); "
+            "import sys, time; from multihead._io import file_lock; lock = file_lock(sys.argv[1]); "
             "lock.__enter__(); print('held', flush=True); time.sleep(120)",
             str(out),
         ],
@@ -107,7 +109,7 @@ def test_bench_refuses_an_out_file_another_process_is_writing(tmp_path, capsys):
         assert main(["bench", "attention", *flags, "--out", str(out)]) == 2
         err = capsys.readouterr().err
         assert f"pid {holder.pid}" in err and "Traceback" not in err, err
-        assert out.read_text() == '{"mine": 1}'
+        assert out.read_text() == '{"mine": 1}' and list(out.parent.iterdir()) == [out]
     finally:
         holder.kill()
         holder.wait()

@@ -501,6 +501,55 @@ def _open_lock(path: Path, flags: int) -> int:
     return fd
 
 
+def _acquire(path: Path, target: str) -> int:
+    """An exclusive ``flock`` on the lock file ``path`` (made if missing, never through a link), holding this
+    process's pid; refused at once, naming the holder, when another process holds it (``target``: what it guards)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = _open_lock(path, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            raise FolderError(
+                f"{target!r} is being written by another multihead process (pid {holder}); wait "
+                "for it to finish, or stop it, then retry"
+            ) from None
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+class file_lock:
+    """Exclusive lock on writing the file ``out`` (a benchmark's JSON, which a resumed run rewrites after every
+    sample): ``with file_lock(out): ...``. The lock file lies in the user's cache folder (the system's temporary
+    folder where that cannot be written), named by ``out``'s absolute path, so that nothing is written beside ``out``
+    (a refused run leaves its folder as it was). Refuses at once, naming the holder's pid."""
+
+    def __init__(self, out: str | Path):
+        import hashlib
+
+        self.out = Path(os.path.abspath(out))
+        self.name = hashlib.sha256(str(self.out).encode()).hexdigest()[:32] + ".lock"
+        self.fd: int | None = None
+
+    def __enter__(self) -> file_lock:
+        try:
+            self.fd = _acquire(cache_home() / "locks" / self.name, str(self.out))
+        except (PermissionError, NotADirectoryError, FileExistsError):  # no cache folder to write: the temporary one
+            self.fd = _acquire(
+                Path(tempfile.gettempdir()) / f"multihead-locks-{os.getuid()}" / self.name, str(self.out)
+            )
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing releases the flock
+            self.fd = None
+
+
 class folder_lock:
     """Exclusive lock on writing folder ``out`` (``with folder_lock(out): ...``). Refuses at once, naming the
     holder's pid, when another process holds it. Re-entrant within one process. On acquiring it, what a killed
@@ -529,23 +578,7 @@ class folder_lock:
         if key in self._held:
             self._held[key] += 1
             return self
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = _open_lock(self.path, os.O_RDWR | os.O_CREAT)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                target = self.path.name[1 : -len(".lock")]
-                raise FolderError(
-                    f"{target!r} is being written by another multihead process (pid {holder}); wait "
-                    "for it to finish, or stop it, then retry"
-                ) from None
-            raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self.fd = fd
+        self.fd = _acquire(self.path, self.path.name[1 : -len(".lock")])
         self._held[key] = 1
         try:  # whoever takes the lock first cleans what a killed writer left (a resume too, not only a new build)
             recover(self.path.parent / self.path.name[1 : -len(".lock")])
@@ -765,6 +798,7 @@ def cache_home() -> Path:
 __all__ = [
     "FolderError",
     "cache_home",
+    "file_lock",
     "JSONFileError",
     "read_json_file",
     "Publish",

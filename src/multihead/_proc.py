@@ -1,7 +1,10 @@
-"""This process's memory counters from ``/proc/self/status`` (Linux); used by the bench harness and the trainer."""
+"""This process's memory counters from ``/proc/self/status`` (Linux), its threads, and the CPU it runs on (the model
+name and the vector extensions that decide which kernel is fastest); used by the bench harness, the trainer and the
+decoding kernels' choice."""
 
 from __future__ import annotations
 
+import platform
 import re
 from pathlib import Path
 
@@ -36,3 +39,16 @@ def set_threads(n: int | None) -> None:
                 f"slow it down (and thousands exhaust memory): pass --threads {max_threads() // 4} or fewer"
             )
         torch.set_num_threads(n)
+
+
+def cpu_model() -> dict:
+    """The CPU's model name and the vector extensions that decide which kernel is fastest on it (a speed measured
+    on one CPU is a claim about that CPU): from ``/proc/cpuinfo`` where there is one."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return {"cpu": platform.processor() or platform.machine()}
+    fields = dict((k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in text.splitlines()[:64]) if v)
+    flags = set(fields.get("flags", "").split())
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_tile")
+    return {"cpu": fields.get("model name", platform.processor()), "cpu_flags": [f for f in wanted if f in flags]}

@@ -46,6 +46,13 @@ def test_generate_compiled_writes_the_same_text(gguf_model, capsys):
     assert got.out == want and "compiling the decoding step" in got.err
 
 
+def test_generate_refuses_an_unknown_decoding_kernel_with_the_choices(gguf_model, capsys, monkeypatch):
+    monkeypatch.setenv("MULTIHEAD_DECODE_KERNEL", "gpu")
+    assert main(["generate", gguf_model, "the cat", "--max-new", "3", "--no-stream"]) == 2
+    err = capsys.readouterr().err
+    assert "names no decoding kernel; set it to one of auto, blas, compiled" in err and "Traceback" not in err
+
+
 def test_bench_lens_refuses_an_unknown_snippet_before_anything_is_read(tmp_path, capsys):
     out = tmp_path / "lens.json"
     assert (

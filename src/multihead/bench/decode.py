@@ -28,6 +28,7 @@ run, and each case's peak memory above its start. ``--device cuda --dtype bf16``
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -198,7 +199,17 @@ def recorded(case: dict) -> dict:
     _STAMPS.clear()
     if not rates:
         return {}
-    return {"decode_tokens_per_second": max(rates), "new_tokens_made": counts[rates.index(max(rates))]}
+    out = {"decode_tokens_per_second": max(rates), "new_tokens_made": counts[rates.index(max(rates))]}
+    return {**out, **_kernel(case)}
+
+
+def _kernel(case: dict) -> dict:
+    """The kernel our decoding step chose in this process, and why (ours only)."""
+    from ..models import fast_decode
+
+    model = _LOADED.get((case.get("shape", {}).get("pretrained"), "cached"))
+    choice = None if model is None else fast_decode.chosen(model)
+    return {} if choice is None else {"kernel": choice.kernel, "kernel_choice": choice.as_dict(), "why": choice.why()}
 
 
 def _split_rows(case: dict) -> list[list[list[float]]]:
@@ -246,10 +257,13 @@ def _build_pretrained(case: dict):
         return torch.no_grad()(lambda: model.prefill(ids))
     if impl == "hf_prefill":
         return torch.no_grad()(lambda: model(ids, attention_mask=mask, use_cache=True))
-    if impl in ("cached", "cached_old", "compiled") or impl.startswith("cached:"):
-        from ..models import fast_decode
+    if impl in ("cached", "cached_old", "compiled", "blas") or impl.startswith("cached:"):
+        from ..models import fast_decode, kernels
         from ..models.generation import generate
         from ..modules import fastpath
+
+        if impl == "blas":  # the lean step's BLAS product, whatever this machine's measurement chose (this process)
+            os.environ[kernels.ENV] = "blas"
 
         if impl == "cached_old":  # the path before the decoding layout and the lean step (this process only)
             fastpath.LAYOUT = fast_decode.ENABLED = False
@@ -273,7 +287,7 @@ def _build_pretrained(case: dict):
             streamer=_HFStamps(),
         )
     raise ValueError(
-        "a pretrained race has the cases cached, cached_old, compiled, cached:POLICY, bound, bound_compiled, "
+        "a pretrained race has the cases cached, blas, cached_old, compiled, cached:POLICY, bound, bound_compiled, "
         "hf_generate, llamacpp, "
         f"llamacpp_f32, prefill and hf_prefill; got {impl!r}"
     )
@@ -285,31 +299,14 @@ def _bound(model, compiled: bool = False):
     share of the limit. ``compiled=False``: BLAS's product over each weight laid ``in x out``, contiguous (BLAS's
     fastest layout here); True: the compiled step's own reduction (inductor's) over each weight ``out x in``. The
     faster of the two is the limit the table reports against."""
-    mats = {}
-    for m in model.modules():
-        w = getattr(m, "weight", None)
-        if isinstance(m, torch.nn.Linear) and isinstance(w, torch.Tensor) and w.dim() == 2:
-            mats[w.untyped_storage().data_ptr() + w.storage_offset()] = w  # tied weights once
-    if compiled:
-        from ..models.fast_decode import _gemv
+    from ..models.kernels import KERNELS, linear_weights
 
-        product = torch.compile(_gemv, dynamic=False, fullgraph=True)
-        laid = [w.detach().contiguous() for w in mats.values()]
-        rows = {w.shape[1]: torch.randn(1, w.shape[1]) for w in laid}
+    laid = [w.detach() for w in linear_weights(model)]  # tied weights once
+    product = KERNELS["compiled" if compiled else "blas"].timer(laid)
 
-        @torch.no_grad()
-        def run():
-            for w in laid:
-                product(rows[w.shape[1]], w, None)
-
-    else:
-        laid = [w.detach().t().contiguous() for w in mats.values()]
-        rows = {w.shape[0]: torch.randn(1, w.shape[0]) for w in laid}
-
-        @torch.no_grad()
-        def run():
-            for w in laid:
-                rows[w.shape[0]] @ w
+    @torch.no_grad()
+    def run():
+        product()
 
     run.weight_bytes = sum(w.numel() * w.element_size() for w in laid)  # type: ignore[attr-defined]
     return run
@@ -404,7 +401,7 @@ def run(
     batches = batches or ([1, 8] if pretrained else BATCHES)
     gguf = pretrained and _is_gguf(shape["pretrained"])
     peers = ["hf_generate"] + (["llamacpp_f32", "llamacpp"] if gguf else [])
-    impls = impls or (["cached", "compiled", "cached_old", *peers] if pretrained else IMPLS)
+    impls = impls or (["cached", "blas", "compiled", "cached_old", *peers] if pretrained else IMPLS)
     cases, results = [], []
     if pretrained:  # the physical limit: one product over every weight, batch 1 (BLAS's, and the compiled step's)
         for impl in ("bound", "bound_compiled"):
@@ -565,8 +562,12 @@ def format_table(payload: dict) -> str:
         lines.append(
             "of limit: decode tokens/s over the limit's (one product of a row with every weight, the faster of BLAS's "
             "and the compiled reduction: the least time a step can take); cached_old: ours before the decoding "
-            "layout; compiled: ours with fast_decode.compile (batch 1 compiled, batches the lean step)"
+            "layout; compiled: ours with fast_decode.compile (batch 1 compiled, batches the lean step); blas: ours "
+            "with the BLAS product whatever was measured"
         )
+    chosen = next((r for r in payload["results"] if r["impl"] == "cached" and r.get("why")), None)
+    if chosen is not None:
+        lines.append(f"cached (ours as it runs by default) decoded a row with {chosen['why']}")
     return "\n".join(lines)
 
 

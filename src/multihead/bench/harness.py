@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import torch
 
-from .._proc import status_kib
+from .._proc import cpu_model, status_kib
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -186,19 +186,6 @@ def run_case(suite: str, case: dict, *, threads: int | None = None, timeout: flo
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
         return {**case, "error": f"exit {proc.returncode}: {tail[0]}"}
     return {**case, **json.loads(proc.stdout.strip().splitlines()[-1])}
-
-
-def cpu_model() -> dict:
-    """The CPU's model name and the vector extensions that decide which kernel is fastest on it (a speed measured
-    on one CPU is a claim about that CPU): from ``/proc/cpuinfo`` where there is one."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return {"cpu": platform.processor() or platform.machine()}
-    fields = dict((k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in text.splitlines()[:64]) if v)
-    flags = set(fields.get("flags", "").split())
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_tile")
-    return {"cpu": fields.get("model name", platform.processor()), "cpu_flags": [f for f in wanted if f in flags]}
 
 
 def machine_info(threads: int | None, device: str = "cpu") -> dict:

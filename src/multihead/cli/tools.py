@@ -57,7 +57,7 @@ def cmd_backends(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .._io import folder_lock
+    from .._io import file_lock
     from ..bench import check_device_flags, suite as bench_suite
 
     check_device_flags(args.suite, args.device, args.dtype)
@@ -84,7 +84,7 @@ def cmd_bench(args) -> int:
             f"--out {str(out)!r} would replace {', '.join(str(p) for p in taken)}, which exist already; pass "
             "--overwrite to replace them, or choose another path"
         )
-    with folder_lock(out):  # two runs writing one JSON (a resume beside a run) would lose each other's samples
+    with file_lock(out):  # two runs writing one JSON (a resume beside a run) would lose each other's samples
         payload = suite.from_args(args, out)
     print(suite.format_table(payload))
     png = out.with_suffix(".png")

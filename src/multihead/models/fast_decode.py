@@ -36,6 +36,8 @@ from ..attention.registry import get_backend
 from ..modules import fastpath
 from ..modules.attention import MultiHeadAttention
 from ..modules.kv import KVCache, LayerKV
+from . import kernels
+from .kernels import _gemv, why_not_inductor
 
 ENABLED = True
 
@@ -44,6 +46,7 @@ ENABLED = True
 # architecture takes the fast step, with its modules; and what compile() made for it.
 _KNOWN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_CHOSEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the kernel chosen for it here
 
 
 def compiled(model) -> bool:
@@ -100,6 +103,28 @@ def why_not(model, cache: KVCache) -> str | None:
     return None
 
 
+def chosen(model) -> kernels.Choice | None:
+    """The kernel ``model`` decodes a row with on this machine and why (:func:`multihead.models.kernels.choose`),
+    once its first row has been decoded; None before."""
+    return _CHOSEN.get(model)
+
+
+def _choose(model) -> None:
+    """On ``model``'s first one-row step here: the kernel this machine streams its weights fastest with (measured
+    once per machine, or kept from an earlier process); the compiled step where inductor's reduction wins."""
+    choice = kernels.choose(model) if model not in _COMPILED else None
+    if choice is None:  # compile() was asked for: an explicit choice
+        choice = kernels.Choice("compiled", "asked", {}, note="fast_decode.compile was called")
+    elif choice.kernel == "compiled":
+        try:
+            compile(model)
+        except ValueError as e:  # an architecture the compiled step cannot write: the lean step, said once
+            choice.note = f"the compiled kernel is fastest here, but this model cannot take it ({e}); BLAS serves"
+            choice.kernel = "blas"
+            kernels.say_once(choice.note)
+    _CHOSEN[model] = choice
+
+
 def _hooked(modules) -> bool:
     """Whether a forward hook is on any of ``modules`` (a hook point, a layer, a norm: the steps here call few of
     them), or on every module (``torch.nn.modules.module.register_module_forward_hook``). Read at every step, so a
@@ -115,6 +140,8 @@ def step(model, tokens: Tensor, cache: KVCache) -> Tensor:
     """One token per row ``(B,)`` in, its logits ``(B, V)`` out; the cache extended. Call only where
     :func:`why_not` says None (:meth:`CausalLM.step` does). A model given to :func:`compile` takes its compiled
     step where :func:`why_not_compiled` says None."""
+    if model not in _CHOSEN and tokens.shape[0] == 1 and tokens.device.type == "cpu":
+        _choose(model)
     if model in _COMPILED and why_not_compiled(model, tokens) is None:
         return _compiled_step(model, tokens, cache)
     dec = model.decoder
@@ -196,12 +223,6 @@ def _normed(x: Tensor, spec: tuple, weight: Tensor | None, bias: Tensor | None) 
     if kind == "rms":
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
-
-
-def _gemv(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``F.linear`` written as the reduction inductor fuses into one pass over a row-major weight."""
-    y = (x[..., None, :] * weight).sum(-1)
-    return y if bias is None else y + bias
 
 
 @functools.cache
@@ -292,18 +313,6 @@ def why_not_compiled(model, tokens: Tensor) -> str | None:
     return None
 
 
-@functools.cache
-def why_not_inductor() -> str | None:
-    """Why ``torch.compile`` cannot build CPU code in this process (None: it can), tried once on a tiny function:
-    inductor needs a C++ compiler and the headers it includes."""
-    try:
-        tiny = torch.compile(lambda x: (x[..., None, :] * x).sum(-1), dynamic=False, fullgraph=True)
-        tiny(torch.ones(2, 3))
-    except Exception as e:  # the compiler missing, headers missing, ...: the reason, for a refusal or a skip
-        return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
-    return None
-
-
 def why_not_compile(model) -> str | None:
     """Why :func:`compile` would refuse ``model`` at once, from what it is (None: it may compile; the architecture,
     the device and the compiler are checked by :func:`compile` itself)."""
@@ -385,6 +394,7 @@ def _compiled_step(model, tokens: Tensor, cache: KVCache, position: int | None =
 
 __all__ = [
     "ENABLED",
+    "chosen",
     "compile",
     "compiled",
     "step",

@@ -1,0 +1,108 @@
+"""The decoding kernel chosen by measurement (:mod:`multihead.models.kernels`): measured once per machine and kept in
+the user's cache folder, read back by the next process, decoded with (the same tokens whichever wins), and a cache
+file that is garbage or cannot be written changes nothing but the cost of measuring again, said once."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+from multihead.models import fast_decode, kernels
+from multihead.models.generation import generate
+
+from test_decoding_layout import _decode, _model
+
+INDUCTOR = kernels.why_not_inductor()
+
+
+@pytest.fixture
+def auto(monkeypatch, tmp_path):
+    """The default: no kernel asked for, and a cache folder of the test's own."""
+    monkeypatch.setenv(kernels.ENV, "auto")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    kernels._SAID.clear()
+    return tmp_path / "cache" / "multihead" / kernels.FILE
+
+
+def test_the_kernel_is_measured_once_per_machine_kept_and_read_back(auto):
+    model = _model("llama")
+    first = kernels.choose(model, budget=0.02)
+    if INDUCTOR is not None:  # only the BLAS runs here: nothing to measure, nothing kept
+        assert first.source == "only" and first.kernel == "blas" and "compiled" in first.cannot
+        return
+    assert first.source == "measured" and set(first.seconds) == {"blas", "compiled"}
+    assert first.kernel == min(first.seconds, key=first.seconds.get)  # the faster one, whichever it is here
+    kept = json.loads(auto.read_text())
+    (entry,) = kept["choices"].values()
+    assert entry["kernel"] == first.kernel and entry["seconds"] == first.seconds
+    again = kernels.choose(_model("llama"), budget=0.02)
+    assert again.source == "kept" and again.kernel == first.kernel and again.seconds == first.seconds
+    assert again.key["cpu"] == first.key["cpu"] and again.key["torch"] == torch.__version__
+    other = kernels.choose(_model("gpt2"), budget=0.02)  # other shapes: measured for themselves, kept beside
+    assert other.source == "measured" and len(json.loads(auto.read_text())["choices"]) == 2
+    assert "fastest here" in again.why() and "ms" in again.why()
+
+
+@pytest.mark.skipif(INDUCTOR is not None, reason=f"torch.compile cannot build CPU code here: {INDUCTOR}")
+@pytest.mark.parametrize("kernel", ["blas", "compiled"])
+def test_decoding_takes_the_kernel_kept_for_this_machine_and_writes_the_same_tokens(auto, kernel, monkeypatch):
+    ids = torch.randint(3, 300, (1, 40), generator=torch.Generator().manual_seed(1))
+    monkeypatch.setenv(kernels.ENV, "blas")
+    want = _decode(_model("llama"), ids)[1]
+    monkeypatch.setenv(kernels.ENV, "auto")  # from here the first step chooses: it reads the kept choice
+    model = _model("llama")
+    key = kernels.machine_key(kernels.linear_weights(model))
+    entry = {"kernel": kernel, "seconds": {"blas": 0.002, "compiled": 0.001}, "measured_mb": 1.0}
+    auto.parent.mkdir(parents=True)
+    auto.write_text(json.dumps({"format": kernels.FORMAT, "choices": {kernels._id(key): entry}}))
+    assert _decode(model, ids)[1] == want
+    choice = fast_decode.chosen(model)
+    assert choice is not None and choice.source == "kept" and choice.kernel == kernel
+    assert fast_decode.compiled(model) == (kernel == "compiled")
+
+
+def test_a_cache_file_holding_garbage_is_said_once_measured_again_and_replaced(auto):
+    auto.parent.mkdir(parents=True)
+    auto.write_text("{not json")
+    with (
+        pytest.warns(RuntimeWarning, match=f"{auto}.*measured again") if INDUCTOR is None else warnings.catch_warnings()
+    ):
+        choice = kernels.choose(_model("llama"), budget=0.02)
+    if INDUCTOR is not None:
+        assert choice.source == "only"
+        return
+    assert choice.source == "measured" and "measured again" in choice.note
+    assert json.loads(auto.read_text())["format"] == kernels.FORMAT  # replaced by the choices
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # read back now: nothing more to say
+        assert kernels.choose(_model("llama"), budget=0.02).source == "kept"
+    auto.write_text(json.dumps({"format": kernels.FORMAT, "choices": {"x": {"kernel": 3}}}))
+    with pytest.warns(RuntimeWarning, match="does not hold multihead's decoding kernel choices"):
+        assert kernels.choose(_model("llama"), budget=0.02).source == "measured"
+
+
+def test_a_cache_folder_that_cannot_be_written_still_decodes_and_says_why_once(auto, monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # the cache folder would be inside a regular file
+    ids = torch.randint(3, 300, (1, 40), generator=torch.Generator().manual_seed(1))
+    if INDUCTOR is not None:
+        assert _decode(_model("llama"), ids)[1]
+        return
+    with pytest.warns(RuntimeWarning, match="could not be kept in") as said:
+        tokens = generate(_model("llama"), ids, max_new_tokens=6).tokens
+        generate(_model("llama"), ids, max_new_tokens=6)  # measured again, not said again
+    assert len([w for w in said if "could not be kept" in str(w.message)]) == 1
+    assert len(tokens[0]) == 6 and blocker.read_text() == "not a folder"
+
+
+def test_an_unknown_kernel_asked_for_is_refused_with_the_choices(monkeypatch):
+    monkeypatch.setenv(kernels.ENV, "gpu")
+    ids = torch.randint(3, 300, (1, 8), generator=torch.Generator().manual_seed(1))
+    with pytest.raises(
+        ValueError, match="MULTIHEAD_DECODE_KERNEL='gpu' names no decoding kernel; set it to one of auto"
+    ):
+        generate(_model("llama"), ids, max_new_tokens=2)
