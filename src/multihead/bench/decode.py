@@ -302,7 +302,7 @@ def _bound(model, compiled: bool = False):
     from ..models.kernels import KERNELS, linear_weights
 
     laid = [w.detach() for w in linear_weights(model)]  # tied weights once
-    product = KERNELS["compiled" if compiled else "blas"].timer(laid)
+    product = KERNELS["compiled" if compiled else "blas"].timer([tuple(w.shape) for w in laid], laid[0].dtype)
 
     @torch.no_grad()
     def run():

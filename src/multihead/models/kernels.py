@@ -11,9 +11,9 @@ stream from memory, and which product streams them fastest depends on the CPU. T
 
 On one 2-core Xeon the BLAS's product took 37 ms a step of SmolLM2-135M and inductor's 24; on another of the same
 kind, 25.7 and 40.8. A fixed choice is wrong somewhere, so :func:`choose` measures: the candidates' products over
-weights of the model's own shapes (as many layers as make :data:`WORKING_SET` bytes, past the CPU's caches, so that
-they stream from memory as a step's do), alternated, for about :data:`BUDGET_S` seconds each, and keeps the
-fastest per machine -- CPU model and extensions, torch version, threads, dtype and shapes -- in
+weights of the model's own shapes and size (at most :data:`WORKING_SET` bytes; a step streams them all, from memory
+or, on a CPU whose last-level cache holds them, from there), alternated, for about :data:`BUDGET_S` seconds each, and
+keeps the fastest per machine -- CPU model and extensions, torch version, threads, dtype and shapes -- in
 ``$XDG_CACHE_HOME/multihead/decode-kernels.json``. The next process on that machine reads it back.
 
 ``MULTIHEAD_DECODE_KERNEL=blas`` or ``compiled`` decides instead of measuring (``auto``, the default, measures). A
@@ -43,7 +43,7 @@ ENV = "MULTIHEAD_DECODE_KERNEL"
 ASKED = ("auto", "blas", "compiled")
 FILE = "decode-kernels.json"
 BUDGET_S = 0.3  # seconds of products per candidate
-WORKING_SET = 64 * 2**20  # bytes of weights a measurement streams: past any CPU's last-level cache
+WORKING_SET = 2**30  # the most bytes of weights a measurement streams per candidate (a model's own size below it)
 FORMAT = 1  # the version of the cache file's layout
 
 
@@ -68,17 +68,26 @@ def why_not_inductor() -> str | None:
 
 @dataclass(frozen=True)
 class Kernel:
-    """A way to multiply one row by a weight: ``timer(weights)`` lays ``weights`` ``(out, in)`` out its way and
-    answers a function that multiplies a row by each of them once; ``why_not()`` says why it cannot run here."""
+    """A way to multiply one row by a weight: ``timer(shapes, dtype)`` makes weights of ``shapes`` ``(out, in)``
+    laid out its way and answers a function that multiplies a row by each of them once; ``why_not()`` says why it
+    cannot run here."""
 
     name: str
     about: str
-    timer: Callable[[list[Tensor]], Callable[[], None]]
+    timer: Callable[[list[tuple[int, int]], torch.dtype], Callable[[], None]]
     why_not: Callable[[], str | None] = lambda: None
 
 
-def _blas(weights: list[Tensor]) -> Callable[[], None]:
-    laid = [w.t().contiguous().t() for w in weights]  # column-major, as fastpath.prepare lays them
+def _filled(rows: int, cols: int, dtype: torch.dtype) -> Tensor:
+    """A ``rows x cols`` row-major weight whose every page is written (a page never written reads as the shared zero
+    page: faster than memory)."""
+    return torch.empty(rows, cols, dtype=dtype).fill_(0.01)
+
+
+def _blas(shapes: list[tuple[int, int]], dtype: torch.dtype) -> Callable[[], None]:
+    laid = [
+        _filled(i, o, dtype).t() for o, i in shapes
+    ]  # (out, in) views of column-major buffers, as prepare lays them
     rows = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype) for w in laid}
 
     def run() -> None:
@@ -88,9 +97,9 @@ def _blas(weights: list[Tensor]) -> Callable[[], None]:
     return run
 
 
-def _compiled(weights: list[Tensor]) -> Callable[[], None]:
+def _compiled(shapes: list[tuple[int, int]], dtype: torch.dtype) -> Callable[[], None]:
     product = torch.compile(_gemv, dynamic=False, fullgraph=True)
-    laid = [w.contiguous() for w in weights]  # row-major, as the compiled step reads them
+    laid = [_filled(o, i, dtype) for o, i in shapes]  # row-major, as the compiled step reads them
     rows = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype) for w in laid}
 
     def run() -> None:
@@ -254,21 +263,25 @@ def say_once(note: str) -> None:
 
 
 def _measure(weights: list[Tensor], names: list[str], budget: float) -> tuple[dict[str, float], float]:
-    """Each candidate's least time for one pass over weights of the model's shapes (random, as many layers as
-    make :data:`WORKING_SET` bytes or the model's own size), the candidates alternated round by round."""
+    """Each candidate's least time for one pass over weights of the model's shapes, in the model's order, as many as
+    make the model's size (at most :data:`WORKING_SET` bytes: past any CPU's last-level cache, so that they stream
+    from memory as a step's do), the candidates alternated round by round."""
     total = sum(w.numel() * w.element_size() for w in weights)
     want = min(total, WORKING_SET)
-    chosen, size, i = [], 0, 0
-    while size < want:  # the model's weights in their order, cycled, until the working set is reached
+    shapes: list[tuple[int, int]] = []
+    size, i = 0, 0
+    while size < want:  # the model's weights in their order, cycled (a cap below the model's size cuts them)
         w = weights[i % len(weights)]
-        chosen.append(torch.randn(w.shape, dtype=w.dtype) * 0.02)
+        shapes.append((int(w.shape[0]), int(w.shape[1])))
         size += w.numel() * w.element_size()
         i += 1
-    runs = {name: KERNELS[name].timer(chosen) for name in names}
+    dtype = weights[0].dtype
     with torch.no_grad():
-        for run in runs.values():  # warm-up: compilation, first-touch of the buffers
-            run()
         best = dict.fromkeys(names, float("inf"))
+        runs = {}
+        for name in names:
+            runs[name] = KERNELS[name].timer(shapes, dtype)
+            runs[name]()  # warm-up: compilation, the first pass
         start = time.perf_counter()
         rounds = 0
         while rounds < 3 or (time.perf_counter() - start < budget * len(names) and rounds < 1000):
