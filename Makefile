@@ -94,6 +94,8 @@ $(STAMP): pyproject.toml
 	# llama.cpp as the decoding peer (`multihead bench decode --model smollm2`): gpt4all's CPU build, the one that
 	# loads on this glibc. --no-deps: it declares its CUDA runtime wheels; it needs only requests and tqdm.
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps gpt4all==2.8.2
+	# A current llama.cpp (PyPI's xllamacpp: its CPU build, no dependencies), the peer at F32, BF16 and Q8_0.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps xllamacpp==2026.10.11549
 	touch $(STAMP)
 
 demo: $(STAMP)

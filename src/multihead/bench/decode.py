@@ -15,9 +15,11 @@ on that model, loaded by us and by HF transformers from the same file (HF: ``fro
 folder, SDPA attention); the prompt is 16 random ordinary tokens, end-of-text never stops either side, and two
 more cases time the prompt's forward pass at ``--prefill`` lengths (default 512 and 4096): ``prefill`` (ours,
 filling the KV cache) and ``hf_prefill`` (HF's forward with ``use_cache=True``). A GGUF model also races llama.cpp
-(:mod:`multihead.bench.llamacpp`: gpt4all's CPU build) on a copy of the same file, ``llamacpp_f32`` (dequantised
-to float32, our precision) and ``llamacpp`` (the file's own quantisation); llama.cpp decodes one row at a time, so
-its batch cases run the rows in turn, and it stops at end-of-text. With ``--context N`` (default 4096) every
+(:mod:`multihead.bench.llamacpp`) on copies of the same file: a current llama.cpp (PyPI's ``xllamacpp``) at
+``xllamacpp_f32`` (dequantised to float32, our precision), ``xllamacpp_bf16``, ``xllamacpp_q8_0`` (requantised from
+the float32 values) and ``xllamacpp`` (the file's own quantisation), and gpt4all's 2024 build at ``llamacpp_f32`` and
+``llamacpp``; llama.cpp decodes one row at a time, so its batch cases run the rows in turn, and the xllamacpp
+cases never stop at end-of-text (gpt4all's build does). With ``--context N`` (default 4096) every
 implementation also decodes after N tokens of held-out text, ours under each KV policy (``cached:window``, ...,
 at ``--kv-budget`` keys per head, default 512; ``cached:head-aware`` needs ``--kv-heads`` kv-heads.json).
 
@@ -193,7 +195,7 @@ def recorded(case: dict) -> dict:
         steps = sum(len(t) - 1 for t in runs if len(t) > 1)
         span = sum(t[-1] - t[0] for t in runs if len(t) > 1)
         if span > 0:
-            rows = 1 if case["impl"].startswith("llamacpp") else case["batch"]
+            rows = 1 if _llamacpp(case["impl"]) else case["batch"]
             rates.append(rows * steps / span)
             counts.append(sum(len(t) for t in runs) * rows)
     _STAMPS.clear()
@@ -204,8 +206,13 @@ def recorded(case: dict) -> dict:
 
 
 def _kernel(case: dict) -> dict:
-    """The kernel our decoding step chose in this process, and why (ours only)."""
+    """The kernel our decoding step chose in this process, and why (ours); llama.cpp's build and what it uses of the
+    CPU (the xllamacpp cases)."""
     from ..models import fast_decode
+
+    peer = _LOADED.get(("llamacpp", case["impl"]))
+    if peer is not None and hasattr(peer, "system"):
+        return {"llamacpp_version": peer.version, "llamacpp_system": peer.system}
 
     model = _LOADED.get((case.get("shape", {}).get("pretrained"), "cached"))
     choice = None if model is None else fast_decode.chosen(model)
@@ -214,8 +221,23 @@ def _kernel(case: dict) -> dict:
 
 def _split_rows(case: dict) -> list[list[list[float]]]:
     """The recorded runs grouped per timed call (llama.cpp decodes a batch's rows in turn: one list per row)."""
-    per = case["batch"] if case["impl"].startswith("llamacpp") else 1
+    per = case["batch"] if _llamacpp(case["impl"]) else 1
     return [_STAMPS[i : i + per] for i in range(0, len(_STAMPS), per)]
+
+
+# llama.cpp's cases: engine and precision of the copy it reads
+LLAMACPP = {
+    "llamacpp": ("gpt4all", "as-is"),
+    "llamacpp_f32": ("gpt4all", "f32"),
+    "xllamacpp": ("xllamacpp", "as-is"),
+    "xllamacpp_f32": ("xllamacpp", "f32"),
+    "xllamacpp_bf16": ("xllamacpp", "bf16"),
+    "xllamacpp_q8_0": ("xllamacpp", "q8_0"),
+}
+
+
+def _llamacpp(impl: str) -> bool:
+    return impl in LLAMACPP
 
 
 def _build_llamacpp(case: dict):
@@ -225,26 +247,29 @@ def _build_llamacpp(case: dict):
     source, b, n = case["shape"]["pretrained"], case["batch"], case["new_tokens"]
     if not _is_gguf(source):
         raise ValueError(f"llama.cpp reads GGUF files; {source} is not one")
-    path = kind(source).path
-    copy = L.llamacpp_copy(path, "f32" if case["impl"] == "llamacpp_f32" else "as-is")
-    model = L.load(copy, threads=torch.get_num_threads(), context=max(2048, case.get("context", 0) + n + 64))
+    engine, precision = LLAMACPP[case["impl"]]
+    copy = L.llamacpp_copy(kind(source).path, precision)
+    context = max(2048, case.get("context", 0) + n + 64)
+    model = L.load(copy, threads=torch.get_num_threads(), context=context, engine=engine)
+    _LOADED[("llamacpp", case["impl"])] = model
     key = ("tokenizer", source)
     if key not in _LOADED:
         from ..loading import load as load_source  # the one loader: it knows what a source is
 
         _LOADED[key] = load_source(source).detail
-    text = _LOADED[key].decode(_prompt(case, _LOADED[key].model.config.vocab_size)[0].tolist())
+    ids = _prompt(case, _LOADED[key].model.config.vocab_size)[0].tolist()
+    prompt = ids if engine == "xllamacpp" else _LOADED[key].decode(ids)  # gpt4all's build takes text
 
     def run():
-        for _ in range(b):  # one row at a time: this build has no batched decoding
-            _stamp_runs()[0].extend(L.generate(model, text, n)["times"])
+        for _ in range(b):  # one row at a time: llama.cpp's one slot decodes a row
+            _stamp_runs()[0].extend(L.generate(model, prompt, n)["times"])
 
     return run
 
 
 def _build_pretrained(case: dict):
     source, impl, n = case["shape"]["pretrained"], case["impl"], case["new_tokens"]
-    if impl.startswith("llamacpp"):
+    if _llamacpp(impl):
         return _build_llamacpp(case)
     model = _pretrained(source, "hf" if impl.startswith("hf") else "cached")
     ids = _prompt(case, model.config.vocab_size)
@@ -288,8 +313,7 @@ def _build_pretrained(case: dict):
         )
     raise ValueError(
         "a pretrained race has the cases cached, blas, cached_old, compiled, cached:POLICY, bound, bound_compiled, "
-        "hf_generate, llamacpp, "
-        f"llamacpp_f32, prefill and hf_prefill; got {impl!r}"
+        f"hf_generate, {', '.join(LLAMACPP)}, prefill and hf_prefill; got {impl!r}"
     )
 
 
@@ -400,7 +424,7 @@ def run(
     lengths = lengths or ([64] if pretrained else NEW_TOKENS)
     batches = batches or ([1, 8] if pretrained else BATCHES)
     gguf = pretrained and _is_gguf(shape["pretrained"])
-    peers = ["hf_generate"] + (["llamacpp_f32", "llamacpp"] if gguf else [])
+    peers = ["hf_generate"] + ([*LLAMACPP] if gguf else [])
     impls = impls or (["cached", "blas", "compiled", "cached_old", *peers] if pretrained else IMPLS)
     cases, results = [], []
     if pretrained:  # the physical limit: one product over every weight, batch 1 (BLAS's, and the compiled step's)
@@ -426,7 +450,7 @@ def run(
 
             policies = [n for n, c in KV_POLICIES.items() if kv_heads or not c.needs_split]
         with_context = ["cached", "compiled", *[f"cached:{p}" for p in policies], "hf_generate"]
-        with_context += ["llamacpp_f32"] if gguf else []
+        with_context += ["xllamacpp_f32", "llamacpp_f32"] if gguf else []
         for impl in with_context:
             cases.append(
                 {
@@ -483,7 +507,7 @@ def run(
             continue
         r["tokens_per_second"] = r["batch"] * (r["new_tokens"] or r.get("prefill", 0)) / r["seconds_min"]
         if bound is not None and r.get("decode_tokens_per_second"):  # share of the limit at this batch
-            rows = 1 if r["impl"].startswith("llamacpp") else r["batch"]
+            rows = 1 if _llamacpp(r["impl"]) else r["batch"]
             r["share_of_bound"] = r["decode_tokens_per_second"] / (rows / bound["seconds_min"])
         ref = base.get(key(r))
         if ref and r is not ref:

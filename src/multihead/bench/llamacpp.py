@@ -1,13 +1,17 @@
-"""llama.cpp as a decoding peer, through the CPU build that PyPI's ``gpt4all`` 2.8.2 ships (it loads on older glibc
-machines where the newer llama.cpp wheels do not; install it with ``pip install --no-deps gpt4all==2.8.2`` and then
-``requests``).
+"""llama.cpp as a decoding peer, through two engines (:data:`ENGINES`):
 
-That build predates the ``smollm`` pre-tokenizer name that newer GGUF files carry, so the bench runs it on a copy of
-the file whose metadata says ``gpt-2`` (the same byte-level BPE rules), written with the ``gguf`` package's own
-metadata copier: ``as-is`` keeps the tensors as stored (SmolLM2's file: Q4_1 weights, a Q8_0 embedding), ``f32``
-dequantises every tensor to float32 (multihead's precision, for a same-precision race). Copies are written once,
-atomically, into a cache folder outside the repository (``$XDG_CACHE_HOME/multihead/llamacpp`` by default) and
-reused while the source file is unchanged.
+* ``xllamacpp`` -- a current llama.cpp from PyPI's ``xllamacpp`` wheel (its CPU build, no dependencies), driven
+  in-process through its server's completion handler with the prompt's token ids, greedy, one row;
+* ``gpt4all`` -- the 2024 CPU build that PyPI's ``gpt4all`` 2.8.2 ships (``pip install --no-deps gpt4all==2.8.2``
+  and then ``requests``), which knows no BF16 tensors.
+
+Both read copies of the GGUF file written with the ``gguf`` package (:func:`llamacpp_copy`): ``as-is`` keeps the
+tensors as stored (SmolLM2's file: Q4_1 weights, a Q8_0 embedding), ``f32`` dequantises every tensor to float32
+(multihead's precision, for a same-precision race), ``bf16`` and ``q8_0`` requantise every 2-D weight to that type
+from the float32 values (norms and other 1-D tensors stay float32, as llama.cpp's own quantiser leaves them). gpt4all's
+build predates the ``smollm`` pre-tokenizer name that newer files carry, so a copy's metadata says ``gpt-2`` (the same
+byte-level BPE rules). Copies are written once, atomically, into a cache folder outside the repository
+(``$XDG_CACHE_HOME/multihead/llamacpp`` by default) and reused while the source file is unchanged.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 PRE_TOKENIZER = "tokenizer.ggml.pre"
-PRECISIONS = ("f32", "as-is")
+PRECISIONS = ("f32", "bf16", "q8_0", "as-is")
+ENGINES = ("xllamacpp", "gpt4all")
 
 
 def cache_dir() -> Path:
@@ -34,8 +39,9 @@ def _stamp(path: Path) -> str:
 
 
 def llamacpp_copy(source: str | Path, precision: str = "f32", folder: str | Path | None = None) -> Path:
-    """A copy of GGUF ``source`` that gpt4all's llama.cpp reads: pre-tokenizer ``gpt-2``, tensors as stored
-    (``as-is``) or dequantised to float32 (``f32``). Written once per source file (its path, size and time)."""
+    """A copy of GGUF ``source`` that both engines read: pre-tokenizer ``gpt-2``, tensors as stored (``as-is``),
+    dequantised to float32 (``f32``), or every 2-D weight requantised to ``bf16`` / ``q8_0`` from its float32 values.
+    Written once per source file (its path, size and time)."""
     import gguf
     import numpy as np
     from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
@@ -54,12 +60,15 @@ def llamacpp_copy(source: str | Path, precision: str = "f32", folder: str | Path
         raise ValueError(f"{source} has no general.architecture: not a model GGUF file")
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     writer = gguf.GGUFWriter(tmp, arch.contents(), endianess=reader.endianess)
-    if precision == "f32":
+    if precision != "as-is":
+        to = {"f32": None, "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[precision]
         tensors = []
         for t in reader.tensors:
             data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-            tensors.append(SimpleNamespace(name=t.name, data=data, tensor_type=gguf.GGMLQuantizationType.F32))
-            tensors[-1].n_bytes = data.nbytes
+            kind = gguf.GGMLQuantizationType.F32
+            if to is not None and data.ndim == 2 and data.shape[-1] % gguf.GGML_QUANT_SIZES[to][0] == 0:
+                data, kind = gguf.quants.quantize(data, to), to
+            tensors.append(SimpleNamespace(name=t.name, data=data, tensor_type=kind, n_bytes=data.nbytes))
         source_view = SimpleNamespace(fields=reader.fields, tensors=tensors, endianess=reader.endianess)
     else:
         source_view = reader
@@ -76,9 +85,13 @@ def llamacpp_copy(source: str | Path, precision: str = "f32", folder: str | Path
 _MODELS: dict = {}
 
 
-def load(path: str | Path, *, threads: int, context: int = 8192):
-    """gpt4all's llama.cpp on ``path`` (CPU, no download), loaded once per process."""
-    key = (str(path), threads, context)
+def load(path: str | Path, *, threads: int, context: int = 8192, engine: str = "gpt4all"):
+    """llama.cpp (``engine``: :data:`ENGINES`) on ``path`` (CPU, no download), loaded once per process."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    key = (str(path), threads, context, engine)
+    if engine == "xllamacpp" and key not in _MODELS:
+        _MODELS[key] = XLlamaCpp(Path(path), threads=threads, context=context)
     if key not in _MODELS:
         try:
             from gpt4all import GPT4All
@@ -93,9 +106,60 @@ def load(path: str | Path, *, threads: int, context: int = 8192):
     return _MODELS[key]
 
 
-def generate(model, prompt: str, new_tokens: int) -> dict:
-    """Greedy decoding of up to ``new_tokens`` after ``prompt``; the token ids and the time of each (the first
-    token's time ends the prompt's processing), so decode-only speed excludes the prompt."""
+class XLlamaCpp:
+    """A current llama.cpp (PyPI's ``xllamacpp``) on one GGUF file, in this process: its server's completion
+    handler, one slot, greedy."""
+
+    def __init__(self, path: Path, *, threads: int, context: int) -> None:
+        try:
+            import xllamacpp
+        except ImportError:
+            raise ValueError(f"the current llama.cpp peer needs xllamacpp: pip install --no-deps {XLLAMACPP}") from None
+        params = xllamacpp.CommonParams()
+        params.model.path = str(path)
+        params.n_ctx = context
+        params.n_parallel = 1
+        params.cpuparams.n_threads = params.cpuparams_batch.n_threads = threads
+        params.sampling.temp = 0.0
+        params.sampling.top_k = 1
+        params.verbosity = -1
+        self.server = xllamacpp.Server(params)
+        self.version = getattr(xllamacpp, "__version__", None) or XLLAMACPP.split("==")[-1]
+        self.system = xllamacpp.get_system_info().strip()
+
+    def generate(self, prompt: list[int], new_tokens: int, callback) -> None:
+        """Greedy, exactly ``new_tokens`` after the token ids ``prompt``; ``callback(token_id)`` as each is made."""
+        failed: list = []
+
+        def chunk(part) -> None:
+            if isinstance(part, dict) and "error" in part:
+                failed.append(part["error"])
+            for choice in part.get("choices", []) if isinstance(part, dict) else []:
+                for made in (choice.get("logprobs") or {}).get("content") or []:  # each token's id, as it is made
+                    callback(int(made["id"]))
+
+        request = {
+            "prompt": list(prompt),
+            "n_predict": new_tokens,
+            "temperature": 0.0,
+            "top_k": 1,
+            "stream": True,
+            "ignore_eos": True,
+            "n_probs": 1,  # the OpenAI-style stream names each token's id only beside its probability (a softmax a token)
+            "cache_prompt": False,
+        }
+        self.server.handle_completions(request, chunk)
+        if failed:
+            raise RuntimeError(f"llama.cpp (xllamacpp) refused the request: {failed[0]}")
+
+
+XLLAMACPP = "xllamacpp==2026.10.11549"
+
+
+def generate(model, prompt: str | list[int], new_tokens: int) -> dict:
+    """Greedy decoding of up to ``new_tokens`` after ``prompt`` (text; token ids for ``xllamacpp``); the token
+    ids and the time of each (the first token's time ends the prompt's processing), so decode-only speed excludes
+    the prompt."""
     times: list[float] = []
     ids: list[int] = []
 
@@ -105,8 +169,11 @@ def generate(model, prompt: str, new_tokens: int) -> dict:
         return len(ids) < new_tokens
 
     t0 = time.perf_counter()
-    model.generate(prompt, max_tokens=new_tokens, temp=0.0, top_k=1, top_p=1.0, repeat_penalty=1.0, callback=seen)
+    if isinstance(model, XLlamaCpp):
+        model.generate(prompt, new_tokens, lambda token: seen(token, ""))
+    else:
+        model.generate(prompt, max_tokens=new_tokens, temp=0.0, top_k=1, top_p=1.0, repeat_penalty=1.0, callback=seen)
     return {"ids": ids, "start": t0, "times": times}
 
 
-__all__ = ["PRECISIONS", "cache_dir", "generate", "llamacpp_copy", "load"]
+__all__ = ["ENGINES", "PRECISIONS", "XLlamaCpp", "cache_dir", "generate", "llamacpp_copy", "load"]
