@@ -191,6 +191,24 @@ def test_bench_decode_cases_build_and_cached_equals_recompute():
         suite.shape_of_run(__file__ + ".missing")
 
 
+def test_bench_decode_alternates_rounds_and_compares_within_each(tmp_path, capsys):
+    """`--rounds 2`: every case twice, alternated, each row naming its round and compared with ours of its round;
+    `--context` beside `--no-context` is refused before any case runs."""
+    from multihead.bench import decode as suite
+
+    shape = {"d_model": 32, "layers": 2, "heads": 4, "d_ff": 64, "vocab": 100, "positional": "rope"}
+    payload = suite.run(shape=shape, lengths=[4], batches=[1], impls=["cached", "recompute"], rounds=2, progress=False)
+    rows = [(r["impl"], r["round"]) for r in payload["results"]]
+    assert rows == [("cached", 1), ("recompute", 1), ("cached", 2), ("recompute", 2)]
+    for r in payload["results"]:
+        if r["impl"] == "recompute":
+            (ours,) = [o for o in payload["results"] if o["impl"] == "cached" and o["round"] == r["round"]]
+            assert r["cached_speedup"] == pytest.approx(r["seconds_min"] / ours["seconds_min"])
+    out = tmp_path / "d.json"
+    assert main(["bench", "decode", "--model", "smollm2", "--context", "64", "--no-context", "--out", str(out)]) == 2
+    assert "pass one of them" in capsys.readouterr().err and not out.exists()
+
+
 def test_bench_stats_small_run_writes_json_with_ratios(tmp_path):
     """`bench stats` at a small length: every case runs in its own process, ratios against SDPA (timings: bench only)."""
     out = tmp_path / "stats.json"

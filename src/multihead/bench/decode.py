@@ -416,7 +416,10 @@ def run(
     policies=None,
     kv_budget: int = 512,
     kv_heads: str | None = None,
+    rounds: int = 1,
 ) -> dict:
+    """Every case in a fresh process; ``rounds`` times over, the cases alternated (round 1 of each, then round 2:
+    a machine's drift falls on every case alike), each row naming its round. ``prefill=()``: no prefill cases."""
     from tqdm import tqdm
 
     shape = shape or GPT2_SHAPE
@@ -466,7 +469,7 @@ def run(
                 }
             )
     if pretrained:
-        for length in prefill or [512, 4096]:
+        for length in [512, 4096] if prefill is None else prefill:
             for impl in ("prefill", "hf_prefill"):
                 cases.append(
                     {
@@ -479,6 +482,8 @@ def run(
                         "dtype": dtype,
                     }
                 )
+    if rounds > 1:
+        cases = [{**c, "round": r + 1} for r in range(rounds) for c in cases]
     for c in tqdm(cases, desc="bench decode", disable=not progress):
         if c["impl"] == "recompute" and (c["batch"] > 1 or c["new_tokens"] > RECOMPUTE_MAX):
             results.append(
@@ -496,7 +501,7 @@ def run(
             )
 
     def key(r):
-        return r["batch"], r["new_tokens"], r.get("prefill"), r.get("context")
+        return r["batch"], r["new_tokens"], r.get("prefill"), r.get("context"), r.get("round")
 
     ours = ("cached", "prefill")
     base = {key(r): r for r in results if r["impl"] in ours and "error" not in r}
@@ -638,10 +643,12 @@ def from_args(args, out: Path) -> dict:
     kv_heads = getattr(args, "kv_heads", None)
     pretrained = bool(shape and "pretrained" in shape)
     asked = getattr(args, "context", None)
-    context = (asked or DEFAULT_CONTEXT) if pretrained else None
+    context = (asked or DEFAULT_CONTEXT) if pretrained and not getattr(args, "no_context", False) else None
+    if asked and getattr(args, "no_context", False):
+        raise ValueError("--context N decodes after N tokens and --no-context decodes after none: pass one of them")
     if kv_heads and not pretrained:
         raise ValueError("--kv-heads is for --model with a pretrained LM (decoding after --context under each policy)")
-    if pretrained:  # refused from the headers, before any case runs
+    if pretrained and context is not None:  # refused from the headers, before any case runs
         from ..interpret.kv.heads import check_split, read_split
 
         split = read_split(kv_heads) if kv_heads else None
@@ -665,7 +672,8 @@ def from_args(args, out: Path) -> dict:
         policies=policies,
         kv_budget=getattr(args, "kv_budget", None) or 512,
         kv_heads=kv_heads,
-        prefill=getattr(args, "prefill", None),
+        prefill=() if getattr(args, "no_prefill", False) else getattr(args, "prefill", None),
+        rounds=getattr(args, "rounds", None) or 1,
         lengths=args.lengths,
         impls=args.impls,
         threads=args.threads,

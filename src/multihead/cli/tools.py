@@ -163,6 +163,11 @@ def _parser_bench(sub) -> None:
         help="decode --model LM: also decode after this many tokens of held-out text, ours under each KV policy "
         "(default 4096, or the model's positions less the new tokens where it has fewer)",
     )
+    bench.add_argument("--no-context", action="store_true", help="decode --model LM: no decoding after a context")
+    bench.add_argument("--no-prefill", action="store_true", help="decode --model LM: no prefill cases")
+    bench.add_argument(
+        "--rounds", type=_count, default=None, help="decode: run every case this many times, alternated (1)"
+    )
     bench.add_argument("--kv-budget", type=_count, default=512, help="decode --context: keys kept per head (512)")
     bench.add_argument("--kv-heads", default=None, help="decode --context, kv: kv-heads.json for the head-aware policy")
     bench.add_argument(
