@@ -199,6 +199,9 @@ def choose(model: nn.Module, *, folder=None, budget: float = BUDGET_S) -> Choice
         return Choice(want, "asked", key)
     cannot = {name: why for name, k in KERNELS.items() if (why := k.why_not()) is not None}
     usable = [name for name in KERNELS if name not in cannot]
+    if not weights:  # nothing to stream: the products do not matter
+        cannot = {**cannot, "measured": "the model has no linear layer to time"}
+        usable = usable[:1]
     if len(usable) == 1:
         return Choice(usable[0], "only", key, cannot=cannot)
     path = Path(cache_home() if folder is None else folder) / FILE
