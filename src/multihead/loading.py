@@ -241,12 +241,33 @@ class Loaded:
 
 
 def load(
-    source: str | Path, *, device: str = "cpu", backend: str = "auto", text: bool = False, progress: bool = False
+    source: str | Path,
+    *,
+    device: str = "cpu",
+    backend: str = "auto",
+    text: bool = False,
+    progress: bool = False,
+    dtype: str = "fp32",
 ) -> Loaded:
     """Any source, loaded for inference (eval mode): a run of any task, a text encoder, a causal LM, a vision or a
     speech model. A command refuses a source at its verb (:func:`route`); ``text=True`` is for callers that need a
     text model (a run of a task that does not read text, or a DINOv2/Whisper model, is then refused with the
-    reason). ``progress``: a bar while a causal LM's weights are read."""
+    reason). ``progress``: a bar while a causal LM's weights are read. ``dtype``: ``bf16`` or ``int8`` stores a
+    causal LM's linear weights in that format for decoding (:mod:`multihead.models.precision`; refused, with the
+    reason, for a model the path cannot serve)."""
+    from .models.precision import DTYPES
+
+    if dtype not in DTYPES:  # before anything is read
+        raise ValueError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    loaded = _load(source, device=device, backend=backend, text=text, progress=progress)
+    if dtype != "fp32":
+        from .models.precision import convert
+
+        convert(loaded.model, dtype)
+    return loaded
+
+
+def _load(source: str | Path, *, device: str, backend: str, text: bool, progress: bool) -> Loaded:
     k = kind(source)
     if k.name == "run":
         from .train import load_run

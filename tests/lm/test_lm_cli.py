@@ -46,6 +46,15 @@ def test_generate_compiled_writes_the_same_text(gguf_model, capsys):
     assert got.out == want and "compiling the decoding step" in got.err
 
 
+def test_generate_with_weights_stored_in_int8_and_an_unknown_dtype_refused(gguf_model, capsys):
+    assert main(["generate", gguf_model, "the cat", "--max-new", "5", "--no-stream", "--dtype", "int8"]) == 0
+    assert capsys.readouterr().out.startswith("the cat")
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", gguf_model, "the cat", "--dtype", "fp8"])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'fp8'" in capsys.readouterr().err
+
+
 def test_generate_refuses_an_unknown_decoding_kernel_with_the_choices(gguf_model, capsys, monkeypatch):
     monkeypatch.setenv("MULTIHEAD_DECODE_KERNEL", "gpu")
     assert main(["generate", gguf_model, "the cat", "--max-new", "3", "--no-stream"]) == 2

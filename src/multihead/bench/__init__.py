@@ -20,6 +20,7 @@ SUITES = {
     "loop": "multihead.bench.loop",
     "observe": "multihead.bench.observe",
     "page": "multihead.bench.page",
+    "precision": "multihead.bench.precision",
 }
 # the suites that take ``--device cuda`` / ``--dtype bf16|fp16`` (the others measure CPU fp32 runs)
 ON_DEVICE = ("attention", "long", "decode", "kernels")

@@ -225,6 +225,8 @@ def _split_rows(case: dict) -> list[list[list[float]]]:
     return [_STAMPS[i : i + per] for i in range(0, len(_STAMPS), per)]
 
 
+# ours with weights stored in another format (multihead.models.precision)
+PRECISIONS = {"cached_bf16": "bf16", "cached_int8": "int8"}
 # llama.cpp's cases: engine and precision of the copy it reads
 LLAMACPP = {
     "llamacpp": ("gpt4all", "as-is"),
@@ -282,10 +284,13 @@ def _build_pretrained(case: dict):
         return torch.no_grad()(lambda: model.prefill(ids))
     if impl == "hf_prefill":
         return torch.no_grad()(lambda: model(ids, attention_mask=mask, use_cache=True))
-    if impl in ("cached", "cached_old", "compiled", "blas") or impl.startswith("cached:"):
-        from ..models import fast_decode, kernels
+    if impl in ("cached", "cached_old", "compiled", "blas", *PRECISIONS) or impl.startswith("cached:"):
+        from ..models import fast_decode, kernels, precision
         from ..models.generation import generate
         from ..modules import fastpath
+
+        if impl in PRECISIONS:  # weights stored in that format (this process's copy of the model)
+            precision.convert(model, PRECISIONS[impl])
 
         if impl == "blas":  # the lean step's BLAS product, whatever this machine's measurement chose (this process)
             os.environ[kernels.ENV] = "blas"
@@ -312,7 +317,8 @@ def _build_pretrained(case: dict):
             streamer=_HFStamps(),
         )
     raise ValueError(
-        "a pretrained race has the cases cached, blas, cached_old, compiled, cached:POLICY, bound, bound_compiled, "
+        "a pretrained race has the cases cached, blas, cached_bf16, cached_int8, cached_old, compiled, cached:POLICY, "
+        "bound, bound_compiled, "
         f"hf_generate, {', '.join(LLAMACPP)}, prefill and hf_prefill; got {impl!r}"
     )
 
@@ -428,7 +434,7 @@ def run(
     batches = batches or ([1, 8] if pretrained else BATCHES)
     gguf = pretrained and _is_gguf(shape["pretrained"])
     peers = ["hf_generate"] + ([*LLAMACPP] if gguf else [])
-    impls = impls or (["cached", "blas", "compiled", "cached_old", *peers] if pretrained else IMPLS)
+    impls = impls or (["cached", "blas", "compiled", *PRECISIONS, "cached_old", *peers] if pretrained else IMPLS)
     cases, results = [], []
     if pretrained:  # the physical limit: one product over every weight, batch 1 (BLAS's, and the compiled step's)
         for impl in ("bound", "bound_compiled"):

@@ -213,6 +213,10 @@ def generate_lm(args) -> int:
     from ..models.generation import generate as run
 
     p = _load_lm(args.run, args.threads)
+    if args.dtype != "fp32":  # weights stored in that format (refused, with the reason, where the path cannot serve)
+        from ..models.precision import convert
+
+        convert(p.model, args.dtype)
     prompt = p.chat(args.prompt) if args.chat else args.prompt
     ids = p.encode(prompt)
     if not ids:
@@ -565,6 +569,13 @@ def _parser_generate(sub) -> None:
     ge.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     ge.add_argument("--threads", type=_threads, default=None, help="torch threads")
     ge.add_argument("--no-stream", dest="stream", action="store_false", help="print the text once, at the end")
+    ge.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16", "int8"),
+        default="fp32",
+        help="store the linear weights in bf16 or int8 for decoding (weight-only; float32 activations and cache; "
+        "its error: multihead bench precision)",
+    )
     ge.add_argument(
         "--compile",
         action="store_true",

@@ -38,6 +38,7 @@ from ..modules.attention import MultiHeadAttention
 from ..modules.kv import KVCache, LayerKV
 from . import kernels
 from .kernels import _gemv, why_not_inductor
+from .precision import weight_only
 
 ENABLED = True
 
@@ -84,9 +85,11 @@ def why_not(model, cache: KVCache) -> str | None:
     if torch.is_grad_enabled() or model.training:
         return "gradients are on or the model is training"
     known = _KNOWN.get(model)
-    if known is None:
-        known = _KNOWN[model] = (_architecture(model), list(model.modules()))
-    reason, modules = known
+    if known is None or known[2] != weight_only(model):  # new, or its linear layers were converted since
+        if known is not None:
+            forget(model)  # its kernel and compiled step were chosen for the float32 layers
+        known = _KNOWN[model] = (_architecture(model), list(model.modules()), weight_only(model))
+    reason, modules, _ = known
     if reason is not None:
         return reason
     if _hooked(modules):
@@ -103,6 +106,12 @@ def why_not(model, cache: KVCache) -> str | None:
     return None
 
 
+def forget(model) -> None:
+    """Drop what this module knew of ``model`` (its layers, its kernel, its compiled step): its layers changed."""
+    for table in (_KNOWN, _COMPILED, _CHOSEN):
+        table.pop(model, None)
+
+
 def chosen(model) -> kernels.Choice | None:
     """The kernel ``model`` decodes a row with on this machine and why (:func:`multihead.models.kernels.choose`),
     once its first row has been decoded; None before."""
@@ -112,6 +121,12 @@ def chosen(model) -> kernels.Choice | None:
 def _choose(model) -> None:
     """On ``model``'s first one-row step here: the kernel this machine streams its weights fastest with (measured
     once per machine, or kept from an earlier process); the compiled step where inductor's reduction wins."""
+    fmt = weight_only(model)
+    if fmt is not None:  # the format's own product: nothing to choose between
+        _CHOSEN[model] = kernels.Choice(
+            f"{fmt} weight-only", "only", {}, cannot={"compiled": "the compiled step reads float32 weights"}
+        )
+        return
     choice = kernels.choose(model) if model not in _COMPILED else None
     if choice is None:  # compile() was asked for: an explicit choice
         choice = kernels.Choice("compiled", "asked", {}, note="fast_decode.compile was called")
@@ -167,7 +182,10 @@ def step(model, tokens: Tensor, cache: KVCache) -> Tensor:
     if dec.final_norm is not None:
         x = dec.final_norm(x)
     cache.next_position = pos + 1
-    return fastpath.linear(x, model.lm_head.weight, None, model.lm_head)[:, -1]  # (B, V)
+    head = model.lm_head
+    if not isinstance(head, nn.Linear):  # weights stored in another format: its own product
+        return head(x)[:, -1]
+    return fastpath.linear(x, head.weight, None, head)[:, -1]  # (B, V)
 
 
 # ---------------------------------------------------------------------------------------------- the compiled step
@@ -335,6 +353,8 @@ def compile(model):
             "model's files with multihead.loading.load (an attached HF model decodes through HF's own layers)"
         )
     reason = _architecture(model)
+    if reason is None and weight_only(model):
+        reason = f"its weights are stored in {weight_only(model)} (the compiled step reads float32 weights)"
     spec = _spec(model) if reason is None else reason
     if isinstance(spec, str):
         raise ValueError(f"this model cannot take the compiled decoding step: {spec}")
@@ -395,6 +415,7 @@ def _compiled_step(model, tokens: Tensor, cache: KVCache, position: int | None =
 __all__ = [
     "ENABLED",
     "chosen",
+    "forget",
     "compile",
     "compiled",
     "step",

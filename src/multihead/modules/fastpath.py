@@ -163,7 +163,8 @@ def prepare(model: nn.Module, layout: str | None = None) -> nn.Module:
             _TRANSPOSED[m] = _ROWS
         groups = getattr(m, "column_groups", None)
         for group in groups() if callable(groups) else ():
-            (pack_rows if by_rows else pack_columns)(group)
+            if all(isinstance(linear, nn.Linear) for linear in group):  # weights stored in another format stay
+                (pack_rows if by_rows else pack_columns)(group)
     if by_rows:
         _TRANSPOSED[model] = _ROWS  # an LM's own output product (fastpath.linear(..., owner=model))
     with torch.no_grad():

@@ -65,6 +65,9 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         g = self.w_gate
+        if not isinstance(self.w_1, nn.Linear):  # weights stored in another format: each product its module's own
+            up = self.w_1(x)
+            return self.w_2(self.act(up) if g is None else self.act(g(x)) * up)
         laid = None if g is None else fastpath.columns([g.weight, self.w_1.weight])
         if g is not None and laid is not None and not torch.is_grad_enabled() and not self.training:  # one product
             gate, up = (x @ laid).split(self.w_1.out_features, -1)

@@ -1,0 +1,144 @@
+"""Weights stored in bf16 or int8 for decoding (weight-only): a causal LM's linear layers keep their weights in the
+format and multiply float32 activations with them, so a step streams half (bf16) or a quarter (int8) of the bytes.
+
+* ``bf16`` -- each weight rounded to bfloat16; the product runs in bfloat16 with float32 accumulation (oneDNN's, on
+  CPUs with AVX-512 BF16 or AMX its native instructions), the activation rounded to bfloat16 on its way in and the
+  result returned as float32;
+* ``int8`` -- each weight row scaled by its largest magnitude over 127 and rounded (symmetric, per output row), the
+  product PyTorch's own weight-only int8 kernel (``aten._weight_int8pack_mm``: float32 activations, int8 weights,
+  float32 scales, as gpt-fast's int8 path uses it).
+
+Norms, embeddings, attention, the KV cache and every KV policy stay float32. A weight tied to the embedding (the
+output head of SmolLM2) stays float32 too: the embedding reads it. :func:`convert` changes the model in place;
+:func:`why_not` says what it cannot serve. The error against float32 is measured by ``multihead bench precision``
+(max logit difference, greedy agreement, perplexity on held-out text).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+DTYPES = ("fp32", "bf16", "int8")
+# the models convert() changed, and the format: kept here, not on the model (a copy of a model is converted anew)
+_CONVERTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class WeightOnlyLinear(nn.Module):
+    """A linear layer whose weight is stored in ``fmt`` (``bf16`` or ``int8`` with per-row scales). ``weight``
+    reads back the float32 values the format holds (what analyses and the general path see); :meth:`forward` uses
+    the format's own product."""
+
+    def __init__(self, linear: nn.Linear, fmt: str) -> None:
+        super().__init__()
+        if fmt not in ("bf16", "int8"):
+            raise ValueError(f"weight-only formats are bf16 and int8, got {fmt!r}")
+        self.fmt, self.in_features, self.out_features = fmt, linear.in_features, linear.out_features
+        w = linear.weight.detach().float()
+        if fmt == "int8":
+            scales = w.abs().amax(1).clamp_min(1e-12) / 127.0  # (out,)
+            self.register_buffer("qweight", (w / scales[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous())
+            self.register_buffer("scales", scales.contiguous())
+        else:
+            self.register_buffer("qweight", w.to(torch.bfloat16).contiguous())
+            self.scales = None
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
+
+    @property
+    def weight(self) -> Tensor:
+        """The float32 values the stored weight holds ``(out, in)`` (made on each read)."""
+        if self.scales is not None:
+            return self.qweight.float() * self.scales[:, None]
+        return self.qweight.float()
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, self.in_features)
+        if self.scales is not None:
+            y = torch.ops.aten._weight_int8pack_mm(flat.float().contiguous(), self.qweight, self.scales)
+        else:
+            y = F.linear(flat.to(torch.bfloat16), self.qweight).float()
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fmt={self.fmt}"
+
+
+def why_not(model, dtype: str) -> str | None:
+    """Why ``model`` cannot decode with weights stored in ``dtype`` (None: it can)."""
+    if dtype not in DTYPES:
+        return f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}"
+    if dtype == "fp32":
+        return None
+    if not (hasattr(model, "decoder") and hasattr(model, "lm_head") and hasattr(model, "prefill")):
+        return (
+            f"a {type(model).__name__} is not one of multihead's causal LMs (weight-only {dtype} serves their "
+            "decoder's linear layers; an attached HF model keeps HF's weights)"
+        )
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        return f"weight-only {dtype} is written for the CPU: move the model with .cpu() first"
+    from ..modules.attention import MultiHeadAttention
+
+    for i, layer in enumerate(model.decoder.layers):
+        if not isinstance(layer.self_attn, MultiHeadAttention):
+            return f"layer {i}'s attention is {type(layer.self_attn).__name__}, whose projections the path does not convert"
+        if getattr(layer, "cross_attn", None) is not None:
+            return f"layer {i} has cross-attention (an encoder-decoder): weight-only {dtype} serves causal LMs"
+    if dtype == "int8" and not _int8_kernel():
+        return "this torch has no weight-only int8 kernel (aten._weight_int8pack_mm); use bf16"
+    return None
+
+
+def _int8_kernel() -> bool:
+    try:
+        torch.ops.aten._weight_int8pack_mm(torch.ones(1, 32), torch.ones(8, 32, dtype=torch.int8), torch.ones(8))
+    except (RuntimeError, AttributeError):
+        return False
+    return True
+
+
+def convert(model, dtype: str):
+    """Store ``model``'s decoder linear layers (attention projections, feed-forward) and an untied output head in
+    ``dtype``, in place; returns the model. ``fp32`` changes nothing. Refused, with the reason, where the path
+    cannot serve (:func:`why_not`)."""
+    reason = why_not(model, dtype)
+    if reason is not None:
+        raise ValueError(reason)
+    if dtype == "fp32":
+        return model
+    model.eval()
+    for layer in model.decoder.layers:
+        a = layer.self_attn
+        a.fuse_qkv_at_inference = False  # the format's product per projection (no packed float32 copy)
+        for name in ("w_q", "w_k", "w_v", "w_o"):
+            _swap(a, name, dtype)
+        ffn = layer.ffn
+        if ffn is not None:
+            for name in ("w_gate", "w_1", "w_2"):
+                _swap(ffn, name, dtype)
+    head = model.lm_head
+    embed = getattr(model, "embed", None)
+    tied = isinstance(head, nn.Linear) and getattr(embed, "weight", None) is head.weight
+    if isinstance(head, nn.Linear) and not tied:
+        model.lm_head = WeightOnlyLinear(head, dtype)
+    _CONVERTED[model] = dtype  # the decoding step reads this: what it knew of the model's layers is stale
+    return model
+
+
+def _swap(owner: nn.Module, name: str, dtype: str) -> None:
+    linear = getattr(owner, name, None)
+    if isinstance(linear, nn.Linear):
+        setattr(owner, name, WeightOnlyLinear(linear, dtype))
+
+
+def weight_only(model) -> str | None:
+    """The format :func:`convert` stored ``model``'s linear layers in (``bf16``, ``int8``), or None: float32."""
+    return _CONVERTED.get(model)
+
+
+__all__ = ["DTYPES", "WeightOnlyLinear", "convert", "weight_only", "why_not"]

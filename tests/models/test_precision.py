@@ -1,0 +1,90 @@
+"""Weights stored in bf16 or int8 for decoding (:mod:`multihead.models.precision`): each product is its format's
+formula; a converted model decodes exactly as a float32 model holding the values the format stores (the lean step,
+the general path and every KV policy alike), a quarter or half of the bytes; what the path cannot serve is refused
+with the reason, before anything is read."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from multihead.loading import load
+from multihead.models import fast_decode
+from multihead.models.generation import generate
+from multihead.models.precision import WeightOnlyLinear, convert, weight_only, why_not
+from multihead.models.seq2seq import Seq2Seq, Seq2SeqConfig
+
+from test_decoding_layout import SHAPES, _decode, _model
+
+
+def test_each_format_multiplies_as_its_formula():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48)
+    x = torch.randn(3, 5, 64)
+    q = WeightOnlyLinear(linear, "int8")
+    scales = linear.weight.detach().abs().amax(1) / 127
+    stored = (linear.weight.detach() / scales[:, None]).round().clamp(-127, 127)
+    assert torch.equal(q.qweight, stored.to(torch.int8)) and torch.allclose(q.scales, scales)
+    torch.testing.assert_close(q(x), F.linear(x, stored * scales[:, None], linear.bias), rtol=1e-5, atol=1e-6)
+    b = WeightOnlyLinear(linear, "bf16")
+    want = F.linear(x.bfloat16().double(), linear.weight.detach().bfloat16().double()).bfloat16().float()
+    ulp = want.abs() * 2**-7  # the result is rounded to bfloat16 once: within one unit of its last place
+    assert ((b(x) - linear.bias.detach() - want).abs() <= ulp + 1e-6).all()
+    assert q.qweight.element_size() == 1 and b.qweight.element_size() == 2
+
+
+def _dequantised(model, converted):
+    """A float32 copy of ``model`` holding, in every converted layer, the values the format stores."""
+    ref = copy.deepcopy(model)
+    stored = {n: m.weight for n, m in converted.named_modules() if isinstance(m, WeightOnlyLinear)}
+    for name, m in ref.named_modules():
+        if name in stored:
+            m.weight.data = stored[name].clone()
+    return ref
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_a_converted_model_decodes_as_float32_holding_the_stored_values(name, fmt):
+    model = _model(name)
+    ids = torch.randint(3, 300, (1, 40), generator=torch.Generator().manual_seed(1))
+    q = convert(copy.deepcopy(model), fmt)
+    assert weight_only(q) == fmt and weight_only(model) is None
+    logits, tokens = _decode(q, ids)
+    if fmt == "int8":  # float32 activations: the same numbers as float32 over the stored values
+        ref_logits, ref_tokens = _decode(_dequantised(model, q), ids)
+        assert tokens == ref_tokens
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():  # the general path (a hook on) writes the same as the lean step
+        handle = q.decoder.layers[0].register_forward_hook(lambda *a: None)
+        general = _decode(q, ids)
+        handle.remove()
+    assert general[1] == tokens
+    torch.testing.assert_close(general[0], logits, rtol=1e-4, atol=1e-4)
+    assert fast_decode.chosen(q).kernel == f"{fmt} weight-only"
+
+
+@pytest.mark.parametrize("policy", ["h2o", "snapkv", "window"])
+def test_every_kv_policy_still_serves_a_converted_model(policy):
+    model = _model("llama")
+    ids = torch.randint(3, 300, (1, 40), generator=torch.Generator().manual_seed(2))
+    q = convert(copy.deepcopy(model), "int8")
+    ref = _dequantised(model, q)
+    got = generate(q, ids, max_new_tokens=10, kv_policy=policy, kv_budget=16).tokens
+    assert got == generate(ref, ids, max_new_tokens=10, kv_policy=policy, kv_budget=16).tokens
+
+
+def test_what_the_path_cannot_serve_is_refused_with_the_reason(tmp_path):
+    model = _model("llama")
+    with pytest.raises(ValueError, match="unknown dtype 'fp8': choose one of fp32, bf16, int8"):
+        convert(model, "fp8")
+    with pytest.raises(ValueError, match="unknown dtype 'fp8'"):  # checked before the source is read
+        load(tmp_path / "nothing-here", dtype="fp8")
+    seq = Seq2Seq(Seq2SeqConfig(src_vocab_size=20, tgt_vocab_size=20))
+    assert "not one of multihead's causal LMs" in why_not(seq, "int8")
+    q = convert(model, "bf16")
+    with pytest.raises(ValueError, match="stored in bf16 \\(the compiled step reads float32 weights\\)"):
+        fast_decode.compile(q)
