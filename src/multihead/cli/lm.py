@@ -579,8 +579,8 @@ def _parser_generate(sub) -> None:
     ge.add_argument(
         "--compile",
         action="store_true",
-        help="decode through the compiled step (torch.compile; needs a C++ compiler): about 2x faster on a CPU at "
-        "batch 1, the same tokens",
+        help="decode through the compiled step (torch.compile; needs a C++ compiler), the same tokens; whether it is "
+        "faster depends on the CPU, and without this flag decoding measures that once and takes it where it wins",
     )
     ge.set_defaults(fn=cmd_generate)
 
