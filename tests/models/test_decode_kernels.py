@@ -106,3 +106,13 @@ def test_an_unknown_kernel_asked_for_is_refused_with_the_choices(monkeypatch):
         ValueError, match="MULTIHEAD_DECODE_KERNEL='gpu' names no decoding kernel; set it to one of auto"
     ):
         generate(_model("llama"), ids, max_new_tokens=2)
+
+
+def test_a_measurement_that_fails_falls_back_to_the_blas_step_and_says_why(auto, monkeypatch):
+    def broken(shapes, dtype):
+        raise RuntimeError("inductor could not build the reduction")
+
+    monkeypatch.setitem(kernels.KERNELS, "compiled", kernels.Kernel("compiled", "broken", broken))
+    with pytest.warns(RuntimeWarning, match="could not be measured here .*inductor could not build"):
+        choice = kernels.choose(_model("llama"), budget=0.02)
+    assert choice.kernel == "blas" and choice.source == "only" and not auto.exists()

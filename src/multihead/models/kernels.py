@@ -210,7 +210,14 @@ def choose(model: nn.Module, *, folder=None, budget: float = BUDGET_S) -> Choice
     if entry is not None and entry.get("kernel") in usable:
         key["measured_mb"] = entry.get("measured_mb")
         return Choice(entry["kernel"], "kept", key, dict(entry.get("seconds", {})), cannot, note)
-    seconds, mb = _measure(weights, usable, budget)
+    try:
+        seconds, mb = _measure(weights, usable, budget)
+    except (RuntimeError, MemoryError) as e:  # a candidate failed to build or run here: the first one serves
+        said = (
+            f"the decoding kernels could not be measured here ({type(e).__name__}: {str(e)[:200]}); {usable[0]} serves"
+        )
+        say_once(said)
+        return Choice(usable[0], "only", key, cannot={**cannot, "measured": said}, note=note)
     key["measured_mb"] = mb
     choice = Choice(min(seconds, key=seconds.__getitem__), "measured", key, seconds, cannot, note)
     kept[_id(key)] = {"kernel": choice.kernel, "seconds": seconds, "measured_mb": mb, "time": time.strftime("%F %T")}
