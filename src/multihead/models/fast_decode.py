@@ -38,7 +38,7 @@ from ..modules.attention import MultiHeadAttention
 from ..modules.kv import KVCache, LayerKV
 from . import kernels
 from .kernels import _gemv, why_not_inductor
-from .precision import weight_only
+from .precision import use, weight_only
 
 ENABLED = True
 
@@ -122,10 +122,10 @@ def _choose(model) -> None:
     """On ``model``'s first one-row step here: the kernel this machine streams its weights fastest with (measured
     once per machine, or kept from an earlier process); the compiled step where inductor's reduction wins."""
     fmt = weight_only(model)
-    if fmt is not None:  # the format's own product: nothing to choose between
-        _CHOSEN[model] = kernels.Choice(
-            f"{fmt} weight-only", "only", {}, cannot={"compiled": "the compiled step reads float32 weights"}
-        )
+    if fmt is not None:  # weights stored in another format: PyTorch's product for it, or inductor's reduction
+        choice = kernels.choose(model, fmt=fmt)
+        use(model, choice.kernel)
+        _CHOSEN[model] = choice
         return
     choice = kernels.choose(model) if model not in _COMPILED else None
     if choice is None:  # compile() was asked for: an explicit choice

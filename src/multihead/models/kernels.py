@@ -123,6 +123,58 @@ register(
 )
 
 
+def _stored(fmt: str, shapes: list[tuple[int, int]]) -> list[tuple[Tensor, Tensor]]:
+    """Weights of ``shapes`` stored in ``fmt``, every page written, with their per-row scales."""
+    dtype = torch.int8 if fmt == "int8" else torch.bfloat16
+    return [(torch.empty(o, i, dtype=dtype).fill_(1), torch.full((o,), 0.01)) for o, i in shapes]
+
+
+def _library(fmt: str):
+    def timer(shapes: list[tuple[int, int]], dtype: torch.dtype) -> Callable[[], None]:
+        laid = _stored(fmt, shapes)
+        rows = {i: torch.randn(1, i) for _, i in shapes}
+
+        def run() -> None:
+            for w, s in laid:
+                x = rows[w.shape[1]]
+                if fmt == "int8":
+                    torch.ops.aten._weight_int8pack_mm(x, w, s)
+                else:
+                    F.linear(x.to(torch.bfloat16), w).float()
+
+        return run
+
+    return timer
+
+
+def _reduced(fmt: str):
+    def timer(shapes: list[tuple[int, int]], dtype: torch.dtype) -> Callable[[], None]:
+        from .precision import reduction
+
+        product, laid = reduction(fmt), _stored(fmt, shapes)
+        rows = {i: torch.randn(1, i) for _, i in shapes}
+
+        def run() -> None:
+            for w, s in laid:
+                product(rows[w.shape[1]], w, s)
+
+        return run
+
+    return timer
+
+
+# The candidates for weights stored in another format (multihead.models.precision): the product a row takes there.
+FORMATS: dict[str, dict[str, Kernel]] = {
+    fmt: {
+        "library": Kernel("library", f"PyTorch's {fmt} product", _library(fmt)),
+        "compiled": Kernel(
+            "compiled", f"inductor's fused reduction over {fmt} weights", _reduced(fmt), why_not_inductor
+        ),
+    }
+    for fmt in ("bf16", "int8")
+}
+
+
 # ---------------------------------------------------------------------------------------------------- the choice
 @dataclass
 class Choice:
@@ -185,20 +237,30 @@ def machine_key(weights: list[Tensor]) -> dict:
     }
 
 
-def choose(model: nn.Module, *, folder=None, budget: float = BUDGET_S) -> Choice:
+def choose(model: nn.Module, *, folder=None, budget: float = BUDGET_S, fmt: str | None = None) -> Choice:
     """The kernel ``model`` decodes fastest with on this machine: asked for (:data:`ENV`), kept from an earlier
     measurement on this machine (``folder``'s :data:`FILE`, default the user's cache folder), or measured now
-    and kept. A problem with the file is said once (a warning) and otherwise changes nothing."""
+    and kept. A problem with the file is said once (a warning) and otherwise changes nothing. ``fmt``: the format
+    its linear weights are stored in (:mod:`multihead.models.precision`): the candidates are that format's
+    (:data:`FORMATS`; ``blas`` asked for is PyTorch's library product there)."""
     want = asked()
-    weights = linear_weights(model)
+    candidates = KERNELS if fmt is None else FORMATS[fmt]
+    if fmt is None:
+        weights = linear_weights(model)
+    else:  # shapes and bytes of the stored weights (meta tensors: nothing allocated)
+        from .precision import stored_shapes
+
+        dtype = torch.int8 if fmt == "int8" else torch.bfloat16
+        weights = [torch.empty(shape, dtype=dtype, device="meta") for shape in stored_shapes(model)]
+        want = {"blas": "library"}.get(want, want)
     key = machine_key(weights)
     if want != "auto":  # only the kernel asked for is tried
-        why = KERNELS[want].why_not()
+        why = candidates[want].why_not()
         if why is not None:
             raise ValueError(f"{ENV}={want} cannot run here: {why}; set it to auto or another kernel")
         return Choice(want, "asked", key)
-    cannot = {name: why for name, k in KERNELS.items() if (why := k.why_not()) is not None}
-    usable = [name for name in KERNELS if name not in cannot]
+    cannot = {name: why for name, k in candidates.items() if (why := k.why_not()) is not None}
+    usable = [name for name in candidates if name not in cannot]
     if not weights:  # nothing to stream: the products do not matter
         cannot = {**cannot, "measured": "the model has no linear layer to time"}
         usable = usable[:1]
@@ -211,7 +273,7 @@ def choose(model: nn.Module, *, folder=None, budget: float = BUDGET_S) -> Choice
         key["measured_mb"] = entry.get("measured_mb")
         return Choice(entry["kernel"], "kept", key, dict(entry.get("seconds", {})), cannot, note)
     try:
-        seconds, mb = _measure(weights, usable, budget)
+        seconds, mb = _measure(weights, {name: candidates[name] for name in usable}, budget)
     except (RuntimeError, MemoryError) as e:  # a candidate failed to build or run here: the first one serves
         said = (
             f"the decoding kernels could not be measured here ({type(e).__name__}: {str(e)[:200]}); {usable[0]} serves"
@@ -272,7 +334,7 @@ def say_once(note: str) -> None:
         warnings.warn(note, RuntimeWarning, stacklevel=3)
 
 
-def _measure(weights: list[Tensor], names: list[str], budget: float) -> tuple[dict[str, float], float]:
+def _measure(weights: list[Tensor], candidates: dict[str, Kernel], budget: float) -> tuple[dict[str, float], float]:
     """Each candidate's least time for one pass over weights of the model's shapes, in the model's order, as many as
     make the model's size (at most :data:`WORKING_SET` bytes: past any CPU's last-level cache, so that they stream
     from memory as a step's do), the candidates alternated round by round."""
@@ -286,11 +348,12 @@ def _measure(weights: list[Tensor], names: list[str], budget: float) -> tuple[di
         size += w.numel() * w.element_size()
         i += 1
     dtype = weights[0].dtype
+    names = list(candidates)
     with torch.no_grad():
         best = dict.fromkeys(names, float("inf"))
         runs = {}
-        for name in names:
-            runs[name] = KERNELS[name].timer(shapes, dtype)
+        for name, kernel in candidates.items():
+            runs[name] = kernel.timer(shapes, dtype)
             runs[name]()  # warm-up: compilation, the first pass
         start = time.perf_counter()
         rounds = 0
