@@ -352,6 +352,29 @@ def test_tova_keeps_what_the_last_query_attends_to():
         assert cache.groups[0].pos[bi, gi].tolist() == want
 
 
+def test_layer_tova_keeps_what_the_last_query_attends_to_averaged_over_every_head():
+    """TOVA as its authors' code and kvpress score: the last query's weights averaged over all the layer's query
+    heads, so every key/value head keeps the same keys."""
+    mha, x = _mha(7), _x(seed=8)
+    budget = 9
+    cache = PolicyKV(make_policy("tova-layer", budget).rules(0, G))
+    _run_policy(mha, x, cache)
+    q, k, _ = _qkv(mha, x)
+    r = H // G
+
+    def score(bi, gi, t, keys):  # every query head's weights over its own key/value head's keys at these positions
+        total = dict.fromkeys(keys, 0.0)
+        for hi in range(H):
+            for j, w in zip(keys, _weights(q[bi, hi, t], k[bi, hi // r, keys])):
+                total[j] += float(w)
+        return total
+
+    kept = _kept_by(score, q, k, budget)
+    for (bi, gi), want in kept.items():
+        assert cache.groups[0].pos[bi, gi].tolist() == want
+    assert all(kept[(bi, 0)] == kept[(bi, gi)] for bi, gi in kept)
+
+
 def test_knorm_keeps_the_keys_of_smallest_norm():
     mha, x = _mha(9), _x(seed=10)
     budget = 7
@@ -546,6 +569,7 @@ def test_sliding_window_layers_keep_only_their_window():
 def test_registry_and_rules():
     assert sorted(KV_POLICIES) == [
         *("adakv", "expected", "full", "h2o", "head-aware", "knorm", "pyramidkv", "snapkv", "streaming", "tova"),
+        "tova-layer",
         "window",
     ]
     assert make_policy("tova", 8) == TOVA(8) and make_policy("knorm", 8) == KeyNorm(8)

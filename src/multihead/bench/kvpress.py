@@ -18,7 +18,7 @@ PRESSES = {
     "StreamingLLMPress": "window",
     "SnapKVPress": "snapkv",
     "ObservedAttentionPress": "h2o",
-    "TOVAPress": "tova",
+    "TOVAPress": "tova-layer",
     "KnormPress": "knorm",
     "PyramidKVPress": "pyramidkv",
     "ExpectedAttentionPress": "expected",

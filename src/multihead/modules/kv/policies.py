@@ -220,6 +220,19 @@ class TOVA(_KeepTop):
 
 @register
 @dataclass(frozen=True)
+class LayerTOVA(TOVA):
+    """TOVA as its authors' code and kvpress's ``TOVAPress`` score: the call's last query's weights averaged over
+    every query head of the layer, so that all its key/value heads keep the same ``size`` keys."""
+
+    name: ClassVar[str] = "tova-layer"
+
+    def score(self, seen: Observed, previous: Tensor | None, *, prompt: bool) -> Tensor | None:
+        mean = seen.received(last=1).mean(1, keepdim=True)  # (B, 1, N): every query head alike
+        return mean.expand(-1, seen.keys.shape[1], -1)
+
+
+@register
+@dataclass(frozen=True)
 class KeyNorm(_KeepTop):
     """Knorm (Devoto et al. 2024, "A Simple and Effective L2 Norm-Based Strategy for KV Cache Compression"): the
     ``size`` keys of smallest L2 norm (low-norm keys draw the most attention); no query is read, so it costs no
