@@ -306,7 +306,7 @@ def test_bad_inputs_of_the_new_paths_are_refused_by_name_and_nothing_is_written(
 def test_bench_kv_refuses_a_folder_that_is_no_model(tmp_path):
     from types import SimpleNamespace
 
-    from multihead.bench import kvpress as K
+    from multihead.bench import kv as K
 
     with pytest.raises(ValueError, match="HF causal-LM folder"):
         K.from_args(SimpleNamespace(model=str(tmp_path), lengths=None, context=None), tmp_path / "kv.json")
