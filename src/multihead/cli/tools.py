@@ -123,6 +123,7 @@ def _parser_bench(sub) -> None:
         "--impls", type=_words, default=None, help="comma-separated implementations (kv: policies and presses)"
     )
     _bench_kv_flags(bench)
+    _bench_decode_flags(bench)
     bench.add_argument("--keys", type=_count, default=1, help="kv: needles in each prompt, one asked for (1)")
     bench.add_argument(
         "--fractions", type=_fractions, default=None, help="kv: kept fractions of the prompt's keys (0.125,0.25,0.5)"
@@ -163,17 +164,21 @@ def _parser_bench(sub) -> None:
         help="decode --model LM: also decode after this many tokens of held-out text, ours under each KV policy "
         "(default 4096, or the model's positions less the new tokens where it has fewer)",
     )
-    bench.add_argument("--no-context", action="store_true", help="decode --model LM: no decoding after a context")
-    bench.add_argument("--no-prefill", action="store_true", help="decode --model LM: no prefill cases")
-    bench.add_argument(
-        "--rounds", type=_count, default=None, help="decode: run every case this many times, alternated (1)"
-    )
     bench.add_argument("--kv-budget", type=_count, default=512, help="decode --context: keys kept per head (512)")
     bench.add_argument("--kv-heads", default=None, help="decode --context, kv: kv-heads.json for the head-aware policy")
     bench.add_argument(
         "--clips", type=_count, default=None, help="whisper: spoken sentences compared with HF (default 10)"
     )
     bench.set_defaults(fn=cmd_bench)
+
+
+def _bench_decode_flags(bench) -> None:
+    """``bench decode``'s own flags: a decode-only race, alternated rounds."""
+    bench.add_argument("--no-context", action="store_true", help="decode --model LM: no decoding after a context")
+    bench.add_argument("--no-prefill", action="store_true", help="decode --model LM: no prefill cases")
+    bench.add_argument(
+        "--rounds", type=_count, default=None, help="decode: run every case this many times, alternated (1)"
+    )
 
 
 def _bench_kv_flags(bench) -> None:
