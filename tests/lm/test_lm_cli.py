@@ -225,3 +225,11 @@ def test_prompts_and_options_out_of_range_are_refused(gguf_model, gpt2_folder, c
         assert source == "gguf" or "encodes to no tokens" in err
     else:
         assert code == 2 and message in err, err
+
+
+def test_bench_precision_refuses_a_missing_model_before_anything_is_written(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["bench", "precision", "--model", str(tmp_path / "none"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
