@@ -215,8 +215,18 @@ def _kernel(case: dict) -> dict:
         return {"llamacpp_version": peer.version, "llamacpp_system": peer.system}
 
     model = _LOADED.get((case.get("shape", {}).get("pretrained"), "cached"))
+    path = {}
+    if model is not None and hasattr(model, "hf"):  # attached: multihead's step over HF's weights, or HF's layers
+        from ..hf import lean
+
+        with torch.no_grad():
+            reason = lean.why_not(model.hf)
+        path["path"] = f"HF's layers ({reason})" if reason else "multihead's step over HF's weights"
+        model = None if reason else lean.view(model.hf)
     choice = None if model is None else fast_decode.chosen(model)
-    return {} if choice is None else {"kernel": choice.kernel, "kernel_choice": choice.as_dict(), "why": choice.why()}
+    if choice is None:
+        return path
+    return {**path, "kernel": choice.kernel, "kernel_choice": choice.as_dict(), "why": choice.why()}
 
 
 def _split_rows(case: dict) -> list[list[list[float]]]:
@@ -284,7 +294,9 @@ def _build_pretrained(case: dict):
         return torch.no_grad()(lambda: model.prefill(ids))
     if impl == "hf_prefill":
         return torch.no_grad()(lambda: model(ids, attention_mask=mask, use_cache=True))
-    if impl in ("cached", "cached_old", "compiled", "blas", *PRECISIONS) or impl.startswith("cached:"):
+    if impl in ("cached", "cached_old", "cached_hf_layers", "compiled", "blas", *PRECISIONS) or impl.startswith(
+        "cached:"
+    ):
         from ..models import fast_decode, kernels, precision
         from ..models.generation import generate
         from ..modules import fastpath
@@ -295,6 +307,12 @@ def _build_pretrained(case: dict):
         if impl == "blas":  # the lean step's BLAS product, whatever this machine's measurement chose (this process)
             os.environ[kernels.ENV] = "blas"
 
+        if impl == "cached_hf_layers":  # an attached model through HF's own layers (this process only)
+            if not hasattr(model, "hf"):
+                raise ValueError(f"cached_hf_layers is an attached model's case; {source} is read natively")
+            from ..hf import lean
+
+            lean.ENABLED = False
         if impl == "cached_old":  # the path before the decoding layout and the lean step (this process only)
             fastpath.LAYOUT = fast_decode.ENABLED = False
         if impl == "compiled":  # batch 1 takes the compiled step; a batch the lean one on the rows layout
@@ -317,7 +335,8 @@ def _build_pretrained(case: dict):
             streamer=_HFStamps(),
         )
     raise ValueError(
-        "a pretrained race has the cases cached, blas, cached_bf16, cached_int8, cached_old, compiled, cached:POLICY, "
+        "a pretrained race has the cases cached, blas, cached_bf16, cached_int8, cached_old, cached_hf_layers, "
+        "compiled, cached:POLICY, "
         "bound, bound_compiled, "
         f"hf_generate, {', '.join(LLAMACPP)}, prefill and hf_prefill; got {impl!r}"
     )
@@ -434,10 +453,18 @@ def run(
     batches = batches or ([1, 8] if pretrained else BATCHES)
     gguf = pretrained and _is_gguf(shape["pretrained"])
     peers = ["hf_generate"] + ([*LLAMACPP] if gguf else [])
+    if pretrained and not gguf:
+        from ..loading import kind
+
+        if kind(shape["pretrained"]).family is None:  # read attached: HF's own layers too
+            peers.insert(0, "cached_hf_layers")
     impls = impls or (["cached", "blas", "compiled", *PRECISIONS, "cached_old", *peers] if pretrained else IMPLS)
+    limits = ("bound", "bound_compiled")
+    if pretrained:  # the limit is measured once per run whatever --impls names (a row per new-token count is wrong)
+        impls = [i for i in impls if i not in limits]
     cases, results = [], []
     if pretrained:  # the physical limit: one product over every weight, batch 1 (BLAS's, and the compiled step's)
-        for impl in ("bound", "bound_compiled"):
+        for impl in limits:
             cases.append({"impl": impl, "batch": 1, "new_tokens": 1, "shape": shape, "device": device, "dtype": dtype})
     for n in lengths:
         for b in batches:
@@ -598,7 +625,8 @@ def format_table(payload: dict) -> str:
             "of limit: decode tokens/s over the limit's (one product of a row with every weight, the faster of BLAS's "
             "and the compiled reduction: the least time a step can take); cached_old: ours before the decoding "
             "layout; compiled: ours with fast_decode.compile (batch 1 compiled, batches the lean step); blas: ours "
-            "with the BLAS product whatever was measured"
+            "with the BLAS product whatever was measured; cached_hf_layers: an attached model decoded through HF's "
+            "own layers (cached: through multihead's step over HF's weights)"
         )
     chosen = next((r for r in payload["results"] if r["impl"] == "cached" and r.get("why")), None)
     if chosen is not None:

@@ -22,6 +22,9 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor, nn
 
+from torch.utils.weak import WeakIdKeyDictionary
+
+from . import lean
 from .attach import AttachError, attach, why_not_skeleton
 from .record import INSTALL
 from ..modules import fastpath
@@ -218,6 +221,10 @@ class AttachedLM(nn.Module):
             positional="rotary" if rotary else "learned",
             model_type=c.model_type,
         )
+        # the caches of the generations that decode through multihead's step over HF's weights (hf.lean), each
+        # with that view; held weakly (a finished generation's cache is dropped with it)
+        self._lean = WeakIdKeyDictionary()
+        self.train(model.training)  # the wrapper's mode is the model's (a new module would say training)
 
     def forward(self, ids: Tensor, keep: Tensor | None = None, head_mask: Tensor | None = None, cache=None) -> Tensor:
         """Logits ``(B, L, V)``. ``cache``: one of :meth:`new_cache`: a
@@ -279,9 +286,17 @@ class AttachedLM(nn.Module):
         return StreamCache(self.hf, window=window, sinks=0 if window is None else sinks)
 
     def prefill(self, ids: Tensor, keep: Tensor | None = None, cache=None):
-        """Read the prompt ``ids`` ``(B, L)`` once through ``cache`` (default: every key, through HF's cache API):
-        the last position's logits ``(B, V)`` and the filled cache, as a native LM's ``prefill``. Rows of one length
-        only (a KV-policy cache counts positions per call, not per row)."""
+        """Read the prompt ``ids`` ``(B, L)`` once through ``cache`` (default: every key): the last position's
+        logits ``(B, V)`` and the filled cache, as a native LM's ``prefill``. Rows of one length only (a KV-policy
+        cache counts positions per call, not per row). With the default cache, a model of a family multihead reads
+        is decoded through multihead's own step over HF's weights where nothing needs HF's layers
+        (:mod:`multihead.hf.lean`: :func:`~multihead.hf.lean.why_not` says why not); HF's layers otherwise."""
+        unpadded = keep is None or bool(keep.all())
+        if cache is None and unpadded and lean.why_not(self.hf) is None:
+            native = lean.view(self.hf)
+            logits, cache = native.prefill(ids)
+            self._lean[cache] = native
+            return logits, cache
         if not torch.is_grad_enabled():
             fastpath.prepare(self.hf)  # the weights laid out for decoding, once (a no-op off the CPU)
         cache = self.new_cache(policy="full") if cache is None else cache
@@ -290,7 +305,14 @@ class AttachedLM(nn.Module):
         return self(ids, keep, cache=cache)[:, -1], cache
 
     def step(self, tokens: Tensor, cache) -> Tensor:
-        """Feed one token per row ``(B,)`` through ``cache``; its logits ``(B, V)`` (as a native LM's ``step``)."""
+        """Feed one token per row ``(B,)`` through ``cache``; its logits ``(B, V)`` (as a native LM's ``step``). A
+        generation :meth:`prefill` began on multihead's step goes on there until something needs HF's layers (a
+        hook added, say); from then on HF's layers read the same cache."""
+        native = self._lean.get(cache)
+        if native is not None:
+            if lean.why_not_step(self.hf) is None:
+                return native.step(tokens, cache)
+            del self._lean[cache]  # the rest of this generation through HF's layers (their positions are the cache's)
         return self(tokens[:, None], cache=cache)[:, -1]
 
     def _check_policy(self) -> None:

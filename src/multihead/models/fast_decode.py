@@ -55,8 +55,8 @@ def compiled(model) -> bool:
     return model in _COMPILED
 
 
-def _architecture(model) -> str | None:
-    """Why the step cannot run ``model``'s layers (None: it can); decided once per model."""
+def why_not_architecture(model) -> str | None:
+    """Why the step cannot run ``model``'s layers, whatever the cache and the hooks (None: it can)."""
     c = model.config
     d = c.decoder
     if d.cross_attention or not d.causal:
@@ -88,11 +88,11 @@ def why_not(model, cache: KVCache) -> str | None:
     if known is None or known[2] != weight_only(model):  # new, or its linear layers were converted since
         if known is not None:
             forget(model)  # its kernel and compiled step were chosen for the float32 layers
-        known = _KNOWN[model] = (_architecture(model), list(model.modules()), weight_only(model))
+        known = _KNOWN[model] = (why_not_architecture(model), list(model.modules()), weight_only(model))
     reason, modules, _ = known
     if reason is not None:
         return reason
-    if _hooked(modules):
+    if hooked(modules):
         return "hooks are attached (a capture or an intervention must see every module and hook point run)"
     if len(cache.self_attn) != len(model.decoder.layers):
         return "the cache was made for another model (its layers differ): the general path refuses it"
@@ -140,7 +140,7 @@ def _choose(model) -> None:
     _CHOSEN[model] = choice
 
 
-def _hooked(modules) -> bool:
+def hooked(modules) -> bool:
     """Whether a forward hook is on any of ``modules`` (a hook point, a layer, a norm: the steps here call few of
     them), or on every module (``torch.nn.modules.module.register_module_forward_hook``). Read at every step, so a
     hook added after :func:`compile` sends the next step to the general path."""
@@ -352,7 +352,7 @@ def compile(model):
             f"the compiled decoding step runs multihead's own causal LMs, not a {type(model).__name__}: load the "
             "model's files with multihead.loading.load (an attached HF model decodes through HF's own layers)"
         )
-    reason = _architecture(model)
+    reason = why_not_architecture(model)
     if reason is None and weight_only(model):
         reason = f"its weights are stored in {weight_only(model)} (the compiled step reads float32 weights)"
     spec = _spec(model) if reason is None else reason
@@ -419,7 +419,9 @@ __all__ = [
     "compile",
     "compiled",
     "step",
+    "hooked",
     "why_not",
+    "why_not_architecture",
     "why_not_compile",
     "why_not_compiled",
     "why_not_inductor",

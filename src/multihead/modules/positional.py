@@ -97,8 +97,18 @@ class RotaryEmbedding(nn.Module):
         if head_dim % 2:
             raise ValueError(f"rotary embeddings need an even head_dim, got {head_dim}; change d_model or num_heads")
         self.head_dim = head_dim
+        self._frequencies = (base, scaling, max_len)  # what inv_freq is computed from (reset_buffers)
         inv_freq, self.attention_factor = rope_frequencies(head_dim, base, scaling, max_len)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (D/2,)
+
+    def reset_buffers(self, device=None) -> None:
+        """Compute ``inv_freq`` again, on ``device`` (default: where it is): a model built on the meta device
+        (shapes only, its weights assigned afterwards) gets its frequencies so."""
+        base, scaling, max_len = self._frequencies
+        device = self.inv_freq.device if device is None else device
+        with torch.device(device):
+            inv_freq, self.attention_factor = rope_frequencies(self.head_dim, base, scaling, max_len)
+        self.inv_freq = inv_freq
 
     def _cos_sin(self, length: int, offset: int, device, dtype, positions: Tensor | None = None):
         # one rotary module serves every layer of a stack, and the layers of one call ask for the same angles:
