@@ -233,3 +233,41 @@ def test_bench_precision_refuses_a_missing_model_before_anything_is_written(tmp_
     err = capsys.readouterr().err
     assert "does not exist" in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_findings_measure_a_pretrained_lm_and_write_the_page(gguf_model, tmp_path, capsys):
+    out = tmp_path / "f"
+    args = ["findings", "sink-length", gguf_model, "--lengths", "16,32", "--texts", "1", "--out", str(out)]
+    assert main([*args, "--no-progress"]) == 0
+    r = json.loads((out / "sink-length.json").read_text())
+    assert set(r["lengths"]) == {"16", "32"} and len(r["lengths"]["16"]["share"]) == 2  # the model's 2 layers
+    assert r["claim"] and r["verdict"] in (out / "README.md").read_text()
+    assert (out / "sink-length.png").stat().st_size > 0
+    for name in ("sink-valley", "massive-origin"):
+        assert main(["findings", name, gguf_model, "--length", "24", "--texts", "1", "--no-progress"]) == 0
+        assert f"{name}:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["sink-length", "--lengths", "16,100000"], "positions"),
+        (["sink-length", "--lengths", "16"], "at least two"),
+        (["sinks-of-doom"], "invalid choice"),
+        (["sink-valley", "--length", "0"], "--length"),
+    ],
+)
+def test_findings_refuse_bad_input_and_write_nothing(gguf_model, tmp_path, capsys, extra, message):
+    out = tmp_path / "f"
+    name, rest = extra[0], extra[1:]
+    with pytest.raises(SystemExit) as e:
+        code = main(["findings", name, gguf_model, *rest, "--out", str(out), "--no-progress"])
+        raise SystemExit(code)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_findings_refuse_a_model_that_is_no_causal_lm(tmp_path, capsys):
+    assert main(["findings", "sink-valley", "minilm", "--out", str(tmp_path / "f")]) == 2
+    assert "findings" in capsys.readouterr().err and not (tmp_path / "f").exists()

@@ -5,6 +5,7 @@
     training.py  train, pretrain, compare, sweep      runs.py     evaluate, predict, data, embed, export
     inspect.py   show, heads, importance, prune       lm.py       generate, sinks, induction
     interventions.py  patch, attribute, circuit       speech.py   transcribe
+    findings.py  findings
 
 A new subcommand: a ``cmd_*`` handler and its ``sub.add_parser(...)`` lines in the module of its group (numbers
 validated at parse time with the types in ``args.py``), calling one library function. Nothing below the CLI imports
@@ -16,11 +17,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import inspect, interventions, lm, runs, speech, tools, training
+from . import findings, inspect, interventions, lm, runs, speech, tools, training
 from .args import Route
 from .training import train_config_from_args, train_overrides  # noqa: F401  (used by tests and scripts)
 
-GROUPS = (tools, training, runs, inspect, lm, interventions, speech)
+GROUPS = (tools, training, runs, inspect, lm, findings, interventions, speech)
 
 
 class Parser(argparse.ArgumentParser):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .._config import ConfigError
 from ..loading import REFUSES, kind
-from . import inspect, interventions, lm, runs, speech
+from . import findings, inspect, interventions, lm, runs, speech
 from .args import Route
 
 Handler = Callable[[Namespace], int]
@@ -58,6 +58,7 @@ VERBS: dict[str, dict[str, Handler]] = {
     },
     "sinks": {**dict.fromkeys(_LM, lm.sinks_lm), "run:pretrain": lm.sinks_run},
     "induction": dict.fromkeys(_LM, lm.induction_lm),
+    "findings": dict.fromkeys(_LM, findings.findings_lm),
     "kv": dict.fromkeys(_LM, lm.kv_lm),
     "patch": {
         **dict.fromkeys(_LM, interventions.patch),

@@ -30,6 +30,8 @@ from torch import Tensor, nn
 # unembedding, by the names models give them: the one table of each.
 MLP_NAMES = ("ffn", "mlp", "feed_forward", "block_sparse_moe")
 FINAL_NORM_NAMES = ("final_norm", "norm", "final_layernorm", "final_layer_norm", "ln_f", "norm_f")
+# A feed-forward module's output projection (its input: one activation per neuron), by the names models give it.
+MLP_OUT_NAMES = ("w_2", "down_proj", "fc2", "dense_4h_to_h", "wo", "fc_out")
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,14 @@ class Block:
     def hook(self, name: str):
         """The block's hook point ``name`` (``hook_resid_post``, ``hook_mlp_out``, ...), or None."""
         return getattr(self.module, name, None)
+
+    @property
+    def mlp_out(self) -> nn.Linear | None:
+        """The feed-forward's output projection, whose input holds one activation per neuron (``weight`` ``(E,
+        neurons)``); None where the block has no feed-forward, or one whose neurons are not read by one linear
+        layer (experts, a transposed ``Conv1D``)."""
+        out = None if self.mlp is None else child(self.mlp, MLP_OUT_NAMES)
+        return out if isinstance(out, nn.Linear) else None
 
 
 def _offloads(module: nn.Module | None) -> bool:
@@ -306,6 +316,7 @@ __all__ = [
     "Anatomy",
     "Block",
     "FINAL_NORM_NAMES",
+    "MLP_OUT_NAMES",
     "MLP_NAMES",
     "SOURCES",
     "Site",
