@@ -722,7 +722,8 @@ def test_a_policy_cache_reorders_its_rows_with_the_keys_each_kept(policy, budget
     direct = model.new_cache(policy=policy, budget=budget, **options)
     model(ids[rows, :P], cache=direct)
     model(ids[rows, P : P + 1], cache=direct)
-    assert torch.equal(moved, _decode_from(model, ids[rows], direct, P + 1))
+    # the same numbers up to the order of additions: a reordered buffer can take another kernel path on some CPUs
+    torch.testing.assert_close(moved, _decode_from(model, ids[rows], direct, P + 1), rtol=1e-6, atol=1e-6)
 
 
 def _decode_from(model: CausalLM, ids: torch.Tensor, cache, start: int) -> torch.Tensor:
