@@ -19,6 +19,7 @@ def findings_lm(args) -> int:
     from tqdm import tqdm
 
     from .._io import check_target
+    from ..bench.decode import lm_layout
     from ..data.lm_text import held_out_rows
     from ..interpret import findings as F
     from .lm import _load_lm
@@ -30,14 +31,14 @@ def findings_lm(args) -> int:
     options["neurons"] = args.neurons
     if len(options["lengths"]) < 2 and finding.name == "sink-length":
         raise ValueError("sink-length compares lengths: pass at least two with --lengths (e.g. 256,1024,4096)")
-    p = _load_lm(args.model, args.threads)
-    positions = int(p.model.config.max_len)
+    _, positions = lm_layout(args.model)  # from the config or the file's header: no weight read yet
     longest = max(finding.lengths(options))
     if longest > positions:
         raise ValueError(
             f"{args.model} has {positions:,} positions and the longest text asked for is {longest:,} tokens: pass "
             f"lengths of at most {positions:,}"
         )
+    p = _load_lm(args.model, args.threads)
     with tqdm(total=finding.steps(options), desc=f"findings {finding.name}", disable=args.no_progress) as bar:
         payload = F.run(
             finding.name,
