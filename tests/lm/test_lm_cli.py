@@ -248,9 +248,23 @@ def test_findings_measure_a_pretrained_lm_and_write_the_page(gguf_model, tmp_pat
         assert f"{name}:" in capsys.readouterr().out
 
 
+def test_findings_fv_heads_scores_every_head_and_ablates_them(gguf_model, tmp_path):
+    out = tmp_path / "fv"
+    args = ["--tasks", "antonym,capitalize", "--shots", "3", "--prompts", "2", "--held-out", "3", "--ablate", "1,2"]
+    assert main(["findings", "fv-heads", gguf_model, *args, "--out", str(out), "--no-progress"]) == 0
+    r = json.loads((out / "fv-heads.json").read_text())
+    assert len(r["fv"]) == 2 and len(r["induction"]) == 2  # the model's 2 layers, every head of each
+    assert set(r["fv_per_task"]) == {"antonym", "capitalize"} and set(r["ablation"]["k"]) == {"1", "2"}
+    assert all(len(r["ablation"]["k"]["2"]["heads"][kind]) == 2 for kind in ("fv", "induction", "random"))
+    assert r["data"] == "built-in few-shot tasks" and (out / "fv-heads.png").stat().st_size > 0
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
+        (["fv-heads", "--tasks", "antonym,telepathy"], "no few-shot task is called telepathy"),
+        (["fv-heads", "--tasks", "antonym", "--shots", "80"], "demonstrations"),
+        (["fv-heads", "--tasks", "antonym", "--shots", "50"], "positions"),
         (["sink-length", "--lengths", "16,100000"], "positions"),
         (["sink-length", "--lengths", "16"], "at least two"),
         (["sinks-of-doom"], "invalid choice"),

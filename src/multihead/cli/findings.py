@@ -14,8 +14,9 @@ def cmd_findings(args) -> int | Route:
 
 
 def findings_lm(args) -> int:
-    """A sink finding on a pretrained causal LM: held-out IMDB text at the lengths asked; refused before anything is
-    written where a length is past the model's positions."""
+    """A finding on a pretrained causal LM: held-out IMDB text at the lengths asked (the sink findings) or the
+    built-in few-shot tasks (fv-heads); refused before anything is written where a length is past the model's
+    positions."""
     from tqdm import tqdm
 
     from .._io import check_target
@@ -27,12 +28,9 @@ def findings_lm(args) -> int:
     finding = F.check_name(args.finding)
     if args.out:
         check_target(args.out, "findings", overwrite=args.overwrite, sources=(args.model,))
-    options = {"lengths": sorted(set(args.lengths or [256, 1024, 4096])), "length": args.length, "texts": args.texts}
-    options["neurons"] = args.neurons
-    if len(options["lengths"]) < 2 and finding.name == "sink-length":
-        raise ValueError("sink-length compares lengths: pass at least two with --lengths (e.g. 256,1024,4096)")
+    options = _options(args, finding.name)
     _, positions = lm_layout(args.model)  # from the config or the file's header: no weight read yet
-    longest = max(finding.lengths(options))
+    longest = max(finding.lengths(options), default=0)
     if longest > positions:
         raise ValueError(
             f"{args.model} has {positions:,} positions and the longest text asked for is {longest:,} tokens: pass "
@@ -43,14 +41,35 @@ def findings_lm(args) -> int:
         payload = F.run(
             finding.name,
             p.model,
-            lambda n: held_out_rows(p, rows=args.texts, length=n),
+            F.Text(lambda n: held_out_rows(p, rows=args.texts, length=n), lambda t: p.encode(t, special=False)),
             options,
             bar,
         )
     payload["model"] = str(args.model)
-    payload["data"] = "imdb test split, reviews concatenated"
+    payload["data"] = (
+        "built-in few-shot tasks" if finding.name == "fv-heads" else "imdb test split, reviews concatenated"
+    )
     F.report(payload, args.out, overwrite=args.overwrite, sources=(args.model,))
     return 0
+
+
+def _options(args, name: str) -> dict:
+    """The options a finding reads, checked before the model loads."""
+    from ..data.icl_tasks import TASKS
+
+    options = {"lengths": sorted(set(args.lengths or [256, 1024, 4096])), "length": args.length, "texts": args.texts}
+    options["neurons"] = args.neurons
+    if len(options["lengths"]) < 2 and name == "sink-length":
+        raise ValueError("sink-length compares lengths: pass at least two with --lengths (e.g. 256,1024,4096)")
+    if name == "fv-heads":
+        tasks = args.tasks.split(",") if args.tasks else list(TASKS)
+        unknown = [t for t in tasks if t not in TASKS]
+        if unknown:
+            raise ValueError(f"no few-shot task is called {', '.join(unknown)}; choose from {', '.join(TASKS)}")
+        options.update(
+            tasks=tasks, shots=args.shots, prompts=args.prompts, held_out=args.held_out, ablate=args.ablate or [9, 27]
+        )
+    return options
 
 
 def register(sub) -> None:
@@ -58,7 +77,7 @@ def register(sub) -> None:
         "findings",
         help="head findings of 2025-2026 measured on a causal LM: sink strength vs context length (sink-length), "
         "spike / sink / entropy valley per layer (sink-valley), the massive activation's origin and super neurons "
-        "(massive-origin)",
+        "(massive-origin), function-vector heads vs induction heads (fv-heads)",
     )
     fi.add_argument(
         "finding",
@@ -73,6 +92,11 @@ def register(sub) -> None:
     fi.add_argument("--length", type=_count, default=1024, help="sink-valley, massive-origin: tokens per text")
     fi.add_argument("--texts", type=_count, default=4, help="held-out texts averaged at each length")
     fi.add_argument("--neurons", type=_count, default=5, help="massive-origin: the super neurons edited")
+    fi.add_argument("--tasks", default=None, help="fv-heads: few-shot tasks, comma-separated (default: every one)")
+    fi.add_argument("--shots", type=_count, default=10, help="fv-heads: demonstrations per prompt")
+    fi.add_argument("--prompts", type=_count, default=10, help="fv-heads: prompts per task scoring the heads")
+    fi.add_argument("--held-out", type=_count, default=25, help="fv-heads: prompts per task measuring accuracy")
+    fi.add_argument("--ablate", type=_counts, default=None, help="fv-heads: how many top heads ablated (9,27)")
     fi.add_argument("--threads", type=_threads, default=None)
     fi.add_argument("--out", default=None, help="write NAME.json, NAME.png and README.md here")
     fi.add_argument("--overwrite", action="store_true")

@@ -9,6 +9,6 @@ its anatomy (:mod:`multihead.modules.anatomy`), so a native model and an attache
 from __future__ import annotations
 
 from . import registered  # noqa: F401  (the findings, registered)
-from .registry import FINDINGS, Finding, check_name, page, register, report, run
+from .registry import FINDINGS, Finding, Text, check_name, page, register, report, run
 
-__all__ = ["FINDINGS", "Finding", "check_name", "page", "register", "report", "run"]
+__all__ = ["FINDINGS", "Finding", "Text", "check_name", "page", "register", "report", "run"]

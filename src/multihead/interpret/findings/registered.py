@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import sinks as S
+from .icl import ABLATIONS
 from .registry import Finding, register
 
 
@@ -23,8 +24,8 @@ def _save(fig, path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- sink-length
-def _run_length(model, rows_at, options: dict, progress) -> dict:
-    return S.sink_length(model, rows_at, options["lengths"], progress)
+def _run_length(model, text, options: dict, progress) -> dict:
+    return S.sink_length(model, text.rows, options["lengths"], progress)
 
 
 def _plot_length(payload: dict, path: Path) -> None:
@@ -67,8 +68,8 @@ register(
 
 
 # ------------------------------------------------------------------------------------------------- sink-valley
-def _run_valley(model, rows_at, options: dict, progress) -> dict:
-    out = S.sink_valley(model, rows_at(options["length"]))
+def _run_valley(model, text, options: dict, progress) -> dict:
+    out = S.sink_valley(model, text.rows(options["length"]))
     if progress is not None:
         progress.update(1)
     return out
@@ -117,8 +118,8 @@ register(
 
 
 # ---------------------------------------------------------------------------------------------- massive-origin
-def _run_origin(model, rows_at, options: dict, progress) -> dict:
-    out = S.massive_origin(model, rows_at(options["length"]), k=options["neurons"])
+def _run_origin(model, text, options: dict, progress) -> dict:
+    out = S.massive_origin(model, text.rows(options["length"]), k=options["neurons"])
     if progress is not None:
         progress.update(1)
     return out
@@ -157,5 +158,88 @@ register(
         lambda options: 1,
         lambda options: [options["length"]],
         _plot_origin,
+    )
+)
+
+
+# ---------------------------------------------------------------------------------------------------- fv-heads
+def _fv_tasks(text, options: dict) -> dict:
+    from ...data.icl_tasks import TASKS
+    from . import icl
+
+    out = {}
+    for i, name in enumerate(options["tasks"]):
+        both = icl.text_prompts(
+            TASKS[name], text.encode, n=options["prompts"] + options["held_out"], shots=options["shots"], seed=i
+        )
+        out[name] = (both[: options["prompts"]], both[options["prompts"] :])
+    return out
+
+
+def _run_fv(model, text, options: dict, progress) -> dict:
+    from . import icl
+
+    tasks = _fv_tasks(text, options)
+    longest = max(len(p.clean) for scored, held in tasks.values() for p in scored + held)
+    if longest > model.config.max_len:
+        raise ValueError(
+            f"the {options['shots']}-shot prompts run to {longest} tokens, past the model's {model.config.max_len} "
+            "positions: pass fewer with --shots"
+        )
+    vocab = model.config.vocab_size
+    return icl.fv_vs_induction(
+        model,
+        tasks,
+        ks=options["ablate"],
+        vocab=(min(1000, vocab // 4), vocab),
+        seed=options.get("seed", 0),
+        progress=progress,
+    )
+
+
+def _plot_fv(payload: dict, path: Path) -> None:
+    import numpy as np
+
+    fig, axes = _figure(3)
+    fv, ind = np.array(payload["fv"]), np.array(payload["induction"])
+    ax = axes[0]
+    ax.scatter(ind.flatten(), fv.flatten(), s=10)
+    ax.set_xlabel("induction score (prefix matching)")
+    ax.set_ylabel("function-vector score (causal indirect effect)")
+    ax.set_title("each head, both scores")
+    im = axes[1].imshow(fv.T, aspect="auto", cmap="viridis", origin="lower")
+    axes[1].set_xlabel("layer")
+    axes[1].set_ylabel("head")
+    axes[1].set_title("function-vector score")
+    fig.colorbar(im, ax=axes[1])
+    ks = list(payload["ablation"]["k"])
+    kinds = ["fv", "induction", "fv without induction", "induction without fv", "random"]
+    width = 0.8 / len(kinds)
+    for j, kind in enumerate(kinds):
+        acc = [np.mean(list(payload["ablation"]["k"][k][kind].values())) for k in ks]
+        axes[2].bar(np.arange(len(ks)) + j * width, acc, width, label=kind)
+    axes[2].axhline(np.mean(list(payload["ablation"]["clean"].values())), color="k", ls="--", label="nothing ablated")
+    axes[2].set_xticks(np.arange(len(ks)) + 0.4 - width / 2, [f"top {k}" for k in ks])
+    axes[2].set_ylabel("few-shot accuracy (mean over tasks)")
+    axes[2].set_title("heads mean-ablated")
+    axes[2].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    _save(fig, path)
+
+
+register(
+    Finding(
+        "fv-heads",
+        "Yin & Steinhardt 2025, Which Attention Heads Matter for In-Context Learning? (arXiv 2502.14010)",
+        "function-vector heads, not induction heads, carry few-shot in-context learning; the two sets barely overlap",
+        "each head's function-vector score (its mean output at the last position of clean few-shot prompts, patched "
+        "into the same prompts with their labels deranged: the rise in the right answer's probability; Todd et al. "
+        "2024) over built-in tasks (antonyms, country-capital, present-past, singular-plural, capitalising), its "
+        "induction score on repeated random tokens, the overlap of the top heads, and few-shot accuracy on "
+        "held-out prompts with the top heads of each kind mean-ablated (beside random heads, and each kind with the "
+        "other's top heads left out)",
+        _run_fv,
+        lambda options: len(options["tasks"]) * options["prompts"] + 1 + len(options["ablate"]) * ABLATIONS,
+        lambda options: [],
+        _plot_fv,
     )
 )

@@ -11,9 +11,18 @@ from torch import Tensor
 
 
 @dataclass(frozen=True)
+class Text:
+    """What a finding reads besides the model: ``rows(length)``, held-out token ids ``(n, length)``, and
+    ``encode(text)``, the model's tokenizer (no special tokens added)."""
+
+    rows: Callable[[int], Tensor]
+    encode: Callable[[str], list[int]]
+
+
+@dataclass(frozen=True)
 class Finding:
     """One finding: ``paper`` and ``claim`` (the paper's words, shortened), ``measures`` (what the command measures),
-    ``run(model, rows_at, options, progress) -> payload`` (``rows_at(length)``: held-out rows ``(n, length)``),
+    ``run(model, text, options, progress) -> payload`` (``text``: the model's :class:`Text`),
     ``steps(options)``: how many progress steps it takes, ``lengths(options)``: the text lengths it reads (checked
     against the model's positions before it runs), and ``plot(payload, path)``. The payload holds
     ``verdict`` (one line: what was measured) and ``reproduced`` (whether it matches the paper's claim)."""
@@ -43,11 +52,11 @@ def check_name(name: str) -> Finding:
     return FINDINGS[name]
 
 
-def run(name: str, model, rows_at: Callable[[int], Tensor], options: dict, progress=None) -> dict:
+def run(name: str, model, text: Text, options: dict, progress=None) -> dict:
     """Measure finding ``name`` on ``model``: the payload (``finding``, ``paper``, ``claim``, the options, the
     measurements, ``verdict`` and ``reproduced``)."""
     f = check_name(name)
-    payload = f.run(model, rows_at, options, progress)
+    payload = f.run(model, text, options, progress)
     return {"finding": f.name, "paper": f.paper, "claim": f.claim, "measures": f.measures, **options, **payload}
 
 
@@ -87,4 +96,4 @@ def report(payload: dict, out, *, overwrite: bool = False, sources: tuple = ()) 
     print(f"wrote {Path(out) / (name + '.json')}, {name}.png and README.md")
 
 
-__all__ = ["FINDINGS", "Finding", "check_name", "page", "register", "report", "run"]
+__all__ = ["FINDINGS", "Finding", "Text", "check_name", "page", "register", "report", "run"]
