@@ -26,6 +26,7 @@ def findings_lm(args) -> int:
     from .lm import _load_lm
 
     finding = F.check_name(args.finding)
+    F.check_kind(finding, "lm", args.model)
     if args.out:
         check_target(args.out, "findings", overwrite=args.overwrite, sources=(args.model,))
     options = _options(args, finding.name)
@@ -53,6 +54,37 @@ def findings_lm(args) -> int:
     return 0
 
 
+def findings_whisper(args) -> int:
+    """A finding on a Whisper model: non-speech audio made here and sentences spoken by espeak-ng."""
+    from tqdm import tqdm
+
+    from .._io import check_target
+    from .._proc import set_threads
+    from ..interpret import findings as F
+    from ..interpret.findings.hallucination import decoder_heads
+    from ..loading import load
+
+    finding = F.check_name(args.finding)
+    F.check_kind(finding, "whisper", args.model)
+    if args.out:
+        check_target(args.out, "findings", overwrite=args.overwrite, sources=(args.model,))
+    if args.top < 1:
+        raise ValueError("--top: mask at least one head")
+    set_threads(args.threads)
+    w = load(args.model, progress=True).detail
+    heads = decoder_heads(w.model)
+    if args.top > len(heads):
+        raise ValueError(f"--top {args.top}: the model has {len(heads)} decoder self-attention heads")
+    options = {"clips": args.clips, "sentences": args.sentences, "top": args.top, "heads": len(heads)}
+    options["layers"] = len({i for i, _ in heads})
+    with tqdm(total=finding.steps(options), desc=f"findings {finding.name}", disable=args.no_progress) as bar:
+        payload = F.run(finding.name, w, None, options, bar)
+    payload["model"] = str(args.model)
+    payload["data"] = "non-speech audio made with numpy; IMDB sentences spoken by espeak-ng"
+    F.report(payload, args.out, overwrite=args.overwrite, sources=(args.model,))
+    return 0
+
+
 def _options(args, name: str) -> dict:
     """The options a finding reads, checked before the model loads."""
     from ..data.icl_tasks import TASKS
@@ -75,9 +107,10 @@ def _options(args, name: str) -> dict:
 def register(sub) -> None:
     fi = sub.add_parser(
         "findings",
-        help="head findings of 2025-2026 measured on a causal LM: sink strength vs context length (sink-length), "
+        help="head findings of 2025-2026 measured on a model: sink strength vs context length (sink-length), "
         "spike / sink / entropy valley per layer (sink-valley), the massive activation's origin and super neurons "
-        "(massive-origin), function-vector heads vs induction heads (fv-heads)",
+        "(massive-origin), function-vector heads vs induction heads (fv-heads), Whisper's hallucinating heads "
+        "(hallucination-heads)",
     )
     fi.add_argument(
         "finding",
@@ -85,7 +118,9 @@ def register(sub) -> None:
         metavar="FINDING",
         help="which finding: %(choices)s",
     )
-    fi.add_argument("model", help="a pretrained causal LM (smollm2, a .gguf file, an HF folder)")
+    fi.add_argument(
+        "model", help="the model the finding measures: a causal LM (smollm2, a .gguf file, an HF folder), whisper"
+    )
     fi.add_argument(
         "--lengths", type=_counts, default=None, help="sink-length: context lengths compared (256,1024,4096)"
     )
@@ -97,6 +132,9 @@ def register(sub) -> None:
     fi.add_argument("--prompts", type=_count, default=10, help="fv-heads: prompts per task scoring the heads")
     fi.add_argument("--held-out", type=_count, default=25, help="fv-heads: prompts per task measuring accuracy")
     fi.add_argument("--ablate", type=_counts, default=None, help="fv-heads: how many top heads ablated (9,27)")
+    fi.add_argument("--clips", type=_count, default=2, help="hallucination-heads: non-speech clips per kind and half")
+    fi.add_argument("--sentences", type=_count, default=10, help="hallucination-heads: spoken sentences per half")
+    fi.add_argument("--top", type=int, default=3, help="hallucination-heads: heads masked together")
     fi.add_argument("--threads", type=_threads, default=None)
     fi.add_argument("--out", default=None, help="write NAME.json, NAME.png and README.md here")
     fi.add_argument("--overwrite", action="store_true")

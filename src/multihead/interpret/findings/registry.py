@@ -35,6 +35,23 @@ class Finding:
     steps: Callable[[dict], int]
     lengths: Callable[[dict], list[int]]
     plot: Callable[[dict, Path], None]
+    takes: str = "lm"
+
+
+MODEL_KINDS = {
+    "lm": ("a causal LM", "smollm2"),
+    "whisper": ("a Whisper model", "whisper"),
+    "dinov2": ("a DINOv2 ViT", "dinov2"),
+}
+
+
+def check_kind(finding: Finding, kind: str, model: str) -> None:
+    """Refuse, naming the kind it measures, a finding asked of a model of another kind."""
+    if finding.takes != kind:
+        raise ValueError(
+            f"{finding.name} measures {MODEL_KINDS[finding.takes][0]} (e.g. {MODEL_KINDS[finding.takes][1]}); "
+            f"{model} is {MODEL_KINDS[kind][0]}"
+        )
 
 
 FINDINGS: dict[str, Finding] = {}
@@ -96,4 +113,15 @@ def report(payload: dict, out, *, overwrite: bool = False, sources: tuple = ()) 
     print(f"wrote {Path(out) / (name + '.json')}, {name}.png and README.md")
 
 
-__all__ = ["FINDINGS", "Finding", "Text", "check_name", "page", "register", "report", "run"]
+__all__ = [
+    "FINDINGS",
+    "MODEL_KINDS",
+    "Finding",
+    "Text",
+    "check_kind",
+    "check_name",
+    "page",
+    "register",
+    "report",
+    "run",
+]
