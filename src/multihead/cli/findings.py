@@ -85,6 +85,28 @@ def findings_whisper(args) -> int:
     return 0
 
 
+def findings_dinov2(args) -> int:
+    """A finding on a DINOv2 ViT: scikit-image's sample photographs."""
+    from .._io import check_target
+    from .._proc import set_threads
+    from ..interpret import findings as F
+    from ..loading import load
+
+    finding = F.check_name(args.finding)
+    F.check_kind(finding, "dinov2", args.model)
+    if args.out:
+        check_target(args.out, "findings", overwrite=args.overwrite, sources=(args.model,))
+    set_threads(args.threads)
+    d = load(args.model, progress=True).detail
+    payload = F.run(finding.name, d, None, {"neurons": args.neurons}, None)
+    payload["model"] = str(args.model)
+    payload["data"] = (
+        "scikit-image's sample photographs (chelsea, astronaut, coffee, rocket), object boxes drawn by hand"
+    )
+    F.report(payload, args.out, overwrite=args.overwrite, sources=(args.model,))
+    return 0
+
+
 def _options(args, name: str) -> dict:
     """The options a finding reads, checked before the model loads."""
     from ..data.icl_tasks import TASKS
@@ -110,7 +132,7 @@ def register(sub) -> None:
         help="head findings of 2025-2026 measured on a model: sink strength vs context length (sink-length), "
         "spike / sink / entropy valley per layer (sink-valley), the massive activation's origin and super neurons "
         "(massive-origin), function-vector heads vs induction heads (fv-heads), Whisper's hallucinating heads "
-        "(hallucination-heads)",
+        "(hallucination-heads), DINOv2's test-time register (registers)",
     )
     fi.add_argument(
         "finding",
@@ -126,7 +148,9 @@ def register(sub) -> None:
     )
     fi.add_argument("--length", type=_count, default=1024, help="sink-valley, massive-origin: tokens per text")
     fi.add_argument("--texts", type=_count, default=4, help="held-out texts averaged at each length")
-    fi.add_argument("--neurons", type=_count, default=5, help="massive-origin: the super neurons edited")
+    fi.add_argument(
+        "--neurons", type=_count, default=5, help="massive-origin: the super neurons edited; registers: neurons moved"
+    )
     fi.add_argument("--tasks", default=None, help="fv-heads: few-shot tasks, comma-separated (default: every one)")
     fi.add_argument("--shots", type=_count, default=10, help="fv-heads: demonstrations per prompt")
     fi.add_argument("--prompts", type=_count, default=10, help="fv-heads: prompts per task scoring the heads")

@@ -58,7 +58,11 @@ VERBS: dict[str, dict[str, Handler]] = {
     },
     "sinks": {**dict.fromkeys(_LM, lm.sinks_lm), "run:pretrain": lm.sinks_run},
     "induction": dict.fromkeys(_LM, lm.induction_lm),
-    "findings": {**dict.fromkeys(_LM, findings.findings_lm), "whisper": findings.findings_whisper},
+    "findings": {
+        **dict.fromkeys(_LM, findings.findings_lm),
+        "whisper": findings.findings_whisper,
+        "dinov2": findings.findings_dinov2,
+    },
     "kv": dict.fromkeys(_LM, lm.kv_lm),
     "patch": {
         **dict.fromkeys(_LM, interventions.patch),

@@ -305,3 +305,67 @@ register(
         takes="whisper",
     )
 )
+
+
+# ---------------------------------------------------------------------------------------------------- registers
+def _run_registers(d, _inputs, options: dict, progress) -> dict:
+    from ..media import dino
+    from . import registers as R
+
+    images, masks = [], []
+    for name in dino.PHOTOS:
+        photo = dino.photo(name)
+        x = d.preprocess(photo)
+        images.append(x)
+        grid = (x.shape[2] // d.model.config.patch_size, x.shape[3] // d.model.config.patch_size)
+        masks.append(dino.box_mask(dino.PHOTOS[name]["box"], photo.shape[:2], grid))
+    out = R.test_time_register(d.model, images, k=options["neurons"], masks=masks)
+    if progress is not None:
+        progress.update(1)
+    return {**out, "photos": list(dino.PHOTOS), "first_photo": next(iter(dino.PHOTOS))}
+
+
+def _plot_registers(payload: dict, path: Path) -> None:
+    import numpy as np
+
+    fig, axes = _figure(4)
+    for name, r in payload["runs"].items():
+        axes[0].plot(r["max_ratio"], marker=".", label=name)
+    axes[0].axhline(4.0, color="k", ls=":", label="outlier threshold")
+    axes[0].set_xlabel("block")
+    axes[0].set_ylabel("largest patch norm / median (mean over photos)")
+    axes[0].set_title("high-norm patches")
+    axes[0].legend(fontsize=7)
+    names = list(payload["runs"])
+    fields = [f for f in ("cls_on_outliers", "cls_on_register", "cls_on_object") if f in payload["runs"][names[0]]]
+    width = 0.8 / len(fields)
+    for j, f in enumerate(fields):
+        axes[1].bar(np.arange(len(names)) + j * width, [payload["runs"][n][f] for n in names], width, label=f)
+    axes[1].set_xticks(np.arange(len(names)) + 0.4 - width / 2, [n.replace(", ", "\n") for n in names], fontsize=7)
+    axes[1].set_ylabel("last layer's [CLS] attention")
+    axes[1].legend(fontsize=7)
+    for ax, (name, heat) in zip(axes[2:], payload["first_image_maps"].items()):
+        ax.imshow(np.array(heat), cmap="viridis")
+        ax.set_title(f"{payload['first_photo']}: {name}", fontsize=9)
+        ax.axis("off")
+    _save(fig, path)
+
+
+register(
+    Finding(
+        "registers",
+        "Jiang et al. 2025, Vision Transformers Don't Need Trained Registers (arXiv 2506.08010)",
+        "a sparse set of register neurons makes the high-norm outlier tokens of DINOv2 and CLIP; moving their "
+        "activation onto one extra, untrained token at test time removes the outliers and cleans the attention maps",
+        "on scikit-image's photographs: per block the largest patch norm over the median; the block where it peaks; "
+        "the feed-forward neurons (up to that block) most active at the outlier patches; then one extra token of "
+        "zeros with those neurons' activations moved onto it (their largest activation over the patches there, "
+        "zero elsewhere), beside a bare extra token and random neurons moved: the norms again, and the last layer's "
+        "[CLS] attention on the outlier patches, the register and the object",
+        _run_registers,
+        lambda options: 1,
+        lambda options: [],
+        _plot_registers,
+        takes="dinov2",
+    )
+)
