@@ -138,3 +138,27 @@ def test_unknown_finding_and_rows_too_short_are_refused():
         F.check_name("sinks-of-doom")
     with pytest.raises(ValueError, match="too short"):
         M.measure(_planted(), torch.ones(1, 1, dtype=torch.long))
+
+
+def test_the_spike_to_explain_is_the_first_or_the_largest():
+    p = M.Pass(norm_first=[1.0, 12.0, 11.0, 2.0, 150.0, 140.0], norm_rest=[1.0] * 6)
+    assert S.spike_origin(p, "first") == 1  # the first block at 10x
+    assert S.spike_origin(p, "largest") == 4  # the first within 10x of the peak (150 / 10 = 15 > 12)
+    flat = M.Pass(norm_first=[1.0, 3.0, 2.0], norm_rest=[1.0] * 3)
+    assert S.spike_origin(flat, "largest") is None and S.spike_origin(flat, "first") is None
+    with pytest.raises(ValueError, match="first, largest"):
+        S.spike_origin(p, "loudest")
+
+
+def test_a_needle_counts_when_every_answer_token_is_the_models_greedy_choice():
+    from types import SimpleNamespace
+
+    model, ids = _planted(), _rows(1, 12)[0].tolist()
+    with torch.no_grad():
+        first = int(model(torch.tensor([ids]))[0, -1].argmax())
+        second = int(model(torch.tensor([ids + [first]]))[0, -1].argmax())
+    right = SimpleNamespace(ids=ids, answer=[first, second])
+    wrong = SimpleNamespace(ids=ids, answer=[first, (second + 1) % V])
+    assert S.needle_hits(model, [right]) == 1.0 and S.needle_hits(model, [right, wrong]) == 0.5
+    # the planted sink's values are zero: taking its attention away changes no choice
+    assert S.needle_hits(model, [right], remove_sink=True) == 1.0

@@ -237,10 +237,11 @@ def test_bench_precision_refuses_a_missing_model_before_anything_is_written(tmp_
 
 def test_findings_measure_a_pretrained_lm_and_write_the_page(gguf_model, tmp_path, capsys):
     out = tmp_path / "f"
-    args = ["findings", "sink-length", gguf_model, "--lengths", "16,32", "--texts", "1", "--out", str(out)]
-    assert main([*args, "--no-progress"]) == 0
+    args = ["findings", "sink-length", gguf_model, "--lengths", "16,32", "--texts", "1", "--needles", "0"]
+    assert main([*args, "--out", str(out), "--no-progress"]) == 0
     r = json.loads((out / "sink-length.json").read_text())
     assert set(r["lengths"]) == {"16", "32"} and len(r["lengths"]["16"]["share"]) == 2  # the model's 2 layers
+    assert "needles" not in r["lengths"]["16"] and "needles retrieved" not in r["verdict"]
     assert r["claim"] and r["verdict"] in (out / "README.md").read_text()
     assert (out / "sink-length.png").stat().st_size > 0
     for name in ("sink-valley", "massive-origin"):
@@ -267,6 +268,8 @@ def test_findings_fv_heads_scores_every_head_and_ablates_them(gguf_model, tmp_pa
         (["fv-heads", "--tasks", "antonym", "--shots", "50"], "positions"),
         (["sink-length", "--lengths", "16,100000"], "positions"),
         (["sink-length", "--lengths", "16"], "at least two"),
+        (["sink-length", "--lengths", "64,128", "--needles", "2"], "ask for at least"),  # no room for a needle
+        (["sink-length", "--lengths", "64,128", "--needles", "-1"], "--needles"),
         (["sinks-of-doom"], "invalid choice"),
         (["sink-valley", "--length", "0"], "--length"),
     ],

@@ -23,6 +23,7 @@ def findings_lm(args) -> int:
     from ..bench.decode import lm_layout
     from ..data.lm_text import held_out_rows
     from ..interpret import findings as F
+    from ..interpret.kv.heads import needles_for
     from .lm import _load_lm
 
     finding = F.check_name(args.finding)
@@ -42,7 +43,11 @@ def findings_lm(args) -> int:
         payload = F.run(
             finding.name,
             p.model,
-            F.Text(lambda n: held_out_rows(p, rows=args.texts, length=n), lambda t: p.encode(t, special=False)),
+            F.Text(
+                lambda n: held_out_rows(p, rows=args.texts, length=n),
+                lambda t: p.encode(t, special=False),
+                lambda n, count: needles_for(p, length=n, count=count),
+            ),
             options,
             bar,
         )
@@ -112,7 +117,9 @@ def _options(args, name: str) -> dict:
     from ..data.icl_tasks import TASKS
 
     options = {"lengths": sorted(set(args.lengths or [256, 1024, 4096])), "length": args.length, "texts": args.texts}
-    options["neurons"] = args.neurons
+    options["neurons"], options["spike"], options["needles"] = args.neurons, args.spike, args.needles
+    if args.needles < 0:
+        raise ValueError(f"--needles is a number of needle prompts (0: none), got {args.needles}")
     if len(options["lengths"]) < 2 and name == "sink-length":
         raise ValueError("sink-length compares lengths: pass at least two with --lengths (e.g. 256,1024,4096)")
     if name == "fv-heads":
@@ -147,6 +154,19 @@ def register(sub) -> None:
         "--lengths", type=_counts, default=None, help="sink-length: context lengths compared (256,1024,4096)"
     )
     fi.add_argument("--length", type=_count, default=1024, help="sink-valley, massive-origin: tokens per text")
+    fi.add_argument(
+        "--spike",
+        choices=("first", "largest"),
+        default="first",
+        help="massive-origin: explain the first massive activation, or the largest (a later one, within 10x of "
+        "the peak)",
+    )
+    fi.add_argument(
+        "--needles",
+        type=int,
+        default=5,
+        help="sink-length: needle prompts retrieved with and without the sink (0: none)",
+    )
     fi.add_argument("--texts", type=_count, default=4, help="held-out texts averaged at each length")
     fi.add_argument(
         "--neurons", type=_count, default=5, help="massive-origin: the super neurons edited; registers: neurons moved"

@@ -24,7 +24,8 @@ under the key ``("neurons", block)``, the input of its feed-forward's output pro
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -105,11 +106,7 @@ def measure(
             share[i] += per_head.mean()
             if p.shape[-1] > key + 2:
                 second[i] += p[:, :, key + 2 :, key + 1].double().mean((-1, -2)).sum()
-            if not remove_sink:
-                return None
-            p = p.clone()
-            p[:, :, key + 1 :, key] = 0
-            return p / p.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
+            return drop_key(p, key) if remove_sink else None
 
         return hook
 
@@ -159,6 +156,24 @@ def measure(
         lp = logits[:, :-1].float().log_softmax(-1)
         out.loss = float(-lp.gather(-1, ids[:, 1:, None]).mean())
     return out
+
+
+def drop_key(p: Tensor, key: int = 0) -> Tensor:
+    """Attention weights ``(B, H, Lq, Lk)`` with key ``key`` taken from every later query, the rest renormalised."""
+    p = p.clone()
+    p[:, :, key + 1 :, key] = 0
+    return p / p.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
+
+
+@contextmanager
+def without_sink(model, key: int = 0) -> Iterator[None]:
+    """Inside, every attention site of ``model`` gives key ``key`` no attention from the queries after it."""
+    handles = [s.module.hook_pattern.add_hook(lambda p, _h: drop_key(p, key)) for s in anatomy(model).sites]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def _edit_neurons(a: Anatomy, block: int, edit: Callable[[Tensor], Tensor]):
@@ -213,10 +228,12 @@ def stream(model, ids: Tensor) -> list[Tensor]:
 __all__ = [
     "SINK_THRESHOLD",
     "Pass",
+    "drop_key",
     "matrix_entropy",
     "measure",
     "neuron_activations",
     "stream",
     "uniform_first_share",
     "why_no_neurons",
+    "without_sink",
 ]

@@ -25,7 +25,9 @@ def _save(fig, path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------------- sink-length
 def _run_length(model, text, options: dict, progress) -> dict:
-    return S.sink_length(model, text.rows, options["lengths"], progress)
+    count = options.get("needles", 0)
+    needles_at = None if not count or text.needles is None else (lambda n: text.needles(n, count))
+    return S.sink_length(model, text.rows, options["lengths"], progress, needles_at)
 
 
 def _plot_length(payload: dict, path: Path) -> None:
@@ -46,7 +48,19 @@ def _plot_length(payload: dict, path: Path) -> None:
     b.set_xlabel("context length (tokens)")
     b.set_ylabel("next-token loss (nats)")
     b.set_title("the cost of removing the sink")
-    b.legend()
+    b.legend(loc="upper left")
+    if "needles" in payload["lengths"][str(lengths[0])]:
+        c = b.twinx()
+        for field, style, label in (
+            ("retrieved", "s-", "needles, as it is"),
+            ("retrieved_without_sink", "s--", "needles, sink removed"),
+        ):
+            c.plot(
+                lengths, [payload["lengths"][str(n)]["needles"][field] for n in lengths], style, color="C3", label=label
+            )
+        c.set_ylabel("needles retrieved")
+        c.set_ylim(-0.05, 1.05)
+        c.legend(loc="upper right")
     _save(fig, path)
 
 
@@ -58,7 +72,8 @@ register(
         "long-context performance",
         "the first token's attention share per layer (mean over heads and queries) on held-out text at each length, "
         "beside the second token's and what uniform attention would give it; and the next-token loss with the "
-        "first token's attention taken from every later query (the rest renormalised)",
+        "first token's attention taken from every later query (the rest renormalised), and the share of needle prompts "
+        "(a number hidden in the text, asked for at the end) answered with and without it",
         _run_length,
         lambda options: len(options["lengths"]),
         lambda options: options["lengths"],
@@ -119,7 +134,9 @@ register(
 
 # ---------------------------------------------------------------------------------------------- massive-origin
 def _run_origin(model, text, options: dict, progress) -> dict:
-    out = S.massive_origin(model, text.rows(options["length"]), k=options["neurons"])
+    out = S.massive_origin(
+        model, text.rows(options["length"]), k=options["neurons"], spike=options.get("spike", "first")
+    )
     if progress is not None:
         progress.update(1)
     return out

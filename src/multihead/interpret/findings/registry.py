@@ -12,11 +12,13 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class Text:
-    """What a finding reads besides the model: ``rows(length)``, held-out token ids ``(n, length)``, and
-    ``encode(text)``, the model's tokenizer (no special tokens added)."""
+    """What a finding reads besides the model: ``rows(length)``, held-out token ids ``(n, length)``,
+    ``encode(text)``, the model's tokenizer (no special tokens added), and ``needles(length, count)``, needle
+    prompts (:class:`~multihead.data.needles.Needle`) of that length (None: the finding measures no needles)."""
 
     rows: Callable[[int], Tensor]
     encode: Callable[[str], list[int]]
+    needles: Callable[[int, int], list] | None = None
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from ...modules.anatomy import anatomy
-from .measure import Pass, measure, neuron_activations, stream, why_no_neurons
+from .measure import Pass, measure, neuron_activations, stream, why_no_neurons, without_sink
 
 MASSIVE_RATIO = 10.0  # a block's output carries a massive activation where the first token's norm is this many times
 # the median of the others'
@@ -45,9 +46,27 @@ def ratios(p: Pass) -> list[float]:
 
 
 # ------------------------------------------------------------------------------------------------- sink-length
-def sink_length(model, rows_at: Callable[[int], Tensor], lengths: list[int], progress=None) -> dict:
-    """The first token's share per layer at each length, and the loss with and without it (``rows_at(length)``:
-    held-out rows of that many tokens)."""
+@torch.no_grad()
+def needle_hits(model, needles: list, *, remove_sink: bool = False) -> float:
+    """The share of needle prompts (:class:`~multihead.data.needles.Needle`) whose answer the model writes, every
+    token of it (teacher-forced argmax: what greedy decoding writes), with or without the first token's attention."""
+    a = anatomy(model)
+    hits = 0
+    for n in needles:
+        ids = torch.tensor([n.ids + n.answer[:-1]])
+        with without_sink(model) if remove_sink else contextlib.nullcontext():
+            logits = a.logits(ids)
+        start = len(n.ids) - 1
+        hits += int(logits[0, start : start + len(n.answer)].argmax(-1).tolist() == list(n.answer))
+    return hits / max(1, len(needles))
+
+
+def sink_length(
+    model, rows_at: Callable[[int], Tensor], lengths: list[int], progress=None, needles_at: Callable | None = None
+) -> dict:
+    """The first token's share per layer at each length, the loss with and without it (``rows_at(length)``:
+    held-out rows of that many tokens), and with ``needles_at(length)`` (needle prompts of that length) the share of
+    needles retrieved with and without it."""
     out: dict = {"lengths": {}}
     for length in lengths:
         rows = rows_at(length)
@@ -62,6 +81,13 @@ def sink_length(model, rows_at: Callable[[int], Tensor], lengths: list[int], pro
             "loss": kept.loss,
             "loss_without_sink": removed.loss,
         }
+        if needles_at is not None:
+            needles = needles_at(length)
+            out["lengths"][str(length)]["needles"] = {
+                "count": len(needles),
+                "retrieved": needle_hits(model, needles),
+                "retrieved_without_sink": needle_hits(model, needles, remove_sink=True),
+            }
         if progress is not None:
             progress.update(1)
     first, last = (out["lengths"][str(n)] for n in (lengths[0], lengths[-1]))
@@ -73,7 +99,20 @@ def sink_length(model, rows_at: Callable[[int], Tensor], lengths: list[int], pro
         f"removing it raises the loss by {cost[0]:+.3f} nats at {lengths[0]:,} and {cost[-1]:+.3f} at "
         f"{lengths[-1]:,} ({'more' if cost[-1] > cost[0] else 'not more'} at the longer context)"
     )
-    out["reproduced"] = bool(grows and cost[-1] > cost[0] > 0)
+    hurt = cost[-1] > cost[0] > 0
+    if needles_at is not None:
+        lost = [
+            out["lengths"][str(n)]["needles"]["retrieved"] - out["lengths"][str(n)]["needles"]["retrieved_without_sink"]
+            for n in lengths
+        ]
+        got = [out["lengths"][str(n)]["needles"] for n in (lengths[0], lengths[-1])]
+        out["verdict"] += (
+            f"; needles retrieved {got[0]['retrieved']:.2f} -> {got[0]['retrieved_without_sink']:.2f} without it at "
+            f"{lengths[0]:,} tokens, {got[1]['retrieved']:.2f} -> {got[1]['retrieved_without_sink']:.2f} at "
+            f"{lengths[-1]:,}"
+        )
+        hurt = lost[-1] > lost[0] or (lost[-1] == lost[0] > 0 and cost[-1] > cost[0])
+    out["reproduced"] = bool(grows and hurt)
     return out
 
 
@@ -81,6 +120,21 @@ def sink_length(model, rows_at: Callable[[int], Tensor], lengths: list[int], pro
 def origin(p: Pass, ratio: float = MASSIVE_RATIO) -> int | None:
     """The first block whose output carries a massive activation on the first token (None: none does)."""
     return next((j for j, r in enumerate(ratios(p)) if r >= ratio), None)
+
+
+SPIKES = ("first", "largest")
+
+
+def spike_origin(p: Pass, spike: str = "first", ratio: float = MASSIVE_RATIO) -> int | None:
+    """Where the massive activation to explain appears: ``first``, the first block with a ``ratio``x first-token
+    norm (:func:`origin`); ``largest``, the first block within a factor 10 of the largest ratio (a later, larger
+    spike that a first, smaller one precedes). None: no block reaches ``ratio``."""
+    if spike not in SPIKES:
+        raise ValueError(f"spike is one of {', '.join(SPIKES)}, not {spike!r}")
+    r = ratios(p)
+    if spike == "first" or max(r) < ratio:
+        return origin(p, ratio)
+    return next(j for j, v in enumerate(r) if v >= max(ratio, max(r) / 10))
 
 
 def massive_dims(model, rows: Tensor, block: int, ratio: float = DIM_RATIO) -> list[int]:
@@ -197,12 +251,15 @@ def move_neurons(neurons: list[int], to: int) -> Callable[[Tensor], Tensor]:
     return edit
 
 
-def massive_origin(model, rows: Tensor, *, k: int = 5, ratio: float = MASSIVE_RATIO, seed: int = 0) -> dict:
-    """The origin layer, the super neurons, and the sink after editing them (zeroed; moved to a later token)."""
+def massive_origin(
+    model, rows: Tensor, *, k: int = 5, ratio: float = MASSIVE_RATIO, seed: int = 0, spike: str = "first"
+) -> dict:
+    """The origin layer of the ``spike`` asked for (:func:`spike_origin`), the super neurons, and the sink after
+    editing them (zeroed; moved to a later token)."""
     a = anatomy(model)
     base = mean_pass(model, rows)
-    start = origin(base, ratio)
-    out: dict = {"before": {**base.as_dict(), "norm_ratio": ratios(base)}, "k": k}
+    start = spike_origin(base, spike, ratio)
+    out: dict = {"before": {**base.as_dict(), "norm_ratio": ratios(base)}, "k": k, "spike": spike}
     if start is None:
         out["verdict"] = (
             f"no layer's first token has a norm {ratio:g}x the others' (the largest is {max(ratios(base)):.1f}x): "
@@ -240,7 +297,7 @@ def massive_origin(model, rows: Tensor, *, k: int = 5, ratio: float = MASSIVE_RA
     vanish = mean(zeroed.share) < 0.5 * mean(base.share) and mean(control.share) > 0.8 * mean(base.share)
     follows = mean(moved.share) > 2 * mean(stays.share)
     out["verdict"] = (
-        f"the massive activation first appears after layer {start} ({ratios(base)[start]:.0f}x the other tokens' "
+        f"the {'largest ' if spike == 'largest' else ''}massive activation first appears after layer {start} ({ratios(base)[start]:.0f}x the other tokens' "
         f"norm) in {len(dims)} dimension(s); {k} feed-forward neurons write {share:.0%} of what that layer's "
         f"feed-forward adds there. Zeroing them on the first token: its attention share after layer {start} "
         f"{mean(base.share):.2f} -> {mean(zeroed.share):.2f} ({k} other neurons zeroed: {mean(control.share):.2f}); "
@@ -258,9 +315,12 @@ __all__ = [
     "massive_origin",
     "mean_pass",
     "move_neurons",
+    "needle_hits",
     "origin",
     "sink_length",
+    "SPIKES",
     "sink_valley",
+    "spike_origin",
     "super_neurons",
     "zero_neurons",
 ]
