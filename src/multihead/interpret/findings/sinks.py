@@ -137,10 +137,12 @@ def spike_origin(p: Pass, spike: str = "first", ratio: float = MASSIVE_RATIO) ->
     return next(j for j, v in enumerate(r) if v >= max(ratio, max(r) / 10))
 
 
-def massive_dims(model, rows: Tensor, block: int, ratio: float = DIM_RATIO) -> list[int]:
+def massive_dims(
+    model, rows: Tensor, block: int, ratio: float = DIM_RATIO, streamed: Tensor | None = None
+) -> list[int]:
     """The dimensions of the first token's stream after ``block`` whose magnitude is ``ratio`` times the stream's
-    median magnitude (averaged over the rows), largest first."""
-    h = stream(model, rows)[block].abs()  # (B, L, E)
+    median magnitude (averaged over the rows), largest first (``streamed``: that stream, already read)."""
+    h = (stream(model, rows)[block] if streamed is None else streamed).abs()  # (B, L, E)
     first = h[:, 0].mean(0)
     median = h.flatten().median()
     dims = (first >= ratio * median).nonzero().flatten()
@@ -216,14 +218,18 @@ def _span(layers: list[int]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- massive-origin
-def super_neurons(model, rows: Tensor, block: int, dims: list[int], k: int) -> tuple[list[int], list[float], float]:
+def super_neurons(
+    model, rows: Tensor, block: int, dims: list[int], k: int, streamed: Tensor | None = None
+) -> tuple[list[int], list[float], float]:
     """The ``k`` neurons of ``block``'s feed-forward that write most toward the first token's massive dimensions
     (each neuron's activation times its output weights there, along the dimensions' signs), their contributions,
-    and the share of the feed-forward's whole contribution they make."""
+    and the share of the feed-forward's whole contribution they make (``streamed``: the stream after ``block``,
+    already read)."""
     a = anatomy(model)
     w = a.blocks[block].mlp_out.weight.detach()  # (E, N)
     act = neuron_activations(model, rows, block)[:, 0].mean(0)  # (N,): the first token's, over the rows
-    sign = stream(model, rows)[block][:, 0, dims].mean(0).sign()  # (dims,)
+    h = stream(model, rows)[block] if streamed is None else streamed
+    sign = h[:, 0, dims].mean(0).sign()  # (dims,)
     contrib = act * (sign[:, None] * w[dims]).sum(0)  # (N,)
     top = contrib.argsort(descending=True)[:k]
     total = contrib.sum()
@@ -269,8 +275,9 @@ def massive_origin(
         return out
     if a.blocks[start].mlp_out is None:
         raise ValueError(f"{a.blocks[start].name}: {why_no_neurons(a, start)}")
-    dims = massive_dims(model, rows, start)
-    neurons, contrib, share = super_neurons(model, rows, start, dims, k)
+    after = stream(model, rows)[start]  # read once for the dimensions and the neurons
+    dims = massive_dims(model, rows, start, streamed=after)
+    neurons, contrib, share = super_neurons(model, rows, start, dims, k, streamed=after)
     n = a.blocks[start].mlp_out.weight.shape[1]
     g = torch.Generator().manual_seed(seed)
     others = [int(i) for i in torch.randperm(n, generator=g).tolist() if i not in neurons][:k]
