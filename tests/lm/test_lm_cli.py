@@ -44,6 +44,12 @@ def test_generate_compiled_writes_the_same_text(gguf_model, capsys):
     assert main(["generate", gguf_model, "the cat", "--max-new", "8", "--no-stream", "--compile"]) == 0
     got = capsys.readouterr()
     assert got.out == want and "compiling the decoding step" in got.err
+    assert main(["generate", gguf_model, "the cat", "--max-new", "8", "--no-stream", "--compile", "step"]) == 0
+    got = capsys.readouterr()
+    assert got.out == want and "step as one graph" in got.err
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", gguf_model, "the cat", "--compile", "graph"])
+    assert exit_.value.code == 2 and "invalid choice: 'graph'" in capsys.readouterr().err
 
 
 def test_generate_with_weights_stored_in_int8_and_an_unknown_dtype_refused(gguf_model, capsys):

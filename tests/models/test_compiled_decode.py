@@ -234,3 +234,37 @@ def test_a_hook_added_after_compile_sees_every_step(where):
     with torch.no_grad():
         _, cache = model.prefill(ids)
         assert fast_decode.why_not(model, cache) is None  # the hook removed: the fast steps again
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_the_whole_compiled_step_writes_the_plain_paths_tokens_across_a_doubling_cache(name):
+    model = _model(name)
+    ids = torch.randint(3, 300, (1, 70), generator=torch.Generator().manual_seed(2))  # a 70-key buffer: doubled
+    want_logits, want = _decode(model, ids, steps=80)
+    _on()
+    fast_decode.compile(model, whole_step=True)
+    got_logits, got = _decode(model, ids, steps=80)
+    assert got == want
+    torch.testing.assert_close(got_logits, want_logits, atol=1e-5, rtol=0)
+    with torch.no_grad():  # a hook sends the step to the general path, whose cache is the same
+        _, cache = model.prefill(ids)
+        seen = []
+        handle = model.decoder.layers[0].self_attn.hook_z.add_hook(lambda z, h: seen.append(z.shape))
+        model.step(torch.tensor([5]), cache)
+        handle.remove()
+        assert seen == [(1, 4, 1, 16)] and cache.length == 71
+
+
+@pytest.mark.parametrize("change", ["rotary", "qk_norm"])
+def test_the_whole_step_refuses_layers_it_does_not_run_and_changes_nothing(change):
+    model = _model("llama")
+    a = model.decoder.layers[1].self_attn
+    if change == "rotary":  # one layer rotates with another base (the stack shares one rotary module otherwise)
+        a.rotary = type(a.rotary)(16, base=500.0)
+    else:
+        a.q_norm = torch.nn.RMSNorm(16)
+    reason = fast_decode.why_not_whole(model)
+    assert ("frequencies" if change == "rotary" else "q/k norms") in reason
+    with pytest.raises(ValueError, match="whole compiled step: .*fast_decode.compile\\(model\\) serves"):
+        fast_decode.compile(model, whole_step=True)
+    assert not fast_decode.compiled(model)

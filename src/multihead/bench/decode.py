@@ -294,9 +294,15 @@ def _build_pretrained(case: dict):
         return torch.no_grad()(lambda: model.prefill(ids))
     if impl == "hf_prefill":
         return torch.no_grad()(lambda: model(ids, attention_mask=mask, use_cache=True))
-    if impl in ("cached", "cached_old", "cached_hf_layers", "compiled", "blas", *PRECISIONS) or impl.startswith(
-        "cached:"
-    ):
+    if impl in (
+        "cached",
+        "cached_old",
+        "cached_hf_layers",
+        "compiled",
+        "compiled_step",
+        "blas",
+        *PRECISIONS,
+    ) or impl.startswith("cached:"):
         from ..models import fast_decode, kernels, precision
         from ..models.generation import generate
         from ..modules import fastpath
@@ -317,6 +323,8 @@ def _build_pretrained(case: dict):
             fastpath.LAYOUT = fast_decode.ENABLED = False
         if impl == "compiled":  # batch 1 takes the compiled step; a batch the lean one on the rows layout
             fast_decode.compile(model)
+        if impl == "compiled_step":  # batch 1 takes one compiled graph per step; a batch the lean step
+            fast_decode.compile(model, whole_step=True)
         policy = _policy(case)
 
         def ours():
@@ -336,7 +344,7 @@ def _build_pretrained(case: dict):
         )
     raise ValueError(
         "a pretrained race has the cases cached, blas, cached_bf16, cached_int8, cached_old, cached_hf_layers, "
-        "compiled, cached:POLICY, "
+        "compiled, compiled_step, cached:POLICY, "
         "bound, bound_compiled, "
         f"hf_generate, {', '.join(LLAMACPP)}, prefill and hf_prefill; got {impl!r}"
     )
@@ -458,7 +466,9 @@ def run(
 
         if kind(shape["pretrained"]).family is None:  # read attached: HF's own layers too
             peers.insert(0, "cached_hf_layers")
-    impls = impls or (["cached", "blas", "compiled", *PRECISIONS, "cached_old", *peers] if pretrained else IMPLS)
+    impls = impls or (
+        ["cached", "blas", "compiled", "compiled_step", *PRECISIONS, "cached_old", *peers] if pretrained else IMPLS
+    )
     limits = ("bound", "bound_compiled")
     if pretrained:  # the limit is measured once per run whatever --impls names (a row per new-token count is wrong)
         impls = [i for i in impls if i not in limits]
@@ -624,7 +634,8 @@ def format_table(payload: dict) -> str:
         lines.append(
             "of limit: decode tokens/s over the limit's (one product of a row with every weight, the faster of BLAS's "
             "and the compiled reduction: the least time a step can take); cached_old: ours before the decoding "
-            "layout; compiled: ours with fast_decode.compile (batch 1 compiled, batches the lean step); blas: ours "
+            "layout; compiled: ours with fast_decode.compile (batch 1 compiled, batches the lean step); compiled_step: "
+            "one compiled graph per step (fast_decode.compile(whole_step=True)); blas: ours "
             "with the BLAS product whatever was measured; cached_hf_layers: an attached model decoded through HF's "
             "own layers (cached: through multihead's step over HF's weights)"
         )

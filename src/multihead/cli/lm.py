@@ -196,14 +196,18 @@ def generate_seq2seq(args) -> int:
 
 def _compile(model, args) -> None:
     """``generate --compile``: the compiled decoding step (refused with the reason where it cannot serve)."""
-    if getattr(args, "compile", False):
+    if getattr(args, "compile", None):
         from ..models import fast_decode
 
         why = fast_decode.why_not_compile(model)
         if why is not None:
             raise ValueError(f"--compile compiles multihead's own decoding step; {why}: drop --compile")
-        print("compiling the decoding step (a few seconds; kept on disk for the next run)", file=sys.stderr)
-        fast_decode.compile(model)
+        whole = args.compile == "step"
+        print(
+            f"compiling the decoding {'step as one graph' if whole else 'step'} (kept on disk for the next run)",
+            file=sys.stderr,
+        )
+        fast_decode.compile(model, whole_step=whole)
 
 
 def generate_lm(args) -> int:
@@ -578,9 +582,15 @@ def _parser_generate(sub) -> None:
     )
     ge.add_argument(
         "--compile",
-        action="store_true",
-        help="decode through the compiled step (torch.compile; needs a C++ compiler), the same tokens; whether it is "
-        "faster depends on the CPU, and without this flag decoding measures that once and takes it where it wins",
+        nargs="?",
+        const="layers",
+        default=None,
+        choices=("layers", "step"),
+        help="decode through the compiled step (torch.compile; needs a C++ compiler), the same tokens: 'layers' (the "
+        "default) compiles the arithmetic around each layer's attention, 'step' one graph for the whole step (its "
+        "first compile takes a minute or more). Whether either is faster depends on the CPU (multihead bench decode "
+        "--impls cached,compiled,compiled_step says); without this flag decoding measures its products once and "
+        "takes the faster",
     )
     ge.set_defaults(fn=cmd_generate)
 

@@ -21,6 +21,12 @@ in 24 ms where the BLAS's best single-row product takes 37: 41 tokens/s against 
 the cache write and the attention stay eager (the cache grows, and the graphs keep fixed shapes). The logits are
 the lean step's within the order of additions (3.6e-5 on SmolLM2's logits of magnitude 23), and the greedy tokens the
 same. It needs a C++ compiler (inductor's); :func:`compile` says so, and changes nothing, where there is none.
+
+``compile(model, whole_step=True)`` compiles the whole step as one graph (gpt-fast's shape): the cache's buffers are
+written in place at the step's position and attended through a mask over the buffer, so the rotation, the cache
+write and the attention are inside the graph too, and one call's guards are checked a step instead of two per
+layer. Where it serves (layers of one shape, one rotation, no q/k norms: :func:`why_not_whole`) it gives the same
+greedy tokens; whether it is faster is measured (``multihead bench decode --impls compiled,compiled_step``).
 """
 
 from __future__ import annotations
@@ -243,9 +249,8 @@ def _normed(x: Tensor, spec: tuple, weight: Tensor | None, bias: Tensor | None) 
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
-@functools.cache
-def _graphs(spec: tuple):
-    """The three compiled functions of a spec: before attention, after it, and the output head."""
+def _bodies(spec: tuple):
+    """The three functions of a spec, uncompiled: before attention, after it, and the output head."""
     pre_norm, post_norm, act, gated, final = spec
     activation = _ACTIVATIONS[act]
 
@@ -265,7 +270,46 @@ def _graphs(spec: tuple):
     def head(x, norm_w, norm_b, w):
         return _gemv(x if final is None else _normed(x, final, norm_w, norm_b), w, None)
 
-    return tuple(torch.compile(fn, dynamic=False, fullgraph=True) for fn in (before, after, head))
+    return before, after, head
+
+
+@functools.cache
+def _graphs(spec: tuple):
+    """The three compiled functions of a spec: before attention, after it, and the output head."""
+    return tuple(torch.compile(fn, dynamic=False, fullgraph=True) for fn in _bodies(spec))
+
+
+@functools.cache
+def _whole_graph(spec: tuple, shape: tuple):
+    """One compiled function for a whole step (``shape``: query heads, key/value heads, head dim): every layer's
+    products, rotation (by the step's ``cos`` and ``sin``), cache write and attention, and the head. The keys and values are written in place into the
+    caches' buffers at ``at`` and attended up to it (a mask over the buffer), so the graph keeps its shapes while
+    the cache fills; a larger buffer (the cache doubled) compiles once more with its length symbolic."""
+    before, after, head = _bodies(spec)
+    h, g, d = shape
+
+    def rotate(x, cos, sin):
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+    def whole(x, cos, sin, at, layers, keys, values, head_args):
+        for (pre, post, ffn), kb, vb in zip(layers, keys, values):
+            q, k, v = before(x, *pre).split([h * d, g * d, g * d], -1)
+            # one token: the query heads sharing a key/value head are that group's queries (grouped-query attention
+            # without copying the cache)
+            q = q.view(1, g, h // g, d)
+            k = k.view(1, 1, g, d).transpose(1, 2)
+            v = v.view(1, 1, g, d).transpose(1, 2)
+            if cos is not None:
+                q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            kb.index_copy_(2, at, k)
+            vb.index_copy_(2, at, v)
+            seen = torch.arange(kb.shape[2], device=kb.device) <= at  # (C,): the filled part of the buffer
+            z = F.scaled_dot_product_attention(q, kb, vb, attn_mask=seen.view(1, 1, 1, -1))  # (1, G, H / G, D)
+            x = after(x, z.reshape(1, 1, h * d), *post, *ffn)
+        return head(x, *head_args)[:, -1]
+
+    return torch.compile(whole, fullgraph=True)
 
 
 def _joined(biases: tuple, sizes: tuple, like: Tensor) -> Tensor | None:
@@ -342,11 +386,36 @@ def why_not_compile(model) -> str | None:
     return None
 
 
-def compile(model):
+def why_not_whole(model) -> str | None:
+    """Why the whole step (one graph per step, :func:`compile` with ``whole_step=True``) cannot run ``model``'s
+    layers where the per-layer compiled step can (None: it can)."""
+    layers = model.decoder.layers
+    shapes = {(a.num_heads, a.num_kv_heads, a.head_dim) for a in (layer.self_attn for layer in layers)}
+    if len(shapes) > 1:
+        return "its layers differ in heads or head size (one graph unrolls one layer shape)"
+    if any(layer.self_attn.q_norm is not None or layer.self_attn.k_norm is not None for layer in layers):
+        return "its attention normalises queries and keys (q/k norms), which the whole step does not run"
+    rotary = [layer.self_attn.rotary for layer in layers]
+    first = rotary[0]
+    if any((r is None) != (first is None) for r in rotary) or (
+        first is not None
+        and any(r._frequencies != first._frequencies or not torch.equal(r.inv_freq, first.inv_freq) for r in rotary)
+    ):
+        return "its layers rotate with different frequencies (the whole step rotates every layer alike)"
+    return None
+
+
+def compile(model, *, whole_step: bool = False):
     """Decode ``model`` (a causal LM the lean step serves) through the compiled step at batch 1 from now on; returns
     the model. Lays its weights out by rows (in place, no copy) and compiles the graphs on a first token (a few
     seconds; inductor keeps them on disk for the next process). Refuses with the reason what it cannot compile, and
-    changes nothing then. Gradients and batches still take the general and lean paths."""
+    changes nothing then. Gradients and batches still take the general and lean paths.
+
+    ``whole_step=True``: one graph for the whole step (gpt-fast's shape) instead of one around each layer's
+    attention: the cache's buffers are written in place and attended through a mask, so the rotation, the cache
+    write and the attention are compiled too and the per-layer calls' guards are checked once a step. Refused with
+    the reason (:func:`why_not_whole`) where the layers differ in shape or rotation, or normalise queries and keys.
+    A first compile takes a minute or more; a cache that doubles compiles once more."""
     if why_not_compile(model) is not None:
         raise ValueError(
             f"the compiled decoding step runs multihead's own causal LMs, not a {type(model).__name__}: load the "
@@ -358,6 +427,9 @@ def compile(model):
     spec = _spec(model) if reason is None else reason
     if isinstance(spec, str):
         raise ValueError(f"this model cannot take the compiled decoding step: {spec}")
+    whole = why_not_whole(model) if whole_step else None
+    if whole is not None:
+        raise ValueError(f"this model cannot take the whole compiled step: {whole} (fast_decode.compile(model) serves)")
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise ValueError("the compiled decoding step is the CPU's: move the model with .cpu() first")
     broken = why_not_inductor()
@@ -368,6 +440,9 @@ def compile(model):
         )
     fastpath.prepare(model, layout="rows")
     _COMPILED[model] = {"spec": spec}
+    if whole_step:
+        a = model.decoder.layers[0].self_attn
+        _COMPILED[model].update(whole=(a.num_heads, a.num_kv_heads, a.head_dim), rotary=a.rotary)
     try:
         with torch.no_grad():
             cache = model.decoder.new_cache()
@@ -381,7 +456,33 @@ def compile(model):
     return model
 
 
+def _whole_step(model, tokens: Tensor, cache: KVCache, position: int | None = None) -> Tensor:
+    kept = _COMPILED[model]
+    layers = _tensors(model)
+    graph = _whole_graph(kept["spec"], kept["whole"])
+    dec = model.decoder
+    pos = cache.next_position if position is None else torch.tensor([position])
+    x = model.embed(tokens[:, None])  # (1, 1, E)
+    if model.config.embed_scale:
+        x = x * torch.tensor(dec.config.d_model**0.5, dtype=x.dtype)
+    if model.pos is not None:
+        x = model.pos(x, positions=pos[:, None])
+    h, g, d = kept["whole"]
+    like = x.new_empty(1, g, 0, d)
+    buffers = [kv.reserve(1, like) for kv in cache.self_attn]
+    at = torch.tensor([cache.self_attn[0].length])
+    rotary = kept["rotary"]  # the angles of this position, computed once here (the graph rotates with them)
+    cos, sin = (None, None) if rotary is None else rotary._cos_sin(1, 0, x.device, x.dtype, pos[:, None])
+    logits = graph(x, cos, sin, at, layers, [k for k, _ in buffers], [v for _, v in buffers], kept["head"])
+    for kv in cache.self_attn:
+        kv.filled(1)
+    cache.next_position = pos + 1
+    return logits
+
+
 def _compiled_step(model, tokens: Tensor, cache: KVCache, position: int | None = None) -> Tensor:
+    if "whole" in _COMPILED[model]:
+        return _whole_step(model, tokens, cache, position)
     before, after, head = _graphs(_COMPILED[model]["spec"])
     layers = _tensors(model)
     dec = model.decoder
@@ -413,6 +514,7 @@ def _compiled_step(model, tokens: Tensor, cache: KVCache, position: int | None =
 
 
 __all__ = [
+    "why_not_whole",
     "ENABLED",
     "chosen",
     "forget",

@@ -89,8 +89,9 @@ class LayerKV:
             )
         if old_k is None or old_v is None or have + n > old_k.shape[2]:
             cap = max(2 * self.capacity, have + n, 64)
-            new_k = k.new_empty(k.shape[0], k.shape[1], cap, k.shape[3])
-            new_v = v.new_empty(v.shape[0], v.shape[1], cap, v.shape[3])
+            # zeros, not empty: a compiled step attends the whole buffer through a mask, and a masked NaN is NaN
+            new_k = k.new_zeros(k.shape[0], k.shape[1], cap, k.shape[3])
+            new_v = v.new_zeros(v.shape[0], v.shape[1], cap, v.shape[3])
             if have and old_k is not None and old_v is not None:
                 new_k[:, :, :have] = old_k[:, :, :have]
                 new_v[:, :, :have] = old_v[:, :, :have]
@@ -101,6 +102,26 @@ class LayerKV:
         new_v[:, :, have : have + n] = v
         self.length = have + n
         return new_k[:, :, : self.length], new_v[:, :, : self.length]
+
+    def reserve(self, n: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """Room for ``n`` more positions (the buffers doubled where they are short; ``like``: a key ``(B, G, *, D)``
+        giving the shape and dtype of a first buffer); returns the whole key and value buffers ``(B, G, C, D)``,
+        to be written in place at :attr:`length` (a compiled step's static cache). Call :meth:`filled` after."""
+        have = self.length
+        if self._k is None or self._v is None or have + n > self._k.shape[2]:
+            cap = max(2 * self.capacity, have + n, 64)
+            b, g, _, d = like.shape if self._k is None else self._k.shape
+            new_k = like.new_zeros(b, g, cap, d)
+            new_v = like.new_zeros(b, g, cap, d if self._v is None else self._v.shape[3])
+            if have and self._k is not None and self._v is not None:
+                new_k[:, :, :have] = self._k[:, :, :have]
+                new_v[:, :, :have] = self._v[:, :, :have]
+            self._k, self._v = new_k, new_v
+        return self._k, self._v
+
+    def filled(self, n: int) -> None:
+        """``n`` positions written in place into the buffers :meth:`reserve` gave."""
+        self.length += n
 
     def store(self, k: Tensor, v: Tensor) -> None:
         self._k, self._v, self.length = k, v, k.shape[2]
