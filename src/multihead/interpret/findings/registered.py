@@ -31,8 +31,10 @@ def _run_length(model, text, options: dict, progress) -> dict:
 
 
 def _plot_length(payload: dict, path: Path) -> None:
-    fig, (a, b) = _figure(2)
     lengths = [int(n) for n in payload["lengths"]]
+    needles = "needles" in payload["lengths"][str(lengths[0])]
+    fig, axes = _figure(3 if needles else 2)
+    a, b = axes[0], axes[1]
     for n in lengths:
         r = payload["lengths"][str(n)]
         a.plot(r["share"], marker=".", label=f"{n:,} tokens")
@@ -47,20 +49,18 @@ def _plot_length(payload: dict, path: Path) -> None:
     b.set_xscale("log", base=2)
     b.set_xlabel("context length (tokens)")
     b.set_ylabel("next-token loss (nats)")
-    b.set_title("the cost of removing the sink")
-    b.legend(loc="upper left")
-    if "needles" in payload["lengths"][str(lengths[0])]:
-        c = b.twinx()
-        for field, style, label in (
-            ("retrieved", "s-", "needles, as it is"),
-            ("retrieved_without_sink", "s--", "needles, sink removed"),
-        ):
-            c.plot(
-                lengths, [payload["lengths"][str(n)]["needles"][field] for n in lengths], style, color="C3", label=label
-            )
-        c.set_ylabel("needles retrieved")
+    b.set_title("the cost of removing the sink: loss")
+    b.legend()
+    if needles:
+        c = axes[2]
+        for field, label in (("retrieved", "as it is"), ("retrieved_without_sink", "first token's attention removed")):
+            c.plot(lengths, [payload["lengths"][str(n)]["needles"][field] for n in lengths], marker="s", label=label)
+        c.set_xscale("log", base=2)
         c.set_ylim(-0.05, 1.05)
-        c.legend(loc="upper right")
+        c.set_xlabel("context length (tokens)")
+        c.set_ylabel("needles retrieved (share)")
+        c.set_title("the cost of removing the sink: needles")
+        c.legend()
     _save(fig, path)
 
 
