@@ -51,32 +51,23 @@ def findings_lm(args) -> int:
             options,
             bar,
         )
-    payload["model"] = str(args.model)
-    payload["data"] = (
-        "built-in few-shot tasks" if finding.name == "fv-heads" else "imdb test split, reviews concatenated"
+    return _publish(
+        args,
+        payload,
+        "built-in few-shot tasks" if finding.name == "fv-heads" else "imdb test split, reviews concatenated",
     )
-    F.report(payload, args.out, overwrite=args.overwrite, sources=(args.model,))
-    return 0
 
 
 def findings_whisper(args) -> int:
     """A finding on a Whisper model: non-speech audio made here and sentences spoken by espeak-ng."""
     from tqdm import tqdm
 
-    from .._io import check_target
-    from .._proc import set_threads
     from ..interpret import findings as F
     from ..interpret.findings.hallucination import decoder_heads
-    from ..loading import load
 
-    finding = F.check_name(args.finding)
-    F.check_kind(finding, "whisper", args.model)
-    if args.out:
-        check_target(args.out, "findings", overwrite=args.overwrite, sources=(args.model,))
     if args.top < 1:
         raise ValueError("--top: mask at least one head")
-    set_threads(args.threads)
-    w = load(args.model, progress=True).detail
+    finding, w = _loaded(args, "whisper")
     heads = decoder_heads(w.model)
     if args.top > len(heads):
         raise ValueError(f"--top {args.top}: the model has {len(heads)} decoder self-attention heads")
@@ -84,30 +75,43 @@ def findings_whisper(args) -> int:
     options["layers"] = len({i for i, _ in heads})
     with tqdm(total=finding.steps(options), desc=f"findings {finding.name}", disable=args.no_progress) as bar:
         payload = F.run(finding.name, w, None, options, bar)
-    payload["model"] = str(args.model)
-    payload["data"] = "non-speech audio made with numpy; IMDB sentences spoken by espeak-ng"
-    F.report(payload, args.out, overwrite=args.overwrite, sources=(args.model,))
-    return 0
+    return _publish(args, payload, "non-speech audio made with numpy; IMDB sentences spoken by espeak-ng")
 
 
 def findings_dinov2(args) -> int:
     """A finding on a DINOv2 ViT: scikit-image's sample photographs."""
+    from ..interpret import findings as F
+
+    finding, d = _loaded(args, "dinov2")
+    payload = F.run(finding.name, d, None, {"neurons": args.neurons}, None)
+    return _publish(
+        args,
+        payload,
+        "scikit-image's sample photographs (chelsea, astronaut, coffee, rocket), object boxes drawn by hand",
+    )
+
+
+def _loaded(args, kind: str):
+    """The finding asked for and the model of ``kind`` it measures, loaded once the finding, its kind and the output
+    folder are checked."""
     from .._io import check_target
     from .._proc import set_threads
     from ..interpret import findings as F
     from ..loading import load
 
     finding = F.check_name(args.finding)
-    F.check_kind(finding, "dinov2", args.model)
+    F.check_kind(finding, kind, args.model)
     if args.out:
         check_target(args.out, "findings", overwrite=args.overwrite, sources=(args.model,))
     set_threads(args.threads)
-    d = load(args.model, progress=True).detail
-    payload = F.run(finding.name, d, None, {"neurons": args.neurons}, None)
-    payload["model"] = str(args.model)
-    payload["data"] = (
-        "scikit-image's sample photographs (chelsea, astronaut, coffee, rocket), object boxes drawn by hand"
-    )
+    return finding, load(args.model, progress=True).detail
+
+
+def _publish(args, payload: dict, data: str) -> int:
+    """The verdict printed and, with ``--out``, the finding's JSON, figure and page written."""
+    from ..interpret import findings as F
+
+    payload["model"], payload["data"] = str(args.model), data
     F.report(payload, args.out, overwrite=args.overwrite, sources=(args.model,))
     return 0
 

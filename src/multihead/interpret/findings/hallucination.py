@@ -119,11 +119,8 @@ def decoder_heads(model) -> list[tuple[int, int]]:
 def transcriber(w, audio: list[np.ndarray], *, max_new_tokens: int) -> Callable[[Sequence[tuple[int, int]]], list]:
     """``transcribe(masked)``: greedy transcripts of ``audio`` (one batch, Whisper's suppressed tokens never
     chosen) with the ``(site, head)`` pairs of ``masked`` zeroed."""
-    from ...models.generation import generate
-
     a = anatomy(w.model)
     feats = torch.cat([w.features(x) for x in audio])
-    prompt = torch.tensor([w.prompt] * len(audio))
 
     def transcribe(masked: Sequence[tuple[int, int]]) -> list[str]:
         by_site: dict[int, list[int]] = {}
@@ -141,20 +138,11 @@ def transcriber(w, audio: list[np.ndarray], *, max_new_tokens: int) -> Callable[
         handles = [a.sites[i].module.hook_z.add_hook(zero(hs)) for i, hs in by_site.items()]
         try:
             with torch.no_grad():
-                out = generate(
-                    w.model,
-                    feats,
-                    prompt,
-                    strategy="greedy",
-                    max_new_tokens=max_new_tokens,
-                    stop_tokens=(w.eot,),
-                    suppress_tokens=w.suppress,
-                    begin_suppress_tokens=w.suppress_begin,
-                )
+                tokens = w.write(feats, max_new_tokens=max_new_tokens)
         finally:
             for handle in handles:
                 handle.remove()
-        return [w.tokenizer.decode(t, skip_special_tokens=True).strip() for t in out.tokens]
+        return [w.tokenizer.decode(t, skip_special_tokens=True).strip() for t in tokens]
 
     return transcribe
 

@@ -22,7 +22,6 @@ Only the last position of the corrupted prompt is patched, so everything before 
 
 from __future__ import annotations
 
-import copy
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,10 +29,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ...data.batching import collate
 from ...modules.anatomy import anatomy
 
 
-ABLATIONS = 5  # the head sets ablated at each k (top FV, top induction, each without the other's, random)
+# the head sets ablated at each k: the top of each kind, each without the other's top heads (the paper's exclusion),
+# and random heads
+ABLATIONS = ("fv", "induction", "fv without induction", "induction without fv", "random")
 
 
 @dataclass(frozen=True)
@@ -97,23 +99,14 @@ def _site_hooks(model, fn_for: Callable[[int], Callable | None]) -> list:
     return handles
 
 
-def _padded(rows: list[tuple[int, ...]], pad: int) -> tuple[Tensor, Tensor]:
-    """Right-padded ids ``(B, L)`` and each row's length: a causal model's real positions never see the padding."""
-    n = torch.tensor([len(r) for r in rows])
-    ids = torch.full((len(rows), int(n.max())), pad, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-    return ids, n
-
-
 @torch.no_grad()
 def mean_outputs(model, rows: list[tuple[int, ...]], *, last: bool, pad: int = 0) -> list[Tensor]:
     """Per site, every head's mean output ``z`` ``(H, D)``: at the last position of each row (``last``), or over
     every real position of every row."""
     a = anatomy(model)
-    ids, n = _padded(rows, pad)
+    ids, real = collate([list(r) for r in rows], pad)  # right-padded: a causal model's real positions never see it
+    n = real.sum(1)
     sums: dict[int, Tensor] = {}
-    real = torch.arange(ids.shape[1])[None, :] < n[:, None]  # (B, L)
 
     def record(i: int) -> Callable:
         def hook(z: Tensor, _h) -> None:
@@ -156,19 +149,19 @@ def fv_scores(model, prompts: list[Prompt], progress=None) -> Tensor:
 
         return hook
 
+    rows = offsets[-1] + 1  # one row per head of the model, and a last row patched nowhere (the baseline)
     for p in prompts:
         ids = torch.tensor([p.corrupted])
         _, prefix = model.prefill(ids[:, :-1])
-        base = model.step(ids[:, -1], copy.deepcopy(prefix)).float().softmax(-1)[0, p.answer]
-        prefix.reorder(torch.zeros(offsets[-1], dtype=torch.long))  # one row per head of the model
+        prefix.reorder(torch.zeros(rows, dtype=torch.long))
         handles = _site_hooks(model, patch)
         try:
-            probs = model.step(ids[:, -1].expand(offsets[-1]), prefix).float().softmax(-1)[:, p.answer]
+            probs = model.step(ids[:, -1].expand(rows), prefix).float().softmax(-1)[:, p.answer]
         finally:
             for h in handles:
                 h.remove()
         for i, s in enumerate(a.sites):
-            cie[i, : s.num_heads] += (probs[offsets[i] : offsets[i + 1]] - base).double()
+            cie[i, : s.num_heads] += (probs[offsets[i] : offsets[i + 1]] - probs[-1]).double()
         if progress is not None:
             progress.update(1)
     return (cie / len(prompts)).float()
@@ -206,7 +199,8 @@ def accuracy(model, prompts: list[Prompt], ablate: dict[tuple[int, int], Tensor]
     """Greedy first-token accuracy on the clean prompts, with each ``(site, head)`` in ``ablate`` replaced at every
     position by the given mean output ``(D,)``."""
     a = anatomy(model)
-    ids, n = _padded([p.clean for p in prompts], 0)
+    ids, real = collate([list(p.clean) for p in prompts])
+    n = real.sum(1)
     by_site: dict[int, list[tuple[int, Tensor]]] = {}
     for (i, h), mean in (ablate or {}).items():
         by_site.setdefault(i, []).append((h, mean))
@@ -334,11 +328,7 @@ def fv_vs_induction(
         progress.update(1)
     table = ablation_table(model, tasks, fv, ind, ks, seed=seed, progress=progress)
     clean = _mean(table["clean"].values())
-    drops = {
-        k: {kind: clean - _mean(row[kind].values()) for kind in ("fv", "induction", "fv without induction",
-                                                                  "induction without fv", "random")}
-        for k, row in table["k"].items()
-    }  # fmt: skip
+    drops = {k: {kind: clean - _mean(row[kind].values()) for kind in ABLATIONS} for k, row in table["k"].items()}
     overlaps = {str(k): overlap(fv, ind, k) for k in ks}
     verdict, reproduced = judge(clean, drops, overlaps, len(tasks))
     return {

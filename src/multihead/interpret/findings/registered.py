@@ -230,7 +230,7 @@ def _plot_fv(payload: dict, path: Path) -> None:
     axes[1].set_title("function-vector score")
     fig.colorbar(im, ax=axes[1])
     ks = list(payload["ablation"]["k"])
-    kinds = ["fv", "induction", "fv without induction", "induction without fv", "random"]
+    kinds = ABLATIONS
     width = 0.8 / len(kinds)
     for j, kind in enumerate(kinds):
         acc = [np.mean(list(payload["ablation"]["k"][k][kind].values())) for k in ks]
@@ -255,7 +255,7 @@ register(
         "held-out prompts with the top heads of each kind mean-ablated (beside random heads, and each kind with the "
         "other's top heads left out)",
         _run_fv,
-        lambda options: len(options["tasks"]) * options["prompts"] + 1 + len(options["ablate"]) * ABLATIONS,
+        lambda options: len(options["tasks"]) * options["prompts"] + 1 + len(options["ablate"]) * len(ABLATIONS),
         lambda options: [],
         _plot_fv,
     )
@@ -329,13 +329,8 @@ def _run_registers(d, _inputs, options: dict, progress) -> dict:
     from ..media import dino
     from . import registers as R
 
-    images, masks = [], []
-    for name in dino.PHOTOS:
-        photo = dino.photo(name)
-        x = d.preprocess(photo)
-        images.append(x)
-        grid = (x.shape[2] // d.model.config.patch_size, x.shape[3] // d.model.config.patch_size)
-        masks.append(dino.box_mask(dino.PHOTOS[name]["box"], photo.shape[:2], grid))
+    inputs = [dino.photo_input(d, name) for name in dino.PHOTOS]
+    images, masks = [x for _, x, _ in inputs], [m for _, _, m in inputs]
     out = R.test_time_register(d.model, images, k=options["neurons"], masks=masks)
     if progress is not None:
         progress.update(1)

@@ -46,6 +46,15 @@ def photo(name: str):
     return getattr(skimage.data, name)()
 
 
+def photo_input(d, name: str, *, size: int = 224) -> tuple:
+    """One of :data:`PHOTOS` ready for the model ``d`` (a loaded DINOv2): the photograph ``(H, W, 3)``, its input
+    ``(1, 3, H', W')`` and its object's patches ``(rows, cols)`` (bool)."""
+    image = photo(name)
+    x = d.preprocess(image, size=size)
+    p = d.model.config.patch_size
+    return image, x, box_mask(PHOTOS[name]["box"], image.shape[:2], (x.shape[2] // p, x.shape[3] // p))
+
+
 @torch.no_grad()
 def run(model, x: Tensor) -> dict:
     """Patterns ``(H, T, T)`` per layer, residual stream ``(T, E)`` after each layer, of one image ``(1, 3, H, W)``."""
@@ -127,11 +136,9 @@ def study(d, names=("chelsea", "astronaut", "coffee", "rocket"), *, size: int = 
     model = d.model.eval()
     photos, distances = {}, []
     for name in names:
-        image = photo(name)
-        x = d.preprocess(image, size=size)
+        image, x, mask = photo_input(d, name, size=size)
         r = run(model, x)
         maps = cls_maps(r["patterns"], r["grid"])
-        mask = box_mask(PHOTOS[name]["box"], image.shape[:2], r["grid"])
         last = maps[-1]
         scores = object_scores(last, mask)
         dist = mean_attention_distance([w[None] for w in r["patterns"]], model, grid=r["grid"])

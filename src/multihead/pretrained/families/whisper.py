@@ -399,19 +399,15 @@ class Whisper:
         return log_mel(audio, self.model.config.n_mels)
 
     @torch.no_grad()
-    def transcribe(self, audio, *, beams: int = 1, max_new_tokens: int = 224) -> dict:
-        """Text and token ids of the first 30 s of ``audio`` (16 kHz mono float array, or a WAV path): greedy
-        (``beams=1``) or beam search, Whisper's suppressed tokens never chosen."""
+    def write(self, feats: Tensor, *, beams: int = 1, max_new_tokens: int = 224) -> list[list[int]]:
+        """The token ids Whisper writes for log-mel frames ``(B, 80, 3000)`` (:meth:`features`, one row per clip):
+        greedy (``beams=1``) or beam search, Whisper's suppressed tokens never chosen, the end token left out."""
         from ...models.generation import generate
 
-        if isinstance(audio, (str, Path)):
-            audio = read_wav(audio)
-        feats = self.features(audio)
-        prompt = torch.tensor([self.prompt])
         out = generate(
             self.model,
             feats,
-            prompt,
+            torch.tensor([self.prompt] * feats.shape[0]),
             strategy="beam" if beams > 1 else "greedy",
             num_beams=beams,
             max_new_tokens=max_new_tokens,
@@ -419,7 +415,15 @@ class Whisper:
             suppress_tokens=self.suppress,
             begin_suppress_tokens=self.suppress_begin,
         )
-        tokens = out.tokens[0]
+        return out.tokens
+
+    @torch.no_grad()
+    def transcribe(self, audio, *, beams: int = 1, max_new_tokens: int = 224) -> dict:
+        """Text and token ids of the first 30 s of ``audio`` (16 kHz mono float array, or a WAV path): greedy
+        (``beams=1``) or beam search, Whisper's suppressed tokens never chosen."""
+        if isinstance(audio, (str, Path)):
+            audio = read_wav(audio)
+        tokens = self.write(self.features(audio), beams=beams, max_new_tokens=max_new_tokens)[0]
         return {"text": self.tokenizer.decode(tokens, skip_special_tokens=True).strip(), "tokens": tokens}
 
 
