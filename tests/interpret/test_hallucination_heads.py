@@ -84,6 +84,8 @@ def test_masking_goes_through_the_anatomy_of_the_real_whisper():
         (["fv-heads", "whisper"], "measures a causal LM (e.g. smollm2); whisper is a Whisper model"),
         (["hallucination-heads", "whisper", "--top", "0"], "--top"),
         (["hallucination-heads", "whisper", "--top", "25"], "24 decoder self-attention heads"),
+        (["hallucination-heads", "whisper", "--clips", "11"], "--clips 11: at most 10"),
+        (["hallucination-heads", "whisper", "--sentences", "51"], "--sentences 51: at most 50"),
         (["sink-valley", "minilm"], "does not take minilm"),
     ],
 )
@@ -95,3 +97,15 @@ def test_findings_refuse_a_model_of_the_wrong_kind_and_write_nothing(args, messa
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not out.exists()
+
+
+@pytest.mark.skipif(not REAL, reason=f"needs Whisper tiny.en: {whisper.INSTALL}")
+def test_findings_refuse_hallucination_heads_without_espeak_before_loading(tmp_path, capsys, monkeypatch):
+    from multihead.cli import findings as cli_findings
+    from multihead.cli import main
+
+    monkeypatch.setattr(cli_findings.shutil, "which", lambda name: None)
+    out = tmp_path / "f"
+    assert main(["findings", "hallucination-heads", "whisper", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "apt-get install espeak-ng" in err and "read weights" not in err and not out.exists()

@@ -272,6 +272,9 @@ def test_findings_fv_heads_scores_every_head_and_ablates_them(gguf_model, tmp_pa
         (["fv-heads", "--tasks", "antonym,telepathy"], "no few-shot task is called telepathy"),
         (["fv-heads", "--tasks", "antonym", "--shots", "80"], "demonstrations"),
         (["fv-heads", "--tasks", "antonym", "--shots", "50"], "positions"),
+        (["fv-heads", "--shots", "1"], "at least 2 demonstrations"),
+        (["fv-heads", "--prompts", "201"], "--prompts 201: at most 200"),
+        (["fv-heads", "--held-out", "201"], "--held-out 201: at most 200"),
         (["sink-length", "--lengths", "16,100000"], "positions"),
         (["sink-length", "--lengths", "16"], "at least two"),
         (["sink-length", "--lengths", "64,128", "--needles", "2"], "ask for at least"),  # no room for a needle

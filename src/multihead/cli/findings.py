@@ -3,6 +3,8 @@ number, a figure, JSON and a page)."""
 
 from __future__ import annotations
 
+import shutil
+
 from .args import LazyChoices, Route, _count, _counts, _threads
 
 
@@ -67,6 +69,10 @@ def findings_whisper(args) -> int:
 
     if args.top < 1:
         raise ValueError("--top: mask at least one head")
+    _at_most("--clips", args.clips, MAX_CLIPS, f"{MAX_CLIPS} x 7 kinds of 8 s clips are transcribed in one batch")
+    _at_most("--sentences", args.sentences, MAX_SENTENCES, "the sentences are transcribed in one batch")
+    if shutil.which("espeak-ng") is None:
+        raise ValueError("hallucination-heads speaks its test sentences with espeak-ng: apt-get install espeak-ng")
     finding, w = _loaded(args, "whisper")
     heads = decoder_heads(w.model)
     if args.top > len(heads):
@@ -116,6 +122,15 @@ def _publish(args, payload: dict, data: str) -> int:
     return 0
 
 
+MAX_PROMPTS = 200  # few-shot prompts per task, scoring or held out
+MAX_CLIPS, MAX_SENTENCES = 10, 50  # hallucination-heads: per kind and half; per half (each half is one batch)
+
+
+def _at_most(flag: str, value: int, limit: int, why: str) -> None:
+    if value > limit:
+        raise ValueError(f"{flag} {value}: at most {limit} ({why})")
+
+
 def _options(args, name: str) -> dict:
     """The options a finding reads, checked before the model loads."""
     from ..data.icl_tasks import TASKS
@@ -131,6 +146,17 @@ def _options(args, name: str) -> dict:
         unknown = [t for t in tasks if t not in TASKS]
         if unknown:
             raise ValueError(f"no few-shot task is called {', '.join(unknown)}; choose from {', '.join(TASKS)}")
+        fewest = min(tasks, key=lambda t: len(TASKS[t]))
+        _at_most(
+            "--shots",
+            args.shots,
+            len(TASKS[fewest]) - 1,
+            f"demonstrations drawn from the {len(TASKS[fewest])} pairs of {fewest}",
+        )
+        if args.shots < 2:
+            raise ValueError("--shots: a task is shown by at least 2 demonstrations")
+        _at_most("--prompts", args.prompts, MAX_PROMPTS, "each scores every head once")
+        _at_most("--held-out", args.held_out, MAX_PROMPTS, "they are read in one batch per task and ablation")
         options.update(
             tasks=tasks, shots=args.shots, prompts=args.prompts, held_out=args.held_out, ablate=args.ablate or [9, 27]
         )
