@@ -116,3 +116,19 @@ def test_a_measurement_that_fails_falls_back_to_the_blas_step_and_says_why(auto,
     with pytest.warns(RuntimeWarning, match="could not be measured here .*inductor could not build"):
         choice = kernels.choose(_model("llama"), budget=0.02)
     assert choice.kernel == "blas" and choice.source == "only" and not auto.exists()
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+def test_weights_stored_in_a_format_are_measured_between_its_own_products(auto, fmt):
+    """A converted model's products are the format's: PyTorch's kernel for it and inductor's reduction over the
+    stored bytes (int8 read as words of four), each timed on the model's own shapes, the faster kept and decoded
+    with."""
+    from multihead.models.precision import convert
+
+    model = convert(_model("llama"), fmt)
+    choice = kernels.choose(model, budget=0.02, fmt=fmt)
+    if INDUCTOR is not None:
+        assert choice.source == "only" and choice.kernel == "library" and "compiled" in choice.cannot
+        return
+    assert choice.source == "measured" and set(choice.seconds) == {"library", "compiled"}
+    assert choice.kernel == min(choice.seconds, key=choice.seconds.get)

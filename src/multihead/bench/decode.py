@@ -236,7 +236,7 @@ def _split_rows(case: dict) -> list[list[list[float]]]:
 
 
 # ours with weights stored in another format (multihead.models.precision)
-PRECISIONS = {"cached_bf16": "bf16", "cached_int8": "int8"}
+PRECISIONS = {"cached_bf16": "bf16", "cached_int8": "int8", "compiled_step_bf16": "bf16", "compiled_step_int8": "int8"}
 # llama.cpp's cases: engine and precision of the copy it reads
 LLAMACPP = {
     "llamacpp": ("gpt4all", "as-is"),
@@ -323,7 +323,7 @@ def _build_pretrained(case: dict):
             fastpath.LAYOUT = fast_decode.ENABLED = False
         if impl == "compiled":  # batch 1 takes the compiled step; a batch the lean one on the rows layout
             fast_decode.compile(model)
-        if impl == "compiled_step":  # batch 1 takes one compiled graph per step; a batch the lean step
+        if impl.startswith("compiled_step"):  # batch 1 takes one compiled graph per step; a batch the lean step
             fast_decode.compile(model, whole_step=True)
         policy = _policy(case)
 
@@ -344,7 +344,7 @@ def _build_pretrained(case: dict):
         )
     raise ValueError(
         "a pretrained race has the cases cached, blas, cached_bf16, cached_int8, cached_old, cached_hf_layers, "
-        "compiled, compiled_step, cached:POLICY, "
+        "compiled, compiled_step, compiled_step_bf16, compiled_step_int8, cached:POLICY, "
         "bound, bound_compiled, "
         f"hf_generate, {', '.join(LLAMACPP)}, prefill and hf_prefill; got {impl!r}"
     )
@@ -635,7 +635,7 @@ def format_table(payload: dict) -> str:
             "of limit: decode tokens/s over the limit's (one product of a row with every weight, the faster of BLAS's "
             "and the compiled reduction: the least time a step can take); cached_old: ours before the decoding "
             "layout; compiled: ours with fast_decode.compile (batch 1 compiled, batches the lean step); compiled_step: "
-            "one compiled graph per step (fast_decode.compile(whole_step=True)); blas: ours "
+            "one compiled graph per step (fast_decode.compile(whole_step=True)), _bf16 / _int8 over weights stored so; blas: ours "
             "with the BLAS product whatever was measured; cached_hf_layers: an attached model decoded through HF's "
             "own layers (cached: through multihead's step over HF's weights)"
         )

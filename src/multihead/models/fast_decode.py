@@ -32,6 +32,7 @@ greedy tokens; whether it is faster is measured (``multihead bench decode --impl
 from __future__ import annotations
 
 import functools
+import types
 import weakref
 
 import torch
@@ -43,8 +44,8 @@ from ..modules import fastpath
 from ..modules.attention import MultiHeadAttention
 from ..modules.kv import KVCache, LayerKV
 from . import kernels
-from .kernels import _gemv, why_not_inductor
-from .precision import use, weight_only
+from .kernels import why_not_inductor
+from .precision import WeightOnlyLinear, rowwise, use, weight_only, words
 
 ENABLED = True
 
@@ -128,15 +129,16 @@ def _choose(model) -> None:
     """On ``model``'s first one-row step here: the kernel this machine streams its weights fastest with (measured
     once per machine, or kept from an earlier process); the compiled step where inductor's reduction wins."""
     fmt = weight_only(model)
+    if model in _COMPILED:  # compile() was asked for: an explicit choice
+        _CHOSEN[model] = kernels.Choice("compiled", "asked", {}, note="fast_decode.compile was called")
+        return
     if fmt is not None:  # weights stored in another format: PyTorch's product for it, or inductor's reduction
         choice = kernels.choose(model, fmt=fmt)
         use(model, choice.kernel)
         _CHOSEN[model] = choice
         return
-    choice = kernels.choose(model) if model not in _COMPILED else None
-    if choice is None:  # compile() was asked for: an explicit choice
-        choice = kernels.Choice("compiled", "asked", {}, note="fast_decode.compile was called")
-    elif choice.kernel == "compiled":
+    choice = kernels.choose(model)
+    if choice.kernel == "compiled":
         try:
             compile(model)
         except ValueError as e:  # an architecture the compiled step cannot write: the lean step, said once
@@ -255,32 +257,39 @@ def _bodies(spec: tuple):
     activation = _ACTIVATIONS[act]
 
     def before(x, norm_w, norm_b, w_qkv, b_qkv, sizes_qkv):
-        return _gemv(_normed(x, pre_norm, norm_w, norm_b), w_qkv, _joined(b_qkv, sizes_qkv, x))
+        return _product(_normed(x, pre_norm, norm_w, norm_b), w_qkv, _joined(b_qkv, sizes_qkv, x))
 
     def after(x, z, w_o, b_o, norm_w, norm_b, w_in, b_in, sizes_in, w_out, b_out):
-        x = x + _gemv(z, w_o, b_o)
-        h = _gemv(_normed(x, post_norm, norm_w, norm_b), w_in, _joined(b_in, sizes_in, x))
+        x = x + _product(z, w_o, b_o)
+        h = _product(_normed(x, post_norm, norm_w, norm_b), w_in, _joined(b_in, sizes_in, x))
         if gated:
             gate, up = h.chunk(2, -1)
             h = activation(gate) * up
         else:
             h = activation(h)
-        return x + _gemv(h, w_out, b_out)
+        return x + _product(h, w_out, b_out)
 
     def head(x, norm_w, norm_b, w):
-        return _gemv(x if final is None else _normed(x, final, norm_w, norm_b), w, None)
+        return _product(x if final is None else _normed(x, final, norm_w, norm_b), w, None)
 
     return before, after, head
 
 
-@functools.cache
-def _graphs(spec: tuple):
-    """The three compiled functions of a spec: before attention, after it, and the output head."""
-    return tuple(torch.compile(fn, dynamic=False, fullgraph=True) for fn in _bodies(spec))
+def _own_code(fn):
+    """``fn`` with a code object of its own: dynamo keeps its compiled graphs, and counts them against its recompile
+    limit (8), per code object, so each spec and weight format compiles apart from the others in one process."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
 @functools.cache
-def _whole_graph(spec: tuple, shape: tuple):
+def _graphs(spec: tuple, fmt: str | None):
+    """The three compiled functions of a spec and weight format (None: float32): before attention, after it, and
+    the output head."""
+    return tuple(torch.compile(_own_code(fn), dynamic=False, fullgraph=True) for fn in _bodies(spec))
+
+
+@functools.cache
+def _whole_graph(spec: tuple, shape: tuple, fmt: str | None):
     """One compiled function for a whole step (``shape``: query heads, key/value heads, head dim): every layer's
     products, rotation (by the step's ``cos`` and ``sin``), cache write and attention, and the head. The keys and values are written in place into the
     caches' buffers at ``at`` and attended up to it (a mask over the buffer), so the graph keeps its shapes while
@@ -309,7 +318,26 @@ def _whole_graph(spec: tuple, shape: tuple):
             x = after(x, z.reshape(1, 1, h * d), *post, *ffn)
         return head(x, *head_args)[:, -1]
 
-    return torch.compile(whole, fullgraph=True)
+    return torch.compile(_own_code(whole), fullgraph=True)
+
+
+def _product(x: Tensor, parts: tuple, bias: Tensor | None) -> Tensor:
+    """``x`` through the weights of ``parts`` (``(weight, scales)`` pairs, each by rows), their outputs joined: a
+    float32 weight as it is, a bf16 or int8 one (:mod:`multihead.models.precision`) upcast inside the reduction and
+    scaled per row (:func:`multihead.models.precision.rowwise`), so inductor streams the stored bytes once and
+    accumulates in float32."""
+    ys = [rowwise(x, weight, scales) for weight, scales in parts]
+    y = ys[0] if len(ys) == 1 else torch.cat(ys, -1)
+    return y if bias is None else y + bias
+
+
+def _parts(linears) -> tuple | None:
+    """The compiled graphs' weights for ``linears`` read as one product: a float32 group packed by rows (one view
+    of the buffer they are views of; None: not packed yet), or each stored weight with its scales."""
+    if all(isinstance(m, WeightOnlyLinear) for m in linears):
+        return tuple((words(m.qweight), m.scales) for m in linears)
+    packed = fastpath.rows([m.weight for m in linears])
+    return None if packed is None or not packed.is_contiguous() else ((packed, None),)
 
 
 def _joined(biases: tuple, sizes: tuple, like: Tensor) -> Tensor | None:
@@ -326,8 +354,8 @@ def _tensors(model) -> list:
     ``.data`` too, is read at the next step. Rebuilt whenever a parameter is replaced."""
     kept = _COMPILED[model]
     owners = kept.get("owners")
-    if owners is None:  # the modules that hold parameters (a parameter replaced still shows in its owner's dict)
-        owners = kept["owners"] = [m._parameters for m in model.modules() if m._parameters]
+    if owners is None:  # what holds the tensors (a parameter or stored weight replaced still shows in its dict)
+        owners = kept["owners"] = [d for m in model.modules() for d in (m._parameters, m._buffers) if d]
     stamp = [(p.data_ptr(), p._version, p.shape) for held in owners for p in held.values() if p is not None]
     if kept.get("stamp") != stamp:
         layers = []
@@ -336,22 +364,21 @@ def _tensors(model) -> list:
             ins = (f.w_gate, f.w_1) if f.w_gate is not None else (f.w_1,)
             n0, n1 = layer.norms[0], layer.norms[1]
             qkv = (a.w_q, a.w_k, a.w_v)
-            w_qkv = fastpath.rows([m.weight for m in qkv])
-            w_in = fastpath.rows([m.weight for m in ins])
-            plain = (a.w_o.weight, f.w_2.weight, model.lm_head.weight)
-            if w_qkv is None or w_in is None or not all(w.is_contiguous() for w in plain):
+            products = [_parts(group) for group in (qkv, ins, (a.w_o,), (f.w_2,), (model.lm_head,))]
+            if any(p is None for p in products):
                 fastpath.prepare(model, layout="rows")  # laid out again since (by columns): by rows once more
                 return _tensors(model)
+            w_qkv, w_in, w_o, w_out, _ = products
             layers.append(
                 (
                     (n0.weight, getattr(n0, "bias", None), w_qkv, _biases(qkv), _sizes(qkv)),
-                    (a.w_o.weight, a.w_o.bias, n1.weight, getattr(n1, "bias", None), w_in, _biases(ins), _sizes(ins)),
-                    (f.w_2.weight, f.w_2.bias),
+                    (w_o, a.w_o.bias, n1.weight, getattr(n1, "bias", None), w_in, _biases(ins), _sizes(ins)),
+                    (w_out, f.w_2.bias),
                 )
             )
         final = model.decoder.final_norm
         head = (None, None) if final is None else (final.weight, getattr(final, "bias", None))
-        kept.update(stamp=stamp, layers=layers, head=(*head, model.lm_head.weight))
+        kept.update(stamp=stamp, layers=layers, head=(*head, _parts((model.lm_head,))))
     return kept["layers"]
 
 
@@ -411,6 +438,9 @@ def compile(model, *, whole_step: bool = False):
     seconds; inductor keeps them on disk for the next process). Refuses with the reason what it cannot compile, and
     changes nothing then. Gradients and batches still take the general and lean paths.
 
+    Weights stored in bf16 or int8 (:func:`multihead.models.precision.convert`, before this call) are read where
+    they are, upcast inside each reduction and scaled per row.
+
     ``whole_step=True``: one graph for the whole step (gpt-fast's shape) instead of one around each layer's
     attention: the cache's buffers are written in place and attended through a mask, so the rotation, the cache
     write and the attention are compiled too and the per-layer calls' guards are checked once a step. Refused with
@@ -423,8 +453,6 @@ def compile(model, *, whole_step: bool = False):
             "model's files with multihead.loading.load (an attached HF model decodes through HF's own layers)"
         )
     reason = why_not_architecture(model)
-    if reason is None and weight_only(model):
-        reason = f"its weights are stored in {weight_only(model)} (the compiled step reads float32 weights)"
     spec = _spec(model) if reason is None else reason
     if isinstance(spec, str):
         raise ValueError(f"this model cannot take the compiled decoding step: {spec}")
@@ -460,7 +488,7 @@ def compile(model, *, whole_step: bool = False):
 def _whole_step(model, tokens: Tensor, cache: KVCache, position: int | None = None) -> Tensor:
     kept = _COMPILED[model]
     layers = _tensors(model)
-    graph = _whole_graph(kept["spec"], kept["whole"])
+    graph = _whole_graph(kept["spec"], kept["whole"], weight_only(model))
     dec = model.decoder
     pos = cache.next_position if position is None else torch.tensor([position])
     x = model.embed(tokens[:, None])  # (1, 1, E)
@@ -484,7 +512,7 @@ def _whole_step(model, tokens: Tensor, cache: KVCache, position: int | None = No
 def _compiled_step(model, tokens: Tensor, cache: KVCache, position: int | None = None) -> Tensor:
     if "whole" in _COMPILED[model]:
         return _whole_step(model, tokens, cache, position)
-    before, after, head = _graphs(_COMPILED[model]["spec"])
+    before, after, head = _graphs(_COMPILED[model]["spec"], weight_only(model))
     layers = _tensors(model)
     dec = model.decoder
     pos = cache.next_position if position is None else torch.tensor([position])

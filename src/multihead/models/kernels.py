@@ -149,14 +149,14 @@ def _library(fmt: str):
 
 def _reduced(fmt: str):
     def timer(shapes: list[tuple[int, int]], dtype: torch.dtype) -> Callable[[], None]:
-        from .precision import reduction
+        from .precision import reduction, words
 
-        product, laid = reduction(fmt), _stored(fmt, shapes)
         rows = {i: torch.randn(1, i) for _, i in shapes}
+        product, laid = reduction(fmt), [(rows[w.shape[1]], words(w), s) for w, s in _stored(fmt, shapes)]
 
         def run() -> None:
-            for w, s in laid:
-                product(rows[w.shape[1]], w, s)
+            for x, w, s in laid:
+                product(x, w, s)
 
         return run
 

@@ -8,8 +8,10 @@ format and multiply float32 activations with them, so a step streams half (bf16)
   product PyTorch's own weight-only int8 kernel (``aten._weight_int8pack_mm``: float32 activations, int8 weights,
   float32 scales, as gpt-fast's int8 path uses it).
 
-Norms, embeddings, attention, the KV cache and every KV policy stay float32. A weight tied to the embedding (the
-output head of SmolLM2) stays float32 too: the embedding reads it. :func:`convert` changes the model in place;
+Norms, embeddings, attention, the KV cache and every KV policy stay float32. The output head is stored in the
+format too, as llama.cpp's BF16 and Q8_0 files store it: where it is tied to the embedding (SmolLM2's), the head gets
+its own copy in the format (the embedding keeps reading its float32 table), so a tied model holds that table twice,
+once at full width and once in the format. :func:`convert` changes the model in place;
 :func:`why_not` says what it cannot serve. The error against float32 is measured by ``multihead bench precision``
 (max logit difference, greedy agreement, perplexity on held-out text).
 """
@@ -31,19 +33,47 @@ _CONVERTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 PRODUCTS = ("library", "compiled")  # a row's product: PyTorch's kernel for the format, or inductor's reduction
 
 
+def rowwise(x: Tensor, weight: Tensor, scales: Tensor | None) -> Tensor:
+    """``x (..., in)`` times a weight stored by rows, written as the reduction inductor fuses into one pass over the
+    stored bytes, accumulating in float32: a float32 or bf16 weight ``(out, in)`` (upcast inside the loop), or an
+    int8 one as :func:`words` hands it, ``(out, in / 4)`` float32 words of four int8 each; then scaled per row.
+
+    The int8 bytes are read as words because inductor's CPU code loads a vector of int8 eight at a time through a
+    copy (1.5 GB/s here) but a vector of float32 whole (its words then bit-cast and each byte sign-extended by two
+    shifts): 11.5 GB/s. Byte ``j`` of word ``i`` is column ``4 i + j``, so it meets the activation's column ``4 i + j``,
+    which is gathered once into ``j``'s quarter of a contiguous row before the loop."""
+    if weight.shape[-1] * 4 == x.shape[-1]:  # int8 words
+        n = weight.shape[-1]
+        w = weight.view(torch.int32)
+        spread = x.reshape(*x.shape[:-1], n, 4)
+        row = torch.cat([spread[..., j] for j in range(4)], -1)  # (..., in): column 4 i + j at j * n + i
+        y = sum((row[..., None, j * n : (j + 1) * n] * ((w << (24 - 8 * j)) >> 24).float()).sum(-1) for j in range(4))
+    else:
+        y = (x[..., None, :] * weight.float()).sum(-1)
+    return y if scales is None else y * scales
+
+
+def words(weight: Tensor) -> Tensor:
+    """What :func:`rowwise` reads of a stored weight: an int8 one ``(out, in)`` with ``in`` a multiple of 4 as
+    ``(out, in / 4)`` float32 words (a view: the same bytes), anything else as it is."""
+    if weight.dtype == torch.int8 and weight.shape[-1] % 4 == 0 and weight.is_contiguous():
+        return weight.view(torch.float32)
+    return weight
+
+
 def _reduce_int8(x: Tensor, weight: Tensor, scales: Tensor) -> Tensor:
-    """One row through an int8 weight, written as the reduction inductor fuses (the upcast inside the loop)."""
-    return (x[..., None, :] * weight.float()).sum(-1) * scales
+    return rowwise(x, weight, scales)
 
 
-def _reduce_bf16(x: Tensor, weight: Tensor, scales) -> Tensor:
-    """One row through a bf16 weight, float32 activations and accumulation, fused by inductor."""
-    return (x[..., None, :] * weight.float()).sum(-1)
+def _reduce_bf16(x: Tensor, weight: Tensor, scales: None) -> Tensor:
+    return rowwise(x, weight, scales)
 
 
 @functools.cache
 def reduction(fmt: str):
-    """Inductor's compiled product of one float32 row with a weight stored in ``fmt``."""
+    """Inductor's compiled product of one float32 row with a weight stored in ``fmt`` (called with :func:`words` of
+    the stored weight); one function per format, so each format's shapes count alone against dynamo's recompile
+    limit."""
     return torch.compile(_reduce_int8 if fmt == "int8" else _reduce_bf16, dynamic=False, fullgraph=True)
 
 
@@ -82,7 +112,7 @@ class WeightOnlyLinear(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, self.in_features)
         if self.kernel == "compiled" and flat.shape[0] == 1 and not torch.is_grad_enabled() and x.device.type == "cpu":
-            y = reduction(self.fmt)(flat.float(), self.qweight, self.scales)
+            y = reduction(self.fmt)(flat.float(), words(self.qweight), self.scales)
         elif self.scales is not None:
             y = torch.ops.aten._weight_int8pack_mm(flat.float().contiguous(), self.qweight, self.scales)
         else:
@@ -129,8 +159,9 @@ def _int8_kernel() -> bool:
 
 
 def convert(model, dtype: str):
-    """Store ``model``'s decoder linear layers (attention projections, feed-forward) and an untied output head in
-    ``dtype``, in place; returns the model. ``fp32`` changes nothing. Refused, with the reason, where the path
+    """Store ``model``'s decoder linear layers (attention projections, feed-forward) and its output head in
+    ``dtype``, in place (a head tied to the embedding is untied: the head's copy is stored, the embedding keeps its
+    float32 table); returns the model. ``fp32`` changes nothing. Refused, with the reason, where the path
     cannot serve (:func:`why_not`)."""
     reason = why_not(model, dtype)
     if reason is not None:
@@ -147,11 +178,8 @@ def convert(model, dtype: str):
         if ffn is not None:
             for name in ("w_gate", "w_1", "w_2"):
                 _swap(ffn, name, dtype)
-    head = model.lm_head
-    embed = getattr(model, "embed", None)
-    tied = isinstance(head, nn.Linear) and getattr(embed, "weight", None) is head.weight
-    if isinstance(head, nn.Linear) and not tied:
-        model.lm_head = WeightOnlyLinear(head, dtype)
+    if isinstance(model.lm_head, nn.Linear):  # tied or not: the format stores its own copy
+        model.lm_head = WeightOnlyLinear(model.lm_head, dtype)
     _CONVERTED[model] = dtype  # the decoding step reads this: what it knew of the model's layers is stale
     return model
 
@@ -187,6 +215,8 @@ __all__ = [
     "WeightOnlyLinear",
     "convert",
     "reduction",
+    "rowwise",
+    "words",
     "stored_shapes",
     "use",
     "weight_only",
