@@ -142,3 +142,11 @@ def test_the_compiled_steps_read_the_stored_weights_as_float32_holding_their_val
     assert cache.length == ref_cache.length == 150
     assert fast_decode.chosen(q).note == "fast_decode.compile was called"  # the compiled step served every step
     assert fast_decode.compiled(q) and [m.qweight.data_ptr() for m in _stored(q)] == stored
+
+
+def test_the_head_may_stay_float32_and_tied():
+    model = _model("llama")
+    q = convert(copy.deepcopy(model), "int8", head=False)
+    assert isinstance(q.lm_head, torch.nn.Linear) and q.lm_head.weight is q.embed.weight
+    assert torch.equal(q.lm_head.weight, model.lm_head.weight)
+    assert isinstance(convert(copy.deepcopy(model), "int8").lm_head, WeightOnlyLinear)

@@ -32,7 +32,6 @@ greedy tokens; whether it is faster is measured (``multihead bench decode --impl
 from __future__ import annotations
 
 import functools
-import types
 import weakref
 
 import torch
@@ -45,7 +44,7 @@ from ..modules.attention import MultiHeadAttention
 from ..modules.kv import KVCache, LayerKV
 from . import kernels
 from .kernels import why_not_inductor
-from .precision import WeightOnlyLinear, rowwise, use, weight_only, words
+from .precision import WeightOnlyLinear, own_code, rowwise, use, weight_only, words
 
 ENABLED = True
 
@@ -275,17 +274,11 @@ def _bodies(spec: tuple):
     return before, after, head
 
 
-def _own_code(fn):
-    """``fn`` with a code object of its own: dynamo keeps its compiled graphs, and counts them against its recompile
-    limit (8), per code object, so each spec and weight format compiles apart from the others in one process."""
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-
-
 @functools.cache
 def _graphs(spec: tuple, fmt: str | None):
     """The three compiled functions of a spec and weight format (None: float32): before attention, after it, and
     the output head."""
-    return tuple(torch.compile(_own_code(fn), dynamic=False, fullgraph=True) for fn in _bodies(spec))
+    return tuple(torch.compile(own_code(fn), dynamic=False, fullgraph=True) for fn in _bodies(spec))
 
 
 @functools.cache
@@ -318,7 +311,7 @@ def _whole_graph(spec: tuple, shape: tuple, fmt: str | None):
             x = after(x, z.reshape(1, 1, h * d), *post, *ffn)
         return head(x, *head_args)[:, -1]
 
-    return torch.compile(_own_code(whole), fullgraph=True)
+    return torch.compile(own_code(whole), fullgraph=True)
 
 
 def _product(x: Tensor, parts: tuple, bias: Tensor | None) -> Tensor:

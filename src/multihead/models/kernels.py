@@ -45,6 +45,7 @@ FILE = "decode-kernels.json"
 BUDGET_S = 0.3  # seconds of products per candidate
 WORKING_SET = 2**30  # the most bytes of weights a measurement streams per candidate (a model's own size below it)
 FORMAT = 1  # the version of the cache file's layout
+REVISION = 2  # the version of the candidates' own code: a choice measured on an older one is measured again
 
 
 # ---------------------------------------------------------------------------------------------------- candidates
@@ -152,10 +153,10 @@ def _reduced(fmt: str):
         from .precision import reduction, words
 
         rows = {i: torch.randn(1, i) for _, i in shapes}
-        product, laid = reduction(fmt), [(rows[w.shape[1]], words(w), s) for w, s in _stored(fmt, shapes)]
+        laid = [(reduction(fmt, tuple(w.shape)), rows[w.shape[1]], words(w), s) for w, s in _stored(fmt, shapes)]
 
         def run() -> None:
-            for x, w, s in laid:
+            for product, x, w, s in laid:
                 product(x, w, s)
 
         return run
@@ -223,7 +224,8 @@ def linear_weights(model: nn.Module) -> list[Tensor]:
 
 
 def machine_key(weights: list[Tensor]) -> dict:
-    """What a choice holds for: this machine's CPU, torch and threads, and the model's shapes and dtype."""
+    """What a choice holds for: this machine's CPU, torch and threads, the model's shapes and dtype, and the
+    candidates' revision."""
     shapes = sorted({tuple(w.shape) for w in weights})
     dtypes = sorted({str(w.dtype).removeprefix("torch.") for w in weights})
     cpu = cpu_model()
@@ -234,6 +236,7 @@ def machine_key(weights: list[Tensor]) -> dict:
         "threads": torch.get_num_threads(),
         "dtype": ",".join(dtypes),
         "shapes": [list(s) for s in shapes],
+        "revision": REVISION,
     }
 
 

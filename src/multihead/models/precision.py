@@ -19,6 +19,7 @@ once at full width and once in the format. :func:`convert` changes the model in 
 from __future__ import annotations
 
 import functools
+import types
 import weakref
 
 import torch
@@ -61,20 +62,18 @@ def words(weight: Tensor) -> Tensor:
     return weight
 
 
-def _reduce_int8(x: Tensor, weight: Tensor, scales: Tensor) -> Tensor:
-    return rowwise(x, weight, scales)
-
-
-def _reduce_bf16(x: Tensor, weight: Tensor, scales: None) -> Tensor:
-    return rowwise(x, weight, scales)
+def own_code(fn):
+    """``fn`` with a code object of its own. Dynamo keeps compiled graphs, and counts them against its recompile
+    limit (8), per code object: a function compiled for each shape or spec gets its own, so one process may decode
+    any number of models."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
 @functools.cache
-def reduction(fmt: str):
-    """Inductor's compiled product of one float32 row with a weight stored in ``fmt`` (called with :func:`words` of
-    the stored weight); one function per format, so each format's shapes count alone against dynamo's recompile
-    limit."""
-    return torch.compile(_reduce_int8 if fmt == "int8" else _reduce_bf16, dynamic=False, fullgraph=True)
+def reduction(fmt: str, shape: tuple[int, int]):
+    """Inductor's compiled product of one float32 row with a weight of ``shape`` ``(out, in)`` stored in ``fmt``
+    (called with :func:`words` of the stored weight); one compiled function per format and shape."""
+    return torch.compile(own_code(rowwise), dynamic=False, fullgraph=True)
 
 
 class WeightOnlyLinear(nn.Module):
@@ -112,7 +111,7 @@ class WeightOnlyLinear(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, self.in_features)
         if self.kernel == "compiled" and flat.shape[0] == 1 and not torch.is_grad_enabled() and x.device.type == "cpu":
-            y = reduction(self.fmt)(flat.float(), words(self.qweight), self.scales)
+            y = reduction(self.fmt, tuple(self.qweight.shape))(flat.float(), words(self.qweight), self.scales)
         elif self.scales is not None:
             y = torch.ops.aten._weight_int8pack_mm(flat.float().contiguous(), self.qweight, self.scales)
         else:
@@ -158,11 +157,12 @@ def _int8_kernel() -> bool:
     return True
 
 
-def convert(model, dtype: str):
+def convert(model, dtype: str, *, head: bool = True):
     """Store ``model``'s decoder linear layers (attention projections, feed-forward) and its output head in
     ``dtype``, in place (a head tied to the embedding is untied: the head's copy is stored, the embedding keeps its
-    float32 table); returns the model. ``fp32`` changes nothing. Refused, with the reason, where the path
-    cannot serve (:func:`why_not`)."""
+    float32 table); returns the model. ``head=False`` keeps the output head float32 (and tied): more bytes a step,
+    logits nearer float32's. ``fp32`` changes nothing. Refused, with the reason, where the path cannot serve
+    (:func:`why_not`)."""
     reason = why_not(model, dtype)
     if reason is not None:
         raise ValueError(reason)
@@ -178,7 +178,7 @@ def convert(model, dtype: str):
         if ffn is not None:
             for name in ("w_gate", "w_1", "w_2"):
                 _swap(ffn, name, dtype)
-    if isinstance(model.lm_head, nn.Linear):  # tied or not: the format stores its own copy
+    if head and isinstance(model.lm_head, nn.Linear):  # tied or not: the format stores its own copy
         model.lm_head = WeightOnlyLinear(model.lm_head, dtype)
     _CONVERTED[model] = dtype  # the decoding step reads this: what it knew of the model's layers is stale
     return model
@@ -214,6 +214,7 @@ __all__ = [
     "PRODUCTS",
     "WeightOnlyLinear",
     "convert",
+    "own_code",
     "reduction",
     "rowwise",
     "words",
