@@ -96,10 +96,11 @@ def test_generate_continues_as_hf_does(neox, capsys):
     assert capsys.readouterr().out.strip() == "the cat sat" + p.tokenizer.decode(streamed, skip_special_tokens=True)
 
 
-def test_generate_compile_refuses_an_attached_folder(neox, capsys):
+def test_generate_compile_refuses_an_attached_folder_multihead_does_not_read(neox, capsys):
     assert main(["generate", str(neox), "the cat sat", "--max-new", "2", "--compile"]) == 2
     err = capsys.readouterr().err
     assert "--compile compiles multihead's own decoding step" in err and "drop --compile" in err
+    assert "decodes through HF's own layers" in err
     assert "Traceback" not in err
 
 

@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers", reason="pip install 'multihea
 from multihead import hf  # noqa: E402
 from multihead.hf import lean  # noqa: E402
 from multihead.hf.folder import AttachedLM  # noqa: E402
+from multihead.models import fast_decode  # noqa: E402
 from multihead.models.generation import generate  # noqa: E402
 
 from .archs import ARCHS  # noqa: E402
@@ -177,3 +178,24 @@ def test_gradients_on_keep_hf_layers():
         assert "gradients" in lean.why_not(model)
     with torch.no_grad():
         assert lean.why_not(model) is None
+
+
+@pytest.mark.skipif(fast_decode.why_not_inductor() is not None, reason="no C++ compiler for inductor here")
+@pytest.mark.parametrize("whole_step", [False, True])
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_an_attached_model_compiles_through_its_view_and_writes_hf_tokens(name, whole_step, monkeypatch):
+    """fast_decode.compile on an attached model compiles multihead's view over HF's own weights: HF generate's
+    tokens, none of HF's layers run, nothing copied."""
+    model = _build(name)
+    ids = _ids(3)
+    want = _hf_tokens(model, ids)
+    hf.attach(model)
+    attached = AttachedLM(model, 0)
+    assert fast_decode.compile(attached, whole_step=whole_step) is attached
+    assert fast_decode.compiled(attached) and fast_decode.decoding_model(attached) is lean.view(model)
+    calls = _LayerCalls(model, monkeypatch)
+    with torch.no_grad():
+        assert generate(attached, ids, max_new_tokens=NEW).tokens[0] == want
+    assert calls.n == 0 and fast_decode.chosen(lean.view(model)).note == "fast_decode.compile was called"
+    own = {id(p) for p in model.parameters()}
+    assert all(id(p) in own for p in lean.view(model).parameters())  # the graphs read HF's parameter objects

@@ -202,9 +202,9 @@ def _compile(model, args) -> None:
         why = fast_decode.why_not_compile(model)
         if why is not None:
             raise ValueError(f"--compile compiles multihead's own decoding step; {why}: drop --compile")
-        whole = args.compile == "step"
-        if whole and fast_decode.why_not_architecture(model) is None and fast_decode.why_not_whole(model):
-            raise ValueError(f"--compile step: {fast_decode.why_not_whole(model)}; plain --compile serves this model")
+        whole, native = args.compile == "step", fast_decode.decoding_model(model)
+        if whole and fast_decode.why_not_architecture(native) is None and fast_decode.why_not_whole(native):
+            raise ValueError(f"--compile step: {fast_decode.why_not_whole(native)}; plain --compile serves this model")
         print(
             f"compiling the decoding {'step as one graph' if whole else 'step'} (kept on disk for the next run)",
             file=sys.stderr,

@@ -304,6 +304,15 @@ class AttachedLM(nn.Module):
             return self._policy_forward(ids, keep, None, cache, last=True)[:, -1], cache
         return self(ids, keep, cache=cache)[:, -1], cache
 
+    def decoding_model(self):
+        """multihead's causal LM over this model's own weights (:func:`multihead.hf.lean.view`), whose step decodes
+        it where nothing needs HF's layers: what ``fast_decode.compile`` compiles for it. ValueError with the reason
+        where there is none (a family multihead does not read, say)."""
+        why = lean.why_not_view(self.hf)
+        if why is not None:
+            raise ValueError(f"this attached model decodes through HF's own layers: {why}")
+        return lean.view(self.hf)
+
     def step(self, tokens: Tensor, cache) -> Tensor:
         """Feed one token per row ``(B,)`` through ``cache``; its logits ``(B, V)`` (as a native LM's ``step``). A
         generation :meth:`prefill` began on multihead's step goes on there until something needs HF's layers (a

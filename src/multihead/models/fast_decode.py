@@ -57,8 +57,20 @@ _CHOSEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the
 
 
 def compiled(model) -> bool:
-    """Whether :func:`compile` has given ``model`` the compiled decoding step."""
-    return model in _COMPILED
+    """Whether :func:`compile` has given ``model`` (or the model that decodes it: :func:`decoding_model`) the compiled
+    decoding step."""
+    try:
+        return decoding_model(model) in _COMPILED
+    except ValueError:
+        return False
+
+
+def decoding_model(model):
+    """The causal LM whose step decodes ``model``: ``model`` itself, or the one it names by a ``decoding_model()``
+    method (an attached HF model names multihead's view over its own weights, :func:`multihead.hf.lean.view`);
+    ValueError with the reason where it names none."""
+    named = getattr(model, "decoding_model", None)
+    return model if named is None else named()
 
 
 def why_not_architecture(model) -> str | None:
@@ -398,6 +410,10 @@ def why_not_compiled(model, tokens: Tensor) -> str | None:
 def why_not_compile(model) -> str | None:
     """Why :func:`compile` would refuse ``model`` at once, from what it is (None: it may compile; the architecture,
     the device and the compiler are checked by :func:`compile` itself)."""
+    try:
+        model = decoding_model(model)
+    except ValueError as e:
+        return str(e)
     if not (hasattr(model, "decoder") and hasattr(model, "lm_head") and hasattr(model, "prefill")):
         return (
             f"a {type(model).__name__} decodes through its own layers (an attached HF model through HF's), not "
@@ -439,12 +455,21 @@ def compile(model, *, whole_step: bool = False):
     write and the attention are compiled too and the per-layer calls' guards are checked once a step. Refused with
     the reason (:func:`why_not_whole`) where the layers differ in shape or rotation, or normalise queries and keys.
     A first compile takes tens of seconds (40 s for SmolLM2 on 2 cores), and a cache that doubles compiles once
-    more, with its length symbolic from then on; inductor keeps both on disk."""
-    if why_not_compile(model) is not None:
+    more, with its length symbolic from then on; inductor keeps both on disk.
+
+    An attached HF causal LM of a family multihead reads (Llama, Mistral, Qwen2) is compiled through its view
+    (:func:`decoding_model`): its decoding steps then run the same graphs over HF's own weights."""
+    why = why_not_compile(model)
+    if why is not None:
         raise ValueError(
-            f"the compiled decoding step runs multihead's own causal LMs, not a {type(model).__name__}: load the "
-            "model's files with multihead.loading.load (an attached HF model decodes through HF's own layers)"
+            f"the compiled decoding step runs multihead's own causal LMs, not this {type(model).__name__} ({why}): "
+            "load the model's files with multihead.loading.load"
         )
+    _compile_native(decoding_model(model), whole_step)
+    return model
+
+
+def _compile_native(model, whole_step: bool) -> None:
     reason = why_not_architecture(model)
     spec = _spec(model) if reason is None else reason
     if isinstance(spec, str):
@@ -475,7 +500,6 @@ def compile(model, *, whole_step: bool = False):
             f"torch.compile could not build the decoding step here ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
             "inductor needs a C++ compiler (e.g. apt install g++): decode without fast_decode.compile"
         ) from e
-    return model
 
 
 def _whole_step(model, tokens: Tensor, cache: KVCache, position: int | None = None) -> Tensor:
@@ -542,6 +566,7 @@ __all__ = [
     "forget",
     "compile",
     "compiled",
+    "decoding_model",
     "step",
     "hooked",
     "why_not",
