@@ -188,3 +188,15 @@ def _decode_batch(model, ids, steps: int = 6):
             logits = model.step(logits.argmax(-1), cache)
             out.append(logits)
     return torch.stack(out), cache
+
+
+def test_weights_adjacent_in_memory_but_in_two_storages_are_not_one_buffer():
+    """Tensors read from one file may sit back to back in memory, each in its own storage (safetensors' mmap):
+    packed views are one storage's rows, so such a pair is laid out anew, not read past its storage's end."""
+    whole = torch.arange(24.0)
+    storage = whole.untyped_storage()
+    first = torch.empty(0).set_(storage[0:48], 0, (3, 4))
+    second = torch.empty(0).set_(storage[48:96], 0, (3, 4))
+    assert first.data_ptr() + 48 == second.data_ptr()
+    assert fastpath.rows([first, second]) is None
+    assert torch.equal(fastpath.rows([whole[:12].view(3, 4), whole[12:].view(3, 4)]), whole.view(6, 4))

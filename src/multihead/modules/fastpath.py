@@ -96,6 +96,7 @@ def _packed(weights: Sequence[Tensor], by_rows: bool) -> Tensor | None:
             or w.shape[1] != width
             or not laid
             or w.dtype != first.dtype
+            or w.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()  # adjacent is not enough
             or w.data_ptr() != first.data_ptr() + offset * (width if by_rows else 1) * first.element_size()
         ):
             return None
