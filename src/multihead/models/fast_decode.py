@@ -138,23 +138,23 @@ def chosen(model) -> kernels.Choice | None:
 
 def _choose(model) -> None:
     """On ``model``'s first one-row step here: the kernel this machine streams its weights fastest with (measured
-    once per machine, or kept from an earlier process); the compiled step where inductor's reduction wins."""
+    once per machine, or kept from an earlier process) -- for float32 weights BLAS's product or inductor's reduction,
+    for weights stored in bf16 or int8 PyTorch's product for the format or inductor's -- and the compiled step where
+    inductor's reduction wins."""
     fmt = weight_only(model)
     if model in _COMPILED:  # compile() was asked for: an explicit choice
         _CHOSEN[model] = kernels.Choice("compiled", "asked", {}, note="fast_decode.compile was called")
         return
-    if fmt is not None:  # weights stored in another format: PyTorch's product for it, or inductor's reduction
-        choice = kernels.choose(model, fmt=fmt)
+    choice = kernels.choose(model, fmt=fmt)
+    if fmt is not None:  # a row through a stored layer off the compiled step (a hook on, say) takes it too
         use(model, choice.kernel)
-        _CHOSEN[model] = choice
-        return
-    choice = kernels.choose(model)
     if choice.kernel == "compiled":
         try:
             compile(model)
         except ValueError as e:  # an architecture the compiled step cannot write: the lean step, said once
-            choice.note = f"the compiled kernel is fastest here, but this model cannot take it ({e}); BLAS serves"
-            choice.kernel = "blas"
+            if fmt is None:
+                choice.kernel = "blas"
+            choice.note = f"the compiled kernel is fastest here, but this model cannot take the compiled step ({e})"
             kernels.say_once(choice.note)
     _CHOSEN[model] = choice
 
