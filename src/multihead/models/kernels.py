@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from .._io import atomic_write_json, cache_home, read_json_file
 from .._proc import cpu_model
+from .precision import own_code, rowwise
 
 ENV = "MULTIHEAD_DECODE_KERNEL"
 ASKED = ("auto", "blas", "compiled")
@@ -49,12 +50,6 @@ REVISION = 2  # the version of the candidates' own code: a choice measured on an
 
 
 # ---------------------------------------------------------------------------------------------------- candidates
-def _gemv(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``F.linear`` written as the reduction inductor fuses into one pass over a row-major weight."""
-    y = (x[..., None, :] * weight).sum(-1)
-    return y if bias is None else y + bias
-
-
 @functools.cache
 def why_not_inductor() -> str | None:
     """Why ``torch.compile`` cannot build CPU code in this process (None: it can), tried once on a tiny function:
@@ -99,7 +94,7 @@ def _blas(shapes: list[tuple[int, int]], dtype: torch.dtype) -> Callable[[], Non
 
 
 def _compiled(shapes: list[tuple[int, int]], dtype: torch.dtype) -> Callable[[], None]:
-    product = torch.compile(_gemv, dynamic=False, fullgraph=True)
+    product = torch.compile(own_code(rowwise), dynamic=False, fullgraph=True)  # the compiled step's own product
     laid = [_filled(o, i, dtype) for o, i in shapes]  # row-major, as the compiled step reads them
     rows = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype) for w in laid}
 
