@@ -1,5 +1,5 @@
 """llama.cpp as the decoding peer: the GGUF copies it reads (metadata and tensors against the source, read back with the
-gguf package; the bf16 and q8_0 copies against gguf's own quantiser), and greedy decoding of SmolLM2 by llama.cpp (a
+gguf package; the bf16, q8_0 and q4_1 copies against gguf's own quantiser), and greedy decoding of SmolLM2 by llama.cpp (a
 current build from xllamacpp, and gpt4all's) on the float32 copy equal to ours."""
 
 import importlib.util
@@ -44,11 +44,11 @@ def test_copy_renames_the_pre_tokenizer_and_keeps_everything_else(tiny_gguf, tmp
     assert not list(tmp_path.glob(".*.tmp"))  # nothing half-written left behind
 
 
-@pytest.mark.parametrize("precision", ["bf16", "q8_0"])
+@pytest.mark.parametrize("precision", ["bf16", "q8_0", "q4_1"])
 def test_a_lower_precision_copy_requantises_each_weight_from_its_float32_values(tiny_gguf, tmp_path, precision):
     import gguf
 
-    to = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[precision]
+    to = getattr(gguf.GGMLQuantizationType, precision.upper())
     src, dst = gguf.GGUFReader(tiny_gguf), gguf.GGUFReader(L.llamacpp_copy(tiny_gguf, precision, tmp_path))
     kinds = set()
     for s, d in zip(src.tensors, dst.tensors):

@@ -16,8 +16,8 @@ folder, SDPA attention); the prompt is 16 random ordinary tokens, end-of-text ne
 more cases time the prompt's forward pass at ``--prefill`` lengths (default 512 and 4096): ``prefill`` (ours,
 filling the KV cache) and ``hf_prefill`` (HF's forward with ``use_cache=True``). A GGUF model also races llama.cpp
 (:mod:`multihead.bench.llamacpp`) on copies of the same file: a current llama.cpp (PyPI's ``xllamacpp``) at
-``xllamacpp_f32`` (dequantised to float32, our precision), ``xllamacpp_bf16``, ``xllamacpp_q8_0`` (requantised from
-the float32 values) and ``xllamacpp`` (the file's own quantisation), and gpt4all's 2024 build at ``llamacpp_f32`` and
+``xllamacpp_f32`` (dequantised to float32, our precision), ``xllamacpp_bf16``, ``xllamacpp_q8_0``, ``xllamacpp_q4_1``
+(requantised from the float32 values) and ``xllamacpp`` (the file's own quantisation), and gpt4all's 2024 build at ``llamacpp_f32`` and
 ``llamacpp``; llama.cpp decodes one row at a time, so its batch cases run the rows in turn, and the xllamacpp
 cases never stop at end-of-text (gpt4all's build does). With ``--context N`` (default 4096) every
 implementation also decodes after N tokens of held-out text, ours under each KV policy (``cached:window``, ...,
@@ -245,6 +245,7 @@ LLAMACPP = {
     "xllamacpp_f32": ("xllamacpp", "f32"),
     "xllamacpp_bf16": ("xllamacpp", "bf16"),
     "xllamacpp_q8_0": ("xllamacpp", "q8_0"),
+    "xllamacpp_q4_1": ("xllamacpp", "q4_1"),
 }
 
 

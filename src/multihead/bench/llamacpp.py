@@ -7,8 +7,8 @@
 
 Both read copies of the GGUF file written with the ``gguf`` package (:func:`llamacpp_copy`): ``as-is`` keeps the
 tensors as stored (SmolLM2's file: Q4_1 weights, a Q8_0 embedding), ``f32`` dequantises every tensor to float32
-(multihead's precision, for a same-precision race), ``bf16`` and ``q8_0`` requantise every 2-D weight to that type
-from the float32 values (norms and other 1-D tensors stay float32, as llama.cpp's own quantiser leaves them). gpt4all's
+(multihead's precision, for a same-precision race), ``bf16``, ``q8_0`` and ``q4_1`` requantise every 2-D weight to that
+type from the float32 values (norms and other 1-D tensors stay float32, as llama.cpp's own quantiser leaves them). gpt4all's
 build predates the ``smollm`` pre-tokenizer name that newer files carry, so a copy's metadata says ``gpt-2`` (the same
 byte-level BPE rules). Copies are written once, atomically, into a cache folder outside the repository
 (``$XDG_CACHE_HOME/multihead/llamacpp`` by default) and reused while the source file is unchanged.
@@ -23,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 PRE_TOKENIZER = "tokenizer.ggml.pre"
-PRECISIONS = ("f32", "bf16", "q8_0", "as-is")
+PRECISIONS = ("f32", "bf16", "q8_0", "q4_1", "as-is")
 ENGINES = ("xllamacpp", "gpt4all")
 
 
@@ -40,7 +40,8 @@ def _stamp(path: Path) -> str:
 
 def llamacpp_copy(source: str | Path, precision: str = "f32", folder: str | Path | None = None) -> Path:
     """A copy of GGUF ``source`` that both engines read: pre-tokenizer ``gpt-2``, tensors as stored (``as-is``),
-    dequantised to float32 (``f32``), or every 2-D weight requantised to ``bf16`` / ``q8_0`` from its float32 values.
+    dequantised to float32 (``f32``), or every 2-D weight requantised to ``bf16`` / ``q8_0`` / ``q4_1`` from its float32
+    values.
     Written once per source file (its path, size and time)."""
     import gguf
     import numpy as np
@@ -61,7 +62,12 @@ def llamacpp_copy(source: str | Path, precision: str = "f32", folder: str | Path
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     writer = gguf.GGUFWriter(tmp, arch.contents(), endianess=reader.endianess)
     if precision != "as-is":
-        to = {"f32": None, "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[precision]
+        to = {
+            "f32": None,
+            "bf16": gguf.GGMLQuantizationType.BF16,
+            "q8_0": gguf.GGMLQuantizationType.Q8_0,
+            "q4_1": gguf.GGMLQuantizationType.Q4_1,
+        }[precision]
         tensors = []
         for t in reader.tensors:
             data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
