@@ -217,3 +217,34 @@ def test_a_budget_kept_while_decoding_holds_its_cap(folder):
         assert got[("kvpress", "full")]["perplexity"] == pytest.approx(full["perplexity"], rel=1e-4)
         press = got[("kvpress", "TOVAPress")]
         assert "error" not in press and press["kv_bytes_max"] <= full["kv_bytes_end"] * (50 + 16) / 223 + 1
+
+
+def test_runs_split_by_task_join_into_the_run_of_both_and_refuse_other_settings(folder, tmp_path, capsys):
+    from multihead.cli import main
+
+    opts = dict(folder=folder, lengths=[400], n=1, fractions=(0.5,), methods=["snapkv"], protocols=["context"])
+    both = K.run(tasks=["niah_single_number", "vt"], progress=False, **opts)
+    parts = [tmp_path / "a.json", tmp_path / "b.json"]
+    for task, path in zip(["vt", "niah_single_number"], parts):  # split, in the other order
+        K.run(tasks=[task], out=path, progress=False, **opts)
+    out = tmp_path / "joined.json"
+    assert main(["bench", "kv", "--join", ",".join(map(str, parts)), "--out", str(out)]) == 0
+    capsys.readouterr()
+    joined = json.loads(out.read_text())
+
+    def same(payload):  # what a run measures, less its timings
+        keys = ("task", "length", "protocol", "side", "method", "fraction", "score", "examples", "kv_bytes", "samples")
+        return sorted(tuple(json.dumps(r[k]) for k in keys) for r in payload["results"])
+
+    assert same(joined) == same(both)
+    assert joined["config"] == json.loads(json.dumps(both["config"]))  # the tasks in the suite's order
+    assert joined["done"] == both["done"] and len(joined["joined"]) == 2
+    assert out.with_suffix(".md").is_file() and (tmp_path / "joined-vt.png").is_file()
+    other = tmp_path / "other.json"
+    K.run(tasks=["vt"], out=other, progress=False, **{**opts, "n": 2})
+    bad = tmp_path / "bad.json"
+    assert main(["bench", "kv", "--join", f"{parts[0]},{other}", "--out", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "other settings (n)" in err and "Traceback" not in err and not bad.exists()
+    assert main(["bench", "kv", "--join", f"{parts[0]},{tmp_path / 'nowhere.json'}", "--out", str(bad)]) == 2
+    assert "cannot be read" in capsys.readouterr().err and not bad.exists()

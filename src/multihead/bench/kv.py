@@ -650,6 +650,18 @@ def _decode_result(losses: list[float], most: int, last: int, seconds: float) ->
 
 # ------------------------------------------------------------------------------------------------ the command
 def from_args(args, out: Path) -> dict:
+    if getattr(args, "join", None):  # runs of one grid joined: no model is read
+        payload = _join_files(args.join, out)
+    else:
+        payload = _run_from_args(args, out)
+    plot(payload, out.with_suffix(""))
+    from .._io import atomic_write_text
+
+    atomic_write_text(out.with_suffix(".md"), markdown(payload))
+    return payload
+
+
+def _run_from_args(args, out: Path) -> dict:
     from ..data.ruler import TASKS
 
     folder = Path(args.model) if getattr(args, "model", None) else None
@@ -693,10 +705,85 @@ def from_args(args, out: Path) -> dict:
         decode=decode,
         **opts,
     )
-    plot(payload, out.with_suffix(""))
-    from .._io import atomic_write_text
+    return payload
 
-    atomic_write_text(out.with_suffix(".md"), markdown(payload))
+
+_AXES = ("tasks", "lengths", "protocols")  # a grid's axes: runs that split it differ in these and agree on the rest
+
+
+def join(payloads: list[dict]) -> dict:
+    """Runs of one grid split across processes or machines (each its own ``--tasks``, ``--lengths`` or
+    ``--protocols``) as one run. Their other settings (model, n, fractions, methods, eviction, head split, seed,
+    scoring) must be the same; a block (task, length, protocol) measured in several keeps the run that holds more of
+    its samples. Each run's machine and seconds are kept under ``joined``; memory and decoding rows are taken from the
+    runs that measured them."""
+    from ..data.ruler import TASKS
+
+    if len(payloads) < 2:
+        raise ValueError("--join takes two or more bench kv JSON files, comma-separated")
+    for i, p in enumerate(payloads):
+        if not isinstance(p, dict) or p.get("suite") != "kv" or not isinstance(p.get("results"), list):
+            raise ValueError(f"--join: file {i + 1} is not a bench kv JSON")
+    first = payloads[0]["config"]
+    rest = {k: v for k, v in first.items() if k not in _AXES}
+    for i, p in enumerate(payloads[1:], 2):
+        other = {k: v for k, v in p["config"].items() if k not in _AXES}
+        if other != rest:
+            diff = sorted(k for k in set(rest) | set(other) if rest.get(k) != other.get(k))
+            raise ValueError(
+                f"--join: file {i} was run with other settings ({', '.join(diff)}); only the tasks, lengths and "
+                "protocols may differ between the runs joined"
+            )
+    if len({str(p.get("kvpress")) for p in payloads}) > 1:
+        raise ValueError("--join: the runs had different kvpress installs; join runs made with the same one")
+    owner: dict[str, int] = {}  # block -> the run holding most of its samples
+    for i, p in enumerate(payloads):
+        for block, done in p.get("done", {}).items():
+            if block not in owner or done > payloads[owner[block]]["done"][block]:
+                owner[block] = i
+    union = {a: list(dict.fromkeys(x for p in payloads for x in p["config"][a])) for a in _AXES}
+    union["tasks"] = sorted(union["tasks"], key=lambda t: list(TASKS).index(t) if t in TASKS else len(TASKS))
+    union["lengths"] = sorted(union["lengths"])
+    out: dict = {
+        "suite": "kv",
+        "config": {**first, **union},
+        "machine": payloads[0]["machine"],
+        "results": [
+            r
+            for i, p in enumerate(payloads)
+            for r in p["results"]
+            if owner.get(f"{r['task']}/{r['length']}/{r['protocol']}") == i
+        ],
+        "done": {block: payloads[i]["done"][block] for block, i in owner.items()},
+        "seconds": round(sum(p.get("seconds", 0) for p in payloads), 1),
+        "kvpress": payloads[0].get("kvpress"),
+        "joined": [{"machine": p["machine"], "seconds": p.get("seconds"), "done": p.get("done", {})} for p in payloads],
+    }
+    memory: dict = {}
+    for p in payloads:
+        for m in p.get("memory", []):
+            memory.setdefault((m["length"], m["side"], m["method"], m["fraction"]), m)
+    if memory:
+        out["memory"] = list(memory.values())
+    decoding = next((p["decoding"] for p in payloads if "decoding" in p), None)
+    if decoding is not None:
+        out["decoding"] = decoding
+    return out
+
+
+def _join_files(paths: list[str], out: Path) -> dict:
+    """``--join A.json,B.json``: read each run (JSON only, no model), join them and write ``out``."""
+    from .._io import read_json_file
+    from .harness import write_json
+
+    payloads = []
+    for path in paths:
+        try:
+            payloads.append(read_json_file(Path(path)))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--join: {path} cannot be read as a bench kv JSON ({exc})") from None
+    payload = join(payloads)
+    write_json(out, payload)
     return payload
 
 
@@ -774,6 +861,18 @@ def markdown(payload: dict) -> str:
     ]
     rows = [r for r in payload["results"] if r.get("questions")]
     blocks = dict.fromkeys((r["task"], r["length"], r["protocol"]) for r in rows)
+    lines += [
+        "",
+        "## At equal bytes: multihead's best policy against kvpress's best press",
+        "",
+        "Per cell, the best-scoring method of each side at each kept fraction (the same share of the keys, so the same "
+        "bytes). *Apart* means the two Wilson intervals do not overlap; *overlapping* means these samples do not tell "
+        "the two apart.",
+        "",
+        "| task | length | protocol | kept | full cache | multihead's best | kvpress's best | verdict |",
+        "|---|---:|---|---:|---:|---|---|---|",
+    ]
+    lines += [_verdict_row(rows, block, f) for block in blocks for f in sorted({r["fraction"] for r in rows}) if f < 1]
     for task, length, protocol in blocks:
         cell = [r for r in rows if (r["task"], r["length"], r["protocol"]) == (task, length, protocol)]
         fractions = sorted({r["fraction"] for r in cell if r["method"] != "full"})
@@ -792,7 +891,61 @@ def markdown(payload: dict) -> str:
                 for f in fractions
             ]
             lines.append(f"| {side}: {method} | " + " | ".join(texts) + " |")
+    if payload.get("memory"):
+        lines += [
+            "",
+            "## Memory",
+            "",
+            "Per method and fraction, in a fresh process: the cache's tensor bytes after one prompt is read under the "
+            "method, and the most resident memory the read and its answer add over the loaded model (the kernel's peak "
+            "mark, reset after loading).",
+            "",
+            "| length | side | method | kept fraction | KV tensor KiB | peak added (MiB) |",
+            "|---:|---|---|---:|---:|---:|",
+        ]
+        for m in payload["memory"]:
+            got = f"{m['error']} | |" if "error" in m else f"{m['kv_bytes'] / 1024:.0f} | {m['peak_added_mib']} |"
+            lines.append(f"| {m['length']} | {m['side']} | {m['method']} | {m['fraction']:g} | {got}")
+    if payload.get("joined"):
+        lines += [
+            "",
+            "Joined from runs on: "
+            + "; ".join(
+                f"{j['machine'].get('cpu')} ({j.get('seconds')} s: {', '.join(j.get('done', {}))})"
+                for j in payload["joined"]
+            ),
+        ]
     return "\n".join(lines) + "\n"
+
+
+def _verdict_row(rows: list[dict], block: tuple, fraction: float) -> str:
+    """One line of the equal-bytes summary: each side's best method at ``fraction`` in ``block``."""
+    cell = [r for r in rows if (r["task"], r["length"], r["protocol"]) == block]
+    full = next((r for r in cell if r["method"] == "full"), None)
+    best = {}
+    for side in ("multihead", "kvpress"):
+        mine = [r for r in cell if r["side"] == side and r["fraction"] == fraction and r["method"] != "full"]
+        best[side] = max(mine, key=lambda r: (r["score"], r["interval"][0]), default=None)
+    ours, press = best["multihead"], best["kvpress"]
+
+    def text(r):
+        return "" if r is None else f"{r['method']} {r['score']:.2f} [{r['interval'][0]:.2f}, {r['interval'][1]:.2f}]"
+
+    if ours is None or press is None:
+        verdict = "one side only"
+    elif ours["interval"][0] > press["interval"][1]:
+        verdict = "multihead ahead, apart"
+    elif press["interval"][0] > ours["interval"][1]:
+        verdict = "kvpress ahead, apart"
+    else:
+        verdict = "overlapping" + (
+            ""
+            if ours["score"] == press["score"]
+            else f" ({'multihead' if ours['score'] > press['score'] else 'kvpress'} higher)"
+        )
+    ceiling = "" if full is None else f"{full['score']:.2f}"
+    task, length, protocol = block
+    return f"| {task} | {length} | {protocol} | {fraction:g} | {ceiling} | {text(ours)} | {text(press)} | {verdict} |"
 
 
 def format_table(payload: dict) -> str:
@@ -843,6 +996,7 @@ __all__ = [
     "default_out",
     "format_table",
     "from_args",
+    "join",
     "markdown",
     "memory_rows",
     "plot",

@@ -195,6 +195,13 @@ def _bench_kv_flags(bench) -> None:
     )
     bench.add_argument("--resume", action="store_true", help="kv: go on with the samples --out's JSON already holds")
     bench.add_argument(
+        "--join",
+        type=_words,
+        default=None,
+        help="kv: join these runs of one grid (comma-separated JSON files, split by --tasks, --lengths or "
+        "--protocols) into --out; no model is read",
+    )
+    bench.add_argument(
         "--decode",
         type=_count,
         default=None,
