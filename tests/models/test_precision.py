@@ -17,7 +17,7 @@ from multihead.models.generation import generate
 from multihead.models.precision import WeightOnlyLinear, convert, weight_only, why_not
 from multihead.models.seq2seq import Seq2Seq, Seq2SeqConfig
 
-from test_decoding_layout import SHAPES, _decode, _model
+from test_decoding_layout import SHAPES, _decode, _decode_batch, _model
 
 
 def test_each_format_multiplies_as_its_formula():
@@ -80,17 +80,25 @@ def test_inductors_reduction_over_the_stored_weights_writes_the_librarys_tokens(
     model = _model("llama")
     ids = torch.randint(3, 300, (1, 40), generator=torch.Generator().manual_seed(1))
     library = _decode(convert(copy.deepcopy(model), fmt), ids)
+    batch = torch.randint(3, 300, (2, 20), generator=torch.Generator().manual_seed(2))
+    library_rows, _ = _decode_batch(convert(copy.deepcopy(model), fmt), batch)
     monkeypatch.setenv(kernels.ENV, "compiled")
     q = convert(copy.deepcopy(model), fmt)
     logits, tokens = _decode(q, ids)
     assert fast_decode.chosen(q).kernel == "compiled" and {m.kernel for m in _stored(q)} == {"compiled"}
     layer = _stored(q)[0]
-    x = torch.randn(1, layer.in_features)
     with torch.no_grad():
-        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        for rows in (1, 3, 5):  # one row, then batches: one graph with the rows symbolic serves both
+            x = torch.randn(rows, layer.in_features)
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
     if fmt == "int8":
         assert tokens == library[1]
         torch.testing.assert_close(logits, library[0], rtol=1e-4, atol=1e-4)
+        rows = convert(copy.deepcopy(model), fmt)  # a batch first: its rows take the product measured for one
+        got, _ = _decode_batch(rows, batch)
+        assert {m.kernel for m in _stored(rows)} == {"compiled"}
+        assert torch.equal(got.argmax(-1), library_rows.argmax(-1))
+        torch.testing.assert_close(got, library_rows, rtol=1e-4, atol=1e-4)
 
 
 def _stored(model):
