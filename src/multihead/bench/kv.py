@@ -367,11 +367,15 @@ def run(
             raise ValueError(f"--resume: {out} is not a bench kv JSON ({exc}); give another --out") from None
         if not isinstance(old, dict) or not isinstance(old.get("results"), list):
             raise ValueError(f"--resume: {out} is not a bench kv JSON (no results); give another --out")
-        if old.get("config") != json.loads(json.dumps(config)):
+        old_config, same = old.get("config") or {}, json.loads(json.dumps(config))
+        differ = sorted(k for k in set(same) | set(old_config) if k not in _AXES and old_config.get(k) != same.get(k))
+        if differ:
             raise ValueError(
-                f"--resume: {out} was written with other settings ({old.get('config')}); give the same settings or "
-                "another --out"
+                f"--resume: {out} was written with other settings ({', '.join(differ)}: {old.get('config')}); give the "
+                "same settings or another --out (the tasks, lengths and protocols may change)"
             )
+        for axis in _AXES:  # a resumed run may add or leave out tasks, lengths or protocols: it keeps what it holds
+            config[axis] = _union(axis, old_config.get(axis, []), config[axis])
         payload["results"], payload["done"] = old["results"], old.get("done", {})
         payload.update({k: old[k] for k in ("decoding", "memory", "seconds") if k in old})  # measured already
     ours = OursSide(folder, ranking, evict, methods=methods)
@@ -711,14 +715,24 @@ def _run_from_args(args, out: Path) -> dict:
 _AXES = ("tasks", "lengths", "protocols")  # a grid's axes: runs that split it differ in these and agree on the rest
 
 
+def _union(axis: str, a: list, b: list) -> list:
+    """The values of a grid axis in either list, in the suite's order (tasks as registered, lengths ascending)."""
+    from ..data.ruler import TASKS
+
+    both = list(dict.fromkeys([*a, *b]))
+    if axis == "tasks":
+        return sorted(both, key=lambda t: list(TASKS).index(t) if t in TASKS else len(TASKS))
+    if axis == "lengths":
+        return sorted(both)
+    return both
+
+
 def join(payloads: list[dict]) -> dict:
     """Runs of one grid split across processes or machines (each its own ``--tasks``, ``--lengths`` or
     ``--protocols``) as one run. Their other settings (model, n, fractions, methods, eviction, head split, seed,
     scoring) must be the same; a block (task, length, protocol) measured in several keeps the run that holds more of
     its samples. Each run's machine and seconds are kept under ``joined``; memory and decoding rows are taken from the
     runs that measured them."""
-    from ..data.ruler import TASKS
-
     if len(payloads) < 2:
         raise ValueError("--join takes two or more bench kv JSON files, comma-separated")
     for i, p in enumerate(payloads):
@@ -741,9 +755,9 @@ def join(payloads: list[dict]) -> dict:
         for block, done in p.get("done", {}).items():
             if block not in owner or done > payloads[owner[block]]["done"][block]:
                 owner[block] = i
-    union = {a: list(dict.fromkeys(x for p in payloads for x in p["config"][a])) for a in _AXES}
-    union["tasks"] = sorted(union["tasks"], key=lambda t: list(TASKS).index(t) if t in TASKS else len(TASKS))
-    union["lengths"] = sorted(union["lengths"])
+    union: dict = {a: [] for a in _AXES}
+    for p in payloads:
+        union = {a: _union(a, union[a], p["config"][a]) for a in _AXES}
     out: dict = {
         "suite": "kv",
         "config": {**first, **union},
