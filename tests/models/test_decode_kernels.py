@@ -132,3 +132,34 @@ def test_weights_stored_in_a_format_are_measured_between_its_own_products(auto, 
         return
     assert choice.source == "measured" and set(choice.seconds) == {"library", "compiled"}
     assert choice.kernel == min(choice.seconds, key=choice.seconds.get)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+def test_a_converted_model_is_timed_as_whole_steps_and_decodes_with_the_faster(auto, fmt, monkeypatch):
+    """Over weights stored in a format, the first row times each candidate as a whole decoding step of the model (the
+    lean step with PyTorch's product, the compiled step), keeps the faster apart from product timings, and decodes
+    with it: the library's tokens whichever wins."""
+    import copy
+
+    from multihead.models.precision import WeightOnlyLinear, convert
+
+    model = _model("llama")
+    ids = torch.randint(3, 300, (1, 24), generator=torch.Generator().manual_seed(3))
+    q = convert(copy.deepcopy(model), fmt)
+    logits, tokens = _decode(q, ids)
+    choice = fast_decode.chosen(q)
+    if INDUCTOR is not None:
+        assert choice.source == "only" and choice.kernel == "library"
+        return
+    assert choice.source == "measured" and choice.key["timed"] == "steps"
+    assert set(choice.seconds) == {"library", "compiled"} and "a decoding step" in choice.why()
+    assert choice.kernel == min(choice.seconds, key=choice.seconds.get)
+    assert fast_decode.compiled(q) == (choice.kernel == "compiled")  # compiled to be timed: dropped if slower
+    assert {m.kernel for m in q.modules() if isinstance(m, WeightOnlyLinear)} == {choice.kernel}
+    (entry,) = [v for k, v in json.loads(auto.read_text())["choices"].items() if '"timed": "steps"' in k]
+    assert entry["kernel"] == choice.kernel
+    monkeypatch.setenv(kernels.ENV, "blas")  # the library's product asked for
+    library = _decode(convert(copy.deepcopy(model), fmt), ids)
+    if fmt == "int8":
+        assert tokens == library[1]
+        torch.testing.assert_close(logits, library[0], rtol=1e-4, atol=1e-4)

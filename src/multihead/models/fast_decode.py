@@ -147,9 +147,11 @@ def _choose(model) -> None:
     if model in _COMPILED:  # compile() was asked for: an explicit choice
         _CHOSEN[model] = kernels.Choice("compiled", "asked", {}, note="fast_decode.compile was called")
         return
-    choice = kernels.choose(model, fmt=fmt)
+    choice = kernels.choose(model, fmt=fmt, steps=None if fmt is None else _step_timers(model))
     if fmt is not None:  # a row through a stored layer off the compiled step (a hook on, say) takes it too
         use(model, choice.kernel)
+        if choice.kernel != "compiled":
+            _COMPILED.pop(model, None)  # compiled to be timed, and slower
     if choice.kernel == "compiled":
         try:
             compile(model)
@@ -159,6 +161,43 @@ def _choose(model) -> None:
             choice.note = f"the compiled kernel is fastest here, but this model cannot take the compiled step ({e})"
             kernels.say_once(choice.note)
     _CHOSEN[model] = choice
+
+
+def _step_timers(model) -> dict:
+    """For weights stored in a format: each candidate as a whole one-row decoding step of ``model`` itself (the lean
+    step with PyTorch's product for the format; the compiled step, compiled for the purpose), timed on a cache of its
+    own. The steps, not the products alone, are what differ: the lean step does its norms, rotation and attention
+    between the products, the compiled step fuses them into its graphs."""
+
+    def timer(kernel: str):
+        def build():
+            if kernel == "compiled":
+                compile(model)
+            else:
+                _COMPILED.pop(model, None)
+            use(model, kernel)
+            one, stepper = torch.zeros(1, dtype=torch.long), _compiled_step if kernel == "compiled" else _lean_step
+
+            @torch.no_grad()
+            def fresh():
+                return model.prefill(torch.zeros(1, 4, dtype=torch.long))[1]
+
+            held = [fresh()]
+
+            @torch.no_grad()
+            def run() -> None:
+                if held[0].self_attn[0].length >= 64:  # a short cache, as early in a generation
+                    held[0] = fresh()
+                stepper(model, one, held[0])
+
+            return run
+
+        return build
+
+    timers = {"library": timer("library")}
+    if why_not_compile(model) is None and why_not_architecture(model) is None and not isinstance(_spec(model), str):
+        timers["compiled"] = timer("compiled")
+    return timers
 
 
 def hooked(modules) -> bool:
@@ -184,6 +223,10 @@ def step(model, tokens: Tensor, cache: KVCache) -> Tensor:
             use(model, _ROWS[model].kernel)
     if model in _COMPILED and why_not_compiled(model, tokens) is None:
         return _compiled_step(model, tokens, cache)
+    return _lean_step(model, tokens, cache)
+
+
+def _lean_step(model, tokens: Tensor, cache: KVCache) -> Tensor:
     dec = model.decoder
     pos = cache.next_position  # (B,)
     positions = pos[:, None]  # (B, 1): one tensor for every layer, so the rotary angles are computed once

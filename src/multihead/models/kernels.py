@@ -197,6 +197,8 @@ class Choice:
             return f"{self.kernel}: the only kernel that runs here ({'; '.join(self.cannot.values())})"
         times = ", ".join(f"{k} {1000 * s:.1f} ms" for k, s in sorted(self.seconds.items(), key=lambda kv: kv[1]))
         how = "measured now" if self.source == "measured" else "measured earlier on this machine"
+        if self.key.get("timed") == "steps":
+            return f"{self.kernel}: the fastest here, {how} ({times} a decoding step)"
         return f"{self.kernel}: the fastest here, {how} ({times} over {self.key['measured_mb']} MB of weights)"
 
 
@@ -235,12 +237,16 @@ def machine_key(weights: list[Tensor]) -> dict:
     }
 
 
-def choose(model: nn.Module, *, folder=None, budget: float = BUDGET_S, fmt: str | None = None) -> Choice:
+def choose(
+    model: nn.Module, *, folder=None, budget: float = BUDGET_S, fmt: str | None = None, steps: dict | None = None
+) -> Choice:
     """The kernel ``model`` decodes fastest with on this machine: asked for (:data:`ENV`), kept from an earlier
     measurement on this machine (``folder``'s :data:`FILE`, default the user's cache folder), or measured now
     and kept. A problem with the file is said once (a warning) and otherwise changes nothing. ``fmt``: the format
     its linear weights are stored in (:mod:`multihead.models.precision`): the candidates are that format's
-    (:data:`FORMATS`; ``blas`` asked for is PyTorch's library product there)."""
+    (:data:`FORMATS`; ``blas`` asked for is PyTorch's library product there). ``steps``: per candidate, a function
+    that prepares the model to decode with it and answers one whole decoding step of the model; given, the
+    candidates are timed as those steps instead of as their products (and kept apart from product timings)."""
     want = asked()
     candidates = KERNELS if fmt is None else FORMATS[fmt]
     if fmt is None:
@@ -252,6 +258,8 @@ def choose(model: nn.Module, *, folder=None, budget: float = BUDGET_S, fmt: str 
         weights = [torch.empty(shape, dtype=dtype, device="meta") for shape in stored_shapes(model)]
         want = {"blas": "library"}.get(want, want)
     key = machine_key(weights)
+    if steps is not None:
+        key["timed"] = "steps"
     if want != "auto":  # only the kernel asked for is tried
         why = candidates[want].why_not()
         if why is not None:
@@ -259,6 +267,9 @@ def choose(model: nn.Module, *, folder=None, budget: float = BUDGET_S, fmt: str 
         return Choice(want, "asked", key)
     cannot = {name: why for name, k in candidates.items() if (why := k.why_not()) is not None}
     usable = [name for name in candidates if name not in cannot]
+    if steps is not None:  # a candidate whose step cannot serve this model
+        cannot.update({n: "its decoding step cannot serve this model" for n in usable if n not in steps})
+        usable = [n for n in usable if n in steps]
     if not weights:  # nothing to stream: the products do not matter
         cannot = {**cannot, "measured": "the model has no linear layer to time"}
         usable = usable[:1]
@@ -271,7 +282,10 @@ def choose(model: nn.Module, *, folder=None, budget: float = BUDGET_S, fmt: str 
         key["measured_mb"] = entry.get("measured_mb")
         return Choice(entry["kernel"], "kept", key, dict(entry.get("seconds", {})), cannot, note)
     try:
-        seconds, mb = _measure(weights, {name: candidates[name] for name in usable}, budget)
+        if steps is not None:
+            seconds, mb = _measure_steps({name: steps[name] for name in usable}, budget), None
+        else:
+            seconds, mb = _measure(weights, {name: candidates[name] for name in usable}, budget)
     except (RuntimeError, MemoryError) as e:  # a candidate failed to build or run here: the first one serves
         said = (
             f"the decoding kernels could not be measured here ({type(e).__name__}: {str(e)[:200]}); {usable[0]} serves"
@@ -330,6 +344,24 @@ def say_once(note: str) -> None:
     if note not in _SAID:
         _SAID.add(note)
         warnings.warn(note, RuntimeWarning, stacklevel=3)
+
+
+def _measure_steps(steps: dict, budget: float) -> dict[str, float]:
+    """Each candidate's least time for one decoding step, the candidates alternated round by round (at least
+    three rounds, then until ``budget`` seconds per candidate)."""
+    runs = {}
+    for name, build in steps.items():
+        runs[name] = build()
+        runs[name]()  # warm-up: the first step
+    best = dict.fromkeys(runs, float("inf"))
+    start, rounds = time.perf_counter(), 0
+    while rounds < 3 or (time.perf_counter() - start < budget * len(runs) and rounds < 1000):
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - t0)
+        rounds += 1
+    return {k: round(v, 6) for k, v in best.items()}
 
 
 def _measure(weights: list[Tensor], candidates: dict[str, Kernel], budget: float) -> tuple[dict[str, float], float]:
