@@ -250,3 +250,9 @@ def test_runs_split_by_task_join_into_the_run_of_both_and_refuse_other_settings(
     assert "other settings (n)" in err and "Traceback" not in err and not bad.exists()
     assert main(["bench", "kv", "--join", f"{parts[0]},{tmp_path / 'nowhere.json'}", "--out", str(bad)]) == 2
     assert "cannot be read" in capsys.readouterr().err and not bad.exists()
+    garbled = tmp_path / "garbled.json"
+    for text in ('{"suite": "kv", "results": []}', '{"suite": "kv", "config": {}, "results": [{}]}', "[]"):
+        garbled.write_text(text)
+        assert main(["bench", "kv", "--join", f"{parts[0]},{garbled}", "--out", str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert "file 2 is not a bench kv JSON" in err and "Traceback" not in err and not bad.exists()

@@ -735,8 +735,17 @@ def join(payloads: list[dict]) -> dict:
     runs that measured them."""
     if len(payloads) < 2:
         raise ValueError("--join takes two or more bench kv JSON files, comma-separated")
+    block_keys = ("task", "length", "protocol")
     for i, p in enumerate(payloads):
-        if not isinstance(p, dict) or p.get("suite") != "kv" or not isinstance(p.get("results"), list):
+        config = p.get("config") if isinstance(p, dict) else None
+        if (
+            not isinstance(config, dict)
+            or p.get("suite") != "kv"
+            or not isinstance(p.get("results"), list)
+            or not isinstance(p.get("done", {}), dict)
+            or not all(isinstance(config.get(a), list) for a in _AXES)
+            or not all(isinstance(r, dict) and all(k in r for k in block_keys) for r in p["results"])
+        ):
             raise ValueError(f"--join: file {i + 1} is not a bench kv JSON")
     first = payloads[0]["config"]
     rest = {k: v for k, v in first.items() if k not in _AXES}
