@@ -139,10 +139,10 @@ def chosen(model) -> kernels.Choice | None:
 
 
 def _choose(model) -> None:
-    """On ``model``'s first one-row step here: the kernel this machine streams its weights fastest with (measured
-    once per machine, or kept from an earlier process) -- for float32 weights BLAS's product or inductor's reduction,
-    for weights stored in bf16 or int8 PyTorch's product for the format or inductor's -- and the compiled step where
-    inductor's reduction wins."""
+    """On ``model``'s first one-row step here: the kernel this machine decodes fastest with (measured once per
+    machine, or kept from an earlier process) -- for float32 weights BLAS's product or inductor's reduction, timed as
+    products; for weights stored in bf16 or int8 the lean step with PyTorch's product for the format or the compiled
+    step, timed as whole steps of the model -- and the compiled step where inductor's reduction wins."""
     fmt = weight_only(model)
     if model in _COMPILED:  # compile() was asked for: an explicit choice
         _CHOSEN[model] = kernels.Choice("compiled", "asked", {}, note="fast_decode.compile was called")
