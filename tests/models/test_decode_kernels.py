@@ -163,3 +163,25 @@ def test_a_converted_model_is_timed_as_whole_steps_and_decodes_with_the_faster(a
     if fmt == "int8":
         assert tokens == library[1]
         torch.testing.assert_close(logits, library[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(INDUCTOR is not None, reason=f"torch.compile cannot build CPU code here: {INDUCTOR}")
+def test_a_compiled_step_that_fails_while_timed_leaves_the_library_step_and_says_why(auto, monkeypatch):
+    import copy
+
+    from multihead.models.precision import convert
+
+    def broken(model, **kw):
+        raise ValueError("torch.compile could not build the decoding step here")
+
+    model = _model("llama")
+    ids = torch.randint(3, 300, (1, 24), generator=torch.Generator().manual_seed(3))
+    monkeypatch.setenv(kernels.ENV, "blas")
+    want = _decode(convert(copy.deepcopy(model), "int8"), ids)
+    monkeypatch.setenv(kernels.ENV, "auto")
+    monkeypatch.setattr(fast_decode, "compile", broken)
+    q = convert(copy.deepcopy(model), "int8")
+    with pytest.warns(RuntimeWarning, match="could not be measured here .*could not build the decoding step"):
+        got = _decode(q, ids)
+    assert fast_decode.chosen(q).kernel == "library" and not fast_decode.compiled(q)
+    assert got[1] == want[1]

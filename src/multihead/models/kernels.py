@@ -286,7 +286,7 @@ def choose(
             seconds, mb = _measure_steps({name: steps[name] for name in usable}, budget), None
         else:
             seconds, mb = _measure(weights, {name: candidates[name] for name in usable}, budget)
-    except (RuntimeError, MemoryError) as e:  # a candidate failed to build or run here: the first one serves
+    except (RuntimeError, MemoryError, ValueError) as e:  # a candidate failed to build or run: the first serves
         said = (
             f"the decoding kernels could not be measured here ({type(e).__name__}: {str(e)[:200]}); {usable[0]} serves"
         )
