@@ -54,8 +54,6 @@ ENABLED = True
 _KNOWN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _CHOSEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the kernel chosen for it here
-# model -> the product a batch's rows take through weights stored in a format (the one-row measurement's choice)
-_ROWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def compiled(model) -> bool:
@@ -128,7 +126,7 @@ def why_not(model, cache: KVCache) -> str | None:
 
 def forget(model) -> None:
     """Drop what this module knew of ``model`` (its layers, its kernel, its compiled step): its layers changed."""
-    for table in (_KNOWN, _COMPILED, _CHOSEN, _ROWS):
+    for table in (_KNOWN, _COMPILED, _CHOSEN):
         table.pop(model, None)
 
 
@@ -215,12 +213,9 @@ def step(model, tokens: Tensor, cache: KVCache) -> Tensor:
     """One token per row ``(B,)`` in, its logits ``(B, V)`` out; the cache extended. Call only where
     :func:`why_not` says None (:meth:`CausalLM.step` does). A model given to :func:`compile` takes its compiled
     step where :func:`why_not_compiled` says None."""
-    if model not in _CHOSEN and tokens.device.type == "cpu":
-        if tokens.shape[0] == 1:
-            _choose(model)
-        elif model not in _ROWS and weight_only(model) is not None:  # a batch over stored weights: their product
-            _ROWS[model] = kernels.choose(model, fmt=weight_only(model))
-            use(model, _ROWS[model].kernel)
+    # a batch over weights stored in a format takes the product chosen for one row (a float32 batch: the BLAS's)
+    if model not in _CHOSEN and tokens.device.type == "cpu" and (tokens.shape[0] == 1 or weight_only(model)):
+        _choose(model)
     if model in _COMPILED and why_not_compiled(model, tokens) is None:
         return _compiled_step(model, tokens, cache)
     return _lean_step(model, tokens, cache)

@@ -283,7 +283,7 @@ def choose(
         return Choice(entry["kernel"], "kept", key, dict(entry.get("seconds", {})), cannot, note)
     try:
         if steps is not None:
-            seconds, mb = _measure_steps({name: steps[name] for name in usable}, budget), None
+            seconds, mb = _race({name: steps[name] for name in usable}, budget), None
         else:
             seconds, mb = _measure(weights, {name: candidates[name] for name in usable}, budget)
     except (RuntimeError, MemoryError, ValueError) as e:  # a candidate failed to build or run: the first serves
@@ -346,21 +346,23 @@ def say_once(note: str) -> None:
         warnings.warn(note, RuntimeWarning, stacklevel=3)
 
 
-def _measure_steps(steps: dict, budget: float) -> dict[str, float]:
-    """Each candidate's least time for one decoding step, the candidates alternated round by round (at least
-    three rounds, then until ``budget`` seconds per candidate)."""
-    runs = {}
-    for name, build in steps.items():
-        runs[name] = build()
-        runs[name]()  # warm-up: the first step
-    best = dict.fromkeys(runs, float("inf"))
-    start, rounds = time.perf_counter(), 0
-    while rounds < 3 or (time.perf_counter() - start < budget * len(runs) and rounds < 1000):
-        for name, run in runs.items():
-            t0 = time.perf_counter()
-            run()
-            best[name] = min(best[name], time.perf_counter() - t0)
-        rounds += 1
+def _race(builds: dict[str, Callable[[], Callable[[], None]]], budget: float) -> dict[str, float]:
+    """Each candidate's least time for one call of the function its build answers (called once untimed first:
+    compilation, the first pass), the candidates alternated round by round: at least three rounds, then until
+    ``budget`` seconds per candidate."""
+    with torch.no_grad():
+        runs = {}
+        for name, build in builds.items():
+            runs[name] = build()
+            runs[name]()  # warm-up
+        best = dict.fromkeys(runs, float("inf"))
+        start, rounds = time.perf_counter(), 0
+        while rounds < 3 or (time.perf_counter() - start < budget * len(runs) and rounds < 1000):
+            for name, run in runs.items():
+                t0 = time.perf_counter()
+                run()
+                best[name] = min(best[name], time.perf_counter() - t0)
+            rounds += 1
     return {k: round(v, 6) for k, v in best.items()}
 
 
@@ -378,22 +380,8 @@ def _measure(weights: list[Tensor], candidates: dict[str, Kernel], budget: float
         size += w.numel() * w.element_size()
         i += 1
     dtype = weights[0].dtype
-    names = list(candidates)
-    with torch.no_grad():
-        best = dict.fromkeys(names, float("inf"))
-        runs = {}
-        for name, kernel in candidates.items():
-            runs[name] = kernel.timer(shapes, dtype)
-            runs[name]()  # warm-up: compilation, the first pass
-        start = time.perf_counter()
-        rounds = 0
-        while rounds < 3 or (time.perf_counter() - start < budget * len(names) and rounds < 1000):
-            for name, run in runs.items():
-                t0 = time.perf_counter()
-                run()
-                best[name] = min(best[name], time.perf_counter() - t0)
-            rounds += 1
-    return {k: round(v, 6) for k, v in best.items()}, round(size / 2**20, 1)
+    builds = {name: functools.partial(kernel.timer, shapes, dtype) for name, kernel in candidates.items()}
+    return _race(builds, budget), round(size / 2**20, 1)
 
 
 __all__ = [
