@@ -32,6 +32,18 @@ def test_wilson_interval_is_the_formula():
     assert K.wilson(25, 50)[0] < 0.5 < K.wilson(25, 50)[1]
 
 
+def test_a_questions_strings_are_one_trial_in_its_interval():
+    # two questions of four strings each, one answered whole and one not: two trials, not eight
+    row = {**K._blank("multihead", "snapkv", 0.5, "niah_multivalue", 400, "context"), "questions": 2, "samples": 2}
+    row.update(score_sum=1.0, hits=4.0, expected=8, reads=2)
+    K._finish(row, None)
+    assert row["score"] == 0.5 and row["interval"] == pytest.approx(K.wilson(1, 2), abs=1e-4)
+    assert row["interval"][0] < K.wilson(4, 8)[0]  # wider than counting the strings as trials
+    one = {**row, "questions": 8, "score_sum": 4.0, "hits": 4.0, "expected": 8}  # a string per question: binomial
+    K._finish(one, None)
+    assert one["interval"] == pytest.approx(K.wilson(4, 8), abs=1e-4)
+
+
 @torch.no_grad()
 def test_a_prompt_only_policy_evicts_once_and_then_keeps_every_token(folder):
     model = load(f"hf:{folder}").detail.model
@@ -241,6 +253,19 @@ def test_runs_split_by_task_join_into_the_run_of_both_and_refuse_other_settings(
     assert same(joined) == same(both)
     assert joined["config"] == json.loads(json.dumps(both["config"]))  # the tasks in the suite's order
     assert joined["done"] == both["done"] and len(joined["joined"]) == 2
+    # a run written when the interval counted strings and the scoring said so joins, its intervals worked out again
+    older = json.loads(parts[0].read_text())
+    older["config"]["scoring"] += "; Wilson 95% over them"
+    for r in older["results"]:
+        r["interval"] = [round(x, 4) for x in K.wilson(r["hits"], r["expected"])]
+    parts[0].write_text(json.dumps(older))
+    again = tmp_path / "again.json"
+    assert main(["bench", "kv", "--join", ",".join(map(str, parts)), "--out", str(again)]) == 0
+    capsys.readouterr()
+    rejoined = json.loads(again.read_text())
+    assert rejoined["config"] == joined["config"]
+    for r in rejoined["results"]:
+        assert r["interval"] == pytest.approx(K.wilson(r["score_sum"], r["questions"]), abs=1e-4)
     assert out.with_suffix(".md").is_file() and (tmp_path / "joined-vt.png").is_file()
     other = tmp_path / "other.json"
     K.run(tasks=["vt"], out=other, progress=False, **{**opts, "n": 2})

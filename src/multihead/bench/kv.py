@@ -3,7 +3,8 @@ RULER-style tasks (:mod:`multihead.data.ruler`), the same token ids and the same
 
 A run is every task x length x protocol x kept fraction x method, ``n`` samples per cell (default 50), scored as
 RULER scores them (the share of expected strings in the greedy answer), each score with its Wilson 95% interval
-(over the expected strings), the full cache's score beside it as the ceiling.
+(over the questions: a question's strings share one answer, so they are not counted as separate trials), the full
+cache's score beside it as the ceiling.
 
 **Protocols** (said in every row):
 
@@ -54,6 +55,7 @@ LENGTHS = (2048, 4096)
 PROTOCOLS = ("context", "question")
 EVICT = ("prompt", "always")
 MAX_N = 1000
+SCORING = "RULER string_match_all: the share of expected strings in the greedy answer"
 
 
 def default_out() -> Path:
@@ -286,11 +288,28 @@ def _blank(side: str, method: str, fraction: float, task: str, length: int, prot
     }
 
 
+def _interval(row: dict) -> None:
+    """The row's Wilson 95% interval over its questions, each question's score (the share of its expected strings
+    found) counted as one trial. A question's strings share one context and one answer, so they are not independent
+    trials; a score in [0, 1] with mean p has variance at most p(1 - p), so counting questions keeps the interval at
+    least as wide as the questions warrant. Where a question asks one string this is the binomial interval."""
+    lo, hi = wilson(row["score_sum"], row["questions"])
+    row["interval"] = [round(lo, 4), round(hi, 4)]
+
+
+def _settings(config: dict) -> dict:
+    """What runs of one grid must agree on: the config less its axes. The interval is not a setting (it is worked
+    out from the counts whenever rows are shown), so a scoring text that also named the interval compares equal."""
+    out = {k: v for k, v in config.items() if k not in _AXES}
+    if isinstance(out.get("scoring"), str):
+        out["scoring"] = out["scoring"].split("; Wilson")[0]
+    return out
+
+
 def _finish(row: dict, full_bytes: float | None) -> None:
     q = max(row["questions"], 1)
     row["score"] = round(row["score_sum"] / q, 4)
-    lo, hi = wilson(row["hits"], row["expected"])
-    row["interval"] = [round(lo, 4), round(hi, 4)]
+    _interval(row)
     row["kv_bytes"] = round(row["kv_bytes_sum"] / q)
     row["kept_share"] = round(row["kv_bytes"] / full_bytes, 4) if full_bytes else None
     row["read_seconds"] = round(row["read_seconds_sum"] / max(row["reads"], 1), 3)
@@ -357,7 +376,7 @@ def run(
         "evict": evict,
         "head_split": "data-free" if ranking is None else "given (--kv-heads)",
         "seed": seed,
-        "scoring": "RULER string_match_all: the share of expected strings in the greedy answer; Wilson 95% over them",
+        "scoring": SCORING,
     }
     payload: dict = {"suite": "kv", "config": config, "machine": machine_info(None), "results": [], "done": {}}
     if resume and out is not None and out.is_file():
@@ -367,8 +386,9 @@ def run(
             raise ValueError(f"--resume: {out} is not a bench kv JSON ({exc}); give another --out") from None
         if not isinstance(old, dict) or not isinstance(old.get("results"), list):
             raise ValueError(f"--resume: {out} is not a bench kv JSON (no results); give another --out")
-        old_config, same = old.get("config") or {}, json.loads(json.dumps(config))
-        differ = sorted(k for k in set(same) | set(old_config) if k not in _AXES and old_config.get(k) != same.get(k))
+        old_config = old.get("config") or {}
+        same, was = _settings(json.loads(json.dumps(config))), _settings(old_config)
+        differ = sorted(k for k in set(same) | set(was) if was.get(k) != same.get(k))
         if differ:
             raise ValueError(
                 f"--resume: {out} was written with other settings ({', '.join(differ)}: {old.get('config')}); give the "
@@ -377,6 +397,9 @@ def run(
         for axis in _AXES:  # a resumed run may add or leave out tasks, lengths or protocols: it keeps what it holds
             config[axis] = _union(axis, old_config.get(axis, []), config[axis])
         payload["results"], payload["done"] = old["results"], old.get("done", {})
+        for r in payload["results"]:
+            if isinstance(r, dict) and "score_sum" in r and "questions" in r:
+                _interval(r)
         payload.update({k: old[k] for k in ("decoding", "memory", "seconds") if k in old})  # measured already
     ours = OursSide(folder, ranking, evict, methods=methods)
     sides: list = [ours]
@@ -748,9 +771,9 @@ def join(payloads: list[dict]) -> dict:
         ):
             raise ValueError(f"--join: file {i + 1} is not a bench kv JSON")
     first = payloads[0]["config"]
-    rest = {k: v for k, v in first.items() if k not in _AXES}
+    rest = _settings(first)
     for i, p in enumerate(payloads[1:], 2):
-        other = {k: v for k, v in p["config"].items() if k not in _AXES}
+        other = _settings(p["config"])
         if other != rest:
             diff = sorted(k for k in set(rest) | set(other) if rest.get(k) != other.get(k))
             raise ValueError(
@@ -769,7 +792,7 @@ def join(payloads: list[dict]) -> dict:
         union = {a: _union(a, union[a], p["config"][a]) for a in _AXES}
     out: dict = {
         "suite": "kv",
-        "config": {**first, **union},
+        "config": {**first, **union, "scoring": rest.get("scoring", SCORING)},
         "machine": payloads[0]["machine"],
         "results": [
             r
@@ -782,6 +805,9 @@ def join(payloads: list[dict]) -> dict:
         "kvpress": payloads[0].get("kvpress"),
         "joined": [{"machine": p["machine"], "seconds": p.get("seconds"), "done": p.get("done", {})} for p in payloads],
     }
+    for r in out["results"]:  # worked out again from the counts: runs written before may have counted strings
+        if "score_sum" in r and "questions" in r:
+            _interval(r)
     memory: dict = {}
     for p in payloads:
         for m in p.get("memory", []):
@@ -877,8 +903,10 @@ def markdown(payload: dict) -> str:
     lines = [
         f"# KV caches on RULER-style tasks: {Path(c['model']).name}",
         "",
-        f"Scored as RULER scores (the share of expected strings in the greedy answer), Wilson 95% intervals over those "
-        f"strings; n = {c['n']} samples per cell asked (the `n` column of a cell says how many were run). "
+        "Scored as RULER scores (the share of expected strings in the greedy answer), Wilson 95% intervals over the "
+        "questions, each question's score one trial (a question's strings share one answer, so they are not counted "
+        "as separate trials; a score in [0, 1] varies at most as a yes/no answer does, so the interval is not too "
+        f"narrow); n = {c['n']} samples per cell asked (the `n` column of a cell says how many were run). "
         f"multihead's policies evict {'once, after the prompt' if c['evict'] == 'prompt' else 'at every step'}; "
         f"kvpress: {payload.get('kvpress')}. Machine: {payload['machine'].get('cpu')}.",
     ]
