@@ -44,6 +44,21 @@ def test_a_questions_strings_are_one_trial_in_its_interval():
     assert one["interval"] == pytest.approx(K.wilson(4, 8), abs=1e-4)
 
 
+def test_two_methods_are_compared_question_by_question():
+    def row(scores, questions=None):
+        return {"scores": scores, "questions": len(scores or []) if questions is None else questions}
+
+    # a higher on two questions, lower on none, a tie on two: the sign test over the two that differ
+    assert K.paired(row([1, 1, 0.5, 0]), row([0, 0.25, 0.5, 0])) == (2, 0, pytest.approx(0.5))
+    wins = K.paired(row([1.0] * 12 + [0.0] * 3), row([0.0] * 12 + [1.0] * 3))
+    assert wins[:2] == (12, 3) and wins[2] == pytest.approx(0.03516, abs=1e-4)  # 2 * P(X <= 3), X ~ Bin(15, 1/2)
+    assert K.paired(row([1, 0]), row([1, 0, 1])) is None  # other questions
+    assert K.paired(row(None, 3), row([1, 0, 1])) is None  # a run that did not keep them
+    resumed = {**K._blank("multihead", "window", 0.5, "vt", 400, "context"), "questions": 3}
+    K._record(resumed, 1.0)  # three questions answered before anything was kept: nothing kept from here on
+    assert resumed["scores"] is None
+
+
 @torch.no_grad()
 def test_a_prompt_only_policy_evicts_once_and_then_keeps_every_token(folder):
     model = load(f"hf:{folder}").detail.model
@@ -134,6 +149,7 @@ def test_bench_kv_runs_both_sides_and_protocols_writes_as_it_goes_and_resumes(fo
     for r in rows:
         assert "error" not in r, r
         assert 0 <= r["interval"][0] <= r["score"] <= r["interval"][1] <= 1
+        assert len(r["scores"]) == r["questions"] and sum(r["scores"]) == pytest.approx(r["score_sum"], abs=1e-3)
         if r["method"] == "full":
             assert r["kept_share"] == 1.0
         else:

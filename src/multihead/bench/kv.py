@@ -306,6 +306,32 @@ def _settings(config: dict) -> dict:
     return out
 
 
+def _record(row: dict, got: float) -> None:
+    """Each question's score in the order asked, so two methods can be compared question by question; kept only
+    while it holds every question the row answered (a row resumed from a run that did not keep them keeps none)."""
+    scores = row.get("scores", [])
+    if scores is not None and len(scores) == row["questions"]:
+        row["scores"] = [*scores, round(got, 4)]
+    else:
+        row["scores"] = None
+
+
+def paired(a: dict, b: dict) -> tuple[int, int, float] | None:
+    """Two rows of one block compared question by question (the same questions, in the same order, on both):
+    the questions ``a`` scored higher on, those ``b`` scored higher on, and the two-sided sign test's p-value over
+    the questions where they differ (SciPy's exact binomial test). ``None`` where either row lacks its
+    per-question scores or answered other questions."""
+    sa, sb = a.get("scores"), b.get("scores")
+    if not sa or not sb or len(sa) != len(sb) or len(sa) != a.get("questions") or len(sb) != b.get("questions"):
+        return None
+    from scipy.stats import binomtest
+
+    wins = sum(x > y for x, y in zip(sa, sb))
+    losses = sum(x < y for x, y in zip(sa, sb))
+    p = binomtest(wins, wins + losses, 0.5).pvalue if wins + losses else 1.0
+    return wins, losses, float(p)
+
+
 def _finish(row: dict, full_bytes: float | None) -> None:
     q = max(row["questions"], 1)
     row["score"] = round(row["score_sum"] / q, 4)
@@ -477,12 +503,14 @@ def _one_sample(sample, protocol, sides, plan, rows, block, score) -> None:
                     answers = [(q, *side.answer(state, ids, q.max_new_tokens)) for ids, q in questions]
                 except Exception as exc:  # noqa: BLE001  a method that fails is recorded; the others still run
                     row["errors"] = row.get("errors", 0) + 1
+                    row["scores"] = None  # its scores no longer line up with the other methods' questions
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                     continue
                 row["reads"] += 1
                 row["read_seconds_sum"] += read["seconds"]
                 for q, text, tokens, seconds in answers:
                     got = score(text, q.answers)
+                    _record(row, got)
                     row["questions"] += 1
                     row["score_sum"] += got
                     row["hits"] += got * len(q.answers)
@@ -918,10 +946,12 @@ def markdown(payload: dict) -> str:
         "",
         "Per cell, the best-scoring method of each side at each kept fraction (the same share of the keys, so the same "
         "bytes). *Apart* means the two Wilson intervals do not overlap; *overlapping* means these samples do not tell "
-        "the two apart.",
+        "the two apart that way. Both sides answer the same questions, so the last column compares the two methods "
+        "question by question: the questions multihead's best scored higher on and lower on, and the sign test over "
+        "those (a small p says the difference is not chance; `-` where a run did not keep each question's score).",
         "",
-        "| task | length | protocol | kept | full cache | multihead's best | kvpress's best | verdict |",
-        "|---|---:|---|---:|---:|---|---|---|",
+        "| task | length | protocol | kept | full cache | multihead's best | kvpress's best | verdict | question by question |",
+        "|---|---:|---|---:|---:|---|---|---|---|",
     ]
     lines += [_verdict_row(rows, block, f) for block in blocks for f in sorted({r["fraction"] for r in rows}) if f < 1]
     for task, length, protocol in blocks:
@@ -994,9 +1024,18 @@ def _verdict_row(rows: list[dict], block: tuple, fraction: float) -> str:
             if ours["score"] == press["score"]
             else f" ({'multihead' if ours['score'] > press['score'] else 'kvpress'} higher)"
         )
+    pair = None if ours is None or press is None else paired(ours, press)
+    if pair is None:
+        by_question = "-"
+    else:
+        wins, losses, p = pair
+        by_question = f"{wins} better, {losses} worse (sign test p = {p:.2g})"
     ceiling = "" if full is None else f"{full['score']:.2f}"
     task, length, protocol = block
-    return f"| {task} | {length} | {protocol} | {fraction:g} | {ceiling} | {text(ours)} | {text(press)} | {verdict} |"
+    return (
+        f"| {task} | {length} | {protocol} | {fraction:g} | {ceiling} | {text(ours)} | {text(press)} | {verdict} "
+        f"| {by_question} |"
+    )
 
 
 def format_table(payload: dict) -> str:
@@ -1052,5 +1091,6 @@ __all__ = [
     "memory_rows",
     "plot",
     "run",
+    "paired",
     "wilson",
 ]
