@@ -283,6 +283,26 @@ def test_runs_split_by_task_join_into_the_run_of_both_and_refuse_other_settings(
     for r in rejoined["results"]:
         assert r["interval"] == pytest.approx(K.wilson(r["score_sum"], r["questions"]), abs=1e-4)
     assert out.with_suffix(".md").is_file() and (tmp_path / "joined-vt.png").is_file()
+    # the page names the one command that runs the joined grid, and that command asks for this grid
+    import shlex
+
+    from multihead.cli import build_parser
+
+    threads = joined["machine"]["threads"]
+    line = K.command(joined["config"], threads)
+    assert line in out.with_suffix(".md").read_text()
+    args = build_parser().parse_args(shlex.split(line)[1:])
+    c = joined["config"]
+    assert (args.tasks, args.lengths, args.n, list(args.fractions), args.protocols, args.impls, args.threads) == (
+        c["tasks"],
+        c["lengths"],
+        c["n"],
+        c["fractions"],
+        c["protocols"],
+        c["methods"],
+        threads,
+    )
+    assert args.model == str(folder)
     other = tmp_path / "other.json"
     K.run(tasks=["vt"], out=other, progress=False, **{**opts, "n": 2})
     bad = tmp_path / "bad.json"

@@ -987,6 +987,7 @@ def markdown(payload: dict) -> str:
         for m in payload["memory"]:
             got = f"{m['error']} | |" if "error" in m else f"{m['kv_bytes'] / 1024:.0f} | {m['peak_added_mib']} |"
             lines.append(f"| {m['length']} | {m['side']} | {m['method']} | {m['fraction']:g} | {got}")
+    lines += ["", "## How it was made", "", *_made(payload)]
     if payload.get("joined"):
         lines += [
             "",
@@ -997,6 +998,57 @@ def markdown(payload: dict) -> str:
             ),
         ]
     return "\n".join(lines) + "\n"
+
+
+def command(config: dict, threads: int | None = None) -> str:
+    """The ``multihead bench kv`` command line that runs the grid ``config`` describes, in one process."""
+    from .._io import cache_home
+
+    words = ["multihead bench kv"]
+    if Path(config["model"]) != cache_home() / "smollm2-hf":
+        words.append(f"--model {config['model']}")
+    words += [
+        f"--tasks {','.join(config['tasks'])}",
+        f"--lengths {','.join(map(str, config['lengths']))}",
+        f"--n {config['n']}",
+        f"--fractions {','.join(f'{f:g}' for f in config['fractions'])}",
+        f"--protocols {','.join(config['protocols'])}",
+    ]
+    if config.get("methods") not in (None, "all"):
+        words.append(f"--impls '{','.join(config['methods'])}'")
+    if config.get("evict", "prompt") != "prompt":
+        words.append(f"--evict {config['evict']}")
+    if config.get("head_split", "data-free") != "data-free":
+        words.append("--kv-heads KV_HEADS.json")
+    if threads:
+        words.append(f"--threads {threads}")
+    return " ".join(words) + " --out OUT.json"
+
+
+def _made(payload: dict) -> list[str]:
+    """The page's last section: the command that reruns the grid and what this run cost."""
+    samples = sum(payload.get("done", {}).values())
+    seconds = payload.get("seconds") or 0
+    runs = payload.get("joined") or [{"machine": payload["machine"], "seconds": seconds}]
+    threads = payload["machine"].get("threads")
+    lines = [
+        "From `make kvpress`'s environment (kvpress beside multihead), in one process:",
+        "",
+        f"    .venv-kvpress/bin/{command(payload['config'], threads)}",
+        "",
+        "Add `--resume` to go on after a stop. The grid splits across processes or machines by `--tasks`, `--lengths` "
+        "or `--protocols`, each with its own `--out`; `multihead bench kv --join A.json,B.json --out OUT.json` joins "
+        "them.",
+    ]
+    if samples and seconds:
+        lines += [
+            "",
+            f"This run: {samples} samples in {seconds / 3600:.1f} h of wall time summed over {len(runs)} "
+            f"process{'es' if len(runs) > 1 else ''} ({seconds / samples / 60:.1f} min per sample, every method of "
+            f"both sides answering it) on {threads} thread{'s' if threads != 1 else ''} per process, "
+            f"{payload['machine'].get('cpu')}.",
+        ]
+    return lines
 
 
 def _verdict_row(rows: list[dict], block: tuple, fraction: float) -> str:
@@ -1082,6 +1134,7 @@ __all__ = [
     "FRACTIONS",
     "PROTOCOLS",
     "check",
+    "command",
     "decode_rows",
     "default_out",
     "format_table",
