@@ -939,7 +939,17 @@ def markdown(payload: dict) -> str:
         f"kvpress: {payload.get('kvpress')}. Machine: {payload['machine'].get('cpu')}.",
     ]
     rows = [r for r in payload["results"] if r.get("questions")]
-    blocks = dict.fromkeys((r["task"], r["length"], r["protocol"]) for r in rows)
+    order = {t: i for i, t in enumerate(c["tasks"])}  # the suite's order, whichever run or join wrote the rows
+    blocks = dict.fromkeys(
+        sorted(
+            dict.fromkeys((r["task"], r["length"], r["protocol"]) for r in rows),
+            key=lambda b: (
+                order.get(b[0], len(order)),
+                b[1],
+                c["protocols"].index(b[2]) if b[2] in c["protocols"] else 0,
+            ),
+        )
+    )
     lines += [
         "",
         "## At equal bytes: multihead's best policy against kvpress's best press",
