@@ -137,12 +137,16 @@ def test_bench_kv_runs_both_sides_and_protocols_writes_as_it_goes_and_resumes(fo
         K.run(**opts)
     written = json.loads(out.read_text())
     assert written["done"] == {"niah_single_number/400/context": 2, "niah_single_number/400/question": 1}
+    written["machine"]["cpu"] = "Another CPU"  # the first samples were measured elsewhere: the resumed run says so
+    out.write_text(json.dumps(written))
     monkeypatch.setattr(K, "_one_sample", real)
     resumed = []
     monkeypatch.setattr(K, "_one_sample", lambda *a, **k: (resumed.append(a[1]), real(*a, **k)))
     payload = K.run(**opts, resume=True)
     assert len(resumed) == 8 - 3  # 2 tasks x 2 protocols x 2 samples, three done before
     assert json.loads(out.read_text()) == json.loads(json.dumps(payload))
+    assert [m["cpu"] for m in payload["earlier_machines"]] == ["Another CPU"]
+    assert "some rows measured on Another CPU" in K.markdown(payload)
     rows = payload["results"]
     assert {r["samples"] for r in rows} == {2}
     sides = {r["side"] for r in rows}

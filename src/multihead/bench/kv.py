@@ -332,6 +332,18 @@ def paired(a: dict, b: dict) -> tuple[int, int, float] | None:
     return wins, losses, float(p)
 
 
+def _earlier(machines: list, now: dict) -> list[dict]:
+    """The machines other than ``now`` (by CPU model) that rows of a resumed or joined run were measured on, once
+    each."""
+    seen = {now.get("cpu")}
+    out = []
+    for m in machines:
+        if isinstance(m, dict) and m.get("cpu") not in seen:
+            seen.add(m.get("cpu"))
+            out.append(m)
+    return out
+
+
 def _finish(row: dict, full_bytes: float | None) -> None:
     q = max(row["questions"], 1)
     row["score"] = round(row["score_sum"] / q, 4)
@@ -427,6 +439,10 @@ def run(
             if isinstance(r, dict) and "score_sum" in r and "questions" in r:
                 _interval(r)
         payload.update({k: old[k] for k in ("decoding", "memory", "seconds") if k in old})  # measured already
+        before = [*old.get("earlier_machines", []), old.get("machine")]  # where the rows it holds were measured
+        earlier = _earlier(before, payload["machine"])
+        if earlier:
+            payload["earlier_machines"] = earlier
     ours = OursSide(folder, ranking, evict, methods=methods)
     sides: list = [ours]
     try:
@@ -836,6 +852,9 @@ def join(payloads: list[dict]) -> dict:
     for r in out["results"]:  # worked out again from the counts: runs written before may have counted strings
         if "score_sum" in r and "questions" in r:
             _interval(r)
+    earlier = _earlier([m for p in payloads for m in (*p.get("earlier_machines", []), p["machine"])], out["machine"])
+    if earlier:
+        out["earlier_machines"] = earlier
     memory: dict = {}
     for p in payloads:
         for m in p.get("memory", []):
@@ -936,7 +955,9 @@ def markdown(payload: dict) -> str:
         "as separate trials; a score in [0, 1] varies at most as a yes/no answer does, so the interval is not too "
         f"narrow); n = {c['n']} samples per cell asked (the `n` column of a cell says how many were run). "
         f"multihead's policies evict {'once, after the prompt' if c['evict'] == 'prompt' else 'at every step'}; "
-        f"kvpress: {payload.get('kvpress')}. Machine: {payload['machine'].get('cpu')}.",
+        f"kvpress: {payload.get('kvpress')}. Machine: {payload['machine'].get('cpu')}"
+        + "".join(f"; some rows measured on {m.get('cpu')}" for m in payload.get("earlier_machines", []))
+        + ".",
     ]
     rows = [r for r in payload["results"] if r.get("questions")]
     order = {t: i for i, t in enumerate(c["tasks"])}  # the suite's order, whichever run or join wrote the rows
