@@ -297,6 +297,13 @@ def _interval(row: dict) -> None:
     row["interval"] = [round(lo, 4), round(hi, 4)]
 
 
+def _intervals_again(rows: list) -> None:
+    """Every row's interval worked out again from its counts: a run written before may have counted strings."""
+    for r in rows:
+        if isinstance(r, dict) and "score_sum" in r and "questions" in r:
+            _interval(r)
+
+
 def _settings(config: dict) -> dict:
     """What runs of one grid must agree on: the config less its axes. The interval is not a setting (it is worked
     out from the counts whenever rows are shown), so a scoring text that also named the interval compares equal."""
@@ -435,9 +442,7 @@ def run(
         for axis in _AXES:  # a resumed run may add or leave out tasks, lengths or protocols: it keeps what it holds
             config[axis] = _union(axis, old_config.get(axis, []), config[axis])
         payload["results"], payload["done"] = old["results"], old.get("done", {})
-        for r in payload["results"]:
-            if isinstance(r, dict) and "score_sum" in r and "questions" in r:
-                _interval(r)
+        _intervals_again(payload["results"])
         payload.update({k: old[k] for k in ("decoding", "memory", "seconds") if k in old})  # measured already
         before = [*old.get("earlier_machines", []), old.get("machine")]  # where the rows it holds were measured
         earlier = _earlier(before, payload["machine"])
@@ -849,9 +854,7 @@ def join(payloads: list[dict]) -> dict:
         "kvpress": payloads[0].get("kvpress"),
         "joined": [{"machine": p["machine"], "seconds": p.get("seconds"), "done": p.get("done", {})} for p in payloads],
     }
-    for r in out["results"]:  # worked out again from the counts: runs written before may have counted strings
-        if "score_sum" in r and "questions" in r:
-            _interval(r)
+    _intervals_again(out["results"])
     earlier = _earlier([m for p in payloads for m in (*p.get("earlier_machines", []), p["machine"])], out["machine"])
     if earlier:
         out["earlier_machines"] = earlier
@@ -961,15 +964,9 @@ def markdown(payload: dict) -> str:
     ]
     rows = [r for r in payload["results"] if r.get("questions")]
     order = {t: i for i, t in enumerate(c["tasks"])}  # the suite's order, whichever run or join wrote the rows
-    blocks = dict.fromkeys(
-        sorted(
-            dict.fromkeys((r["task"], r["length"], r["protocol"]) for r in rows),
-            key=lambda b: (
-                order.get(b[0], len(order)),
-                b[1],
-                c["protocols"].index(b[2]) if b[2] in c["protocols"] else 0,
-            ),
-        )
+    blocks = sorted(
+        {(r["task"], r["length"], r["protocol"]) for r in rows},
+        key=lambda b: (order.get(b[0], len(order)), b[1], c["protocols"].index(b[2]) if b[2] in c["protocols"] else 0),
     )
     lines += [
         "",
@@ -1173,8 +1170,8 @@ __all__ = [
     "join",
     "markdown",
     "memory_rows",
+    "paired",
     "plot",
     "run",
-    "paired",
     "wilson",
 ]
