@@ -47,11 +47,10 @@ def _where(cache, length: int, header: int) -> tuple[float, list[float]]:
     kept = total = 0
     quarters = torch.zeros(4)
     for layer in cache.self_attn:
-        for group in layer.groups:
-            pos = group.pos[0]  # (G, N) positions of the kept keys
-            kept += int((pos < header).sum())
-            total += pos.shape[0] * header
-            quarters += torch.bincount((pos.flatten() * 4 // length).clamp(max=3), minlength=4).float()
+        for pos in layer.positions():  # (B, N): the positions one key/value head holds
+            kept += int((pos[0] < header).sum())
+            total += header
+            quarters += torch.bincount((pos[0] * 4 // length).clamp(max=3), minlength=4).float()
     return kept / total, (quarters / quarters.sum()).tolist()
 
 

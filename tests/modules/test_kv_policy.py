@@ -92,6 +92,10 @@ def test_head_aware_equals_a_per_head_mask():
     full_group, stream_group = cache.groups
     assert full_group.kv_heads == [1] and full_group.length == n
     assert stream_group.kv_heads == [0] and stream_group.length == budget
+    # which keys each head holds, by position: head 0 the sinks and the latest, head 1 every key
+    window_pos, every_pos = cache.positions()
+    want = list(range(sinks)) + list(range(n - (budget - sinks), n))
+    assert window_pos.tolist() == [want] * x.shape[0] and every_pos.tolist() == [list(range(n))] * x.shape[0]
 
 
 def _qkv(mha: MultiHeadAttention, x: torch.Tensor):

@@ -336,6 +336,14 @@ class PolicyKV:
         """Bytes of the kept keys and values alone (what the policy saves), as filled."""
         return sum(g.buffers.kv_nbytes() for g in self.groups or [])
 
+    def positions(self) -> list[Tensor]:
+        """Which keys each key/value head holds: their positions in the sequence, ``(B, N)`` per head in head order
+        (heads under different rules may hold different numbers; an empty list before the first call)."""
+        held = {
+            h: grp.pos[:, i] for grp in self.groups or [] if grp.pos is not None for i, h in enumerate(grp.kv_heads)
+        }
+        return [held[h] for h in sorted(held)]
+
     def _start(self, g: int, h: int) -> list[_Group]:
         if self.groups is None:
             names = sorted(i for heads, _ in self.spec for i in heads)
