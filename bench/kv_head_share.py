@@ -1,0 +1,125 @@
+"""Where the head-aware cache finds the needle at 4k, and how many whole heads it needs, on SmolLM2-135M.
+
+``bench kv`` keeps ``fraction / 2`` of the key/value heads whole (by the data-free ranking) and gives the others a
+window sized so that the bytes match. At 4k and a quarter of the bytes it scores about what a plain window scores.
+This study reads each sample once (the same samples as ``bench kv``: same task, length and seed) and answers from:
+
+- the head-aware cache with ``share`` of the key/value heads whole, for several shares at the same bytes (more whole
+  heads, shorter windows for the others);
+- a plain window of the same bytes; the full cache.
+
+Each answer is scored as ``bench kv`` scores it, and the needles are grouped by where they lie in the text (the
+share of the text before them), so that one sees whether a cache answers needles outside the part its windows hold.
+It also says which of the key/value heads that ``heads --kv`` found retrieving (``--kv-heads``, a kv-heads.json) each
+share keeps whole.
+
+    python bench/kv_head_share.py [--n 50] [--length 4096] [--fraction 0.25] [--shares 0.0625,0.125,0.1875]
+        [--kv-heads bench/results/kv-heads-smollm2-fitted.json] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+
+def _retrieving(path: Path | None) -> list[tuple[int, int]]:
+    """The (layer, key/value head) pairs holding a query head that a kv-heads.json names as retrieving."""
+    if path is None or not path.is_file():
+        return []
+    data = json.loads(path.read_text())
+    heads = {(h["layer"], h["head"]): h["kv_head"] for h in data.get("heads", [])}
+    named = [r[1:].split("H") for r in data.get("retrieval_heads", [])]
+    return sorted({(int(layer), heads[(int(layer), int(head))]) for layer, head in named})
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=50)
+    ap.add_argument("--length", type=int, default=4096)
+    ap.add_argument("--fraction", type=float, default=0.25)
+    ap.add_argument("--shares", default="0.0625,0.125,0.1875")
+    ap.add_argument("--kv-heads", type=Path, default=Path("bench/results/kv-heads-smollm2-fitted.json"))
+    ap.add_argument("--out", type=Path, help="default: bench/results/kv-head-share-smollm2-LENGTH.json")
+    args = ap.parse_args(argv)
+    out = args.out or Path(f"bench/results/kv-head-share-smollm2-{args.length}.json")
+    shares = [float(s) for s in args.shares.split(",")]
+    if not 1 <= args.n <= 1000 or not 0 < args.fraction <= 1 or not all(0 < s < args.fraction for s in shares):
+        print("--n must lie in [1, 1000], --fraction in (0, 1], and every share in (0, fraction)", file=sys.stderr)
+        return 2
+
+    from scipy.stats import binomtest
+
+    from multihead._io import atomic_write_text
+    from multihead.bench.harness import machine_info
+    from multihead.bench.kv import OursSide, smollm2_folder
+    from multihead.data.ruler import samples_for, score
+    from multihead.modules.kv import head_aware_at, make_policy
+
+    side = OursSide(smollm2_folder(), methods=["full", "window", "head-aware"])
+    samples = samples_for(side.lm, "niah_single_number", length=args.length, count=args.n, seed=0)
+    retrieving = _retrieving(args.kv_heads)
+    names = ["full", "window", *(f"head-aware, {s:g} of the heads whole" for s in shares)]
+    scores: dict[str, list[float]] = {n: [] for n in names}
+    depths: list[float] = []
+    for s in tqdm(samples, desc="head-aware: whole heads and windows"):
+        q = s.questions[0]
+        text = side.lm.decode(s.ids)
+        depths.append(text.find(q.answers[0]) / len(text))
+        read = side.read(s.ids)
+        policies = [make_policy("full"), make_policy("window", round(args.fraction * args.length))]
+        policies += [head_aware_at(args.fraction, args.length, side.split(sh), side.kv_heads) for sh in shares]
+        for name, policy in zip(names, policies):
+            answer, *_ = side.answer({"read": read, "policy": policy}, q.ids, q.max_new_tokens)
+            scores[name].append(score(answer, q.answers))
+
+    bins = [(0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.01)]
+
+    def by_depth(xs: list[float]) -> dict:
+        out = {}
+        for lo, hi in bins:
+            got = [x for x, d in zip(xs, depths) if lo <= d < hi]
+            out[f"{lo:g}-{min(hi, 1):g}"] = {"needles": len(got), "answered": sum(got)}
+        return out
+
+    def sign(a: list[float], b: list[float]) -> dict:
+        better, worse = sum(x > y for x, y in zip(a, b)), sum(x < y for x, y in zip(a, b))
+        p = binomtest(better, better + worse).pvalue if better + worse else 1.0
+        return {"better": better, "worse": worse, "p": float(f"{p:.3g}")}
+
+    splits = {}
+    for sh in shares:
+        whole = {(layer, h) for layer, hs in enumerate(side.split(sh)) for h in hs}
+        splits[f"{sh:g}"] = {"whole_kv_heads": len(whole), "retrieving_kept_whole": len(whole & set(retrieving))}
+    result = {
+        "study": "head-aware at 4k: whole heads and windows",
+        "model": str(smollm2_folder()),
+        "task": "niah_single_number",
+        "length": args.length,
+        "fraction": args.fraction,
+        "n": args.n,
+        "seed": 0,
+        "machine": machine_info(None),
+        "retrieving_kv_heads": {"from": str(args.kv_heads), "count": len(retrieving)},
+        "splits": splits,
+        "caches": {
+            n: {"score": round(sum(v) / len(v), 4), "by_depth": by_depth(v), "scores": v} for n, v in scores.items()
+        },
+        "paired_against_window": {n: sign(scores[n], scores["window"]) for n in names[2:]},
+        "depths": [round(d, 4) for d in depths],
+    }
+    atomic_write_text(out, json.dumps(result, indent=1) + "\n")
+    for n in names:
+        c = result["caches"][n]
+        cells = "  ".join(f"{k}: {v['answered']:g}/{v['needles']}" for k, v in c["by_depth"].items())
+        print(f"{n:40s} {c['score']:.2f}   by depth {cells}")
+    print(json.dumps({"splits": splits, "paired_against_window": result["paired_against_window"]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
