@@ -52,11 +52,9 @@ def main(argv=None) -> int:
         print("--n must lie in [1, 1000], --fraction in (0, 1], and every share in (0, fraction)", file=sys.stderr)
         return 2
 
-    from scipy.stats import binomtest
-
     from multihead._io import atomic_write_text
     from multihead.bench.harness import machine_info
-    from multihead.bench.kv import OursSide, smollm2_folder
+    from multihead.bench.kv import OursSide, paired, smollm2_folder
     from multihead.data.ruler import samples_for, score
     from multihead.modules.kv import head_aware_at, make_policy
 
@@ -87,8 +85,7 @@ def main(argv=None) -> int:
         return out
 
     def sign(a: list[float], b: list[float]) -> dict:
-        better, worse = sum(x > y for x, y in zip(a, b)), sum(x < y for x, y in zip(a, b))
-        p = binomtest(better, better + worse).pvalue if better + worse else 1.0
+        better, worse, p = paired({"scores": a, "questions": len(a)}, {"scores": b, "questions": len(b)})
         return {"better": better, "worse": worse, "p": float(f"{p:.3g}")}
 
     splits = {}
