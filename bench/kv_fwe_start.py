@@ -19,6 +19,7 @@ distinct words of the text, scored as answers.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -66,8 +67,8 @@ def main(argv=None) -> int:
         print("--n must lie in [1, 1000] and every fraction in (0, 1]", file=sys.stderr)
         return 2
 
-    from multihead._io import atomic_write_text
-    from multihead.bench.harness import machine_info
+    from multihead._io import file_lock
+    from multihead.bench.harness import machine_info, write_json
     from multihead.bench.kv import OursSide, paired, smollm2_folder
     from multihead.data.ruler import samples_for, score
     from multihead.modules.kv import make_policy
@@ -156,9 +157,8 @@ def main(argv=None) -> int:
             for a, b in (("prefix", "window"), ("window + instruction", "window"), ("prefix", "knorm"))
         },
     }
-    import json
-
-    atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
+    with file_lock(args.out):  # two studies writing one file would lose one
+        write_json(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if k != "caches"}, indent=1))
     for name, c in result["caches"].items():
         print(

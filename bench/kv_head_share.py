@@ -13,6 +13,9 @@ share of the text before them), so that one sees whether a cache answers needles
 It also says which of the key/value heads that ``heads --kv`` found retrieving (``--kv-heads``, a kv-heads.json) each
 share keeps whole.
 
+The budgets are fractions of ``--length``; ``bench kv`` takes them of each context's own tokens (the question
+aside, about 1% fewer), so at equal fractions this study's caches hold about 1% more keys than the grid's.
+
     python bench/kv_head_share.py [--n 50] [--length 4096] [--fraction 0.25] [--shares 0.0625,0.125,0.1875]
         [--kv-heads bench/results/kv-heads-smollm2-fitted.json] [--out FILE]
 """
@@ -27,14 +30,19 @@ from pathlib import Path
 from tqdm import tqdm
 
 
-def _retrieving(path: Path | None) -> list[tuple[int, int]]:
-    """The (layer, key/value head) pairs holding a query head that a kv-heads.json names as retrieving."""
-    if path is None or not path.is_file():
-        return []
-    data = json.loads(path.read_text())
-    heads = {(h["layer"], h["head"]): h["kv_head"] for h in data.get("heads", [])}
-    named = [r[1:].split("H") for r in data.get("retrieval_heads", [])]
-    return sorted({(int(layer), heads[(int(layer), int(head))]) for layer, head in named})
+def _retrieving(path: Path) -> list[tuple[int, int]]:
+    """The (layer, key/value head) pairs holding a query head that a kv-heads.json names as retrieving. ValueError,
+    naming the fix, for a file that is missing or is not a kv-heads.json."""
+    try:
+        data = json.loads(path.read_text())
+        heads = {(h["layer"], h["head"]): h["kv_head"] for h in data["heads"]}
+        named = [r[1:].split("H") for r in data["retrieval_heads"]]
+        return sorted({(int(layer), heads[(int(layer), int(head))]) for layer, head in named})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(
+            f"--kv-heads {path}: not a kv-heads.json ({type(exc).__name__}: {exc}); give the file "
+            "`multihead heads MODEL --kv` writes"
+        ) from None
 
 
 def main(argv=None) -> int:
@@ -52,15 +60,20 @@ def main(argv=None) -> int:
         print("--n must lie in [1, 1000], --fraction in (0, 1], and every share in (0, fraction)", file=sys.stderr)
         return 2
 
-    from multihead._io import atomic_write_text
-    from multihead.bench.harness import machine_info
+    try:
+        retrieving = _retrieving(args.kv_heads)  # read before the model is
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+
+    from multihead._io import file_lock
+    from multihead.bench.harness import machine_info, write_json
     from multihead.bench.kv import OursSide, paired, smollm2_folder
     from multihead.data.ruler import samples_for, score
     from multihead.modules.kv import head_aware_at, make_policy
 
     side = OursSide(smollm2_folder(), methods=["full", "window", "head-aware"])
     samples = samples_for(side.lm, "niah_single_number", length=args.length, count=args.n, seed=0)
-    retrieving = _retrieving(args.kv_heads)
     names = ["full", "window", *(f"head-aware, {s:g} of the heads whole" for s in shares)]
     scores: dict[str, list[float]] = {n: [] for n in names}
     depths: list[float] = []
@@ -109,7 +122,8 @@ def main(argv=None) -> int:
         "paired_against_window": {n: sign(scores[n], scores["window"]) for n in names[2:]},
         "depths": [round(d, 4) for d in depths],
     }
-    atomic_write_text(out, json.dumps(result, indent=1) + "\n")
+    with file_lock(out):  # two studies writing one file would lose one
+        write_json(out, result)
     for n in names:
         c = result["caches"][n]
         cells = "  ".join(f"{k}: {v['answered']:g}/{v['needles']}" for k, v in c["by_depth"].items())

@@ -44,8 +44,8 @@ def main(argv=None) -> int:
         print("--n must lie in [1, 1000] and --fraction in (0, 1]", file=sys.stderr)
         return 2
 
-    from multihead._io import atomic_write_text
-    from multihead.bench.harness import machine_info
+    from multihead._io import file_lock
+    from multihead.bench.harness import machine_info, write_json
     from multihead.bench.kv import OursSide, smollm2_folder
     from multihead.data.ruler import samples_for, score
     from multihead.modules.kv import make_policy
@@ -117,7 +117,8 @@ def main(argv=None) -> int:
             for n in names
         },
     }
-    atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
+    with file_lock(args.out):  # two studies writing one file would lose one
+        write_json(args.out, result)
     print(json.dumps(result["caches"], indent=1))
     return 0
 

@@ -339,12 +339,12 @@ def paired(a: dict, b: dict) -> tuple[int, int, float] | None:
     return wins, losses, float(p)
 
 
-def _earlier(machines: list, now: dict) -> list[dict]:
-    """The machines other than ``now`` (by CPU model) that rows of a resumed or joined run were measured on, once
-    each."""
+def _earlier(payloads: list[dict], now: dict) -> list[dict]:
+    """The machines other than ``now`` (by CPU model) that the rows of ``payloads`` (runs resumed or joined) were
+    measured on, once each."""
     seen = {now.get("cpu")}
     out = []
-    for m in machines:
+    for m in (m for p in payloads for m in (*p.get("earlier_machines", []), p.get("machine"))):
         if isinstance(m, dict) and m.get("cpu") not in seen:
             seen.add(m.get("cpu"))
             out.append(m)
@@ -444,8 +444,7 @@ def run(
         payload["results"], payload["done"] = old["results"], old.get("done", {})
         _intervals_again(payload["results"])
         payload.update({k: old[k] for k in ("decoding", "memory", "seconds") if k in old})  # measured already
-        before = [*old.get("earlier_machines", []), old.get("machine")]  # where the rows it holds were measured
-        earlier = _earlier(before, payload["machine"])
+        earlier = _earlier([old], payload["machine"])  # where the rows it holds were measured
         if earlier:
             payload["earlier_machines"] = earlier
     ours = OursSide(folder, ranking, evict, methods=methods)
@@ -855,7 +854,7 @@ def join(payloads: list[dict]) -> dict:
         "joined": [{"machine": p["machine"], "seconds": p.get("seconds"), "done": p.get("done", {})} for p in payloads],
     }
     _intervals_again(out["results"])
-    earlier = _earlier([m for p in payloads for m in (*p.get("earlier_machines", []), p["machine"])], out["machine"])
+    earlier = _earlier(payloads, out["machine"])
     if earlier:
         out["earlier_machines"] = earlier
     memory: dict = {}
