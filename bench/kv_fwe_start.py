@@ -62,9 +62,25 @@ def main(argv=None) -> int:
     ap.add_argument("--fractions", default="0.125,0.25")
     ap.add_argument("--out", type=Path, default=Path("bench/results/kv-fwe-start-smollm2.json"))
     args = ap.parse_args(argv)
-    fractions = [float(f) for f in args.fractions.split(",")]
-    if not 1 <= args.n <= 1000 or not all(0 < f <= 1 for f in fractions):
-        print("--n must lie in [1, 1000] and every fraction in (0, 1]", file=sys.stderr)
+    from multihead.bench.kv import check, folder_positions
+
+    try:  # refused before any model is read, as bench kv refuses
+        try:
+            fractions = [float(f) for f in args.fractions.split(",")]
+        except ValueError:
+            raise ValueError(f"--fractions is a comma-separated list of numbers, got {args.fractions!r}") from None
+        check(
+            tasks=["fwe"],
+            lengths=[args.length],
+            n=args.n,
+            fractions=fractions,
+            methods=["full", "window", "knorm", "head-aware"],
+            protocols=["context"],
+            evict="prompt",
+            max_positions=folder_positions(None),
+        )
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
         return 2
 
     from multihead._io import file_lock

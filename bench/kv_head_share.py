@@ -55,9 +55,27 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="default: bench/results/kv-head-share-smollm2-LENGTH.json")
     args = ap.parse_args(argv)
     out = args.out or Path(f"bench/results/kv-head-share-smollm2-{args.length}.json")
-    shares = [float(s) for s in args.shares.split(",")]
-    if not 1 <= args.n <= 1000 or not 0 < args.fraction <= 1 or not all(0 < s < args.fraction for s in shares):
-        print("--n must lie in [1, 1000], --fraction in (0, 1], and every share in (0, fraction)", file=sys.stderr)
+    from multihead.bench.kv import check, folder_positions
+
+    try:  # refused before any model is read, as bench kv refuses
+        try:
+            shares = [float(s) for s in args.shares.split(",")]
+        except ValueError:
+            raise ValueError(f"--shares is a comma-separated list of numbers, got {args.shares!r}") from None
+        check(
+            tasks=["niah_single_number"],
+            lengths=[args.length],
+            n=args.n,
+            fractions=[args.fraction],
+            methods=["full", "window", "head-aware"],
+            protocols=["context"],
+            evict="prompt",
+            max_positions=folder_positions(None),
+        )
+        if not all(0 < s < args.fraction for s in shares):
+            raise ValueError(f"--shares are shares of the key/value heads in (0, --fraction), got {args.shares}")
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
         return 2
 
     try:

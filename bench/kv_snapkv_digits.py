@@ -40,8 +40,21 @@ def main(argv=None) -> int:
     ap.add_argument("--fraction", type=float, default=0.5)
     ap.add_argument("--out", type=Path, default=Path("bench/results/kv-snapkv-digits-smollm2.json"))
     args = ap.parse_args(argv)
-    if not 1 <= args.n <= 1000 or not 0 < args.fraction <= 1:
-        print("--n must lie in [1, 1000] and --fraction in (0, 1]", file=sys.stderr)
+    from multihead.bench.kv import check, folder_positions
+
+    try:  # refused before any model is read, as bench kv refuses
+        check(
+            tasks=["niah_multikey"],
+            lengths=[args.length],
+            n=args.n,
+            fractions=[args.fraction],
+            methods=["snapkv", "window"],
+            protocols=["question"],
+            evict="prompt",
+            max_positions=folder_positions(None),
+        )
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
         return 2
 
     from multihead._io import file_lock

@@ -250,7 +250,9 @@ def check(
 SMOLLM2_POSITIONS = 8192  # the default folder's (SmolLM2-135M), before it is written
 
 
-def _folder_positions(folder: Path | None) -> int | None:
+def folder_positions(folder: Path | None) -> int | None:
+    """The positions the model in ``folder`` has (None: the default SmolLM2 folder), read from its config.json
+    alone; None where the config does not say."""
     if folder is None:
         from .._io import cache_home
 
@@ -407,7 +409,7 @@ def run(
         methods=methods,
         protocols=protocols,
         evict=evict,
-        max_positions=_folder_positions(folder),
+        max_positions=folder_positions(folder),
         decode=decode,
     )
     config = {
@@ -762,7 +764,7 @@ def _run_from_args(args, out: Path) -> dict:
         evict=getattr(args, "evict", None) or "prompt",
     )
     decode = getattr(args, "decode", None) or 0
-    check(**opts, max_positions=_folder_positions(folder), decode=decode)  # before any model is read
+    check(**opts, max_positions=folder_positions(folder), decode=decode)  # before any model is read
     ranking = None
     if getattr(args, "kv_heads", None):
         from .._io import read_json_file
@@ -1164,6 +1166,7 @@ __all__ = [
     "command",
     "decode_rows",
     "default_out",
+    "folder_positions",
     "format_table",
     "from_args",
     "join",

@@ -1,0 +1,55 @@
+"""The KV studies under bench/ refuse what cannot run before any model is read, as `bench kv` refuses: a sample
+count out of bounds, a length past the model's positions, a fraction outside (0, 1], a list that does not parse, a
+file that is not a kv-heads.json. Nothing is written. (The studies themselves are measurements: bench/results.)"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers", reason="pip install 'multihead[hf]'")
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _study(name: str):
+    spec = importlib.util.spec_from_file_location(f"study_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CASES = [
+    ("kv_head_share", ["--n", "0"], "--n is the number of samples"),
+    ("kv_head_share", ["--length", "100000"], "past the 8192 positions"),
+    ("kv_head_share", ["--fraction", "1.5"], "--fractions are kept shares"),
+    ("kv_head_share", ["--shares", "0.1,x"], "--shares is a comma-separated list of numbers"),
+    ("kv_head_share", ["--shares", "0.3"], "--shares are shares of the key/value heads in (0, --fraction)"),
+    ("kv_head_share", ["--kv-heads", "{missing}"], "not a kv-heads.json"),
+    ("kv_fwe_start", ["--n", "1001"], "--n is the number of samples"),
+    ("kv_fwe_start", ["--fractions", "0.25,0"], "--fractions are kept shares"),
+    ("kv_fwe_start", ["--length", "100"], "at least 256 tokens"),
+    ("kv_fwe_start", ["--fractions", "a quarter"], "--fractions is a comma-separated list of numbers"),
+    ("kv_snapkv_digits", ["--fraction", "0"], "--fractions are kept shares"),
+    ("kv_snapkv_digits", ["--length", "9000"], "past the 8192 positions"),
+]
+
+
+@pytest.mark.parametrize("name,flags,message", CASES, ids=[f"{c[0]}{' '.join(c[1])}" for c in CASES])
+def test_a_study_refuses_bad_flags_before_reading_a_model(name, flags, message, tmp_path, monkeypatch, capsys):
+    import multihead.bench.kv as kv
+
+    def no_model(*args, **kwargs):  # reading a model is what a refusal must come before
+        raise AssertionError("a model was read")
+
+    monkeypatch.setattr(kv, "smollm2_folder", no_model)
+    monkeypatch.setattr(kv, "OursSide", no_model)
+    monkeypatch.setattr(kv, "folder_positions", lambda folder: kv.SMOLLM2_POSITIONS)  # the default folder's
+    out = tmp_path / "study.json"
+    flags = [f.format(missing=tmp_path / "none.json") for f in flags]
+    assert _study(name).main([*flags, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+    assert not out.exists()
