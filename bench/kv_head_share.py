@@ -1,22 +1,26 @@
-"""Where the head-aware cache finds the needle at 4k, and how many whole heads it needs, on SmolLM2-135M.
+"""Where the head-aware cache finds the needle, and how many whole heads it needs, on SmolLM2-135M.
 
 ``bench kv`` keeps ``fraction / 2`` of the key/value heads whole (by the data-free ranking) and gives the others a
 window sized so that the bytes match. At 4k and a quarter of the bytes it scores about what a plain window scores.
-This study reads each sample once (the same samples as ``bench kv``: same task, length and seed) and answers from:
+This study reads each sample once (the same samples as ``bench kv``: same task, length and seed; a single needle,
+``--task``) and answers from:
 
 - the head-aware cache with ``share`` of the key/value heads whole, for several shares at the same bytes (more whole
   heads, shorter windows for the others);
 - a plain window of the same bytes; the full cache.
 
 Each answer is scored as ``bench kv`` scores it, and the needles are grouped by where they lie in the text (the
-share of the text before them), so that one sees whether a cache answers needles outside the part its windows hold.
+share of the text before them), so that one sees whether a cache answers needles outside the part its windows hold. A wrong answer that begins
+the needle (its first characters, then something else) is counted as a partial copy: the cache found the needle and
+lost the rest of it.
 It also says which of the key/value heads that ``heads --kv`` found retrieving (``--kv-heads``, a kv-heads.json) each
 share keeps whole.
 
 The budgets are fractions of ``--length``; ``bench kv`` takes them of each context's own tokens (the question
 aside, about 1% fewer), so at equal fractions this study's caches hold about 1% more keys than the grid's.
 
-    python bench/kv_head_share.py [--n 50] [--length 4096] [--fraction 0.25] [--shares 0.0625,0.125,0.1875]
+    python bench/kv_head_share.py [--task niah_single_number] [--n 50] [--length 4096] [--fraction 0.25]
+        [--shares 0.0625,0.125,0.1875]
         [--kv-heads bench/results/kv-heads-smollm2-fitted.json] [--out FILE]
 """
 
@@ -45,16 +49,32 @@ def _retrieving(path: Path) -> list[tuple[int, int]]:
         ) from None
 
 
+# a wrong answer holding at least this share of the needle's start began to copy it: a quarter of a 7-digit number
+# is 2 digits (1 in 100 by chance), of a UUID 9 hexadecimal characters (1 in 16**9)
+PARTIAL = 0.25
+NEEDLES = ("niah_single_number", "niah_single_word", "niah_single_uuid")  # one needle, one answer
+
+
+def copied(answer: str, needle: str) -> int:
+    """How many of the needle's first characters the answer holds, in order (the whole needle: its length)."""
+    k = 0
+    while k < len(needle) and needle[: k + 1] in answer:
+        k += 1
+    return k
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--task", default="niah_single_number", choices=NEEDLES)
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--length", type=int, default=4096)
     ap.add_argument("--fraction", type=float, default=0.25)
     ap.add_argument("--shares", default="0.0625,0.125,0.1875")
     ap.add_argument("--kv-heads", type=Path, default=Path("bench/results/kv-heads-smollm2-fitted.json"))
-    ap.add_argument("--out", type=Path, help="default: bench/results/kv-head-share-smollm2-LENGTH.json")
+    ap.add_argument("--out", type=Path, help="default: bench/results/kv-head-share-smollm2-[TASK-]LENGTH.json")
     args = ap.parse_args(argv)
-    out = args.out or Path(f"bench/results/kv-head-share-smollm2-{args.length}.json")
+    named = "" if args.task == "niah_single_number" else f"{args.task}-"  # the first study's files keep their names
+    out = args.out or Path(f"bench/results/kv-head-share-smollm2-{named}{args.length}.json")
     from multihead.bench.kv import check, folder_positions
 
     try:  # refused before any model is read, as bench kv refuses
@@ -63,7 +83,7 @@ def main(argv=None) -> int:
         except ValueError:
             raise ValueError(f"--shares is a comma-separated list of numbers, got {args.shares!r}") from None
         check(
-            tasks=["niah_single_number"],
+            tasks=[args.task],
             lengths=[args.length],
             n=args.n,
             fractions=[args.fraction],
@@ -91,9 +111,10 @@ def main(argv=None) -> int:
     from multihead.modules.kv import head_aware_at, make_policy
 
     side = OursSide(smollm2_folder(), methods=["full", "window", "head-aware"])
-    samples = samples_for(side.lm, "niah_single_number", length=args.length, count=args.n, seed=0)
+    samples = samples_for(side.lm, args.task, length=args.length, count=args.n, seed=0)
     names = ["full", "window", *(f"head-aware, {s:g} of the heads whole" for s in shares)]
     scores: dict[str, list[float]] = {n: [] for n in names}
+    partial: dict[str, list[float]] = {n: [] for n in names}  # the share of the needle a wrong answer begins with
     depths: list[float] = []
     for s in tqdm(samples, desc="head-aware: whole heads and windows"):
         q = s.questions[0]
@@ -105,6 +126,8 @@ def main(argv=None) -> int:
         for name, policy in zip(names, policies):
             answer, *_ = side.answer({"read": read, "policy": policy}, q.ids, q.max_new_tokens)
             scores[name].append(score(answer, q.answers))
+            if scores[name][-1] < 1:
+                partial[name].append(copied(answer, q.answers[0]) / len(q.answers[0]))
 
     bins = [(0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.01)]
 
@@ -124,9 +147,9 @@ def main(argv=None) -> int:
         whole = {(layer, h) for layer, hs in enumerate(side.split(sh)) for h in hs}
         splits[f"{sh:g}"] = {"whole_kv_heads": len(whole), "retrieving_kept_whole": len(whole & set(retrieving))}
     result = {
-        "study": "head-aware at 4k: whole heads and windows",
+        "study": "head-aware: whole heads and windows",
         "model": str(smollm2_folder()),
-        "task": "niah_single_number",
+        "task": args.task,
         "length": args.length,
         "fraction": args.fraction,
         "n": args.n,
@@ -135,7 +158,15 @@ def main(argv=None) -> int:
         "retrieving_kv_heads": {"from": str(args.kv_heads), "count": len(retrieving)},
         "splits": splits,
         "caches": {
-            n: {"score": round(sum(v) / len(v), 4), "by_depth": by_depth(v), "scores": v} for n, v in scores.items()
+            n: {
+                "score": round(sum(v) / len(v), 4),
+                "by_depth": by_depth(v),
+                "scores": v,
+                "wrong": len(partial[n]),
+                "wrong_beginning_the_needle": sum(c >= PARTIAL for c in partial[n]),
+                "wrong_copied_share_mean": round(sum(partial[n]) / len(partial[n]), 4) if partial[n] else None,
+            }
+            for n, v in scores.items()
         },
         "paired_against_window": {n: sign(scores[n], scores["window"]) for n in names[2:]},
         "depths": [round(d, 4) for d in depths],
@@ -145,7 +176,10 @@ def main(argv=None) -> int:
     for n in names:
         c = result["caches"][n]
         cells = "  ".join(f"{k}: {v['answered']:g}/{v['needles']}" for k, v in c["by_depth"].items())
-        print(f"{n:40s} {c['score']:.2f}   by depth {cells}")
+        print(
+            f"{n:40s} {c['score']:.2f}   by depth {cells}   wrong {c['wrong']}, "
+            f"{c['wrong_beginning_the_needle']} beginning the needle"
+        )
     print(json.dumps({"splits": splits, "paired_against_window": result["paired_against_window"]}, indent=1))
     return 0
 

@@ -53,3 +53,11 @@ def test_a_study_refuses_bad_flags_before_reading_a_model(name, flags, message, 
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
     assert not out.exists()
+
+
+def test_a_partial_copy_counts_the_needles_first_characters_in_order():
+    copied = _study("kv_head_share").copied
+    assert copied("The number is 2002747.", "2002747") == 7
+    assert copied("The number is 2002.", "2002747") == 4
+    assert copied("I do not know", "2002747") == 0
+    assert copied("7472002", "2002747") == 4  # the start found elsewhere in the answer still counts, in order
