@@ -3,7 +3,8 @@
 ``bench kv`` keeps ``fraction / 2`` of the key/value heads whole (by the data-free ranking) and gives the others a
 window sized so that the bytes match. At 4k and a quarter of the bytes it scores about what a plain window scores.
 This study reads each sample once (the same samples as ``bench kv``: same task, length and seed; a single needle,
-``--task``) and answers from:
+``--task``; ``--seed 1`` and up draw samples ``bench kv`` never ran, to check a finding on text it was not found on)
+and answers from:
 
 - the head-aware cache with ``share`` of the key/value heads whole, for several shares at the same bytes (more whole
   heads, shorter windows for the others);
@@ -19,7 +20,7 @@ share keeps whole.
 The budgets are fractions of ``--length``; ``bench kv`` takes them of each context's own tokens (the question
 aside, about 1% fewer), so at equal fractions this study's caches hold about 1% more keys than the grid's.
 
-    python bench/kv_head_share.py [--task niah_single_number] [--n 50] [--length 4096] [--fraction 0.25]
+    python bench/kv_head_share.py [--task niah_single_number] [--seed 0] [--n 50] [--length 4096] [--fraction 0.25]
         [--shares 0.0625,0.125,0.1875]
         [--kv-heads bench/results/kv-heads-smollm2-fitted.json] [--out FILE]
 """
@@ -66,6 +67,7 @@ def copied(answer: str, needle: str) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--task", default="niah_single_number", choices=NEEDLES)
+    ap.add_argument("--seed", type=int, default=0, help="0: bench kv's samples")
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--length", type=int, default=4096)
     ap.add_argument("--fraction", type=float, default=0.25)
@@ -74,6 +76,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="default: bench/results/kv-head-share-smollm2-[TASK-]LENGTH.json")
     args = ap.parse_args(argv)
     named = "" if args.task == "niah_single_number" else f"{args.task}-"  # the first study's files keep their names
+    named += "" if args.seed == 0 else f"seed{args.seed}-"
     out = args.out or Path(f"bench/results/kv-head-share-smollm2-{named}{args.length}.json")
     from multihead.bench.kv import check, folder_positions
 
@@ -111,7 +114,7 @@ def main(argv=None) -> int:
     from multihead.modules.kv import head_aware_at, make_policy
 
     side = OursSide(smollm2_folder(), methods=["full", "window", "head-aware"])
-    samples = samples_for(side.lm, args.task, length=args.length, count=args.n, seed=0)
+    samples = samples_for(side.lm, args.task, length=args.length, count=args.n, seed=args.seed)
     names = ["full", "window", *(f"head-aware, {s:g} of the heads whole" for s in shares)]
     scores: dict[str, list[float]] = {n: [] for n in names}
     partial: dict[str, list[float]] = {n: [] for n in names}  # the share of the needle a wrong answer begins with
@@ -153,7 +156,7 @@ def main(argv=None) -> int:
         "length": args.length,
         "fraction": args.fraction,
         "n": args.n,
-        "seed": 0,
+        "seed": args.seed,
         "machine": machine_info(None),
         "retrieving_kv_heads": {"from": str(args.kv_heads), "count": len(retrieving)},
         "splits": splits,
