@@ -62,22 +62,16 @@ def main(argv=None) -> int:
     ap.add_argument("--fractions", default="0.125,0.25")
     ap.add_argument("--out", type=Path, default=Path("bench/results/kv-fwe-start-smollm2.json"))
     args = ap.parse_args(argv)
-    from multihead.bench.kv import check, folder_positions
+    from multihead.bench.kv import check_study, numbers
 
     try:  # refused before any model is read, as bench kv refuses
-        try:
-            fractions = [float(f) for f in args.fractions.split(",")]
-        except ValueError:
-            raise ValueError(f"--fractions is a comma-separated list of numbers, got {args.fractions!r}") from None
-        check(
-            tasks=["fwe"],
-            lengths=[args.length],
+        fractions = numbers(args.fractions, "--fractions")
+        check_study(
+            task="fwe",
+            length=args.length,
             n=args.n,
             fractions=fractions,
             methods=["full", "window", "knorm", "head-aware"],
-            protocols=["context"],
-            evict="prompt",
-            max_positions=folder_positions(None),
         )
     except ValueError as exc:
         print(exc, file=sys.stderr)
@@ -85,7 +79,7 @@ def main(argv=None) -> int:
 
     from multihead._io import file_lock
     from multihead.bench.harness import machine_info, write_json
-    from multihead.bench.kv import OursSide, paired, smollm2_folder
+    from multihead.bench.kv import OursSide, sign_test, smollm2_folder
     from multihead.data.ruler import samples_for, score
     from multihead.modules.kv import make_policy
 
@@ -136,10 +130,6 @@ def main(argv=None) -> int:
     def mean(xs):
         return sum(xs) / len(xs) if xs else None
 
-    def sign(a: list[float], b: list[float]) -> dict:
-        better, worse, p = paired({"scores": a, "questions": len(a)}, {"scores": b, "questions": len(b)})
-        return {"better": better, "worse": worse, "p": float(f"{p:.3g}")}
-
     result = {
         "study": "fwe: where the answer comes from",
         "model": str(smollm2_folder()),
@@ -168,7 +158,7 @@ def main(argv=None) -> int:
             for name, r in rows.items()
         },
         "paired": {
-            f"{a} vs {b} @ {f:g}": sign(rows[f"{a} @ {f:g}"]["scores"], rows[f"{b} @ {f:g}"]["scores"])
+            f"{a} vs {b} @ {f:g}": sign_test(rows[f"{a} @ {f:g}"]["scores"], rows[f"{b} @ {f:g}"]["scores"])
             for f in fractions
             for a, b in (("prefix", "window"), ("window + instruction", "window"), ("prefix", "knorm"))
         },

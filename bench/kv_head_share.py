@@ -78,38 +78,27 @@ def main(argv=None) -> int:
     named = "" if args.task == "niah_single_number" else f"{args.task}-"  # the first study's files keep their names
     named += "" if args.seed == 0 else f"seed{args.seed}-"
     out = args.out or Path(f"bench/results/kv-head-share-smollm2-{named}{args.length}.json")
-    from multihead.bench.kv import check, folder_positions
+    from multihead.bench.kv import check_study, numbers
 
     try:  # refused before any model is read, as bench kv refuses
-        try:
-            shares = [float(s) for s in args.shares.split(",")]
-        except ValueError:
-            raise ValueError(f"--shares is a comma-separated list of numbers, got {args.shares!r}") from None
-        check(
-            tasks=[args.task],
-            lengths=[args.length],
+        shares = numbers(args.shares, "--shares")
+        check_study(
+            task=args.task,
+            length=args.length,
             n=args.n,
             fractions=[args.fraction],
             methods=["full", "window", "head-aware"],
-            protocols=["context"],
-            evict="prompt",
-            max_positions=folder_positions(None),
         )
         if not all(0 < s < args.fraction for s in shares):
             raise ValueError(f"--shares are shares of the key/value heads in (0, --fraction), got {args.shares}")
-    except ValueError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-
-    try:
-        retrieving = _retrieving(args.kv_heads)  # read before the model is
+        retrieving = _retrieving(args.kv_heads)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
 
     from multihead._io import file_lock
     from multihead.bench.harness import machine_info, write_json
-    from multihead.bench.kv import OursSide, paired, smollm2_folder
+    from multihead.bench.kv import OursSide, sign_test, smollm2_folder
     from multihead.data.ruler import samples_for, score
     from multihead.modules.kv import head_aware_at, make_policy
 
@@ -141,10 +130,6 @@ def main(argv=None) -> int:
             out[f"{lo:g}-{min(hi, 1):g}"] = {"needles": len(got), "answered": sum(got)}
         return out
 
-    def sign(a: list[float], b: list[float]) -> dict:
-        better, worse, p = paired({"scores": a, "questions": len(a)}, {"scores": b, "questions": len(b)})
-        return {"better": better, "worse": worse, "p": float(f"{p:.3g}")}
-
     splits = {}
     for sh in shares:
         whole = {(layer, h) for layer, hs in enumerate(side.split(sh)) for h in hs}
@@ -171,7 +156,7 @@ def main(argv=None) -> int:
             }
             for n, v in scores.items()
         },
-        "paired_against_window": {n: sign(scores[n], scores["window"]) for n in names[2:]},
+        "paired_against_window": {n: sign_test(scores[n], scores["window"]) for n in names[2:]},
         "depths": [round(d, 4) for d in depths],
     }
     with file_lock(out):  # two studies writing one file would lose one

@@ -40,18 +40,16 @@ def main(argv=None) -> int:
     ap.add_argument("--fraction", type=float, default=0.5)
     ap.add_argument("--out", type=Path, default=Path("bench/results/kv-snapkv-digits-smollm2.json"))
     args = ap.parse_args(argv)
-    from multihead.bench.kv import check, folder_positions
+    from multihead.bench.kv import check_study
 
     try:  # refused before any model is read, as bench kv refuses
-        check(
-            tasks=["niah_multikey"],
-            lengths=[args.length],
+        check_study(
+            task="niah_multikey",
+            length=args.length,
             n=args.n,
             fractions=[args.fraction],
             methods=["snapkv", "window"],
-            protocols=["question"],
-            evict="prompt",
-            max_positions=folder_positions(None),
+            protocol="question",
         )
     except ValueError as exc:
         print(exc, file=sys.stderr)

@@ -61,3 +61,15 @@ def test_a_partial_copy_counts_the_needles_first_characters_in_order():
     assert copied("The number is 2002.", "2002747") == 4
     assert copied("I do not know", "2002747") == 0
     assert copied("7472002", "2002747") == 4  # the start found elsewhere in the answer still counts, in order
+
+
+def test_the_studies_sign_test_is_bench_kvs_paired_comparison():
+    from scipy.stats import binomtest
+
+    from multihead.bench.kv import sign_test
+
+    a, b = [1.0, 1.0, 0.5, 0.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    assert sign_test(a, b) == {"better": 3, "worse": 0, "p": float(f"{binomtest(3, 3).pvalue:.3g}")}
+    assert sign_test(b, a)["worse"] == 3
+    with pytest.raises(ValueError, match="same questions"):
+        sign_test(a, b[:-1])

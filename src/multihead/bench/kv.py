@@ -247,6 +247,29 @@ def check(
         )
 
 
+def check_study(*, task: str, length: int, n: int, fractions, methods, protocol: str = "context") -> None:
+    """A KV study's flags (the scripts beside ``bench kv``, on the default SmolLM2 folder) refused as :func:`check`
+    refuses ``bench kv``'s, before any model is read."""
+    check(
+        tasks=[task],
+        lengths=[length],
+        n=n,
+        fractions=list(fractions),
+        methods=methods,
+        protocols=[protocol],
+        evict="prompt",
+        max_positions=folder_positions(None),
+    )
+
+
+def numbers(text: str, flag: str) -> list[float]:
+    """``flag``'s comma-separated numbers; ValueError naming the flag where one does not parse."""
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag} is a comma-separated list of numbers, got {text!r}") from None
+
+
 SMOLLM2_POSITIONS = 8192  # the default folder's (SmolLM2-135M), before it is written
 
 
@@ -339,6 +362,16 @@ def paired(a: dict, b: dict) -> tuple[int, int, float] | None:
     losses = sum(x < y for x, y in zip(sa, sb))
     p = binomtest(wins, wins + losses, 0.5).pvalue if wins + losses else 1.0
     return wins, losses, float(p)
+
+
+def sign_test(a: list[float], b: list[float]) -> dict:
+    """Two lists of per-question scores (the same questions, in the same order) compared as :func:`paired` compares
+    two rows: ``better`` (``a`` higher), ``worse`` and the sign test's ``p`` (3 significant digits)."""
+    got = paired({"scores": a, "questions": len(a)}, {"scores": b, "questions": len(b)})
+    if got is None:
+        raise ValueError(f"sign_test compares scores of the same questions: got {len(a)} and {len(b)}")
+    better, worse, p = got
+    return {"better": better, "worse": worse, "p": float(f"{p:.3g}")}
 
 
 def _earlier(payloads: list[dict], now: dict) -> list[dict]:
@@ -1163,6 +1196,7 @@ __all__ = [
     "FRACTIONS",
     "PROTOCOLS",
     "check",
+    "check_study",
     "command",
     "decode_rows",
     "default_out",
@@ -1171,9 +1205,11 @@ __all__ = [
     "from_args",
     "join",
     "markdown",
+    "numbers",
     "memory_rows",
     "paired",
     "plot",
     "run",
+    "sign_test",
     "wilson",
 ]
