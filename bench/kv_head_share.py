@@ -21,7 +21,7 @@ The budgets are fractions of ``--length``; ``bench kv`` takes them of each conte
 aside, about 1% fewer), so at equal fractions this study's caches hold about 1% more keys than the grid's.
 
     python bench/kv_head_share.py [--task niah_single_number] [--seed 0] [--n 50] [--length 4096] [--fraction 0.25]
-        [--shares 0.0625,0.125,0.1875]
+        [--shares 0.0625,0.125,0.1875 (a quarter, a half, three quarters of the fraction)]
         [--kv-heads bench/results/kv-heads-smollm2-fitted.json] [--out FILE]
 """
 
@@ -71,17 +71,20 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--length", type=int, default=4096)
     ap.add_argument("--fraction", type=float, default=0.25)
-    ap.add_argument("--shares", default="0.0625,0.125,0.1875")
+    ap.add_argument("--shares", help="default: a quarter, a half and three quarters of --fraction")
     ap.add_argument("--kv-heads", type=Path, default=Path("bench/results/kv-heads-smollm2-fitted.json"))
-    ap.add_argument("--out", type=Path, help="default: bench/results/kv-head-share-smollm2-[TASK-]LENGTH.json")
+    ap.add_argument(
+        "--out", type=Path, help="default: bench/results/kv-head-share-smollm2-[TASK-][seedS-]LENGTH[-fF].json"
+    )
     args = ap.parse_args(argv)
     named = "" if args.task == "niah_single_number" else f"{args.task}-"  # the first study's files keep their names
     named += "" if args.seed == 0 else f"seed{args.seed}-"
-    out = args.out or Path(f"bench/results/kv-head-share-smollm2-{named}{args.length}.json")
+    named += str(args.length) + ("" if args.fraction == 0.25 else f"-f{args.fraction:g}")
+    out = args.out or Path(f"bench/results/kv-head-share-smollm2-{named}.json")
     from multihead.bench.kv import check_study, numbers
 
     try:  # refused before any model is read, as bench kv refuses
-        shares = numbers(args.shares, "--shares")
+        shares = numbers(args.shares, "--shares") if args.shares else [args.fraction * q for q in (0.25, 0.5, 0.75)]
         check_study(
             task=args.task,
             length=args.length,
