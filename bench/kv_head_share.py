@@ -84,7 +84,11 @@ def main(argv=None) -> int:
     from multihead.bench.kv import check_study, numbers
 
     try:  # refused before any model is read, as bench kv refuses
-        shares = numbers(args.shares, "--shares") if args.shares else [args.fraction * q for q in (0.25, 0.5, 0.75)]
+        shares = (
+            numbers(args.shares, "--shares")
+            if args.shares is not None
+            else [args.fraction * q for q in (0.25, 0.5, 0.75)]
+        )
         check_study(
             task=args.task,
             length=args.length,

@@ -26,6 +26,7 @@ CASES = [
     ("kv_head_share", ["--length", "100000"], "past the 8192 positions"),
     ("kv_head_share", ["--fraction", "1.5"], "--fractions are kept shares"),
     ("kv_head_share", ["--shares", "0.1,x"], "--shares is a comma-separated list of numbers"),
+    ("kv_head_share", ["--shares", ""], "--shares is a comma-separated list of numbers"),
     ("kv_head_share", ["--shares", "0.3"], "--shares are shares of the key/value heads in (0, --fraction)"),
     ("kv_head_share", ["--kv-heads", "{missing}"], "not a kv-heads.json"),
     ("kv_fwe_start", ["--n", "1001"], "--n is the number of samples"),
