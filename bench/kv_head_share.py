@@ -2,7 +2,7 @@
 
 ``bench kv`` keeps ``fraction / 2`` of the key/value heads whole (by the data-free ranking) and gives the others a
 window sized so that the bytes match. At 4k and a quarter of the bytes it scores about what a plain window scores.
-This study reads each sample once (the same samples as ``bench kv``: same task, length and seed; a single needle,
+This study reads each sample once (the same samples as ``bench kv``: same task, length and seed; a needle task,
 ``--task``; ``--seed 1`` and up draw samples ``bench kv`` never ran, to check a finding on text it was not found on)
 and answers from:
 
@@ -11,9 +11,11 @@ and answers from:
 - a plain window of the same bytes; the full cache.
 
 Each answer is scored as ``bench kv`` scores it, and the needles are grouped by where they lie in the text (the
-share of the text before them), so that one sees whether a cache answers needles outside the part its windows hold. A wrong answer that begins
-the needle (its first characters, then something else) is counted as a partial copy: the cache found the needle and
-lost the rest of it.
+share of the text before them), so that one sees whether a cache answers needles outside the part its windows hold.
+A needle is one value the answer must hold: one per question for a single needle or multi-key, four for multi-value
+(one key's four values) and multi-query (four keys asked); each is counted found or not, and a question scores the
+share it finds. A missed needle whose first characters the answer holds, then something else, is counted as a
+partial copy: the cache found the needle and lost the rest of it.
 It also says which of the key/value heads that ``heads --kv`` found retrieving (``--kv-heads``, a kv-heads.json) each
 share keeps whole.
 
@@ -53,7 +55,22 @@ def _retrieving(path: Path) -> list[tuple[int, int]]:
 # a wrong answer holding at least this share of the needle's start began to copy it: a quarter of a 7-digit number
 # is 2 digits (1 in 100 by chance), of a UUID 9 hexadecimal characters (1 in 16**9)
 PARTIAL = 0.25
-NEEDLES = ("niah_single_number", "niah_single_word", "niah_single_uuid")  # one needle, one answer
+# the tasks whose expected strings are needles hidden in the text (one question each)
+NEEDLES = (
+    "niah_single_number",
+    "niah_single_word",
+    "niah_single_uuid",
+    "niah_multikey",
+    "niah_multivalue",
+    "niah_multiquery",
+)
+
+
+def found(answer: str, text: str, expected) -> list[tuple[float, bool]]:
+    """For each expected string: where it lies in ``text`` (the share of the text before it) and whether ``answer``
+    holds it (case-insensitive, as RULER's ``string_match_all``: their mean is the question's score)."""
+    said = answer.lower()
+    return [(text.find(e) / len(text), e.lower() in said) for e in expected]
 
 
 def copied(answer: str, needle: str) -> int:
@@ -113,20 +130,23 @@ def main(argv=None) -> int:
     samples = samples_for(side.lm, args.task, length=args.length, count=args.n, seed=args.seed)
     names = ["full", "window", *(f"head-aware, {s:g} of the heads whole" for s in shares)]
     scores: dict[str, list[float]] = {n: [] for n in names}
-    partial: dict[str, list[float]] = {n: [] for n in names}  # the share of the needle a wrong answer begins with
-    depths: list[float] = []
+    hits: dict[str, list[float]] = {n: [] for n in names}  # one per needle: found (1) or not
+    partial: dict[str, list[float]] = {n: [] for n in names}  # the share of a missed needle the answer begins with
+    depths: list[float] = []  # one per needle
     for s in tqdm(samples, desc="head-aware: whole heads and windows"):
         q = s.questions[0]
         text = side.lm.decode(s.ids)
-        depths.append(text.find(q.answers[0]) / len(text))
+        depths += [d for d, _ in found("", text, q.answers)]
         read = side.read(s.ids)
         policies = [make_policy("full"), make_policy("window", round(args.fraction * args.length))]
         policies += [head_aware_at(args.fraction, args.length, side.split(sh), side.kv_heads) for sh in shares]
         for name, policy in zip(names, policies):
             answer, *_ = side.answer({"read": read, "policy": policy}, q.ids, q.max_new_tokens)
             scores[name].append(score(answer, q.answers))
-            if scores[name][-1] < 1:
-                partial[name].append(copied(answer, q.answers[0]) / len(q.answers[0]))
+            for e, (_, hit) in zip(q.answers, found(answer, text, q.answers)):
+                hits[name].append(float(hit))
+                if not hit:
+                    partial[name].append(copied(answer, e) / len(e))
 
     bins = [(0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.01)]
 
@@ -148,6 +168,7 @@ def main(argv=None) -> int:
         "length": args.length,
         "fraction": args.fraction,
         "n": args.n,
+        "needles_per_question": len(samples[0].questions[0].answers),
         "seed": args.seed,
         "machine": machine_info(None),
         "retrieving_kv_heads": {"from": str(args.kv_heads), "count": len(retrieving)},
@@ -155,9 +176,9 @@ def main(argv=None) -> int:
         "caches": {
             n: {
                 "score": round(sum(v) / len(v), 4),
-                "by_depth": by_depth(v),
+                "by_depth": by_depth(hits[n]),
                 "scores": v,
-                "wrong": len(partial[n]),
+                "wrong": len(partial[n]),  # needles missed (with one needle a question: wrong answers)
                 "wrong_beginning_the_needle": sum(c >= PARTIAL for c in partial[n]),
                 "wrong_copied_share_mean": round(sum(partial[n]) / len(partial[n]), 4) if partial[n] else None,
             }
@@ -172,7 +193,7 @@ def main(argv=None) -> int:
         c = result["caches"][n]
         cells = "  ".join(f"{k}: {v['answered']:g}/{v['needles']}" for k, v in c["by_depth"].items())
         print(
-            f"{n:40s} {c['score']:.2f}   by depth {cells}   wrong {c['wrong']}, "
+            f"{n:40s} {c['score']:.2f}   needles found by depth {cells}   missed {c['wrong']}, "
             f"{c['wrong_beginning_the_needle']} beginning the needle"
         )
     print(json.dumps({"splits": splits, "paired_against_window": result["paired_against_window"]}, indent=1))

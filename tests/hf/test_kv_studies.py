@@ -74,3 +74,14 @@ def test_the_studies_sign_test_is_bench_kvs_paired_comparison():
     assert sign_test(b, a)["worse"] == 3
     with pytest.raises(ValueError, match="same questions"):
         sign_test(a, b[:-1])
+
+
+def test_each_expected_value_is_a_needle_found_where_it_lies():
+    found = _study("kv_head_share").found
+    text = "a" * 10 + "4411" + "b" * 26 + "2002" + "c" * 56  # 100 characters
+    got = found("They are 2002 and 9.", text, ("4411", "2002"))
+    assert got == [(0.1, False), (0.4, True)]
+    assert sum(hit for _, hit in got) / len(got) == 0.5  # their mean is the question's RULER score
+    from multihead.data.ruler import score
+
+    assert score("They are 2002 and 9.", ["4411", "2002"]) == 0.5
