@@ -177,6 +177,7 @@ def main(argv=None) -> int:
             n: {
                 "score": round(sum(v) / len(v), 4),
                 "by_depth": by_depth(hits[n]),
+                "found": hits[n],  # one per needle, beside "depths"
                 "scores": v,
                 "wrong": len(partial[n]),  # needles missed (with one needle a question: wrong answers)
                 "wrong_beginning_the_needle": sum(c >= PARTIAL for c in partial[n]),
