@@ -35,6 +35,12 @@ CASES = [
     ("kv_fwe_start", ["--fractions", "a quarter"], "--fractions is a comma-separated list of numbers"),
     ("kv_snapkv_digits", ["--fraction", "0"], "--fractions are kept shares"),
     ("kv_snapkv_digits", ["--length", "9000"], "past the 8192 positions"),
+    ("kv_snapkv_settings", ["--settings", "32:6"], "--settings is a comma-separated list of window:kernel pairs"),
+    ("kv_snapkv_settings", ["--settings", "32"], "--settings is a comma-separated list of window:kernel pairs"),
+    ("kv_snapkv_settings", ["--settings", "0:5"], "--settings is a comma-separated list of window:kernel pairs"),
+    ("kv_snapkv_settings", ["--task", "squad"], "bench kv knows no task squad"),
+    ("kv_snapkv_settings", ["--protocol", "both"], "bench kv knows no protocol both"),
+    ("kv_snapkv_settings", ["--grid", "{missing}"], "not a bench kv JSON"),
 ]
 
 

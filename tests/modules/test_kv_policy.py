@@ -763,3 +763,25 @@ def test_a_recording_of_what_some_policies_read_serves_them_as_a_whole_recording
         )
     with pytest.raises(ValueError, match="the last 32, the last 1; this policy reads that of every query: record it"):
         some.compress(make_policy("h2o", 8))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name", ["snapkv", "pyramidkv", "adakv"])
+def test_a_recording_for_a_policy_with_its_own_window_serves_it(name):
+    """A policy that reads a query window other than its class's default records that window: recorded for the
+    instance, it compresses as a prefill under it does; a recording of the defaults refuses it, naming the fix."""
+    model = _lm()
+    ids = torch.randint(0, 60, (1, P + 4), generator=torch.Generator().manual_seed(11))
+    policy = make_policy(name, 12, window=4)
+    assert policy.observes == (4,) and type(policy).observes == (32,)
+    direct = model.new_cache(policy=policy)
+    model(ids[:, :P], cache=direct)
+    recorded = model.new_cache(record=[policy])
+    model(ids[:, :P], cache=recorded)
+    squeezed = recorded.compress(policy)
+    for t in range(P, P + 4):
+        assert torch.equal(model(ids[:, t : t + 1], cache=direct), model(ids[:, t : t + 1], cache=squeezed))
+    defaults = model.new_cache(record=True)
+    model(ids[:, :P], cache=defaults)
+    with pytest.raises(ValueError, match=r"reads that of the last 4: record it \(new_cache\(record=\[policy\]\)"):
+        defaults.compress(policy)

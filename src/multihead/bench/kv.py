@@ -136,8 +136,10 @@ class OursSide:
         return self._split[share]
 
     @torch.no_grad()
-    def read(self, ids: list[int]):
-        cache = self.model.new_cache(record=self.record)
+    def read(self, ids: list[int], record=None):
+        """``ids`` prefilled once, recording what the run's policies read (or what ``record`` names: policies, or
+        their classes), so that each can then be applied to the read."""
+        cache = self.model.new_cache(record=self.record if record is None else record)
         t0 = time.perf_counter()
         self.model.prefill(torch.tensor([ids]), cache=cache)
         return {"cache": cache, "length": len(ids), "seconds": time.perf_counter() - t0}

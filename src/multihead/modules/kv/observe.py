@@ -85,8 +85,8 @@ class Observed:
             if self._q is None:
                 raise ValueError(
                     f"a recorded prompt keeps the attention of {_windows(self._sums)}; this policy reads that of "
-                    f"{_windows({last: None})}: record it (new_cache(record=True) records what every policy reads), "
-                    "or prefill under the policy"
+                    f"{_windows({last: None})}: record it (new_cache(record=[policy]) records what that policy reads; "
+                    "record=True, what every policy reads at its default settings), or prefill under the policy"
                 )
             self._sums[last] = received_attention(
                 self._q, self.keys, self._q_pos, self._k_pos, sinks=self._sinks, last=last

@@ -154,6 +154,7 @@ class SnapKV(KVPolicy):
                 f"SnapKV's observation window is the number of the prompt's last queries it reads: at least 1, got "
                 f"window={self.window} (the paper uses 32)"
             )
+        _observe_own_window(self)
 
     @classmethod
     def of_budget(cls, budget: int | None = None, *, window: int = 32, kernel: int = 7) -> SnapKV:
@@ -262,6 +263,7 @@ class PyramidKV(KVPolicy):
 
     def __post_init__(self) -> None:
         SnapKV(self.size, self.window, self.kernel)  # the same checks
+        _observe_own_window(self)
         if isinstance(self.beta, bool) or not isinstance(self.beta, int) or self.beta < 1:
             raise ValueError(
                 f"PyramidKV's beta (first layer's share over the last's) is a whole number >= 1, got {self.beta!r}"
@@ -406,6 +408,7 @@ class AdaKV(KVPolicy):
 
     def __post_init__(self) -> None:
         SnapKV(self.size, self.window, self.kernel)  # the same checks
+        _observe_own_window(self)
         if isinstance(self.floor, bool) or not isinstance(self.floor, (int, float)) or not 0 <= self.floor <= 1:
             raise ValueError(
                 f"Ada-KV's floor is the share of the budget every head keeps, in [0, 1]; got {self.floor!r}"
@@ -545,6 +548,12 @@ def head_aware_at(
         )
     window = max(5, round(length * (fraction - whole) / (1 - whole)))
     return make_policy("head-aware", window, full_heads=[list(h) for h in full_heads])
+
+
+def _observe_own_window(policy) -> None:
+    """A policy that reads its prompt's last ``window`` queries says so on the instance: its class's ``observes`` is
+    the default window's, which a recorded prompt would otherwise keep in place of the one this policy reads."""
+    object.__setattr__(policy, "observes", (policy.window,))
 
 
 def _pool(score: Tensor, kernel: int, window: int) -> Tensor:
