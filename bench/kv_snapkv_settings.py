@@ -7,7 +7,8 @@ different defaults: multihead's are the paper's (window 32, kernel 7), kvpress's
 reads each sample once, as ``bench kv`` reads it (the same task, length, seed and protocol, so the same token ids),
 and answers from SnapKV under each ``--settings`` pair at each fraction. Given ``--grid`` (a ``bench kv`` JSON of the
 same cells), each setting is paired question by question with that run's rows: the first setting, ``bench kv``'s,
-should give its ``snapkv`` scores exactly, and each is compared with ``SnapKVPress``.
+should give its ``snapkv`` scores exactly, and each is compared with ``SnapKVPress`` (kvpress's settings, its scores
+exactly where the two compute the same).
 
     python bench/kv_snapkv_settings.py [--task fwe] [--protocol question] [--n 50] [--length 2048]
         [--fractions 0.125,0.25,0.5] [--settings 32:7,64:5 (window:kernel)]
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
 
     from multihead._io import file_lock
     from multihead.bench.harness import machine_info, write_json
-    from multihead.bench.kv import OursSide, sign_test, smollm2_folder
+    from multihead.bench.kv import SCORE_PLACES, OursSide, sign_test, smollm2_folder
     from multihead.data.ruler import samples_for, score
     from multihead.modules.kv import make_policy
 
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
                     policy = make_policy("snapkv", max(1, round(f * read["length"])), window=w, kernel=k)
                     for ids, q in questions:
                         answer, *_ = side.answer({"read": read, "policy": policy}, ids, q.max_new_tokens)
-                        scores[(name, f)].append(score(answer, q.answers))
+                        scores[(name, f)].append(round(score(answer, q.answers), SCORE_PLACES))  # as bench kv
 
     def paired(mine: list[float], theirs: list[float] | None):
         return sign_test(mine, theirs) if theirs is not None and len(theirs) == len(mine) else None
@@ -126,6 +127,7 @@ def main(argv=None) -> int:
                     "same_as_grid_snapkv": v == grid.get(("snapkv", f)) if grid else None,
                     "against_grid_snapkv": paired(v, grid.get(("snapkv", f))),
                     "against_grid_SnapKVPress": paired(v, grid.get(("SnapKVPress", f))),
+                    "same_as_grid_SnapKVPress": v == grid.get(("SnapKVPress", f)) if grid else None,
                 }
             )
     result = {
@@ -150,7 +152,7 @@ def main(argv=None) -> int:
     for c in cells:
         print(
             f"{c['fraction']:<6g} {c['setting']:32s} {c['score']:.2f}   same as the grid's snapkv: "
-            f"{c['same_as_grid_snapkv']}   against SnapKVPress: {c['against_grid_SnapKVPress']}"
+            f"{c['same_as_grid_snapkv']}, as its SnapKVPress: {c['same_as_grid_SnapKVPress']}"
         )
     return 0
 

@@ -91,3 +91,24 @@ def test_each_expected_value_is_a_needle_found_where_it_lies():
     from multihead.data.ruler import score
 
     assert score("They are 2002 and 9.", ["4411", "2002"]) == 0.5
+
+
+def test_the_settings_study_reads_pairs_and_a_grids_cell(tmp_path):
+    import json
+
+    study = _study("kv_snapkv_settings")
+    assert study.settings("32:7,64:5") == [(32, 7), (64, 5)]
+    row = {"task": "fwe", "length": 2048, "protocol": "question", "fraction": 0.125}
+    grid = tmp_path / "grid.json"
+    grid.write_text(
+        json.dumps(
+            {
+                "results": [
+                    {**row, "method": "SnapKVPress", "scores": [0.3333, 0.0]},
+                    {**row, "method": "snapkv", "scores": None},  # a resumed row that kept no scores
+                    {**row, "protocol": "context", "method": "snapkv", "scores": [1.0, 1.0]},
+                ]
+            }
+        )
+    )
+    assert study.grid_scores(grid, "fwe", 2048, "question") == {("SnapKVPress", 0.125): [0.3333, 0.0]}

@@ -340,12 +340,15 @@ def _settings(config: dict) -> dict:
     return out
 
 
+SCORE_PLACES = 4  # each question's score is kept rounded to this many places
+
+
 def _record(row: dict, got: float) -> None:
     """Each question's score in the order asked, so two methods can be compared question by question; kept only
     while it holds every question the row answered (a row resumed from a run that did not keep them keeps none)."""
     scores = row.get("scores", [])
     if scores is not None and len(scores) == row["questions"]:
-        row["scores"] = [*scores, round(got, 4)]
+        row["scores"] = [*scores, round(got, SCORE_PLACES)]
     else:
         row["scores"] = None
 
