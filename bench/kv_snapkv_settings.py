@@ -89,7 +89,7 @@ def main(argv=None) -> int:
 
     from multihead._io import file_lock
     from multihead.bench.harness import machine_info, write_json
-    from multihead.bench.kv import SCORE_PLACES, OursSide, sign_test, smollm2_folder
+    from multihead.bench.kv import SCORE_PLACES, OursSide, reads_of, sign_test, smollm2_folder
     from multihead.data.ruler import samples_for, score
     from multihead.modules.kv import make_policy
 
@@ -98,11 +98,7 @@ def main(argv=None) -> int:
     names = {(w, k): f"snapkv, window {w}, kernel {k}" for w, k in pairs}
     scores: dict[tuple[str, float], list[float]] = {(n, f): [] for n in names.values() for f in fractions}
     for s in tqdm(samples, desc=f"SnapKV settings on {args.task}"):
-        if args.protocol == "context":  # as bench kv reads: the context once, every question after it
-            reads = [(s.ids, [(q.ids, q) for q in s.questions])]
-        else:  # each question read with the context; its last token gives the answer's first logits
-            reads = [(s.ids + q.ids[:-1], [(q.ids[-1:], q)]) for q in s.questions]
-        for context, questions in reads:
+        for context, questions in reads_of(s, args.protocol):  # as bench kv reads the sample
             read = side.read(context, record=[make_policy("snapkv", 1, window=w) for w, _ in pairs])
             for f in fractions:
                 for (w, k), name in names.items():

@@ -545,13 +545,19 @@ def run(
     return payload
 
 
+def reads_of(sample, protocol: str) -> list[tuple[list[int], list[tuple[list[int], Any]]]]:
+    """What a protocol reads of a sample: ``(ids read once, [(ids each answer starts from, its question)])``. Under
+    ``context`` the context is read once and every question follows it; under ``question`` every question is read
+    with the context, and its last token is what the answer's first logits come from."""
+    if protocol == "context":
+        return [(sample.ids, [(q.ids, q) for q in sample.questions])]
+    return [(sample.ids + q.ids[:-1], [(q.ids[-1:], q)]) for q in sample.questions]
+
+
 def _one_sample(sample, protocol, sides, plan, rows, block, score) -> None:
     """One sample through every method of both sides: each side reads each context once, every method answers
     every question from what it keeps of that read."""
-    if protocol == "context":
-        reads = [(sample.ids, [(q.ids, q) for q in sample.questions])]
-    else:  # every question read with the context; its last token is what the answer's first logits come from
-        reads = [(sample.ids + q.ids[:-1], [(q.ids[-1:], q)]) for q in sample.questions]
+    reads = reads_of(sample, protocol)
     for side in sides:
         mine = [(m, f) for s, m, f in plan if s is side]
         for context, questions in reads:

@@ -18,7 +18,7 @@ from torch import Tensor
 from .cache import LayerKV, StreamingKV
 from .layer import LayerCache
 from .observe import Observed, _arange, _rotate
-from .policy import KV_POLICIES, KVPolicy, _check_budget, make_policy, register
+from .policy import KV_POLICIES, KVPolicy, ObservesWindow, _check_budget, make_policy, register
 
 
 def _top(score: Tensor, n: int) -> Tensor:
@@ -138,7 +138,7 @@ class SnapKV(KVPolicy):
     neighbouring keys), plus the last ``window`` keys. Generated keys are all kept."""
 
     name: ClassVar[str] = "snapkv"
-    observes: ClassVar[tuple[int | None, ...]] = (32,)
+    observes = ObservesWindow()
     size: int = 64
     window: int = 32
     kernel: int = 7
@@ -154,7 +154,6 @@ class SnapKV(KVPolicy):
                 f"SnapKV's observation window is the number of the prompt's last queries it reads: at least 1, got "
                 f"window={self.window} (the paper uses 32)"
             )
-        _observe_own_window(self)
 
     @classmethod
     def of_budget(cls, budget: int | None = None, *, window: int = 32, kernel: int = 7) -> SnapKV:
@@ -255,7 +254,7 @@ class PyramidKV(KVPolicy):
     layer at the prompt's length; here the budgets are fixed before the prompt is seen.)"""
 
     name: ClassVar[str] = "pyramidkv"
-    observes: ClassVar[tuple[int | None, ...]] = (32,)
+    observes = ObservesWindow()
     size: int = 64
     beta: int = 20
     window: int = 32
@@ -263,7 +262,6 @@ class PyramidKV(KVPolicy):
 
     def __post_init__(self) -> None:
         SnapKV(self.size, self.window, self.kernel)  # the same checks
-        _observe_own_window(self)
         if isinstance(self.beta, bool) or not isinstance(self.beta, int) or self.beta < 1:
             raise ValueError(
                 f"PyramidKV's beta (first layer's share over the last's) is a whole number >= 1, got {self.beta!r}"
@@ -400,7 +398,7 @@ class AdaKV(KVPolicy):
     key Ada-KV keeps for that row. Chosen once, after the prompt; generated keys are all kept."""
 
     name: ClassVar[str] = "adakv"
-    observes: ClassVar[tuple[int | None, ...]] = (32,)
+    observes = ObservesWindow()
     size: int = 64
     window: int = 32
     kernel: int = 7
@@ -408,7 +406,6 @@ class AdaKV(KVPolicy):
 
     def __post_init__(self) -> None:
         SnapKV(self.size, self.window, self.kernel)  # the same checks
-        _observe_own_window(self)
         if isinstance(self.floor, bool) or not isinstance(self.floor, (int, float)) or not 0 <= self.floor <= 1:
             raise ValueError(
                 f"Ada-KV's floor is the share of the budget every head keeps, in [0, 1]; got {self.floor!r}"
@@ -548,12 +545,6 @@ def head_aware_at(
         )
     window = max(5, round(length * (fraction - whole) / (1 - whole)))
     return make_policy("head-aware", window, full_heads=[list(h) for h in full_heads])
-
-
-def _observe_own_window(policy) -> None:
-    """A policy that reads its prompt's last ``window`` queries says so on the instance: its class's ``observes`` is
-    the default window's, which a recorded prompt would otherwise keep in place of the one this policy reads."""
-    object.__setattr__(policy, "observes", (policy.window,))
 
 
 def _pool(score: Tensor, kernel: int, window: int) -> Tensor:

@@ -170,6 +170,15 @@ def _whole_numbers(name: str, params, options: dict) -> dict:
     return out
 
 
+class ObservesWindow:
+    """``observes`` of a policy that reads its prompt's last ``window`` queries: read on the class, the default
+    window's (the dataclass field's default); on an instance, that instance's own, so that a prompt recorded for it
+    keeps the window it reads."""
+
+    def __get__(self, obj, owner=None) -> tuple[int | None, ...]:
+        return ((owner if obj is None else obj).window,)
+
+
 def recorded_windows(policies=None) -> tuple:
     """What a recorded prompt keeps, so that ``policies`` (policies or their classes; None: every registered one)
     can be applied to it afterwards: the query windows it sums the received attention over (an int or None, every
