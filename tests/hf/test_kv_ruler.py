@@ -321,3 +321,45 @@ def test_runs_split_by_task_join_into_the_run_of_both_and_refuse_other_settings(
         assert main(["bench", "kv", "--join", f"{parts[0]},{garbled}", "--out", str(bad)]) == 2
         err = capsys.readouterr().err
         assert "file 2 is not a bench kv JSON" in err and "Traceback" not in err and not bad.exists()
+
+
+def test_each_methods_settings_are_kept_and_a_resume_under_other_settings_is_refused(folder, tmp_path, capsys):
+    from multihead.cli import main
+
+    out = tmp_path / "kv.json"
+    opts = dict(folder=folder, tasks=["niah_single_number"], lengths=[400], n=1, fractions=(0.5,), progress=False)
+    opts.update(methods=["snapkv", "head-aware", "SnapKVPress", "AdaKVPress(SnapKVPress)"], protocols=["context"])
+    payload = K.run(out=out, **opts)
+    ours = payload["method_settings"]["multihead"]
+    assert ours["snapkv"] == {"class": "SnapKV", "window": 32, "kernel": 7}  # of_budget's defaults, as run
+    assert ours["full"] == {"class": "Full"} and "data-free split" in ours["head-aware"]["whole heads"]
+    assert "method_settings_from" not in payload  # kept from the first sample
+    page = K.markdown(payload)
+    assert "| multihead | snapkv | SnapKV, window = 32, kernel = 7 |" in page
+    if "kvpress" in payload["method_settings"]:
+        press = payload["method_settings"]["kvpress"]
+        assert press["SnapKVPress"] == {"class": "SnapKVPress", "window_size": 64, "kernel_size": 5}
+        assert press["AdaKVPress(SnapKVPress)"]["press"] == press["SnapKVPress"]  # the wrapped press, as one dict
+        assert "| kvpress | SnapKVPress | SnapKVPress, window_size = 64, kernel_size = 5 |" in page
+    # a file written before the settings were kept: resumed, it gets them, and says which samples came before
+    older = json.loads(out.read_text())
+    del older["method_settings"]
+    out.write_text(json.dumps(older))
+    resumed = K.run(out=out, resume=True, **opts)
+    assert resumed["method_settings"] == json.loads(json.dumps(payload["method_settings"]))
+    assert resumed["method_settings_from"] == {"niah_single_number/400/context": 1}
+    assert "run before the file kept them" in K.markdown(resumed)
+    # the same name under other settings: refused before a sample is run, the file left as it was
+    other = json.loads(out.read_text())
+    other["method_settings"]["multihead"]["snapkv"]["window"] = 64
+    out.write_text(json.dumps(other))
+    with pytest.raises(ValueError, match=r"other settings for multihead's snapkv \(.*'window': 64.*now .*'window': 32"):
+        K.run(out=out, resume=True, **{**opts, "tasks": ["niah_single_number", "vt"]})
+    assert json.loads(out.read_text()) == other
+    # two runs of one method under other settings do not join
+    part = tmp_path / "vt.json"
+    K.run(out=part, **{**opts, "tasks": ["vt"]})
+    bad = tmp_path / "bad.json"
+    assert main(["bench", "kv", "--join", f"{out},{part}", "--out", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "ran multihead's snapkv with other settings" in err and "Traceback" not in err and not bad.exists()

@@ -112,6 +112,23 @@ class OursSide:
             if n != "full" and not cls.why_not("attached") and not cls.why_not("recorded")
         ]
 
+    def settings(self, name: str) -> dict:
+        """What the policy ``name`` is here beyond the keys it keeps: the class, and the options :meth:`policy`
+        leaves at their defaults (SnapKV's observation window and pooling kernel, a window's sinks, ...)."""
+        import inspect
+
+        from ..modules.kv import KV_POLICIES
+
+        cls = KV_POLICIES[name]
+        options = inspect.signature(cls.of_budget).parameters.values()
+        out: dict = {"class": cls.__name__}
+        out.update({o.name: o.default for o in options if o.kind is o.KEYWORD_ONLY and o.name != "full_heads"})
+        if cls.needs_split:
+            out["whole heads"] = "the top half of the kept fraction's share of each layer's key/value heads, " + (
+                "the data-free split" if self.ranking is None else "by the given kv-heads.json"
+            )
+        return out
+
     def policy(self, name: str, fraction: float, length: int):
         """The policy ``name`` keeping ``fraction`` of a ``length``-token context's keys."""
         from ..modules.kv import KV_POLICIES, head_aware_at, make_policy
@@ -343,6 +360,35 @@ def _settings(config: dict) -> dict:
 SCORE_PLACES = 4  # each question's score is kept rounded to this many places
 
 
+def _record_settings(payload: dict, settings: dict, out: Path | None) -> bool:
+    """Keep each method's settings (per side: its class and the options it runs with) in ``payload``. A resumed
+    run whose file holds other settings for a method it runs is refused: its rows would mix two methods under one
+    name. A file written before settings were kept gets them now, with the samples it already held
+    (``method_settings_from``: the rows before those counts were run by the code of then). True where the
+    payload's settings changed."""
+    old = payload.get("method_settings")
+    if old is None:
+        if payload["done"]:
+            payload["method_settings_from"] = dict(payload["done"])
+        payload["method_settings"] = settings
+        return True
+    differ = [
+        f"{side}'s {method} ({old[side][method]}, now {value})"
+        for side, mine in settings.items()
+        for method, value in mine.items()
+        if method in old.get(side, {}) and old[side][method] != json.loads(json.dumps(value))
+    ]
+    if differ:
+        raise ValueError(
+            f"--resume: {out} was written with other settings for {'; '.join(differ)}: its rows would mix two "
+            "methods under one name; give another --out"
+        )
+    before = json.dumps(old, sort_keys=True)
+    for side, mine in settings.items():
+        old.setdefault(side, {}).update(mine)
+    return json.dumps(old, sort_keys=True) != before
+
+
 def _record(row: dict, got: float) -> None:
     """Each question's score in the order asked, so two methods can be compared question by question; kept only
     while it holds every question the row answered (a row resumed from a run that did not keep them keeps none)."""
@@ -483,7 +529,8 @@ def run(
             config[axis] = _union(axis, old_config.get(axis, []), config[axis])
         payload["results"], payload["done"] = old["results"], old.get("done", {})
         _intervals_again(payload["results"])
-        payload.update({k: old[k] for k in ("decoding", "memory", "seconds") if k in old})  # measured already
+        kept = ("decoding", "memory", "seconds", "method_settings", "method_settings_from")  # measured or said already
+        payload.update({k: old[k] for k in kept if k in old})
         earlier = _earlier([old], payload["machine"])  # where the rows it holds were measured
         if earlier:
             payload["earlier_machines"] = earlier
@@ -496,6 +543,9 @@ def run(
         config_note = f"kvpress is not installed here: {INSTALL}"
     payload["kvpress"] = config_note
     plan = _plan(sides, methods, fractions)
+    settings = {s.side: {m: s.settings(m) for who, m, _ in plan if who is s} for s in sides}
+    if _record_settings(payload, settings, out) and out is not None and payload["done"]:
+        write_json(out, payload)  # a file resumed that did not keep them says them, even with nothing left to run
     rows = {
         (r["task"], r["length"], r["protocol"], r["side"], r["method"], r["fraction"]): r for r in payload["results"]
     }
@@ -876,6 +926,15 @@ def join(payloads: list[dict]) -> dict:
             )
     if len({str(p.get("kvpress")) for p in payloads}) > 1:
         raise ValueError("--join: the runs had different kvpress installs; join runs made with the same one")
+    settings: dict = {}
+    for i, p in enumerate(payloads, 1):
+        for side, mine in (p.get("method_settings") or {}).items():
+            for method, value in mine.items():
+                if settings.setdefault(side, {}).setdefault(method, value) != value:
+                    raise ValueError(
+                        f"--join: file {i} ran {side}'s {method} with other settings ({value}, against "
+                        f"{settings[side][method]}); join runs of the same methods"
+                    )
     owner: dict[str, int] = {}  # block -> the run holding most of its samples
     for i, p in enumerate(payloads):
         for block, done in p.get("done", {}).items():
@@ -900,6 +959,16 @@ def join(payloads: list[dict]) -> dict:
         "joined": [{"machine": p["machine"], "seconds": p.get("seconds"), "done": p.get("done", {})} for p in payloads],
     }
     _intervals_again(out["results"])
+    if settings:
+        out["method_settings"] = settings
+        since = {}  # per block, the samples its run held before it kept the settings
+        for block, i in owner.items():
+            p = payloads[i]
+            before = p["done"] if not p.get("method_settings") else p.get("method_settings_from") or {}
+            if block in before:
+                since[block] = before[block]
+        if since:
+            out["method_settings_from"] = since
     earlier = _earlier(payloads, out["machine"])
     if earlier:
         out["earlier_machines"] = earlier
@@ -1060,6 +1129,7 @@ def markdown(payload: dict) -> str:
         for m in payload["memory"]:
             got = f"{m['error']} | |" if "error" in m else f"{m['kv_bytes'] / 1024:.0f} | {m['peak_added_mib']} |"
             lines.append(f"| {m['length']} | {m['side']} | {m['method']} | {m['fraction']:g} | {got}")
+    lines += _settings_section(payload)
     lines += ["", "## How it was made", "", *_made(payload)]
     if payload.get("joined"):
         lines += [
@@ -1071,6 +1141,40 @@ def markdown(payload: dict) -> str:
             ),
         ]
     return "\n".join(lines) + "\n"
+
+
+def _settings_section(payload: dict) -> list[str]:
+    """The page's table of what each method is beyond the keys it keeps (empty for a file that did not keep it)."""
+    settings = payload.get("method_settings")
+    if not settings:
+        return []
+
+    def text(value: dict) -> str:
+        return ", ".join(
+            f"{k} = {text(v) if isinstance(v, dict) else v}" if k != "class" else str(v) for k, v in value.items()
+        )
+
+    lines = [
+        "",
+        "## What each method is",
+        "",
+        "Each method's class and the options it ran with (the kept fraction aside). The two sides' methods of one "
+        "name may differ in these: SnapKV, for one, observes a window of the prompt's last queries whose length each "
+        "side chooses.",
+        "",
+        "| side | method | settings |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {side} | {m} | {text(v)} |" for side, mine in settings.items() for m, v in mine.items()]
+    since = payload.get("method_settings_from")
+    if since:
+        lines += [
+            "",
+            "These were kept from when this file held "
+            + ", ".join(f"{b}: {k}" for b, k in since.items())
+            + " samples; those samples were run before the file kept them.",
+        ]
+    return lines
 
 
 def command(config: dict, threads: int | None = None) -> str:

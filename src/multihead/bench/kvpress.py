@@ -41,6 +41,24 @@ def make_press(name: str, fraction: float):
     return getattr(kvpress, name)(compression_ratio=ratio)
 
 
+def press_settings(press) -> dict:
+    """A press's class and the attributes it was made with (a dataclass's fields, or what its own ``__init__``
+    set, as CriticalKV's), less its compression ratio; a press it wraps as one such dict."""
+    import dataclasses
+
+    out: dict = {"class": type(press).__name__}
+    for name, value in vars(press).items():
+        if name == "compression_ratio" or name.startswith("_"):
+            continue
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out[name] = press_settings(value)
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            out[name] = value
+        else:
+            out[name] = repr(value)
+    return out
+
+
 def _tensor_bytes(cache) -> int:
     """Bytes of every key and value tensor an HF cache holds (masked entries count: they are held)."""
     total = 0
@@ -97,6 +115,11 @@ class PressSide:
     def press(self, name: str, fraction: float):
         return make_press(name, fraction)
 
+    def settings(self, name: str) -> dict:
+        """What the press ``name`` is beyond the keys it keeps: its class and its fields (a wrapped press's too),
+        less the compression ratio."""
+        return press_settings(make_press(name, 0.5)) if name != "full" else {"class": "DynamicCache"}
+
     @torch.no_grad()
     def compressed(self, read, name: str, fraction: float):
         from transformers import DynamicCache
@@ -149,4 +172,4 @@ class PressSide:
         return text, max(grown - len(question) + 1, 1), seconds
 
 
-__all__ = ["EAGER", "INSTALL", "PRESSES", "PressSide", "make_press"]
+__all__ = ["EAGER", "INSTALL", "PRESSES", "PressSide", "make_press", "press_settings"]
