@@ -273,6 +273,8 @@ def test_runs_split_by_task_join_into_the_run_of_both_and_refuse_other_settings(
     assert same(joined) == same(both)
     assert joined["config"] == json.loads(json.dumps(both["config"]))  # the tasks in the suite's order
     assert joined["done"] == both["done"] and len(joined["joined"]) == 2
+    resumed = K.run(tasks=["vt"], out=out, resume=True, progress=False, **opts)  # nothing left: the join still said
+    assert resumed["joined"] == joined["joined"] and resumed["done"] == joined["done"]
     # a run written when the interval counted strings and the scoring said so joins, its intervals worked out again
     older = json.loads(parts[0].read_text())
     older["config"]["scoring"] += "; Wilson 95% over them"

@@ -529,7 +529,7 @@ def run(
             config[axis] = _union(axis, old_config.get(axis, []), config[axis])
         payload["results"], payload["done"] = old["results"], old.get("done", {})
         _intervals_again(payload["results"])
-        kept = ("decoding", "memory", "seconds", "method_settings", "method_settings_from")  # measured or said already
+        kept = ("decoding", "memory", "seconds", "method_settings", "method_settings_from", "joined")  # said already
         payload.update({k: old[k] for k in kept if k in old})
         earlier = _earlier([old], payload["machine"])  # where the rows it holds were measured
         if earlier:
