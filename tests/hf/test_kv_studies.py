@@ -112,3 +112,60 @@ def test_the_settings_study_reads_pairs_and_a_grids_cell(tmp_path):
         )
     )
     assert study.grid_scores(grid, "fwe", 2048, "question") == {("SnapKVPress", 0.125): [0.3333, 0.0]}
+
+
+def test_the_summary_tells_cells_apart_by_intervals_then_question_by_question(tmp_path, capsys):
+    import json
+
+    from multihead.bench.kv import wilson
+
+    summary = _study("kv_summary")
+
+    def row(method, side, fraction, scores):
+        lo, hi = wilson(sum(scores), len(scores))
+        return {
+            "task": "niah_single_number",
+            "length": 2048,
+            "protocol": "context",
+            "side": side,
+            "method": method,
+            "fraction": fraction,
+            "questions": len(scores),
+            "score": sum(scores) / len(scores),
+            "interval": [lo, hi],
+            "scores": scores,
+        }
+
+    n = 40
+    ahead_apart = row("head-aware", "multihead", 0.5, [1.0] * n), row("StreamingLLMPress", "kvpress", 0.5, [0.0] * n)
+    assert summary.verdict(*ahead_apart) == "ahead, apart" and summary.verdict(*ahead_apart[::-1]) == "behind, apart"
+    # 0.35 against 0.2: the intervals overlap, but a is higher on 6 questions and lower on none (p = 0.031)
+    a = row("head-aware", "multihead", 0.25, [1.0] * 14 + [0.0] * 26)
+    b = row("StreamingLLMPress", "kvpress", 0.25, [1.0] * 8 + [0.0] * 32)
+    assert a["interval"][0] < b["interval"][1]
+    assert summary.verdict(a, b) == "ahead" and summary.verdict(b, a) == "behind"
+    # the same scores on other questions: 8 and 14 differ, p = 0.29; and without per-question scores, the intervals only
+    shuffled = row("StreamingLLMPress", "kvpress", 0.25, [0.0] * 26 + [1.0] * 8 + [0.0] * 6)
+    assert summary.verdict(a, shuffled) == "level"
+    assert summary.verdict(a, {**b, "scores": None}) == "level"
+    full = row("full", "multihead", 1.0, [1.0] * n)
+    payload = {
+        "suite": "kv",
+        "config": {"n": 50, "tasks": ["niah_single_number"]},
+        "done": {"niah_single_number/2048/context": 50},
+        "results": [full, *ahead_apart, a, b],
+    }
+    cells = summary.cells(payload)
+    assert [(c["fraction"], c["head_aware_verdict"], c["best_verdict"]) for c in cells] == [
+        (0.25, "ahead", "ahead"),
+        (0.5, "ahead, apart", "ahead, apart"),
+    ]
+    assert summary.cells({**payload, "done": {"niah_single_number/2048/context": 49}}) == []  # still running
+    run = tmp_path / "kv.json"
+    run.write_text(json.dumps(payload))
+    assert summary.main([str(run)]) == 0
+    page = capsys.readouterr().out
+    assert "The head-aware cache against kvpress's best press, 2 cells: ahead, apart 1, ahead 1, level 0" in page
+    assert summary.main([str(run), "--floor", "1.5"]) == 2 and "--floor is a score in [0, 1]" in capsys.readouterr().err
+    run.write_text('{"results": []}')
+    assert summary.main([str(run)]) == 2 and "is not a bench kv JSON" in capsys.readouterr().err

@@ -1,0 +1,144 @@
+"""Where the head-aware cache (and multihead's best policy) stands against kvpress's best press, over every finished
+block of one or more ``bench kv`` runs: a verdict per block (task, length, protocol) and kept fraction, and how many
+cells fall under each verdict. Reads the JSON files only (no model).
+
+A cell compares two methods at the same kept fraction, so the same bytes:
+
+- ``ahead, apart`` / ``behind, apart``: their Wilson 95% intervals do not overlap;
+- ``ahead`` / ``behind``: the intervals overlap, but question by question one scored higher on more questions and the
+  sign test over the questions where they differ gives p < 0.05;
+- ``level``: neither (where a run did not keep each question's score, only the intervals can tell them apart).
+
+Blocks where the full cache scores below ``--floor`` (default 0.25) are tabled and counted apart: the model itself
+rarely answers them, so they say little about the caches.
+
+    python bench/kv_summary.py bench/results/kv-ruler-smollm2-2048-context.json \
+        bench/results/kv-ruler-smollm2-2048-question.json bench/results/kv-ruler-smollm2-4096-context.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+VERDICTS = ("ahead, apart", "ahead", "level", "behind", "behind, apart")
+P = 0.05
+
+
+def verdict(a: dict, b: dict) -> str:
+    """``a`` against ``b`` (two rows of one block at one fraction): one of :data:`VERDICTS`."""
+    from multihead.bench.kv import paired
+
+    if a["interval"][0] > b["interval"][1]:
+        return "ahead, apart"
+    if b["interval"][0] > a["interval"][1]:
+        return "behind, apart"
+    pair = paired(a, b)
+    if pair is not None and pair[2] < P and pair[0] != pair[1]:
+        return "ahead" if pair[0] > pair[1] else "behind"
+    return "level"
+
+
+def _best(rows: list[dict]) -> dict | None:
+    return max(rows, key=lambda r: (r["score"], r["interval"][0]), default=None)
+
+
+def cells(payload: dict, floor: float = 0.25) -> list[dict]:
+    """One dict per finished block and kept fraction: the full cache's score, the head-aware cache's, multihead's best
+    policy's and kvpress's best press's, and the two verdicts against that press."""
+    n = payload["config"]["n"]
+    rows = [r for r in payload["results"] if r.get("questions")]
+    out = []
+    order = {t: i for i, t in enumerate(payload["config"].get("tasks", []))}
+    blocks = sorted({(r["task"], r["length"], r["protocol"]) for r in rows}, key=lambda b: (order.get(b[0], 99), b))
+    for block in blocks:
+        if payload.get("done", {}).get("/".join(map(str, block)), 0) < n:
+            continue  # still running
+        cell = [r for r in rows if (r["task"], r["length"], r["protocol"]) == block]
+        full = next((r for r in cell if r["method"] == "full" and r["side"] == "multihead"), None)
+        for fraction in sorted({r["fraction"] for r in cell if r["fraction"] < 1}):
+            here = [r for r in cell if r["fraction"] == fraction and r["method"] != "full"]
+            press = _best([r for r in here if r["side"] == "kvpress"])
+            ours = _best([r for r in here if r["side"] == "multihead"])
+            aware = next((r for r in here if r["method"] == "head-aware"), None)
+            if press is None or ours is None or full is None:
+                continue
+            out.append(
+                {
+                    "task": block[0],
+                    "length": block[1],
+                    "protocol": block[2],
+                    "fraction": fraction,
+                    "full": full["score"],
+                    "answered": full["score"] >= floor,
+                    "press": (press["method"], press["score"]),
+                    "ours": (ours["method"], ours["score"]),
+                    "head_aware": None if aware is None else aware["score"],
+                    "head_aware_verdict": None if aware is None else verdict(aware, press),
+                    "best_verdict": verdict(ours, press),
+                }
+            )
+    return out
+
+
+def table(all_cells: list[dict]) -> str:
+    """The verdicts as a markdown page: one row per block and fraction, the counts under each table; the blocks where
+    the full cache scores below the floor in a table of their own."""
+    lines: list[str] = []
+    for answered, title in ((True, None), (False, "Where the full cache scores below the floor")):
+        mine = [c for c in all_cells if c["answered"] == answered]
+        if not mine:
+            continue
+        if title:
+            lines += ["", f"{title}:", ""]
+        lines += [
+            "| task | length | protocol | full cache | kept | head-aware | multihead's best | kvpress's best | "
+            "head-aware against it | multihead's best against it |",
+            "|---|---:|---|---:|---:|---:|---|---|---|---|",
+        ]
+        for c in mine:
+            aware = "" if c["head_aware"] is None else f"{c['head_aware']:.2f}"
+            lines.append(
+                f"| {c['task']} | {c['length']} | {c['protocol']} | {c['full']:.2f} | {c['fraction']:g} | {aware} | "
+                f"{c['ours'][0]} {c['ours'][1]:.2f} | {c['press'][0]} {c['press'][1]:.2f} | "
+                f"{c['head_aware_verdict'] or ''} | {c['best_verdict']} |"
+            )
+        for key, name in (("head_aware_verdict", "The head-aware cache"), ("best_verdict", "multihead's best policy")):
+            counts = Counter(c[key] for c in mine if c[key] is not None)
+            lines += [
+                "",
+                f"{name} against kvpress's best press, {sum(counts.values())} cells: "
+                + ", ".join(f"{v} {counts.get(v, 0)}" for v in VERDICTS),
+            ]
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("runs", nargs="+", type=Path, help="bench kv JSON files")
+    ap.add_argument(
+        "--floor", type=float, default=0.25, help="table apart the blocks whose full cache scores below this"
+    )
+    args = ap.parse_args(argv)
+    if not 0 <= args.floor <= 1:
+        print(f"--floor is a score in [0, 1], got {args.floor}", file=sys.stderr)
+        return 2
+    payloads = []
+    for path in args.runs:
+        try:
+            p = json.loads(path.read_text())
+            if p.get("suite") != "kv" or not isinstance(p.get("results"), list):
+                raise ValueError("no bench kv results")
+        except (OSError, ValueError, AttributeError) as exc:
+            print(f"{path} is not a bench kv JSON ({exc}); give files `multihead bench kv` wrote", file=sys.stderr)
+            return 2
+        payloads.append(p)
+    print(table([c for p in payloads for c in cells(p, args.floor)]), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
