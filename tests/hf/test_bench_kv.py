@@ -44,3 +44,33 @@ def test_bench_kv_refuses_bad_flags_before_reading_a_model(tmp_path, capsys):
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err
         assert not out.exists() and bad.read_text() == '{"split": {"full_heads": [[0]]}}'
+
+
+def test_a_fraction_is_as_many_keys_as_kvpress_keeps_and_earlier_runs_rule_is_kept(tmp_path):
+    from multihead.bench.kv import BUDGETS, kept_keys
+
+    assert kept_keys(0.125, 2047) == 255 and kept_keys(0.125, 2047, "round") == 256  # int(255.875), round(255.875)
+    assert kept_keys(0.5, 4096) == kept_keys(0.5, 4096, "round") == 2048
+    assert kept_keys(0.001, 100) == 1 and set(BUDGETS) == {"kvpress", "round"}
+    try:
+        from kvpress.utils import compute_n_kept
+    except ImportError:
+        pass
+    else:  # kvpress's own count for the press bench kv makes (compression_ratio = 1 - fraction)
+        for length in range(1, 3000, 7):
+            for fraction in (0.1, 0.125, 0.25, 1 / 3, 0.5, 0.9):
+                assert kept_keys(fraction, length) == compute_n_kept(length, 1 - fraction), (length, fraction)
+    folder = _save(tmp_path / "llama", "llama", max_position_embeddings=512)
+    ranking = [[0.0, 1.0], [0.5, 0.0]]
+    with pytest.raises(ValueError, match="unknown budget rule 'floor'"):
+        OursSide(folder, budget="floor")
+    new, old = OursSide(folder, ranking=ranking, budget="kvpress"), OursSide(folder, ranking=ranking, budget="round")
+    assert new.policy("snapkv", 0.125, 401).budget == 50 and old.policy("snapkv", 0.125, 401).budget == 50
+    assert new.policy("window", 0.25, 401).budget == 100 and old.policy("window", 0.25, 401).budget == 100
+    assert new.policy("snapkv", 0.375, 401).budget == 150 and old.policy("snapkv", 0.375, 401).budget == 150
+    assert new.policy("snapkv", 0.3, 401).budget == 120 and old.policy("snapkv", 0.3, 401).budget == 120
+    assert new.policy("snapkv", 0.3, 403).budget == 120 and old.policy("snapkv", 0.3, 403).budget == 121
+    # the head-aware cache: 1 of 4 heads whole at 1/2; its three windowed heads never pass kvpress's bytes
+    for length in (401, 403, 2047):
+        held = length + 3 * new.policy("head-aware", 0.5, length).budget
+        assert held <= 4 * kept_keys(0.5, length) < held + 3

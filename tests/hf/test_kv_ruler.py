@@ -336,6 +336,7 @@ def test_each_methods_settings_are_kept_and_a_resume_under_other_settings_is_ref
     assert ours["snapkv"] == {"class": "SnapKV", "window": 32, "kernel": 7}  # of_budget's defaults, as run
     assert ours["full"] == {"class": "Full"} and "data-free split" in ours["head-aware"]["whole heads"]
     assert "method_settings_from" not in payload  # kept from the first sample
+    assert payload["config"]["budget"] == "kvpress" and "as kvpress keeps" in K.markdown(payload)
     page = K.markdown(payload)
     assert "| multihead | snapkv | SnapKV, window = 32, kernel = 7 |" in page
     if "kvpress" in payload["method_settings"]:
@@ -343,11 +344,14 @@ def test_each_methods_settings_are_kept_and_a_resume_under_other_settings_is_ref
         assert press["SnapKVPress"] == {"class": "SnapKVPress", "window_size": 64, "kernel_size": 5}
         assert press["AdaKVPress(SnapKVPress)"]["press"] == press["SnapKVPress"]  # the wrapped press, as one dict
         assert "| kvpress | SnapKVPress | SnapKVPress, window_size = 64, kernel_size = 5 |" in page
+        rows = {(r["method"], r["fraction"]): r for r in payload["results"]}  # the same keys per head: the same bytes
+        assert rows[("snapkv", 0.5)]["kv_bytes"] == rows[("SnapKVPress", 0.5)]["kv_bytes"]
     # a file written before the settings were kept: resumed, it gets them, and says which samples came before
     older = json.loads(out.read_text())
-    del older["method_settings"]
+    del older["method_settings"], older["config"]["budget"]  # and before a run said its budget rule: round's
     out.write_text(json.dumps(older))
     resumed = K.run(out=out, resume=True, **opts)
+    assert resumed["config"]["budget"] == "round" and "round(fraction x length)" in K.markdown(resumed)
     assert resumed["method_settings"] == json.loads(json.dumps(payload["method_settings"]))
     assert resumed["method_settings_from"] == {"niah_single_number/400/context": 1}
     assert "run before the file kept them" in K.markdown(resumed)
@@ -362,6 +366,11 @@ def test_each_methods_settings_are_kept_and_a_resume_under_other_settings_is_ref
     part = tmp_path / "vt.json"
     K.run(out=part, **{**opts, "tasks": ["vt"]})
     bad = tmp_path / "bad.json"
+    assert main(["bench", "kv", "--join", f"{out},{part}", "--out", str(bad)]) == 2  # round's budget and kvpress's
+    assert "was run with other settings (budget)" in capsys.readouterr().err and not bad.exists()
+    other_part = json.loads(part.read_text())
+    other_part["config"]["budget"] = "round"
+    part.write_text(json.dumps(other_part))
     assert main(["bench", "kv", "--join", f"{out},{part}", "--out", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "ran multihead's snapkv with other settings" in err and "Traceback" not in err and not bad.exists()

@@ -242,6 +242,21 @@ def test_head_aware_at_a_fraction_holds_that_share_of_the_bytes():
         head_aware_at(0.5, length, [[0], [1]], groups)
 
 
+def test_head_aware_at_most_a_fraction_never_holds_more_and_holds_the_most_it_can():
+    from multihead.modules.kv import head_aware_at
+
+    full_heads, groups = [[0], [], [1, 2]], [3, 3, 3]  # 3 of 9 heads whole, 6 windowed
+    for length in (400, 401, 2047):
+        for keys in (length // 2, length // 2 + 1, (3 * length) // 4):  # keys per head, as a budget gives them
+            policy = head_aware_at(keys / length, length, full_heads, groups, at_most=True)
+            window = policy.streaming.sinks + policy.streaming.window
+            held = 3 * length + 6 * window
+            assert held <= 9 * keys < held + 6, (length, keys)  # not over; one key more per windowed head would be
+    # rounded to the nearest key instead: 2047 x (1/2 - 1/3) / (2/3) = 511.75 windowed keys, 512: over half the bytes
+    over = head_aware_at(0.5, 2047, full_heads, groups)
+    assert 3 * 2047 + 6 * (over.streaming.sinks + over.streaming.window) > 9 * 2047 * 0.5
+
+
 def test_head_aware_at_a_fraction_the_whole_heads_already_hold_keeps_the_smallest_window():
     from multihead.modules.kv import head_aware_at
 

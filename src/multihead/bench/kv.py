@@ -73,17 +73,46 @@ def wilson(hits: float, total: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
+# how many keys per head a policy keeps at a fraction of a context: each rule by name, said in every run's config
+BUDGETS = {
+    "kvpress": "int(length x (1 - compression_ratio)) keys per head, at least 1, as kvpress keeps (the head-aware "
+    "cache's window rounded down)",
+    "round": "round(fraction x length) keys per head, at least 1 (runs before the budget was kvpress's: up to one key "
+    "per head more than kvpress keeps)",
+}
+BUDGET = "kvpress"  # a new run's rule; a resumed run keeps its file's
+
+
+def kept_keys(fraction: float, length: int, budget: str = BUDGET) -> int:
+    """The keys per head a policy keeps of a ``length``-token context at ``fraction`` under the rule ``budget``
+    (:data:`BUDGETS`). ``"kvpress"`` is kvpress's own count for the press made with ``compression_ratio = 1 -
+    fraction``, computed the same way, so both sides hold the same bytes."""
+    if budget == "kvpress":
+        return max(1, int(length * (1 - (1 - fraction))))
+    if budget == "round":
+        return max(1, round(fraction * length))
+    raise ValueError(f"unknown budget rule {budget!r}; choose one of {sorted(BUDGETS)}")
+
+
 # ------------------------------------------------------------------------------------------------ the two sides
 class OursSide:
     """The folder read with transformers and attached; one recorded read per context, each policy applied to it.
     The head-aware policy keeps every key for the top ``fraction / 2`` of key/value heads (by ``ranking``, a
-    kv-heads.json's scores, else the data-free split) and a window for the others, sized so that its bytes match."""
+    kv-heads.json's scores, else the data-free split) and a window for the others, sized so that its bytes match.
+    ``budget``: how many keys a fraction is (:data:`BUDGETS`; the studies keep ``"round"``, the rule of the grids
+    they pair with)."""
 
     side = "multihead"
 
     def __init__(
-        self, folder: Path, ranking: list[list[float]] | None = None, evict: str = "prompt", methods=None
+        self,
+        folder: Path,
+        ranking: list[list[float]] | None = None,
+        evict: str = "prompt",
+        methods=None,
+        budget: str = "round",
     ) -> None:
+        kept_keys(0.5, 2, budget)  # an unknown rule refused before the model is read
         from ..interpret.kv.heads import kv_heads_per_layer
         from ..loading import load
         from ..modules.kv import KV_POLICIES
@@ -96,7 +125,7 @@ class OursSide:
                 f"the kv-heads.json names {[len(r) for r in ranking]} key/value heads per layer; {folder} has "
                 f"{self.kv_heads}: classify this model's heads (multihead heads MODEL --kv)"
             )
-        self.ranking, self._split = ranking, {}
+        self.ranking, self._split, self.budget = ranking, {}, budget
         # what a read records: what the run's policies read (None: every policy's)
         self.record = True if methods is None else [KV_POLICIES[n] for n in methods if n in KV_POLICIES]
         self.prompt_only = evict == "prompt"
@@ -135,9 +164,12 @@ class OursSide:
 
         if name == "full":
             return make_policy("full")
+        keys = kept_keys(fraction, length, self.budget)
         if not KV_POLICIES[name].needs_split:
-            return make_policy(name, max(1, round(fraction * length)))
-        return head_aware_at(fraction, length, self.split(fraction / 2), self.kv_heads)
+            return make_policy(name, keys)
+        if self.budget == "round":
+            return head_aware_at(fraction, length, self.split(fraction / 2), self.kv_heads)
+        return head_aware_at(keys / length, length, self.split(fraction / 2), self.kv_heads, at_most=True)
 
     def split(self, share: float) -> list[list[int]]:
         """The split keeping ``share`` of the key/value heads whole: by the given ranking, else the data-free one
@@ -352,6 +384,7 @@ def _settings(config: dict) -> dict:
     """What runs of one grid must agree on: the config less its axes. The interval is not a setting (it is worked
     out from the counts whenever rows are shown), so a scoring text that also named the interval compares equal."""
     out = {k: v for k, v in config.items() if k not in _AXES}
+    out.setdefault("budget", "round")  # the rule of the runs written before a run said its rule
     if isinstance(out.get("scoring"), str):
         out["scoring"] = out["scoring"].split("; Wilson")[0]
     return out
@@ -508,6 +541,7 @@ def run(
         "head_split": "data-free" if ranking is None else "given (--kv-heads)",
         "seed": seed,
         "scoring": SCORING,
+        "budget": BUDGET,
     }
     payload: dict = {"suite": "kv", "config": config, "machine": machine_info(None), "results": [], "done": {}}
     if resume and out is not None and out.is_file():
@@ -518,6 +552,7 @@ def run(
         if not isinstance(old, dict) or not isinstance(old.get("results"), list):
             raise ValueError(f"--resume: {out} is not a bench kv JSON (no results); give another --out")
         old_config = old.get("config") or {}
+        config["budget"] = _settings(old_config)["budget"]  # a resumed run goes on under its file's rule
         same, was = _settings(json.loads(json.dumps(config))), _settings(old_config)
         differ = sorted(k for k in set(same) | set(was) if was.get(k) != same.get(k))
         if differ:
@@ -534,7 +569,7 @@ def run(
         earlier = _earlier([old], payload["machine"])  # where the rows it holds were measured
         if earlier:
             payload["earlier_machines"] = earlier
-    ours = OursSide(folder, ranking, evict, methods=methods)
+    ours = OursSide(folder, ranking, evict, methods=methods, budget=config["budget"])
     sides: list = [ours]
     try:
         sides.append(PressSide(folder))
@@ -589,7 +624,8 @@ def run(
         if out is not None:
             write_json(out, payload)
     if memory and "memory" not in payload:
-        payload["memory"] = memory_rows(folder, lengths, [(s.side, m, f) for s, m, f in plan], evict, progress)
+        todo = [(s.side, m, f) for s, m, f in plan]
+        payload["memory"] = memory_rows(folder, lengths, todo, evict, progress, budget=config["budget"])
         if out is not None:
             write_json(out, payload)
     return payload
@@ -641,7 +677,7 @@ def _one_sample(sample, protocol, sides, plan, rows, block, score) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ memory
-def memory_rows(folder: Path, lengths, methods, evict: str, progress: bool = True) -> list[dict]:
+def memory_rows(folder: Path, lengths, methods, evict: str, progress: bool = True, budget: str = BUDGET) -> list[dict]:
     """Per (side, method, fraction) and length: the most resident memory one read-and-answer under the method adds
     over its fresh process after loading (MiB), and the cache's tensor bytes."""
     from tqdm import tqdm
@@ -650,7 +686,7 @@ def memory_rows(folder: Path, lengths, methods, evict: str, progress: bool = Tru
     todo = [(L, s, m, f) for L in lengths for s, m, f in methods]
     for length, side, method, fraction in tqdm(todo, desc="bench kv memory", disable=not progress):
         spec = {"folder": str(folder), "length": length, "side": side, "method": method, "fraction": fraction}
-        spec["evict"] = evict
+        spec["evict"], spec["budget"] = evict, budget
         proc = subprocess.run(
             [sys.executable, "-m", "multihead.bench.kv", json.dumps(spec)], capture_output=True, text=True, timeout=900
         )
@@ -673,7 +709,7 @@ def _memory_worker(spec: dict) -> dict:
     folder, method, fraction = Path(spec["folder"]), spec["method"], spec["fraction"]
     side: Any
     if spec["side"] == "multihead":
-        side = OursSide(folder, evict=spec["evict"])
+        side = OursSide(folder, evict=spec["evict"], budget=spec.get("budget", BUDGET))
         lm = side.lm
     else:
         from ..loading import load
@@ -1071,8 +1107,9 @@ def markdown(payload: dict) -> str:
         "questions, each question's score one trial (a question's strings share one answer, so they are not counted "
         "as separate trials; a score in [0, 1] varies at most as a yes/no answer does, so the interval is not too "
         f"narrow); n = {c['n']} samples per cell asked (the `n` column of a cell says how many were run). "
-        f"multihead's policies evict {'once, after the prompt' if c['evict'] == 'prompt' else 'at every step'}; "
-        f"kvpress: {payload.get('kvpress')}. Machine: {payload['machine'].get('cpu')}"
+        f"multihead's policies evict {'once, after the prompt' if c['evict'] == 'prompt' else 'at every step'} and "
+        f"keep {BUDGETS[_settings(c)['budget']]}; kvpress: {payload.get('kvpress')}. Machine: "
+        f"{payload['machine'].get('cpu')}"
         + "".join(f"; some rows measured on {m.get('cpu')}" for m in payload.get("earlier_machines", []))
         + ".",
     ]

@@ -7,6 +7,7 @@ dim.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -523,14 +524,20 @@ def split_heads(full_heads) -> list[list[int]]:
 
 
 def head_aware_at(
-    fraction: float, length: int, full_heads: Sequence[Sequence[int]], num_kv_heads: Sequence[int]
+    fraction: float,
+    length: int,
+    full_heads: Sequence[Sequence[int]],
+    num_kv_heads: Sequence[int],
+    *,
+    at_most: bool = False,
 ) -> KVPolicy:
     """The head-aware policy that keeps about ``fraction`` of a ``length``-token prompt's key/value bytes: the key/value
     heads ``full_heads`` (per layer, e.g. :func:`multihead.interpret.kv.heads.read_split` of a ``kv-heads.json``)
     keep every key, and the others a window sized so that the two together hold ``fraction`` of the full cache
     (``num_kv_heads``: key/value heads per layer); the window keeps at least 5 keys (4 sinks and the latest), so a
-    split whose whole heads alone hold the fraction gets that floor. Refused where the whole heads alone hold more
-    than ``fraction``."""
+    split whose whole heads alone hold the fraction gets that floor. The window's length is rounded to the nearest
+    key, or with ``at_most`` down, so that the policy never holds more than ``fraction`` of the keys (above the
+    floor). Refused where the whole heads alone hold more than ``fraction``."""
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
     if length < 1:
@@ -543,7 +550,8 @@ def head_aware_at(
             f"the heads kept whole are {whole:.0%} of the key/value heads, more than the {fraction:.0%} asked for; "
             "keep fewer whole (a smaller split) or ask for more"
         )
-    window = max(5, round(length * (fraction - whole) / (1 - whole)))
+    exact = length * (fraction - whole) / (1 - whole)
+    window = max(5, math.floor(exact + 1e-9) if at_most else round(exact))  # 1e-9: a whole number computed inexactly
     return make_policy("head-aware", window, full_heads=[list(h) for h in full_heads])
 
 
