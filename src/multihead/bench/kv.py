@@ -43,6 +43,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,25 +74,62 @@ def wilson(hits: float, total: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-# how many keys per head a policy keeps at a fraction of a context: each rule by name, said in every run's config
+@dataclass(frozen=True)
+class Budget:
+    """How many keys per head a policy keeps at a fraction of a context: one rule, by name in :data:`BUDGETS`, said
+    in every run's config."""
+
+    name: str
+    text: str  # what the page says
+    at_most: bool  # the head-aware cache's window rounded down, so that it never holds more than the keys
+
+    def keys(self, fraction: float, length: int) -> int:
+        """Keys per head at ``fraction`` of a ``length``-token context."""
+        if self.at_most:  # kvpress's count for the press made with compression_ratio = 1 - fraction, computed as it is
+            return max(1, int(length * (1 - (1 - fraction))))
+        return max(1, round(fraction * length))
+
+    def head_aware(self, fraction: float, length: int, full_heads, kv_heads):
+        """The head-aware policy holding this rule's keys: the heads ``full_heads`` whole, the others a window."""
+        from ..modules.kv import head_aware_at
+
+        if self.at_most:
+            return head_aware_at(self.keys(fraction, length) / length, length, full_heads, kv_heads, at_most=True)
+        return head_aware_at(fraction, length, full_heads, kv_heads)
+
+
 BUDGETS = {
-    "kvpress": "int(length x (1 - compression_ratio)) keys per head, at least 1, as kvpress keeps (the head-aware "
-    "cache's window rounded down)",
-    "round": "round(fraction x length) keys per head, at least 1 (runs before the budget was kvpress's: up to one key "
-    "per head more than kvpress keeps)",
+    b.name: b
+    for b in (
+        Budget(
+            "kvpress",
+            "int(length x (1 - compression_ratio)) keys per head, at least 1, as kvpress keeps (the head-aware "
+            "cache's window rounded down)",
+            at_most=True,
+        ),
+        Budget(
+            "round",
+            "round(fraction x length) keys per head, at least 1 (runs before the budget was kvpress's: up to one key "
+            "per head more than kvpress keeps)",
+            at_most=False,
+        ),
+    )
 }
 BUDGET = "kvpress"  # a new run's rule; a resumed run keeps its file's
+
+
+def budget_rule(name: str) -> Budget:
+    """The rule ``name`` of :data:`BUDGETS`; ValueError naming the others."""
+    if name not in BUDGETS:
+        raise ValueError(f"unknown budget rule {name!r}; choose one of {sorted(BUDGETS)}")
+    return BUDGETS[name]
 
 
 def kept_keys(fraction: float, length: int, budget: str = BUDGET) -> int:
     """The keys per head a policy keeps of a ``length``-token context at ``fraction`` under the rule ``budget``
     (:data:`BUDGETS`). ``"kvpress"`` is kvpress's own count for the press made with ``compression_ratio = 1 -
     fraction``, computed the same way, so both sides hold the same bytes."""
-    if budget == "kvpress":
-        return max(1, int(length * (1 - (1 - fraction))))
-    if budget == "round":
-        return max(1, round(fraction * length))
-    raise ValueError(f"unknown budget rule {budget!r}; choose one of {sorted(BUDGETS)}")
+    return budget_rule(budget).keys(fraction, length)
 
 
 # ------------------------------------------------------------------------------------------------ the two sides
@@ -112,7 +150,7 @@ class OursSide:
         methods=None,
         budget: str = "round",
     ) -> None:
-        kept_keys(0.5, 2, budget)  # an unknown rule refused before the model is read
+        self.budget = budget_rule(budget)  # an unknown rule refused before the model is read
         from ..interpret.kv.heads import kv_heads_per_layer
         from ..loading import load
         from ..modules.kv import KV_POLICIES
@@ -125,7 +163,7 @@ class OursSide:
                 f"the kv-heads.json names {[len(r) for r in ranking]} key/value heads per layer; {folder} has "
                 f"{self.kv_heads}: classify this model's heads (multihead heads MODEL --kv)"
             )
-        self.ranking, self._split, self.budget = ranking, {}, budget
+        self.ranking, self._split = ranking, {}
         # what a read records: what the run's policies read (None: every policy's)
         self.record = True if methods is None else [KV_POLICIES[n] for n in methods if n in KV_POLICIES]
         self.prompt_only = evict == "prompt"
@@ -160,16 +198,13 @@ class OursSide:
 
     def policy(self, name: str, fraction: float, length: int):
         """The policy ``name`` keeping ``fraction`` of a ``length``-token context's keys."""
-        from ..modules.kv import KV_POLICIES, head_aware_at, make_policy
+        from ..modules.kv import KV_POLICIES, make_policy
 
         if name == "full":
             return make_policy("full")
-        keys = kept_keys(fraction, length, self.budget)
         if not KV_POLICIES[name].needs_split:
-            return make_policy(name, keys)
-        if self.budget == "round":
-            return head_aware_at(fraction, length, self.split(fraction / 2), self.kv_heads)
-        return head_aware_at(keys / length, length, self.split(fraction / 2), self.kv_heads, at_most=True)
+            return make_policy(name, self.budget.keys(fraction, length))
+        return self.budget.head_aware(fraction, length, self.split(fraction / 2), self.kv_heads)
 
     def split(self, share: float) -> list[list[int]]:
         """The split keeping ``share`` of the key/value heads whole: by the given ranking, else the data-free one
@@ -1108,7 +1143,7 @@ def markdown(payload: dict) -> str:
         "as separate trials; a score in [0, 1] varies at most as a yes/no answer does, so the interval is not too "
         f"narrow); n = {c['n']} samples per cell asked (the `n` column of a cell says how many were run). "
         f"multihead's policies evict {'once, after the prompt' if c['evict'] == 'prompt' else 'at every step'} and "
-        f"keep {BUDGETS[_settings(c)['budget']]}; kvpress: {payload.get('kvpress')}. Machine: "
+        f"keep {budget_rule(_settings(c)['budget']).text}; kvpress: {payload.get('kvpress')}. Machine: "
         f"{payload['machine'].get('cpu')}"
         + "".join(f"; some rows measured on {m.get('cpu')}" for m in payload.get("earlier_machines", []))
         + ".",
