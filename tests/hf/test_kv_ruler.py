@@ -205,6 +205,7 @@ def test_bench_kv_refuses_bad_flags_before_reading_a_model(folder, tmp_path, mon
         (["--impls", "FooPress"], "knows no method FooPress"),
         (["--protocols", "both"], "knows no protocol both"),
         (["--evict", "never"], "--evict is one of"),
+        (["--budget", "floor"], "--budget is one of kvpress, round"),
         (["--keys", "3"], "niah_multikey"),
     ]
     for flags, message in cases:
@@ -309,6 +310,9 @@ def test_runs_split_by_task_join_into_the_run_of_both_and_refuse_other_settings(
         threads,
     )
     assert args.model == str(folder)
+    assert args.budget is None  # kvpress's count: the default, not said
+    older = {k: v for k, v in c.items() if k != "budget"}  # a run made before the rule was said: round's
+    assert build_parser().parse_args(shlex.split(K.command(older))[1:]).budget == "round"
     other = tmp_path / "other.json"
     K.run(tasks=["vt"], out=other, progress=False, **{**opts, "n": 2})
     bad = tmp_path / "bad.json"
@@ -352,6 +356,8 @@ def test_each_methods_settings_are_kept_and_a_resume_under_other_settings_is_ref
     out.write_text(json.dumps(older))
     resumed = K.run(out=out, resume=True, **opts)
     assert resumed["config"]["budget"] == "round" and "round(fraction x length)" in K.markdown(resumed)
+    with pytest.raises(ValueError, match=r"other settings \(budget"):  # asked for kvpress's: not this file's rule
+        K.run(out=out, resume=True, budget="kvpress", **opts)
     assert resumed["method_settings"] == json.loads(json.dumps(payload["method_settings"]))
     assert resumed["method_settings_from"] == {"niah_single_number/400/context": 1}
     assert "run before the file kept them" in K.markdown(resumed)

@@ -290,7 +290,17 @@ def smollm2_folder() -> Path:
 
 # ------------------------------------------------------------------------------------------------ checks
 def check(
-    *, tasks, lengths, n, fractions, methods, protocols, evict, max_positions: int | None = None, decode: int = 0
+    *,
+    tasks,
+    lengths,
+    n,
+    fractions,
+    methods,
+    protocols,
+    evict,
+    max_positions: int | None = None,
+    decode: int = 0,
+    budget: str | None = None,
 ) -> None:
     """Refuse what cannot run, before any model is read."""
     from ..data.ruler import TASKS
@@ -322,6 +332,8 @@ def check(
         raise ValueError(f"bench kv knows no protocol {', '.join(bad) or '(none)'}; choose from {', '.join(PROTOCOLS)}")
     if evict not in EVICT:
         raise ValueError(f"--evict is one of {', '.join(EVICT)}, got {evict!r}")
+    if budget is not None and budget not in BUDGETS:
+        raise ValueError(f"--budget is one of {', '.join(BUDGETS)}, got {budget!r}")
     known = {"full", *PRESSES} | {
         m for m, cls in KV_POLICIES.items() if not cls.why_not("attached") and not cls.why_not("recorded")
     }
@@ -543,9 +555,11 @@ def run(
     memory: bool = False,
     decode: int = 0,
     progress: bool = True,
+    budget: str | None = None,
 ) -> dict:
     """Every task x length x protocol x fraction x method on ``n`` samples each, written to ``out`` after every
-    sample; with ``resume``, the samples an earlier run wrote to ``out`` (same settings) are not run again."""
+    sample; with ``resume``, the samples an earlier run wrote to ``out`` (same settings) are not run again.
+    ``budget``: how many keys a fraction is (:data:`BUDGETS`; default kvpress's count, or a resumed file's rule)."""
     from tqdm import tqdm
 
     from ..data.ruler import TASKS, samples_for, score
@@ -563,6 +577,7 @@ def run(
         evict=evict,
         max_positions=folder_positions(folder),
         decode=decode,
+        budget=budget,
     )
     config = {
         "model": str(folder),
@@ -576,7 +591,7 @@ def run(
         "head_split": "data-free" if ranking is None else "given (--kv-heads)",
         "seed": seed,
         "scoring": SCORING,
-        "budget": BUDGET,
+        "budget": budget or BUDGET,
     }
     payload: dict = {"suite": "kv", "config": config, "machine": machine_info(None), "results": [], "done": {}}
     if resume and out is not None and out.is_file():
@@ -587,7 +602,8 @@ def run(
         if not isinstance(old, dict) or not isinstance(old.get("results"), list):
             raise ValueError(f"--resume: {out} is not a bench kv JSON (no results); give another --out")
         old_config = old.get("config") or {}
-        config["budget"] = _settings(old_config)["budget"]  # a resumed run goes on under its file's rule
+        if budget is None:  # a resumed run goes on under its file's rule
+            config["budget"] = _settings(old_config)["budget"]
         same, was = _settings(json.loads(json.dumps(config))), _settings(old_config)
         differ = sorted(k for k in set(same) | set(was) if was.get(k) != same.get(k))
         if differ:
@@ -928,8 +944,8 @@ def _run_from_args(args, out: Path) -> dict:
         protocols=getattr(args, "protocols", None) or list(PROTOCOLS),
         evict=getattr(args, "evict", None) or "prompt",
     )
-    decode = getattr(args, "decode", None) or 0
-    check(**opts, max_positions=folder_positions(folder), decode=decode)  # before any model is read
+    decode, budget = getattr(args, "decode", None) or 0, getattr(args, "budget", None)
+    check(**opts, max_positions=folder_positions(folder), decode=decode, budget=budget)  # before any model is read
     ranking = None
     if getattr(args, "kv_heads", None):
         from .._io import read_json_file
@@ -945,6 +961,7 @@ def _run_from_args(args, out: Path) -> dict:
         resume=bool(getattr(args, "resume", False)),
         memory=bool(getattr(args, "memory", False)),
         decode=decode,
+        budget=budget,
         **opts,
     )
     return payload
@@ -1267,6 +1284,8 @@ def command(config: dict, threads: int | None = None) -> str:
         words.append(f"--impls '{','.join(config['methods'])}'")
     if config.get("evict", "prompt") != "prompt":
         words.append(f"--evict {config['evict']}")
+    if _settings(config)["budget"] != BUDGET:
+        words.append(f"--budget {_settings(config)['budget']}")
     if config.get("head_split", "data-free") != "data-free":
         words.append("--kv-heads KV_HEADS.json")
     if threads:

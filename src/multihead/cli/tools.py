@@ -193,6 +193,12 @@ def _bench_kv_flags(bench) -> None:
     bench.add_argument(
         "--evict", default=None, help="kv: prompt (policies evict once, after the prompt: default) or always"
     )
+    bench.add_argument(
+        "--budget",
+        default=None,
+        help="kv: how many keys per head a fraction is: kvpress (its own count, the default) or round "
+        "(round(fraction x length), the rule of earlier runs; to rerun one)",
+    )
     bench.add_argument("--resume", action="store_true", help="kv: go on with the samples --out's JSON already holds")
     bench.add_argument(
         "--join",
