@@ -12,8 +12,14 @@ A cell compares two methods at the same kept fraction, so the same bytes:
 Blocks where the full cache scores below ``--floor`` (default 0.25) are tabled and counted apart: the model itself
 rarely answers them, so they say little about the caches.
 
+Rows of runs made before each question's score was kept can take them from a rerun (``--scores``: runs of the same
+blocks under the same settings, any subset of the methods): a row takes the rerun's scores only where the rerun's row
+answered as many questions and scored the same sum, and the script says how many rows it filled and which rerun rows
+scored otherwise.
+
     python bench/kv_summary.py bench/results/kv-ruler-smollm2-2048-context.json \
-        bench/results/kv-ruler-smollm2-2048-question.json bench/results/kv-ruler-smollm2-4096-context.json
+        bench/results/kv-ruler-smollm2-2048-question.json bench/results/kv-ruler-smollm2-4096-context.json \
+        [--scores RERUN.json,...]
 """
 
 from __future__ import annotations
@@ -40,6 +46,29 @@ def verdict(a: dict, b: dict) -> str:
     if pair is not None and pair[2] < P and pair[0] != pair[1]:
         return "ahead" if pair[0] > pair[1] else "behind"
     return "level"
+
+
+def fill_scores(payload: dict, reruns: list[dict]) -> tuple[int, list[str]]:
+    """Each row of ``payload`` that kept no per-question scores takes a rerun's, where the rerun's row of the same
+    block, side, method and fraction answered as many questions and scored the same sum (to the places scores are
+    kept). The rows filled, and the rerun rows that answered as many questions but scored otherwise."""
+    from multihead.bench.kv import SCORE_PLACES
+
+    def key(r):
+        return (r["task"], r["length"], r["protocol"], r["side"], r["method"], r["fraction"])
+
+    again = {key(r): r for p in reruns for r in p["results"] if r.get("scores") and r.get("questions")}
+    filled, differ = 0, []
+    for r in payload["results"]:
+        other = again.get(key(r))
+        if r.get("scores") or other is None or other["questions"] != r.get("questions"):
+            continue
+        if round(sum(other["scores"]), SCORE_PLACES - 1) == round(r["score_sum"], SCORE_PLACES - 1):
+            r["scores"] = list(other["scores"])
+            filled += 1
+        else:
+            differ.append(f"{'/'.join(map(str, key(r)))}: {r['score_sum']:.4f} against {sum(other['scores']):.4f}")
+    return filled, differ
 
 
 def _best(rows: list[dict]) -> dict | None:
@@ -122,12 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--floor", type=float, default=0.25, help="table apart the blocks whose full cache scores below this"
     )
+    ap.add_argument("--scores", default="", help="reruns that kept each question's score, comma-separated JSON files")
     args = ap.parse_args(argv)
     if not 0 <= args.floor <= 1:
         print(f"--floor is a score in [0, 1], got {args.floor}", file=sys.stderr)
         return 2
-    payloads = []
-    for path in args.runs:
+    payloads, reruns = [], []
+    scores = [Path(x) for x in args.scores.split(",") if x]
+    for path in [*args.runs, *scores]:
         try:
             p = json.loads(path.read_text())
             if p.get("suite") != "kv" or not isinstance(p.get("results"), list):
@@ -135,8 +166,15 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError, AttributeError) as exc:
             print(f"{path} is not a bench kv JSON ({exc}); give files `multihead bench kv` wrote", file=sys.stderr)
             return 2
-        payloads.append(p)
+        (payloads if len(payloads) < len(args.runs) else reruns).append(p)
+    notes = []
+    for p in payloads if reruns else []:
+        filled, differ = fill_scores(p, reruns)
+        notes += [f"{filled} rows took each question's score from a rerun"]
+        notes += [f"a rerun scored otherwise: {d}" for d in differ]
     print(table([c for p in payloads for c in cells(p, args.floor)]), end="")
+    for note in notes:
+        print(f"\n{note}")
     return 0
 
 

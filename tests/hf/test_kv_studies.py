@@ -132,6 +132,7 @@ def test_the_summary_tells_cells_apart_by_intervals_then_question_by_question(tm
             "fraction": fraction,
             "questions": len(scores),
             "score": sum(scores) / len(scores),
+            "score_sum": sum(scores),
             "interval": [lo, hi],
             "scores": scores,
         }
@@ -167,5 +168,19 @@ def test_the_summary_tells_cells_apart_by_intervals_then_question_by_question(tm
     page = capsys.readouterr().out
     assert "The head-aware cache against kvpress's best press, 2 cells: ahead, apart 1, ahead 1, level 0" in page
     assert summary.main([str(run), "--floor", "1.5"]) == 2 and "--floor is a score in [0, 1]" in capsys.readouterr().err
+    # a run that kept no per-question scores takes a rerun's where the rerun scored the same; one that did not is said
+    unpaired = {**payload, "results": [{**r, "scores": None} for r in payload["results"]]}
+    assert [c["head_aware_verdict"] for c in summary.cells(unpaired)] == ["level", "ahead, apart"]
+    rerun = {**payload, "results": [a, b, {**full, "scores": [0.0] + [1.0] * (n - 1)}]}
+    filled, differ = summary.fill_scores(unpaired, [rerun])
+    assert filled == 2 and differ == ["niah_single_number/2048/context/multihead/full/1.0: 40.0000 against 39.0000"]
+    assert [c["head_aware_verdict"] for c in summary.cells(unpaired)] == ["ahead", "ahead, apart"]
+    run.write_text(json.dumps({**payload, "results": [{**r, "scores": None} for r in payload["results"]]}))
+    again = tmp_path / "rerun.json"
+    again.write_text(json.dumps(rerun))
+    assert summary.main([str(run), "--scores", str(again)]) == 0
+    page = capsys.readouterr().out
+    assert "2 rows took each question's score from a rerun" in page and "a rerun scored otherwise" in page
+    assert "2 cells: ahead, apart 1, ahead 1, level 0" in page
     run.write_text('{"results": []}')
     assert summary.main([str(run)]) == 2 and "is not a bench kv JSON" in capsys.readouterr().err
