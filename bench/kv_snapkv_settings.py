@@ -102,7 +102,7 @@ def main(argv=None) -> int:
             read = side.read(context, record=[make_policy("snapkv", 1, window=w) for w, _ in pairs])
             for f in fractions:
                 for (w, k), name in names.items():
-                    policy = make_policy("snapkv", max(1, round(f * read["length"])), window=w, kernel=k)
+                    policy = make_policy("snapkv", side.budget.keys(f, read["length"]), window=w, kernel=k)
                     for ids, q in questions:
                         answer, *_ = side.answer({"read": read, "policy": policy}, ids, q.max_new_tokens)
                         scores[(name, f)].append(round(score(answer, q.answers), SCORE_PLACES))  # as bench kv

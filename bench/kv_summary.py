@@ -50,8 +50,8 @@ def verdict(a: dict, b: dict) -> str:
 
 def fill_scores(payload: dict, reruns: list[dict]) -> tuple[int, list[str]]:
     """Each row of ``payload`` that kept no per-question scores takes a rerun's, where the rerun's row of the same
-    block, side, method and fraction answered as many questions and scored the same sum (to the places scores are
-    kept). The rows filled, and the rerun rows that answered as many questions but scored otherwise."""
+    block, side, method and fraction answered as many questions and scored the same sum (within the rounding of the
+    kept scores). The rows filled, and the rerun rows that answered as many questions but scored otherwise."""
     from multihead.bench.kv import SCORE_PLACES
 
     def key(r):
@@ -63,7 +63,8 @@ def fill_scores(payload: dict, reruns: list[dict]) -> tuple[int, list[str]]:
         other = again.get(key(r))
         if r.get("scores") or other is None or other["questions"] != r.get("questions"):
             continue
-        if round(sum(other["scores"]), SCORE_PLACES - 1) == round(r["score_sum"], SCORE_PLACES - 1):
+        rounding = len(other["scores"]) * 0.5 * 10**-SCORE_PLACES  # each kept score rounded to SCORE_PLACES
+        if abs(sum(other["scores"]) - r["score_sum"]) <= rounding + 1e-9:
             r["scores"] = list(other["scores"])
             filled += 1
         else:
@@ -145,6 +146,17 @@ def table(all_cells: list[dict]) -> str:
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
+def _read(path: Path) -> dict:
+    """A bench kv JSON; ValueError naming the file where it is not one."""
+    try:
+        p = json.loads(path.read_text())
+        if p.get("suite") != "kv" or not isinstance(p.get("results"), list):
+            raise ValueError("no bench kv results")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{path} is not a bench kv JSON ({exc}); give files `multihead bench kv` wrote") from None
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="bench kv JSON files")
@@ -156,17 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.floor <= 1:
         print(f"--floor is a score in [0, 1], got {args.floor}", file=sys.stderr)
         return 2
-    payloads, reruns = [], []
-    scores = [Path(x) for x in args.scores.split(",") if x]
-    for path in [*args.runs, *scores]:
-        try:
-            p = json.loads(path.read_text())
-            if p.get("suite") != "kv" or not isinstance(p.get("results"), list):
-                raise ValueError("no bench kv results")
-        except (OSError, ValueError, AttributeError) as exc:
-            print(f"{path} is not a bench kv JSON ({exc}); give files `multihead bench kv` wrote", file=sys.stderr)
-            return 2
-        (payloads if len(payloads) < len(args.runs) else reruns).append(p)
+    try:
+        payloads = [_read(path) for path in args.runs]
+        reruns = [_read(Path(x)) for x in args.scores.split(",") if x]
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     notes = []
     for p in payloads if reruns else []:
         filled, differ = fill_scores(p, reruns)

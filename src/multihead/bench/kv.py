@@ -43,6 +43,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,13 +82,12 @@ class Budget:
 
     name: str
     text: str  # what the page says
+    count: Callable[[float, int], int]  # keys per head at a fraction of a length
     at_most: bool  # the head-aware cache's window rounded down, so that it never holds more than the keys
 
     def keys(self, fraction: float, length: int) -> int:
-        """Keys per head at ``fraction`` of a ``length``-token context."""
-        if self.at_most:  # kvpress's count for the press made with compression_ratio = 1 - fraction, computed as it is
-            return max(1, int(length * (1 - (1 - fraction))))
-        return max(1, round(fraction * length))
+        """Keys per head at ``fraction`` of a ``length``-token context, at least 1."""
+        return max(1, self.count(fraction, length))
 
     def head_aware(self, fraction: float, length: int, full_heads, kv_heads):
         """The head-aware policy holding this rule's keys: the heads ``full_heads`` whole, the others a window."""
@@ -105,12 +105,14 @@ BUDGETS = {
             "kvpress",
             "int(length x (1 - compression_ratio)) keys per head, at least 1, as kvpress keeps (the head-aware "
             "cache's window rounded down)",
+            count=lambda f, n: int(n * (1 - (1 - f))),  # kvpress's, for compression_ratio = 1 - f, computed as it is
             at_most=True,
         ),
         Budget(
             "round",
             "round(fraction x length) keys per head, at least 1 (runs before the budget was kvpress's: up to one key "
             "per head more than kvpress keeps)",
+            count=lambda f, n: round(f * n),
             at_most=False,
         ),
     )
@@ -446,27 +448,24 @@ def _record_settings(payload: dict, settings: dict, out: Path | None) -> bool:
     name. A file written before settings were kept gets them now, with the samples it already held
     (``method_settings_from``: the rows before those counts were run by the code of then). True where the
     payload's settings changed."""
+    settings = json.loads(json.dumps(settings))  # as the file holds them (tuples as lists)
     old = payload.get("method_settings")
     if old is None:
         if payload["done"]:
             payload["method_settings_from"] = dict(payload["done"])
         payload["method_settings"] = settings
         return True
-    differ = [
-        f"{side}'s {method} ({old[side][method]}, now {value})"
-        for side, mine in settings.items()
-        for method, value in mine.items()
-        if method in old.get(side, {}) and old[side][method] != json.loads(json.dumps(value))
-    ]
+    mine = [(side, method, value) for side, by_method in settings.items() for method, value in by_method.items()]
+    differ = [f"{s}'s {m} ({old[s][m]}, now {v})" for s, m, v in mine if old.get(s, {}).get(m, v) != v]
     if differ:
         raise ValueError(
             f"--resume: {out} was written with other settings for {'; '.join(differ)}: its rows would mix two "
             "methods under one name; give another --out"
         )
-    before = json.dumps(old, sort_keys=True)
-    for side, mine in settings.items():
-        old.setdefault(side, {}).update(mine)
-    return json.dumps(old, sort_keys=True) != before
+    new = [(s, m, v) for s, m, v in mine if m not in old.get(s, {})]  # methods this run adds
+    for s, m, v in new:
+        old.setdefault(s, {})[m] = v
+    return bool(new)
 
 
 def _record(row: dict, got: float) -> None:
