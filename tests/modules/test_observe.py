@@ -112,6 +112,49 @@ def test_a_users_causal_grouped_query_module_is_observed():
         unobserve(model)
 
 
+class GQAOrRepeated(CausalGQA):
+    """transformers 4.x's SDPA path: the key/value heads grouped (``enable_gqa``) when no mask is given, repeated to
+    the query heads (``repeat_kv``) when one is."""
+
+    def forward(self, x, mask=None):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).split([self.h * self.d, self.g * self.d, self.g * self.d], -1)
+        q = q.view(b, n, self.h, self.d).transpose(1, 2)
+        k, v = (t.view(b, n, self.g, self.d).transpose(1, 2) for t in (k, v))
+        if mask is None:
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            k, v = (
+                t[:, :, None].expand(b, self.g, self.h // self.g, n, self.d).reshape(b, self.h, n, self.d)
+                for t in (k, v)
+            )
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.proj(z.transpose(1, 2).reshape(b, n, -1))
+
+
+@pytest.mark.parametrize("probe_mask", [True, False])
+def test_key_value_heads_grouped_on_one_call_and_repeated_on_another_are_one_site(probe_mask):
+    torch.manual_seed(2)
+    model = GQAOrRepeated().eval()
+    x = torch.randn(2, 7, 32)
+    causal = torch.ones(7, 7, dtype=torch.bool).tril()
+    observe(model, x, causal if probe_mask else None)
+    try:
+        for mask in (None, causal):  # each call as the probe made it, and as it did not
+            with torch.no_grad():
+                plain = model(x, mask)
+            with torch.no_grad(), capture(model, ("pattern", "q", "k")) as cache:
+                got = model(x, mask)
+            torch.testing.assert_close(got, plain, atol=1e-5, rtol=1e-5)
+            k = cache[".hook_k"]  # the heads the probe saw, on either call
+            assert k.shape[1] == (4 if probe_mask else 2)
+            q, k = cache[".hook_q"], k.repeat_interleave(4 // k.shape[1], 1)
+            scores = (q @ k.transpose(-1, -2) / 8**0.5).masked_fill(~causal, -torch.inf)
+            torch.testing.assert_close(cache.pattern(0), scores.softmax(-1), atol=1e-6, rtol=1e-5)
+    finally:
+        unobserve(model)
+
+
 def test_what_cannot_be_observed_is_refused_by_name():
     with pytest.raises(ObserveError, match="no attention call was seen"):
         observe(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), torch.randn(1, 4))

@@ -291,9 +291,29 @@ def _attend(site: ObservedAttention, func, q, k, v, attn_mask=None, dropout_p=0.
     return _through(site, q, k, v, mask, float(dropout_p), scale)[0]
 
 
+def _as_probed(site: ObservedAttention, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """``k`` and ``v`` with as many key/value heads as the probe pass saw. A grouped-query model may hand its
+    key/value heads to SDPA grouped (``enable_gqa``) on one call and repeated to the query heads on another
+    (transformers 4.x does, as a mask is given or not): the same attention, in two shapes. Grouped heads are repeated
+    as SDPA groups them (query head ``i`` reads key/value head ``i // group``); repeated heads are taken back to one
+    per group only where they are copies. Anything else is left for the caller to refuse."""
+    h, n, probed = q.shape[1], k.shape[1], site.num_kv_heads
+    if n == probed or h != site.num_heads or k.shape[1] != v.shape[1]:
+        return k, v
+    if probed == h and h % n == 0:  # grouped here, repeated in the probe
+        return k.repeat_interleave(h // n, 1), v.repeat_interleave(h // n, 1)
+    if n == h and h % probed == 0:  # repeated here, grouped in the probe
+        g = h // probed
+        kk, vv = k[:, ::g], v[:, ::g]
+        if torch.equal(kk.repeat_interleave(g, 1), k) and torch.equal(vv.repeat_interleave(g, 1), v):
+            return kk, vv
+    return k, v
+
+
 def _through(site: ObservedAttention, q, k, v, mask, dropout_p: float, scale, need_weights: bool = False):
     """``(z, weights)`` of one call through ``site``'s hook points, on the kernel seam: ``mask`` bool (True = may
     attend) or float (added to the scores)."""
+    k, v = _as_probed(site, q, k, v)
     if (q.shape[1], k.shape[1], q.shape[-1]) != (site.num_heads, site.num_kv_heads, site.head_dim):
         raise ObserveError(
             f"{site.name} attends {q.shape[1]} heads ({k.shape[1]} key/value heads) of size {q.shape[-1]}, where the "
