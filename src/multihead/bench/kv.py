@@ -1301,7 +1301,7 @@ def _made(payload: dict) -> list[str]:
     lines = [
         "From `make kvpress`'s environment (kvpress beside multihead), in one process:",
         "",
-        f"    .venv-kvpress/bin/{command(payload['config'], threads)}",
+        f"    .venv-hf4/bin/{command(payload['config'], threads)}",
         "",
         "Add `--resume` to go on after a stop. The grid splits across processes or machines by `--tasks`, `--lengths` "
         "or `--protocols`, each with its own `--out`; `multihead bench kv --join A.json,B.json --out OUT.json` joins "

@@ -2,8 +2,8 @@
 policy it is paired with), :func:`make_press`, and :class:`PressSide`, HF's own model from the folder, one read per
 context and each press applied to that read through its own hook.
 
-kvpress 0.5.5 needs transformers >= 4.56, < 5.3, so it runs from ``make kvpress``'s environment (transformers
-4.57.6); nothing here is imported where kvpress is absent.
+kvpress 0.5.5 needs transformers >= 4.56, < 5.3, so it runs from ``.venv-hf4`` (``make kvpress`` or ``make hf4``:
+transformers 4.57.6); nothing here is imported where kvpress is absent.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ PRESSES = {
     "CriticalKVPress(SnapKVPress)": None,
 }
 EAGER = ("ObservedAttentionPress",)  # presses that read the attention weights: HF's eager attention
-INSTALL = "make kvpress (then run .venv-kvpress/bin/multihead bench kv)"
+INSTALL = "make kvpress (then run .venv-hf4/bin/multihead bench kv)"
 
 
 def make_press(name: str, fraction: float):
