@@ -175,9 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
     notes = []
-    for p in payloads if reruns else []:
+    for path, p in zip(args.runs, payloads) if reruns else []:
         filled, differ = fill_scores(p, reruns)
-        notes += [f"{filled} rows took each question's score from a rerun"]
+        notes += [f"{path.name}: {filled} rows took each question's score from a rerun"]
         notes += [f"a rerun scored otherwise: {d}" for d in differ]
     print(table([c for p in payloads for c in cells(p, args.floor)]), end="")
     for note in notes:
