@@ -24,7 +24,9 @@ every call and the innermost module running it (its owner, which receives the ho
 Afterwards a forward of the model enters the mode only while one of those hook points is in use: with nothing
 captured the model runs exactly as before (its own kernels, its fused fast paths). Inside the mode the k-th
 attention call of a forward is the k-th call of the probe, checked against its kind, head count and head size (a
-model that calls attention otherwise than in the probe is refused, by name). A hooked fused call is computed on
+model that calls attention otherwise than in the probe is refused, by name; key/value heads handed to SDPA grouped on
+one call and repeated to the query heads on another, as transformers 4.x does with and without a mask, are the same
+call, hooked with the heads the probe saw). A hooked fused call is computed on
 multihead's kernel seam from the call's own queries, keys, values, mask, scale and causal flag: ``softmax(q k^T *
 scale + mask) v``, the weights explicit where asked for. A call written by hand keeps its own arithmetic:
 ``hook_pattern`` sees (and may change) its weights, ``hook_v`` its values and ``hook_z`` its heads' outputs, each as
