@@ -51,6 +51,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..attention import attention
 from ..attention.attn_mask import AttnMask
+from ..attention.ops import expand_kv
 from .anatomy import Anatomy, blocks_of, register_source, token_embedding
 from .hooks import HookPoint
 from .by_hand import BY_HAND, ObserveError, _EINSUM, _Flow, _PRODUCTS, _SOFTMAX, _values, _weights, weights_first
@@ -300,14 +301,13 @@ def _as_probed(site: ObservedAttention, q: Tensor, k: Tensor, v: Tensor) -> tupl
     as SDPA groups them (query head ``i`` reads key/value head ``i // group``); repeated heads are taken back to one
     per group only where they are copies. Anything else is left for the caller to refuse."""
     h, n, probed = q.shape[1], k.shape[1], site.num_kv_heads
-    if n == probed or h != site.num_heads or k.shape[1] != v.shape[1]:
+    if n == probed or h != site.num_heads or n != v.shape[1]:
         return k, v
     if probed == h and h % n == 0:  # grouped here, repeated in the probe
-        return k.repeat_interleave(h // n, 1), v.repeat_interleave(h // n, 1)
+        return expand_kv(k, h), expand_kv(v, h)
     if n == h and h % probed == 0:  # repeated here, grouped in the probe
-        g = h // probed
-        kk, vv = k[:, ::g], v[:, ::g]
-        if torch.equal(kk.repeat_interleave(g, 1), k) and torch.equal(vv.repeat_interleave(g, 1), v):
+        kk, vv = k[:, :: h // probed], v[:, :: h // probed]
+        if torch.equal(expand_kv(kk, h), k) and torch.equal(expand_kv(vv, h), v):
             return kk, vv
     return k, v
 
