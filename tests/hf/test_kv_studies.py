@@ -35,6 +35,9 @@ CASES = [
     ("kv_fwe_start", ["--fractions", "a quarter"], "--fractions is a comma-separated list of numbers"),
     ("kv_snapkv_digits", ["--fraction", "0"], "--fractions are kept shares"),
     ("kv_snapkv_digits", ["--length", "9000"], "past the 8192 positions"),
+    ("kv_question_inside", ["--n", "0"], "--n is the number of samples"),
+    ("kv_question_inside", ["--fraction", "1.5"], "--fractions are kept shares"),
+    ("kv_question_inside", ["--length", "9000"], "past the 8192 positions"),
     ("kv_snapkv_settings", ["--settings", "32:6"], "--settings is a comma-separated list of window:kernel pairs"),
     ("kv_snapkv_settings", ["--settings", "32"], "--settings is a comma-separated list of window:kernel pairs"),
     ("kv_snapkv_settings", ["--settings", "0:5"], "--settings is a comma-separated list of window:kernel pairs"),
@@ -68,6 +71,24 @@ def test_a_partial_copy_counts_the_needles_first_characters_in_order():
     assert copied("The number is 2002.", "2002747") == 4
     assert copied("I do not know", "2002747") == 0
     assert copied("7472002", "2002747") == 4  # the start found elsewhere in the answer still counts, in order
+
+
+def test_the_first_digit_given_is_the_answers_start_up_to_the_needles_first_digit():
+    study = _study("kv_question_inside")
+
+    class Chars:  # one token per character, as SmolLM2 writes a number one digit per token after a space
+        def __call__(self, text):
+            return [ord(c) for c in text]
+
+        def decode(self, ids):
+            return "".join(map(chr, ids))
+
+    assert study.given(Chars(), "3382776") == [ord(" "), ord("3")]
+    with pytest.raises(ValueError, match="holds no digit"):
+        study.given(Chars(), "apple")
+    assert study.first_digit(" 3382776.") == "3"
+    assert study.first_digit("It is 12, not 3.") == "1"
+    assert study.first_digit("I do not know") == ""
 
 
 def test_the_studies_sign_test_is_bench_kvs_paired_comparison():
