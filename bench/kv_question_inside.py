@@ -46,28 +46,14 @@ def first_digit(answer: str) -> str:
     return got.group(0) if got else ""
 
 
-def given(encode, needle: str) -> list[int]:
+def given(lm, needle: str) -> list[int]:
     """The tokens of the answer's start up to and including the needle's first digit (SmolLM2 writes a space, then
-    one token per digit)."""
-    ids = encode(" " + needle)
+    one token per digit); ``lm``: the model's ``encode`` (``special=False``, as the tasks encode) and ``decode``."""
+    ids = lm.encode(" " + needle, special=False)
     for k in range(1, len(ids) + 1):
-        if any(c.isdigit() for c in encode.decode(ids[:k])):
+        if any(c.isdigit() for c in lm.decode(ids[:k])):
             return ids[:k]
     raise ValueError(f"the needle {needle!r} holds no digit; the study asks for a number task")
-
-
-class _Encoder:
-    """The model's tokenizer without the special tokens it adds, and its decoder."""
-
-    def __init__(self, lm) -> None:
-        self.lm = lm
-
-    def __call__(self, text: str) -> list[int]:
-        ids = self.lm.encode(text)
-        return ids[1:] if ids and ids[0] == self.lm.bos_id else ids
-
-    def decode(self, ids: list[int]) -> str:
-        return self.lm.decode(ids)
 
 
 def main(argv=None) -> int:
@@ -100,34 +86,28 @@ def main(argv=None) -> int:
 
     from multihead._io import file_lock
     from multihead.bench.harness import machine_info, write_json
-    from multihead.bench.kv import OursSide, kept_keys, sign_test, smollm2_folder
+    from multihead.bench.kv import OursSide, kept_keys, reads_of, sign_test, smollm2_folder
     from multihead.data.ruler import samples_for, score
 
     side = OursSide(smollm2_folder(), methods=list(CACHES), budget="kvpress")
-    encode = _Encoder(side.lm)
     samples = samples_for(side.lm, "niah_single_number", length=args.length, count=args.n, seed=0)
-    keys = {w: [] for w in ("context", "question inside")}
+    protocols = {"context": "context", "question": "question inside"}  # bench kv's name: this study's
+    keys = {w: [] for w in protocols.values()}
     scores = {(c, w): [] for c in CACHES for w in WAYS}
     right_first = {(c, w): [] for c in CACHES for w in WAYS}
     for s in tqdm(samples, desc="the question inside or after"):
-        q = s.questions[0]
-        needle = q.answers[0]
-        start = given(encode, needle)
-        reads = {  # what each protocol reads once, and what each answer then starts from
-            "context": (s.ids, q.ids),
-            "question inside": (s.ids + q.ids[:-1], q.ids[-1:]),
-        }
-        for protocol, (ids, then) in reads.items():
+        for protocol, way in protocols.items():
+            [(ids, [(then, q)])] = reads_of(s, protocol)  # what bench kv reads once, and what each answer starts from
+            start = given(side.lm, q.answers[0])
             read = side.read(ids)
-            keys[protocol].append(kept_keys(args.fraction, len(ids), "kvpress"))
+            keys[way].append(kept_keys(args.fraction, len(ids), "kvpress"))
             for cache in CACHES:
-                fraction = 1.0 if cache == "full" else args.fraction
-                for way, feed, shown in ((protocol, then, []), (f"{protocol}, first digit given", then + start, start)):
-                    state = side.compressed(read, cache, fraction)
-                    text, *_ = side.answer(state, feed, q.max_new_tokens)
-                    text = encode.decode(shown) + text if shown else text
-                    scores[(cache, way)].append(score(text, q.answers))
-                    right_first[(cache, way)].append(float(first_digit(text) == needle[0]))
+                state = side.compressed(read, cache, args.fraction)  # the full cache keeps every key at any fraction
+                for named, shown in ((way, []), (f"{way}, first digit given", start)):
+                    text, *_ = side.answer(state, then + shown, q.max_new_tokens)  # a second answer compresses anew
+                    text = side.lm.decode(shown) + text
+                    scores[(cache, named)].append(score(text, q.answers))
+                    right_first[(cache, named)].append(float(first_digit(text) == q.answers[0][0]))
 
     def name(c: str, w: str) -> str:
         return f"{c}, {w}"
