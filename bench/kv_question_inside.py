@@ -23,6 +23,14 @@ the needle's, and the ways are compared question by question (sign test). Both p
 of what was read (as the 4k grid with the question inside does), so the two protocols' caches differ by the
 question's tokens only.
 
+Then where the rest comes from. The question's tokens reach the answer only through their keys and values: read with
+the context, those were computed over the whole text; fed after the compressed context, over what the cache kept.
+So the context protocol is run again with the question's keys and values, once fed, replaced by the whole-text
+read's, in every key/value head, in the heads the head-aware cache keeps whole only, or in its windowed heads only
+(and, as a control, in none: the context protocol with the question fed in two parts, which must answer as it does).
+If the replaced keys and values give the question protocol's score, they carry the gain; the heads where they do
+tell which heads read it.
+
     python bench/kv_question_inside.py [--n 50] [--length 4096] [--fraction 0.125] [--out FILE]
 """
 
@@ -34,10 +42,59 @@ import re
 import sys
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 CACHES = ("full", "window", "head-aware")
 WAYS = ("context", "context, first digit given", "question inside", "question inside, first digit given")
+# the context protocol with the question's keys and values taken from the whole-text read, in which heads: every
+# key/value head, the head-aware cache's whole heads, its windowed heads, none (the control); for which caches
+REPLACED = {
+    "every head": ("head-aware", "window"),
+    "the whole heads": ("head-aware",),
+    "the windowed heads": ("head-aware",),
+    "no head": ("head-aware", "window"),
+}
+
+
+def heads_of(policy, where: str, kv_heads: list[int]) -> list[list[int]]:
+    """Per layer, the key/value heads ``where`` names (:data:`REPLACED`) under ``policy``: the head-aware cache's
+    whole heads are its ``keep_all``; any other cache has none."""
+    whole = [list(h) for h in getattr(policy, "keep_all", ())] or [[] for _ in kv_heads]
+    every = [list(range(g)) for g in kv_heads]
+    return {
+        "every head": every,
+        "the whole heads": whole,
+        "the windowed heads": [[h for h in e if h not in w] for e, w in zip(every, whole)],
+        "no head": [[] for _ in kv_heads],
+    }[where]
+
+
+def replace_keys(cache, read, start: int, count: int, heads: list[list[int]]) -> int:
+    """In ``cache`` (a compressed cache, the question then fed over it), the keys and values of positions ``start``
+    to ``start + count - 1`` in the key/value heads ``heads[layer]`` replaced in place by those the recorded
+    ``read`` (every key kept) holds there. Both hold keys as the model stores them (rotated at the same positions),
+    so a replaced key is the key the whole-text read computed. Returns the number of (layer, head) replaced;
+    ValueError where either cache does not hold those positions in that order."""
+    done = 0
+    for layer, (mine, rec) in enumerate(zip(cache.self_attn, read.self_attn, strict=True)):
+        [whole] = rec.groups
+        want = torch.arange(start, start + count)
+        for grp in mine.groups:
+            for local, h in enumerate(grp.kv_heads):
+                if h not in heads[layer]:
+                    continue
+                n = grp.length
+                if not torch.equal(grp.pos[0, local, n - count :].cpu(), want) or not torch.equal(
+                    whole.pos[0, h, start : start + count].cpu(), want
+                ):
+                    raise ValueError(f"layer {layer}, key/value head {h}: positions {start}.. are not where expected")
+                if grp.buffers.k.data_ptr() == whole.buffers.k.data_ptr():
+                    raise ValueError("the compressed cache shares the read's tensors; feed the question first")
+                grp.buffers.k[0, local, n - count :] = whole.buffers.k[0, h, start : start + count]
+                grp.buffers.v[0, local, n - count :] = whole.buffers.v[0, h, start : start + count]
+                done += 1
+    return done
 
 
 def first_digit(answer: str) -> str:
@@ -93,13 +150,20 @@ def main(argv=None) -> int:
     samples = samples_for(side.lm, "niah_single_number", length=args.length, count=args.n, seed=0)
     protocols = {"context": "context", "question": "question inside"}  # bench kv's name: this study's
     keys = {w: [] for w in protocols.values()}
-    scores = {(c, w): [] for c in CACHES for w in WAYS}
-    right_first = {(c, w): [] for c in CACHES for w in WAYS}
+    ways = [(c, w) for c in CACHES for w in WAYS] + [
+        (c, f"context, the question's keys from the whole text in {where}{digit}")
+        for where, caches in REPLACED.items()
+        for c in caches
+        for digit in ("", ", first digit given")
+    ]
+    scores = {cw: [] for cw in ways}
+    right_first = {cw: [] for cw in ways}
     for s in tqdm(samples, desc="the question inside or after"):
+        reads = {}
         for protocol, way in protocols.items():
             [(ids, [(then, q)])] = reads_of(s, protocol)  # what bench kv reads once, and what each answer starts from
             start = given(side.lm, q.answers[0])
-            read = side.read(ids)
+            read = reads[way] = side.read(ids)
             keys[way].append(kept_keys(args.fraction, len(ids), "kvpress"))
             for cache in CACHES:
                 state = side.compressed(read, cache, args.fraction)  # the full cache keeps every key at any fraction
@@ -108,12 +172,29 @@ def main(argv=None) -> int:
                     text = side.lm.decode(shown) + text
                     scores[(cache, named)].append(score(text, q.answers))
                     right_first[(cache, named)].append(float(first_digit(text) == q.answers[0][0]))
+        # the context protocol again, the question fed over the compressed context, then its keys and values (all
+        # but the last token's, which the question protocol did not read with the context either) replaced
+        context, whole = reads["context"], reads["question inside"]
+        asked = q.ids[:-1]
+        for where, caches in REPLACED.items():
+            for cache in caches:
+                for digit, shown in (("", []), (", first digit given", start)):
+                    state = side.compressed(context, cache, args.fraction)
+                    with torch.no_grad():
+                        side.model(torch.tensor([asked]), cache=state["first"])
+                    heads = heads_of(state["policy"], where, side.kv_heads)
+                    replace_keys(state["first"], whole["cache"], context["length"], len(asked), heads)
+                    text, *_ = side.answer(state, q.ids[-1:] + shown, q.max_new_tokens)
+                    text = side.lm.decode(shown) + text
+                    named = f"context, the question's keys from the whole text in {where}{digit}"
+                    scores[(cache, named)].append(score(text, q.answers))
+                    right_first[(cache, named)].append(float(first_digit(text) == q.answers[0][0]))
 
     def name(c: str, w: str) -> str:
         return f"{c}, {w}"
 
     result = {
-        "study": "the question inside or after: the first digit",
+        "study": "the question inside or after: the first digit, and the question's keys and values",
         "model": str(smollm2_folder()),
         "task": "niah_single_number",
         "length": args.length,
@@ -143,8 +224,24 @@ def main(argv=None) -> int:
                 "question inside, first digit given, against question inside": sign_test(
                     scores[(c, "question inside, first digit given")], scores[(c, "question inside")]
                 ),
+                **{  # each replacement against both protocols, the first digit given or not alike
+                    f"{w}, against {base}{digit}": sign_test(scores[(c, w)], scores[(c, base + digit)])
+                    for cc, w in ways
+                    if cc == c and w.startswith("context, the question's keys")
+                    for digit in [", first digit given" if w.endswith("first digit given") else ""]
+                    for base in ("context", "question inside")
+                },
             }
             for c in CACHES
+        },
+        "control": {  # the question fed in two parts, nothing replaced: the context protocol's answers, one by one
+            c: sum(
+                a == b
+                for a, b in zip(
+                    scores[(c, "context, the question's keys from the whole text in no head")], scores[(c, "context")]
+                )
+            )
+            for c in REPLACED["no head"]
         },
     }
     with file_lock(out):  # two studies writing one file would lose one

@@ -205,3 +205,54 @@ def test_the_summary_tells_cells_apart_by_intervals_then_question_by_question(tm
     assert "2 cells: ahead, apart 1, ahead 1, level 0" in page
     run.write_text('{"results": []}')
     assert summary.main([str(run)]) == 2 and "is not a bench kv JSON" in capsys.readouterr().err
+
+
+def test_the_questions_keys_replaced_are_the_whole_text_reads_and_only_in_the_heads_named():
+    import torch
+
+    from multihead.models.seq2seq import CausalLM, CausalLMConfig
+    from multihead.modules.decoder import DecoderConfig
+    from multihead.modules.kv import make_policy
+
+    study = _study("kv_question_inside")
+    torch.manual_seed(0)
+    dec = DecoderConfig(
+        d_model=32, num_heads=4, num_layers=2, cross_attention=False, norm_first=True, dropout=0.0,
+        attention={"num_kv_heads": 2},
+    )  # fmt: skip
+    model = CausalLM(CausalLMConfig(vocab_size=60, max_len=64, positional="rope", decoder=dec)).eval()
+    ids = torch.randint(0, 60, (1, 30), generator=torch.Generator().manual_seed(1))
+    context, asked = ids[:, :24], ids[:, 24:29]  # the question but its last token
+    policy = make_policy("head-aware", 8, full_heads=[[0], [1]])
+    assert study.heads_of(policy, "the whole heads", [2, 2]) == [[0], [1]]
+    assert study.heads_of(policy, "the windowed heads", [2, 2]) == [[1], [0]]
+    assert study.heads_of(make_policy("window", 8), "every head", [2, 2]) == [[0, 1], [0, 1]]
+    with torch.no_grad():
+        whole = model.new_cache(record=True)
+        model(ids[:, :29], cache=whole)  # the question protocol's read: the question with the whole text
+        read = model.new_cache(record=True)
+        model(context, cache=read)
+        cache = read.compress(policy, prompt_only=True)
+        model(asked, cache=cache)  # the context protocol: the question over what the policy kept
+
+    def question_kv(c, layer, head):  # the question's keys and values in one head: the last 5 it holds
+        for grp in c.self_attn[layer].groups:
+            if head in grp.kv_heads:
+                i = grp.kv_heads.index(head)
+                return grp.buffers.k[0, i, -5:].clone(), grp.buffers.v[0, i, -5:].clone()
+
+    def of_read(layer, head):
+        [grp] = whole.self_attn[layer].groups
+        return grp.buffers.k[0, head, 24:29], grp.buffers.v[0, head, 24:29]
+
+    before = {(lay, h): question_kv(cache, lay, h) for lay in range(2) for h in range(2)}
+    # read over the compressed context, the second layer's question keys are not the whole text's
+    assert not torch.allclose(before[(1, 0)][0], of_read(1, 0)[0])
+    heads = study.heads_of(policy, "the windowed heads", [2, 2])
+    assert study.replace_keys(cache, whole, 24, 5, heads) == 2
+    for (lay, h), kept in before.items():
+        now = question_kv(cache, lay, h)
+        want = of_read(lay, h) if h in heads[lay] else kept
+        assert torch.equal(now[0], want[0]) and torch.equal(now[1], want[1]), (lay, h)
+    with pytest.raises(ValueError, match="not where expected"):
+        study.replace_keys(cache, whole, 23, 5, heads)  # positions one off
