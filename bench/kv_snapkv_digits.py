@@ -3,7 +3,9 @@
 Each sample is read once with its question inside (``bench kv``'s question protocol: the same task, length and seed,
 so the same token ids), then answered from SnapKV's cache and a window of the same bytes. For each answer it says
 what kind of wrong it is: the asked number cut short (a prefix of it), its first two digits followed by others,
-another number that stands in the text (a look-alike key's), or something else. For each cache it says which of the asked number's tokens (SmolLM2 writes a
+another number that stands in the text (a look-alike key's), or something else, and what that is (no number, one
+or two digits, a look-alike's number changed, the asked number's digits out of place, a number the text does not
+hold); every wrong answer is kept. For each cache it says which of the asked number's tokens (SmolLM2 writes a
 number one digit per token) each key/value head keeps, by the digit's place in the number.
 
     python bench/kv_snapkv_digits.py [--n 50] [--length 2048] [--fraction 0.5] [--out FILE]
@@ -21,6 +23,29 @@ from tqdm import tqdm
 
 
 KINDS = ("right", "cut short", "its first two digits, then others", "another number in the text", "other")
+OTHER_KINDS = (
+    "no number",
+    "a number of one or two digits",
+    "a number in the text, changed",
+    "the asked number's digits, out of place",
+    "a number not in the text",
+)
+
+
+def other_kind(first: str, want: str, others: set[str]) -> str:
+    """What an answer of the kind "other" writes first (:data:`OTHER_KINDS`), ``first`` being its first number:
+    none; one or two digits; a look-alike's number changed (its first three digits are those of a number in the
+    text, ``others``); three of the asked number's digits in a row, not at its start; or a number the text does not
+    hold in any of these ways."""
+    if not first:
+        return "no number"
+    if len(first) < 3:
+        return "a number of one or two digits"
+    if any(o[:3] == first[:3] for o in others):
+        return "a number in the text, changed"
+    if any(want[i : i + 3] in first for i in range(len(want) - 2)):
+        return "the asked number's digits, out of place"
+    return "a number not in the text"
 
 
 def _spans(lm, ids: list[int]) -> list[tuple[int, int]]:
@@ -66,6 +91,7 @@ def main(argv=None) -> int:
     samples = samples_for(lm, "niah_multikey", length=args.length, count=args.n, seed=0)
     names = ("snapkv", "window")
     kinds = {n: dict.fromkeys(KINDS, 0) for n in names}
+    other_kinds = {n: dict.fromkeys(OTHER_KINDS, 0) for n in names}
     scores: dict[str, list[float]] = {n: [] for n in names}
     digits_kept: dict[str, list[list[float]]] = {n: [] for n in names}
     wrong: dict[str, list[dict]] = {n: [] for n in names}
@@ -101,7 +127,10 @@ def main(argv=None) -> int:
                 else "other"
             )
             kinds[name][kind] += 1
-            if kind != "right" and len(wrong[name]) < 10:
+            if kind == "other":
+                kind = f"other: {other_kind(first, want, others)}"
+                other_kinds[name][kind.removeprefix("other: ")] += 1
+            if kind != "right":
                 wrong[name].append({"answer": answer[:80], "expected": want, "kind": kind})
 
     def by_place(rows: list[list[float]]) -> list[float]:
@@ -122,6 +151,7 @@ def main(argv=None) -> int:
             n: {
                 "score": round(sum(scores[n]) / len(scores[n]), 4),
                 "answers": kinds[n],
+                "other_answers": other_kinds[n],
                 "asked_value_tokens_kept_by_place": by_place(digits_kept[n]),
                 "wrong_answers": wrong[n],
             }

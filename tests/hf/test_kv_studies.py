@@ -256,3 +256,14 @@ def test_the_questions_keys_replaced_are_the_whole_text_reads_and_only_in_the_he
         assert torch.equal(now[0], want[0]) and torch.equal(now[1], want[1]), (lay, h)
     with pytest.raises(ValueError, match="not where expected"):
         study.replace_keys(cache, whole, 23, 5, heads)  # positions one off
+
+
+def test_a_wrong_answer_that_is_neither_is_told_by_what_it_writes():
+    kind = _study("kv_snapkv_digits").other_kind
+    others = {"9841226", "4621531"}  # the look-alike keys' numbers in the text
+    assert kind("", "3910975", others) == "no number"
+    assert kind("14", "3910975", others) == "a number of one or two digits"
+    assert kind("984", "3910975", others) == "a number in the text, changed"  # a look-alike's start, cut
+    assert kind("4621999", "3910975", others) == "a number in the text, changed"
+    assert kind("7109752", "3910975", others) == "the asked number's digits, out of place"  # 0975 inside
+    assert kind("142", "3910975", others) == "a number not in the text"
