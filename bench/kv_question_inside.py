@@ -57,6 +57,11 @@ REPLACED = {
 }
 
 
+def replaced(where: str, digit: str = "") -> str:
+    """The name of the way that answers with the question's keys and values from the whole text in ``where``."""
+    return f"context, the question's keys from the whole text in {where}{digit}"
+
+
 def heads_of(policy, where: str, kv_heads: list[int]) -> list[list[int]]:
     """Per layer, the key/value heads ``where`` names (:data:`REPLACED`) under ``policy``: the head-aware cache's
     whole heads are its ``keep_all``; any other cache has none."""
@@ -151,7 +156,7 @@ def main(argv=None) -> int:
     protocols = {"context": "context", "question": "question inside"}  # bench kv's name: this study's
     keys = {w: [] for w in protocols.values()}
     ways = [(c, w) for c in CACHES for w in WAYS] + [
-        (c, f"context, the question's keys from the whole text in {where}{digit}")
+        (c, replaced(where, digit))
         for where, caches in REPLACED.items()
         for c in caches
         for digit in ("", ", first digit given")
@@ -186,7 +191,7 @@ def main(argv=None) -> int:
                     replace_keys(state["first"], whole["cache"], context["length"], len(asked), heads)
                     text, *_ = side.answer(state, q.ids[-1:] + shown, q.max_new_tokens)
                     text = side.lm.decode(shown) + text
-                    named = f"context, the question's keys from the whole text in {where}{digit}"
+                    named = replaced(where, digit)
                     scores[(cache, named)].append(score(text, q.answers))
                     right_first[(cache, named)].append(float(first_digit(text) == q.answers[0][0]))
 
@@ -227,7 +232,7 @@ def main(argv=None) -> int:
                 **{  # each replacement against both protocols, the first digit given or not alike
                     f"{w}, against {base}{digit}": sign_test(scores[(c, w)], scores[(c, base + digit)])
                     for cc, w in ways
-                    if cc == c and w.startswith("context, the question's keys")
+                    if cc == c and w.startswith(replaced(""))
                     for digit in [", first digit given" if w.endswith("first digit given") else ""]
                     for base in ("context", "question inside")
                 },
@@ -235,12 +240,7 @@ def main(argv=None) -> int:
             for c in CACHES
         },
         "control": {  # the question fed in two parts, nothing replaced: the context protocol's answers, one by one
-            c: sum(
-                a == b
-                for a, b in zip(
-                    scores[(c, "context, the question's keys from the whole text in no head")], scores[(c, "context")]
-                )
-            )
+            c: sum(a == b for a, b in zip(scores[(c, replaced("no head"))], scores[(c, "context")]))
             for c in REPLACED["no head"]
         },
     }
