@@ -81,10 +81,9 @@ def replace_keys(cache, read, start: int, count: int, heads: list[list[int]]) ->
     ``read`` (every key kept) holds there. Both hold keys as the model stores them (rotated at the same positions),
     so a replaced key is the key the whole-text read computed. Returns the number of (layer, head) replaced;
     ValueError where either cache does not hold those positions in that order."""
-    done = 0
+    done, want = 0, torch.arange(start, start + count)
     for layer, (mine, rec) in enumerate(zip(cache.self_attn, read.self_attn, strict=True)):
         [whole] = rec.groups
-        want = torch.arange(start, start + count)
         for grp in mine.groups:
             for local, h in enumerate(grp.kv_heads):
                 if h not in heads[layer]:
@@ -163,6 +162,13 @@ def main(argv=None) -> int:
     ]
     scores = {cw: [] for cw in ways}
     right_first = {cw: [] for cw in ways}
+
+    def scored(cache: str, named: str, shown: list[int], text: str, q) -> None:
+        """One answer (``shown``: the tokens given before what was generated) scored as bench kv scores it."""
+        text = side.lm.decode(shown) + text
+        scores[(cache, named)].append(score(text, q.answers))
+        right_first[(cache, named)].append(float(first_digit(text) == q.answers[0][0]))
+
     for s in tqdm(samples, desc="the question inside or after"):
         reads = {}
         for protocol, way in protocols.items():
@@ -174,9 +180,7 @@ def main(argv=None) -> int:
                 state = side.compressed(read, cache, args.fraction)  # the full cache keeps every key at any fraction
                 for named, shown in ((way, []), (f"{way}, first digit given", start)):
                     text, *_ = side.answer(state, then + shown, q.max_new_tokens)  # a second answer compresses anew
-                    text = side.lm.decode(shown) + text
-                    scores[(cache, named)].append(score(text, q.answers))
-                    right_first[(cache, named)].append(float(first_digit(text) == q.answers[0][0]))
+                    scored(cache, named, shown, text, q)
         # the context protocol again, the question fed over the compressed context, then its keys and values (all
         # but the last token's, which the question protocol did not read with the context either) replaced
         context, whole = reads["context"], reads["question inside"]
@@ -190,10 +194,7 @@ def main(argv=None) -> int:
                     heads = heads_of(state["policy"], where, side.kv_heads)
                     replace_keys(state["first"], whole["cache"], context["length"], len(asked), heads)
                     text, *_ = side.answer(state, q.ids[-1:] + shown, q.max_new_tokens)
-                    text = side.lm.decode(shown) + text
-                    named = replaced(where, digit)
-                    scores[(cache, named)].append(score(text, q.answers))
-                    right_first[(cache, named)].append(float(first_digit(text) == q.answers[0][0]))
+                    scored(cache, replaced(where, digit), shown, text, q)
 
     def name(c: str, w: str) -> str:
         return f"{c}, {w}"
@@ -230,10 +231,12 @@ def main(argv=None) -> int:
                     scores[(c, "question inside, first digit given")], scores[(c, "question inside")]
                 ),
                 **{  # each replacement against both protocols, the first digit given or not alike
-                    f"{w}, against {base}{digit}": sign_test(scores[(c, w)], scores[(c, base + digit)])
-                    for cc, w in ways
-                    if cc == c and w.startswith(replaced(""))
-                    for digit in [", first digit given" if w.endswith("first digit given") else ""]
+                    f"{replaced(where, digit)}, against {base}{digit}": sign_test(
+                        scores[(c, replaced(where, digit))], scores[(c, base + digit)]
+                    )
+                    for where, caches in REPLACED.items()
+                    if c in caches
+                    for digit in ("", ", first digit given")
                     for base in ("context", "question inside")
                 },
             }

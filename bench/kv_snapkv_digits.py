@@ -128,8 +128,9 @@ def main(argv=None) -> int:
             )
             kinds[name][kind] += 1
             if kind == "other":
-                kind = f"other: {other_kind(first, want, others)}"
-                other_kinds[name][kind.removeprefix("other: ")] += 1
+                what = other_kind(first, want, others)
+                other_kinds[name][what] += 1
+                kind = f"other: {what}"
             if kind != "right":
                 wrong[name].append({"answer": answer[:80], "expected": want, "kind": kind})
 
