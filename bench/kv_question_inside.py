@@ -31,6 +31,10 @@ read's, in every key/value head, in the heads the head-aware cache keeps whole o
 If the replaced keys and values give the question protocol's score, they carry the gain; the heads where they do
 tell which heads read it.
 
+Then what in the windowed heads, and where: the keys alone and the values alone (is it where the answer's tokens
+look among the question's, or what they read there?), and each third of the layers alone and every layer but each
+third (which layers suffice, and which are needed).
+
     python bench/kv_question_inside.py [--n 50] [--length 4096] [--fraction 0.125] [--out FILE]
 """
 
@@ -40,6 +44,7 @@ import argparse
 import json
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -47,24 +52,67 @@ from tqdm import tqdm
 
 CACHES = ("full", "window", "head-aware")
 WAYS = ("context", "context, first digit given", "question inside", "question inside, first digit given")
-# the context protocol with the question's keys and values taken from the whole-text read, in which heads: every
-# key/value head, the head-aware cache's whole heads, its windowed heads, none (the control); for which caches
-REPLACED = {
-    "every head": ("head-aware", "window"),
-    "the whole heads": ("head-aware",),
-    "the windowed heads": ("head-aware",),
-    "no head": ("head-aware", "window"),
-}
+PARTS = {"": ("k", "v"), "keys": ("k",), "values": ("v",)}  # what a swap replaces: both, or one of the two
 
 
-def replaced(where: str, digit: str = "") -> str:
-    """The name of the way that answers with the question's keys and values from the whole text in ``where``."""
-    return f"context, the question's keys from the whole text in {where}{digit}"
+@dataclass(frozen=True)
+class Swap:
+    """One way of running the context protocol with the question's keys and values taken from the whole-text read:
+    in which key/value heads (``where``: every head, the head-aware cache's whole heads, its windowed heads, or none,
+    the control), in which layers (``layers``: only those, or with ``but``, every layer but those; ``None``: every
+    layer), which of the two (``part``: a key of :data:`PARTS`), and for which caches."""
+
+    where: str
+    caches: tuple[str, ...] = ("head-aware",)
+    layers: range | None = None
+    but: bool = False
+    part: str = ""
+
+    @property
+    def name(self) -> str:
+        what = {"": "keys", "keys": "keys, not values,", "values": "values, not keys,"}[self.part]
+        where = self.where
+        if self.layers is not None:
+            span = f"{self.layers.start} to {self.layers.stop - 1}"
+            where += f" of every layer but {span}" if self.but else f" of layers {span}"
+        return f"the question's {what} from the whole text in {where}"
+
+    def heads(self, policy, kv_heads: list[int]) -> list[list[int]]:
+        """Per layer, the key/value heads this swap replaces under ``policy``."""
+        heads = heads_of(policy, self.where, kv_heads)
+        if self.layers is None:
+            return heads
+        return [h if (layer in self.layers) != self.but else [] for layer, h in enumerate(heads)]
+
+
+def swaps(layers: int, bands: int = 3) -> tuple[Swap, ...]:
+    """The swaps the study runs on a model of ``layers`` layers: every head, the whole heads, the windowed heads (both
+    keys and values, keys only, values only), the windowed heads of each of ``bands`` bands of layers alone and of
+    every layer but each band, and none (the control)."""
+    cut = [round(layers * b / bands) for b in range(bands + 1)]
+    spans = [range(a, b) for a, b in zip(cut, cut[1:])]
+    return (
+        Swap("every head", ("head-aware", "window")),
+        Swap("the whole heads"),
+        Swap("the windowed heads"),
+        Swap("the windowed heads", part="keys"),
+        Swap("the windowed heads", part="values"),
+        *(Swap("the windowed heads", layers=span) for span in spans),
+        *(Swap("the windowed heads", layers=span, but=True) for span in spans),
+        Swap("no head", ("head-aware", "window")),
+    )
+
+
+def replaced(swap: Swap | str, digit: str = "") -> str:
+    """The name of the way that answers with the question's keys and values from the whole text as ``swap`` says (a
+    :class:`Swap`, or a ``where`` for every layer, keys and values both)."""
+    swap = swap if isinstance(swap, Swap) else Swap(swap)
+    return f"context, {swap.name}{digit}"
 
 
 def heads_of(policy, where: str, kv_heads: list[int]) -> list[list[int]]:
-    """Per layer, the key/value heads ``where`` names (:data:`REPLACED`) under ``policy``: the head-aware cache's
-    whole heads are its ``keep_all``; any other cache has none."""
+    """Per layer, the key/value heads ``where`` names under ``policy``: the head-aware cache's whole heads are its
+    ``keep_all``; any other cache has none."""
     whole = [list(h) for h in getattr(policy, "keep_all", ())] or [[] for _ in kv_heads]
     every = [list(range(g)) for g in kv_heads]
     return {
@@ -75,10 +123,10 @@ def heads_of(policy, where: str, kv_heads: list[int]) -> list[list[int]]:
     }[where]
 
 
-def replace_keys(cache, read, start: int, count: int, heads: list[list[int]]) -> int:
-    """In ``cache`` (a compressed cache, the question then fed over it), the keys and values of positions ``start``
-    to ``start + count - 1`` in the key/value heads ``heads[layer]`` replaced in place by those the recorded
-    ``read`` (every key kept) holds there. Both hold keys as the model stores them (rotated at the same positions),
+def replace_keys(cache, read, start: int, count: int, heads: list[list[int]], part: str = "") -> int:
+    """In ``cache`` (a compressed cache, the question then fed over it), the keys and values (``part``: a key of
+    :data:`PARTS`, both or one) of positions ``start`` to ``start + count - 1`` in the key/value heads
+    ``heads[layer]`` replaced in place by those the recorded ``read`` (every key kept) holds there. Both hold keys as the model stores them (rotated at the same positions),
     so a replaced key is the key the whole-text read computed. Returns the number of (layer, head) replaced;
     ValueError where either cache does not hold those positions in that order."""
     done, want = 0, torch.arange(start, start + count)
@@ -95,8 +143,10 @@ def replace_keys(cache, read, start: int, count: int, heads: list[list[int]]) ->
                     raise ValueError(f"layer {layer}, key/value head {h}: positions {start}.. are not where expected")
                 if grp.buffers.k.data_ptr() == whole.buffers.k.data_ptr():
                     raise ValueError("the compressed cache shares the read's tensors; feed the question first")
-                grp.buffers.k[0, local, n - count :] = whole.buffers.k[0, h, start : start + count]
-                grp.buffers.v[0, local, n - count :] = whole.buffers.v[0, h, start : start + count]
+                for kv in PARTS[part]:
+                    getattr(grp.buffers, kv)[0, local, n - count :] = getattr(whole.buffers, kv)[
+                        0, h, start : start + count
+                    ]
                 done += 1
     return done
 
@@ -151,14 +201,13 @@ def main(argv=None) -> int:
     from multihead.data.ruler import samples_for, score
 
     side = OursSide(smollm2_folder(), methods=list(CACHES), budget="kvpress")
+    table = swaps(len(side.kv_heads))
+    [control] = [swap for swap in table if swap.where == "no head"]
     samples = samples_for(side.lm, "niah_single_number", length=args.length, count=args.n, seed=0)
     protocols = {"context": "context", "question": "question inside"}  # bench kv's name: this study's
     keys = {w: [] for w in protocols.values()}
     ways = [(c, w) for c in CACHES for w in WAYS] + [
-        (c, replaced(where, digit))
-        for where, caches in REPLACED.items()
-        for c in caches
-        for digit in ("", ", first digit given")
+        (c, replaced(swap, digit)) for swap in table for c in swap.caches for digit in ("", ", first digit given")
     ]
     scores = {cw: [] for cw in ways}
     right_first = {cw: [] for cw in ways}
@@ -185,16 +234,16 @@ def main(argv=None) -> int:
         # but the last token's, which the question protocol did not read with the context either) replaced
         context, whole = reads["context"], reads["question inside"]
         asked = q.ids[:-1]
-        for where, caches in REPLACED.items():
-            for cache in caches:
+        for swap in table:
+            for cache in swap.caches:
                 for digit, shown in (("", []), (", first digit given", start)):
                     state = side.compressed(context, cache, args.fraction)
                     with torch.no_grad():
                         side.model(torch.tensor([asked]), cache=state["first"])
-                    heads = heads_of(state["policy"], where, side.kv_heads)
-                    replace_keys(state["first"], whole["cache"], context["length"], len(asked), heads)
+                    heads = swap.heads(state["policy"], side.kv_heads)
+                    replace_keys(state["first"], whole["cache"], context["length"], len(asked), heads, swap.part)
                     text, *_ = side.answer(state, q.ids[-1:] + shown, q.max_new_tokens)
-                    scored(cache, replaced(where, digit), shown, text, q)
+                    scored(cache, replaced(swap, digit), shown, text, q)
 
     def name(c: str, w: str) -> str:
         return f"{c}, {w}"
@@ -231,11 +280,11 @@ def main(argv=None) -> int:
                     scores[(c, "question inside, first digit given")], scores[(c, "question inside")]
                 ),
                 **{  # each replacement against both protocols, the first digit given or not alike
-                    f"{replaced(where, digit)}, against {base}{digit}": sign_test(
-                        scores[(c, replaced(where, digit))], scores[(c, base + digit)]
+                    f"{replaced(swap, digit)}, against {base}{digit}": sign_test(
+                        scores[(c, replaced(swap, digit))], scores[(c, base + digit)]
                     )
-                    for where, caches in REPLACED.items()
-                    if c in caches
+                    for swap in table
+                    if c in swap.caches
                     for digit in ("", ", first digit given")
                     for base in ("context", "question inside")
                 },
@@ -243,8 +292,8 @@ def main(argv=None) -> int:
             for c in CACHES
         },
         "control": {  # the question fed in two parts, nothing replaced: the context protocol's answers, one by one
-            c: sum(a == b for a, b in zip(scores[(c, replaced("no head"))], scores[(c, "context")]))
-            for c in REPLACED["no head"]
+            c: sum(a == b for a, b in zip(scores[(c, replaced(control))], scores[(c, "context")]))
+            for c in control.caches
         },
     }
     with file_lock(out):  # two studies writing one file would lose one

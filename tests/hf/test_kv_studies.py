@@ -5,6 +5,7 @@ file that is not a kv-heads.json. Nothing is written. (The studies themselves ar
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 def _study(name: str):
     spec = importlib.util.spec_from_file_location(f"study_{name}", BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass looks its module up there
     spec.loader.exec_module(module)
     return module
 
@@ -256,6 +258,24 @@ def test_the_questions_keys_replaced_are_the_whole_text_reads_and_only_in_the_he
         assert torch.equal(now[0], want[0]) and torch.equal(now[1], want[1]), (lay, h)
     with pytest.raises(ValueError, match="not where expected"):
         study.replace_keys(cache, whole, 23, 5, heads)  # positions one off
+
+    # a swap of one part, in some layers: the keys of the second layer's windowed head only, its values left
+    only = study.Swap("the windowed heads", layers=range(1, 2), part="keys")
+    but = study.Swap("the windowed heads", layers=range(1, 2), but=True)
+    assert only.heads(policy, [2, 2]) == [[], [0]] and but.heads(policy, [2, 2]) == [[1], []]
+    assert only.name == "the question's keys, not values, from the whole text in the windowed heads of layers 1 to 1"
+    assert study.replaced("every head") == "context, the question's keys from the whole text in every head"
+    with torch.no_grad():
+        cache = read.compress(policy, prompt_only=True)
+        model(asked, cache=cache)
+    before = question_kv(cache, 1, 0)
+    assert study.replace_keys(cache, whole, 24, 5, only.heads(policy, [2, 2]), only.part) == 1
+    now = question_kv(cache, 1, 0)
+    assert torch.equal(now[0], of_read(1, 0)[0]) and torch.equal(now[1], before[1])
+    assert not torch.equal(now[1], of_read(1, 0)[1])
+    table = study.swaps(30)
+    assert [s.layers for s in table if s.layers and not s.but] == [range(0, 10), range(10, 20), range(20, 30)]
+    assert len({s.name for s in table}) == len(table)  # every swap answers under its own name
 
 
 def test_a_wrong_answer_that_is_neither_is_told_by_what_it_writes():
