@@ -52,7 +52,8 @@ from tqdm import tqdm
 
 CACHES = ("full", "window", "head-aware")
 WAYS = ("context", "context, first digit given", "question inside", "question inside, first digit given")
-PARTS = {"": ("k", "v"), "keys": ("k",), "values": ("v",)}  # what a swap replaces: both, or one of the two
+# what a swap replaces, both or one of the two: the cache's tensors, and how the way's name says it
+PARTS = {"": (("k", "v"), "keys"), "keys": (("k",), "keys, not values,"), "values": (("v",), "values, not keys,")}
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class Swap:
 
     @property
     def name(self) -> str:
-        what = {"": "keys", "keys": "keys, not values,", "values": "values, not keys,"}[self.part]
+        _, what = PARTS[self.part]
         where = self.where
         if self.layers is not None:
             span = f"{self.layers.start} to {self.layers.stop - 1}"
@@ -143,7 +144,7 @@ def replace_keys(cache, read, start: int, count: int, heads: list[list[int]], pa
                     raise ValueError(f"layer {layer}, key/value head {h}: positions {start}.. are not where expected")
                 if grp.buffers.k.data_ptr() == whole.buffers.k.data_ptr():
                     raise ValueError("the compressed cache shares the read's tensors; feed the question first")
-                for kv in PARTS[part]:
+                for kv in PARTS[part][0]:
                     getattr(grp.buffers, kv)[0, local, n - count :] = getattr(whole.buffers, kv)[
                         0, h, start : start + count
                     ]
