@@ -127,9 +127,10 @@ def heads_of(policy, where: str, kv_heads: list[int]) -> list[list[int]]:
 def replace_keys(cache, read, start: int, count: int, heads: list[list[int]], part: str = "") -> int:
     """In ``cache`` (a compressed cache, the question then fed over it), the keys and values (``part``: a key of
     :data:`PARTS`, both or one) of positions ``start`` to ``start + count - 1`` in the key/value heads
-    ``heads[layer]`` replaced in place by those the recorded ``read`` (every key kept) holds there. Both hold keys as the model stores them (rotated at the same positions),
-    so a replaced key is the key the whole-text read computed. Returns the number of (layer, head) replaced;
-    ValueError where either cache does not hold those positions in that order."""
+    ``heads[layer]`` replaced in place by those the recorded ``read`` (every key kept) holds there. Both hold keys
+    as the model stores them (rotated at the same positions), so a replaced key is the key the whole-text read
+    computed. Returns the number of (layer, head) replaced; ValueError where either cache does not hold those
+    positions in that order."""
     done, want = 0, torch.arange(start, start + count)
     for layer, (mine, rec) in enumerate(zip(cache.self_attn, read.self_attn, strict=True)):
         [whole] = rec.groups
